@@ -1,0 +1,110 @@
+//! The crate's one error type.
+//!
+//! Every driver failure carries the call that failed and the driver's own name for the result
+//! (`VK_ERROR_OUT_OF_DEVICE_MEMORY`, `CUDA_ERROR_INVALID_VALUE`), so a log line is enough to look the
+//! problem up.
+
+use std::fmt;
+
+/// `Result` with [`Error`] as the default error type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Which driver returned an out-of-memory result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemorySide {
+    /// Vulkan (`VK_ERROR_OUT_OF_DEVICE_MEMORY` from `vkAllocateMemory`; the BAR-mappable capacity).
+    Vulkan,
+    /// CUDA (`CUDA_ERROR_OUT_OF_MEMORY` while importing or mapping).
+    Cuda,
+    /// A limit configured on a pool or arena, not the driver.
+    Limit,
+}
+
+impl fmt::Display for MemorySide {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MemorySide::Vulkan => "Vulkan",
+            MemorySide::Cuda => "CUDA",
+            MemorySide::Limit => "configured limit",
+        })
+    }
+}
+
+/// Everything that can go wrong in `vkgdr`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A shared library (the Vulkan loader or `libcuda.so.1`) could not be loaded.
+    #[error("library {name} not found: {reason}")]
+    LibraryNotFound {
+        /// The library's file name.
+        name: &'static str,
+        /// What the dynamic loader said.
+        reason: String,
+    },
+    /// A symbol the crate needs is missing from a loaded library (a driver too old).
+    #[error("symbol {symbol} missing from {library}")]
+    MissingSymbol {
+        /// The library searched.
+        library: &'static str,
+        /// The symbol not found.
+        symbol: &'static str,
+    },
+    /// A Vulkan call failed.
+    #[error("{call} failed: {result}")]
+    Vulkan {
+        /// The Vulkan function.
+        call: &'static str,
+        /// The result name, e.g. `VK_ERROR_INITIALIZATION_FAILED`.
+        result: String,
+    },
+    /// A CUDA driver call failed.
+    #[error("{call} failed: {name} ({code})")]
+    Cuda {
+        /// The CUDA driver function.
+        call: &'static str,
+        /// The numeric `CUresult`.
+        code: i32,
+        /// The name from `cuGetErrorName`, e.g. `CUDA_ERROR_INVALID_VALUE`.
+        name: String,
+    },
+    /// No Vulkan physical device matches the requested CUDA device (by UUID) or index.
+    #[error("no matching device: {0}")]
+    NoMatchingDevice(String),
+    /// The device has no memory type with the required property flags.
+    #[error("no suitable memory type: {0}")]
+    NoSuitableMemoryType(String),
+    /// A required Vulkan extension is not offered by the device or instance.
+    #[error("Vulkan extension {0} missing")]
+    ExtensionMissing(&'static str),
+    /// Device memory ran out. This is a normal, recoverable outcome: BAR-mappable memory is capped
+    /// at about half of free VRAM and the Vulkan budget does not show it.
+    #[error("out of device memory ({side}) in {call} allocating {size} bytes: {result}")]
+    OutOfDeviceMemory {
+        /// Which side refused.
+        side: MemorySide,
+        /// The call that failed.
+        call: &'static str,
+        /// The requested size in bytes.
+        size: u64,
+        /// The driver's result name (or a description of the limit).
+        result: String,
+    },
+    /// A caller error: zero size, overflow, range out of bounds, bad alignment, bad option.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A feature the driver or device does not support (e.g. CUDA VMM).
+    #[error("not supported: {0}")]
+    Unsupported(String),
+}
+
+impl Error {
+    /// Whether this is an out-of-device-memory error (a full BAR or a pool limit).
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, Error::OutOfDeviceMemory { .. })
+    }
+
+    pub(crate) fn invalid(msg: impl Into<String>) -> Self {
+        Error::InvalidArgument(msg.into())
+    }
+}

@@ -1,0 +1,35 @@
+//! # vkgdr — CPU access to NVIDIA GPU memory through the BAR, without a kernel module
+//!
+//! The GPU's memory is allocated through Vulkan as `DEVICE_LOCAL | HOST_VISIBLE`, exported as an
+//! opaque fd and imported into CUDA, so the same bytes have a host pointer (CPU stores land in GPU
+//! memory in ~0.1 µs) and a `CUdeviceptr` kernels use. On top: a pool for many tiny buffers, ring
+//! buffers that stream records to running kernels, fast copy routines.
+//!
+//! Layers, bottom up: [`cuda`] (driver symbols loaded at run time) and [`vulkan`] (instance,
+//! device, exportable memory) → [`Gpu`] and [`RawMemory`] (the mapping layer) → [`alloc`] (pure
+//! allocator core) and [`dirty`] (pure range tracker) → [`Pool`] → [`ring`].
+//!
+//! ```no_run
+//! use vkgdr::{Gpu, Mapping};
+//! # fn main() -> vkgdr::Result<()> {
+//! let gpu = Gpu::open(0)?;
+//! let mut mem = gpu.alloc(64 << 10)?;
+//! mem.write(0, &42u64.to_le_bytes())?; // lands in GPU memory; pass mem.device_ptr() to a kernel
+//! # Ok(()) }
+//! ```
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs, clippy::undocumented_unsafe_blocks)]
+
+pub mod copy;
+pub mod cuda;
+pub mod cuda_objects;
+mod error;
+mod gpu;
+mod mapping;
+mod memory;
+pub mod vulkan;
+
+pub use error::{Error, MemorySide, Result};
+pub use gpu::{Gpu, OpenOptions};
+pub use mapping::Mapping;
+pub use memory::RawMemory;

@@ -1,0 +1,102 @@
+//! [`Mapping`]: safe, bounds-checked access to any CPU-mapped range of device memory.
+//!
+//! Raw allocations, Vulkan-only allocations and pool blocks all implement it, so they share one
+//! well-tested implementation of writes (with flushes on non-coherent memory) and reads (with
+//! invalidates first, streaming loads for speed).
+
+use crate::error::{Error, Result};
+use crate::vulkan::check_range;
+
+/// A CPU mapping of device memory with safe, bounds-checked access.
+///
+/// Writing takes `&mut self`, so safe code can never race two writers on the same bytes; a
+/// running kernel may still read or write the memory concurrently — synchronising with it (events,
+/// flags, the [`ring`](crate::ring)) is the caller's protocol.
+pub trait Mapping {
+    /// Base of the host mapping.
+    fn host_ptr(&self) -> *mut u8;
+    /// Length in bytes.
+    fn len(&self) -> u64;
+    /// Whether the mapping is empty (never true for allocations, which reject zero sizes).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Makes CPU writes in `[offset, offset+len)` visible to the device. The implementor decides
+    /// whether to flush at once or record the range for a batched flush later.
+    fn after_write(&mut self, offset: u64, len: u64) -> Result<()>;
+    /// Makes device writes in `[offset, offset+len)` visible to the CPU before a read.
+    fn before_read(&self, offset: u64, len: u64) -> Result<()>;
+
+    /// Copies `src` to `offset` (bounds-checked, flushed or recorded as dirty as needed).
+    fn write(&mut self, offset: u64, src: &[u8]) -> Result<()> {
+        check_range(offset, src.len() as u64, self.len())?;
+        // SAFETY: the range [offset, offset+len) lies inside the mapping (checked above), the
+        // mapping stays valid while `self` is borrowed, and `&mut self` excludes other safe writers.
+        unsafe { crate::copy::copy_to_mapping(self.host_ptr().add(offset as usize), src) };
+        self.after_write(offset, src.len() as u64)
+    }
+
+    /// Copies `dst.len()` bytes from `offset` into `dst` (bounds-checked, invalidated first).
+    fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        check_range(offset, dst.len() as u64, self.len())?;
+        self.before_read(offset, dst.len() as u64)?;
+        // SAFETY: the range lies inside the mapping (checked above) and `dst` is a distinct host
+        // buffer (it is a `&mut` borrow, so it cannot alias the mapping through safe code).
+        unsafe { crate::copy::copy_from_mapping(dst, self.host_ptr().add(offset as usize)) };
+        Ok(())
+    }
+
+    /// Fills `[offset, offset+len)` with `byte`.
+    fn fill(&mut self, offset: u64, len: u64, byte: u8) -> Result<()> {
+        check_range(offset, len, self.len())?;
+        // SAFETY: in bounds (checked), exclusive through `&mut self`.
+        unsafe { std::ptr::write_bytes(self.host_ptr().add(offset as usize), byte, len as usize) };
+        self.after_write(offset, len)
+    }
+
+    /// Writes a slice of plain-old-data values at `offset` (which must suit `T`'s alignment).
+    fn write_pod<T: bytemuck::Pod>(&mut self, offset: u64, values: &[T]) -> Result<()> {
+        check_pod_offset::<T>(self.host_ptr(), offset)?;
+        self.write(offset, bytemuck::cast_slice(values))
+    }
+
+    /// Reads plain-old-data values from `offset` into `out`.
+    fn read_pod<T: bytemuck::Pod>(&self, offset: u64, out: &mut [T]) -> Result<()> {
+        check_pod_offset::<T>(self.host_ptr(), offset)?;
+        self.read(offset, bytemuck::cast_slice_mut(out))
+    }
+
+    /// Reads `len` bytes into a new vector.
+    fn read_vec(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let mut v = vec![0u8; len];
+        self.read(offset, &mut v)?;
+        Ok(v)
+    }
+}
+
+fn check_pod_offset<T>(base: *mut u8, offset: u64) -> Result<()> {
+    let addr = (base as u64).wrapping_add(offset);
+    if addr % std::mem::align_of::<T>() as u64 != 0 {
+        return Err(Error::invalid(format!(
+            "offset {offset} is not aligned for {} (align {})",
+            std::any::type_name::<T>(),
+            std::mem::align_of::<T>()
+        )));
+    }
+    Ok(())
+}
+
+impl Mapping for crate::vulkan::VulkanMemory {
+    fn host_ptr(&self) -> *mut u8 {
+        self.as_ptr()
+    }
+    fn len(&self) -> u64 {
+        self.size()
+    }
+    fn after_write(&mut self, offset: u64, len: u64) -> Result<()> {
+        self.flush(offset, len)
+    }
+    fn before_read(&self, offset: u64, len: u64) -> Result<()> {
+        self.invalidate(offset, len)
+    }
+}

@@ -1,0 +1,167 @@
+//! [`RawMemory`]: one BAR-mapped allocation — Vulkan export, CUDA import, host mapping.
+
+use std::os::fd::{AsRawFd, IntoRawFd};
+use std::ptr;
+
+use crate::cuda::{
+    CuDevicePtr, CuExternalMemory, ExternalMemoryBufferDesc, ExternalMemoryHandleDesc,
+    CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
+};
+use crate::error::Result;
+use crate::gpu::Gpu;
+use crate::mapping::Mapping;
+use crate::vulkan::VulkanMemory;
+
+/// One raw allocation (what the C library calls `vkgdr_memory_alloc`): GPU memory with a host
+/// pointer and a CUDA device pointer to the same bytes.
+///
+/// It holds its [`Gpu`], so it cannot outlive the device. Dropped in the order that works: CUDA
+/// mapping freed, CUDA import destroyed, Vulkan memory unmapped and freed.
+///
+/// The safe [`Mapping`] methods flush after each write and invalidate before each read when the
+/// memory is non-coherent. Users of [`RawMemory::host_ptr`] must call [`RawMemory::flush`] and
+/// [`RawMemory::invalidate`] themselves.
+pub struct RawMemory {
+    gpu: Gpu,
+    external: CuExternalMemory,
+    device_ptr: CuDevicePtr,
+    // Dropped after `Drop::drop` has torn down the CUDA side.
+    vulkan: VulkanMemory,
+}
+
+// SAFETY: the external-memory handle is a process-wide CUDA handle; the mapping is shared device
+// memory. Mutation through safe code needs `&mut self`.
+unsafe impl Send for RawMemory {}
+// SAFETY: `&self` methods only read immutable handle values or issue thread-safe driver calls.
+unsafe impl Sync for RawMemory {}
+
+impl std::fmt::Debug for RawMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawMemory")
+            .field("size", &self.size())
+            .field("host_ptr", &self.host_ptr())
+            .field("device_ptr", &format_args!("{:#x}", self.device_ptr))
+            .finish()
+    }
+}
+
+impl RawMemory {
+    pub(crate) fn new(gpu: &Gpu, size: u64) -> Result<RawMemory> {
+        let vulkan = gpu.vulkan().allocate(size)?;
+        let alloc_size = vulkan.size();
+        let fd = vulkan.export_fd()?;
+        let driver = gpu.driver();
+        let _ctx = gpu.bind()?;
+
+        let desc = ExternalMemoryHandleDesc {
+            handle_type: CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
+            handle: [fd.as_raw_fd() as u32 as u64, 0],
+            size: alloc_size,
+            flags: 0,
+            reserved: [0; 16],
+        };
+        let mut external: CuExternalMemory = ptr::null_mut();
+        // SAFETY: `desc` describes a live opaque fd of `alloc_size` bytes; out-pointer valid; the
+        // context is current.
+        let r = unsafe { (driver.cu_import_external_memory)(&mut external, &desc) };
+        driver.check_alloc("cuImportExternalMemory", r, size)?;
+        // A successful import owns the fd: give up our ownership without closing it.
+        let _ = fd.into_raw_fd();
+
+        let buf = ExternalMemoryBufferDesc {
+            offset: 0,
+            size: alloc_size,
+            flags: 0,
+            reserved: [0; 16],
+        };
+        let mut device_ptr: CuDevicePtr = 0;
+        // SAFETY: `external` is the live import; the buffer covers exactly the memory object.
+        let r = unsafe {
+            (driver.cu_external_memory_get_mapped_buffer)(&mut device_ptr, external, &buf)
+        };
+        if let Err(e) = driver.check_alloc("cuExternalMemoryGetMappedBuffer", r, size) {
+            // SAFETY: the import is ours and has no mapped buffer.
+            unsafe { (driver.cu_destroy_external_memory)(external) };
+            return Err(e);
+        }
+        Ok(RawMemory {
+            gpu: gpu.clone(),
+            external,
+            device_ptr,
+            vulkan,
+        })
+    }
+
+    /// Size in bytes (the request rounded up to 4 KiB).
+    pub fn size(&self) -> u64 {
+        self.vulkan.size()
+    }
+
+    /// The host pointer to the mapping. Writes through it must be followed by
+    /// [`RawMemory::flush`] on non-coherent memory.
+    pub fn host_ptr(&self) -> *mut u8 {
+        self.vulkan.as_ptr()
+    }
+
+    /// The CUDA device pointer (`CUdeviceptr`) to the same bytes.
+    pub fn device_ptr(&self) -> u64 {
+        self.device_ptr
+    }
+
+    /// Whether the memory is treated as coherent (no flush/invalidate needed).
+    pub fn is_coherent(&self) -> bool {
+        !self.vulkan.context().is_non_coherent()
+    }
+
+    /// The GPU this memory belongs to.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// The Vulkan half (for flushing ranges in batches).
+    pub fn vulkan(&self) -> &VulkanMemory {
+        &self.vulkan
+    }
+
+    /// Flushes CPU writes in `[offset, offset+len)` (rounded to `nonCoherentAtomSize`); a no-op on
+    /// coherent memory.
+    pub fn flush(&self, offset: u64, len: u64) -> Result<()> {
+        self.vulkan.flush(offset, len)
+    }
+
+    /// Invalidates `[offset, offset+len)` before CPU reads of device writes; a no-op on coherent
+    /// memory.
+    pub fn invalidate(&self, offset: u64, len: u64) -> Result<()> {
+        self.vulkan.invalidate(offset, len)
+    }
+}
+
+impl Mapping for RawMemory {
+    fn host_ptr(&self) -> *mut u8 {
+        self.vulkan.as_ptr()
+    }
+    fn len(&self) -> u64 {
+        self.size()
+    }
+    fn after_write(&mut self, offset: u64, len: u64) -> Result<()> {
+        self.flush(offset, len)
+    }
+    fn before_read(&self, offset: u64, len: u64) -> Result<()> {
+        self.invalidate(offset, len)
+    }
+}
+
+impl Drop for RawMemory {
+    fn drop(&mut self) {
+        let driver = self.gpu.driver();
+        // Teardown must run even if the push fails (it cannot for a live context); ignore results:
+        // there is no way to report them from drop and the handles are ours.
+        let _ctx = self.gpu.bind();
+        // SAFETY: the mapped buffer and the import are ours and used by nothing else now; order:
+        // free the mapping, destroy the import, then the Vulkan memory drops (unmap, free).
+        unsafe {
+            (driver.cu_mem_free)(self.device_ptr);
+            (driver.cu_destroy_external_memory)(self.external);
+        }
+    }
+}

@@ -1,0 +1,688 @@
+//! The Vulkan half: instance, physical device, exportable host-visible device-local memory.
+//!
+//! This layer knows nothing of CUDA, so it runs (and is tested) on any Vulkan driver with
+//! `VK_KHR_external_memory_fd` and a `DEVICE_LOCAL | HOST_VISIBLE` memory type — Mesa's lavapipe
+//! on CI, the NVIDIA driver on the GPU machine. The loader is found at run time (`ash::Entry::load`);
+//! a machine without it gets [`Error::LibraryNotFound`].
+
+use std::ffi::CStr;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use ash::vk;
+
+use crate::error::{Error, MemorySide, Result};
+
+const LOADER: &str = "libvulkan.so.1";
+
+/// The Vulkan result's name as the specification spells it, e.g. `VK_ERROR_OUT_OF_DEVICE_MEMORY`.
+pub fn result_name(r: vk::Result) -> String {
+    format!("VK_{r:?}")
+}
+
+fn vk_err(call: &'static str) -> impl FnOnce(vk::Result) -> Error {
+    move |r| Error::Vulkan {
+        call,
+        result: result_name(r),
+    }
+}
+
+/// Options that shape which memory type is used and how coherence is handled.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryOptions {
+    /// Fail with [`Error::NoSuitableMemoryType`] unless the chosen type is `HOST_COHERENT`.
+    pub require_coherent: bool,
+    /// Treat the memory as non-coherent even if it is coherent, so every flush and invalidate is
+    /// really issued (tests the non-coherent code path on coherent hardware).
+    pub force_non_coherent: bool,
+}
+
+/// Which physical device to open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceSelector {
+    /// The device whose `deviceUUID` equals this (CUDA's `cuDeviceGetUuid`).
+    Uuid([u8; 16]),
+    /// The n-th physical device in enumeration order.
+    Index(usize),
+    /// The first device that has everything the crate needs.
+    FirstSuitable,
+}
+
+/// One Vulkan memory type, as reported by the driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryTypeInfo {
+    /// Index in `VkPhysicalDeviceMemoryProperties::memoryTypes`.
+    pub index: u32,
+    /// The heap it allocates from.
+    pub heap: u32,
+    /// Its property flags.
+    pub flags: vk::MemoryPropertyFlags,
+}
+
+impl MemoryTypeInfo {
+    /// `DEVICE_LOCAL | HOST_VISIBLE`: the kind of memory this crate maps.
+    pub fn is_bar_mappable(&self) -> bool {
+        self.flags
+            .contains(vk::MemoryPropertyFlags::DEVICE_LOCAL | vk::MemoryPropertyFlags::HOST_VISIBLE)
+    }
+    /// `HOST_COHERENT` is set.
+    pub fn is_coherent(&self) -> bool {
+        self.flags.contains(vk::MemoryPropertyFlags::HOST_COHERENT)
+    }
+}
+
+/// One Vulkan memory heap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryHeapInfo {
+    /// Heap size in bytes.
+    pub size: u64,
+    /// Heap flags.
+    pub flags: vk::MemoryHeapFlags,
+}
+
+/// What the crate knows about one Vulkan physical device (the content of `vkgdr info`).
+#[derive(Debug, Clone)]
+pub struct PhysicalDeviceInfo {
+    /// Enumeration index.
+    pub index: usize,
+    /// `deviceName`.
+    pub name: String,
+    /// `deviceUUID` (matches CUDA's `cuDeviceGetUuid` on NVIDIA).
+    pub uuid: [u8; 16],
+    /// Driver name and info, when the device reports them (Vulkan 1.2).
+    pub driver: String,
+    /// The device's Vulkan API version, as `major.minor.patch`.
+    pub api_version: String,
+    /// Device type (discrete GPU, CPU, ...).
+    pub device_type: vk::PhysicalDeviceType,
+    /// All memory types.
+    pub memory_types: Vec<MemoryTypeInfo>,
+    /// All memory heaps.
+    pub memory_heaps: Vec<MemoryHeapInfo>,
+    /// `nonCoherentAtomSize`.
+    pub non_coherent_atom_size: u64,
+    /// `maxMemoryAllocationSize` (Vulkan 1.1).
+    pub max_allocation_size: u64,
+    /// Whether `VK_KHR_external_memory_fd` is offered.
+    pub has_external_memory_fd: bool,
+}
+
+impl PhysicalDeviceInfo {
+    /// The memory type the crate would use with `options`, or why there is none.
+    pub fn choose_memory_type(&self, options: MemoryOptions) -> Result<&MemoryTypeInfo> {
+        let candidates = self.memory_types.iter().filter(|t| t.is_bar_mappable());
+        let best = candidates
+            .filter(|t| !options.require_coherent || t.is_coherent())
+            // Prefer coherent, then the bigger heap (the real VRAM heap over a small BAR heap).
+            .max_by_key(|t| {
+                (
+                    t.is_coherent(),
+                    self.memory_heaps[t.heap as usize].size,
+                    u32::MAX - t.index,
+                )
+            });
+        best.ok_or_else(|| {
+            Error::NoSuitableMemoryType(format!(
+                "{} has no DEVICE_LOCAL|HOST_VISIBLE{} memory type",
+                self.name,
+                if options.require_coherent {
+                    "|HOST_COHERENT"
+                } else {
+                    ""
+                }
+            ))
+        })
+    }
+
+    /// The UUID formatted like `nvidia-smi -L` does (`GPU-xxxxxxxx-xxxx-...`, without the prefix).
+    pub fn uuid_string(&self) -> String {
+        format_uuid(&self.uuid)
+    }
+}
+
+/// Formats a 16-byte UUID as `8-4-4-4-12` hex digits.
+pub fn format_uuid(u: &[u8; 16]) -> String {
+    let h: Vec<String> = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        h[0..4].concat(),
+        h[4..6].concat(),
+        h[6..8].concat(),
+        h[8..10].concat(),
+        h[10..16].concat()
+    )
+}
+
+fn load_entry() -> Result<ash::Entry> {
+    // SAFETY: loading the Vulkan loader runs its initialisers, which are designed for this; the
+    // entry keeps the library alive as long as it lives.
+    unsafe { ash::Entry::load() }.map_err(|e| Error::LibraryNotFound {
+        name: LOADER,
+        reason: e.to_string(),
+    })
+}
+
+fn create_instance(entry: &ash::Entry) -> Result<ash::Instance> {
+    let app = vk::ApplicationInfo::default()
+        .application_name(c"vkgdr")
+        .engine_name(c"vkgdr")
+        .api_version(vk::API_VERSION_1_3);
+    let info = vk::InstanceCreateInfo::default().application_info(&app);
+    // SAFETY: `info` and what it points to live across the call; no extensions or layers requested.
+    unsafe { entry.create_instance(&info, None) }.map_err(vk_err("vkCreateInstance"))
+}
+
+fn describe(
+    instance: &ash::Instance,
+    index: usize,
+    pd: vk::PhysicalDevice,
+) -> Result<PhysicalDeviceInfo> {
+    // SAFETY: `pd` was enumerated from `instance`, which is live.
+    let props = unsafe { instance.get_physical_device_properties(pd) };
+    let api = props.api_version;
+    let mut id = vk::PhysicalDeviceIDProperties::default();
+    let mut maint3 = vk::PhysicalDeviceMaintenance3Properties::default();
+    let mut driver = vk::PhysicalDeviceDriverProperties::default();
+    let has_driver_props = vk::api_version_major(api) > 1 || vk::api_version_minor(api) >= 2;
+    {
+        let mut props2 = vk::PhysicalDeviceProperties2::default()
+            .push_next(&mut id)
+            .push_next(&mut maint3);
+        if has_driver_props {
+            props2 = props2.push_next(&mut driver);
+        }
+        // SAFETY: the chain holds structs valid for a Vulkan 1.1 instance (1.2's driver properties
+        // only when the device reports 1.2+); all outlive the call.
+        unsafe { instance.get_physical_device_properties2(pd, &mut props2) };
+    }
+    // SAFETY: as above.
+    let mem = unsafe { instance.get_physical_device_memory_properties(pd) };
+    // SAFETY: as above.
+    let exts = unsafe { instance.enumerate_device_extension_properties(pd) }
+        .map_err(vk_err("vkEnumerateDeviceExtensionProperties"))?;
+    let has_fd = exts.iter().any(|e| {
+        e.extension_name_as_c_str()
+            .map(|n| n == ash::khr::external_memory_fd::NAME)
+            .unwrap_or(false)
+    });
+    let cstr = |s: Result<&CStr, _>| {
+        s.map(|c: &CStr| c.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    let driver_text = if has_driver_props {
+        format!(
+            "{} ({})",
+            cstr(driver.driver_name_as_c_str()),
+            cstr(driver.driver_info_as_c_str())
+        )
+    } else {
+        String::from("(not reported before Vulkan 1.2)")
+    };
+    Ok(PhysicalDeviceInfo {
+        index,
+        name: cstr(props.device_name_as_c_str()),
+        uuid: id.device_uuid,
+        driver: driver_text,
+        api_version: format!(
+            "{}.{}.{}",
+            vk::api_version_major(api),
+            vk::api_version_minor(api),
+            vk::api_version_patch(api)
+        ),
+        device_type: props.device_type,
+        memory_types: mem
+            .memory_types_as_slice()
+            .iter()
+            .enumerate()
+            .map(|(i, t)| MemoryTypeInfo {
+                index: i as u32,
+                heap: t.heap_index,
+                flags: t.property_flags,
+            })
+            .collect(),
+        memory_heaps: mem
+            .memory_heaps_as_slice()
+            .iter()
+            .map(|h| MemoryHeapInfo {
+                size: h.size,
+                flags: h.flags,
+            })
+            .collect(),
+        non_coherent_atom_size: props.limits.non_coherent_atom_size.max(1),
+        max_allocation_size: maint3.max_memory_allocation_size,
+        has_external_memory_fd: has_fd,
+    })
+}
+
+/// Lists every Vulkan physical device with its memory types (no device is opened).
+pub fn enumerate_devices() -> Result<Vec<PhysicalDeviceInfo>> {
+    let entry = load_entry()?;
+    let instance = create_instance(&entry)?;
+    let result = (|| {
+        // SAFETY: `instance` is live.
+        let pds = unsafe { instance.enumerate_physical_devices() }
+            .map_err(vk_err("vkEnumeratePhysicalDevices"))?;
+        pds.into_iter()
+            .enumerate()
+            .map(|(i, pd)| describe(&instance, i, pd))
+            .collect()
+    })();
+    // SAFETY: nothing created from the instance outlives this function.
+    unsafe { instance.destroy_instance(None) };
+    result
+}
+
+/// An open Vulkan device with the memory type chosen for BAR mappings.
+///
+/// Shared through `Arc`; every [`VulkanMemory`] holds one, so the device outlives its memory.
+pub struct VulkanContext {
+    _entry: ash::Entry,
+    instance: ash::Instance,
+    device: ash::Device,
+    external_fd: ash::khr::external_memory_fd::Device,
+    info: PhysicalDeviceInfo,
+    memory_type: MemoryTypeInfo,
+    non_coherent: bool,
+    atom: u64,
+}
+
+impl std::fmt::Debug for VulkanContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VulkanContext")
+            .field("device", &self.info.name)
+            .field("uuid", &self.info.uuid_string())
+            .field("memory_type", &self.memory_type.index)
+            .field("non_coherent", &self.non_coherent)
+            .finish()
+    }
+}
+
+impl VulkanContext {
+    /// Opens the selected physical device with `VK_KHR_external_memory_fd` and picks the memory type.
+    pub fn new(selector: DeviceSelector, options: MemoryOptions) -> Result<Arc<Self>> {
+        let entry = load_entry()?;
+        let instance = create_instance(&entry)?;
+        match Self::open_device(entry, &instance, selector, options) {
+            Ok(ctx) => Ok(Arc::new(ctx)),
+            Err(e) => {
+                // SAFETY: open_device failed, so nothing created from the instance survives.
+                unsafe { instance.destroy_instance(None) };
+                Err(e)
+            }
+        }
+    }
+
+    fn open_device(
+        entry: ash::Entry,
+        instance: &ash::Instance,
+        selector: DeviceSelector,
+        options: MemoryOptions,
+    ) -> Result<Self> {
+        // SAFETY: `instance` is live.
+        let pds = unsafe { instance.enumerate_physical_devices() }
+            .map_err(vk_err("vkEnumeratePhysicalDevices"))?;
+        let infos: Vec<(vk::PhysicalDevice, PhysicalDeviceInfo)> = pds
+            .iter()
+            .enumerate()
+            .map(|(i, &pd)| describe(instance, i, pd).map(|d| (pd, d)))
+            .collect::<Result<_>>()?;
+        let found = match selector {
+            DeviceSelector::Uuid(u) => infos.iter().find(|(_, d)| d.uuid == u),
+            DeviceSelector::Index(i) => infos.get(i),
+            DeviceSelector::FirstSuitable => infos
+                .iter()
+                .find(|(_, d)| d.has_external_memory_fd && d.choose_memory_type(options).is_ok()),
+        };
+        let (pd, info) = found.cloned().ok_or_else(|| {
+            let have: Vec<String> = infos
+                .iter()
+                .map(|(_, d)| format!("{} [{}]", d.name, d.uuid_string()))
+                .collect();
+            Error::NoMatchingDevice(format!(
+                "no Vulkan device for {selector:?}; present: {}",
+                if have.is_empty() {
+                    "none".to_string()
+                } else {
+                    have.join(", ")
+                }
+            ))
+        })?;
+        if !info.has_external_memory_fd {
+            return Err(Error::ExtensionMissing("VK_KHR_external_memory_fd"));
+        }
+        let memory_type = info.choose_memory_type(options)?.clone();
+
+        let priorities = [1.0f32];
+        let queue = [vk::DeviceQueueCreateInfo::default()
+            .queue_family_index(0)
+            .queue_priorities(&priorities)];
+        let exts = [ash::khr::external_memory_fd::NAME.as_ptr()];
+        let create = vk::DeviceCreateInfo::default()
+            .queue_create_infos(&queue)
+            .enabled_extension_names(&exts);
+        // SAFETY: `pd` belongs to `instance`; the create info and its arrays outlive the call; every
+        // device has queue family 0.
+        let device = unsafe { instance.create_device(pd, &create, None) }
+            .map_err(vk_err("vkCreateDevice"))?;
+        let external_fd = ash::khr::external_memory_fd::Device::new(instance, &device);
+        let non_coherent = options.force_non_coherent || !memory_type.is_coherent();
+        Ok(VulkanContext {
+            _entry: entry,
+            instance: instance.clone(),
+            device,
+            external_fd,
+            atom: info.non_coherent_atom_size,
+            info,
+            memory_type,
+            non_coherent,
+        })
+    }
+
+    /// The physical device this context opened.
+    pub fn device_info(&self) -> &PhysicalDeviceInfo {
+        &self.info
+    }
+
+    /// The memory type used for allocations.
+    pub fn memory_type(&self) -> &MemoryTypeInfo {
+        &self.memory_type
+    }
+
+    /// Whether flushes and invalidates are issued (non-coherent memory, or forced).
+    pub fn is_non_coherent(&self) -> bool {
+        self.non_coherent
+    }
+
+    /// `nonCoherentAtomSize`: flush and invalidate ranges are rounded to it.
+    pub fn atom_size(&self) -> u64 {
+        self.atom
+    }
+
+    /// Allocates `size` bytes (rounded up to 4 KiB) of exportable `DEVICE_LOCAL | HOST_VISIBLE`
+    /// memory and maps it.
+    ///
+    /// `VK_ERROR_OUT_OF_DEVICE_MEMORY` becomes [`Error::OutOfDeviceMemory`]: the BAR-mappable
+    /// capacity is about half of free VRAM and is not shown by the Vulkan budget.
+    pub fn allocate(self: &Arc<Self>, size: u64) -> Result<VulkanMemory> {
+        let alloc_size = round_alloc_size(size)?;
+        if alloc_size > self.info.max_allocation_size && self.info.max_allocation_size != 0 {
+            return Err(Error::OutOfDeviceMemory {
+                side: MemorySide::Vulkan,
+                call: "vkAllocateMemory",
+                size,
+                result: format!(
+                    "above maxMemoryAllocationSize {}",
+                    self.info.max_allocation_size
+                ),
+            });
+        }
+        let mut export = vk::ExportMemoryAllocateInfo::default()
+            .handle_types(vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD);
+        let info = vk::MemoryAllocateInfo::default()
+            .allocation_size(alloc_size)
+            .memory_type_index(self.memory_type.index)
+            .push_next(&mut export);
+        // SAFETY: the device is live; the info chain outlives the call. No dedicated allocation
+        // and no buffer: a buffer's memoryTypeBits exclude the BAR type on NVIDIA.
+        let memory = unsafe { self.device.allocate_memory(&info, None) }.map_err(|r| match r {
+            vk::Result::ERROR_OUT_OF_DEVICE_MEMORY | vk::Result::ERROR_OUT_OF_HOST_MEMORY => {
+                Error::OutOfDeviceMemory {
+                    side: MemorySide::Vulkan,
+                    call: "vkAllocateMemory",
+                    size,
+                    result: result_name(r),
+                }
+            }
+            r => Error::Vulkan {
+                call: "vkAllocateMemory",
+                result: result_name(r),
+            },
+        })?;
+        // SAFETY: `memory` is host-visible, not yet mapped, and the range is the whole allocation.
+        let mapped = unsafe {
+            self.device
+                .map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
+        };
+        let ptr = match mapped.map_err(vk_err("vkMapMemory")).and_then(|p| {
+            NonNull::new(p.cast::<u8>()).ok_or_else(|| Error::Vulkan {
+                call: "vkMapMemory",
+                result: "returned a null pointer".into(),
+            })
+        }) {
+            Ok(p) => p,
+            Err(e) => {
+                // SAFETY: `memory` was just allocated, is unmapped and unused.
+                unsafe { self.device.free_memory(memory, None) };
+                return Err(e);
+            }
+        };
+        Ok(VulkanMemory {
+            ctx: self.clone(),
+            memory,
+            size: alloc_size,
+            ptr,
+        })
+    }
+
+    fn ranges<'a>(
+        &self,
+        memory: vk::DeviceMemory,
+        size: u64,
+        ranges: impl Iterator<Item = (u64, u64)>,
+        out: &'a mut Vec<vk::MappedMemoryRange<'static>>,
+    ) -> &'a [vk::MappedMemoryRange<'static>] {
+        out.clear();
+        for (offset, len) in ranges {
+            if let Some((o, l)) = atom_range(offset, len, self.atom, size) {
+                out.push(
+                    vk::MappedMemoryRange::default()
+                        .memory(memory)
+                        .offset(o)
+                        .size(l),
+                );
+            }
+        }
+        out
+    }
+}
+
+impl Drop for VulkanContext {
+    fn drop(&mut self) {
+        // SAFETY: every VulkanMemory holds an Arc to this context, so none is alive now; the device
+        // and instance were created by us and are destroyed exactly once, device first.
+        unsafe {
+            self.device.destroy_device(None);
+            self.instance.destroy_instance(None);
+        }
+    }
+}
+
+/// Rounds an allocation request up to 4 KiB (mmap granularity), rejecting zero and overflow.
+pub(crate) fn round_alloc_size(size: u64) -> Result<u64> {
+    if size == 0 {
+        return Err(Error::invalid("allocation size is zero"));
+    }
+    size.checked_add(4095)
+        .map(|s| s & !4095)
+        .ok_or_else(|| Error::invalid(format!("allocation size {size} overflows")))
+}
+
+/// The atom-rounded range Vulkan needs for flushing `[offset, offset + len)` of a `size`-byte
+/// allocation: the start rounded down to `atom`, the end rounded up to `atom` or clamped to `size`.
+/// `None` for an empty range. The caller has bounds-checked `offset + len <= size`.
+pub fn atom_range(offset: u64, len: u64, atom: u64, size: u64) -> Option<(u64, u64)> {
+    if len == 0 {
+        return None;
+    }
+    debug_assert!(atom.is_power_of_two());
+    let start = offset & !(atom - 1);
+    let end = offset.saturating_add(len).saturating_add(atom - 1) & !(atom - 1);
+    let end = end.min(size);
+    Some((start, end - start))
+}
+
+pub(crate) fn check_range(offset: u64, len: u64, size: u64) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(Error::invalid(format!(
+            "range {offset}+{len} is outside the {size}-byte allocation"
+        ))),
+    }
+}
+
+/// One exportable, mapped Vulkan allocation (no CUDA involved).
+///
+/// Unmapped and freed on drop. Holds its [`VulkanContext`], so it cannot outlive the device.
+pub struct VulkanMemory {
+    ctx: Arc<VulkanContext>,
+    memory: vk::DeviceMemory,
+    size: u64,
+    ptr: NonNull<u8>,
+}
+
+// SAFETY: the mapping is plain memory shared with the device; the handle carries no thread
+// affinity (Vulkan memory objects may be used from any thread with external synchronisation, which
+// `&mut self` on the writing methods and the immutable handle provide).
+unsafe impl Send for VulkanMemory {}
+// SAFETY: `&self` methods only read the handle values or call thread-safe Vulkan functions
+// (vkFlush/vkInvalidate on distinct or identical ranges need no external synchronisation).
+unsafe impl Sync for VulkanMemory {}
+
+impl std::fmt::Debug for VulkanMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VulkanMemory")
+            .field("size", &self.size)
+            .field("ptr", &self.ptr)
+            .finish()
+    }
+}
+
+impl VulkanMemory {
+    /// Size in bytes (the request rounded up to 4 KiB).
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The host mapping's base address.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// The context this memory belongs to.
+    pub fn context(&self) -> &Arc<VulkanContext> {
+        &self.ctx
+    }
+
+    /// The raw `VkDeviceMemory`.
+    pub fn raw(&self) -> vk::DeviceMemory {
+        self.memory
+    }
+
+    /// Exports a new opaque POSIX fd referring to this memory (`vkGetMemoryFdKHR`).
+    pub fn export_fd(&self) -> Result<OwnedFd> {
+        let info = vk::MemoryGetFdInfoKHR::default()
+            .memory(self.memory)
+            .handle_type(vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD);
+        // SAFETY: the memory was allocated with OPAQUE_FD export enabled and is live.
+        let fd = unsafe { self.ctx.external_fd.get_memory_fd(&info) }
+            .map_err(vk_err("vkGetMemoryFdKHR"))?;
+        // SAFETY: on success the driver hands us a new fd that nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// Flushes CPU writes in `[offset, offset+len)` to the device (rounded to the atom). A no-op on
+    /// coherent memory unless non-coherent mode is forced.
+    pub fn flush(&self, offset: u64, len: u64) -> Result<()> {
+        check_range(offset, len, self.size)?;
+        self.flush_ranges(std::iter::once((offset, len)))
+    }
+
+    /// Makes device writes in `[offset, offset+len)` visible to the CPU (rounded to the atom).
+    pub fn invalidate(&self, offset: u64, len: u64) -> Result<()> {
+        check_range(offset, len, self.size)?;
+        self.invalidate_ranges(std::iter::once((offset, len)))
+    }
+
+    /// Flushes several ranges with one `vkFlushMappedMemoryRanges` call. Ranges must be in bounds.
+    pub fn flush_ranges(&self, ranges: impl Iterator<Item = (u64, u64)>) -> Result<()> {
+        if !self.ctx.non_coherent {
+            return Ok(());
+        }
+        let mut buf = Vec::new();
+        let r = self.ctx.ranges(self.memory, self.size, ranges, &mut buf);
+        if r.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: every range lies in this mapped allocation, with atom-aligned offsets and sizes
+        // that are atom multiples or reach the end of the allocation.
+        unsafe { self.ctx.device.flush_mapped_memory_ranges(r) }
+            .map_err(vk_err("vkFlushMappedMemoryRanges"))
+    }
+
+    /// Invalidates several ranges with one `vkInvalidateMappedMemoryRanges` call.
+    pub fn invalidate_ranges(&self, ranges: impl Iterator<Item = (u64, u64)>) -> Result<()> {
+        if !self.ctx.non_coherent {
+            return Ok(());
+        }
+        let mut buf = Vec::new();
+        let r = self.ctx.ranges(self.memory, self.size, ranges, &mut buf);
+        if r.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: as in `flush_ranges`.
+        unsafe { self.ctx.device.invalidate_mapped_memory_ranges(r) }
+            .map_err(vk_err("vkInvalidateMappedMemoryRanges"))
+    }
+}
+
+impl Drop for VulkanMemory {
+    fn drop(&mut self) {
+        // SAFETY: the memory is ours, mapped once in `allocate`; any CUDA import of it was destroyed
+        // before this drop (RawMemory drops its CUDA half first). Unmap, then free.
+        unsafe {
+            self.ctx.device.unmap_memory(self.memory);
+            self.ctx.device.free_memory(self.memory, None);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atom_range_rounds_and_clamps() {
+        assert_eq!(atom_range(0, 0, 64, 4096), None);
+        assert_eq!(atom_range(1, 1, 64, 4096), Some((0, 64)));
+        assert_eq!(atom_range(63, 2, 64, 4096), Some((0, 128)));
+        assert_eq!(atom_range(4000, 96, 64, 4096), Some((3968, 128)));
+        assert_eq!(atom_range(4090, 6, 256, 4096), Some((3840, 256)));
+        // A size that is not an atom multiple: the end clamps to the allocation.
+        assert_eq!(atom_range(4000, 10, 256, 4010), Some((3840, 170)));
+    }
+
+    #[test]
+    fn alloc_size_rounding() {
+        assert!(round_alloc_size(0).is_err());
+        assert_eq!(round_alloc_size(1).unwrap(), 4096);
+        assert_eq!(round_alloc_size(4096).unwrap(), 4096);
+        assert_eq!(round_alloc_size(4097).unwrap(), 8192);
+        assert!(round_alloc_size(u64::MAX - 10).is_err());
+    }
+
+    #[test]
+    fn range_check() {
+        assert!(check_range(0, 10, 10).is_ok());
+        assert!(check_range(1, 10, 10).is_err());
+        assert!(check_range(u64::MAX, 2, 10).is_err());
+    }
+
+    #[test]
+    fn uuid_format() {
+        let u = [
+            0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8,
+        ];
+        assert_eq!(format_uuid(&u), "12345678-9abc-def0-0102-030405060708");
+    }
+}
