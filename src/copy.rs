@@ -18,3 +18,8 @@ pub unsafe fn copy_from_mapping(dst: &mut [u8], src: *const u8) {
     // SAFETY: the caller guarantees `src`.
     unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
 }
+
+/// The instruction set used by the copy routines.
+pub fn simd_level() -> &'static str {
+    "scalar"
+}

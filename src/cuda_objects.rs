@@ -263,11 +263,8 @@ impl PinnedBuffer {
         let _ctx = gpu.bind()?;
         let mut p: *mut c_void = ptr::null_mut();
         // SAFETY: valid out-pointer; context current.
-        gpu.driver().check_alloc(
-            "cuMemHostAlloc",
-            unsafe { (gpu.driver().cu_mem_alloc_host)(&mut p, len, CU_MEMHOSTALLOC_DEVICEMAP) },
-            len as u64,
-        )?;
+        let r = unsafe { (gpu.driver().cu_mem_alloc_host)(&mut p, len, CU_MEMHOSTALLOC_DEVICEMAP) };
+        gpu.driver().check_alloc("cuMemHostAlloc", r, len as u64)?;
         let ptr = NonNull::new(p.cast::<u8>())
             .ok_or_else(|| Error::invalid("cuMemHostAlloc returned null"))?;
         let mut device_ptr = 0;
@@ -345,11 +342,8 @@ impl DeviceBuffer {
         let _ctx = gpu.bind()?;
         let mut ptr = 0;
         // SAFETY: valid out-pointer; context current.
-        gpu.driver().check_alloc(
-            "cuMemAlloc_v2",
-            unsafe { (gpu.driver().cu_mem_alloc)(&mut ptr, len) },
-            len as u64,
-        )?;
+        let r = unsafe { (gpu.driver().cu_mem_alloc)(&mut ptr, len) };
+        gpu.driver().check_alloc("cuMemAlloc_v2", r, len as u64)?;
         Ok(DeviceBuffer {
             gpu: gpu.clone(),
             ptr,

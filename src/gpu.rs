@@ -69,6 +69,7 @@ impl Drop for GpuInner {
 /// UUID. Cheap to clone (an `Arc`), `Send + Sync`: share one between all threads.
 ///
 /// ```no_run
+/// use vkgdr::Mapping;
 /// # fn main() -> vkgdr::Result<()> {
 /// let gpu = vkgdr::Gpu::open(0)?;
 /// let mut mem = gpu.alloc(1 << 20)?;

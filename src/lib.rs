@@ -20,6 +20,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs, clippy::undocumented_unsafe_blocks)]
 
+pub mod arena;
 pub mod copy;
 pub mod cuda;
 pub mod cuda_objects;

@@ -1,0 +1,76 @@
+// Kernels for vkgdr's GPU tests, examples and benchmarks (mapping layer, pool, benchmarks).
+// Compiled once on the GPU machine: nvcc -ptx -arch=compute_75 mapping.cu -o mapping.ptx
+// (scripts/gpu-check ptx). The PTX text is committed and loaded with cuModuleLoadData.
+
+// The word the CPU writes at index i for a given seed (also used by the Rust side).
+__device__ __forceinline__ unsigned int pattern(unsigned long long i, unsigned int seed) {
+    return (unsigned int)(i * 2654435761ull) ^ seed;
+}
+
+// Reads n host-written words, counts mismatches against pattern(i, seed), and writes
+// out[i] = in[i] * 3 + 1 for the CPU to check.
+extern "C" __global__ void check_and_transform(const unsigned int* in, unsigned int* out,
+                                               unsigned long long n, unsigned int seed,
+                                               unsigned long long* errors) {
+    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    unsigned long long bad = 0;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        unsigned int v = in[i];
+        if (v != pattern(i, seed)) bad++;
+        out[i] = v * 3u + 1u;
+    }
+    if (bad) atomicAdd(errors, bad);
+}
+
+// Counts words that differ from pattern(first_index + i, seed) (reads across arbitrary ranges,
+// e.g. the whole of an arena across chunk boundaries).
+extern "C" __global__ void count_mismatches(const unsigned int* p, unsigned long long n,
+                                            unsigned long long first_index, unsigned int seed,
+                                            unsigned long long* errors) {
+    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    unsigned long long bad = 0;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        if (p[i] != pattern(first_index + i, seed)) bad++;
+    }
+    if (bad) atomicAdd(errors, bad);
+}
+
+// Pool test: block k (device pointer ptrs[k], lens[k] bytes) must hold bytes
+// (tags[k] * 131 + j) & 0xff. One thread per block; counts blocks with any wrong byte.
+extern "C" __global__ void check_tagged_blocks(const unsigned long long* ptrs, const unsigned int* lens,
+                                               const unsigned int* tags, unsigned long long n,
+                                               unsigned long long* bad_blocks) {
+    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long k = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += stride) {
+        const unsigned char* p = (const unsigned char*)ptrs[k];
+        unsigned int len = lens[k];
+        unsigned int base = tags[k] * 131u;
+        int ok = 1;
+        for (unsigned int j = 0; j < len; j++) {
+            if (p[j] != (unsigned char)((base + j) & 0xffu)) { ok = 0; break; }
+        }
+        if (!ok) atomicAdd(bad_blocks, 1ull);
+    }
+}
+
+// Ping-pong: for i in 1..=iters wait until *in == i (polled with volatile loads from the BAR
+// mapping or from cuMemAlloc memory), then write *out = i into pinned host memory.
+extern "C" __global__ void pingpong(volatile unsigned long long* in, volatile unsigned long long* out,
+                                    unsigned long long iters) {
+    for (unsigned long long i = 1; i <= iters; i++) {
+        while (*in < i) { }
+        __threadfence_system();
+        *out = i;
+        __threadfence_system();
+    }
+}
+
+// Sums n words (used by the "read a whole arena" benchmark and the example).
+extern "C" __global__ void sum_words(const unsigned int* p, unsigned long long n, unsigned long long* out) {
+    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    unsigned long long s = 0;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        s += p[i];
+    }
+    atomicAdd(out, s);
+}

@@ -1,0 +1,213 @@
+//! The mapping layer on a real NVIDIA GPU: CPU writes seen by CUDA, CUDA writes seen by the CPU, a
+//! PTX kernel reading host-written data, both open paths, forced non-coherent mode, exhausting the
+//! BAR. Ignored on machines without a GPU (they report "ignored", never "passed").
+
+mod common;
+
+use common::*;
+use vkgdr::cuda_objects::Module;
+use vkgdr::{Error, Gpu, Mapping, OpenOptions};
+
+fn words(size: u64, seed: u32) -> Vec<u32> {
+    (0..size / 4).map(|i| pattern(i, seed)).collect()
+}
+
+fn round_trip_sizes(force_non_coherent: bool) {
+    let gpu = open(force_non_coherent);
+    assert_eq!(gpu.is_non_coherent(), force_non_coherent);
+    for (k, size) in [4u64 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20, 1 << 30]
+        .into_iter()
+        .enumerate()
+    {
+        let mut mem = gpu.alloc(size).unwrap();
+        assert_eq!(mem.size(), size);
+        // CPU writes -> cuMemcpyDtoH checks every word.
+        let w = words(size, k as u32 * 7 + 1);
+        mem.write_pod(0, &w).unwrap();
+        let mut back = vec![0u8; size as usize];
+        // SAFETY: the range is exactly `mem`, alive for the call.
+        unsafe { gpu.memcpy_dtoh(&mut back, mem.device_ptr()).unwrap() };
+        let back: &[u32] = bytemuck::cast_slice(&back);
+        let bad = back.iter().zip(&w).filter(|(a, b)| a != b).count();
+        assert_eq!(bad, 0, "{size} bytes: {bad} words differ after CPU write");
+        // cuMemsetD32 -> the CPU reads every word through the mapping.
+        let value = 0xC0DE_0000 | k as u32;
+        // SAFETY: the range is exactly `mem`.
+        unsafe {
+            gpu.memset_d32(mem.device_ptr(), value, (size / 4) as usize)
+                .unwrap()
+        };
+        let mut seen = vec![0u32; (size / 4) as usize];
+        mem.read_pod(0, &mut seen).unwrap();
+        let bad = seen.iter().filter(|&&v| v != value).count();
+        assert_eq!(bad, 0, "{size} bytes: {bad} words differ after cuMemsetD32");
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn sizes_4k_to_1g_round_trip_coherent() {
+    round_trip_sizes(false);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn sizes_4k_to_1g_round_trip_forced_non_coherent() {
+    round_trip_sizes(true);
+}
+
+fn kernel_reads_host_writes(force_non_coherent: bool) {
+    let gpu = open(force_non_coherent);
+    let module = Module::load_ptx(&gpu, MAPPING_PTX).unwrap();
+    let n: u64 = 1 << 20;
+    let mut input = gpu.alloc(n * 4).unwrap();
+    let mut output = gpu.alloc(n * 4).unwrap();
+    let mut errors = gpu.alloc(8).unwrap();
+    let seed = 0x5EED;
+    input.write_pod(0, &words(n * 4, seed)).unwrap();
+    output.fill(0, n * 4, 0).unwrap();
+    errors.write_pod(0, &[0u64]).unwrap();
+    let (mut pin, mut pout, mut perr) =
+        (input.device_ptr(), output.device_ptr(), errors.device_ptr());
+    let (mut nn, mut s) = (n, seed);
+    launch(
+        &gpu,
+        &module,
+        "check_and_transform",
+        256,
+        256,
+        &mut [
+            arg(&mut pin),
+            arg(&mut pout),
+            arg(&mut nn),
+            arg(&mut s),
+            arg(&mut perr),
+        ],
+    );
+    let mut e = [0u64];
+    errors.read_pod(0, &mut e).unwrap();
+    assert_eq!(e[0], 0, "kernel saw {} wrong words", e[0]);
+    let mut out = vec![0u32; n as usize];
+    output.read_pod(0, &mut out).unwrap();
+    for (i, v) in out.iter().enumerate() {
+        assert_eq!(
+            *v,
+            pattern(i as u64, seed).wrapping_mul(3).wrapping_add(1),
+            "word {i}"
+        );
+    }
+    // A wrong seed makes the kernel report every word: the check can fail.
+    errors.write_pod(0, &[0u64]).unwrap();
+    let mut wrong = seed ^ 1;
+    launch(
+        &gpu,
+        &module,
+        "check_and_transform",
+        256,
+        256,
+        &mut [
+            arg(&mut pin),
+            arg(&mut pout),
+            arg(&mut nn),
+            arg(&mut wrong),
+            arg(&mut perr),
+        ],
+    );
+    errors.read_pod(0, &mut e).unwrap();
+    assert_eq!(e[0], n);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn ptx_kernel_reads_host_writes_coherent() {
+    kernel_reads_host_writes(false);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn ptx_kernel_reads_host_writes_forced_non_coherent() {
+    kernel_reads_host_writes(true);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn open_by_ordinal_and_by_current_context() {
+    let gpu = Gpu::open(0).unwrap();
+    assert!(matches!(Gpu::open(99), Err(Error::NoMatchingDevice(_))));
+    assert!(matches!(Gpu::open(-1), Err(Error::InvalidArgument(_))));
+    // No context current on a fresh thread: a clear error.
+    std::thread::spawn(|| {
+        assert!(matches!(
+            Gpu::open_current_context(OpenOptions::new()),
+            Err(Error::InvalidArgument(_))
+        ));
+    })
+    .join()
+    .unwrap();
+    let by_ctx = {
+        let _bound = gpu.bind().unwrap();
+        Gpu::open_current_context(OpenOptions::new()).unwrap()
+    };
+    assert_eq!(by_ctx.cu_context(), gpu.cu_context());
+    assert_eq!(by_ctx.uuid(), gpu.uuid());
+    // Memory from one handle is usable by the other's kernels (same context).
+    let mut mem = by_ctx.alloc(4096).unwrap();
+    mem.write(0, b"current context").unwrap();
+    let mut back = [0u8; 15];
+    // SAFETY: inside `mem`.
+    unsafe { gpu.memcpy_dtoh(&mut back, mem.device_ptr()).unwrap() };
+    assert_eq!(&back, b"current context");
+    drop(gpu);
+    // The handle opened on the current context retained the primary context: still usable.
+    let mut mem2 = by_ctx.alloc(4096).unwrap();
+    mem2.write(0, &[1, 2, 3]).unwrap();
+    let unchecked = {
+        let _bound = by_ctx.bind().unwrap();
+        // SAFETY: the context is the primary context retained by `by_ctx`, which outlives this.
+        unsafe { Gpu::open_current_context_unchecked(OpenOptions::new()).unwrap() }
+    };
+    assert_eq!(unchecked.cu_context(), by_ctx.cu_context());
+    drop(unchecked);
+    drop(mem);
+    drop(mem2);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn bad_inputs_on_the_gpu() {
+    let gpu = Gpu::open(0).unwrap();
+    assert!(matches!(gpu.alloc(0), Err(Error::InvalidArgument(_))));
+    let e = gpu.alloc(1_000_000_000_000_000).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    let mut mem = gpu.alloc(4096).unwrap();
+    assert!(matches!(
+        mem.write(4096, &[1]),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(mem.flush(1, 4096), Err(Error::InvalidArgument(_))));
+    // Still usable.
+    mem.write(4095, &[9]).unwrap();
+    assert_eq!(mem.read_vec(4095, 1).unwrap(), vec![9]);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn one_handle_shared_by_threads() {
+    let gpu = Gpu::open(0).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..8u32 {
+            let gpu = &gpu;
+            s.spawn(move || {
+                for i in 0..20u32 {
+                    let mut mem = gpu.alloc(64 << 10).unwrap();
+                    let w = words(64 << 10, t * 1000 + i);
+                    mem.write_pod(0, &w).unwrap();
+                    let mut back = vec![0u8; 64 << 10];
+                    // SAFETY: inside `mem`.
+                    unsafe { gpu.memcpy_dtoh(&mut back, mem.device_ptr()).unwrap() };
+                    assert_eq!(bytemuck::cast_slice::<u8, u32>(&back), &w[..]);
+                }
+            });
+        }
+    });
+}
