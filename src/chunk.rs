@@ -1,0 +1,165 @@
+//! Where a pool's chunks come from: the seam between the pool and the drivers.
+//!
+//! [`ChunkSource`] is the only thing the pool asks of the mapping layer: allocate a mapped chunk,
+//! flush or invalidate ranges of it. [`Gpu`] provides CUDA-imported chunks (with device pointers);
+//! a [`VulkanContext`] provides Vulkan-only chunks (CI runs the pool on lavapipe through it);
+//! [`HostMemorySource`] provides plain host memory for allocator benchmarks and tests.
+
+use std::alloc::Layout;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::error::{Error, MemorySide, Result};
+use crate::gpu::Gpu;
+use crate::memory::RawMemory;
+use crate::vulkan::{VulkanContext, VulkanMemory};
+
+/// A mapped chunk of memory owned by a pool. Freed when dropped.
+pub trait ChunkMemory: Send + Sync {
+    /// Base of the host mapping.
+    fn host_ptr(&self) -> *mut u8;
+    /// Device address of the base, if the chunk is imported into CUDA.
+    fn device_ptr(&self) -> Option<u64>;
+    /// Size in bytes.
+    fn size(&self) -> u64;
+    /// Flushes the given in-bounds `(offset, len)` ranges in one driver call (no-op if coherent).
+    fn flush_ranges(&self, ranges: &[(u64, u64)]) -> Result<()>;
+    /// Invalidates the given in-bounds ranges in one driver call (no-op if coherent).
+    fn invalidate_ranges(&self, ranges: &[(u64, u64)]) -> Result<()>;
+}
+
+/// A provider of chunks for a [`Pool`](crate::Pool).
+pub trait ChunkSource: Send + Sync {
+    /// Allocates a chunk of at least `size` bytes. Out of memory must be reported as
+    /// [`Error::OutOfDeviceMemory`].
+    fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>>;
+    /// `nonCoherentAtomSize` of the memory.
+    fn atom_size(&self) -> u64;
+    /// Whether writes must be flushed and reads invalidated.
+    fn is_non_coherent(&self) -> bool;
+}
+
+impl ChunkMemory for RawMemory {
+    fn host_ptr(&self) -> *mut u8 {
+        RawMemory::host_ptr(self)
+    }
+    fn device_ptr(&self) -> Option<u64> {
+        Some(RawMemory::device_ptr(self))
+    }
+    fn size(&self) -> u64 {
+        RawMemory::size(self)
+    }
+    fn flush_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
+        self.vulkan().flush_ranges(ranges.iter().copied())
+    }
+    fn invalidate_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
+        self.vulkan().invalidate_ranges(ranges.iter().copied())
+    }
+}
+
+impl ChunkSource for Gpu {
+    fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
+        Ok(Box::new(self.alloc(size)?))
+    }
+    fn atom_size(&self) -> u64 {
+        self.vulkan().atom_size()
+    }
+    fn is_non_coherent(&self) -> bool {
+        Gpu::is_non_coherent(self)
+    }
+}
+
+impl ChunkMemory for VulkanMemory {
+    fn host_ptr(&self) -> *mut u8 {
+        self.as_ptr()
+    }
+    fn device_ptr(&self) -> Option<u64> {
+        None
+    }
+    fn size(&self) -> u64 {
+        VulkanMemory::size(self)
+    }
+    fn flush_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
+        VulkanMemory::flush_ranges(self, ranges.iter().copied())
+    }
+    fn invalidate_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
+        VulkanMemory::invalidate_ranges(self, ranges.iter().copied())
+    }
+}
+
+impl ChunkSource for Arc<VulkanContext> {
+    fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
+        Ok(Box::new(self.allocate(size)?))
+    }
+    fn atom_size(&self) -> u64 {
+        VulkanContext::atom_size(self)
+    }
+    fn is_non_coherent(&self) -> bool {
+        VulkanContext::is_non_coherent(self)
+    }
+}
+
+/// Plain host memory (64 KiB-aligned) as a chunk source: for allocator benchmarks and tests that
+/// should not depend on a driver. Flushes are no-ops.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HostMemorySource;
+
+struct HostChunk {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: the chunk exclusively owns its heap allocation.
+unsafe impl Send for HostChunk {}
+// SAFETY: `&self` only hands out the base pointer; access discipline is the pool's.
+unsafe impl Sync for HostChunk {}
+
+impl ChunkMemory for HostChunk {
+    fn host_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    fn device_ptr(&self) -> Option<u64> {
+        None
+    }
+    fn size(&self) -> u64 {
+        self.layout.size() as u64
+    }
+    fn flush_ranges(&self, _: &[(u64, u64)]) -> Result<()> {
+        Ok(())
+    }
+    fn invalidate_ranges(&self, _: &[(u64, u64)]) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for HostChunk {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `allocate_chunk` with exactly this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+impl ChunkSource for HostMemorySource {
+    fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
+        let layout = usize::try_from(size)
+            .ok()
+            .and_then(|s| Layout::from_size_align(s, 64 << 10).ok())
+            .filter(|l| l.size() > 0)
+            .ok_or_else(|| Error::invalid(format!("host chunk of {size} bytes")))?;
+        // SAFETY: the layout has a non-zero size (checked above).
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(p).ok_or(Error::OutOfDeviceMemory {
+            side: MemorySide::Limit,
+            call: "alloc_zeroed",
+            size,
+            result: "host allocation failed".into(),
+        })?;
+        Ok(Box::new(HostChunk { ptr, layout }))
+    }
+    fn atom_size(&self) -> u64 {
+        64
+    }
+    fn is_non_coherent(&self) -> bool {
+        false
+    }
+}

@@ -1,0 +1,579 @@
+//! [`Pool`]: many small aligned GPU buffers carved out of a few big chunks, in nanoseconds.
+//!
+//! One raw allocation costs a Vulkan allocation plus a CUDA import (~200 µs on the H100, ~110 µs to
+//! free) and BAR space is scarce. The pool allocates chunks rarely and hands out [`Block`]s from
+//! them through the pure allocator core ([`crate::alloc`]: slab classes for tiny sizes, TLSF for the
+//! rest); requests at or above [`PoolConfig::dedicated_threshold`] get a chunk of their own.
+//!
+//! Threads do not serialise on one lock: the pool has several shards, each with its own heap and
+//! chunks behind its own mutex, and a thread allocates from "its" shard (assigned round-robin on
+//! first use). A block remembers its shard, so any thread may drop it.
+//!
+//! On non-coherent memory, writes through a block's safe API record dirty ranges in the chunk's
+//! [`DirtyRanges`](crate::dirty::DirtyRanges); [`Block::flush`] or [`Pool::flush`] push them with
+//! one `vkFlushMappedMemoryRanges` per chunk. On coherent memory none of this costs anything.
+
+use std::cell::Cell;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::alloc::{AllocError, Allocation, ChunkId, Heap, HeapConfig, HeapStats};
+use crate::chunk::{ChunkMemory, ChunkSource};
+use crate::dirty::DirtyRanges;
+use crate::error::{Error, MemorySide, Result};
+use crate::mapping::Mapping;
+use crate::vulkan::check_range;
+
+/// How a [`Pool`] sizes, grows and trims its chunks.
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Size of a shard's first chunk. Default 16 MiB.
+    pub chunk_size: u64,
+    /// Each new chunk of a shard doubles the previous one, up to this size. Default 256 MiB.
+    pub max_chunk_size: u64,
+    /// Requests of at least this many bytes get a dedicated chunk. Default 8 MiB.
+    pub dedicated_threshold: u64,
+    /// Total bytes of chunks (shared and dedicated) the pool may hold; beyond it allocations fail
+    /// with [`Error::OutOfDeviceMemory`] (`side: Limit`). Default: no limit.
+    pub max_bytes: u64,
+    /// Number of shards (independent heaps). Default: available parallelism, at most 8.
+    pub shards: usize,
+    /// Empty chunks each shard keeps for reuse instead of returning them to the driver at once
+    /// (returning and re-allocating costs ~300 µs). Default 1.
+    pub keep_empty_chunks: usize,
+    /// Allocator core parameters (slab page size, slab classes, granule, max alignment).
+    pub heap: HeapConfig,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            chunk_size: 16 << 20,
+            max_chunk_size: 256 << 20,
+            dedicated_threshold: 8 << 20,
+            max_bytes: u64::MAX,
+            shards: std::thread::available_parallelism().map_or(4, |n| n.get()).min(8),
+            keep_empty_chunks: 1,
+            heap: HeapConfig::default(),
+        }
+    }
+}
+
+/// One chunk with its dirty-range tracker. Blocks hold an `Arc`, so the memory outlives them.
+struct Chunk {
+    memory: Box<dyn ChunkMemory>,
+    dirty: Mutex<DirtyRanges>,
+}
+
+impl Chunk {
+    fn flush(&self, scratch: &mut Vec<(u64, u64)>) -> Result<()> {
+        let mut dirty = self.dirty.lock();
+        if dirty.is_empty() {
+            return Ok(());
+        }
+        scratch.clear();
+        scratch.extend(dirty.ranges());
+        self.memory.flush_ranges(scratch)?;
+        dirty.clear();
+        Ok(())
+    }
+}
+
+struct Shard {
+    heap: Heap,
+    /// Indexed by `ChunkId`.
+    chunks: Vec<Option<Arc<Chunk>>>,
+    next_chunk_size: u64,
+}
+
+struct PoolInner {
+    source: Box<dyn ChunkSource>,
+    config: PoolConfig,
+    shards: Box<[Mutex<Shard>]>,
+    /// Bytes of all chunks currently held (shared and dedicated), for the byte limit.
+    reserved: AtomicU64,
+    /// Chunks handed to dedicated blocks, for statistics.
+    dedicated: AtomicU64,
+    non_coherent: bool,
+    atom: u64,
+}
+
+/// A pool of small aligned blocks over BAR-mapped chunks. Cheap to clone, `Send + Sync`.
+///
+/// ```no_run
+/// use vkgdr::{Gpu, Mapping, Pool, PoolConfig};
+/// # fn main() -> vkgdr::Result<()> {
+/// let pool = Pool::new(Gpu::open(0)?, PoolConfig::default())?;
+/// let mut block = pool.alloc(256, 64)?;          // nanoseconds, 64-byte aligned
+/// block.write(0, &[1u8; 256])?;                   // bounds-checked; dirty range recorded
+/// block.flush()?;                                 // no-op on coherent memory
+/// let device_address = block.device_ptr().unwrap();
+/// # let _ = device_address; Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Pool {
+    inner: Arc<PoolInner>,
+}
+
+impl fmt::Debug for Pool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pool")
+            .field("shards", &self.inner.shards.len())
+            .field("reserved", &self.inner.reserved.load(Ordering::Relaxed))
+            .field("non_coherent", &self.inner.non_coherent)
+            .finish()
+    }
+}
+
+/// A usage snapshot of a pool.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PoolStats {
+    /// Bytes of all chunks held, including dedicated ones.
+    pub bytes_reserved: u64,
+    /// Bytes requested by live blocks in shared chunks.
+    pub bytes_in_use: u64,
+    /// Bytes handed out (rounded sizes) in shared chunks.
+    pub bytes_allocated: u64,
+    /// Shared chunks held.
+    pub chunks: u64,
+    /// Dedicated chunks held (one per large block).
+    pub dedicated_chunks: u64,
+    /// Largest free block in any shard.
+    pub largest_free_block: u64,
+    /// Per-shard allocator statistics.
+    pub shards: Vec<HeapStats>,
+}
+
+thread_local! {
+    static THREAD_SHARD: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+
+fn thread_shard(n: usize) -> usize {
+    THREAD_SHARD.with(|s| {
+        let mut v = s.get();
+        if v == usize::MAX {
+            v = NEXT_SHARD.fetch_add(1, Ordering::Relaxed);
+            s.set(v);
+        }
+        v % n
+    })
+}
+
+fn alloc_err(e: AllocError) -> Error {
+    match e {
+        AllocError::ZeroSize => Error::invalid("allocation size is zero"),
+        AllocError::BadAlignment { align } => {
+            Error::invalid(format!("alignment {align} is not a power of two"))
+        }
+        AllocError::AlignmentTooLarge { align, max } => {
+            Error::invalid(format!("alignment {align} exceeds the pool's maximum {max}"))
+        }
+        AllocError::Overflow { size } => Error::invalid(format!("allocation of {size} bytes is too large")),
+        e => Error::Alloc(e),
+    }
+}
+
+impl Pool {
+    /// Creates a pool over `source` (a [`Gpu`](crate::Gpu), an `Arc<VulkanContext>`, or a
+    /// [`HostMemorySource`](crate::chunk::HostMemorySource)). No chunk is allocated until needed.
+    pub fn new(source: impl ChunkSource + 'static, config: PoolConfig) -> Result<Pool> {
+        let heap_cfg = config.heap.clone();
+        if config.shards == 0 {
+            return Err(Error::invalid("a pool needs at least one shard"));
+        }
+        if config.chunk_size == 0 || config.chunk_size % heap_cfg.max_align != 0 {
+            return Err(Error::invalid(format!(
+                "chunk size {} must be a non-zero multiple of the maximum alignment {}",
+                config.chunk_size, heap_cfg.max_align
+            )));
+        }
+        if config.max_chunk_size < config.chunk_size {
+            return Err(Error::invalid("max_chunk_size is smaller than chunk_size"));
+        }
+        if config.dedicated_threshold == 0 {
+            return Err(Error::invalid("dedicated_threshold is zero"));
+        }
+        let shards = (0..config.shards)
+            .map(|_| {
+                Ok(Mutex::new(Shard {
+                    heap: Heap::new(heap_cfg.clone()).map_err(alloc_err)?,
+                    chunks: Vec::new(),
+                    next_chunk_size: config.chunk_size,
+                }))
+            })
+            .collect::<Result<Vec<_>>>()?
+            .into_boxed_slice();
+        Ok(Pool {
+            inner: Arc::new(PoolInner {
+                non_coherent: source.is_non_coherent(),
+                atom: source.atom_size(),
+                source: Box::new(source),
+                config,
+                shards,
+                reserved: AtomicU64::new(0),
+                dedicated: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The pool's configuration.
+    pub fn config(&self) -> &PoolConfig {
+        &self.inner.config
+    }
+
+    /// Whether blocks need flushes (non-coherent or forced-non-coherent memory).
+    pub fn is_non_coherent(&self) -> bool {
+        self.inner.non_coherent
+    }
+
+    /// Allocates `size` bytes aligned to `align` (a power of two up to
+    /// [`HeapConfig::max_align`], 64 KiB by default). The alignment holds for the device address
+    /// and, up to the host mapping's own alignment (page size at least), for the host address.
+    pub fn alloc(&self, size: u64, align: u64) -> Result<Block> {
+        if size == 0 {
+            return Err(Error::invalid("allocation size is zero"));
+        }
+        if !align.is_power_of_two() {
+            return Err(Error::invalid(format!("alignment {align} is not a power of two")));
+        }
+        if align > self.inner.config.heap.max_align {
+            return Err(alloc_err(AllocError::AlignmentTooLarge { align, max: self.inner.config.heap.max_align }));
+        }
+        if size >= self.inner.config.dedicated_threshold {
+            return self.alloc_dedicated(size);
+        }
+        // On non-coherent memory every block owns whole atoms, so flushing or invalidating one
+        // block's rounded range never touches a neighbour's bytes.
+        let (alloc_size, align) = if self.inner.non_coherent {
+            let atom = self.inner.atom;
+            (size.div_ceil(atom) * atom, align.max(atom))
+        } else {
+            (size, align)
+        };
+        let shard_index = thread_shard(self.inner.shards.len());
+        let mut shard = self.inner.shards[shard_index].lock();
+        let allocation = match shard.heap.alloc(alloc_size, align) {
+            Ok(a) => a,
+            Err(AllocError::OutOfSpace { chunk_size_needed, .. }) => {
+                self.grow(&mut shard, shard_index, chunk_size_needed)?;
+                shard.heap.alloc(alloc_size, align).map_err(alloc_err)?
+            }
+            Err(e) => return Err(alloc_err(e)),
+        };
+        let chunk = shard.chunks[allocation.chunk().0 as usize].clone().expect("allocation in a live chunk");
+        drop(shard);
+        Ok(Block {
+            offset: allocation.offset(),
+            len: size,
+            kind: BlockKind::Shared { shard: shard_index as u32, allocation: Some(allocation) },
+            chunk,
+            pool: self.inner.clone(),
+        })
+    }
+
+    fn reserve_bytes(&self, size: u64) -> Result<()> {
+        let limit = self.inner.config.max_bytes;
+        self.inner
+            .reserved
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| r.checked_add(size).filter(|&n| n <= limit))
+            .map(|_| ())
+            .map_err(|r| Error::OutOfDeviceMemory {
+                side: MemorySide::Limit,
+                call: "Pool::alloc",
+                size,
+                result: format!("pool limit {limit} bytes, {r} reserved"),
+            })
+    }
+
+    fn allocate_chunk(&self, size: u64, trim_others_except: Option<usize>) -> Result<Box<dyn ChunkMemory>> {
+        self.reserve_bytes(size)?;
+        let result = match self.inner.source.allocate_chunk(size) {
+            Err(e) if e.is_out_of_memory() => {
+                // The BAR is full: hand back empty chunks kept by other shards, then retry once.
+                // try_lock: we may hold our own shard's lock, so never wait for another shard.
+                let released = self.release_empty_chunks(trim_others_except, true);
+                if released > 0 {
+                    self.inner.source.allocate_chunk(size)
+                } else {
+                    Err(e)
+                }
+            }
+            r => r,
+        };
+        if result.is_err() {
+            self.inner.reserved.fetch_sub(size, Ordering::AcqRel);
+        }
+        result
+    }
+
+    fn new_chunk(memory: Box<dyn ChunkMemory>, atom: u64) -> Result<Arc<Chunk>> {
+        let dirty = DirtyRanges::new(memory.size(), atom)
+            .map_err(|e| Error::invalid(format!("dirty-range tracker: {e}")))?;
+        Ok(Arc::new(Chunk { memory, dirty: Mutex::new(dirty) }))
+    }
+
+    fn grow(&self, shard: &mut Shard, shard_index: usize, needed: u64) -> Result<()> {
+        let max_align = self.inner.config.heap.max_align;
+        let size = shard.next_chunk_size.max(needed.div_ceil(max_align) * max_align);
+        let memory = self.allocate_chunk(size, Some(shard_index))?;
+        let base_ok = memory.device_ptr().is_none_or(|p| p % max_align == 0);
+        if !base_ok {
+            let got = memory.device_ptr().unwrap_or(0);
+            self.inner.reserved.fetch_sub(size, Ordering::AcqRel);
+            return Err(Error::Unsupported(format!(
+                "chunk device address {got:#x} is not aligned to {max_align}; lower heap.max_align"
+            )));
+        }
+        let chunk = Self::new_chunk(memory, self.inner.atom).inspect_err(|_| {
+            self.inner.reserved.fetch_sub(size, Ordering::AcqRel);
+        })?;
+        let id = match shard.heap.add_chunk(size) {
+            Ok(id) => id,
+            Err(e) => {
+                self.inner.reserved.fetch_sub(size, Ordering::AcqRel);
+                return Err(alloc_err(e));
+            }
+        };
+        let i = id.0 as usize;
+        if shard.chunks.len() <= i {
+            shard.chunks.resize(i + 1, None);
+        }
+        shard.chunks[i] = Some(chunk);
+        shard.next_chunk_size = (shard.next_chunk_size.saturating_mul(2)).min(self.inner.config.max_chunk_size);
+        Ok(())
+    }
+
+    fn alloc_dedicated(&self, size: u64) -> Result<Block> {
+        let memory = self.allocate_chunk(size, None)?;
+        let reserved = memory.size();
+        // The source may round up; account for what it really holds.
+        if reserved != size {
+            self.inner.reserved.fetch_add(reserved - size, Ordering::AcqRel);
+        }
+        let chunk = Self::new_chunk(memory, self.inner.atom).inspect_err(|_| {
+            self.inner.reserved.fetch_sub(reserved, Ordering::AcqRel);
+        })?;
+        self.inner.dedicated.fetch_add(1, Ordering::Relaxed);
+        Ok(Block { offset: 0, len: size, kind: BlockKind::Dedicated, chunk, pool: self.inner.clone() })
+    }
+
+    /// Returns empty chunks to the driver: all of them (`keep` false) or those beyond
+    /// [`PoolConfig::keep_empty_chunks`] per shard. Returns the number of chunks released.
+    fn release_empty_chunks(&self, skip_shard: Option<usize>, try_only: bool) -> usize {
+        let mut released = Vec::new();
+        for (i, m) in self.inner.shards.iter().enumerate() {
+            if Some(i) == skip_shard {
+                continue;
+            }
+            let guard = if try_only { m.try_lock() } else { Some(m.lock()) };
+            if let Some(mut shard) = guard {
+                shard.heap.trim();
+                released.extend(self.inner.take_empty_chunks(&mut shard, 0));
+            }
+        }
+        let n = released.len();
+        drop(released); // frees the memory outside every lock
+        n
+    }
+
+    /// Returns every empty chunk (and cached empty slab page) to the driver now. Returns the
+    /// number of chunks released. Blocks in use are never moved.
+    pub fn trim(&self) -> usize {
+        self.release_empty_chunks(None, false)
+    }
+
+    /// Flushes every recorded dirty range: one `vkFlushMappedMemoryRanges` per chunk with writes.
+    /// Dedicated blocks are flushed through [`Block::flush`] (they are not shared).
+    pub fn flush(&self) -> Result<()> {
+        if !self.inner.non_coherent {
+            return Ok(());
+        }
+        let mut scratch = Vec::new();
+        for m in self.inner.shards.iter() {
+            let chunks: Vec<Arc<Chunk>> = m.lock().chunks.iter().flatten().cloned().collect();
+            for c in chunks {
+                c.flush(&mut scratch)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A usage snapshot (takes every shard's lock briefly).
+    pub fn stats(&self) -> PoolStats {
+        let mut s = PoolStats {
+            bytes_reserved: self.inner.reserved.load(Ordering::Acquire),
+            dedicated_chunks: self.inner.dedicated.load(Ordering::Relaxed),
+            ..Default::default()
+        };
+        for m in self.inner.shards.iter() {
+            let h = m.lock().heap.stats();
+            s.bytes_in_use += h.bytes_in_use;
+            s.bytes_allocated += h.bytes_allocated;
+            s.chunks += h.chunk_count as u64;
+            s.largest_free_block = s.largest_free_block.max(h.largest_free_block);
+            s.shards.push(h);
+        }
+        s
+    }
+}
+
+impl PoolInner {
+    /// Removes empty chunks beyond `keep` from a shard; the caller drops them after unlocking.
+    fn take_empty_chunks(&self, shard: &mut Shard, keep: usize) -> Vec<Arc<Chunk>> {
+        let empty: Vec<ChunkId> = shard.heap.empty_chunks().collect();
+        let mut out = Vec::new();
+        for id in empty.into_iter().skip(keep) {
+            if let Ok(size) = shard.heap.remove_chunk(id) {
+                if let Some(c) = shard.chunks[id.0 as usize].take() {
+                    self.reserved.fetch_sub(size, Ordering::AcqRel);
+                    out.push(c);
+                }
+            }
+        }
+        out
+    }
+
+    fn free(&self, shard_index: usize, allocation: Allocation) {
+        let chunk_id = allocation.chunk();
+        let released = {
+            let mut shard = self.shards[shard_index].lock();
+            // The allocation came from this shard's heap and cannot be freed twice (it is moved
+            // out of the block), so this only fails on an allocator bug.
+            let freed = shard.heap.free(allocation);
+            debug_assert!(freed.is_ok(), "pool free failed: {freed:?}");
+            if shard.heap.chunk_allocations(chunk_id) == Some(0) {
+                self.take_empty_chunks(&mut shard, self.config.keep_empty_chunks)
+            } else {
+                Vec::new()
+            }
+        };
+        drop(released);
+    }
+}
+
+enum BlockKind {
+    Shared { shard: u32, allocation: Option<Allocation> },
+    Dedicated,
+}
+
+/// A block of pool memory: host pointer, device pointer, size. Freed when dropped.
+///
+/// A block holds its chunk and its pool, so neither can go away under it. Safe writes
+/// ([`Mapping::write`] and friends) record dirty ranges on non-coherent memory;
+/// [`Block::flush`] pushes them. Safe reads invalidate first.
+pub struct Block {
+    pool: Arc<PoolInner>,
+    chunk: Arc<Chunk>,
+    kind: BlockKind,
+    offset: u64,
+    len: u64,
+}
+
+// SAFETY: a block exclusively owns its byte range of the chunk; the chunk and pool are Sync.
+unsafe impl Send for Block {}
+// SAFETY: `&self` methods only read the range (after an invalidate) or return addresses.
+unsafe impl Sync for Block {}
+
+impl fmt::Debug for Block {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Block")
+            .field("len", &self.len)
+            .field("host_ptr", &self.host_ptr())
+            .field("device_ptr", &self.device_ptr().map(|p| format!("{p:#x}")))
+            .field("dedicated", &matches!(self.kind, BlockKind::Dedicated))
+            .finish()
+    }
+}
+
+impl Block {
+    /// The requested size in bytes.
+    pub fn size(&self) -> u64 {
+        self.len
+    }
+
+    /// Host address of the block.
+    pub fn host_ptr(&self) -> *mut u8 {
+        // SAFETY: offset lies inside the chunk (the allocator guarantees offset + len <= size).
+        unsafe { self.chunk.memory.host_ptr().add(self.offset as usize) }
+    }
+
+    /// Device address of the block (`None` for pools over Vulkan-only or host chunks).
+    pub fn device_ptr(&self) -> Option<u64> {
+        self.chunk.memory.device_ptr().map(|p| p + self.offset)
+    }
+
+    /// Offset of the block inside its chunk.
+    pub fn offset_in_chunk(&self) -> u64 {
+        self.offset
+    }
+
+    /// Whether this block has a chunk of its own (large requests).
+    pub fn is_dedicated(&self) -> bool {
+        matches!(self.kind, BlockKind::Dedicated)
+    }
+
+    /// Pushes the chunk's recorded dirty ranges (this block's and its neighbours') to the device in
+    /// one call. A no-op on coherent memory.
+    pub fn flush(&self) -> Result<()> {
+        if !self.pool.non_coherent {
+            return Ok(());
+        }
+        self.chunk.flush(&mut Vec::new())
+    }
+
+    /// Whether writes to this block are waiting for a flush.
+    pub fn has_pending_writes(&self) -> bool {
+        self.pool.non_coherent && self.chunk.dirty.lock().intersects(self.offset, self.len)
+    }
+}
+
+impl Mapping for Block {
+    fn host_ptr(&self) -> *mut u8 {
+        Block::host_ptr(self)
+    }
+    fn len(&self) -> u64 {
+        self.len
+    }
+    fn after_write(&mut self, offset: u64, len: u64) -> Result<()> {
+        if self.pool.non_coherent && len > 0 {
+            check_range(offset, len, self.len)?;
+            self.chunk
+                .dirty
+                .lock()
+                .mark(self.offset + offset, len)
+                .map_err(|e| Error::invalid(format!("dirty range: {e}")))?;
+        }
+        Ok(())
+    }
+    fn before_read(&self, offset: u64, len: u64) -> Result<()> {
+        if self.pool.non_coherent && len > 0 {
+            // Invalidating would discard this block's own unflushed writes: push them first.
+            if self.chunk.dirty.lock().intersects(self.offset, self.len) {
+                self.chunk.flush(&mut Vec::new())?;
+            }
+            self.chunk.memory.invalidate_ranges(&[(self.offset + offset, len)])?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        match &mut self.kind {
+            BlockKind::Shared { shard, allocation } => {
+                if let Some(a) = allocation.take() {
+                    self.pool.free(*shard as usize, a);
+                }
+            }
+            BlockKind::Dedicated => {
+                self.pool.dedicated.fetch_sub(1, Ordering::Relaxed);
+                self.pool.reserved.fetch_sub(self.chunk.memory.size(), Ordering::AcqRel);
+                // The chunk memory itself is freed when `self.chunk` (its only Arc) drops.
+            }
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! Trimming returns empty chunks to the driver: the fd count drops (lavapipe backs each exportable
+//! allocation with an fd) and the pool's reserved bytes fall to zero. Its own binary for fd counts.
+
+use vkgdr::vulkan::{DeviceSelector, MemoryOptions, VulkanContext};
+use vkgdr::{Pool, PoolConfig};
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+#[test]
+fn trim_returns_chunks() {
+    let ctx = VulkanContext::new(DeviceSelector::FirstSuitable, MemoryOptions::default()).unwrap();
+    let pool = Pool::new(
+        ctx,
+        PoolConfig { chunk_size: 1 << 20, max_chunk_size: 1 << 20, shards: 1, keep_empty_chunks: 8, ..Default::default() },
+    )
+    .unwrap();
+    let fds_empty = open_fds();
+    let blocks: Vec<_> = (0..64).map(|_| pool.alloc(60 << 10, 4096).unwrap()).collect();
+    let chunks = pool.stats().chunks;
+    assert!(chunks >= 4, "expected several chunks, got {chunks}");
+    let fds_full = open_fds();
+    drop(blocks);
+    // Kept for reuse (keep_empty_chunks = 8): still reserved.
+    assert_eq!(pool.stats().chunks, chunks);
+    assert_eq!(pool.trim() as u64, chunks);
+    assert_eq!(pool.stats().chunks, 0);
+    assert_eq!(pool.stats().bytes_reserved, 0);
+    let fds_trimmed = open_fds();
+    println!("fds: empty {fds_empty}, full {fds_full}, trimmed {fds_trimmed}");
+    assert!(fds_full > fds_empty, "lavapipe backs exportable memory with fds");
+    assert_eq!(fds_trimmed, fds_empty);
+}

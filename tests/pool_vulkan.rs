@@ -1,0 +1,172 @@
+//! The pool over real exported Vulkan memory (lavapipe on CI): concurrent random churn with tagged
+//! blocks, limits, dedicated blocks, non-coherent dirty tracking, bad inputs.
+
+use std::sync::Arc;
+
+use rand::{Rng, SeedableRng};
+use vkgdr::vulkan::{DeviceSelector, MemoryOptions, VulkanContext};
+use vkgdr::{Error, Mapping, MemorySide, Pool, PoolConfig};
+
+fn vulkan(force_non_coherent: bool) -> Arc<VulkanContext> {
+    VulkanContext::new(
+        DeviceSelector::FirstSuitable,
+        MemoryOptions { force_non_coherent, ..Default::default() },
+    )
+    .expect("a Vulkan device with VK_KHR_external_memory_fd")
+}
+
+fn tag_bytes(tag: u32, len: usize) -> Vec<u8> {
+    (0..len).map(|j| (tag.wrapping_mul(131).wrapping_add(j as u32) & 0xff) as u8).collect()
+}
+
+fn churn(force_non_coherent: bool, threads: usize, ops: usize) {
+    let pool = Pool::new(
+        vulkan(force_non_coherent),
+        PoolConfig { chunk_size: 4 << 20, max_chunk_size: 16 << 20, ..Default::default() },
+    )
+    .unwrap();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let pool = &pool;
+            s.spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64);
+                let mut live: Vec<(vkgdr::Block, u32, u64)> = Vec::new();
+                for op in 0..ops {
+                    if live.is_empty() || (live.len() < 512 && rng.gen_bool(0.55)) {
+                        let size = match rng.gen_range(0..10) {
+                            0..=5 => rng.gen_range(1..=256),
+                            6..=8 => rng.gen_range(257..=4096),
+                            _ => rng.gen_range(4097..=256 << 10),
+                        };
+                        let align = 1u64 << rng.gen_range(0..=12);
+                        let mut b = pool.alloc(size, align).unwrap();
+                        assert_eq!(b.host_ptr() as u64 % align.min(4096), 0, "misaligned host ptr");
+                        let tag = (t * ops + op) as u32;
+                        b.write(0, &tag_bytes(tag, size as usize)).unwrap();
+                        live.push((b, tag, size));
+                    } else {
+                        let i = rng.gen_range(0..live.len());
+                        let (b, tag, size) = live.swap_remove(i);
+                        let got = b.read_vec(0, size as usize).unwrap();
+                        assert!(got == tag_bytes(tag, size as usize), "block {tag} was overwritten");
+                    }
+                }
+                for (b, tag, size) in live {
+                    assert!(b.read_vec(0, size as usize).unwrap() == tag_bytes(tag, size as usize));
+                }
+            });
+        }
+    });
+    let stats = pool.stats();
+    assert_eq!(stats.bytes_in_use, 0, "{stats:?}");
+    assert_eq!(stats.dedicated_chunks, 0);
+}
+
+#[test]
+fn eight_threads_random_churn_no_overlap_no_lost_write() {
+    churn(false, 8, 100_000);
+}
+
+#[test]
+fn churn_in_forced_non_coherent_mode() {
+    churn(true, 4, 20_000);
+}
+
+#[test]
+fn byte_limit_gives_out_of_memory_and_pool_stays_usable() {
+    let pool = Pool::new(
+        vulkan(false),
+        PoolConfig {
+            chunk_size: 1 << 20,
+            max_chunk_size: 1 << 20,
+            max_bytes: 2 << 20,
+            shards: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut held = Vec::new();
+    let err = loop {
+        match pool.alloc(64 << 10, 256) {
+            Ok(b) => held.push(b),
+            Err(e) => break e,
+        }
+        assert!(held.len() <= 32, "limit not enforced");
+    };
+    assert!(matches!(err, Error::OutOfDeviceMemory { side: MemorySide::Limit, .. }), "{err}");
+    assert_eq!(held.len(), 32);
+    assert!(pool.stats().bytes_reserved <= 2 << 20);
+    // A dedicated request past the limit fails the same way.
+    let big = pool.alloc(16 << 20, 1).unwrap_err();
+    assert!(big.is_out_of_memory());
+    held.truncate(10);
+    let again = pool.alloc(64 << 10, 256).unwrap();
+    drop(again);
+    drop(held);
+    assert_eq!(pool.stats().bytes_in_use, 0);
+}
+
+#[test]
+fn dedicated_blocks_for_large_requests() {
+    let pool = Pool::new(vulkan(false), PoolConfig { dedicated_threshold: 1 << 20, ..Default::default() }).unwrap();
+    let mut b = pool.alloc(3 << 20, 4096).unwrap();
+    assert!(b.is_dedicated());
+    assert_eq!(pool.stats().dedicated_chunks, 1);
+    assert!(pool.stats().bytes_reserved >= 3 << 20);
+    b.fill(0, 3 << 20, 0x5a).unwrap();
+    assert!(b.read_vec((3 << 20) - 16, 16).unwrap().iter().all(|&x| x == 0x5a));
+    drop(b);
+    assert_eq!(pool.stats().dedicated_chunks, 0);
+    assert_eq!(pool.stats().bytes_reserved, 0);
+}
+
+#[test]
+fn non_coherent_writes_are_tracked_and_flushed() {
+    let pool = Pool::new(vulkan(true), PoolConfig { shards: 1, ..Default::default() }).unwrap();
+    assert!(pool.is_non_coherent());
+    let mut a = pool.alloc(100, 16).unwrap();
+    let mut b = pool.alloc(10, 16).unwrap();
+    // Blocks own whole atoms on non-coherent memory.
+    assert_eq!(a.offset_in_chunk() % 64, 0);
+    assert_eq!(b.offset_in_chunk() % 64, 0);
+    assert!(!a.has_pending_writes());
+    a.write(3, b"abc").unwrap();
+    assert!(a.has_pending_writes());
+    assert!(!b.has_pending_writes());
+    b.write(0, b"x").unwrap();
+    pool.flush().unwrap();
+    assert!(!a.has_pending_writes() && !b.has_pending_writes());
+    a.write(0, b"zz").unwrap();
+    // Reading flushes the block's own pending writes before invalidating, so nothing is lost.
+    assert_eq!(a.read_vec(0, 2).unwrap(), b"zz");
+    assert_eq!(a.read_vec(3, 3).unwrap(), b"abc");
+    assert!(!a.has_pending_writes());
+    a.write(50, b"q").unwrap();
+    a.flush().unwrap();
+    assert!(!a.has_pending_writes());
+}
+
+#[test]
+fn bad_inputs_are_rejected() {
+    let pool = Pool::new(vulkan(false), PoolConfig::default()).unwrap();
+    assert!(matches!(pool.alloc(0, 8), Err(Error::InvalidArgument(_))));
+    assert!(matches!(pool.alloc(8, 3), Err(Error::InvalidArgument(_))));
+    assert!(matches!(pool.alloc(8, 0), Err(Error::InvalidArgument(_))));
+    assert!(matches!(pool.alloc(8, 1 << 20), Err(Error::InvalidArgument(_))));
+    assert!(pool.alloc(u64::MAX, 8).is_err());
+    let mut b = pool.alloc(16, 16).unwrap();
+    assert!(matches!(b.write(10, &[0; 7]), Err(Error::InvalidArgument(_))));
+    assert!(matches!(b.write_pod(4, &[0u64]), Err(Error::InvalidArgument(_))));
+    b.write_pod(8, &[7u64]).unwrap();
+    let mut v = [0u64];
+    b.read_pod(8, &mut v).unwrap();
+    assert_eq!(v[0], 7);
+    for (cfg, what) in [
+        (PoolConfig { shards: 0, ..Default::default() }, "shards"),
+        (PoolConfig { chunk_size: 1000, ..Default::default() }, "chunk"),
+        (PoolConfig { max_chunk_size: 1 << 10, ..Default::default() }, "max chunk"),
+        (PoolConfig { dedicated_threshold: 0, ..Default::default() }, "dedicated"),
+    ] {
+        assert!(matches!(Pool::new(vulkan(false), cfg), Err(Error::InvalidArgument(_))), "{what}");
+    }
+}
