@@ -93,6 +93,9 @@ pub enum Error {
     /// A caller error: zero size, overflow, range out of bounds, bad alignment, bad option.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// An allocator-core error that has no more specific variant (a bug if it ever surfaces).
+    #[error(transparent)]
+    Alloc(#[from] crate::alloc::AllocError),
     /// A feature the driver or device does not support (e.g. CUDA VMM).
     #[error("not supported: {0}")]
     Unsupported(String),

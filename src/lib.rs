@@ -20,17 +20,22 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs, clippy::undocumented_unsafe_blocks)]
 
+pub mod alloc;
 pub mod arena;
+pub mod chunk;
 pub mod copy;
 pub mod cuda;
 pub mod cuda_objects;
+pub mod dirty;
 mod error;
 mod gpu;
 mod mapping;
 mod memory;
+pub mod pool;
 pub mod vulkan;
 
 pub use error::{Error, MemorySide, Result};
 pub use gpu::{Gpu, OpenOptions};
 pub use mapping::Mapping;
 pub use memory::RawMemory;
+pub use pool::{Backend, Block, GpuAllocStrategy, Pool, PoolConfig, PoolStats};

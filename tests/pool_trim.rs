@@ -13,11 +13,19 @@ fn trim_returns_chunks() {
     let ctx = VulkanContext::new(DeviceSelector::FirstSuitable, MemoryOptions::default()).unwrap();
     let pool = Pool::new(
         ctx,
-        PoolConfig { chunk_size: 1 << 20, max_chunk_size: 1 << 20, shards: 1, keep_empty_chunks: 8, ..Default::default() },
+        PoolConfig {
+            chunk_size: 1 << 20,
+            max_chunk_size: 1 << 20,
+            shards: 1,
+            keep_empty_chunks: 8,
+            ..Default::default()
+        },
     )
     .unwrap();
     let fds_empty = open_fds();
-    let blocks: Vec<_> = (0..64).map(|_| pool.alloc(60 << 10, 4096).unwrap()).collect();
+    let blocks: Vec<_> = (0..64)
+        .map(|_| pool.alloc(60 << 10, 4096).unwrap())
+        .collect();
     let chunks = pool.stats().chunks;
     assert!(chunks >= 4, "expected several chunks, got {chunks}");
     let fds_full = open_fds();
@@ -29,6 +37,9 @@ fn trim_returns_chunks() {
     assert_eq!(pool.stats().bytes_reserved, 0);
     let fds_trimmed = open_fds();
     println!("fds: empty {fds_empty}, full {fds_full}, trimmed {fds_trimmed}");
-    assert!(fds_full > fds_empty, "lavapipe backs exportable memory with fds");
+    assert!(
+        fds_full > fds_empty,
+        "lavapipe backs exportable memory with fds"
+    );
     assert_eq!(fds_trimmed, fds_empty);
 }

@@ -27,6 +27,22 @@ use crate::error::{Error, MemorySide, Result};
 use crate::mapping::Mapping;
 use crate::vulkan::check_range;
 
+mod gpu_alloc;
+pub use gpu_alloc::GpuAllocStrategy;
+use gpu_alloc::{ChunkDevice, GpuAllocBackend};
+
+/// Which allocator carves the pool's chunks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Backend {
+    /// Our allocator core: sharded heaps, slab classes plus TLSF. The default: O(1), low waste,
+    /// no global lock.
+    #[default]
+    Native,
+    /// gpu-alloc's allocator (one global mutex) over the same chunks: a baseline for benchmarks
+    /// and differential tests.
+    GpuAlloc(GpuAllocStrategy),
+}
+
 /// How a [`Pool`] sizes, grows and trims its chunks.
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
@@ -46,6 +62,8 @@ pub struct PoolConfig {
     pub keep_empty_chunks: usize,
     /// Allocator core parameters (slab page size, slab classes, granule, max alignment).
     pub heap: HeapConfig,
+    /// Which allocator serves shared requests.
+    pub backend: Backend,
 }
 
 impl Default for PoolConfig {
@@ -55,9 +73,12 @@ impl Default for PoolConfig {
             max_chunk_size: 256 << 20,
             dedicated_threshold: 8 << 20,
             max_bytes: u64::MAX,
-            shards: std::thread::available_parallelism().map_or(4, |n| n.get()).min(8),
+            shards: std::thread::available_parallelism()
+                .map_or(4, |n| n.get())
+                .min(8),
             keep_empty_chunks: 1,
             heap: HeapConfig::default(),
+            backend: Backend::Native,
         }
     }
 }
@@ -66,6 +87,15 @@ impl Default for PoolConfig {
 struct Chunk {
     memory: Box<dyn ChunkMemory>,
     dirty: Mutex<DirtyRanges>,
+}
+
+impl fmt::Debug for Chunk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Chunk")
+            .field("size", &self.memory.size())
+            .field("host_ptr", &self.memory.host_ptr())
+            .finish()
+    }
 }
 
 impl Chunk {
@@ -99,6 +129,7 @@ struct PoolInner {
     dedicated: AtomicU64,
     non_coherent: bool,
     atom: u64,
+    gpu_alloc: Option<GpuAllocBackend>,
 }
 
 /// A pool of small aligned blocks over BAR-mapped chunks. Cheap to clone, `Send + Sync`.
@@ -169,10 +200,12 @@ fn alloc_err(e: AllocError) -> Error {
         AllocError::BadAlignment { align } => {
             Error::invalid(format!("alignment {align} is not a power of two"))
         }
-        AllocError::AlignmentTooLarge { align, max } => {
-            Error::invalid(format!("alignment {align} exceeds the pool's maximum {max}"))
+        AllocError::AlignmentTooLarge { align, max } => Error::invalid(format!(
+            "alignment {align} exceeds the pool's maximum {max}"
+        )),
+        AllocError::Overflow { size } => {
+            Error::invalid(format!("allocation of {size} bytes is too large"))
         }
-        AllocError::Overflow { size } => Error::invalid(format!("allocation of {size} bytes is too large")),
         e => Error::Alloc(e),
     }
 }
@@ -207,8 +240,20 @@ impl Pool {
             })
             .collect::<Result<Vec<_>>>()?
             .into_boxed_slice();
+        let gpu_alloc = match config.backend {
+            Backend::Native => None,
+            Backend::GpuAlloc(strategy) => Some(GpuAllocBackend::new(
+                strategy,
+                config.chunk_size,
+                config.max_chunk_size,
+                config.dedicated_threshold,
+                source.atom_size(),
+                !source.is_non_coherent(),
+            )),
+        };
         Ok(Pool {
             inner: Arc::new(PoolInner {
+                gpu_alloc,
                 non_coherent: source.is_non_coherent(),
                 atom: source.atom_size(),
                 source: Box::new(source),
@@ -238,10 +283,15 @@ impl Pool {
             return Err(Error::invalid("allocation size is zero"));
         }
         if !align.is_power_of_two() {
-            return Err(Error::invalid(format!("alignment {align} is not a power of two")));
+            return Err(Error::invalid(format!(
+                "alignment {align} is not a power of two"
+            )));
         }
         if align > self.inner.config.heap.max_align {
-            return Err(alloc_err(AllocError::AlignmentTooLarge { align, max: self.inner.config.heap.max_align }));
+            return Err(alloc_err(AllocError::AlignmentTooLarge {
+                align,
+                max: self.inner.config.heap.max_align,
+            }));
         }
         if size >= self.inner.config.dedicated_threshold {
             return self.alloc_dedicated(size);
@@ -254,22 +304,40 @@ impl Pool {
         } else {
             (size, align)
         };
+        if let Some(ga) = &self.inner.gpu_alloc {
+            let block = ga.alloc(&self.inner.chunk_device(), alloc_size, align)?;
+            let chunk = block.memory().clone();
+            return Ok(Block {
+                offset: block.offset(),
+                len: size,
+                kind: BlockKind::GpuAlloc(Some(block)),
+                chunk,
+                pool: self.inner.clone(),
+            });
+        }
         let shard_index = thread_shard(self.inner.shards.len());
         let mut shard = self.inner.shards[shard_index].lock();
         let allocation = match shard.heap.alloc(alloc_size, align) {
             Ok(a) => a,
-            Err(AllocError::OutOfSpace { chunk_size_needed, .. }) => {
+            Err(AllocError::OutOfSpace {
+                chunk_size_needed, ..
+            }) => {
                 self.grow(&mut shard, shard_index, chunk_size_needed)?;
                 shard.heap.alloc(alloc_size, align).map_err(alloc_err)?
             }
             Err(e) => return Err(alloc_err(e)),
         };
-        let chunk = shard.chunks[allocation.chunk().0 as usize].clone().expect("allocation in a live chunk");
+        let chunk = shard.chunks[allocation.chunk().0 as usize]
+            .clone()
+            .expect("allocation in a live chunk");
         drop(shard);
         Ok(Block {
             offset: allocation.offset(),
             len: size,
-            kind: BlockKind::Shared { shard: shard_index as u32, allocation: Some(allocation) },
+            kind: BlockKind::Shared {
+                shard: shard_index as u32,
+                allocation: Some(allocation),
+            },
             chunk,
             pool: self.inner.clone(),
         })
@@ -279,7 +347,9 @@ impl Pool {
         let limit = self.inner.config.max_bytes;
         self.inner
             .reserved
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| r.checked_add(size).filter(|&n| n <= limit))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
+                r.checked_add(size).filter(|&n| n <= limit)
+            })
             .map(|_| ())
             .map_err(|r| Error::OutOfDeviceMemory {
                 side: MemorySide::Limit,
@@ -289,7 +359,11 @@ impl Pool {
             })
     }
 
-    fn allocate_chunk(&self, size: u64, trim_others_except: Option<usize>) -> Result<Box<dyn ChunkMemory>> {
+    fn allocate_chunk(
+        &self,
+        size: u64,
+        trim_others_except: Option<usize>,
+    ) -> Result<Box<dyn ChunkMemory>> {
         self.reserve_bytes(size)?;
         let result = match self.inner.source.allocate_chunk(size) {
             Err(e) if e.is_out_of_memory() => {
@@ -313,12 +387,17 @@ impl Pool {
     fn new_chunk(memory: Box<dyn ChunkMemory>, atom: u64) -> Result<Arc<Chunk>> {
         let dirty = DirtyRanges::new(memory.size(), atom)
             .map_err(|e| Error::invalid(format!("dirty-range tracker: {e}")))?;
-        Ok(Arc::new(Chunk { memory, dirty: Mutex::new(dirty) }))
+        Ok(Arc::new(Chunk {
+            memory,
+            dirty: Mutex::new(dirty),
+        }))
     }
 
     fn grow(&self, shard: &mut Shard, shard_index: usize, needed: u64) -> Result<()> {
         let max_align = self.inner.config.heap.max_align;
-        let size = shard.next_chunk_size.max(needed.div_ceil(max_align) * max_align);
+        let size = shard
+            .next_chunk_size
+            .max(needed.div_ceil(max_align) * max_align);
         let memory = self.allocate_chunk(size, Some(shard_index))?;
         let base_ok = memory.device_ptr().is_none_or(|p| p % max_align == 0);
         if !base_ok {
@@ -343,7 +422,8 @@ impl Pool {
             shard.chunks.resize(i + 1, None);
         }
         shard.chunks[i] = Some(chunk);
-        shard.next_chunk_size = (shard.next_chunk_size.saturating_mul(2)).min(self.inner.config.max_chunk_size);
+        shard.next_chunk_size =
+            (shard.next_chunk_size.saturating_mul(2)).min(self.inner.config.max_chunk_size);
         Ok(())
     }
 
@@ -352,13 +432,21 @@ impl Pool {
         let reserved = memory.size();
         // The source may round up; account for what it really holds.
         if reserved != size {
-            self.inner.reserved.fetch_add(reserved - size, Ordering::AcqRel);
+            self.inner
+                .reserved
+                .fetch_add(reserved - size, Ordering::AcqRel);
         }
         let chunk = Self::new_chunk(memory, self.inner.atom).inspect_err(|_| {
             self.inner.reserved.fetch_sub(reserved, Ordering::AcqRel);
         })?;
         self.inner.dedicated.fetch_add(1, Ordering::Relaxed);
-        Ok(Block { offset: 0, len: size, kind: BlockKind::Dedicated, chunk, pool: self.inner.clone() })
+        Ok(Block {
+            offset: 0,
+            len: size,
+            kind: BlockKind::Dedicated,
+            chunk,
+            pool: self.inner.clone(),
+        })
     }
 
     /// Returns empty chunks to the driver: all of them (`keep` false) or those beyond
@@ -369,7 +457,11 @@ impl Pool {
             if Some(i) == skip_shard {
                 continue;
             }
-            let guard = if try_only { m.try_lock() } else { Some(m.lock()) };
+            let guard = if try_only {
+                m.try_lock()
+            } else {
+                Some(m.lock())
+            };
             if let Some(mut shard) = guard {
                 shard.heap.trim();
                 released.extend(self.inner.take_empty_chunks(&mut shard, 0));
@@ -383,6 +475,9 @@ impl Pool {
     /// Returns every empty chunk (and cached empty slab page) to the driver now. Returns the
     /// number of chunks released. Blocks in use are never moved.
     pub fn trim(&self) -> usize {
+        if let Some(ga) = &self.inner.gpu_alloc {
+            ga.cleanup(&self.inner.chunk_device());
+        }
         self.release_empty_chunks(None, false)
     }
 
@@ -422,6 +517,15 @@ impl Pool {
 }
 
 impl PoolInner {
+    fn chunk_device(&self) -> ChunkDevice<'_> {
+        ChunkDevice {
+            source: &*self.source,
+            atom: self.atom,
+            reserved: &self.reserved,
+            limit: self.config.max_bytes,
+        }
+    }
+
     /// Removes empty chunks beyond `keep` from a shard; the caller drops them after unlocking.
     fn take_empty_chunks(&self, shard: &mut Shard, keep: usize) -> Vec<Arc<Chunk>> {
         let empty: Vec<ChunkId> = shard.heap.empty_chunks().collect();
@@ -456,8 +560,12 @@ impl PoolInner {
 }
 
 enum BlockKind {
-    Shared { shard: u32, allocation: Option<Allocation> },
+    Shared {
+        shard: u32,
+        allocation: Option<Allocation>,
+    },
     Dedicated,
+    GpuAlloc(Option<gpu_alloc::MemoryBlock<Arc<Chunk>>>),
 }
 
 /// A block of pool memory: host pointer, device pointer, size. Freed when dropped.
@@ -555,7 +663,9 @@ impl Mapping for Block {
             if self.chunk.dirty.lock().intersects(self.offset, self.len) {
                 self.chunk.flush(&mut Vec::new())?;
             }
-            self.chunk.memory.invalidate_ranges(&[(self.offset + offset, len)])?;
+            self.chunk
+                .memory
+                .invalidate_ranges(&[(self.offset + offset, len)])?;
         }
         Ok(())
     }
@@ -569,9 +679,16 @@ impl Drop for Block {
                     self.pool.free(*shard as usize, a);
                 }
             }
+            BlockKind::GpuAlloc(block) => {
+                if let (Some(b), Some(ga)) = (block.take(), &self.pool.gpu_alloc) {
+                    ga.free(&self.pool.chunk_device(), b);
+                }
+            }
             BlockKind::Dedicated => {
                 self.pool.dedicated.fetch_sub(1, Ordering::Relaxed);
-                self.pool.reserved.fetch_sub(self.chunk.memory.size(), Ordering::AcqRel);
+                self.pool
+                    .reserved
+                    .fetch_sub(self.chunk.memory.size(), Ordering::AcqRel);
                 // The chunk memory itself is freed when `self.chunk` (its only Arc) drops.
             }
         }
