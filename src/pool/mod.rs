@@ -119,10 +119,18 @@ struct Shard {
     next_chunk_size: u64,
 }
 
+/// A shard and the pool state it needs to free blocks. Blocks hold an `Arc` of their shard (not of
+/// the pool): with one shard per thread, the reference count a block touches is not shared with
+/// other threads.
+struct ShardCell {
+    state: Mutex<Shard>,
+    pool: Arc<PoolInner>,
+}
+
+/// Pool state shared by every shard and block.
 struct PoolInner {
     source: Box<dyn ChunkSource>,
     config: PoolConfig,
-    shards: Box<[Mutex<Shard>]>,
     /// Bytes of all chunks currently held (shared and dedicated), for the byte limit.
     reserved: AtomicU64,
     /// Chunks handed to dedicated blocks, for statistics.
@@ -147,12 +155,13 @@ struct PoolInner {
 #[derive(Clone)]
 pub struct Pool {
     inner: Arc<PoolInner>,
+    shards: Arc<[Arc<ShardCell>]>,
 }
 
 impl fmt::Debug for Pool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Pool")
-            .field("shards", &self.inner.shards.len())
+            .field("shards", &self.shards.len())
             .field("reserved", &self.inner.reserved.load(Ordering::Relaxed))
             .field("non_coherent", &self.inner.non_coherent)
             .finish()
@@ -230,16 +239,9 @@ impl Pool {
         if config.dedicated_threshold == 0 {
             return Err(Error::invalid("dedicated_threshold is zero"));
         }
-        let shards = (0..config.shards)
-            .map(|_| {
-                Ok(Mutex::new(Shard {
-                    heap: Heap::new(heap_cfg.clone()).map_err(alloc_err)?,
-                    chunks: Vec::new(),
-                    next_chunk_size: config.chunk_size,
-                }))
-            })
-            .collect::<Result<Vec<_>>>()?
-            .into_boxed_slice();
+        let heaps = (0..config.shards)
+            .map(|_| Heap::new(heap_cfg.clone()).map_err(alloc_err))
+            .collect::<Result<Vec<_>>>()?;
         let gpu_alloc = match config.backend {
             Backend::Native => None,
             Backend::GpuAlloc(strategy) => Some(GpuAllocBackend::new(
@@ -251,18 +253,30 @@ impl Pool {
                 !source.is_non_coherent(),
             )),
         };
-        Ok(Pool {
-            inner: Arc::new(PoolInner {
-                gpu_alloc,
-                non_coherent: source.is_non_coherent(),
-                atom: source.atom_size(),
-                source: Box::new(source),
-                config,
-                shards,
-                reserved: AtomicU64::new(0),
-                dedicated: AtomicU64::new(0),
-            }),
-        })
+        let first_chunk = config.chunk_size;
+        let inner = Arc::new(PoolInner {
+            gpu_alloc,
+            non_coherent: source.is_non_coherent(),
+            atom: source.atom_size(),
+            source: Box::new(source),
+            config,
+            reserved: AtomicU64::new(0),
+            dedicated: AtomicU64::new(0),
+        });
+        let shards = heaps
+            .into_iter()
+            .map(|heap| {
+                Arc::new(ShardCell {
+                    state: Mutex::new(Shard {
+                        heap,
+                        chunks: Vec::new(),
+                        next_chunk_size: first_chunk,
+                    }),
+                    pool: inner.clone(),
+                })
+            })
+            .collect();
+        Ok(Pool { inner, shards })
     }
 
     /// The pool's configuration.
@@ -306,17 +320,21 @@ impl Pool {
         };
         if let Some(ga) = &self.inner.gpu_alloc {
             let block = ga.alloc(&self.inner.chunk_device(), alloc_size, align)?;
-            let chunk = block.memory().clone();
-            return Ok(Block {
-                offset: block.offset(),
-                len: size,
-                kind: BlockKind::GpuAlloc(Some(block)),
-                chunk,
-                pool: self.inner.clone(),
-            });
+            let (offset, chunk) = (block.offset(), block.memory().clone());
+            return Ok(Block::new(
+                &chunk,
+                offset,
+                size,
+                self.inner.non_coherent,
+                BlockKind::GpuAlloc {
+                    pool: self.inner.clone(),
+                    block: Some(block),
+                },
+            ));
         }
-        let shard_index = thread_shard(self.inner.shards.len());
-        let mut shard = self.inner.shards[shard_index].lock();
+        let shard_index = thread_shard(self.shards.len());
+        let cell = &self.shards[shard_index];
+        let mut shard = cell.state.lock();
         let allocation = match shard.heap.alloc(alloc_size, align) {
             Ok(a) => a,
             Err(AllocError::OutOfSpace {
@@ -327,20 +345,32 @@ impl Pool {
             }
             Err(e) => return Err(alloc_err(e)),
         };
-        let chunk = shard.chunks[allocation.chunk().0 as usize]
-            .clone()
-            .expect("allocation in a live chunk");
-        drop(shard);
-        Ok(Block {
-            offset: allocation.offset(),
-            len: size,
-            kind: BlockKind::Shared {
-                shard: shard_index as u32,
+        let Some(chunk) = shard
+            .chunks
+            .get(allocation.chunk().0 as usize)
+            .and_then(|c| c.as_ref())
+        else {
+            let _ = shard.heap.free(allocation);
+            return Err(Error::invalid(
+                "allocator returned a block in an unknown chunk (bug)",
+            ));
+        };
+        let chunk: *const Chunk = Arc::as_ptr(chunk);
+        // SAFETY: the chunk stays in the shard's table while it holds a live allocation (chunks are
+        // removed only when empty), and the block keeps the shard alive through its Arc.
+        let block = Block::new(
+            unsafe { &*chunk },
+            allocation.offset(),
+            size,
+            self.inner.non_coherent,
+            BlockKind::Shared {
+                shard: cell.clone(),
+                chunk,
                 allocation: Some(allocation),
             },
-            chunk,
-            pool: self.inner.clone(),
-        })
+        );
+        drop(shard);
+        Ok(block)
     }
 
     fn reserve_bytes(&self, size: u64) -> Result<()> {
@@ -440,27 +470,30 @@ impl Pool {
             self.inner.reserved.fetch_sub(reserved, Ordering::AcqRel);
         })?;
         self.inner.dedicated.fetch_add(1, Ordering::Relaxed);
-        Ok(Block {
-            offset: 0,
-            len: size,
-            kind: BlockKind::Dedicated,
-            chunk,
-            pool: self.inner.clone(),
-        })
+        Ok(Block::new(
+            &chunk.clone(),
+            0,
+            size,
+            self.inner.non_coherent,
+            BlockKind::Dedicated {
+                pool: self.inner.clone(),
+                chunk,
+            },
+        ))
     }
 
     /// Returns empty chunks to the driver: all of them (`keep` false) or those beyond
     /// [`PoolConfig::keep_empty_chunks`] per shard. Returns the number of chunks released.
     fn release_empty_chunks(&self, skip_shard: Option<usize>, try_only: bool) -> usize {
         let mut released = Vec::new();
-        for (i, m) in self.inner.shards.iter().enumerate() {
+        for (i, cell) in self.shards.iter().enumerate() {
             if Some(i) == skip_shard {
                 continue;
             }
             let guard = if try_only {
-                m.try_lock()
+                cell.state.try_lock()
             } else {
-                Some(m.lock())
+                Some(cell.state.lock())
             };
             if let Some(mut shard) = guard {
                 shard.heap.trim();
@@ -488,8 +521,9 @@ impl Pool {
             return Ok(());
         }
         let mut scratch = Vec::new();
-        for m in self.inner.shards.iter() {
-            let chunks: Vec<Arc<Chunk>> = m.lock().chunks.iter().flatten().cloned().collect();
+        for cell in self.shards.iter() {
+            let chunks: Vec<Arc<Chunk>> =
+                cell.state.lock().chunks.iter().flatten().cloned().collect();
             for c in chunks {
                 c.flush(&mut scratch)?;
             }
@@ -504,8 +538,8 @@ impl Pool {
             dedicated_chunks: self.inner.dedicated.load(Ordering::Relaxed),
             ..Default::default()
         };
-        for m in self.inner.shards.iter() {
-            let h = m.lock().heap.stats();
+        for cell in self.shards.iter() {
+            let h = cell.state.lock().heap.stats();
             s.bytes_in_use += h.bytes_in_use;
             s.bytes_allocated += h.bytes_allocated;
             s.chunks += h.chunk_count as u64;
@@ -540,17 +574,20 @@ impl PoolInner {
         }
         out
     }
+}
 
-    fn free(&self, shard_index: usize, allocation: Allocation) {
+impl ShardCell {
+    fn free(&self, allocation: Allocation) {
         let chunk_id = allocation.chunk();
         let released = {
-            let mut shard = self.shards[shard_index].lock();
+            let mut shard = self.state.lock();
             // The allocation came from this shard's heap and cannot be freed twice (it is moved
             // out of the block), so this only fails on an allocator bug.
             let freed = shard.heap.free(allocation);
             debug_assert!(freed.is_ok(), "pool free failed: {freed:?}");
             if shard.heap.chunk_allocations(chunk_id) == Some(0) {
-                self.take_empty_chunks(&mut shard, self.config.keep_empty_chunks)
+                self.pool
+                    .take_empty_chunks(&mut shard, self.pool.config.keep_empty_chunks)
             } else {
                 Vec::new()
             }
@@ -561,27 +598,38 @@ impl PoolInner {
 
 enum BlockKind {
     Shared {
-        shard: u32,
+        shard: Arc<ShardCell>,
+        /// Points into `shard`'s chunk table; valid while `allocation` is live (see `Pool::alloc`).
+        chunk: *const Chunk,
         allocation: Option<Allocation>,
     },
-    Dedicated,
-    GpuAlloc(Option<gpu_alloc::MemoryBlock<Arc<Chunk>>>),
+    Dedicated {
+        pool: Arc<PoolInner>,
+        chunk: Arc<Chunk>,
+    },
+    GpuAlloc {
+        pool: Arc<PoolInner>,
+        block: Option<gpu_alloc::MemoryBlock<Arc<Chunk>>>,
+    },
 }
 
 /// A block of pool memory: host pointer, device pointer, size. Freed when dropped.
 ///
-/// A block holds its chunk and its pool, so neither can go away under it. Safe writes
-/// ([`Mapping::write`] and friends) record dirty ranges on non-coherent memory;
-/// [`Block::flush`] pushes them. Safe reads invalidate first.
+/// A block keeps the memory behind it alive (its shard and chunk, or its dedicated chunk), so it can
+/// never dangle, even if the [`Pool`] handle is dropped first. Safe writes ([`Mapping::write`] and
+/// friends) record dirty ranges on non-coherent memory; [`Block::flush`] pushes them. Safe reads
+/// invalidate first.
 pub struct Block {
-    pool: Arc<PoolInner>,
-    chunk: Arc<Chunk>,
     kind: BlockKind,
+    host_ptr: *mut u8,
+    device_ptr: Option<u64>,
     offset: u64,
     len: u64,
+    non_coherent: bool,
 }
 
-// SAFETY: a block exclusively owns its byte range of the chunk; the chunk and pool are Sync.
+// SAFETY: a block exclusively owns its byte range of the chunk; the chunk, shard and pool are
+// Sync (the raw chunk pointer refers to a chunk kept alive as described in `BlockKind`).
 unsafe impl Send for Block {}
 // SAFETY: `&self` methods only read the range (after an invalidate) or return addresses.
 unsafe impl Sync for Block {}
@@ -590,14 +638,36 @@ impl fmt::Debug for Block {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Block")
             .field("len", &self.len)
-            .field("host_ptr", &self.host_ptr())
-            .field("device_ptr", &self.device_ptr().map(|p| format!("{p:#x}")))
-            .field("dedicated", &matches!(self.kind, BlockKind::Dedicated))
+            .field("host_ptr", &self.host_ptr)
+            .field("device_ptr", &self.device_ptr.map(|p| format!("{p:#x}")))
+            .field("dedicated", &self.is_dedicated())
             .finish()
     }
 }
 
 impl Block {
+    fn new(chunk: &Chunk, offset: u64, len: u64, non_coherent: bool, kind: BlockKind) -> Block {
+        Block {
+            // SAFETY: the allocator guarantees offset + len <= chunk size, so the pointer stays
+            // inside the chunk's mapping.
+            host_ptr: unsafe { chunk.memory.host_ptr().add(offset as usize) },
+            device_ptr: chunk.memory.device_ptr().map(|p| p + offset),
+            offset,
+            len,
+            non_coherent,
+            kind,
+        }
+    }
+
+    fn chunk(&self) -> &Chunk {
+        match &self.kind {
+            // SAFETY: see `BlockKind::Shared`: the chunk outlives the live allocation we hold.
+            BlockKind::Shared { chunk, .. } => unsafe { &**chunk },
+            BlockKind::Dedicated { chunk, .. } => chunk,
+            BlockKind::GpuAlloc { block, .. } => block.as_ref().expect("live until drop").memory(),
+        }
+    }
+
     /// The requested size in bytes.
     pub fn size(&self) -> u64 {
         self.len
@@ -605,13 +675,12 @@ impl Block {
 
     /// Host address of the block.
     pub fn host_ptr(&self) -> *mut u8 {
-        // SAFETY: offset lies inside the chunk (the allocator guarantees offset + len <= size).
-        unsafe { self.chunk.memory.host_ptr().add(self.offset as usize) }
+        self.host_ptr
     }
 
     /// Device address of the block (`None` for pools over Vulkan-only or host chunks).
     pub fn device_ptr(&self) -> Option<u64> {
-        self.chunk.memory.device_ptr().map(|p| p + self.offset)
+        self.device_ptr
     }
 
     /// Offset of the block inside its chunk.
@@ -621,35 +690,35 @@ impl Block {
 
     /// Whether this block has a chunk of its own (large requests).
     pub fn is_dedicated(&self) -> bool {
-        matches!(self.kind, BlockKind::Dedicated)
+        matches!(self.kind, BlockKind::Dedicated { .. })
     }
 
     /// Pushes the chunk's recorded dirty ranges (this block's and its neighbours') to the device in
     /// one call. A no-op on coherent memory.
     pub fn flush(&self) -> Result<()> {
-        if !self.pool.non_coherent {
+        if !self.non_coherent {
             return Ok(());
         }
-        self.chunk.flush(&mut Vec::new())
+        self.chunk().flush(&mut Vec::new())
     }
 
     /// Whether writes to this block are waiting for a flush.
     pub fn has_pending_writes(&self) -> bool {
-        self.pool.non_coherent && self.chunk.dirty.lock().intersects(self.offset, self.len)
+        self.non_coherent && self.chunk().dirty.lock().intersects(self.offset, self.len)
     }
 }
 
 impl Mapping for Block {
     fn host_ptr(&self) -> *mut u8 {
-        Block::host_ptr(self)
+        self.host_ptr
     }
     fn len(&self) -> u64 {
         self.len
     }
     fn after_write(&mut self, offset: u64, len: u64) -> Result<()> {
-        if self.pool.non_coherent && len > 0 {
+        if self.non_coherent && len > 0 {
             check_range(offset, len, self.len)?;
-            self.chunk
+            self.chunk()
                 .dirty
                 .lock()
                 .mark(self.offset + offset, len)
@@ -658,12 +727,13 @@ impl Mapping for Block {
         Ok(())
     }
     fn before_read(&self, offset: u64, len: u64) -> Result<()> {
-        if self.pool.non_coherent && len > 0 {
+        if self.non_coherent && len > 0 {
+            let chunk = self.chunk();
             // Invalidating would discard this block's own unflushed writes: push them first.
-            if self.chunk.dirty.lock().intersects(self.offset, self.len) {
-                self.chunk.flush(&mut Vec::new())?;
+            if chunk.dirty.lock().intersects(self.offset, self.len) {
+                chunk.flush(&mut Vec::new())?;
             }
-            self.chunk
+            chunk
                 .memory
                 .invalidate_ranges(&[(self.offset + offset, len)])?;
         }
@@ -674,22 +744,23 @@ impl Mapping for Block {
 impl Drop for Block {
     fn drop(&mut self) {
         match &mut self.kind {
-            BlockKind::Shared { shard, allocation } => {
+            BlockKind::Shared {
+                shard, allocation, ..
+            } => {
                 if let Some(a) = allocation.take() {
-                    self.pool.free(*shard as usize, a);
+                    shard.free(a);
                 }
             }
-            BlockKind::GpuAlloc(block) => {
-                if let (Some(b), Some(ga)) = (block.take(), &self.pool.gpu_alloc) {
-                    ga.free(&self.pool.chunk_device(), b);
+            BlockKind::GpuAlloc { pool, block } => {
+                if let (Some(b), Some(ga)) = (block.take(), &pool.gpu_alloc) {
+                    ga.free(&pool.chunk_device(), b);
                 }
             }
-            BlockKind::Dedicated => {
-                self.pool.dedicated.fetch_sub(1, Ordering::Relaxed);
-                self.pool
-                    .reserved
-                    .fetch_sub(self.chunk.memory.size(), Ordering::AcqRel);
-                // The chunk memory itself is freed when `self.chunk` (its only Arc) drops.
+            BlockKind::Dedicated { pool, chunk } => {
+                pool.dedicated.fetch_sub(1, Ordering::Relaxed);
+                pool.reserved
+                    .fetch_sub(chunk.memory.size(), Ordering::AcqRel);
+                // The chunk memory itself is freed when `chunk` (its only Arc) drops.
             }
         }
     }
