@@ -252,3 +252,45 @@ fn bad_inputs_are_rejected() {
         );
     }
 }
+
+#[test]
+fn blocks_outlive_the_pool_handle() {
+    let pool = Pool::new(
+        vulkan(false),
+        PoolConfig {
+            shards: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut blocks: Vec<_> = (0..100).map(|i| pool.alloc(64 + i, 16).unwrap()).collect();
+    let big = pool.alloc(32 << 20, 4096).unwrap();
+    let clone = pool.clone();
+    drop(pool);
+    let late = clone.alloc(128, 128).unwrap();
+    drop(clone);
+    // The memory is still there and still ours.
+    for (i, b) in blocks.iter_mut().enumerate() {
+        b.write(0, &tag_bytes(i as u32, b.size() as usize)).unwrap();
+    }
+    std::thread::scope(|s| {
+        let tail = blocks.split_off(50);
+        s.spawn(move || {
+            for (i, b) in tail.into_iter().enumerate() {
+                assert_eq!(
+                    b.read_vec(0, b.size() as usize).unwrap(),
+                    tag_bytes(50 + i as u32, b.size() as usize)
+                );
+            }
+        });
+    });
+    for (i, b) in blocks.iter().enumerate() {
+        assert_eq!(
+            b.read_vec(0, b.size() as usize).unwrap(),
+            tag_bytes(i as u32, b.size() as usize)
+        );
+    }
+    drop(big);
+    drop(blocks);
+    drop(late); // the last block frees its shard and the pool state
+}
