@@ -1,9 +1,13 @@
-//! CUDA virtual memory management (VMM) over exported chunks: feature detection and granularity.
+//! [`Arena`]: a growable, virtually contiguous device range over BAR-mapped chunks (CUDA VMM),
+//! plus VMM feature detection and granularity.
 
-use std::ffi::c_int;
+use std::ffi::{c_int, c_uint, c_void};
+use std::os::fd::AsRawFd;
 
-use crate::cuda::{Driver, MemAllocationProp, MemLocation};
+use crate::cuda::{self, CuMemHandle, Driver, MemAccessDesc, MemAllocationProp, MemLocation};
 use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::vulkan::VulkanMemory;
 
 /// `CU_MEM_ALLOCATION_TYPE_PINNED`.
 const ALLOCATION_TYPE_PINNED: u32 = 1;
@@ -41,4 +45,372 @@ pub fn granularity(driver: &Driver, ordinal: c_int) -> Result<u64> {
         f(&mut g, &prop, GRANULARITY_MINIMUM)
     })?;
     Ok(g as u64)
+}
+
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` as the `CUmemAllocationHandleType` argument.
+const SHAREABLE_POSIX_FD: c_uint = 1;
+/// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
+const ACCESS_READ_WRITE: c_uint = 3;
+
+/// Offset arithmetic of an arena: equal-sized chunks laid back to back in one address range.
+/// Pure, so it is property-tested without a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArenaLayout {
+    chunk_size: u64,
+}
+
+impl ArenaLayout {
+    /// A layout of `chunk_size`-byte chunks (non-zero).
+    pub fn new(chunk_size: u64) -> Result<Self> {
+        if chunk_size == 0 {
+            return Err(Error::invalid("arena chunk size is zero"));
+        }
+        Ok(ArenaLayout { chunk_size })
+    }
+
+    /// The chunk size.
+    pub fn chunk_size(&self) -> u64 {
+        self.chunk_size
+    }
+
+    /// Which chunk holds byte `offset`, and where in it.
+    pub fn locate(&self, offset: u64) -> (usize, u64) {
+        (
+            (offset / self.chunk_size) as usize,
+            offset % self.chunk_size,
+        )
+    }
+
+    /// Splits `[offset, offset + len)` into per-chunk pieces `(chunk, offset_in_chunk, piece_len)`.
+    /// The caller bounds-checks the range first.
+    pub fn split(&self, offset: u64, len: u64) -> impl Iterator<Item = (usize, u64, u64)> + '_ {
+        let end = offset.saturating_add(len);
+        let mut pos = offset;
+        std::iter::from_fn(move || {
+            if pos >= end {
+                return None;
+            }
+            let (chunk, within) = self.locate(pos);
+            let piece = (self.chunk_size - within).min(end - pos);
+            pos += piece;
+            Some((chunk, within, piece))
+        })
+    }
+}
+
+struct ArenaChunk {
+    handle: CuMemHandle,
+    memory: VulkanMemory,
+}
+
+/// A growable, virtually contiguous device range built from BAR-mapped chunks with CUDA's virtual
+/// memory management (VMM).
+///
+/// The arena reserves a large device address range once (cheap) and maps chunks into it back to
+/// back as it grows, so the device address of any byte never changes and a kernel can read across
+/// chunk boundaries. Each chunk keeps its own host mapping; [`Arena::write`] and [`Arena::read`]
+/// translate arena offsets to the right chunk. Chunk sizes must be multiples of the VMM
+/// granularity (2 MiB on the H100).
+///
+/// Teardown, on shrink and on drop, runs in the order that works: `cuMemUnmap`, `cuMemRelease`,
+/// then the Vulkan memory; `cuMemAddressFree` last.
+pub struct Arena {
+    gpu: Gpu,
+    base: u64,
+    reserved: u64,
+    layout: ArenaLayout,
+    chunks: Vec<ArenaChunk>,
+    ordinal: c_int,
+}
+
+// SAFETY: CUDA handles and device addresses are process-wide values; the chunks' mappings are
+// only written through `&mut self`.
+unsafe impl Send for Arena {}
+// SAFETY: `&self` methods only read through the mappings or return addresses.
+unsafe impl Sync for Arena {}
+
+impl std::fmt::Debug for Arena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Arena")
+            .field("base", &format_args!("{:#x}", self.base))
+            .field("reserved", &self.reserved)
+            .field("chunk_size", &self.layout.chunk_size)
+            .field("chunks", &self.chunks.len())
+            .finish()
+    }
+}
+
+fn vmm<T: Copy>(f: Option<T>, name: &str) -> Result<T> {
+    f.ok_or_else(|| {
+        Error::Unsupported(format!(
+            "{name} missing from libcuda (driver too old for VMM)"
+        ))
+    })
+}
+
+impl Arena {
+    /// Reserves `reserve` bytes of device address space for chunks of `chunk_size` bytes on
+    /// `gpu`'s device. Both must be multiples of the VMM granularity. Nothing is mapped yet.
+    ///
+    /// Returns [`Error::Unsupported`] where the device or driver lacks VMM or POSIX-fd handles,
+    /// so callers can fall back to separate chunks.
+    pub fn new(gpu: &Gpu, reserve: u64, chunk_size: u64) -> Result<Arena> {
+        let driver = gpu.driver();
+        let dev = gpu.cu_device();
+        if driver.device_attribute(
+            dev,
+            cuda::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+        )? == 0
+        {
+            return Err(Error::Unsupported(
+                "the device does not support CUDA VMM".into(),
+            ));
+        }
+        if driver.device_attribute(
+            dev,
+            cuda::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+        )? == 0
+        {
+            return Err(Error::Unsupported(
+                "the device does not import POSIX fd handles".into(),
+            ));
+        }
+        let ordinal = ordinal_of(gpu)?;
+        let g = granularity(driver, ordinal)?;
+        if chunk_size == 0 || !chunk_size.is_multiple_of(g) {
+            return Err(Error::invalid(format!(
+                "arena chunk size {chunk_size} is not a multiple of the VMM granularity {g}"
+            )));
+        }
+        if reserve == 0 || !reserve.is_multiple_of(chunk_size) {
+            return Err(Error::invalid(format!(
+                "arena reservation {reserve} is not a multiple of the chunk size {chunk_size}"
+            )));
+        }
+        let reserve_fn = vmm(driver.cu_mem_address_reserve, "cuMemAddressReserve")?;
+        let _ctx = gpu.bind()?;
+        let mut base = 0;
+        // SAFETY: valid out-pointer; size and alignment are granularity multiples; no fixed address.
+        let r = unsafe { reserve_fn(&mut base, reserve as usize, g as usize, 0, 0) };
+        driver.check_alloc("cuMemAddressReserve", r, reserve)?;
+        Ok(Arena {
+            gpu: gpu.clone(),
+            base,
+            reserved: reserve,
+            layout: ArenaLayout { chunk_size },
+            chunks: Vec::new(),
+            ordinal,
+        })
+    }
+
+    /// Device address of byte 0; never changes.
+    pub fn device_ptr(&self) -> u64 {
+        self.base
+    }
+
+    /// Bytes mapped so far (chunks × chunk size).
+    pub fn len(&self) -> u64 {
+        self.chunks.len() as u64 * self.layout.chunk_size
+    }
+
+    /// Whether no chunk is mapped.
+    pub fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    /// Bytes of address space reserved.
+    pub fn capacity(&self) -> u64 {
+        self.reserved
+    }
+
+    /// Number of chunks mapped.
+    pub fn chunk_count(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// The offset arithmetic.
+    pub fn layout(&self) -> ArenaLayout {
+        self.layout
+    }
+
+    /// Host pointer of the byte at `offset` (each chunk has its own host mapping, so only
+    /// `chunk_size - offset % chunk_size` bytes from it are contiguous on the host).
+    pub fn host_ptr(&self, offset: u64) -> Option<*mut u8> {
+        if offset >= self.len() {
+            return None;
+        }
+        let (c, within) = self.layout.locate(offset);
+        // SAFETY: `within` < chunk size, inside the chunk's mapping.
+        Some(unsafe { self.chunks[c].memory.as_ptr().add(within as usize) })
+    }
+
+    /// Maps one more chunk at the end. Existing device addresses do not move. Fails with
+    /// [`Error::InvalidArgument`] past the reservation and with [`Error::OutOfDeviceMemory`] when
+    /// the BAR is full; the arena is unchanged on any error.
+    pub fn grow(&mut self) -> Result<u64> {
+        let size = self.layout.chunk_size;
+        if self.len() + size > self.reserved {
+            return Err(Error::invalid(format!(
+                "arena growth past its {}-byte reservation",
+                self.reserved
+            )));
+        }
+        let driver = self.gpu.driver().clone();
+        let import = vmm(
+            driver.cu_mem_import_from_shareable_handle,
+            "cuMemImportFromShareableHandle",
+        )?;
+        let map = vmm(driver.cu_mem_map, "cuMemMap")?;
+        let unmap = vmm(driver.cu_mem_unmap, "cuMemUnmap")?;
+        let set_access = vmm(driver.cu_mem_set_access, "cuMemSetAccess")?;
+        let release = vmm(driver.cu_mem_release, "cuMemRelease")?;
+
+        let memory = self.gpu.vulkan().allocate(size)?;
+        let fd = memory.export_fd()?;
+        let _ctx = self.gpu.bind()?;
+        let mut handle: CuMemHandle = 0;
+        // SAFETY: the fd is a live opaque fd of the allocation; this call does not take ownership
+        // (the OwnedFd closes it when dropped below).
+        let r = unsafe {
+            import(
+                &mut handle,
+                fd.as_raw_fd() as isize as *mut c_void,
+                SHAREABLE_POSIX_FD,
+            )
+        };
+        drop(fd);
+        driver.check_alloc("cuMemImportFromShareableHandle", r, size)?;
+        let at = self.base + self.len();
+        // SAFETY: `at..at+size` lies in our reservation and is unmapped; the handle covers `size`.
+        let r = unsafe { map(at, size as usize, 0, handle, 0) };
+        if let Err(e) = driver.check_alloc("cuMemMap", r, size) {
+            // SAFETY: the handle is ours and unmapped.
+            unsafe { release(handle) };
+            return Err(e);
+        }
+        let access = MemAccessDesc {
+            location: MemLocation {
+                location_type: LOCATION_TYPE_DEVICE,
+                id: self.ordinal,
+            },
+            flags: ACCESS_READ_WRITE,
+        };
+        // SAFETY: the range was just mapped; one valid access descriptor.
+        let r = unsafe { set_access(at, size as usize, &access, 1) };
+        if let Err(e) = driver.check("cuMemSetAccess", r) {
+            // SAFETY: undo the mapping and the import, in order.
+            unsafe {
+                unmap(at, size as usize);
+                release(handle);
+            }
+            return Err(e);
+        }
+        self.chunks.push(ArenaChunk { handle, memory });
+        Ok(self.len())
+    }
+
+    /// Unmaps and frees the last `n` chunks (at most all of them). Returns the new length.
+    ///
+    /// Taking `&mut self` guarantees no host borrow into those chunks survives; kernels still
+    /// reading them must have finished (synchronise first), as with any freed device memory.
+    pub fn shrink(&mut self, n: usize) -> Result<u64> {
+        let n = n.min(self.chunks.len());
+        for _ in 0..n {
+            let c = self.chunks.pop().expect("counted above");
+            let at = self.base + self.len();
+            self.release_chunk(at, c)?;
+        }
+        Ok(self.len())
+    }
+
+    fn release_chunk(&self, at: u64, c: ArenaChunk) -> Result<()> {
+        let driver = self.gpu.driver();
+        let unmap = vmm(driver.cu_mem_unmap, "cuMemUnmap")?;
+        let release = vmm(driver.cu_mem_release, "cuMemRelease")?;
+        let _ctx = self.gpu.bind()?;
+        // SAFETY: the chunk is mapped at `at` with its full size; unmap before release.
+        let r1 = unsafe { unmap(at, self.layout.chunk_size as usize) };
+        // SAFETY: the handle is ours and no longer mapped.
+        let r2 = unsafe { release(c.handle) };
+        drop(c.memory); // Vulkan memory last
+        driver.check("cuMemUnmap", r1)?;
+        driver.check("cuMemRelease", r2)
+    }
+
+    /// Copies `src` to arena offset `offset`, across chunk boundaries (bounds-checked).
+    pub fn write(&mut self, offset: u64, src: &[u8]) -> Result<()> {
+        crate::vulkan::check_range(offset, src.len() as u64, self.len())?;
+        let mut done = 0usize;
+        for (c, within, piece) in self.layout.split(offset, src.len() as u64) {
+            let mem = &self.chunks[c].memory;
+            // SAFETY: the piece lies inside chunk `c` (split never crosses a chunk end) and
+            // `&mut self` excludes other safe writers.
+            unsafe {
+                crate::copy::copy_to_mapping(
+                    mem.as_ptr().add(within as usize),
+                    &src[done..done + piece as usize],
+                )
+            };
+            mem.flush(within, piece)?;
+            done += piece as usize;
+        }
+        Ok(())
+    }
+
+    /// Copies from arena offset `offset` into `dst`, across chunk boundaries (bounds-checked).
+    pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        crate::vulkan::check_range(offset, dst.len() as u64, self.len())?;
+        let mut done = 0usize;
+        for (c, within, piece) in self.layout.split(offset, dst.len() as u64) {
+            let mem = &self.chunks[c].memory;
+            mem.invalidate(within, piece)?;
+            // SAFETY: the piece lies inside chunk `c`; `dst` is a distinct host buffer.
+            unsafe {
+                crate::copy::copy_from_mapping(
+                    &mut dst[done..done + piece as usize],
+                    mem.as_ptr().add(within as usize),
+                )
+            };
+            done += piece as usize;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        let _ = self.shrink(usize::MAX);
+        if let Some(free) = self.gpu.driver().cu_mem_address_free {
+            let _ctx = self.gpu.bind();
+            // SAFETY: every chunk is unmapped; the range is ours and freed once.
+            unsafe { free(self.base, self.reserved as usize) };
+        }
+    }
+}
+
+fn ordinal_of(gpu: &Gpu) -> Result<c_int> {
+    let driver = gpu.driver();
+    for i in 0..driver.device_count()? {
+        if driver.device(i)? == gpu.cu_device() {
+            return Ok(i);
+        }
+    }
+    Err(Error::NoMatchingDevice(
+        "the GPU's CUDA device has no ordinal".into(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_crosses_chunks() {
+        let l = ArenaLayout::new(100).unwrap();
+        let v: Vec<_> = l.split(95, 210).collect();
+        assert_eq!(v, vec![(0, 95, 5), (1, 0, 100), (2, 0, 100), (3, 0, 5)]);
+        assert_eq!(l.split(0, 0).count(), 0);
+        assert_eq!(l.locate(250), (2, 50));
+        assert!(ArenaLayout::new(0).is_err());
+    }
 }

@@ -668,7 +668,7 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             let off = (x >> 20) % ((1 << 24) - 64);
             d.mark(off, 1 + (x & 63)).unwrap();
-            if x % 7 == 0 {
+            if x.is_multiple_of(7) {
                 d.remove(off / 2, 4096).unwrap();
             }
         }

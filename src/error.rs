@@ -96,6 +96,9 @@ pub enum Error {
     /// An allocator-core error that has no more specific variant (a bug if it ever surfaces).
     #[error(transparent)]
     Alloc(#[from] crate::alloc::AllocError),
+    /// A copy-routine error (length mismatch, unsupported instruction set, thread start failure).
+    #[error(transparent)]
+    Copy(#[from] crate::copy::CopyError),
     /// A feature the driver or device does not support (e.g. CUDA VMM).
     #[error("not supported: {0}")]
     Unsupported(String),

@@ -34,6 +34,7 @@ mod memory;
 pub mod pool;
 pub mod vulkan;
 
+pub use arena::Arena;
 pub use error::{Error, MemorySide, Result};
 pub use gpu::{Gpu, OpenOptions};
 pub use mapping::Mapping;

@@ -76,7 +76,7 @@ pub trait Mapping {
 
 fn check_pod_offset<T>(base: *mut u8, offset: u64) -> Result<()> {
     let addr = (base as u64).wrapping_add(offset);
-    if addr % std::mem::align_of::<T>() as u64 != 0 {
+    if !addr.is_multiple_of(std::mem::align_of::<T>() as u64) {
         return Err(Error::invalid(format!(
             "offset {offset} is not aligned for {} (align {})",
             std::any::type_name::<T>(),

@@ -357,7 +357,7 @@ impl Heap {
     /// Registers a chunk `[0, size)`. `size` must be a non-zero multiple of
     /// [`HeapConfig::min_align`] no larger than [`MAX_CHUNK_SIZE`].
     pub fn add_chunk(&mut self, size: u64) -> Result<ChunkId, AllocError> {
-        if size == 0 || size % self.gran != 0 || size > MAX_CHUNK_SIZE {
+        if size == 0 || !size.is_multiple_of(self.gran) || size > MAX_CHUNK_SIZE {
             return Err(AllocError::BadChunkSize { size });
         }
         let id = match self.vacant_chunks.last() {
@@ -434,7 +434,8 @@ impl Heap {
     /// up to [`HeapConfig::max_align`]).
     ///
     /// Sizes up to [`HeapConfig::max_slab_size`] come from a slab class; when no slab page can be
-    /// carved they fall back to a plain TLSF block, so any request that fits a free range succeeds.
+    /// carved they fall back to a plain TLSF block, so a small request does not fail merely because
+    /// no whole page is free (nor in a chunk smaller than a page).
     ///
     /// Errors: [`AllocError::ZeroSize`], [`AllocError::BadAlignment`],
     /// [`AllocError::AlignmentTooLarge`], [`AllocError::Overflow`], and

@@ -277,7 +277,7 @@ impl Pool {
         if config.shards == 0 {
             return Err(Error::invalid("a pool needs at least one shard"));
         }
-        if config.chunk_size == 0 || config.chunk_size % heap_cfg.max_align != 0 {
+        if config.chunk_size == 0 || !config.chunk_size.is_multiple_of(heap_cfg.max_align) {
             return Err(Error::invalid(format!(
                 "chunk size {} must be a non-zero multiple of the maximum alignment {}",
                 config.chunk_size, heap_cfg.max_align

@@ -1,4 +1,13 @@
-//! `vkgdr`: the command-line tool. `vkgdr info` shows what the library sees on this machine.
+//! `vkgdr`: the command-line tool.
+//!
+//! - `vkgdr info` shows what the library sees on this machine.
+//! - `vkgdr bench <copybw|copylat|apiperf|pplat|all> [--out DIR] [--quick]` measures copies,
+//!   latencies and API costs on the GPU and writes tables, CSVs and PNG charts (see [`mod@bench`]).
+//! - `vkgdr bench plot DIR` redraws the charts from the CSVs in `DIR`.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+mod bench;
 
 use std::process::ExitCode;
 
@@ -7,6 +16,7 @@ use vkgdr::vulkan::{self, MemoryOptions, PhysicalDeviceInfo};
 
 fn usage() -> ExitCode {
     eprintln!("usage: vkgdr info");
+    eprintln!("       {}", bench::USAGE);
     ExitCode::from(2)
 }
 
@@ -14,6 +24,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("info") | None => info(),
+        Some("bench") => bench::main(&args[1..]),
         _ => usage(),
     }
 }

@@ -1,0 +1,174 @@
+//! `apiperf`: the cost of every API call (gdrcopy's `apiperf`): opening a GPU, raw allocation
+//! and free per size, pool allocation+free per size class, flush and invalidate on forced
+//! non-coherent memory, and `cuMemAlloc`/`cuMemFree` for comparison, next to the C library's
+//! documented costs.
+
+use std::time::{Duration, Instant};
+
+use vkgdr::cuda_objects::DeviceBuffer;
+use vkgdr::{Gpu, OpenOptions, Pool, PoolConfig};
+
+use super::report::fmt_size;
+use super::{
+    gpu_opened_before, ladder, measure, measure_pair, open_gpu, BenchError, BenchResult, Budget,
+    Options, Report, Row, Stats, Unit,
+};
+
+/// The C `vkgdr` library's documented cost of a 64 KiB allocation, ns.
+pub const C_ALLOC_64K_NS: f64 = 200_000.0;
+/// The C `vkgdr` library's documented cost of freeing a 64 KiB allocation, ns.
+pub const C_FREE_64K_NS: f64 = 108_000.0;
+
+/// Raw allocation sizes.
+pub const RAW_SIZES: [u64; 5] = [4 << 10, 64 << 10, 2 << 20, 64 << 20, 1 << 30];
+
+/// Pool size classes: 16 B … 4 KiB doubling, then 64 KiB and 1 MiB.
+pub fn pool_sizes() -> Vec<u64> {
+    let mut v = ladder(16, 4096, 2);
+    v.extend([64 << 10, 1 << 20]);
+    v
+}
+
+/// Alignment of the pool allocations.
+const POOL_ALIGN: u64 = 16;
+
+fn push(report: &mut Report, method: &str, size: u64, samples: &[f64]) {
+    let s = Stats::of(samples).expect("at least one sample");
+    report.rows.push(Row::measured(method, size, &s));
+}
+
+/// Runs the benchmark: one `apiperf` report.
+pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
+    let q = opts.quick;
+    let ms = Duration::from_millis;
+    let slow = if q {
+        Budget::new(ms(60), 3, 200)
+    } else {
+        Budget::new(ms(400), 5, 2000)
+    };
+    let fast = if q {
+        Budget::new(ms(20), 100, 10_000)
+    } else {
+        Budget::new(ms(150), 1_000, 100_000)
+    };
+    let mut report = Report::new("apiperf", Unit::Nanoseconds);
+
+    // Gpu::open: the first in the process also loads libcuda, runs cuInit and creates the
+    // Vulkan instance and device.
+    let cold = !gpu_opened_before();
+    let t = Instant::now();
+    let gpu = open_gpu(OpenOptions::new())?;
+    let first = t.elapsed().as_nanos() as f64;
+    let first_name = if cold {
+        "Gpu::open (first in process)"
+    } else {
+        "Gpu::open (driver already loaded)"
+    };
+    push(&mut report, first_name, 0, &[first]);
+    let again = measure(
+        &Budget {
+            warmup: Duration::ZERO,
+            ..Budget::new(if q { ms(200) } else { ms(1000) }, 3, 20)
+        },
+        || {
+            drop(Gpu::open(0)?);
+            Ok(())
+        },
+    )?;
+    push(&mut report, "Gpu::open (another handle)", 0, &again);
+
+    for &size in &RAW_SIZES {
+        match measure_pair(&slow, || Ok(gpu.alloc(size)?), drop) {
+            Ok((alloc, free)) => {
+                push(&mut report, "RawMemory alloc", size, &alloc);
+                push(&mut report, "RawMemory free", size, &free);
+            }
+            // The BAR may be smaller than the largest size: a normal outcome, not a failure.
+            Err(BenchError::Vkgdr(e @ vkgdr::Error::OutOfDeviceMemory { .. })) => report
+                .notes
+                .push(format!("RawMemory of {} skipped: {e}", fmt_size(size))),
+            Err(e) => return Err(e),
+        }
+    }
+    report.rows.push(Row::reference(
+        "C vkgdr alloc (docs)",
+        64 << 10,
+        C_ALLOC_64K_NS,
+    ));
+    report.rows.push(Row::reference(
+        "C vkgdr free (docs)",
+        64 << 10,
+        C_FREE_64K_NS,
+    ));
+
+    for &size in &RAW_SIZES {
+        let (alloc, free) =
+            measure_pair(&slow, || Ok(DeviceBuffer::new(&gpu, size as usize)?), drop)?;
+        push(&mut report, "cuMemAlloc", size, &alloc);
+        push(&mut report, "cuMemFree", size, &free);
+    }
+
+    let pool = Pool::new(gpu.clone(), PoolConfig::default())?;
+    for size in pool_sizes() {
+        let pairs = measure(&fast, || {
+            drop(pool.alloc(size, POOL_ALIGN)?);
+            Ok(())
+        })?;
+        push(&mut report, "Pool alloc+free", size, &pairs);
+    }
+    drop(pool);
+
+    // Coherent memory: flush is a no-op, shown for scale.
+    let mem = gpu.alloc(2 << 20)?;
+    let coherent = !mem.gpu().is_non_coherent();
+    for len in [64u64, 1 << 20] {
+        let s = measure(&fast, || Ok(mem.flush(0, len)?))?;
+        let name = if coherent {
+            "flush (coherent: no-op)"
+        } else {
+            "flush (non-coherent memory)"
+        };
+        push(&mut report, name, len, &s);
+    }
+    drop(mem);
+
+    let nc = open_gpu(OpenOptions::new().force_non_coherent(true))?;
+    let mem = nc.alloc(2 << 20)?;
+    for len in [64u64, 1 << 20] {
+        let s = measure(&fast, || Ok(mem.flush(0, len)?))?;
+        push(&mut report, "flush (forced non-coherent)", len, &s);
+    }
+    for len in [64u64, 1 << 20] {
+        let s = measure(&fast, || Ok(mem.invalidate(0, len)?))?;
+        push(&mut report, "invalidate (forced non-coherent)", len, &s);
+    }
+
+    report.notes.push(format!(
+        "Pool alloc+free: one pool.alloc(size, {POOL_ALIGN}) and its drop per pair, default \
+         PoolConfig, chunk already allocated; timed in batches of ≥ 1 µs"
+    ));
+    report.notes.push(
+        "cuMemAlloc/cuMemFree: DeviceBuffer::new and its drop (each pushes and pops the \
+         context); RawMemory: Vulkan allocation + export + CUDA import + map, and the reverse"
+            .into(),
+    );
+    report.notes.push(
+        "reference rows: the C vkgdr library's documented costs at 64 KiB, not measured here"
+            .into(),
+    );
+    Ok(vec![report])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_size_classes() {
+        let v = pool_sizes();
+        assert_eq!(v.first(), Some(&16));
+        assert_eq!(v.len(), 9 + 2);
+        assert_eq!(&v[7..], &[2048, 4096, 64 << 10, 1 << 20]);
+        assert!(v.windows(2).all(|w| w[0] < w[1]));
+    }
+}

@@ -1,0 +1,392 @@
+//! `copybw`: bandwidth vs size of every way to move bytes between host and GPU memory
+//! (gdrcopy's `copybw`), all into or out of the same BAR-mapped [`RawMemory`]:
+//!
+//! - BAR writes through [`CopyPool`]s of 1, 2, 4 and 8 threads (SIMD stores, `sfence`);
+//! - BAR reads with streaming loads on 1 thread and through an 8-thread [`CopyPool`];
+//! - `cuMemcpyHtoD` / `cuMemcpyDtoH` from and to pinned and pageable host memory (DMA);
+//! - "DMA read": `cuMemcpyDtoH` into a pinned bounce buffer, then `memcpy` to the destination
+//!   — how large reads should be done if it beats streaming loads; the crossover size is
+//!   reported.
+
+use std::time::Duration;
+
+use vkgdr::copy::{copy_from_mapping, CopyPool};
+use vkgdr::cuda_objects::PinnedBuffer;
+use vkgdr::{Gpu, OpenOptions, RawMemory};
+
+use super::report::fmt_size;
+use super::{
+    cu, ladder, measure, open_gpu, to_bandwidth, BenchError, BenchResult, Budget, Options, Report,
+    Row, Stats, Unit,
+};
+
+/// Thread counts of the write pools; the last one also serves the pooled read.
+const WRITE_THREADS: [usize; 4] = [1, 2, 4, 8];
+
+/// One way of copying.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    /// `CopyPool::write` with `WRITE_THREADS[i]` threads.
+    BarWrite(usize),
+    HtodPinned,
+    HtodPageable,
+    /// `copy_from_mapping` on the calling thread.
+    BarRead1,
+    /// `CopyPool::read` with the largest pool.
+    BarReadPool,
+    DtohPinned,
+    DtohPageable,
+    /// `cuMemcpyDtoH` into the pinned bounce buffer, then `memcpy` to the destination.
+    DmaRead,
+}
+
+impl Op {
+    fn name(self) -> String {
+        match self {
+            Op::BarWrite(i) => format!("BAR {} thr", WRITE_THREADS[i]),
+            Op::HtodPinned => "HtoD pinned".into(),
+            Op::HtodPageable => "HtoD pageable".into(),
+            Op::BarRead1 => "BAR 1 thr".into(),
+            Op::BarReadPool => format!("BAR {} thr", WRITE_THREADS[WRITE_THREADS.len() - 1]),
+            Op::DtohPinned => "DtoH pinned".into(),
+            Op::DtohPageable => "DtoH pageable".into(),
+            Op::DmaRead => "DtoH+memcpy".into(),
+        }
+    }
+}
+
+const WRITE_OPS: [Op; 6] = [
+    Op::BarWrite(0),
+    Op::BarWrite(1),
+    Op::BarWrite(2),
+    Op::BarWrite(3),
+    Op::HtodPinned,
+    Op::HtodPageable,
+];
+
+const READ_OPS: [Op; 5] = [
+    Op::BarRead1,
+    Op::BarReadPool,
+    Op::DtohPinned,
+    Op::DtohPageable,
+    Op::DmaRead,
+];
+
+/// Everything the copies use, sized for the largest copy.
+struct Kit<'g> {
+    gpu: &'g Gpu,
+    mem: RawMemory,
+    pinned: PinnedBuffer,
+    src: Vec<u8>,
+    dst: Vec<u8>,
+    pools: Vec<CopyPool>,
+}
+
+impl Kit<'_> {
+    /// Performs one `size`-byte copy. The caller keeps the GPU's context current.
+    fn exec(&mut self, op: Op, size: usize) -> BenchResult<()> {
+        let driver = self.gpu.driver();
+        let dptr = self.mem.device_ptr();
+        let host = self.mem.host_ptr();
+        match op {
+            Op::BarWrite(i) => {
+                // SAFETY: `host` maps `mem.size() >= size` bytes (sizes never exceed the
+                // allocation); `src` is a distinct host buffer; no kernel touches `mem`.
+                unsafe { self.pools[i].write(host, &self.src[..size]) };
+                self.mem.flush(0, size as u64)?;
+            }
+            Op::BarRead1 => {
+                self.mem.invalidate(0, size as u64)?;
+                // SAFETY: as above, `size` readable bytes at `host`; `dst` is a distinct buffer.
+                unsafe { copy_from_mapping(&mut self.dst[..size], host) };
+            }
+            Op::BarReadPool => {
+                self.mem.invalidate(0, size as u64)?;
+                let pool = &self.pools[self.pools.len() - 1];
+                // SAFETY: as for `BarRead1`.
+                unsafe { pool.read(&mut self.dst[..size], host) };
+            }
+            Op::HtodPinned | Op::HtodPageable => {
+                let src = match op {
+                    Op::HtodPinned => self.pinned.as_ptr().cast_const(),
+                    _ => self.src.as_ptr(),
+                };
+                // SAFETY: the context is current (caller); `dptr` has at least `size` bytes (the
+                // allocation) and `src` points to a host buffer of at least `size` bytes.
+                let r = unsafe { (driver.cu_memcpy_htod)(dptr, src.cast(), size) };
+                cu(self.gpu, "cuMemcpyHtoD_v2", r)?;
+            }
+            Op::DtohPinned | Op::DtohPageable => {
+                let dst = match op {
+                    Op::DtohPinned => self.pinned.as_ptr(),
+                    _ => self.dst.as_mut_ptr(),
+                };
+                // SAFETY: as for HtoD, with `dst` a host buffer of at least `size` bytes that
+                // nothing else accesses during the call.
+                let r = unsafe { (driver.cu_memcpy_dtoh)(dst.cast(), dptr, size) };
+                cu(self.gpu, "cuMemcpyDtoH_v2", r)?;
+            }
+            Op::DmaRead => {
+                self.exec(Op::DtohPinned, size)?;
+                self.dst[..size].copy_from_slice(&self.pinned.as_slice()[..size]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Proves the paths move the right bytes before timing them: a BAR write read back by DMA,
+    /// and a DMA write read back through the BAR.
+    fn verify(&mut self, size: usize) -> BenchResult<()> {
+        for (i, b) in self.src[..size].iter_mut().enumerate() {
+            *b = (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1];
+        }
+        self.exec(Op::BarWrite(0), size)?;
+        self.exec(Op::DtohPageable, size)?;
+        if self.dst[..size] != self.src[..size] {
+            return Err(BenchError::Check(
+                "copybw: a BAR write did not read back through cuMemcpyDtoH".into(),
+            ));
+        }
+        for (p, s) in self.pinned.as_mut_slice()[..size]
+            .iter_mut()
+            .zip(&self.src[..size])
+        {
+            *p = !*s;
+        }
+        self.exec(Op::HtodPinned, size)?;
+        self.dst[..size].fill(0);
+        self.exec(Op::BarRead1, size)?;
+        if self.dst[..size] != self.pinned.as_slice()[..size] {
+            return Err(BenchError::Check(
+                "copybw: a cuMemcpyHtoD did not read back through the BAR".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Allocates the largest of `want`, `want/2`, … (not below 64 MiB) that the BAR can hold.
+pub fn alloc_largest(gpu: &Gpu, want: u64) -> BenchResult<RawMemory> {
+    let mut size = want;
+    loop {
+        match gpu.alloc(size) {
+            Ok(m) => return Ok(m),
+            Err(vkgdr::Error::OutOfDeviceMemory { .. }) if size > 64 << 20 => size /= 2,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Whether a method that ran at `ns_per_byte` should skip `size`: its samples (plus warm-up)
+/// would take longer than `max_point`.
+pub fn too_slow(ns_per_byte: f64, size: u64, min_samples: usize, max_point: Duration) -> bool {
+    ns_per_byte * size as f64 * (min_samples + 1) as f64 > max_point.as_nanos() as f64
+}
+
+/// The smallest size from which method `b` has at least the bandwidth of `a` at every larger
+/// size measured for both; `None` if `a` is faster at the largest common size (or there is
+/// none).
+pub fn crossover(report: &Report, a: &str, b: &str) -> Option<u64> {
+    let common: Vec<(u64, f64, f64)> = report
+        .sizes()
+        .into_iter()
+        .filter_map(|s| Some((s, report.get(a, s)?.median, report.get(b, s)?.median)))
+        .collect();
+    let mut from = None;
+    for &(s, va, vb) in common.iter().rev() {
+        if vb >= va {
+            from = Some(s);
+        } else {
+            break;
+        }
+    }
+    from
+}
+
+/// A sentence saying from which size method `b` beats method `a` (see [`crossover`]).
+fn crossover_note(report: &Report, a: &str, b: &str) -> String {
+    let first = report.sizes().first().copied().unwrap_or(0);
+    match crossover(report, a, b) {
+        Some(s) if s == first => format!("{b} beats {a} at every measured size"),
+        Some(s) => format!("crossover: {b} beats {a} from {} up", fmt_size(s)),
+        None => format!("{b} does not beat {a} at the largest measured size"),
+    }
+}
+
+/// Runs the benchmark: two reports, `copybw-write` and `copybw-read`.
+pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
+    let gpu = open_gpu(OpenOptions::new())?;
+    let want: u64 = if opts.quick { 64 << 20 } else { 1 << 30 };
+    let mem = alloc_largest(&gpu, want)?;
+    let max = mem.size().min(want);
+    let budget = if opts.quick {
+        Budget::new(Duration::from_millis(40), 3, 500)
+    } else {
+        Budget::new(Duration::from_millis(250), 3, 2000)
+    };
+    let max_point = Duration::from_secs(if opts.quick { 1 } else { 4 });
+
+    let n = max as usize;
+    let mut kit = Kit {
+        gpu: &gpu,
+        mem,
+        pinned: PinnedBuffer::new(&gpu, n)?,
+        // Filled (not calloc'ed) so that no page fault lands in a timed copy.
+        src: vec![0x5a; n],
+        dst: vec![0xa5; n],
+        // Threshold 0: split every copy, so the columns show where more threads start to pay
+        // (which is what the pool's default threshold should be).
+        pools: WRITE_THREADS
+            .iter()
+            .map(|&t| CopyPool::new(t).with_parallel_threshold(0))
+            .collect(),
+    };
+    kit.pinned.as_mut_slice().fill(0x3c);
+    let _ctx = gpu.bind()?;
+    kit.verify(n.min(1 << 20))?;
+
+    let sizes = ladder(4096, max, 4);
+    let mut reports = Vec::new();
+    for (name, ops) in [
+        ("copybw-write", &WRITE_OPS[..]),
+        ("copybw-read", &READ_OPS[..]),
+    ] {
+        let mut report = Report::new(name, Unit::GigabytesPerSecond);
+        for &op in ops {
+            let mut ns_per_byte: Option<f64> = None;
+            for &size in &sizes {
+                if let Some(npb) = ns_per_byte {
+                    if too_slow(npb, size, budget.min_samples, max_point) {
+                        report.notes.push(format!(
+                            "{}: {} and larger skipped (~{:.1} s per copy)",
+                            op.name(),
+                            fmt_size(size),
+                            npb * size as f64 / 1e9
+                        ));
+                        break;
+                    }
+                }
+                let ns = measure(&budget, || kit.exec(op, size as usize))?;
+                let bw = Stats::of(&to_bandwidth(size, &ns)).expect("at least one sample");
+                ns_per_byte = Some(1.0 / bw.median);
+                report.rows.push(Row::measured(op.name(), size, &bw));
+            }
+        }
+        reports.push(report);
+    }
+
+    let [write, read] = &mut reports[..] else {
+        unreachable!("two reports")
+    };
+    write.notes.push(
+        "BAR n thr: CopyPool::new(n).write into the mapping (SIMD stores, sfence); HtoD: \
+         cuMemcpyHtoD from pinned (cuMemHostAlloc) or pageable (Vec) memory into the same \
+         allocation's device pointer"
+            .into(),
+    );
+    write.notes.push(
+        "the pools split every copy (parallel threshold 0), to show from which size more \
+         threads pay"
+            .into(),
+    );
+    let (one, all) = (
+        Op::BarWrite(0).name(),
+        Op::BarWrite(WRITE_THREADS.len() - 1).name(),
+    );
+    let mut pairs: Vec<(String, String)> = (1..WRITE_THREADS.len())
+        .map(|t| (one.clone(), Op::BarWrite(t).name()))
+        .collect();
+    pairs.push((one, Op::HtodPinned.name()));
+    pairs.push((all, Op::HtodPinned.name()));
+    for (a, b) in pairs {
+        let note = crossover_note(write, &a, &b);
+        write.notes.push(note);
+    }
+    read.notes.push(format!(
+        "BAR 1 thr: copy_from_mapping (streaming loads); BAR {} thr: CopyPool read; DtoH: \
+         cuMemcpyDtoH into pinned or pageable memory; DtoH+memcpy: cuMemcpyDtoH into a pinned \
+         bounce buffer, then memcpy to the pageable destination",
+        WRITE_THREADS[WRITE_THREADS.len() - 1]
+    ));
+    let dma = Op::DmaRead.name();
+    for streaming in [Op::BarRead1, Op::BarReadPool] {
+        let note = crossover_note(read, &streaming.name(), &dma);
+        read.notes.push(note);
+    }
+    Ok(reports)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bw(rows: &[(&str, u64, f64)]) -> Report {
+        let mut r = Report::new("copybw-read", Unit::GigabytesPerSecond);
+        for &(m, s, v) in rows {
+            r.rows.push(Row::reference(m, s, v));
+        }
+        r
+    }
+
+    #[test]
+    fn crossover_is_the_start_of_the_winning_tail() {
+        let r = bw(&[
+            ("a", 4, 5.0),
+            ("a", 16, 5.0),
+            ("a", 64, 5.0),
+            ("a", 256, 5.0),
+            ("b", 4, 1.0),
+            ("b", 16, 6.0),
+            ("b", 64, 4.0),
+            ("b", 256, 9.0),
+        ]);
+        // b wins at 16 but loses again at 64: the tail starts at 256.
+        assert_eq!(crossover(&r, "a", "b"), Some(256));
+        assert_eq!(crossover(&r, "b", "a"), None);
+        assert_eq!(crossover(&r, "a", "a"), Some(4), "ties count as a win");
+        assert_eq!(crossover(&r, "a", "missing"), None);
+        assert_eq!(
+            crossover_note(&r, "a", "b"),
+            "crossover: b beats a from 256 B up"
+        );
+        assert_eq!(
+            crossover_note(&r, "a", "a"),
+            "a beats a at every measured size"
+        );
+        assert_eq!(
+            crossover_note(&r, "b", "a"),
+            "a does not beat b at the largest measured size"
+        );
+    }
+
+    #[test]
+    fn crossover_ignores_sizes_missing_for_either_method() {
+        // `a` was skipped above 16 (too slow): the comparison uses common sizes only.
+        let r = bw(&[
+            ("a", 4, 5.0),
+            ("a", 16, 5.0),
+            ("b", 4, 1.0),
+            ("b", 16, 6.0),
+            ("b", 64, 9.0),
+        ]);
+        assert_eq!(crossover(&r, "a", "b"), Some(16));
+    }
+
+    #[test]
+    fn slow_methods_are_skipped_by_predicted_time() {
+        // 1 ns/byte (1 GB/s), 1 GiB: ~1.07 s per copy, 4 copies > 4 s.
+        assert!(too_slow(1.0, 1 << 30, 3, Duration::from_secs(4)));
+        assert!(!too_slow(1.0, 256 << 20, 3, Duration::from_secs(4)));
+        assert!(!too_slow(0.04, 1 << 30, 3, Duration::from_secs(4)));
+    }
+
+    #[test]
+    fn method_names_are_distinct_within_each_report() {
+        for ops in [&WRITE_OPS[..], &READ_OPS[..]] {
+            let mut names: Vec<String> = ops.iter().map(|o| o.name()).collect();
+            names.sort();
+            names.dedup();
+            assert_eq!(names.len(), ops.len());
+        }
+    }
+}

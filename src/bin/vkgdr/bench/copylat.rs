@@ -1,0 +1,121 @@
+//! `copylat`: latency vs size of one host-to-GPU write (gdrcopy's `copylat`):
+//!
+//! - `BAR write`: [`copy_to_mapping`] (SIMD stores ending with `sfence`): the CPU is done, the
+//!   data is posted on the bus;
+//! - `BAR write+readback`: the same, then the last 8 bytes read back through the mapping — a
+//!   read is not reordered ahead of the posted writes, so its return proves they arrived;
+//! - `cuMemcpyHtoD`: synchronous, from pinned memory;
+//! - `HtoDAsync+sync`: `cuMemcpyHtoDAsync` on a stream, then `cuStreamSynchronize`.
+//!
+//! All four write into the same BAR-mapped allocation.
+
+use std::time::Duration;
+
+use vkgdr::copy::{copy_from_mapping, copy_to_mapping};
+use vkgdr::cuda_objects::{PinnedBuffer, Stream};
+use vkgdr::OpenOptions;
+
+use super::{
+    cu, ladder, measure, open_gpu, BenchError, BenchResult, Budget, Options, Report, Row, Stats,
+    Unit,
+};
+
+/// Method names, in column order.
+pub const METHODS: [&str; 4] = [
+    "BAR write",
+    "BAR write+readback",
+    "cuMemcpyHtoD",
+    "HtoDAsync+sync",
+];
+
+/// Runs the benchmark: one `copylat` report.
+pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
+    let max: u64 = 4 << 20;
+    let sizes = ladder(8, max, if opts.quick { 4 } else { 2 });
+    let budget = if opts.quick {
+        Budget::new(Duration::from_millis(20), 20, 5_000)
+    } else {
+        Budget::new(Duration::from_millis(100), 50, 20_000)
+    };
+
+    let gpu = open_gpu(OpenOptions::new())?;
+    let mem = gpu.alloc(max)?;
+    let mut pinned = PinnedBuffer::new(&gpu, max as usize)?;
+    pinned.as_mut_slice().fill(0x42);
+    let mut src = vec![0x42u8; max as usize];
+    let stream = Stream::new(&gpu)?;
+    let driver = gpu.driver();
+    let (host, dptr) = (mem.host_ptr(), mem.device_ptr());
+    let _ctx = gpu.bind()?;
+
+    let mut report = Report::new("copylat", Unit::Nanoseconds);
+    for (m, name) in METHODS.iter().enumerate() {
+        let mut counter = 0u64;
+        for &size in &sizes {
+            let n = size as usize;
+            let samples = measure(&budget, || {
+                match m {
+                    0 => {
+                        // SAFETY: `host` maps `max >= n` bytes; `src` is a distinct buffer; no
+                        // kernel uses `mem`.
+                        unsafe { copy_to_mapping(host, &src[..n]) };
+                        mem.flush(0, size)?;
+                    }
+                    1 => {
+                        // A new value each time, so a stale read-back cannot pass the check.
+                        counter += 1;
+                        src[n - 8..n].copy_from_slice(&counter.to_le_bytes());
+                        // SAFETY: as above.
+                        unsafe { copy_to_mapping(host, &src[..n]) };
+                        mem.flush(0, size)?;
+                        let mut back = [0u8; 8];
+                        mem.invalidate(size - 8, 8)?;
+                        // SAFETY: `n - 8 + 8 <= max` bytes are mapped at `host`.
+                        unsafe { copy_from_mapping(&mut back, host.add(n - 8)) };
+                        if back != src[n - 8..n] {
+                            return Err(BenchError::Check(format!(
+                                "copylat: read-back of a {n}-byte write returned stale data"
+                            )));
+                        }
+                    }
+                    2 => {
+                        // SAFETY: the context is current (`_ctx`); `dptr` and `pinned` hold at
+                        // least `n` bytes.
+                        let r = unsafe { (driver.cu_memcpy_htod)(dptr, pinned.as_ptr().cast(), n) };
+                        cu(&gpu, "cuMemcpyHtoD_v2", r)?;
+                    }
+                    _ => {
+                        // SAFETY: as above; `stream` belongs to this context and the copy is
+                        // waited for before `pinned` can be touched again.
+                        let r = unsafe {
+                            (driver.cu_memcpy_htod_async)(
+                                dptr,
+                                pinned.as_ptr().cast(),
+                                n,
+                                stream.raw(),
+                            )
+                        };
+                        cu(&gpu, "cuMemcpyHtoDAsync_v2", r)?;
+                        // SAFETY: live stream of the current context.
+                        let r = unsafe { (driver.cu_stream_synchronize)(stream.raw()) };
+                        cu(&gpu, "cuStreamSynchronize", r)?;
+                    }
+                }
+                Ok(())
+            })?;
+            let s = Stats::of(&samples).expect("at least one sample");
+            report.rows.push(Row::measured(*name, size, &s));
+        }
+    }
+    report.notes.push(
+        "operations under 1 µs are timed in back-to-back batches of ≥ 1 µs: their median and \
+         p10–p90 are over batch means"
+            .into(),
+    );
+    report.notes.push(
+        "BAR write: copy_to_mapping (ends with sfence); +readback: then an 8-byte read through \
+         the mapping, which returns only after the writes arrived; cuMemcpy*: from pinned memory"
+            .into(),
+    );
+    Ok(vec![report])
+}

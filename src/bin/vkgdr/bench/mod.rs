@@ -1,0 +1,745 @@
+//! `vkgdr bench`: measurements on a real GPU, modelled on gdrcopy's `copybw`, `copylat`,
+//! `apiperf` and ping-pong tools.
+//!
+//! Each benchmark returns [`Report`]s (one row per method and size); [`main`] prints them as
+//! tables, writes one CSV and one PNG chart per report into the output directory and, for
+//! `all`, a `summary.md` with markdown tables.
+//!
+//! Timing: [`std::time::Instant`] around each sample after a warm-up. Operations shorter than
+//! [`Budget::min_sample`] are repeated back to back inside one sample (the sample is then the mean
+//! of that batch), so the timer's own ~20 ns do not swamp them; medians and p10/p90 are over the
+//! samples.
+
+pub mod apiperf;
+pub mod copybw;
+pub mod copylat;
+pub mod pplat;
+pub mod report;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use vkgdr::{Gpu, OpenOptions};
+
+pub use report::{Report, Row, Unit};
+
+/// One line of usage text.
+pub const USAGE: &str =
+    "vkgdr bench <copybw|copylat|apiperf|pplat|all> [--out DIR] [--quick] | vkgdr bench plot DIR";
+
+/// Where results go when `--out` is not given.
+pub const DEFAULT_OUT: &str = "bench-out";
+
+/// Everything that can stop a benchmark.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// A library or driver call failed.
+    #[error(transparent)]
+    Vkgdr(#[from] vkgdr::Error),
+    /// Reading or writing an output file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// A CSV file could not be parsed back into a report.
+    #[error("{path}: {msg}")]
+    Csv {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        msg: String,
+    },
+    /// Drawing a chart failed.
+    #[error("plotting {path}: {msg}")]
+    Plot {
+        /// The PNG being drawn.
+        path: PathBuf,
+        /// The plotting library's message.
+        msg: String,
+    },
+    /// The ping-pong kernel stopped answering (the GPU memory it uses has been leaked on purpose
+    /// so that nothing is freed under a running kernel).
+    #[error("kernel did not respond: {0}")]
+    KernelStuck(String),
+    /// Data did not arrive where a benchmark checked it.
+    #[error("data check failed: {0}")]
+    Check(String),
+    /// The command line is wrong.
+    #[error("{0}")]
+    Usage(String),
+    /// Some of the benchmarks run by one command failed (each reported as it happened).
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl BenchError {
+    /// Wraps an I/O error with the path it concerns.
+    pub fn io(path: &Path, source: std::io::Error) -> Self {
+        BenchError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// Result of benchmark code.
+pub type BenchResult<T> = Result<T, BenchError>;
+
+/// Which benchmark(s) to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Which {
+    /// Bandwidth vs size.
+    CopyBw,
+    /// Latency vs size.
+    CopyLat,
+    /// Cost of every API call.
+    ApiPerf,
+    /// CPU ↔ running kernel round trips.
+    PpLat,
+    /// All of the above, then `summary.md`.
+    All,
+}
+
+impl Which {
+    fn parse(s: &str) -> Option<Which> {
+        Some(match s {
+            "copybw" => Which::CopyBw,
+            "copylat" => Which::CopyLat,
+            "apiperf" => Which::ApiPerf,
+            "pplat" => Which::PpLat,
+            "all" => Which::All,
+            _ => return None,
+        })
+    }
+}
+
+/// Settings shared by all benchmarks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// Output directory for CSVs, PNGs and the summary.
+    pub out: PathBuf,
+    /// Smaller sizes and fewer repetitions (a full `all` in well under two minutes).
+    pub quick: bool,
+}
+
+/// A parsed `vkgdr bench` command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Run benchmarks.
+    Run(Which, Options),
+    /// Redraw the PNGs of the CSVs in a directory.
+    Plot(PathBuf),
+    /// Print usage (`--help`, `-h`, `help`).
+    Help,
+}
+
+/// Parses the arguments after `bench`.
+pub fn parse_args(args: &[String]) -> Result<Command, String> {
+    let mut it = args.iter().map(String::as_str);
+    let first = it.next().ok_or("missing benchmark name")?;
+    if matches!(first, "--help" | "-h" | "help") {
+        return Ok(Command::Help);
+    }
+    if first == "plot" {
+        let dir = it.next().ok_or("plot needs a directory")?;
+        if let Some(extra) = it.next() {
+            return Err(format!("unexpected argument {extra:?}"));
+        }
+        return Ok(Command::Plot(PathBuf::from(dir)));
+    }
+    let which = Which::parse(first).ok_or_else(|| format!("unknown benchmark {first:?}"))?;
+    let mut opts = Options {
+        out: PathBuf::from(DEFAULT_OUT),
+        quick: false,
+    };
+    while let Some(a) = it.next() {
+        match a {
+            "--quick" => opts.quick = true,
+            "--out" => opts.out = PathBuf::from(it.next().ok_or("--out needs a directory")?),
+            _ => match a.strip_prefix("--out=") {
+                Some(dir) if !dir.is_empty() => opts.out = PathBuf::from(dir),
+                _ => return Err(format!("unexpected argument {a:?}")),
+            },
+        }
+    }
+    Ok(Command::Run(which, opts))
+}
+
+/// Entry point of `vkgdr bench`: exit code 0 on success, 1 if a benchmark failed, 2 on usage
+/// errors.
+pub fn main(args: &[String]) -> ExitCode {
+    let cmd = match parse_args(args) {
+        Ok(c) => c,
+        Err(msg) => {
+            eprintln!("vkgdr bench: {msg}");
+            eprintln!("usage: {USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = match cmd {
+        Command::Help => {
+            println!("usage: {USAGE}");
+            println!("  copybw   bandwidth vs size: BAR writes/reads (1-8 threads) vs cuMemcpy");
+            println!("  copylat  write latency vs size: BAR write, confirmed write, cuMemcpy");
+            println!("  apiperf  cost of open, alloc/free, pool alloc/free, flush/invalidate");
+            println!("  pplat    round trips between the CPU and a running kernel");
+            println!("  all      all four (apiperf first), then DIR/summary.md");
+            println!("  plot DIR redraw DIR/*.png from DIR/*.csv");
+            println!("  --out DIR  output directory (default ./{DEFAULT_OUT})");
+            println!("  --quick    fewer sizes and repetitions");
+            Ok(())
+        }
+        Command::Plot(dir) => replot(&dir),
+        Command::Run(which, opts) => run(which, &opts),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vkgdr bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type BenchFn = fn(&Options) -> BenchResult<Vec<Report>>;
+
+/// The benchmarks in the order `all` runs them: `apiperf` first so that its "first
+/// `Gpu::open`" really is the first in the process.
+const ORDER: [(&str, BenchFn); 4] = [
+    ("apiperf", apiperf::run),
+    ("copybw", copybw::run),
+    ("copylat", copylat::run),
+    ("pplat", pplat::run),
+];
+
+fn run(which: Which, opts: &Options) -> BenchResult<()> {
+    std::fs::create_dir_all(&opts.out).map_err(|e| BenchError::io(&opts.out, e))?;
+    let selected: Vec<(&str, BenchFn)> = match which {
+        Which::All => ORDER.to_vec(),
+        Which::ApiPerf => vec![ORDER[0]],
+        Which::CopyBw => vec![ORDER[1]],
+        Which::CopyLat => vec![ORDER[2]],
+        Which::PpLat => vec![ORDER[3]],
+    };
+    let mut reports = Vec::new();
+    let mut failures = Vec::new();
+    // Gathered once, after the first benchmark (so `apiperf` still sees a cold process).
+    let mut machine: Option<Vec<String>> = None;
+    for (name, bench) in selected {
+        println!("== {name}{} ==", if opts.quick { " (quick)" } else { "" });
+        let started = Instant::now();
+        let mut stop = false;
+        match bench(opts) {
+            Ok(rs) => {
+                for r in &rs {
+                    if let Err(e) = emit(r, &opts.out) {
+                        eprintln!("{name}: {e}");
+                        failures.push(format!("{name}: {e}"));
+                    }
+                }
+                reports.extend(rs);
+            }
+            Err(e) => {
+                eprintln!("{name} failed: {e}");
+                failures.push(format!("{name}: {e}"));
+                stop = match &e {
+                    // A kernel may still be running on the device: stop here.
+                    BenchError::KernelStuck(_) => true,
+                    // No driver on this machine: every other benchmark would fail the same way.
+                    BenchError::Vkgdr(vkgdr::Error::LibraryNotFound { .. }) => true,
+                    _ => false,
+                };
+            }
+        }
+        println!("({name} took {:.1} s)\n", started.elapsed().as_secs_f64());
+        if which == Which::All {
+            // Rewritten after every benchmark so a run cut short still leaves a summary.
+            let machine = machine.get_or_insert_with(|| machine_lines(opts));
+            write_summary(&opts.out, machine, &reports, &failures)?;
+        }
+        if stop {
+            break;
+        }
+    }
+    if which == Which::All {
+        println!("wrote {}", opts.out.join("summary.md").display());
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        let names: Vec<&str> = failures
+            .iter()
+            .map(|f| f.split_once(':').map_or(f.as_str(), |(n, _)| n))
+            .collect();
+        Err(BenchError::Failed(format!(
+            "failed: {} (errors above)",
+            names.join(", ")
+        )))
+    }
+}
+
+/// Prints a report's table and notes and writes its CSV and PNG.
+fn emit(r: &Report, out: &Path) -> BenchResult<()> {
+    print!("{}", r.text_table());
+    for n in &r.notes {
+        println!("  note: {n}");
+    }
+    let (csv, png) = report::write_outputs(r, out)?;
+    println!("  wrote {}", csv.display());
+    if let Some(png) = png {
+        println!("  wrote {}", png.display());
+    }
+    println!();
+    Ok(())
+}
+
+fn write_summary(
+    out: &Path,
+    machine: &[String],
+    reports: &[Report],
+    failures: &[String],
+) -> BenchResult<()> {
+    let text = report::summary_markdown(machine, reports, failures);
+    let path = out.join("summary.md");
+    std::fs::write(&path, text).map_err(|e| BenchError::io(&path, e))
+}
+
+/// Facts about the machine for the summary header; best effort (a missing GPU is a line too).
+fn machine_lines(opts: &Options) -> Vec<String> {
+    let mut lines = Vec::new();
+    match Gpu::open(0) {
+        Ok(gpu) => {
+            let driver = gpu
+                .driver()
+                .version()
+                .map(|v| format!("CUDA driver API {}.{}", v / 1000, (v % 1000) / 10))
+                .unwrap_or_else(|e| format!("driver version unknown ({e})"));
+            lines.push(format!(
+                "GPU: {} ({driver}; BAR memory {})",
+                gpu.name(),
+                if gpu.is_non_coherent() {
+                    "non-coherent"
+                } else {
+                    "coherent"
+                }
+            ));
+        }
+        Err(e) => lines.push(format!("GPU: not available ({e})")),
+    }
+    if let Some(cpu) = cpu_model() {
+        lines.push(format!(
+            "CPU: {cpu}, {} hardware threads",
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        ));
+    }
+    lines.push(format!(
+        "copy routines: {}; vkgdr {}; mode: {}",
+        vkgdr::copy::simd_level(),
+        env!("CARGO_PKG_VERSION"),
+        if opts.quick { "--quick" } else { "full" }
+    ));
+    lines
+}
+
+fn cpu_model() -> Option<String> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    info.lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
+}
+
+/// `vkgdr bench plot DIR`: reads every `*.csv` in `dir`, prints its table and redraws its PNG.
+fn replot(dir: &Path) -> BenchResult<()> {
+    let mut csvs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| BenchError::io(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "csv"))
+        .collect();
+    csvs.sort();
+    if csvs.is_empty() {
+        return Err(BenchError::Usage(format!(
+            "no .csv files in {}",
+            dir.display()
+        )));
+    }
+    for csv in csvs {
+        let report = report::read_csv(&csv)?;
+        print!("{}", report.text_table());
+        match report::plot_png(&report, &csv.with_extension("png"))? {
+            true => println!("  wrote {}\n", csv.with_extension("png").display()),
+            false => println!("  {}: nothing to plot\n", csv.display()),
+        }
+    }
+    Ok(())
+}
+
+static GPU_OPENED: AtomicBool = AtomicBool::new(false);
+
+/// Opens GPU 0 for a benchmark (and remembers that the process has opened one).
+pub fn open_gpu(options: OpenOptions) -> BenchResult<Gpu> {
+    let gpu = Gpu::open_with(0, options)?;
+    GPU_OPENED.store(true, Ordering::Relaxed);
+    Ok(gpu)
+}
+
+/// Whether a benchmark opened a GPU earlier in this process (driver already loaded).
+pub fn gpu_opened_before() -> bool {
+    GPU_OPENED.load(Ordering::Relaxed)
+}
+
+/// Median, 10th and 90th percentile of a set of samples.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Stats {
+    /// 50th percentile.
+    pub median: f64,
+    /// 10th percentile.
+    pub p10: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// Number of samples.
+    pub n: usize,
+}
+
+impl Stats {
+    /// Statistics of `samples`; `None` if it is empty or holds a NaN.
+    pub fn of(samples: &[f64]) -> Option<Stats> {
+        if samples.is_empty() || samples.iter().any(|v| v.is_nan()) {
+            return None;
+        }
+        let mut sorted = samples.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        Some(Stats {
+            median: percentile(&sorted, 0.5),
+            p10: percentile(&sorted, 0.1),
+            p90: percentile(&sorted, 0.9),
+            n: sorted.len(),
+        })
+    }
+}
+
+/// The `q`-quantile (0 ≤ q ≤ 1) of ascending `sorted` samples, interpolating linearly between
+/// the two nearest ranks (NumPy's default). `sorted` must not be empty.
+pub fn percentile(sorted: &[f64], q: f64) -> f64 {
+    debug_assert!(!sorted.is_empty());
+    let rank = q.clamp(0.0, 1.0) * (sorted.len() - 1) as f64;
+    let lo = rank.floor() as usize;
+    let hi = rank.ceil() as usize;
+    sorted[lo] + (sorted[hi] - sorted[lo]) * (rank - lo as f64)
+}
+
+/// Sizes `start, start·factor, …` up to and including `end` (`start ≥ 1`, `factor ≥ 2`).
+pub fn ladder(start: u64, end: u64, factor: u64) -> Vec<u64> {
+    assert!(
+        start >= 1 && factor >= 2,
+        "ladder({start}, {end}, {factor})"
+    );
+    let mut v = Vec::new();
+    let mut s = start;
+    while s <= end {
+        v.push(s);
+        match s.checked_mul(factor) {
+            Some(next) => s = next,
+            None => break,
+        }
+    }
+    v
+}
+
+/// How long and how often one measurement is repeated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// Warm-up time before any sample (at least one call is always made).
+    pub warmup: Duration,
+    /// Target total time of the samples.
+    pub target: Duration,
+    /// Fewest samples, whatever the target.
+    pub min_samples: usize,
+    /// Most samples.
+    pub max_samples: usize,
+    /// Calls shorter than this are batched so one sample lasts at least this long.
+    pub min_sample: Duration,
+}
+
+impl Budget {
+    /// A budget with `target` sample time, `min..=max` samples, 10 ms warm-up, 1 µs samples.
+    pub fn new(target: Duration, min_samples: usize, max_samples: usize) -> Budget {
+        Budget {
+            warmup: Duration::from_millis(10),
+            target,
+            min_samples,
+            max_samples,
+            min_sample: Duration::from_micros(1),
+        }
+    }
+
+    /// `(calls per sample, samples)` for an operation estimated to take `est_ns` per call.
+    pub fn plan(&self, est_ns: f64) -> (usize, usize) {
+        let est = est_ns.max(1.0);
+        let batch = (self.min_sample.as_nanos() as f64 / est).ceil().max(1.0);
+        let samples = (self.target.as_nanos() as f64 / (est * batch)).floor();
+        let samples = (samples.min(self.max_samples as f64) as usize)
+            .max(self.min_samples)
+            .max(1);
+        (batch as usize, samples)
+    }
+}
+
+/// Times `f`: warm-up, then samples per [`Budget::plan`]. Returns nanoseconds per call, one value
+/// per sample (the mean over the sample's batch).
+pub fn measure(budget: &Budget, mut f: impl FnMut() -> BenchResult<()>) -> BenchResult<Vec<f64>> {
+    let start = Instant::now();
+    let mut calls = 0u32;
+    loop {
+        f()?;
+        calls += 1;
+        if start.elapsed() >= budget.warmup {
+            break;
+        }
+    }
+    let est = start.elapsed().as_nanos() as f64 / f64::from(calls);
+    let (batch, n) = budget.plan(est);
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        for _ in 0..batch {
+            f()?;
+        }
+        samples.push(t.elapsed().as_nanos() as f64 / batch as f64);
+    }
+    Ok(samples)
+}
+
+/// Times a setup/teardown pair that cannot be batched (allocation and free): `open` returns a
+/// value, `close` consumes it; both are timed separately, one sample per pair. Returns
+/// `(open_ns, close_ns)`.
+pub fn measure_pair<T>(
+    budget: &Budget,
+    mut open: impl FnMut() -> BenchResult<T>,
+    mut close: impl FnMut(T),
+) -> BenchResult<(Vec<f64>, Vec<f64>)> {
+    let start = Instant::now();
+    let mut calls = 0u32;
+    loop {
+        close(open()?);
+        calls += 1;
+        if start.elapsed() >= budget.warmup {
+            break;
+        }
+    }
+    let est = start.elapsed().as_nanos() as f64 / f64::from(calls);
+    // No batching: each pair is one sample of each.
+    let n = Budget {
+        min_sample: Duration::ZERO,
+        ..*budget
+    }
+    .plan(est)
+    .1;
+    let (mut a, mut b) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for _ in 0..n {
+        let t0 = Instant::now();
+        let v = open()?;
+        let t1 = Instant::now();
+        close(v);
+        let t2 = Instant::now();
+        a.push((t1 - t0).as_nanos() as f64);
+        b.push((t2 - t1).as_nanos() as f64);
+    }
+    Ok((a, b))
+}
+
+/// Turns per-call times of `size`-byte copies into GB/s samples (bytes per ns = GB/s).
+pub fn to_bandwidth(size: u64, ns: &[f64]) -> Vec<f64> {
+    ns.iter().map(|t| size as f64 / t.max(1e-3)).collect()
+}
+
+/// Checks a raw CUDA result from the driver table.
+pub fn cu(gpu: &Gpu, call: &'static str, r: vkgdr::cuda::CuResult) -> BenchResult<()> {
+    Ok(gpu.driver().check(call, r)?)
+}
+
+#[cfg(test)]
+pub(crate) mod testutil {
+    use std::path::PathBuf;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A fresh, empty directory under the system temp dir, removed on drop.
+    pub struct TempDir(pub PathBuf);
+
+    impl TempDir {
+        pub fn new(tag: &str) -> TempDir {
+            static N: AtomicUsize = AtomicUsize::new(0);
+            let p = std::env::temp_dir().join(format!(
+                "vkgdr-bench-test-{tag}-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            let _ = std::fs::remove_dir_all(&p);
+            std::fs::create_dir_all(&p).unwrap();
+            TempDir(p)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn percentile_interpolates_between_ranks() {
+        let v = [10.0, 20.0, 30.0, 40.0, 50.0];
+        assert_eq!(percentile(&v, 0.0), 10.0);
+        assert_eq!(percentile(&v, 0.5), 30.0);
+        assert_eq!(percentile(&v, 1.0), 50.0);
+        assert_eq!(percentile(&v, 0.1), 14.0);
+        assert_eq!(percentile(&v, 0.9), 46.0);
+        assert_eq!(percentile(&[7.0], 0.9), 7.0);
+        // Out-of-range quantiles clamp.
+        assert_eq!(percentile(&v, 1.5), 50.0);
+    }
+
+    #[test]
+    fn stats_sort_their_input_and_match_a_naive_model() {
+        let s = Stats::of(&[4.0, 1.0, 3.0, 2.0]).unwrap();
+        assert_eq!(s.median, 2.5);
+        assert_eq!(s.n, 4);
+        assert!((s.p10 - 1.3).abs() < 1e-12);
+        assert!((s.p90 - 3.7).abs() < 1e-12);
+
+        // Against a naive model over many shuffled inputs: the median of 1..=n.
+        for n in 1..40u32 {
+            let mut v: Vec<f64> = (1..=n).map(f64::from).collect();
+            v.reverse();
+            v.rotate_left((n / 3) as usize);
+            let s = Stats::of(&v).unwrap();
+            assert_eq!(s.median, f64::from(n + 1) / 2.0, "n = {n}");
+            assert!(s.p10 <= s.median && s.median <= s.p90);
+        }
+        assert_eq!(Stats::of(&[]), None);
+        assert_eq!(Stats::of(&[1.0, f64::NAN]), None);
+    }
+
+    #[test]
+    fn ladders_are_inclusive_geometric_sequences() {
+        assert_eq!(ladder(4096, 1 << 30, 4).len(), 10);
+        assert_eq!(ladder(4096, 1 << 30, 4).last(), Some(&(1 << 30)));
+        assert_eq!(ladder(4096, 64 << 20, 4).last(), Some(&(64 << 20)));
+        assert_eq!(ladder(8, 4 << 20, 2).len(), 20);
+        assert_eq!(ladder(8, 100, 2), vec![8, 16, 32, 64]);
+        assert_eq!(ladder(8, 7, 2), Vec::<u64>::new());
+        // No overflow at the top of the range.
+        assert_eq!(ladder(1 << 62, u64::MAX, 4), vec![1 << 62]);
+    }
+
+    #[test]
+    fn plan_batches_short_calls_and_bounds_sample_counts() {
+        let b = Budget::new(Duration::from_millis(100), 10, 1000);
+        // 50 ns calls: 20 per 1 µs sample; 100 ms / 1 µs = 100k samples, capped at 1000.
+        assert_eq!(b.plan(50.0), (20, 1000));
+        // 1 ms calls: no batching, 100 samples.
+        assert_eq!(b.plan(1e6), (1, 100));
+        // 1 s calls: the minimum applies.
+        assert_eq!(b.plan(1e9), (1, 10));
+        // A zero estimate does not divide by zero.
+        assert_eq!(b.plan(0.0).0, 1000);
+    }
+
+    #[test]
+    fn measure_calls_the_closure_batch_times_samples_plus_warmup() {
+        let b = Budget {
+            warmup: Duration::ZERO,
+            target: Duration::ZERO,
+            min_samples: 5,
+            max_samples: 5,
+            min_sample: Duration::ZERO,
+        };
+        let mut calls = 0;
+        let s = measure(&b, || {
+            calls += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(s.len(), 5);
+        assert_eq!(calls, 6);
+        assert!(s.iter().all(|v| *v >= 0.0));
+
+        let (mut opened, mut closed) = (0, 0);
+        let (a, c) = measure_pair(
+            &b,
+            || {
+                opened += 1;
+                Ok(opened)
+            },
+            |_| closed += 1,
+        )
+        .unwrap();
+        assert_eq!((a.len(), c.len(), opened, closed), (5, 5, 6, 6));
+
+        let err = measure(&b, || Err(BenchError::Usage("boom".into())));
+        assert!(matches!(err, Err(BenchError::Usage(m)) if m == "boom"));
+    }
+
+    #[test]
+    fn bandwidth_is_bytes_per_nanosecond() {
+        assert_eq!(to_bandwidth(1000, &[100.0, 50.0]), vec![10.0, 20.0]);
+    }
+
+    #[test]
+    fn command_line_parses() {
+        let quick = Options {
+            out: PathBuf::from("x"),
+            quick: true,
+        };
+        assert_eq!(
+            parse_args(&args("copybw --quick --out x")),
+            Ok(Command::Run(Which::CopyBw, quick.clone()))
+        );
+        assert_eq!(
+            parse_args(&args("copybw --out=x --quick")),
+            Ok(Command::Run(Which::CopyBw, quick))
+        );
+        assert_eq!(
+            parse_args(&args("all")),
+            Ok(Command::Run(
+                Which::All,
+                Options {
+                    out: PathBuf::from(DEFAULT_OUT),
+                    quick: false
+                }
+            ))
+        );
+        assert_eq!(
+            parse_args(&args("plot d")),
+            Ok(Command::Plot(PathBuf::from("d")))
+        );
+        for help in ["--help", "-h", "help"] {
+            assert_eq!(parse_args(&args(help)), Ok(Command::Help));
+        }
+        for bad in [
+            "",
+            "nope",
+            "plot",
+            "plot a b",
+            "pplat --out",
+            "pplat --fast",
+            "all --out=",
+        ] {
+            assert!(parse_args(&args(bad)).is_err(), "{bad:?} accepted");
+        }
+    }
+}

@@ -1,0 +1,471 @@
+//! [`CopyPool`]: persistent worker threads that split one large copy between them.
+
+use std::any::Any;
+use std::collections::VecDeque;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::{self, JoinHandle};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::{check_lengths, kernels, simd_level, CopyError};
+
+/// Default [`CopyPool::parallel_threshold`]: copies shorter than 1 MiB run on the calling
+/// thread, where waking workers would cost more than it saves.
+pub const DEFAULT_PARALLEL_THRESHOLD: usize = 1 << 20;
+
+/// Slice boundaries fall on multiples of this many bytes of the mapping address, so no two
+/// threads share a page (or a WC line) of the mapping.
+pub(super) const SLICE_ALIGN: usize = 4096;
+
+/// Work shared by the parts of one job: called once with each part index.
+type Work<'a> = dyn Fn(usize) + Sync + 'a;
+
+/// A persistent pool of threads for large copies into and out of a mapping.
+///
+/// `threads` counts every thread taking part, the caller included: a pool of `n` threads keeps
+/// `n - 1` workers parked on a condition variable, and a copy of at least
+/// [`parallel_threshold`](Self::parallel_threshold) bytes is cut into `n` slices on 4 KiB
+/// boundaries of the mapping, the calling thread copying one itself. Shorter copies run on the
+/// calling thread only. Several threads may use one pool at once; a caller whose slices are
+/// still queued (workers busy with other callers) copies them itself instead of waiting.
+///
+/// Dropping the pool stops and joins its workers.
+///
+/// ```
+/// use vkgdr::copy::CopyPool;
+///
+/// let pool = CopyPool::new(4).with_parallel_threshold(64 * 1024);
+/// let src: Vec<u8> = (0..1_000_000u32).map(|i| i as u8).collect();
+/// let mut mapping = vec![0u8; src.len()]; // stands in for a device mapping
+/// pool.write_slice(&mut mapping, &src).unwrap();
+/// assert_eq!(mapping, src);
+/// ```
+pub struct CopyPool {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+    threads: usize,
+    threshold: AtomicUsize,
+}
+
+/// State shared between the pool handle and its workers.
+pub(super) struct Shared {
+    queue: Mutex<Queue>,
+    /// Signalled when a task is queued or on shutdown.
+    wake: Condvar,
+}
+
+struct Queue {
+    tasks: VecDeque<Task>,
+    shutdown: bool,
+}
+
+/// One part of one job.
+struct Task {
+    job: Arc<Job>,
+    part: usize,
+}
+
+/// One call of [`CopyPool::run_parts`].
+struct Job {
+    /// The caller's closure with its lifetime erased. Dereferenced only while running a part;
+    /// `run_parts` does not return before every part has finished, so it is alive then.
+    work: *const Work<'static>,
+    state: Mutex<JobState>,
+    /// Signalled when `remaining` reaches zero.
+    done: Condvar,
+}
+
+struct JobState {
+    /// Parts not finished yet (queued, running, or not yet started by the caller).
+    remaining: usize,
+    /// The first panic of any part, re-raised on the calling thread.
+    panic: Option<Box<dyn Any + Send>>,
+}
+
+// SAFETY: `Job` is shared with workers only to call `work`, which is `Sync` (callable from any
+// thread through a shared reference) and outlives every such call (see `Job::work`); the rest
+// of the fields are `Send + Sync` already.
+unsafe impl Send for Job {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Job {}
+
+impl Job {
+    /// Runs one part, catching a panic, and records its completion.
+    fn run(&self, part: usize) {
+        // SAFETY: the closure outlives this call: the job's `remaining` count includes this
+        // part until the decrement below, and `run_parts` waits for zero before returning
+        // (and so before the closure's borrow ends).
+        let work = unsafe { &*self.work };
+        let result = panic::catch_unwind(AssertUnwindSafe(|| work(part)));
+        let extra_payload = {
+            let mut state = self.state.lock();
+            let extra = match result {
+                Err(payload) if state.panic.is_none() => {
+                    state.panic = Some(payload);
+                    None
+                }
+                Err(payload) => Some(payload),
+                Ok(()) => None,
+            };
+            state.remaining -= 1;
+            if state.remaining == 0 {
+                self.done.notify_all();
+            }
+            extra
+        };
+        // A second panic payload is dropped outside the lock: its destructor is foreign code.
+        drop(extra_payload);
+    }
+}
+
+/// Sends a raw pointer into the `Sync` closures of a job.
+#[derive(Clone, Copy)]
+struct SyncPtr(*mut u8);
+
+// SAFETY: the pointer is only used for disjoint slices of a range that the `CopyPool::write` /
+// `CopyPool::read` caller guarantees valid, and only before that call returns.
+unsafe impl Send for SyncPtr {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for SyncPtr {}
+
+impl SyncPtr {
+    /// Returns the pointer; a method, so closures capture the whole `SyncPtr` (edition 2021
+    /// closures capture disjoint fields, and the bare field is not `Sync`).
+    fn get(self) -> *mut u8 {
+        self.0
+    }
+}
+
+/// Byte range `[start, end)` (offsets from `addr`) of part `part` of `parts` when `len` bytes at
+/// address `addr` are cut on [`SLICE_ALIGN`] boundaries of the address. Parts cover the range
+/// in order without gaps or overlap; some may be empty.
+pub(super) fn slice_bounds(addr: usize, len: usize, parts: usize, part: usize) -> (usize, usize) {
+    let cut = |i: usize| -> usize {
+        if i == 0 {
+            return 0;
+        }
+        if i >= parts {
+            return len;
+        }
+        // i < parts, so the quotient is below `len` and fits in usize.
+        let nominal = (len as u128 * i as u128 / parts as u128) as usize;
+        let aligned = (addr + nominal) & !(SLICE_ALIGN - 1);
+        aligned.max(addr) - addr
+    };
+    (cut(part), cut(part + 1))
+}
+
+impl CopyPool {
+    /// Creates a pool of `threads` threads in all, the caller included (so `threads - 1`
+    /// workers are started; `0` is taken as `1`, a pool that never parallelises).
+    ///
+    /// # Panics
+    ///
+    /// If the operating system cannot start a thread, like [`std::thread::spawn`]; use
+    /// [`try_new`](Self::try_new) to get an error instead.
+    pub fn new(threads: usize) -> Self {
+        match Self::try_new(threads.max(1)) {
+            Ok(pool) => pool,
+            Err(e) => panic!("CopyPool::new: {e}"),
+        }
+    }
+
+    /// Creates a pool of `threads` threads in all, the caller included.
+    ///
+    /// # Errors
+    ///
+    /// [`CopyError::ZeroThreads`] if `threads == 0`; [`CopyError::Spawn`] if a worker cannot
+    /// be started (the workers started so far are stopped and joined).
+    pub fn try_new(threads: usize) -> Result<Self, CopyError> {
+        if threads == 0 {
+            return Err(CopyError::ZeroThreads);
+        }
+        let mut pool = CopyPool {
+            shared: Arc::new(Shared {
+                queue: Mutex::new(Queue {
+                    tasks: VecDeque::new(),
+                    shutdown: false,
+                }),
+                wake: Condvar::new(),
+            }),
+            workers: Vec::with_capacity(threads - 1),
+            threads,
+            threshold: AtomicUsize::new(DEFAULT_PARALLEL_THRESHOLD),
+        };
+        for i in 1..threads {
+            let shared = Arc::clone(&pool.shared);
+            let handle = thread::Builder::new()
+                .name(format!("vkgdr-copy-{i}"))
+                .spawn(move || worker(&shared))
+                .map_err(CopyError::Spawn)?; // `pool`'s Drop joins the workers started so far
+            pool.workers.push(handle);
+        }
+        Ok(pool)
+    }
+
+    /// The process-wide pool, created on first use with
+    /// `available_parallelism().min(8)` threads.
+    ///
+    /// # Panics
+    ///
+    /// On first use, if the operating system cannot start a thread.
+    pub fn global() -> &'static CopyPool {
+        static GLOBAL: OnceLock<CopyPool> = OnceLock::new();
+        GLOBAL.get_or_init(|| {
+            let n = thread::available_parallelism().map_or(1, |n| n.get());
+            CopyPool::new(n.min(8))
+        })
+    }
+
+    /// Sets [`parallel_threshold`](Self::parallel_threshold), builder style.
+    pub fn with_parallel_threshold(self, bytes: usize) -> Self {
+        self.set_parallel_threshold(bytes);
+        self
+    }
+
+    /// Sets the length from which copies are split between threads (0: always split).
+    pub fn set_parallel_threshold(&self, bytes: usize) {
+        self.threshold.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Copies of at least this many bytes are split between threads; shorter ones run on the
+    /// calling thread. Defaults to [`DEFAULT_PARALLEL_THRESHOLD`].
+    pub fn parallel_threshold(&self) -> usize {
+        self.threshold.load(Ordering::Relaxed)
+    }
+
+    /// A weak reference to the state the workers share, to observe their exit in tests.
+    #[cfg(test)]
+    pub(super) fn shared_weak(&self) -> std::sync::Weak<Shared> {
+        Arc::downgrade(&self.shared)
+    }
+
+    /// Number of threads taking part in a split copy, the caller included.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// How many parts a copy of `len` bytes is cut into.
+    pub(super) fn parts_for(&self, len: usize) -> usize {
+        if len >= self.parallel_threshold() && len > 0 {
+            self.threads
+        } else {
+            1
+        }
+    }
+
+    /// Like [`copy_to_mapping`](super::copy_to_mapping), split between the pool's threads when
+    /// `src` is at least [`parallel_threshold`](Self::parallel_threshold) long. Every thread
+    /// fences its own stores (`sfence`) before reporting its slice done, and the caller fences
+    /// again before returning, so a flag stored after this call cannot overtake the data.
+    ///
+    /// Returns once every slice is written: no worker uses `dst` or `src` afterwards.
+    ///
+    /// # Safety
+    ///
+    /// As [`copy_to_mapping`](super::copy_to_mapping):
+    ///
+    /// * `dst` is valid for writes of `src.len()` bytes;
+    /// * `[dst, dst + src.len())` does not overlap `src`;
+    /// * no other thread reads or writes that range during the call.
+    pub unsafe fn write(&self, dst: *mut u8, src: &[u8]) {
+        let len = src.len();
+        let parts = self.parts_for(len);
+        let level = simd_level();
+        let (d, s) = (SyncPtr(dst), SyncPtr(src.as_ptr().cast_mut()));
+        self.run_parts(parts, &|part| {
+            let (start, end) = slice_bounds(d.get() as usize, len, parts, part);
+            // SAFETY: `[start, end)` lies inside `[0, len)` and the parts are disjoint, so each
+            // thread writes its own sub-range of the caller's valid, non-overlapping `dst` from
+            // the matching sub-range of `src` (only read). `run_parts` returns only after every
+            // part is done, so `src`'s borrow and `dst`'s validity cover every use.
+            unsafe {
+                kernels::write(level, d.get().add(start), s.get().add(start), end - start);
+            }
+        });
+        if parts > 1 {
+            // The workers' stores are ordered by their own `sfence`; this one covers the slice
+            // this thread wrote and documents the contract at the return point.
+            kernels::store_fence();
+        }
+    }
+
+    /// Like [`copy_from_mapping`](super::copy_from_mapping), split between the pool's threads
+    /// when `dst` is at least [`parallel_threshold`](Self::parallel_threshold) long. Every thread
+    /// starts its slice with `mfence`; a worker receives its slice through the pool's lock after
+    /// the caller's earlier loads (its flag poll), so its loads are ordered after them too.
+    ///
+    /// Returns once every slice is read: no worker uses `dst` or `src` afterwards.
+    ///
+    /// # Safety
+    ///
+    /// As [`copy_from_mapping`](super::copy_from_mapping):
+    ///
+    /// * `src` is valid for reads of `dst.len()` bytes;
+    /// * `[src, src + dst.len())` does not overlap `dst`;
+    /// * no other thread writes that range during the call through Rust references.
+    pub unsafe fn read(&self, dst: &mut [u8], src: *const u8) {
+        let len = dst.len();
+        let parts = self.parts_for(len);
+        let level = simd_level();
+        let (d, s) = (SyncPtr(dst.as_mut_ptr()), SyncPtr(src.cast_mut()));
+        self.run_parts(parts, &|part| {
+            let (start, end) = slice_bounds(s.get() as usize, len, parts, part);
+            // SAFETY: as in `write`: disjoint sub-ranges of the exclusive `dst` borrow and of
+            // the caller's valid `src`, all used before `run_parts` returns.
+            unsafe {
+                kernels::read(level, s.get().add(start), d.get().add(start), end - start);
+            }
+        });
+    }
+
+    /// Safe [`write`](Self::write) where the "mapping" is an ordinary slice.
+    ///
+    /// # Errors
+    ///
+    /// [`CopyError::LengthMismatch`] if the slices differ in length; nothing is copied then.
+    pub fn write_slice(&self, dst: &mut [u8], src: &[u8]) -> Result<(), CopyError> {
+        check_lengths(dst.len(), src.len())?;
+        // SAFETY: `dst` is a live exclusive borrow of `src.len()` bytes: valid, disjoint from
+        // `src`, and inaccessible to other threads.
+        unsafe { self.write(dst.as_mut_ptr(), src) };
+        Ok(())
+    }
+
+    /// Safe [`read`](Self::read) where the "mapping" is an ordinary slice.
+    ///
+    /// # Errors
+    ///
+    /// [`CopyError::LengthMismatch`] if the slices differ in length; nothing is copied then.
+    pub fn read_slice(&self, dst: &mut [u8], src: &[u8]) -> Result<(), CopyError> {
+        check_lengths(dst.len(), src.len())?;
+        // SAFETY: `src` is a live shared borrow of `dst.len()` bytes: valid for reads, disjoint
+        // from `dst`, and not writable by anyone meanwhile.
+        unsafe { self.read(dst, src.as_ptr()) };
+        Ok(())
+    }
+
+    /// Calls `work(p)` once for every `p` in `0..parts`, spread over the pool's threads (part 0
+    /// on the calling thread), and returns when all calls have finished — a scoped parallel
+    /// loop, so `work` may borrow from the caller's stack.
+    ///
+    /// If a part panics, the other parts still run to completion and the first panic is then
+    /// resumed on the calling thread; the pool stays usable.
+    pub(super) fn run_parts(&self, parts: usize, work: &Work<'_>) {
+        if parts <= 1 || self.workers.is_empty() {
+            (0..parts).for_each(work);
+            return;
+        }
+        let erased: *const Work<'_> = work;
+        // SAFETY: only the trait object's lifetime bound changes (same layout); `Job::work`
+        // documents why the pointer is never used after `work`'s borrow ends.
+        let erased: *const Work<'static> = unsafe { std::mem::transmute(erased) };
+        let job = Arc::new(Job {
+            work: erased,
+            state: Mutex::new(JobState {
+                remaining: parts,
+                panic: None,
+            }),
+            done: Condvar::new(),
+        });
+        {
+            let mut queue = self.shared.queue.lock();
+            // Reserve first: once the first task is queued, nothing below may unwind before
+            // `finish` has waited for it.
+            queue.tasks.reserve(parts - 1);
+            for part in 1..parts {
+                queue.tasks.push_back(Task {
+                    job: Arc::clone(&job),
+                    part,
+                });
+            }
+        }
+        for _ in 1..parts {
+            self.shared.wake.notify_one();
+        }
+        // `Finish` waits for every part even if this thread unwinds (it cannot, since parts
+        // catch panics, but the borrow of `work` must not end while a worker may call it).
+        let finish = Finish {
+            shared: &self.shared,
+            job: &job,
+        };
+        job.run(0);
+        drop(finish);
+        let payload = job.state.lock().panic.take();
+        if let Some(payload) = payload {
+            panic::resume_unwind(payload);
+        }
+    }
+}
+
+/// Completes a job on drop: runs the job's parts still queued on this thread, then waits for
+/// the parts that workers took.
+struct Finish<'a> {
+    shared: &'a Shared,
+    job: &'a Arc<Job>,
+}
+
+impl Drop for Finish<'_> {
+    fn drop(&mut self) {
+        loop {
+            let task = {
+                let mut queue = self.shared.queue.lock();
+                let own = queue
+                    .tasks
+                    .iter()
+                    .position(|t| Arc::ptr_eq(&t.job, self.job));
+                own.and_then(|i| queue.tasks.remove(i))
+            };
+            match task {
+                Some(task) => task.job.run(task.part),
+                None => break,
+            }
+        }
+        let mut state = self.job.state.lock();
+        while state.remaining > 0 {
+            self.job.done.wait(&mut state);
+        }
+    }
+}
+
+/// A worker: runs queued tasks until shutdown.
+fn worker(shared: &Shared) {
+    loop {
+        let task = {
+            let mut queue = shared.queue.lock();
+            loop {
+                if let Some(task) = queue.tasks.pop_front() {
+                    break task;
+                }
+                if queue.shutdown {
+                    return;
+                }
+                shared.wake.wait(&mut queue);
+            }
+        };
+        task.job.run(task.part);
+    }
+}
+
+impl Drop for CopyPool {
+    fn drop(&mut self) {
+        self.shared.queue.lock().shutdown = true;
+        self.shared.wake.notify_all();
+        for handle in self.workers.drain(..) {
+            // Workers catch every panic of a part, so `join` cannot return an error worth
+            // propagating from a destructor.
+            let _ = handle.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for CopyPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CopyPool")
+            .field("threads", &self.threads)
+            .field("parallel_threshold", &self.parallel_threshold())
+            .finish()
+    }
+}

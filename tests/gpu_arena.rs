@@ -1,0 +1,138 @@
+//! The VMM arena on the GPU: grow to 8+ chunks with a kernel reading every word across all chunk
+//! boundaries after each step; shrink and regrow at the same addresses; 1,000 grow/shrink cycles
+//! leave fds and `cuMemGetInfo` where they were; bad inputs are errors. Own binary (fd counts).
+
+mod common;
+
+use common::*;
+use vkgdr::cuda_objects::Module;
+use vkgdr::{Arena, Error, Mapping};
+
+const CHUNK: u64 = 32 << 20;
+
+fn fill(arena: &mut Arena, from: u64, to: u64, seed: u32) {
+    let words: Vec<u32> = (from / 4..to / 4).map(|i| pattern(i, seed)).collect();
+    arena.write(from, bytemuck::cast_slice(&words)).unwrap();
+}
+
+fn mismatches(
+    gpu: &vkgdr::Gpu,
+    module: &Module,
+    arena: &Arena,
+    seed: u32,
+    errors: &mut vkgdr::RawMemory,
+) -> u64 {
+    errors.write_pod(0, &[0u64]).unwrap();
+    let (mut p, mut n, mut first, mut s, mut e) = (
+        arena.device_ptr(),
+        arena.len() / 4,
+        0u64,
+        seed,
+        errors.device_ptr(),
+    );
+    launch(
+        gpu,
+        module,
+        "count_mismatches",
+        512,
+        256,
+        &mut [
+            arg(&mut p),
+            arg(&mut n),
+            arg(&mut first),
+            arg(&mut s),
+            arg(&mut e),
+        ],
+    );
+    let mut v = [0u64];
+    errors.read_pod(0, &mut v).unwrap();
+    v[0]
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn grow_read_across_boundaries_shrink_regrow_cycle() {
+    let gpu = open(false);
+    let module = Module::load_ptx(&gpu, MAPPING_PTX).unwrap();
+    let mut errors = gpu.alloc(8).unwrap();
+
+    assert!(matches!(
+        Arena::new(&gpu, 1 << 30, 3 << 20),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        Arena::new(&gpu, (1 << 30) + (32 << 20) + 1, CHUNK),
+        Err(Error::InvalidArgument(_))
+    ));
+
+    let mut arena = Arena::new(&gpu, 1 << 40, CHUNK).unwrap(); // 1 TiB of address space
+    let base = arena.device_ptr();
+    let seed = 0xA11C;
+    for k in 1..=8u64 {
+        let before = arena.len();
+        assert_eq!(arena.grow().unwrap(), k * CHUNK);
+        assert_eq!(arena.device_ptr(), base, "growing moved the arena");
+        let now = arena.len();
+        fill(&mut arena, before, now, seed);
+        assert_eq!(
+            mismatches(&gpu, &module, &arena, seed, &mut errors),
+            0,
+            "after growing to {k} chunks"
+        );
+    }
+    // A write straddling a chunk boundary is contiguous for the GPU.
+    let at = 3 * CHUNK - 6;
+    arena.write(at, b"straddle!!!!").unwrap();
+    let mut back = [0u8; 12];
+    // SAFETY: inside the mapped arena.
+    unsafe { gpu.memcpy_dtoh(&mut back, base + at).unwrap() };
+    assert_eq!(&back, b"straddle!!!!");
+    let mut via_host = [0u8; 12];
+    arena.read(at, &mut via_host).unwrap();
+    assert_eq!(&via_host, b"straddle!!!!");
+    fill(&mut arena, at - 2, at + 14, seed);
+    // The check can fail: a wrong seed is seen everywhere.
+    assert_eq!(
+        mismatches(&gpu, &module, &arena, seed ^ 1, &mut errors),
+        arena.len() / 4
+    );
+
+    assert_eq!(arena.shrink(3).unwrap(), 5 * CHUNK);
+    assert!(arena.host_ptr(5 * CHUNK).is_none());
+    for _ in 0..3 {
+        arena.grow().unwrap();
+    }
+    assert_eq!(arena.device_ptr(), base);
+    fill(&mut arena, 5 * CHUNK, 8 * CHUNK, seed);
+    assert_eq!(
+        mismatches(&gpu, &module, &arena, seed, &mut errors),
+        0,
+        "after shrink and regrow"
+    );
+
+    // Growth past the reservation is an error and leaves the arena intact.
+    let mut small = Arena::new(&gpu, 2 * CHUNK, CHUNK).unwrap();
+    small.grow().unwrap();
+    small.grow().unwrap();
+    assert!(matches!(small.grow(), Err(Error::InvalidArgument(_))));
+    assert_eq!(small.len(), 2 * CHUNK);
+    drop(small);
+    drop(arena);
+
+    let fds = open_fds();
+    let (free, _) = gpu.mem_info().unwrap();
+    let mut arena = Arena::new(&gpu, 64 * CHUNK, CHUNK).unwrap();
+    for i in 0..1000 {
+        arena.grow().unwrap();
+        if i % 2 == 1 {
+            arena.shrink(2).unwrap();
+        }
+    }
+    drop(arena);
+    assert_eq!(open_fds(), fds, "fds leaked by 1,000 grow/shrink cycles");
+    assert_eq!(
+        gpu.mem_info().unwrap().0,
+        free,
+        "device memory leaked by grow/shrink cycles"
+    );
+}
