@@ -26,6 +26,11 @@ pub trait ChunkMemory: Send + Sync {
     fn flush_ranges(&self, ranges: &[(u64, u64)]) -> Result<()>;
     /// Invalidates the given in-bounds ranges in one driver call (no-op if coherent).
     fn invalidate_ranges(&self, ranges: &[(u64, u64)]) -> Result<()>;
+    /// Reads `[offset, offset + dst.len())` with a DMA engine if the chunk has one (CUDA chunks);
+    /// `None` means "use CPU loads". The range is in bounds.
+    fn read_dma(&self, _offset: u64, _dst: &mut [u8]) -> Option<Result<()>> {
+        None
+    }
 }
 
 /// A provider of chunks for a [`Pool`](crate::Pool).
@@ -54,6 +59,9 @@ impl ChunkMemory for RawMemory {
     }
     fn invalidate_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
         self.vulkan().invalidate_ranges(ranges.iter().copied())
+    }
+    fn read_dma(&self, offset: u64, dst: &mut [u8]) -> Option<Result<()>> {
+        Some(RawMemory::read_dma(self, offset, dst))
     }
 }
 

@@ -30,7 +30,7 @@ pub mod dirty;
 mod error;
 mod gpu;
 mod mapping;
-mod memory;
+pub mod memory;
 pub mod pool;
 pub mod vulkan;
 

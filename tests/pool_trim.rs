@@ -11,6 +11,9 @@ fn open_fds() -> usize {
 #[test]
 fn trim_returns_chunks() {
     let ctx = VulkanContext::new(DeviceSelector::FirstSuitable, MemoryOptions::default()).unwrap();
+    // lavapipe keeps an fd per exportable allocation, so there the fd count shows chunks coming and
+    // going; NVIDIA's driver does not, and only the "back to where it started" check applies.
+    let pool_is_lavapipe = ctx.device_info().name.contains("llvmpipe");
     let pool = Pool::new(
         ctx,
         PoolConfig {
@@ -37,9 +40,11 @@ fn trim_returns_chunks() {
     assert_eq!(pool.stats().bytes_reserved, 0);
     let fds_trimmed = open_fds();
     println!("fds: empty {fds_empty}, full {fds_full}, trimmed {fds_trimmed}");
-    assert!(
-        fds_full > fds_empty,
-        "lavapipe backs exportable memory with fds"
-    );
+    if pool_is_lavapipe {
+        assert!(
+            fds_full > fds_empty,
+            "lavapipe backs each exportable allocation with an fd"
+        );
+    }
     assert_eq!(fds_trimmed, fds_empty);
 }

@@ -781,6 +781,30 @@ impl Block {
 }
 
 impl Mapping for Block {
+    /// Bounds-checked read; on CUDA chunks, reads of at least
+    /// [`DMA_READ_THRESHOLD`](crate::memory::DMA_READ_THRESHOLD) bytes use `cuMemcpyDtoH`.
+    fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        check_range(offset, dst.len() as u64, self.len)?;
+        if dst.len() >= crate::memory::DMA_READ_THRESHOLD {
+            let chunk = self.chunk();
+            // Pending CPU writes must reach the device before the copy engine reads them.
+            if self.non_coherent
+                && chunk
+                    .dirty
+                    .lock()
+                    .intersects(self.offset + offset, dst.len() as u64)
+            {
+                chunk.flush(&mut Vec::new())?;
+            }
+            if let Some(r) = chunk.memory.read_dma(self.offset + offset, dst) {
+                return r;
+            }
+        }
+        self.before_read(offset, dst.len() as u64)?;
+        // SAFETY: in bounds (checked); `dst` is a distinct host buffer.
+        unsafe { crate::copy::copy_from_mapping(dst, self.host_ptr.add(offset as usize)) };
+        Ok(())
+    }
     fn host_ptr(&self) -> *mut u8 {
         self.host_ptr
     }
