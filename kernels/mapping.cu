@@ -74,3 +74,13 @@ extern "C" __global__ void sum_words(const unsigned int* p, unsigned long long n
     }
     atomicAdd(out, s);
 }
+
+// Ping-pong without system fences: the answer is one volatile store into pinned host memory,
+// which leaves the SM as a posted PCIe write on its own; nothing after it needs ordering.
+extern "C" __global__ void pingpong_lean(volatile unsigned long long* in, volatile unsigned long long* out,
+                                         unsigned long long iters) {
+    for (unsigned long long i = 1; i <= iters; i++) {
+        while (*in < i) { }
+        *out = i;
+    }
+}

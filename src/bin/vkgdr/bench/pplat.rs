@@ -36,7 +36,7 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
 const END_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Method names, in column order.
-pub const METHODS: [&str; 2] = ["BAR write", "HtoDAsync+sync"];
+pub const METHODS: [&str; 3] = ["BAR write", "BAR write, lean kernel", "HtoDAsync+sync"];
 
 /// Message sizes of the full and the quick run; the 8-byte one is the classic ping-pong.
 pub fn sizes(quick: bool) -> Vec<u64> {
@@ -67,6 +67,8 @@ pub fn warmup(iters: u64) -> u64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Via {
     Bar,
+    /// The BAR path answered by `pingpong_lean` (no `__threadfence_system` around the answer).
+    BarLean,
     Memcpy,
 }
 
@@ -74,6 +76,7 @@ enum Via {
 struct Kit<'a> {
     gpu: &'a Gpu,
     func: Function<'a>,
+    func_lean: Function<'a>,
     kernel_stream: Stream,
     copy_stream: Stream,
     /// The kernel's `out` word (and nothing else).
@@ -96,7 +99,7 @@ impl Kit<'_> {
     /// Device address of the polled word: the last 8 bytes of a `size`-byte message.
     fn in_ptr(&self, via: Via, size: u64) -> u64 {
         let base = match via {
-            Via::Bar => self.bar.device_ptr(),
+            Via::Bar | Via::BarLean => self.bar.device_ptr(),
             Via::Memcpy => self.dev.device_ptr(),
         };
         base + size - 8
@@ -105,7 +108,7 @@ impl Kit<'_> {
     /// Sends a `size`-byte message whose last word is `value`.
     fn send(&mut self, via: Via, size: usize, value: u64) -> BenchResult<()> {
         match via {
-            Via::Bar => {
+            Via::Bar | Via::BarLean => {
                 self.message[size - 8..size].copy_from_slice(&value.to_le_bytes());
                 // SAFETY: the mapping holds at least `size` bytes; the kernel only reads it
                 // (volatile), which is the point of the exercise; `message` is a distinct buffer.
@@ -160,7 +163,7 @@ impl Kit<'_> {
     fn session(&mut self, via: Via, size: u64, iters: u64) -> BenchResult<Vec<f64>> {
         // Nothing runs on the device now: reset the words the kernel compares.
         match via {
-            Via::Bar => {
+            Via::Bar | Via::BarLean => {
                 let word = self.bar.host_ptr().wrapping_add(size as usize - 8);
                 // SAFETY: 8 bytes inside the mapping (sizes are multiples of 8, at most its size).
                 unsafe { copy_to_mapping(word, &[0; 8]) };
@@ -198,8 +201,13 @@ impl Kit<'_> {
         // SAFETY: `pingpong(u64*, u64*, u64)` takes three 8-byte parameters, matching `params`;
         // both pointers stay valid until the kernel ends: the end of this function waits for it,
         // and if it cannot, the caller leaks the memory.
+        let func = if via == Via::BarLean {
+            &self.func_lean
+        } else {
+            &self.func
+        };
         unsafe {
-            self.func.launch(
+            func.launch(
                 LaunchConfig::linear(1, 1),
                 Some(&self.kernel_stream),
                 &mut params,
@@ -271,6 +279,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     let mut kit = Kit {
         gpu: &gpu,
         func: module.function("pingpong")?,
+        func_lean: module.function("pingpong_lean")?,
         kernel_stream: Stream::new(&gpu)?,
         copy_stream: Stream::new(&gpu)?,
         answer: PinnedBuffer::new(&gpu, 64)?,
@@ -283,7 +292,10 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
 
     let mut report = Report::new("pplat", Unit::Nanoseconds);
     let mut outcome = Ok(());
-    'outer: for (via, name) in [Via::Bar, Via::Memcpy].into_iter().zip(METHODS) {
+    'outer: for (via, name) in [Via::Bar, Via::BarLean, Via::Memcpy]
+        .into_iter()
+        .zip(METHODS)
+    {
         for &size in &sizes {
             let iters = iterations(base, size);
             match kit.session(via, size, iters) {
