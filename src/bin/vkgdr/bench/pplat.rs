@@ -198,10 +198,10 @@ impl Kit<'_> {
         // Created before the launch: once the kernel runs, every exit goes through the release
         // and wait below.
         let done = Event::new(self.gpu)?;
+        let func = if via == Via::BarLean {
         // SAFETY: `pingpong(u64*, u64*, u64)` takes three 8-byte parameters, matching `params`;
         // both pointers stay valid until the kernel ends: the end of this function waits for it,
         // and if it cannot, the caller leaks the memory.
-        let func = if via == Via::BarLean {
             &self.func_lean
         } else {
             &self.func
