@@ -199,13 +199,13 @@ impl Kit<'_> {
         // and wait below.
         let done = Event::new(self.gpu)?;
         let func = if via == Via::BarLean {
-            // SAFETY: `pingpong(u64*, u64*, u64)` takes three 8-byte parameters, matching `params`;
-            // both pointers stay valid until the kernel ends: the end of this function waits for it,
-            // and if it cannot, the caller leaks the memory.
             &self.func_lean
         } else {
             &self.func
         };
+        // SAFETY: `pingpong`/`pingpong_lean(u64*, u64*, u64)` take three 8-byte parameters,
+        // matching `params`; both pointers stay valid until the kernel ends: the end of this
+        // function waits for it, and if it cannot, the caller leaks the memory.
         unsafe {
             func.launch(
                 LaunchConfig::linear(1, 1),
