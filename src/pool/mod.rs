@@ -419,7 +419,7 @@ impl Pool {
             size,
             self.inner.non_coherent,
             BlockKind::Shared {
-                shard: NonNull::from(cell),
+                shard: self.shards.cells[shard_index],
                 chunk,
                 allocation: Some(allocation),
             },
@@ -860,5 +860,65 @@ impl Drop for Block {
                 // The chunk memory itself is freed when `chunk` (its only Arc) drops.
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chunk::HostMemorySource;
+
+    fn small_pool(shards: usize) -> Pool {
+        let cfg = PoolConfig {
+            chunk_size: 128 << 10,
+            max_chunk_size: 256 << 10,
+            dedicated_threshold: 64 << 10,
+            shards,
+            ..Default::default()
+        };
+        Pool::new(HostMemorySource, cfg).unwrap()
+    }
+
+    #[test]
+    fn blocks_are_disjoint_aligned_and_written() {
+        let pool = small_pool(1);
+        let mut blocks: Vec<Block> = (1..40u64)
+            .map(|i| pool.alloc(i * 7, 1 << (i % 7)).unwrap())
+            .collect();
+        for (i, b) in blocks.iter_mut().enumerate() {
+            assert_eq!(b.host_ptr() as usize % (1 << ((i + 1) % 7)), 0);
+            b.fill(0, b.size(), i as u8).unwrap();
+        }
+        for (i, b) in blocks.iter().enumerate() {
+            assert!(b
+                .read_vec(0, b.size() as usize)
+                .unwrap()
+                .iter()
+                .all(|&x| x == i as u8));
+        }
+        let big = pool.alloc(100 << 10, 64).unwrap();
+        assert!(big.is_dedicated());
+        assert_eq!(pool.stats().dedicated_chunks, 1);
+    }
+
+    #[test]
+    fn last_block_frees_the_shard_after_the_pool() {
+        let pool = small_pool(2);
+        let a = pool.alloc(48, 16).unwrap();
+        let b = pool.clone().alloc(4096, 4096).unwrap();
+        let d = pool.alloc(80 << 10, 16).unwrap();
+        drop(pool);
+        let t = std::thread::spawn(move || drop(a));
+        t.join().unwrap();
+        drop(d);
+        drop(b);
+    }
+
+    #[test]
+    fn pool_dropped_with_no_blocks_frees_everything() {
+        let pool = small_pool(3);
+        drop(pool.alloc(16, 16).unwrap());
+        assert_eq!(pool.trim(), 1);
+        drop(pool);
     }
 }
