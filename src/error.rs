@@ -99,6 +99,9 @@ pub enum Error {
     /// A copy-routine error (length mismatch, unsupported instruction set, thread start failure).
     #[error(transparent)]
     Copy(#[from] crate::copy::CopyError),
+    /// A ring buffer error (record too large, full, timeout, bad capacity).
+    #[error(transparent)]
+    Ring(#[from] crate::ring::core::RingError),
     /// A feature the driver or device does not support (e.g. CUDA VMM).
     #[error("not supported: {0}")]
     Unsupported(String),

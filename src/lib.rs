@@ -32,6 +32,7 @@ mod gpu;
 mod mapping;
 pub mod memory;
 pub mod pool;
+pub mod ring;
 pub mod vulkan;
 
 pub use arena::Arena;

@@ -1,0 +1,60 @@
+//! Ring buffers that stream variable-length records from CPU threads to a running GPU kernel.
+//!
+//! The data region lives in GPU memory mapped through the BAR: CPU stores to it are cheap
+//! (~0.1 µs, write-combined), CPU loads from it are not (~1 µs each). [`layout`] fixes the wire
+//! format and the control words, [`core`] is the pure producer logic (positions, sequence numbers,
+//! space, in-order publication) over a [`core::RingSink`], and `kernels/ring.cu` holds the test
+//! consumers (`nvcc -ptx -arch=compute_75`; CUDA 13 no longer accepts compute_70). Control words:
+//!
+//! | word   | type | lives in           | written by | read by |
+//! |--------|------|--------------------|------------|---------|
+//! | `tail` | u64  | GPU memory (BAR)   | CPU        | GPU: end of the published records |
+//! | `head` | u64  | pinned host memory | GPU        | CPU: end of the consumed records  |
+//! | `stop` | u32  | GPU memory (BAR)   | CPU        | GPU: persistent kernel may exit   |
+//!
+//! # Memory ordering
+//!
+//! **Producer (CPU).** A producer writes its record's payload and header with ordinary
+//! (write-combining) stores into the BAR mapping. [`core::Reservation::commit`] then waits for its
+//! turn (every earlier record published) and calls [`core::RingSink::publish`], which must:
+//! 1. `sfence` — drains *this core's* write-combining buffers, so the record's bytes are posted
+//!    to PCIe before anything after it. (On memory that is not `HOST_COHERENT`,
+//!    `vkFlushMappedMemoryRanges` the record first; NVIDIA's BAR memory types are coherent.)
+//!    Each committer fences its own writes; records of other threads below the new tail were
+//!    fenced by their own committers, whose `publish` returned before this one started.
+//! 2. store `tail` — one aligned 8-byte volatile (or `Release` atomic) store, so the GPU never
+//!    sees a torn value. PCIe keeps posted writes from one requester in order, so the record
+//!    reaches GPU memory before the tail does.
+//! 3. `sfence` — pushes the tail out of the WC buffer now instead of whenever it fills (latency).
+//!
+//! Publications are serialised in position order, so `tail` only grows. A batch-mode launch is
+//! ordered the same way: `sfence` after the records, then the launch.
+//!
+//! **Consumer (GPU).** The kernel polls `tail` with volatile loads (`ld.volatile`, not cached in
+//! L1). On a new value it executes `__threadfence_system()` before reading records: the fence
+//! keeps later loads from being satisfied before the tail load. Records are read with
+//! `ld.global.cg` (L2, bypassing L1) so no line cached on an earlier lap of the ring is reused.
+//! After consuming up to `pos` it runs `__threadfence_system()` (its reads are done before the
+//! head becomes visible), stores `head = pos` (volatile) into pinned host memory, and fences
+//! again so the store leaves promptly. The persistent kernel checks `stop` only when `tail` has
+//! not moved; when set it fences, re-reads `tail`, and exits only if nothing is left. The CPU
+//! therefore publishes the final tail, `sfence`, then sets `stop`.
+//!
+//! **Reclaim (CPU).** Producers load `head` from pinned host memory with an `Acquire` load (an
+//! ordinary cached load: the GPU's PCIe writes to host memory are cache-coherent) and pass it to
+//! [`core::RingCore::reclaim_to`]; bytes below it may then be overwritten.
+//!
+//! **Why the CPU never reads BAR memory.** A load from the uncached/WC mapping is a non-posted
+//! PCIe read: the core stalls ~1 µs for the round trip, nothing is cached or prefetched, and the
+//! reads compete with the producers' stores on the link. Everything the CPU must read (`head`,
+//! results) is therefore written by the GPU into host memory; the CPU's view of the ring's state
+//! comes from its own counters in [`core::RingCore`].
+//!
+//! Positions are `u64` byte counters that are never reduced; they would wrap after 2^64 bytes
+//! (over five years at 100 GB/s), which the ring does not handle.
+
+pub mod core;
+pub mod device;
+pub mod layout;
+
+pub use device::{BarSink, DeviceRing, LaunchRing, RingDeviceView};
