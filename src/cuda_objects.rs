@@ -66,6 +66,12 @@ pub struct Function<'m> {
     raw: CuFunction,
 }
 
+// SAFETY: a CUfunction is an immutable, context-wide handle; launching from several threads is
+// allowed by the driver (each launch pushes the context itself).
+unsafe impl Send for Function<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for Function<'_> {}
+
 /// Grid and block dimensions of a launch.
 #[derive(Debug, Clone, Copy)]
 pub struct LaunchConfig {
