@@ -15,6 +15,7 @@ pub mod copybw;
 pub mod copylat;
 pub mod pplat;
 pub mod report;
+pub mod ring;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -27,7 +28,7 @@ pub use report::{Report, Row, Unit};
 
 /// One line of usage text.
 pub const USAGE: &str =
-    "vkgdr bench <copybw|copylat|apiperf|pplat|all> [--out DIR] [--quick] | vkgdr bench plot DIR";
+    "vkgdr bench <copybw|copylat|apiperf|pplat|ring|all> [--out DIR] [--quick] | vkgdr bench plot DIR";
 
 /// Where results go when `--out` is not given.
 pub const DEFAULT_OUT: &str = "bench-out";
@@ -101,6 +102,8 @@ pub enum Which {
     ApiPerf,
     /// CPU ↔ running kernel round trips.
     PpLat,
+    /// Records streamed through a ring into a resident kernel.
+    Ring,
     /// All of the above, then `summary.md`.
     All,
 }
@@ -112,6 +115,7 @@ impl Which {
             "copylat" => Which::CopyLat,
             "apiperf" => Which::ApiPerf,
             "pplat" => Which::PpLat,
+            "ring" => Which::Ring,
             "all" => Which::All,
             _ => return None,
         })
@@ -188,6 +192,7 @@ pub fn main(args: &[String]) -> ExitCode {
             println!("  copylat  write latency vs size: BAR write, confirmed write, cuMemcpy");
             println!("  apiperf  cost of open, alloc/free, pool alloc/free, flush/invalidate");
             println!("  pplat    round trips between the CPU and a running kernel");
+            println!("  ring     records from 4 producer threads into a resident kernel vs cuMemcpyHtoDAsync");
             println!("  all      all four (apiperf first), then DIR/summary.md");
             println!("  plot DIR redraw DIR/*.png from DIR/*.csv");
             println!("  --out DIR  output directory (default ./{DEFAULT_OUT})");
@@ -210,11 +215,12 @@ type BenchFn = fn(&Options) -> BenchResult<Vec<Report>>;
 
 /// The benchmarks in the order `all` runs them: `apiperf` first so that its "first
 /// `Gpu::open`" really is the first in the process.
-const ORDER: [(&str, BenchFn); 4] = [
+const ORDER: [(&str, BenchFn); 5] = [
     ("apiperf", apiperf::run),
     ("copybw", copybw::run),
     ("copylat", copylat::run),
     ("pplat", pplat::run),
+    ("ring", ring::run),
 ];
 
 fn run(which: Which, opts: &Options) -> BenchResult<()> {
@@ -225,6 +231,7 @@ fn run(which: Which, opts: &Options) -> BenchResult<()> {
         Which::CopyBw => vec![ORDER[1]],
         Which::CopyLat => vec![ORDER[2]],
         Which::PpLat => vec![ORDER[3]],
+        Which::Ring => vec![ORDER[4]],
     };
     let mut reports = Vec::new();
     let mut failures = Vec::new();
