@@ -57,8 +57,15 @@ fn exhaust_then_reallocate_then_cycle() {
         let m = gpu.alloc(4096 << (i % 6)).unwrap();
         std::hint::black_box(m.device_ptr());
     }
-    assert_eq!(open_fds(), fds_cycles, "fd count changed after 10,000 cycles");
+    assert_eq!(
+        open_fds(),
+        fds_cycles,
+        "fd count changed after 10,000 cycles"
+    );
     assert_eq!(fds_cycles, fds, "fd count changed by exhausting the BAR");
     let (free_after, _) = gpu.mem_info().unwrap();
-    assert_eq!(free_after, free_cycles, "cuMemGetInfo free memory changed after 10,000 cycles");
+    assert_eq!(
+        free_after, free_cycles,
+        "cuMemGetInfo free memory changed after 10,000 cycles"
+    );
 }

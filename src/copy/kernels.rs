@@ -149,7 +149,7 @@ fn load_fence() {
 ///
 /// * `m` is valid for writes of `len` bytes, `h` for reads of `len` bytes;
 /// * the two ranges do not overlap.
-pub(super) unsafe fn write_scalar(mut m: *mut u8, mut h: *const u8, mut len: usize) {
+pub(super) unsafe fn write_scalar(mut m: *mut u8, mut h: *const u8, mut len: usize, fence: bool) {
     // SAFETY: every piece and block stays inside `[m, m + len)` / `[h, h + len)` (see the module
     // docs: pieces are taken only while `len` covers them), and is aligned as the piece
     // functions require by construction of the head/tail order.
@@ -172,7 +172,9 @@ pub(super) unsafe fn write_scalar(mut m: *mut u8, mut h: *const u8, mut len: usi
         }
         tail!(m, h, len; 4 => w4, 2 => w2, 1 => w1);
     }
-    store_fence();
+    if fence {
+        store_fence();
+    }
 }
 
 /// Portable read kernel: [`load_fence`], then aligned 8-byte volatile loads.
@@ -249,7 +251,12 @@ mod x86 {
     /// # Safety
     ///
     /// As [`super::write_scalar`].
-    pub(in super::super) unsafe fn write_sse(mut m: *mut u8, mut h: *const u8, mut len: usize) {
+    pub(in super::super) unsafe fn write_sse(
+        mut m: *mut u8,
+        mut h: *const u8,
+        mut len: usize,
+        fence: bool,
+    ) {
         // SAFETY: bounds and alignment as in `write_scalar`; bulk blocks are 16 bytes at a
         // 16-aligned `m` (the head aligned it) and only while `len` covers them.
         unsafe {
@@ -271,7 +278,9 @@ mod x86 {
             }
             tail!(m, h, len; 8 => w8, 4 => w4, 2 => w2, 1 => w1);
         }
-        store_fence();
+        if fence {
+            store_fence();
+        }
     }
 
     /// AVX write kernel: 32-byte non-temporal stores.
@@ -280,7 +289,12 @@ mod x86 {
     ///
     /// As [`super::write_scalar`]; the CPU supports AVX2.
     #[target_feature(enable = "avx2")]
-    pub(in super::super) unsafe fn write_avx2(mut m: *mut u8, mut h: *const u8, mut len: usize) {
+    pub(in super::super) unsafe fn write_avx2(
+        mut m: *mut u8,
+        mut h: *const u8,
+        mut len: usize,
+        fence: bool,
+    ) {
         // SAFETY: as in `write_sse`, with 32-byte blocks at a 32-aligned `m`; AVX is enabled.
         unsafe {
             head!(m, h, len; 1 => w1, 2 => w2, 4 => w4, 8 => w8, 16 => w16);
@@ -301,7 +315,9 @@ mod x86 {
             }
             tail!(m, h, len; 16 => w16, 8 => w8, 4 => w4, 2 => w2, 1 => w1);
         }
-        store_fence();
+        if fence {
+            store_fence();
+        }
     }
 
     /// AVX-512 write kernel: 64-byte non-temporal stores, one full WC line each.
@@ -310,7 +326,12 @@ mod x86 {
     ///
     /// As [`super::write_scalar`]; the CPU supports AVX-512F.
     #[target_feature(enable = "avx512f")]
-    pub(in super::super) unsafe fn write_avx512(mut m: *mut u8, mut h: *const u8, mut len: usize) {
+    pub(in super::super) unsafe fn write_avx512(
+        mut m: *mut u8,
+        mut h: *const u8,
+        mut len: usize,
+        fence: bool,
+    ) {
         // SAFETY: as in `write_sse`, with 64-byte blocks at a 64-aligned `m`; AVX-512F (and so
         // AVX) is enabled.
         unsafe {
@@ -332,7 +353,9 @@ mod x86 {
             }
             tail!(m, h, len; 32 => w32, 16 => w16, 8 => w8, 4 => w4, 2 => w2, 1 => w1);
         }
-        store_fence();
+        if fence {
+            store_fence();
+        }
     }
 
     /// SSE4.1 read kernel: 16-byte streaming loads (`movntdqa`).
@@ -436,18 +459,18 @@ mod x86 {
 ///   overlap;
 /// * `level.is_supported()` (the CPU has the instructions the kernel uses).
 #[inline]
-pub(super) unsafe fn write(level: SimdLevel, m: *mut u8, h: *const u8, len: usize) {
+pub(super) unsafe fn write(level: SimdLevel, m: *mut u8, h: *const u8, len: usize, fence: bool) {
     // SAFETY: the pointer obligations are the caller's; the CPU supports the chosen kernel's
     // instructions by the caller's `is_supported` obligation.
     unsafe {
         match level {
             #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx512 => x86::write_avx512(m, h, len),
+            SimdLevel::Avx512 => x86::write_avx512(m, h, len, fence),
             #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx2 => x86::write_avx2(m, h, len),
+            SimdLevel::Avx2 => x86::write_avx2(m, h, len, fence),
             #[cfg(target_arch = "x86_64")]
-            SimdLevel::Sse41 => x86::write_sse(m, h, len),
-            _ => write_scalar(m, h, len),
+            SimdLevel::Sse41 => x86::write_sse(m, h, len, fence),
+            _ => write_scalar(m, h, len, fence),
         }
     }
 }

@@ -175,7 +175,19 @@ pub fn simd_level() -> SimdLevel {
 pub unsafe fn copy_to_mapping(dst: *mut u8, src: &[u8]) {
     // SAFETY: the pointer obligations are the caller's; `simd_level` only returns supported
     // levels.
-    unsafe { kernels::write(simd_level(), dst, src.as_ptr(), src.len()) }
+    unsafe { kernels::write(simd_level(), dst, src.as_ptr(), src.len(), true) }
+}
+
+/// [`copy_to_mapping`] without the closing `sfence`: for writers that issue one fence after
+/// several copies (the ring's producers fence once, when they publish).
+///
+/// # Safety
+///
+/// As for [`copy_to_mapping`]; in addition the caller must `sfence` (or otherwise order the
+/// stores) before any store that tells another agent the data is ready.
+pub unsafe fn copy_to_mapping_unfenced(dst: *mut u8, src: &[u8]) {
+    // SAFETY: as in `copy_to_mapping`; the fence is the caller's obligation.
+    unsafe { kernels::write(simd_level(), dst, src.as_ptr(), src.len(), false) }
 }
 
 /// Copies `dst.len()` bytes from a CPU mapping of device memory at `src` into `dst`, with
@@ -226,7 +238,7 @@ pub unsafe fn copy_to_mapping_with(
         return Err(CopyError::Unsupported(level));
     }
     // SAFETY: pointer obligations are the caller's; the level is supported (checked above).
-    unsafe { kernels::write(level, dst, src.as_ptr(), src.len()) };
+    unsafe { kernels::write(level, dst, src.as_ptr(), src.len(), true) };
     Ok(())
 }
 

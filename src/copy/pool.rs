@@ -282,7 +282,13 @@ impl CopyPool {
             // the matching sub-range of `src` (only read). `run_parts` returns only after every
             // part is done, so `src`'s borrow and `dst`'s validity cover every use.
             unsafe {
-                kernels::write(level, d.get().add(start), s.get().add(start), end - start);
+                kernels::write(
+                    level,
+                    d.get().add(start),
+                    s.get().add(start),
+                    end - start,
+                    true,
+                );
             }
         });
         if parts > 1 {

@@ -54,12 +54,16 @@ impl RingSink for BarSink {
     fn write(&self, offset: u64, bytes: &[u8]) {
         // SAFETY: the core only writes in-range, non-wrapping spans of the data region, and
         // concurrent callers write disjoint spans; the mapping lives as long as the sink.
-        unsafe { crate::copy::copy_to_mapping(self.data.host_ptr().add(offset as usize), bytes) };
+        // No fence per piece: `publish`, run by this same thread for its record, fences first.
+        unsafe {
+            crate::copy::copy_to_mapping_unfenced(self.data.host_ptr().add(offset as usize), bytes)
+        };
     }
 
     fn publish(&self, tail: u64) {
-        // copy_to_mapping ended with sfence: this thread's record bytes are on their way. On
+        // Drain this thread's write-combined record stores before the tail can be seen. On
         // non-coherent memory push everything since the last publication first.
+        store_fence();
         let from = self.published.swap(tail, Ordering::AcqRel);
         self.flush_ring_range(from, tail);
         let word = self
