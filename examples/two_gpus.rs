@@ -47,7 +47,10 @@ fn main() -> vkgdr::Result<()> {
         let mut back = vec![0u8; size as usize];
         // SAFETY: as above, on device 1.
         unsafe { gpus[1].memcpy_dtoh(&mut back, mems[1].device_ptr())? };
-        assert!(back.iter().all(|&b| b == 0xA1), "a write to device 0 showed up on device 1");
+        assert!(
+            back.iter().all(|&b| b == 0xA1),
+            "a write to device 0 showed up on device 1"
+        );
         println!("  a rewrite of device 0's memory left device 1's untouched");
     } else {
         println!("  only one GPU here: the cross-device check needs two");
