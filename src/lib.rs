@@ -41,3 +41,8 @@ pub use gpu::{Gpu, OpenOptions};
 pub use mapping::Mapping;
 pub use memory::RawMemory;
 pub use pool::{Backend, Block, GpuAllocStrategy, Pool, PoolConfig, PoolStats};
+
+/// The README's examples, compiled as doc tests so they cannot rot.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

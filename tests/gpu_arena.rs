@@ -10,6 +10,23 @@ use vkgdr::{Arena, Error, Mapping};
 
 const CHUNK: u64 = 32 << 20;
 
+/// "BAR1 Memory Usage / Used" from `nvidia-smi -q -d MEMORY`, in MiB (None without nvidia-smi).
+fn bar1_used_mib() -> Option<u64> {
+    let out = std::process::Command::new("nvidia-smi")
+        .args(["-q", "-d", "MEMORY"])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let bar1 = text.split("BAR1 Memory Usage").nth(1)?;
+    let used = bar1.lines().find(|l| l.trim_start().starts_with("Used"))?;
+    used.split(':')
+        .nth(1)?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 fn fill(arena: &mut Arena, from: u64, to: u64, seed: u32) {
     let words: Vec<u32> = (from / 4..to / 4).map(|i| pattern(i, seed)).collect();
     arena.write(from, bytemuck::cast_slice(&words)).unwrap();
@@ -121,6 +138,7 @@ fn grow_read_across_boundaries_shrink_regrow_cycle() {
 
     let fds = open_fds();
     let (free, _) = gpu.mem_info().unwrap();
+    let bar1 = bar1_used_mib();
     let mut arena = Arena::new(&gpu, 64 * CHUNK, CHUNK).unwrap();
     for i in 0..1000 {
         arena.grow().unwrap();
@@ -135,4 +153,7 @@ fn grow_read_across_boundaries_shrink_regrow_cycle() {
         free,
         "device memory leaked by grow/shrink cycles"
     );
+    let bar1_after = bar1_used_mib();
+    println!("BAR1 used: {bar1:?} MiB before, {bar1_after:?} MiB after 1,000 grow/shrink cycles");
+    assert_eq!(bar1_after, bar1, "BAR1 use changed");
 }

@@ -1,7 +1,7 @@
 //! `vkgdr`: the command-line tool.
 //!
 //! - `vkgdr info` shows what the library sees on this machine.
-//! - `vkgdr bench <copybw|copylat|apiperf|pplat|ring|all> [--out DIR] [--quick]` measures copies,
+//! - `vkgdr bench <copybw|copylat|apiperf|pplat|ring|arena|all> [--out DIR] [--quick]` measures copies,
 //!   latencies and API costs on the GPU and writes tables, CSVs and PNG charts (see [`mod@bench`]).
 //! - `vkgdr bench plot DIR` redraws the charts from the CSVs in `DIR`.
 #![deny(unsafe_op_in_unsafe_fn)]

@@ -11,6 +11,7 @@
 //! samples.
 
 pub mod apiperf;
+pub mod arena;
 pub mod copybw;
 pub mod copylat;
 pub mod pplat;
@@ -28,7 +29,7 @@ pub use report::{Report, Row, Unit};
 
 /// One line of usage text.
 pub const USAGE: &str =
-    "vkgdr bench <copybw|copylat|apiperf|pplat|ring|all> [--out DIR] [--quick] | vkgdr bench plot DIR";
+    "vkgdr bench <copybw|copylat|apiperf|pplat|ring|arena|all> [--out DIR] [--quick] | vkgdr bench plot DIR";
 
 /// Where results go when `--out` is not given.
 pub const DEFAULT_OUT: &str = "bench-out";
@@ -104,6 +105,8 @@ pub enum Which {
     PpLat,
     /// Records streamed through a ring into a resident kernel.
     Ring,
+    /// VMM arena growth and reads against separate chunks.
+    Arena,
     /// All of the above, then `summary.md`.
     All,
 }
@@ -116,6 +119,7 @@ impl Which {
             "apiperf" => Which::ApiPerf,
             "pplat" => Which::PpLat,
             "ring" => Which::Ring,
+            "arena" => Which::Arena,
             "all" => Which::All,
             _ => return None,
         })
@@ -193,6 +197,9 @@ pub fn main(args: &[String]) -> ExitCode {
             println!("  apiperf  cost of open, alloc/free, pool alloc/free, flush/invalidate");
             println!("  pplat    round trips between the CPU and a running kernel");
             println!("  ring     records from 4 producer threads into a resident kernel vs cuMemcpyHtoDAsync");
+            println!(
+                "  arena    growing a VMM arena vs separate chunks; a kernel reading 1 GiB of each"
+            );
             println!("  all      all four (apiperf first), then DIR/summary.md");
             println!("  plot DIR redraw DIR/*.png from DIR/*.csv");
             println!("  --out DIR  output directory (default ./{DEFAULT_OUT})");
@@ -215,12 +222,13 @@ type BenchFn = fn(&Options) -> BenchResult<Vec<Report>>;
 
 /// The benchmarks in the order `all` runs them: `apiperf` first so that its "first
 /// `Gpu::open`" really is the first in the process.
-const ORDER: [(&str, BenchFn); 5] = [
+const ORDER: [(&str, BenchFn); 6] = [
     ("apiperf", apiperf::run),
     ("copybw", copybw::run),
     ("copylat", copylat::run),
     ("pplat", pplat::run),
     ("ring", ring::run),
+    ("arena", arena::run),
 ];
 
 fn run(which: Which, opts: &Options) -> BenchResult<()> {
@@ -232,6 +240,7 @@ fn run(which: Which, opts: &Options) -> BenchResult<()> {
         Which::CopyLat => vec![ORDER[2]],
         Which::PpLat => vec![ORDER[3]],
         Which::Ring => vec![ORDER[4]],
+        Which::Arena => vec![ORDER[5]],
     };
     let mut reports = Vec::new();
     let mut failures = Vec::new();
