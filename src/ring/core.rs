@@ -114,6 +114,12 @@ pub trait RingSink {
     /// returned. Every record below `tail` was written by this thread or by a thread whose own
     /// `publish` call came earlier, so a fence of this thread's stores is enough.
     fn publish(&self, tail: u64);
+
+    /// Called by the committing thread after its last write of a record and before it waits for
+    /// its turn to publish: a sink over write-combined memory drains this thread's stores here
+    /// (`sfence`), so producers drain in parallel instead of one after another inside the
+    /// in-order section. The default does nothing.
+    fn writes_done(&self) {}
 }
 
 /// Host-memory [`RingSink`] and [`RingSource`]: a CPU-only ring for tests, models and consumers
@@ -539,6 +545,7 @@ impl<S: RingSink> Reservation<'_, S> {
             seq: self.seq,
         };
         core.sink.write(self.offset(), &header.to_bytes());
+        core.sink.writes_done();
         core.publish_in_order(self.start, self.end);
         self.end
     }

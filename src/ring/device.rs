@@ -60,8 +60,14 @@ impl RingSink for BarSink {
         };
     }
 
+    fn writes_done(&self) {
+        // Drain this thread's record stores now, outside the in-order section.
+        store_fence();
+    }
+
     fn publish(&self, tail: u64) {
-        // Drain this thread's write-combined record stores before the tail can be seen. On
+        // Drain this thread's write-combined stores before the tail can be seen (already done in
+        // `writes_done` for records; this also covers a wrap PAD published on its own). On
         // non-coherent memory push everything since the last publication first.
         store_fence();
         let from = self.published.swap(tail, Ordering::AcqRel);

@@ -15,8 +15,10 @@
 //! # Memory ordering
 //!
 //! **Producer (CPU).** A producer writes its record's payload and header with ordinary
-//! (write-combining) stores into the BAR mapping. [`core::Reservation::commit`] then waits for its
-//! turn (every earlier record published) and calls [`core::RingSink::publish`], which must:
+//! (write-combining) stores into the BAR mapping (no fence per piece). [`core::Reservation::commit`]
+//! calls [`core::RingSink::writes_done`] (the BAR sink's `sfence`: producers drain their own
+//! stores in parallel), then waits for its turn (every earlier record published) and calls
+//! [`core::RingSink::publish`], which must:
 //! 1. `sfence` — drains *this core's* write-combining buffers, so the record's bytes are posted
 //!    to PCIe before anything after it. (On memory that is not `HOST_COHERENT`,
 //!    `vkFlushMappedMemoryRanges` the record first; NVIDIA's BAR memory types are coherent.)
