@@ -1,10 +1,10 @@
 //! The CUDA driver API, loaded at run time from `libcuda.so.1` (never linked).
 //!
 //! Only the symbols the crate needs are resolved, preferring the `_v2` names where the driver has
-//! them. Everything here is a thin, explicit layer: [`Driver`] is the function table, [`check`]
-//! turns a `CUresult` into [`Error::Cuda`] with the name from `cuGetErrorName`, and a few small RAII
-//! types ([`ContextGuard`], [`Module`], [`Stream`], [`PinnedBuffer`], [`DeviceBuffer`]) cover what
-//! tests, examples and benchmarks need.
+//! them. Everything here is a thin, explicit layer: [`Driver`] is the function table,
+//! [`Driver::check`] turns a `CUresult` into [`Error::Cuda`] with the name from `cuGetErrorName`,
+//! and [`ContextGuard`] makes a context current for a scope. Small RAII types over CUDA objects
+//! (modules, streams, events, pinned and device buffers) live in [`crate::cuda_objects`].
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::ptr;

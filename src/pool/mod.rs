@@ -10,7 +10,7 @@
 //! first use). A block remembers its shard, so any thread may drop it.
 //!
 //! On non-coherent memory, writes through a block's safe API record dirty ranges in the chunk's
-//! [`DirtyRanges`](crate::dirty::DirtyRanges); [`Block::flush`] or [`Pool::flush`] push them with
+//! [`crate::dirty::DirtyRanges`]; [`Block::flush`] or [`Pool::flush`] push them with
 //! one `vkFlushMappedMemoryRanges` per chunk. On coherent memory none of this costs anything.
 
 use std::cell::Cell;
