@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
 use vkgdr::vulkan::{DeviceSelector, MemoryOptions, VulkanContext};
-use vkgdr::{Error, Mapping, MemorySide, Pool, PoolConfig};
+use vkgdr::{Backend, Error, GpuAllocStrategy, Mapping, MemorySide, Pool, PoolConfig};
 
 fn vulkan(force_non_coherent: bool) -> Arc<VulkanContext> {
     VulkanContext::new(
@@ -293,4 +293,40 @@ fn blocks_outlive_the_pool_handle() {
     drop(big);
     drop(blocks);
     drop(late); // the last block frees its shard and the pool state
+}
+
+#[test]
+fn gpu_alloc_backends_carve_the_same_chunks() {
+    for strategy in [GpuAllocStrategy::Buddy, GpuAllocStrategy::FreeList] {
+        let pool = Pool::new(
+            vulkan(false),
+            PoolConfig {
+                backend: Backend::GpuAlloc(strategy),
+                max_bytes: 64 << 20,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut blocks: Vec<_> = (1..200u64)
+            .map(|i| pool.alloc(i * 13, 16).unwrap())
+            .collect();
+        for (i, b) in blocks.iter_mut().enumerate() {
+            b.write(0, &tag_bytes(i as u32, b.size() as usize)).unwrap();
+        }
+        for (i, b) in blocks.iter().enumerate() {
+            assert_eq!(
+                b.read_vec(0, b.size() as usize).unwrap(),
+                tag_bytes(i as u32, b.size() as usize),
+                "{strategy:?}"
+            );
+        }
+        assert!(pool.stats().bytes_reserved > 0);
+        drop(blocks);
+        pool.trim();
+        assert_eq!(
+            pool.stats().bytes_reserved,
+            0,
+            "{strategy:?} kept chunks after trim"
+        );
+    }
 }

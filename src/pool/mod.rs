@@ -609,6 +609,16 @@ impl Pool {
     }
 }
 
+impl Drop for PoolInner {
+    fn drop(&mut self) {
+        // Every gpu-alloc block holds the pool state alive, so none is live now: hand gpu-alloc's
+        // cached chunks back (it warns if dropped with any).
+        if let Some(ga) = &self.gpu_alloc {
+            ga.cleanup(&self.chunk_device());
+        }
+    }
+}
+
 impl PoolInner {
     fn chunk_device(&self) -> ChunkDevice<'_> {
         ChunkDevice {
