@@ -41,12 +41,7 @@ pub trait Mapping {
 
     /// Copies `dst.len()` bytes from `offset` into `dst` (bounds-checked, invalidated first).
     fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
-        check_range(offset, dst.len() as u64, self.len())?;
-        self.before_read(offset, dst.len() as u64)?;
-        // SAFETY: the range lies inside the mapping (checked above) and `dst` is a distinct host
-        // buffer (it is a `&mut` borrow, so it cannot alias the mapping through safe code).
-        unsafe { crate::copy::copy_from_mapping(dst, self.host_ptr().add(offset as usize)) };
-        Ok(())
+        read_with_cpu(self, offset, dst)
     }
 
     /// Fills `[offset, offset+len)` with `byte`.
@@ -75,6 +70,17 @@ pub trait Mapping {
         self.read(offset, &mut v)?;
         Ok(v)
     }
+}
+
+/// The CPU read path: bounds check, invalidate, streaming loads. Implementations that override
+/// [`Mapping::read`] with a DMA path fall back to it for small reads.
+pub(crate) fn read_with_cpu<M: Mapping + ?Sized>(m: &M, offset: u64, dst: &mut [u8]) -> Result<()> {
+    check_range(offset, dst.len() as u64, m.len())?;
+    m.before_read(offset, dst.len() as u64)?;
+    // SAFETY: the range lies inside the mapping (checked above) and `dst` is a distinct host
+    // buffer (it is a `&mut` borrow, so it cannot alias the mapping through safe code).
+    unsafe { crate::copy::copy_from_mapping(dst, m.host_ptr().add(offset as usize)) };
+    Ok(())
 }
 
 fn check_pod_offset<T>(base: *mut u8, offset: u64) -> Result<()> {

@@ -161,13 +161,8 @@ impl Mapping for RawMemory {
         if dst.len() >= DMA_READ_THRESHOLD {
             return self.read_dma(offset, dst);
         }
-        crate::vulkan::check_range(offset, dst.len() as u64, self.size())?;
-        self.before_read(offset, dst.len() as u64)?;
-        // SAFETY: in bounds (checked); `dst` is a distinct host buffer.
-        unsafe { crate::copy::copy_from_mapping(dst, self.host_ptr().add(offset as usize)) };
-        Ok(())
+        crate::mapping::read_with_cpu(self, offset, dst)
     }
-
     fn host_ptr(&self) -> *mut u8 {
         self.vulkan.as_ptr()
     }

@@ -606,22 +606,15 @@ impl VulkanMemory {
 
     /// Flushes several ranges with one `vkFlushMappedMemoryRanges` call. Ranges must be in bounds.
     pub fn flush_ranges(&self, ranges: impl Iterator<Item = (u64, u64)>) -> Result<()> {
-        if !self.ctx.non_coherent {
-            return Ok(());
-        }
-        let mut buf = Vec::new();
-        let r = self.ctx.ranges(self.memory, self.size, ranges, &mut buf);
-        if r.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: every range lies in this mapped allocation, with atom-aligned offsets and sizes
-        // that are atom multiples or reach the end of the allocation.
-        unsafe { self.ctx.device.flush_mapped_memory_ranges(r) }
-            .map_err(vk_err("vkFlushMappedMemoryRanges"))
+        self.sync_ranges(ranges, CacheOp::Flush)
     }
 
     /// Invalidates several ranges with one `vkInvalidateMappedMemoryRanges` call.
     pub fn invalidate_ranges(&self, ranges: impl Iterator<Item = (u64, u64)>) -> Result<()> {
+        self.sync_ranges(ranges, CacheOp::Invalidate)
+    }
+
+    fn sync_ranges(&self, ranges: impl Iterator<Item = (u64, u64)>, op: CacheOp) -> Result<()> {
         if !self.ctx.non_coherent {
             return Ok(());
         }
@@ -630,10 +623,27 @@ impl VulkanMemory {
         if r.is_empty() {
             return Ok(());
         }
-        // SAFETY: as in `flush_ranges`.
-        unsafe { self.ctx.device.invalidate_mapped_memory_ranges(r) }
-            .map_err(vk_err("vkInvalidateMappedMemoryRanges"))
+        match op {
+            CacheOp::Flush => {
+                // SAFETY: every range lies in this mapped allocation, with atom-aligned offsets
+                // and sizes that are atom multiples or reach the end of the allocation.
+                unsafe { self.ctx.device.flush_mapped_memory_ranges(r) }
+                    .map_err(vk_err("vkFlushMappedMemoryRanges"))
+            }
+            CacheOp::Invalidate => {
+                // SAFETY: as for the flush.
+                unsafe { self.ctx.device.invalidate_mapped_memory_ranges(r) }
+                    .map_err(vk_err("vkInvalidateMappedMemoryRanges"))
+            }
+        }
     }
+}
+
+/// Which cache maintenance `sync_ranges` performs.
+#[derive(Clone, Copy)]
+enum CacheOp {
+    Flush,
+    Invalidate,
 }
 
 impl Drop for VulkanMemory {

@@ -99,27 +99,26 @@ impl MemoryDevice<Arc<Chunk>> for ChunkDevice<'_> {
         &self,
         ranges: &[MappedMemoryRange<'_, Arc<Chunk>>],
     ) -> std::result::Result<(), OutOfMemory> {
-        for r in ranges {
-            r.memory
-                .memory
-                .invalidate_ranges(&[(r.offset, r.size)])
-                .map_err(|_| OutOfMemory::OutOfHostMemory)?;
-        }
-        Ok(())
+        each_range(ranges, |m, r| m.invalidate_ranges(r))
     }
 
     unsafe fn flush_memory_ranges(
         &self,
         ranges: &[MappedMemoryRange<'_, Arc<Chunk>>],
     ) -> std::result::Result<(), OutOfMemory> {
-        for r in ranges {
-            r.memory
-                .memory
-                .flush_ranges(&[(r.offset, r.size)])
-                .map_err(|_| OutOfMemory::OutOfHostMemory)?;
-        }
-        Ok(())
+        each_range(ranges, |m, r| m.flush_ranges(r))
     }
+}
+
+/// Applies a flush or invalidate to each of gpu-alloc's ranges (one chunk each).
+fn each_range(
+    ranges: &[MappedMemoryRange<'_, Arc<Chunk>>],
+    op: impl Fn(&dyn crate::chunk::ChunkMemory, &[(u64, u64)]) -> Result<()>,
+) -> std::result::Result<(), OutOfMemory> {
+    for r in ranges {
+        op(&*r.memory.memory, &[(r.offset, r.size)]).map_err(|_| OutOfMemory::OutOfHostMemory)?;
+    }
+    Ok(())
 }
 
 /// gpu-alloc's allocator with the parameters that mirror a [`PoolConfig`](super::PoolConfig).

@@ -813,10 +813,7 @@ impl Mapping for Block {
                 return r;
             }
         }
-        self.before_read(offset, dst.len() as u64)?;
-        // SAFETY: in bounds (checked); `dst` is a distinct host buffer.
-        unsafe { crate::copy::copy_from_mapping(dst, self.host_ptr.add(offset as usize)) };
-        Ok(())
+        crate::mapping::read_with_cpu(self, offset, dst)
     }
     fn host_ptr(&self) -> *mut u8 {
         self.host_ptr
