@@ -3,6 +3,7 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
 
 use crate::cuda::{self, CuMemHandle, Driver, MemAccessDesc, MemAllocationProp, MemLocation};
 use crate::error::{Error, Result};
@@ -398,6 +399,163 @@ fn ordinal_of(gpu: &Gpu) -> Result<c_int> {
     Err(Error::NoMatchingDevice(
         "the GPU's CUDA device has no ordinal".into(),
     ))
+}
+
+/// A [`ChunkSource`](crate::chunk::ChunkSource) that hands out the chunks of one [`Arena`], so a
+/// [`Pool`](crate::Pool) built on it keeps every block inside one contiguous device range and
+/// growing never moves a block.
+///
+/// Every chunk is the arena's chunk size (set the pool's `chunk_size` and `max_chunk_size` to it,
+/// and its `dedicated_threshold` at most to it: [`Pool::on_arena`](crate::Pool::on_arena) does).
+/// A released chunk in the middle stays mapped and is reused first; trailing released chunks are
+/// unmapped and freed at once, so the arena shrinks from the end.
+pub struct ArenaSource {
+    state: Arc<parking_lot::Mutex<ArenaSlots>>,
+    atom: u64,
+    non_coherent: bool,
+}
+
+struct ArenaSlots {
+    arena: Arena,
+    /// Mapped chunks no pool chunk uses now (never the last one: that is unmapped instead).
+    free: std::collections::BTreeSet<usize>,
+}
+
+impl ArenaSlots {
+    fn release(&mut self, slot: usize) {
+        self.free.insert(slot);
+        while let Some(last) = self.arena.chunk_count().checked_sub(1) {
+            if !self.free.remove(&last) {
+                break;
+            }
+            // Unmapping cannot fail for a chunk we mapped; if it did, the chunk stays mapped and
+            // is simply not reused (it is freed with the arena).
+            let _ = self.arena.shrink(1);
+        }
+    }
+}
+
+impl ArenaSource {
+    /// Wraps `arena` (usually empty) as a chunk source.
+    pub fn new(arena: Arena) -> ArenaSource {
+        let atom = arena.gpu.vulkan().atom_size();
+        let non_coherent = arena.gpu.is_non_coherent();
+        ArenaSource {
+            state: Arc::new(parking_lot::Mutex::new(ArenaSlots {
+                arena,
+                free: Default::default(),
+            })),
+            atom,
+            non_coherent,
+        }
+    }
+
+    /// Device address of the arena's first byte (all blocks lie in `[base, base + capacity)`).
+    pub fn device_ptr(&self) -> u64 {
+        self.state.lock().arena.device_ptr()
+    }
+
+    /// Bytes of address space reserved.
+    pub fn capacity(&self) -> u64 {
+        self.state.lock().arena.capacity()
+    }
+
+    /// Chunks currently mapped (in use or kept for reuse).
+    pub fn mapped_chunks(&self) -> usize {
+        self.state.lock().arena.chunk_count()
+    }
+}
+
+struct ArenaChunkRef {
+    state: Arc<parking_lot::Mutex<ArenaSlots>>,
+    slot: usize,
+    host: *mut u8,
+    device: u64,
+    size: u64,
+}
+
+// SAFETY: the host pointer refers to the slot's mapping, which stays mapped while this reference
+// exists (the slot is only released in our Drop); the shared state is behind a mutex.
+unsafe impl Send for ArenaChunkRef {}
+// SAFETY: as above; `&self` methods only read fields or lock the state.
+unsafe impl Sync for ArenaChunkRef {}
+
+impl crate::chunk::ChunkMemory for ArenaChunkRef {
+    fn host_ptr(&self) -> *mut u8 {
+        self.host
+    }
+    fn device_ptr(&self) -> Option<u64> {
+        Some(self.device)
+    }
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn flush_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
+        let s = self.state.lock();
+        s.arena.chunks[self.slot]
+            .memory
+            .flush_ranges(ranges.iter().copied())
+    }
+    fn invalidate_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
+        let s = self.state.lock();
+        s.arena.chunks[self.slot]
+            .memory
+            .invalidate_ranges(ranges.iter().copied())
+    }
+    fn read_dma(&self, offset: u64, dst: &mut [u8]) -> Option<Result<()>> {
+        let gpu = self.state.lock().arena.gpu.clone();
+        // SAFETY: the range lies inside this mapped chunk (the caller bounds-checked it).
+        Some(unsafe { gpu.memcpy_dtoh(dst, self.device + offset) })
+    }
+}
+
+impl Drop for ArenaChunkRef {
+    fn drop(&mut self) {
+        self.state.lock().release(self.slot);
+    }
+}
+
+impl crate::chunk::ChunkSource for ArenaSource {
+    fn allocate_chunk(&self, size: u64) -> Result<Box<dyn crate::chunk::ChunkMemory>> {
+        let mut s = self.state.lock();
+        let chunk = s.arena.layout.chunk_size;
+        if size > chunk {
+            return Err(Error::invalid(format!(
+                "{size}-byte chunk requested from an arena of {chunk}-byte chunks"
+            )));
+        }
+        let slot = match s.free.pop_first() {
+            Some(slot) => slot,
+            None => {
+                s.arena.grow().map_err(|e| match e {
+                    // A full reservation is the pool's "out of memory".
+                    Error::InvalidArgument(msg) => Error::OutOfDeviceMemory {
+                        side: crate::error::MemorySide::Limit,
+                        call: "Arena::grow",
+                        size,
+                        result: msg,
+                    },
+                    e => e,
+                })?;
+                s.arena.chunk_count() - 1
+            }
+        };
+        let offset = slot as u64 * chunk;
+        let host = s.arena.chunks[slot].memory.as_ptr();
+        Ok(Box::new(ArenaChunkRef {
+            state: self.state.clone(),
+            slot,
+            host,
+            device: s.arena.base + offset,
+            size: chunk,
+        }))
+    }
+    fn atom_size(&self) -> u64 {
+        self.atom
+    }
+    fn is_non_coherent(&self) -> bool {
+        self.non_coherent
+    }
 }
 
 #[cfg(test)]

@@ -209,6 +209,8 @@ struct PoolInner {
 pub struct Pool {
     inner: Arc<PoolInner>,
     shards: Arc<ShardSet>,
+    /// `(base, len)` of the device range when built on an arena.
+    contiguous: Option<(u64, u64)>,
 }
 
 impl fmt::Debug for Pool {
@@ -334,7 +336,45 @@ impl Pool {
         Ok(Pool {
             inner,
             shards: Arc::new(ShardSet { cells: shards }),
+            contiguous: None,
         })
+    }
+
+    /// A pool whose blocks all lie in one contiguous, growable device range (a CUDA VMM
+    /// [`Arena`](crate::Arena) reserving `reserve` bytes, mapped in `chunk_size` chunks, a multiple
+    /// of the VMM granularity). Growing never moves a block; empty chunks at the end are unmapped.
+    ///
+    /// Where the device or driver lacks VMM, falls back to a pool of separate chunks with the same
+    /// `config`; [`Pool::is_contiguous`] tells which one you got.
+    pub fn on_arena(
+        gpu: &crate::Gpu,
+        reserve: u64,
+        chunk_size: u64,
+        config: PoolConfig,
+    ) -> Result<Pool> {
+        match crate::Arena::new(gpu, reserve, chunk_size) {
+            Ok(arena) => {
+                let source = crate::arena::ArenaSource::new(arena);
+                let base = source.device_ptr();
+                let cfg = PoolConfig {
+                    chunk_size,
+                    max_chunk_size: chunk_size,
+                    dedicated_threshold: config.dedicated_threshold.min(chunk_size),
+                    ..config
+                };
+                let mut pool = Pool::new(source, cfg)?;
+                pool.contiguous = Some((base, reserve));
+                Ok(pool)
+            }
+            Err(Error::Unsupported(_)) => Pool::new(gpu.clone(), config),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// For pools made by [`Pool::on_arena`] on a VMM-capable device: the device range
+    /// `(base, len)` every block lies in.
+    pub fn is_contiguous(&self) -> Option<(u64, u64)> {
+        self.contiguous
     }
 
     /// The pool's configuration.
