@@ -122,6 +122,8 @@ pub struct Arena {
     layout: ArenaLayout,
     chunks: Vec<ArenaChunk>,
     ordinal: c_int,
+    /// Whether chunk 0 is mapped a second time right after the last chunk.
+    mirrored: bool,
 }
 
 // SAFETY: CUDA handles and device addresses are process-wide values; the chunks' mappings are
@@ -201,7 +203,77 @@ impl Arena {
             layout: ArenaLayout { chunk_size },
             chunks: Vec::new(),
             ordinal,
+            mirrored: false,
         })
+    }
+
+    /// Maps chunk 0 a second time right after the last chunk, so a span that runs off the end of
+    /// the mapped range continues, for the GPU, at its beginning: `device_ptr() + len()` aliases
+    /// `device_ptr()`. This is what lets a ring's records wrap without padding. Needs one chunk of
+    /// spare reservation; growing and shrinking are refused while mirrored
+    /// ([`Arena::unmap_mirror`] first).
+    pub fn map_mirror(&mut self) -> Result<()> {
+        if self.mirrored {
+            return Ok(());
+        }
+        let size = self.layout.chunk_size;
+        let first = self
+            .chunks
+            .first()
+            .ok_or_else(|| Error::invalid("mirroring an empty arena"))?;
+        if self.len() + size > self.reserved {
+            return Err(Error::invalid(
+                "no reservation left after the last chunk for the mirror",
+            ));
+        }
+        let driver = self.gpu.driver().clone();
+        let map = vmm(driver.cu_mem_map, "cuMemMap")?;
+        let unmap = vmm(driver.cu_mem_unmap, "cuMemUnmap")?;
+        let set_access = vmm(driver.cu_mem_set_access, "cuMemSetAccess")?;
+        let _ctx = self.gpu.bind()?;
+        let at = self.base + self.len();
+        // SAFETY: `at..at+size` is reserved and unmapped; the handle (chunk 0's) covers `size`;
+        // mapping one allocation handle at several addresses is allowed by CUDA VMM.
+        let r = unsafe { map(at, size as usize, 0, first.handle, 0) };
+        driver.check_alloc("cuMemMap", r, size)?;
+        let access = MemAccessDesc {
+            location: MemLocation {
+                location_type: LOCATION_TYPE_DEVICE,
+                id: self.ordinal,
+            },
+            flags: ACCESS_READ_WRITE,
+        };
+        // SAFETY: the range was just mapped; one valid access descriptor.
+        let r = unsafe { set_access(at, size as usize, &access, 1) };
+        if let Err(e) = driver.check("cuMemSetAccess", r) {
+            // SAFETY: undo the mapping made above.
+            unsafe { unmap(at, size as usize) };
+            return Err(e);
+        }
+        self.mirrored = true;
+        Ok(())
+    }
+
+    /// Removes the mirror mapping made by [`Arena::map_mirror`].
+    pub fn unmap_mirror(&mut self) -> Result<()> {
+        if !self.mirrored {
+            return Ok(());
+        }
+        let driver = self.gpu.driver().clone();
+        let unmap = vmm(driver.cu_mem_unmap, "cuMemUnmap")?;
+        let _ctx = self.gpu.bind()?;
+        let at = self.base + self.len();
+        // SAFETY: the mirror is mapped at `at` with one chunk's size.
+        driver.check("cuMemUnmap", unsafe {
+            unmap(at, self.layout.chunk_size as usize)
+        })?;
+        self.mirrored = false;
+        Ok(())
+    }
+
+    /// Whether chunk 0 is mirrored after the last chunk.
+    pub fn is_mirrored(&self) -> bool {
+        self.mirrored
     }
 
     /// Device address of byte 0; never changes.
@@ -249,6 +321,11 @@ impl Arena {
     /// [`Error::InvalidArgument`] past the reservation and with [`Error::OutOfDeviceMemory`] when
     /// the BAR is full; the arena is unchanged on any error.
     pub fn grow(&mut self) -> Result<u64> {
+        if self.mirrored {
+            return Err(Error::invalid(
+                "growing a mirrored arena (unmap the mirror first)",
+            ));
+        }
         let size = self.layout.chunk_size;
         if self.len() + size > self.reserved {
             return Err(Error::invalid(format!(
@@ -315,6 +392,11 @@ impl Arena {
     /// Taking `&mut self` guarantees no host borrow into those chunks survives; kernels still
     /// reading them must have finished (synchronise first), as with any freed device memory.
     pub fn shrink(&mut self, n: usize) -> Result<u64> {
+        if self.mirrored {
+            return Err(Error::invalid(
+                "shrinking a mirrored arena (unmap the mirror first)",
+            ));
+        }
         let n = n.min(self.chunks.len());
         for _ in 0..n {
             let c = self.chunks.pop().expect("counted above");
@@ -380,6 +462,7 @@ impl Arena {
 
 impl Drop for Arena {
     fn drop(&mut self) {
+        let _ = self.unmap_mirror();
         let _ = self.shrink(usize::MAX);
         if let Some(free) = self.gpu.driver().cu_mem_address_free {
             let _ctx = self.gpu.bind();

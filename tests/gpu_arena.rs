@@ -157,3 +157,42 @@ fn grow_read_across_boundaries_shrink_regrow_cycle() {
     println!("BAR1 used: {bar1:?} MiB before, {bar1_after:?} MiB after 1,000 grow/shrink cycles");
     assert_eq!(bar1_after, bar1, "BAR1 use changed");
 }
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn mirror_makes_the_wrap_contiguous_for_the_gpu() {
+    let gpu = open(false);
+    let mut arena = Arena::new(&gpu, 4 * CHUNK, CHUNK).unwrap();
+    assert!(
+        matches!(arena.map_mirror(), Err(Error::InvalidArgument(_))),
+        "empty arena"
+    );
+    arena.grow().unwrap();
+    arena.grow().unwrap();
+    let len = arena.len();
+    arena.write(len - 8, b"ABCDEFGH").unwrap();
+    arena.write(0, b"12345678").unwrap();
+    arena.map_mirror().unwrap();
+    assert!(arena.is_mirrored());
+    assert!(matches!(arena.grow(), Err(Error::InvalidArgument(_))));
+    assert!(matches!(arena.shrink(1), Err(Error::InvalidArgument(_))));
+    // The copy engine reads across the end of the mapped range straight into chunk 0.
+    let mut across = [0u8; 16];
+    // SAFETY: [base + len - 8, base + len + 8) is mapped: the last chunk, then the mirror.
+    unsafe {
+        gpu.memcpy_dtoh(&mut across, arena.device_ptr() + len - 8)
+            .unwrap()
+    };
+    assert_eq!(&across, b"ABCDEFGH12345678");
+    // A write through the mirror's address lands in chunk 0.
+    // SAFETY: the mirror is mapped, 8 bytes.
+    unsafe {
+        gpu.memcpy_htod(arena.device_ptr() + len + 8, b"mirrored")
+            .unwrap()
+    };
+    let mut host = [0u8; 8];
+    arena.read(8, &mut host).unwrap();
+    assert_eq!(&host, b"mirrored");
+    arena.unmap_mirror().unwrap();
+    assert_eq!(arena.grow().unwrap(), 3 * CHUNK);
+}
