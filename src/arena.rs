@@ -420,6 +420,16 @@ impl Arena {
         driver.check("cuMemRelease", r2)
     }
 
+    /// Flushes CPU writes in `[offset, offset + len)` (per chunk, rounded to the atom); a no-op on
+    /// coherent memory.
+    pub fn flush(&self, offset: u64, len: u64) -> Result<()> {
+        crate::vulkan::check_range(offset, len, self.len())?;
+        for (c, within, piece) in self.layout.split(offset, len) {
+            self.chunks[c].memory.flush(within, piece)?;
+        }
+        Ok(())
+    }
+
     /// Copies `src` to arena offset `offset`, across chunk boundaries (bounds-checked).
     pub fn write(&mut self, offset: u64, src: &[u8]) -> Result<()> {
         crate::vulkan::check_range(offset, src.len() as u64, self.len())?;

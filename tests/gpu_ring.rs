@@ -227,3 +227,68 @@ fn ring_errors() {
         Err(Error::Ring(vkgdr::ring::core::RingError::Timeout))
     ));
 }
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn mirrored_ring_records_wrap_contiguously_without_padding() {
+    let gpu = open(false);
+    let module = Module::load_ptx(&gpu, RING_PTX).unwrap();
+    let ack = module.function("ring_ack").unwrap();
+    let cap = 2u64 << 20;
+    let ring = DeviceRing::new_mirrored(&gpu, cap).unwrap();
+    assert!(ring.core().is_wrap_free());
+    let v = ring.device_view();
+    let stream = Stream::new(&gpu).unwrap();
+    let (mut t, mut st, mut h) = (v.tail, v.stop, v.head);
+    let mut params = [arg(&mut t), arg(&mut st), arg(&mut h)];
+    // SAFETY: ring_ack(u64*, u32*, u64*): three 8-byte parameters; the ring outlives the kernel.
+    unsafe {
+        ack.launch(LaunchConfig::linear(1, 1), Some(&stream), &mut params)
+            .unwrap()
+    };
+    let done = Event::new(&gpu).unwrap();
+    done.record(&stream).unwrap();
+
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let mut straddled = 0;
+    for _ in 0..300 {
+        let len: u32 = rng.gen_range(1000..60_000);
+        let mut r = ring.reserve(len, Some(Duration::from_secs(10))).unwrap();
+        let (pos, seq) = (r.pos(), r.seq());
+        assert_eq!(
+            pos,
+            ring.core().committed(),
+            "a mirrored ring writes no padding"
+        );
+        let mut payload = vec![0u8; len as usize];
+        rng.fill(&mut payload[layout::TEST_PREFIX_LEN..]);
+        seal_test_payload(&mut payload, seq).unwrap();
+        r.write(0, &payload).unwrap();
+        let end = r.commit();
+        let t0 = Instant::now();
+        while ring.head() < end {
+            assert!(t0.elapsed() < Duration::from_secs(10), "ack kernel stalled");
+        }
+        let off = pos & (cap - 1);
+        if off + 16 + u64::from(len) > cap {
+            straddled += 1;
+        }
+        // The GPU reads the record contiguously from data + offset, through the mirror.
+        let mut rec = vec![0u8; 16 + len as usize];
+        // SAFETY: [data + off, data + off + 16 + len) lies in the chunk and its mirror.
+        unsafe { gpu.memcpy_dtoh(&mut rec, v.data + off).unwrap() };
+        let header = layout::RecordHeader::from_bytes(rec[..16].try_into().unwrap());
+        assert_eq!(
+            (header.len, header.kind, header.seq),
+            (len, layout::KIND_DATA, seq)
+        );
+        assert!(
+            layout::check_test_payload(&rec[16..], seq),
+            "record {seq} torn"
+        );
+    }
+    ring.stop();
+    wait(&done, Duration::from_secs(10));
+    assert!(straddled >= 3, "only {straddled} records wrapped");
+    println!("mirrored ring: 300 records, {straddled} ran past the end, no padding");
+}
