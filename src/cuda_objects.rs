@@ -394,7 +394,8 @@ impl Gpu {
         })
     }
 
-    /// `cuMemcpyHtoD`: copies `src` to device address `dst` (synchronous).
+    /// `cuMemcpyHtoD`, then a context synchronize: when this returns the bytes are in device
+    /// memory (from pageable memory `cuMemcpyHtoD` alone may return while the DMA is in flight).
     ///
     /// # Safety
     /// - `[dst, dst + src.len())` must be valid device memory of this GPU's context.
@@ -403,6 +404,10 @@ impl Gpu {
         // SAFETY: as above.
         self.driver().check("cuMemcpyHtoD_v2", unsafe {
             (self.driver().cu_memcpy_htod)(dst, src.as_ptr().cast(), src.len())
+        })?;
+        // SAFETY: context current.
+        self.driver().check("cuCtxSynchronize", unsafe {
+            (self.driver().cu_ctx_synchronize)()
         })
     }
 

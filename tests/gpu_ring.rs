@@ -248,6 +248,14 @@ fn mirrored_ring_records_wrap_contiguously_without_padding() {
     };
     let done = Event::new(&gpu).unwrap();
     done.record(&stream).unwrap();
+    // If an assertion fails, still stop the kernel so the ring is not freed under it.
+    struct StopOnDrop<'a>(&'a DeviceRing);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.stop();
+        }
+    }
+    let _stop = StopOnDrop(&ring);
 
     let mut rng = rand::rngs::StdRng::seed_from_u64(9);
     let mut straddled = 0;
