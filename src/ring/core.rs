@@ -101,9 +101,8 @@ pub enum RingError {
 /// Where the ring's bytes go and how the consumer learns of them. The core calls it with in-range
 /// offsets only; implementations for GPU memory live with the driver layer.
 pub trait RingSink {
-    /// Stores `bytes` at `offset` of the data region. For a padded ring `offset + bytes.len() <=
-    /// capacity`, never wrapping; for a [wrap-free](RingCore::new_wrap_free) ring the span may run
-    /// past `capacity` and continues at offset 0. Called concurrently by several producers, always for disjoint ranges.
+    /// Stores `bytes` at `offset` of the data region. `offset + bytes.len() <= capacity`, never
+    /// wrapping. Called concurrently by several producers, always for disjoint ranges.
     fn write(&self, offset: u64, bytes: &[u8]);
 
     /// Makes this thread's earlier [`write`](Self::write)s visible to the consumer, then stores
@@ -153,10 +152,9 @@ impl RingSink for HostSink {
     /// # Panics
     /// If the range is outside the region (the core never asks for that).
     fn write(&self, offset: u64, bytes: &[u8]) {
-        // Wraps, so the host ring also serves wrap-free rings (the index is masked per byte).
-        let mask = self.data.len() - 1;
-        for (i, &b) in bytes.iter().enumerate() {
-            self.data[(offset as usize + i) & mask].store(b, Ordering::Relaxed);
+        let start = offset as usize;
+        for (cell, &b) in self.data[start..start + bytes.len()].iter().zip(bytes) {
+            cell.store(b, Ordering::Relaxed);
         }
     }
 
@@ -215,9 +213,6 @@ pub struct RingCore<S> {
     capacity: u64,
     max_record: u32,
     sink: S,
-    /// Records may run past the end of the region (the sink's consumer sees the region mirrored
-    /// after itself), so no wrap PAD is ever written.
-    wrap_free: bool,
     /// The next sequence number; the lock also serialises every change of `reserved`.
     next_seq: Mutex<u64>,
     /// End of the last reservation (changed only under `next_seq`'s lock).
@@ -240,28 +235,12 @@ impl<S: RingSink> RingCore<S> {
             capacity,
             max_record: max_record.min(MAX_PAYLOAD),
             sink,
-            wrap_free: false,
             next_seq: Mutex::new(0),
             reserved: CachePadded(AtomicU64::new(0)),
             committed: CachePadded(AtomicU64::new(0)),
             published: CachePadded(AtomicU64::new(0)),
             reclaimed: CachePadded(AtomicU64::new(0)),
         })
-    }
-
-    /// A ring whose records may run past the end of the region and continue at its start, with
-    /// no wrap padding: for a consumer that sees the region mapped twice back to back (a mirrored
-    /// [`Arena`](crate::Arena)). The sink's `write` then receives offsets up to
-    /// `2 * capacity` and must wrap them (the BAR sink writes the two host pieces).
-    pub fn new_wrap_free(capacity: u64, sink: S) -> Result<Self, RingError> {
-        let mut ring = Self::new(capacity, sink)?;
-        ring.wrap_free = true;
-        Ok(ring)
-    }
-
-    /// Whether records may straddle the end of the region (see [`RingCore::new_wrap_free`]).
-    pub fn is_wrap_free(&self) -> bool {
-        self.wrap_free
     }
 
     /// Size of the data region in bytes.
@@ -338,7 +317,7 @@ impl<S: RingSink> RingCore<S> {
         let start = self.reserved.load(Ordering::Relaxed);
         let reclaimed = self.reclaimed.load(Ordering::Acquire);
         let offset = start & (self.capacity - 1);
-        let pad = if !self.wrap_free && offset + size > self.capacity {
+        let pad = if offset + size > self.capacity {
             Some(self.capacity - offset)
         } else {
             None
@@ -837,55 +816,5 @@ mod tests {
             assert_eq!(later.join().unwrap(), 64);
         });
         assert_eq!(r.sink().tail(), 64);
-    }
-}
-
-#[cfg(test)]
-mod wrap_free_tests {
-    use super::*;
-
-    fn read_wrapped(sink: &HostSink, offset: u64, len: usize) -> Vec<u8> {
-        let cap = sink.capacity();
-        (0..len as u64)
-            .map(|i| {
-                let mut b = [0u8];
-                sink.read((offset + i) & (cap - 1), &mut b);
-                b[0]
-            })
-            .collect()
-    }
-
-    #[test]
-    fn records_straddle_the_end_without_padding() {
-        let ring = RingCore::new_wrap_free(4096, HostSink::new(4096).unwrap()).unwrap();
-        assert!(ring.is_wrap_free());
-        let mut straddled = 0;
-        for seq in 0..200u64 {
-            let len = 100 + (seq as u32 * 37) % 900;
-            let r = ring.try_reserve(len).unwrap();
-            assert_eq!(r.seq(), seq);
-            assert_eq!(r.pos(), ring.committed(), "no padding between records");
-            let (pos, end) = (r.pos(), r.end());
-            let payload: Vec<u8> = (0..len).map(|i| (seq as u32 + i) as u8).collect();
-            let mut r = r;
-            r.write(0, &payload).unwrap();
-            r.commit();
-            if (pos & 4095) + (end - pos) > 4096 {
-                straddled += 1;
-            }
-            let header =
-                RecordHeader::from_bytes(&read_wrapped(ring.sink(), pos, 16).try_into().unwrap());
-            assert_eq!((header.len, header.kind, header.seq), (len, KIND_DATA, seq));
-            assert_eq!(
-                read_wrapped(ring.sink(), pos + HEADER_LEN, len as usize),
-                payload
-            );
-            ring.reclaim_to(end).unwrap();
-        }
-        assert!(straddled > 10, "only {straddled} records straddled the end");
-        // A record of the whole capacity minus its header still fits, from any position.
-        let r = ring.try_reserve(4096 - 16).unwrap();
-        assert_eq!(r.pos(), ring.committed());
-        r.commit();
     }
 }

@@ -19,44 +19,9 @@ const TAIL_OFFSET: usize = 0;
 /// Offset of `stop` (u32) in the control allocation: its own 128-byte line, away from `tail`.
 const STOP_OFFSET: usize = 128;
 
-/// The data region: one raw allocation, or a one-chunk arena mapped twice back to back (mirrored)
-/// so records can run past the end.
-enum RingData {
-    Raw(RawMemory),
-    Mirrored(crate::Arena),
-}
-
-impl RingData {
-    fn host_ptr(&self) -> *mut u8 {
-        match self {
-            RingData::Raw(m) => m.host_ptr(),
-            RingData::Mirrored(a) => a.host_ptr(0).expect("the ring's arena has its chunk"),
-        }
-    }
-    fn device_ptr(&self) -> u64 {
-        match self {
-            RingData::Raw(m) => m.device_ptr(),
-            RingData::Mirrored(a) => a.device_ptr(),
-        }
-    }
-    fn size(&self) -> u64 {
-        match self {
-            RingData::Raw(m) => m.size(),
-            RingData::Mirrored(a) => a.len(),
-        }
-    }
-    fn flush(&self, offset: u64, len: u64) -> Result<()> {
-        match self {
-            RingData::Raw(m) => m.flush(offset, len),
-            RingData::Mirrored(a) => a.flush(offset, len),
-        }
-    }
-}
-
 /// Writes records into BAR-mapped GPU memory and publishes `tail` there.
 pub struct BarSink {
-    data: RingData,
-    coherent: bool,
+    data: RawMemory,
     control: RawMemory,
     /// End of the last publication, for the non-coherent flush of `[published, tail)`.
     published: AtomicU64,
@@ -64,17 +29,23 @@ pub struct BarSink {
 
 impl BarSink {
     fn flush_ring_range(&self, from: u64, to: u64) {
-        if from >= to || self.coherent {
+        if from >= to || self.data.is_coherent() {
             return;
         }
         let cap = self.data.size();
-        let (a, len) = (from & (cap - 1), (to - from).min(cap));
+        let (a, b) = (from & (cap - 1), to & (cap - 1));
         // Flush errors cannot be returned through `publish`; on the coherent memory NVIDIA offers
-        // no call is made, on non-coherent memory an error would mean a lost device, which the
-        // consumer's checks then report.
-        let _ = self.data.flush(a, len.min(cap - a));
-        if a + len > cap {
-            let _ = self.data.flush(0, a + len - cap);
+        // they never happen (no call is made), on non-coherent memory they would mean a lost
+        // device, which the consumer's checks then report.
+        if to - from >= cap {
+            let _ = self.data.flush(0, cap);
+        } else if a < b || b == 0 {
+            let _ = self.data.flush(a, if b == 0 { cap - a } else { b - a });
+        } else {
+            let _ = self
+                .data
+                .vulkan()
+                .flush_ranges([(a, cap - a), (0, b)].into_iter());
         }
     }
 }
@@ -169,41 +140,12 @@ impl DeviceRing {
         crate::Mapping::fill(&mut control, 0, 4096, 0)?;
         let host_words = PinnedBuffer::new(gpu, 4096)?;
         let sink = BarSink {
-            coherent: data.is_coherent(),
-            data: RingData::Raw(data),
+            data,
             control,
             published: AtomicU64::new(0),
         };
         Ok(DeviceRing {
             core: RingCore::new(capacity, sink)?,
-            host_words,
-            gpu: gpu.clone(),
-        })
-    }
-
-    /// A wrap-free ring: the data region is a one-chunk CUDA VMM [`Arena`](crate::Arena) mapped a
-    /// second time right after itself, so a record that runs past the end is contiguous for the
-    /// GPU and no wrap padding is ever written. `capacity` must be a power of two and a multiple
-    /// of the VMM granularity (2 MiB on the H100). Consumers read a record at
-    /// `data + (pos & (capacity - 1))` for its whole length.
-    pub fn new_mirrored(gpu: &Gpu, capacity: u64) -> Result<DeviceRing> {
-        if !capacity.is_power_of_two() || capacity < super::layout::MIN_CAPACITY {
-            return Err(RingError::InvalidCapacity(capacity).into());
-        }
-        let mut arena = crate::Arena::new(gpu, 2 * capacity, capacity)?;
-        arena.grow()?;
-        arena.map_mirror()?;
-        let mut control = gpu.alloc(4096)?;
-        crate::Mapping::fill(&mut control, 0, 4096, 0)?;
-        let host_words = PinnedBuffer::new(gpu, 4096)?;
-        let sink = BarSink {
-            data: RingData::Mirrored(arena),
-            coherent: !gpu.is_non_coherent(),
-            control,
-            published: AtomicU64::new(0),
-        };
-        Ok(DeviceRing {
-            core: RingCore::new_wrap_free(capacity, sink)?,
             host_words,
             gpu: gpu.clone(),
         })
