@@ -23,14 +23,13 @@ const STOP_OFFSET: usize = 128;
 pub struct BarSink {
     data: RawMemory,
     control: RawMemory,
-    /// End of the last publication, for the non-coherent flush of `[published, tail)` (unused on
-    /// coherent memory, where publishing needs no flush).
+    /// End of the last publication, for the non-coherent flush of `[published, tail)`.
     published: AtomicU64,
 }
 
 impl BarSink {
     fn flush_ring_range(&self, from: u64, to: u64) {
-        if from >= to {
+        if from >= to || self.data.is_coherent() {
             return;
         }
         let cap = self.data.size();
@@ -71,10 +70,8 @@ impl RingSink for BarSink {
         // `writes_done` for records; this also covers a wrap PAD published on its own). On
         // non-coherent memory push everything since the last publication first.
         store_fence();
-        if !self.data.is_coherent() {
-            let from = self.published.swap(tail, Ordering::AcqRel);
-            self.flush_ring_range(from, tail);
-        }
+        let from = self.published.swap(tail, Ordering::AcqRel);
+        self.flush_ring_range(from, tail);
         let word = self
             .control
             .host_ptr()
