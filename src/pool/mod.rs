@@ -89,8 +89,20 @@ impl Default for PoolConfig {
 /// One chunk with its dirty-range tracker. Blocks hold an `Arc`, so the memory outlives them.
 struct Chunk {
     memory: Box<dyn ChunkMemory>,
+    /// `memory.host_ptr()` and `memory.device_ptr()`, read once: every block creation needs them.
+    host_base: HostBase,
+    device_base: Option<u64>,
     dirty: Mutex<DirtyRanges>,
 }
+
+/// The chunk's host base pointer, kept with its provenance.
+struct HostBase(*mut u8);
+
+// SAFETY: the pointer is only used to compute block addresses inside the chunk, which the chunk
+// (and so this value) outlives; it carries no thread affinity.
+unsafe impl Send for HostBase {}
+// SAFETY: as above; it is never written through here.
+unsafe impl Sync for HostBase {}
 
 impl fmt::Debug for Chunk {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -517,6 +529,8 @@ impl Pool {
         let dirty = DirtyRanges::new(memory.size(), atom)
             .map_err(|e| Error::invalid(format!("dirty-range tracker: {e}")))?;
         Ok(Arc::new(Chunk {
+            host_base: HostBase(memory.host_ptr()),
+            device_base: memory.device_ptr(),
             memory,
             dirty: Mutex::new(dirty),
         }))
@@ -775,8 +789,8 @@ impl Block {
         Block {
             // SAFETY: the allocator guarantees offset + len <= chunk size, so the pointer stays
             // inside the chunk's mapping.
-            host_ptr: unsafe { chunk.memory.host_ptr().add(offset as usize) },
-            device_ptr: chunk.memory.device_ptr().map(|p| p + offset),
+            host_ptr: unsafe { chunk.host_base.0.add(offset as usize) },
+            device_ptr: chunk.device_base.map(|p| p + offset),
             offset,
             len,
             non_coherent,

@@ -23,13 +23,14 @@ const STOP_OFFSET: usize = 128;
 pub struct BarSink {
     data: RawMemory,
     control: RawMemory,
-    /// End of the last publication, for the non-coherent flush of `[published, tail)`.
+    /// End of the last publication, for the non-coherent flush of `[published, tail)` (unused on
+    /// coherent memory, where publishing needs no flush).
     published: AtomicU64,
 }
 
 impl BarSink {
     fn flush_ring_range(&self, from: u64, to: u64) {
-        if from >= to || self.data.is_coherent() {
+        if from >= to {
             return;
         }
         let cap = self.data.size();
@@ -70,8 +71,10 @@ impl RingSink for BarSink {
         // `writes_done` for records; this also covers a wrap PAD published on its own). On
         // non-coherent memory push everything since the last publication first.
         store_fence();
-        let from = self.published.swap(tail, Ordering::AcqRel);
-        self.flush_ring_range(from, tail);
+        if !self.data.is_coherent() {
+            let from = self.published.swap(tail, Ordering::AcqRel);
+            self.flush_ring_range(from, tail);
+        }
         let word = self
             .control
             .host_ptr()
