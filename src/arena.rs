@@ -226,30 +226,10 @@ impl Arena {
                 "no reservation left after the last chunk for the mirror",
             ));
         }
-        let driver = self.gpu.driver().clone();
-        let map = vmm(driver.cu_mem_map, "cuMemMap")?;
-        let unmap = vmm(driver.cu_mem_unmap, "cuMemUnmap")?;
-        let set_access = vmm(driver.cu_mem_set_access, "cuMemSetAccess")?;
+        let handle = first.handle;
         let _ctx = self.gpu.bind()?;
-        let at = self.base + self.len();
-        // SAFETY: `at..at+size` is reserved and unmapped; the handle (chunk 0's) covers `size`;
-        // mapping one allocation handle at several addresses is allowed by CUDA VMM.
-        let r = unsafe { map(at, size as usize, 0, first.handle, 0) };
-        driver.check_alloc("cuMemMap", r, size)?;
-        let access = MemAccessDesc {
-            location: MemLocation {
-                location_type: LOCATION_TYPE_DEVICE,
-                id: self.ordinal,
-            },
-            flags: ACCESS_READ_WRITE,
-        };
-        // SAFETY: the range was just mapped; one valid access descriptor.
-        let r = unsafe { set_access(at, size as usize, &access, 1) };
-        if let Err(e) = driver.check("cuMemSetAccess", r) {
-            // SAFETY: undo the mapping made above.
-            unsafe { unmap(at, size as usize) };
-            return Err(e);
-        }
+        // Mapping one allocation handle at several addresses is allowed by CUDA VMM.
+        self.map_with_access(self.base + self.len(), handle)?;
         self.mirrored = true;
         Ok(())
     }
@@ -338,9 +318,6 @@ impl Arena {
             driver.cu_mem_import_from_shareable_handle,
             "cuMemImportFromShareableHandle",
         )?;
-        let map = vmm(driver.cu_mem_map, "cuMemMap")?;
-        let unmap = vmm(driver.cu_mem_unmap, "cuMemUnmap")?;
-        let set_access = vmm(driver.cu_mem_set_access, "cuMemSetAccess")?;
         let release = vmm(driver.cu_mem_release, "cuMemRelease")?;
 
         let memory = self.gpu.vulkan().allocate(size)?;
@@ -358,14 +335,29 @@ impl Arena {
         };
         drop(fd);
         driver.check_alloc("cuMemImportFromShareableHandle", r, size)?;
-        let at = self.base + self.len();
-        // SAFETY: `at..at+size` lies in our reservation and is unmapped; the handle covers `size`.
-        let r = unsafe { map(at, size as usize, 0, handle, 0) };
-        if let Err(e) = driver.check_alloc("cuMemMap", r, size) {
-            // SAFETY: the handle is ours and unmapped.
+        if let Err(e) = self.map_with_access(self.base + self.len(), handle) {
+            // SAFETY: the handle is ours and not mapped anywhere.
             unsafe { release(handle) };
             return Err(e);
         }
+        self.chunks.push(ArenaChunk { handle, memory });
+        Ok(self.len())
+    }
+
+    /// Maps `handle` (one chunk's allocation) at `at` and grants this device read/write access,
+    /// undoing the mapping if access cannot be set. The caller binds the context, and `at` must
+    /// be a chunk-sized, unmapped slot inside the reservation.
+    fn map_with_access(&self, at: u64, handle: CuMemHandle) -> Result<()> {
+        let driver = self.gpu.driver();
+        let map = vmm(driver.cu_mem_map, "cuMemMap")?;
+        let unmap = vmm(driver.cu_mem_unmap, "cuMemUnmap")?;
+        let set_access = vmm(driver.cu_mem_set_access, "cuMemSetAccess")?;
+        let size = self.layout.chunk_size;
+        debug_assert!(at >= self.base && at + size <= self.base + self.reserved);
+        // SAFETY: `at..at+size` lies in our reservation and is unmapped (caller's contract); the
+        // handle's allocation is exactly one chunk.
+        let r = unsafe { map(at, size as usize, 0, handle, 0) };
+        driver.check_alloc("cuMemMap", r, size)?;
         let access = MemAccessDesc {
             location: MemLocation {
                 location_type: LOCATION_TYPE_DEVICE,
@@ -376,15 +368,11 @@ impl Arena {
         // SAFETY: the range was just mapped; one valid access descriptor.
         let r = unsafe { set_access(at, size as usize, &access, 1) };
         if let Err(e) = driver.check("cuMemSetAccess", r) {
-            // SAFETY: undo the mapping and the import, in order.
-            unsafe {
-                unmap(at, size as usize);
-                release(handle);
-            }
+            // SAFETY: undo the mapping made above; nothing has used it.
+            unsafe { unmap(at, size as usize) };
             return Err(e);
         }
-        self.chunks.push(ArenaChunk { handle, memory });
-        Ok(self.len())
+        Ok(())
     }
 
     /// Unmaps and frees the last `n` chunks (at most all of them). Returns the new length.
