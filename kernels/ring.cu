@@ -7,6 +7,9 @@
 // Record: 16-byte aligned position, header { u32 len; u32 kind; u64 seq } (little-endian), then
 // `len` payload bytes, the whole padded to 16. Wrap PAD records (seq = ~0) run exactly to the end
 // of the data region; PAD records with another seq are abandoned reservations and keep their seq.
+// A mirrored ring (WrapMode::Mirrored) writes no wrap PADs: its records may run past the end of
+// the region, which is mapped a second time right after itself, so `data + off` is readable for
+// a whole record. The *_mirrored kernels accept such records; the others reject them.
 // Test payload: u64 seq, u64 checksum of the rest, then the body.
 //
 // Launch the consumers with ONE block whose blockDim is a multiple of 32 (up to 1024; another
@@ -127,7 +130,8 @@ __device__ __forceinline__ ull ring_warp_sum(ull v)
 // Walks the records in [pos, to), stopping early at the first record boundary at or past
 // `soft_limit`. Called by every thread of the block (blockDim.x a multiple of 32) with the same
 // arguments; returns the position reached (the same in every thread). `*fatal` is set when the
-// chain is broken (misaligned position, unknown kind, record crossing the region's end or `to`):
+// chain is broken (misaligned position, unknown kind, record crossing `to`, or the region's end
+// unless `mirrored`):
 // the walk stops there with one error counted. The caller checks the capacity.
 //
 // Warp 0 walks the chain: lane 0 loads each header and the payload's prefix while every lane
@@ -136,7 +140,7 @@ __device__ __forceinline__ ull ring_warp_sum(ull v)
 // RING_BLOCK_BODY_MIN bytes or more is handed to the whole block. Record bytes are read with
 // ld.global.cg (L2, not L1), so a line cached on an earlier lap of the ring is never reused.
 // Only thread 0 updates `w`.
-__device__ ull ring_walk(const unsigned char* data, ull capacity, ull pos, ull to,
+__device__ ull ring_walk(const unsigned char* data, ull capacity, int mirrored, ull pos, ull to,
                          ull soft_limit, RingWalk* w, int* fatal)
 {
     __shared__ ull s_pos;           // where warp 0 stopped
@@ -189,8 +193,8 @@ __device__ ull ring_walk(const unsigned char* data, ull capacity, ull pos, ull t
                 const ull seq = hy;
                 const ull rsize = (RING_HEADER_LEN + (ull)rlen + RING_RECORD_ALIGN - 1ull)
                                   & ~(RING_RECORD_ALIGN - 1ull);
-                if ((kind != RING_KIND_DATA && kind != RING_KIND_PAD) || off + rsize > capacity
-                    || rsize > to - pos) {
+                if ((kind != RING_KIND_DATA && kind != RING_KIND_PAD)
+                    || (!mirrored && off + rsize > capacity) || rsize > to - pos) {
                     state = RING_WALK_FATAL;
                     break;
                 }
@@ -314,8 +318,9 @@ __device__ __forceinline__ void ring_store_result(ull* result, const RingWalk* w
 // sets result[3] (next expected seq) and result[4] (position reached; == to when the chain is
 // intact). expected_seq_start = RING_SEQ_FROM_RESULT continues from result[3], so batches
 // launched back to back on one stream need no host round trip. Zero `result` before the first.
-extern "C" __global__ void ring_consume_batch(const unsigned char* data, ull capacity, ull from,
-                                              ull to, ull* result, ull expected_seq_start)
+__device__ __forceinline__ void ring_consume_batch_impl(const unsigned char* data, ull capacity,
+                                                        int mirrored, ull from, ull to,
+                                                        ull* result, ull expected_seq_start)
 {
     if (blockIdx.x != 0) {
         return;
@@ -341,11 +346,25 @@ extern "C" __global__ void ring_consume_batch(const unsigned char* data, ull cap
         }
     } else {
         int fatal = 0;
-        pos = ring_walk(data, capacity, from, to, to, &w, &fatal);
+        pos = ring_walk(data, capacity, mirrored, from, to, to, &w, &fatal);
     }
     if (threadIdx.x == 0) {
         ring_store_result(result, &w, pos);
     }
+}
+
+extern "C" __global__ void ring_consume_batch(const unsigned char* data, ull capacity, ull from,
+                                              ull to, ull* result, ull expected_seq_start)
+{
+    ring_consume_batch_impl(data, capacity, 0, from, to, result, expected_seq_start);
+}
+
+// ring_consume_batch for a mirrored ring: records may cross the end of the region.
+extern "C" __global__ void ring_consume_batch_mirrored(const unsigned char* data, ull capacity,
+                                                       ull from, ull to, ull* result,
+                                                       ull expected_seq_start)
+{
+    ring_consume_batch_impl(data, capacity, 1, from, to, result, expected_seq_start);
 }
 
 // Persistent mode: starts at *head_out (the CPU sets it before launch; 0 for a new ring) and at
@@ -356,9 +375,11 @@ extern "C" __global__ void ring_consume_batch(const unsigned char* data, ull cap
 // result[] is updated at every head publication and at exit.
 //
 // CPU side: publish records, sfence, store tail, sfence; to finish: final tail, sfence, stop = 1.
-extern "C" __global__ void ring_consume_persistent(const unsigned char* data, ull capacity,
-                                                   volatile ull* tail, volatile unsigned int* stop,
-                                                   volatile ull* head_out, ull* result)
+__device__ __forceinline__ void ring_consume_persistent_impl(const unsigned char* data,
+                                                             ull capacity, int mirrored,
+                                                             volatile ull* tail,
+                                                             volatile unsigned int* stop,
+                                                             volatile ull* head_out, ull* result)
 {
     __shared__ ull s_tail;
     __shared__ int s_exit;
@@ -425,7 +446,7 @@ extern "C" __global__ void ring_consume_persistent(const unsigned char* data, ul
         }
         while (pos < t) {
             int fatal = 0;
-            pos = ring_walk(data, capacity, pos, t, pos + chunk, &w, &fatal);
+            pos = ring_walk(data, capacity, mirrored, pos, t, pos + chunk, &w, &fatal);
             if (fatal) {
                 pos = t;
             }
@@ -443,6 +464,22 @@ extern "C" __global__ void ring_consume_persistent(const unsigned char* data, ul
     if (tid == 0) {
         ring_store_result(result, &w, pos);
     }
+}
+
+extern "C" __global__ void ring_consume_persistent(const unsigned char* data, ull capacity,
+                                                   volatile ull* tail, volatile unsigned int* stop,
+                                                   volatile ull* head_out, ull* result)
+{
+    ring_consume_persistent_impl(data, capacity, 0, tail, stop, head_out, result);
+}
+
+// ring_consume_persistent for a mirrored ring: records may cross the end of the region.
+extern "C" __global__ void ring_consume_persistent_mirrored(const unsigned char* data,
+                                                            ull capacity, volatile ull* tail,
+                                                            volatile unsigned int* stop,
+                                                            volatile ull* head_out, ull* result)
+{
+    ring_consume_persistent_impl(data, capacity, 1, tail, stop, head_out, result);
 }
 
 // Round-trip latency probe, launched <<<1, 1>>>: for i = 1..iters, waits until *in_gpu >= i

@@ -1,6 +1,8 @@
 //! Ring buffers on the GPU: 1,000,000 records of mixed sizes from 4 producer threads, consumed by a
 //! persistent kernel and by one launch per batch; the kernels check every record's sequence number
-//! and checksum, the CPU checks the totals: nothing lost, duplicated or torn.
+//! and checksum, the CPU checks the totals: nothing lost, duplicated or torn. The same for
+//! mirrored rings (records run past the end of the region with no padding, read contiguously by
+//! the `_mirrored` kernels through the arena's mirror mapping).
 
 mod common;
 
@@ -9,55 +11,82 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use rand::{Rng, SeedableRng};
-use vkgdr::cuda_objects::{Event, LaunchConfig, Module, Stream};
+use vkgdr::cuda_objects::{Event, Function, LaunchConfig, Module, Stream};
 use vkgdr::ring::core::{Reservation, RingSink};
-use vkgdr::ring::layout::{self, seal_test_payload};
-use vkgdr::ring::{DeviceRing, LaunchRing};
+use vkgdr::ring::layout::{self, seal_test_payload, WrapMode};
+use vkgdr::ring::{DeviceRing, LaunchRing, RingDeviceView};
 use vkgdr::{Error, OpenOptions};
 
 const RING_PTX: &str = include_str!("../kernels/ring.ptx");
 const RECORDS: u64 = 1_000_000;
 const PRODUCERS: u64 = 4;
 
-/// A payload length: mostly small, some medium, a few 4 KiB.
-fn payload_len(rng: &mut impl Rng) -> u32 {
+/// Largest payload `payload_len` returns with `large`.
+const LARGE_MAX: u32 = 256 << 10;
+
+/// A payload length: mostly small, some medium, a few 4 KiB; with `large`, 1 % are 4 KiB-256 KiB
+/// (so records cross the end of a mirrored ring at every size and the kernel's whole-block path
+/// reads across it too).
+fn payload_len(rng: &mut impl Rng, large: bool) -> u32 {
     match rng.gen_range(0..100) {
+        0 if large => rng.gen_range(4097..=LARGE_MAX),
         0..=79 => rng.gen_range(16..=128),
         80..=97 => rng.gen_range(129..=1024),
         _ => 4096,
     }
 }
 
-/// Produces `per_thread` sealed records on each of 4 threads; returns the wrapping sum of checksums.
+/// What the producers wrote.
+#[derive(Default)]
+struct Produced {
+    /// Wrapping sum of the payload checksums (the kernel's RESULT_CHECKSUM_SUM).
+    sum: u64,
+    /// Ring bytes of all records (headers and alignment included).
+    bytes: u64,
+    /// Records that ran past the end of the region.
+    crossings: u64,
+}
+
+/// Produces `per_thread` sealed records on each of 4 threads.
 fn produce<'r, S: RingSink + Sync + 'r>(
     per_thread: u64,
+    capacity: u64,
+    large: bool,
     reserve: &(dyn Fn(u32) -> vkgdr::Result<Reservation<'r, S>> + Sync),
-) -> u64 {
+) -> Produced {
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..PRODUCERS)
             .map(|t| {
                 s.spawn(move || {
                     let mut rng = rand::rngs::StdRng::seed_from_u64(t);
-                    let mut buf = vec![0u8; 4096];
-                    let mut sum = 0u64;
+                    let mut buf = vec![0u8; LARGE_MAX as usize];
+                    let mut out = Produced::default();
                     for _ in 0..per_thread {
-                        let len = payload_len(&mut rng);
+                        let len = payload_len(&mut rng, large);
                         let mut r = reserve(len).expect("reserve");
                         let body = &mut buf[..len as usize];
                         rng.fill(&mut body[layout::TEST_PREFIX_LEN..]);
-                        sum =
-                            sum.wrapping_add(seal_test_payload(body, r.seq()).expect("len >= 16"));
+                        let sum = seal_test_payload(body, r.seq()).expect("len >= 16");
+                        out.sum = out.sum.wrapping_add(sum);
+                        out.bytes += r.end() - r.pos();
+                        if r.offset() + (r.end() - r.pos()) > capacity {
+                            out.crossings += 1;
+                        }
                         r.write(0, body).expect("write");
                         r.commit();
                     }
-                    sum
+                    out
                 })
             })
             .collect();
         handles
             .into_iter()
             .map(|h| h.join().unwrap())
-            .fold(0u64, u64::wrapping_add)
+            .fold(Produced::default(), |a, b| Produced {
+                sum: a.sum.wrapping_add(b.sum),
+                bytes: a.bytes + b.bytes,
+                crossings: a.crossings + b.crossings,
+            })
     })
 }
 
@@ -69,13 +98,11 @@ fn wait(event: &Event, limit: Duration) {
     }
 }
 
-fn persistent(force_non_coherent: bool, records: u64) {
-    let gpu = open(force_non_coherent);
-    let module = Module::load_ptx(&gpu, RING_PTX).unwrap();
-    let kernel = module.function("ring_consume_persistent").unwrap();
-    let ring = DeviceRing::new(&gpu, 1 << 20).unwrap();
+/// Launches a persistent consumer (`kernel`, one block of 256 threads) on `ring`; the returned
+/// event completes when it exits.
+fn launch_persistent(module: &Module, kernel: &str, ring: &DeviceRing, stream: &Stream) -> Event {
+    let kernel = module.function(kernel).unwrap();
     let v = ring.device_view();
-    let stream = Stream::new(&gpu).unwrap();
     let (mut d, mut c, mut t, mut st, mut h, mut r) =
         (v.data, v.capacity, v.tail, v.stop, v.head, v.result);
     let mut params: Vec<*mut c_void> = vec![
@@ -86,18 +113,40 @@ fn persistent(force_non_coherent: bool, records: u64) {
         arg(&mut h),
         arg(&mut r),
     ];
-    // SAFETY: ring_consume_persistent(const u8*, u64, u64*, u32*, u64*, u64*): six 8-byte
-    // parameters; all addresses belong to `ring`, which outlives the kernel (we wait below).
+    // SAFETY: ring_consume_persistent[_mirrored](const u8*, u64, u64*, u32*, u64*, u64*): six
+    // 8-byte parameters; all addresses belong to `ring`, which the callers keep alive until the
+    // returned event has completed.
     unsafe {
         kernel
-            .launch(LaunchConfig::linear(1, 256), Some(&stream), &mut params)
+            .launch(LaunchConfig::linear(1, 256), Some(stream), &mut params)
             .unwrap()
     };
-    let done = Event::new(&gpu).unwrap();
-    done.record(&stream).unwrap();
+    let done = Event::new(ring.gpu()).unwrap();
+    done.record(stream).unwrap();
+    done
+}
+
+fn persistent(force_non_coherent: bool, records: u64, wrap: WrapMode) {
+    let gpu = open(force_non_coherent);
+    let module = Module::load_ptx(&gpu, RING_PTX).unwrap();
+    let (ring, kernel) = match wrap {
+        WrapMode::Padded => (DeviceRing::new(&gpu, 1 << 20), "ring_consume_persistent"),
+        WrapMode::Mirrored => (
+            DeviceRing::new_mirrored(&gpu, 2 << 20),
+            "ring_consume_persistent_mirrored",
+        ),
+    };
+    let ring = ring.unwrap();
+    assert_eq!(ring.device_view().wrap, wrap);
+    let capacity = ring.core().capacity();
+    let stream = Stream::new(&gpu).unwrap();
+    let done = launch_persistent(&module, kernel, &ring, &stream);
+    // If an assertion fails below, still stop the kernel before the ring is freed under it.
+    let _stop = StopOnDrop(&ring, &done);
 
     let t0 = Instant::now();
-    let sum = produce(records / PRODUCERS, &|len| {
+    let large = wrap == WrapMode::Mirrored;
+    let produced = produce(records / PRODUCERS, capacity, large, &|len| {
         ring.reserve(len, Some(Duration::from_secs(30)))
     });
     ring.stop();
@@ -105,9 +154,11 @@ fn persistent(force_non_coherent: bool, records: u64) {
     let elapsed = t0.elapsed();
     let res = ring.results();
     println!(
-        "persistent (non-coherent {force_non_coherent}): {} records in {elapsed:?} ({:.2} M records/s)",
+        "persistent ({wrap:?}, non-coherent {force_non_coherent}): {} records in {elapsed:?} \
+         ({:.2} M records/s), {} crossed the end",
         res[layout::RESULT_RECORDS],
-        res[layout::RESULT_RECORDS] as f64 / elapsed.as_secs_f64() / 1e6
+        res[layout::RESULT_RECORDS] as f64 / elapsed.as_secs_f64() / 1e6,
+        produced.crossings
     );
     assert_eq!(
         res[layout::RESULT_ERRORS],
@@ -116,56 +167,103 @@ fn persistent(force_non_coherent: bool, records: u64) {
     );
     assert_eq!(res[layout::RESULT_RECORDS], records);
     assert_eq!(res[layout::RESULT_NEXT_SEQ], records);
-    assert_eq!(res[layout::RESULT_CHECKSUM_SUM], sum);
+    assert_eq!(res[layout::RESULT_CHECKSUM_SUM], produced.sum);
     assert_eq!(ring.head(), ring.core().committed());
+    match wrap {
+        WrapMode::Padded => assert_eq!(produced.crossings, 0),
+        WrapMode::Mirrored => {
+            assert_eq!(
+                ring.core().committed(),
+                produced.bytes,
+                "a mirrored ring holds records only, no padding"
+            );
+            assert!(produced.crossings >= 10, "{} crossed", produced.crossings);
+        }
+    }
+}
+
+/// Stops a persistent consumer and waits for it when dropped (also while unwinding).
+struct StopOnDrop<'a>(&'a DeviceRing, &'a Event);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.stop();
+        let t = Instant::now();
+        while !self.1.is_complete().unwrap_or(true) && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
 }
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
 fn persistent_kernel_consumes_a_million_records() {
-    persistent(false, RECORDS);
+    persistent(false, RECORDS, WrapMode::Padded);
 }
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
 fn persistent_kernel_forced_non_coherent() {
-    persistent(true, RECORDS / 4);
+    persistent(true, RECORDS / 4, WrapMode::Padded);
 }
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
-fn launch_mode_consumes_a_million_records() {
+fn mirrored_ring_persistent_kernel_reads_records_across_the_end() {
+    persistent(false, RECORDS / 2, WrapMode::Mirrored);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn mirrored_ring_forced_non_coherent() {
+    persistent(true, RECORDS / 8, WrapMode::Mirrored);
+}
+
+/// Launches `ring_consume_batch[_mirrored]` over `[from, to)` on `stream`, expecting seq `seq`
+/// first (`layout::SEQ_FROM_RESULT`: continue from the result words).
+fn launch_batch(
+    kernel: &Function,
+    v: &RingDeviceView,
+    (from, to): (u64, u64),
+    mut seq: u64,
+    stream: &Stream,
+) -> vkgdr::Result<()> {
+    let (mut d, mut c, mut f, mut t, mut r) = (v.data, v.capacity, from, to, v.result);
+    let mut p = [
+        arg(&mut d),
+        arg(&mut c),
+        arg(&mut f),
+        arg(&mut t),
+        arg(&mut r),
+        arg(&mut seq),
+    ];
+    // SAFETY: ring_consume_batch[_mirrored](const u8*, u64, u64, u64, u64*, u64): six 8-byte
+    // parameters; the callers keep the ring alive until the stream's work is done.
+    unsafe { kernel.launch(LaunchConfig::linear(1, 256), Some(stream), &mut p) }
+}
+
+fn launch_mode(records: u64, wrap: WrapMode) {
     let gpu = open(false);
     let module = Module::load_ptx(&gpu, RING_PTX).unwrap();
-    let kernel = module.function("ring_consume_batch").unwrap();
-    let ring = LaunchRing::new(&gpu, 1 << 20).unwrap();
+    let (ring, kernel) = match wrap {
+        WrapMode::Padded => (LaunchRing::new(&gpu, 1 << 20), "ring_consume_batch"),
+        WrapMode::Mirrored => (
+            LaunchRing::new_mirrored(&gpu, 2 << 20),
+            "ring_consume_batch_mirrored",
+        ),
+    };
+    let ring = ring.unwrap();
+    let kernel = module.function(kernel).unwrap();
     let v = ring.ring().device_view();
+    let capacity = v.capacity;
     let stop = std::sync::atomic::AtomicBool::new(false);
     let mut batches = 0u64;
-    let sum = std::thread::scope(|s| {
+    let produced = std::thread::scope(|s| {
         let launcher = s.spawn(|| {
             let mut n = 0u64;
             let launch_once = || {
                 ring.launch_pending(|from, to, stream| {
-                    let (mut d, mut c, mut f, mut t, mut r, mut seq) = (
-                        v.data,
-                        v.capacity,
-                        from,
-                        to,
-                        v.result,
-                        layout::SEQ_FROM_RESULT,
-                    );
-                    let mut p = [
-                        arg(&mut d),
-                        arg(&mut c),
-                        arg(&mut f),
-                        arg(&mut t),
-                        arg(&mut r),
-                        arg(&mut seq),
-                    ];
-                    // SAFETY: ring_consume_batch(const u8*, u64, u64, u64, u64*, u64): six 8-byte
-                    // parameters; the ring outlives the stream's work (drained below).
-                    unsafe { kernel.launch(LaunchConfig::linear(1, 256), Some(stream), &mut p) }
+                    launch_batch(&kernel, &v, (from, to), layout::SEQ_FROM_RESULT, stream)
                 })
                 .unwrap()
             };
@@ -181,32 +279,129 @@ fn launch_mode_consumes_a_million_records() {
             }
             n
         });
-        let sum = produce(RECORDS / PRODUCERS, &|len| {
-            ring.reserve(len, Some(Duration::from_secs(30)))
-        });
+        let produced = produce(
+            records / PRODUCERS,
+            capacity,
+            wrap == WrapMode::Mirrored,
+            &|len| ring.reserve(len, Some(Duration::from_secs(30))),
+        );
         stop.store(true, std::sync::atomic::Ordering::Release);
         batches = launcher.join().unwrap();
-        sum
+        produced
     });
     ring.drain().unwrap();
     let res = ring.ring().results();
     println!(
-        "launch mode: {} records in {batches} batches",
-        res[layout::RESULT_RECORDS]
+        "launch mode ({wrap:?}): {} records in {batches} batches, {} crossed the end",
+        res[layout::RESULT_RECORDS],
+        produced.crossings
     );
     assert_eq!(
         res[layout::RESULT_ERRORS],
         0,
         "kernel found bad records: {res:?}"
     );
-    assert_eq!(res[layout::RESULT_RECORDS], RECORDS);
-    assert_eq!(res[layout::RESULT_NEXT_SEQ], RECORDS);
-    assert_eq!(res[layout::RESULT_CHECKSUM_SUM], sum);
+    assert_eq!(res[layout::RESULT_RECORDS], records);
+    assert_eq!(res[layout::RESULT_NEXT_SEQ], records);
+    assert_eq!(res[layout::RESULT_CHECKSUM_SUM], produced.sum);
     assert_eq!(
         ring.ring().core().reclaimed(),
         ring.ring().core().committed()
     );
     assert!(batches > 1);
+    if wrap == WrapMode::Mirrored {
+        assert_eq!(ring.ring().core().committed(), produced.bytes);
+        assert!(produced.crossings >= 10, "{} crossed", produced.crossings);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn launch_mode_consumes_a_million_records() {
+    launch_mode(RECORDS, WrapMode::Padded);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn mirrored_launch_mode_batches_cross_the_end() {
+    launch_mode(RECORDS / 2, WrapMode::Mirrored);
+}
+
+/// One record that crosses the end of a mirrored ring: the bytes at `data + offset` are the whole
+/// record for the GPU (a DMA copy through the mirror), the mirrored batch kernel accepts it, and
+/// the padded kernel rejects it (so the `_mirrored` flag is what makes the difference).
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn mirrored_record_is_contiguous_for_the_gpu() {
+    let gpu = open(false);
+    let module = Module::load_ptx(&gpu, RING_PTX).unwrap();
+    let cap = 2u64 << 20;
+    let ring = LaunchRing::new_mirrored(&gpu, cap).unwrap();
+    let core = ring.ring().core();
+    assert_eq!(core.wrap_mode(), WrapMode::Mirrored);
+    // Fill to 100 KiB before the end, consume it, then write one 300 KiB record over the end.
+    let filler = (cap - (100 << 10)) as u32 - 16;
+    ring.reserve(filler, None).unwrap().commit();
+    // "Consume" the filler with an empty launch: its event reclaims the space.
+    ring.launch_pending(|_, _, _| Ok(())).unwrap();
+    ring.drain().unwrap();
+    assert_eq!(core.reclaimed(), core.committed());
+    let len = 300u32 << 10;
+    let mut r = ring.reserve(len, None).unwrap();
+    let (pos, off, seq) = (r.pos(), r.offset(), r.seq());
+    assert_eq!(pos, core.committed(), "no padding before the record");
+    assert!(
+        off + 16 + u64::from(len) > cap,
+        "the record crosses the end"
+    );
+    let mut payload: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+    let sum = seal_test_payload(&mut payload, seq).unwrap();
+    r.write(0, &payload).unwrap();
+    let end = r.commit();
+
+    let v = ring.ring().device_view();
+    let mut rec = vec![0u8; 16 + len as usize];
+    // SAFETY: [data + off, data + off + 16 + len) lies in the chunk and its mirror.
+    unsafe { gpu.memcpy_dtoh(&mut rec, v.data + off).unwrap() };
+    let header = layout::RecordHeader::from_bytes(rec[..16].try_into().unwrap());
+    assert_eq!(
+        (header.len, header.kind, header.seq),
+        (len, layout::KIND_DATA, seq)
+    );
+    assert!(
+        rec[16..] == payload[..],
+        "the GPU sees the record whole through the mirror"
+    );
+
+    let stream = Stream::new(&gpu).unwrap();
+    for (name, errors, records) in [
+        ("ring_consume_batch", 1, 0),
+        ("ring_consume_batch_mirrored", 0, 1),
+    ] {
+        let kernel = module.function(name).unwrap();
+        // SAFETY: the result words are this ring's pinned words; no kernel is running.
+        unsafe {
+            gpu.memset_d32(v.result, 0, 2 * layout::RESULT_WORDS)
+                .unwrap()
+        };
+        gpu.synchronize().unwrap();
+        launch_batch(&kernel, &v, (pos, end), seq, &stream).unwrap();
+        stream.synchronize().unwrap();
+        let got = ring.ring().results();
+        println!("mirrored record ({len} bytes at offset {off}) under {name}: {got:?}");
+        assert_eq!(got[layout::RESULT_ERRORS], errors, "{name}");
+        assert_eq!(got[layout::RESULT_RECORDS], records, "{name}");
+        if records == 1 {
+            assert_eq!(got[layout::RESULT_CHECKSUM_SUM], sum);
+            assert_eq!(got[layout::RESULT_POS], end);
+        } else {
+            assert_eq!(
+                got[layout::RESULT_POS],
+                pos,
+                "the padded walker stops at the crossing"
+            );
+        }
+    }
 }
 
 #[test]
@@ -225,5 +420,32 @@ fn ring_errors() {
     assert!(matches!(
         ring.reserve(1000, Some(Duration::from_millis(20))),
         Err(Error::Ring(vkgdr::ring::core::RingError::Timeout))
+    ));
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn mirrored_ring_errors() {
+    let gpu = vkgdr::Gpu::open_with(0, OpenOptions::new()).unwrap();
+    assert!(matches!(
+        DeviceRing::new_mirrored(&gpu, 3 << 20),
+        Err(Error::Ring(_))
+    ));
+    // A power of two below the 2 MiB VMM granularity.
+    assert!(matches!(
+        DeviceRing::new_mirrored(&gpu, 1 << 20),
+        Err(Error::InvalidArgument(_))
+    ));
+    let ring = DeviceRing::new_mirrored(&gpu, 2 << 20).unwrap();
+    assert_eq!(ring.core().max_record() as u64, (2 << 20) - 16);
+    // Nothing consumes: fills up, then Full, with no PAD ever written.
+    let mut n = 0u64;
+    while ring.try_reserve(100_000).map(|r| r.commit()).is_ok() {
+        n += 1;
+    }
+    assert_eq!(ring.core().committed(), n * layout::record_size(100_000));
+    assert!(matches!(
+        ring.try_reserve(100_000),
+        Err(Error::Ring(vkgdr::ring::core::RingError::Full))
     ));
 }

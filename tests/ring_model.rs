@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use vkgdr::ring::core::{HostSink, Reservation, RingCore, RingError, RingSink};
 use vkgdr::ring::layout::{
-    check_test_payload, next_record, record_size, seal_test_payload, verify_records, RecordHeader,
-    RingSource, KIND_DATA, KIND_PAD, TEST_PREFIX_LEN, WRAP_PAD_SEQ,
+    check_test_payload, next_record_in, read_wrapped, record_size, seal_test_payload,
+    verify_records_in, RecordHeader, WrapMode, KIND_DATA, KIND_PAD, TEST_PREFIX_LEN, WRAP_PAD_SEQ,
 };
 
 /// A [`HostSink`] that logs every write, so the test can check none lands on unconsumed bytes.
@@ -72,6 +72,7 @@ struct Pending {
 /// map of which region bytes hold published, unconsumed records.
 struct Model {
     cap: u64,
+    mode: WrapMode,
     reserved: u64,
     published: u64,
     head: u64,
@@ -83,9 +84,10 @@ struct Model {
 }
 
 impl Model {
-    fn new(cap: u64) -> Self {
+    fn new(cap: u64, mode: WrapMode) -> Self {
         Model {
             cap,
+            mode,
             reserved: 0,
             published: 0,
             head: 0,
@@ -99,13 +101,13 @@ impl Model {
 
     fn set_live(&mut self, e: &Expect, v: bool) {
         let (pos, size) = e.span();
-        let off = (pos % self.cap) as usize;
+        let off = pos % self.cap;
         assert!(
-            off as u64 + size <= self.cap,
+            self.mode == WrapMode::Mirrored || off + size <= self.cap,
             "record crosses the end: {e:?}"
         );
-        for b in &mut self.live[off..off + size as usize] {
-            *b = v;
+        for i in 0..size {
+            self.live[((off + i) % self.cap) as usize] = v;
         }
     }
 
@@ -179,7 +181,7 @@ fn reserve_step<'a>(
     }
     let size = record_size(len);
     let off = m.reserved % cap;
-    let pad = (off + size > cap).then(|| cap - off);
+    let pad = (m.mode == WrapMode::Padded && off + size > cap).then(|| cap - off);
     let pos = m.reserved + pad.unwrap_or(0);
     let end = pos + size;
     if end - m.head > cap {
@@ -281,7 +283,7 @@ fn consume_step(m: &mut Model, ring: &Ring, k: usize) {
         if pos == tail {
             break;
         }
-        let (h, next) = next_record(sink, pos, tail).expect("intact chain");
+        let (h, next) = next_record_in(sink, pos, tail, m.mode).expect("intact chain");
         let want = m.unconsumed.pop_front().expect("model has a record here");
         match &want {
             Expect::Data {
@@ -294,7 +296,7 @@ fn consume_step(m: &mut Model, ring: &Ring, k: usize) {
                     (*p, KIND_DATA, *seq, payload.len() as u32)
                 );
                 let mut got = vec![0u8; payload.len()];
-                sink.read(pos % m.cap + 16, &mut got);
+                read_wrapped(sink, pos + 16, &mut got);
                 assert_eq!(&got, payload, "payload of seq {seq}");
                 data += 1;
                 if payload.len() < TEST_PREFIX_LEN {
@@ -309,6 +311,11 @@ fn consume_step(m: &mut Model, ring: &Ring, k: usize) {
                 m.consumer_seq = seq + 1;
             }
             Expect::WrapPad { pos: p, bytes } => {
+                assert_eq!(
+                    m.mode,
+                    WrapMode::Padded,
+                    "a mirrored ring writes no wrap PAD"
+                );
                 assert_eq!((pos, h.kind, h.seq), (*p, KIND_PAD, WRAP_PAD_SEQ));
                 assert_eq!(h.record_size(), *bytes);
                 assert_eq!(
@@ -322,7 +329,7 @@ fn consume_step(m: &mut Model, ring: &Ring, k: usize) {
         m.set_live(&want, false);
         pos = next;
     }
-    let before = verify_records(sink, from, pos, seq_from);
+    let before = verify_records_in(sink, from, pos, seq_from, m.mode);
     assert_eq!(before.records, data);
     assert_eq!(before.errors, short, "only short payloads are errors");
     assert_eq!((before.pos, before.next_seq), (pos, m.consumer_seq));
@@ -348,14 +355,14 @@ fn check_writes(ring: &Ring, m: &Model) {
     }
 }
 
-fn run_model(cap: u64, ops: Vec<Op>) {
+fn run_model(cap: u64, mode: WrapMode, ops: Vec<Op>) {
     let sink = LoggingSink {
         inner: HostSink::new(cap).unwrap(),
         writes: Mutex::new(Vec::new()),
     };
-    let ring = RingCore::new(cap, sink).unwrap();
+    let ring = RingCore::with_wrap_mode(cap, sink, mode).unwrap();
     assert_eq!(ring.max_record() as u64, cap - 16);
-    let mut m = Model::new(cap);
+    let mut m = Model::new(cap, mode);
     let mut open = VecDeque::new();
     for op in ops {
         // Writes are checked against the live map as it was before this op published anything.
@@ -391,8 +398,12 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(1000))]
 
     #[test]
-    fn ring_matches_model(cap in prop_oneof![Just(4096u64), Just(8192)], ops in prop::collection::vec(op(), 1..120)) {
-        run_model(cap, ops);
+    fn ring_matches_model(
+        cap in prop_oneof![Just(4096u64), Just(8192)],
+        mode in prop_oneof![Just(WrapMode::Padded), Just(WrapMode::Mirrored)],
+        ops in prop::collection::vec(op(), 1..120),
+    ) {
+        run_model(cap, mode, ops);
     }
 }
 
@@ -407,8 +418,17 @@ fn body_byte(producer: u64, counter: u64, j: u64) -> u8 {
 
 #[test]
 fn four_producers_one_consumer() {
+    producers_and_consumer(WrapMode::Padded);
+}
+
+#[test]
+fn four_producers_one_consumer_mirrored() {
+    producers_and_consumer(WrapMode::Mirrored);
+}
+
+fn producers_and_consumer(mode: WrapMode) {
     const CAP: u64 = 64 << 10;
-    let ring = RingCore::new(CAP, HostSink::new(CAP).unwrap()).unwrap();
+    let ring = RingCore::with_wrap_mode(CAP, HostSink::new(CAP).unwrap(), mode).unwrap();
     let head = AtomicU64::new(0); // the "pinned host memory" word the consumer publishes
     let limit = Duration::from_secs(120); // a hang fails the test instead of blocking it
     let started = Instant::now();
@@ -451,6 +471,7 @@ fn four_producers_one_consumer() {
             let sink = ring.sink();
             let total = PRODUCERS * ATTEMPTS;
             let (mut pos, mut seq, mut data, mut pads) = (0u64, 0u64, 0u64, 0u64);
+            let mut crossings = 0u64;
             let mut next_counter = [0u64; PRODUCERS as usize];
             let mut payload = Vec::new();
             while seq < total {
@@ -460,14 +481,18 @@ fn four_producers_one_consumer() {
                     thread::yield_now();
                     continue;
                 }
-                let report = verify_records(sink, pos, tail, seq);
+                let report = verify_records_in(sink, pos, tail, seq, mode);
                 assert_eq!((report.errors, report.pos), (0, tail), "{report:?}");
                 let data_before = data;
                 while pos < tail {
-                    let (h, next) = next_record(sink, pos, tail).unwrap();
+                    let (h, next) = next_record_in(sink, pos, tail, mode).unwrap();
                     if h.kind == KIND_PAD && h.seq == WRAP_PAD_SEQ {
+                        assert_eq!(mode, WrapMode::Padded);
                         pos = next;
                         continue;
+                    }
+                    if pos % CAP + (next - pos) > CAP {
+                        crossings += 1;
                     }
                     assert_eq!(h.seq, seq, "seq contiguous");
                     seq += 1;
@@ -475,7 +500,7 @@ fn four_producers_one_consumer() {
                         pads += 1;
                     } else {
                         payload.resize(h.len as usize, 0);
-                        sink.read(pos % CAP + 16, &mut payload);
+                        read_wrapped(sink, pos + 16, &mut payload);
                         assert!(check_test_payload(&payload, h.seq));
                         let p = u32::from_le_bytes(payload[16..20].try_into().unwrap()) as u64;
                         let c = u64::from_le_bytes(payload[20..28].try_into().unwrap());
@@ -492,11 +517,16 @@ fn four_producers_one_consumer() {
                 assert_eq!((report.records, report.next_seq), (data - data_before, seq));
                 head.store(pos, Ordering::Release);
             }
-            (data, pads, next_counter, pos)
+            (data, pads, next_counter, pos, crossings)
         });
 
         let per: Vec<(u64, u64)> = producers.into_iter().map(|h| h.join().unwrap()).collect();
-        let (data, pads, counters, end) = consumer.join().unwrap();
+        let (data, pads, counters, end, crossings) = consumer.join().unwrap();
+        // ~10 MB through a 64 KiB region: over a hundred laps.
+        match mode {
+            WrapMode::Padded => assert_eq!(crossings, 0),
+            WrapMode::Mirrored => assert!(crossings > 50, "only {crossings} records crossed"),
+        }
         for (p, &(c, _)) in per.iter().enumerate() {
             assert_eq!(counters[p], c, "producer {p}: every commit arrived");
         }

@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::layout::{
-    self, RecordHeader, RingSource, HEADER_LEN, KIND_DATA, KIND_PAD, MAX_PAYLOAD, MIN_CAPACITY,
-    RECORD_ALIGN,
+    self, RecordHeader, RingSource, WrapMode, HEADER_LEN, KIND_DATA, KIND_PAD, MAX_PAYLOAD,
+    MIN_CAPACITY, RECORD_ALIGN,
 };
 
 /// Spins of a waiting loop before it starts yielding the CPU.
@@ -102,7 +102,8 @@ pub enum RingError {
 /// offsets only; implementations for GPU memory live with the driver layer.
 pub trait RingSink {
     /// Stores `bytes` at `offset` of the data region. `offset + bytes.len() <= capacity`, never
-    /// wrapping. Called concurrently by several producers, always for disjoint ranges.
+    /// wrapping (in [`WrapMode::Mirrored`] the core splits a span that runs past the end into two
+    /// calls). Called concurrently by several producers, always for disjoint ranges.
     fn write(&self, offset: u64, bytes: &[u8]);
 
     /// Makes this thread's earlier [`write`](Self::write)s visible to the consumer, then stores
@@ -213,6 +214,8 @@ pub struct RingCore<S> {
     capacity: u64,
     max_record: u32,
     sink: S,
+    /// Whether a record that reaches the end of the region is preceded by a wrap PAD or runs on.
+    wrap: WrapMode,
     /// The next sequence number; the lock also serialises every change of `reserved`.
     next_seq: Mutex<u64>,
     /// End of the last reservation (changed only under `next_seq`'s lock).
@@ -229,12 +232,41 @@ impl<S: RingSink> RingCore<S> {
     /// An empty ring of `capacity` bytes (a power of two of at least [`MIN_CAPACITY`]) writing
     /// through `sink`. Positions start at 0.
     pub fn new(capacity: u64, sink: S) -> Result<Self, RingError> {
+        Self::with_wrap_mode(capacity, sink, WrapMode::Padded)
+    }
+
+    /// Like [`new`](Self::new), choosing how records meet the end of the region. In
+    /// [`WrapMode::Mirrored`] no wrap PAD is ever written: a record may run past the end and
+    /// continue at offset 0, which only a consumer that sees the region mirrored (or splits its
+    /// reads, [`layout::read_wrapped`]) can read.
+    ///
+    /// ```
+    /// use vkgdr::ring::core::{HostSink, RingCore};
+    /// use vkgdr::ring::layout::{seal_test_payload, verify_records_in, WrapMode};
+    ///
+    /// let ring = RingCore::with_wrap_mode(4096, HostSink::new(4096)?, WrapMode::Mirrored)?;
+    /// let mut tail = 0;
+    /// for _ in 0..3 {
+    ///     let mut payload = vec![1u8; 1500];
+    ///     let mut r = ring.try_reserve(1500)?;
+    ///     assert_eq!(r.pos(), tail, "no padding, ever");
+    ///     seal_test_payload(&mut payload, r.seq());
+    ///     r.write(0, &payload)?; // the third record runs past byte 4096 and continues at 0
+    ///     tail = r.commit();
+    ///     ring.reclaim_to(tail - 1520)?;
+    /// }
+    /// let report = verify_records_in(ring.sink(), 1520, tail, 1, WrapMode::Mirrored);
+    /// assert_eq!((report.records, report.errors), (2, 0));
+    /// # Ok::<(), vkgdr::ring::core::RingError>(())
+    /// ```
+    pub fn with_wrap_mode(capacity: u64, sink: S, wrap: WrapMode) -> Result<Self, RingError> {
         check_capacity(capacity)?;
         let max_record = u32::try_from(capacity - HEADER_LEN).unwrap_or(MAX_PAYLOAD);
         Ok(Self {
             capacity,
             max_record: max_record.min(MAX_PAYLOAD),
             sink,
+            wrap,
             next_seq: Mutex::new(0),
             reserved: CachePadded(AtomicU64::new(0)),
             committed: CachePadded(AtomicU64::new(0)),
@@ -246,6 +278,22 @@ impl<S: RingSink> RingCore<S> {
     /// Size of the data region in bytes.
     pub fn capacity(&self) -> u64 {
         self.capacity
+    }
+
+    /// How records meet the end of the region.
+    pub fn wrap_mode(&self) -> WrapMode {
+        self.wrap
+    }
+
+    /// Writes `bytes` at region offset `offset` (below the capacity) through the sink, in two
+    /// pieces when the span runs past the end (only a mirrored ring's records do).
+    fn write_wrapping(&self, offset: u64, bytes: &[u8]) {
+        let first = (self.capacity - offset).min(bytes.len() as u64) as usize;
+        let (head, rest) = bytes.split_at(first);
+        self.sink.write(offset, head);
+        if !rest.is_empty() {
+            self.sink.write(0, rest);
+        }
     }
 
     /// Largest payload: `capacity - 16` (a record filling the whole region), at most
@@ -305,11 +353,12 @@ impl<S: RingSink> RingCore<S> {
     /// Reserves space for a record with a `len`-byte payload and gives it the next sequence
     /// number, or fails with [`RingError::Full`] without waiting.
     ///
-    /// A record that does not fit before the end of the region starts at offset 0 of the next
-    /// lap behind a wrap PAD record. When the consumer must read that PAD before the record's
+    /// In [`WrapMode::Padded`] a record that does not fit before the end of the region starts
+    /// at offset 0 of the next lap behind a wrap PAD record. When the consumer must read that PAD before the record's
     /// space frees up (the record is longer than the bytes before the PAD) and every earlier
     /// reservation is already published, this call writes and publishes the PAD on its own and
-    /// still returns `Full`; a retry then finds the record at offset 0.
+    /// still returns `Full`; a retry then finds the record at offset 0. In
+    /// [`WrapMode::Mirrored`] the record simply follows the previous one.
     pub fn try_reserve(&self, len: u32) -> Result<Reservation<'_, S>, RingError> {
         self.check_len(len)?;
         let size = layout::record_size(len);
@@ -317,7 +366,7 @@ impl<S: RingSink> RingCore<S> {
         let start = self.reserved.load(Ordering::Relaxed);
         let reclaimed = self.reclaimed.load(Ordering::Acquire);
         let offset = start & (self.capacity - 1);
-        let pad = if offset + size > self.capacity {
+        let pad = if self.wrap == WrapMode::Padded && offset + size > self.capacity {
             Some(self.capacity - offset)
         } else {
             None
@@ -469,7 +518,10 @@ impl<S: RingSink> Reservation<'_, S> {
         self.pos & (self.core.capacity - 1)
     }
 
-    /// Offset of the payload in the data region, for writers that store it themselves.
+    /// Offset of the payload in the data region, for writers that store it themselves. In a
+    /// [`WrapMode::Mirrored`] ring the payload may run past the end of the region (this offset
+    /// may even equal the capacity): its bytes from the end onwards belong at offset 0, as
+    /// [`write`](Self::write) does.
     pub fn payload_offset(&self) -> u64 {
         self.offset() + HEADER_LEN
     }
@@ -522,7 +574,8 @@ impl<S: RingSink> Reservation<'_, S> {
             });
         }
         if n > 0 {
-            self.core.sink.write(self.payload_offset() + at, bytes);
+            let offset = (self.payload_offset() + at) & (self.core.capacity - 1);
+            self.core.write_wrapping(offset, bytes);
         }
         Ok(())
     }
@@ -816,5 +869,61 @@ mod tests {
             assert_eq!(later.join().unwrap(), 64);
         });
         assert_eq!(r.sink().tail(), 64);
+    }
+}
+
+#[cfg(test)]
+mod mirrored_tests {
+    use super::*;
+    use crate::ring::layout::{read_wrapped, verify_records_in};
+
+    #[test]
+    fn records_run_past_the_end_without_padding() {
+        let ring = RingCore::with_wrap_mode(4096, HostSink::new(4096).unwrap(), WrapMode::Mirrored)
+            .unwrap();
+        assert_eq!(ring.wrap_mode(), WrapMode::Mirrored);
+        let mut straddled = 0;
+        for seq in 0..200u64 {
+            let len = 100 + (seq as u32 * 37) % 900;
+            let mut r = ring.try_reserve(len).unwrap();
+            assert_eq!(r.seq(), seq);
+            assert_eq!(r.pos(), ring.committed(), "no padding between records");
+            assert_eq!(r.pad_header(), None);
+            let (pos, end) = (r.pos(), r.end());
+            let mut payload: Vec<u8> = (0..len).map(|i| (seq as u32 ^ i) as u8).collect();
+            layout::seal_test_payload(&mut payload, seq);
+            // In two pieces, so one write may start exactly at the end of the region.
+            let cut = (seq as usize * 13) % payload.len();
+            r.write(0, &payload[..cut]).unwrap();
+            r.write(cut as u32, &payload[cut..]).unwrap();
+            r.commit();
+            if (pos & 4095) + (end - pos) > 4096 {
+                straddled += 1;
+            }
+            let mut raw = [0u8; 16];
+            read_wrapped(ring.sink(), pos, &mut raw);
+            let header = RecordHeader::from_bytes(&raw);
+            assert_eq!((header.len, header.kind, header.seq), (len, KIND_DATA, seq));
+            let mut got = vec![0u8; len as usize];
+            read_wrapped(ring.sink(), pos + HEADER_LEN, &mut got);
+            assert_eq!(got, payload);
+            let rep = verify_records_in(ring.sink(), pos, end, seq, WrapMode::Mirrored);
+            assert_eq!((rep.records, rep.errors, rep.pos), (1, 0, end));
+            ring.reclaim_to(end).unwrap();
+        }
+        assert!(straddled > 10, "only {straddled} records crossed the end");
+        // The padded reference rejects a record that crosses the end.
+        let r = ring.try_reserve(4096 - 16).unwrap();
+        let (pos, end) = (r.pos(), r.end());
+        assert_ne!(pos & 4095, 0, "starts mid-region");
+        r.commit();
+        let padded = layout::verify_records(ring.sink(), pos, end, 200);
+        assert_eq!(
+            (padded.errors, padded.pos),
+            (1, pos),
+            "stops at the crossing"
+        );
+        let mirrored = verify_records_in(ring.sink(), pos, end, 200, WrapMode::Mirrored);
+        assert_eq!((mirrored.records, mirrored.pos), (1, end));
     }
 }

@@ -9,6 +9,8 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::core::{Reservation, RingCore, RingError, RingSink};
+use super::layout::WrapMode;
+use crate::arena::Arena;
 use crate::cuda_objects::{Event, PinnedBuffer, Stream};
 use crate::error::Result;
 use crate::gpu::Gpu;
@@ -19,9 +21,51 @@ const TAIL_OFFSET: usize = 0;
 /// Offset of `stop` (u32) in the control allocation: its own 128-byte line, away from `tail`.
 const STOP_OFFSET: usize = 128;
 
+/// The data region: one raw allocation, or a one-chunk arena whose chunk is mapped a second time
+/// right after itself, so the GPU reads a record that runs past the end contiguously.
+enum RingData {
+    Raw(RawMemory),
+    Mirrored(Arena),
+}
+
+impl RingData {
+    /// Host address of offset 0. The mirror exists only for the GPU: on the host the region is
+    /// one mapping of `size()` bytes (the core splits writes at its end).
+    fn host_ptr(&self) -> *mut u8 {
+        match self {
+            RingData::Raw(m) => m.host_ptr(),
+            RingData::Mirrored(a) => a.host_ptr(0).expect("the ring's arena holds its chunk"),
+        }
+    }
+
+    fn device_ptr(&self) -> u64 {
+        match self {
+            RingData::Raw(m) => m.device_ptr(),
+            RingData::Mirrored(a) => a.device_ptr(),
+        }
+    }
+
+    fn size(&self) -> u64 {
+        match self {
+            RingData::Raw(m) => m.size(),
+            RingData::Mirrored(a) => a.len(),
+        }
+    }
+
+    /// Flushes `[offset, offset + len)` of the region (within it, not wrapping).
+    fn flush(&self, offset: u64, len: u64) -> Result<()> {
+        match self {
+            RingData::Raw(m) => m.flush(offset, len),
+            RingData::Mirrored(a) => a.flush(offset, len),
+        }
+    }
+}
+
 /// Writes records into BAR-mapped GPU memory and publishes `tail` there.
 pub struct BarSink {
-    data: RawMemory,
+    data: RingData,
+    /// Whether the data region is host-coherent (publishing then needs no flush).
+    coherent: bool,
     control: RawMemory,
     /// End of the last publication, for the non-coherent flush of `[published, tail)` (unused on
     /// coherent memory, where publishing needs no flush).
@@ -34,19 +78,13 @@ impl BarSink {
             return;
         }
         let cap = self.data.size();
-        let (a, b) = (from & (cap - 1), to & (cap - 1));
+        let (a, len) = (from & (cap - 1), (to - from).min(cap));
         // Flush errors cannot be returned through `publish`; on the coherent memory NVIDIA offers
-        // they never happen (no call is made), on non-coherent memory they would mean a lost
-        // device, which the consumer's checks then report.
-        if to - from >= cap {
-            let _ = self.data.flush(0, cap);
-        } else if a < b || b == 0 {
-            let _ = self.data.flush(a, if b == 0 { cap - a } else { b - a });
-        } else {
-            let _ = self
-                .data
-                .vulkan()
-                .flush_ranges([(a, cap - a), (0, b)].into_iter());
+        // no call is made, on non-coherent memory an error would mean a lost device, which the
+        // consumer's checks then report. A range that wraps is flushed in two pieces.
+        let _ = self.data.flush(a, len.min(cap - a));
+        if a + len > cap {
+            let _ = self.data.flush(0, a + len - cap);
         }
     }
 }
@@ -71,7 +109,7 @@ impl RingSink for BarSink {
         // `writes_done` for records; this also covers a wrap PAD published on its own). On
         // non-coherent memory push everything since the last publication first.
         store_fence();
-        if !self.data.is_coherent() {
+        if !self.coherent {
             let from = self.published.swap(tail, Ordering::AcqRel);
             self.flush_ring_range(from, tail);
         }
@@ -102,7 +140,8 @@ fn store_fence() {
 /// consumer built on `kernels/ring.cu`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RingDeviceView {
-    /// Device address of the data region.
+    /// Device address of the data region. For a [`WrapMode::Mirrored`] ring the region is mapped
+    /// twice back to back from here, so `data + offset` can be read for a whole record.
     pub data: u64,
     /// Capacity of the data region in bytes (a power of two).
     pub capacity: u64,
@@ -114,6 +153,10 @@ pub struct RingDeviceView {
     pub head: u64,
     /// Device address of the 8 result words (pinned host memory), see `layout::RESULT_*`.
     pub result: u64,
+    /// How records meet the end of the region: a [`WrapMode::Mirrored`] ring needs the
+    /// `_mirrored` consumers of `kernels/ring.cu` (or a consumer that accepts records crossing the
+    /// end).
+    pub wrap: WrapMode,
 }
 
 /// A ring whose consumer is a kernel that stays resident and polls `tail` (persistent mode).
@@ -139,16 +182,46 @@ impl DeviceRing {
             return Err(RingError::InvalidCapacity(capacity).into());
         }
         let data = gpu.alloc(capacity)?;
+        let coherent = data.is_coherent();
+        Self::with_data(gpu, RingData::Raw(data), coherent, WrapMode::Padded)
+    }
+
+    /// A ring in [`WrapMode::Mirrored`]: its data region is a one-chunk CUDA VMM
+    /// [`Arena`] whose chunk is mapped a second time right after itself, so a record that runs
+    /// past the end of the region is still contiguous for the GPU and no wrap PAD is ever written
+    /// (a record may be as large as the whole region from any position). `capacity` must be a
+    /// power of two and a multiple of the VMM granularity (2 MiB on the H100).
+    ///
+    /// Consumers read each record at `data + (pos & (capacity - 1))` for its whole length: use
+    /// the `_mirrored` kernels of `kernels/ring.cu`. Fails with [`Error::Unsupported`] where the
+    /// device or driver lacks VMM (fall back to [`DeviceRing::new`]).
+    ///
+    /// [`Error::Unsupported`]: crate::Error::Unsupported
+    pub fn new_mirrored(gpu: &Gpu, capacity: u64) -> Result<DeviceRing> {
+        if !capacity.is_power_of_two() || capacity < super::layout::MIN_CAPACITY {
+            return Err(RingError::InvalidCapacity(capacity).into());
+        }
+        // One chunk plus one chunk of address space for the mirror.
+        let mut arena = Arena::new(gpu, 2 * capacity, capacity)?;
+        arena.grow()?;
+        arena.map_mirror()?;
+        let coherent = !gpu.is_non_coherent();
+        Self::with_data(gpu, RingData::Mirrored(arena), coherent, WrapMode::Mirrored)
+    }
+
+    fn with_data(gpu: &Gpu, data: RingData, coherent: bool, wrap: WrapMode) -> Result<DeviceRing> {
+        let capacity = data.size();
         let mut control = gpu.alloc(4096)?;
         crate::Mapping::fill(&mut control, 0, 4096, 0)?;
         let host_words = PinnedBuffer::new(gpu, 4096)?;
         let sink = BarSink {
             data,
+            coherent,
             control,
             published: AtomicU64::new(0),
         };
         Ok(DeviceRing {
-            core: RingCore::new(capacity, sink)?,
+            core: RingCore::with_wrap_mode(capacity, sink, wrap)?,
             host_words,
             gpu: gpu.clone(),
         })
@@ -169,6 +242,7 @@ impl DeviceRing {
             stop: sink.control.device_ptr() + STOP_OFFSET as u64,
             head: self.host_words.device_ptr(),
             result: self.host_words.device_ptr() + RESULT_OFFSET as u64,
+            wrap: self.core.wrap_mode(),
         }
     }
 
@@ -251,8 +325,19 @@ pub struct LaunchRing {
 impl LaunchRing {
     /// A launch-mode ring of `capacity` bytes with its own stream.
     pub fn new(gpu: &Gpu, capacity: u64) -> Result<LaunchRing> {
+        Self::on(gpu, DeviceRing::new(gpu, capacity)?)
+    }
+
+    /// A launch-mode ring in [`WrapMode::Mirrored`] (see [`DeviceRing::new_mirrored`]): a batch
+    /// `[from, to)` is one contiguous device range starting at `data + (from & (capacity - 1))`,
+    /// with no padding anywhere.
+    pub fn new_mirrored(gpu: &Gpu, capacity: u64) -> Result<LaunchRing> {
+        Self::on(gpu, DeviceRing::new_mirrored(gpu, capacity)?)
+    }
+
+    fn on(gpu: &Gpu, ring: DeviceRing) -> Result<LaunchRing> {
         Ok(LaunchRing {
-            ring: DeviceRing::new(gpu, capacity)?,
+            ring,
             stream: Stream::new(gpu)?,
             in_flight: Mutex::new(VecDeque::new()),
             launched: Mutex::new(0),

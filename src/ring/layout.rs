@@ -4,9 +4,11 @@
 //! The data region is `capacity` bytes (a power of two, at least [`MIN_CAPACITY`]). Positions are
 //! `u64` byte counters that only grow; a position's byte lives at `pos & (capacity - 1)`. Every
 //! record starts at a [`RECORD_ALIGN`]-aligned position with a [`RecordHeader`] followed by `len`
-//! payload bytes, the whole record padded to [`RECORD_ALIGN`]. Records never straddle the end of
-//! the region: a record that would is preceded by a wrap PAD record (seq [`WRAP_PAD_SEQ`]) that
-//! runs exactly to the end, and starts at offset 0. A PAD record whose seq is not
+//! payload bytes, the whole record padded to [`RECORD_ALIGN`]. In the default
+//! [`WrapMode::Padded`] records never straddle the end of the region: a record that would is
+//! preceded by a wrap PAD record (seq [`WRAP_PAD_SEQ`]) that runs exactly to the end, and starts
+//! at offset 0. In [`WrapMode::Mirrored`] a record runs past the end and continues at offset 0,
+//! for consumers that see the region mapped twice back to back. A PAD record whose seq is not
 //! [`WRAP_PAD_SEQ`] is an abandoned reservation: it keeps its sequence number so DATA and
 //! abandoned records together number 0, 1, 2, ... without gaps.
 //!
@@ -53,6 +55,49 @@ pub const RESULT_POS: usize = 4;
 pub const RESULT_WORDS: usize = 8;
 /// `expected_seq_start` value telling `ring_consume_batch` to continue from `result[3]`.
 pub const SEQ_FROM_RESULT: u64 = u64::MAX;
+
+/// How records meet the end of the data region.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum WrapMode {
+    /// A record never crosses the end of the region: the bytes left before the end become a wrap
+    /// PAD record and the record starts at offset 0 of the next lap. Works on any memory, but a
+    /// large record can waste up to its own size at each wrap.
+    #[default]
+    Padded,
+    /// A record may run past the end of the region and continues at offset 0, with no padding.
+    /// A GPU consumer must see the region mapped a second time right after itself (a mirrored
+    /// [`Arena`](crate::Arena), as [`DeviceRing::new_mirrored`](super::DeviceRing::new_mirrored)
+    /// builds) so it reads every record contiguously; CPU consumers use [`read_wrapped`].
+    Mirrored,
+}
+
+/// Copies `out.len()` bytes (at most the capacity) starting at region offset `offset` (taken
+/// modulo the capacity), continuing at offset 0 if the span runs past the end: how a CPU consumer
+/// reads a record of a [`WrapMode::Mirrored`] ring.
+///
+/// ```
+/// use vkgdr::ring::layout::read_wrapped;
+/// let mut region = vec![0u8; 4096];
+/// region[4094..].copy_from_slice(&[1, 2]);
+/// region[..2].copy_from_slice(&[3, 4]);
+/// let mut out = [0u8; 4];
+/// read_wrapped(&region[..], 4094, &mut out);
+/// assert_eq!(out, [1, 2, 3, 4]);
+/// ```
+///
+/// # Panics
+/// If `out` is longer than the capacity, or the capacity is not a power of two.
+pub fn read_wrapped<S: RingSource + ?Sized>(src: &S, offset: u64, out: &mut [u8]) {
+    let capacity = src.capacity();
+    assert!(capacity.is_power_of_two() && out.len() as u64 <= capacity);
+    let offset = offset & (capacity - 1);
+    let first = (capacity - offset).min(out.len() as u64) as usize;
+    let (head, rest) = out.split_at_mut(first);
+    src.read(offset, head);
+    if !rest.is_empty() {
+        src.read(0, rest);
+    }
+}
 
 /// Size in the ring of a record with a `len`-byte payload: header plus payload, rounded up to
 /// [`RECORD_ALIGN`].
@@ -243,6 +288,17 @@ pub fn next_record<S: RingSource + ?Sized>(
     pos: u64,
     to: u64,
 ) -> Result<(RecordHeader, u64), FormatError> {
+    next_record_in(src, pos, to, WrapMode::Padded)
+}
+
+/// [`next_record`] for a ring in `mode`: in [`WrapMode::Mirrored`] a record may cross the end of
+/// the region.
+pub fn next_record_in<S: RingSource + ?Sized>(
+    src: &S,
+    pos: u64,
+    to: u64,
+    mode: WrapMode,
+) -> Result<(RecordHeader, u64), FormatError> {
     let capacity = src.capacity();
     if !capacity.is_power_of_two() || capacity < MIN_CAPACITY {
         return Err(FormatError::BadCapacity(capacity));
@@ -261,7 +317,7 @@ pub fn next_record<S: RingSource + ?Sized>(
         });
     }
     let size = header.record_size();
-    if offset + size > capacity {
+    if mode == WrapMode::Padded && offset + size > capacity {
         return Err(FormatError::CrossesEnd { pos, size });
     }
     if to < pos || size > to - pos {
@@ -297,6 +353,19 @@ pub fn verify_records<S: RingSource + ?Sized>(
     to: u64,
     expected_seq: u64,
 ) -> VerifyReport {
+    verify_records_in(src, from, to, expected_seq, WrapMode::Padded)
+}
+
+/// [`verify_records`] for a ring in `mode`, as the `_mirrored` kernels check a
+/// [`WrapMode::Mirrored`] ring: records may cross the end of the region (wrap PADs, which such a
+/// ring never writes, are still accepted when they end exactly at the region's end).
+pub fn verify_records_in<S: RingSource + ?Sized>(
+    src: &S,
+    from: u64,
+    to: u64,
+    expected_seq: u64,
+    mode: WrapMode,
+) -> VerifyReport {
     let mut rep = VerifyReport {
         next_seq: expected_seq,
         pos: from,
@@ -310,7 +379,7 @@ pub fn verify_records<S: RingSource + ?Sized>(
     }
     let mut payload = Vec::new();
     while rep.pos < to {
-        let Ok((h, next)) = next_record(src, rep.pos, to) else {
+        let Ok((h, next)) = next_record_in(src, rep.pos, to, mode) else {
             rep.errors += 1;
             break;
         };
@@ -330,7 +399,7 @@ pub fn verify_records<S: RingSource + ?Sized>(
                     rep.errors += 1;
                 } else {
                     payload.resize(h.len as usize, 0);
-                    src.read(offset + HEADER_LEN, &mut payload);
+                    read_wrapped(src, offset + HEADER_LEN, &mut payload);
                     let sum = test_checksum(&payload[TEST_PREFIX_LEN..]);
                     rep.checksum_sum = rep.checksum_sum.wrapping_add(sum);
                     if !check_test_payload(&payload, h.seq) {

@@ -52,6 +52,16 @@
 //! results) is therefore written by the GPU into host memory; the CPU's view of the ring's state
 //! comes from its own counters in [`core::RingCore`].
 //!
+//! # Wrap modes
+//!
+//! [`layout::WrapMode::Padded`] (the default, [`DeviceRing::new`]) keeps every record inside the
+//! region: a record that would cross the end is preceded by a wrap PAD record that fills the
+//! rest. [`layout::WrapMode::Mirrored`] ([`DeviceRing::new_mirrored`]) places the region in a
+//! one-chunk CUDA VMM [`Arena`](crate::Arena) whose chunk is mapped a second time right after
+//! itself: records run over the end with no padding, the producers' host writes are split at the
+//! end by the core (the host has one mapping), and the GPU reads each record contiguously. A
+//! padded consumer rejects such records; use the `_mirrored` kernels.
+//!
 //! Positions are `u64` byte counters that are never reduced; they would wrap after 2^64 bytes
 //! (over five years at 100 GB/s), which the ring does not handle.
 

@@ -134,7 +134,7 @@ pub struct Report {
 
 /// Titles and layouts of the reports the benchmarks produce; unknown names (foreign CSVs) get
 /// their name as title and the long layout.
-const KNOWN: [(&str, &str, Layout); 5] = [
+const KNOWN: [(&str, &str, Layout); 6] = [
     (
         "copybw-write",
         "Write bandwidth, host to GPU memory",
@@ -150,6 +150,11 @@ const KNOWN: [(&str, &str, Layout); 5] = [
     (
         "pplat",
         "Round trip: CPU writes, running kernel answers in pinned memory",
+        Layout::Wide,
+    ),
+    (
+        "ring-wrap",
+        "Ring throughput: padded versus mirrored wrap",
         Layout::Wide,
     ),
 ];

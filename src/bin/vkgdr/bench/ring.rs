@@ -6,12 +6,16 @@
 //! walk: its speed, not the ring's, limits small records). Latency is the round trip "commit a
 //! record → the kernel publishes a head past it → the CPU sees that head", so commit→seen is at
 //! most that.
+//!
+//! `ring-wrap` puts a padded and a mirrored ring of the same small size side by side with records
+//! that are a large share of it: the padded ring wastes the bytes before the end on every lap,
+//! the mirrored one lets records run over the end.
 
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
 use vkgdr::cuda_objects::{Event, Function, LaunchConfig, Module, PinnedBuffer, Stream};
-use vkgdr::ring::layout::{self, seal_test_payload, HEADER_LEN};
+use vkgdr::ring::layout::{self, seal_test_payload, WrapMode, HEADER_LEN};
 use vkgdr::ring::DeviceRing;
 use vkgdr::{Gpu, OpenOptions};
 
@@ -22,6 +26,10 @@ const PRODUCERS: usize = 4;
 const RING_BYTES: u64 = 64 << 20;
 /// Record sizes including the 16-byte header.
 const SIZES: [u64; 2] = [64, 4096];
+/// The padded-versus-mirrored comparison: a ring of one VMM granule (2 MiB on the H100) and records
+/// (header included) from small to most of it.
+const WRAP_RING_BYTES: u64 = 2 << 20;
+const WRAP_SIZES: [u64; 4] = [4096, 192 << 10, 768 << 10, 1536 << 10];
 
 fn launch_consumer(
     f: &Function<'_>,
@@ -237,6 +245,8 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
             .push(Row::measured(name, 64, &Stats::of(&t).expect("samples")));
     }
 
+    let wrap = wrap_modes(&gpu, &ack, &stream, reps, bytes_per_run)?;
+
     let dev = vkgdr::cuda_objects::DeviceBuffer::new(&gpu, RING_BYTES as usize)?;
     let staging = PinnedBuffer::new(&gpu, RING_BYTES as usize)?;
     for size in SIZES {
@@ -279,5 +289,58 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     bw.notes.push("ack kernel: publishes head = tail without reading the records (transport rate); checking kernel: walks and verifies every record (seq + checksum), one record at a time".into());
     bw.notes.push("cuMemcpyHtoDAsync: the same bytes from pinned memory into cuMemAlloc memory, back to back on one stream".into());
     lat.notes.push("round trip of one 64-byte record: push (reserve, write, commit) → kernel publishes head into pinned memory → CPU sees it; commit→seen is below this".into());
-    Ok(vec![bw, lat])
+    Ok(vec![bw, lat, wrap])
+}
+
+/// Padded and mirrored rings of [`WRAP_RING_BYTES`] side by side, ack kernel, 4 producers.
+fn wrap_modes(
+    gpu: &Gpu,
+    ack: &Function<'_>,
+    stream: &Stream,
+    reps: usize,
+    bytes_per_run: u64,
+) -> BenchResult<Report> {
+    let mut report = Report::new("ring-wrap", Unit::GigabytesPerSecond);
+    for (mode, name) in [
+        (WrapMode::Padded, "padded ring (wrap PAD at the end)"),
+        (
+            WrapMode::Mirrored,
+            "mirrored ring (records run over the end)",
+        ),
+    ] {
+        for size in WRAP_SIZES {
+            let per_thread = (bytes_per_run / size / PRODUCERS as u64).max(16);
+            let mut samples = Vec::new();
+            for _ in 0..reps {
+                let ring = match mode {
+                    WrapMode::Padded => DeviceRing::new(gpu, WRAP_RING_BYTES)?,
+                    WrapMode::Mirrored => match DeviceRing::new_mirrored(gpu, WRAP_RING_BYTES) {
+                        Ok(r) => r,
+                        Err(vkgdr::Error::Unsupported(why)) => {
+                            report
+                                .notes
+                                .push(format!("mirrored ring not measured: {why}"));
+                            return Ok(report);
+                        }
+                        Err(e) => return Err(e.into()),
+                    },
+                };
+                let done = launch_consumer(ack, &ring, stream, false)?;
+                let r = stream_records(&ring, size, per_thread, false);
+                finish(&ring, &done)?;
+                samples.push(r?);
+            }
+            report.rows.push(Row::measured(
+                name,
+                size,
+                &Stats::of(&samples).expect("samples"),
+            ));
+        }
+    }
+    report.notes.push(format!(
+        "{PRODUCERS} producer threads, ring of {} MiB, ack kernel; sizes include the 16-byte header; GB/s = record bytes delivered per second",
+        WRAP_RING_BYTES >> 20
+    ));
+    report.notes.push("a padded ring fits floor(capacity / size) records per lap and pads the rest; a mirrored ring (DeviceRing::new_mirrored, a CUDA VMM arena whose chunk is mapped twice) has no padding, so more records are in flight when they are a large share of the ring".into());
+    Ok(report)
 }
