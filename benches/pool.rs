@@ -1,6 +1,7 @@
 //! Pool benchmarks: alloc+free pairs per size class (1 and 8 threads), our allocator against
 //! gpu-alloc's buddy and free-list allocators over the same chunks, a random trace replayed
-//! through each and through raw allocations.
+//! through each and through raw allocations. `vkgdr+thread-cache` is our pool with
+//! `PoolConfig::thread_cache = 32` (per-thread magazines of freed small blocks).
 //!
 //! The chunk source is the best this machine has: CUDA-imported chunks on a GPU machine, Vulkan
 //! chunks where only Vulkan exists (lavapipe), host memory otherwise. Raw allocations are measured
@@ -39,9 +40,10 @@ impl Source {
             Source::Host => "host",
         }
     }
-    fn pool(&self, backend: Backend) -> Pool {
+    fn pool(&self, (backend, thread_cache): (Backend, usize)) -> Pool {
         let cfg = PoolConfig {
             backend,
+            thread_cache,
             ..Default::default()
         };
         match self {
@@ -60,15 +62,17 @@ impl Source {
     }
 }
 
-const BACKENDS: [(&str, Backend); 3] = [
-    ("vkgdr", Backend::Native),
+/// Allocators compared: (name, (backend, PoolConfig::thread_cache)).
+const BACKENDS: [(&str, (Backend, usize)); 4] = [
+    ("vkgdr", (Backend::Native, 0)),
+    ("vkgdr+thread-cache", (Backend::Native, 32)),
     (
         "gpu-alloc-buddy",
-        Backend::GpuAlloc(GpuAllocStrategy::Buddy),
+        (Backend::GpuAlloc(GpuAllocStrategy::Buddy), 0),
     ),
     (
         "gpu-alloc-freelist",
-        Backend::GpuAlloc(GpuAllocStrategy::FreeList),
+        (Backend::GpuAlloc(GpuAllocStrategy::FreeList), 0),
     ),
 ];
 

@@ -1,11 +1,13 @@
 //! The pool on the GPU: a PTX kernel reads 100,000 tiny host-written blocks by device pointer and
-//! checks every tag, in coherent and forced non-coherent mode and on the gpu-alloc backend.
+//! checks every tag, in coherent and forced non-coherent mode, with recycled blocks from the
+//! per-thread cache, and on the gpu-alloc backend.
 
 mod common;
 
 use common::*;
 use rand::{Rng, SeedableRng};
 use vkgdr::cuda_objects::Module;
+use vkgdr::pool::magazine;
 use vkgdr::{Backend, GpuAllocStrategy, Mapping, Pool, PoolConfig};
 
 fn tag_bytes(tag: u32, len: usize) -> Vec<u8> {
@@ -14,18 +16,40 @@ fn tag_bytes(tag: u32, len: usize) -> Vec<u8> {
         .collect()
 }
 
-fn kernel_checks_blocks(force_non_coherent: bool, backend: Backend, count: usize) {
+fn kernel_checks_blocks(
+    force_non_coherent: bool,
+    backend: Backend,
+    count: usize,
+    thread_cache: usize,
+) {
     let gpu = open(force_non_coherent);
     let module = Module::load_ptx(&gpu, MAPPING_PTX).unwrap();
     let pool = Pool::new(
         gpu.clone(),
         PoolConfig {
             backend,
+            thread_cache,
             ..Default::default()
         },
     )
     .unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+    let mut cached_before = 0;
+    if thread_cache > 0 {
+        // Fill this thread's cache with freed blocks that held other bytes, so the blocks below
+        // start with recycled ones (the kernel must still see only the new tags).
+        let old: Vec<vkgdr::Block> = (0..20_000)
+            .map(|_| {
+                let size = rng.gen_range(1..=256u64);
+                let mut b = pool.alloc(size, 1).unwrap();
+                b.fill(0, size, 0xA5).unwrap();
+                b
+            })
+            .collect();
+        drop(old);
+        cached_before = magazine::thread_cached_blocks();
+        assert!(cached_before > 0);
+    }
     let mut blocks = Vec::with_capacity(count);
     let (mut ptrs, mut lens, mut tags) = (Vec::new(), Vec::new(), Vec::new());
     for k in 0..count {
@@ -84,6 +108,11 @@ fn kernel_checks_blocks(force_non_coherent: bool, backend: Backend, count: usize
         bad[0]
     };
     assert_eq!(run(&p_bad), 0, "the kernel found blocks with wrong tags");
+    if thread_cache > 0 {
+        let reused = cached_before - magazine::thread_cached_blocks();
+        println!("{reused} of {count} blocks came from the thread cache");
+        assert!(reused > 0, "no block was served from the thread cache");
+    }
     // Corrupt one block: the kernel must notice (the check can fail).
     let victim = count / 2;
     blocks[victim]
@@ -104,20 +133,32 @@ fn kernel_checks_blocks(force_non_coherent: bool, backend: Backend, count: usize
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
 fn kernel_checks_100k_tiny_blocks_coherent() {
-    kernel_checks_blocks(false, Backend::Native, 100_000);
+    kernel_checks_blocks(false, Backend::Native, 100_000, 0);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn kernel_checks_100k_tiny_blocks_with_thread_cache() {
+    kernel_checks_blocks(false, Backend::Native, 100_000, 32);
+    kernel_checks_blocks(true, Backend::Native, 20_000, 32);
 }
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
 fn kernel_checks_100k_tiny_blocks_forced_non_coherent() {
-    kernel_checks_blocks(true, Backend::Native, 100_000);
+    kernel_checks_blocks(true, Backend::Native, 100_000, 0);
 }
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
 fn kernel_checks_blocks_on_gpu_alloc_backends() {
-    kernel_checks_blocks(false, Backend::GpuAlloc(GpuAllocStrategy::Buddy), 20_000);
-    kernel_checks_blocks(true, Backend::GpuAlloc(GpuAllocStrategy::FreeList), 20_000);
+    kernel_checks_blocks(false, Backend::GpuAlloc(GpuAllocStrategy::Buddy), 20_000, 0);
+    kernel_checks_blocks(
+        true,
+        Backend::GpuAlloc(GpuAllocStrategy::FreeList),
+        20_000,
+        0,
+    );
 }
 
 #[test]

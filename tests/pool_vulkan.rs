@@ -24,12 +24,13 @@ fn tag_bytes(tag: u32, len: usize) -> Vec<u8> {
         .collect()
 }
 
-fn churn(force_non_coherent: bool, threads: usize, ops: usize) {
+fn churn(force_non_coherent: bool, threads: usize, ops: usize, thread_cache: usize) {
     let pool = Pool::new(
         vulkan(force_non_coherent),
         PoolConfig {
             chunk_size: 4 << 20,
             max_chunk_size: 16 << 20,
+            thread_cache,
             ..Default::default()
         },
     )
@@ -70,6 +71,10 @@ fn churn(force_non_coherent: bool, threads: usize, ops: usize) {
                 for (b, tag, size) in live {
                     assert!(b.read_vec(0, size as usize).unwrap() == tag_bytes(tag, size as usize));
                 }
+                // Deterministic: a scope may end before its threads' thread-local destructors
+                // (which would release the cache too) have run.
+                vkgdr::pool::magazine::release_thread_cache();
+                assert_eq!(vkgdr::pool::magazine::thread_cached_blocks(), 0);
             });
         }
     });
@@ -80,12 +85,22 @@ fn churn(force_non_coherent: bool, threads: usize, ops: usize) {
 
 #[test]
 fn eight_threads_random_churn_no_overlap_no_lost_write() {
-    churn(false, 8, 100_000);
+    churn(false, 8, 100_000, 0);
+}
+
+#[test]
+fn eight_threads_churn_with_thread_caches() {
+    churn(false, 8, 100_000, 16);
 }
 
 #[test]
 fn churn_in_forced_non_coherent_mode() {
-    churn(true, 4, 20_000);
+    churn(true, 4, 20_000, 0);
+}
+
+#[test]
+fn churn_forced_non_coherent_with_thread_caches() {
+    churn(true, 4, 20_000, 16);
 }
 
 #[test]

@@ -9,6 +9,10 @@
 //! chunks behind its own mutex, and a thread allocates from "its" shard (assigned round-robin on
 //! first use). A block remembers its shard, so any thread may drop it.
 //!
+//! With [`PoolConfig::thread_cache`] set, each thread also keeps a small cache of its freed blocks
+//! of up to 4 KiB ([`magazine`]) and reuses them without any lock or atomic operation: the
+//! fastest path, at the price of cached blocks staying reserved until the thread releases them.
+//!
 //! On non-coherent memory, writes through a block's safe API record dirty ranges in the chunk's
 //! [`crate::dirty::DirtyRanges`]; [`Block::flush`] or [`Pool::flush`] push them with
 //! one `vkFlushMappedMemoryRanges` per chunk. On coherent memory none of this costs anything.
@@ -16,7 +20,7 @@
 use std::cell::Cell;
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -29,6 +33,7 @@ use crate::mapping::Mapping;
 use crate::vulkan::check_range;
 
 mod gpu_alloc;
+pub mod magazine;
 mod spin;
 pub use gpu_alloc::GpuAllocStrategy;
 use gpu_alloc::{ChunkDevice, GpuAllocBackend};
@@ -67,6 +72,14 @@ pub struct PoolConfig {
     pub heap: HeapConfig,
     /// Which allocator serves shared requests.
     pub backend: Backend,
+    /// Freed blocks of up to 4 KiB each thread keeps per 16-byte size bucket for reuse by its
+    /// next allocations from this pool, with no lock and no atomic operation on either side
+    /// ([`magazine`]). Default 0 (off).
+    ///
+    /// Cached blocks stay reserved (they keep their chunk from being trimmed) until their thread
+    /// allocates from another pool, calls [`magazine::release_thread_cache`], trims or drops the
+    /// last handle of this pool, or exits. Native backend only.
+    pub thread_cache: usize,
 }
 
 impl Default for PoolConfig {
@@ -82,6 +95,7 @@ impl Default for PoolConfig {
             keep_empty_chunks: 1,
             heap: HeapConfig::default(),
             backend: Backend::Native,
+            thread_cache: 0,
         }
     }
 }
@@ -176,6 +190,13 @@ impl ShardSet {
 
 impl Drop for ShardSet {
     fn drop(&mut self) {
+        // Blocks dropped from now on go straight back to their shards, and this thread's cached
+        // ones go back now (other threads' return when they release their caches).
+        // SAFETY: the cells are alive: we still hold the pool's reference on each.
+        if let Some(pool) = self.cells.first().map(|c| unsafe { &c.as_ref().pool }) {
+            pool.dropped.store(true, Ordering::Release);
+            magazine::release_pool(Some(pool.id));
+        }
         for &cell in self.cells.iter() {
             // SAFETY: the cell is alive: we still hold the pool's reference on it.
             let free = unsafe {
@@ -192,8 +213,15 @@ impl Drop for ShardSet {
     }
 }
 
+/// Pool identities for the thread caches (never reused, unlike addresses).
+static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
+
 /// Pool state shared by every shard and block.
 struct PoolInner {
+    /// Unique id: which pool a thread cache serves.
+    id: u64,
+    /// Set when the last `Pool` handle is gone: blocks then bypass the thread caches.
+    dropped: AtomicBool,
     source: Box<dyn ChunkSource>,
     config: PoolConfig,
     /// Bytes of all chunks currently held (shared and dedicated), for the byte limit.
@@ -322,6 +350,8 @@ impl Pool {
         };
         let first_chunk = config.chunk_size;
         let inner = Arc::new(PoolInner {
+            id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
+            dropped: AtomicBool::new(false),
             gpu_alloc,
             non_coherent: source.is_non_coherent(),
             atom: source.atom_size(),
@@ -441,6 +471,24 @@ impl Pool {
                     block: Some(block),
                 },
             ));
+        }
+        let depth = self.inner.config.thread_cache;
+        if depth > 0 && alloc_size <= magazine::MAX_CACHED_SIZE {
+            if let Some(c) = magazine::take(self.inner.id, depth, alloc_size, align) {
+                // SAFETY: the chunk outlives the live allocation the entry holds (as for a block).
+                let chunk = unsafe { &*c.chunk };
+                return Ok(Block::new(
+                    chunk,
+                    c.allocation.offset(),
+                    size,
+                    self.inner.non_coherent,
+                    BlockKind::Shared {
+                        shard: c.cell,
+                        chunk: c.chunk,
+                        allocation: Some(c.allocation),
+                    },
+                ));
+            }
         }
         let shard_index = thread_shard(self.shards.len());
         let cell = self.shards.get(shard_index);
@@ -621,6 +669,9 @@ impl Pool {
     /// Returns every empty chunk (and cached empty slab page) to the driver now. Returns the
     /// number of chunks released. Blocks in use are never moved.
     pub fn trim(&self) -> usize {
+        // This thread's cached blocks would keep their chunks; other threads' caches cannot be
+        // reached (see `PoolConfig::thread_cache`).
+        magazine::release_pool(Some(self.inner.id));
         if let Some(ga) = &self.inner.gpu_alloc {
             ga.cleanup(&self.inner.chunk_device());
         }
@@ -905,11 +956,26 @@ impl Drop for Block {
     fn drop(&mut self) {
         match &mut self.kind {
             BlockKind::Shared {
-                shard, allocation, ..
+                shard,
+                chunk,
+                allocation,
             } => {
                 if let Some(a) = allocation.take() {
-                    // SAFETY: the block's reference on its cell is used here for the last time.
-                    unsafe { ShardCell::free(*shard, a) };
+                    // SAFETY: our reference keeps the cell alive; `pool` is never changed.
+                    let pool = unsafe { &shard.as_ref().pool };
+                    let mut entry = Some(magazine::Cached {
+                        cell: *shard,
+                        chunk: *chunk,
+                        allocation: a,
+                    });
+                    if pool.config.thread_cache > 0 && !pool.dropped.load(Ordering::Relaxed) {
+                        entry = magazine::offer(pool.id, entry.take().expect("just set"));
+                    }
+                    if let Some(e) = entry {
+                        // SAFETY: the block's reference on its cell is used here for the last
+                        // time (a cached entry takes it over instead).
+                        unsafe { ShardCell::free(e.cell, e.allocation) };
+                    }
                 }
             }
             BlockKind::GpuAlloc { pool, block } => {
@@ -984,5 +1050,126 @@ mod tests {
         drop(pool.alloc(16, 16).unwrap());
         assert_eq!(pool.trim(), 1);
         drop(pool);
+    }
+
+    fn cached_pool(depth: usize) -> Pool {
+        let cfg = PoolConfig {
+            chunk_size: 128 << 10,
+            max_chunk_size: 128 << 10,
+            dedicated_threshold: 64 << 10,
+            shards: 2,
+            thread_cache: depth,
+            ..Default::default()
+        };
+        Pool::new(HostMemorySource, cfg).unwrap()
+    }
+
+    #[test]
+    fn thread_cache_reuses_freed_blocks() {
+        let pool = cached_pool(4);
+        let a = pool.alloc(256, 16).unwrap();
+        let p = a.host_ptr();
+        drop(a);
+        assert_eq!(magazine::thread_cached_blocks(), 1);
+        assert_eq!(
+            pool.stats().bytes_in_use,
+            256,
+            "a cached block stays reserved"
+        );
+        // Same 16-byte bucket: the cached block comes back.
+        let b = pool.alloc(250, 16).unwrap();
+        assert_eq!((b.host_ptr(), b.size()), (p, 250));
+        assert_eq!(magazine::thread_cached_blocks(), 0);
+        drop(b);
+        // Another bucket: a fresh block.
+        let c = pool.alloc(100, 16).unwrap();
+        assert_ne!(c.host_ptr(), p);
+        // A stricter alignment than the cached block has: the slow path, correctly aligned.
+        let d = pool.alloc(250, 4096).unwrap();
+        assert_eq!(d.host_ptr() as usize % 4096, 0);
+        drop(d);
+        magazine::release_thread_cache();
+        assert_eq!(magazine::thread_cached_blocks(), 0);
+        assert_eq!(pool.stats().bytes_in_use, 100);
+        drop(c);
+        assert_eq!(
+            pool.trim(),
+            1,
+            "trim releases the cache, then the empty chunk"
+        );
+        assert_eq!(pool.stats().bytes_in_use, 0);
+    }
+
+    #[test]
+    fn thread_cache_is_bounded_per_bucket() {
+        let pool = cached_pool(3);
+        let blocks: Vec<Block> = (0..10).map(|_| pool.alloc(64, 16).unwrap()).collect();
+        drop(blocks);
+        assert_eq!(magazine::thread_cached_blocks(), 3);
+        assert_eq!(pool.stats().bytes_in_use, 3 * 64);
+        // Blocks too large for the cache go straight back.
+        drop(pool.alloc(8192, 16).unwrap());
+        assert_eq!(magazine::thread_cached_blocks(), 3);
+        drop(pool);
+        assert_eq!(
+            magazine::thread_cached_blocks(),
+            0,
+            "dropping the pool empties it"
+        );
+    }
+
+    #[test]
+    fn thread_cache_serves_one_pool_at_a_time() {
+        let (a, b) = (cached_pool(4), cached_pool(4));
+        drop(a.alloc(32, 16).unwrap());
+        assert_eq!(a.stats().bytes_in_use, 32);
+        // Allocating from another pool hands the first pool's blocks back.
+        let x = b.alloc(32, 16).unwrap();
+        assert_eq!(a.stats().bytes_in_use, 0);
+        // Allocating from `a` switches the cache back to it; `x` (of `b`) is then freed to its
+        // shard instead of being cached.
+        drop(a.alloc(48, 16).unwrap());
+        drop(x);
+        assert_eq!(magazine::thread_cached_blocks(), 1);
+        assert_eq!((a.stats().bytes_in_use, b.stats().bytes_in_use), (48, 0));
+        magazine::release_thread_cache();
+        assert_eq!(a.stats().bytes_in_use + b.stats().bytes_in_use, 0);
+    }
+
+    #[test]
+    fn thread_cache_is_released_when_its_thread_exits() {
+        let pool = cached_pool(8);
+        let p = pool.clone();
+        std::thread::spawn(move || {
+            let blocks: Vec<Block> = (0..20).map(|i| p.alloc(16 + i * 16, 16).unwrap()).collect();
+            drop(blocks);
+            assert_eq!(magazine::thread_cached_blocks(), 20);
+        })
+        .join()
+        .unwrap();
+        assert_eq!(pool.stats().bytes_in_use, 0);
+        // A block made on one thread and cached on another still frees correctly.
+        let block = pool.alloc(64, 64).unwrap();
+        let p = pool.clone();
+        std::thread::spawn(move || {
+            drop(p.alloc(64, 16).unwrap()); // this thread's cache now serves the pool
+            drop(block);
+            assert_eq!(magazine::thread_cached_blocks(), 2);
+            let again = p.alloc(64, 64).unwrap();
+            assert_eq!(again.host_ptr() as usize % 64, 0);
+        })
+        .join()
+        .unwrap();
+        assert_eq!(pool.stats().bytes_in_use, 0);
+        assert!(pool.trim() >= 1);
+    }
+
+    #[test]
+    fn blocks_outliving_their_pool_skip_the_cache() {
+        let pool = cached_pool(4);
+        let a = pool.alloc(64, 16).unwrap();
+        drop(pool);
+        drop(a); // the pool is gone: freed to its shard, which it then frees
+        assert_eq!(magazine::thread_cached_blocks(), 0);
     }
 }
