@@ -25,7 +25,7 @@
 
 use std::hint::spin_loop;
 use std::ops::Deref;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -110,16 +110,18 @@ pub trait RingSink {
     /// `tail`. For BAR memory: `sfence` (plus a flush if the memory is not host-coherent), a
     /// volatile 8-byte store of `tail`, `sfence`.
     ///
-    /// The core calls it once per commit, from the committing thread, one call at a time, in
-    /// commit order with strictly increasing `tail`, each call only after the previous one has
-    /// returned. Every record below `tail` was written by this thread or by a thread whose own
-    /// `publish` call came earlier, so a fence of this thread's stores is enough.
+    /// The core calls it from whichever committing thread holds the publisher role, one call at
+    /// a time, with strictly increasing `tail`, each call only after the previous one has
+    /// returned; one call may publish several threads' records. Every record below `tail` was
+    /// written either by this thread or by a thread that called [`writes_done`](Self::writes_done)
+    /// after its writes and before handing the record over (with release/acquire ordering), so
+    /// fencing this thread's own stores is enough.
     fn publish(&self, tail: u64);
 
-    /// Called by the committing thread after its last write of a record and before it waits for
-    /// its turn to publish: a sink over write-combined memory drains this thread's stores here
-    /// (`sfence`), so producers drain in parallel instead of one after another inside the
-    /// in-order section. The default does nothing.
+    /// Called by the committing thread after its last write of a record and before the record
+    /// can be published, possibly by another thread: a sink over write-combined memory must drain
+    /// this thread's stores here (`sfence`). The default does nothing (enough for sinks whose
+    /// writes are ordered by the core's release/acquire hand-over, like [`HostSink`]).
     fn writes_done(&self) {}
 }
 
@@ -207,8 +209,9 @@ fn wait_until(mut done: impl FnMut() -> bool) {
 /// Positions only grow. Invariants: `reclaimed <= committed <= reserved` and
 /// `reserved - reclaimed <= capacity`, so a write never lands on bytes the consumer has not
 /// released. Reservation takes a short mutex (position and seq move together, so seq order is
-/// position order is commit order); commit is lock-free but in order: it waits until every earlier
-/// reservation is published.
+/// position order). Commit never waits for earlier records: it marks its record done, and whoever
+/// holds the publisher role publishes every record that is done and has no unfinished record
+/// before it, with one [`RingSink::publish`] for all of them (commit combining).
 #[derive(Debug)]
 pub struct RingCore<S> {
     capacity: u64,
@@ -222,11 +225,22 @@ pub struct RingCore<S> {
     reserved: CachePadded<AtomicU64>,
     /// End of the last committed record; set just before it is published.
     committed: CachePadded<AtomicU64>,
-    /// End of the last record whose `publish` returned: the commit turn token.
+    /// End of the last record whose `publish` returned.
     published: CachePadded<AtomicU64>,
+    /// Sequence number of the first record not yet published (changed only by the publisher).
+    published_seq: CachePadded<AtomicU64>,
+    /// The publisher role: held by the one thread running `publish_done`.
+    publishing: CachePadded<AtomicBool>,
+    /// `done[seq % COMMIT_SLOTS]` holds the end of record `seq` once it is committed; a value at
+    /// or below `published` is stale (an earlier lap of the slots).
+    done: Box<[CachePadded<AtomicU64>]>,
     /// Position the consumer has released.
     reclaimed: CachePadded<AtomicU64>,
 }
+
+/// Committed records that may wait for an earlier, unfinished one before a committer has to wait
+/// for a slot.
+const COMMIT_SLOTS: u64 = 256;
 
 impl<S: RingSink> RingCore<S> {
     /// An empty ring of `capacity` bytes (a power of two of at least [`MIN_CAPACITY`]) writing
@@ -271,6 +285,11 @@ impl<S: RingSink> RingCore<S> {
             reserved: CachePadded(AtomicU64::new(0)),
             committed: CachePadded(AtomicU64::new(0)),
             published: CachePadded(AtomicU64::new(0)),
+            published_seq: CachePadded(AtomicU64::new(0)),
+            publishing: CachePadded(AtomicBool::new(false)),
+            done: (0..COMMIT_SLOTS)
+                .map(|_| CachePadded(AtomicU64::new(0)))
+                .collect(),
             reclaimed: CachePadded(AtomicU64::new(0)),
         })
     }
@@ -377,15 +396,22 @@ impl<S: RingSink> RingCore<S> {
             if let Some(pad_bytes) = pad {
                 // Nothing before `start` is in flight and no one else can reserve: publish the
                 // PAD alone so the consumer can step over it and free the space the record needs.
+                // It takes the publisher role (a publisher may still be finishing; then the
+                // caller simply retries).
                 if self.published.load(Ordering::Acquire) == start
                     && pos - reclaimed <= self.capacity
+                    && !self.publishing.swap(true, Ordering::SeqCst)
                 {
-                    self.sink
-                        .write(offset, &RecordHeader::wrap_pad(pad_bytes).to_bytes());
-                    self.committed.store(pos, Ordering::Release);
-                    self.sink.publish(pos);
-                    self.published.store(pos, Ordering::Release);
-                    self.reserved.store(pos, Ordering::Release);
+                    if self.published.load(Ordering::Acquire) == start {
+                        self.sink
+                            .write(offset, &RecordHeader::wrap_pad(pad_bytes).to_bytes());
+                        self.sink.writes_done();
+                        self.committed.store(pos, Ordering::Release);
+                        self.sink.publish(pos);
+                        self.published.store(pos, Ordering::Release);
+                        self.reserved.store(pos, Ordering::Release);
+                    }
+                    self.publishing.store(false, Ordering::SeqCst);
                 }
             }
             return Err(RingError::Full);
@@ -475,13 +501,51 @@ impl<S: RingSink> RingCore<S> {
         Ok(())
     }
 
-    /// Publishes `[start, end)` once everything before `start` is published.
-    fn publish_in_order(&self, start: u64, end: u64) {
-        wait_until(|| self.published.load(Ordering::Acquire) == start);
-        // `committed` first: a consumer head can never be seen beyond it.
-        self.committed.store(end, Ordering::Release);
-        self.sink.publish(end);
-        self.published.store(end, Ordering::Release);
+    /// Marks record `seq` (ending at `end`) as committed, then publishes every record that is
+    /// ready unless another thread holds the publisher role (it then publishes this one too).
+    fn commit_record(&self, seq: u64, end: u64) {
+        // Its slot must not hold a record that is still unpublished (COMMIT_SLOTS earlier).
+        wait_until(|| seq < self.published_seq.load(Ordering::Acquire) + COMMIT_SLOTS);
+        // SeqCst with the role's swap below and the publisher's release-then-recheck: either this
+        // thread gets the role, or the releasing publisher sees this slot (see `publish_done`).
+        self.done[(seq % COMMIT_SLOTS) as usize].store(end, Ordering::SeqCst);
+        self.publish_done();
+    }
+
+    /// Takes the publisher role if it is free and publishes the longest run of committed records
+    /// from `published` with one `publish`, repeating until no committed record is left behind.
+    fn publish_done(&self) {
+        while !self.publishing.swap(true, Ordering::SeqCst) {
+            let (from, mut pos) = {
+                let p = self.published.load(Ordering::Acquire);
+                (p, p)
+            };
+            let mut seq = self.published_seq.load(Ordering::Acquire);
+            loop {
+                let end = self.done[(seq % COMMIT_SLOTS) as usize].load(Ordering::Acquire);
+                if end <= pos {
+                    break; // not committed yet (a stale slot holds an end at or below `pos`)
+                }
+                pos = end;
+                seq += 1;
+            }
+            if pos != from {
+                // `committed` first: a consumer head can never be seen beyond it.
+                self.committed.store(pos, Ordering::Release);
+                self.sink.publish(pos);
+                self.published.store(pos, Ordering::Release);
+                self.published_seq.store(seq, Ordering::Release);
+            }
+            self.publishing.store(false, Ordering::SeqCst);
+            // A committer may have marked the next record after the scan above and found the role
+            // taken: look once more after releasing it (both sides are SeqCst, so one of the two
+            // threads sees the other).
+            let next = self.published_seq.load(Ordering::SeqCst);
+            let end = self.done[(next % COMMIT_SLOTS) as usize].load(Ordering::SeqCst);
+            if end <= self.published.load(Ordering::SeqCst) {
+                return;
+            }
+        }
     }
 }
 
@@ -490,8 +554,8 @@ impl<S: RingSink> RingCore<S> {
 /// Write the payload with [`write`](Self::write), then [`commit`](Self::commit). Dropping it
 /// uncommitted (also while unwinding) commits a PAD record of the same size that keeps the
 /// sequence number, so later records are not blocked and seqs stay gapless; consumers skip it.
-/// Commits wait for every earlier reservation: commit or drop your reservations in the order you
-/// made them.
+/// Reservations may be committed in any order (also several held by one thread); a record is
+/// published once every earlier one is committed.
 #[must_use = "dropping a reservation turns it into a PAD record"]
 #[derive(Debug)]
 pub struct Reservation<'a, S: RingSink> {
@@ -580,8 +644,11 @@ impl<S: RingSink> Reservation<'_, S> {
         Ok(())
     }
 
-    /// Writes the headers, waits until every earlier reservation is published, then publishes
-    /// this record. Returns the new tail (this record's end).
+    /// Writes the headers and commits the record. It is published (with every committed record
+    /// before it) as soon as no earlier reservation is still open: by this call, or by the
+    /// committer of the last of those records. Never waits for other producers, unless its seq is
+    /// 256 or more past the oldest unpublished record (then until that one is committed). Returns
+    /// this record's end: the tail once it is published.
     pub fn commit(mut self) -> u64 {
         self.finish(KIND_DATA)
     }
@@ -599,7 +666,7 @@ impl<S: RingSink> Reservation<'_, S> {
         };
         core.sink.write(self.offset(), &header.to_bytes());
         core.sink.writes_done();
-        core.publish_in_order(self.start, self.end);
+        core.commit_record(self.seq, self.end);
         self.end
     }
 }
@@ -869,6 +936,88 @@ mod tests {
             assert_eq!(later.join().unwrap(), 64);
         });
         assert_eq!(r.sink().tail(), 64);
+    }
+
+    #[test]
+    fn one_publish_covers_records_committed_out_of_order() {
+        struct Counting {
+            inner: HostSink,
+            publishes: std::sync::Mutex<Vec<u64>>,
+        }
+        impl RingSink for Counting {
+            fn write(&self, offset: u64, bytes: &[u8]) {
+                self.inner.write(offset, bytes);
+            }
+            fn publish(&self, tail: u64) {
+                self.publishes.lock().unwrap().push(tail);
+                self.inner.publish(tail);
+            }
+        }
+        let sink = Counting {
+            inner: HostSink::new(CAP).unwrap(),
+            publishes: std::sync::Mutex::new(Vec::new()),
+        };
+        let r = RingCore::new(CAP, sink).unwrap();
+        let (a, b, c) = (
+            r.try_reserve(16).unwrap(),
+            r.try_reserve(16).unwrap(),
+            r.try_reserve(16).unwrap(),
+        );
+        // One thread holding three reservations may commit them in any order.
+        assert_eq!(c.commit(), 96);
+        assert_eq!(b.commit(), 64);
+        assert_eq!(
+            (r.committed(), r.published()),
+            (0, 0),
+            "seq 0 is still open"
+        );
+        assert!(r.sink().publishes.lock().unwrap().is_empty());
+        assert_eq!(a.commit(), 32);
+        assert_eq!(
+            *r.sink().publishes.lock().unwrap(),
+            [96],
+            "one publish for all three"
+        );
+        assert_eq!((r.committed(), r.published()), (96, 96));
+        let mut pos = 0;
+        for seq in 0..3 {
+            let (h, next) = next_record(&r.sink().inner, pos, 96).unwrap();
+            assert_eq!(h, RecordHeader::data(16, seq));
+            pos = next;
+        }
+    }
+
+    #[test]
+    fn commits_wait_for_a_slot_behind_an_open_reservation() {
+        // A region large enough that the slots, not the space, run out first.
+        let r = RingCore::new(1 << 16, HostSink::new(1 << 16).unwrap()).unwrap();
+        let first = r.try_reserve(16).unwrap();
+        let n = COMMIT_SLOTS * 3;
+        let committed = AtomicU64::new(0);
+        thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..n {
+                    let mut res = r.reserve(16, None, &|| r.published()).unwrap();
+                    res.write(0, &[1; 16]).unwrap();
+                    res.commit();
+                    committed.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            thread::sleep(Duration::from_millis(50));
+            assert_eq!(r.published(), 0, "everything waits behind `first`");
+            assert_eq!(
+                committed.load(Ordering::Relaxed),
+                COMMIT_SLOTS - 1,
+                "the committer stops when the slots are full (the open record has one)"
+            );
+            first.commit();
+        });
+        assert_eq!(r.published(), 32 * (n + 1));
+        let rep = layout::verify_records(r.sink(), 0, r.published(), 0);
+        assert_eq!(
+            (rep.records, rep.next_seq, rep.pos),
+            (n + 1, n + 1, r.published())
+        );
     }
 }
 

@@ -16,20 +16,23 @@
 //!
 //! **Producer (CPU).** A producer writes its record's payload and header with ordinary
 //! (write-combining) stores into the BAR mapping (no fence per piece). [`core::Reservation::commit`]
-//! calls [`core::RingSink::writes_done`] (the BAR sink's `sfence`: producers drain their own
-//! stores in parallel), then waits for its turn (every earlier record published) and calls
-//! [`core::RingSink::publish`], which must:
+//! calls [`core::RingSink::writes_done`] (the BAR sink's `sfence`: each producer drains its own
+//! stores, in parallel, before its record can be published), then marks the record committed
+//! (a SeqCst store into a per-seq slot). Commit combining: the committer that takes the
+//! publisher role (one atomic flag; the others return at once) walks the committed slots from
+//! the current tail and publishes the whole run with one [`core::RingSink::publish`], which must:
 //! 1. `sfence` — drains *this core's* write-combining buffers, so the record's bytes are posted
 //!    to PCIe before anything after it. (On memory that is not `HOST_COHERENT`,
-//!    `vkFlushMappedMemoryRanges` the record first; NVIDIA's BAR memory types are coherent.)
-//!    Each committer fences its own writes; records of other threads below the new tail were
-//!    fenced by their own committers, whose `publish` returned before this one started.
+//!    `vkFlushMappedMemoryRanges` the range first; NVIDIA's BAR memory types are coherent.)
+//!    Records of other threads below the new tail were fenced by their own writers before they
+//!    marked them committed, which the publisher observed with an acquire load.
 //! 2. store `tail` — one aligned 8-byte volatile (or `Release` atomic) store, so the GPU never
 //!    sees a torn value. PCIe keeps posted writes from one requester in order, so the record
 //!    reaches GPU memory before the tail does.
 //! 3. `sfence` — pushes the tail out of the WC buffer now instead of whenever it fills (latency).
 //!
-//! Publications are serialised in position order, so `tail` only grows. A batch-mode launch is
+//! Publications are serialised (one publisher at a time) and cover records in position order, so
+//! `tail` only grows; under contention one tail store covers many records. A batch-mode launch is
 //! ordered the same way: `sfence` after the records, then the launch.
 //!
 //! **Consumer (GPU).** The kernel polls `tail` with volatile loads (`ld.volatile`, not cached in
