@@ -222,6 +222,8 @@ struct PoolInner {
     id: u64,
     /// Set when the last `Pool` handle is gone: blocks then bypass the thread caches.
     dropped: AtomicBool,
+    /// `thread_cache > 0` on the native backend.
+    cache_enabled: bool,
     source: Box<dyn ChunkSource>,
     config: PoolConfig,
     /// Bytes of all chunks currently held (shared and dedicated), for the byte limit.
@@ -352,6 +354,7 @@ impl Pool {
         let inner = Arc::new(PoolInner {
             id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
             dropped: AtomicBool::new(false),
+            cache_enabled: config.thread_cache > 0 && config.backend == Backend::Native,
             gpu_alloc,
             non_coherent: source.is_non_coherent(),
             atom: source.atom_size(),
@@ -432,7 +435,28 @@ impl Pool {
     /// Allocates `size` bytes aligned to `align` (a power of two up to
     /// [`HeapConfig::max_align`], 64 KiB by default). The alignment holds for the device address
     /// and, up to the host mapping's own alignment (page size at least), for the host address.
+    #[inline]
     pub fn alloc(&self, size: u64, align: u64) -> Result<Block> {
+        // The thread-cache hit on coherent memory, small enough to inline into callers; every
+        // other case (and every error) takes `alloc_slow`.
+        let inner = &*self.inner;
+        if inner.cache_enabled
+            && !inner.non_coherent
+            && size > 0
+            && size <= magazine::MAX_CACHED_SIZE
+            && size < inner.config.dedicated_threshold
+            && align.is_power_of_two()
+            && align <= inner.config.heap.max_align
+        {
+            if let Some(c) = magazine::take(inner.id, inner.config.thread_cache, size, align) {
+                return Ok(Block::cached(c, size, false));
+            }
+        }
+        self.alloc_slow(size, align)
+    }
+
+    #[inline(never)]
+    fn alloc_slow(&self, size: u64, align: u64) -> Result<Block> {
         if size == 0 {
             return Err(Error::invalid("allocation size is zero"));
         }
@@ -472,22 +496,10 @@ impl Pool {
                 },
             ));
         }
-        let depth = self.inner.config.thread_cache;
-        if depth > 0 && alloc_size <= magazine::MAX_CACHED_SIZE {
+        if self.inner.cache_enabled && alloc_size <= magazine::MAX_CACHED_SIZE {
+            let depth = self.inner.config.thread_cache;
             if let Some(c) = magazine::take(self.inner.id, depth, alloc_size, align) {
-                // SAFETY: the chunk outlives the live allocation the entry holds (as for a block).
-                let chunk = unsafe { &*c.chunk };
-                return Ok(Block::new(
-                    chunk,
-                    c.allocation.offset(),
-                    size,
-                    self.inner.non_coherent,
-                    BlockKind::Shared {
-                        shard: c.cell,
-                        chunk: c.chunk,
-                        allocation: Some(c.allocation),
-                    },
-                ));
+                return Ok(Block::cached(c, size, self.inner.non_coherent));
             }
         }
         let shard_index = thread_shard(self.shards.len());
@@ -836,6 +848,7 @@ impl fmt::Debug for Block {
 }
 
 impl Block {
+    #[inline]
     fn new(chunk: &Chunk, offset: u64, len: u64, non_coherent: bool, kind: BlockKind) -> Block {
         Block {
             // SAFETY: the allocator guarantees offset + len <= chunk size, so the pointer stays
@@ -847,6 +860,24 @@ impl Block {
             non_coherent,
             kind,
         }
+    }
+
+    /// A block over a thread-cache entry, `len` requested bytes.
+    #[inline]
+    fn cached(c: magazine::Cached, len: u64, non_coherent: bool) -> Block {
+        // SAFETY: the chunk outlives the live allocation the entry holds (as for any block).
+        let chunk = unsafe { &*c.chunk };
+        Block::new(
+            chunk,
+            c.allocation.offset(),
+            len,
+            non_coherent,
+            BlockKind::Shared {
+                shard: c.cell,
+                chunk: c.chunk,
+                allocation: Some(c.allocation),
+            },
+        )
     }
 
     fn chunk(&self) -> &Chunk {
@@ -953,31 +984,44 @@ impl Mapping for Block {
 }
 
 impl Drop for Block {
+    #[inline]
     fn drop(&mut self) {
-        match &mut self.kind {
-            BlockKind::Shared {
-                shard,
-                chunk,
-                allocation,
-            } => {
-                if let Some(a) = allocation.take() {
-                    // SAFETY: our reference keeps the cell alive; `pool` is never changed.
-                    let pool = unsafe { &shard.as_ref().pool };
-                    let mut entry = Some(magazine::Cached {
-                        cell: *shard,
-                        chunk: *chunk,
-                        allocation: a,
-                    });
-                    if pool.config.thread_cache > 0 && !pool.dropped.load(Ordering::Relaxed) {
-                        entry = magazine::offer(pool.id, entry.take().expect("just set"));
-                    }
-                    if let Some(e) = entry {
-                        // SAFETY: the block's reference on its cell is used here for the last
-                        // time (a cached entry takes it over instead).
-                        unsafe { ShardCell::free(e.cell, e.allocation) };
-                    }
+        if let BlockKind::Shared {
+            shard,
+            chunk,
+            allocation,
+        } = &mut self.kind
+        {
+            if let Some(a) = allocation.take() {
+                let entry = magazine::Cached {
+                    cell: *shard,
+                    chunk: *chunk,
+                    allocation: a,
+                };
+                // SAFETY: our reference keeps the cell alive; `pool` is never changed.
+                let pool = unsafe { &shard.as_ref().pool };
+                let entry = if pool.cache_enabled && !pool.dropped.load(Ordering::Relaxed) {
+                    magazine::offer(pool.id, entry)
+                } else {
+                    Some(entry)
+                };
+                if let Some(e) = entry {
+                    // SAFETY: the block's reference on its cell is used here for the last time
+                    // (a cached entry takes it over instead).
+                    unsafe { ShardCell::free(e.cell, e.allocation) };
                 }
             }
+        } else {
+            self.drop_unshared();
+        }
+    }
+}
+
+impl Block {
+    #[cold]
+    fn drop_unshared(&mut self) {
+        match &mut self.kind {
+            BlockKind::Shared { .. } => {}
             BlockKind::GpuAlloc { pool, block } => {
                 if let (Some(b), Some(ga)) = (block.take(), &pool.gpu_alloc) {
                     ga.free(&pool.chunk_device(), b);
@@ -1162,6 +1206,24 @@ mod tests {
         .unwrap();
         assert_eq!(pool.stats().bytes_in_use, 0);
         assert!(pool.trim() >= 1);
+    }
+
+    #[test]
+    fn thread_cache_is_ignored_by_gpu_alloc_backends() {
+        let cfg = PoolConfig {
+            chunk_size: 128 << 10,
+            max_chunk_size: 128 << 10,
+            dedicated_threshold: 64 << 10,
+            thread_cache: 8,
+            backend: Backend::GpuAlloc(GpuAllocStrategy::FreeList),
+            ..Default::default()
+        };
+        let pool = Pool::new(HostMemorySource, cfg).unwrap();
+        let a = pool.alloc(64, 16).unwrap();
+        drop(a);
+        assert_eq!(magazine::thread_cached_blocks(), 0);
+        let b = pool.alloc(64, 16).unwrap();
+        assert_eq!(b.size(), 64);
     }
 
     #[test]
