@@ -12,6 +12,24 @@
 //! [`release_thread_cache`], when it drops the last handle of the pool or trims it, and when the
 //! thread exits. Until then they keep their bytes reserved: that is the price of the fast path,
 //! which is why it is opt-in.
+//!
+//! ```
+//! use vkgdr::chunk::HostMemorySource;
+//! use vkgdr::pool::magazine;
+//! use vkgdr::{Pool, PoolConfig};
+//!
+//! let pool = Pool::new(HostMemorySource, PoolConfig { thread_cache: 32, ..Default::default() })?;
+//! let block = pool.alloc(256, 64)?;
+//! let addr = block.host_ptr();
+//! drop(block); // kept by this thread
+//! assert_eq!(magazine::thread_cached_blocks(), 1);
+//! let again = pool.alloc(250, 64)?; // same 16-byte bucket (241..=256): reused, no lock taken
+//! assert_eq!(again.host_ptr(), addr);
+//! drop(again);
+//! magazine::release_thread_cache(); // back to the shard, so `trim` can free the chunk
+//! assert_eq!(pool.stats().bytes_in_use, 0);
+//! # Ok::<(), vkgdr::Error>(())
+//! ```
 
 use std::cell::Cell;
 use std::ptr::{self, NonNull};
@@ -21,6 +39,9 @@ use crate::alloc::Allocation;
 
 /// Largest request served from a magazine (the slab range of the default allocator).
 pub const MAX_CACHED_SIZE: u64 = 4096;
+/// Largest [`PoolConfig::thread_cache`](super::PoolConfig::thread_cache) (blocks per bucket and
+/// thread; each bucket's storage is reserved whole on first use).
+pub const MAX_DEPTH: usize = 1024;
 /// Bucket width: requests are grouped by `(size - 1) / BUCKET_BYTES`.
 const BUCKET_BYTES: u64 = 16;
 const BUCKETS: usize = (MAX_CACHED_SIZE / BUCKET_BYTES) as usize;

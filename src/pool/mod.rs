@@ -74,9 +74,10 @@ pub struct PoolConfig {
     pub backend: Backend,
     /// Freed blocks of up to 4 KiB each thread keeps per 16-byte size bucket for reuse by its
     /// next allocations from this pool, with no lock and no atomic operation on either side
-    /// ([`magazine`]). Default 0 (off).
+    /// ([`magazine`]). Default 0 (off); at most [`magazine::MAX_DEPTH`].
     ///
-    /// Cached blocks stay reserved (they keep their chunk from being trimmed) until their thread
+    /// Cached blocks stay reserved (they count as in use in [`Pool::stats`] and keep their chunk
+    /// from being trimmed) until their thread
     /// allocates from another pool, calls [`magazine::release_thread_cache`], trims or drops the
     /// last handle of this pool, or exits. Native backend only.
     pub thread_cache: usize,
@@ -335,6 +336,13 @@ impl Pool {
         }
         if config.dedicated_threshold == 0 {
             return Err(Error::invalid("dedicated_threshold is zero"));
+        }
+        if config.thread_cache > magazine::MAX_DEPTH {
+            return Err(Error::invalid(format!(
+                "thread_cache {} exceeds {} blocks per size bucket",
+                config.thread_cache,
+                magazine::MAX_DEPTH
+            )));
         }
         let heaps = (0..config.shards)
             .map(|_| Heap::new(heap_cfg.clone()).map_err(alloc_err))
@@ -1206,6 +1214,18 @@ mod tests {
         .unwrap();
         assert_eq!(pool.stats().bytes_in_use, 0);
         assert!(pool.trim() >= 1);
+    }
+
+    #[test]
+    fn oversized_thread_cache_is_refused() {
+        let cfg = PoolConfig {
+            thread_cache: magazine::MAX_DEPTH + 1,
+            ..Default::default()
+        };
+        assert!(matches!(
+            Pool::new(HostMemorySource, cfg),
+            Err(Error::InvalidArgument(_))
+        ));
     }
 
     #[test]
