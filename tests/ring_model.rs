@@ -66,6 +66,8 @@ struct Pending {
     end: u64,
     seq: u64,
     payload: Vec<u8>,
+    /// Finished but not yet published (an earlier reservation is still open): committed or not.
+    finished: Option<bool>,
 }
 
 /// The model: plain counters, a queue of open reservations, a queue of published records, and a
@@ -124,6 +126,8 @@ enum Op {
     Reserve(u8, u32, bool),
     CommitOldest,
     AbandonOldest,
+    /// Finish the newest open reservation first (committed, or abandoned): out of order.
+    FinishNewest(bool),
     /// Consume up to this many records.
     Consume(usize),
 }
@@ -133,6 +137,7 @@ fn op() -> impl Strategy<Value = Op> {
         5 => (0u8..8, any::<u32>(), any::<bool>()).prop_map(|(c, v, s)| Op::Reserve(c, v, s)),
         4 => Just(Op::CommitOldest),
         1 => Just(Op::AbandonOldest),
+        2 => any::<bool>().prop_map(Op::FinishNewest),
         3 => (1usize..6).prop_map(Op::Consume),
     ]
 }
@@ -164,7 +169,7 @@ type Ring = RingCore<LoggingSink>;
 fn reserve_step<'a>(
     ring: &'a Ring,
     m: &mut Model,
-    open: &mut VecDeque<Reservation<'a, LoggingSink>>,
+    open: &mut VecDeque<Option<Reservation<'a, LoggingSink>>>,
     len: u32,
     split: bool,
 ) {
@@ -230,46 +235,71 @@ fn reserve_step<'a>(
         end,
         seq,
         payload,
+        finished: None,
     });
     m.reserved = end;
-    open.push_back(r);
+    open.push_back(Some(r));
 }
 
+/// Commits or abandons the oldest (or newest) unfinished reservation. Records are published once
+/// every earlier one is finished, all ready ones together.
 fn finish_step(
     m: &mut Model,
-    open: &mut VecDeque<Reservation<'_, LoggingSink>>,
+    open: &mut VecDeque<Option<Reservation<'_, LoggingSink>>>,
     ring: &Ring,
     commit: bool,
+    newest: bool,
 ) {
-    let (Some(r), Some(p)) = (open.pop_front(), m.open.pop_front()) else {
+    let mut unfinished = (0..open.len()).filter(|&i| open[i].is_some());
+    let Some(i) = (if newest {
+        unfinished.next_back()
+    } else {
+        unfinished.next()
+    }) else {
         return;
     };
-    if p.pos != p.start {
-        let e = Expect::WrapPad {
-            pos: p.start,
-            bytes: p.pos - p.start,
-        };
-        m.set_live(&e, true);
-        m.unconsumed.push_back(e);
-    }
+    let r = open[i].take().expect("unfinished");
+    let end = m.open[i].end;
     if commit {
-        assert_eq!(r.commit(), p.end);
-        let e = Expect::Data {
-            pos: p.pos,
-            seq: p.seq,
-            payload: p.payload,
-        };
-        m.publish(e, p.end);
+        assert_eq!(r.commit(), end);
     } else {
         drop(r);
-        let e = Expect::Abandoned {
-            pos: p.pos,
-            seq: p.seq,
-            len: p.payload.len() as u32,
+    }
+    m.open[i].finished = Some(commit);
+    let published_before = m.published;
+    while m.open.front().is_some_and(|p| p.finished.is_some()) {
+        let p = m.open.pop_front().expect("checked");
+        open.pop_front();
+        if p.pos != p.start {
+            let e = Expect::WrapPad {
+                pos: p.start,
+                bytes: p.pos - p.start,
+            };
+            m.set_live(&e, true);
+            m.unconsumed.push_back(e);
+        }
+        let e = if p.finished == Some(true) {
+            Expect::Data {
+                pos: p.pos,
+                seq: p.seq,
+                payload: p.payload,
+            }
+        } else {
+            Expect::Abandoned {
+                pos: p.pos,
+                seq: p.seq,
+                len: p.payload.len() as u32,
+            }
         };
         m.publish(e, p.end);
     }
-    assert_eq!(ring.sink().inner.tail(), p.end);
+    if i > 0 {
+        assert_eq!(
+            m.published, published_before,
+            "a later record waits for the oldest"
+        );
+    }
+    assert_eq!(ring.sink().inner.tail(), m.published);
 }
 
 fn consume_step(m: &mut Model, ring: &Ring, k: usize) {
@@ -373,8 +403,9 @@ fn run_model(cap: u64, mode: WrapMode, ops: Vec<Op>) {
                     reserve_step(&ring, &mut m, &mut open, pick_len(class, raw, cap), split);
                 }
             }
-            Op::CommitOldest => finish_step(&mut m, &mut open, &ring, true),
-            Op::AbandonOldest => finish_step(&mut m, &mut open, &ring, false),
+            Op::CommitOldest => finish_step(&mut m, &mut open, &ring, true, false),
+            Op::AbandonOldest => finish_step(&mut m, &mut open, &ring, false, false),
+            Op::FinishNewest(commit) => finish_step(&mut m, &mut open, &ring, commit, true),
             Op::Consume(k) => consume_step(&mut m, &ring, k),
         }
         let live_after = std::mem::replace(&mut m.live, live_before);
@@ -383,7 +414,7 @@ fn run_model(cap: u64, mode: WrapMode, ops: Vec<Op>) {
         check_state(&ring, &m);
     }
     while !open.is_empty() {
-        finish_step(&mut m, &mut open, &ring, false);
+        finish_step(&mut m, &mut open, &ring, false, false);
     }
     consume_step(&mut m, &ring, usize::MAX);
     check_writes(&ring, &m);

@@ -554,8 +554,10 @@ impl<S: RingSink> RingCore<S> {
 /// Write the payload with [`write`](Self::write), then [`commit`](Self::commit). Dropping it
 /// uncommitted (also while unwinding) commits a PAD record of the same size that keeps the
 /// sequence number, so later records are not blocked and seqs stay gapless; consumers skip it.
-/// Reservations may be committed in any order (also several held by one thread); a record is
-/// published once every earlier one is committed.
+/// Reservations may be committed in any order, also several held by one thread; a record is
+/// published once every earlier one is committed. One exception: a commit 256 or more seqs past
+/// the oldest unpublished reservation waits for that one to be committed, so a thread must not
+/// commit that far ahead of a reservation it still holds open itself.
 #[must_use = "dropping a reservation turns it into a PAD record"]
 #[derive(Debug)]
 pub struct Reservation<'a, S: RingSink> {
