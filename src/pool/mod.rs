@@ -77,9 +77,9 @@ pub struct PoolConfig {
     /// ([`magazine`]). Default 0 (off); at most [`magazine::MAX_DEPTH`].
     ///
     /// Cached blocks stay reserved (they count as in use in [`Pool::stats`] and keep their chunk
-    /// from being trimmed) until their thread
-    /// allocates from another pool, calls [`magazine::release_thread_cache`], trims or drops the
-    /// last handle of this pool, or exits. Native backend only.
+    /// from being trimmed) until their thread allocates from another pool, calls
+    /// [`magazine::release_thread_cache`], trims or drops the last handle of this pool, or exits.
+    /// Native backend only.
     pub thread_cache: usize,
 }
 
@@ -504,7 +504,12 @@ impl Pool {
                 },
             ));
         }
-        if self.inner.cache_enabled && alloc_size <= magazine::MAX_CACHED_SIZE {
+        // Coherent requests already tried the thread cache in `alloc`; non-coherent ones do here,
+        // with their atom-rounded size and alignment.
+        if self.inner.cache_enabled
+            && self.inner.non_coherent
+            && alloc_size <= magazine::MAX_CACHED_SIZE
+        {
             let depth = self.inner.config.thread_cache;
             if let Some(c) = magazine::take(self.inner.id, depth, alloc_size, align) {
                 return Ok(Block::cached(c, size, self.inner.non_coherent));

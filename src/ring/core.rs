@@ -373,10 +373,10 @@ impl<S: RingSink> RingCore<S> {
     /// number, or fails with [`RingError::Full`] without waiting.
     ///
     /// In [`WrapMode::Padded`] a record that does not fit before the end of the region starts
-    /// at offset 0 of the next lap behind a wrap PAD record. When the consumer must read that PAD before the record's
-    /// space frees up (the record is longer than the bytes before the PAD) and every earlier
-    /// reservation is already published, this call writes and publishes the PAD on its own and
-    /// still returns `Full`; a retry then finds the record at offset 0. In
+    /// at offset 0 of the next lap behind a wrap PAD record. When the consumer must read that PAD
+    /// before the record's space frees up (the record is longer than the bytes before the PAD)
+    /// and every earlier reservation is already published, this call writes and publishes the PAD
+    /// on its own and still returns `Full`; a retry then finds the record at offset 0. In
     /// [`WrapMode::Mirrored`] the record simply follows the previous one.
     pub fn try_reserve(&self, len: u32) -> Result<Reservation<'_, S>, RingError> {
         self.check_len(len)?;
@@ -516,10 +516,8 @@ impl<S: RingSink> RingCore<S> {
     /// from `published` with one `publish`, repeating until no committed record is left behind.
     fn publish_done(&self) {
         while !self.publishing.swap(true, Ordering::SeqCst) {
-            let (from, mut pos) = {
-                let p = self.published.load(Ordering::Acquire);
-                (p, p)
-            };
+            let from = self.published.load(Ordering::Acquire);
+            let mut pos = from;
             let mut seq = self.published_seq.load(Ordering::Acquire);
             loop {
                 let end = self.done[(seq % COMMIT_SLOTS) as usize].load(Ordering::Acquire);

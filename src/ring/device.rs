@@ -182,8 +182,7 @@ impl DeviceRing {
             return Err(RingError::InvalidCapacity(capacity).into());
         }
         let data = gpu.alloc(capacity)?;
-        let coherent = data.is_coherent();
-        Self::with_data(gpu, RingData::Raw(data), coherent, WrapMode::Padded)
+        Self::with_data(gpu, RingData::Raw(data), WrapMode::Padded)
     }
 
     /// A ring in [`WrapMode::Mirrored`]: its data region is a one-chunk CUDA VMM
@@ -205,12 +204,13 @@ impl DeviceRing {
         let mut arena = Arena::new(gpu, 2 * capacity, capacity)?;
         arena.grow()?;
         arena.map_mirror()?;
-        let coherent = !gpu.is_non_coherent();
-        Self::with_data(gpu, RingData::Mirrored(arena), coherent, WrapMode::Mirrored)
+        Self::with_data(gpu, RingData::Mirrored(arena), WrapMode::Mirrored)
     }
 
-    fn with_data(gpu: &Gpu, data: RingData, coherent: bool, wrap: WrapMode) -> Result<DeviceRing> {
+    fn with_data(gpu: &Gpu, data: RingData, wrap: WrapMode) -> Result<DeviceRing> {
         let capacity = data.size();
+        // Both kinds of region come from `gpu`'s Vulkan context, whose mode decides coherence.
+        let coherent = !gpu.is_non_coherent();
         let mut control = gpu.alloc(4096)?;
         crate::Mapping::fill(&mut control, 0, 4096, 0)?;
         let host_words = PinnedBuffer::new(gpu, 4096)?;
