@@ -70,11 +70,17 @@ fn finish(ring: &DeviceRing, done: &Event) -> BenchResult<()> {
 /// Streams `per_thread` records of `size` bytes from each producer; returns GB/s of record bytes.
 /// `seal`: fill in the test prefix (seq + checksum) the checking kernel verifies; the ack kernel
 /// reads nothing, so the producers skip the checksum there (it costs ~1 ns per byte).
-fn stream_records(ring: &DeviceRing, size: u64, per_thread: u64, seal: bool) -> BenchResult<f64> {
+fn stream_records(
+    ring: &DeviceRing,
+    size: u64,
+    producers: usize,
+    per_thread: u64,
+    seal: bool,
+) -> BenchResult<f64> {
     let payload = (size - HEADER_LEN) as u32;
     let t0 = Instant::now();
     let failed = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..PRODUCERS)
+        let hs: Vec<_> = (0..producers)
             .map(|_| {
                 s.spawn(|| -> vkgdr::Result<()> {
                     let mut buf = vec![0x5au8; payload as usize];
@@ -103,7 +109,7 @@ fn stream_records(ring: &DeviceRing, size: u64, per_thread: u64, seal: bool) -> 
         std::hint::spin_loop();
     }
     let secs = t0.elapsed().as_secs_f64();
-    Ok((size * per_thread * PRODUCERS as u64) as f64 / secs / 1e9)
+    Ok((size * per_thread * producers as u64) as f64 / secs / 1e9)
 }
 
 fn round_trips(ring: &DeviceRing, size: u64, n: usize) -> BenchResult<Vec<f64>> {
@@ -196,9 +202,13 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
 
     let mut bw = Report::new("ring-throughput", Unit::GigabytesPerSecond);
     let mut lat = Report::new("ring-latency", Unit::Nanoseconds);
-    for (consumer, name) in [
-        (false, "ring, 4 producers, ack kernel"),
-        (true, "ring, 4 producers, checking kernel"),
+    // 1 and 8 producers next to the usual 4 show how much the shared reservation and publication
+    // cost as producers are added.
+    for (consumer, producers, name) in [
+        (false, 1, "ring, 1 producer, ack kernel"),
+        (false, PRODUCERS, "ring, 4 producers, ack kernel"),
+        (false, 8, "ring, 8 producers, ack kernel"),
+        (true, PRODUCERS, "ring, 4 producers, checking kernel"),
     ] {
         for size in SIZES {
             // The checking walker does ~1.3 M records/s: give it fewer records.
@@ -212,7 +222,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
                 let ring = DeviceRing::new(&gpu, RING_BYTES)?;
                 let f = if consumer { &checking } else { &ack };
                 let done = launch_consumer(f, &ring, &stream, consumer)?;
-                let r = stream_records(&ring, size, total / PRODUCERS as u64, consumer);
+                let r = stream_records(&ring, size, producers, total / producers as u64, consumer);
                 finish(&ring, &done)?;
                 samples.push(r?);
                 if consumer && ring.results()[layout::RESULT_ERRORS] != 0 {
@@ -283,7 +293,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     ));
 
     bw.notes.push(format!(
-        "records include their 16-byte header; {PRODUCERS} producer threads reserve/write/commit; ring {} MiB; GB/s = record bytes delivered (head past them) per second",
+        "records include their 16-byte header; producer threads reserve/write/commit; ring {} MiB; GB/s = record bytes delivered (head past them) per second",
         RING_BYTES >> 20
     ));
     bw.notes.push("ack kernel: publishes head = tail without reading the records (transport rate); checking kernel: walks and verifies every record (seq + checksum), one record at a time".into());
@@ -326,7 +336,7 @@ fn wrap_modes(
                     },
                 };
                 let done = launch_consumer(ack, &ring, stream, false)?;
-                let r = stream_records(&ring, size, per_thread, false);
+                let r = stream_records(&ring, size, PRODUCERS, per_thread, false);
                 finish(&ring, &done)?;
                 samples.push(r?);
             }
