@@ -297,6 +297,22 @@ __device__ ull ring_walk(const unsigned char* data, ull capacity, int mirrored, 
     return pos;
 }
 
+// Whether this thread takes part: block 0 only, and a block of whole warps (another size counts
+// one error and does nothing else). Uniform within a block.
+__device__ __forceinline__ int ring_launch_ok(ull* result)
+{
+    if (blockIdx.x != 0) {
+        return 0;
+    }
+    if ((blockDim.x & 31u) != 0u) {
+        if (threadIdx.x == 0) {
+            result[RING_RESULT_ERRORS] += 1ull;
+        }
+        return 0;
+    }
+    return 1;
+}
+
 __device__ __forceinline__ void ring_load_result(const ull* result, RingWalk* w)
 {
     w->records = result[RING_RESULT_RECORDS];
@@ -322,13 +338,7 @@ __device__ __forceinline__ void ring_consume_batch_impl(const unsigned char* dat
                                                         int mirrored, ull from, ull to,
                                                         ull* result, ull expected_seq_start)
 {
-    if (blockIdx.x != 0) {
-        return;
-    }
-    if ((blockDim.x & 31u) != 0u) {
-        if (threadIdx.x == 0) {
-            result[RING_RESULT_ERRORS] += 1ull;
-        }
+    if (!ring_launch_ok(result)) {
         return;
     }
     RingWalk w = { 0ull, 0ull, 0ull, 0ull };
@@ -383,13 +393,7 @@ __device__ __forceinline__ void ring_consume_persistent_impl(const unsigned char
 {
     __shared__ ull s_tail;
     __shared__ int s_exit;
-    if (blockIdx.x != 0) {
-        return;
-    }
-    if ((blockDim.x & 31u) != 0u) {
-        if (threadIdx.x == 0) {
-            result[RING_RESULT_ERRORS] += 1ull;
-        }
+    if (!ring_launch_ok(result)) {
         return;
     }
     const unsigned int tid = threadIdx.x;

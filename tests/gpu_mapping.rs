@@ -66,27 +66,32 @@ fn kernel_reads_host_writes(force_non_coherent: bool) {
     let seed = 0x5EED;
     input.write_pod(0, &words(n * 4, seed)).unwrap();
     output.fill(0, n * 4, 0).unwrap();
-    errors.write_pod(0, &[0u64]).unwrap();
-    let (mut pin, mut pout, mut perr) =
-        (input.device_ptr(), output.device_ptr(), errors.device_ptr());
-    let (mut nn, mut s) = (n, seed);
-    launch(
-        &gpu,
-        &module,
-        "check_and_transform",
-        256,
-        256,
-        &mut [
-            arg(&mut pin),
-            arg(&mut pout),
-            arg(&mut nn),
-            arg(&mut s),
-            arg(&mut perr),
-        ],
-    );
-    let mut e = [0u64];
-    errors.read_pod(0, &mut e).unwrap();
-    assert_eq!(e[0], 0, "kernel saw {} wrong words", e[0]);
+    // Runs check_and_transform over the n words with `seed`; returns how many words it rejected.
+    let check = |errors: &mut vkgdr::RawMemory, seed: u32| -> u64 {
+        errors.write_pod(0, &[0u64]).unwrap();
+        let (mut pin, mut pout, mut perr) =
+            (input.device_ptr(), output.device_ptr(), errors.device_ptr());
+        let (mut nn, mut s) = (n, seed);
+        launch(
+            &gpu,
+            &module,
+            "check_and_transform",
+            256,
+            256,
+            &mut [
+                arg(&mut pin),
+                arg(&mut pout),
+                arg(&mut nn),
+                arg(&mut s),
+                arg(&mut perr),
+            ],
+        );
+        let mut e = [0u64];
+        errors.read_pod(0, &mut e).unwrap();
+        e[0]
+    };
+    let bad = check(&mut errors, seed);
+    assert_eq!(bad, 0, "kernel saw {bad} wrong words");
     let mut out = vec![0u32; n as usize];
     output.read_pod(0, &mut out).unwrap();
     for (i, v) in out.iter().enumerate() {
@@ -97,24 +102,7 @@ fn kernel_reads_host_writes(force_non_coherent: bool) {
         );
     }
     // A wrong seed makes the kernel report every word: the check can fail.
-    errors.write_pod(0, &[0u64]).unwrap();
-    let mut wrong = seed ^ 1;
-    launch(
-        &gpu,
-        &module,
-        "check_and_transform",
-        256,
-        256,
-        &mut [
-            arg(&mut pin),
-            arg(&mut pout),
-            arg(&mut nn),
-            arg(&mut wrong),
-            arg(&mut perr),
-        ],
-    );
-    errors.read_pod(0, &mut e).unwrap();
-    assert_eq!(e[0], n);
+    assert_eq!(check(&mut errors, seed ^ 1), n);
 }
 
 #[test]
