@@ -40,7 +40,9 @@ pub use error::{Error, MemorySide, Result};
 pub use gpu::{Gpu, OpenOptions};
 pub use mapping::Mapping;
 pub use memory::RawMemory;
-pub use pool::{Backend, Block, GpuAllocStrategy, Pool, PoolConfig, PoolStats};
+#[cfg(feature = "gpu-alloc")]
+pub use pool::GpuAllocStrategy;
+pub use pool::{Backend, Block, Pool, PoolConfig, PoolStats};
 
 /// The README's examples, compiled as doc tests so they cannot rot.
 #[doc = include_str!("../README.md")]

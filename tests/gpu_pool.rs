@@ -8,7 +8,9 @@ use common::*;
 use rand::{Rng, SeedableRng};
 use vkgdr::cuda_objects::Module;
 use vkgdr::pool::magazine;
-use vkgdr::{Backend, GpuAllocStrategy, Mapping, Pool, PoolConfig};
+#[cfg(feature = "gpu-alloc")]
+use vkgdr::GpuAllocStrategy;
+use vkgdr::{Backend, Mapping, Pool, PoolConfig};
 
 fn tag_bytes(tag: u32, len: usize) -> Vec<u8> {
     (0..len)
@@ -149,6 +151,7 @@ fn kernel_checks_100k_tiny_blocks_forced_non_coherent() {
     kernel_checks_blocks(true, Backend::Native, 100_000, 0);
 }
 
+#[cfg(feature = "gpu-alloc")]
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
 fn kernel_checks_blocks_on_gpu_alloc_backends() {

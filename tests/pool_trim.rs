@@ -1,7 +1,8 @@
 //! Trimming returns empty chunks to the driver: the fd count drops (lavapipe backs each exportable
 //! allocation with an fd) and the pool's reserved bytes fall to zero. Its own binary for fd counts.
 
-use vkgdr::vulkan::{DeviceSelector, MemoryOptions, VulkanContext};
+mod common;
+
 use vkgdr::{Pool, PoolConfig};
 
 fn open_fds() -> usize {
@@ -10,7 +11,7 @@ fn open_fds() -> usize {
 
 #[test]
 fn trim_returns_chunks() {
-    let ctx = VulkanContext::new(DeviceSelector::FirstSuitable, MemoryOptions::default()).unwrap();
+    let ctx = common::vulkan(false);
     // lavapipe keeps an fd per exportable allocation, so there the fd count shows chunks coming and
     // going; NVIDIA's driver does not, and only the "back to where it started" check applies.
     let pool_is_lavapipe = ctx.device_info().name.contains("llvmpipe");

@@ -1,22 +1,13 @@
 //! The pool over real exported Vulkan memory (lavapipe on CI): concurrent random churn with tagged
 //! blocks, limits, dedicated blocks, non-coherent dirty tracking, bad inputs.
 
-use std::sync::Arc;
-
 use rand::{Rng, SeedableRng};
-use vkgdr::vulkan::{DeviceSelector, MemoryOptions, VulkanContext};
-use vkgdr::{Backend, Error, GpuAllocStrategy, Mapping, MemorySide, Pool, PoolConfig};
+#[cfg(feature = "gpu-alloc")]
+use vkgdr::{Backend, GpuAllocStrategy};
+use vkgdr::{Error, Mapping, MemorySide, Pool, PoolConfig};
 
-fn vulkan(force_non_coherent: bool) -> Arc<VulkanContext> {
-    VulkanContext::new(
-        DeviceSelector::FirstSuitable,
-        MemoryOptions {
-            force_non_coherent,
-            ..Default::default()
-        },
-    )
-    .expect("a Vulkan device with VK_KHR_external_memory_fd")
-}
+mod common;
+use common::vulkan;
 
 fn tag_bytes(tag: u32, len: usize) -> Vec<u8> {
     (0..len)
@@ -310,6 +301,7 @@ fn blocks_outlive_the_pool_handle() {
     drop(late); // the last block frees its shard and the pool state
 }
 
+#[cfg(feature = "gpu-alloc")]
 #[test]
 fn gpu_alloc_backends_carve_the_same_chunks() {
     for strategy in [GpuAllocStrategy::Buddy, GpuAllocStrategy::FreeList] {

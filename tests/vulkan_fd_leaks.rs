@@ -1,7 +1,7 @@
 //! Alloc/export/free cycles leave no fd behind. Its own test binary: counting the process's open fds
 //! is only meaningful when no other test runs beside it.
 
-use vkgdr::vulkan::{DeviceSelector, MemoryOptions, VulkanContext};
+mod common;
 
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
@@ -9,7 +9,7 @@ fn open_fds() -> usize {
 
 #[test]
 fn thousand_alloc_free_cycles_leak_no_fds() {
-    let ctx = VulkanContext::new(DeviceSelector::FirstSuitable, MemoryOptions::default()).unwrap();
+    let ctx = common::vulkan(false);
     // Warm up once so lazily opened driver files are not counted.
     drop(ctx.allocate(65536).unwrap().export_fd().unwrap());
     let before = open_fds();

@@ -1,15 +1,11 @@
 //! The Vulkan half on a real driver (lavapipe on CI, NVIDIA on the GPU machine): exportable
 //! allocations, fds, map/write/read round trips, flush/invalidate, bad inputs, no leaks.
 
-use std::sync::Arc;
-
 use vkgdr::vulkan::{DeviceSelector, MemoryOptions, VulkanContext};
 use vkgdr::{Error, Mapping};
 
-fn context(options: MemoryOptions) -> Arc<VulkanContext> {
-    VulkanContext::new(DeviceSelector::FirstSuitable, options)
-        .expect("a Vulkan device with VK_KHR_external_memory_fd (install mesa-vulkan-drivers)")
-}
+mod common;
+use common::vulkan_context as context;
 
 #[test]
 fn exports_allocations_of_several_sizes() {

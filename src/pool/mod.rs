@@ -32,10 +32,13 @@ use crate::error::{Error, MemorySide, Result};
 use crate::mapping::Mapping;
 use crate::vulkan::check_range;
 
+#[cfg(feature = "gpu-alloc")]
 mod gpu_alloc;
 pub mod magazine;
 mod spin;
+#[cfg(feature = "gpu-alloc")]
 pub use gpu_alloc::GpuAllocStrategy;
+#[cfg(feature = "gpu-alloc")]
 use gpu_alloc::{ChunkDevice, GpuAllocBackend};
 use spin::SpinMutex;
 
@@ -47,7 +50,8 @@ pub enum Backend {
     #[default]
     Native,
     /// gpu-alloc's allocator (one global mutex) over the same chunks: a baseline for benchmarks
-    /// and differential tests.
+    /// and differential tests. Needs the `gpu-alloc` cargo feature.
+    #[cfg(feature = "gpu-alloc")]
     GpuAlloc(GpuAllocStrategy),
 }
 
@@ -233,6 +237,7 @@ struct PoolInner {
     dedicated: AtomicU64,
     non_coherent: bool,
     atom: u64,
+    #[cfg(feature = "gpu-alloc")]
     gpu_alloc: Option<GpuAllocBackend>,
 }
 
@@ -347,6 +352,7 @@ impl Pool {
         let heaps = (0..config.shards)
             .map(|_| Heap::new(heap_cfg.clone()).map_err(alloc_err))
             .collect::<Result<Vec<_>>>()?;
+        #[cfg(feature = "gpu-alloc")]
         let gpu_alloc = match config.backend {
             Backend::Native => None,
             Backend::GpuAlloc(strategy) => Some(GpuAllocBackend::new(
@@ -363,6 +369,7 @@ impl Pool {
             id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
             dropped: AtomicBool::new(false),
             cache_enabled: config.thread_cache > 0 && config.backend == Backend::Native,
+            #[cfg(feature = "gpu-alloc")]
             gpu_alloc,
             non_coherent: source.is_non_coherent(),
             atom: source.atom_size(),
@@ -490,6 +497,7 @@ impl Pool {
         } else {
             (size, align)
         };
+        #[cfg(feature = "gpu-alloc")]
         if let Some(ga) = &self.inner.gpu_alloc {
             let block = ga.alloc(&self.inner.chunk_device(), alloc_size, align)?;
             let (offset, chunk) = (block.offset(), block.memory().clone());
@@ -697,6 +705,7 @@ impl Pool {
         // This thread's cached blocks would keep their chunks; other threads' caches cannot be
         // reached (see `PoolConfig::thread_cache`).
         magazine::release_pool(Some(self.inner.id));
+        #[cfg(feature = "gpu-alloc")]
         if let Some(ga) = &self.inner.gpu_alloc {
             ga.cleanup(&self.inner.chunk_device());
         }
@@ -739,6 +748,7 @@ impl Pool {
     }
 }
 
+#[cfg(feature = "gpu-alloc")]
 impl Drop for PoolInner {
     fn drop(&mut self) {
         // Every gpu-alloc block holds the pool state alive, so none is live now: hand gpu-alloc's
@@ -750,6 +760,7 @@ impl Drop for PoolInner {
 }
 
 impl PoolInner {
+    #[cfg(feature = "gpu-alloc")]
     fn chunk_device(&self) -> ChunkDevice<'_> {
         ChunkDevice {
             source: &*self.source,
@@ -822,6 +833,7 @@ enum BlockKind {
         pool: Arc<PoolInner>,
         chunk: Arc<Chunk>,
     },
+    #[cfg(feature = "gpu-alloc")]
     GpuAlloc {
         pool: Arc<PoolInner>,
         block: Option<gpu_alloc::MemoryBlock<Arc<Chunk>>>,
@@ -898,6 +910,7 @@ impl Block {
             // SAFETY: see `BlockKind::Shared`: the chunk outlives the live allocation we hold.
             BlockKind::Shared { chunk, .. } => unsafe { &**chunk },
             BlockKind::Dedicated { chunk, .. } => chunk,
+            #[cfg(feature = "gpu-alloc")]
             BlockKind::GpuAlloc { block, .. } => block.as_ref().expect("live until drop").memory(),
         }
     }
@@ -1035,6 +1048,7 @@ impl Block {
     fn drop_unshared(&mut self) {
         match &mut self.kind {
             BlockKind::Shared { .. } => {}
+            #[cfg(feature = "gpu-alloc")]
             BlockKind::GpuAlloc { pool, block } => {
                 if let (Some(b), Some(ga)) = (block.take(), &pool.gpu_alloc) {
                     ga.free(&pool.chunk_device(), b);
@@ -1234,6 +1248,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "gpu-alloc")]
     fn thread_cache_is_ignored_by_gpu_alloc_backends() {
         let cfg = PoolConfig {
             chunk_size: 128 << 10,

@@ -1,10 +1,35 @@
-//! Shared helpers for the GPU tests (compiled into each GPU test binary).
+//! Shared helpers for the integration tests: a Vulkan context that explains what to install when
+//! it cannot be had, and the GPU tests' kernels and launch helpers.
 #![allow(dead_code)]
 
 use std::ffi::c_void;
+use std::sync::Arc;
 
 use vkgdr::cuda_objects::{LaunchConfig, Module};
+use vkgdr::vulkan::{DeviceSelector, MemoryOptions, VulkanContext};
 use vkgdr::{Gpu, OpenOptions};
+
+/// A Vulkan context on the first device with exportable host-visible memory (lavapipe on CI, the
+/// NVIDIA driver on the GPU machine). Without one the test fails with a message that names the
+/// packages to install instead of an `unwrap` backtrace.
+pub fn vulkan_context(options: MemoryOptions) -> Arc<VulkanContext> {
+    match VulkanContext::new(DeviceSelector::FirstSuitable, options) {
+        Ok(ctx) => ctx,
+        Err(e) => panic!(
+            "this test needs a Vulkan device with VK_KHR_external_memory_fd, and there is none: {e}\n\
+             install the Vulkan loader and Mesa's lavapipe (`apt-get install libvulkan1 \
+             mesa-vulkan-drivers`; scripts/test does it for you) or run on an NVIDIA machine"
+        ),
+    }
+}
+
+/// [`vulkan_context`] with default options, or with every flush forced.
+pub fn vulkan(force_non_coherent: bool) -> Arc<VulkanContext> {
+    vulkan_context(MemoryOptions {
+        force_non_coherent,
+        ..Default::default()
+    })
+}
 
 /// PTX of kernels/mapping.cu (generated on the GPU machine with `scripts/gpu-check ptx`).
 pub const MAPPING_PTX: &str = include_str!("../../kernels/mapping.ptx");

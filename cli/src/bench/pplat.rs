@@ -28,7 +28,10 @@ use vkgdr::{Gpu, OpenOptions, RawMemory};
 use super::{cu, open_gpu, BenchError, BenchResult, Options, Report, Row, Stats, Unit};
 
 /// The PTX holding `pingpong`.
-const PTX: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/kernels/mapping.ptx"));
+const PTX: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../kernels/mapping.ptx"
+));
 
 /// How long the CPU waits for one answer before declaring the kernel lost.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);

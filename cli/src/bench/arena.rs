@@ -9,7 +9,10 @@ use vkgdr::{Arena, OpenOptions};
 
 use super::{open_gpu, BenchResult, Options, Report, Row, Stats, Unit};
 
-const PTX: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/kernels/mapping.ptx"));
+const PTX: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../kernels/mapping.ptx"
+));
 
 /// Runs the arena benchmark.
 pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {

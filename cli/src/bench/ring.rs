@@ -21,7 +21,7 @@ use vkgdr::{Gpu, OpenOptions};
 
 use super::{cu, open_gpu, BenchError, BenchResult, Options, Report, Row, Stats, Unit};
 
-const PTX: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/kernels/ring.ptx"));
+const PTX: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels/ring.ptx"));
 const PRODUCERS: usize = 4;
 const RING_BYTES: u64 = 64 << 20;
 /// Record sizes including the 16-byte header.
