@@ -180,6 +180,7 @@ driver_table! {
         cu_device_get_attribute: "cuDeviceGetAttribute" => fn(*mut c_int, c_int, CuDevice);
         cu_device_primary_ctx_retain: "cuDevicePrimaryCtxRetain" => fn(*mut CuContext, CuDevice);
         cu_device_primary_ctx_release: "cuDevicePrimaryCtxRelease_v2" => fn(CuDevice);
+        cu_device_primary_ctx_get_state: "cuDevicePrimaryCtxGetState" => fn(CuDevice, *mut c_uint, *mut c_int);
         cu_ctx_get_current: "cuCtxGetCurrent" => fn(*mut CuContext);
         cu_ctx_get_device: "cuCtxGetDevice" => fn(*mut CuDevice);
         cu_ctx_push_current: "cuCtxPushCurrent_v2" => fn(CuContext);

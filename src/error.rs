@@ -113,6 +113,31 @@ impl Error {
         matches!(self, Error::OutOfDeviceMemory { .. })
     }
 
+    /// The driver call that failed (`cuDeviceGet`, `vkAllocateMemory`), for errors a driver
+    /// returned.
+    pub fn driver_call(&self) -> Option<&'static str> {
+        match self {
+            Error::Vulkan { call, .. }
+            | Error::Cuda { call, .. }
+            | Error::OutOfDeviceMemory { call, .. } => Some(call),
+            _ => None,
+        }
+    }
+
+    /// The driver's name for the result (`CUDA_ERROR_INVALID_DEVICE`,
+    /// `VK_ERROR_OUT_OF_DEVICE_MEMORY`), for errors a driver returned; `None` for caller errors
+    /// and configured limits.
+    pub fn result_name(&self) -> Option<&str> {
+        match self {
+            Error::Vulkan { result, .. } => Some(result),
+            Error::Cuda { name, .. } => Some(name),
+            Error::OutOfDeviceMemory { side, result, .. } if *side != MemorySide::Limit => {
+                Some(result.split(' ').next().unwrap_or(result))
+            }
+            _ => None,
+        }
+    }
+
     pub(crate) fn invalid(msg: impl Into<String>) -> Self {
         Error::InvalidArgument(msg.into())
     }

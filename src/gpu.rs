@@ -1,7 +1,10 @@
 //! [`Gpu`]: the handle everything else hangs from — one CUDA device with its matching Vulkan device.
 
 use std::ptr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
 
 use crate::cuda::{ContextGuard, CuContext, CuDevice, Driver};
 use crate::error::{Error, Result};
@@ -41,10 +44,14 @@ impl OpenOptions {
 struct GpuInner {
     driver: Arc<Driver>,
     vulkan: Arc<VulkanContext>,
-    context: CuContext,
+    /// The context this handle works in. Set at open, or — for [`Gpu::open_cu_device`] — the
+    /// device's primary context, retained the first time the handle needs one.
+    context: OnceLock<CuContext>,
+    /// Serialises the lazy retain so the primary context is retained at most once.
+    context_init: Mutex<()>,
     device: CuDevice,
     /// True when we hold a reference on the device's primary context (released on drop).
-    retained_primary: bool,
+    retained_primary: AtomicBool,
     name: String,
     uuid: [u8; 16],
 }
@@ -57,7 +64,7 @@ unsafe impl Sync for GpuInner {}
 
 impl Drop for GpuInner {
     fn drop(&mut self) {
-        if self.retained_primary {
+        if self.retained_primary.load(Ordering::Acquire) {
             // SAFETY: we retained the primary context exactly once in `open`; every allocation
             // holds a `Gpu`, so none is alive any more.
             unsafe { (self.driver.cu_device_primary_ctx_release)(self.device) };
@@ -99,26 +106,27 @@ impl Gpu {
     }
 
     /// Opens CUDA device `ordinal` with `options`.
+    ///
+    /// An ordinal the driver does not know (negative, or not below the device count) is the
+    /// driver's own answer: [`Error::Cuda`] from `cuDeviceGet` with `CUDA_ERROR_INVALID_DEVICE`.
     pub fn open_with(ordinal: i32, options: OpenOptions) -> Result<Gpu> {
-        if ordinal < 0 {
-            return Err(Error::invalid(format!(
-                "device ordinal {ordinal} is negative"
-            )));
-        }
         let driver = Driver::get()?;
-        let count = driver.device_count()?;
-        if ordinal >= count {
-            return Err(Error::NoMatchingDevice(format!(
-                "CUDA device {ordinal} requested, {count} present"
-            )));
-        }
         let device = driver.device(ordinal)?;
-        let mut context: CuContext = ptr::null_mut();
-        // SAFETY: `device` is valid; out-pointer valid. Balanced by the release in Drop.
-        driver.check("cuDevicePrimaryCtxRetain", unsafe {
-            (driver.cu_device_primary_ctx_retain)(&mut context, device)
-        })?;
-        Self::finish(driver, context, device, true, options)
+        let gpu = Self::finish(driver, None, device, options)?;
+        gpu.context()?;
+        Ok(gpu)
+    }
+
+    /// Opens the device behind a `CUdevice` handle without creating or retaining any CUDA context
+    /// yet: the device's primary context is retained the first time this handle needs a context
+    /// of its own (a pool chunk, a ring, a copy, [`Gpu::bind`]). Allocations made with
+    /// [`Gpu::alloc_in_current_context`] never need it, which is what vkgdr 0.1's `vkgdr_open`
+    /// does: a program that works in a context of its own (PyCUDA's `make_default_context`) gets
+    /// no second context on the GPU.
+    ///
+    /// An invalid handle is [`Error::Cuda`] with `CUDA_ERROR_INVALID_DEVICE`.
+    pub fn open_cu_device(device: CuDevice, options: OpenOptions) -> Result<Gpu> {
+        Self::finish(Driver::get()?, None, device, options)
     }
 
     /// Opens the device of the calling thread's current CUDA context, which must be that device's
@@ -126,23 +134,20 @@ impl Gpu {
     /// handle stays valid even if the caller later releases it.
     ///
     /// For a context created with `cuCtxCreate`, use [`Gpu::open_current_context_unchecked`].
+    ///
+    /// With no context current this is the driver's answer, [`Error::Cuda`] from `cuCtxGetDevice`
+    /// with `CUDA_ERROR_INVALID_CONTEXT`.
     pub fn open_current_context(options: OpenOptions) -> Result<Gpu> {
         let driver = Driver::get()?;
         let (current, device) = current_context(&driver)?;
-        let mut primary: CuContext = ptr::null_mut();
-        // SAFETY: valid device and out-pointer; balanced by Drop or the release below.
-        driver.check("cuDevicePrimaryCtxRetain", unsafe {
-            (driver.cu_device_primary_ctx_retain)(&mut primary, device)
-        })?;
-        if primary != current {
-            // SAFETY: balances the retain just above.
-            unsafe { (driver.cu_device_primary_ctx_release)(device) };
+        let gpu = Self::finish(driver, None, device, options)?;
+        if gpu.context()? != current {
             return Err(Error::invalid(
                 "the current CUDA context is not the device's primary context; \
                  use Gpu::open_current_context_unchecked",
             ));
         }
-        Self::finish(driver, current, device, true, options)
+        Ok(gpu)
     }
 
     /// Opens the device of the calling thread's current CUDA context, whatever context that is.
@@ -153,51 +158,66 @@ impl Gpu {
     pub unsafe fn open_current_context_unchecked(options: OpenOptions) -> Result<Gpu> {
         let driver = Driver::get()?;
         let (current, device) = current_context(&driver)?;
-        Self::finish(driver, current, device, false, options)
+        Self::finish(driver, Some(current), device, options)
     }
 
+    /// Matches the Vulkan device by UUID and builds the handle. `context` is a borrowed context
+    /// (never released), or `None` for the device's primary context, retained on first use.
     fn finish(
         driver: Arc<Driver>,
-        context: CuContext,
+        context: Option<CuContext>,
         device: CuDevice,
-        retained_primary: bool,
         options: OpenOptions,
     ) -> Result<Gpu> {
-        // Build the inner first so an error below still releases the primary context.
-        let make = |vulkan| GpuInner {
-            driver: driver.clone(),
-            vulkan,
-            context,
-            device,
-            retained_primary,
-            name: String::new(),
-            uuid: [0; 16],
-        };
-        let release_on_error = |e: Error| {
-            if retained_primary {
-                // SAFETY: balances the retain done by the caller; nothing uses the context.
-                unsafe { (driver.cu_device_primary_ctx_release)(device) };
-            }
-            e
-        };
-        let uuid = driver.device_uuid(device).map_err(release_on_error)?;
-        let name = driver.device_name(device).map_err(release_on_error)?;
-        let vulkan =
-            VulkanContext::new(DeviceSelector::Uuid(uuid), options.memory).map_err(|e| {
-                release_on_error(match e {
-                    Error::NoMatchingDevice(msg) => Error::NoMatchingDevice(format!(
-                        "CUDA device {name} [{}]: {msg}",
-                        format_uuid(&uuid)
-                    )),
-                    e => e,
-                })
-            })?;
-        let mut inner = make(vulkan);
-        inner.name = name;
-        inner.uuid = uuid;
+        let uuid = driver.device_uuid(device)?;
+        let name = driver.device_name(device)?;
+        let vulkan = VulkanContext::new(DeviceSelector::Uuid(uuid), options.memory).map_err(
+            |e| match e {
+                Error::NoMatchingDevice(msg) => Error::NoMatchingDevice(format!(
+                    "CUDA device {name} [{}]: {msg}",
+                    format_uuid(&uuid)
+                )),
+                e => e,
+            },
+        )?;
+        let cell = OnceLock::new();
+        if let Some(c) = context {
+            let _ = cell.set(c);
+        }
         Ok(Gpu {
-            inner: Arc::new(inner),
+            inner: Arc::new(GpuInner {
+                driver,
+                vulkan,
+                context: cell,
+                context_init: Mutex::new(()),
+                device,
+                retained_primary: AtomicBool::new(false),
+                name,
+                uuid,
+            }),
         })
+    }
+
+    /// The context this handle works in, retaining the device's primary context on first use
+    /// for handles from [`Gpu::open_cu_device`].
+    fn context(&self) -> Result<CuContext> {
+        if let Some(c) = self.inner.context.get() {
+            return Ok(*c);
+        }
+        let _one_at_a_time = self.inner.context_init.lock();
+        if let Some(c) = self.inner.context.get() {
+            return Ok(*c);
+        }
+        let driver = &self.inner.driver;
+        let mut primary: CuContext = ptr::null_mut();
+        // SAFETY: `device` is a valid device (its UUID was read at open); valid out-pointer.
+        // Balanced by the release in `GpuInner::drop`, which `retained_primary` arms.
+        driver.check("cuDevicePrimaryCtxRetain", unsafe {
+            (driver.cu_device_primary_ctx_retain)(&mut primary, self.inner.device)
+        })?;
+        self.inner.retained_primary.store(true, Ordering::Release);
+        let _ = self.inner.context.set(primary);
+        Ok(primary)
     }
 
     /// Allocates `size` bytes (rounded up to 4 KiB) of BAR-mapped memory: a Vulkan export, a CUDA
@@ -207,11 +227,28 @@ impl Gpu {
         RawMemory::new(self, size)
     }
 
+    /// Allocates like [`Gpu::alloc`], but imports the memory into the calling thread's *current*
+    /// CUDA context instead of this handle's (vkgdr 0.1's `vkgdr_memory_alloc`): kernels of that
+    /// context can use the device pointer. The memory remembers the context and makes it current
+    /// again to free itself, from any thread.
+    ///
+    /// With no context current: [`Error::Cuda`] with `CUDA_ERROR_INVALID_CONTEXT`; a context of
+    /// another device: [`Error::InvalidArgument`].
+    ///
+    /// # Safety
+    /// - The current context must stay alive (not destroyed with `cuCtxDestroy`, nor a primary
+    ///   context released to zero) until the returned memory is dropped.
+    pub unsafe fn alloc_in_current_context(&self, size: u64) -> Result<RawMemory> {
+        // SAFETY: forwarded to our caller.
+        unsafe { RawMemory::new_in_current_context(self, size) }
+    }
+
     /// Makes this GPU's context current on the calling thread until the guard drops.
     pub fn bind(&self) -> Result<ContextGuard<'_>> {
+        let context = self.context()?;
         // SAFETY: the context lives as long as `self.inner` (retained primary, or the caller's
         // promise for unchecked opens), which outlives the guard's borrow.
-        unsafe { ContextGuard::push(&self.inner.driver, self.inner.context) }
+        unsafe { ContextGuard::push(&self.inner.driver, context) }
     }
 
     /// The CUDA driver table.
@@ -239,9 +276,10 @@ impl Gpu {
         self.inner.device
     }
 
-    /// The raw `CUcontext`.
-    pub fn cu_context(&self) -> CuContext {
-        self.inner.context
+    /// The raw `CUcontext` this handle works in (for a handle from [`Gpu::open_cu_device`], the
+    /// device's primary context, retained by this call if it was not yet).
+    pub fn cu_context(&self) -> Result<CuContext> {
+        self.context()
     }
 
     /// Whether flushes/invalidates are really issued (non-coherent memory or forced).
@@ -266,19 +304,18 @@ impl Gpu {
     }
 }
 
-fn current_context(driver: &Driver) -> Result<(CuContext, CuDevice)> {
+/// The calling thread's current context and its device. With none current, the driver's own
+/// answer: `cuCtxGetDevice` fails with `CUDA_ERROR_INVALID_CONTEXT`.
+pub(crate) fn current_context(driver: &Driver) -> Result<(CuContext, CuDevice)> {
+    let mut device = 0;
+    // SAFETY: valid out-pointer; with no current context the driver returns an error code.
+    driver.check("cuCtxGetDevice", unsafe {
+        (driver.cu_ctx_get_device)(&mut device)
+    })?;
     let mut ctx: CuContext = ptr::null_mut();
     // SAFETY: valid out-pointer.
     driver.check("cuCtxGetCurrent", unsafe {
         (driver.cu_ctx_get_current)(&mut ctx)
-    })?;
-    if ctx.is_null() {
-        return Err(Error::invalid("no CUDA context is current on this thread"));
-    }
-    let mut device = 0;
-    // SAFETY: a context is current; valid out-pointer.
-    driver.check("cuCtxGetDevice", unsafe {
-        (driver.cu_ctx_get_device)(&mut device)
     })?;
     Ok((ctx, device))
 }

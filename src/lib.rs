@@ -23,6 +23,7 @@
 pub mod alloc;
 pub mod arena;
 pub mod chunk;
+pub mod compat;
 pub mod copy;
 pub mod cuda;
 pub mod cuda_objects;

@@ -4,10 +4,10 @@ use std::os::fd::{AsRawFd, IntoRawFd};
 use std::ptr;
 
 use crate::cuda::{
-    CuDevicePtr, CuExternalMemory, ExternalMemoryBufferDesc, ExternalMemoryHandleDesc,
-    CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
+    ContextGuard, CuContext, CuDevicePtr, CuExternalMemory, ExternalMemoryBufferDesc,
+    ExternalMemoryHandleDesc, CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
 };
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::mapping::Mapping;
 use crate::vulkan::VulkanMemory;
@@ -25,6 +25,11 @@ pub struct RawMemory {
     gpu: Gpu,
     external: CuExternalMemory,
     device_ptr: CuDevicePtr,
+    /// The size asked for (what `len` reports); the Vulkan allocation may be larger.
+    requested: u64,
+    /// The context the memory was imported into when it is not the `Gpu`'s own
+    /// ([`Gpu::alloc_in_current_context`]); pushed again to free it.
+    foreign_context: Option<CuContext>,
     // Dropped after `Drop::drop` has torn down the CUDA side.
     vulkan: VulkanMemory,
 }
@@ -46,12 +51,34 @@ impl std::fmt::Debug for RawMemory {
 }
 
 impl RawMemory {
+    /// Allocates and imports into `gpu`'s own context.
     pub(crate) fn new(gpu: &Gpu, size: u64) -> Result<RawMemory> {
+        let _ctx = gpu.bind()?;
+        Self::import(gpu, size, None)
+    }
+
+    /// Allocates and imports into the calling thread's current context, which must belong to
+    /// `gpu`'s device.
+    ///
+    /// # Safety
+    /// - The current context must stay alive until the returned memory is dropped.
+    pub(crate) unsafe fn new_in_current_context(gpu: &Gpu, size: u64) -> Result<RawMemory> {
+        let (context, device) = crate::gpu::current_context(gpu.driver())?;
+        if device != gpu.cu_device() {
+            return Err(Error::invalid(format!(
+                "the current CUDA context belongs to device {device}, this handle to device {}",
+                gpu.cu_device()
+            )));
+        }
+        Self::import(gpu, size, Some(context))
+    }
+
+    /// The allocation, export and import, with the import's context already current.
+    fn import(gpu: &Gpu, size: u64, foreign_context: Option<CuContext>) -> Result<RawMemory> {
         let vulkan = gpu.vulkan().allocate(size)?;
         let alloc_size = vulkan.size();
         let fd = vulkan.export_fd()?;
         let driver = gpu.driver();
-        let _ctx = gpu.bind()?;
 
         let desc = ExternalMemoryHandleDesc {
             handle_type: CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
@@ -88,12 +115,20 @@ impl RawMemory {
             gpu: gpu.clone(),
             external,
             device_ptr,
+            requested: size,
+            foreign_context,
             vulkan,
         })
     }
 
-    /// Size in bytes (the request rounded up to 4 KiB).
+    /// Size in bytes, as asked for (a 4097-byte request reports 4097).
     pub fn size(&self) -> u64 {
+        self.requested
+    }
+
+    /// Size of the underlying Vulkan allocation (the request rounded up to 4 KiB): flushes and
+    /// invalidates may cover it up to here.
+    pub fn allocation_size(&self) -> u64 {
         self.vulkan.size()
     }
 
@@ -111,6 +146,17 @@ impl RawMemory {
     /// Whether the memory is treated as coherent (no flush/invalidate needed).
     pub fn is_coherent(&self) -> bool {
         !self.vulkan.context().is_non_coherent()
+    }
+
+    /// The alignment flushes and invalidates work in: `nonCoherentAtomSize` on non-coherent
+    /// memory, 1 on coherent memory (where they are no-ops).
+    pub fn non_coherent_atom_size(&self) -> u64 {
+        let vulkan = self.vulkan.context();
+        if vulkan.is_non_coherent() {
+            vulkan.atom_size()
+        } else {
+            1
+        }
     }
 
     /// The GPU this memory belongs to.
@@ -182,7 +228,11 @@ impl Drop for RawMemory {
         let driver = self.gpu.driver();
         // Teardown must run even if the push fails (it cannot for a live context); ignore results:
         // there is no way to report them from drop and the handles are ours.
-        let _ctx = self.gpu.bind();
+        let _ctx = match self.foreign_context {
+            // SAFETY: `new_in_current_context`'s caller promised the context outlives the memory.
+            Some(c) => unsafe { ContextGuard::push(driver, c) },
+            None => self.gpu.bind(),
+        };
         // SAFETY: the mapped buffer and the import are ours and used by nothing else now; order:
         // free the mapping, destroy the import, then the Vulkan memory drops (unmap, free).
         unsafe {

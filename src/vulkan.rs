@@ -411,8 +411,9 @@ impl VulkanContext {
                 side: MemorySide::Vulkan,
                 call: "vkAllocateMemory",
                 size,
+                // What the driver answers to such a request (the spec allows it to refuse).
                 result: format!(
-                    "above maxMemoryAllocationSize {}",
+                    "VK_ERROR_OUT_OF_DEVICE_MEMORY (above maxMemoryAllocationSize {})",
                     self.info.max_allocation_size
                 ),
             });

@@ -1,0 +1,178 @@
+//! vkgdr 0.1's semantics, in one place for the members that are drop-ins for it: the C library
+//! (`capi/`, `vkgdr.h`) and the Python package (`python/`, `import vkgdr`).
+//!
+//! What a program written for vkgdr 0.1 relies on, and what this module keeps:
+//! - open flags with the same values ([`OPEN_CURRENT_CONTEXT_BIT`] = 1,
+//!   [`OPEN_FORCE_NON_COHERENT_BIT`] = 2, [`OPEN_REQUIRE_COHERENT_BIT`] = 4); unknown bits are an
+//!   error;
+//! - [`open`] on a `CUdevice` creates no CUDA context; with `OPEN_CURRENT_CONTEXT_BIT` it opens the
+//!   device of the calling thread's current context, whatever kind of context that is (the
+//!   runtime's primary context, or one from `cuCtxCreate` such as PyCUDA's default context);
+//! - [`alloc`] imports into the calling thread's *current* context, reports the size asked for,
+//!   and takes flags that must be 0;
+//! - error texts in vkgdr 0.1's form, `"<call> failed (<RESULT_NAME>)"` ([`message`]): an
+//!   invalid device gives `cuDeviceGetUuid failed (CUDA_ERROR_INVALID_DEVICE)`, no current
+//!   context `cuCtxGetDevice failed (CUDA_ERROR_INVALID_CONTEXT)`, a 10^15-byte allocation
+//!   `vkAllocateMemory failed (VK_ERROR_OUT_OF_DEVICE_MEMORY)`.
+//!
+//! Where this library does better than vkgdr 0.1 and no correct program can tell: memory
+//! remembers the context it was imported into and makes it current to free itself (vkgdr 0.1
+//! needs the caller to have it current), flush and invalidate ranges are rounded to whole atoms
+//! inside the allocation instead of being undefined behaviour, and their failures are reported.
+
+use std::ptr;
+
+use crate::cuda::{CuContext, CuDevice, Driver};
+use crate::error::{Error, Result};
+use crate::gpu::{current_context, Gpu, OpenOptions};
+use crate::memory::RawMemory;
+
+/// Ignore the given device and use the calling thread's current CUDA context instead.
+pub const OPEN_CURRENT_CONTEXT_BIT: u32 = 1;
+/// Treat the memory as non-coherent even if it is coherent (for debugging only).
+pub const OPEN_FORCE_NON_COHERENT_BIT: u32 = 2;
+/// Fail unless the memory is guaranteed to be coherent.
+pub const OPEN_REQUIRE_COHERENT_BIT: u32 = 4;
+/// Every flag [`open`] knows.
+pub const OPEN_FLAGS_ALL: u32 =
+    OPEN_CURRENT_CONTEXT_BIT | OPEN_FORCE_NON_COHERENT_BIT | OPEN_REQUIRE_COHERENT_BIT;
+
+/// The [`OpenOptions`] for vkgdr 0.1 open flags; unknown bits are [`Error::InvalidArgument`].
+pub fn open_options(flags: u32) -> Result<OpenOptions> {
+    if flags & !OPEN_FLAGS_ALL != 0 {
+        return Err(Error::invalid(format!(
+            "unknown open flag bits {:#x} (known: CURRENT_CONTEXT 1, FORCE_NON_COHERENT 2, \
+             REQUIRE_COHERENT 4)",
+            flags & !OPEN_FLAGS_ALL
+        )));
+    }
+    Ok(OpenOptions::new()
+        .force_non_coherent(flags & OPEN_FORCE_NON_COHERENT_BIT != 0)
+        .require_coherent(flags & OPEN_REQUIRE_COHERENT_BIT != 0))
+}
+
+/// `vkgdr_open(device, flags)`.
+///
+/// Without [`OPEN_CURRENT_CONTEXT_BIT`], `device` is a `CUdevice` handle and no context is
+/// created: raw allocations go into whatever context is current when they are made, and the
+/// device's primary context is retained only if a pool, ring or copy of this handle needs one
+/// ([`Gpu::open_cu_device`]). With it, `device` is ignored and the handle works in the current
+/// context: a primary context is retained for the handle's lifetime, any other context is used as
+/// it is.
+///
+/// # Safety
+/// - With [`OPEN_CURRENT_CONTEXT_BIT`] and a current context that is not its device's primary
+///   context: that context must stay alive (not destroyed) as long as the handle, its clones or
+///   anything allocated through them exist, as vkgdr 0.1 requires.
+pub unsafe fn open(device: CuDevice, flags: u32) -> Result<Gpu> {
+    let options = open_options(flags)?;
+    if flags & OPEN_CURRENT_CONTEXT_BIT == 0 {
+        return Gpu::open_cu_device(device, options);
+    }
+    let driver = Driver::get()?;
+    let (current, device) = current_context(&driver)?;
+    if is_primary(&driver, device, current)? {
+        Gpu::open_current_context(options)
+    } else {
+        // SAFETY: forwarded to our caller.
+        unsafe { Gpu::open_current_context_unchecked(options) }
+    }
+}
+
+/// `vkgdr_memory_alloc(g, size, flags)`: `size` bytes imported into the calling thread's current
+/// context ([`Gpu::alloc_in_current_context`]); `flags` must be 0.
+///
+/// # Safety
+/// - The current context must stay alive until the memory is dropped.
+pub unsafe fn alloc(gpu: &Gpu, size: u64, flags: u32) -> Result<RawMemory> {
+    if flags != 0 {
+        return Err(Error::invalid(format!(
+            "allocation flags must be 0 (got {flags:#x})"
+        )));
+    }
+    // SAFETY: forwarded to our caller.
+    unsafe { gpu.alloc_in_current_context(size) }
+}
+
+/// An error as vkgdr 0.1 words it: `"<call> failed (<RESULT_NAME>)"` for what a driver returned,
+/// this library's own message otherwise.
+pub fn message(e: &Error) -> String {
+    match (e.driver_call(), e.result_name()) {
+        (Some(call), Some(name)) => format!("{call} failed ({name})"),
+        _ => e.to_string(),
+    }
+}
+
+/// Whether `context` is `device`'s primary context, without creating the primary context when
+/// it does not exist yet (then `context` cannot be it).
+fn is_primary(driver: &Driver, device: CuDevice, context: CuContext) -> Result<bool> {
+    let (mut flags, mut active) = (0, 0);
+    // SAFETY: `device` came from the driver (cuCtxGetDevice); valid out-pointers.
+    driver.check("cuDevicePrimaryCtxGetState", unsafe {
+        (driver.cu_device_primary_ctx_get_state)(device, &mut flags, &mut active)
+    })?;
+    if active == 0 {
+        return Ok(false);
+    }
+    let mut primary: CuContext = ptr::null_mut();
+    // SAFETY: valid device and out-pointer; balanced by the release just below.
+    driver.check("cuDevicePrimaryCtxRetain", unsafe {
+        (driver.cu_device_primary_ctx_retain)(&mut primary, device)
+    })?;
+    // SAFETY: balances the retain above; the primary context is active, so it stays alive.
+    unsafe { (driver.cu_device_primary_ctx_release)(device) };
+    Ok(primary == context)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::MemorySide;
+
+    #[test]
+    fn flags_map_to_options_and_unknown_bits_are_errors() {
+        let o = open_options(OPEN_FORCE_NON_COHERENT_BIT).unwrap();
+        assert!(o.memory_options().force_non_coherent && !o.memory_options().require_coherent);
+        let o = open_options(OPEN_REQUIRE_COHERENT_BIT | OPEN_CURRENT_CONTEXT_BIT).unwrap();
+        assert!(o.memory_options().require_coherent && !o.memory_options().force_non_coherent);
+        for bad in [8, 0x10, 0x8000_0000, u32::MAX] {
+            let e = open_options(bad).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{bad:#x}: {e}");
+        }
+    }
+
+    #[test]
+    fn messages_take_vkgdr_0_1_form_for_driver_errors() {
+        let cuda = Error::Cuda {
+            call: "cuDeviceGetUuid",
+            code: 101,
+            name: "CUDA_ERROR_INVALID_DEVICE".into(),
+        };
+        assert_eq!(
+            message(&cuda),
+            "cuDeviceGetUuid failed (CUDA_ERROR_INVALID_DEVICE)"
+        );
+        let oom = Error::OutOfDeviceMemory {
+            side: MemorySide::Vulkan,
+            call: "vkAllocateMemory",
+            size: 1_000_000_000_000_000,
+            result: "VK_ERROR_OUT_OF_DEVICE_MEMORY (above maxMemoryAllocationSize 4)".into(),
+        };
+        assert_eq!(
+            message(&oom),
+            "vkAllocateMemory failed (VK_ERROR_OUT_OF_DEVICE_MEMORY)"
+        );
+        let limit = Error::OutOfDeviceMemory {
+            side: MemorySide::Limit,
+            call: "Pool::alloc",
+            size: 1,
+            result: "max_bytes 0".into(),
+        };
+        assert_eq!(message(&limit), limit.to_string());
+        let missing = Error::LibraryNotFound {
+            name: "libcuda.so.1",
+            reason: "libcuda.so.1: cannot open shared object file".into(),
+        };
+        assert!(message(&missing).contains("libcuda.so.1: cannot open shared object file"));
+    }
+}
