@@ -2,11 +2,23 @@
 //!
 //! Run on a machine with an NVIDIA GPU: `cargo run --release --example hello`.
 
+use std::process::ExitCode;
 use std::time::Instant;
 
 use vkgdr::{Gpu, Mapping};
 
-fn main() -> vkgdr::Result<()> {
+fn main() -> ExitCode {
+    // Print the error's message (it names the driver result and the fix), not its Debug form.
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("hello: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> vkgdr::Result<()> {
     let t = Instant::now();
     let gpu = Gpu::open(0)?;
     println!("opened {} in {:?}: {:?}", gpu.name(), t.elapsed(), gpu);
