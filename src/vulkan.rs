@@ -2,8 +2,9 @@
 //!
 //! This layer knows nothing of CUDA, so it runs (and is tested) on any Vulkan driver with
 //! `VK_KHR_external_memory_fd` and a `DEVICE_LOCAL | HOST_VISIBLE` memory type — Mesa's lavapipe
-//! on CI, the NVIDIA driver on the GPU machine. The loader is found at run time (`ash::Entry::load`);
-//! a machine without it gets [`Error::LibraryNotFound`].
+//! on CI, the NVIDIA driver on the GPU machine. The loader is found at run time (`ash::Entry::load`,
+//! or the file `VKGDR_VULKAN_LIBRARY` names); a machine without it gets
+//! [`Error::LibraryNotFound`].
 
 use std::ffi::CStr;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -15,6 +16,9 @@ use ash::vk;
 use crate::error::{Error, MemorySide, Result};
 
 const LOADER: &str = "libvulkan.so.1";
+
+/// NVIDIA's PCI vendor ID, as Vulkan reports it in `vendorID`.
+pub const NVIDIA_VENDOR_ID: u32 = 0x10de;
 
 /// The Vulkan result's name as the specification spells it, e.g. `VK_ERROR_OUT_OF_DEVICE_MEMORY`.
 pub fn result_name(r: vk::Result) -> String {
@@ -88,6 +92,9 @@ pub struct PhysicalDeviceInfo {
     pub index: usize,
     /// `deviceName`.
     pub name: String,
+    /// `vendorID` (PCI vendor: [`NVIDIA_VENDOR_ID`] for NVIDIA, 0x10005 for Mesa's software
+    /// drivers).
+    pub vendor_id: u32,
     /// `deviceUUID` (matches CUDA's `cuDeviceGetUuid` on NVIDIA).
     pub uuid: [u8; 16],
     /// Driver name and info, when the device reports them (Vulkan 1.2).
@@ -135,6 +142,11 @@ impl PhysicalDeviceInfo {
         })
     }
 
+    /// Whether the device is an NVIDIA GPU (`vendorID` 0x10de).
+    pub fn is_nvidia(&self) -> bool {
+        self.vendor_id == NVIDIA_VENDOR_ID
+    }
+
     /// The UUID formatted like `nvidia-smi -L` does (`GPU-xxxxxxxx-xxxx-...`, without the prefix).
     pub fn uuid_string(&self) -> String {
         format_uuid(&self.uuid)
@@ -155,12 +167,17 @@ pub fn format_uuid(u: &[u8; 16]) -> String {
 }
 
 fn load_entry() -> Result<ash::Entry> {
+    let name = crate::dynlib::library_name(LOADER, crate::dynlib::VULKAN_ENV);
     // SAFETY: loading the Vulkan loader runs its initialisers, which are designed for this; the
-    // entry keeps the library alive as long as it lives.
-    unsafe { ash::Entry::load() }.map_err(|e| Error::LibraryNotFound {
-        name: LOADER,
-        reason: e.to_string(),
-    })
+    // entry keeps the library alive as long as it lives. `VKGDR_VULKAN_LIBRARY` may name another
+    // file (crate::dynlib).
+    let entry = if name == LOADER {
+        unsafe { ash::Entry::load() }
+    } else {
+        // SAFETY: as above, for the loader the user named.
+        unsafe { ash::Entry::load_from(&name) }
+    };
+    entry.map_err(|e| crate::dynlib::not_found(LOADER, crate::dynlib::VULKAN_ENV, &name, e))
 }
 
 fn create_instance(entry: &ash::Entry) -> Result<ash::Instance> {
@@ -222,6 +239,7 @@ fn describe(
     Ok(PhysicalDeviceInfo {
         index,
         name: cstr(props.device_name_as_c_str()),
+        vendor_id: props.vendor_id,
         uuid: id.device_uuid,
         driver: driver_text,
         api_version: format!(
