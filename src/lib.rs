@@ -28,6 +28,7 @@ pub mod compat;
 pub mod copy;
 pub mod cuda;
 pub mod cuda_objects;
+pub mod diagnose;
 pub mod dirty;
 pub mod dynlib;
 mod error;

@@ -167,11 +167,11 @@ pub fn format_uuid(u: &[u8; 16]) -> String {
 }
 
 fn load_entry() -> Result<ash::Entry> {
+    // `VKGDR_VULKAN_LIBRARY` may name another file (crate::dynlib).
     let name = crate::dynlib::library_name(LOADER, crate::dynlib::VULKAN_ENV);
-    // SAFETY: loading the Vulkan loader runs its initialisers, which are designed for this; the
-    // entry keeps the library alive as long as it lives. `VKGDR_VULKAN_LIBRARY` may name another
-    // file (crate::dynlib).
     let entry = if name == LOADER {
+        // SAFETY: loading the Vulkan loader runs its initialisers, which are designed for this;
+        // the entry keeps the library alive as long as it lives.
         unsafe { ash::Entry::load() }
     } else {
         // SAFETY: as above, for the loader the user named.
