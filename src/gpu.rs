@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 use crate::cuda::{ContextGuard, CuContext, CuDevice, Driver};
 use crate::error::{Error, Result};
 use crate::memory::RawMemory;
-use crate::vulkan::{format_uuid, DeviceSelector, MemoryOptions, VulkanContext};
+use crate::vulkan::{format_uuid, parse_uuid, DeviceSelector, MemoryOptions, VulkanContext};
 
 /// How to open a [`Gpu`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -115,6 +115,42 @@ impl Gpu {
         let gpu = Self::finish(driver, None, device, options)?;
         gpu.context()?;
         Ok(gpu)
+    }
+
+    /// Opens the CUDA device with this UUID (as `nvidia-smi -L` prints it, `GPU-…`, or as
+    /// [`format_uuid`] writes it) with default options: the same device whatever its ordinal,
+    /// which `CUDA_VISIBLE_DEVICES` and `CUDA_DEVICE_ORDER` can change.
+    ///
+    /// A text that is no UUID is [`Error::InvalidArgument`]; a UUID no CUDA device has is
+    /// [`Error::NoMatchingDevice`] listing the UUIDs present.
+    pub fn open_uuid(uuid: &str) -> Result<Gpu> {
+        Self::open_uuid_with(uuid, OpenOptions::default())
+    }
+
+    /// Opens the CUDA device with this UUID with `options` (see [`Gpu::open_uuid`]).
+    pub fn open_uuid_with(uuid: &str, options: OpenOptions) -> Result<Gpu> {
+        let want = parse_uuid(uuid)?;
+        let driver = Driver::get()?;
+        let mut present = Vec::new();
+        for ordinal in 0..driver.device_count()? {
+            let device = driver.device(ordinal)?;
+            let have = driver.device_uuid(device)?;
+            if have == want {
+                let gpu = Self::finish(driver, None, device, options)?;
+                gpu.context()?;
+                return Ok(gpu);
+            }
+            present.push(format!("[{ordinal}] GPU-{}", format_uuid(&have)));
+        }
+        Err(Error::NoMatchingDevice(format!(
+            "no CUDA device with UUID GPU-{}; present: {}",
+            format_uuid(&want),
+            if present.is_empty() {
+                "none".to_string()
+            } else {
+                present.join(", ")
+            }
+        )))
     }
 
     /// Opens the device behind a `CUdevice` handle without creating or retaining any CUDA context
