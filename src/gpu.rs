@@ -54,6 +54,9 @@ struct GpuInner {
     retained_primary: AtomicBool,
     name: String,
     uuid: [u8; 16],
+    /// Whoever owns a borrowed `context` (a cudarc `CudaContext`), kept alive as long as this
+    /// handle, so the context outlives every allocation made through it.
+    _context_owner: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 // SAFETY: a CUcontext is a process-wide handle usable from any thread (we push it around each
@@ -112,7 +115,7 @@ impl Gpu {
     pub fn open_with(ordinal: i32, options: OpenOptions) -> Result<Gpu> {
         let driver = Driver::get()?;
         let device = driver.device(ordinal)?;
-        let gpu = Self::finish(driver, None, device, options)?;
+        let gpu = Self::finish(driver, None, device, options, None)?;
         gpu.context()?;
         Ok(gpu)
     }
@@ -136,7 +139,7 @@ impl Gpu {
             let device = driver.device(ordinal)?;
             let have = driver.device_uuid(device)?;
             if have == want {
-                let gpu = Self::finish(driver, None, device, options)?;
+                let gpu = Self::finish(driver, None, device, options, None)?;
                 gpu.context()?;
                 return Ok(gpu);
             }
@@ -162,7 +165,7 @@ impl Gpu {
     ///
     /// An invalid handle is [`Error::Cuda`] with `CUDA_ERROR_INVALID_DEVICE`.
     pub fn open_cu_device(device: CuDevice, options: OpenOptions) -> Result<Gpu> {
-        Self::finish(Driver::get()?, None, device, options)
+        Self::finish(Driver::get()?, None, device, options, None)
     }
 
     /// Opens the device of the calling thread's current CUDA context, which must be that device's
@@ -176,7 +179,7 @@ impl Gpu {
     pub fn open_current_context(options: OpenOptions) -> Result<Gpu> {
         let driver = Driver::get()?;
         let (current, device) = current_context(&driver)?;
-        let gpu = Self::finish(driver, None, device, options)?;
+        let gpu = Self::finish(driver, None, device, options, None)?;
         if gpu.context()? != current {
             return Err(Error::invalid(
                 "the current CUDA context is not the device's primary context; \
@@ -194,7 +197,23 @@ impl Gpu {
     pub unsafe fn open_current_context_unchecked(options: OpenOptions) -> Result<Gpu> {
         let driver = Driver::get()?;
         let (current, device) = current_context(&driver)?;
-        Self::finish(driver, Some(current), device, options)
+        Self::finish(driver, Some(current), device, options, None)
+    }
+
+    /// Opens `device` in `context`, a context that `owner` keeps alive: the handle holds `owner`
+    /// until its last clone and allocation are gone (cudarc interop: `owner` is the
+    /// `Arc<CudaContext>`). Shares the context; creates and retains none.
+    ///
+    /// # Safety
+    /// - `context` must be a live CUDA context of `device` for as long as `owner` is alive.
+    #[cfg_attr(not(feature = "cudarc"), allow(dead_code))]
+    pub(crate) unsafe fn open_owned_context(
+        context: CuContext,
+        device: CuDevice,
+        options: OpenOptions,
+        owner: Arc<dyn std::any::Any + Send + Sync>,
+    ) -> Result<Gpu> {
+        Self::finish(Driver::get()?, Some(context), device, options, Some(owner))
     }
 
     /// Matches the Vulkan device by UUID and builds the handle. `context` is a borrowed context
@@ -204,6 +223,7 @@ impl Gpu {
         context: Option<CuContext>,
         device: CuDevice,
         options: OpenOptions,
+        context_owner: Option<Arc<dyn std::any::Any + Send + Sync>>,
     ) -> Result<Gpu> {
         let uuid = driver.device_uuid(device)?;
         let name = driver.device_name(device)?;
@@ -230,6 +250,7 @@ impl Gpu {
                 retained_primary: AtomicBool::new(false),
                 name,
                 uuid,
+                _context_owner: context_owner,
             }),
         })
     }

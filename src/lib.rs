@@ -28,6 +28,8 @@ pub mod compat;
 pub mod copy;
 pub mod cuda;
 pub mod cuda_objects;
+#[cfg(feature = "cudarc")]
+pub mod cudarc;
 pub mod diagnose;
 pub mod dirty;
 pub mod dynlib;
