@@ -2,8 +2,7 @@
 //! what this process can still map — before an allocation fails.
 //!
 //! BAR-mappable memory is the scarce resource of this whole approach, and no driver interface
-//! states the limit that matters. What is known (`/work/shared/gpu/NOTES.md`, measured on an H100
-//! 80GB with driver 580):
+//! states the limit that matters. What is known (measured on an H100 80GB with driver 580):
 //! - `DEVICE_LOCAL | HOST_VISIBLE` allocations fail with `VK_ERROR_OUT_OF_DEVICE_MEMORY` at about
 //!   **(VRAM total − other VRAM in use) / 2**: 39 GiB on an idle 80 GB H100, 29/19/9 GiB with
 //!   20/40/60 GiB of `cuMemAlloc` held;

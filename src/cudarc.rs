@@ -172,6 +172,16 @@ impl<T> Drop for BarViewMut<'_, T> {
     }
 }
 
+/// What a copy or launch through a view on `stream` must do once queued: nothing on the view's
+/// own stream (the view waits for it when it drops); wait for any other stream at once.
+fn sync_for<'a>(own: &CudaStream, stream: &'a CudaStream) -> SyncOnDrop<'a> {
+    if stream == own {
+        SyncOnDrop::Record(None)
+    } else {
+        SyncOnDrop::Sync(Some(stream))
+    }
+}
+
 macro_rules! view_common {
     ($view:ident) => {
         impl<T> $view<'_, T> {
@@ -218,14 +228,7 @@ macro_rules! view_common {
                 &'a self,
                 stream: &'a CudaStream,
             ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
-                // The view's own stream is waited for when the view drops; work on another
-                // stream is waited for right after it is queued.
-                let sync = if stream == &*self.stream {
-                    SyncOnDrop::Record(None)
-                } else {
-                    SyncOnDrop::Sync(Some(stream))
-                };
-                (self.ptr, sync)
+                (self.ptr, sync_for(&self.stream, stream))
             }
         }
 
@@ -249,12 +252,7 @@ impl<T> DevicePtrMut<T> for BarViewMut<'_, T> {
         &'a mut self,
         stream: &'a CudaStream,
     ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
-        let sync = if stream == &*self.stream {
-            SyncOnDrop::Record(None)
-        } else {
-            SyncOnDrop::Sync(Some(stream))
-        };
-        (self.ptr, sync)
+        (self.ptr, sync_for(&self.stream, stream))
     }
 }
 

@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use cudarc::driver::{CudaContext, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+};
 use cudarc::nvrtc::Ptx;
 use vkgdr::cudarc::CudarcMemory;
 use vkgdr::ring::layout::{self, seal_test_payload};
@@ -61,6 +63,39 @@ fn one_context_both_ways() {
     assert_eq!(ctx.cu_ctx().cast(), primary.cu_context().unwrap());
 }
 
+/// Runs `check_and_transform(input, output, n, seed, errors)` through cudarc on the views' stream
+/// and returns the kernel's error count.
+fn check_and_transform<I: CudarcMemory, O: CudarcMemory>(
+    stream: &Arc<CudaStream>,
+    check: &CudaFunction,
+    input: &I,
+    output: &mut O,
+    seed: u32,
+    errors: &mut CudaSlice<u64>,
+) -> u64 {
+    let n = (input.len() / 4).min(output.len() / 4);
+    {
+        let in_view = input.cuda_view::<u32>(stream).unwrap();
+        let mut out_view = output.cuda_view_mut::<u32>(stream).unwrap();
+        stream.memset_zeros(errors).unwrap();
+        let mut launch = stream.launch_builder(check);
+        launch
+            .arg(&in_view)
+            .arg(&mut out_view)
+            .arg(&n)
+            .arg(&seed)
+            .arg(&mut *errors);
+        // SAFETY: check_and_transform(const u32*, u32*, u64, u32, u64*): these arguments in
+        // order; both views cover n words and outlive the kernel (they wait on drop).
+        unsafe {
+            launch
+                .launch(LaunchConfig::for_num_elems(n as u32))
+                .unwrap()
+        };
+    }
+    stream.clone_dtoh(errors).unwrap()[0]
+}
+
 /// A cudarc kernel checks a block and a raw allocation the CPU wrote and writes results into a
 /// block; cudarc copies read them too.
 fn kernel_reads_what_the_cpu_wrote(force_non_coherent: bool) {
@@ -80,43 +115,25 @@ fn kernel_reads_what_the_cpu_wrote(force_non_coherent: bool) {
         assert!(block.has_pending_writes(), "safe writes wait for a flush");
     }
     let mut errors = stream.alloc_zeros::<u64>(1).unwrap();
-    for (name, input) in [("block", 0), ("raw", 1)] {
+    for name in ["block", "raw"] {
         let t = Instant::now();
-        {
-            let in_view = match input {
-                0 => block.cuda_view::<u32>(&stream).unwrap(),
-                _ => raw.cuda_view::<u32>(&stream).unwrap(),
-            };
-            assert_eq!(in_view.len(), n as usize);
-            let mut out_view = out.cuda_view_mut::<u32>(&stream).unwrap();
-            stream.memset_zeros(&mut errors).unwrap();
-            let mut launch = stream.launch_builder(&check);
-            launch
-                .arg(&in_view)
-                .arg(&mut out_view)
-                .arg(&n)
-                .arg(&seed)
-                .arg(&mut errors);
-            // SAFETY: check_and_transform(const u32*, u32*, u64, u32, u64*): these arguments in
-            // order; both views cover n words and outlive the kernel (they wait on drop).
-            unsafe {
-                launch
-                    .launch(LaunchConfig::for_num_elems(n as u32))
-                    .unwrap()
-            };
-            // A cudarc copy reads the BAR memory through the view as well.
-            let copied = stream.clone_dtoh(&in_view).unwrap();
-            assert_eq!(copied, words, "{name}: cudarc's copy");
-        }
-        let bad = stream.clone_dtoh(&errors).unwrap()[0];
+        let bad = if name == "block" {
+            check_and_transform(&stream, &check, &block, &mut out, seed, &mut errors)
+        } else {
+            check_and_transform(&stream, &check, &raw, &mut out, seed, &mut errors)
+        };
         println!(
             "cudarc kernel on {name} (non-coherent {force_non_coherent}): {n} words in {:?}, {bad} wrong",
             t.elapsed()
         );
         assert_eq!(bad, 0, "{name}: the kernel saw words the CPU did not write");
-        if force_non_coherent && input == 0 {
-            assert!(!block.has_pending_writes(), "the view flushed the block");
-        }
+        // A cudarc copy reads the BAR memory through a view as well.
+        let copied = if name == "block" {
+            stream.clone_dtoh(&block.cuda_view::<u32>(&stream).unwrap())
+        } else {
+            stream.clone_dtoh(&raw.cuda_view::<u32>(&stream).unwrap())
+        };
+        assert_eq!(copied.unwrap(), words, "{name}: cudarc's copy");
         let mut back = vec![0u32; n as usize];
         out.read_pod(0, &mut back).unwrap();
         for (i, (&b, &w)) in back.iter().zip(&words).enumerate() {
@@ -128,27 +145,13 @@ fn kernel_reads_what_the_cpu_wrote(force_non_coherent: bool) {
         }
         out.fill(0, 4 * n, 0).unwrap();
     }
+    if force_non_coherent {
+        assert!(!block.has_pending_writes(), "the view flushed the block");
+    }
     // The check can fail: a word the kernel does not expect is counted.
     block.write_pod(4 * 777, &[!words[777]]).unwrap();
-    {
-        let in_view = block.cuda_view::<u32>(&stream).unwrap();
-        let mut out_view = out.cuda_view_mut::<u32>(&stream).unwrap();
-        stream.memset_zeros(&mut errors).unwrap();
-        let mut launch = stream.launch_builder(&check);
-        launch
-            .arg(&in_view)
-            .arg(&mut out_view)
-            .arg(&n)
-            .arg(&seed)
-            .arg(&mut errors);
-        // SAFETY: as above.
-        unsafe {
-            launch
-                .launch(LaunchConfig::for_num_elems(n as u32))
-                .unwrap()
-        };
-    }
-    assert_eq!(stream.clone_dtoh(&errors).unwrap()[0], 1);
+    let bad = check_and_transform(&stream, &check, &block, &mut out, seed, &mut errors);
+    assert_eq!(bad, 1);
 }
 
 #[test]
