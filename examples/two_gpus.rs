@@ -1,5 +1,6 @@
-//! Opens every CUDA device, shows which Vulkan device each was matched to by UUID, and proves that
-//! writes through one device's mapping never show up in another's memory.
+//! Opens every CUDA device (by ordinal and by UUID), shows which Vulkan device each was matched to
+//! by UUID and its BAR figures, and proves that writes through one device's mapping never show up
+//! in another's memory.
 //!
 //! On a one-GPU machine it says so and checks the single device. Run: `cargo run --example two_gpus`.
 
@@ -22,6 +23,13 @@ fn main() -> vkgdr::Result<()> {
             v.uuid_string()
         );
         assert_eq!(gpu.uuid(), v.uuid, "matched by UUID");
+        // The same device by its UUID, as `nvidia-smi -L` prints it.
+        let uuid = format!("GPU-{}", vkgdr::vulkan::format_uuid(&gpu.uuid()));
+        assert_eq!(Gpu::open_uuid(&uuid)?.cu_device(), gpu.cu_device());
+        let bar = gpu.bar_info()?;
+        for line in bar.to_string().lines() {
+            println!("      {line}");
+        }
         gpus.push(gpu);
     }
     let size = 1u64 << 20;

@@ -238,7 +238,8 @@ impl std::fmt::Debug for Driver {
 static DRIVER: OnceLock<std::result::Result<Arc<Driver>, String>> = OnceLock::new();
 
 impl Driver {
-    /// Loads `libcuda.so.1` and calls `cuInit(0)`, once per process; later calls share the table.
+    /// Loads `libcuda.so.1` (or the file `VKGDR_CUDA_LIBRARY` names) and calls `cuInit(0)`, once
+    /// per process; later calls share the table.
     ///
     /// Returns [`Error::LibraryNotFound`] on a machine without the NVIDIA driver.
     pub fn get() -> Result<Arc<Driver>> {
@@ -251,13 +252,8 @@ impl Driver {
     }
 
     fn load() -> Result<Self> {
-        // SAFETY: loading the NVIDIA driver library runs its initialisers, which are designed to be
-        // loaded into arbitrary processes (every CUDA program does this).
-        let lib =
-            unsafe { libloading::Library::new(LIBRARY) }.map_err(|e| Error::LibraryNotFound {
-                name: LIBRARY,
-                reason: e.to_string(),
-            })?;
+        // `VKGDR_CUDA_LIBRARY` may name another file (crate::dynlib).
+        let lib = crate::dynlib::load(LIBRARY, crate::dynlib::CUDA_ENV)?;
         let driver = Self::resolve(lib)?;
         // SAFETY: cuInit with flags 0 is always a valid call.
         driver.check("cuInit", unsafe { (driver.cu_init)(0) })?;

@@ -68,6 +68,16 @@ pub enum Error {
         /// The name from `cuGetErrorName`, e.g. `CUDA_ERROR_INVALID_VALUE`.
         name: String,
     },
+    /// An NVML call failed (BAR1 and memory figures; see [`crate::nvml`]).
+    #[error("{call} failed: {name} ({code})")]
+    Nvml {
+        /// The NVML function.
+        call: &'static str,
+        /// The numeric `nvmlReturn_t`.
+        code: i32,
+        /// Its name, e.g. `NVML_ERROR_NOT_SUPPORTED`.
+        name: String,
+    },
     /// No Vulkan physical device matches the requested CUDA device (by UUID) or index.
     #[error("no matching device: {0}")]
     NoMatchingDevice(String),
@@ -119,6 +129,7 @@ impl Error {
         match self {
             Error::Vulkan { call, .. }
             | Error::Cuda { call, .. }
+            | Error::Nvml { call, .. }
             | Error::OutOfDeviceMemory { call, .. } => Some(call),
             _ => None,
         }
@@ -130,7 +141,7 @@ impl Error {
     pub fn result_name(&self) -> Option<&str> {
         match self {
             Error::Vulkan { result, .. } => Some(result),
-            Error::Cuda { name, .. } => Some(name),
+            Error::Cuda { name, .. } | Error::Nvml { name, .. } => Some(name),
             Error::OutOfDeviceMemory { side, result, .. } if *side != MemorySide::Limit => {
                 Some(result.split(' ').next().unwrap_or(result))
             }

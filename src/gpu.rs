@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 use crate::cuda::{ContextGuard, CuContext, CuDevice, Driver};
 use crate::error::{Error, Result};
 use crate::memory::RawMemory;
-use crate::vulkan::{format_uuid, DeviceSelector, MemoryOptions, VulkanContext};
+use crate::vulkan::{format_uuid, parse_uuid, DeviceSelector, MemoryOptions, VulkanContext};
 
 /// How to open a [`Gpu`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -54,6 +54,9 @@ struct GpuInner {
     retained_primary: AtomicBool,
     name: String,
     uuid: [u8; 16],
+    /// Whoever owns a borrowed `context` (a cudarc `CudaContext`), kept alive as long as this
+    /// handle, so the context outlives every allocation made through it.
+    _context_owner: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 // SAFETY: a CUcontext is a process-wide handle usable from any thread (we push it around each
@@ -112,9 +115,45 @@ impl Gpu {
     pub fn open_with(ordinal: i32, options: OpenOptions) -> Result<Gpu> {
         let driver = Driver::get()?;
         let device = driver.device(ordinal)?;
-        let gpu = Self::finish(driver, None, device, options)?;
+        let gpu = Self::finish(driver, None, device, options, None)?;
         gpu.context()?;
         Ok(gpu)
+    }
+
+    /// Opens the CUDA device with this UUID (as `nvidia-smi -L` prints it, `GPU-…`, or as
+    /// [`format_uuid`] writes it) with default options: the same device whatever its ordinal,
+    /// which `CUDA_VISIBLE_DEVICES` and `CUDA_DEVICE_ORDER` can change.
+    ///
+    /// A text that is no UUID is [`Error::InvalidArgument`]; a UUID no CUDA device has is
+    /// [`Error::NoMatchingDevice`] listing the UUIDs present.
+    pub fn open_uuid(uuid: &str) -> Result<Gpu> {
+        Self::open_uuid_with(uuid, OpenOptions::default())
+    }
+
+    /// Opens the CUDA device with this UUID with `options` (see [`Gpu::open_uuid`]).
+    pub fn open_uuid_with(uuid: &str, options: OpenOptions) -> Result<Gpu> {
+        let want = parse_uuid(uuid)?;
+        let driver = Driver::get()?;
+        let mut present = Vec::new();
+        for ordinal in 0..driver.device_count()? {
+            let device = driver.device(ordinal)?;
+            let have = driver.device_uuid(device)?;
+            if have == want {
+                let gpu = Self::finish(driver, None, device, options, None)?;
+                gpu.context()?;
+                return Ok(gpu);
+            }
+            present.push(format!("[{ordinal}] GPU-{}", format_uuid(&have)));
+        }
+        Err(Error::NoMatchingDevice(format!(
+            "no CUDA device with UUID GPU-{}; present: {}",
+            format_uuid(&want),
+            if present.is_empty() {
+                "none".to_string()
+            } else {
+                present.join(", ")
+            }
+        )))
     }
 
     /// Opens the device behind a `CUdevice` handle without creating or retaining any CUDA context
@@ -126,7 +165,7 @@ impl Gpu {
     ///
     /// An invalid handle is [`Error::Cuda`] with `CUDA_ERROR_INVALID_DEVICE`.
     pub fn open_cu_device(device: CuDevice, options: OpenOptions) -> Result<Gpu> {
-        Self::finish(Driver::get()?, None, device, options)
+        Self::finish(Driver::get()?, None, device, options, None)
     }
 
     /// Opens the device of the calling thread's current CUDA context, which must be that device's
@@ -140,7 +179,7 @@ impl Gpu {
     pub fn open_current_context(options: OpenOptions) -> Result<Gpu> {
         let driver = Driver::get()?;
         let (current, device) = current_context(&driver)?;
-        let gpu = Self::finish(driver, None, device, options)?;
+        let gpu = Self::finish(driver, None, device, options, None)?;
         if gpu.context()? != current {
             return Err(Error::invalid(
                 "the current CUDA context is not the device's primary context; \
@@ -158,7 +197,23 @@ impl Gpu {
     pub unsafe fn open_current_context_unchecked(options: OpenOptions) -> Result<Gpu> {
         let driver = Driver::get()?;
         let (current, device) = current_context(&driver)?;
-        Self::finish(driver, Some(current), device, options)
+        Self::finish(driver, Some(current), device, options, None)
+    }
+
+    /// Opens `device` in `context`, a context that `owner` keeps alive: the handle holds `owner`
+    /// until its last clone and allocation are gone (cudarc interop: `owner` is the
+    /// `Arc<CudaContext>`). Shares the context; creates and retains none.
+    ///
+    /// # Safety
+    /// - `context` must be a live CUDA context of `device` for as long as `owner` is alive.
+    #[cfg_attr(not(feature = "cudarc"), allow(dead_code))]
+    pub(crate) unsafe fn open_owned_context(
+        context: CuContext,
+        device: CuDevice,
+        options: OpenOptions,
+        owner: Arc<dyn std::any::Any + Send + Sync>,
+    ) -> Result<Gpu> {
+        Self::finish(Driver::get()?, Some(context), device, options, Some(owner))
     }
 
     /// Matches the Vulkan device by UUID and builds the handle. `context` is a borrowed context
@@ -168,6 +223,7 @@ impl Gpu {
         context: Option<CuContext>,
         device: CuDevice,
         options: OpenOptions,
+        context_owner: Option<Arc<dyn std::any::Any + Send + Sync>>,
     ) -> Result<Gpu> {
         let uuid = driver.device_uuid(device)?;
         let name = driver.device_name(device)?;
@@ -194,6 +250,7 @@ impl Gpu {
                 retained_primary: AtomicBool::new(false),
                 name,
                 uuid,
+                _context_owner: context_owner,
             }),
         })
     }

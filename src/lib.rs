@@ -22,21 +22,28 @@
 
 pub mod alloc;
 pub mod arena;
+pub mod bar;
 pub mod chunk;
 pub mod compat;
 pub mod copy;
 pub mod cuda;
 pub mod cuda_objects;
+#[cfg(feature = "cudarc")]
+pub mod cudarc;
+pub mod diagnose;
 pub mod dirty;
+pub mod dynlib;
 mod error;
 mod gpu;
 mod mapping;
 pub mod memory;
+pub mod nvml;
 pub mod pool;
 pub mod ring;
 pub mod vulkan;
 
 pub use arena::Arena;
+pub use bar::BarInfo;
 pub use error::{Error, MemorySide, Result};
 pub use gpu::{Gpu, OpenOptions};
 pub use mapping::Mapping;

@@ -2,8 +2,9 @@
 //!
 //! This layer knows nothing of CUDA, so it runs (and is tested) on any Vulkan driver with
 //! `VK_KHR_external_memory_fd` and a `DEVICE_LOCAL | HOST_VISIBLE` memory type — Mesa's lavapipe
-//! on CI, the NVIDIA driver on the GPU machine. The loader is found at run time (`ash::Entry::load`);
-//! a machine without it gets [`Error::LibraryNotFound`].
+//! on CI, the NVIDIA driver on the GPU machine. The loader is found at run time (`ash::Entry::load`,
+//! or the file `VKGDR_VULKAN_LIBRARY` names); a machine without it gets
+//! [`Error::LibraryNotFound`].
 
 use std::ffi::CStr;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -15,6 +16,9 @@ use ash::vk;
 use crate::error::{Error, MemorySide, Result};
 
 const LOADER: &str = "libvulkan.so.1";
+
+/// NVIDIA's PCI vendor ID, as Vulkan reports it in `vendorID`.
+pub const NVIDIA_VENDOR_ID: u32 = 0x10de;
 
 /// The Vulkan result's name as the specification spells it, e.g. `VK_ERROR_OUT_OF_DEVICE_MEMORY`.
 pub fn result_name(r: vk::Result) -> String {
@@ -88,6 +92,9 @@ pub struct PhysicalDeviceInfo {
     pub index: usize,
     /// `deviceName`.
     pub name: String,
+    /// `vendorID` (PCI vendor: [`NVIDIA_VENDOR_ID`] for NVIDIA, 0x10005 for Mesa's software
+    /// drivers).
+    pub vendor_id: u32,
     /// `deviceUUID` (matches CUDA's `cuDeviceGetUuid` on NVIDIA).
     pub uuid: [u8; 16],
     /// Driver name and info, when the device reports them (Vulkan 1.2).
@@ -135,6 +142,11 @@ impl PhysicalDeviceInfo {
         })
     }
 
+    /// Whether the device is an NVIDIA GPU (`vendorID` 0x10de).
+    pub fn is_nvidia(&self) -> bool {
+        self.vendor_id == NVIDIA_VENDOR_ID
+    }
+
     /// The UUID formatted like `nvidia-smi -L` does (`GPU-xxxxxxxx-xxxx-...`, without the prefix).
     pub fn uuid_string(&self) -> String {
         format_uuid(&self.uuid)
@@ -154,13 +166,47 @@ pub fn format_uuid(u: &[u8; 16]) -> String {
     )
 }
 
+/// Parses a GPU UUID as `nvidia-smi -L`, NVML and [`format_uuid`] write it:
+/// `GPU-5fd4a7f7-…`, `MIG-…` or no prefix, 32 hex digits with or without dashes, any case.
+pub fn parse_uuid(text: &str) -> Result<[u8; 16]> {
+    let bad = || {
+        Error::invalid(format!(
+            "{text:?} is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"
+        ))
+    };
+    let t = text.trim();
+    let body = ["GPU-", "MIG-"]
+        .iter()
+        .find_map(|p| {
+            t.get(..4)
+                .filter(|head| head.eq_ignore_ascii_case(p))
+                .map(|_| &t[4..])
+        })
+        .unwrap_or(t);
+    let digits: Vec<u8> = body.bytes().filter(|&b| b != b'-').collect();
+    if digits.len() != 32 {
+        return Err(bad());
+    }
+    let mut out = [0u8; 16];
+    for (i, pair) in digits.chunks(2).enumerate() {
+        let hex = std::str::from_utf8(pair).map_err(|_| bad())?;
+        out[i] = u8::from_str_radix(hex, 16).map_err(|_| bad())?;
+    }
+    Ok(out)
+}
+
 fn load_entry() -> Result<ash::Entry> {
-    // SAFETY: loading the Vulkan loader runs its initialisers, which are designed for this; the
-    // entry keeps the library alive as long as it lives.
-    unsafe { ash::Entry::load() }.map_err(|e| Error::LibraryNotFound {
-        name: LOADER,
-        reason: e.to_string(),
-    })
+    // `VKGDR_VULKAN_LIBRARY` may name another file (crate::dynlib).
+    let name = crate::dynlib::library_name(LOADER, crate::dynlib::VULKAN_ENV);
+    let entry = if name == LOADER {
+        // SAFETY: loading the Vulkan loader runs its initialisers, which are designed for this;
+        // the entry keeps the library alive as long as it lives.
+        unsafe { ash::Entry::load() }
+    } else {
+        // SAFETY: as above, for the loader the user named.
+        unsafe { ash::Entry::load_from(&name) }
+    };
+    entry.map_err(|e| crate::dynlib::not_found(LOADER, crate::dynlib::VULKAN_ENV, &name, e))
 }
 
 fn create_instance(entry: &ash::Entry) -> Result<ash::Instance> {
@@ -222,6 +268,7 @@ fn describe(
     Ok(PhysicalDeviceInfo {
         index,
         name: cstr(props.device_name_as_c_str()),
+        vendor_id: props.vendor_id,
         uuid: id.device_uuid,
         driver: driver_text,
         api_version: format!(
@@ -695,5 +742,35 @@ mod tests {
             0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8,
         ];
         assert_eq!(format_uuid(&u), "12345678-9abc-def0-0102-030405060708");
+    }
+
+    #[test]
+    fn uuid_parse() {
+        let u = [
+            0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8,
+        ];
+        for text in [
+            "12345678-9abc-def0-0102-030405060708",
+            "GPU-12345678-9abc-def0-0102-030405060708",
+            "gpu-12345678-9ABC-DEF0-0102-030405060708",
+            "MIG-12345678-9abc-def0-0102-030405060708",
+            "123456789abcdef00102030405060708",
+            " GPU-12345678-9abc-def0-0102-030405060708\n",
+        ] {
+            assert_eq!(parse_uuid(text).unwrap(), u, "{text:?}");
+        }
+        assert_eq!(parse_uuid(&format_uuid(&u)).unwrap(), u);
+        for bad in [
+            "",
+            "GPU-",
+            "12345678-9abc-def0-0102-0304050607",
+            "12345678-9abc-def0-0102-03040506070809",
+            "1234567g-9abc-def0-0102-030405060708",
+            "GPU-12345678-9abc-def0-0102-03040506070é",
+            "XYZ-12345678-9abc-def0-0102-030405060708",
+        ] {
+            let e = parse_uuid(bad).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{bad:?}: {e}");
+        }
     }
 }

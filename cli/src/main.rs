@@ -1,6 +1,8 @@
 //! `vkgdr`: the command-line tool.
 //!
-//! - `vkgdr info` shows what the library sees on this machine.
+//! - `vkgdr info` shows what the library sees on this machine (Vulkan and CUDA devices, BAR
+//!   figures, NVML) and diagnoses what keeps it from working, naming the fix; it exits 1 when a
+//!   problem keeps vkgdr from opening a device.
 //! - `vkgdr bench <copybw|copylat|apiperf|pplat|ring|arena|all> [--out DIR] [--quick]` measures copies,
 //!   latencies and API costs on the GPU and writes tables, CSVs and PNG charts (see [`mod@bench`]).
 //! - `vkgdr bench plot DIR` redraws the charts from the CSVs in `DIR`.
@@ -11,7 +13,7 @@ mod bench;
 
 use std::process::ExitCode;
 
-use vkgdr::cuda::{self, Driver};
+use vkgdr::diagnose::{diagnose, CudaProbe, Machine, NvmlProbe, Severity, VulkanProbe};
 use vkgdr::vulkan::{self, MemoryOptions, PhysicalDeviceInfo};
 
 fn usage() -> ExitCode {
@@ -91,75 +93,96 @@ fn print_vulkan(devs: &[PhysicalDeviceInfo]) {
     }
 }
 
+/// `vkgdr info`: what the library sees, then the diagnosis. Exits 1 when a problem keeps vkgdr
+/// from opening a device (an error finding), 0 otherwise.
 fn info() -> ExitCode {
     println!("vkgdr {}", env!("CARGO_PKG_VERSION"));
     println!("CPU copy routines: {}", vkgdr::copy::simd_level());
+    let machine = Machine::probe();
     println!("Vulkan:");
-    let devs = match vulkan::enumerate_devices() {
-        Ok(d) => {
-            if d.is_empty() {
-                println!("  no Vulkan physical devices");
-            }
-            print_vulkan(&d);
-            d
+    match &machine.vulkan {
+        VulkanProbe::Devices(d) if d.is_empty() => println!("  no Vulkan physical devices"),
+        VulkanProbe::Devices(d) => print_vulkan(d),
+        VulkanProbe::LoaderMissing(why) | VulkanProbe::NoDriver(why) | VulkanProbe::Failed(why) => {
+            println!("  not available: {why}")
         }
-        Err(e) => {
-            println!("  not available: {e}");
-            Vec::new()
-        }
-    };
-    println!("CUDA:");
-    let driver = match Driver::get() {
-        Ok(d) => d,
-        Err(e) => {
-            println!("  not available: {e}");
-            println!("  (no CUDA driver on this machine: only the Vulkan half can be used)");
-            return ExitCode::SUCCESS;
-        }
-    };
-    if let Err(e) = print_cuda(&driver, &devs) {
-        println!("  error: {e}");
     }
-    ExitCode::SUCCESS
+    println!("CUDA:");
+    print_cuda(&machine);
+    println!("NVML:");
+    match &machine.nvml {
+        NvmlProbe::Devices {
+            driver_version,
+            devices,
+        } => println!("  driver {driver_version}, {} device(s)", devices.len()),
+        NvmlProbe::Unavailable(why) => println!("  not available: {why}"),
+    }
+    println!("Diagnosis:");
+    let findings = diagnose(&machine);
+    for f in &findings {
+        println!("  {}", f.to_string().replace('\n', "\n  "));
+    }
+    let errors = findings
+        .iter()
+        .filter(|f| f.severity == Severity::Error)
+        .count();
+    if errors == 0 {
+        println!(
+            "  ok: vkgdr can open every CUDA device here ({})",
+            machine.cuda_devices().len()
+        );
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
-fn print_cuda(driver: &Driver, devs: &[PhysicalDeviceInfo]) -> vkgdr::Result<()> {
-    let v = driver.version()?;
-    let n = driver.device_count()?;
-    println!(
-        "  driver CUDA version {}.{}, {n} device(s)",
-        v / 1000,
-        (v % 1000) / 10
-    );
-    for i in 0..n {
-        let dev = driver.device(i)?;
-        let uuid = driver.device_uuid(dev)?;
-        let name = driver.device_name(dev)?;
-        let mem = driver.device_total_mem(dev)?;
+fn print_cuda(machine: &Machine) {
+    let devices = match &machine.cuda {
+        CudaProbe::DriverMissing(why) | CudaProbe::Failed(why) => {
+            println!("  not available: {why}");
+            return;
+        }
+        CudaProbe::Devices { version, devices } => {
+            println!(
+                "  driver CUDA version {}.{}, {} device(s)",
+                version / 1000,
+                (version % 1000) / 10,
+                devices.len()
+            );
+            devices
+        }
+    };
+    for d in devices {
+        let pci = d.pci.map(|p| format!(", PCI {p}")).unwrap_or_default();
         println!(
-            "  [{i}] {name}, {} total, uuid {}",
-            gib(mem),
-            vulkan::format_uuid(&uuid)
+            "  [{}] {}, {} total, uuid {}{pci}",
+            d.ordinal,
+            d.name,
+            gib(d.total_mem),
+            vulkan::format_uuid(&d.uuid)
         );
-        match devs.iter().find(|d| d.uuid == uuid) {
-            Some(d) => println!("      matches Vulkan device [{}] {}", d.index, d.name),
+        match machine.vulkan_twin(d) {
+            Some(v) => println!("      matches Vulkan device [{}] {}", v.index, v.name),
             None => println!("      no Vulkan device with this UUID: vkgdr cannot open it"),
         }
-        let vmm = driver.device_attribute(
-            dev,
-            cuda::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-        )?;
-        let fd = driver.device_attribute(
-            dev,
-            cuda::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-        )?;
-        let gran = vkgdr::arena::granularity(driver, i).map(|g| format!("{} KiB", g >> 10));
+        let yes = |b: bool| if b { "yes" } else { "no" };
         println!(
             "      VMM: {}, POSIX fd handles: {}, granularity: {}",
-            if vmm != 0 { "yes" } else { "no" },
-            if fd != 0 { "yes" } else { "no" },
-            gran.unwrap_or_else(|e| format!("unknown ({e})"))
+            yes(d.vmm),
+            yes(d.posix_fd),
+            match &d.granularity {
+                Ok(g) => format!("{} KiB", g >> 10),
+                Err(e) => format!("unknown ({e})"),
+            }
         );
+        match &d.bar {
+            Ok(bar) => {
+                for line in bar.to_string().lines() {
+                    println!("      {line}");
+                }
+            }
+            Err(e) => println!("      BAR figures unavailable: {e}"),
+        }
     }
-    Ok(())
 }

@@ -1,0 +1,126 @@
+//! `vkgdr info` end to end, once per problem CI can make happen for real: the binary runs in an
+//! environment that hides the Vulkan loader, the Vulkan driver or the CUDA driver through the
+//! documented overrides, and must name the problem and its fix and exit 1. (Every diagnosis, also
+//! those CI cannot produce, is tested as a pure function in `vkgdr::diagnose`.)
+//!
+//! Needs lavapipe (`apt-get install libvulkan1 mesa-vulkan-drivers`; scripts/test installs it).
+//! Not part of the GPU bundle: these cases are about machines without a GPU.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// Overrides a test must not inherit from the caller's environment.
+const INHERITED: [&str; 7] = [
+    "VKGDR_CUDA_LIBRARY",
+    "VKGDR_VULKAN_LIBRARY",
+    "VKGDR_NVML_LIBRARY",
+    "VK_DRIVER_FILES",
+    "VK_ICD_FILENAMES",
+    "NVIDIA_DRIVER_CAPABILITIES",
+    "NVIDIA_VISIBLE_DEVICES",
+];
+
+/// Runs `vkgdr info` with `env` set (and nothing inherited that would change the outcome);
+/// returns its exit code and output.
+fn info(env: &[(&str, &str)]) -> (i32, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vkgdr"));
+    cmd.arg("info");
+    for v in INHERITED {
+        cmd.env_remove(v);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run vkgdr info");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// Lavapipe's ICD manifest: the one Vulkan driver CI has.
+fn lavapipe_manifest() -> PathBuf {
+    let dir = std::fs::read_dir("/usr/share/vulkan/icd.d");
+    dir.into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().contains("lvp_icd"))
+        .unwrap_or_else(|| {
+            panic!(
+                "this test needs Mesa's lavapipe: `apt-get install libvulkan1 \
+                 mesa-vulkan-drivers` (scripts/test does it for you)"
+            )
+        })
+}
+
+#[test]
+fn lavapipe_only_is_vulkan_without_an_nvidia_device() {
+    let manifest = lavapipe_manifest();
+    let (code, out) = info(&[("VK_DRIVER_FILES", manifest.to_str().unwrap())]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("llvmpipe"),
+        "the device list shows lavapipe:\n{out}"
+    );
+    assert!(
+        out.contains("error: Vulkan shows no NVIDIA device: only llvmpipe"),
+        "{out}"
+    );
+    // With VK_DRIVER_FILES set, the manifests searched are exactly those it names.
+    assert!(out.contains("nvidia_icd.json) is missing"), "{out}");
+    assert!(out.contains(manifest.to_str().unwrap()), "{out}");
+}
+
+#[test]
+fn no_vulkan_loader() {
+    let (code, out) = info(&[("VKGDR_VULKAN_LIBRARY", "/nonexistent/libvulkan.so.1")]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(
+            "error: no Vulkan loader: library libvulkan.so.1 not found: \
+             VKGDR_VULKAN_LIBRARY=/nonexistent/libvulkan.so.1"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("apt-get install libvulkan1"), "{out}");
+    // Not blamed on a missing NVIDIA device as well: the loader is the fix.
+    assert!(!out.contains("Vulkan shows no NVIDIA device"), "{out}");
+}
+
+#[test]
+fn no_vulkan_driver_in_a_container_without_the_graphics_capability() {
+    let (code, out) = info(&[
+        ("VK_DRIVER_FILES", "/nonexistent/nvidia_icd.json"),
+        ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
+    ]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("VK_ERROR_INCOMPATIBLE_DRIVER"), "{out}");
+    assert!(
+        out.contains("error: Vulkan shows no NVIDIA device: no Vulkan driver at all"),
+        "{out}"
+    );
+    assert!(
+        out.contains("(NVIDIA_DRIVER_CAPABILITIES=compute,utility)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("NVIDIA_DRIVER_CAPABILITIES=compute,utility,graphics"),
+        "{out}"
+    );
+}
+
+#[test]
+fn no_cuda_driver() {
+    let (code, out) = info(&[("VKGDR_CUDA_LIBRARY", "/nonexistent/libcuda.so.1")]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(
+            "error: no CUDA driver: library libcuda.so.1 not found: \
+             VKGDR_CUDA_LIBRARY=/nonexistent/libcuda.so.1"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("install the NVIDIA driver"), "{out}");
+    // No CUDA means no NVML note either: one problem, one fix.
+    assert!(!out.contains("note: no BAR1 figures"), "{out}");
+}
