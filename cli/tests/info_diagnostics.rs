@@ -1,6 +1,7 @@
 //! `vkgdr info` end to end, once per problem CI can make happen for real: the binary runs in an
 //! environment that hides the Vulkan loader, the Vulkan driver or the CUDA driver through the
-//! documented overrides, and must name the problem and its fix and exit 1. (Every diagnosis, also
+//! documented overrides, and must name the problem and its fix and, with `--check`, exit 1 (a
+//! plain `vkgdr info` prints the same report and succeeds). (Every diagnosis, also
 //! those CI cannot produce, is tested as a pure function in `vkgdr::diagnose`.)
 //!
 //! Needs lavapipe (`apt-get install libvulkan1 mesa-vulkan-drivers`; scripts/test installs it).
@@ -20,11 +21,15 @@ const INHERITED: [&str; 7] = [
     "NVIDIA_VISIBLE_DEVICES",
 ];
 
-/// Runs `vkgdr info` with `env` set (and nothing inherited that would change the outcome);
-/// returns its exit code and output.
+/// Runs `vkgdr info --check` with `env` set (and nothing inherited that would change the
+/// outcome); returns its exit code and output.
 fn info(env: &[(&str, &str)]) -> (i32, String) {
+    run(&["info", "--check"], env)
+}
+
+fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_vkgdr"));
-    cmd.arg("info");
+    cmd.args(args);
     for v in INHERITED {
         cmd.env_remove(v);
     }
@@ -123,4 +128,15 @@ fn no_cuda_driver() {
     assert!(out.contains("install the NVIDIA driver"), "{out}");
     // No CUDA means no NVML note either: one problem, one fix.
     assert!(!out.contains("note: no BAR1 figures"), "{out}");
+}
+
+#[test]
+fn plain_info_reports_the_problem_and_succeeds() {
+    let env = [("VKGDR_CUDA_LIBRARY", "/nonexistent/libcuda.so.1")];
+    let (code, out) = run(&["info"], &env);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("error: no CUDA driver"), "{out}");
+    let (code, out) = run(&["info", "--bogus"], &env);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("usage: vkgdr info [--check]"), "{out}");
 }
