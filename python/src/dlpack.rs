@@ -127,37 +127,51 @@ fn new_keep(target: Target, owner: Arc<dyn Send + Sync>) -> PyResult<*mut Keep> 
     })))
 }
 
-/// Runs a deleter's body; a panic must not unwind into the consumer's C code.
-fn no_unwind(f: impl FnOnce()) {
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+/// The two managed-tensor structs, for one deleter body.
+trait Managed {
+    fn manager_ctx(&self) -> *mut c_void;
+}
+
+impl Managed for DlManagedTensor {
+    fn manager_ctx(&self) -> *mut c_void {
+        self.manager_ctx
+    }
+}
+
+impl Managed for DlManagedTensorVersioned {
+    fn manager_ctx(&self) -> *mut c_void {
+        self.manager_ctx
+    }
+}
+
+/// Frees a managed tensor made by [`export`] and drops its reference on the memory.
+///
+/// # Safety
+/// - `t` is null, or a tensor made by `Box::into_raw` in [`export`] whose `manager_ctx` is its
+///   `Keep`, not deleted before (the protocol calls the deleter exactly once: the capsule
+///   destructor only when no consumer took the tensor).
+unsafe fn delete<T: Managed>(t: *mut T) {
+    if t.is_null() {
+        return;
+    }
+    // A panic must not unwind into the consumer's C code.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: per this function's contract.
+        unsafe {
+            drop(Box::from_raw((*t).manager_ctx().cast::<Keep>()));
+            drop(Box::from_raw(t));
+        }
+    }));
 }
 
 unsafe extern "C" fn delete_managed(t: *mut DlManagedTensor) {
-    if t.is_null() {
-        return;
-    }
-    no_unwind(|| {
-        // SAFETY: `t` and its `manager_ctx` were made by `Box::into_raw` in `export`, and the
-        // protocol calls the deleter exactly once (the capsule destructor only when no consumer
-        // took the tensor).
-        unsafe {
-            drop(Box::from_raw((*t).manager_ctx.cast::<Keep>()));
-            drop(Box::from_raw(t));
-        }
-    });
+    // SAFETY: DLPack calls the deleter with the tensor it was set on, once.
+    unsafe { delete(t) }
 }
 
 unsafe extern "C" fn delete_versioned(t: *mut DlManagedTensorVersioned) {
-    if t.is_null() {
-        return;
-    }
-    no_unwind(|| {
-        // SAFETY: as in `delete_managed`.
-        unsafe {
-            drop(Box::from_raw((*t).manager_ctx.cast::<Keep>()));
-            drop(Box::from_raw(t));
-        }
-    });
+    // SAFETY: as in `delete_managed`.
+    unsafe { delete(t) }
 }
 
 unsafe extern "C" fn capsule_destructor(capsule: *mut ffi::PyObject) {

@@ -14,46 +14,39 @@ use crate::dlpack;
 use crate::errors::{invalid_argument, to_py};
 use crate::interface;
 
-/// The pool's configuration from keyword arguments; `None` keeps [`PoolConfig`]'s default.
-#[allow(clippy::too_many_arguments)]
-fn config(
-    chunk_size: Option<u64>,
-    max_chunk_size: Option<u64>,
-    dedicated_threshold: Option<u64>,
-    max_bytes: Option<u64>,
-    shards: Option<usize>,
-    keep_empty_chunks: Option<usize>,
-    thread_cache: Option<usize>,
-    max_align: Option<u64>,
-) -> PoolConfig {
+/// The pool's configuration from keyword arguments (`Pool(owner, **config)`,
+/// `Pool.vulkan_only(..., **config)`); a missing or `None` value keeps [`PoolConfig`]'s default.
+fn config(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<PoolConfig> {
     let mut c = PoolConfig::default();
-    if let Some(v) = chunk_size {
-        c.chunk_size = v;
-        // A first chunk larger than the default cap would otherwise be refused.
-        c.max_chunk_size = c.max_chunk_size.max(v);
+    let Some(kwargs) = kwargs else {
+        return Ok(c);
+    };
+    let mut max_chunk_size = None;
+    for (key, value) in kwargs.iter() {
+        if value.is_none() {
+            continue;
+        }
+        match key.extract::<String>()?.as_str() {
+            "chunk_size" => c.chunk_size = value.extract()?,
+            "max_chunk_size" => max_chunk_size = Some(value.extract()?),
+            "dedicated_threshold" => c.dedicated_threshold = value.extract()?,
+            "max_bytes" => c.max_bytes = value.extract()?,
+            "shards" => c.shards = value.extract()?,
+            "keep_empty_chunks" => c.keep_empty_chunks = value.extract()?,
+            "thread_cache" => c.thread_cache = value.extract()?,
+            "max_align" => c.heap.max_align = value.extract()?,
+            other => {
+                return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                    "unexpected pool option '{other}' (known: chunk_size, max_chunk_size, \
+                     dedicated_threshold, max_bytes, shards, keep_empty_chunks, thread_cache, \
+                     max_align)"
+                )))
+            }
+        }
     }
-    if let Some(v) = max_chunk_size {
-        c.max_chunk_size = v;
-    }
-    if let Some(v) = dedicated_threshold {
-        c.dedicated_threshold = v;
-    }
-    if let Some(v) = max_bytes {
-        c.max_bytes = v;
-    }
-    if let Some(v) = shards {
-        c.shards = v;
-    }
-    if let Some(v) = keep_empty_chunks {
-        c.keep_empty_chunks = v;
-    }
-    if let Some(v) = thread_cache {
-        c.thread_cache = v;
-    }
-    if let Some(v) = max_align {
-        c.heap.max_align = v;
-    }
-    c
+    // A first chunk larger than the default cap raises the cap, unless one was given.
+    c.max_chunk_size = max_chunk_size.unwrap_or(c.max_chunk_size.max(c.chunk_size));
+    Ok(c)
 }
 
 /// A pool of small aligned blocks over BAR-mapped chunks: allocation in nanoseconds instead of
@@ -61,7 +54,8 @@ fn config(
 ///
 /// ``Pool(owner, *, chunk_size=16 MiB, max_chunk_size=256 MiB, dedicated_threshold=8 MiB,
 /// max_bytes=None, shards=min(cores, 8), keep_empty_chunks=1, thread_cache=0,
-/// max_align=64 KiB)``. Chunks live in ``owner``'s CUDA context (the device's primary context,
+/// max_align=64 KiB)``; an option left out (or None) keeps its default. ``thread_cache=N`` keeps
+/// up to N freed blocks of up to 4 KiB per size class and thread for reuse without locks. Chunks live in ``owner``'s CUDA context (the device's primary context,
 /// which CuPy and PyTorch use, for ``Vkgdr(device)``). Thread-safe; blocks keep their memory
 /// alive, so a block outlives the pool object.
 #[pyclass(module = "vkgdr", name = "Pool", frozen)]
@@ -74,33 +68,9 @@ pub struct Pool {
 #[pymethods]
 impl Pool {
     #[new]
-    #[pyo3(signature = (
-        owner, *, chunk_size = None, max_chunk_size = None, dedicated_threshold = None,
-        max_bytes = None, shards = None, keep_empty_chunks = None, thread_cache = None,
-        max_align = None,
-    ))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        owner: PyRef<'_, Vkgdr>,
-        chunk_size: Option<u64>,
-        max_chunk_size: Option<u64>,
-        dedicated_threshold: Option<u64>,
-        max_bytes: Option<u64>,
-        shards: Option<usize>,
-        keep_empty_chunks: Option<usize>,
-        thread_cache: Option<usize>,
-        max_align: Option<u64>,
-    ) -> PyResult<Self> {
-        let cfg = config(
-            chunk_size,
-            max_chunk_size,
-            dedicated_threshold,
-            max_bytes,
-            shards,
-            keep_empty_chunks,
-            thread_cache,
-            max_align,
-        );
+    #[pyo3(signature = (owner, **config))]
+    fn new(owner: PyRef<'_, Vkgdr>, config: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let cfg = self::config(config)?;
         let gpu = owner.gpu.clone();
         let device = gpu.cu_device();
         let pool = vkgdr::Pool::new(gpu, cfg).map_err(to_py)?;
@@ -113,38 +83,20 @@ impl Pool {
     /// A pool over Vulkan memory with no CUDA import: blocks have a host mapping but no device
     /// pointer (``device_ptr`` is None, ``__dlpack__`` exports the host mapping). Runs on any
     /// Vulkan device with exportable host-visible memory, such as Mesa's lavapipe without a GPU.
-    /// ``device_index`` picks the n-th Vulkan device (default: the first suitable one).
+    /// ``device_index`` picks the n-th Vulkan device (default: the first suitable one); the other
+    /// keyword arguments configure the pool as for ``Pool``.
     #[staticmethod]
     #[pyo3(signature = (
-        *, device_index = None, require_coherent = false, force_non_coherent = false,
-        chunk_size = None, max_chunk_size = None, dedicated_threshold = None, max_bytes = None,
-        shards = None, keep_empty_chunks = None, thread_cache = None, max_align = None,
+        *, device_index = None, require_coherent = false, force_non_coherent = false, **config
     ))]
-    #[allow(clippy::too_many_arguments)]
     fn vulkan_only(
         py: Python<'_>,
         device_index: Option<usize>,
         require_coherent: bool,
         force_non_coherent: bool,
-        chunk_size: Option<u64>,
-        max_chunk_size: Option<u64>,
-        dedicated_threshold: Option<u64>,
-        max_bytes: Option<u64>,
-        shards: Option<usize>,
-        keep_empty_chunks: Option<usize>,
-        thread_cache: Option<usize>,
-        max_align: Option<u64>,
+        config: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        let cfg = config(
-            chunk_size,
-            max_chunk_size,
-            dedicated_threshold,
-            max_bytes,
-            shards,
-            keep_empty_chunks,
-            thread_cache,
-            max_align,
-        );
+        let cfg = self::config(config)?;
         let selector = device_index.map_or(DeviceSelector::FirstSuitable, DeviceSelector::Index);
         let options = MemoryOptions {
             require_coherent,

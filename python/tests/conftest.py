@@ -6,9 +6,12 @@ instead, so a broken GPU machine cannot pass by skipping.
 """
 
 import ctypes
+import importlib
 import os
 import pathlib
+import sys
 import threading
+import types
 from typing import Any, Callable, Optional
 
 import pytest
@@ -170,3 +173,19 @@ def run_in_thread(fn: Callable[[], Any]) -> Any:
     if "error" in box:
         raise box["error"]
     return box.get("result")
+
+
+def import_pycuda_shim(monkeypatch: Any, context_class: type) -> Any:
+    """Imports vkgdr.pycuda against a stand-in ``pycuda.driver`` (PyCUDA is not installed where
+    the tests run) whose ``Context`` is ``context_class``; undone at the test's end."""
+    pycuda = types.ModuleType("pycuda")
+    driver = types.ModuleType("pycuda.driver")
+    driver.PointerHolderBase = type("PointerHolderBase", (), {"__init__": lambda self: None})
+    driver.Context = context_class
+    pycuda.driver = driver
+    monkeypatch.setitem(sys.modules, "pycuda", pycuda)
+    monkeypatch.setitem(sys.modules, "pycuda.driver", driver)
+    monkeypatch.delitem(sys.modules, "vkgdr.pycuda", raising=False)
+    shim = importlib.import_module("vkgdr.pycuda")
+    monkeypatch.setitem(sys.modules, "vkgdr.pycuda", shim)
+    return shim

@@ -4,15 +4,12 @@ error cases with their result names, explicit frees, and ``vkgdr.pycuda.Memory``
 PyCUDA whose contexts are real driver contexts."""
 
 import concurrent.futures
-import importlib
-import sys
-import types
 
 import numpy as np
 import pytest
 
 import vkgdr
-from conftest import double_kernel, run_in_thread
+from conftest import double_kernel, import_pycuda_shim, run_in_thread
 
 FLAGS = [0, vkgdr.OpenFlags.REQUIRE_COHERENT_BIT, vkgdr.OpenFlags.FORCE_NON_COHERENT_BIT]
 FLAG_IDS = ["default", "require-coherent", "force-non-coherent"]
@@ -196,16 +193,7 @@ class DriverContext:
 def pycuda_stand_in(cuda, monkeypatch):
     """vkgdr.pycuda imported against a stand-in pycuda.driver whose contexts are real ones."""
     DriverContext.cuda = cuda
-    pycuda = types.ModuleType("pycuda")
-    driver = types.ModuleType("pycuda.driver")
-    driver.PointerHolderBase = type("PointerHolderBase", (), {"__init__": lambda self: None})
-    driver.Context = DriverContext
-    pycuda.driver = driver
-    monkeypatch.setitem(sys.modules, "pycuda", pycuda)
-    monkeypatch.setitem(sys.modules, "pycuda.driver", driver)
-    monkeypatch.delitem(sys.modules, "vkgdr.pycuda", raising=False)
-    yield importlib.import_module("vkgdr.pycuda")
-    sys.modules.pop("vkgdr.pycuda", None)
+    return import_pycuda_shim(monkeypatch, DriverContext)
 
 
 @pytest.mark.parametrize("flags", FLAGS, ids=FLAG_IDS)

@@ -2,12 +2,11 @@
 
 import importlib
 import sys
-import types
 
 import pytest
 
 import vkgdr
-from conftest import has_cuda_driver
+from conftest import has_cuda_driver, import_pycuda_shim
 
 no_driver = pytest.mark.skipif(
     has_cuda_driver(), reason="checks the errors of a machine without libcuda.so.1"
@@ -92,18 +91,8 @@ class FakeContext:
 
 @pytest.fixture()
 def fake_pycuda(monkeypatch):
-    """A minimal pycuda.driver, so that vkgdr.pycuda imports without PyCUDA."""
-    pycuda = types.ModuleType("pycuda")
-    driver = types.ModuleType("pycuda.driver")
-    driver.PointerHolderBase = type("PointerHolderBase", (), {"__init__": lambda self: None})
-    driver.Context = FakeContext
-    pycuda.driver = driver
-    monkeypatch.setitem(sys.modules, "pycuda", pycuda)
-    monkeypatch.setitem(sys.modules, "pycuda.driver", driver)
-    monkeypatch.delitem(sys.modules, "vkgdr.pycuda", raising=False)
     FakeContext.current, FakeContext.pushes, FakeContext.pops = None, 0, 0
-    yield importlib.import_module("vkgdr.pycuda")
-    sys.modules.pop("vkgdr.pycuda", None)
+    return import_pycuda_shim(monkeypatch, FakeContext)
 
 
 def test_pycuda_memory_needs_a_current_context(fake_pycuda) -> None:

@@ -199,6 +199,18 @@ def test_bad_requests_are_invalid_arguments() -> None:
         vkgdr.Pool.vulkan_only(shards=0)
     with pytest.raises(vkgdr.InvalidArgumentError, match="max_chunk_size"):
         vkgdr.Pool.vulkan_only(chunk_size=1 << 20, max_chunk_size=64 << 10)
+    with pytest.raises(TypeError, match="unexpected pool option 'chunk'"):
+        vkgdr.Pool.vulkan_only(chunk=1 << 20)
+    with pytest.raises(TypeError):
+        vkgdr.Pool.vulkan_only(chunk_size="big")
+
+
+def test_options_left_out_or_none_keep_their_defaults() -> None:
+    pool = vulkan_pool(chunk_size=None, shards=None, max_bytes=None)
+    assert pool.alloc(16).size == 16
+    big_first_chunk = vulkan_pool(chunk_size=512 << 20, shards=1)  # raises the chunk cap too
+    assert big_first_chunk.alloc(16).size == 16
+    assert big_first_chunk.stats()["bytes_reserved"] == 512 << 20
 
 
 def test_limits_and_exhaustion_are_out_of_memory_errors() -> None:
