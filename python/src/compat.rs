@@ -165,10 +165,11 @@ impl RawMemory {
     }
 
     /// Makes host writes in ``[offset, offset + size)`` visible to the device (rounded out to
-    /// whole atoms inside the allocation; a no-op on coherent memory).
+    /// whole atoms inside the allocation; on coherent memory only a store fence).
     fn flush(&self, py: Python<'_>, offset: u64, size: u64) -> PyResult<()> {
         let memory = self.live()?;
         interface::range(offset, Some(size), self.size)?;
+        interface::drain_host_writes();
         py.detach(|| memory.flush(offset, size)).map_err(to_py)
     }
 

@@ -82,3 +82,10 @@ pub fn range(offset: u64, size: Option<u64>, len: u64) -> PyResult<(u64, u64)> {
         ))),
     }
 }
+
+/// Drains this thread's write-combined stores to the mapping (a full fence: `mfence` on x86-64).
+/// What `flush` means on coherent BAR memory: kernel launches drain them in practice, but only a
+/// fence promises it.
+pub fn drain_host_writes() {
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+}

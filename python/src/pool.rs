@@ -120,6 +120,7 @@ impl Pool {
     /// Flushes every write recorded through ``Block.write`` (one driver call per chunk); a no-op
     /// on coherent memory. Writes through NumPy views are flushed with ``Block.flush``.
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        interface::drain_host_writes();
         py.detach(|| self.pool.flush()).map_err(to_py)
     }
 
@@ -375,10 +376,12 @@ impl Block {
     }
 
     /// Makes host writes in ``[offset, offset + size)`` (default: the whole block) visible to the
-    /// device, however they were made (NumPy views included). A no-op on coherent memory.
+    /// device, however they were made (NumPy views included). On coherent memory only a store
+    /// fence.
     #[pyo3(signature = (offset = 0, size = None))]
     fn flush(&self, py: Python<'_>, offset: u64, size: Option<u64>) -> PyResult<()> {
         let (offset, size) = interface::range(offset, size, self.state.size)?;
+        interface::drain_host_writes();
         if !self.state.non_coherent || size == 0 {
             return Ok(());
         }

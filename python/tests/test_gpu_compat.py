@@ -86,6 +86,7 @@ def test_memory_is_usable_through_the_cuda_array_interface(cupy) -> None:
     g = vkgdr.Vkgdr.open_current_context()
     mem = vkgdr.RawMemory(g, 1000)
     np.asarray(mem).view(np.uint8)[:] = 21
+    mem.flush(0, 1000)
     d = cupy.asarray(mem)
     assert d.data.ptr == mem.device_ptr and d.dtype == np.uint8 and d.shape == (1000,)
     d *= 2

@@ -49,7 +49,7 @@ def test_100k_blocks_written_from_numpy_are_checked_by_a_kernel(cupy, gpu) -> No
         assert b.device_ptr % int(aligns[i]) == 0
         np.asarray(b)[:] = pattern(i, len(b))
         blocks.append(b)
-    pool.flush()  # a no-op on coherent memory; NumPy writes need no more
+    pool.flush()  # on coherent memory a store fence: NumPy writes need no more
     ptrs = cupy.asarray(np.array([b.device_ptr for b in blocks], dtype=np.uint64))
     lens = cupy.asarray(sizes.astype(np.uint32))
     mismatches = cupy.zeros(1, dtype=np.uint64)
@@ -71,6 +71,7 @@ def test_cupy_asarray_sees_host_writes_without_a_copy(cupy, gpu) -> None:
     assert d.data.ptr == block.device_ptr and d.dtype == np.uint8 and d.shape == (4096,)
     for value in (7, 9):
         np.asarray(block)[:] = value  # after the array was made: only a view can see it
+        block.flush()  # a store fence on coherent memory
         assert int(d.sum()) == value * 4096
     d2 = cupy.from_dlpack(block)
     assert d2.data.ptr == block.device_ptr
@@ -87,6 +88,7 @@ def test_torch_from_dlpack_sees_host_writes_without_a_copy(cupy, gpu) -> None:
         assert tensor.dtype == torch.uint8 and tensor.shape == (4096,)
     for value in (1.5, -2.0):
         block.view(np.float32)[:] = value
+        block.flush()
         assert torch.all(t.view(torch.float32) == value).item()
         assert torch.all(legacy.view(torch.float32) == value).item()
     # The tensor keeps the block alive after every Python reference to it is gone.
@@ -105,6 +107,7 @@ def test_vkgdr_cupy_typed_arrays(cupy, gpu) -> None:
     a = vcp.asarray(block, np.float64, (8, 8))
     assert a.shape == (8, 8) and a.dtype == np.float64 and a.data.ptr == block.device_ptr
     block.view(np.float64)[:] = np.arange(64)
+    block.flush()
     np.testing.assert_array_equal(a.get().ravel(), np.arange(64))
     with pytest.raises(ValueError):
         vcp.asarray(block, np.float64, (9, 8))
@@ -114,6 +117,7 @@ def test_numba_uses_the_cuda_array_interface(cupy, gpu) -> None:
     numba_cuda = pytest.importorskip("numba.cuda")
     block = vkgdr.Pool(gpu).alloc(256)
     np.asarray(block)[:] = np.arange(256, dtype=np.uint8)
+    block.flush()
     d = numba_cuda.as_cuda_array(block)
     assert d.__cuda_array_interface__["data"][0] == block.device_ptr
     np.testing.assert_array_equal(d.copy_to_host(), np.arange(256, dtype=np.uint8))
@@ -126,6 +130,7 @@ def test_block_outlives_its_pool(cupy, gpu) -> None:
     gc.collect()
     host = np.asarray(block)
     host[:] = np.arange(4097) % 100
+    block.flush()
     double_kernel(cupy, "pool")(block.device_ptr, len(block))
     cupy.cuda.runtime.deviceSynchronize()
     np.testing.assert_array_equal(host, (np.arange(4097) % 100) * 2)
