@@ -1,0 +1,91 @@
+//! The array protocols shared by `RawMemory` and `Block` (NumPy's `__array_interface__`, the CUDA
+//! array interface v3) and reading bytes-like arguments.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyBytes, PyDict};
+
+/// `__array_interface__` (version 3) of `len` writable bytes at host address `address`.
+pub fn array_interface<'py>(
+    py: Python<'py>,
+    address: usize,
+    len: u64,
+    typestr: &str,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("shape", (len,))?;
+    d.set_item("typestr", typestr)?;
+    d.set_item("data", (address, false))?; // false: not read-only
+    d.set_item("version", 3)?;
+    Ok(d)
+}
+
+/// `__cuda_array_interface__` (version 3) of `len` writable bytes at device address `address`.
+/// No `stream` entry: the producer has no pending GPU work, so consumers need not synchronise.
+pub fn cuda_array_interface<'py>(
+    py: Python<'py>,
+    address: u64,
+    len: u64,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("shape", (len,))?;
+    d.set_item("typestr", "|u1")?;
+    d.set_item("data", (address, false))?;
+    d.set_item("strides", py.None())?;
+    d.set_item("version", 3)?;
+    Ok(d)
+}
+
+/// Calls `f` with the bytes of a bytes-like object: `bytes` without a copy, anything else that
+/// supports the buffer protocol (bytearray, memoryview, NumPy arrays) through one copy (the
+/// abi3 API before Python 3.11 has no buffer access).
+pub fn with_bytes<R>(data: &Bound<'_, PyAny>, f: impl FnOnce(&[u8]) -> R) -> PyResult<R> {
+    if let Ok(b) = data.cast::<PyBytes>() {
+        return Ok(f(b.as_bytes()));
+    }
+    if let Ok(b) = data.cast::<PyByteArray>() {
+        return Ok(f(&b.to_vec()));
+    }
+    let py = data.py();
+    let view = py
+        .import("builtins")?
+        .getattr("memoryview")?
+        .call1((data,))
+        .map_err(|_| {
+            pyo3::exceptions::PyTypeError::new_err(format!(
+                "a bytes-like object is required, not '{}'",
+                data.get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_default()
+            ))
+        })?;
+    let copy = view.call_method0("tobytes")?;
+    let bytes = copy.cast::<PyBytes>()?;
+    Ok(f(bytes.as_bytes()))
+}
+
+/// The `(offset, size)` range a `flush`/`invalidate`/`read` call names: `size` None means "to the
+/// end".
+pub fn range(offset: u64, size: Option<u64>, len: u64) -> PyResult<(u64, u64)> {
+    let size = match size {
+        Some(s) => s,
+        None => len.checked_sub(offset).ok_or_else(|| {
+            crate::errors::invalid_argument(format!(
+                "offset {offset} is beyond the {len}-byte memory"
+            ))
+        })?,
+    };
+    match offset.checked_add(size) {
+        Some(end) if end <= len => Ok((offset, size)),
+        _ => Err(crate::errors::invalid_argument(format!(
+            "range {offset}+{size} is outside the {len}-byte memory"
+        ))),
+    }
+}
+
+/// Drains this thread's write-combined stores to the mapping (a full fence: `mfence` on x86-64).
+/// What `flush` means on coherent BAR memory: kernel launches drain them in practice, but only a
+/// fence promises it.
+pub fn drain_host_writes() {
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+}

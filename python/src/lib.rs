@@ -1,0 +1,49 @@
+//! `vkgdr._vkgdr`, the extension module behind the Python package `vkgdr` (python/vkgdr).
+//!
+//! - [`compat`]: vkgdr 0.1's `Vkgdr` and `RawMemory`, on [`vkgdr::compat`];
+//! - [`pool`]: `Pool` and `Block` (NumPy, CUDA array interface, DLPack);
+//! - [`ring`]: `DeviceRing`, a thin wrapper of [`vkgdr::ring::DeviceRing`];
+//! - [`errors`]: `VkgdrError` and its subclasses, the one conversion of library errors;
+//! - [`dlpack`], [`interface`]: the array protocols.
+//!
+//! Calls that may take long (driver calls, waits, large copies) release the GIL. No Rust panic
+//! can cross into Python: PyO3 turns one into a `PanicException`, and the DLPack deleters, which C
+//! code calls, catch them.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+use pyo3::prelude::*;
+
+mod compat;
+mod dlpack;
+mod errors;
+mod interface;
+mod pool;
+mod ring;
+
+#[pymodule]
+fn _vkgdr(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::register(m)?;
+    m.add_class::<compat::Vkgdr>()?;
+    m.add_class::<compat::RawMemory>()?;
+    m.add_class::<pool::Pool>()?;
+    m.add_class::<pool::Block>()?;
+    m.add_class::<ring::DeviceRing>()?;
+    m.add_class::<ring::RingDeviceView>()?;
+    m.add(
+        "OPEN_CURRENT_CONTEXT_BIT",
+        vkgdr::compat::OPEN_CURRENT_CONTEXT_BIT,
+    )?;
+    m.add(
+        "OPEN_FORCE_NON_COHERENT_BIT",
+        vkgdr::compat::OPEN_FORCE_NON_COHERENT_BIT,
+    )?;
+    m.add(
+        "OPEN_REQUIRE_COHERENT_BIT",
+        vkgdr::compat::OPEN_REQUIRE_COHERENT_BIT,
+    )?;
+    m.add("DLPACK_DEVICE_CPU", dlpack::DEVICE_CPU)?;
+    m.add("DLPACK_DEVICE_CUDA", dlpack::DEVICE_CUDA)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

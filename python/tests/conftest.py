@@ -1,0 +1,191 @@
+"""Shared fixtures: GPU detection, a ctypes view of the CUDA driver, CuPy kernels.
+
+GPU tests skip themselves (with the reason) where there is no NVIDIA GPU, CUDA driver or CuPy.
+With ``VKGDR_REQUIRE_GPU=1`` (set by ``scripts/gpu-check``) a missing GPU or CuPy is an error
+instead, so a broken GPU machine cannot pass by skipping.
+"""
+
+import ctypes
+import importlib
+import os
+import pathlib
+import sys
+import threading
+import types
+from typing import Any, Callable, Optional
+
+import pytest
+
+REQUIRE_GPU = os.environ.get("VKGDR_REQUIRE_GPU") == "1"
+
+
+def _find_kernels() -> Optional[pathlib.Path]:
+    env = os.environ.get("VKGDR_KERNELS_DIR")
+    if env:
+        return pathlib.Path(env)
+    here = pathlib.Path(__file__).resolve()
+    for parent in here.parents:
+        if (parent / "kernels" / "ring.ptx").is_file():
+            return parent / "kernels"
+    return None
+
+
+KERNELS_DIR = _find_kernels()
+
+
+class CudaDriver:
+    """The few driver calls the tests make themselves (contexts), through ctypes."""
+
+    def __init__(self) -> None:
+        self.lib = ctypes.CDLL("libcuda.so.1")
+        self.check("cuInit", self.lib.cuInit(0))
+
+    def check(self, call: str, result: int) -> None:
+        if result != 0:
+            name = ctypes.c_char_p()
+            self.lib.cuGetErrorName(result, ctypes.byref(name))
+            raise RuntimeError(f"{call} failed ({(name.value or b'?').decode()})")
+
+    def device_count(self) -> int:
+        n = ctypes.c_int()
+        self.check("cuDeviceGetCount", self.lib.cuDeviceGetCount(ctypes.byref(n)))
+        return n.value
+
+    def ctx_create(self, ordinal: int = 0) -> int:
+        """A new (non-primary) context, made current: what PyCUDA's make_default_context does."""
+        dev = ctypes.c_int()
+        self.check("cuDeviceGet", self.lib.cuDeviceGet(ctypes.byref(dev), ordinal))
+        ctx = ctypes.c_void_p()
+        if hasattr(self.lib, "cuCtxCreate_v2"):
+            self.check("cuCtxCreate_v2", self.lib.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev))
+        else:  # CUDA 13 headers name only the _v4 entry point (NULL params: a plain context)
+            self.check("cuCtxCreate_v4", self.lib.cuCtxCreate_v4(ctypes.byref(ctx), None, 0, dev))
+        return ctx.value
+
+    def ctx_destroy(self, ctx: int) -> None:
+        self.check("cuCtxDestroy_v2", self.lib.cuCtxDestroy_v2(ctypes.c_void_p(ctx)))
+
+    def ctx_get_current(self) -> Optional[int]:
+        ctx = ctypes.c_void_p()
+        self.check("cuCtxGetCurrent", self.lib.cuCtxGetCurrent(ctypes.byref(ctx)))
+        return ctx.value
+
+    def ctx_push(self, ctx: int) -> None:
+        self.check("cuCtxPushCurrent_v2", self.lib.cuCtxPushCurrent_v2(ctypes.c_void_p(ctx)))
+
+    def ctx_pop(self) -> int:
+        ctx = ctypes.c_void_p()
+        self.check("cuCtxPopCurrent_v2", self.lib.cuCtxPopCurrent_v2(ctypes.byref(ctx)))
+        return ctx.value
+
+    def ctx_synchronize(self) -> None:
+        self.check("cuCtxSynchronize", self.lib.cuCtxSynchronize())
+
+
+def _probe_gpu() -> "tuple[Optional[CudaDriver], str]":
+    try:
+        driver = CudaDriver()
+    except OSError as e:
+        return None, f"no CUDA driver ({e})"
+    except RuntimeError as e:
+        return None, f"CUDA driver unusable: {e}"
+    if driver.device_count() == 0:
+        return None, "no CUDA device"
+    return driver, ""
+
+
+_DRIVER, _NO_GPU_REASON = _probe_gpu()
+
+
+def has_cuda_driver() -> bool:
+    """Whether libcuda.so.1 loads here (the CI tests of 'no driver' errors need it absent)."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def cuda() -> CudaDriver:
+    """The CUDA driver; skips (or fails with VKGDR_REQUIRE_GPU=1) without a GPU."""
+    if _DRIVER is None:
+        if REQUIRE_GPU:
+            pytest.fail(f"VKGDR_REQUIRE_GPU=1 but {_NO_GPU_REASON}")
+        pytest.skip(f"needs an NVIDIA GPU: {_NO_GPU_REASON}")
+    return _DRIVER
+
+
+@pytest.fixture(scope="session")
+def cupy(cuda: CudaDriver) -> Any:
+    """CuPy with device 0's primary context initialised and current on the main thread."""
+    try:
+        import cupy
+    except ImportError as e:
+        if REQUIRE_GPU:
+            pytest.fail(f"VKGDR_REQUIRE_GPU=1 but CuPy is missing: {e}")
+        pytest.skip(f"needs CuPy: {e}")
+    cupy.cuda.runtime.setDevice(0)
+    cupy.cuda.runtime.deviceSynchronize()  # creates the primary context and makes it current
+    return cupy
+
+
+DOUBLE_SOURCE = r"""
+extern "C" __global__ void double_it(unsigned char *data, int n)
+{
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx < n)
+        data[idx] *= 2;
+}
+"""
+
+
+def double_kernel(cupy: Any, tag: str = "") -> Callable[[int, int], None]:
+    """A CuPy kernel doubling ``n`` bytes at a device pointer, loaded in the current context.
+
+    ``tag`` makes the source unique: CuPy caches modules per device, not per context, so a
+    kernel for another context needs source of its own.
+    """
+    import numpy as np
+
+    kernel = cupy.RawKernel(DOUBLE_SOURCE + f"// context {tag}\n", "double_it")
+
+    def launch(ptr: int, n: int) -> None:
+        kernel(((n + 255) // 256,), (256,), (np.uint64(ptr), np.int32(n)))
+
+    return launch
+
+
+def run_in_thread(fn: Callable[[], Any]) -> Any:
+    """Runs ``fn`` on a fresh thread (no current CUDA context there) and returns its result or
+    raises its exception."""
+    box: dict = {}
+
+    def body() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as e:  # noqa: B902 - re-raised in the caller
+            box["error"] = e
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
+
+
+def import_pycuda_shim(monkeypatch: Any, context_class: type) -> Any:
+    """Imports vkgdr.pycuda against a stand-in ``pycuda.driver`` (PyCUDA is not installed where
+    the tests run) whose ``Context`` is ``context_class``; undone at the test's end."""
+    pycuda = types.ModuleType("pycuda")
+    driver = types.ModuleType("pycuda.driver")
+    driver.PointerHolderBase = type("PointerHolderBase", (), {"__init__": lambda self: None})
+    driver.Context = context_class
+    pycuda.driver = driver
+    monkeypatch.setitem(sys.modules, "pycuda", pycuda)
+    monkeypatch.setitem(sys.modules, "pycuda.driver", driver)
+    monkeypatch.delitem(sys.modules, "vkgdr.pycuda", raising=False)
+    shim = importlib.import_module("vkgdr.pycuda")
+    monkeypatch.setitem(sys.modules, "vkgdr.pycuda", shim)
+    return shim

@@ -1,0 +1,116 @@
+"""The package without a GPU: imports, vkgdr 0.1's names, errors, the PyCUDA shim's own logic."""
+
+import importlib
+import sys
+
+import pytest
+
+import vkgdr
+from conftest import has_cuda_driver, import_pycuda_shim
+
+no_driver = pytest.mark.skipif(
+    has_cuda_driver(), reason="checks the errors of a machine without libcuda.so.1"
+)
+
+
+def test_vkgdr_0_1_names_and_values() -> None:
+    assert vkgdr.OpenFlags.CURRENT_CONTEXT_BIT == 1
+    assert vkgdr.OpenFlags.FORCE_NON_COHERENT_BIT == 2
+    assert vkgdr.OpenFlags.REQUIRE_COHERENT_BIT == 4
+    assert issubclass(vkgdr.OpenFlags, int)
+    assert issubclass(vkgdr.VkgdrError, RuntimeError)
+    for name in ("Vkgdr", "RawMemory", "Pool", "Block", "DeviceRing"):
+        assert getattr(vkgdr, name).__module__ == "vkgdr"
+        assert getattr(vkgdr, name).__doc__, f"{name} has no docstring"
+    assert vkgdr.__version__
+
+
+def test_error_hierarchy() -> None:
+    for sub in (
+        vkgdr.OutOfDeviceMemoryError,
+        vkgdr.LibraryNotFoundError,
+        vkgdr.RingFullError,
+        vkgdr.InvalidArgumentError,
+    ):
+        assert issubclass(sub, vkgdr.VkgdrError)
+    assert issubclass(vkgdr.InvalidArgumentError, ValueError)
+
+
+def test_unknown_open_flags_are_invalid_arguments_before_any_driver_call() -> None:
+    with pytest.raises(vkgdr.InvalidArgumentError, match="unknown open flag bits 0x8") as e:
+        vkgdr.Vkgdr(0, 8)
+    assert e.value.call is None and e.value.result_name is None
+
+
+@no_driver
+@pytest.mark.parametrize(
+    "open_it",
+    [
+        lambda: vkgdr.Vkgdr(0),
+        lambda: vkgdr.Vkgdr(-1),
+        lambda: vkgdr.Vkgdr.open_current_context(),
+        lambda: vkgdr.Vkgdr.open_current_context(vkgdr.OpenFlags.REQUIRE_COHERENT_BIT),
+    ],
+)
+def test_without_cuda_driver_the_error_names_the_library(open_it) -> None:
+    with pytest.raises(vkgdr.LibraryNotFoundError, match=r"libcuda\.so\.1") as e:
+        open_it()
+    assert isinstance(e.value, vkgdr.VkgdrError)
+
+
+def test_open_current_context_is_a_classmethod_for_subclasses() -> None:
+    made = []
+
+    class Mine(vkgdr.Vkgdr):
+        def __new__(cls, device, flags=0):  # records the call instead of opening a device
+            made.append((device, flags))
+            return "made by Mine"
+
+    assert Mine.open_current_context(vkgdr.OpenFlags.REQUIRE_COHERENT_BIT) == "made by Mine"
+    assert made == [(0, vkgdr.OpenFlags.REQUIRE_COHERENT_BIT | vkgdr.OpenFlags.CURRENT_CONTEXT_BIT)]
+
+
+class FakeContext:
+    """Stands in for pycuda.driver.Context."""
+
+    current = None
+    pushes = 0
+    pops = 0
+
+    @classmethod
+    def get_current(cls):
+        return cls.current
+
+    def push(self) -> None:
+        FakeContext.pushes += 1
+
+    @staticmethod
+    def pop() -> None:
+        FakeContext.pops += 1
+
+
+@pytest.fixture()
+def fake_pycuda(monkeypatch):
+    FakeContext.current, FakeContext.pushes, FakeContext.pops = None, 0, 0
+    return import_pycuda_shim(monkeypatch, FakeContext)
+
+
+def test_pycuda_memory_needs_a_current_context(fake_pycuda) -> None:
+    with pytest.raises(vkgdr.VkgdrError, match="no current CUDA context"):
+        fake_pycuda.Memory(object(), 16)
+
+
+def test_pycuda_memory_rejects_an_owner_that_is_not_a_handle(fake_pycuda) -> None:
+    FakeContext.current = FakeContext()
+    with pytest.raises(TypeError):
+        fake_pycuda.Memory(object(), 16)
+    # The failed object frees nothing and pushes no context when collected.
+    assert FakeContext.pushes == 0
+
+
+def test_vkgdr_pycuda_needs_pycuda() -> None:
+    if importlib.util.find_spec("pycuda") is not None:
+        pytest.skip("PyCUDA is installed here")
+    sys.modules.pop("vkgdr.pycuda", None)
+    with pytest.raises(ImportError):
+        importlib.import_module("vkgdr.pycuda")
