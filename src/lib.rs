@@ -34,6 +34,7 @@ mod mapping;
 pub mod memory;
 pub mod pool;
 pub mod ring;
+mod sync;
 pub mod vulkan;
 
 pub use arena::Arena;

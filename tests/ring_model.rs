@@ -1,5 +1,6 @@
-//! The ring core against a simple model (proptest), and a multi-producer stress test with a
-//! consumer thread verifying every record.
+//! The ring core against a simple model (proptest: shared reservations and the exclusive
+//! producer), and a multi-producer stress test (shared reservations interleaved with claimed
+//! batches) with a consumer thread verifying every record.
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -7,10 +8,13 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use vkgdr::ring::core::{HostSink, Reservation, RingCore, RingError, RingSink};
+use vkgdr::ring::core::{
+    FlushPolicy, HostSink, Producer, Reservation, RingCore, RingError, RingSink,
+};
 use vkgdr::ring::layout::{
     check_test_payload, next_record_in, read_wrapped, record_size, seal_test_payload,
-    verify_records_in, RecordHeader, WrapMode, KIND_DATA, KIND_PAD, TEST_PREFIX_LEN, WRAP_PAD_SEQ,
+    verify_records_in, RecordHeader, RingSource, WrapMode, KIND_DATA, KIND_PAD, TEST_PREFIX_LEN,
+    WRAP_PAD_SEQ,
 };
 
 /// A [`HostSink`] that logs every write, so the test can check none lands on unconsumed bytes.
@@ -20,12 +24,17 @@ struct LoggingSink {
 }
 
 impl RingSink for LoggingSink {
-    fn write(&self, offset: u64, bytes: &[u8]) {
-        self.writes.lock().unwrap().push((offset, bytes.len()));
-        self.inner.write(offset, bytes);
+    fn capacity(&self) -> u64 {
+        RingSource::capacity(&self.inner)
     }
-    fn publish(&self, tail: u64) {
-        self.inner.publish(tail);
+    unsafe fn write(&self, offset: u64, bytes: &[u8]) {
+        self.writes.lock().unwrap().push((offset, bytes.len()));
+        // SAFETY: the caller's obligations, passed on.
+        unsafe { self.inner.write(offset, bytes) };
+    }
+    unsafe fn publish(&self, tail: u64) {
+        // SAFETY: as above.
+        unsafe { self.inner.publish(tail) };
     }
 }
 
@@ -83,6 +92,9 @@ struct Model {
     open: VecDeque<Pending>,
     unconsumed: VecDeque<Expect>,
     live: Vec<bool>,
+    /// Whether a producer owns the ring, and what it wrote but has not published.
+    claimed: bool,
+    pending: Vec<(Expect, u64)>,
 }
 
 impl Model {
@@ -98,6 +110,8 @@ impl Model {
             open: VecDeque::new(),
             unconsumed: VecDeque::new(),
             live: vec![false; cap as usize],
+            claimed: false,
+            pending: Vec::new(),
         }
     }
 
@@ -118,6 +132,102 @@ impl Model {
         self.unconsumed.push_back(e);
         self.published = end;
     }
+
+    /// A producer's flush: everything it wrote becomes visible.
+    fn flush(&mut self) {
+        for (e, end) in std::mem::take(&mut self.pending) {
+            self.publish(e, end);
+        }
+    }
+
+    /// Where a producer's next record of `size` bytes goes, writing the wrap PAD before it; `None`
+    /// (after publishing what is pending, as the producer does before it waits) when the
+    /// consumer has not released enough space.
+    fn producer_place(&mut self, size: u64) -> Option<u64> {
+        let off = self.reserved % self.cap;
+        if self.mode == WrapMode::Padded && off + size > self.cap {
+            let pad = self.cap - off;
+            if self.reserved + pad - self.head > self.cap {
+                self.flush();
+                return None;
+            }
+            let e = Expect::WrapPad {
+                pos: self.reserved,
+                bytes: pad,
+            };
+            self.reserved += pad;
+            self.pending.push((e, self.reserved));
+        }
+        if self.reserved + size - self.head > self.cap {
+            self.flush();
+            return None;
+        }
+        Some(self.reserved)
+    }
+}
+
+/// Lengths a producer is asked for (the last class, near `u32::MAX`, would need a 4 GiB slice).
+fn producer_len(class: u8, raw: u32, cap: u64) -> u32 {
+    pick_len(class.min(6), raw, cap)
+}
+
+fn producer_write(p: &mut Producer<'_, LoggingSink>, m: &mut Model, len: u32, bound: u8) {
+    let max = (m.cap - 16) as u32;
+    let bound = [0, 64, 1024, u64::MAX][bound as usize % 4];
+    p.set_policy(FlushPolicy {
+        max_pending_bytes: bound,
+        max_delay: None,
+    });
+    let payload = make_payload(len, m.next_seq);
+    let got = p.write(&payload, Some(Duration::ZERO));
+    if len == 0 {
+        assert_eq!(got, Err(RingError::ZeroLength));
+        return;
+    }
+    if len > max {
+        assert_eq!(got, Err(RingError::RecordTooLarge { len, max }));
+        return;
+    }
+    let Some(pos) = m.producer_place(record_size(len)) else {
+        assert_eq!(got, Err(RingError::Timeout));
+        return;
+    };
+    assert_eq!(got, Ok(m.next_seq));
+    let e = Expect::Data {
+        pos,
+        seq: m.next_seq,
+        payload,
+    };
+    m.next_seq += 1;
+    m.reserved = pos + record_size(len);
+    m.pending.push((e, m.reserved));
+    if m.reserved - m.published >= bound {
+        m.flush();
+    }
+}
+
+fn producer_abandon(p: &mut Producer<'_, LoggingSink>, m: &mut Model, len: u32) {
+    let max = (m.cap - 16) as u32;
+    let got = p.reserve(len, Some(Duration::ZERO));
+    if len == 0 || len > max {
+        assert!(got.is_err());
+        return;
+    }
+    let Some(pos) = m.producer_place(record_size(len)) else {
+        assert_eq!(got.err(), Some(RingError::Timeout));
+        return;
+    };
+    let r = got.expect("model says it fits");
+    assert_eq!((r.pos(), r.seq(), r.len()), (pos, m.next_seq, len));
+    drop(r);
+    let e = Expect::Abandoned {
+        pos,
+        seq: m.next_seq,
+        len,
+    };
+    m.next_seq += 1;
+    m.reserved = pos + record_size(len);
+    m.pending.push((e, m.reserved));
 }
 
 #[derive(Debug, Clone)]
@@ -130,6 +240,16 @@ enum Op {
     FinishNewest(bool),
     /// Consume up to this many records.
     Consume(usize),
+    /// Claim the ring for a producer.
+    Claim,
+    /// Producer: append a record (length class and raw value), with a flush bound class.
+    ProducerWrite(u8, u32, u8),
+    /// Producer: reserve a record in place and drop it (a PAD keeping its seq).
+    ProducerAbandon(u8, u32),
+    /// Producer: publish what it wrote.
+    ProducerFlush,
+    /// Drop the producer (publishes, hands the ring back).
+    Release,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -139,6 +259,11 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::AbandonOldest),
         2 => any::<bool>().prop_map(Op::FinishNewest),
         3 => (1usize..6).prop_map(Op::Consume),
+        1 => Just(Op::Claim),
+        4 => (0u8..7, any::<u32>(), any::<u8>()).prop_map(|(c, v, b)| Op::ProducerWrite(c, v, b)),
+        1 => (0u8..7, any::<u32>()).prop_map(|(c, v)| Op::ProducerAbandon(c, v)),
+        1 => Just(Op::ProducerFlush),
+        1 => Just(Op::Release),
     ]
 }
 
@@ -182,6 +307,10 @@ fn reserve_step<'a>(
     }
     if len > max {
         assert_eq!(got.err(), Some(RingError::RecordTooLarge { len, max }));
+        return;
+    }
+    if m.claimed {
+        assert_eq!(got.err(), Some(RingError::Claimed));
         return;
     }
     let size = record_size(len);
@@ -394,6 +523,7 @@ fn run_model(cap: u64, mode: WrapMode, ops: Vec<Op>) {
     assert_eq!(ring.max_record() as u64, cap - 16);
     let mut m = Model::new(cap, mode);
     let mut open = VecDeque::new();
+    let mut producer: Option<Producer<'_, LoggingSink>> = None;
     for op in ops {
         // Writes are checked against the live map as it was before this op published anything.
         let live_before = m.live.clone();
@@ -407,11 +537,51 @@ fn run_model(cap: u64, mode: WrapMode, ops: Vec<Op>) {
             Op::AbandonOldest => finish_step(&mut m, &mut open, &ring, false, false),
             Op::FinishNewest(commit) => finish_step(&mut m, &mut open, &ring, commit, true),
             Op::Consume(k) => consume_step(&mut m, &ring, k),
+            Op::Claim => {
+                if producer.is_none() {
+                    let got = ring.claim(|| Ok(ring.reclaimed()));
+                    if m.open.is_empty() {
+                        producer = Some(got.expect("no reservation in flight"));
+                        m.claimed = true;
+                    } else {
+                        assert_eq!(got.err(), Some(RingError::Busy));
+                    }
+                } else {
+                    assert_eq!(ring.claim(|| Ok(0)).err(), Some(RingError::Claimed));
+                }
+            }
+            Op::ProducerWrite(class, raw, bound) => {
+                if let Some(p) = producer.as_mut() {
+                    producer_write(p, &mut m, producer_len(class, raw, cap), bound);
+                }
+            }
+            Op::ProducerAbandon(class, raw) => {
+                if let Some(p) = producer.as_mut() {
+                    producer_abandon(p, &mut m, producer_len(class, raw, cap));
+                }
+            }
+            Op::ProducerFlush => {
+                if let Some(p) = producer.as_mut() {
+                    p.flush();
+                    m.flush();
+                }
+            }
+            Op::Release => {
+                if producer.take().is_some() {
+                    m.flush();
+                    m.claimed = false;
+                }
+            }
         }
+        assert_eq!(ring.is_claimed(), m.claimed);
         let live_after = std::mem::replace(&mut m.live, live_before);
         check_writes(&ring, &m);
         m.live = live_after;
         check_state(&ring, &m);
+    }
+    if producer.take().is_some() {
+        m.flush();
+        m.claimed = false;
     }
     while !open.is_empty() {
         finish_step(&mut m, &mut open, &ring, false, false);
@@ -443,8 +613,23 @@ const PRODUCERS: u64 = 4;
 const ATTEMPTS: u64 = 50_000;
 const ABANDON_EVERY: u64 = 97;
 
+/// Records a producer writes per claim of the ring (a batch through `Producer`).
+const GROUP: u64 = 8;
+
 fn body_byte(producer: u64, counter: u64, j: u64) -> u8 {
     (producer * 31 + counter * 7 + j) as u8
+}
+
+/// 28..=300 bytes: seq, checksum, producer id, counter, filler.
+fn stress_payload(producer: u64, counter: u64, len: u32, seq: u64) -> Vec<u8> {
+    let mut payload = vec![0u8; len as usize];
+    payload[16..20].copy_from_slice(&(producer as u32).to_le_bytes());
+    payload[20..28].copy_from_slice(&counter.to_le_bytes());
+    for (j, b) in payload[28..].iter_mut().enumerate() {
+        *b = body_byte(producer, counter, j as u64);
+    }
+    seal_test_payload(&mut payload, seq).unwrap();
+    payload
 }
 
 #[test]
@@ -469,31 +654,56 @@ fn producers_and_consumer(mode: WrapMode) {
             .map(|p| {
                 let (ring, head) = (&ring, &head);
                 s.spawn(move || {
-                    let reclaim = || head.load(Ordering::Acquire);
-                    let (mut counter, mut dropped) = (0u64, 0u64);
-                    for attempt in 0..ATTEMPTS {
-                        // 28..=300 bytes: seq, checksum, producer id, counter, filler.
-                        let len = 28 + (attempt * 2654435761 % 273) as u32;
-                        let mut r = ring.reserve(len, Some(limit), &reclaim).unwrap();
-                        if attempt % ABANDON_EVERY == ABANDON_EVERY - 1 {
+                    let reclaim = || Ok(head.load(Ordering::Acquire));
+                    let (mut counter, mut dropped, mut batches) = (0u64, 0u64, 0u64);
+                    let len_of = |attempt: u64| 28 + (attempt * 2654435761 % 273) as u32;
+                    let abandon = |attempt: u64| attempt % ABANDON_EVERY == ABANDON_EVERY - 1;
+                    let mut attempt = 0;
+                    while attempt < ATTEMPTS {
+                        // Every GROUP-th attempt tries to own the ring for a batch of GROUP
+                        // records (refused while others' reservations are in flight).
+                        let claim = (attempt % GROUP == 0)
+                            .then(|| ring.claim(move || Ok(head.load(Ordering::Acquire))).ok())
+                            .flatten();
+                        if let Some(mut prod) = claim {
+                            prod.set_policy(FlushPolicy {
+                                max_pending_bytes: 1024,
+                                max_delay: None,
+                            });
+                            let group_end = (attempt + GROUP).min(ATTEMPTS);
+                            for a in attempt..group_end {
+                                if abandon(a) {
+                                    drop(prod.reserve(len_of(a), Some(limit)).unwrap());
+                                    dropped += 1;
+                                    continue;
+                                }
+                                let payload =
+                                    stress_payload(p, counter, len_of(a), prod.next_seq());
+                                prod.write(&payload, Some(limit)).unwrap();
+                                counter += 1;
+                            }
+                            attempt = group_end;
+                            batches += 1;
+                            continue; // dropping `prod` published the rest
+                        }
+                        let mut r = ring
+                            .reserve(len_of(attempt), Some(limit), &reclaim)
+                            .unwrap();
+                        if abandon(attempt) {
                             dropped += 1;
                             drop(r);
+                            attempt += 1;
                             continue;
                         }
-                        let mut payload = vec![0u8; len as usize];
-                        payload[16..20].copy_from_slice(&(p as u32).to_le_bytes());
-                        payload[20..28].copy_from_slice(&counter.to_le_bytes());
-                        for (j, b) in payload[28..].iter_mut().enumerate() {
-                            *b = body_byte(p, counter, j as u64);
-                        }
-                        seal_test_payload(&mut payload, r.seq()).unwrap();
+                        let payload = stress_payload(p, counter, len_of(attempt), r.seq());
                         // Two pieces, so a torn record would show.
                         r.write(0, &payload[..20]).unwrap();
                         r.write(20, &payload[20..]).unwrap();
                         r.commit();
                         counter += 1;
+                        attempt += 1;
                     }
-                    (counter, dropped)
+                    (counter, dropped, batches)
                 })
             })
             .collect();
@@ -551,18 +761,20 @@ fn producers_and_consumer(mode: WrapMode) {
             (data, pads, next_counter, pos, crossings)
         });
 
-        let per: Vec<(u64, u64)> = producers.into_iter().map(|h| h.join().unwrap()).collect();
+        let per: Vec<(u64, u64, u64)> = producers.into_iter().map(|h| h.join().unwrap()).collect();
+        let batches: u64 = per.iter().map(|&(_, _, b)| b).sum();
+        assert!(batches > 100, "only {batches} claimed batches");
         let (data, pads, counters, end, crossings) = consumer.join().unwrap();
         // ~10 MB through a 64 KiB region: over a hundred laps.
         match mode {
             WrapMode::Padded => assert_eq!(crossings, 0),
             WrapMode::Mirrored => assert!(crossings > 50, "only {crossings} records crossed"),
         }
-        for (p, &(c, _)) in per.iter().enumerate() {
+        for (p, &(c, _, _)) in per.iter().enumerate() {
             assert_eq!(counters[p], c, "producer {p}: every commit arrived");
         }
         assert_eq!(end, ring.committed());
-        assert_eq!(pads, per.iter().map(|&(_, d)| d).sum::<u64>());
+        assert_eq!(pads, per.iter().map(|&(_, d, _)| d).sum::<u64>());
         (data, pads)
     });
     assert_eq!(committed + abandoned, PRODUCERS * ATTEMPTS);
