@@ -12,14 +12,15 @@ use std::ops::{Deref, DerefMut};
 /// Atomics: `std`'s, or loom's under `cfg(loom)`.
 pub(crate) mod atomic {
     #[cfg(loom)]
-    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicU8};
+    pub(crate) use loom::sync::atomic::{AtomicU64, AtomicU8};
     #[cfg(not(loom))]
-    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8};
+    pub(crate) use std::sync::atomic::{AtomicU64, AtomicU8};
 
     pub(crate) use std::sync::atomic::Ordering;
 }
 
 /// Spins of a waiting loop before it starts yielding the CPU.
+#[cfg_attr(loom, allow(dead_code))]
 pub(crate) const SPINS_BEFORE_YIELD: u32 = 64;
 
 /// Keeps a hot atomic on its own cache line (128 bytes: adjacent-line prefetch pairs lines).
@@ -45,6 +46,7 @@ impl<T> DerefMut for CachePadded<T> {
 /// progress in a spin loop).
 #[derive(Debug, Default)]
 pub(crate) struct Backoff {
+    #[cfg_attr(loom, allow(dead_code))]
     spins: u32,
 }
 

@@ -42,7 +42,7 @@ use super::layout::{
     self, RecordHeader, RingSource, WrapMode, HEADER_LEN, KIND_DATA, KIND_PAD, MAX_PAYLOAD,
     MIN_CAPACITY, RECORD_ALIGN,
 };
-use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use crate::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use crate::sync::{thread_id, Backoff, CachePadded, Mutex};
 
 /// Errors of the ring core. Every error leaves the ring unchanged.
@@ -230,10 +230,19 @@ pub type HeadFn<'a> = dyn Fn() -> Result<u64, RingError> + Send + Sync + 'a;
 
 /// One commit slot: the end of the record whose seq maps here once it is committed, and the
 /// thread that holds it while it is open (0 when none).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Slot {
     done: AtomicU64,
     owner: AtomicU64,
+}
+
+impl Slot {
+    fn new() -> Self {
+        Slot {
+            done: AtomicU64::new(0),
+            owner: AtomicU64::new(0),
+        }
+    }
 }
 
 /// The producer side of a ring: hands out record space to any number of threads, numbers the
@@ -264,8 +273,12 @@ pub struct RingCore<S> {
     published: CachePadded<AtomicU64>,
     /// Sequence number of the first record not yet published (changed only by the publisher).
     published_seq: CachePadded<AtomicU64>,
-    /// The publisher role: held by the one thread running `publish_done`, or by a [`Producer`].
-    publishing: CachePadded<AtomicBool>,
+    /// The publisher role and its requests: 0 when no one publishes. A committer that raises it
+    /// from 0 is the publisher and publishes until it can lower it back to 0 unchanged (every
+    /// other committer's increment makes it look again); a [`Producer`] or a lone wrap PAD holds
+    /// it at 1. All changes are read-modify-writes of this one word, so acquire/release is enough
+    /// to make no commit go unpublished (loom checks this: `tests/loom_ring.rs`).
+    publishing: CachePadded<AtomicU64>,
     /// The thread that claimed the ring for a [`Producer`] (0: not claimed).
     claimed: AtomicU64,
     /// `slots[seq % COMMIT_SLOTS].done` holds the end of record `seq` once it is committed; a
@@ -334,10 +347,10 @@ impl<S: RingSink> RingCore<S> {
             committed: CachePadded(AtomicU64::new(0)),
             published: CachePadded(AtomicU64::new(0)),
             published_seq: CachePadded(AtomicU64::new(0)),
-            publishing: CachePadded(AtomicBool::new(false)),
+            publishing: CachePadded(AtomicU64::new(0)),
             claimed: AtomicU64::new(0),
             slots: (0..COMMIT_SLOTS)
-                .map(|_| CachePadded(Slot::default()))
+                .map(|_| CachePadded(Slot::new()))
                 .collect(),
             reclaimed: CachePadded(AtomicU64::new(0)),
         })
@@ -522,7 +535,10 @@ impl<S: RingSink> RingCore<S> {
         let pos = start + pad_bytes;
         if self.published.load(Ordering::Acquire) == start
             && pos - reclaimed <= self.capacity
-            && !self.publishing.swap(true, Ordering::SeqCst)
+            && self
+                .publishing
+                .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
         {
             if self.published.load(Ordering::Acquire) == start {
                 // The PAD's bytes lie in `[reserved, reserved + pad)`, free and unreserved, and
@@ -534,7 +550,8 @@ impl<S: RingSink> RingCore<S> {
                 self.published.store(pos, Ordering::Release);
                 self.reserved.store(pos, Ordering::Release);
             }
-            self.publishing.store(false, Ordering::SeqCst);
+            // No commit can be waiting: every reservation is published and the lock is held.
+            self.publishing.store(0, Ordering::Release);
         }
     }
 
@@ -625,16 +642,18 @@ impl<S: RingSink> RingCore<S> {
     fn commit_record(&self, seq: u64, end: u64) {
         let slot = &self.slots[(seq % COMMIT_SLOTS) as usize];
         slot.owner.store(0, Ordering::Relaxed);
-        // SeqCst with the role's swap below and the publisher's release-then-recheck: either this
-        // thread gets the role, or the releasing publisher sees this slot (see `publish_done`).
-        slot.done.store(end, Ordering::SeqCst);
-        self.publish_done();
+        slot.done.store(end, Ordering::Release);
+        // Release: the publisher that sees this request sees the slot (and the record's bytes).
+        if self.publishing.fetch_add(1, Ordering::AcqRel) == 0 {
+            self.publish_done();
+        }
     }
 
-    /// Takes the publisher role if it is free and publishes the longest run of committed records
-    /// from `published` with one `publish`, repeating until no committed record is left behind.
+    /// As the publisher: publishes the longest run of committed records from `published` with one
+    /// `publish`, again and again until no request arrived during a pass.
     fn publish_done(&self) {
-        while !self.publishing.swap(true, Ordering::SeqCst) {
+        loop {
+            let requests = self.publishing.load(Ordering::Acquire);
             let from = self.published.load(Ordering::Acquire);
             let mut pos = from;
             let mut seq = self.published_seq.load(Ordering::Acquire);
@@ -657,15 +676,13 @@ impl<S: RingSink> RingCore<S> {
                 self.published.store(pos, Ordering::Release);
                 self.published_seq.store(seq, Ordering::Release);
             }
-            self.publishing.store(false, Ordering::SeqCst);
-            // A committer may have marked the next record after the scan above and found the role
-            // taken: look once more after releasing it (both sides are SeqCst, so one of the two
-            // threads sees the other).
-            let next = self.published_seq.load(Ordering::SeqCst);
-            let end = self.slots[(next % COMMIT_SLOTS) as usize]
-                .done
-                .load(Ordering::SeqCst);
-            if end <= self.published.load(Ordering::SeqCst) {
+            // Unchanged since the pass began: every commit so far was seen. Otherwise a committer
+            // raised it after marking its slot (and left the publishing to us): look again.
+            if self
+                .publishing
+                .compare_exchange(requests, 0, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
                 return;
             }
         }
@@ -704,11 +721,15 @@ impl<S: RingSink> RingCore<S> {
         }
         // The producer is the publisher from now on; a committer still finishing its last pass
         // makes the claim fail rather than wait.
-        if self.publishing.swap(true, Ordering::SeqCst) {
+        if self
+            .publishing
+            .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
             return Err(RingError::Busy);
         }
         if self.published.load(Ordering::Acquire) != reserved {
-            self.publishing.store(false, Ordering::SeqCst);
+            self.publishing.store(0, Ordering::Release);
             return Err(RingError::Busy);
         }
         self.claimed.store(thread_id(), Ordering::Release);
@@ -1128,7 +1149,8 @@ impl<S: RingSink> Drop for Producer<'_, S> {
         *next_seq = self.seq;
         core.published_seq.store(self.seq, Ordering::Release);
         core.claimed.store(0, Ordering::Release);
-        core.publishing.store(false, Ordering::SeqCst);
+        // No shared commit can be waiting: reservations were refused while the ring was claimed.
+        core.publishing.store(0, Ordering::Release);
     }
 }
 

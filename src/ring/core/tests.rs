@@ -340,6 +340,7 @@ impl RingSink for Counting {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "hundreds of records: too slow under Miri")]
 fn reservations_wait_for_a_slot_behind_an_open_reservation() {
     // A region large enough that the slots, not the space, run out first.
     let r = RingCore::new(1 << 16, HostSink::new(1 << 16).unwrap()).unwrap();
@@ -376,6 +377,7 @@ fn reservations_wait_for_a_slot_behind_an_open_reservation() {
 /// itself used to wait forever in `commit`. Commits never wait now; the reservation that would
 /// need the open one's slot fails at once instead of waiting for this thread.
 #[test]
+#[cfg_attr(miri, ignore = "hundreds of records: too slow under Miri")]
 fn a_thread_cannot_wait_on_its_own_open_reservation() {
     let r = RingCore::new(1 << 16, HostSink::new(1 << 16).unwrap()).unwrap();
     let first = r.try_reserve(16).unwrap();
@@ -622,6 +624,7 @@ fn a_mirrored_producer_writes_across_the_end() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "hundreds of records: too slow under Miri")]
 fn records_run_past_the_end_without_padding() {
     let ring =
         RingCore::with_wrap_mode(4096, HostSink::new(4096).unwrap(), WrapMode::Mirrored).unwrap();
