@@ -113,6 +113,17 @@ fn check_below(ring: &Ring, tail: u64) {
     }
 }
 
+/// When the producers are done: nothing left unpublished (no lost hand-over of the publisher
+/// role), and every record intact.
+fn assert_all_published(ring: &Ring) {
+    assert_eq!(
+        ring.sink().tail(),
+        ring.reserved(),
+        "nothing left unpublished"
+    );
+    check_below(ring, ring.reserved());
+}
+
 /// Watches the tail twice while producers run.
 fn consumer(ring: Arc<Ring>) -> thread::JoinHandle<()> {
     thread::spawn(move || {
@@ -139,12 +150,7 @@ fn two_committers_and_a_consumer() {
             p.join().unwrap();
         }
         c.join().unwrap();
-        assert_eq!(
-            ring.sink().tail(),
-            ring.reserved(),
-            "nothing left unpublished"
-        );
-        check_below(&ring, ring.reserved());
+        assert_all_published(&ring);
     });
 }
 
@@ -176,12 +182,7 @@ fn out_of_order_commits_hand_over_the_publisher_role() {
         };
         a.join().unwrap();
         b.join().unwrap();
-        assert_eq!(
-            ring.sink().tail(),
-            ring.reserved(),
-            "nothing left unpublished"
-        );
-        check_below(&ring, ring.reserved());
+        assert_all_published(&ring);
     });
 }
 
@@ -217,12 +218,7 @@ fn a_claim_against_a_shared_committer() {
         shared.join().unwrap();
         c.join().unwrap();
         assert!(!ring.is_claimed());
-        assert_eq!(
-            ring.sink().tail(),
-            ring.reserved(),
-            "nothing left unpublished"
-        );
-        check_below(&ring, ring.reserved());
+        assert_all_published(&ring);
         // The ring is usable afterwards, by either path.
         put(&ring);
         assert_eq!(ring.sink().tail(), ring.reserved());

@@ -141,6 +141,13 @@ impl Model {
         }
     }
 
+    /// A producer's record ending at `end` is written (numbered, not yet published).
+    fn producer_append(&mut self, e: Expect, end: u64) {
+        self.next_seq += 1;
+        self.reserved = end;
+        self.pending.push((e, end));
+    }
+
     /// Where a producer's next record of `size` bytes goes, writing the wrap PAD before it; `None`
     /// (after publishing what is pending, as the producer does before it waits) when the
     /// consumer has not released enough space.
@@ -194,14 +201,8 @@ pub fn producer_write(p: &mut Producer<'_, LoggingSink>, m: &mut Model, len: u32
         return;
     };
     assert_eq!(got, Ok(m.next_seq));
-    let e = Expect::Data {
-        pos,
-        seq: m.next_seq,
-        payload,
-    };
-    m.next_seq += 1;
-    m.reserved = pos + record_size(len);
-    m.pending.push((e, m.reserved));
+    let seq = m.next_seq;
+    m.producer_append(Expect::Data { pos, seq, payload }, pos + record_size(len));
     if m.reserved - m.published >= bound {
         m.flush();
     }
@@ -221,14 +222,8 @@ pub fn producer_abandon(p: &mut Producer<'_, LoggingSink>, m: &mut Model, len: u
     let r = got.expect("model says it fits");
     assert_eq!((r.pos(), r.seq(), r.len()), (pos, m.next_seq, len));
     drop(r);
-    let e = Expect::Abandoned {
-        pos,
-        seq: m.next_seq,
-        len,
-    };
-    m.next_seq += 1;
-    m.reserved = pos + record_size(len);
-    m.pending.push((e, m.reserved));
+    let seq = m.next_seq;
+    m.producer_append(Expect::Abandoned { pos, seq, len }, pos + record_size(len));
 }
 
 /// One step of a model run (the fuzz target derives `Arbitrary` for it).
