@@ -1,58 +1,38 @@
-// Test consumers for the vkgdr ring buffer (CPU producers, GPU consumer).
+// Consumers for the vkgdr ring buffer (CPU producers, GPU consumer), built on the device API in
+// include/vkgdr/ring.cuh (record layout, head/tail protocol, block-cooperative reader).
 //
-// The wire format and every constant below mirror src/ring/layout.rs; keep them in sync.
-// Build: nvcc -ptx -arch=compute_75 kernels/ring.cu -o ring.ptx   (CUDA 12 and 13; CUDA 13
-// dropped compute_70)
+// Build: nvcc -ptx -arch=compute_75 -O3 kernels/ring.cu -o kernels/ring.ptx   (CUDA 12 and 13;
+// CUDA 13 dropped compute_70)
 //
-// Record: 16-byte aligned position, header { u32 len; u32 kind; u64 seq } (little-endian), then
-// `len` payload bytes, the whole padded to 16. Wrap PAD records (seq = ~0) run exactly to the end
-// of the data region; PAD records with another seq are abandoned reservations and keep their seq.
-// A mirrored ring (WrapMode::Mirrored) writes no wrap PADs: its records may run past the end of
-// the region, which is mapped a second time right after itself, so `data + off` is readable for
-// a whole record. The *_mirrored kernels accept such records; the others reject them.
-// Test payload: u64 seq, u64 checksum of the rest, then the body.
+// The checking consumers verify the test payload (src/ring/layout.rs): u64 seq, u64 checksum of
+// the rest, then the body; seqs of DATA and abandoned PAD records must continue without gaps
+// (after a mismatch counting resumes from the seq found). Result words: see RING_RESULT_*, the
+// same numbers as layout::verify_records computes on the CPU.
 //
-// Launch the consumers with ONE block whose blockDim is a multiple of 32 (up to 1024; another
-// size adds one error and does nothing else): warp 0 walks the records and checksums small
-// payloads, the whole block helps with large ones (128 or 256 threads are good choices).
-// `data` must be 16-byte aligned (cuMemAlloc gives 256). Result words: see RING_RESULT_*.
+//   ring_check_lanes(view)                      persistent, one block of 256 threads per lane
+//   ring_consume_persistent[_mirrored](...)     persistent, lane 0 only (one block of 256)
+//   ring_consume_batch[_mirrored](...)          one launch per published range (one block of 256)
+//   ring_ack(...), ring_ack_lanes(view)         benchmark consumers: head = tail, reading nothing
+//   ring_pingpong(...)                          round-trip latency probe
 //
-// Checked on an H100 (CUDA 13.0, driver 580) against the Rust reference
-// (layout::verify_records) on ring images, with live CPU producers, and under compute-sanitizer
-// memcheck, synccheck and racecheck.
+// The checking kernels need blockDim.x == 256 (another size counts one error and does nothing).
 
-#define RING_MIN_CAPACITY 4096ull
-#define RING_RECORD_ALIGN 16ull
-#define RING_HEADER_LEN 16ull
-#define RING_KIND_DATA 1u
-#define RING_KIND_PAD 2u
-#define RING_WRAP_PAD_SEQ 0xFFFFFFFFFFFFFFFFull
+#include "../include/vkgdr/ring.cuh"
+
+#define RING_THREADS 256u
 #define RING_TEST_PREFIX_LEN 16ull
 #define RING_CHECKSUM_MUL 0x9E3779B97F4A7C15ull
 #define RING_CHECKSUM_SHIFT 29
-#define RING_BLOCK_BODY_MIN 4096ull // bodies this long are checksummed by the whole block
-#define RING_FULL_WARP 0xFFFFFFFFu
-#define RING_WALK_DONE 0  // reached `to` or the soft limit
-#define RING_WALK_FATAL 1 // broken chain
-#define RING_WALK_BIG 2   // a body for the whole block
+#define RING_THREAD_BODY_MAX 256ull // longer bodies are checksummed by the whole block
 
 #define RING_RESULT_RECORDS 0      // DATA records seen
 #define RING_RESULT_CHECKSUM_SUM 1 // wrapping sum of computed payload checksums
 #define RING_RESULT_ERRORS 2       // errors of any kind
 #define RING_RESULT_NEXT_SEQ 3     // next expected seq (last seq seen + 1)
 #define RING_RESULT_POS 4          // position reached
-#define RING_RESULT_WORDS 8        // words to allocate
 #define RING_SEQ_FROM_RESULT 0xFFFFFFFFFFFFFFFFull
 
 typedef unsigned long long ull;
-
-// Accumulators of a walk. Only thread 0's copy is meaningful.
-typedef struct {
-    ull records;
-    ull sum;
-    ull errors;
-    ull next_seq;
-} RingWalk;
 
 // One term of the test checksum: sum over i of mix((i << 8) | body[i]).
 __device__ __forceinline__ ull ring_checksum_term(ull index, unsigned int byte)
@@ -60,11 +40,6 @@ __device__ __forceinline__ ull ring_checksum_term(ull index, unsigned int byte)
     ull x = ((index << 8) | (ull)byte) + 1ull;
     x *= RING_CHECKSUM_MUL;
     return x ^ (x >> RING_CHECKSUM_SHIFT);
-}
-
-__device__ __forceinline__ int ring_capacity_ok(ull capacity)
-{
-    return capacity >= RING_MIN_CAPACITY && (capacity & (capacity - 1ull)) == 0ull;
 }
 
 // Checksum terms of body chunk `cu` (bytes 16*cu .. 16*cu+15 of an `n`-byte body).
@@ -109,202 +84,102 @@ __device__ __forceinline__ ull ring_body_part(const unsigned char* body, ull n, 
     return part;
 }
 
-// Block barrier. The warp is reconverged first: __syncthreads() compiles to an aligned barrier
-// (bar.sync), which misbehaves when a warp reaches it split (seen on H100 with a 64-bit shared
-// atomic in front of it, whose retry loop split the warps).
-__device__ __forceinline__ void ring_block_sync()
-{
-    __syncwarp();
-    __syncthreads();
-}
+// A checking consumer's running totals. Each thread adds its own records; `next_seq` is the same
+// in every thread.
+typedef struct {
+    ull records;
+    ull sum;
+    ull errors;
+    ull next_seq;
+} RingCheck;
 
-// Sum over the 32 lanes of a warp; every lane must call it.
-__device__ __forceinline__ ull ring_warp_sum(ull v)
-{
-    for (int d = 16; d > 0; d >>= 1) {
-        v += __shfl_xor_sync(RING_FULL_WARP, v, d);
-    }
-    return v;
-}
+// Shared memory of a checking consumer.
+typedef struct {
+    vkgdr::ReaderShared<RING_THREADS> reader;
+    unsigned int big[RING_THREADS]; // records of the group with long bodies
+    unsigned int big_count;
+    ull scratch[RING_THREADS / 32];
+} RingCheckShared;
 
-// Walks the records in [pos, to), stopping early at the first record boundary at or past
-// `soft_limit`. Called by every thread of the block (blockDim.x a multiple of 32) with the same
-// arguments; returns the position reached (the same in every thread). `*fatal` is set when the
-// chain is broken (misaligned position, unknown kind, record crossing `to`, or the region's end
-// unless `mirrored`):
-// the walk stops there with one error counted. The caller checks the capacity.
-//
-// Warp 0 walks the chain: lane 0 loads each header and the payload's prefix while every lane
-// loads one 16-byte chunk of the body speculatively (its address does not depend on the header),
-// the header is broadcast by shuffle and the warp checksums the body. A body of
-// RING_BLOCK_BODY_MIN bytes or more is handed to the whole block. Record bytes are read with
-// ld.global.cg (L2, not L1), so a line cached on an earlier lap of the ring is never reused.
-// Only thread 0 updates `w`.
-__device__ ull ring_walk(const unsigned char* data, ull capacity, int mirrored, ull pos, ull to,
-                         ull soft_limit, RingWalk* w, int* fatal)
+// Checks one group of `n` records (thread i holds record i in `mine`). Every thread calls it.
+__device__ void ring_check_group(vkgdr::BlockReader<RING_THREADS>& rd, unsigned int n,
+                                 const vkgdr::Record& mine, RingCheck* c, RingCheckShared* sh)
 {
-    __shared__ ull s_pos;           // where warp 0 stopped
-    __shared__ int s_state;         // RING_WALK_*
-    __shared__ ull s_size;          // RING_WALK_BIG: the record's size,
-    __shared__ ull s_len;           //   payload length,
-    __shared__ int s_dup_ok;        //   whether the payload's seq copy matches,
-    __shared__ ull s_stored;        //   the checksum stored in the payload,
-    __shared__ ull s_warp_sum[32];  //   and each warp's share of the checksum
-
-    const ull mask = capacity - 1ull;
     const unsigned int tid = threadIdx.x;
-    const unsigned int lane = tid & 31u;
-    const int block_helps = blockDim.x > 32u;
-    *fatal = 0;
-    for (;;) {
-        if (tid < 32u) {
-            // Every value below is the same in all 32 lanes, so the loop stays converged.
-            int state = RING_WALK_DONE;
-            ull size = 0ull, len = 0ull, stored = 0ull;
-            int dup_ok = 0;
-            while (pos < to && pos < soft_limit) {
-                if ((pos & (RING_RECORD_ALIGN - 1ull)) != 0ull) {
-                    state = RING_WALK_FATAL;
-                    break;
-                }
-                const ull off = pos & mask;
-                ull hx = 0ull, hy = 0ull, px = 0ull, py = 0ull;
-                if (lane == 0u) {
-                    // The prefix address wraps so it stays inside the region for a record
-                    // that ends the region (its value is then unused).
-                    const ulonglong2 h = __ldcg((const ulonglong2*)(data + off));
-                    const ulonglong2 p =
-                        __ldcg((const ulonglong2*)(data + ((off + RING_HEADER_LEN) & mask)));
-                    hx = h.x;
-                    hy = h.y;
-                    px = p.x;
-                    py = p.y;
-                }
-                // Body chunk `lane`, loaded before the header is known; wrapped to stay in the
-                // region, and only used when it lies inside the record.
-                const uint4 spec = __ldcg((const uint4*)(
-                    data + ((off + RING_HEADER_LEN + RING_TEST_PREFIX_LEN + 16ull * lane) & mask)));
-                hx = __shfl_sync(RING_FULL_WARP, hx, 0);
-                hy = __shfl_sync(RING_FULL_WARP, hy, 0);
-                px = __shfl_sync(RING_FULL_WARP, px, 0);
-                py = __shfl_sync(RING_FULL_WARP, py, 0);
-                const unsigned int rlen = (unsigned int)(hx & 0xFFFFFFFFull);
-                const unsigned int kind = (unsigned int)(hx >> 32);
-                const ull seq = hy;
-                const ull rsize = (RING_HEADER_LEN + (ull)rlen + RING_RECORD_ALIGN - 1ull)
-                                  & ~(RING_RECORD_ALIGN - 1ull);
-                if ((kind != RING_KIND_DATA && kind != RING_KIND_PAD)
-                    || (!mirrored && off + rsize > capacity) || rsize > to - pos) {
-                    state = RING_WALK_FATAL;
-                    break;
-                }
-                if (kind == RING_KIND_PAD && seq == RING_WRAP_PAD_SEQ) {
-                    if (lane == 0u && off + rsize != capacity) {
-                        w->errors += 1ull;
-                    }
-                } else {
-                    if (lane == 0u) {
-                        if (seq != w->next_seq) {
-                            w->errors += 1ull;
-                        }
-                        w->next_seq = seq + 1ull;
-                    }
-                    if (kind == RING_KIND_DATA) {
-                        if (lane == 0u) {
-                            w->records += 1ull;
-                        }
-                        if ((ull)rlen < RING_TEST_PREFIX_LEN) {
-                            if (lane == 0u) {
-                                w->errors += 1ull;
-                            }
-                        } else {
-                            const ull n = (ull)rlen - RING_TEST_PREFIX_LEN;
-                            if (block_helps && n >= RING_BLOCK_BODY_MIN) {
-                                state = RING_WALK_BIG;
-                                size = rsize;
-                                len = (ull)rlen;
-                                stored = py;
-                                dup_ok = (px == seq) ? 1 : 0;
-                                break; // pos stays at this record
-                            }
-                            const ull chunks = (n + 15ull) / 16ull;
-                            ull part = 0ull;
-                            if ((ull)lane < chunks) {
-                                part = ring_chunk_terms(spec, (ull)lane, n);
-                            }
-                            if (chunks > 32ull) {
-                                const unsigned char* body =
-                                    data + off + RING_HEADER_LEN + RING_TEST_PREFIX_LEN;
-                                part += ring_body_part(body, n, 32ull + lane, 32ull);
-                            }
-                            const ull sum = ring_warp_sum(part);
-                            if (lane == 0u) {
-                                w->sum += sum;
-                                if (px != seq || sum != py) {
-                                    w->errors += 1ull;
-                                }
-                            }
-                        }
-                    }
-                }
-                pos += rsize;
-            }
-            if (lane == 0u) {
-                if (state == RING_WALK_FATAL) {
-                    w->errors += 1ull;
-                }
-                s_pos = pos;
-                s_state = state;
-                s_size = size;
-                s_len = len;
-                s_dup_ok = dup_ok;
-                s_stored = stored;
-            }
-        }
-        ring_block_sync();
-        // Copy the shared values before the next barrier: thread 0 rewrites them afterwards.
-        pos = s_pos;
-        const int state = s_state;
-        const ull size = s_size;
-        const ull len = s_len;
-        if (state != RING_WALK_BIG) {
-            *fatal = (state == RING_WALK_FATAL) ? 1 : 0;
-            break; // uniform: every thread read the same state
-        }
-        const unsigned char* body =
-            data + (pos & mask) + RING_HEADER_LEN + RING_TEST_PREFIX_LEN;
-        // Reduce by shuffles within each warp, then across warps in shared memory (no shared
-        // atomics: see ring_block_sync).
-        const ull wsum =
-            ring_warp_sum(ring_body_part(body, len - RING_TEST_PREFIX_LEN, tid, blockDim.x));
-        if (lane == 0u) {
-            s_warp_sum[tid >> 5] = wsum;
-        }
-        ring_block_sync();
-        if (tid == 0u) {
-            ull sum = 0ull;
-            for (unsigned int q = 0; q < (blockDim.x >> 5); ++q) {
-                sum += s_warp_sum[q];
-            }
-            w->sum += sum;
-            if (!s_dup_ok || sum != s_stored) {
-                w->errors += 1ull;
-            }
-        }
-        pos += size;
+    if (tid == 0) {
+        sh->big_count = 0u;
     }
-    ring_block_sync();
-    return pos;
+    vkgdr::block_sync();
+    if (tid < n) {
+        const ull expected = tid == 0 ? c->next_seq : rd.record(tid - 1).seq + 1ull;
+        if (mine.seq != expected) {
+            c->errors += 1ull;
+        }
+        if (mine.kind == VKGDR_RING_KIND_DATA) {
+            c->records += 1ull;
+            if ((ull)mine.len < RING_TEST_PREFIX_LEN) {
+                c->errors += 1ull;
+            } else if ((ull)mine.len - RING_TEST_PREFIX_LEN > RING_THREAD_BODY_MAX) {
+                sh->big[atomicAdd(&sh->big_count, 1u)] = tid;
+            } else {
+                const uint4 prefix = __ldcg((const uint4*)mine.payload);
+                const ull body = (ull)mine.len - RING_TEST_PREFIX_LEN;
+                const ull sum = ring_body_part(mine.payload + RING_TEST_PREFIX_LEN, body, 0ull, 1ull);
+                c->sum += sum;
+                const ull seq_copy = (ull)prefix.x | ((ull)prefix.y << 32);
+                const ull stored = (ull)prefix.z | ((ull)prefix.w << 32);
+                if (seq_copy != mine.seq || stored != sum) {
+                    c->errors += 1ull;
+                }
+            }
+        }
+    }
+    vkgdr::block_sync();
+    const unsigned int big = sh->big_count;
+    // Long bodies: the whole block on each, in any order (the totals are sums).
+    for (unsigned int k = 0; k < big; ++k) {
+        const vkgdr::Record r = rd.record(sh->big[k]);
+        const ull body = (ull)r.len - RING_TEST_PREFIX_LEN;
+        const ull sum = vkgdr::block_sum<RING_THREADS>(
+            ring_body_part(r.payload + RING_TEST_PREFIX_LEN, body, tid, RING_THREADS), sh->scratch);
+        if (tid == 0) {
+            const uint4 prefix = __ldcg((const uint4*)r.payload);
+            c->sum += sum;
+            const ull seq_copy = (ull)prefix.x | ((ull)prefix.y << 32);
+            const ull stored = (ull)prefix.z | ((ull)prefix.w << 32);
+            if (seq_copy != r.seq || stored != sum) {
+                c->errors += 1ull;
+            }
+        }
+    }
+    if (n > 0u) {
+        c->next_seq = rd.record(n - 1u).seq + 1ull;
+    }
 }
 
-// Whether this thread takes part: block 0 only, and a block of whole warps (another size counts
-// one error and does nothing else). Uniform within a block.
-__device__ __forceinline__ int ring_launch_ok(ull* result)
+// Adds the block's totals to result[0..2] and stores next_seq and pos.
+__device__ void ring_store_result(ull* result, RingCheck* c, ull pos, RingCheckShared* sh)
 {
-    if (blockIdx.x != 0) {
-        return 0;
+    const ull records = vkgdr::block_sum<RING_THREADS>(c->records, sh->scratch);
+    const ull sum = vkgdr::block_sum<RING_THREADS>(c->sum, sh->scratch);
+    const ull errors = vkgdr::block_sum<RING_THREADS>(c->errors, sh->scratch);
+    if (threadIdx.x == 0) {
+        result[RING_RESULT_RECORDS] += records;
+        result[RING_RESULT_CHECKSUM_SUM] += sum;
+        result[RING_RESULT_ERRORS] += errors;
+        result[RING_RESULT_NEXT_SEQ] = c->next_seq;
+        result[RING_RESULT_POS] = pos;
     }
-    if ((blockDim.x & 31u) != 0u) {
+    c->records = 0ull;
+    c->sum = 0ull;
+    c->errors = 0ull;
+}
+
+// Whether this block takes part (a block of RING_THREADS threads; another size counts one error
+// in result[2] and does nothing). Uniform within a block.
+__device__ __forceinline__ int ring_block_ok(ull* result)
+{
+    if (blockDim.x != RING_THREADS) {
         if (threadIdx.x == 0) {
             result[RING_RESULT_ERRORS] += 1ull;
         }
@@ -313,163 +188,77 @@ __device__ __forceinline__ int ring_launch_ok(ull* result)
     return 1;
 }
 
-__device__ __forceinline__ void ring_load_result(const ull* result, RingWalk* w)
+// Persistent checking consumer of one lane: starts at the lane's head and at seq result[3],
+// consumes until stop is set and everything published is consumed, and adds its totals to the
+// lane's result words at exit. A broken chain counts one error and skips to the tail; a
+// nonsensical tail counts one error and ends the kernel.
+__device__ void ring_check_lane(const vkgdr::RingLane& lane, RingCheckShared* sh)
 {
-    w->records = result[RING_RESULT_RECORDS];
-    w->sum = result[RING_RESULT_CHECKSUM_SUM];
-    w->errors = result[RING_RESULT_ERRORS];
-    w->next_seq = result[RING_RESULT_NEXT_SEQ];
+    vkgdr::BlockReader<RING_THREADS> rd(lane, sh->reader);
+    RingCheck c = { 0ull, 0ull, 0ull, lane.result[RING_RESULT_NEXT_SEQ] };
+    while (rd.wait()) {
+        vkgdr::Record mine;
+        const unsigned int n = rd.next(mine);
+        ring_check_group(rd, n, mine, &c, sh);
+        if (rd.error() == VKGDR_RING_BROKEN) {
+            c.errors += threadIdx.x == 0 ? 1ull : 0ull;
+            rd.skip_to_tail();
+        }
+        rd.release();
+    }
+    if (rd.error() == VKGDR_RING_BAD_TAIL) {
+        c.errors += threadIdx.x == 0 ? 1ull : 0ull;
+    }
+    rd.release(true);
+    ring_store_result(lane.result, &c, rd.position(), sh);
 }
 
-__device__ __forceinline__ void ring_store_result(ull* result, const RingWalk* w, ull pos)
+// Persistent checking consumer of every lane: launch view.lanes blocks of 256 threads.
+extern "C" __global__ void ring_check_lanes(vkgdr_ring_view view)
 {
-    result[RING_RESULT_RECORDS] = w->records;
-    result[RING_RESULT_CHECKSUM_SUM] = w->sum;
-    result[RING_RESULT_ERRORS] = w->errors;
-    result[RING_RESULT_NEXT_SEQ] = w->next_seq;
-    result[RING_RESULT_POS] = pos;
-}
-
-// Batch mode: verifies the records in [from, to) (to = a published tail). Adds to result[0..2],
-// sets result[3] (next expected seq) and result[4] (position reached; == to when the chain is
-// intact). expected_seq_start = RING_SEQ_FROM_RESULT continues from result[3], so batches
-// launched back to back on one stream need no host round trip. Zero `result` before the first.
-__device__ __forceinline__ void ring_consume_batch_impl(const unsigned char* data, ull capacity,
-                                                        int mirrored, ull from, ull to,
-                                                        ull* result, ull expected_seq_start)
-{
-    if (!ring_launch_ok(result)) {
+    __shared__ RingCheckShared sh;
+    if (blockIdx.x >= view.lanes) {
         return;
     }
-    RingWalk w = { 0ull, 0ull, 0ull, 0ull };
-    if (threadIdx.x == 0) {
-        ring_load_result(result, &w);
-        if (expected_seq_start != RING_SEQ_FROM_RESULT) {
-            w.next_seq = expected_seq_start;
-        }
+    const vkgdr::RingLane lane = vkgdr::ring_lane(view, blockIdx.x);
+    if (!ring_block_ok(lane.result)) {
+        return;
     }
-    __syncwarp();
-    ull pos = from;
-    if (!ring_capacity_ok(capacity) || to < from || to - from > capacity) {
+    ring_check_lane(lane, &sh);
+}
+
+__device__ void ring_consume_persistent_impl(const unsigned char* data, ull capacity,
+                                             int mirrored, volatile ull* tail,
+                                             volatile unsigned int* stop, volatile ull* head_out,
+                                             ull* result)
+{
+    __shared__ RingCheckShared sh;
+    if (blockIdx.x != 0 || !ring_block_ok(result)) {
+        return;
+    }
+    vkgdr::RingLane lane;
+    lane.data = data;
+    lane.capacity = capacity;
+    lane.mirrored = mirrored;
+    lane.tail = tail;
+    lane.stop = stop;
+    lane.head = head_out;
+    lane.result = result;
+    if (capacity < VKGDR_RING_MIN_CAPACITY || (capacity & (capacity - 1ull)) != 0ull) {
         if (threadIdx.x == 0) {
-            w.errors += 1ull;
+            result[RING_RESULT_ERRORS] += 1ull;
         }
-    } else {
-        int fatal = 0;
-        pos = ring_walk(data, capacity, mirrored, from, to, to, &w, &fatal);
+        return;
     }
-    if (threadIdx.x == 0) {
-        ring_store_result(result, &w, pos);
-    }
+    ring_check_lane(lane, &sh);
 }
 
-extern "C" __global__ void ring_consume_batch(const unsigned char* data, ull capacity, ull from,
-                                              ull to, ull* result, ull expected_seq_start)
-{
-    ring_consume_batch_impl(data, capacity, 0, from, to, result, expected_seq_start);
-}
-
-// ring_consume_batch for a mirrored ring: records may cross the end of the region.
-extern "C" __global__ void ring_consume_batch_mirrored(const unsigned char* data, ull capacity,
-                                                       ull from, ull to, ull* result,
-                                                       ull expected_seq_start)
-{
-    ring_consume_batch_impl(data, capacity, 1, from, to, result, expected_seq_start);
-}
-
-// Persistent mode: starts at *head_out (the CPU sets it before launch; 0 for a new ring) and at
-// seq result[3]; polls *tail; verifies the records up to it; publishes *head_out at least every
-// capacity/4 bytes; exits when *stop is set and everything published is consumed. A broken chain
-// counts one error and skips to the tail (always a record boundary); a nonsensical tail (behind
-// the head, more than capacity ahead, misaligned) counts one error and ends the kernel.
-// result[] is updated at every head publication and at exit.
+// Persistent mode, lane 0 of a ring (the single-lane consumer): starts at *head_out (0 for a new
+// ring) and at seq result[3]; polls *tail; verifies the records up to it; publishes *head_out
+// when caught up and at least every capacity/4 bytes; exits when *stop is set and everything
+// published is consumed, adding its totals to result[] then.
 //
 // CPU side: publish records, sfence, store tail, sfence; to finish: final tail, sfence, stop = 1.
-__device__ __forceinline__ void ring_consume_persistent_impl(const unsigned char* data,
-                                                             ull capacity, int mirrored,
-                                                             volatile ull* tail,
-                                                             volatile unsigned int* stop,
-                                                             volatile ull* head_out, ull* result)
-{
-    __shared__ ull s_tail;
-    __shared__ int s_exit;
-    if (!ring_launch_ok(result)) {
-        return;
-    }
-    const unsigned int tid = threadIdx.x;
-    RingWalk w = { 0ull, 0ull, 0ull, 0ull };
-    if (tid == 0) {
-        ring_load_result(result, &w);
-        s_tail = *head_out;
-    }
-    ring_block_sync();
-    ull pos = s_tail;
-    ring_block_sync();
-    if (!ring_capacity_ok(capacity) || (pos & (RING_RECORD_ALIGN - 1ull)) != 0ull) {
-        if (tid == 0) {
-            w.errors += 1ull;
-            ring_store_result(result, &w, pos);
-        }
-        return;
-    }
-    const ull chunk = capacity / 4ull;
-    for (;;) {
-        if (tid == 0) {
-            ull t;
-            int ex = 0;
-            for (;;) {
-                t = *tail;
-                if (t != pos) {
-                    break;
-                }
-                if (*stop != 0u) {
-                    // The CPU sets stop after its last tail: fence, then look at the tail again.
-                    __threadfence_system();
-                    t = *tail;
-                    if (t == pos) {
-                        ex = 1;
-                    }
-                    break;
-                }
-            }
-            // Acquire: no record load below may be satisfied before the tail load above.
-            __threadfence_system();
-            if (!ex && (t < pos || t - pos > capacity || (t & (RING_RECORD_ALIGN - 1ull)) != 0ull)) {
-                w.errors += 1ull;
-                ex = 1;
-            }
-            s_tail = t;
-            s_exit = ex;
-        }
-        ring_block_sync(); // thread 0 polled alone: its warp reconverges first
-        const ull t = s_tail;
-        const int ex = s_exit;
-        ring_block_sync();
-        if (ex) {
-            break;
-        }
-        while (pos < t) {
-            int fatal = 0;
-            pos = ring_walk(data, capacity, mirrored, pos, t, pos + chunk, &w, &fatal);
-            if (fatal) {
-                pos = t;
-            }
-            if (tid == 0) {
-                ring_store_result(result, &w, pos);
-                // Every thread's reads of [old head, pos) finished before ring_walk's last
-                // barrier; the fence orders them (and result[]) before the head store.
-                __threadfence_system();
-                *head_out = pos;
-                __threadfence_system();
-            }
-            __syncwarp();
-        }
-    }
-    if (tid == 0) {
-        ring_store_result(result, &w, pos);
-    }
-}
-
 extern "C" __global__ void ring_consume_persistent(const unsigned char* data, ull capacity,
                                                    volatile ull* tail, volatile unsigned int* stop,
                                                    volatile ull* head_out, ull* result)
@@ -484,6 +273,51 @@ extern "C" __global__ void ring_consume_persistent_mirrored(const unsigned char*
                                                             volatile ull* head_out, ull* result)
 {
     ring_consume_persistent_impl(data, capacity, 1, tail, stop, head_out, result);
+}
+
+// Batch mode: verifies the records in [from, to) (to = a published tail). Adds to result[0..2],
+// sets result[3] (next expected seq) and result[4] (position reached; == to when the chain is
+// intact). expected_seq_start = RING_SEQ_FROM_RESULT continues from result[3], so batches
+// launched back to back on one stream need no host round trip. Zero `result` before the first.
+__device__ void ring_consume_batch_impl(const unsigned char* data, ull capacity, int mirrored,
+                                        ull from, ull to, ull* result, ull expected_seq_start)
+{
+    __shared__ RingCheckShared sh;
+    if (blockIdx.x != 0 || !ring_block_ok(result)) {
+        return;
+    }
+    vkgdr::BlockReader<RING_THREADS> rd(data, capacity, mirrored, from, to, sh.reader);
+    RingCheck c = { 0ull, 0ull, 0ull,
+                    expected_seq_start == RING_SEQ_FROM_RESULT ? result[RING_RESULT_NEXT_SEQ]
+                                                               : expected_seq_start };
+    if (rd.error() != VKGDR_RING_OK) {
+        c.errors += threadIdx.x == 0 ? 1ull : 0ull;
+    }
+    while (rd.position() != rd.tail()) {
+        vkgdr::Record mine;
+        const unsigned int n = rd.next(mine);
+        ring_check_group(rd, n, mine, &c, &sh);
+        if (rd.error() == VKGDR_RING_BROKEN) {
+            c.errors += threadIdx.x == 0 ? 1ull : 0ull;
+            break; // the position stays at the bad record
+        }
+        rd.release();
+    }
+    ring_store_result(result, &c, rd.position(), &sh);
+}
+
+extern "C" __global__ void ring_consume_batch(const unsigned char* data, ull capacity, ull from,
+                                              ull to, ull* result, ull expected_seq_start)
+{
+    ring_consume_batch_impl(data, capacity, 0, from, to, result, expected_seq_start);
+}
+
+// ring_consume_batch for a mirrored ring: records may cross the end of the region.
+extern "C" __global__ void ring_consume_batch_mirrored(const unsigned char* data, ull capacity,
+                                                       ull from, ull to, ull* result,
+                                                       ull expected_seq_start)
+{
+    ring_consume_batch_impl(data, capacity, 1, from, to, result, expected_seq_start);
 }
 
 // Round-trip latency probe, launched <<<1, 1>>>: for i = 1..iters, waits until *in_gpu >= i
@@ -501,12 +335,12 @@ extern "C" __global__ void ring_pingpong(volatile ull* in_gpu, volatile ull* out
     }
 }
 
-// Benchmark consumer: acknowledges everything published without reading it (head = tail), so the
-// producers' transport rate into GPU memory is measured rather than a checking walker's speed.
-// Exits once stop is set and nothing new was published.
-extern "C" __global__ void ring_ack(volatile ull* tail, volatile unsigned int* stop, volatile ull* head_out)
+// Acknowledges everything published on one lane without reading it (head = tail), until stop is
+// set and nothing new was published: the producers' transport rate into GPU memory.
+__device__ void ring_ack_lane(volatile ull* tail, volatile unsigned int* stop,
+                              volatile ull* head_out)
 {
-    ull last = 0ull;
+    ull last = *head_out;
     for (;;) {
         ull t = *tail;
         if (t != last) {
@@ -523,4 +357,24 @@ extern "C" __global__ void ring_ack(volatile ull* tail, volatile unsigned int* s
             *head_out = t;
         }
     }
+}
+
+// Benchmark consumer of lane 0, launched <<<1, 1>>>.
+extern "C" __global__ void ring_ack(volatile ull* tail, volatile unsigned int* stop,
+                                    volatile ull* head_out)
+{
+    if (blockIdx.x != 0 || threadIdx.x != 0) {
+        return;
+    }
+    ring_ack_lane(tail, stop, head_out);
+}
+
+// Benchmark consumer of every lane: launch view.lanes blocks of 32 threads (thread 0 works).
+extern "C" __global__ void ring_ack_lanes(vkgdr_ring_view view)
+{
+    if (blockIdx.x >= view.lanes || threadIdx.x != 0) {
+        return;
+    }
+    const vkgdr::RingLane lane = vkgdr::ring_lane(view, blockIdx.x);
+    ring_ack_lane(lane.tail, lane.stop, lane.head);
 }

@@ -40,6 +40,7 @@ pub mod memory;
 pub mod nvml;
 pub mod pool;
 pub mod ring;
+mod sync;
 pub mod vulkan;
 
 pub use arena::Arena;

@@ -2,7 +2,10 @@
 //! persistent kernel and by one launch per batch; the kernels check every record's sequence number
 //! and checksum, the CPU checks the totals: nothing lost, duplicated or torn. The same for
 //! mirrored rings (records run past the end of the region with no padding, read contiguously by
-//! the `_mirrored` kernels through the arena's mirror mapping).
+//! the `_mirrored` kernels through the arena's mirror mapping). Lanes: one producer thread per
+//! lane writing every way the `Producer` offers, checked by `ring_check_lanes` (the device API
+//! of `include/vkgdr/ring.cuh`), and what happens when the consumer stops or the ring is dropped
+//! under it.
 
 mod common;
 
@@ -447,4 +450,269 @@ fn mirrored_ring_errors() {
         ring.try_reserve(100_000),
         Err(Error::Ring(vkgdr::ring::core::RingError::Full))
     ));
+}
+
+/// Launches `ring_check_lanes` (one block of 256 threads per lane) on `stream` and registers it
+/// as the ring's consumer.
+fn launch_check_lanes(module: &Module, ring: &DeviceRing, stream: &Stream) {
+    let kernel = module.function("ring_check_lanes").unwrap();
+    let mut view = ring.device_view();
+    let mut params: Vec<*mut c_void> = vec![(&mut view as *mut RingDeviceView).cast()];
+    // SAFETY: ring_check_lanes(vkgdr_ring_view) takes the 64-byte #[repr(C)] view by value; the
+    // ring is watched below, so dropping it stops the kernel and waits before freeing memory.
+    unsafe {
+        kernel
+            .launch(
+                LaunchConfig::linear(view.lanes, 256),
+                Some(stream),
+                &mut params,
+            )
+            .unwrap()
+    };
+    ring.watch_consumer(stream).unwrap();
+}
+
+/// What one lane's producer wrote.
+#[derive(Default)]
+struct LaneProduced {
+    lane: usize,
+    records: u64,
+    /// DATA and abandoned records: the lane's next seq.
+    seqs: u64,
+    sum: u64,
+    crossings: u64,
+}
+
+/// One producer thread per lane, every way of writing mixed: deferred writes (published by the
+/// flush policy), immediate pushes, batches, records written in place, abandoned records.
+fn produce_lanes(ring: &DeviceRing, per_thread: u64, large: bool) -> Vec<LaneProduced> {
+    let capacity = ring.core().capacity();
+    let limit = Some(Duration::from_secs(30));
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..ring.lanes())
+            .map(|t| {
+                s.spawn(move || {
+                    let mut p = ring.producer().expect("a free lane");
+                    let lane = (0..ring.lanes())
+                        .find(|&i| std::ptr::eq(ring.lane(i).unwrap(), p.core()))
+                        .unwrap();
+                    let mut out = LaneProduced {
+                        lane,
+                        ..Default::default()
+                    };
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(100 + t as u64);
+                    let payload = |rng: &mut rand::rngs::StdRng, seq: u64| {
+                        let len = payload_len(rng, large);
+                        let mut body = vec![0u8; len as usize];
+                        rng.fill(&mut body[layout::TEST_PREFIX_LEN..]);
+                        let sum = seal_test_payload(&mut body, seq).unwrap();
+                        (body, sum)
+                    };
+                    let count = |out: &mut LaneProduced, pos: u64, len: usize, sum: u64| {
+                        out.records += 1;
+                        out.seqs += 1;
+                        out.sum = out.sum.wrapping_add(sum);
+                        if (pos & (capacity - 1)) + layout::record_size(len as u32) > capacity {
+                            out.crossings += 1;
+                        }
+                    };
+                    let mut n = 0;
+                    while n < per_thread {
+                        let pos = p.core().reserved();
+                        match rng.gen_range(0..100) {
+                            0..=69 => {
+                                let (body, sum) = payload(&mut rng, p.next_seq());
+                                p.write(&body, limit).unwrap();
+                                let size = layout::record_size(body.len() as u32);
+                                count(&mut out, p.core().reserved() - size, body.len(), sum);
+                            }
+                            70..=79 => {
+                                let (body, sum) = payload(&mut rng, p.next_seq());
+                                p.push(&body, limit).unwrap();
+                                let size = layout::record_size(body.len() as u32);
+                                count(&mut out, p.core().reserved() - size, body.len(), sum);
+                            }
+                            80..=89 => {
+                                let len = payload_len(&mut rng, large);
+                                let mut rec = p.reserve(len, limit).unwrap();
+                                let mut body = vec![0u8; len as usize];
+                                rng.fill(&mut body[layout::TEST_PREFIX_LEN..]);
+                                let sum = seal_test_payload(&mut body, rec.seq()).unwrap();
+                                let cut = body.len() / 3;
+                                rec.write(0, &body[..cut]).unwrap();
+                                rec.write(cut as u32, &body[cut..]).unwrap();
+                                let at = rec.pos();
+                                rec.commit();
+                                count(&mut out, at, body.len(), sum);
+                            }
+                            90 => {
+                                drop(p.reserve(payload_len(&mut rng, large), limit).unwrap());
+                                out.seqs += 1;
+                            }
+                            _ => {
+                                let first = p.next_seq();
+                                let batch: Vec<(Vec<u8>, u64)> =
+                                    (0..8).map(|i| payload(&mut rng, first + i)).collect();
+                                p.push_batch(batch.iter().map(|(b, _)| b.as_slice()), limit)
+                                    .unwrap();
+                                // Positions only matter for the crossing count: recount them.
+                                let mut at = pos;
+                                for (b, sum) in &batch {
+                                    let size = layout::record_size(b.len() as u32);
+                                    if ring.core().wrap_mode() == WrapMode::Padded
+                                        && (at & (capacity - 1)) + size > capacity
+                                    {
+                                        at = at.next_multiple_of(capacity);
+                                    }
+                                    count(&mut out, at, b.len(), *sum);
+                                    at += size;
+                                }
+                                n += 7;
+                            }
+                        }
+                        n += 1;
+                    }
+                    out
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Every lane's records checked by `ring_check_lanes` against what its producer wrote.
+fn lanes_persistent(force_non_coherent: bool, records: u64, wrap: WrapMode, lanes: u32) {
+    let gpu = open(force_non_coherent);
+    let module = Module::load_ptx(&gpu, RING_PTX).unwrap();
+    let capacity = if wrap == WrapMode::Mirrored {
+        2 << 20
+    } else {
+        1 << 20
+    };
+    let ring = DeviceRing::with_lanes(&gpu, capacity, lanes, wrap).unwrap();
+    let stream = Stream::new(&gpu).unwrap();
+    launch_check_lanes(&module, &ring, &stream);
+    let t0 = Instant::now();
+    let produced = produce_lanes(
+        &ring,
+        records / u64::from(lanes),
+        wrap == WrapMode::Mirrored,
+    );
+    ring.stop_and_wait(Duration::from_secs(60)).unwrap();
+    let elapsed = t0.elapsed();
+    let total: u64 = produced.iter().map(|p| p.records).sum();
+    let crossings: u64 = produced.iter().map(|p| p.crossings).sum();
+    println!(
+        "lanes ({lanes} lanes, {wrap:?}, non-coherent {force_non_coherent}): {total} records in \
+         {elapsed:?} ({:.2} M records/s), {crossings} crossed the end",
+        total as f64 / elapsed.as_secs_f64() / 1e6
+    );
+    assert!(total >= records);
+    for p in &produced {
+        let res = ring.results_of(p.lane);
+        assert_eq!(res[layout::RESULT_ERRORS], 0, "lane {}: {res:?}", p.lane);
+        assert_eq!(res[layout::RESULT_RECORDS], p.records, "lane {}", p.lane);
+        assert_eq!(res[layout::RESULT_NEXT_SEQ], p.seqs, "lane {}", p.lane);
+        assert_eq!(res[layout::RESULT_CHECKSUM_SUM], p.sum, "lane {}", p.lane);
+        let core = ring.lane(p.lane).unwrap();
+        assert_eq!(res[layout::RESULT_POS], core.committed());
+        assert_eq!(ring.head_of(p.lane), core.committed());
+    }
+    if wrap == WrapMode::Mirrored {
+        assert!(crossings >= 10, "{crossings} crossed");
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn lanes_checking_kernel_a_million_records() {
+    lanes_persistent(false, RECORDS, WrapMode::Padded, 4);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn lanes_checking_kernel_forced_non_coherent() {
+    lanes_persistent(true, RECORDS / 4, WrapMode::Padded, 4);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn mirrored_lanes_checking_kernel() {
+    lanes_persistent(false, RECORDS / 2, WrapMode::Mirrored, 4);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn mirrored_lanes_forced_non_coherent() {
+    lanes_persistent(true, RECORDS / 8, WrapMode::Mirrored, 2);
+}
+
+/// A consumer that has exited leaves waiting producers with `Stopped`, never a hang; after
+/// `stop` nothing new is accepted.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn an_exited_consumer_ends_producer_waits() {
+    use vkgdr::ring::core::RingError;
+    let gpu = open(false);
+    let module = Module::load_ptx(&gpu, RING_PTX).unwrap();
+    let ring = DeviceRing::new(&gpu, 4096).unwrap();
+    let stream = Stream::new(&gpu).unwrap();
+    // A "consumer" that returns at once: the pingpong probe with no round trips.
+    let v = ring.device_view();
+    let (mut a, mut b, mut iters) = (v.tail, v.head, 0u64);
+    let mut params = [arg(&mut a), arg(&mut b), arg(&mut iters)];
+    let pingpong = module.function("ring_pingpong").unwrap();
+    // SAFETY: ring_pingpong(u64*, u64*, u64) with zero iterations touches nothing.
+    unsafe {
+        pingpong
+            .launch(LaunchConfig::linear(1, 1), Some(&stream), &mut params)
+            .unwrap()
+    };
+    ring.watch_consumer(&stream).unwrap();
+    stream.synchronize().unwrap();
+    while ring.try_reserve(1000).map(|r| r.commit()).is_ok() {}
+    let t = Instant::now();
+    assert!(matches!(
+        ring.reserve(1000, None),
+        Err(Error::Ring(RingError::Stopped))
+    ));
+    let mut p = ring.producer().unwrap();
+    assert!(matches!(p.push(&[5; 2000], None), Err(RingError::Stopped)));
+    drop(p);
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    ring.stop();
+    assert!(matches!(
+        ring.push(&[1; 16], None),
+        Err(Error::Ring(RingError::Stopped))
+    ));
+    assert!(matches!(
+        ring.producer(),
+        Err(Error::Ring(RingError::Stopped))
+    ));
+}
+
+/// Dropping a ring whose watched consumer still runs stops the kernel and waits for it before
+/// the memory goes.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn dropping_a_ring_stops_its_watched_consumer_first() {
+    let gpu = open(false);
+    let module = Module::load_ptx(&gpu, RING_PTX).unwrap();
+    let stream = Stream::new(&gpu).unwrap();
+    let ring = DeviceRing::with_lanes(&gpu, 1 << 16, 2, WrapMode::Padded).unwrap();
+    launch_check_lanes(&module, &ring, &stream);
+    let after = Event::new(&gpu).unwrap();
+    after.record(&stream).unwrap();
+    ring.producer()
+        .unwrap()
+        .push(&seal(vec![3; 100], 0), None)
+        .unwrap();
+    assert!(!after.is_complete().unwrap(), "the consumer is running");
+    drop(ring);
+    assert!(after.is_complete().unwrap(), "drop waited for the consumer");
+}
+
+fn seal(mut payload: Vec<u8>, seq: u64) -> Vec<u8> {
+    seal_test_payload(&mut payload, seq).unwrap();
+    payload
 }

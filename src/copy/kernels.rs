@@ -115,18 +115,8 @@ unsafe fn r8(m: *const u8, h: *mut u8) {
 
 /// Orders the kernel's stores to the mapping before any later store of this thread (the
 /// caller's "data ready" flag): write-combined stores are weakly ordered and sit in the WC
-/// buffers until fenced.
-#[inline(always)]
-pub(super) fn store_fence() {
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    // SAFETY: `sfence` has no memory-safety preconditions (SSE is baseline on x86_64).
-    unsafe {
-        core::arch::x86_64::_mm_sfence()
-    };
-    // Miri does not implement `sfence`/`mfence`; the SeqCst fence is its closest model.
-    #[cfg(any(not(target_arch = "x86_64"), miri))]
-    core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
-}
+/// buffers until fenced. The crate's one definition lives in [`crate::sync`].
+pub(super) use crate::sync::store_fence;
 
 /// Orders the kernel's loads from the mapping after every earlier load and store of this thread
 /// (typically the caller's poll of a "data ready" flag). Streaming loads and loads from WC

@@ -6,12 +6,13 @@
 //! lock only to lock (unlock is a plain release store). Under contention it spins briefly, then
 //! yields, so a preempted holder does not burn a core.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+// `std`'s atomic rather than the `crate::sync` shim's: `lock_api` needs a `const INIT`, and
+// loom's atomics have no `const` constructor.
+use std::sync::atomic::AtomicBool;
 
 use parking_lot::lock_api::{GuardSend, RawMutex};
 
-/// Spins this many times before yielding the CPU.
-const SPINS_BEFORE_YIELD: u32 = 64;
+use crate::sync::{atomic::Ordering, Backoff};
 
 /// A raw spin lock; use it through [`SpinMutex`].
 pub struct RawSpinLock {
@@ -29,16 +30,11 @@ unsafe impl RawMutex for RawSpinLock {
     type GuardMarker = GuardSend;
 
     fn lock(&self) {
-        let mut spins = 0u32;
+        let mut backoff = Backoff::new();
         while self.locked.swap(true, Ordering::Acquire) {
             // Wait on a plain load so waiters do not bounce the line with writes.
             while self.locked.load(Ordering::Relaxed) {
-                if spins < SPINS_BEFORE_YIELD {
-                    spins += 1;
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
+                backoff.snooze();
             }
         }
     }

@@ -1,28 +1,50 @@
-//! The ring on the GPU: a [`RingSink`] over BAR-mapped memory, the control words, and the two
-//! consumption modes ([`DeviceRing`] for a persistent kernel, [`LaunchRing`] for one launch per
-//! batch).
+//! The ring on the GPU: a [`RingSink`] over BAR-mapped memory, the control words, lanes, and the
+//! two consumption modes ([`DeviceRing`] for a persistent kernel, [`LaunchRing`] for one launch
+//! per batch).
+//!
+//! Memory layout (mirrored by `include/vkgdr/ring.cuh`):
+//!
+//! | what | where | lane `i` |
+//! |------|-------|----------|
+//! | data regions | GPU memory (BAR) | `lane_data[i]` (padded rings: `data + i * capacity`) |
+//! | `tail` words (u64) | control allocation, GPU memory | `tail + i * 128` |
+//! | `stop` word (u32) | control allocation, after the tails | one for all lanes |
+//! | `lane_data` table (u64 each) | control allocation, after `stop` | `lane_data + 8 * i` |
+//! | `head` words (u64) | pinned host memory | `head + i * 256` |
+//! | result words (8 × u64) | pinned host memory | `result + i * 256` |
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::core::{Reservation, RingCore, RingError, RingSink};
-use super::layout::WrapMode;
+use super::core::{Producer, Reservation, RingCore, RingError, RingSink};
+use super::layout::{WrapMode, MIN_CAPACITY, RESULT_WORDS};
 use crate::arena::Arena;
 use crate::cuda_objects::{Event, PinnedBuffer, Stream};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::memory::RawMemory;
+use crate::sync::store_fence;
 
-/// Offset of `tail` (u64) in the control allocation.
-const TAIL_OFFSET: usize = 0;
-/// Offset of `stop` (u32) in the control allocation: its own 128-byte line, away from `tail`.
-const STOP_OFFSET: usize = 128;
+/// Bytes between two lanes' `tail` words in the control allocation (own 128-byte line each).
+pub const TAIL_STRIDE: u64 = 128;
+/// Bytes between two lanes' `head` (and result) words in pinned host memory.
+pub const HOST_STRIDE: u64 = 256;
+/// Offset of a lane's result words from its `head` word.
+pub const RESULT_OFFSET: u64 = 64;
+/// Most lanes one ring may have.
+pub const MAX_LANES: u32 = 64;
+/// How long dropping a ring waits for its watched consumer to exit before it leaks the memory
+/// instead of freeing it under a running kernel.
+pub const DROP_WAIT: Duration = Duration::from_secs(10);
+/// How often a producer waiting for space asks the driver whether the watched consumer ended.
+const CONSUMER_POLL: Duration = Duration::from_micros(200);
 
-/// The data region: one raw allocation, or a one-chunk arena whose chunk is mapped a second time
-/// right after itself, so the GPU reads a record that runs past the end contiguously.
+/// A data region: one raw allocation (a padded ring's lanes side by side), or a one-chunk arena
+/// whose chunk is mapped a second time right after itself (one per lane of a mirrored ring), so
+/// the GPU reads a record that runs past the end contiguously.
 enum RingData {
     Raw(RawMemory),
     Mirrored(Arena),
@@ -30,11 +52,13 @@ enum RingData {
 
 impl RingData {
     /// Host address of offset 0. The mirror exists only for the GPU: on the host the region is
-    /// one mapping of `size()` bytes (the core splits writes at its end).
-    fn host_ptr(&self) -> *mut u8 {
+    /// one mapping (the core splits writes at its end).
+    fn host_ptr(&self) -> Result<*mut u8> {
         match self {
-            RingData::Raw(m) => m.host_ptr(),
-            RingData::Mirrored(a) => a.host_ptr(0).expect("the ring's arena holds its chunk"),
+            RingData::Raw(m) => Ok(m.host_ptr()),
+            RingData::Mirrored(a) => a
+                .host_ptr(0)
+                .ok_or_else(|| Error::invalid("the ring's arena has no chunk mapped")),
         }
     }
 
@@ -45,14 +69,7 @@ impl RingData {
         }
     }
 
-    fn size(&self) -> u64 {
-        match self {
-            RingData::Raw(m) => m.size(),
-            RingData::Mirrored(a) => a.len(),
-        }
-    }
-
-    /// Flushes `[offset, offset + len)` of the region (within it, not wrapping).
+    /// Flushes `[offset, offset + len)` (within the region, not wrapping).
     fn flush(&self, offset: u64, len: u64) -> Result<()> {
         match self {
             RingData::Raw(m) => m.flush(offset, len),
@@ -61,12 +78,46 @@ impl RingData {
     }
 }
 
-/// Writes records into BAR-mapped GPU memory and publishes `tail` there.
+/// Everything a ring's kernels may touch, owned in one place so it can be kept alive (leaked)
+/// when a consumer will not stop.
+struct RingMemory {
+    data: Vec<RingData>,
+    control: RawMemory,
+    /// `head` and result words of every lane.
+    host_words: PinnedBuffer,
+}
+
+/// A host pointer into [`RingMemory`], shareable between threads: the memory it points into is
+/// kept alive by the `Arc<RingMemory>` stored next to it, and every access through it is a
+/// sink write (the caller's obligations) or an atomic.
+#[derive(Clone, Copy, Debug)]
+struct HostPtr(*mut u8);
+
+// SAFETY: the pointee is device memory mapped for the process, owned by the `Arc<RingMemory>`
+// held beside every `HostPtr`; it is only written through `RingSink::write` (whose callers
+// guarantee disjoint spans) and atomics.
+unsafe impl Send for HostPtr {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for HostPtr {}
+
+/// Writes one lane's records into BAR-mapped GPU memory and publishes its `tail` there.
+///
+/// Its [`RingSink`] methods are `unsafe` to call: a stray offset would write anywhere in the
+/// process, and a stray tail would hand the kernel unwritten bytes. Only the ring core calls
+/// them.
 pub struct BarSink {
-    data: RingData,
+    memory: Arc<RingMemory>,
+    /// Which entry of `memory.data` and where in it this lane's region starts.
+    data_index: usize,
+    data_offset: u64,
+    /// Host address of the lane's region.
+    data: HostPtr,
+    /// Host address of the lane's `tail` word.
+    tail: HostPtr,
+    tail_offset: u64,
+    capacity: u64,
     /// Whether the data region is host-coherent (publishing then needs no flush).
     coherent: bool,
-    control: RawMemory,
     /// End of the last publication, for the non-coherent flush of `[published, tail)` (unused on
     /// coherent memory, where publishing needs no flush).
     published: AtomicU64,
@@ -77,26 +128,31 @@ impl BarSink {
         if from >= to {
             return;
         }
-        let cap = self.data.size();
+        let cap = self.capacity;
+        let data = &self.memory.data[self.data_index];
         let (a, len) = (from & (cap - 1), (to - from).min(cap));
         // Flush errors cannot be returned through `publish`; on the coherent memory NVIDIA offers
         // no call is made, on non-coherent memory an error would mean a lost device, which the
         // consumer's checks then report. A range that wraps is flushed in two pieces.
-        let _ = self.data.flush(a, len.min(cap - a));
+        let _ = data.flush(self.data_offset + a, len.min(cap - a));
         if a + len > cap {
-            let _ = self.data.flush(0, a + len - cap);
+            let _ = data.flush(self.data_offset, a + len - cap);
         }
     }
 }
 
+#[allow(clippy::missing_safety_doc)] // the trait's `# Safety` sections apply
 impl RingSink for BarSink {
-    fn write(&self, offset: u64, bytes: &[u8]) {
-        // SAFETY: the core only writes in-range, non-wrapping spans of the data region, and
-        // concurrent callers write disjoint spans; the mapping lives as long as the sink.
-        // No fence per piece: `publish`, run by this same thread for its record, fences first.
-        unsafe {
-            crate::copy::copy_to_mapping_unfenced(self.data.host_ptr().add(offset as usize), bytes)
-        };
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    unsafe fn write(&self, offset: u64, bytes: &[u8]) {
+        debug_assert!(offset + bytes.len() as u64 <= self.capacity);
+        // SAFETY: the caller guarantees an in-range span of this lane's region that no one else
+        // writes; the mapping lives as long as `self.memory`. No fence per piece: `publish` (or
+        // `writes_done`) fences.
+        unsafe { crate::copy::copy_to_mapping_unfenced(self.data.0.add(offset as usize), bytes) };
     }
 
     fn writes_done(&self) {
@@ -104,88 +160,135 @@ impl RingSink for BarSink {
         store_fence();
     }
 
-    fn publish(&self, tail: u64) {
-        // Drain this thread's write-combined stores before the tail can be seen (already done in
-        // `writes_done` for records; this also covers a wrap PAD published on its own). On
+    unsafe fn publish(&self, tail: u64) {
+        // Drain this thread's write-combined stores before the tail can be seen. On
         // non-coherent memory push everything since the last publication first.
         store_fence();
         if !self.coherent {
             let from = self.published.swap(tail, Ordering::AcqRel);
             self.flush_ring_range(from, tail);
         }
-        let word = self
-            .control
-            .host_ptr()
-            .wrapping_add(TAIL_OFFSET)
-            .cast::<u64>();
-        // SAFETY: an aligned 8-byte word inside the control allocation; one aligned store, so the
-        // GPU never sees a torn value. Publications are serialised by the core.
-        unsafe { word.write_volatile(tail) };
-        let _ = self.control.flush(TAIL_OFFSET as u64, 8);
+        // SAFETY: an aligned 8-byte word inside the control allocation, which `self.memory`
+        // keeps mapped; the host touches it only through atomics, so concurrent publications
+        // (which the caller rules out anyway) could not race. One aligned store: the GPU never
+        // sees a torn value.
+        let word = unsafe { AtomicU64::from_ptr(self.tail.0.cast::<u64>()) };
+        word.store(tail, Ordering::Release);
+        let _ = self.memory.control.flush(self.tail_offset, 8);
         store_fence();
     }
 }
 
-fn store_fence() {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: sfence has no preconditions.
-    unsafe {
-        std::arch::x86_64::_mm_sfence()
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    std::sync::atomic::fence(Ordering::SeqCst);
-}
-
-/// What a kernel needs to consume the ring: pass these to `ring_consume_persistent` or your own
-/// consumer built on `kernels/ring.cu`.
+/// What a kernel needs to consume the ring, laid out as `vkgdr_ring_view` in
+/// `include/vkgdr/ring.cuh` so it can be passed to a kernel by value (64 bytes). The
+/// single-lane fields (`data`, `tail`, `head`, `result`) are lane 0's, which is all the
+/// single-lane consumers of `kernels/ring.cu` take.
+#[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RingDeviceView {
-    /// Device address of the data region. For a [`WrapMode::Mirrored`] ring the region is mapped
-    /// twice back to back from here, so `data + offset` can be read for a whole record.
+    /// Device address of lane 0's data region. For a [`WrapMode::Mirrored`] ring the region is
+    /// mapped twice back to back from here, so `data + offset` can be read for a whole record.
     pub data: u64,
-    /// Capacity of the data region in bytes (a power of two).
+    /// Capacity of each lane's data region in bytes (a power of two).
     pub capacity: u64,
-    /// Device address of the `tail` word (u64, GPU memory, written by the CPU).
+    /// Device address of lane 0's `tail` word (u64, GPU memory, written by the CPU); lane `i`'s
+    /// is at `tail + i * TAIL_STRIDE`.
     pub tail: u64,
     /// Device address of the `stop` word (u32, GPU memory, written by the CPU).
     pub stop: u64,
-    /// Device address of the `head` word (u64, pinned host memory, written by the GPU).
+    /// Device address of lane 0's `head` word (u64, pinned host memory, written by the GPU);
+    /// lane `i`'s is at `head + i * HOST_STRIDE`.
     pub head: u64,
-    /// Device address of the 8 result words (pinned host memory), see `layout::RESULT_*`.
+    /// Device address of lane 0's 8 result words (pinned host memory), see `layout::RESULT_*`;
+    /// lane `i`'s are at `result + i * HOST_STRIDE`.
     pub result: u64,
-    /// How records meet the end of the region: a [`WrapMode::Mirrored`] ring needs the
-    /// `_mirrored` consumers of `kernels/ring.cu` (or a consumer that accepts records crossing the
-    /// end).
+    /// Device address of a table of `lanes` u64s: each lane's data region.
+    pub lane_data: u64,
+    /// Number of lanes.
+    pub lanes: u32,
+    /// How records meet the end of the region: a [`WrapMode::Mirrored`] ring needs consumers
+    /// that accept records crossing the end (the `_mirrored` kernels, or the device API with its
+    /// `mirrored` flag, which it reads from here).
     pub wrap: WrapMode,
 }
 
 /// A ring whose consumer is a kernel that stays resident and polls `tail` (persistent mode).
 ///
-/// Producers on any thread [`reserve`](DeviceRing::reserve) a span, write it, and commit; the
-/// commit publishes `tail` in order. The kernel publishes how far it has consumed into pinned host
-/// memory (`head`); producers reclaim from it when the ring is full — the CPU never reads BAR
-/// memory. See the [module docs](super) for the memory-ordering story.
+/// A ring has one or more **lanes**: independent sub-rings, each with its own region, `tail` and
+/// `head`, numbered and ordered on its own. The consumer (one thread block per lane, say) reads
+/// each lane in order; records of different lanes are not ordered with each other.
+///
+/// Two ways to produce:
+/// * [`producer`](Self::producer) claims a lane for one thread: records are appended with no
+///   lock and no atomic read-modify-write, and [`Producer::push_batch`] (or a
+///   [`FlushPolicy`](super::core::FlushPolicy)) publishes a whole batch with one fence and one
+///   tail store. This is the fast path: give each producer thread its own lane.
+/// * [`reserve`](Self::reserve) / [`push`](Self::push) from any thread, through `&self`: the
+///   calling thread's lane (thread index modulo the lane count; lane 0 of a one-lane ring) is
+///   shared by every thread that maps to it, with per-record commits in any order.
+///
+/// The kernel publishes how far it has consumed into pinned host memory (`head`); producers
+/// reclaim from it when a lane is full — the CPU never reads BAR memory. See the
+/// [module docs](super) for the memory-ordering story.
+///
+/// **Stopping.** [`stop`](Self::stop) asks a persistent consumer to exit once it has consumed
+/// everything published; afterwards new records are refused with [`RingError::Stopped`]. Register
+/// the consumer with [`watch_consumer`](Self::watch_consumer) right after launching it: then a
+/// producer waiting for space gets `Stopped` (instead of waiting forever) once the kernel has
+/// exited or died, and dropping the ring stops the kernel and waits for it (up to
+/// [`DROP_WAIT`]; past that the ring's memory is leaked rather than freed under a running
+/// kernel). Without a watched consumer, stopping the kernel before dropping the ring is the
+/// caller's duty: [`stop_and_wait`](Self::stop_and_wait) or an event of your own.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use vkgdr::ring::DeviceRing;
+/// # fn main() -> vkgdr::Result<()> {
+/// let gpu = vkgdr::Gpu::open(0)?;
+/// let ring = DeviceRing::with_lanes(&gpu, 1 << 20, 4, Default::default())?;
+/// // ... launch a consumer with `ring.device_view()` on `stream`, then:
+/// // ring.watch_consumer(&stream)?;
+/// std::thread::scope(|s| {
+///     for _ in 0..4 {
+///         s.spawn(|| -> vkgdr::Result<()> {
+///             let mut producer = ring.producer()?; // this thread's own lane
+///             let records: Vec<[u8; 48]> = vec![[7; 48]; 256];
+///             producer.push_batch(records.iter().map(|r| &r[..]), Some(Duration::from_secs(1)))?;
+///             Ok(())
+///         });
+///     }
+/// });
+/// ring.stop_and_wait(Duration::from_secs(1))?;
+/// # Ok(()) }
+/// ```
 pub struct DeviceRing {
-    core: RingCore<BarSink>,
-    /// `head` at byte 0, result words from byte 64.
-    host_words: PinnedBuffer,
+    lanes: Box<[RingCore<BarSink>]>,
+    memory: Arc<RingMemory>,
+    /// The watched consumer's completion event, and when (and what) it was last asked.
+    consumer: Mutex<Option<Watched>>,
+    /// Set by `stop`: no new records, waits end with `Stopped`.
+    stopping: AtomicBool,
+    /// Where `producer` starts looking for a free lane (rotates so producers spread out).
+    next_lane: AtomicUsize,
     gpu: Gpu,
 }
 
-/// Offset of the result words in the pinned buffer.
-const RESULT_OFFSET: usize = 64;
+/// A watched consumer kernel.
+struct Watched {
+    done: Event,
+    checked: Instant,
+    /// Whether the kernel has exited (or the context died) when last checked.
+    gone: bool,
+}
 
 impl DeviceRing {
-    /// A ring of `capacity` bytes (a power of two, at least 4 KiB) in BAR-mapped GPU memory.
+    /// A one-lane ring of `capacity` bytes (a power of two, at least 4 KiB) in BAR-mapped GPU
+    /// memory.
     pub fn new(gpu: &Gpu, capacity: u64) -> Result<DeviceRing> {
-        if !capacity.is_power_of_two() || capacity < super::layout::MIN_CAPACITY {
-            return Err(RingError::InvalidCapacity(capacity).into());
-        }
-        let data = gpu.alloc(capacity)?;
-        Self::with_data(gpu, RingData::Raw(data), WrapMode::Padded)
+        Self::with_lanes(gpu, capacity, 1, WrapMode::Padded)
     }
 
-    /// A ring in [`WrapMode::Mirrored`]: its data region is a one-chunk CUDA VMM
+    /// A one-lane ring in [`WrapMode::Mirrored`]: its data region is a one-chunk CUDA VMM
     /// [`Arena`] whose chunk is mapped a second time right after itself, so a record that runs
     /// past the end of the region is still contiguous for the GPU and no wrap PAD is ever written
     /// (a record may be as large as the whole region from any position). `capacity` must be a
@@ -194,117 +297,332 @@ impl DeviceRing {
     /// Consumers read each record at `data + (pos & (capacity - 1))` for its whole length: use
     /// the `_mirrored` kernels of `kernels/ring.cu`. Fails with [`Error::Unsupported`] where the
     /// device or driver lacks VMM (fall back to [`DeviceRing::new`]).
-    ///
-    /// [`Error::Unsupported`]: crate::Error::Unsupported
     pub fn new_mirrored(gpu: &Gpu, capacity: u64) -> Result<DeviceRing> {
-        if !capacity.is_power_of_two() || capacity < super::layout::MIN_CAPACITY {
-            return Err(RingError::InvalidCapacity(capacity).into());
-        }
-        // One chunk plus one chunk of address space for the mirror.
-        let mut arena = Arena::new(gpu, 2 * capacity, capacity)?;
-        arena.grow()?;
-        arena.map_mirror()?;
-        Self::with_data(gpu, RingData::Mirrored(arena), WrapMode::Mirrored)
+        Self::with_lanes(gpu, capacity, 1, WrapMode::Mirrored)
     }
 
-    fn with_data(gpu: &Gpu, data: RingData, wrap: WrapMode) -> Result<DeviceRing> {
-        let capacity = data.size();
+    /// A ring of `lanes` lanes (1 to [`MAX_LANES`]) of `capacity` bytes each, in `wrap` mode
+    /// (a mirrored ring puts each lane on its own one-chunk arena, see
+    /// [`new_mirrored`](Self::new_mirrored)).
+    pub fn with_lanes(gpu: &Gpu, capacity: u64, lanes: u32, wrap: WrapMode) -> Result<DeviceRing> {
+        if !capacity.is_power_of_two() || capacity < MIN_CAPACITY {
+            return Err(RingError::InvalidCapacity(capacity).into());
+        }
+        if lanes == 0 || lanes > MAX_LANES {
+            return Err(Error::invalid(format!(
+                "a ring has 1 to {MAX_LANES} lanes, not {lanes}"
+            )));
+        }
+        let n = u64::from(lanes);
+        let data = match wrap {
+            WrapMode::Padded => {
+                let total = capacity
+                    .checked_mul(n)
+                    .ok_or_else(|| Error::invalid("ring size overflows"))?;
+                vec![RingData::Raw(gpu.alloc(total)?)]
+            }
+            WrapMode::Mirrored => (0..lanes)
+                .map(|_| {
+                    // One chunk plus one chunk of address space for the mirror.
+                    let mut arena = Arena::new(gpu, 2 * capacity, capacity)?;
+                    arena.grow()?;
+                    arena.map_mirror()?;
+                    Ok(RingData::Mirrored(arena))
+                })
+                .collect::<Result<Vec<_>>>()?,
+        };
+        let lane_region = |i: u64| match wrap {
+            WrapMode::Padded => (0usize, i * capacity),
+            WrapMode::Mirrored => (i as usize, 0),
+        };
+        let stop_offset = n * TAIL_STRIDE;
+        let table_offset = stop_offset + TAIL_STRIDE;
+        let control_size = (table_offset + 8 * n).next_multiple_of(4096);
+        let mut control = gpu.alloc(control_size)?;
+        crate::Mapping::fill(&mut control, 0, control_size, 0)?;
+        let mut table = Vec::with_capacity(8 * lanes as usize);
+        for i in 0..n {
+            let (index, offset) = lane_region(i);
+            table.extend_from_slice(&(data[index].device_ptr() + offset).to_le_bytes());
+        }
+        crate::Mapping::write(&mut control, table_offset, &table)?;
+        control.flush(0, control_size)?;
+        let host_len = (n * HOST_STRIDE).max(4096) as usize;
+        let mut host_words = PinnedBuffer::new(gpu, host_len)?;
+        host_words.as_mut_slice().fill(0);
+        let memory = Arc::new(RingMemory {
+            data,
+            control,
+            host_words,
+        });
         // Both kinds of region come from `gpu`'s Vulkan context, whose mode decides coherence.
         let coherent = !gpu.is_non_coherent();
-        let mut control = gpu.alloc(4096)?;
-        crate::Mapping::fill(&mut control, 0, 4096, 0)?;
-        let host_words = PinnedBuffer::new(gpu, 4096)?;
-        let sink = BarSink {
-            data,
-            coherent,
-            control,
-            published: AtomicU64::new(0),
-        };
+        let cores = (0..n)
+            .map(|i| {
+                let (data_index, data_offset) = lane_region(i);
+                let base = memory.data[data_index].host_ptr()?;
+                let sink = BarSink {
+                    memory: Arc::clone(&memory),
+                    data_index,
+                    data_offset,
+                    // In range: `data_offset + capacity` is within the region's mapping.
+                    data: HostPtr(base.wrapping_add(data_offset as usize)),
+                    tail: HostPtr(
+                        memory
+                            .control
+                            .host_ptr()
+                            .wrapping_add((i * TAIL_STRIDE) as usize),
+                    ),
+                    tail_offset: i * TAIL_STRIDE,
+                    capacity,
+                    coherent,
+                    published: AtomicU64::new(0),
+                };
+                Ok(RingCore::with_wrap_mode(capacity, sink, wrap)?)
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(DeviceRing {
-            core: RingCore::with_wrap_mode(capacity, sink, wrap)?,
-            host_words,
+            lanes: cores.into_boxed_slice(),
+            memory,
+            consumer: Mutex::new(None),
+            stopping: AtomicBool::new(false),
+            next_lane: AtomicUsize::new(0),
             gpu: gpu.clone(),
         })
     }
 
-    /// The pure producer core (positions, counters).
+    /// Lane 0's producer core (positions, counters); see [`lane`](Self::lane).
     pub fn core(&self) -> &RingCore<BarSink> {
-        &self.core
+        &self.lanes[0]
+    }
+
+    /// Lane `i`'s producer core, if there is such a lane.
+    pub fn lane(&self, i: usize) -> Option<&RingCore<BarSink>> {
+        self.lanes.get(i)
+    }
+
+    /// Number of lanes.
+    pub fn lanes(&self) -> usize {
+        self.lanes.len()
     }
 
     /// The addresses a consumer kernel needs.
     pub fn device_view(&self) -> RingDeviceView {
-        let sink = self.core.sink();
+        let control = self.memory.control.device_ptr();
+        let host = self.memory.host_words.device_ptr();
+        let n = self.lanes.len() as u64;
+        let first = &self.lanes[0];
+        let sink = first.sink();
         RingDeviceView {
-            data: sink.data.device_ptr(),
-            capacity: self.core.capacity(),
-            tail: sink.control.device_ptr() + TAIL_OFFSET as u64,
-            stop: sink.control.device_ptr() + STOP_OFFSET as u64,
-            head: self.host_words.device_ptr(),
-            result: self.host_words.device_ptr() + RESULT_OFFSET as u64,
-            wrap: self.core.wrap_mode(),
+            data: self.memory.data[sink.data_index].device_ptr() + sink.data_offset,
+            capacity: first.capacity(),
+            tail: control,
+            stop: control + n * TAIL_STRIDE,
+            head: host,
+            result: host + RESULT_OFFSET,
+            lane_data: control + (n + 1) * TAIL_STRIDE,
+            lanes: n as u32,
+            wrap: first.wrap_mode(),
         }
     }
 
-    /// The consumer's published head (acquire load from pinned host memory: cheap).
+    /// A pinned host word of the lane slot `lane`, `offset` bytes in.
+    fn host_word(&self, lane: usize, offset: u64) -> &AtomicU64 {
+        assert!(lane < self.lanes.len() && offset + 8 <= HOST_STRIDE);
+        let at = lane as u64 * HOST_STRIDE + offset;
+        // SAFETY: an aligned u64 inside the pinned buffer (checked above; the buffer has
+        // `lanes * HOST_STRIDE` bytes or more, from a page-aligned base), which lives as long as
+        // `self`; the host touches it only through atomics and the GPU with aligned 8-byte
+        // stores.
+        unsafe { AtomicU64::from_ptr(self.memory.host_words.as_ptr().add(at as usize).cast()) }
+    }
+
+    /// Lane 0's consumer head (acquire load from pinned host memory: cheap).
     pub fn head(&self) -> u64 {
-        // SAFETY: an aligned u64 inside the pinned buffer, written by the GPU with 8-byte stores.
-        let word = unsafe { &*self.host_words.as_ptr().cast::<AtomicU64>() };
-        word.load(Ordering::Acquire)
+        self.head_of(0)
     }
 
-    /// The consumer's result words (`layout::RESULT_*`), read from pinned host memory.
-    pub fn results(&self) -> [u64; super::layout::RESULT_WORDS] {
-        let mut out = [0u64; super::layout::RESULT_WORDS];
-        for (i, v) in out.iter_mut().enumerate() {
-            // SAFETY: aligned u64s inside the pinned buffer.
-            let w = unsafe {
-                &*self
-                    .host_words
-                    .as_ptr()
-                    .add(RESULT_OFFSET + 8 * i)
-                    .cast::<AtomicU64>()
-            };
-            *v = w.load(Ordering::Acquire);
+    /// Lane `lane`'s consumer head.
+    ///
+    /// # Panics
+    /// If there is no such lane.
+    pub fn head_of(&self, lane: usize) -> u64 {
+        self.host_word(lane, 0).load(Ordering::Acquire)
+    }
+
+    /// Lane 0's result words (`layout::RESULT_*`), read from pinned host memory.
+    pub fn results(&self) -> [u64; RESULT_WORDS] {
+        self.results_of(0)
+    }
+
+    /// Lane `lane`'s result words.
+    ///
+    /// # Panics
+    /// If there is no such lane.
+    pub fn results_of(&self, lane: usize) -> [u64; RESULT_WORDS] {
+        std::array::from_fn(|i| {
+            self.host_word(lane, RESULT_OFFSET + 8 * i as u64)
+                .load(Ordering::Acquire)
+        })
+    }
+
+    /// Registers the persistent consumer: records an event on `stream`, to be called right after
+    /// the kernel was launched on it. From then on a producer waiting for space learns that the
+    /// kernel has exited or died ([`RingError::Stopped`]) instead of waiting forever, and
+    /// dropping the ring stops the kernel and waits for it first.
+    pub fn watch_consumer(&self, stream: &Stream) -> Result<()> {
+        let done = Event::new(&self.gpu)?;
+        done.record(stream)?;
+        *self.consumer.lock() = Some(Watched {
+            done,
+            checked: Instant::now(),
+            gone: false,
+        });
+        Ok(())
+    }
+
+    /// Whether the ring was stopped or its watched consumer has exited (or died), asking the
+    /// driver at most every 200 µs.
+    fn consumer_gone(&self) -> bool {
+        if self.stopping.load(Ordering::Acquire) {
+            return true;
         }
-        out
+        let mut guard = self.consumer.lock();
+        let Some(w) = guard.as_mut() else {
+            return false;
+        };
+        if !w.gone && w.checked.elapsed() >= CONSUMER_POLL {
+            w.checked = Instant::now();
+            // An error means a dead context: the kernel is gone too.
+            w.gone = w.done.is_complete().unwrap_or(true);
+        }
+        w.gone
     }
 
-    /// Reserves a record of `len` payload bytes, waiting up to `timeout` (`None`: forever) for the
-    /// kernel to free space. Fails at once with `RecordTooLarge` if it can never fit.
+    /// The head a waiting producer of `lane` sees: its head word, or `Stopped` once the consumer
+    /// is gone and the head has not moved past what the lane already reclaimed.
+    fn lane_head(&self, lane: usize) -> std::result::Result<u64, RingError> {
+        let head = self.head_of(lane);
+        if head <= self.lanes[lane].reclaimed() && self.consumer_gone() {
+            return Err(RingError::Stopped);
+        }
+        Ok(head)
+    }
+
+    fn check_running(&self) -> std::result::Result<(), RingError> {
+        if self.stopping.load(Ordering::Acquire) {
+            Err(RingError::Stopped)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The lane the calling thread's shared reservations go to.
+    fn thread_lane(&self) -> usize {
+        (crate::sync::thread_id() % self.lanes.len() as u64) as usize
+    }
+
+    /// Claims a lane for one producer (a lane nobody claimed and with no shared reservation in
+    /// flight; the search starts where the last one left off). Fails with
+    /// [`RingError::Claimed`] when every lane is taken, [`RingError::Stopped`] after
+    /// [`stop`](Self::stop).
+    pub fn producer(&self) -> Result<Producer<'_, BarSink>> {
+        self.check_running()?;
+        let n = self.lanes.len();
+        let start = self.next_lane.fetch_add(1, Ordering::Relaxed);
+        let mut last = RingError::Claimed;
+        for k in 0..n {
+            let lane = (start + k) % n;
+            match self.lanes[lane].claim(move || self.lane_head(lane)) {
+                Ok(p) => return Ok(p),
+                Err(e) => last = e,
+            }
+        }
+        Err(last.into())
+    }
+
+    /// Reserves a record of `len` payload bytes on the calling thread's lane, waiting up to
+    /// `timeout` (`None`: until space frees, the watched consumer is gone, or the wait would
+    /// depend on this thread itself) for the kernel to free space. Fails at once with
+    /// `RecordTooLarge` if it can never fit.
     pub fn reserve(&self, len: u32, timeout: Option<Duration>) -> Result<Reservation<'_, BarSink>> {
-        Ok(self.core.reserve(len, timeout, &|| self.head())?)
+        self.check_running()?;
+        let lane = self.thread_lane();
+        Ok(self.lanes[lane].reserve(len, timeout, &|| self.lane_head(lane))?)
     }
 
-    /// Reserves without waiting: `RingError::Full` if there is no room now.
+    /// Reserves without waiting on the calling thread's lane: `RingError::Full` if there is no
+    /// room now.
     pub fn try_reserve(&self, len: u32) -> Result<Reservation<'_, BarSink>> {
-        self.core.reclaim_to(self.head())?;
-        Ok(self.core.try_reserve(len)?)
+        self.check_running()?;
+        let core = &self.lanes[self.thread_lane()];
+        core.reclaim_to(self.head_of(self.thread_lane()))?;
+        Ok(core.try_reserve(len)?)
     }
 
-    /// Reserves, writes and commits `payload`; returns its sequence number.
+    /// Reserves, writes and commits `payload` on the calling thread's lane; returns its sequence
+    /// number (in that lane).
     pub fn push(&self, payload: &[u8], timeout: Option<Duration>) -> Result<u64> {
-        Ok(self.core.push(payload, timeout, &|| self.head())?)
+        self.check_running()?;
+        let lane = self.thread_lane();
+        Ok(self.lanes[lane].push(payload, timeout, &|| self.lane_head(lane))?)
     }
 
-    /// Asks a persistent consumer to exit once it has consumed everything published.
+    /// Asks a persistent consumer to exit once it has consumed everything published; from now
+    /// on new records are refused and waits for space end with [`RingError::Stopped`].
     pub fn stop(&self) {
-        let sink = self.core.sink();
-        let word = sink
-            .control
-            .host_ptr()
-            .wrapping_add(STOP_OFFSET)
-            .cast::<u32>();
+        self.stopping.store(true, Ordering::Release);
+        let control = &self.memory.control;
+        let offset = self.lanes.len() as u64 * TAIL_STRIDE;
+        // Records and tails first, then the stop word (the consumer re-reads the tails after it).
         store_fence();
-        // SAFETY: an aligned 4-byte word inside the control allocation.
-        unsafe { word.write_volatile(1) };
-        let _ = sink.control.flush(STOP_OFFSET as u64, 4);
+        // SAFETY: an aligned 4-byte word inside the control allocation, alive as long as `self`;
+        // the host touches it only through atomics.
+        let word = unsafe {
+            std::sync::atomic::AtomicU32::from_ptr(
+                control.host_ptr().add(offset as usize).cast::<u32>(),
+            )
+        };
+        word.store(1, Ordering::Release);
+        let _ = control.flush(offset, 4);
         store_fence();
+    }
+
+    /// [`stop`](Self::stop), then waits up to `timeout` for the watched consumer to exit.
+    /// Fails with [`RingError::Timeout`] if it is still running, or with the driver's error if
+    /// its context died; returns at once when no consumer is watched.
+    pub fn stop_and_wait(&self, timeout: Duration) -> Result<()> {
+        self.stop();
+        let t = Instant::now();
+        loop {
+            let done = match self.consumer.lock().as_ref() {
+                None => return Ok(()),
+                Some(w) => w.done.is_complete()?,
+            };
+            if done {
+                return Ok(());
+            }
+            if t.elapsed() >= timeout {
+                return Err(RingError::Timeout.into());
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
     }
 
     /// The GPU this ring lives on.
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
+    }
+}
+
+impl Drop for DeviceRing {
+    /// Never frees memory under a running kernel: a watched consumer is stopped and waited for
+    /// (up to [`DROP_WAIT`]); if it does not exit, the ring's memory is leaked.
+    fn drop(&mut self) {
+        let watched = self.consumer.get_mut().is_some();
+        if watched && self.stop_and_wait(DROP_WAIT).is_err() {
+            std::mem::forget(Arc::clone(&self.memory));
+        }
     }
 }
 
@@ -314,11 +632,11 @@ impl DeviceRing {
 /// caller-supplied launch on the ring's stream and records a CUDA event after it; space is
 /// reclaimed when that event completes. An event (rather than a value written by the kernel) keeps
 /// user kernels free of ring bookkeeping, costs nothing on the GPU, and `cuEventQuery` is a cheap
-/// host call.
+/// host call. Dropping it waits for the launched batches first.
 pub struct LaunchRing {
     ring: DeviceRing,
     stream: Stream,
-    in_flight: Mutex<VecDeque<(u64, Event)>>,
+    in_flight: Mutex<std::collections::VecDeque<(u64, Event)>>,
     launched: Mutex<u64>,
 }
 
@@ -339,7 +657,7 @@ impl LaunchRing {
         Ok(LaunchRing {
             ring,
             stream: Stream::new(gpu)?,
-            in_flight: Mutex::new(VecDeque::new()),
+            in_flight: Mutex::new(std::collections::VecDeque::new()),
             launched: Mutex::new(0),
         })
     }
@@ -361,18 +679,30 @@ impl LaunchRing {
             if !ev.is_complete()? {
                 break;
             }
-            self.ring.core.reclaim_to(*end)?;
+            self.ring.core().reclaim_to(*end)?;
             q.pop_front();
         }
-        Ok(self.ring.core.reclaimed())
+        Ok(self.ring.core().reclaimed())
+    }
+
+    /// What a waiting producer sees: the reclaimed position, or `Stopped` if the stream failed.
+    fn reclaim_head(&self) -> std::result::Result<u64, RingError> {
+        self.reclaim().map_err(|_| RingError::Stopped)
     }
 
     /// Reserves a record, reclaiming finished batches while the ring is full.
     pub fn reserve(&self, len: u32, timeout: Option<Duration>) -> Result<Reservation<'_, BarSink>> {
-        Ok(self.ring.core.reserve(len, timeout, &|| {
-            self.reclaim()
-                .unwrap_or_else(|_| self.ring.core.reclaimed())
-        })?)
+        Ok(self
+            .ring
+            .core()
+            .reserve(len, timeout, &|| self.reclaim_head())?)
+    }
+
+    /// Claims the ring for one producer (see [`DeviceRing::producer`]); it reclaims finished
+    /// batches while it waits for space. Launch what it publishes with
+    /// [`launch_pending`](Self::launch_pending) from any thread.
+    pub fn producer(&self) -> Result<Producer<'_, BarSink>> {
+        Ok(self.ring.core().claim(move || self.reclaim_head())?)
     }
 
     /// If records were committed since the last launch, calls `launch(from, to, stream)` for the
@@ -384,7 +714,7 @@ impl LaunchRing {
     ) -> Result<Option<(u64, u64)>> {
         let mut launched = self.launched.lock();
         // Only what is fully published: its writer's fence (and flush) has completed.
-        let to = self.ring.core.published();
+        let to = self.ring.core().published();
         let from = *launched;
         if to == from {
             return Ok(None);
@@ -402,5 +732,15 @@ impl LaunchRing {
         self.stream.synchronize()?;
         self.reclaim()?;
         Ok(())
+    }
+}
+
+impl Drop for LaunchRing {
+    /// Waits for the launched batches before the ring's memory goes; if the stream cannot be
+    /// waited for, the memory is leaked instead.
+    fn drop(&mut self) {
+        if self.stream.synchronize().is_err() {
+            std::mem::forget(Arc::clone(&self.ring.memory));
+        }
     }
 }

@@ -56,19 +56,22 @@ pub const RESULT_WORDS: usize = 8;
 /// `expected_seq_start` value telling `ring_consume_batch` to continue from `result[3]`.
 pub const SEQ_FROM_RESULT: u64 = u64::MAX;
 
-/// How records meet the end of the data region.
+/// How records meet the end of the data region. `#[repr(u32)]`: it is a field of the
+/// [`RingDeviceView`](super::RingDeviceView) kernels take (`VKGDR_RING_PADDED` = 0,
+/// `VKGDR_RING_MIRRORED` = 1 in `include/vkgdr/ring.cuh`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(u32)]
 pub enum WrapMode {
     /// A record never crosses the end of the region: the bytes left before the end become a wrap
     /// PAD record and the record starts at offset 0 of the next lap. Works on any memory, but a
     /// large record can waste up to its own size at each wrap.
     #[default]
-    Padded,
+    Padded = 0,
     /// A record may run past the end of the region and continues at offset 0, with no padding.
     /// A GPU consumer must see the region mapped a second time right after itself (a mirrored
     /// [`Arena`](crate::Arena), as [`DeviceRing::new_mirrored`](super::DeviceRing::new_mirrored)
     /// builds) so it reads every record contiguously; CPU consumers use [`read_wrapped`].
-    Mirrored,
+    Mirrored = 1,
 }
 
 /// Copies `out.len()` bytes (at most the capacity) starting at region offset `offset` (taken

@@ -3,18 +3,37 @@
 //! The data region lives in GPU memory mapped through the BAR: CPU stores to it are cheap
 //! (~0.1 µs, write-combined), CPU loads from it are not (~1 µs each). [`layout`] fixes the wire
 //! format and the control words, [`core`] is the pure producer logic (positions, sequence numbers,
-//! space, in-order publication) over a [`core::RingSink`], and `kernels/ring.cu` holds the test
-//! consumers (`nvcc -ptx -arch=compute_75`; CUDA 13 no longer accepts compute_70). Control words:
+//! space, in-order publication) over a [`core::RingSink`], [`device`] puts it on the GPU, and
+//! `include/vkgdr/ring.cuh` is the device side: the view a kernel takes, the head/tail protocol
+//! and a block-cooperative reader that hands a thread block up to one record per thread, in
+//! order. `kernels/ring.cu` holds consumers built on it (`nvcc -ptx -arch=compute_75`; CUDA 13 no
+//! longer accepts compute_70). Control words, one set per lane:
 //!
 //! | word   | type | lives in           | written by | read by |
 //! |--------|------|--------------------|------------|---------|
 //! | `tail` | u64  | GPU memory (BAR)   | CPU        | GPU: end of the published records |
 //! | `head` | u64  | pinned host memory | GPU        | CPU: end of the consumed records  |
-//! | `stop` | u32  | GPU memory (BAR)   | CPU        | GPU: persistent kernel may exit   |
+//! | `stop` | u32  | GPU memory (BAR)   | CPU        | GPU: persistent kernel may exit (one per ring) |
+//!
+//! # Lanes and batches: where the throughput comes from
+//!
+//! A [`DeviceRing`] has one or more lanes, each an independent sub-ring with its own tail and
+//! head. [`DeviceRing::producer`] gives a thread a lane of its own ([`core::Producer`]): it
+//! appends records with plain arithmetic (no lock, no atomic read-modify-write, no fence) and
+//! publishes with one `sfence` and one tail store per batch ([`core::Producer::push_batch`],
+//! [`core::Producer::flush`], or a [`core::FlushPolicy`] of bytes and delay);
+//! [`core::Producer::push`] publishes a lone record at once. The shared path
+//! ([`DeviceRing::reserve`] through `&self`) pays, per record, a short mutex, a commit slot, the
+//! publisher role and a fence; it keeps one global order per lane and lets a thread commit its
+//! reservations in any order. Records of different lanes are not ordered with each other.
 //!
 //! # Memory ordering
 //!
-//! **Producer (CPU).** A producer writes its record's payload and header with ordinary
+//! **Exclusive producer.** It writes records with write-combining stores and, to publish, runs
+//! [`core::RingSink::publish`] itself (the steps below): every record below the new tail is its
+//! own, so its own `sfence` covers them.
+//!
+//! **Shared producers (CPU).** A producer writes its record's payload and header with ordinary
 //! (write-combining) stores into the BAR mapping (no fence per piece). [`core::Reservation::commit`]
 //! calls [`core::RingSink::writes_done`] (the BAR sink's `sfence`: each producer drains its own
 //! stores, in parallel, before its record can be published), then marks the record committed
@@ -35,15 +54,18 @@
 //! `tail` only grows; under contention one tail store covers many records. A batch-mode launch is
 //! ordered the same way: `sfence` after the records, then the launch.
 //!
-//! **Consumer (GPU).** The kernel polls `tail` with volatile loads (`ld.volatile`, not cached in
-//! L1). On a new value it executes `__threadfence_system()` before reading records: the fence
-//! keeps later loads from being satisfied before the tail load. Records are read with
-//! `ld.global.cg` (L2, bypassing L1) so no line cached on an earlier lap of the ring is reused.
-//! After consuming up to `pos` it runs `__threadfence_system()` (its reads are done before the
-//! head becomes visible), stores `head = pos` (volatile) into pinned host memory, and fences
-//! again so the store leaves promptly. The persistent kernel checks `stop` only when `tail` has
-//! not moved; when set it fences, re-reads `tail`, and exits only if nothing is left. The CPU
-//! therefore publishes the final tail, `sfence`, then sets `stop`.
+//! **Consumer (GPU, `vkgdr::BlockReader` in `ring.cuh`).** One thread polls `tail` with volatile
+//! loads (`ld.volatile`, not cached in L1). On a new value it executes `__threadfence_system()`
+//! before anything reads records: the fence keeps later loads from being satisfied before the
+//! tail load. Records are read with `ld.global.cg` (L2, bypassing L1) so no line cached on an
+//! earlier lap of the ring is reused. The block loads the next `16 × threads` bytes into shared
+//! memory (one coalesced load per thread), each thread decodes its chunk as if it were a header,
+//! and one thread follows the chain through those links; thread `i` then gets record `i`. After
+//! the block's barrier (its reads are done) one thread runs `__threadfence_system()`, stores
+//! `head = pos` (volatile) into pinned host memory, and fences again so the store leaves promptly
+//! — when it has caught up with the tail, or every quarter of the ring. The reader checks `stop`
+//! only when `tail` has not moved; when set it fences, re-reads `tail`, and exits only if nothing
+//! is left. The CPU therefore publishes the final tail, `sfence`, then sets `stop`.
 //!
 //! **Reclaim (CPU).** Producers load `head` from pinned host memory with an `Acquire` load (an
 //! ordinary cached load: the GPU's PCIe writes to host memory are cache-coherent) and pass it to
@@ -73,3 +95,7 @@ pub mod device;
 pub mod layout;
 
 pub use device::{BarSink, DeviceRing, LaunchRing, RingDeviceView};
+
+/// The device API's header (`include/vkgdr/ring.cuh`), for build scripts that compile consumers
+/// without the repository at hand (write it next to your `.cu` file, or pass it to NVRTC).
+pub const RING_CUH: &str = include_str!("../../include/vkgdr/ring.cuh");

@@ -1,11 +1,14 @@
-//! `ring`: records streamed from 4 CPU producer threads into a ring in GPU memory, consumed by a
+//! `ring`: records streamed from CPU producer threads into a ring in GPU memory, consumed by a
 //! resident kernel, next to the same records sent with `cuMemcpyHtoDAsync` batches.
 //!
-//! Two consumers: `ring_ack` acknowledges whatever is published without reading it (the transport
-//! rate into GPU memory), `ring_consume_persistent` walks and checks every record (a sequential
-//! walk: its speed, not the ring's, limits small records). Latency is the round trip "commit a
-//! record → the kernel publishes a head past it → the CPU sees that head", so commit→seen is at
-//! most that.
+//! Producers: each thread owns a lane (`DeviceRing::producer`) and publishes batches of up to
+//! 64 KiB with one fence and one tail store (`push_batch`); beside them one record per
+//! publication (`push`) and the shared path (`reserve`/`commit` from 4 threads on one lane).
+//! Consumers: `ring_ack_lanes` acknowledges whatever is published without reading it (the
+//! transport rate into GPU memory), `ring_check_lanes` (the device API of
+//! `include/vkgdr/ring.cuh`, one block per lane) reads and verifies every record. Latency is the
+//! round trip "publish a record → the kernel publishes a head past it → the CPU sees that head",
+//! so commit→seen is at most that.
 //!
 //! `ring-wrap` puts a padded and a mirrored ring of the same small size side by side with records
 //! that are a large share of it: the padded ring wastes the bytes before the end on every lap,
@@ -14,9 +17,9 @@
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
-use vkgdr::cuda_objects::{Event, Function, LaunchConfig, Module, PinnedBuffer, Stream};
+use vkgdr::cuda_objects::{LaunchConfig, Module, PinnedBuffer, Stream};
 use vkgdr::ring::layout::{self, seal_test_payload, WrapMode, HEADER_LEN};
-use vkgdr::ring::DeviceRing;
+use vkgdr::ring::{DeviceRing, RingDeviceView};
 use vkgdr::{Gpu, OpenOptions};
 
 use super::{cu, open_gpu, BenchError, BenchResult, Options, Report, Row, Stats, Unit};
@@ -24,73 +27,133 @@ use super::{cu, open_gpu, BenchError, BenchResult, Options, Report, Row, Stats, 
 const PTX: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels/ring.ptx"));
 const PRODUCERS: usize = 4;
 const RING_BYTES: u64 = 64 << 20;
+/// Each lane of a multi-lane ring.
+const LANE_BYTES: u64 = 16 << 20;
 /// Record sizes including the 16-byte header.
-const SIZES: [u64; 2] = [64, 4096];
+const SIZES: [u64; 3] = [64, 512, 4096];
+/// Bytes per `push_batch` (records of one size).
+const BATCH_BYTES: u64 = 64 << 10;
 /// The padded-versus-mirrored comparison: a ring of one VMM granule (2 MiB on the H100) and records
 /// (header included) from small to most of it.
 const WRAP_RING_BYTES: u64 = 2 << 20;
 const WRAP_SIZES: [u64; 4] = [4096, 192 << 10, 768 << 10, 1536 << 10];
 
-fn launch_consumer(
-    f: &Function<'_>,
-    ring: &DeviceRing,
-    stream: &Stream,
-    checking: bool,
-) -> BenchResult<Event> {
-    let v = ring.device_view();
-    let (mut d, mut c, mut t, mut s, mut h, mut r) =
-        (v.data, v.capacity, v.tail, v.stop, v.head, v.result);
-    let mut full =
-        [&mut d as *mut u64, &mut c, &mut t, &mut s, &mut h, &mut r].map(|p| p.cast::<c_void>());
-    let mut ack = [&mut t as *mut u64, &mut s, &mut h].map(|p| p.cast::<c_void>());
-    let params: &mut [*mut c_void] = if checking { &mut full } else { &mut ack };
-    let threads = if checking { 256 } else { 1 };
-    // SAFETY: ring_consume_persistent(u8*, u64, u64*, u32*, u64*, u64*) and ring_ack(u64*, u32*,
-    // u64*) take 8-byte parameters matching `params`; the ring outlives the kernel (callers stop it
-    // and wait for the returned event before dropping the ring).
-    unsafe { f.launch(LaunchConfig::linear(1, threads), Some(stream), params)? };
-    let done = Event::new(ring.gpu())?;
-    done.record(stream)?;
-    Ok(done)
+/// Which kernel consumes the ring.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Consumer {
+    /// `ring_ack` on lane 0: head = tail, reading nothing.
+    Ack,
+    /// `ring_ack_lanes`: the same on every lane.
+    AckLanes,
+    /// `ring_check_lanes`: every record read and verified (the device API).
+    Check,
 }
 
-fn finish(ring: &DeviceRing, done: &Event) -> BenchResult<()> {
-    ring.stop();
-    let t = Instant::now();
-    while !done.is_complete()? {
-        if t.elapsed() > Duration::from_secs(20) {
-            // Never free memory under a running kernel.
-            return Err(BenchError::KernelStuck("ring consumer did not stop".into()));
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
+/// How producers write.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Produce {
+    /// `reserve`/`commit` through `&DeviceRing` (one shared lane).
+    Shared,
+    /// Each thread owns a lane, one publication per record.
+    Push,
+    /// Each thread owns a lane, `push_batch` of up to `BATCH_BYTES`.
+    Batch,
+}
+
+/// Launches `consumer` on `ring` and watches it.
+fn launch_consumer(
+    module: &Module,
+    ring: &DeviceRing,
+    stream: &Stream,
+    consumer: Consumer,
+) -> BenchResult<()> {
+    let mut v = ring.device_view();
+    let (mut t, mut s, mut h) = (v.tail, v.stop, v.head);
+    let mut view = [(&mut v as *mut RingDeviceView).cast::<c_void>()];
+    let mut ack = [&mut t as *mut u64, &mut s, &mut h].map(|p| p.cast::<c_void>());
+    let (name, params, blocks, threads): (_, &mut [*mut c_void], _, _) = match consumer {
+        Consumer::Ack => ("ring_ack", &mut ack, 1, 1),
+        Consumer::AckLanes => ("ring_ack_lanes", &mut view, v.lanes, 32),
+        Consumer::Check => ("ring_check_lanes", &mut view, v.lanes, 256),
+    };
+    let f = module.function(name)?;
+    // SAFETY: ring_ack(u64*, u32*, u64*) takes three 8-byte parameters, ring_ack_lanes and
+    // ring_check_lanes the 64-byte #[repr(C)] view by value; the ring is watched below, so it
+    // stops and waits for the kernel before its memory is freed.
+    unsafe { f.launch(LaunchConfig::linear(blocks, threads), Some(stream), params)? };
+    ring.watch_consumer(stream)?;
     Ok(())
 }
 
-/// Streams `per_thread` records of `size` bytes from each producer; returns GB/s of record bytes.
-/// `seal`: fill in the test prefix (seq + checksum) the checking kernel verifies; the ack kernel
-/// reads nothing, so the producers skip the checksum there (it costs ~1 ns per byte).
+fn finish(ring: &DeviceRing) -> BenchResult<()> {
+    ring.stop_and_wait(Duration::from_secs(20))
+        .map_err(|e| BenchError::KernelStuck(format!("ring consumer did not stop: {e}")))
+}
+
+/// A payload of `size - 16` bytes whose test prefix the checking kernel accepts for any seq: the
+/// body is fixed, so its checksum is computed once and each record only stamps its seq.
+struct Payload {
+    buf: Vec<u8>,
+}
+
+impl Payload {
+    fn new(size: u64) -> Self {
+        let mut buf = vec![0x5au8; (size - HEADER_LEN) as usize];
+        seal_test_payload(&mut buf, 0);
+        Payload { buf }
+    }
+
+    fn stamped(&mut self, seq: u64) -> &[u8] {
+        if self.buf.len() >= layout::TEST_PREFIX_LEN {
+            self.buf[..8].copy_from_slice(&seq.to_le_bytes());
+        }
+        &self.buf
+    }
+}
+
+/// Streams `per_thread` records of `size` bytes from each of `producers` threads; returns GB/s
+/// of record bytes delivered (every lane's head past its records).
 fn stream_records(
     ring: &DeviceRing,
     size: u64,
     producers: usize,
     per_thread: u64,
-    seal: bool,
+    how: Produce,
 ) -> BenchResult<f64> {
-    let payload = (size - HEADER_LEN) as u32;
+    let limit = Some(Duration::from_secs(10));
     let t0 = Instant::now();
     let failed = std::thread::scope(|s| {
         let hs: Vec<_> = (0..producers)
             .map(|_| {
                 s.spawn(|| -> vkgdr::Result<()> {
-                    let mut buf = vec![0x5au8; payload as usize];
-                    for _ in 0..per_thread {
-                        let mut r = ring.reserve(payload, Some(Duration::from_secs(10)))?;
-                        if seal {
-                            seal_test_payload(&mut buf, r.seq());
+                    let mut payload = Payload::new(size);
+                    if how == Produce::Shared {
+                        for _ in 0..per_thread {
+                            let mut r = ring.reserve(payload.buf.len() as u32, limit)?;
+                            r.write(0, payload.stamped(r.seq()))?;
+                            r.commit();
                         }
-                        r.write(0, &buf)?;
-                        r.commit();
+                        return Ok(());
+                    }
+                    let mut p = ring.producer()?;
+                    if how == Produce::Push {
+                        for _ in 0..per_thread {
+                            let seq = p.next_seq();
+                            p.push(payload.stamped(seq), limit)?;
+                        }
+                        return Ok(());
+                    }
+                    let batch = (BATCH_BYTES / size).max(1);
+                    let mut bufs: Vec<Payload> = (0..batch).map(|_| Payload::new(size)).collect();
+                    let mut left = per_thread;
+                    while left > 0 {
+                        let k = left.min(batch) as usize;
+                        let first = p.next_seq();
+                        for (i, b) in bufs[..k].iter_mut().enumerate() {
+                            b.stamped(first + i as u64);
+                        }
+                        p.push_batch(bufs[..k].iter().map(|b| b.buf.as_slice()), limit)?;
+                        left -= k as u64;
                     }
                     Ok(())
                 })
@@ -104,20 +167,38 @@ fn stream_records(
         return Err(e.into());
     }
     // Wait until the consumer has everything (so the time covers delivery, not just commits).
-    let end = ring.core().committed();
-    while ring.head() < end {
-        std::hint::spin_loop();
+    for lane in 0..ring.lanes() {
+        let end = ring.lane(lane).expect("lane").committed();
+        while ring.head_of(lane) < end {
+            std::hint::spin_loop();
+        }
     }
     let secs = t0.elapsed().as_secs_f64();
     Ok((size * per_thread * producers as u64) as f64 / secs / 1e9)
 }
 
-fn round_trips(ring: &DeviceRing, size: u64, n: usize) -> BenchResult<Vec<f64>> {
-    let payload = vec![0x11u8; (size - HEADER_LEN) as usize];
+/// Round trips of one record: published alone (through a lane's producer, or the shared path),
+/// then waited for until the kernel's head passes it.
+fn round_trips(ring: &DeviceRing, size: u64, n: usize, shared: bool) -> BenchResult<Vec<f64>> {
+    let mut payload = Payload::new(size);
     let mut out = Vec::with_capacity(n);
+    let mut producer = if shared { None } else { Some(ring.producer()?) };
     for _ in 0..n {
         let t = Instant::now();
-        ring.push(&payload, Some(Duration::from_secs(10)))?;
+        match producer.as_mut() {
+            Some(p) => {
+                let seq = p.next_seq();
+                p.push(payload.stamped(seq), Some(Duration::from_secs(10)))
+                    .map_err(vkgdr::Error::from)?;
+            }
+            None => {
+                let mut r =
+                    ring.reserve(payload.buf.len() as u32, Some(Duration::from_secs(10)))?;
+                r.write(0, payload.stamped(r.seq()))
+                    .map_err(vkgdr::Error::from)?;
+                r.commit();
+            }
+        }
         let end = ring.core().committed();
         while ring.head() < end {
             std::hint::spin_loop();
@@ -192,8 +273,6 @@ fn memcpy_latency(
 pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     let gpu = open_gpu(OpenOptions::new())?;
     let module = Module::load_ptx(&gpu, PTX)?;
-    let ack = module.function("ring_ack")?;
-    let checking = module.function("ring_consume_persistent")?;
     let stream = Stream::new(&gpu)?;
     let copy_stream = Stream::new(&gpu)?;
     let _ctx = gpu.bind()?;
@@ -202,34 +281,97 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
 
     let mut bw = Report::new("ring-throughput", Unit::GigabytesPerSecond);
     let mut lat = Report::new("ring-latency", Unit::Nanoseconds);
-    // 1 and 8 producers next to the usual 4 show how much the shared reservation and publication
-    // cost as producers are added.
-    for (consumer, producers, name) in [
-        (false, 1, "ring, 1 producer, ack kernel"),
-        (false, PRODUCERS, "ring, 4 producers, ack kernel"),
-        (false, 8, "ring, 8 producers, ack kernel"),
-        (true, PRODUCERS, "ring, 4 producers, checking kernel"),
-    ] {
+    let rows: [(Consumer, Produce, usize, &str); 10] = [
+        (
+            Consumer::AckLanes,
+            Produce::Batch,
+            1,
+            "ring, 1 producer, batches, ack kernel",
+        ),
+        (
+            Consumer::AckLanes,
+            Produce::Batch,
+            4,
+            "ring, 4 producers, batches, ack kernel",
+        ),
+        (
+            Consumer::AckLanes,
+            Produce::Batch,
+            8,
+            "ring, 8 producers, batches, ack kernel",
+        ),
+        (
+            Consumer::AckLanes,
+            Produce::Push,
+            4,
+            "ring, 4 producers, push per record, ack kernel",
+        ),
+        (
+            Consumer::Ack,
+            Produce::Shared,
+            4,
+            "ring, 4 threads sharing 1 lane, ack kernel",
+        ),
+        (
+            Consumer::Check,
+            Produce::Batch,
+            1,
+            "ring, 1 producer, batches, checking kernel",
+        ),
+        (
+            Consumer::Check,
+            Produce::Batch,
+            4,
+            "ring, 4 producers, batches, checking kernel",
+        ),
+        (
+            Consumer::Check,
+            Produce::Batch,
+            8,
+            "ring, 8 producers, batches, checking kernel",
+        ),
+        (
+            Consumer::Check,
+            Produce::Push,
+            4,
+            "ring, 4 producers, push per record, checking kernel",
+        ),
+        (
+            Consumer::Check,
+            Produce::Shared,
+            4,
+            "ring, 4 threads sharing 1 lane, checking kernel",
+        ),
+    ];
+    for (consumer, how, producers, name) in rows {
         for size in SIZES {
-            // The checking walker does ~1.3 M records/s: give it fewer records.
-            let total = if consumer {
-                (bytes_per_run / size).min(400_000)
-            } else {
-                bytes_per_run / size
+            // Per-record publication and the shared lane are slow for small records: fewer.
+            let total = match how {
+                Produce::Batch => bytes_per_run / size,
+                _ => (bytes_per_run / size).min(2_000_000),
             };
+            let lanes = if how == Produce::Shared {
+                1
+            } else {
+                producers as u32
+            };
+            let lane_bytes = if lanes == 1 { RING_BYTES } else { LANE_BYTES };
             let mut samples = Vec::new();
             for _ in 0..reps {
-                let ring = DeviceRing::new(&gpu, RING_BYTES)?;
-                let f = if consumer { &checking } else { &ack };
-                let done = launch_consumer(f, &ring, &stream, consumer)?;
-                let r = stream_records(&ring, size, producers, total / producers as u64, consumer);
-                finish(&ring, &done)?;
+                let ring = DeviceRing::with_lanes(&gpu, lane_bytes, lanes, WrapMode::Padded)?;
+                launch_consumer(&module, &ring, &stream, consumer)?;
+                let r = stream_records(&ring, size, producers, total / producers as u64, how);
+                finish(&ring)?;
                 samples.push(r?);
-                if consumer && ring.results()[layout::RESULT_ERRORS] != 0 {
-                    return Err(BenchError::Check(format!(
-                        "checking kernel reported errors: {:?}",
-                        ring.results()
-                    )));
+                if consumer == Consumer::Check {
+                    for lane in 0..ring.lanes() {
+                        let res = ring.results_of(lane);
+                        if res[layout::RESULT_ERRORS] != 0 {
+                            return Err(BenchError::Check(format!(
+                                "checking kernel reported errors on lane {lane}: {res:?}"
+                            )));
+                        }
+                    }
                 }
             }
             bw.rows.push(Row::measured(
@@ -239,23 +381,27 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
             ));
         }
     }
-    for (consumer, name) in [
-        (false, "ring commit → ack kernel → CPU"),
-        (true, "ring commit → checking kernel → CPU"),
+    for (consumer, shared, name) in [
+        (Consumer::AckLanes, false, "ring push → ack kernel → CPU"),
+        (
+            Consumer::Ack,
+            true,
+            "ring shared reserve/commit → ack kernel → CPU",
+        ),
+        (Consumer::Check, false, "ring push → checking kernel → CPU"),
     ] {
         let ring = DeviceRing::new(&gpu, 1 << 20)?;
-        let f = if consumer { &checking } else { &ack };
-        let done = launch_consumer(f, &ring, &stream, consumer)?;
+        launch_consumer(&module, &ring, &stream, consumer)?;
         let n = if opts.quick { 2_000 } else { 20_000 };
-        let r = round_trips(&ring, 64, n);
-        finish(&ring, &done)?;
+        let r = round_trips(&ring, 64, n, shared);
+        finish(&ring)?;
         let mut t = r?;
         t.drain(..n / 10);
         lat.rows
             .push(Row::measured(name, 64, &Stats::of(&t).expect("samples")));
     }
 
-    let wrap = wrap_modes(&gpu, &ack, &stream, reps, bytes_per_run)?;
+    let wrap = wrap_modes(&gpu, &module, &stream, reps, bytes_per_run)?;
 
     let dev = vkgdr::cuda_objects::DeviceBuffer::new(&gpu, RING_BYTES as usize)?;
     let staging = PinnedBuffer::new(&gpu, RING_BYTES as usize)?;
@@ -293,19 +439,21 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     ));
 
     bw.notes.push(format!(
-        "records include their 16-byte header; producer threads reserve/write/commit; ring {} MiB; GB/s = record bytes delivered (head past them) per second",
+        "records include their 16-byte header; GB/s = record bytes delivered (every lane's head past them) per second; records/s = GB/s / size (64 B: 1 GB/s = 15.6 M records/s); one lane per producer ({} MiB each), the shared rows one lane of {} MiB",
+        LANE_BYTES >> 20,
         RING_BYTES >> 20
     ));
-    bw.notes.push("ack kernel: publishes head = tail without reading the records (transport rate); checking kernel: walks and verifies every record (seq + checksum), one record at a time".into());
+    bw.notes.push(format!("batches: Producer::push_batch of up to {} KiB, one fence and one tail store each; push per record: one publication per record; sharing 1 lane: reserve/write/commit through &DeviceRing (commit combining)", BATCH_BYTES >> 10));
+    bw.notes.push("ack kernel: publishes head = tail without reading the records (transport rate); checking kernel: ring_check_lanes, the device API's block reader (one block of 256 threads per lane) verifying every record's seq and checksum".into());
     bw.notes.push("cuMemcpyHtoDAsync: the same bytes from pinned memory into cuMemAlloc memory, back to back on one stream".into());
-    lat.notes.push("round trip of one 64-byte record: push (reserve, write, commit) → kernel publishes head into pinned memory → CPU sees it; commit→seen is below this".into());
+    lat.notes.push("round trip of one 64-byte record: published alone (Producer::push, or the shared reserve/commit) → kernel publishes head into pinned memory → CPU sees it; commit→seen is below this".into());
     Ok(vec![bw, lat, wrap])
 }
 
 /// Padded and mirrored rings of [`WRAP_RING_BYTES`] side by side, ack kernel, 4 producers.
 fn wrap_modes(
     gpu: &Gpu,
-    ack: &Function<'_>,
+    module: &Module,
     stream: &Stream,
     reps: usize,
     bytes_per_run: u64,
@@ -335,9 +483,9 @@ fn wrap_modes(
                         Err(e) => return Err(e.into()),
                     },
                 };
-                let done = launch_consumer(ack, &ring, stream, false)?;
-                let r = stream_records(&ring, size, PRODUCERS, per_thread, false);
-                finish(&ring, &done)?;
+                launch_consumer(module, &ring, stream, Consumer::Ack)?;
+                let r = stream_records(&ring, size, PRODUCERS, per_thread, Produce::Shared);
+                finish(&ring)?;
                 samples.push(r?);
             }
             report.rows.push(Row::measured(

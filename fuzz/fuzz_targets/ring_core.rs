@@ -1,0 +1,32 @@
+//! Fuzzes the ring core (shared reservations committed in any order, abandoned records, claimed
+//! producers with batched publication, wrap PADs, mirrored wrap, the consumer's head) against the
+//! model the proptest uses: `tests/ring_model/model.rs`, included here so both check one set of
+//! rules. The model asserts every reservation, write, publication and consumed record, and at the
+//! end that everything reached the consumer and the ring is empty.
+#![no_main]
+
+use arbitrary::Arbitrary;
+use libfuzzer_sys::fuzz_target;
+use vkgdr::ring::layout::WrapMode;
+
+#[path = "../../tests/ring_model/model.rs"]
+mod model;
+
+#[derive(Arbitrary, Debug)]
+struct Input {
+    large: bool,
+    mirrored: bool,
+    ops: Vec<model::Op>,
+}
+
+fuzz_target!(|input: Input| {
+    let cap = if input.large { 8192 } else { 4096 };
+    let mode = if input.mirrored {
+        WrapMode::Mirrored
+    } else {
+        WrapMode::Padded
+    };
+    let mut ops = input.ops;
+    ops.truncate(512);
+    model::run_model(cap, mode, ops);
+});

@@ -1,0 +1,579 @@
+//! The ring core's model, shared by the proptest in `tests/ring_model.rs` and the fuzz target
+//! `fuzz/fuzz_targets/ring_core.rs` (one set of rules, not two that drift): plain counters, a
+//! queue of open reservations, what a claimed producer wrote, the published records, and a map of
+//! which region bytes hold published, unconsumed records. [`run_model`] drives a real
+//! [`RingCore`] with a list of [`Op`]s and panics at the first difference.
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use vkgdr::ring::core::{
+    FlushPolicy, HostSink, Producer, Reservation, RingCore, RingError, RingSink,
+};
+use vkgdr::ring::layout::{
+    check_test_payload, next_record_in, read_wrapped, record_size, seal_test_payload,
+    verify_records_in, RecordHeader, RingSource, WrapMode, KIND_DATA, KIND_PAD, TEST_PREFIX_LEN,
+    WRAP_PAD_SEQ,
+};
+
+/// A [`HostSink`] that logs every write, so the test can check none lands on unconsumed bytes.
+pub struct LoggingSink {
+    pub inner: HostSink,
+    pub writes: Mutex<Vec<(u64, usize)>>,
+}
+
+impl RingSink for LoggingSink {
+    fn capacity(&self) -> u64 {
+        RingSource::capacity(&self.inner)
+    }
+    unsafe fn write(&self, offset: u64, bytes: &[u8]) {
+        self.writes.lock().unwrap().push((offset, bytes.len()));
+        // SAFETY: the caller's obligations, passed on.
+        unsafe { self.inner.write(offset, bytes) };
+    }
+    unsafe fn publish(&self, tail: u64) {
+        // SAFETY: as above.
+        unsafe { self.inner.publish(tail) };
+    }
+}
+
+/// What the model expects the consumer to find, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Expect {
+    Data {
+        pos: u64,
+        seq: u64,
+        payload: Vec<u8>,
+    },
+    Abandoned {
+        pos: u64,
+        seq: u64,
+        len: u32,
+    },
+    WrapPad {
+        pos: u64,
+        bytes: u64,
+    },
+}
+
+impl Expect {
+    fn span(&self) -> (u64, u64) {
+        match self {
+            Expect::Data { pos, payload, .. } => (*pos, record_size(payload.len() as u32)),
+            Expect::Abandoned { pos, len, .. } => (*pos, record_size(*len)),
+            Expect::WrapPad { pos, bytes } => (*pos, *bytes),
+        }
+    }
+}
+
+/// A reservation the model knows about.
+#[derive(Debug, Clone)]
+pub struct Pending {
+    start: u64,
+    pos: u64,
+    end: u64,
+    seq: u64,
+    payload: Vec<u8>,
+    /// Finished but not yet published (an earlier reservation is still open): committed or not.
+    finished: Option<bool>,
+}
+
+/// The model: plain counters, a queue of open reservations, a queue of published records, and a
+/// map of which region bytes hold published, unconsumed records.
+pub struct Model {
+    cap: u64,
+    mode: WrapMode,
+    reserved: u64,
+    published: u64,
+    head: u64,
+    next_seq: u64,
+    consumer_seq: u64,
+    open: VecDeque<Pending>,
+    unconsumed: VecDeque<Expect>,
+    live: Vec<bool>,
+    /// Whether a producer owns the ring, and what it wrote but has not published.
+    claimed: bool,
+    pending: Vec<(Expect, u64)>,
+}
+
+impl Model {
+    fn new(cap: u64, mode: WrapMode) -> Self {
+        Model {
+            cap,
+            mode,
+            reserved: 0,
+            published: 0,
+            head: 0,
+            next_seq: 0,
+            consumer_seq: 0,
+            open: VecDeque::new(),
+            unconsumed: VecDeque::new(),
+            live: vec![false; cap as usize],
+            claimed: false,
+            pending: Vec::new(),
+        }
+    }
+
+    fn set_live(&mut self, e: &Expect, v: bool) {
+        let (pos, size) = e.span();
+        let off = pos % self.cap;
+        assert!(
+            self.mode == WrapMode::Mirrored || off + size <= self.cap,
+            "record crosses the end: {e:?}"
+        );
+        for i in 0..size {
+            self.live[((off + i) % self.cap) as usize] = v;
+        }
+    }
+
+    fn publish(&mut self, e: Expect, end: u64) {
+        self.set_live(&e, true);
+        self.unconsumed.push_back(e);
+        self.published = end;
+    }
+
+    /// A producer's flush: everything it wrote becomes visible.
+    fn flush(&mut self) {
+        for (e, end) in std::mem::take(&mut self.pending) {
+            self.publish(e, end);
+        }
+    }
+
+    /// A producer's record ending at `end` is written (numbered, not yet published).
+    fn producer_append(&mut self, e: Expect, end: u64) {
+        self.next_seq += 1;
+        self.reserved = end;
+        self.pending.push((e, end));
+    }
+
+    /// Where a producer's next record of `size` bytes goes, writing the wrap PAD before it; `None`
+    /// (after publishing what is pending, as the producer does before it waits) when the
+    /// consumer has not released enough space.
+    fn producer_place(&mut self, size: u64) -> Option<u64> {
+        let off = self.reserved % self.cap;
+        if self.mode == WrapMode::Padded && off + size > self.cap {
+            let pad = self.cap - off;
+            if self.reserved + pad - self.head > self.cap {
+                self.flush();
+                return None;
+            }
+            let e = Expect::WrapPad {
+                pos: self.reserved,
+                bytes: pad,
+            };
+            self.reserved += pad;
+            self.pending.push((e, self.reserved));
+        }
+        if self.reserved + size - self.head > self.cap {
+            self.flush();
+            return None;
+        }
+        Some(self.reserved)
+    }
+}
+
+/// Lengths a producer is asked for (the last class, near `u32::MAX`, would need a 4 GiB slice).
+pub fn producer_len(class: u8, raw: u32, cap: u64) -> u32 {
+    pick_len(class.min(6), raw, cap)
+}
+
+pub fn producer_write(p: &mut Producer<'_, LoggingSink>, m: &mut Model, len: u32, bound: u8) {
+    let max = (m.cap - 16) as u32;
+    let bound = [0, 64, 1024, u64::MAX][bound as usize % 4];
+    p.set_policy(FlushPolicy {
+        max_pending_bytes: bound,
+        max_delay: None,
+    });
+    let payload = make_payload(len, m.next_seq);
+    let got = p.write(&payload, Some(Duration::ZERO));
+    if len == 0 {
+        assert_eq!(got, Err(RingError::ZeroLength));
+        return;
+    }
+    if len > max {
+        assert_eq!(got, Err(RingError::RecordTooLarge { len, max }));
+        return;
+    }
+    let Some(pos) = m.producer_place(record_size(len)) else {
+        assert_eq!(got, Err(RingError::Timeout));
+        return;
+    };
+    assert_eq!(got, Ok(m.next_seq));
+    let seq = m.next_seq;
+    m.producer_append(Expect::Data { pos, seq, payload }, pos + record_size(len));
+    if m.reserved - m.published >= bound {
+        m.flush();
+    }
+}
+
+pub fn producer_abandon(p: &mut Producer<'_, LoggingSink>, m: &mut Model, len: u32) {
+    let max = (m.cap - 16) as u32;
+    let got = p.reserve(len, Some(Duration::ZERO));
+    if len == 0 || len > max {
+        assert!(got.is_err());
+        return;
+    }
+    let Some(pos) = m.producer_place(record_size(len)) else {
+        assert_eq!(got.err(), Some(RingError::Timeout));
+        return;
+    };
+    let r = got.expect("model says it fits");
+    assert_eq!((r.pos(), r.seq(), r.len()), (pos, m.next_seq, len));
+    drop(r);
+    let seq = m.next_seq;
+    m.producer_append(Expect::Abandoned { pos, seq, len }, pos + record_size(len));
+}
+
+/// One step of a model run (the fuzz target derives `Arbitrary` for it).
+#[derive(Debug, Clone)]
+#[cfg_attr(fuzzing, derive(arbitrary::Arbitrary))]
+pub enum Op {
+    /// Reserve a record: length class and raw value, whether to write it in two pieces.
+    Reserve(u8, u32, bool),
+    CommitOldest,
+    AbandonOldest,
+    /// Finish the newest open reservation first (committed, or abandoned): out of order.
+    FinishNewest(bool),
+    /// Consume up to this many records.
+    Consume(usize),
+    /// Claim the ring for a producer.
+    Claim,
+    /// Producer: append a record (length class and raw value), with a flush bound class.
+    ProducerWrite(u8, u32, u8),
+    /// Producer: reserve a record in place and drop it (a PAD keeping its seq).
+    ProducerAbandon(u8, u32),
+    /// Producer: publish what it wrote.
+    ProducerFlush,
+    /// Drop the producer (publishes, hands the ring back).
+    Release,
+}
+
+pub fn pick_len(class: u8, raw: u32, cap: u64) -> u32 {
+    let max = (cap - 16) as u32;
+    match class {
+        0 | 1 => 1 + raw % 64,
+        2 => 1 + raw % 1024,
+        3 => 1 + raw % max,
+        4 => max,
+        5 => max + 1,
+        6 => 0,
+        _ => u32::MAX - raw % 16,
+    }
+}
+
+/// Payload for record `seq`: a sealed test payload when long enough, else arbitrary bytes.
+pub fn make_payload(len: u32, seq: u64) -> Vec<u8> {
+    let mut p: Vec<u8> = (0..len as u64)
+        .map(|i| (i.wrapping_mul(31) ^ seq.wrapping_mul(131)) as u8)
+        .collect();
+    seal_test_payload(&mut p, seq);
+    p
+}
+
+pub type Ring = RingCore<LoggingSink>;
+
+pub fn reserve_step<'a>(
+    ring: &'a Ring,
+    m: &mut Model,
+    open: &mut VecDeque<Option<Reservation<'a, LoggingSink>>>,
+    len: u32,
+    split: bool,
+) {
+    let got = ring.try_reserve(len);
+    let cap = m.cap;
+    let max = (cap - 16) as u32;
+    if len == 0 {
+        assert_eq!(got.err(), Some(RingError::ZeroLength));
+        return;
+    }
+    if len > max {
+        assert_eq!(got.err(), Some(RingError::RecordTooLarge { len, max }));
+        return;
+    }
+    if m.claimed {
+        assert_eq!(got.err(), Some(RingError::Claimed));
+        return;
+    }
+    let size = record_size(len);
+    let off = m.reserved % cap;
+    let pad = (m.mode == WrapMode::Padded && off + size > cap).then(|| cap - off);
+    let pos = m.reserved + pad.unwrap_or(0);
+    let end = pos + size;
+    if end - m.head > cap {
+        if let Some(bytes) = pad {
+            if m.open.is_empty() && pos - m.head <= cap {
+                let e = Expect::WrapPad {
+                    pos: m.reserved,
+                    bytes,
+                };
+                m.publish(e, pos);
+                m.reserved = pos;
+            }
+        }
+        assert_eq!(got.err(), Some(RingError::Full));
+        return;
+    }
+    let mut r = got.expect("model says it fits");
+    let seq = m.next_seq;
+    m.next_seq += 1;
+    assert_eq!(
+        (r.pos(), r.offset(), r.seq(), r.len()),
+        (pos, pos % cap, seq, len)
+    );
+    assert_eq!(r.end(), end);
+    assert_eq!(
+        r.header_bytes(),
+        RecordHeader {
+            len,
+            kind: KIND_DATA,
+            seq
+        }
+        .to_bytes()
+    );
+    assert_eq!(
+        r.pad_header(),
+        pad.map(|b| (off, RecordHeader::wrap_pad(b).to_bytes()))
+    );
+    let payload = make_payload(len, seq);
+    let cut = if split { payload.len() / 2 } else { 0 };
+    r.write(0, &payload[..cut]).unwrap();
+    r.write(cut as u32, &payload[cut..]).unwrap();
+    assert!(r.write(len, &[0]).is_err());
+    m.open.push_back(Pending {
+        start: m.reserved,
+        pos,
+        end,
+        seq,
+        payload,
+        finished: None,
+    });
+    m.reserved = end;
+    open.push_back(Some(r));
+}
+
+/// Commits or abandons the oldest (or newest) unfinished reservation. Records are published once
+/// every earlier one is finished, all ready ones together.
+pub fn finish_step(
+    m: &mut Model,
+    open: &mut VecDeque<Option<Reservation<'_, LoggingSink>>>,
+    ring: &Ring,
+    commit: bool,
+    newest: bool,
+) {
+    let mut unfinished = (0..open.len()).filter(|&i| open[i].is_some());
+    let Some(i) = (if newest {
+        unfinished.next_back()
+    } else {
+        unfinished.next()
+    }) else {
+        return;
+    };
+    let r = open[i].take().expect("unfinished");
+    let end = m.open[i].end;
+    if commit {
+        assert_eq!(r.commit(), end);
+    } else {
+        drop(r);
+    }
+    m.open[i].finished = Some(commit);
+    let published_before = m.published;
+    while m.open.front().is_some_and(|p| p.finished.is_some()) {
+        let p = m.open.pop_front().expect("checked");
+        open.pop_front();
+        if p.pos != p.start {
+            let e = Expect::WrapPad {
+                pos: p.start,
+                bytes: p.pos - p.start,
+            };
+            m.set_live(&e, true);
+            m.unconsumed.push_back(e);
+        }
+        let e = if p.finished == Some(true) {
+            Expect::Data {
+                pos: p.pos,
+                seq: p.seq,
+                payload: p.payload,
+            }
+        } else {
+            Expect::Abandoned {
+                pos: p.pos,
+                seq: p.seq,
+                len: p.payload.len() as u32,
+            }
+        };
+        m.publish(e, p.end);
+    }
+    if i > 0 {
+        assert_eq!(
+            m.published, published_before,
+            "a later record waits for the oldest"
+        );
+    }
+    assert_eq!(ring.sink().inner.tail(), m.published);
+}
+
+pub fn consume_step(m: &mut Model, ring: &Ring, k: usize) {
+    let sink = &ring.sink().inner;
+    let tail = sink.tail();
+    assert_eq!(tail, m.published);
+    let (from, seq_from) = (m.head, m.consumer_seq);
+    let mut pos = from;
+    let (mut data, mut short) = (0u64, 0u64);
+    for _ in 0..k {
+        if pos == tail {
+            break;
+        }
+        let (h, next) = next_record_in(sink, pos, tail, m.mode).expect("intact chain");
+        let want = m.unconsumed.pop_front().expect("model has a record here");
+        match &want {
+            Expect::Data {
+                pos: p,
+                seq,
+                payload,
+            } => {
+                assert_eq!(
+                    (pos, h.kind, h.seq, h.len),
+                    (*p, KIND_DATA, *seq, payload.len() as u32)
+                );
+                let mut got = vec![0u8; payload.len()];
+                read_wrapped(sink, pos + 16, &mut got);
+                assert_eq!(&got, payload, "payload of seq {seq}");
+                data += 1;
+                if payload.len() < TEST_PREFIX_LEN {
+                    short += 1;
+                } else {
+                    assert!(check_test_payload(&got, *seq));
+                }
+                m.consumer_seq = seq + 1;
+            }
+            Expect::Abandoned { pos: p, seq, len } => {
+                assert_eq!((pos, h.kind, h.seq, h.len), (*p, KIND_PAD, *seq, *len));
+                m.consumer_seq = seq + 1;
+            }
+            Expect::WrapPad { pos: p, bytes } => {
+                assert_eq!(
+                    m.mode,
+                    WrapMode::Padded,
+                    "a mirrored ring writes no wrap PAD"
+                );
+                assert_eq!((pos, h.kind, h.seq), (*p, KIND_PAD, WRAP_PAD_SEQ));
+                assert_eq!(h.record_size(), *bytes);
+                assert_eq!(
+                    (pos + bytes) % m.cap,
+                    0,
+                    "wrap PAD ends at the region's end"
+                );
+            }
+        }
+        assert_eq!(next, pos + want.span().1);
+        m.set_live(&want, false);
+        pos = next;
+    }
+    let before = verify_records_in(sink, from, pos, seq_from, m.mode);
+    assert_eq!(before.records, data);
+    assert_eq!(before.errors, short, "only short payloads are errors");
+    assert_eq!((before.pos, before.next_seq), (pos, m.consumer_seq));
+    ring.reclaim_to(pos).unwrap();
+    m.head = pos;
+}
+
+pub fn check_state(ring: &Ring, m: &Model) {
+    assert_eq!(ring.reserved(), m.reserved);
+    assert_eq!(ring.committed(), m.published);
+    assert_eq!(ring.reclaimed(), m.head);
+    assert_eq!(ring.free_space(), m.cap - (m.reserved - m.head));
+    assert!(m.reserved - m.head <= m.cap);
+}
+
+/// Every write since the last call must miss the published, unconsumed bytes.
+pub fn check_writes(ring: &Ring, m: &Model) {
+    let writes = std::mem::take(&mut *ring.sink().writes.lock().unwrap());
+    for (off, n) in writes {
+        assert!(off + n as u64 <= m.cap, "write past the region: {off}+{n}");
+        let hit = m.live[off as usize..off as usize + n].iter().any(|&b| b);
+        assert!(!hit, "write {off}+{n} overwrote unconsumed bytes");
+    }
+}
+
+pub fn run_model(cap: u64, mode: WrapMode, ops: Vec<Op>) {
+    let sink = LoggingSink {
+        inner: HostSink::new(cap).unwrap(),
+        writes: Mutex::new(Vec::new()),
+    };
+    let ring = RingCore::with_wrap_mode(cap, sink, mode).unwrap();
+    assert_eq!(ring.max_record() as u64, cap - 16);
+    let mut m = Model::new(cap, mode);
+    let mut open = VecDeque::new();
+    let mut producer: Option<Producer<'_, LoggingSink>> = None;
+    for op in ops {
+        // Writes are checked against the live map as it was before this op published anything.
+        let live_before = m.live.clone();
+        match op {
+            Op::Reserve(class, raw, split) => {
+                if open.len() < 3 {
+                    reserve_step(&ring, &mut m, &mut open, pick_len(class, raw, cap), split);
+                }
+            }
+            Op::CommitOldest => finish_step(&mut m, &mut open, &ring, true, false),
+            Op::AbandonOldest => finish_step(&mut m, &mut open, &ring, false, false),
+            Op::FinishNewest(commit) => finish_step(&mut m, &mut open, &ring, commit, true),
+            Op::Consume(k) => consume_step(&mut m, &ring, k),
+            Op::Claim => {
+                if producer.is_none() {
+                    let got = ring.claim(|| Ok(ring.reclaimed()));
+                    if m.open.is_empty() {
+                        producer = Some(got.expect("no reservation in flight"));
+                        m.claimed = true;
+                    } else {
+                        assert_eq!(got.err(), Some(RingError::Busy));
+                    }
+                } else {
+                    assert_eq!(ring.claim(|| Ok(0)).err(), Some(RingError::Claimed));
+                }
+            }
+            Op::ProducerWrite(class, raw, bound) => {
+                if let Some(p) = producer.as_mut() {
+                    producer_write(p, &mut m, producer_len(class, raw, cap), bound);
+                }
+            }
+            Op::ProducerAbandon(class, raw) => {
+                if let Some(p) = producer.as_mut() {
+                    producer_abandon(p, &mut m, producer_len(class, raw, cap));
+                }
+            }
+            Op::ProducerFlush => {
+                if let Some(p) = producer.as_mut() {
+                    p.flush();
+                    m.flush();
+                }
+            }
+            Op::Release => {
+                if producer.take().is_some() {
+                    m.flush();
+                    m.claimed = false;
+                }
+            }
+        }
+        assert_eq!(ring.is_claimed(), m.claimed);
+        let live_after = std::mem::replace(&mut m.live, live_before);
+        check_writes(&ring, &m);
+        m.live = live_after;
+        check_state(&ring, &m);
+    }
+    if producer.take().is_some() {
+        m.flush();
+        m.claimed = false;
+    }
+    while !open.is_empty() {
+        finish_step(&mut m, &mut open, &ring, false, false);
+    }
+    consume_step(&mut m, &ring, usize::MAX);
+    check_writes(&ring, &m);
+    check_state(&ring, &m);
+    assert_eq!(ring.free_space(), cap, "empty at the end");
+    assert!(m.unconsumed.is_empty());
+    assert_eq!(m.consumer_seq, m.next_seq, "every seq reached the consumer");
+    assert!(m.live.iter().all(|&b| !b));
+}
