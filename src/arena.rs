@@ -5,9 +5,13 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
+use crate::chunk::{ChunkMemory, ChunkSource};
 use crate::cuda::{self, CuMemHandle, Driver, MemAccessDesc, MemAllocationProp, MemLocation};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
+use crate::memory::DMA_READ_THRESHOLD;
+use crate::pool::{Pool, PoolConfig};
+use crate::range::check_range;
 use crate::vulkan::VulkanMemory;
 
 /// `CU_MEM_ALLOCATION_TYPE_PINNED`.
@@ -411,7 +415,7 @@ impl Arena {
     /// Flushes CPU writes in `[offset, offset + len)` (per chunk, rounded to the atom); a no-op on
     /// coherent memory.
     pub fn flush(&self, offset: u64, len: u64) -> Result<()> {
-        crate::vulkan::check_range(offset, len, self.len())?;
+        check_range(offset, len, self.len())?;
         for (c, within, piece) in self.layout.split(offset, len) {
             self.chunks[c].memory.flush(within, piece)?;
         }
@@ -420,7 +424,7 @@ impl Arena {
 
     /// Copies `src` to arena offset `offset`, across chunk boundaries (bounds-checked).
     pub fn write(&mut self, offset: u64, src: &[u8]) -> Result<()> {
-        crate::vulkan::check_range(offset, src.len() as u64, self.len())?;
+        check_range(offset, src.len() as u64, self.len())?;
         let mut done = 0usize;
         for (c, within, piece) in self.layout.split(offset, src.len() as u64) {
             let mem = &self.chunks[c].memory;
@@ -440,7 +444,7 @@ impl Arena {
 
     /// Copies from arena offset `offset` into `dst`, across chunk boundaries (bounds-checked).
     pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
-        crate::vulkan::check_range(offset, dst.len() as u64, self.len())?;
+        check_range(offset, dst.len() as u64, self.len())?;
         let mut done = 0usize;
         for (c, within, piece) in self.layout.split(offset, dst.len() as u64) {
             let mem = &self.chunks[c].memory;
@@ -482,12 +486,12 @@ fn ordinal_of(gpu: &Gpu) -> Result<c_int> {
     ))
 }
 
-/// A [`ChunkSource`](crate::chunk::ChunkSource) that hands out the chunks of one [`Arena`], so a
-/// [`Pool`](crate::Pool) built on it keeps every block inside one contiguous device range and
+/// A [`ChunkSource`] that hands out the chunks of one [`Arena`], so a
+/// [`Pool`] built on it keeps every block inside one contiguous device range and
 /// growing never moves a block.
 ///
 /// Every chunk is the arena's chunk size (set the pool's `chunk_size` and `max_chunk_size` to it,
-/// and its `dedicated_threshold` at most to it: [`Pool::on_arena`](crate::Pool::on_arena) does).
+/// and its `dedicated_threshold` at most to it: [`Pool::on_arena`] does).
 /// A released chunk in the middle stays mapped and is reused first; trailing released chunks are
 /// unmapped and freed at once, so the arena shrinks from the end.
 pub struct ArenaSource {
@@ -561,7 +565,7 @@ unsafe impl Send for ArenaChunkRef {}
 // SAFETY: as above; `&self` methods only read fields or lock the state.
 unsafe impl Sync for ArenaChunkRef {}
 
-impl crate::chunk::ChunkMemory for ArenaChunkRef {
+impl ChunkMemory for ArenaChunkRef {
     fn host_ptr(&self) -> *mut u8 {
         self.host
     }
@@ -584,6 +588,9 @@ impl crate::chunk::ChunkMemory for ArenaChunkRef {
             .invalidate_ranges(ranges.iter().copied())
     }
     fn read_dma(&self, offset: u64, dst: &mut [u8]) -> Option<Result<()>> {
+        if dst.len() < DMA_READ_THRESHOLD {
+            return None;
+        }
         let gpu = self.state.lock().arena.gpu.clone();
         // SAFETY: the range lies inside this mapped chunk (the caller bounds-checked it).
         Some(unsafe { gpu.memcpy_dtoh(dst, self.device + offset) })
@@ -596,8 +603,8 @@ impl Drop for ArenaChunkRef {
     }
 }
 
-impl crate::chunk::ChunkSource for ArenaSource {
-    fn allocate_chunk(&self, size: u64) -> Result<Box<dyn crate::chunk::ChunkMemory>> {
+impl ChunkSource for ArenaSource {
+    fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
         let mut s = self.state.lock();
         let chunk = s.arena.layout.chunk_size;
         if size > chunk {
@@ -636,6 +643,33 @@ impl crate::chunk::ChunkSource for ArenaSource {
     }
     fn is_non_coherent(&self) -> bool {
         self.non_coherent
+    }
+    fn device_range(&self) -> Option<(u64, u64)> {
+        Some((self.device_ptr(), self.capacity()))
+    }
+}
+
+impl Pool {
+    /// A pool whose blocks all lie in one contiguous, growable device range (a CUDA VMM
+    /// [`Arena`] reserving `reserve` bytes, mapped in `chunk_size` chunks, a multiple of the VMM
+    /// granularity). Growing never moves a block; empty chunks at the end are unmapped.
+    ///
+    /// Where the device or driver lacks VMM, falls back to a pool of separate chunks with the same
+    /// `config`; [`Pool::is_contiguous`] tells which one you got.
+    pub fn on_arena(gpu: &Gpu, reserve: u64, chunk_size: u64, config: PoolConfig) -> Result<Pool> {
+        match Arena::new(gpu, reserve, chunk_size) {
+            Ok(arena) => {
+                let cfg = PoolConfig {
+                    chunk_size,
+                    max_chunk_size: chunk_size,
+                    dedicated_threshold: config.dedicated_threshold.min(chunk_size),
+                    ..config
+                };
+                Pool::new(ArenaSource::new(arena), cfg)
+            }
+            Err(Error::Unsupported(_)) => Pool::new(gpu.clone(), config),
+            Err(e) => Err(e),
+        }
     }
 }
 

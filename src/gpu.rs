@@ -6,6 +6,7 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
+use crate::chunk::{ChunkMemory, ChunkSource};
 use crate::cuda::{ContextGuard, CuContext, CuDevice, Driver};
 use crate::error::{Error, Result};
 use crate::memory::RawMemory;
@@ -301,6 +302,19 @@ impl Gpu {
     /// Whether two handles share the same underlying open device.
     pub fn same_as(&self, other: &Gpu) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+/// CUDA-imported chunks, one [`Gpu::alloc`] each: the default source of a [`Pool`](crate::Pool).
+impl ChunkSource for Gpu {
+    fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
+        Ok(Box::new(self.alloc(size)?))
+    }
+    fn atom_size(&self) -> u64 {
+        self.vulkan().atom_size()
+    }
+    fn is_non_coherent(&self) -> bool {
+        Gpu::is_non_coherent(self)
     }
 }
 

@@ -3,6 +3,7 @@
 use std::os::fd::{AsRawFd, IntoRawFd};
 use std::ptr;
 
+use crate::chunk::ChunkMemory;
 use crate::cuda::{
     ContextGuard, CuContext, CuDevicePtr, CuExternalMemory, ExternalMemoryBufferDesc,
     ExternalMemoryHandleDesc, CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
@@ -10,6 +11,7 @@ use crate::cuda::{
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::mapping::Mapping;
+use crate::range::check_range;
 use crate::vulkan::VulkanMemory;
 
 /// One raw allocation (what the C library calls `vkgdr_memory_alloc`): GPU memory with a host
@@ -195,7 +197,7 @@ impl RawMemory {
     /// [`PinnedBuffer`](crate::cuda_objects::PinnedBuffer), 7–10 GB/s into pageable memory, against
     /// under 1 GB/s for CPU loads from the BAR). Bounds-checked.
     pub fn read_dma(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
-        crate::vulkan::check_range(offset, dst.len() as u64, self.size())?;
+        check_range(offset, dst.len() as u64, self.size())?;
         // SAFETY: the device range lies inside this allocation (checked above), alive for the call.
         unsafe { self.gpu.memcpy_dtoh(dst, self.device_ptr + offset) }
     }
@@ -220,6 +222,29 @@ impl Mapping for RawMemory {
     }
     fn before_read(&self, offset: u64, len: u64) -> Result<()> {
         self.invalidate(offset, len)
+    }
+}
+
+/// CUDA-imported chunks: what a pool over a [`Gpu`] carves, with device pointers and reads of at
+/// least [`DMA_READ_THRESHOLD`] bytes through the copy engine.
+impl ChunkMemory for RawMemory {
+    fn host_ptr(&self) -> *mut u8 {
+        RawMemory::host_ptr(self)
+    }
+    fn device_ptr(&self) -> Option<u64> {
+        Some(RawMemory::device_ptr(self))
+    }
+    fn size(&self) -> u64 {
+        RawMemory::size(self)
+    }
+    fn flush_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
+        self.vulkan().flush_ranges(ranges.iter().copied())
+    }
+    fn invalidate_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
+        self.vulkan().invalidate_ranges(ranges.iter().copied())
+    }
+    fn read_dma(&self, offset: u64, dst: &mut [u8]) -> Option<Result<()>> {
+        (dst.len() >= DMA_READ_THRESHOLD).then(|| RawMemory::read_dma(self, offset, dst))
     }
 }
 

@@ -30,7 +30,7 @@ use crate::chunk::{ChunkMemory, ChunkSource};
 use crate::dirty::DirtyRanges;
 use crate::error::{Error, MemorySide, Result};
 use crate::mapping::Mapping;
-use crate::vulkan::check_range;
+use crate::range::check_range;
 
 #[cfg(feature = "gpu-alloc")]
 mod gpu_alloc;
@@ -257,8 +257,6 @@ struct PoolInner {
 pub struct Pool {
     inner: Arc<PoolInner>,
     shards: Arc<ShardSet>,
-    /// `(base, len)` of the device range when built on an arena.
-    contiguous: Option<(u64, u64)>,
 }
 
 impl fmt::Debug for Pool {
@@ -396,45 +394,14 @@ impl Pool {
         Ok(Pool {
             inner,
             shards: Arc::new(ShardSet { cells: shards }),
-            contiguous: None,
         })
     }
 
-    /// A pool whose blocks all lie in one contiguous, growable device range (a CUDA VMM
-    /// [`Arena`](crate::Arena) reserving `reserve` bytes, mapped in `chunk_size` chunks, a multiple
-    /// of the VMM granularity). Growing never moves a block; empty chunks at the end are unmapped.
-    ///
-    /// Where the device or driver lacks VMM, falls back to a pool of separate chunks with the same
-    /// `config`; [`Pool::is_contiguous`] tells which one you got.
-    pub fn on_arena(
-        gpu: &crate::Gpu,
-        reserve: u64,
-        chunk_size: u64,
-        config: PoolConfig,
-    ) -> Result<Pool> {
-        match crate::Arena::new(gpu, reserve, chunk_size) {
-            Ok(arena) => {
-                let source = crate::arena::ArenaSource::new(arena);
-                let base = source.device_ptr();
-                let cfg = PoolConfig {
-                    chunk_size,
-                    max_chunk_size: chunk_size,
-                    dedicated_threshold: config.dedicated_threshold.min(chunk_size),
-                    ..config
-                };
-                let mut pool = Pool::new(source, cfg)?;
-                pool.contiguous = Some((base, reserve));
-                Ok(pool)
-            }
-            Err(Error::Unsupported(_)) => Pool::new(gpu.clone(), config),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// For pools made by [`Pool::on_arena`] on a VMM-capable device: the device range
-    /// `(base, len)` every block lies in.
+    /// For pools over a source that keeps every chunk in one device range (an
+    /// [`ArenaSource`](crate::arena::ArenaSource), as `Pool::on_arena` builds on a VMM-capable
+    /// device): that range, `(base, len)`, which every block lies in.
     pub fn is_contiguous(&self) -> Option<(u64, u64)> {
-        self.contiguous
+        self.inner.source.device_range()
     }
 
     /// The pool's configuration.
@@ -956,24 +923,24 @@ impl Block {
 }
 
 impl Mapping for Block {
-    /// Bounds-checked read; on CUDA chunks, reads of at least
-    /// [`DMA_READ_THRESHOLD`](crate::memory::DMA_READ_THRESHOLD) bytes use `cuMemcpyDtoH`.
+    /// Bounds-checked read; the chunk decides whether its DMA engine serves it
+    /// ([`ChunkMemory::read_dma`]: CUDA chunks use `cuMemcpyDtoH` for large reads), otherwise CPU
+    /// loads after an invalidate.
     fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         check_range(offset, dst.len() as u64, self.len)?;
-        if dst.len() >= crate::memory::DMA_READ_THRESHOLD {
-            let chunk = self.chunk();
-            // Pending CPU writes must reach the device before the copy engine reads them.
-            if self.non_coherent
-                && chunk
-                    .dirty
-                    .lock()
-                    .intersects(self.offset + offset, dst.len() as u64)
-            {
-                chunk.flush(&mut Vec::new())?;
-            }
-            if let Some(r) = chunk.memory.read_dma(self.offset + offset, dst) {
-                return r;
-            }
+        let chunk = self.chunk();
+        // Pending CPU writes must reach the device before a copy engine reads them (the CPU path
+        // would push them before its invalidate anyway).
+        if self.non_coherent
+            && chunk
+                .dirty
+                .lock()
+                .intersects(self.offset + offset, dst.len() as u64)
+        {
+            chunk.flush(&mut Vec::new())?;
+        }
+        if let Some(r) = chunk.memory.read_dma(self.offset + offset, dst) {
+            return r;
         }
         crate::mapping::read_with_cpu(self, offset, dst)
     }
