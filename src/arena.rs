@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::chunk::{ChunkMemory, ChunkSource};
 use crate::cuda::{self, CuMemHandle, Driver, MemAccessDesc, MemAllocationProp, MemLocation};
-use crate::error::{Error, Result};
+use crate::error::{Error, MemorySide, Result};
 use crate::gpu::Gpu;
 use crate::memory::DMA_READ_THRESHOLD;
 use crate::pool::{Pool, PoolConfig};
@@ -302,8 +302,9 @@ impl Arena {
     }
 
     /// Maps one more chunk at the end. Existing device addresses do not move. Fails with
-    /// [`Error::InvalidArgument`] past the reservation and with [`Error::OutOfDeviceMemory`] when
-    /// the BAR is full; the arena is unchanged on any error.
+    /// [`Error::OutOfDeviceMemory`]: `side: Limit` past the reservation, a driver side when the
+    /// BAR is full; with [`Error::InvalidArgument`] while mirrored. The arena is unchanged on any
+    /// error.
     pub fn grow(&mut self) -> Result<u64> {
         if self.mirrored {
             return Err(Error::invalid(
@@ -312,10 +313,12 @@ impl Arena {
         }
         let size = self.layout.chunk_size;
         if self.len() + size > self.reserved {
-            return Err(Error::invalid(format!(
-                "arena growth past its {}-byte reservation",
-                self.reserved
-            )));
+            return Err(Error::OutOfDeviceMemory {
+                side: MemorySide::Limit,
+                call: "Arena::grow",
+                size,
+                result: format!("the arena's {}-byte reservation is full", self.reserved),
+            });
         }
         let driver = self.gpu.driver().clone();
         let import = vmm(
@@ -615,16 +618,8 @@ impl ChunkSource for ArenaSource {
         let slot = match s.free.pop_first() {
             Some(slot) => slot,
             None => {
-                s.arena.grow().map_err(|e| match e {
-                    // A full reservation is the pool's "out of memory".
-                    Error::InvalidArgument(msg) => Error::OutOfDeviceMemory {
-                        side: crate::error::MemorySide::Limit,
-                        call: "Arena::grow",
-                        size,
-                        result: msg,
-                    },
-                    e => e,
-                })?;
+                // A full reservation is already the pool's "out of memory" (side: Limit).
+                s.arena.grow()?;
                 s.arena.chunk_count() - 1
             }
         };

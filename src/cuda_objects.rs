@@ -272,7 +272,7 @@ impl PinnedBuffer {
         let r = unsafe { (gpu.driver().cu_mem_alloc_host)(&mut p, len, CU_MEMHOSTALLOC_DEVICEMAP) };
         gpu.driver().check_alloc("cuMemHostAlloc", r, len as u64)?;
         let ptr = NonNull::new(p.cast::<u8>())
-            .ok_or_else(|| Error::invalid("cuMemHostAlloc returned null"))?;
+            .ok_or_else(|| Error::internal("cuMemHostAlloc returned a null pointer"))?;
         let mut device_ptr = 0;
         // SAFETY: `p` is a mapped pinned allocation of this context.
         let r = unsafe { (gpu.driver().cu_mem_host_get_device_pointer)(&mut device_ptr, p, 0) };

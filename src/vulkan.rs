@@ -449,10 +449,8 @@ impl VulkanContext {
                 .map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
         };
         let ptr = match mapped.map_err(vk_err("vkMapMemory")).and_then(|p| {
-            NonNull::new(p.cast::<u8>()).ok_or_else(|| Error::Vulkan {
-                call: "vkMapMemory",
-                result: "returned a null pointer".into(),
-            })
+            NonNull::new(p.cast::<u8>())
+                .ok_or_else(|| Error::internal("vkMapMemory returned a null pointer"))
         }) {
             Ok(p) => p,
             Err(e) => {

@@ -128,6 +128,21 @@ pub enum AllocError {
     Inconsistent(&'static str),
 }
 
+impl AllocError {
+    /// Whether the caller asked for something no heap can give (a bad size, alignment or
+    /// configuration), as opposed to running out of space or metadata, or a bug.
+    pub fn is_caller_error(&self) -> bool {
+        matches!(
+            self,
+            AllocError::ZeroSize
+                | AllocError::BadAlignment { .. }
+                | AllocError::AlignmentTooLarge { .. }
+                | AllocError::Overflow { .. }
+                | AllocError::InvalidConfig(_)
+        )
+    }
+}
+
 /// Heap parameters; [`HeapConfig::default`] gives the values below.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeapConfig {
@@ -157,6 +172,32 @@ impl Default for HeapConfig {
             max_align: 64 << 10,
             slab_classes_per_octave: 8,
         }
+    }
+}
+
+impl HeapConfig {
+    /// Checks an allocation request against this configuration: a non-zero `size` up to
+    /// [`MAX_CHUNK_SIZE`] and a power-of-two `align` up to [`HeapConfig::max_align`]. The one
+    /// validation of a request, shared by [`Heap::alloc`] and the pool's dedicated and cached
+    /// paths.
+    #[inline]
+    pub fn check_request(&self, size: u64, align: u64) -> Result<(), AllocError> {
+        if size == 0 {
+            return Err(AllocError::ZeroSize);
+        }
+        if !align.is_power_of_two() {
+            return Err(AllocError::BadAlignment { align });
+        }
+        if align > self.max_align {
+            return Err(AllocError::AlignmentTooLarge {
+                align,
+                max: self.max_align,
+            });
+        }
+        if size > MAX_CHUNK_SIZE {
+            return Err(AllocError::Overflow { size });
+        }
+        Ok(())
     }
 }
 
@@ -403,21 +444,7 @@ impl Heap {
     /// Validates a request; returns the size rounded to the granule and the effective alignment.
     #[inline]
     fn check_request(&self, size: u64, align: u64) -> Result<(u64, u64), AllocError> {
-        if size == 0 {
-            return Err(AllocError::ZeroSize);
-        }
-        if !align.is_power_of_two() {
-            return Err(AllocError::BadAlignment { align });
-        }
-        if align > self.config.max_align {
-            return Err(AllocError::AlignmentTooLarge {
-                align,
-                max: self.config.max_align,
-            });
-        }
-        if size > MAX_CHUNK_SIZE {
-            return Err(AllocError::Overflow { size });
-        }
+        self.config.check_request(size, align)?;
         Ok((align_up(size, self.gran), align.max(self.gran)))
     }
 

@@ -12,7 +12,7 @@ use super::{magazine, PoolInner};
 use crate::alloc::Allocation;
 #[cfg(doc)]
 use crate::chunk::ChunkMemory;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::mapping::Mapping;
 use crate::range::check_range;
 
@@ -204,11 +204,7 @@ impl Mapping for Block {
     fn after_write(&mut self, offset: u64, len: u64) -> Result<()> {
         if self.non_coherent && len > 0 {
             check_range(offset, len, self.len)?;
-            self.chunk()
-                .dirty
-                .lock()
-                .mark(self.offset + offset, len)
-                .map_err(|e| Error::invalid(format!("dirty range: {e}")))?;
+            self.chunk().dirty.lock().mark(self.offset + offset, len)?;
         }
         Ok(())
     }

@@ -188,7 +188,9 @@ impl GpuAllocBackend {
                 size,
                 result: "OutOfDeviceMemory".into(),
             },
-            e => Error::invalid(format!("gpu-alloc: {e}")),
+            // Requests were validated before; the source's own failures reach gpu-alloc only as
+            // "out of host memory".
+            e => Error::internal(format!("gpu-alloc: {e}")),
         })
     }
 

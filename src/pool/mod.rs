@@ -21,7 +21,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::alloc::{AllocError, Heap, HeapStats};
+use crate::alloc::{Heap, HeapStats};
 use crate::chunk::{ChunkMemory, ChunkSource};
 use crate::error::{Error, MemorySide, Result};
 
@@ -114,29 +114,13 @@ pub struct PoolStats {
     pub shards: Vec<HeapStats>,
 }
 
-fn alloc_err(e: AllocError) -> Error {
-    match e {
-        AllocError::ZeroSize => Error::invalid("allocation size is zero"),
-        AllocError::BadAlignment { align } => {
-            Error::invalid(format!("alignment {align} is not a power of two"))
-        }
-        AllocError::AlignmentTooLarge { align, max } => Error::invalid(format!(
-            "alignment {align} exceeds the pool's maximum {max}"
-        )),
-        AllocError::Overflow { size } => {
-            Error::invalid(format!("allocation of {size} bytes is too large"))
-        }
-        e => Error::Alloc(e),
-    }
-}
-
 impl Pool {
     /// Creates a pool over `source` (a [`Gpu`](crate::Gpu), an `Arc<VulkanContext>`, or a
     /// [`HostMemorySource`](crate::chunk::HostMemorySource)). No chunk is allocated until needed.
     pub fn new(source: impl ChunkSource + 'static, config: PoolConfig) -> Result<Pool> {
         config.validate()?;
         let heaps = (0..config.shards)
-            .map(|_| Heap::new(config.heap.clone()).map_err(alloc_err))
+            .map(|_| Heap::new(config.heap.clone()).map_err(Error::from))
             .collect::<Result<Vec<_>>>()?;
         #[cfg(feature = "gpu-alloc")]
         let gpu_alloc = match config.backend {
@@ -210,20 +194,8 @@ impl Pool {
 
     #[inline(never)]
     fn alloc_slow(&self, size: u64, align: u64) -> Result<Block> {
-        if size == 0 {
-            return Err(Error::invalid("allocation size is zero"));
-        }
-        if !align.is_power_of_two() {
-            return Err(Error::invalid(format!(
-                "alignment {align} is not a power of two"
-            )));
-        }
-        if align > self.inner.config.heap.max_align {
-            return Err(alloc_err(AllocError::AlignmentTooLarge {
-                align,
-                max: self.inner.config.heap.max_align,
-            }));
-        }
+        // Checked here once for every path (dedicated, cached, gpu-alloc, shared).
+        self.inner.config.heap.check_request(size, align)?;
         if size >= self.inner.config.dedicated_threshold {
             return self.alloc_dedicated(size);
         }
@@ -338,7 +310,7 @@ impl Pool {
             Ok(id) => id,
             Err(e) => {
                 self.inner.reserved.fetch_sub(size, Ordering::AcqRel);
-                return Err(alloc_err(e));
+                return Err(e.into());
             }
         };
         let i = id.0 as usize;

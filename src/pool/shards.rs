@@ -15,7 +15,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::spin::SpinMutex;
-use super::{alloc_err, magazine, PoolInner};
+use super::{magazine, PoolInner};
 use crate::alloc::{AllocError, Allocation, ChunkId, Heap};
 use crate::chunk::ChunkMemory;
 use crate::dirty::DirtyRanges;
@@ -51,8 +51,7 @@ impl fmt::Debug for Chunk {
 impl Chunk {
     /// Wraps a freshly allocated chunk with an empty dirty-range tracker of `atom` granularity.
     pub(super) fn new(memory: Box<dyn ChunkMemory>, atom: u64) -> Result<Arc<Chunk>> {
-        let dirty = DirtyRanges::new(memory.size(), atom)
-            .map_err(|e| Error::invalid(format!("dirty-range tracker: {e}")))?;
+        let dirty = DirtyRanges::new(memory.size(), atom)?;
         Ok(Arc::new(Chunk {
             host_base: HostBase(memory.host_ptr()),
             device_base: memory.device_ptr(),
@@ -182,9 +181,9 @@ impl ShardSet {
                 chunk_size_needed, ..
             }) => {
                 grow(&mut shard, chunk_size_needed)?;
-                shard.heap.alloc(size, align).map_err(alloc_err)?
+                shard.heap.alloc(size, align)?
             }
-            Err(e) => return Err(alloc_err(e)),
+            Err(e) => return Err(e.into()),
         };
         let Some(chunk) = shard
             .chunks
@@ -192,8 +191,8 @@ impl ShardSet {
             .and_then(|c| c.as_ref())
         else {
             let _ = shard.heap.free(allocation);
-            return Err(Error::invalid(
-                "allocator returned a block in an unknown chunk (bug)",
+            return Err(Error::internal(
+                "the allocator returned a block in an unknown chunk",
             ));
         };
         // The chunk stays in the shard's table while it holds a live allocation (chunks are

@@ -305,3 +305,25 @@ fn the_chunk_decides_dma_reads_after_pending_writes_are_flushed() {
     assert_eq!(log.dma_reads.load(Ordering::Relaxed), 1);
     assert_eq!(log.flushes.load(Ordering::Relaxed), 1);
 }
+
+#[test]
+fn requests_are_validated_once_for_every_path() {
+    let pool = cached_pool(4);
+    // Shared, cached and dedicated sizes all meet the same check, with the core's messages.
+    for size in [16, 64 << 10, u64::MAX] {
+        for align in [0, 3, 1 << 20] {
+            assert!(
+                matches!(pool.alloc(size, align), Err(Error::InvalidArgument(_))),
+                "{size} {align}"
+            );
+        }
+    }
+    assert!(matches!(pool.alloc(0, 16), Err(Error::InvalidArgument(_))));
+    // Too large for any chunk: refused before the source is asked.
+    let e = pool.alloc(u64::MAX, 16).unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument(m) if m.contains("exceeds")),
+        "{e}"
+    );
+    assert_eq!(pool.stats().bytes_reserved, 0);
+}
