@@ -1,12 +1,16 @@
 //! [`Arena`]: a growable, virtually contiguous device range over BAR-mapped chunks (CUDA VMM),
 //! plus VMM feature detection and granularity.
 
-use std::ffi::{c_int, c_uint, c_void};
+use std::ffi::{c_int, c_void};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use crate::chunk::{ChunkMemory, ChunkSource};
-use crate::cuda::{self, CuMemHandle, Driver, MemAccessDesc, MemAllocationProp, MemLocation};
+use crate::cuda::{
+    self, out_of_memory, CuMemHandle, Driver, MemAccessDesc, MemAllocationProp, MemLocation,
+    CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+};
 use crate::error::{Error, MemorySide, Result};
 use crate::gpu::Gpu;
 use crate::memory::DMA_READ_THRESHOLD;
@@ -14,48 +18,17 @@ use crate::pool::{Pool, PoolConfig};
 use crate::range::check_range;
 use crate::vulkan::VulkanMemory;
 
-/// `CU_MEM_ALLOCATION_TYPE_PINNED`.
-const ALLOCATION_TYPE_PINNED: u32 = 1;
-/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
-const HANDLE_TYPE_POSIX_FD: u32 = 1;
-/// `CU_MEM_LOCATION_TYPE_DEVICE`.
-const LOCATION_TYPE_DEVICE: u32 = 1;
-/// `CU_MEM_ALLOC_GRANULARITY_MINIMUM`.
-const GRANULARITY_MINIMUM: u32 = 0;
-
-pub(crate) fn allocation_prop(ordinal: c_int) -> MemAllocationProp {
-    MemAllocationProp {
-        alloc_type: ALLOCATION_TYPE_PINNED,
-        requested_handle_types: HANDLE_TYPE_POSIX_FD,
-        location: MemLocation {
-            location_type: LOCATION_TYPE_DEVICE,
-            id: ordinal,
-        },
-        win32_handle_meta_data: std::ptr::null_mut(),
-        alloc_flags: [0; 8],
-    }
-}
-
 /// The VMM mapping granularity for POSIX-fd device memory on device `ordinal` (2 MiB on the H100):
 /// chunks mapped into an arena must be multiples of it.
 pub fn granularity(driver: &Driver, ordinal: c_int) -> Result<u64> {
-    let f = driver.cu_mem_get_allocation_granularity.ok_or_else(|| {
-        Error::Unsupported("cuMemGetAllocationGranularity missing (driver too old)".into())
-    })?;
-    let prop = allocation_prop(ordinal);
-    let mut g = 0usize;
+    let prop = MemAllocationProp::pinned_posix_fd(ordinal);
     // SAFETY: `prop` is a fully initialised CUmemAllocationProp (32 bytes, checked at compile
-    // time); valid out-pointer.
-    driver.check("cuMemGetAllocationGranularity", unsafe {
-        f(&mut g, &prop, GRANULARITY_MINIMUM)
-    })?;
+    // time) that outlives the call.
+    let g = unsafe {
+        driver.cu_mem_get_allocation_granularity(&prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)
+    }?;
     Ok(g as u64)
 }
-
-/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` as the `CUmemAllocationHandleType` argument.
-const SHAREABLE_POSIX_FD: c_uint = 1;
-/// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
-const ACCESS_READ_WRITE: c_uint = 3;
 
 /// Offset arithmetic of an arena: equal-sized chunks laid back to back in one address range.
 /// Pure, so it is property-tested without a GPU.
@@ -147,14 +120,6 @@ impl std::fmt::Debug for Arena {
     }
 }
 
-fn vmm<T: Copy>(f: Option<T>, name: &str) -> Result<T> {
-    f.ok_or_else(|| {
-        Error::Unsupported(format!(
-            "{name} missing from libcuda (driver too old for VMM)"
-        ))
-    })
-}
-
 impl Arena {
     /// Reserves `reserve` bytes of device address space for chunks of `chunk_size` bytes on
     /// `gpu`'s device. Both must be multiples of the VMM granularity. Nothing is mapped yet.
@@ -194,12 +159,11 @@ impl Arena {
                 "arena reservation {reserve} is not a multiple of the chunk size {chunk_size}"
             )));
         }
-        let reserve_fn = vmm(driver.cu_mem_address_reserve, "cuMemAddressReserve")?;
         let _ctx = gpu.bind()?;
-        let mut base = 0;
-        // SAFETY: valid out-pointer; size and alignment are granularity multiples; no fixed address.
-        let r = unsafe { reserve_fn(&mut base, reserve as usize, g as usize, 0, 0) };
-        driver.check_alloc("cuMemAddressReserve", r, reserve)?;
+        // Size and alignment are granularity multiples; no fixed address.
+        let base = driver
+            .cu_mem_address_reserve(reserve as usize, g as usize, 0, 0)
+            .map_err(out_of_memory(reserve))?;
         Ok(Arena {
             gpu: gpu.clone(),
             base,
@@ -243,14 +207,14 @@ impl Arena {
         if !self.mirrored {
             return Ok(());
         }
-        let driver = self.gpu.driver().clone();
-        let unmap = vmm(driver.cu_mem_unmap, "cuMemUnmap")?;
         let _ctx = self.gpu.bind()?;
         let at = self.base + self.len();
         // SAFETY: the mirror is mapped at `at` with one chunk's size.
-        driver.check("cuMemUnmap", unsafe {
-            unmap(at, self.layout.chunk_size as usize)
-        })?;
+        unsafe {
+            self.gpu
+                .driver()
+                .cu_mem_unmap(at, self.layout.chunk_size as usize)
+        }?;
         self.mirrored = false;
         Ok(())
     }
@@ -320,31 +284,24 @@ impl Arena {
                 result: format!("the arena's {}-byte reservation is full", self.reserved),
             });
         }
-        let driver = self.gpu.driver().clone();
-        let import = vmm(
-            driver.cu_mem_import_from_shareable_handle,
-            "cuMemImportFromShareableHandle",
-        )?;
-        let release = vmm(driver.cu_mem_release, "cuMemRelease")?;
-
+        let driver = self.gpu.driver();
         let memory = self.gpu.vulkan().allocate(size)?;
         let fd = memory.export_fd()?;
         let _ctx = self.gpu.bind()?;
-        let mut handle: CuMemHandle = 0;
-        // SAFETY: the fd is a live opaque fd of the allocation; this call does not take ownership
-        // (the OwnedFd closes it when dropped below).
-        let r = unsafe {
-            import(
-                &mut handle,
+        // SAFETY: the fd is a live opaque fd of the allocation, passed as the handle value (as
+        // cuda.h prescribes for POSIX fds); this call does not take ownership (the OwnedFd closes
+        // it when dropped below).
+        let handle = unsafe {
+            driver.cu_mem_import_from_shareable_handle(
                 fd.as_raw_fd() as isize as *mut c_void,
-                SHAREABLE_POSIX_FD,
+                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
             )
         };
         drop(fd);
-        driver.check_alloc("cuMemImportFromShareableHandle", r, size)?;
+        let handle = handle.map_err(out_of_memory(size))?;
         if let Err(e) = self.map_with_access(self.base + self.len(), handle) {
             // SAFETY: the handle is ours and not mapped anywhere.
-            unsafe { release(handle) };
+            let _ = unsafe { driver.cu_mem_release(handle) };
             return Err(e);
         }
         self.chunks.push(ArenaChunk { handle, memory });
@@ -356,27 +313,20 @@ impl Arena {
     /// be a chunk-sized, unmapped slot inside the reservation.
     fn map_with_access(&self, at: u64, handle: CuMemHandle) -> Result<()> {
         let driver = self.gpu.driver();
-        let map = vmm(driver.cu_mem_map, "cuMemMap")?;
-        let unmap = vmm(driver.cu_mem_unmap, "cuMemUnmap")?;
-        let set_access = vmm(driver.cu_mem_set_access, "cuMemSetAccess")?;
         let size = self.layout.chunk_size;
         debug_assert!(at >= self.base && at + size <= self.base + self.reserved);
         // SAFETY: `at..at+size` lies in our reservation and is unmapped (caller's contract); the
         // handle's allocation is exactly one chunk.
-        let r = unsafe { map(at, size as usize, 0, handle, 0) };
-        driver.check_alloc("cuMemMap", r, size)?;
+        unsafe { driver.cu_mem_map(at, size as usize, 0, handle, 0) }
+            .map_err(out_of_memory(size))?;
         let access = MemAccessDesc {
-            location: MemLocation {
-                location_type: LOCATION_TYPE_DEVICE,
-                id: self.ordinal,
-            },
-            flags: ACCESS_READ_WRITE,
+            location: MemLocation::device(self.ordinal),
+            flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
-        // SAFETY: the range was just mapped; one valid access descriptor.
-        let r = unsafe { set_access(at, size as usize, &access, 1) };
-        if let Err(e) = driver.check("cuMemSetAccess", r) {
+        // SAFETY: the range was just mapped; one valid access descriptor, alive for the call.
+        if let Err(e) = unsafe { driver.cu_mem_set_access(at, size as usize, &access, 1) } {
             // SAFETY: undo the mapping made above; nothing has used it.
-            unsafe { unmap(at, size as usize) };
+            let _ = unsafe { driver.cu_mem_unmap(at, size as usize) };
             return Err(e);
         }
         Ok(())
@@ -403,16 +353,13 @@ impl Arena {
 
     fn release_chunk(&self, at: u64, c: ArenaChunk) -> Result<()> {
         let driver = self.gpu.driver();
-        let unmap = vmm(driver.cu_mem_unmap, "cuMemUnmap")?;
-        let release = vmm(driver.cu_mem_release, "cuMemRelease")?;
         let _ctx = self.gpu.bind()?;
         // SAFETY: the chunk is mapped at `at` with its full size; unmap before release.
-        let r1 = unsafe { unmap(at, self.layout.chunk_size as usize) };
+        let unmapped = unsafe { driver.cu_mem_unmap(at, self.layout.chunk_size as usize) };
         // SAFETY: the handle is ours and no longer mapped.
-        let r2 = unsafe { release(c.handle) };
+        let released = unsafe { driver.cu_mem_release(c.handle) };
         drop(c.memory); // Vulkan memory last
-        driver.check("cuMemUnmap", r1)?;
-        driver.check("cuMemRelease", r2)
+        unmapped.and(released)
     }
 
     /// Flushes CPU writes in `[offset, offset + len)` (per chunk, rounded to the atom); a no-op on
@@ -469,11 +416,13 @@ impl Drop for Arena {
     fn drop(&mut self) {
         let _ = self.unmap_mirror();
         let _ = self.shrink(usize::MAX);
-        if let Some(free) = self.gpu.driver().cu_mem_address_free {
-            let _ctx = self.gpu.bind();
-            // SAFETY: every chunk is unmapped; the range is ours and freed once.
-            unsafe { free(self.base, self.reserved as usize) };
-        }
+        let _ctx = self.gpu.bind();
+        // SAFETY: every chunk is unmapped; the range is ours and freed once.
+        let _ = unsafe {
+            self.gpu
+                .driver()
+                .cu_mem_address_free(self.base, self.reserved as usize)
+        };
     }
 }
 

@@ -1,6 +1,5 @@
 //! [`Gpu`]: the handle everything else hangs from — one CUDA device with its matching Vulkan device.
 
-use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -68,7 +67,7 @@ impl Drop for GpuInner {
         if self.retained_primary.load(Ordering::Acquire) {
             // SAFETY: we retained the primary context exactly once in `open`; every allocation
             // holds a `Gpu`, so none is alive any more.
-            unsafe { (self.driver.cu_device_primary_ctx_release)(self.device) };
+            let _ = unsafe { self.driver.cu_device_primary_ctx_release(self.device) };
         }
     }
 }
@@ -209,13 +208,11 @@ impl Gpu {
         if let Some(c) = self.inner.context.get() {
             return Ok(*c);
         }
-        let driver = &self.inner.driver;
-        let mut primary: CuContext = ptr::null_mut();
-        // SAFETY: `device` is a valid device (its UUID was read at open); valid out-pointer.
         // Balanced by the release in `GpuInner::drop`, which `retained_primary` arms.
-        driver.check("cuDevicePrimaryCtxRetain", unsafe {
-            (driver.cu_device_primary_ctx_retain)(&mut primary, self.inner.device)
-        })?;
+        let primary = self
+            .inner
+            .driver
+            .cu_device_primary_ctx_retain(self.inner.device)?;
         self.inner.retained_primary.store(true, Ordering::Release);
         let _ = self.inner.context.set(primary);
         Ok(primary)
@@ -292,11 +289,55 @@ impl Gpu {
     pub fn mem_info(&self) -> Result<(u64, u64)> {
         let _g = self.bind()?;
         let (mut free, mut total) = (0usize, 0usize);
-        // SAFETY: a context is current (guard); valid out-pointers.
-        self.driver().check("cuMemGetInfo_v2", unsafe {
-            (self.driver().cu_mem_get_info)(&mut free, &mut total)
-        })?;
+        // SAFETY: a context is current (guard); two valid out-pointers.
+        unsafe { self.driver().cu_mem_get_info(&mut free, &mut total) }?;
         Ok((free as u64, total as u64))
+    }
+
+    /// `cuMemcpyDtoH`: copies `dst.len()` bytes from device address `src` (synchronous).
+    ///
+    /// # Safety
+    /// - `[src, src + dst.len())` must be valid device memory of this GPU's context.
+    pub unsafe fn memcpy_dtoh(&self, dst: &mut [u8], src: u64) -> Result<()> {
+        let _ctx = self.bind()?;
+        // SAFETY: the caller guarantees the device range; `dst` is a valid host buffer.
+        unsafe {
+            self.driver()
+                .cu_memcpy_dtoh(dst.as_mut_ptr().cast(), src, dst.len())
+        }
+    }
+
+    /// `cuMemcpyHtoD`, then a context synchronize: when this returns the bytes are in device
+    /// memory (from pageable memory `cuMemcpyHtoD` alone may return while the DMA is in flight).
+    ///
+    /// # Safety
+    /// - `[dst, dst + src.len())` must be valid device memory of this GPU's context.
+    pub unsafe fn memcpy_htod(&self, dst: u64, src: &[u8]) -> Result<()> {
+        let _ctx = self.bind()?;
+        // SAFETY: the caller guarantees the device range; `src` is a valid host buffer.
+        unsafe {
+            self.driver()
+                .cu_memcpy_htod(dst, src.as_ptr().cast(), src.len())
+        }?;
+        self.driver().cu_ctx_synchronize()
+    }
+
+    /// `cuMemsetD32`: sets `count` 32-bit words at `dst` to `value`, then synchronises the
+    /// context, so the words are set when this returns.
+    ///
+    /// # Safety
+    /// - `[dst, dst + 4 * count)` must be valid device memory of this GPU's context, 4-aligned.
+    pub unsafe fn memset_d32(&self, dst: u64, value: u32, count: usize) -> Result<()> {
+        let _ctx = self.bind()?;
+        // SAFETY: the caller guarantees the range.
+        unsafe { self.driver().cu_memset_d32(dst, value, count) }?;
+        self.driver().cu_ctx_synchronize()
+    }
+
+    /// Waits for all work in the context.
+    pub fn synchronize(&self) -> Result<()> {
+        let _ctx = self.bind()?;
+        self.driver().cu_ctx_synchronize()
     }
 
     /// Whether two handles share the same underlying open device.
@@ -321,15 +362,6 @@ impl ChunkSource for Gpu {
 /// The calling thread's current context and its device. With none current, the driver's own
 /// answer: `cuCtxGetDevice` fails with `CUDA_ERROR_INVALID_CONTEXT`.
 pub(crate) fn current_context(driver: &Driver) -> Result<(CuContext, CuDevice)> {
-    let mut device = 0;
-    // SAFETY: valid out-pointer; with no current context the driver returns an error code.
-    driver.check("cuCtxGetDevice", unsafe {
-        (driver.cu_ctx_get_device)(&mut device)
-    })?;
-    let mut ctx: CuContext = ptr::null_mut();
-    // SAFETY: valid out-pointer.
-    driver.check("cuCtxGetCurrent", unsafe {
-        (driver.cu_ctx_get_current)(&mut ctx)
-    })?;
-    Ok((ctx, device))
+    let device = driver.cu_ctx_get_device()?;
+    Ok((driver.cu_ctx_get_current()?, device))
 }

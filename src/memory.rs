@@ -1,12 +1,11 @@
 //! [`RawMemory`]: one BAR-mapped allocation — Vulkan export, CUDA import, host mapping.
 
 use std::os::fd::{AsRawFd, IntoRawFd};
-use std::ptr;
 
 use crate::chunk::ChunkMemory;
 use crate::cuda::{
-    ContextGuard, CuContext, CuDevicePtr, CuExternalMemory, ExternalMemoryBufferDesc,
-    ExternalMemoryHandleDesc, CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
+    out_of_memory, ContextGuard, CuContext, CuDevicePtr, CuExternalMemory,
+    ExternalMemoryBufferDesc, ExternalMemoryHandleDesc, CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
 };
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
@@ -89,11 +88,10 @@ impl RawMemory {
             flags: 0,
             reserved: [0; 16],
         };
-        let mut external: CuExternalMemory = ptr::null_mut();
-        // SAFETY: `desc` describes a live opaque fd of `alloc_size` bytes; out-pointer valid; the
-        // context is current.
-        let r = unsafe { (driver.cu_import_external_memory)(&mut external, &desc) };
-        driver.check_alloc("cuImportExternalMemory", r, size)?;
+        // SAFETY: `desc` describes a live opaque fd of `alloc_size` bytes and outlives the call;
+        // the context is current.
+        let external =
+            unsafe { driver.cu_import_external_memory(&desc) }.map_err(out_of_memory(size))?;
         // A successful import owns the fd: give up our ownership without closing it.
         let _ = fd.into_raw_fd();
 
@@ -103,16 +101,16 @@ impl RawMemory {
             flags: 0,
             reserved: [0; 16],
         };
-        let mut device_ptr: CuDevicePtr = 0;
         // SAFETY: `external` is the live import; the buffer covers exactly the memory object.
-        let r = unsafe {
-            (driver.cu_external_memory_get_mapped_buffer)(&mut device_ptr, external, &buf)
-        };
-        if let Err(e) = driver.check_alloc("cuExternalMemoryGetMappedBuffer", r, size) {
-            // SAFETY: the import is ours and has no mapped buffer.
-            unsafe { (driver.cu_destroy_external_memory)(external) };
-            return Err(e);
-        }
+        let device_ptr =
+            match unsafe { driver.cu_external_memory_get_mapped_buffer(external, &buf) } {
+                Ok(p) => p,
+                Err(e) => {
+                    // SAFETY: the import is ours and has no mapped buffer.
+                    let _ = unsafe { driver.cu_destroy_external_memory(external) };
+                    return Err(out_of_memory(size)(e));
+                }
+            };
         Ok(RawMemory {
             gpu: gpu.clone(),
             external,
@@ -261,8 +259,8 @@ impl Drop for RawMemory {
         // SAFETY: the mapped buffer and the import are ours and used by nothing else now; order:
         // free the mapping, destroy the import, then the Vulkan memory drops (unmap, free).
         unsafe {
-            (driver.cu_mem_free)(self.device_ptr);
-            (driver.cu_destroy_external_memory)(self.external);
+            let _ = driver.cu_mem_free(self.device_ptr);
+            let _ = driver.cu_destroy_external_memory(self.external);
         }
     }
 }

@@ -170,7 +170,7 @@ impl Pool {
     }
 
     /// Allocates `size` bytes aligned to `align` (a power of two up to
-    /// [`HeapConfig::max_align`], 64 KiB by default). The alignment holds for the device address
+    /// [`HeapConfig::max_align`](crate::alloc::HeapConfig::max_align), 64 KiB by default). The alignment holds for the device address
     /// and, up to the host mapping's own alignment (page size at least), for the host address.
     #[inline]
     pub fn alloc(&self, size: u64, align: u64) -> Result<Block> {
