@@ -13,6 +13,7 @@ use crate::cuda::{
 };
 use crate::error::{Error, MemorySide, Result};
 use crate::gpu::Gpu;
+use crate::handle::SendSyncPtr;
 use crate::memory::DMA_READ_THRESHOLD;
 use crate::pool::{Pool, PoolConfig};
 use crate::range::check_range;
@@ -92,6 +93,10 @@ struct ArenaChunk {
 ///
 /// Teardown, on shrink and on drop, runs in the order that works: `cuMemUnmap`, `cuMemRelease`,
 /// then the Vulkan memory; `cuMemAddressFree` last.
+///
+/// `Send + Sync` by its fields: CUDA handles and device addresses are process-wide values, the
+/// chunks' mappings are written only through `&mut self`, and `&self` methods only read through
+/// them or return addresses.
 pub struct Arena {
     gpu: Gpu,
     base: u64,
@@ -102,12 +107,6 @@ pub struct Arena {
     /// Whether chunk 0 is mapped a second time right after the last chunk.
     mirrored: bool,
 }
-
-// SAFETY: CUDA handles and device addresses are process-wide values; the chunks' mappings are
-// only written through `&mut self`.
-unsafe impl Send for Arena {}
-// SAFETY: `&self` methods only read through the mappings or return addresses.
-unsafe impl Sync for Arena {}
 
 impl std::fmt::Debug for Arena {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -503,23 +502,21 @@ impl ArenaSource {
     }
 }
 
+/// One chunk of an [`ArenaSource`] lent to a pool; `Send + Sync` by its fields (the shared state
+/// is behind a mutex, `&self` methods only read fields or lock it).
 struct ArenaChunkRef {
     state: Arc<parking_lot::Mutex<ArenaSlots>>,
     slot: usize,
-    host: *mut u8,
+    /// The slot's host mapping, which stays mapped while this reference exists (the slot is
+    /// released only in our Drop).
+    host: SendSyncPtr<u8>,
     device: u64,
     size: u64,
 }
 
-// SAFETY: the host pointer refers to the slot's mapping, which stays mapped while this reference
-// exists (the slot is only released in our Drop); the shared state is behind a mutex.
-unsafe impl Send for ArenaChunkRef {}
-// SAFETY: as above; `&self` methods only read fields or lock the state.
-unsafe impl Sync for ArenaChunkRef {}
-
 impl ChunkMemory for ArenaChunkRef {
     fn host_ptr(&self) -> *mut u8 {
-        self.host
+        self.host.get()
     }
     fn device_ptr(&self) -> Option<u64> {
         Some(self.device)
@@ -573,7 +570,7 @@ impl ChunkSource for ArenaSource {
             }
         };
         let offset = slot as u64 * chunk;
-        let host = s.arena.chunks[slot].memory.as_ptr();
+        let host = SendSyncPtr::new(s.arena.chunks[slot].memory.as_ptr());
         Ok(Box::new(ArenaChunkRef {
             state: self.state.clone(),
             slot,

@@ -13,6 +13,7 @@ use std::alloc::Layout;
 use std::ptr::NonNull;
 
 use crate::error::{Error, MemorySide, Result};
+use crate::handle::SendSyncPtr;
 
 /// A mapped chunk of memory owned by a pool. Freed when dropped.
 pub trait ChunkMemory: Send + Sync {
@@ -56,19 +57,16 @@ pub trait ChunkSource: Send + Sync {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct HostMemorySource;
 
+/// `Send + Sync` by its fields: it exclusively owns its heap allocation, and `&self` only hands
+/// out the base pointer (access discipline is the pool's).
 struct HostChunk {
-    ptr: NonNull<u8>,
+    ptr: SendSyncPtr<u8>,
     layout: Layout,
 }
 
-// SAFETY: the chunk exclusively owns its heap allocation.
-unsafe impl Send for HostChunk {}
-// SAFETY: `&self` only hands out the base pointer; access discipline is the pool's.
-unsafe impl Sync for HostChunk {}
-
 impl ChunkMemory for HostChunk {
     fn host_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.ptr.get()
     }
     fn device_ptr(&self) -> Option<u64> {
         None
@@ -87,7 +85,7 @@ impl ChunkMemory for HostChunk {
 impl Drop for HostChunk {
     fn drop(&mut self) {
         // SAFETY: allocated in `allocate_chunk` with exactly this layout.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+        unsafe { std::alloc::dealloc(self.ptr.get(), self.layout) };
     }
 }
 
@@ -106,7 +104,10 @@ impl ChunkSource for HostMemorySource {
             size,
             result: "host allocation failed".into(),
         })?;
-        Ok(Box::new(HostChunk { ptr, layout }))
+        Ok(Box::new(HostChunk {
+            ptr: ptr.into(),
+            layout,
+        }))
     }
     fn atom_size(&self) -> u64 {
         64

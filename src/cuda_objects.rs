@@ -6,22 +6,20 @@ use std::ffi::{c_void, CString};
 use std::ptr::{self, NonNull};
 
 use crate::cuda::{
-    out_of_memory, CuDevicePtr, CuEvent, CuFunction, CuModule, CuStream, CU_EVENT_DISABLE_TIMING,
-    CU_MEMHOSTALLOC_DEVICEMAP, CU_STREAM_NON_BLOCKING,
+    out_of_memory, CuDevicePtr, CuStream, CU_EVENT_DISABLE_TIMING, CU_MEMHOSTALLOC_DEVICEMAP,
+    CU_STREAM_NON_BLOCKING,
 };
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
+use crate::handle::SendSyncPtr;
 
 /// A CUDA module loaded from PTX text with `cuModuleLoadData`.
 pub struct Module {
     gpu: Gpu,
-    raw: CuModule,
+    /// The `CUmodule`: a context-wide handle usable from any thread with the context pushed;
+    /// immutable after loading.
+    raw: SendSyncPtr<c_void>,
 }
-
-// SAFETY: a CUmodule is a context-wide handle usable from any thread with the context pushed.
-unsafe impl Send for Module {}
-// SAFETY: as above; the module is immutable after loading.
-unsafe impl Sync for Module {}
 
 impl Module {
     /// JIT-compiles `ptx` for the device.
@@ -32,7 +30,7 @@ impl Module {
         let raw = unsafe { gpu.driver().cu_module_load_data(text.as_ptr().cast()) }?;
         Ok(Module {
             gpu: gpu.clone(),
-            raw,
+            raw: SendSyncPtr::new(raw),
         })
     }
 
@@ -44,9 +42,12 @@ impl Module {
         let raw = unsafe {
             self.gpu
                 .driver()
-                .cu_module_get_function(self.raw, cname.as_ptr())
+                .cu_module_get_function(self.raw.get(), cname.as_ptr())
         }?;
-        Ok(Function { module: self, raw })
+        Ok(Function {
+            module: self,
+            raw: SendSyncPtr::new(raw),
+        })
     }
 }
 
@@ -54,21 +55,17 @@ impl Drop for Module {
     fn drop(&mut self) {
         let _ctx = self.gpu.bind();
         // SAFETY: the module is ours; functions borrow it, so none is alive.
-        let _ = unsafe { self.gpu.driver().cu_module_unload(self.raw) };
+        let _ = unsafe { self.gpu.driver().cu_module_unload(self.raw.get()) };
     }
 }
 
 /// A kernel in a [`Module`].
 pub struct Function<'m> {
     module: &'m Module,
-    raw: CuFunction,
+    /// The `CUfunction`: an immutable, context-wide handle; launching from several threads is
+    /// allowed by the driver (each launch pushes the context itself).
+    raw: SendSyncPtr<c_void>,
 }
-
-// SAFETY: a CUfunction is an immutable, context-wide handle; launching from several threads is
-// allowed by the driver (each launch pushes the context itself).
-unsafe impl Send for Function<'_> {}
-// SAFETY: as above.
-unsafe impl Sync for Function<'_> {}
 
 /// Grid and block dimensions of a launch.
 #[derive(Debug, Clone, Copy)]
@@ -108,11 +105,11 @@ impl Function<'_> {
     ) -> Result<()> {
         let gpu = &self.module.gpu;
         let _ctx = gpu.bind()?;
-        let s = stream.map_or(ptr::null_mut(), |s| s.raw);
+        let s = stream.map_or(ptr::null_mut(), Stream::raw);
         // SAFETY: live function and stream; the caller guarantees the parameter array.
         unsafe {
             gpu.driver().cu_launch_kernel(
-                self.raw,
+                self.raw.get(),
                 config.grid.0,
                 config.grid.1,
                 config.grid.2,
@@ -131,13 +128,10 @@ impl Function<'_> {
 /// A CUDA stream (non-blocking with respect to the legacy default stream).
 pub struct Stream {
     gpu: Gpu,
-    raw: CuStream,
+    /// The `CUstream`: usable from any thread; stream operations are internally synchronised by
+    /// the driver.
+    raw: SendSyncPtr<c_void>,
 }
-
-// SAFETY: CUstream handles are usable from any thread.
-unsafe impl Send for Stream {}
-// SAFETY: stream operations are internally synchronised by the driver.
-unsafe impl Sync for Stream {}
 
 impl Stream {
     /// Creates a non-blocking stream.
@@ -146,20 +140,20 @@ impl Stream {
         let raw = gpu.driver().cu_stream_create(CU_STREAM_NON_BLOCKING)?;
         Ok(Stream {
             gpu: gpu.clone(),
-            raw,
+            raw: SendSyncPtr::new(raw),
         })
     }
 
     /// The raw `CUstream`.
     pub fn raw(&self) -> CuStream {
-        self.raw
+        self.raw.get()
     }
 
     /// Waits for all work on the stream.
     pub fn synchronize(&self) -> Result<()> {
         let _ctx = self.gpu.bind()?;
         // SAFETY: live stream.
-        unsafe { self.gpu.driver().cu_stream_synchronize(self.raw) }
+        unsafe { self.gpu.driver().cu_stream_synchronize(self.raw()) }
     }
 }
 
@@ -167,21 +161,17 @@ impl Drop for Stream {
     fn drop(&mut self) {
         let _ctx = self.gpu.bind();
         // SAFETY: the stream is ours; the driver lets pending work finish before destroying it.
-        let _ = unsafe { self.gpu.driver().cu_stream_destroy(self.raw) };
+        let _ = unsafe { self.gpu.driver().cu_stream_destroy(self.raw()) };
     }
 }
 
 /// A CUDA event without timing (cheap), used to learn when the GPU is past a point in a stream.
 pub struct Event {
     gpu: Gpu,
-    raw: CuEvent,
+    /// The `CUevent`: usable from any thread; query, synchronize and record are thread-safe
+    /// driver calls (record needs `&self` only in the driver's model too).
+    raw: SendSyncPtr<c_void>,
 }
-
-// SAFETY: CUevent handles are usable from any thread.
-unsafe impl Send for Event {}
-// SAFETY: query/synchronize are thread-safe driver calls; record needs &self only in the driver's
-// model too.
-unsafe impl Sync for Event {}
 
 impl Event {
     /// Creates an event (`CU_EVENT_DISABLE_TIMING`).
@@ -190,7 +180,7 @@ impl Event {
         let raw = gpu.driver().cu_event_create(CU_EVENT_DISABLE_TIMING)?;
         Ok(Event {
             gpu: gpu.clone(),
-            raw,
+            raw: SendSyncPtr::new(raw),
         })
     }
 
@@ -198,21 +188,25 @@ impl Event {
     pub fn record(&self, stream: &Stream) -> Result<()> {
         let _ctx = self.gpu.bind()?;
         // SAFETY: live event and stream of the same context.
-        unsafe { self.gpu.driver().cu_event_record(self.raw, stream.raw) }
+        unsafe {
+            self.gpu
+                .driver()
+                .cu_event_record(self.raw.get(), stream.raw())
+        }
     }
 
     /// Whether all work before the record point has completed.
     pub fn is_complete(&self) -> Result<bool> {
         let _ctx = self.gpu.bind()?;
         // SAFETY: live event.
-        unsafe { self.gpu.driver().cu_event_query(self.raw) }
+        unsafe { self.gpu.driver().cu_event_query(self.raw.get()) }
     }
 
     /// Blocks until the event completes.
     pub fn synchronize(&self) -> Result<()> {
         let _ctx = self.gpu.bind()?;
         // SAFETY: live event.
-        unsafe { self.gpu.driver().cu_event_synchronize(self.raw) }
+        unsafe { self.gpu.driver().cu_event_synchronize(self.raw.get()) }
     }
 }
 
@@ -220,7 +214,7 @@ impl Drop for Event {
     fn drop(&mut self) {
         let _ctx = self.gpu.bind();
         // SAFETY: the event is ours.
-        let _ = unsafe { self.gpu.driver().cu_event_destroy(self.raw) };
+        let _ = unsafe { self.gpu.driver().cu_event_destroy(self.raw.get()) };
     }
 }
 
@@ -229,15 +223,12 @@ impl Drop for Event {
 /// fast source/target of `cuMemcpy`.
 pub struct PinnedBuffer {
     gpu: Gpu,
-    ptr: NonNull<u8>,
+    /// Plain host memory owned by this value, never null; shared access only hands out `&[u8]`
+    /// or raw pointers.
+    ptr: SendSyncPtr<u8>,
     len: usize,
     device_ptr: CuDevicePtr,
 }
-
-// SAFETY: plain host memory owned by this value.
-unsafe impl Send for PinnedBuffer {}
-// SAFETY: shared access only hands out `&[u8]` or raw pointers.
-unsafe impl Sync for PinnedBuffer {}
 
 impl PinnedBuffer {
     /// Allocates `len` bytes of zeroed pinned, device-mapped memory.
@@ -265,7 +256,7 @@ impl PinnedBuffer {
         unsafe { ptr::write_bytes(ptr.as_ptr(), 0, len) };
         Ok(PinnedBuffer {
             gpu: gpu.clone(),
-            ptr,
+            ptr: ptr.into(),
             len,
             device_ptr,
         })
@@ -273,7 +264,7 @@ impl PinnedBuffer {
 
     /// The host pointer.
     pub fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.ptr.get()
     }
 
     /// The device-side address of the same bytes.
@@ -294,13 +285,13 @@ impl PinnedBuffer {
     /// The bytes as a slice. The GPU may be writing them; use volatile reads for polled words.
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: owned allocation of `len` bytes, initialised at creation.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts(self.ptr.get(), self.len) }
     }
 
     /// The bytes as a mutable slice.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above, exclusive borrow.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.get(), self.len) }
     }
 }
 
@@ -308,7 +299,7 @@ impl Drop for PinnedBuffer {
     fn drop(&mut self) {
         let _ctx = self.gpu.bind();
         // SAFETY: ours; no kernel may use it after the owner drops it (launch's contract).
-        let _ = unsafe { self.gpu.driver().cu_mem_free_host(self.ptr.as_ptr().cast()) };
+        let _ = unsafe { self.gpu.driver().cu_mem_free_host(self.ptr.get().cast()) };
     }
 }
 

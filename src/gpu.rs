@@ -1,5 +1,6 @@
 //! [`Gpu`]: the handle everything else hangs from — one CUDA device with its matching Vulkan device.
 
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -8,6 +9,7 @@ use parking_lot::Mutex;
 use crate::chunk::{ChunkMemory, ChunkSource};
 use crate::cuda::{ContextGuard, CuContext, CuDevice, Driver};
 use crate::error::{Error, Result};
+use crate::handle::SendSyncPtr;
 use crate::memory::RawMemory;
 use crate::vulkan::{format_uuid, DeviceSelector, MemoryOptions, VulkanContext};
 
@@ -41,12 +43,15 @@ impl OpenOptions {
     }
 }
 
+/// `Send + Sync` by its fields; no method mutates shared state without the driver's own
+/// synchronisation.
 struct GpuInner {
     driver: Arc<Driver>,
     vulkan: Arc<VulkanContext>,
     /// The context this handle works in. Set at open, or — for [`Gpu::open_cu_device`] — the
-    /// device's primary context, retained the first time the handle needs one.
-    context: OnceLock<CuContext>,
+    /// device's primary context, retained the first time the handle needs one. A `CUcontext` is
+    /// a process-wide handle usable from any thread (we push it around each use).
+    context: OnceLock<SendSyncPtr<c_void>>,
     /// Serialises the lazy retain so the primary context is retained at most once.
     context_init: Mutex<()>,
     device: CuDevice,
@@ -55,12 +60,6 @@ struct GpuInner {
     name: String,
     uuid: [u8; 16],
 }
-
-// SAFETY: a CUcontext is a process-wide handle usable from any thread (we push it around each
-// use); the other fields are Send + Sync themselves.
-unsafe impl Send for GpuInner {}
-// SAFETY: as above; no method mutates shared state without the driver's own synchronisation.
-unsafe impl Sync for GpuInner {}
 
 impl Drop for GpuInner {
     fn drop(&mut self) {
@@ -182,7 +181,7 @@ impl Gpu {
         )?;
         let cell = OnceLock::new();
         if let Some(c) = context {
-            let _ = cell.set(c);
+            let _ = cell.set(SendSyncPtr::new(c));
         }
         Ok(Gpu {
             inner: Arc::new(GpuInner {
@@ -202,11 +201,11 @@ impl Gpu {
     /// for handles from [`Gpu::open_cu_device`].
     fn context(&self) -> Result<CuContext> {
         if let Some(c) = self.inner.context.get() {
-            return Ok(*c);
+            return Ok(c.get());
         }
         let _one_at_a_time = self.inner.context_init.lock();
         if let Some(c) = self.inner.context.get() {
-            return Ok(*c);
+            return Ok(c.get());
         }
         // Balanced by the release in `GpuInner::drop`, which `retained_primary` arms.
         let primary = self
@@ -214,7 +213,7 @@ impl Gpu {
             .driver
             .cu_device_primary_ctx_retain(self.inner.device)?;
         self.inner.retained_primary.store(true, Ordering::Release);
-        let _ = self.inner.context.set(primary);
+        let _ = self.inner.context.set(SendSyncPtr::new(primary));
         Ok(primary)
     }
 

@@ -32,6 +32,7 @@ pub mod cuda_objects;
 pub mod dirty;
 mod error;
 mod gpu;
+mod handle;
 mod mapping;
 pub mod memory;
 pub mod pool;

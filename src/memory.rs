@@ -1,14 +1,16 @@
 //! [`RawMemory`]: one BAR-mapped allocation — Vulkan export, CUDA import, host mapping.
 
+use std::ffi::c_void;
 use std::os::fd::{AsRawFd, IntoRawFd};
 
 use crate::chunk::ChunkMemory;
 use crate::cuda::{
-    out_of_memory, ContextGuard, CuContext, CuDevicePtr, CuExternalMemory,
-    ExternalMemoryBufferDesc, ExternalMemoryHandleDesc, CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
+    out_of_memory, ContextGuard, CuContext, CuDevicePtr, ExternalMemoryBufferDesc,
+    ExternalMemoryHandleDesc, CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
 };
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
+use crate::handle::SendSyncPtr;
 use crate::mapping::Mapping;
 use crate::range::check_range;
 use crate::vulkan::VulkanMemory;
@@ -22,24 +24,23 @@ use crate::vulkan::VulkanMemory;
 /// The safe [`Mapping`] methods flush after each write and invalidate before each read when the
 /// memory is non-coherent. Users of [`RawMemory::host_ptr`] must call [`RawMemory::flush`] and
 /// [`RawMemory::invalidate`] themselves.
+///
+/// `Send + Sync` by its fields: mutation through safe code needs `&mut self`, and `&self` methods
+/// only read immutable handle values or issue thread-safe driver calls.
 pub struct RawMemory {
     gpu: Gpu,
-    external: CuExternalMemory,
+    /// The CUDA import (`CUexternalMemory`): a process-wide handle, usable from any thread.
+    external: SendSyncPtr<c_void>,
     device_ptr: CuDevicePtr,
     /// The size asked for (what `len` reports); the Vulkan allocation may be larger.
     requested: u64,
     /// The context the memory was imported into when it is not the `Gpu`'s own
-    /// ([`Gpu::alloc_in_current_context`]); pushed again to free it.
-    foreign_context: Option<CuContext>,
+    /// ([`Gpu::alloc_in_current_context`]); pushed again, from whatever thread drops the memory,
+    /// to free it (a `CUcontext` may be made current on any thread).
+    foreign_context: Option<SendSyncPtr<c_void>>,
     // Dropped after `Drop::drop` has torn down the CUDA side.
     vulkan: VulkanMemory,
 }
-
-// SAFETY: the external-memory handle is a process-wide CUDA handle; the mapping is shared device
-// memory. Mutation through safe code needs `&mut self`.
-unsafe impl Send for RawMemory {}
-// SAFETY: `&self` methods only read immutable handle values or issue thread-safe driver calls.
-unsafe impl Sync for RawMemory {}
 
 impl std::fmt::Debug for RawMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -113,10 +114,10 @@ impl RawMemory {
             };
         Ok(RawMemory {
             gpu: gpu.clone(),
-            external,
+            external: SendSyncPtr::new(external),
             device_ptr,
             requested: size,
-            foreign_context,
+            foreign_context: foreign_context.map(SendSyncPtr::new),
             vulkan,
         })
     }
@@ -253,14 +254,14 @@ impl Drop for RawMemory {
         // there is no way to report them from drop and the handles are ours.
         let _ctx = match self.foreign_context {
             // SAFETY: `new_in_current_context`'s caller promised the context outlives the memory.
-            Some(c) => unsafe { ContextGuard::push(driver, c) },
+            Some(c) => unsafe { ContextGuard::push(driver, c.get()) },
             None => self.gpu.bind(),
         };
         // SAFETY: the mapped buffer and the import are ours and used by nothing else now; order:
         // free the mapping, destroy the import, then the Vulkan memory drops (unmap, free).
         unsafe {
             let _ = driver.cu_mem_free(self.device_ptr);
-            let _ = driver.cu_destroy_external_memory(self.external);
+            let _ = driver.cu_destroy_external_memory(self.external.get());
         }
     }
 }

@@ -14,6 +14,7 @@ use ash::vk;
 
 use crate::chunk::{ChunkMemory, ChunkSource};
 use crate::error::{Error, MemorySide, Result};
+use crate::handle::SendSyncPtr;
 use crate::mapping::Mapping;
 use crate::range::{atom_range, check_range, round_alloc_size};
 
@@ -463,7 +464,7 @@ impl VulkanContext {
             ctx: self.clone(),
             memory,
             size: alloc_size,
-            ptr,
+            ptr: ptr.into(),
         })
     }
 
@@ -503,20 +504,18 @@ impl Drop for VulkanContext {
 /// One exportable, mapped Vulkan allocation (no CUDA involved).
 ///
 /// Unmapped and freed on drop. Holds its [`VulkanContext`], so it cannot outlive the device.
+///
+/// `Send + Sync` by its fields: the memory handle has no thread affinity (Vulkan memory objects may
+/// be used from any thread, with the external synchronisation that the immutable handle and
+/// `&mut self` on the writing methods provide), and `&self` methods only read the handle values or
+/// call vkFlush/vkInvalidateMappedMemoryRanges, which need no external synchronisation.
 pub struct VulkanMemory {
     ctx: Arc<VulkanContext>,
     memory: vk::DeviceMemory,
     size: u64,
-    ptr: NonNull<u8>,
+    /// The host mapping: plain memory shared with the device, never null.
+    ptr: SendSyncPtr<u8>,
 }
-
-// SAFETY: the mapping is plain memory shared with the device; the handle carries no thread
-// affinity (Vulkan memory objects may be used from any thread with external synchronisation, which
-// `&mut self` on the writing methods and the immutable handle provide).
-unsafe impl Send for VulkanMemory {}
-// SAFETY: `&self` methods only read the handle values or call thread-safe Vulkan functions
-// (vkFlush/vkInvalidate on distinct or identical ranges need no external synchronisation).
-unsafe impl Sync for VulkanMemory {}
 
 impl std::fmt::Debug for VulkanMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -535,7 +534,7 @@ impl VulkanMemory {
 
     /// The host mapping's base address.
     pub fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.ptr.get()
     }
 
     /// The context this memory belongs to.

@@ -81,7 +81,7 @@ impl Block {
         Block {
             // SAFETY: the allocator guarantees offset + len <= chunk size, so the pointer stays
             // inside the chunk's mapping.
-            host_ptr: unsafe { chunk.host_base.0.add(offset as usize) },
+            host_ptr: unsafe { chunk.host_base.get().add(offset as usize) },
             device_ptr: chunk.device_base.map(|p| p + offset),
             offset,
             len,

@@ -20,24 +20,18 @@ use crate::alloc::{AllocError, Allocation, ChunkId, Heap};
 use crate::chunk::ChunkMemory;
 use crate::dirty::DirtyRanges;
 use crate::error::{Error, Result};
+use crate::handle::SendSyncPtr;
 
 /// One chunk with its dirty-range tracker. Blocks hold an `Arc`, so the memory outlives them.
 pub(super) struct Chunk {
     pub(super) memory: Box<dyn ChunkMemory>,
     /// `memory.host_ptr()` and `memory.device_ptr()`, read once: every block creation needs them.
-    pub(super) host_base: HostBase,
+    /// The host base keeps its provenance; it is only used to compute block addresses inside the
+    /// chunk, which the chunk outlives, and is never written through here.
+    pub(super) host_base: SendSyncPtr<u8>,
     pub(super) device_base: Option<u64>,
     pub(super) dirty: Mutex<DirtyRanges>,
 }
-
-/// The chunk's host base pointer, kept with its provenance.
-pub(super) struct HostBase(pub(super) *mut u8);
-
-// SAFETY: the pointer is only used to compute block addresses inside the chunk, which the chunk
-// (and so this value) outlives; it carries no thread affinity.
-unsafe impl Send for HostBase {}
-// SAFETY: as above; it is never written through here.
-unsafe impl Sync for HostBase {}
 
 impl fmt::Debug for Chunk {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -53,7 +47,7 @@ impl Chunk {
     pub(super) fn new(memory: Box<dyn ChunkMemory>, atom: u64) -> Result<Arc<Chunk>> {
         let dirty = DirtyRanges::new(memory.size(), atom)?;
         Ok(Arc::new(Chunk {
-            host_base: HostBase(memory.host_ptr()),
+            host_base: SendSyncPtr::new(memory.host_ptr()),
             device_base: memory.device_ptr(),
             memory,
             dirty: Mutex::new(dirty),
