@@ -60,7 +60,7 @@ static NEXT_HEAP_ID: AtomicU32 = AtomicU32::new(1);
 #[non_exhaustive]
 pub enum AllocError {
     /// A zero-byte allocation was requested.
-    #[error("zero-size allocation")]
+    #[error("allocation size is zero")]
     ZeroSize,
     /// The alignment is not a power of two.
     #[error("alignment {align} is not a power of two")]
@@ -69,7 +69,7 @@ pub enum AllocError {
         align: u64,
     },
     /// The alignment exceeds what chunk bases guarantee ([`HeapConfig::max_align`]).
-    #[error("alignment {align} exceeds the maximum {max}")]
+    #[error("alignment {align} exceeds the pool's maximum {max}")]
     AlignmentTooLarge {
         /// The requested alignment.
         align: u64,
@@ -77,7 +77,7 @@ pub enum AllocError {
         max: u64,
     },
     /// The size exceeds [`MAX_CHUNK_SIZE`], so rounding it could overflow and no chunk can hold it.
-    #[error("allocation of {size} bytes exceeds the supported maximum")]
+    #[error("allocation of {size} bytes is too large")]
     Overflow {
         /// The requested size.
         size: u64,

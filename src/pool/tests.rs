@@ -318,12 +318,24 @@ fn requests_are_validated_once_for_every_path() {
             );
         }
     }
-    assert!(matches!(pool.alloc(0, 16), Err(Error::InvalidArgument(_))));
-    // Too large for any chunk: refused before the source is asked.
-    let e = pool.alloc(u64::MAX, 16).unwrap_err();
-    assert!(
-        matches!(&e, Error::InvalidArgument(m) if m.contains("exceeds")),
-        "{e}"
-    );
+    // The messages callers (and the Python package's tests) know; too large for any chunk is
+    // refused before the source is asked.
+    for (size, align, text) in [
+        (0, 16, "allocation size is zero"),
+        (16, 3, "alignment 3 is not a power of two"),
+        (
+            16,
+            1 << 20,
+            "alignment 1048576 exceeds the pool's maximum 65536",
+        ),
+        (
+            u64::MAX,
+            16,
+            "allocation of 18446744073709551615 bytes is too large",
+        ),
+    ] {
+        let e = pool.alloc(size, align).unwrap_err();
+        assert_eq!(e.to_string(), format!("invalid argument: {text}"));
+    }
     assert_eq!(pool.stats().bytes_reserved, 0);
 }
