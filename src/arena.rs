@@ -1,57 +1,35 @@
 //! [`Arena`]: a growable, virtually contiguous device range over BAR-mapped chunks (CUDA VMM),
 //! plus VMM feature detection and granularity.
 
-use std::ffi::{c_int, c_uint, c_void};
+use std::ffi::{c_int, c_void};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
-use crate::cuda::{self, CuMemHandle, Driver, MemAccessDesc, MemAllocationProp, MemLocation};
-use crate::error::{Error, Result};
+use crate::chunk::{ChunkMemory, ChunkSource};
+use crate::cuda::{
+    self, out_of_memory, CuMemHandle, Driver, MemAccessDesc, MemAllocationProp, MemLocation,
+    CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+};
+use crate::error::{Error, MemorySide, Result};
 use crate::gpu::Gpu;
+use crate::handle::SendSyncPtr;
+use crate::memory::DMA_READ_THRESHOLD;
+use crate::pool::{Pool, PoolConfig};
+use crate::range::check_range;
 use crate::vulkan::VulkanMemory;
-
-/// `CU_MEM_ALLOCATION_TYPE_PINNED`.
-const ALLOCATION_TYPE_PINNED: u32 = 1;
-/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
-const HANDLE_TYPE_POSIX_FD: u32 = 1;
-/// `CU_MEM_LOCATION_TYPE_DEVICE`.
-const LOCATION_TYPE_DEVICE: u32 = 1;
-/// `CU_MEM_ALLOC_GRANULARITY_MINIMUM`.
-const GRANULARITY_MINIMUM: u32 = 0;
-
-pub(crate) fn allocation_prop(ordinal: c_int) -> MemAllocationProp {
-    MemAllocationProp {
-        alloc_type: ALLOCATION_TYPE_PINNED,
-        requested_handle_types: HANDLE_TYPE_POSIX_FD,
-        location: MemLocation {
-            location_type: LOCATION_TYPE_DEVICE,
-            id: ordinal,
-        },
-        win32_handle_meta_data: std::ptr::null_mut(),
-        alloc_flags: [0; 8],
-    }
-}
 
 /// The VMM mapping granularity for POSIX-fd device memory on device `ordinal` (2 MiB on the H100):
 /// chunks mapped into an arena must be multiples of it.
 pub fn granularity(driver: &Driver, ordinal: c_int) -> Result<u64> {
-    let f = driver.cu_mem_get_allocation_granularity.ok_or_else(|| {
-        Error::Unsupported("cuMemGetAllocationGranularity missing (driver too old)".into())
-    })?;
-    let prop = allocation_prop(ordinal);
-    let mut g = 0usize;
+    let prop = MemAllocationProp::pinned_posix_fd(ordinal);
     // SAFETY: `prop` is a fully initialised CUmemAllocationProp (32 bytes, checked at compile
-    // time); valid out-pointer.
-    driver.check("cuMemGetAllocationGranularity", unsafe {
-        f(&mut g, &prop, GRANULARITY_MINIMUM)
-    })?;
+    // time) that outlives the call.
+    let g = unsafe {
+        driver.cu_mem_get_allocation_granularity(&prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)
+    }?;
     Ok(g as u64)
 }
-
-/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` as the `CUmemAllocationHandleType` argument.
-const SHAREABLE_POSIX_FD: c_uint = 1;
-/// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
-const ACCESS_READ_WRITE: c_uint = 3;
 
 /// Offset arithmetic of an arena: equal-sized chunks laid back to back in one address range.
 /// Pure, so it is property-tested without a GPU.
@@ -115,6 +93,10 @@ struct ArenaChunk {
 ///
 /// Teardown, on shrink and on drop, runs in the order that works: `cuMemUnmap`, `cuMemRelease`,
 /// then the Vulkan memory; `cuMemAddressFree` last.
+///
+/// `Send + Sync` by its fields: CUDA handles and device addresses are process-wide values, the
+/// chunks' mappings are written only through `&mut self`, and `&self` methods only read through
+/// them or return addresses.
 pub struct Arena {
     gpu: Gpu,
     base: u64,
@@ -126,12 +108,6 @@ pub struct Arena {
     mirrored: bool,
 }
 
-// SAFETY: CUDA handles and device addresses are process-wide values; the chunks' mappings are
-// only written through `&mut self`.
-unsafe impl Send for Arena {}
-// SAFETY: `&self` methods only read through the mappings or return addresses.
-unsafe impl Sync for Arena {}
-
 impl std::fmt::Debug for Arena {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Arena")
@@ -141,14 +117,6 @@ impl std::fmt::Debug for Arena {
             .field("chunks", &self.chunks.len())
             .finish()
     }
-}
-
-fn vmm<T: Copy>(f: Option<T>, name: &str) -> Result<T> {
-    f.ok_or_else(|| {
-        Error::Unsupported(format!(
-            "{name} missing from libcuda (driver too old for VMM)"
-        ))
-    })
 }
 
 impl Arena {
@@ -190,12 +158,11 @@ impl Arena {
                 "arena reservation {reserve} is not a multiple of the chunk size {chunk_size}"
             )));
         }
-        let reserve_fn = vmm(driver.cu_mem_address_reserve, "cuMemAddressReserve")?;
         let _ctx = gpu.bind()?;
-        let mut base = 0;
-        // SAFETY: valid out-pointer; size and alignment are granularity multiples; no fixed address.
-        let r = unsafe { reserve_fn(&mut base, reserve as usize, g as usize, 0, 0) };
-        driver.check_alloc("cuMemAddressReserve", r, reserve)?;
+        // Size and alignment are granularity multiples; no fixed address.
+        let base = driver
+            .cu_mem_address_reserve(reserve as usize, g as usize, 0, 0)
+            .map_err(out_of_memory(reserve))?;
         Ok(Arena {
             gpu: gpu.clone(),
             base,
@@ -239,14 +206,14 @@ impl Arena {
         if !self.mirrored {
             return Ok(());
         }
-        let driver = self.gpu.driver().clone();
-        let unmap = vmm(driver.cu_mem_unmap, "cuMemUnmap")?;
         let _ctx = self.gpu.bind()?;
         let at = self.base + self.len();
         // SAFETY: the mirror is mapped at `at` with one chunk's size.
-        driver.check("cuMemUnmap", unsafe {
-            unmap(at, self.layout.chunk_size as usize)
-        })?;
+        unsafe {
+            self.gpu
+                .driver()
+                .cu_mem_unmap(at, self.layout.chunk_size as usize)
+        }?;
         self.mirrored = false;
         Ok(())
     }
@@ -298,8 +265,9 @@ impl Arena {
     }
 
     /// Maps one more chunk at the end. Existing device addresses do not move. Fails with
-    /// [`Error::InvalidArgument`] past the reservation and with [`Error::OutOfDeviceMemory`] when
-    /// the BAR is full; the arena is unchanged on any error.
+    /// [`Error::OutOfDeviceMemory`]: `side: Limit` past the reservation, a driver side when the
+    /// BAR is full; with [`Error::InvalidArgument`] while mirrored. The arena is unchanged on any
+    /// error.
     pub fn grow(&mut self) -> Result<u64> {
         if self.mirrored {
             return Err(Error::invalid(
@@ -308,36 +276,31 @@ impl Arena {
         }
         let size = self.layout.chunk_size;
         if self.len() + size > self.reserved {
-            return Err(Error::invalid(format!(
-                "arena growth past its {}-byte reservation",
-                self.reserved
-            )));
+            return Err(Error::OutOfDeviceMemory {
+                side: MemorySide::Limit,
+                call: "Arena::grow",
+                size,
+                result: format!("the arena's {}-byte reservation is full", self.reserved),
+            });
         }
-        let driver = self.gpu.driver().clone();
-        let import = vmm(
-            driver.cu_mem_import_from_shareable_handle,
-            "cuMemImportFromShareableHandle",
-        )?;
-        let release = vmm(driver.cu_mem_release, "cuMemRelease")?;
-
+        let driver = self.gpu.driver();
         let memory = self.gpu.vulkan().allocate(size)?;
         let fd = memory.export_fd()?;
         let _ctx = self.gpu.bind()?;
-        let mut handle: CuMemHandle = 0;
-        // SAFETY: the fd is a live opaque fd of the allocation; this call does not take ownership
-        // (the OwnedFd closes it when dropped below).
-        let r = unsafe {
-            import(
-                &mut handle,
+        // SAFETY: the fd is a live opaque fd of the allocation, passed as the handle value (as
+        // cuda.h prescribes for POSIX fds); this call does not take ownership (the OwnedFd closes
+        // it when dropped below).
+        let handle = unsafe {
+            driver.cu_mem_import_from_shareable_handle(
                 fd.as_raw_fd() as isize as *mut c_void,
-                SHAREABLE_POSIX_FD,
+                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
             )
         };
         drop(fd);
-        driver.check_alloc("cuMemImportFromShareableHandle", r, size)?;
+        let handle = handle.map_err(out_of_memory(size))?;
         if let Err(e) = self.map_with_access(self.base + self.len(), handle) {
             // SAFETY: the handle is ours and not mapped anywhere.
-            unsafe { release(handle) };
+            let _ = unsafe { driver.cu_mem_release(handle) };
             return Err(e);
         }
         self.chunks.push(ArenaChunk { handle, memory });
@@ -349,27 +312,20 @@ impl Arena {
     /// be a chunk-sized, unmapped slot inside the reservation.
     fn map_with_access(&self, at: u64, handle: CuMemHandle) -> Result<()> {
         let driver = self.gpu.driver();
-        let map = vmm(driver.cu_mem_map, "cuMemMap")?;
-        let unmap = vmm(driver.cu_mem_unmap, "cuMemUnmap")?;
-        let set_access = vmm(driver.cu_mem_set_access, "cuMemSetAccess")?;
         let size = self.layout.chunk_size;
         debug_assert!(at >= self.base && at + size <= self.base + self.reserved);
         // SAFETY: `at..at+size` lies in our reservation and is unmapped (caller's contract); the
         // handle's allocation is exactly one chunk.
-        let r = unsafe { map(at, size as usize, 0, handle, 0) };
-        driver.check_alloc("cuMemMap", r, size)?;
+        unsafe { driver.cu_mem_map(at, size as usize, 0, handle, 0) }
+            .map_err(out_of_memory(size))?;
         let access = MemAccessDesc {
-            location: MemLocation {
-                location_type: LOCATION_TYPE_DEVICE,
-                id: self.ordinal,
-            },
-            flags: ACCESS_READ_WRITE,
+            location: MemLocation::device(self.ordinal),
+            flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
-        // SAFETY: the range was just mapped; one valid access descriptor.
-        let r = unsafe { set_access(at, size as usize, &access, 1) };
-        if let Err(e) = driver.check("cuMemSetAccess", r) {
+        // SAFETY: the range was just mapped; one valid access descriptor, alive for the call.
+        if let Err(e) = unsafe { driver.cu_mem_set_access(at, size as usize, &access, 1) } {
             // SAFETY: undo the mapping made above; nothing has used it.
-            unsafe { unmap(at, size as usize) };
+            let _ = unsafe { driver.cu_mem_unmap(at, size as usize) };
             return Err(e);
         }
         Ok(())
@@ -396,22 +352,19 @@ impl Arena {
 
     fn release_chunk(&self, at: u64, c: ArenaChunk) -> Result<()> {
         let driver = self.gpu.driver();
-        let unmap = vmm(driver.cu_mem_unmap, "cuMemUnmap")?;
-        let release = vmm(driver.cu_mem_release, "cuMemRelease")?;
         let _ctx = self.gpu.bind()?;
         // SAFETY: the chunk is mapped at `at` with its full size; unmap before release.
-        let r1 = unsafe { unmap(at, self.layout.chunk_size as usize) };
+        let unmapped = unsafe { driver.cu_mem_unmap(at, self.layout.chunk_size as usize) };
         // SAFETY: the handle is ours and no longer mapped.
-        let r2 = unsafe { release(c.handle) };
+        let released = unsafe { driver.cu_mem_release(c.handle) };
         drop(c.memory); // Vulkan memory last
-        driver.check("cuMemUnmap", r1)?;
-        driver.check("cuMemRelease", r2)
+        unmapped.and(released)
     }
 
     /// Flushes CPU writes in `[offset, offset + len)` (per chunk, rounded to the atom); a no-op on
     /// coherent memory.
     pub fn flush(&self, offset: u64, len: u64) -> Result<()> {
-        crate::vulkan::check_range(offset, len, self.len())?;
+        check_range(offset, len, self.len())?;
         for (c, within, piece) in self.layout.split(offset, len) {
             self.chunks[c].memory.flush(within, piece)?;
         }
@@ -420,7 +373,7 @@ impl Arena {
 
     /// Copies `src` to arena offset `offset`, across chunk boundaries (bounds-checked).
     pub fn write(&mut self, offset: u64, src: &[u8]) -> Result<()> {
-        crate::vulkan::check_range(offset, src.len() as u64, self.len())?;
+        check_range(offset, src.len() as u64, self.len())?;
         let mut done = 0usize;
         for (c, within, piece) in self.layout.split(offset, src.len() as u64) {
             let mem = &self.chunks[c].memory;
@@ -440,7 +393,7 @@ impl Arena {
 
     /// Copies from arena offset `offset` into `dst`, across chunk boundaries (bounds-checked).
     pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
-        crate::vulkan::check_range(offset, dst.len() as u64, self.len())?;
+        check_range(offset, dst.len() as u64, self.len())?;
         let mut done = 0usize;
         for (c, within, piece) in self.layout.split(offset, dst.len() as u64) {
             let mem = &self.chunks[c].memory;
@@ -462,11 +415,13 @@ impl Drop for Arena {
     fn drop(&mut self) {
         let _ = self.unmap_mirror();
         let _ = self.shrink(usize::MAX);
-        if let Some(free) = self.gpu.driver().cu_mem_address_free {
-            let _ctx = self.gpu.bind();
-            // SAFETY: every chunk is unmapped; the range is ours and freed once.
-            unsafe { free(self.base, self.reserved as usize) };
-        }
+        let _ctx = self.gpu.bind();
+        // SAFETY: every chunk is unmapped; the range is ours and freed once.
+        let _ = unsafe {
+            self.gpu
+                .driver()
+                .cu_mem_address_free(self.base, self.reserved as usize)
+        };
     }
 }
 
@@ -482,12 +437,12 @@ fn ordinal_of(gpu: &Gpu) -> Result<c_int> {
     ))
 }
 
-/// A [`ChunkSource`](crate::chunk::ChunkSource) that hands out the chunks of one [`Arena`], so a
-/// [`Pool`](crate::Pool) built on it keeps every block inside one contiguous device range and
+/// A [`ChunkSource`] that hands out the chunks of one [`Arena`], so a
+/// [`Pool`] built on it keeps every block inside one contiguous device range and
 /// growing never moves a block.
 ///
 /// Every chunk is the arena's chunk size (set the pool's `chunk_size` and `max_chunk_size` to it,
-/// and its `dedicated_threshold` at most to it: [`Pool::on_arena`](crate::Pool::on_arena) does).
+/// and its `dedicated_threshold` at most to it: [`Pool::on_arena`] does).
 /// A released chunk in the middle stays mapped and is reused first; trailing released chunks are
 /// unmapped and freed at once, so the arena shrinks from the end.
 pub struct ArenaSource {
@@ -547,23 +502,21 @@ impl ArenaSource {
     }
 }
 
+/// One chunk of an [`ArenaSource`] lent to a pool; `Send + Sync` by its fields (the shared state
+/// is behind a mutex, `&self` methods only read fields or lock it).
 struct ArenaChunkRef {
     state: Arc<parking_lot::Mutex<ArenaSlots>>,
     slot: usize,
-    host: *mut u8,
+    /// The slot's host mapping, which stays mapped while this reference exists (the slot is
+    /// released only in our Drop).
+    host: SendSyncPtr<u8>,
     device: u64,
     size: u64,
 }
 
-// SAFETY: the host pointer refers to the slot's mapping, which stays mapped while this reference
-// exists (the slot is only released in our Drop); the shared state is behind a mutex.
-unsafe impl Send for ArenaChunkRef {}
-// SAFETY: as above; `&self` methods only read fields or lock the state.
-unsafe impl Sync for ArenaChunkRef {}
-
-impl crate::chunk::ChunkMemory for ArenaChunkRef {
+impl ChunkMemory for ArenaChunkRef {
     fn host_ptr(&self) -> *mut u8 {
-        self.host
+        self.host.get()
     }
     fn device_ptr(&self) -> Option<u64> {
         Some(self.device)
@@ -584,6 +537,9 @@ impl crate::chunk::ChunkMemory for ArenaChunkRef {
             .invalidate_ranges(ranges.iter().copied())
     }
     fn read_dma(&self, offset: u64, dst: &mut [u8]) -> Option<Result<()>> {
+        if dst.len() < DMA_READ_THRESHOLD {
+            return None;
+        }
         let gpu = self.state.lock().arena.gpu.clone();
         // SAFETY: the range lies inside this mapped chunk (the caller bounds-checked it).
         Some(unsafe { gpu.memcpy_dtoh(dst, self.device + offset) })
@@ -596,8 +552,8 @@ impl Drop for ArenaChunkRef {
     }
 }
 
-impl crate::chunk::ChunkSource for ArenaSource {
-    fn allocate_chunk(&self, size: u64) -> Result<Box<dyn crate::chunk::ChunkMemory>> {
+impl ChunkSource for ArenaSource {
+    fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
         let mut s = self.state.lock();
         let chunk = s.arena.layout.chunk_size;
         if size > chunk {
@@ -608,21 +564,13 @@ impl crate::chunk::ChunkSource for ArenaSource {
         let slot = match s.free.pop_first() {
             Some(slot) => slot,
             None => {
-                s.arena.grow().map_err(|e| match e {
-                    // A full reservation is the pool's "out of memory".
-                    Error::InvalidArgument(msg) => Error::OutOfDeviceMemory {
-                        side: crate::error::MemorySide::Limit,
-                        call: "Arena::grow",
-                        size,
-                        result: msg,
-                    },
-                    e => e,
-                })?;
+                // A full reservation is already the pool's "out of memory" (side: Limit).
+                s.arena.grow()?;
                 s.arena.chunk_count() - 1
             }
         };
         let offset = slot as u64 * chunk;
-        let host = s.arena.chunks[slot].memory.as_ptr();
+        let host = SendSyncPtr::new(s.arena.chunks[slot].memory.as_ptr());
         Ok(Box::new(ArenaChunkRef {
             state: self.state.clone(),
             slot,
@@ -636,6 +584,33 @@ impl crate::chunk::ChunkSource for ArenaSource {
     }
     fn is_non_coherent(&self) -> bool {
         self.non_coherent
+    }
+    fn device_range(&self) -> Option<(u64, u64)> {
+        Some((self.device_ptr(), self.capacity()))
+    }
+}
+
+impl Pool {
+    /// A pool whose blocks all lie in one contiguous, growable device range (a CUDA VMM
+    /// [`Arena`] reserving `reserve` bytes, mapped in `chunk_size` chunks, a multiple of the VMM
+    /// granularity). Growing never moves a block; empty chunks at the end are unmapped.
+    ///
+    /// Where the device or driver lacks VMM, falls back to a pool of separate chunks with the same
+    /// `config`; [`Pool::is_contiguous`] tells which one you got.
+    pub fn on_arena(gpu: &Gpu, reserve: u64, chunk_size: u64, config: PoolConfig) -> Result<Pool> {
+        match Arena::new(gpu, reserve, chunk_size) {
+            Ok(arena) => {
+                let cfg = PoolConfig {
+                    chunk_size,
+                    max_chunk_size: chunk_size,
+                    dedicated_threshold: config.dedicated_threshold.min(chunk_size),
+                    ..config
+                };
+                Pool::new(ArenaSource::new(arena), cfg)
+            }
+            Err(Error::Unsupported(_)) => Pool::new(gpu.clone(), config),
+            Err(e) => Err(e),
+        }
     }
 }
 

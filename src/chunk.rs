@@ -1,18 +1,19 @@
 //! Where a pool's chunks come from: the seam between the pool and the drivers.
 //!
 //! [`ChunkSource`] is the only thing the pool asks of the mapping layer: allocate a mapped chunk,
-//! flush or invalidate ranges of it. [`Gpu`] provides CUDA-imported chunks (with device pointers);
-//! a [`VulkanContext`] provides Vulkan-only chunks (CI runs the pool on lavapipe through it);
-//! [`HostMemorySource`] provides plain host memory for allocator benchmarks and tests.
+//! flush or invalidate ranges of it. This module knows no driver; each implementation lives beside
+//! its type: a [`Gpu`](crate::Gpu) provides CUDA-imported chunks (with device pointers,
+//! `gpu.rs` and `memory.rs`), an `Arc<`[`VulkanContext`](crate::vulkan::VulkanContext)`>`
+//! Vulkan-only chunks (CI runs the pool on lavapipe through it, `vulkan.rs`), an
+//! [`ArenaSource`](crate::arena::ArenaSource) the chunks of one contiguous CUDA VMM range
+//! (`arena.rs`). [`HostMemorySource`], here, provides plain host memory for allocator benchmarks
+//! and tests.
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
-use std::sync::Arc;
 
 use crate::error::{Error, MemorySide, Result};
-use crate::gpu::Gpu;
-use crate::memory::RawMemory;
-use crate::vulkan::{VulkanContext, VulkanMemory};
+use crate::handle::SendSyncPtr;
 
 /// A mapped chunk of memory owned by a pool. Freed when dropped.
 pub trait ChunkMemory: Send + Sync {
@@ -26,8 +27,10 @@ pub trait ChunkMemory: Send + Sync {
     fn flush_ranges(&self, ranges: &[(u64, u64)]) -> Result<()>;
     /// Invalidates the given in-bounds ranges in one driver call (no-op if coherent).
     fn invalidate_ranges(&self, ranges: &[(u64, u64)]) -> Result<()>;
-    /// Reads `[offset, offset + dst.len())` with a DMA engine if the chunk has one (CUDA chunks);
-    /// `None` means "use CPU loads". The range is in bounds.
+    /// Reads `[offset, offset + dst.len())` with a DMA engine when the chunk has one and the read
+    /// is large enough to gain from it; `None` means "use CPU loads" (the default: no engine).
+    ///
+    /// The caller has bounds-checked the range and pushed pending CPU writes in it to the device.
     fn read_dma(&self, _offset: u64, _dst: &mut [u8]) -> Option<Result<()>> {
         None
     }
@@ -42,68 +45,10 @@ pub trait ChunkSource: Send + Sync {
     fn atom_size(&self) -> u64;
     /// Whether writes must be flushed and reads invalidated.
     fn is_non_coherent(&self) -> bool;
-}
-
-impl ChunkMemory for RawMemory {
-    fn host_ptr(&self) -> *mut u8 {
-        RawMemory::host_ptr(self)
-    }
-    fn device_ptr(&self) -> Option<u64> {
-        Some(RawMemory::device_ptr(self))
-    }
-    fn size(&self) -> u64 {
-        RawMemory::size(self)
-    }
-    fn flush_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
-        self.vulkan().flush_ranges(ranges.iter().copied())
-    }
-    fn invalidate_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
-        self.vulkan().invalidate_ranges(ranges.iter().copied())
-    }
-    fn read_dma(&self, offset: u64, dst: &mut [u8]) -> Option<Result<()>> {
-        Some(RawMemory::read_dma(self, offset, dst))
-    }
-}
-
-impl ChunkSource for Gpu {
-    fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
-        Ok(Box::new(self.alloc(size)?))
-    }
-    fn atom_size(&self) -> u64 {
-        self.vulkan().atom_size()
-    }
-    fn is_non_coherent(&self) -> bool {
-        Gpu::is_non_coherent(self)
-    }
-}
-
-impl ChunkMemory for VulkanMemory {
-    fn host_ptr(&self) -> *mut u8 {
-        self.as_ptr()
-    }
-    fn device_ptr(&self) -> Option<u64> {
+    /// `(base, len)` of one device address range every chunk of this source lies in, for sources
+    /// that guarantee one (an arena); `None` (the default) where chunks are separate.
+    fn device_range(&self) -> Option<(u64, u64)> {
         None
-    }
-    fn size(&self) -> u64 {
-        VulkanMemory::size(self)
-    }
-    fn flush_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
-        VulkanMemory::flush_ranges(self, ranges.iter().copied())
-    }
-    fn invalidate_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
-        VulkanMemory::invalidate_ranges(self, ranges.iter().copied())
-    }
-}
-
-impl ChunkSource for Arc<VulkanContext> {
-    fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
-        Ok(Box::new(self.allocate(size)?))
-    }
-    fn atom_size(&self) -> u64 {
-        VulkanContext::atom_size(self)
-    }
-    fn is_non_coherent(&self) -> bool {
-        VulkanContext::is_non_coherent(self)
     }
 }
 
@@ -112,19 +57,16 @@ impl ChunkSource for Arc<VulkanContext> {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct HostMemorySource;
 
+/// `Send + Sync` by its fields: it exclusively owns its heap allocation, and `&self` only hands
+/// out the base pointer (access discipline is the pool's).
 struct HostChunk {
-    ptr: NonNull<u8>,
+    ptr: SendSyncPtr<u8>,
     layout: Layout,
 }
 
-// SAFETY: the chunk exclusively owns its heap allocation.
-unsafe impl Send for HostChunk {}
-// SAFETY: `&self` only hands out the base pointer; access discipline is the pool's.
-unsafe impl Sync for HostChunk {}
-
 impl ChunkMemory for HostChunk {
     fn host_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.ptr.get()
     }
     fn device_ptr(&self) -> Option<u64> {
         None
@@ -143,7 +85,7 @@ impl ChunkMemory for HostChunk {
 impl Drop for HostChunk {
     fn drop(&mut self) {
         // SAFETY: allocated in `allocate_chunk` with exactly this layout.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+        unsafe { std::alloc::dealloc(self.ptr.get(), self.layout) };
     }
 }
 
@@ -162,7 +104,10 @@ impl ChunkSource for HostMemorySource {
             size,
             result: "host allocation failed".into(),
         })?;
-        Ok(Box::new(HostChunk { ptr, layout }))
+        Ok(Box::new(HostChunk {
+            ptr: ptr.into(),
+            layout,
+        }))
     }
     fn atom_size(&self) -> u64 {
         64

@@ -20,8 +20,6 @@
 //! needs the caller to have it current), flush and invalidate ranges are rounded to whole atoms
 //! inside the allocation instead of being undefined behaviour, and their failures are reported.
 
-use std::ptr;
-
 use crate::cuda::{CuContext, CuDevice, Driver};
 use crate::error::{Error, Result};
 use crate::gpu::{current_context, Gpu, OpenOptions};
@@ -107,20 +105,15 @@ pub fn message(e: &Error) -> String {
 /// it does not exist yet (then `context` cannot be it).
 fn is_primary(driver: &Driver, device: CuDevice, context: CuContext) -> Result<bool> {
     let (mut flags, mut active) = (0, 0);
-    // SAFETY: `device` came from the driver (cuCtxGetDevice); valid out-pointers.
-    driver.check("cuDevicePrimaryCtxGetState", unsafe {
-        (driver.cu_device_primary_ctx_get_state)(device, &mut flags, &mut active)
-    })?;
+    // SAFETY: `device` came from the driver (cuCtxGetDevice); two valid out-pointers.
+    unsafe { driver.cu_device_primary_ctx_get_state(device, &mut flags, &mut active) }?;
     if active == 0 {
         return Ok(false);
     }
-    let mut primary: CuContext = ptr::null_mut();
-    // SAFETY: valid device and out-pointer; balanced by the release just below.
-    driver.check("cuDevicePrimaryCtxRetain", unsafe {
-        (driver.cu_device_primary_ctx_retain)(&mut primary, device)
-    })?;
+    // Balanced by the release just below.
+    let primary = driver.cu_device_primary_ctx_retain(device)?;
     // SAFETY: balances the retain above; the primary context is active, so it stays alive.
-    unsafe { (driver.cu_device_primary_ctx_release)(device) };
+    let _ = unsafe { driver.cu_device_primary_ctx_release(device) };
     Ok(primary == context)
 }
 

@@ -1,9 +1,11 @@
 //! The CUDA driver API, loaded at run time from `libcuda.so.1` (never linked).
 //!
 //! Only the symbols the crate needs are resolved, preferring the `_v2` names where the driver has
-//! them. Everything here is a thin, explicit layer: [`Driver`] is the function table,
-//! [`Driver::check`] turns a `CUresult` into [`Error::Cuda`] with the name from `cuGetErrorName`,
-//! and [`ContextGuard`] makes a context current for a scope. Small RAII types over CUDA objects
+//! them. Everything here is a thin, explicit layer: [`Driver`] is the function table, written once
+//! as data, with one checked method per symbol (`driver.cu_mem_alloc(size)?` returns the
+//! `CUdeviceptr` or an [`Error::Cuda`] naming `cuMemAlloc_v2` and the result from
+//! `cuGetErrorName`); the constants and `#[repr(C)]` structs of `cuda.h` the crate uses; and
+//! [`ContextGuard`], which makes a context current for a scope. Small RAII types over CUDA objects
 //! (modules, streams, events, pinned and device buffers) live in [`crate::cuda_objects`].
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
@@ -53,6 +55,17 @@ pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: c_int
 pub const CU_EVENT_DISABLE_TIMING: c_uint = 2;
 /// `CU_STREAM_NON_BLOCKING`.
 pub const CU_STREAM_NON_BLOCKING: c_uint = 1;
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`.
+pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_uint = 1;
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`, a `CUmemAllocationHandleType`: the handle type a
+/// [`MemAllocationProp`] requests, and the type of a shareable handle that is imported.
+pub const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_uint = 1;
+/// `CU_MEM_LOCATION_TYPE_DEVICE`.
+pub const CU_MEM_LOCATION_TYPE_DEVICE: c_uint = 1;
+/// `CU_MEM_ALLOC_GRANULARITY_MINIMUM`.
+pub const CU_MEM_ALLOC_GRANULARITY_MINIMUM: c_uint = 0;
+/// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
+pub const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: c_uint = 3;
 
 /// `CUDA_EXTERNAL_MEMORY_HANDLE_DESC` (104 bytes on x86-64).
 #[repr(C)]
@@ -86,18 +99,28 @@ pub struct ExternalMemoryBufferDesc {
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct MemLocation {
-    /// `CU_MEM_LOCATION_TYPE_DEVICE` = 1.
+    /// [`CU_MEM_LOCATION_TYPE_DEVICE`].
     pub location_type: c_uint,
     /// Device ordinal.
     pub id: c_int,
 }
 
+impl MemLocation {
+    /// The device with this ordinal.
+    pub fn device(ordinal: c_int) -> Self {
+        MemLocation {
+            location_type: CU_MEM_LOCATION_TYPE_DEVICE,
+            id: ordinal,
+        }
+    }
+}
+
 /// `CUmemAllocationProp` (32 bytes on x86-64).
 #[repr(C)]
 pub struct MemAllocationProp {
-    /// `CU_MEM_ALLOCATION_TYPE_PINNED` = 1.
+    /// [`CU_MEM_ALLOCATION_TYPE_PINNED`].
     pub alloc_type: c_uint,
-    /// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` = 1.
+    /// [`CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`].
     pub requested_handle_types: c_uint,
     /// Where the memory lives.
     pub location: MemLocation,
@@ -107,12 +130,26 @@ pub struct MemAllocationProp {
     pub alloc_flags: [u8; 8],
 }
 
+impl MemAllocationProp {
+    /// Pinned device memory on device `ordinal`, exportable as a POSIX fd: what a BAR-mapped
+    /// chunk imported with `cuMemImportFromShareableHandle` is.
+    pub fn pinned_posix_fd(ordinal: c_int) -> Self {
+        MemAllocationProp {
+            alloc_type: CU_MEM_ALLOCATION_TYPE_PINNED,
+            requested_handle_types: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            location: MemLocation::device(ordinal),
+            win32_handle_meta_data: ptr::null_mut(),
+            alloc_flags: [0; 8],
+        }
+    }
+}
+
 /// `CUmemAccessDesc`.
 #[repr(C)]
 pub struct MemAccessDesc {
     /// The device given access.
     pub location: MemLocation,
-    /// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE` = 3.
+    /// [`CU_MEM_ACCESS_FLAGS_PROT_READWRITE`].
     pub flags: c_uint,
 }
 
@@ -122,20 +159,36 @@ const _: () = assert!(std::mem::size_of::<MemAllocationProp>() == 32);
 
 const LIBRARY: &str = "libcuda.so.1";
 
+/// Builds [`Driver`] from the table of symbols below: one raw function-pointer field per symbol
+/// (resolved once at load) and one checked method of the same name, which calls it and turns the
+/// `CUresult` into [`Error::Cuda`] named after the symbol. An entry written `-> out T` passes a
+/// pointer to a zeroed `T` as the first argument and returns the value the driver wrote there;
+/// one written `-> ready` (the queries) returns `false` for `CUDA_ERROR_NOT_READY`, an answer
+/// rather than an error.
+///
+/// An entry is `safe` when every argument is a plain value the driver validates itself (an
+/// ordinal, a `CUdevice`, flags, sizes): calling it cannot cause undefined behaviour. Every
+/// other entry (handles that must be live, pointers the driver reads or writes, calls that free
+/// or unmap) gives an `unsafe` method whose caller upholds the CUDA driver API's contract.
 macro_rules! driver_table {
     (
-        required { $( $field:ident : $sym:literal => fn($($arg:ty),*) ; )* }
-        optional { $( $ofield:ident : $osym:literal => fn($($oarg:ty),*) ; )* }
+        required { $( $safety:tt $field:ident : $sym:literal
+                      => fn($($arg:ident : $ty:ty),*) $(-> $ret:ident $($out:ty)?)? ; )* }
+        optional { $( $osafety:tt $ofield:ident : $osym:literal
+                      => fn($($oarg:ident : $oty:ty),*) $(-> $oret:ident $($oout:ty)?)? ; )* }
     ) => {
         /// The CUDA driver's function table, resolved once from `libcuda.so.1`.
         ///
-        /// Calling any of these pointers is `unsafe`: the arguments must satisfy the CUDA driver
-        /// API's documented contract for that function.
+        /// Each symbol has a checked method named like its field (`driver.cu_mem_free(ptr)`,
+        /// `Result<()>`, failing with [`Error::Cuda`] `{ call: "cuMemFree_v2", .. }`); use those.
+        /// The raw fields stay public for code that needs the bare `CUresult`: calling them is
+        /// `unsafe`, and the arguments must satisfy the CUDA driver API's documented contract.
         #[allow(missing_docs)]
         pub struct Driver {
             _lib: libloading::Library,
-            $( pub $field: unsafe extern "C" fn($($arg),*) -> CuResult, )*
-            $( pub $ofield: Option<unsafe extern "C" fn($($oarg),*) -> CuResult>, )*
+            $( pub $field: unsafe extern "C" fn($($(*mut $out,)?)? $($ty),*) -> CuResult, )*
+            $( pub $ofield:
+                Option<unsafe extern "C" fn($($(*mut $oout,)?)? $($oty),*) -> CuResult>, )*
         }
 
         impl Driver {
@@ -145,7 +198,7 @@ macro_rules! driver_table {
                     // spelled out in the table above (from cuda.h); the pointer is copied out and
                     // stays valid because the library is kept alive in `_lib`.
                     let $field = unsafe {
-                        *lib.get::<unsafe extern "C" fn($($arg),*) -> CuResult>(
+                        *lib.get::<unsafe extern "C" fn($($(*mut $out,)?)? $($ty),*) -> CuResult>(
                             concat!($sym, "\0").as_bytes(),
                         )
                         .map_err(|_| Error::MissingSymbol { library: LIBRARY, symbol: $sym })?
@@ -154,7 +207,7 @@ macro_rules! driver_table {
                 $(
                     // SAFETY: as above; a missing optional symbol is recorded as `None`.
                     let $ofield = unsafe {
-                        lib.get::<unsafe extern "C" fn($($oarg),*) -> CuResult>(
+                        lib.get::<unsafe extern "C" fn($($(*mut $oout,)?)? $($oty),*) -> CuResult>(
                             concat!($osym, "\0").as_bytes(),
                         )
                         .ok()
@@ -164,66 +217,127 @@ macro_rules! driver_table {
                 Ok(Driver { _lib: lib, $( $field, )* $( $ofield, )* })
             }
         }
+
+        /// Checked calls, one per symbol (see [`Driver`]).
+        // One argument per C parameter (cuLaunchKernel has eleven).
+        #[allow(clippy::too_many_arguments)]
+        impl Driver {
+            $( checked_call!($safety required $field $sym ($($arg : $ty),*) [$($ret $($out)?)?]); )*
+            $( checked_call!(
+                $osafety optional $ofield $osym ($($oarg : $oty),*) [$($oret $($oout)?)?]
+            ); )*
+        }
     };
+}
+
+/// One checked method of [`Driver`] (see `driver_table!`).
+macro_rules! checked_call {
+    (safe $kind:ident $field:ident $sym:literal ($($arg:ident : $ty:ty),*) [$($ret:tt)*]) => {
+        #[doc = concat!("`", $sym, "`, checked", checked_call!(@doc $kind))]
+        pub fn $field(&self, $($arg: $ty),*) -> Result<checked_call!(@ret $($ret)*)> {
+            let f = checked_call!(@get self $kind $field $sym);
+            // SAFETY: every argument is a plain value the driver validates (see `driver_table!`);
+            // an out-pointer points to a local of the type the symbol writes.
+            unsafe { checked_call!(@call self f $sym ($($arg),*) [$($ret)*]) }
+        }
+    };
+    (unsafe $kind:ident $field:ident $sym:literal ($($arg:ident : $ty:ty),*) [$($ret:tt)*]) => {
+        #[doc = concat!("`", $sym, "`, checked", checked_call!(@doc $kind))]
+        ///
+        /// # Safety
+        /// - The arguments must satisfy the CUDA driver API's contract for this call: handles
+        ///   live (and of the current context where it says so), pointers valid for every access
+        ///   the call makes, for as long as it makes them.
+        pub unsafe fn $field(&self, $($arg: $ty),*) -> Result<checked_call!(@ret $($ret)*)> {
+            let f = checked_call!(@get self $kind $field $sym);
+            // SAFETY: the caller upholds the call's contract; an out-pointer points to a local of
+            // the type the symbol writes.
+            unsafe { checked_call!(@call self f $sym ($($arg),*) [$($ret)*]) }
+        }
+    };
+    (@doc required) => { "." };
+    (@doc optional) => {
+        "; [`Error::Unsupported`] where the driver lacks the symbol (too old for CUDA VMM)."
+    };
+    (@ret) => { () };
+    (@ret out $out:ty) => { $out };
+    (@ret ready) => { bool };
+    (@get $s:tt required $field:ident $sym:literal) => { $s.$field };
+    (@get $s:tt optional $field:ident $sym:literal) => {
+        $s.$field.ok_or_else(|| {
+            Error::Unsupported(concat!($sym, " missing from libcuda (driver too old for VMM)").into())
+        })?
+    };
+    (@call $s:tt $f:ident $sym:literal ($($arg:ident),*) []) => { $s.check($sym, $f($($arg),*)) };
+    (@call $s:tt $f:ident $sym:literal ($($arg:ident),*) [out $out:ty]) => {{
+        let mut out: $out = bytemuck::Zeroable::zeroed();
+        $s.check($sym, $f(&mut out, $($arg),*)).map(|()| out)
+    }};
+    (@call $s:tt $f:ident $sym:literal ($($arg:ident),*) [ready]) => {{
+        match $f($($arg),*) {
+            CUDA_ERROR_NOT_READY => Ok(false),
+            code => $s.check($sym, code).map(|()| true),
+        }
+    }};
 }
 
 driver_table! {
     required {
-        cu_init: "cuInit" => fn(c_uint);
-        cu_driver_get_version: "cuDriverGetVersion" => fn(*mut c_int);
-        cu_get_error_name: "cuGetErrorName" => fn(CuResult, *mut *const c_char);
-        cu_device_get_count: "cuDeviceGetCount" => fn(*mut c_int);
-        cu_device_get: "cuDeviceGet" => fn(*mut CuDevice, c_int);
-        cu_device_get_name: "cuDeviceGetName" => fn(*mut c_char, c_int, CuDevice);
-        cu_device_get_uuid: "cuDeviceGetUuid" => fn(*mut [u8; 16], CuDevice);
-        cu_device_total_mem: "cuDeviceTotalMem_v2" => fn(*mut usize, CuDevice);
-        cu_device_get_attribute: "cuDeviceGetAttribute" => fn(*mut c_int, c_int, CuDevice);
-        cu_device_primary_ctx_retain: "cuDevicePrimaryCtxRetain" => fn(*mut CuContext, CuDevice);
-        cu_device_primary_ctx_release: "cuDevicePrimaryCtxRelease_v2" => fn(CuDevice);
-        cu_device_primary_ctx_get_state: "cuDevicePrimaryCtxGetState" => fn(CuDevice, *mut c_uint, *mut c_int);
-        cu_ctx_get_current: "cuCtxGetCurrent" => fn(*mut CuContext);
-        cu_ctx_get_device: "cuCtxGetDevice" => fn(*mut CuDevice);
-        cu_ctx_push_current: "cuCtxPushCurrent_v2" => fn(CuContext);
-        cu_ctx_pop_current: "cuCtxPopCurrent_v2" => fn(*mut CuContext);
-        cu_ctx_synchronize: "cuCtxSynchronize" => fn();
-        cu_import_external_memory: "cuImportExternalMemory" => fn(*mut CuExternalMemory, *const ExternalMemoryHandleDesc);
-        cu_external_memory_get_mapped_buffer: "cuExternalMemoryGetMappedBuffer" => fn(*mut CuDevicePtr, CuExternalMemory, *const ExternalMemoryBufferDesc);
-        cu_destroy_external_memory: "cuDestroyExternalMemory" => fn(CuExternalMemory);
-        cu_mem_alloc: "cuMemAlloc_v2" => fn(*mut CuDevicePtr, usize);
-        cu_mem_free: "cuMemFree_v2" => fn(CuDevicePtr);
-        cu_mem_get_info: "cuMemGetInfo_v2" => fn(*mut usize, *mut usize);
-        cu_mem_alloc_host: "cuMemHostAlloc" => fn(*mut *mut c_void, usize, c_uint);
-        cu_mem_free_host: "cuMemFreeHost" => fn(*mut c_void);
-        cu_mem_host_get_device_pointer: "cuMemHostGetDevicePointer_v2" => fn(*mut CuDevicePtr, *mut c_void, c_uint);
-        cu_memcpy_htod: "cuMemcpyHtoD_v2" => fn(CuDevicePtr, *const c_void, usize);
-        cu_memcpy_dtoh: "cuMemcpyDtoH_v2" => fn(*mut c_void, CuDevicePtr, usize);
-        cu_memcpy_htod_async: "cuMemcpyHtoDAsync_v2" => fn(CuDevicePtr, *const c_void, usize, CuStream);
-        cu_memcpy_dtoh_async: "cuMemcpyDtoHAsync_v2" => fn(*mut c_void, CuDevicePtr, usize, CuStream);
-        cu_memset_d32: "cuMemsetD32_v2" => fn(CuDevicePtr, c_uint, usize);
-        cu_memset_d8: "cuMemsetD8_v2" => fn(CuDevicePtr, u8, usize);
-        cu_module_load_data: "cuModuleLoadData" => fn(*mut CuModule, *const c_void);
-        cu_module_unload: "cuModuleUnload" => fn(CuModule);
-        cu_module_get_function: "cuModuleGetFunction" => fn(*mut CuFunction, CuModule, *const c_char);
-        cu_launch_kernel: "cuLaunchKernel" => fn(CuFunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CuStream, *mut *mut c_void, *mut *mut c_void);
-        cu_stream_create: "cuStreamCreate" => fn(*mut CuStream, c_uint);
-        cu_stream_destroy: "cuStreamDestroy_v2" => fn(CuStream);
-        cu_stream_synchronize: "cuStreamSynchronize" => fn(CuStream);
-        cu_stream_query: "cuStreamQuery" => fn(CuStream);
-        cu_event_create: "cuEventCreate" => fn(*mut CuEvent, c_uint);
-        cu_event_record: "cuEventRecord" => fn(CuEvent, CuStream);
-        cu_event_query: "cuEventQuery" => fn(CuEvent);
-        cu_event_synchronize: "cuEventSynchronize" => fn(CuEvent);
-        cu_event_destroy: "cuEventDestroy_v2" => fn(CuEvent);
+        safe cu_init: "cuInit" => fn(flags: c_uint);
+        safe cu_driver_get_version: "cuDriverGetVersion" => fn() -> out c_int;
+        unsafe cu_get_error_name: "cuGetErrorName" => fn(error: CuResult, name: *mut *const c_char);
+        safe cu_device_get_count: "cuDeviceGetCount" => fn() -> out c_int;
+        safe cu_device_get: "cuDeviceGet" => fn(ordinal: c_int) -> out CuDevice;
+        unsafe cu_device_get_name: "cuDeviceGetName" => fn(name: *mut c_char, len: c_int, dev: CuDevice);
+        safe cu_device_get_uuid: "cuDeviceGetUuid" => fn(dev: CuDevice) -> out [u8; 16];
+        safe cu_device_total_mem: "cuDeviceTotalMem_v2" => fn(dev: CuDevice) -> out usize;
+        safe cu_device_get_attribute: "cuDeviceGetAttribute" => fn(attrib: c_int, dev: CuDevice) -> out c_int;
+        safe cu_device_primary_ctx_retain: "cuDevicePrimaryCtxRetain" => fn(dev: CuDevice) -> out CuContext;
+        unsafe cu_device_primary_ctx_release: "cuDevicePrimaryCtxRelease_v2" => fn(dev: CuDevice);
+        unsafe cu_device_primary_ctx_get_state: "cuDevicePrimaryCtxGetState" => fn(dev: CuDevice, flags: *mut c_uint, active: *mut c_int);
+        safe cu_ctx_get_current: "cuCtxGetCurrent" => fn() -> out CuContext;
+        safe cu_ctx_get_device: "cuCtxGetDevice" => fn() -> out CuDevice;
+        unsafe cu_ctx_push_current: "cuCtxPushCurrent_v2" => fn(ctx: CuContext);
+        unsafe cu_ctx_pop_current: "cuCtxPopCurrent_v2" => fn() -> out CuContext;
+        safe cu_ctx_synchronize: "cuCtxSynchronize" => fn();
+        unsafe cu_import_external_memory: "cuImportExternalMemory" => fn(desc: *const ExternalMemoryHandleDesc) -> out CuExternalMemory;
+        unsafe cu_external_memory_get_mapped_buffer: "cuExternalMemoryGetMappedBuffer" => fn(ext_mem: CuExternalMemory, desc: *const ExternalMemoryBufferDesc) -> out CuDevicePtr;
+        unsafe cu_destroy_external_memory: "cuDestroyExternalMemory" => fn(ext_mem: CuExternalMemory);
+        safe cu_mem_alloc: "cuMemAlloc_v2" => fn(bytesize: usize) -> out CuDevicePtr;
+        unsafe cu_mem_free: "cuMemFree_v2" => fn(dptr: CuDevicePtr);
+        unsafe cu_mem_get_info: "cuMemGetInfo_v2" => fn(free: *mut usize, total: *mut usize);
+        safe cu_mem_alloc_host: "cuMemHostAlloc" => fn(bytesize: usize, flags: c_uint) -> out *mut c_void;
+        unsafe cu_mem_free_host: "cuMemFreeHost" => fn(p: *mut c_void);
+        unsafe cu_mem_host_get_device_pointer: "cuMemHostGetDevicePointer_v2" => fn(p: *mut c_void, flags: c_uint) -> out CuDevicePtr;
+        unsafe cu_memcpy_htod: "cuMemcpyHtoD_v2" => fn(dst: CuDevicePtr, src: *const c_void, count: usize);
+        unsafe cu_memcpy_dtoh: "cuMemcpyDtoH_v2" => fn(dst: *mut c_void, src: CuDevicePtr, count: usize);
+        unsafe cu_memcpy_htod_async: "cuMemcpyHtoDAsync_v2" => fn(dst: CuDevicePtr, src: *const c_void, count: usize, stream: CuStream);
+        unsafe cu_memcpy_dtoh_async: "cuMemcpyDtoHAsync_v2" => fn(dst: *mut c_void, src: CuDevicePtr, count: usize, stream: CuStream);
+        unsafe cu_memset_d32: "cuMemsetD32_v2" => fn(dst: CuDevicePtr, value: c_uint, count: usize);
+        unsafe cu_memset_d8: "cuMemsetD8_v2" => fn(dst: CuDevicePtr, value: u8, count: usize);
+        unsafe cu_module_load_data: "cuModuleLoadData" => fn(image: *const c_void) -> out CuModule;
+        unsafe cu_module_unload: "cuModuleUnload" => fn(module: CuModule);
+        unsafe cu_module_get_function: "cuModuleGetFunction" => fn(module: CuModule, name: *const c_char) -> out CuFunction;
+        unsafe cu_launch_kernel: "cuLaunchKernel" => fn(f: CuFunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint, block_y: c_uint, block_z: c_uint, shared_bytes: c_uint, stream: CuStream, params: *mut *mut c_void, extra: *mut *mut c_void);
+        safe cu_stream_create: "cuStreamCreate" => fn(flags: c_uint) -> out CuStream;
+        unsafe cu_stream_destroy: "cuStreamDestroy_v2" => fn(stream: CuStream);
+        unsafe cu_stream_synchronize: "cuStreamSynchronize" => fn(stream: CuStream);
+        unsafe cu_stream_query: "cuStreamQuery" => fn(stream: CuStream) -> ready;
+        safe cu_event_create: "cuEventCreate" => fn(flags: c_uint) -> out CuEvent;
+        unsafe cu_event_record: "cuEventRecord" => fn(event: CuEvent, stream: CuStream);
+        unsafe cu_event_query: "cuEventQuery" => fn(event: CuEvent) -> ready;
+        unsafe cu_event_synchronize: "cuEventSynchronize" => fn(event: CuEvent);
+        unsafe cu_event_destroy: "cuEventDestroy_v2" => fn(event: CuEvent);
     }
     optional {
-        cu_mem_address_reserve: "cuMemAddressReserve" => fn(*mut CuDevicePtr, usize, usize, CuDevicePtr, u64);
-        cu_mem_address_free: "cuMemAddressFree" => fn(CuDevicePtr, usize);
-        cu_mem_import_from_shareable_handle: "cuMemImportFromShareableHandle" => fn(*mut CuMemHandle, *mut c_void, c_uint);
-        cu_mem_map: "cuMemMap" => fn(CuDevicePtr, usize, usize, CuMemHandle, u64);
-        cu_mem_unmap: "cuMemUnmap" => fn(CuDevicePtr, usize);
-        cu_mem_set_access: "cuMemSetAccess" => fn(CuDevicePtr, usize, *const MemAccessDesc, usize);
-        cu_mem_release: "cuMemRelease" => fn(CuMemHandle);
-        cu_mem_get_allocation_granularity: "cuMemGetAllocationGranularity" => fn(*mut usize, *const MemAllocationProp, c_uint);
+        safe cu_mem_address_reserve: "cuMemAddressReserve" => fn(size: usize, alignment: usize, addr: CuDevicePtr, flags: u64) -> out CuDevicePtr;
+        unsafe cu_mem_address_free: "cuMemAddressFree" => fn(ptr: CuDevicePtr, size: usize);
+        unsafe cu_mem_import_from_shareable_handle: "cuMemImportFromShareableHandle" => fn(os_handle: *mut c_void, handle_type: c_uint) -> out CuMemHandle;
+        unsafe cu_mem_map: "cuMemMap" => fn(ptr: CuDevicePtr, size: usize, offset: usize, handle: CuMemHandle, flags: u64);
+        unsafe cu_mem_unmap: "cuMemUnmap" => fn(ptr: CuDevicePtr, size: usize);
+        unsafe cu_mem_set_access: "cuMemSetAccess" => fn(ptr: CuDevicePtr, size: usize, desc: *const MemAccessDesc, count: usize);
+        unsafe cu_mem_release: "cuMemRelease" => fn(handle: CuMemHandle);
+        unsafe cu_mem_get_allocation_granularity: "cuMemGetAllocationGranularity" => fn(prop: *const MemAllocationProp, option: c_uint) -> out usize;
     }
 }
 
@@ -255,8 +369,7 @@ impl Driver {
         // `VKGDR_CUDA_LIBRARY` may name another file (crate::dynlib).
         let lib = crate::dynlib::load(LIBRARY, crate::dynlib::CUDA_ENV)?;
         let driver = Self::resolve(lib)?;
-        // SAFETY: cuInit with flags 0 is always a valid call.
-        driver.check("cuInit", unsafe { (driver.cu_init)(0) })?;
+        driver.cu_init(0)?;
         Ok(driver)
     }
 
@@ -287,56 +400,26 @@ impl Driver {
         }
     }
 
-    /// Like [`Driver::check`], but maps `CUDA_ERROR_OUT_OF_MEMORY` to [`Error::OutOfDeviceMemory`].
-    pub fn check_alloc(&self, call: &'static str, code: CuResult, size: u64) -> Result<()> {
-        if code == CUDA_ERROR_OUT_OF_MEMORY {
-            return Err(Error::OutOfDeviceMemory {
-                side: MemorySide::Cuda,
-                call,
-                size,
-                result: self.error_name(code),
-            });
-        }
-        self.check(call, code)
-    }
-
     /// The driver's CUDA version, e.g. 13000 for 13.0.
     pub fn version(&self) -> Result<i32> {
-        let mut v = 0;
-        // SAFETY: valid out-pointer.
-        self.check("cuDriverGetVersion", unsafe {
-            (self.cu_driver_get_version)(&mut v)
-        })?;
-        Ok(v)
+        self.cu_driver_get_version()
     }
 
     /// Number of CUDA devices.
     pub fn device_count(&self) -> Result<i32> {
-        let mut n = 0;
-        // SAFETY: valid out-pointer.
-        self.check("cuDeviceGetCount", unsafe {
-            (self.cu_device_get_count)(&mut n)
-        })?;
-        Ok(n)
+        self.cu_device_get_count()
     }
 
-    /// The `CUdevice` for an ordinal.
+    /// The `CUdevice` for an ordinal (an unknown one is `CUDA_ERROR_INVALID_DEVICE`).
     pub fn device(&self, ordinal: i32) -> Result<CuDevice> {
-        let mut dev = 0;
-        // SAFETY: valid out-pointer; an out-of-range ordinal is reported as CUDA_ERROR_INVALID_DEVICE.
-        self.check("cuDeviceGet", unsafe {
-            (self.cu_device_get)(&mut dev, ordinal)
-        })?;
-        Ok(dev)
+        self.cu_device_get(ordinal)
     }
 
     /// The device's name.
     pub fn device_name(&self, dev: CuDevice) -> Result<String> {
         let mut buf = [0 as c_char; 256];
         // SAFETY: the buffer holds 256 bytes and we pass that length.
-        self.check("cuDeviceGetName", unsafe {
-            (self.cu_device_get_name)(buf.as_mut_ptr(), buf.len() as c_int, dev)
-        })?;
+        unsafe { self.cu_device_get_name(buf.as_mut_ptr(), buf.len() as c_int, dev) }?;
         // SAFETY: the driver NUL-terminates within the given length.
         Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
             .to_string_lossy()
@@ -345,32 +428,36 @@ impl Driver {
 
     /// The device's UUID (equal to Vulkan's `deviceUUID`).
     pub fn device_uuid(&self, dev: CuDevice) -> Result<[u8; 16]> {
-        let mut uuid = [0u8; 16];
-        // SAFETY: `CUuuid` is 16 bytes; valid out-pointer.
-        self.check("cuDeviceGetUuid", unsafe {
-            (self.cu_device_get_uuid)(&mut uuid, dev)
-        })?;
-        Ok(uuid)
+        self.cu_device_get_uuid(dev)
     }
 
     /// The device's total memory in bytes.
     pub fn device_total_mem(&self, dev: CuDevice) -> Result<u64> {
-        let mut bytes = 0usize;
-        // SAFETY: valid out-pointer.
-        self.check("cuDeviceTotalMem_v2", unsafe {
-            (self.cu_device_total_mem)(&mut bytes, dev)
-        })?;
-        Ok(bytes as u64)
+        Ok(self.cu_device_total_mem(dev)? as u64)
     }
 
     /// A `CU_DEVICE_ATTRIBUTE_*` value.
     pub fn device_attribute(&self, dev: CuDevice, attribute: c_int) -> Result<i32> {
-        let mut v = 0;
-        // SAFETY: valid out-pointer; an unknown attribute is an error result, not UB.
-        self.check("cuDeviceGetAttribute", unsafe {
-            (self.cu_device_get_attribute)(&mut v, attribute, dev)
-        })?;
-        Ok(v)
+        self.cu_device_get_attribute(attribute, dev)
+    }
+}
+
+/// For allocation calls: `CUDA_ERROR_OUT_OF_MEMORY` becomes [`Error::OutOfDeviceMemory`] (a
+/// normal, recoverable outcome, with the call and the driver's result name kept) for a request
+/// of `size` bytes; every other error passes unchanged.
+pub(crate) fn out_of_memory(size: u64) -> impl FnOnce(Error) -> Error {
+    move |e| match e {
+        Error::Cuda {
+            call,
+            code: CUDA_ERROR_OUT_OF_MEMORY,
+            name,
+        } => Error::OutOfDeviceMemory {
+            side: MemorySide::Cuda,
+            call,
+            size,
+            result: name,
+        },
+        e => e,
     }
 }
 
@@ -387,17 +474,63 @@ impl<'a> ContextGuard<'a> {
     /// - `ctx` must be a live CUDA context for the guard's whole lifetime.
     pub unsafe fn push(driver: &'a Driver, ctx: CuContext) -> Result<Self> {
         // SAFETY: the caller guarantees `ctx` is live.
-        driver.check("cuCtxPushCurrent_v2", unsafe {
-            (driver.cu_ctx_push_current)(ctx)
-        })?;
+        unsafe { driver.cu_ctx_push_current(ctx) }?;
         Ok(ContextGuard { driver })
     }
 }
 
 impl Drop for ContextGuard<'_> {
     fn drop(&mut self) {
-        let mut popped: CuContext = ptr::null_mut();
         // SAFETY: we pushed exactly one context in `push`; popping restores the caller's stack.
-        unsafe { (self.driver.cu_ctx_pop_current)(&mut popped) };
+        // Nothing to do if it fails: the push succeeded, so the pop does too.
+        let _ = unsafe { self.driver.cu_ctx_pop_current() };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_of_memory_maps_only_cuda_oom() {
+        let oom = Error::Cuda {
+            call: "cuMemAlloc_v2",
+            code: CUDA_ERROR_OUT_OF_MEMORY,
+            name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
+        };
+        let e = out_of_memory(1 << 40)(oom);
+        assert!(matches!(
+            &e,
+            Error::OutOfDeviceMemory { side: MemorySide::Cuda, call: "cuMemAlloc_v2", size, .. }
+                if *size == 1 << 40
+        ));
+        // The drop-ins' "<call> failed (<NAME>)" survives the mapping.
+        assert_eq!(e.driver_call(), Some("cuMemAlloc_v2"));
+        assert_eq!(e.result_name(), Some("CUDA_ERROR_OUT_OF_MEMORY"));
+        let invalid = Error::Cuda {
+            call: "cuMemAlloc_v2",
+            code: 1,
+            name: "CUDA_ERROR_INVALID_VALUE".into(),
+        };
+        assert!(matches!(
+            out_of_memory(8)(invalid),
+            Error::Cuda { code: 1, .. }
+        ));
+    }
+
+    #[test]
+    fn struct_sizes_and_constructors_match_cuda_h() {
+        let prop = MemAllocationProp::pinned_posix_fd(3);
+        assert_eq!(
+            (
+                prop.alloc_type,
+                prop.requested_handle_types,
+                prop.location.location_type
+            ),
+            (1, 1, 1)
+        );
+        assert_eq!(prop.location.id, 3);
+        assert_eq!(std::mem::size_of::<MemAccessDesc>(), 12);
+        assert_eq!(std::mem::size_of::<MemLocation>(), 8);
     }
 }

@@ -103,9 +103,18 @@ pub enum Error {
     /// A caller error: zero size, overflow, range out of bounds, bad alignment, bad option.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
-    /// An allocator-core error that has no more specific variant (a bug if it ever surfaces).
+    /// Something that cannot happen did: a bug in this crate, or a driver answer its
+    /// specification rules out (a null pointer with a success code). Never a caller error.
+    #[error("internal error (please report it): {0}")]
+    Internal(String),
+    /// An allocator-core error that is not the caller's (those are
+    /// [`InvalidArgument`](Error::InvalidArgument)): a bug or exhausted metadata if it ever
+    /// surfaces.
     #[error(transparent)]
-    Alloc(#[from] crate::alloc::AllocError),
+    Alloc(crate::alloc::AllocError),
+    /// A dirty-range tracker error (the pool checks ranges first: a bug if it ever surfaces).
+    #[error(transparent)]
+    Dirty(#[from] crate::dirty::DirtyError),
     /// A copy-routine error (length mismatch, unsupported instruction set, thread start failure).
     #[error(transparent)]
     Copy(#[from] crate::copy::CopyError),
@@ -151,5 +160,67 @@ impl Error {
 
     pub(crate) fn invalid(msg: impl Into<String>) -> Self {
         Error::InvalidArgument(msg.into())
+    }
+
+    pub(crate) fn internal(msg: impl Into<String>) -> Self {
+        Error::Internal(msg.into())
+    }
+}
+
+/// The allocator core's request and configuration errors are the caller's
+/// ([`Error::InvalidArgument`], with the core's message); the rest keep their type
+/// ([`Error::Alloc`]).
+impl From<crate::alloc::AllocError> for Error {
+    fn from(e: crate::alloc::AllocError) -> Self {
+        if e.is_caller_error() {
+            Error::InvalidArgument(e.to_string())
+        } else {
+            Error::Alloc(e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::AllocError;
+
+    #[test]
+    fn allocator_errors_split_into_caller_errors_and_the_rest() {
+        for caller in [
+            AllocError::ZeroSize,
+            AllocError::BadAlignment { align: 3 },
+            AllocError::AlignmentTooLarge {
+                align: 1 << 20,
+                max: 1 << 16,
+            },
+            AllocError::Overflow { size: u64::MAX },
+            AllocError::InvalidConfig("min_align"),
+        ] {
+            let msg = caller.to_string();
+            assert!(
+                matches!(Error::from(caller), Error::InvalidArgument(m) if m == msg),
+                "{msg}"
+            );
+        }
+        for other in [
+            AllocError::MetadataExhausted,
+            AllocError::StaleAllocation,
+            AllocError::Inconsistent("test"),
+        ] {
+            assert!(matches!(Error::from(other.clone()), Error::Alloc(e) if e == other));
+        }
+    }
+
+    #[test]
+    fn internal_and_tracker_errors_are_no_driver_results() {
+        let e = Error::internal("cuMemHostAlloc returned a null pointer");
+        assert_eq!((e.driver_call(), e.result_name()), (None, None));
+        assert!(e
+            .to_string()
+            .contains("cuMemHostAlloc returned a null pointer"));
+        let e = Error::from(crate::dirty::DirtyError::ZeroSize);
+        assert!(matches!(e, Error::Dirty(_)));
+        assert_eq!((e.driver_call(), e.result_name()), (None, None));
     }
 }

@@ -1,13 +1,15 @@
 //! [`Gpu`]: the handle everything else hangs from — one CUDA device with its matching Vulkan device.
 
-use std::ptr;
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
+use crate::chunk::{ChunkMemory, ChunkSource};
 use crate::cuda::{ContextGuard, CuContext, CuDevice, Driver};
 use crate::error::{Error, Result};
+use crate::handle::SendSyncPtr;
 use crate::memory::RawMemory;
 use crate::vulkan::{format_uuid, parse_uuid, DeviceSelector, MemoryOptions, VulkanContext};
 
@@ -41,12 +43,15 @@ impl OpenOptions {
     }
 }
 
+/// `Send + Sync` by its fields; no method mutates shared state without the driver's own
+/// synchronisation.
 struct GpuInner {
     driver: Arc<Driver>,
     vulkan: Arc<VulkanContext>,
     /// The context this handle works in. Set at open, or — for [`Gpu::open_cu_device`] — the
-    /// device's primary context, retained the first time the handle needs one.
-    context: OnceLock<CuContext>,
+    /// device's primary context, retained the first time the handle needs one. A `CUcontext` is
+    /// a process-wide handle usable from any thread (we push it around each use).
+    context: OnceLock<SendSyncPtr<c_void>>,
     /// Serialises the lazy retain so the primary context is retained at most once.
     context_init: Mutex<()>,
     device: CuDevice,
@@ -59,18 +64,12 @@ struct GpuInner {
     _context_owner: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
-// SAFETY: a CUcontext is a process-wide handle usable from any thread (we push it around each
-// use); the other fields are Send + Sync themselves.
-unsafe impl Send for GpuInner {}
-// SAFETY: as above; no method mutates shared state without the driver's own synchronisation.
-unsafe impl Sync for GpuInner {}
-
 impl Drop for GpuInner {
     fn drop(&mut self) {
         if self.retained_primary.load(Ordering::Acquire) {
             // SAFETY: we retained the primary context exactly once in `open`; every allocation
             // holds a `Gpu`, so none is alive any more.
-            unsafe { (self.driver.cu_device_primary_ctx_release)(self.device) };
+            let _ = unsafe { self.driver.cu_device_primary_ctx_release(self.device) };
         }
     }
 }
@@ -238,7 +237,7 @@ impl Gpu {
         )?;
         let cell = OnceLock::new();
         if let Some(c) = context {
-            let _ = cell.set(c);
+            let _ = cell.set(SendSyncPtr::new(c));
         }
         Ok(Gpu {
             inner: Arc::new(GpuInner {
@@ -259,21 +258,19 @@ impl Gpu {
     /// for handles from [`Gpu::open_cu_device`].
     fn context(&self) -> Result<CuContext> {
         if let Some(c) = self.inner.context.get() {
-            return Ok(*c);
+            return Ok(c.get());
         }
         let _one_at_a_time = self.inner.context_init.lock();
         if let Some(c) = self.inner.context.get() {
-            return Ok(*c);
+            return Ok(c.get());
         }
-        let driver = &self.inner.driver;
-        let mut primary: CuContext = ptr::null_mut();
-        // SAFETY: `device` is a valid device (its UUID was read at open); valid out-pointer.
         // Balanced by the release in `GpuInner::drop`, which `retained_primary` arms.
-        driver.check("cuDevicePrimaryCtxRetain", unsafe {
-            (driver.cu_device_primary_ctx_retain)(&mut primary, self.inner.device)
-        })?;
+        let primary = self
+            .inner
+            .driver
+            .cu_device_primary_ctx_retain(self.inner.device)?;
         self.inner.retained_primary.store(true, Ordering::Release);
-        let _ = self.inner.context.set(primary);
+        let _ = self.inner.context.set(SendSyncPtr::new(primary));
         Ok(primary)
     }
 
@@ -348,11 +345,55 @@ impl Gpu {
     pub fn mem_info(&self) -> Result<(u64, u64)> {
         let _g = self.bind()?;
         let (mut free, mut total) = (0usize, 0usize);
-        // SAFETY: a context is current (guard); valid out-pointers.
-        self.driver().check("cuMemGetInfo_v2", unsafe {
-            (self.driver().cu_mem_get_info)(&mut free, &mut total)
-        })?;
+        // SAFETY: a context is current (guard); two valid out-pointers.
+        unsafe { self.driver().cu_mem_get_info(&mut free, &mut total) }?;
         Ok((free as u64, total as u64))
+    }
+
+    /// `cuMemcpyDtoH`: copies `dst.len()` bytes from device address `src` (synchronous).
+    ///
+    /// # Safety
+    /// - `[src, src + dst.len())` must be valid device memory of this GPU's context.
+    pub unsafe fn memcpy_dtoh(&self, dst: &mut [u8], src: u64) -> Result<()> {
+        let _ctx = self.bind()?;
+        // SAFETY: the caller guarantees the device range; `dst` is a valid host buffer.
+        unsafe {
+            self.driver()
+                .cu_memcpy_dtoh(dst.as_mut_ptr().cast(), src, dst.len())
+        }
+    }
+
+    /// `cuMemcpyHtoD`, then a context synchronize: when this returns the bytes are in device
+    /// memory (from pageable memory `cuMemcpyHtoD` alone may return while the DMA is in flight).
+    ///
+    /// # Safety
+    /// - `[dst, dst + src.len())` must be valid device memory of this GPU's context.
+    pub unsafe fn memcpy_htod(&self, dst: u64, src: &[u8]) -> Result<()> {
+        let _ctx = self.bind()?;
+        // SAFETY: the caller guarantees the device range; `src` is a valid host buffer.
+        unsafe {
+            self.driver()
+                .cu_memcpy_htod(dst, src.as_ptr().cast(), src.len())
+        }?;
+        self.driver().cu_ctx_synchronize()
+    }
+
+    /// `cuMemsetD32`: sets `count` 32-bit words at `dst` to `value`, then synchronises the
+    /// context, so the words are set when this returns.
+    ///
+    /// # Safety
+    /// - `[dst, dst + 4 * count)` must be valid device memory of this GPU's context, 4-aligned.
+    pub unsafe fn memset_d32(&self, dst: u64, value: u32, count: usize) -> Result<()> {
+        let _ctx = self.bind()?;
+        // SAFETY: the caller guarantees the range.
+        unsafe { self.driver().cu_memset_d32(dst, value, count) }?;
+        self.driver().cu_ctx_synchronize()
+    }
+
+    /// Waits for all work in the context.
+    pub fn synchronize(&self) -> Result<()> {
+        let _ctx = self.bind()?;
+        self.driver().cu_ctx_synchronize()
     }
 
     /// Whether two handles share the same underlying open device.
@@ -361,18 +402,22 @@ impl Gpu {
     }
 }
 
+/// CUDA-imported chunks, one [`Gpu::alloc`] each: the default source of a [`Pool`](crate::Pool).
+impl ChunkSource for Gpu {
+    fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
+        Ok(Box::new(self.alloc(size)?))
+    }
+    fn atom_size(&self) -> u64 {
+        self.vulkan().atom_size()
+    }
+    fn is_non_coherent(&self) -> bool {
+        Gpu::is_non_coherent(self)
+    }
+}
+
 /// The calling thread's current context and its device. With none current, the driver's own
 /// answer: `cuCtxGetDevice` fails with `CUDA_ERROR_INVALID_CONTEXT`.
 pub(crate) fn current_context(driver: &Driver) -> Result<(CuContext, CuDevice)> {
-    let mut device = 0;
-    // SAFETY: valid out-pointer; with no current context the driver returns an error code.
-    driver.check("cuCtxGetDevice", unsafe {
-        (driver.cu_ctx_get_device)(&mut device)
-    })?;
-    let mut ctx: CuContext = ptr::null_mut();
-    // SAFETY: valid out-pointer.
-    driver.check("cuCtxGetCurrent", unsafe {
-        (driver.cu_ctx_get_current)(&mut ctx)
-    })?;
-    Ok((ctx, device))
+    let device = driver.cu_ctx_get_device()?;
+    Ok((driver.cu_ctx_get_current()?, device))
 }

@@ -7,7 +7,9 @@
 //!
 //! Layers, bottom up: [`cuda`] (driver symbols loaded at run time) and [`vulkan`] (instance,
 //! device, exportable memory) → [`Gpu`] and [`RawMemory`] (the mapping layer) → [`alloc`] (pure
-//! allocator core) and [`dirty`] (pure range tracker) → [`Pool`] → [`ring`].
+//! allocator core) and [`dirty`] (pure range tracker) → [`Pool`] → [`ring`]. The pool meets the
+//! drivers only through [`chunk`] (the `ChunkSource` seam, which imports no driver: each source
+//! is implemented beside its type); [`range`]'s pure bounds and atom arithmetic serves them all.
 //!
 //! ```no_run
 //! use vkgdr::{Gpu, Mapping};
@@ -35,10 +37,12 @@ pub mod dirty;
 pub mod dynlib;
 mod error;
 mod gpu;
+mod handle;
 mod mapping;
 pub mod memory;
 pub mod nvml;
 pub mod pool;
+pub mod range;
 pub mod ring;
 mod sync;
 pub mod vulkan;

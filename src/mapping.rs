@@ -5,7 +5,7 @@
 //! invalidates first, streaming loads for speed).
 
 use crate::error::{Error, Result};
-use crate::vulkan::check_range;
+use crate::range::check_range;
 
 /// A CPU mapping of device memory with safe, bounds-checked access.
 ///
@@ -93,19 +93,4 @@ fn check_pod_offset<T>(base: *mut u8, offset: u64) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-impl Mapping for crate::vulkan::VulkanMemory {
-    fn host_ptr(&self) -> *mut u8 {
-        self.as_ptr()
-    }
-    fn len(&self) -> u64 {
-        self.size()
-    }
-    fn after_write(&mut self, offset: u64, len: u64) -> Result<()> {
-        self.flush(offset, len)
-    }
-    fn before_read(&self, offset: u64, len: u64) -> Result<()> {
-        self.invalidate(offset, len)
-    }
 }

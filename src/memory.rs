@@ -1,15 +1,18 @@
 //! [`RawMemory`]: one BAR-mapped allocation — Vulkan export, CUDA import, host mapping.
 
+use std::ffi::c_void;
 use std::os::fd::{AsRawFd, IntoRawFd};
-use std::ptr;
 
+use crate::chunk::ChunkMemory;
 use crate::cuda::{
-    ContextGuard, CuContext, CuDevicePtr, CuExternalMemory, ExternalMemoryBufferDesc,
+    out_of_memory, ContextGuard, CuContext, CuDevicePtr, ExternalMemoryBufferDesc,
     ExternalMemoryHandleDesc, CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
 };
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
+use crate::handle::SendSyncPtr;
 use crate::mapping::Mapping;
+use crate::range::check_range;
 use crate::vulkan::VulkanMemory;
 
 /// One raw allocation (what the C library calls `vkgdr_memory_alloc`): GPU memory with a host
@@ -21,24 +24,23 @@ use crate::vulkan::VulkanMemory;
 /// The safe [`Mapping`] methods flush after each write and invalidate before each read when the
 /// memory is non-coherent. Users of [`RawMemory::host_ptr`] must call [`RawMemory::flush`] and
 /// [`RawMemory::invalidate`] themselves.
+///
+/// `Send + Sync` by its fields: mutation through safe code needs `&mut self`, and `&self` methods
+/// only read immutable handle values or issue thread-safe driver calls.
 pub struct RawMemory {
     gpu: Gpu,
-    external: CuExternalMemory,
+    /// The CUDA import (`CUexternalMemory`): a process-wide handle, usable from any thread.
+    external: SendSyncPtr<c_void>,
     device_ptr: CuDevicePtr,
     /// The size asked for (what `len` reports); the Vulkan allocation may be larger.
     requested: u64,
     /// The context the memory was imported into when it is not the `Gpu`'s own
-    /// ([`Gpu::alloc_in_current_context`]); pushed again to free it.
-    foreign_context: Option<CuContext>,
+    /// ([`Gpu::alloc_in_current_context`]); pushed again, from whatever thread drops the memory,
+    /// to free it (a `CUcontext` may be made current on any thread).
+    foreign_context: Option<SendSyncPtr<c_void>>,
     // Dropped after `Drop::drop` has torn down the CUDA side.
     vulkan: VulkanMemory,
 }
-
-// SAFETY: the external-memory handle is a process-wide CUDA handle; the mapping is shared device
-// memory. Mutation through safe code needs `&mut self`.
-unsafe impl Send for RawMemory {}
-// SAFETY: `&self` methods only read immutable handle values or issue thread-safe driver calls.
-unsafe impl Sync for RawMemory {}
 
 impl std::fmt::Debug for RawMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -87,11 +89,10 @@ impl RawMemory {
             flags: 0,
             reserved: [0; 16],
         };
-        let mut external: CuExternalMemory = ptr::null_mut();
-        // SAFETY: `desc` describes a live opaque fd of `alloc_size` bytes; out-pointer valid; the
-        // context is current.
-        let r = unsafe { (driver.cu_import_external_memory)(&mut external, &desc) };
-        driver.check_alloc("cuImportExternalMemory", r, size)?;
+        // SAFETY: `desc` describes a live opaque fd of `alloc_size` bytes and outlives the call;
+        // the context is current.
+        let external =
+            unsafe { driver.cu_import_external_memory(&desc) }.map_err(out_of_memory(size))?;
         // A successful import owns the fd: give up our ownership without closing it.
         let _ = fd.into_raw_fd();
 
@@ -101,22 +102,22 @@ impl RawMemory {
             flags: 0,
             reserved: [0; 16],
         };
-        let mut device_ptr: CuDevicePtr = 0;
         // SAFETY: `external` is the live import; the buffer covers exactly the memory object.
-        let r = unsafe {
-            (driver.cu_external_memory_get_mapped_buffer)(&mut device_ptr, external, &buf)
-        };
-        if let Err(e) = driver.check_alloc("cuExternalMemoryGetMappedBuffer", r, size) {
-            // SAFETY: the import is ours and has no mapped buffer.
-            unsafe { (driver.cu_destroy_external_memory)(external) };
-            return Err(e);
-        }
+        let device_ptr =
+            match unsafe { driver.cu_external_memory_get_mapped_buffer(external, &buf) } {
+                Ok(p) => p,
+                Err(e) => {
+                    // SAFETY: the import is ours and has no mapped buffer.
+                    let _ = unsafe { driver.cu_destroy_external_memory(external) };
+                    return Err(out_of_memory(size)(e));
+                }
+            };
         Ok(RawMemory {
             gpu: gpu.clone(),
-            external,
+            external: SendSyncPtr::new(external),
             device_ptr,
             requested: size,
-            foreign_context,
+            foreign_context: foreign_context.map(SendSyncPtr::new),
             vulkan,
         })
     }
@@ -195,7 +196,7 @@ impl RawMemory {
     /// [`PinnedBuffer`](crate::cuda_objects::PinnedBuffer), 7–10 GB/s into pageable memory, against
     /// under 1 GB/s for CPU loads from the BAR). Bounds-checked.
     pub fn read_dma(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
-        crate::vulkan::check_range(offset, dst.len() as u64, self.size())?;
+        check_range(offset, dst.len() as u64, self.size())?;
         // SAFETY: the device range lies inside this allocation (checked above), alive for the call.
         unsafe { self.gpu.memcpy_dtoh(dst, self.device_ptr + offset) }
     }
@@ -223,6 +224,29 @@ impl Mapping for RawMemory {
     }
 }
 
+/// CUDA-imported chunks: what a pool over a [`Gpu`] carves, with device pointers and reads of at
+/// least [`DMA_READ_THRESHOLD`] bytes through the copy engine.
+impl ChunkMemory for RawMemory {
+    fn host_ptr(&self) -> *mut u8 {
+        RawMemory::host_ptr(self)
+    }
+    fn device_ptr(&self) -> Option<u64> {
+        Some(RawMemory::device_ptr(self))
+    }
+    fn size(&self) -> u64 {
+        RawMemory::size(self)
+    }
+    fn flush_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
+        self.vulkan().flush_ranges(ranges.iter().copied())
+    }
+    fn invalidate_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
+        self.vulkan().invalidate_ranges(ranges.iter().copied())
+    }
+    fn read_dma(&self, offset: u64, dst: &mut [u8]) -> Option<Result<()>> {
+        (dst.len() >= DMA_READ_THRESHOLD).then(|| RawMemory::read_dma(self, offset, dst))
+    }
+}
+
 impl Drop for RawMemory {
     fn drop(&mut self) {
         let driver = self.gpu.driver();
@@ -230,14 +254,14 @@ impl Drop for RawMemory {
         // there is no way to report them from drop and the handles are ours.
         let _ctx = match self.foreign_context {
             // SAFETY: `new_in_current_context`'s caller promised the context outlives the memory.
-            Some(c) => unsafe { ContextGuard::push(driver, c) },
+            Some(c) => unsafe { ContextGuard::push(driver, c.get()) },
             None => self.gpu.bind(),
         };
         // SAFETY: the mapped buffer and the import are ours and used by nothing else now; order:
         // free the mapping, destroy the import, then the Vulkan memory drops (unmap, free).
         unsafe {
-            (driver.cu_mem_free)(self.device_ptr);
-            (driver.cu_destroy_external_memory)(self.external);
+            let _ = driver.cu_mem_free(self.device_ptr);
+            let _ = driver.cu_destroy_external_memory(self.external.get());
         }
     }
 }

@@ -13,7 +13,11 @@ use std::sync::Arc;
 
 use ash::vk;
 
+use crate::chunk::{ChunkMemory, ChunkSource};
 use crate::error::{Error, MemorySide, Result};
+use crate::handle::SendSyncPtr;
+use crate::mapping::Mapping;
+use crate::range::{atom_range, check_range, round_alloc_size};
 
 const LOADER: &str = "libvulkan.so.1";
 
@@ -493,10 +497,8 @@ impl VulkanContext {
                 .map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
         };
         let ptr = match mapped.map_err(vk_err("vkMapMemory")).and_then(|p| {
-            NonNull::new(p.cast::<u8>()).ok_or_else(|| Error::Vulkan {
-                call: "vkMapMemory",
-                result: "returned a null pointer".into(),
-            })
+            NonNull::new(p.cast::<u8>())
+                .ok_or_else(|| Error::internal("vkMapMemory returned a null pointer"))
         }) {
             Ok(p) => p,
             Err(e) => {
@@ -509,7 +511,7 @@ impl VulkanContext {
             ctx: self.clone(),
             memory,
             size: alloc_size,
-            ptr,
+            ptr: ptr.into(),
         })
     }
 
@@ -546,56 +548,21 @@ impl Drop for VulkanContext {
     }
 }
 
-/// Rounds an allocation request up to 4 KiB (mmap granularity), rejecting zero and overflow.
-pub(crate) fn round_alloc_size(size: u64) -> Result<u64> {
-    if size == 0 {
-        return Err(Error::invalid("allocation size is zero"));
-    }
-    size.checked_add(4095)
-        .map(|s| s & !4095)
-        .ok_or_else(|| Error::invalid(format!("allocation size {size} overflows")))
-}
-
-/// The atom-rounded range Vulkan needs for flushing `[offset, offset + len)` of a `size`-byte
-/// allocation: the start rounded down to `atom`, the end rounded up to `atom` or clamped to `size`.
-/// `None` for an empty range. The caller has bounds-checked `offset + len <= size`.
-pub fn atom_range(offset: u64, len: u64, atom: u64, size: u64) -> Option<(u64, u64)> {
-    if len == 0 {
-        return None;
-    }
-    debug_assert!(atom.is_power_of_two());
-    let start = offset & !(atom - 1);
-    let end = offset.saturating_add(len).saturating_add(atom - 1) & !(atom - 1);
-    let end = end.min(size);
-    Some((start, end - start))
-}
-
-pub(crate) fn check_range(offset: u64, len: u64, size: u64) -> Result<()> {
-    match offset.checked_add(len) {
-        Some(end) if end <= size => Ok(()),
-        _ => Err(Error::invalid(format!(
-            "range {offset}+{len} is outside the {size}-byte allocation"
-        ))),
-    }
-}
-
 /// One exportable, mapped Vulkan allocation (no CUDA involved).
 ///
 /// Unmapped and freed on drop. Holds its [`VulkanContext`], so it cannot outlive the device.
+///
+/// `Send + Sync` by its fields: the memory handle has no thread affinity (Vulkan memory objects may
+/// be used from any thread, with the external synchronisation that the immutable handle and
+/// `&mut self` on the writing methods provide), and `&self` methods only read the handle values or
+/// call vkFlush/vkInvalidateMappedMemoryRanges, which need no external synchronisation.
 pub struct VulkanMemory {
     ctx: Arc<VulkanContext>,
     memory: vk::DeviceMemory,
     size: u64,
-    ptr: NonNull<u8>,
+    /// The host mapping: plain memory shared with the device, never null.
+    ptr: SendSyncPtr<u8>,
 }
-
-// SAFETY: the mapping is plain memory shared with the device; the handle carries no thread
-// affinity (Vulkan memory objects may be used from any thread with external synchronisation, which
-// `&mut self` on the writing methods and the immutable handle provide).
-unsafe impl Send for VulkanMemory {}
-// SAFETY: `&self` methods only read the handle values or call thread-safe Vulkan functions
-// (vkFlush/vkInvalidate on distinct or identical ranges need no external synchronisation).
-unsafe impl Sync for VulkanMemory {}
 
 impl std::fmt::Debug for VulkanMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -614,7 +581,7 @@ impl VulkanMemory {
 
     /// The host mapping's base address.
     pub fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.ptr.get()
     }
 
     /// The context this memory belongs to.
@@ -694,6 +661,52 @@ enum CacheOp {
     Invalidate,
 }
 
+impl Mapping for VulkanMemory {
+    fn host_ptr(&self) -> *mut u8 {
+        self.as_ptr()
+    }
+    fn len(&self) -> u64 {
+        self.size()
+    }
+    fn after_write(&mut self, offset: u64, len: u64) -> Result<()> {
+        self.flush(offset, len)
+    }
+    fn before_read(&self, offset: u64, len: u64) -> Result<()> {
+        self.invalidate(offset, len)
+    }
+}
+
+/// Vulkan-only chunks (no device pointer): CI runs the pool on lavapipe through them.
+impl ChunkMemory for VulkanMemory {
+    fn host_ptr(&self) -> *mut u8 {
+        self.as_ptr()
+    }
+    fn device_ptr(&self) -> Option<u64> {
+        None
+    }
+    fn size(&self) -> u64 {
+        VulkanMemory::size(self)
+    }
+    fn flush_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
+        VulkanMemory::flush_ranges(self, ranges.iter().copied())
+    }
+    fn invalidate_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
+        VulkanMemory::invalidate_ranges(self, ranges.iter().copied())
+    }
+}
+
+impl ChunkSource for Arc<VulkanContext> {
+    fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
+        Ok(Box::new(self.allocate(size)?))
+    }
+    fn atom_size(&self) -> u64 {
+        VulkanContext::atom_size(self)
+    }
+    fn is_non_coherent(&self) -> bool {
+        VulkanContext::is_non_coherent(self)
+    }
+}
+
 impl Drop for VulkanMemory {
     fn drop(&mut self) {
         // SAFETY: the memory is ours, mapped once in `allocate`; any CUDA import of it was destroyed
@@ -708,33 +721,6 @@ impl Drop for VulkanMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn atom_range_rounds_and_clamps() {
-        assert_eq!(atom_range(0, 0, 64, 4096), None);
-        assert_eq!(atom_range(1, 1, 64, 4096), Some((0, 64)));
-        assert_eq!(atom_range(63, 2, 64, 4096), Some((0, 128)));
-        assert_eq!(atom_range(4000, 96, 64, 4096), Some((3968, 128)));
-        assert_eq!(atom_range(4090, 6, 256, 4096), Some((3840, 256)));
-        // A size that is not an atom multiple: the end clamps to the allocation.
-        assert_eq!(atom_range(4000, 10, 256, 4010), Some((3840, 170)));
-    }
-
-    #[test]
-    fn alloc_size_rounding() {
-        assert!(round_alloc_size(0).is_err());
-        assert_eq!(round_alloc_size(1).unwrap(), 4096);
-        assert_eq!(round_alloc_size(4096).unwrap(), 4096);
-        assert_eq!(round_alloc_size(4097).unwrap(), 8192);
-        assert!(round_alloc_size(u64::MAX - 10).is_err());
-    }
-
-    #[test]
-    fn range_check() {
-        assert!(check_range(0, 10, 10).is_ok());
-        assert!(check_range(1, 10, 10).is_err());
-        assert!(check_range(u64::MAX, 2, 10).is_err());
-    }
 
     #[test]
     fn uuid_format() {

@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use vkgdr::cuda_objects::Module;
-use vkgdr::{Arena, Error, Mapping};
+use vkgdr::{Arena, Error, Mapping, MemorySide};
 
 const CHUNK: u64 = 32 << 20;
 
@@ -127,11 +127,17 @@ fn grow_read_across_boundaries_shrink_regrow_cycle() {
         "after shrink and regrow"
     );
 
-    // Growth past the reservation is an error and leaves the arena intact.
+    // Growth past the reservation is the arena's "out of memory" and leaves it intact.
     let mut small = Arena::new(&gpu, 2 * CHUNK, CHUNK).unwrap();
     small.grow().unwrap();
     small.grow().unwrap();
-    assert!(matches!(small.grow(), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        small.grow(),
+        Err(Error::OutOfDeviceMemory {
+            side: MemorySide::Limit,
+            ..
+        })
+    ));
     assert_eq!(small.len(), 2 * CHUNK);
     drop(small);
     drop(arena);

@@ -60,7 +60,7 @@ static NEXT_HEAP_ID: AtomicU32 = AtomicU32::new(1);
 #[non_exhaustive]
 pub enum AllocError {
     /// A zero-byte allocation was requested.
-    #[error("zero-size allocation")]
+    #[error("allocation size is zero")]
     ZeroSize,
     /// The alignment is not a power of two.
     #[error("alignment {align} is not a power of two")]
@@ -69,7 +69,7 @@ pub enum AllocError {
         align: u64,
     },
     /// The alignment exceeds what chunk bases guarantee ([`HeapConfig::max_align`]).
-    #[error("alignment {align} exceeds the maximum {max}")]
+    #[error("alignment {align} exceeds the pool's maximum {max}")]
     AlignmentTooLarge {
         /// The requested alignment.
         align: u64,
@@ -77,7 +77,7 @@ pub enum AllocError {
         max: u64,
     },
     /// The size exceeds [`MAX_CHUNK_SIZE`], so rounding it could overflow and no chunk can hold it.
-    #[error("allocation of {size} bytes exceeds the supported maximum")]
+    #[error("allocation of {size} bytes is too large")]
     Overflow {
         /// The requested size.
         size: u64,
@@ -128,6 +128,21 @@ pub enum AllocError {
     Inconsistent(&'static str),
 }
 
+impl AllocError {
+    /// Whether the caller asked for something no heap can give (a bad size, alignment or
+    /// configuration), as opposed to running out of space or metadata, or a bug.
+    pub fn is_caller_error(&self) -> bool {
+        matches!(
+            self,
+            AllocError::ZeroSize
+                | AllocError::BadAlignment { .. }
+                | AllocError::AlignmentTooLarge { .. }
+                | AllocError::Overflow { .. }
+                | AllocError::InvalidConfig(_)
+        )
+    }
+}
+
 /// Heap parameters; [`HeapConfig::default`] gives the values below.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeapConfig {
@@ -157,6 +172,32 @@ impl Default for HeapConfig {
             max_align: 64 << 10,
             slab_classes_per_octave: 8,
         }
+    }
+}
+
+impl HeapConfig {
+    /// Checks an allocation request against this configuration: a non-zero `size` up to
+    /// [`MAX_CHUNK_SIZE`] and a power-of-two `align` up to [`HeapConfig::max_align`]. The one
+    /// validation of a request, shared by [`Heap::alloc`] and the pool's dedicated and cached
+    /// paths.
+    #[inline]
+    pub fn check_request(&self, size: u64, align: u64) -> Result<(), AllocError> {
+        if size == 0 {
+            return Err(AllocError::ZeroSize);
+        }
+        if !align.is_power_of_two() {
+            return Err(AllocError::BadAlignment { align });
+        }
+        if align > self.max_align {
+            return Err(AllocError::AlignmentTooLarge {
+                align,
+                max: self.max_align,
+            });
+        }
+        if size > MAX_CHUNK_SIZE {
+            return Err(AllocError::Overflow { size });
+        }
+        Ok(())
     }
 }
 
@@ -403,21 +444,7 @@ impl Heap {
     /// Validates a request; returns the size rounded to the granule and the effective alignment.
     #[inline]
     fn check_request(&self, size: u64, align: u64) -> Result<(u64, u64), AllocError> {
-        if size == 0 {
-            return Err(AllocError::ZeroSize);
-        }
-        if !align.is_power_of_two() {
-            return Err(AllocError::BadAlignment { align });
-        }
-        if align > self.config.max_align {
-            return Err(AllocError::AlignmentTooLarge {
-                align,
-                max: self.config.max_align,
-            });
-        }
-        if size > MAX_CHUNK_SIZE {
-            return Err(AllocError::Overflow { size });
-        }
+        self.config.check_request(size, align)?;
         Ok((align_up(size, self.gran), align.max(self.gran)))
     }
 

@@ -10,6 +10,7 @@ use std::thread::{self, JoinHandle};
 use parking_lot::{Condvar, Mutex};
 
 use super::{check_lengths, kernels, simd_level, CopyError};
+use crate::handle::SendSyncPtr;
 
 /// Default [`CopyPool::parallel_threshold`]: copies shorter than 1 MiB run on the calling
 /// thread, where waking workers would cost more than it saves.
@@ -117,24 +118,6 @@ impl Job {
         };
         // A second panic payload is dropped outside the lock: its destructor is foreign code.
         drop(extra_payload);
-    }
-}
-
-/// Sends a raw pointer into the `Sync` closures of a job.
-#[derive(Clone, Copy)]
-struct SyncPtr(*mut u8);
-
-// SAFETY: the pointer is only used for disjoint slices of a range that the `CopyPool::write` /
-// `CopyPool::read` caller guarantees valid, and only before that call returns.
-unsafe impl Send for SyncPtr {}
-// SAFETY: as for `Send`.
-unsafe impl Sync for SyncPtr {}
-
-impl SyncPtr {
-    /// Returns the pointer; a method, so closures capture the whole `SyncPtr` (edition 2021
-    /// closures capture disjoint fields, and the bare field is not `Sync`).
-    fn get(self) -> *mut u8 {
-        self.0
     }
 }
 
@@ -274,7 +257,12 @@ impl CopyPool {
         let len = src.len();
         let parts = self.parts_for(len);
         let level = simd_level();
-        let (d, s) = (SyncPtr(dst), SyncPtr(src.as_ptr().cast_mut()));
+        // The pointers cross into the workers' closures; they are used only for disjoint slices,
+        // and only before this call returns.
+        let (d, s) = (
+            SendSyncPtr::new(dst),
+            SendSyncPtr::new(src.as_ptr().cast_mut()),
+        );
         self.run_parts(parts, &|part| {
             let (start, end) = slice_bounds(d.get() as usize, len, parts, part);
             // SAFETY: `[start, end)` lies inside `[0, len)` and the parts are disjoint, so each
@@ -316,7 +304,11 @@ impl CopyPool {
         let len = dst.len();
         let parts = self.parts_for(len);
         let level = simd_level();
-        let (d, s) = (SyncPtr(dst.as_mut_ptr()), SyncPtr(src.cast_mut()));
+        // As in `write`: used only for disjoint slices, and only before this call returns.
+        let (d, s) = (
+            SendSyncPtr::new(dst.as_mut_ptr()),
+            SendSyncPtr::new(src.cast_mut()),
+        );
         self.run_parts(parts, &|part| {
             let (start, end) = slice_bounds(s.get() as usize, len, parts, part);
             // SAFETY: as in `write`: disjoint sub-ranges of the exclusive `dst` borrow and of

@@ -20,7 +20,7 @@ use gpu_alloc_types::{
 };
 use parking_lot::Mutex;
 
-use super::Chunk;
+use super::shards::Chunk;
 use crate::chunk::ChunkSource;
 use crate::error::{Error, MemorySide, Result};
 
@@ -67,7 +67,7 @@ impl MemoryDevice<Arc<Chunk>> for ChunkDevice<'_> {
                 }
             })
             .and_then(|memory| {
-                super::Pool::new_chunk(memory, self.atom).map_err(|_| OutOfMemory::OutOfHostMemory)
+                Chunk::new(memory, self.atom).map_err(|_| OutOfMemory::OutOfHostMemory)
             });
         if chunk.is_err() {
             self.reserved.fetch_sub(size, Ordering::AcqRel);
@@ -188,7 +188,9 @@ impl GpuAllocBackend {
                 size,
                 result: "OutOfDeviceMemory".into(),
             },
-            e => Error::invalid(format!("gpu-alloc: {e}")),
+            // Requests were validated before; the source's own failures reach gpu-alloc only as
+            // "out of host memory".
+            e => Error::internal(format!("gpu-alloc: {e}")),
         })
     }
 

@@ -34,7 +34,7 @@
 use std::cell::Cell;
 use std::ptr::{self, NonNull};
 
-use super::{Chunk, ShardCell};
+use super::shards::{Chunk, ShardCell};
 use crate::alloc::Allocation;
 
 /// Largest request served from a magazine (the slab range of the default allocator).

@@ -16,8 +16,8 @@ use vkgdr::{Gpu, OpenOptions, RawMemory};
 
 use super::report::fmt_size;
 use super::{
-    cu, ladder, measure, open_gpu, to_bandwidth, BenchError, BenchResult, Budget, Options, Report,
-    Row, Stats, Unit,
+    ladder, measure, open_gpu, to_bandwidth, BenchError, BenchResult, Budget, Options, Report, Row,
+    Stats, Unit,
 };
 
 /// Thread counts of the write pools; the last one also serves the pooled read.
@@ -113,8 +113,7 @@ impl Kit<'_> {
                 };
                 // SAFETY: the context is current (caller); `dptr` has at least `size` bytes (the
                 // allocation) and `src` points to a host buffer of at least `size` bytes.
-                let r = unsafe { (driver.cu_memcpy_htod)(dptr, src.cast(), size) };
-                cu(self.gpu, "cuMemcpyHtoD_v2", r)?;
+                unsafe { driver.cu_memcpy_htod(dptr, src.cast(), size) }?;
             }
             Op::DtohPinned | Op::DtohPageable => {
                 let dst = match op {
@@ -123,8 +122,7 @@ impl Kit<'_> {
                 };
                 // SAFETY: as for HtoD, with `dst` a host buffer of at least `size` bytes that
                 // nothing else accesses during the call.
-                let r = unsafe { (driver.cu_memcpy_dtoh)(dst.cast(), dptr, size) };
-                cu(self.gpu, "cuMemcpyDtoH_v2", r)?;
+                unsafe { driver.cu_memcpy_dtoh(dst.cast(), dptr, size) }?;
             }
             Op::DmaRead => {
                 self.exec(Op::DtohPinned, size)?;

@@ -16,8 +16,7 @@ use vkgdr::cuda_objects::{PinnedBuffer, Stream};
 use vkgdr::OpenOptions;
 
 use super::{
-    cu, ladder, measure, open_gpu, BenchError, BenchResult, Budget, Options, Report, Row, Stats,
-    Unit,
+    ladder, measure, open_gpu, BenchError, BenchResult, Budget, Options, Report, Row, Stats, Unit,
 };
 
 /// Method names, in column order.
@@ -81,24 +80,21 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
                     2 => {
                         // SAFETY: the context is current (`_ctx`); `dptr` and `pinned` hold at
                         // least `n` bytes.
-                        let r = unsafe { (driver.cu_memcpy_htod)(dptr, pinned.as_ptr().cast(), n) };
-                        cu(&gpu, "cuMemcpyHtoD_v2", r)?;
+                        unsafe { driver.cu_memcpy_htod(dptr, pinned.as_ptr().cast(), n) }?;
                     }
                     _ => {
                         // SAFETY: as above; `stream` belongs to this context and the copy is
                         // waited for before `pinned` can be touched again.
-                        let r = unsafe {
-                            (driver.cu_memcpy_htod_async)(
+                        unsafe {
+                            driver.cu_memcpy_htod_async(
                                 dptr,
                                 pinned.as_ptr().cast(),
                                 n,
                                 stream.raw(),
                             )
-                        };
-                        cu(&gpu, "cuMemcpyHtoDAsync_v2", r)?;
+                        }?;
                         // SAFETY: live stream of the current context.
-                        let r = unsafe { (driver.cu_stream_synchronize)(stream.raw()) };
-                        cu(&gpu, "cuStreamSynchronize", r)?;
+                        unsafe { driver.cu_stream_synchronize(stream.raw()) }?;
                     }
                 }
                 Ok(())

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use vkgdr::{Gpu, OpenOptions};
 
-pub use report::{Report, Row, Unit};
+pub use report::{Layout, Report, ReportSpec, Row, Unit};
 
 /// One line of usage text.
 pub const USAGE: &str =
@@ -92,37 +92,154 @@ impl BenchError {
 /// Result of benchmark code.
 pub type BenchResult<T> = Result<T, BenchError>;
 
+/// What a benchmark runs: its reports, or the error that stopped it.
+pub type BenchFn = fn(&Options) -> BenchResult<Vec<Report>>;
+
+/// One benchmark of `vkgdr bench`: its command-line name, a line of help, the function that runs
+/// it and every report it writes (their titles and table layouts live here, beside the
+/// benchmark, so no report falls back to the foreign-CSV path).
+#[derive(Debug, Clone, Copy)]
+pub struct Benchmark {
+    /// The name on the command line (`vkgdr bench NAME`).
+    pub name: &'static str,
+    /// One line for `vkgdr bench --help`.
+    pub help: &'static str,
+    /// Runs it.
+    pub run: BenchFn,
+    /// The reports it writes, by file stem.
+    pub reports: &'static [ReportSpec],
+}
+
+/// The benchmarks, in the order `all` runs them: `apiperf` first so that its "first
+/// `Gpu::open`" really is the first in the process.
+pub const BENCHMARKS: [Benchmark; 6] = [
+    Benchmark {
+        name: "apiperf",
+        help: "cost of open, alloc/free, pool alloc/free, flush/invalidate",
+        run: apiperf::run,
+        reports: &[ReportSpec {
+            name: "apiperf",
+            title: "API call cost",
+            layout: Layout::Long,
+        }],
+    },
+    Benchmark {
+        name: "copybw",
+        help: "bandwidth vs size: BAR writes/reads (1-8 threads) vs cuMemcpy",
+        run: copybw::run,
+        reports: &[
+            ReportSpec {
+                name: "copybw-write",
+                title: "Write bandwidth, host to GPU memory",
+                layout: Layout::Wide,
+            },
+            ReportSpec {
+                name: "copybw-read",
+                title: "Read bandwidth, GPU memory to host",
+                layout: Layout::Wide,
+            },
+        ],
+    },
+    Benchmark {
+        name: "copylat",
+        help: "write latency vs size: BAR write, confirmed write, cuMemcpy",
+        run: copylat::run,
+        reports: &[ReportSpec {
+            name: "copylat",
+            title: "Write latency, host to GPU memory",
+            layout: Layout::Wide,
+        }],
+    },
+    Benchmark {
+        name: "pplat",
+        help: "round trips between the CPU and a running kernel",
+        run: pplat::run,
+        reports: &[ReportSpec {
+            name: "pplat",
+            title: "Round trip: CPU writes, running kernel answers in pinned memory",
+            layout: Layout::Wide,
+        }],
+    },
+    Benchmark {
+        name: "ring",
+        help: "records from 1/4/8 producer threads into a resident kernel vs cuMemcpyHtoDAsync",
+        run: ring::run,
+        reports: &[
+            ReportSpec {
+                name: "ring-throughput",
+                title: "Ring throughput: producer threads into a resident kernel",
+                layout: Layout::Wide,
+            },
+            ReportSpec {
+                name: "ring-latency",
+                title: "Ring round trip: one record to a resident kernel and back",
+                layout: Layout::Long,
+            },
+            ReportSpec {
+                name: "ring-wrap",
+                title: "Ring throughput: padded versus mirrored wrap",
+                layout: Layout::Wide,
+            },
+        ],
+    },
+    Benchmark {
+        name: "arena",
+        help: "growing a VMM arena vs separate chunks; a kernel reading 1 GiB of each",
+        run: arena::run,
+        reports: &[
+            ReportSpec {
+                name: "arena-grow",
+                title: "Arena growth by one chunk versus a separate chunk",
+                layout: Layout::Wide,
+            },
+            ReportSpec {
+                name: "arena-read",
+                title: "Kernel reads: one contiguous arena versus separate chunks",
+                layout: Layout::Long,
+            },
+        ],
+    },
+];
+
+/// The registered benchmark called `name`.
+pub fn benchmark(name: &str) -> Option<&'static Benchmark> {
+    BENCHMARKS.iter().find(|b| b.name == name)
+}
+
+/// The registered report whose file stem is `name` (`None` for foreign CSVs).
+pub fn report_spec(name: &str) -> Option<&'static ReportSpec> {
+    BENCHMARKS
+        .iter()
+        .flat_map(|b| b.reports)
+        .find(|r| r.name == name)
+}
+
 /// Which benchmark(s) to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Which {
-    /// Bandwidth vs size.
-    CopyBw,
-    /// Latency vs size.
-    CopyLat,
-    /// Cost of every API call.
-    ApiPerf,
-    /// CPU ↔ running kernel round trips.
-    PpLat,
-    /// Records streamed through a ring into a resident kernel.
-    Ring,
-    /// VMM arena growth and reads against separate chunks.
-    Arena,
-    /// All of the above, then `summary.md`.
+    /// The registered benchmark of this name (see [`BENCHMARKS`]).
+    One(&'static str),
+    /// Every registered benchmark in registry order, then `summary.md`.
     All,
 }
 
 impl Which {
     fn parse(s: &str) -> Option<Which> {
-        Some(match s {
-            "copybw" => Which::CopyBw,
-            "copylat" => Which::CopyLat,
-            "apiperf" => Which::ApiPerf,
-            "pplat" => Which::PpLat,
-            "ring" => Which::Ring,
-            "arena" => Which::Arena,
-            "all" => Which::All,
-            _ => return None,
-        })
+        if s == "all" {
+            return Some(Which::All);
+        }
+        benchmark(s).map(|b| Which::One(b.name))
+    }
+
+    /// The benchmarks to run, in registry order.
+    fn selected(self) -> Vec<&'static Benchmark> {
+        BENCHMARKS
+            .iter()
+            .filter(|b| match self {
+                Which::All => true,
+                Which::One(name) => b.name == name,
+            })
+            .collect()
     }
 }
 
@@ -192,15 +309,14 @@ pub fn main(args: &[String]) -> ExitCode {
     let result = match cmd {
         Command::Help => {
             println!("usage: {USAGE}");
-            println!("  copybw   bandwidth vs size: BAR writes/reads (1-8 threads) vs cuMemcpy");
-            println!("  copylat  write latency vs size: BAR write, confirmed write, cuMemcpy");
-            println!("  apiperf  cost of open, alloc/free, pool alloc/free, flush/invalidate");
-            println!("  pplat    round trips between the CPU and a running kernel");
-            println!("  ring     records from 4 producer threads into a resident kernel vs cuMemcpyHtoDAsync");
+            for b in &BENCHMARKS {
+                println!("  {:<8} {}", b.name, b.help);
+            }
             println!(
-                "  arena    growing a VMM arena vs separate chunks; a kernel reading 1 GiB of each"
+                "  all      all {} ({} first), then DIR/summary.md",
+                BENCHMARKS.len(),
+                BENCHMARKS[0].name
             );
-            println!("  all      all four (apiperf first), then DIR/summary.md");
             println!("  plot DIR redraw DIR/*.png from DIR/*.csv");
             println!("  --out DIR  output directory (default ./{DEFAULT_OUT})");
             println!("  --quick    fewer sizes and repetitions");
@@ -218,35 +334,17 @@ pub fn main(args: &[String]) -> ExitCode {
     }
 }
 
-type BenchFn = fn(&Options) -> BenchResult<Vec<Report>>;
-
-/// The benchmarks in the order `all` runs them: `apiperf` first so that its "first
-/// `Gpu::open`" really is the first in the process.
-const ORDER: [(&str, BenchFn); 6] = [
-    ("apiperf", apiperf::run),
-    ("copybw", copybw::run),
-    ("copylat", copylat::run),
-    ("pplat", pplat::run),
-    ("ring", ring::run),
-    ("arena", arena::run),
-];
-
 fn run(which: Which, opts: &Options) -> BenchResult<()> {
     std::fs::create_dir_all(&opts.out).map_err(|e| BenchError::io(&opts.out, e))?;
-    let selected: Vec<(&str, BenchFn)> = match which {
-        Which::All => ORDER.to_vec(),
-        Which::ApiPerf => vec![ORDER[0]],
-        Which::CopyBw => vec![ORDER[1]],
-        Which::CopyLat => vec![ORDER[2]],
-        Which::PpLat => vec![ORDER[3]],
-        Which::Ring => vec![ORDER[4]],
-        Which::Arena => vec![ORDER[5]],
-    };
+    let selected = which.selected();
     let mut reports = Vec::new();
     let mut failures = Vec::new();
     // Gathered once, after the first benchmark (so `apiperf` still sees a cold process).
     let mut machine: Option<Vec<String>> = None;
-    for (name, bench) in selected {
+    for &Benchmark {
+        name, run: bench, ..
+    } in selected
+    {
         println!("== {name}{} ==", if opts.quick { " (quick)" } else { "" });
         let started = Instant::now();
         let mut stop = false;
@@ -716,6 +814,66 @@ mod tests {
     }
 
     #[test]
+    fn every_benchmark_and_report_is_registered_once() {
+        let mut names: Vec<&str> = BENCHMARKS.iter().map(|b| b.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), BENCHMARKS.len(), "duplicate benchmark name");
+        let mut reports: Vec<&str> = BENCHMARKS
+            .iter()
+            .flat_map(|b| b.reports.iter().map(|r| r.name))
+            .collect();
+        let n = reports.len();
+        reports.sort_unstable();
+        reports.dedup();
+        assert_eq!(reports.len(), n, "two benchmarks claim one report");
+        for b in &BENCHMARKS {
+            assert!(!b.reports.is_empty(), "{} writes no report", b.name);
+            assert!(USAGE.contains(b.name), "usage lacks {}", b.name);
+            assert_eq!(Which::parse(b.name), Some(Which::One(b.name)));
+            let one: Vec<&str> = Which::One(b.name)
+                .selected()
+                .iter()
+                .map(|s| s.name)
+                .collect();
+            assert_eq!(one, [b.name]);
+        }
+    }
+
+    #[test]
+    fn all_runs_the_registry_in_order_with_apiperf_first() {
+        let all: Vec<&str> = Which::All.selected().iter().map(|b| b.name).collect();
+        let registry: Vec<&str> = BENCHMARKS.iter().map(|b| b.name).collect();
+        assert_eq!(all, registry);
+        assert_eq!(all[0], "apiperf", "apiperf must see a cold process");
+    }
+
+    #[test]
+    fn the_published_results_are_all_registered_reports() {
+        // docs/bench holds the CSVs of the last full run: each must be one of our reports, shown
+        // with its registered title and layout, not as a foreign CSV.
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/bench");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|x| x != "csv") {
+                continue;
+            }
+            let report = report::read_csv(&path).unwrap();
+            assert_eq!(
+                path.file_stem().unwrap().to_str(),
+                Some(report.name.as_str())
+            );
+            let spec = report_spec(&report.name)
+                .unwrap_or_else(|| panic!("{} is no registered report", path.display()));
+            assert_eq!(report.title(), spec.title);
+            assert_eq!(report.layout(), spec.layout);
+            seen += 1;
+        }
+        assert!(seen >= 10, "only {seen} CSVs in {}", dir.display());
+    }
+
+    #[test]
     fn command_line_parses() {
         let quick = Options {
             out: PathBuf::from("x"),
@@ -723,11 +881,11 @@ mod tests {
         };
         assert_eq!(
             parse_args(&args("copybw --quick --out x")),
-            Ok(Command::Run(Which::CopyBw, quick.clone()))
+            Ok(Command::Run(Which::One("copybw"), quick.clone()))
         );
         assert_eq!(
             parse_args(&args("copybw --out=x --quick")),
-            Ok(Command::Run(Which::CopyBw, quick))
+            Ok(Command::Run(Which::One("copybw"), quick))
         );
         assert_eq!(
             parse_args(&args("all")),

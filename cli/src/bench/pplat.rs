@@ -25,7 +25,7 @@ use vkgdr::cuda_objects::{
 };
 use vkgdr::{Gpu, OpenOptions, RawMemory};
 
-use super::{cu, open_gpu, BenchError, BenchResult, Options, Report, Row, Stats, Unit};
+use super::{open_gpu, BenchError, BenchResult, Options, Report, Row, Stats, Unit};
 
 /// The PTX holding `pingpong`.
 const PTX: &str = include_str!(concat!(
@@ -123,18 +123,16 @@ impl Kit<'_> {
                 let driver = self.gpu.driver();
                 // SAFETY: the context is current (caller); `dev` and `staging` hold at least
                 // `size` bytes; the copy is synchronised below before `staging` changes again.
-                let r = unsafe {
-                    (driver.cu_memcpy_htod_async)(
+                unsafe {
+                    driver.cu_memcpy_htod_async(
                         self.dev.device_ptr(),
                         self.staging.as_ptr().cast(),
                         size,
                         self.copy_stream.raw(),
                     )
-                };
-                cu(self.gpu, "cuMemcpyHtoDAsync_v2", r)?;
+                }?;
                 // SAFETY: live stream of the current context.
-                let r = unsafe { (driver.cu_stream_synchronize)(self.copy_stream.raw()) };
-                cu(self.gpu, "cuStreamSynchronize", r)?;
+                unsafe { driver.cu_stream_synchronize(self.copy_stream.raw()) }?;
             }
         }
         Ok(())

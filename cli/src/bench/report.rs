@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
-use super::{BenchError, BenchResult, Stats};
+use super::{report_spec, BenchError, BenchResult, Stats};
 
 /// The embedded chart font (the GPU machine has no system fonts). DejaVu Sans, see
 /// `assets/DejaVuSans.LICENSE`.
@@ -132,32 +132,17 @@ pub struct Report {
     pub notes: Vec<String>,
 }
 
-/// Titles and layouts of the reports the benchmarks produce; unknown names (foreign CSVs) get
-/// their name as title and the long layout.
-const KNOWN: [(&str, &str, Layout); 6] = [
-    (
-        "copybw-write",
-        "Write bandwidth, host to GPU memory",
-        Layout::Wide,
-    ),
-    (
-        "copybw-read",
-        "Read bandwidth, GPU memory to host",
-        Layout::Wide,
-    ),
-    ("copylat", "Write latency, host to GPU memory", Layout::Wide),
-    ("apiperf", "API call cost", Layout::Long),
-    (
-        "pplat",
-        "Round trip: CPU writes, running kernel answers in pinned memory",
-        Layout::Wide,
-    ),
-    (
-        "ring-wrap",
-        "Ring throughput: padded versus mirrored wrap",
-        Layout::Wide,
-    ),
-];
+/// What the registry ([`BENCHMARKS`](super::BENCHMARKS)) says about one report a benchmark
+/// writes: its file stem, its title and its table layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReportSpec {
+    /// File stem of the CSV and PNG, and [`Report::name`].
+    pub name: &'static str,
+    /// Human title of tables and charts.
+    pub title: &'static str,
+    /// How the table is laid out.
+    pub layout: Layout,
+}
 
 impl Report {
     /// An empty report.
@@ -170,20 +155,15 @@ impl Report {
         }
     }
 
-    /// Human title.
+    /// Human title: the registry's, or the name itself for a report no benchmark registers (a
+    /// foreign CSV given to `vkgdr bench plot`).
     pub fn title(&self) -> String {
-        KNOWN
-            .iter()
-            .find(|k| k.0 == self.name)
-            .map_or_else(|| self.name.clone(), |k| k.1.to_string())
+        report_spec(&self.name).map_or_else(|| self.name.clone(), |k| k.title.to_string())
     }
 
-    /// Table layout.
+    /// Table layout: the registry's, or [`Layout::Long`] for a foreign report.
     pub fn layout(&self) -> Layout {
-        KNOWN
-            .iter()
-            .find(|k| k.0 == self.name)
-            .map_or(Layout::Long, |k| k.2)
+        report_spec(&self.name).map_or(Layout::Long, |k| k.layout)
     }
 
     /// Method names in first-appearance order.
