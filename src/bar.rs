@@ -15,9 +15,8 @@
 //! ([`BarInfo::budget`], [`PoolConfig::with_bar_budget`]) as a pool's limit.
 
 use std::fmt;
-use std::ptr;
 
-use crate::cuda::{ContextGuard, CuContext, CuDevice, Driver, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID};
+use crate::cuda::{ContextGuard, CuDevice, Driver, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::nvml::{self, Bar1Memory, Nvml, PciAddress};
@@ -222,23 +221,17 @@ pub fn device_bar_info(driver: &Driver, device: CuDevice) -> Result<BarInfo> {
 
 /// `cuMemGetInfo` in `device`'s primary context, retained and released around the call.
 fn primary_context_mem_info(driver: &Driver, device: CuDevice) -> Result<(u64, u64)> {
-    let mut ctx: CuContext = ptr::null_mut();
-    // SAFETY: valid out-pointer; `device` is a device handle from the driver.
-    driver.check("cuDevicePrimaryCtxRetain", unsafe {
-        (driver.cu_device_primary_ctx_retain)(&mut ctx, device)
-    })?;
+    let ctx = driver.cu_device_primary_ctx_retain(device)?;
     let result = (|| {
         // SAFETY: the primary context is retained until after the guard drops.
         let _guard = unsafe { ContextGuard::push(driver, ctx) }?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: a context is current; valid out-pointers.
-        driver.check("cuMemGetInfo_v2", unsafe {
-            (driver.cu_mem_get_info)(&mut free, &mut total)
-        })?;
+        unsafe { driver.cu_mem_get_info(&mut free, &mut total) }?;
         Ok((free as u64, total as u64))
     })();
     // SAFETY: balances the retain above; nothing of ours uses the context any more.
-    unsafe { (driver.cu_device_primary_ctx_release)(device) };
+    let _ = unsafe { driver.cu_device_primary_ctx_release(device) };
     result
 }
 

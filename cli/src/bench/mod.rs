@@ -672,11 +672,6 @@ pub fn to_bandwidth(size: u64, ns: &[f64]) -> Vec<f64> {
     ns.iter().map(|t| size as f64 / t.max(1e-3)).collect()
 }
 
-/// Checks a raw CUDA result from the driver table.
-pub fn cu(gpu: &Gpu, call: &'static str, r: vkgdr::cuda::CuResult) -> BenchResult<()> {
-    Ok(gpu.driver().check(call, r)?)
-}
-
 #[cfg(test)]
 pub(crate) mod testutil {
     use std::path::PathBuf;

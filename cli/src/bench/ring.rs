@@ -22,7 +22,7 @@ use vkgdr::ring::layout::{self, seal_test_payload, WrapMode, HEADER_LEN};
 use vkgdr::ring::{DeviceRing, RingDeviceView};
 use vkgdr::{Gpu, OpenOptions};
 
-use super::{cu, open_gpu, BenchError, BenchResult, Options, Report, Row, Stats, Unit};
+use super::{open_gpu, BenchError, BenchResult, Options, Report, Row, Stats, Unit};
 
 const PTX: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels/ring.ptx"));
 const PRODUCERS: usize = 4;
@@ -231,15 +231,14 @@ fn memcpy_batches(
         }
         // SAFETY: `dst` has RING_BYTES bytes and `off + bytes <= cap <= RING_BYTES`; the staging
         // buffer outlives the synchronisation below.
-        let r = unsafe {
-            (driver.cu_memcpy_htod_async)(
+        unsafe {
+            driver.cu_memcpy_htod_async(
                 dst + off,
                 staging.as_ptr().add(off as usize).cast(),
                 bytes as usize,
                 stream.raw(),
             )
-        };
-        cu(gpu, "cuMemcpyHtoDAsync_v2", r)?;
+        }?;
         off += bytes;
     }
     stream.synchronize()?;
@@ -259,10 +258,9 @@ fn memcpy_latency(
     for _ in 0..n {
         let t = Instant::now();
         // SAFETY: as in `memcpy_batches`.
-        let r = unsafe {
-            (driver.cu_memcpy_htod_async)(dst, staging.as_ptr().cast(), size as usize, stream.raw())
-        };
-        cu(gpu, "cuMemcpyHtoDAsync_v2", r)?;
+        unsafe {
+            driver.cu_memcpy_htod_async(dst, staging.as_ptr().cast(), size as usize, stream.raw())
+        }?;
         stream.synchronize()?;
         out.push(t.elapsed().as_nanos() as f64);
     }
