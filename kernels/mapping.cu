@@ -84,3 +84,10 @@ extern "C" __global__ void pingpong_lean(volatile unsigned long long* in, volati
         *out = i;
     }
 }
+
+// vkgdr 0.1's test kernel: doubles n bytes in place. The Python drop-in's tests launch it through
+// the driver API in contexts of their own (cuCtxCreate), where CuPy's module cache cannot follow.
+extern "C" __global__ void double_bytes(unsigned char* data, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) data[i] = (unsigned char)(data[i] * 2);
+}

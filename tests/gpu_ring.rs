@@ -516,8 +516,8 @@ fn produce_lanes(ring: &DeviceRing, per_thread: u64, large: bool) -> Vec<LanePro
                             out.crossings += 1;
                         }
                     };
-                    let mut n = 0;
-                    while n < per_thread {
+                    // Abandoned reservations take a seq but deliver no record: count records.
+                    while out.records < per_thread {
                         let pos = p.core().reserved();
                         match rng.gen_range(0..100) {
                             0..=69 => {
@@ -567,10 +567,8 @@ fn produce_lanes(ring: &DeviceRing, per_thread: u64, large: bool) -> Vec<LanePro
                                     count(&mut out, at, b.len(), *sum);
                                     at += size;
                                 }
-                                n += 7;
                             }
                         }
-                        n += 1;
                     }
                     out
                 })

@@ -5,6 +5,7 @@ With ``VKGDR_REQUIRE_GPU=1`` (set by ``scripts/gpu-check``) a missing GPU or CuP
 instead, so a broken GPU machine cannot pass by skipping.
 """
 
+import contextlib
 import ctypes
 import importlib
 import os
@@ -12,7 +13,7 @@ import pathlib
 import sys
 import threading
 import types
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
@@ -80,6 +81,48 @@ class CudaDriver:
 
     def ctx_synchronize(self) -> None:
         self.check("cuCtxSynchronize", self.lib.cuCtxSynchronize())
+
+    def load_function(self, ptx: pathlib.Path, name: str) -> "tuple[int, int]":
+        """Loads a PTX module into the current context; returns (module, function)."""
+        module = ctypes.c_void_p()
+        image = ctypes.c_char_p(ptx.read_bytes() + b"\0")
+        self.check("cuModuleLoadData", self.lib.cuModuleLoadData(ctypes.byref(module), image))
+        fn = ctypes.c_void_p()
+        self.check(
+            "cuModuleGetFunction",
+            self.lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()),
+        )
+        return module.value, fn.value
+
+    def module_unload(self, module: int) -> None:
+        self.check("cuModuleUnload", self.lib.cuModuleUnload(ctypes.c_void_p(module)))
+
+    def launch(self, fn: int, threads: int, *args: "ctypes._SimpleCData") -> None:
+        """Launches ``fn`` over ``threads`` threads (blocks of 256) on the null stream."""
+        params = (ctypes.c_void_p * len(args))(
+            *[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args]
+        )
+        blocks = (threads + 255) // 256
+        self.check(
+            "cuLaunchKernel",
+            self.lib.cuLaunchKernel(
+                ctypes.c_void_p(fn), blocks, 1, 1, 256, 1, 1, 0, None, params, None
+            ),
+        )
+
+
+@contextlib.contextmanager
+def driver_double_kernel(cuda: CudaDriver) -> Iterator[Callable[[int, int], None]]:
+    """``double_bytes`` from kernels/mapping.ptx, loaded through the driver API into the current
+    context and unloaded before the caller destroys that context. For contexts the tests create:
+    CuPy caches modules per device, and its cached modules would outlive such a context."""
+    if KERNELS_DIR is None:
+        pytest.fail("kernels/mapping.ptx not found (set VKGDR_KERNELS_DIR)")
+    module, fn = cuda.load_function(KERNELS_DIR / "mapping.ptx", "double_bytes")
+    try:
+        yield lambda ptr, n: cuda.launch(fn, n, ctypes.c_uint64(ptr), ctypes.c_uint32(n))
+    finally:
+        cuda.module_unload(module)
 
 
 def _probe_gpu() -> "tuple[Optional[CudaDriver], str]":

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import vkgdr
-from conftest import double_kernel, import_pycuda_shim, run_in_thread
+from conftest import double_kernel, driver_double_kernel, import_pycuda_shim, run_in_thread
 
 FLAGS = [0, vkgdr.OpenFlags.REQUIRE_COHERENT_BIT, vkgdr.OpenFlags.FORCE_NON_COHERENT_BIT]
 FLAG_IDS = ["default", "require-coherent", "force-non-coherent"]
@@ -28,6 +28,16 @@ def basic_flow(make_memory, flags: int, launch_double, synchronize) -> None:
     n = 4097
     g = vkgdr.Vkgdr.open_current_context(flags)
     mem = make_memory(g, n)
+    try:
+        basic_checks(mem, n, flags, launch_double, synchronize)
+    finally:
+        mem.free()  # before the caller destroys its context, even when a check failed
+    mem.free()  # safe twice
+    with pytest.raises(vkgdr.VkgdrError, match="freed"):
+        mem.device_ptr
+
+
+def basic_checks(mem, n: int, flags: int, launch_double, synchronize) -> None:
     assert len(mem) == n
     if flags == vkgdr.OpenFlags.FORCE_NON_COHERENT_BIT:
         assert not mem.is_coherent
@@ -46,10 +56,6 @@ def basic_flow(make_memory, flags: int, launch_double, synchronize) -> None:
     synchronize()
     mem.invalidate(0, n)
     np.testing.assert_array_equal(in_data * 2, array)
-    mem.free()
-    mem.free()  # safe twice
-    with pytest.raises(vkgdr.VkgdrError, match="freed"):
-        mem.device_ptr
 
 
 @pytest.mark.parametrize("flags", FLAGS, ids=FLAG_IDS)
@@ -68,13 +74,8 @@ def test_basic_created_context(cuda, cupy, flags) -> None:
         ctx = cuda.ctx_create(0)
         try:
             assert cuda.ctx_get_current() == ctx
-            basic_flow(
-                vkgdr.RawMemory,
-                flags,
-                double_kernel(cupy, f"created {ctx:#x}"),
-                cuda.ctx_synchronize,
-            )
-            # The kernel ran in our context: CuPy did not switch this thread to another.
+            with driver_double_kernel(cuda) as launch_double:
+                basic_flow(vkgdr.RawMemory, flags, launch_double, cuda.ctx_synchronize)
             assert cuda.ctx_get_current() == ctx
         finally:
             release(cuda, ctx)
@@ -202,12 +203,8 @@ def test_pycuda_memory_on_a_created_context(cuda, cupy, pycuda_stand_in, flags) 
     def body() -> None:
         ctx = cuda.ctx_create(0)
         try:
-            basic_flow(
-                pycuda_stand_in.Memory,
-                flags,
-                double_kernel(cupy, f"pycuda {ctx:#x}"),
-                cuda.ctx_synchronize,
-            )
+            with driver_double_kernel(cuda) as launch_double:
+                basic_flow(pycuda_stand_in.Memory, flags, launch_double, cuda.ctx_synchronize)
             g = vkgdr.Vkgdr.open_current_context()
             mem = pycuda_stand_in.Memory(g, 100)
             assert mem.get_pointer() == mem.device_ptr
