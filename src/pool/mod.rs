@@ -949,6 +949,22 @@ impl Block {
         self.chunk().flush(&mut Vec::new())
     }
 
+    /// Records that `[offset, offset + len)` of the block was written through
+    /// [`host_ptr`](Block::host_ptr) rather than the safe [`Mapping`] writes (which record it
+    /// themselves), so the next [`Block::flush`] or [`Pool::flush`] pushes it. For raw-pointer
+    /// writers such as the C library; only the bounds check on coherent memory.
+    pub fn mark_written(&self, offset: u64, len: u64) -> Result<()> {
+        check_range(offset, len, self.len)?;
+        if self.non_coherent && len > 0 {
+            self.chunk()
+                .dirty
+                .lock()
+                .mark(self.offset + offset, len)
+                .map_err(|e| Error::invalid(format!("dirty range: {e}")))?;
+        }
+        Ok(())
+    }
+
     /// Whether writes to this block are waiting for a flush.
     pub fn has_pending_writes(&self) -> bool {
         self.non_coherent && self.chunk().dirty.lock().intersects(self.offset, self.len)
@@ -984,15 +1000,7 @@ impl Mapping for Block {
         self.len
     }
     fn after_write(&mut self, offset: u64, len: u64) -> Result<()> {
-        if self.non_coherent && len > 0 {
-            check_range(offset, len, self.len)?;
-            self.chunk()
-                .dirty
-                .lock()
-                .mark(self.offset + offset, len)
-                .map_err(|e| Error::invalid(format!("dirty range: {e}")))?;
-        }
-        Ok(())
+        self.mark_written(offset, len)
     }
     fn before_read(&self, offset: u64, len: u64) -> Result<()> {
         if self.non_coherent && len > 0 {
