@@ -68,6 +68,11 @@ typedef enum vkgdr_ring_flags {
 } vkgdr_ring_flags;
 
 /**
+ * Opaque handle to a reservation.
+ */
+typedef struct vkgdr_ring_reservation vkgdr_ring_reservation;
+
+/**
  * Opaque handle to the library, from `vkgdr_open` or `vkgdr_open_vulkan`; freed with
  * `vkgdr_close`.
  */
@@ -175,6 +180,12 @@ typedef struct vkgdr_pool_stats {
  * Opaque handle to a ring, from `vkgdr_ring_create`; freed with `vkgdr_ring_destroy`.
  */
 typedef struct vkgdr_ring *vkgdr_ring_t;
+
+/**
+ * Opaque handle to space reserved for one record, from `vkgdr_ring_reserve`; consumed by
+ * `vkgdr_ring_commit` or `vkgdr_ring_cancel`.
+ */
+typedef struct vkgdr_ring_reservation *vkgdr_ring_reservation_t;
 
 /**
  * What a consumer kernel needs (`vkgdr_ring_get_device_view`); the wire format is described in
@@ -747,7 +758,8 @@ VKGDR_API int vkgdr_block_read(vkgdr_block_t block, size_t offset, void *dst, si
 VKGDR_API vkgdr_ring_t vkgdr_ring_create(vkgdr_t g, uint64_t capacity, uint32_t flags);
 
 /**
- * Destroys a ring. `NULL` is ignored. The consumer kernel must have finished with it.
+ * Destroys a ring handle. `NULL` is ignored. The consumer kernel must have finished with it. Open
+ * reservations keep the ring's memory alive until they are committed or cancelled.
  *
  * Errors (reported through `vkgdr_last_error()` only): a handle already destroyed or not a
  * `vkgdr_ring_t`.
@@ -783,6 +795,90 @@ int vkgdr_ring_push(vkgdr_ring_t ring,
                     size_t size,
                     int64_t timeout_ns,
                     uint64_t *seq);
+
+/**
+ * Reserves space for one record with a `size`-byte payload and gives it the next sequence
+ * number, for producers that need the number in the payload or write it piece by piece:
+ * write with `vkgdr_ring_reservation_write`, then `vkgdr_ring_commit`. Records are consumed in
+ * reservation order; a reservation not yet committed holds back the records reserved after it,
+ * so commit promptly (and never wait for ring space while holding one).
+ *
+ * - `timeout_ns`: as for `vkgdr_ring_push`.
+ * - `reservation`: where to store the handle (set to NULL unless `VKGDR_SUCCESS`).
+ *
+ * Returns `VKGDR_SUCCESS`; `VKGDR_RING_FULL` if no room appeared in time; or `VKGDR_ERROR` (an
+ * invalid handle, `reservation` NULL, a zero size or one larger than the ring takes).
+ *
+ * Thread safety: any thread, concurrently.
+ *
+ * # Safety
+ * - `reservation` is writable.
+ * - No thread destroys `ring` during the call.
+ */
+VKGDR_API
+int vkgdr_ring_reserve(vkgdr_ring_t ring,
+                       size_t size,
+                       int64_t timeout_ns,
+                       vkgdr_ring_reservation_t *reservation);
+
+/**
+ * The sequence number of a reserved record, or `UINT64_MAX` on error (an invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread commits or cancels `reservation` during the call.
+ */
+VKGDR_API uint64_t vkgdr_ring_reservation_get_seq(vkgdr_ring_reservation_t reservation);
+
+/**
+ * Copies `size` bytes from `src` to payload offset `offset` of a reserved record (into the
+ * ring's BAR-mapped memory; a record of a mirrored ring may continue at the region's start,
+ * which this handles).
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, a range outside the payload,
+ * `src` NULL with `size` > 0).
+ *
+ * Thread safety: any thread; calls on one reservation are serialised.
+ *
+ * # Safety
+ * - `src` is readable for `size` bytes.
+ * - No thread commits or cancels `reservation` during the call.
+ */
+VKGDR_API
+int vkgdr_ring_reservation_write(vkgdr_ring_reservation_t reservation,
+                                 size_t offset,
+                                 const void *src,
+                                 size_t size);
+
+/**
+ * Commits a reserved record: it is published to the consumer as soon as every record reserved
+ * before it is committed (possibly by this call, possibly by a later one of another thread).
+ * Consumes the handle, also on error.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (a handle already committed or cancelled, or not a
+ * reservation).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No other thread uses `reservation` during or after the call.
+ */
+VKGDR_API int vkgdr_ring_commit(vkgdr_ring_reservation_t reservation);
+
+/**
+ * Abandons a reserved record: it becomes a padding record the consumer skips (it keeps its
+ * sequence number, so numbering stays gapless). Consumes the handle. `NULL` is ignored.
+ *
+ * Errors (reported through `vkgdr_last_error()` only): a handle already committed or
+ * cancelled, or not a reservation.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No other thread uses `reservation` during or after the call.
+ */
+VKGDR_API void vkgdr_ring_cancel(vkgdr_ring_reservation_t reservation);
 
 /**
  * Fills `*view` (whose `struct_size` the caller sets) with the addresses a consumer kernel

@@ -64,6 +64,8 @@ pub enum Tag {
     Block = 4,
     /// `vkgdr_ring_t`.
     Ring = 5,
+    /// `vkgdr_ring_reservation_t`.
+    Reservation = 6,
     /// Tables made by tests.
     #[cfg(test)]
     Test = 15,
@@ -78,6 +80,7 @@ impl Tag {
             Tag::Pool => "vkgdr_pool_t",
             Tag::Block => "vkgdr_block_t",
             Tag::Ring => "vkgdr_ring_t",
+            Tag::Reservation => "vkgdr_ring_reservation_t",
             #[cfg(test)]
             Tag::Test => "test handle",
         }

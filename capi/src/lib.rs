@@ -44,7 +44,7 @@ pub const VKGDR_SUCCESS: c_int = 0;
 pub const VKGDR_ERROR: c_int = -1;
 
 /// Converts between a table token and the opaque pointer type C sees.
-trait Handle: Sized {
+pub(crate) trait Handle: Sized {
     fn token(self) -> u64;
     fn from_token(token: u64) -> Self;
 }
