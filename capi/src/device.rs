@@ -54,8 +54,7 @@ impl Device {
 }
 
 /// Live `vkgdr_t` handles.
-pub static DEVICES: LazyLock<HandleTable<Device>> =
-    LazyLock::new(|| HandleTable::new(Tag::Device));
+pub static DEVICES: LazyLock<HandleTable<Device>> = LazyLock::new(|| HandleTable::new(Tag::Device));
 
 /// The device behind `g`.
 ///

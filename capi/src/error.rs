@@ -96,8 +96,11 @@ pub fn guard<R>(function: &'static str, on_error: R, body: impl FnOnce() -> CRes
                 "{function}: internal error (Rust panic: {})",
                 panic_text(&*payload)
             )));
-            // Dropping a payload could itself panic; a leak is the lesser evil.
-            std::mem::forget(payload);
+            // Dropping a payload could itself panic: never let that escape either (its own
+            // payload is leaked, the lesser evil).
+            if let Err(again) = catch_unwind(AssertUnwindSafe(|| drop(payload))) {
+                std::mem::forget(again);
+            }
             on_error
         }
     }
@@ -168,7 +171,9 @@ mod tests {
 
     #[test]
     fn panics_become_errors_and_success_clears_them() {
-        let r = guard("vkgdr_test", -1, || -> CResult<i32> { panic!("boom {}", 7) });
+        let r = guard("vkgdr_test", -1, || -> CResult<i32> {
+            panic!("boom {}", 7)
+        });
         assert_eq!(r, -1);
         assert_eq!(
             last().as_deref(),
@@ -196,7 +201,10 @@ mod tests {
             Err(Failure::handle(Tag::Block, BadHandle::Invalid))
         });
         let m = last().unwrap();
-        assert!(m.starts_with("vkgdr_block_free: invalid vkgdr_block_t handle"), "{m}");
+        assert!(
+            m.starts_with("vkgdr_block_free: invalid vkgdr_block_t handle"),
+            "{m}"
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@
 //!
 //! Cost per call: one lazily-initialised static, one page-pointer load and one generation load
 //! (acquire), about 2 ns. Making and freeing a handle adds a thread-local free-slot cache pop or
-//! push; the table's shared free list (a mutex) is touched once per [`BATCH`] handles, so the
+//! push; the table's shared free list (a mutex) is touched once per `BATCH` (64) handles, so the
 //! pool's block hot path takes no global lock.
 //!
 //! Not detectable: freeing a handle *while another thread is using it* (a race the C caller must
@@ -249,7 +249,7 @@ impl<T> HandleTable<T> {
     }
 
     /// A free slot index: from this thread's cache, else a batch from the depot, else a batch
-    /// of never-used slots. `None` when all [`MAX_SLOTS`] are live.
+    /// of never-used slots. `None` when all `MAX_SLOTS` are live.
     fn take_slot(&self) -> Option<u32> {
         let cached = THREAD_SLOTS.try_with(|cell| {
             let mut all = cell.borrow_mut();
@@ -314,7 +314,7 @@ impl<T> HandleTable<T> {
     }
 
     /// Stores `value` and returns its token, or gives the value back when the table holds
-    /// [`MAX_SLOTS`] live handles.
+    /// `MAX_SLOTS` (2^28) live handles.
     pub fn insert(&self, value: T) -> Result<u64, T> {
         let Some(index) = self.take_slot() else {
             return Err(value);
@@ -425,7 +425,7 @@ mod tests {
     #[test]
     fn freed_foreign_and_made_up_tokens_are_refused() {
         let table = HandleTable::new(Tag::Test);
-        let other = HandleTable::new(Tag::Device);
+        let other: HandleTable<String> = HandleTable::new(Tag::Device);
         let a = table.insert(String::from("a")).unwrap();
         // SAFETY: single-threaded; no removal while the references are used.
         unsafe {
@@ -436,7 +436,11 @@ mod tests {
             assert_eq!(table.get(a + 1).err(), Some(BadHandle::Invalid));
         }
         assert_eq!(table.remove(a).as_deref(), Ok("a"));
-        assert_eq!(table.remove(a).err(), Some(BadHandle::Invalid), "double free");
+        assert_eq!(
+            table.remove(a).err(),
+            Some(BadHandle::Invalid),
+            "double free"
+        );
         // SAFETY: as above.
         assert_eq!(unsafe { table.get(a) }.err(), Some(BadHandle::Invalid));
         // The slot is reused with a new generation: the old token stays dead.
@@ -480,13 +484,27 @@ mod tests {
             // SAFETY: the threads are joined; nothing removes concurrently.
             assert_eq!(unsafe { table.get(tok) }.copied(), Ok(v));
         }
-        // Slots freed (or cached) by exited threads are reused before fresh ones.
+        // Slots freed by a thread that then exits are reused before fresh ones.
         let fresh_before = table.fresh.load(Ordering::Relaxed);
-        let again: Vec<u64> = (0..2 * BATCH as u64).map(|i| table.insert(i).unwrap()).collect();
+        let (gone, kept) = live.split_at(100);
+        let freed: HashSet<u32> = gone.iter().map(|&(tok, _)| decode(tok).0).collect();
+        let gone = gone.to_vec();
+        let t = table.clone();
+        std::thread::spawn(move || {
+            for (tok, v) in gone {
+                assert_eq!(t.remove(tok), Ok(v));
+            }
+        })
+        .join()
+        .unwrap();
+        let again: Vec<u64> = (0..100).map(|i| table.insert(i).unwrap()).collect();
         assert_eq!(table.fresh.load(Ordering::Relaxed), fresh_before);
+        let reused: HashSet<u32> = again.iter().map(|&tok| decode(tok).0).collect();
+        assert_eq!(reused, freed);
         for t in again {
             assert!(table.remove(t).is_ok());
         }
+        assert_eq!(kept.len(), 1500);
     }
 
     #[test]

@@ -22,8 +22,7 @@ pub struct vkgdr_memory {
 pub type vkgdr_memory_t = *mut vkgdr_memory;
 
 /// Live `vkgdr_memory_t` handles.
-static MEMORIES: LazyLock<HandleTable<RawMemory>> =
-    LazyLock::new(|| HandleTable::new(Tag::Memory));
+static MEMORIES: LazyLock<HandleTable<RawMemory>> = LazyLock::new(|| HandleTable::new(Tag::Memory));
 
 /// # Safety
 /// - No thread frees `mem` while the reference is in use.

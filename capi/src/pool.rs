@@ -167,7 +167,9 @@ pub unsafe extern "C" fn vkgdr_pool_config_init(
             return Err(Failure::Api("the vkgdr_pool_config pointer is NULL".into()));
         }
         if struct_size < std::mem::size_of::<usize>() {
-            return Err(Failure::Api(format!("struct_size {struct_size} is too small")));
+            return Err(Failure::Api(format!(
+                "struct_size {struct_size} is too small"
+            )));
         }
         // SAFETY: writable for `struct_size` bytes (caller), of which the first holds the size.
         unsafe { config.cast::<usize>().write_unaligned(struct_size) };

@@ -114,9 +114,7 @@ unsafe fn ring<'a>(ring: vkgdr_ring_t) -> CResult<&'a Arc<DeviceRing>> {
 
 /// Takes what the consumer has freed, so that a zero timeout tries with the latest head.
 fn reclaim(r: &DeviceRing) -> CResult<()> {
-    Ok(r.core()
-        .reclaim_to(r.head())
-        .map_err(vkgdr::Error::from)?)
+    Ok(r.core().reclaim_to(r.head()).map_err(vkgdr::Error::from)?)
 }
 
 fn timeout(timeout_ns: i64) -> Option<Duration> {
@@ -326,12 +324,14 @@ pub unsafe extern "C" fn vkgdr_ring_reservation_write(
             .as_mut()
             .ok_or_else(|| Failure::Api("the reservation is already finished".into()))?;
         let at = u32::try_from(offset).map_err(|_| {
-            Failure::Library(RingError::OutOfRange {
-                at: offset as u64,
-                len: size as u64,
-                record_len: res.len(),
-            }
-            .into())
+            Failure::Library(
+                RingError::OutOfRange {
+                    at: offset as u64,
+                    len: size as u64,
+                    record_len: res.len(),
+                }
+                .into(),
+            )
         })?;
         res.write(at, bytes).map_err(vkgdr::Error::from)?;
         Ok(VKGDR_SUCCESS)
@@ -374,7 +374,9 @@ pub unsafe extern "C" fn vkgdr_ring_commit(reservation: vkgdr_ring_reservation_t
 /// - No other thread uses `reservation` during or after the call.
 #[no_mangle]
 pub unsafe extern "C" fn vkgdr_ring_cancel(reservation: vkgdr_ring_reservation_t) {
-    guard("vkgdr_ring_cancel", (), || release(&RESERVATIONS, reservation))
+    guard("vkgdr_ring_cancel", (), || {
+        release(&RESERVATIONS, reservation)
+    })
 }
 
 /// Fills `*view` (whose `struct_size` the caller sets) with the addresses a consumer kernel

@@ -53,11 +53,7 @@ pub unsafe fn read<T: Versioned>(p: *const T, mut defaults: T) -> CResult<T> {
     let n = size.min(known);
     // SAFETY: `n` bytes are readable at `p` and writable in `defaults`; any bytes are a valid T.
     unsafe {
-        std::ptr::copy_nonoverlapping(
-            p.cast::<u8>(),
-            (&mut defaults as *mut T).cast::<u8>(),
-            n,
-        )
+        std::ptr::copy_nonoverlapping(p.cast::<u8>(), (&mut defaults as *mut T).cast::<u8>(), n)
     };
     Ok(defaults)
 }

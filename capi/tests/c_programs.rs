@@ -126,16 +126,27 @@ fn build(source: &str, link: Link) -> PathBuf {
     }
     cmd.arg("-ldl");
     let out = cmd.output().expect("run the C compiler");
-    assert!(out.status.success(), "{source} ({link:?}) did not build:\n{}", text(&out));
+    assert!(
+        out.status.success(),
+        "{source} ({link:?}) did not build:\n{}",
+        text(&out)
+    );
     exe
 }
 
 /// Runs a test program with `args`; it must exit 0 and print its summary.
 fn run(exe: &Path, args: &[&Path], expect: &str) -> String {
-    let out = Command::new(exe).args(args).output().expect("run the test program");
+    let out = Command::new(exe)
+        .args(args)
+        .output()
+        .expect("run the test program");
     let all = text(&out);
     assert!(out.status.success(), "{} failed:\n{all}", exe.display());
-    assert!(all.contains(expect), "{} printed no `{expect}`:\n{all}", exe.display());
+    assert!(
+        all.contains(expect),
+        "{} printed no `{expect}`:\n{all}",
+        exe.display()
+    );
     all
 }
 
@@ -153,12 +164,21 @@ fn needed(exe: &Path) -> String {
 #[test]
 fn install_lays_out_libraries_header_and_pkg_config() {
     let p = prefix();
-    for f in ["lib/libvkgdr.so.1", "lib/libvkgdr.a", "include/vkgdr.h", "lib/pkgconfig/vkgdr.pc"] {
+    for f in [
+        "lib/libvkgdr.so.1",
+        "lib/libvkgdr.a",
+        "include/vkgdr.h",
+        "lib/pkgconfig/vkgdr.pc",
+    ] {
         assert!(p.join(f).is_file(), "{f} not installed");
     }
     let link = std::fs::read_link(p.join("lib/libvkgdr.so")).unwrap();
     assert_eq!(link, Path::new("libvkgdr.so.1"));
-    let out = Command::new("readelf").arg("-d").arg(p.join("lib/libvkgdr.so.1")).output().unwrap();
+    let out = Command::new("readelf")
+        .arg("-d")
+        .arg(p.join("lib/libvkgdr.so.1"))
+        .output()
+        .unwrap();
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("Library soname: [libvkgdr.so.1]"),
         "SONAME is not vkgdr 0.1's libvkgdr.so.1"
@@ -169,7 +189,9 @@ fn install_lays_out_libraries_header_and_pkg_config() {
     );
     let cflags = pkg_config(&["--cflags"]);
     assert!(cflags.contains(&format!("-I{}", p.join("include").display())));
-    assert!(cflags.iter().any(|f| Path::new(&f[2..]).join("cuda.h").is_file()));
+    assert!(cflags
+        .iter()
+        .any(|f| Path::new(&f[2..]).join("cuda.h").is_file()));
     assert_eq!(
         pkg_config(&["--libs"]),
         [format!("-L{}", p.join("lib").display()), "-lvkgdr".into()]
@@ -181,7 +203,9 @@ fn install_lays_out_libraries_header_and_pkg_config() {
         .split("vkgdr_")
         .skip(1)
         .filter_map(|rest| {
-            let name = rest.split(|c: char| !c.is_alphanumeric() && c != '_').next()?;
+            let name = rest
+                .split(|c: char| !c.is_alphanumeric() && c != '_')
+                .next()?;
             rest[name.len()..].starts_with('(').then_some(name)
         })
         .collect();
@@ -207,7 +231,11 @@ fn without_a_driver_open_names_libcuda_and_bad_handles_are_errors() {
     for link in [Link::Shared, Link::Static] {
         let exe = build("no_driver.c", link);
         let needs = needed(&exe);
-        assert_eq!(needs.contains("libvkgdr.so.1"), link == Link::Shared, "{needs}");
+        assert_eq!(
+            needs.contains("libvkgdr.so.1"),
+            link == Link::Shared,
+            "{needs}"
+        );
         run(&exe, &[], "no_driver: ");
     }
 }
@@ -223,12 +251,27 @@ fn pools_work_from_c_threads_over_a_vulkan_only_device() {
 fn a_vkgdr_0_1_program_builds_and_links_unchanged() {
     // The kernel it needs where a driver is present (it runs its GPU flow then).
     let ptx = crate_dir().join("../kernels/mapping.ptx");
-    let out = run(&build("compat_v0_1.c", Link::Shared), &[&ptx], "compat_v0_1: 0 failed");
-    assert!(out.contains("libcuda.so.1") || out.contains("flow (flags 2)"), "{out}");
-    run(&build("compat_v0_1.c", Link::Static), &[&ptx], "compat_v0_1: 0 failed");
+    let out = run(
+        &build("compat_v0_1.c", Link::Shared),
+        &[&ptx],
+        "compat_v0_1: 0 failed",
+    );
+    assert!(
+        out.contains("libcuda.so.1") || out.contains("flow (flags 2)"),
+        "{out}"
+    );
+    run(
+        &build("compat_v0_1.c", Link::Static),
+        &[&ptx],
+        "compat_v0_1: 0 failed",
+    );
 }
 
 #[test]
 fn the_header_compiles_as_cpp_with_c_linkage() {
-    run(&build("header.cpp", Link::Shared), &[], "header_cxx: 1 passed, 0 failed");
+    run(
+        &build("header.cpp", Link::Shared),
+        &[],
+        "header_cxx: 1 passed, 0 failed",
+    );
 }

@@ -67,7 +67,11 @@ fn header_keeps_vkgdr_0_1_names_and_takes_cuda_types_from_cuda_h() {
     ] {
         assert!(h.contains(needle), "header lacks `{needle}`");
     }
-    for clash in ["typedef int CUdevice", "CUdeviceptr;", "typedef struct vkgdr vkgdr;"] {
+    for clash in [
+        "typedef int CUdevice",
+        "CUdeviceptr;",
+        "typedef struct vkgdr vkgdr;",
+    ] {
         assert!(!h.contains(clash), "header defines `{clash}`");
     }
 }
