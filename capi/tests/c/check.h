@@ -25,7 +25,7 @@ static int check_passed, check_failed;
     } while (0)
 
 /* Whether the last error exists and contains `needle`; prints it when it does not. */
-static int last_error_contains(const char *needle)
+static inline int last_error_contains(const char *needle)
 {
     char *msg = vkgdr_last_error();
     int ok = msg != NULL && strstr(msg, needle) != NULL;
@@ -38,7 +38,7 @@ static int last_error_contains(const char *needle)
 }
 
 /* Whether the thread has no last error (the previous call succeeded). */
-static int no_last_error(void)
+static inline int no_last_error(void)
 {
     char *msg = vkgdr_last_error();
     if (msg != NULL) {
