@@ -207,6 +207,7 @@ impl<T> HandleTable<T> {
         self.tag
     }
 
+    #[inline]
     fn slot(&self, slot: u32) -> Option<&Slot<T>> {
         let (page, index, _) = locate(slot);
         let base = self.pages[page].load(Ordering::Acquire);
@@ -315,6 +316,7 @@ impl<T> HandleTable<T> {
 
     /// Stores `value` and returns its token, or gives the value back when the table holds
     /// `MAX_SLOTS` (2^28) live handles.
+    #[inline]
     pub fn insert(&self, value: T) -> Result<u64, T> {
         let Some(index) = self.take_slot() else {
             return Err(value);
@@ -330,6 +332,7 @@ impl<T> HandleTable<T> {
     }
 
     /// The slot of a live token of this table.
+    #[inline]
     fn live_slot(&self, token: u64) -> Result<(&Slot<T>, u32), BadHandle> {
         if token == 0 {
             return Err(BadHandle::Null);
@@ -349,6 +352,7 @@ impl<T> HandleTable<T> {
     ///
     /// # Safety
     /// - No thread removes `token` while the returned reference is in use.
+    #[inline]
     pub unsafe fn get(&self, token: u64) -> Result<&T, BadHandle> {
         let (slot, _) = self.live_slot(token)?;
         // SAFETY: the generation matched (acquire, pairing with `insert`'s release), so the value
@@ -356,9 +360,10 @@ impl<T> HandleTable<T> {
         Ok(unsafe { (*slot.value.get()).assume_init_ref() })
     }
 
-    /// Takes the object out and frees the token: later calls with it fail with
-    /// [`BadHandle::Invalid`]. Of two racing removals of one token, one gets the object.
-    pub fn remove(&self, token: u64) -> Result<T, BadHandle> {
+    /// Frees the token, claiming its slot for this caller: of two racing removals of one token
+    /// exactly one wins. Later calls with the token fail with [`BadHandle::Invalid`].
+    #[inline]
+    fn claim(&self, token: u64) -> Result<&Slot<T>, BadHandle> {
         let (slot, generation) = self.live_slot(token)?;
         slot.generation
             .compare_exchange(
@@ -368,11 +373,29 @@ impl<T> HandleTable<T> {
                 Ordering::Relaxed,
             )
             .map_err(|_| BadHandle::Invalid)?;
-        // SAFETY: the CAS made us the only remover of an initialised value; the generation is even
-        // now, so no new `get` reads it, and the slot is reused only after `give_slot`.
+        Ok(slot)
+    }
+
+    /// Takes the object out and frees the token (see [`HandleTable::claim`]).
+    #[inline]
+    pub fn remove(&self, token: u64) -> Result<T, BadHandle> {
+        let slot = self.claim(token)?;
+        // SAFETY: `claim` made us the only remover of an initialised value; the generation is
+        // even now, so no new `get` reads it, and the slot is reused only after `give_slot`.
         let value = unsafe { (*slot.value.get()).assume_init_read() };
         self.give_slot(decode(token).0);
         Ok(value)
+    }
+
+    /// Drops the object where it lies and frees the token: [`HandleTable::remove`] without
+    /// moving the object out first.
+    #[inline]
+    pub fn free(&self, token: u64) -> Result<(), BadHandle> {
+        let slot = self.claim(token)?;
+        // SAFETY: as in `remove`; the value is dropped once, here, before the slot is reused.
+        unsafe { (*slot.value.get()).assume_init_drop() };
+        self.give_slot(decode(token).0);
+        Ok(())
     }
 }
 
@@ -515,6 +538,9 @@ mod tests {
             table.insert(marker.clone()).unwrap();
         }
         assert_eq!(Arc::strong_count(&marker), 301);
+        let one = table.insert(marker.clone()).unwrap();
+        assert_eq!(table.free(one), Ok(()));
+        assert_eq!(Arc::strong_count(&marker), 301, "free drops in place");
         drop(table);
         assert_eq!(Arc::strong_count(&marker), 1);
     }

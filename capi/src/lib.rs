@@ -64,12 +64,14 @@ impl<T> Handle for *mut T {
 /// # Safety
 /// - No thread frees `h` while the returned reference is in use (the C caller's obligation,
 ///   stated on every function).
+#[inline]
 unsafe fn lookup<T>(table: &HandleTable<T>, h: impl Handle) -> CResult<&T> {
     // SAFETY: forwarded to our caller.
     unsafe { table.get(h.token()) }.map_err(|why| Failure::handle(table.tag(), why))
 }
 
 /// Stores `value` in `table` and returns its handle.
+#[inline]
 fn register<T, H: Handle>(table: &HandleTable<T>, value: T) -> CResult<H> {
     table.insert(value).map(H::from_token).map_err(|_| {
         Failure::Api(format!(
@@ -81,13 +83,10 @@ fn register<T, H: Handle>(table: &HandleTable<T>, value: T) -> CResult<H> {
 }
 
 /// Removes handle `h` from `table` and drops its object; `NULL` does nothing.
+#[inline]
 fn release<T>(table: &HandleTable<T>, h: impl Handle) -> CResult<()> {
-    match table.remove(h.token()) {
-        Ok(value) => {
-            drop(value);
-            Ok(())
-        }
-        Err(handles::BadHandle::Null) => Ok(()),
+    match table.free(h.token()) {
+        Ok(()) | Err(handles::BadHandle::Null) => Ok(()),
         Err(why) => Err(Failure::handle(table.tag(), why)),
     }
 }
