@@ -350,7 +350,7 @@ VKGDR_API char *vkgdr_last_error(void);
  * Allocates `size` bytes of GPU memory with a host mapping, imported into the calling thread's
  * **current** CUDA context (which must belong to the handle's device); kernels of that context
  * use `vkgdr_memory_get_device_ptr`. Costs a Vulkan allocation and a CUDA import (hundreds of
- * µs): for many small buffers use a pool (`vkgdr_pool_create`).
+ * microseconds): for many small buffers use a pool (`vkgdr_pool_create`).
  *
  * - `flags`: for future expansion; must be 0.
  *
@@ -548,7 +548,7 @@ VKGDR_API void vkgdr_pool_destroy(vkgdr_pool_t pool);
 /**
  * Allocates `size` bytes aligned to `alignment` (a power of two up to 64 KiB) for both the host
  * and the device address. Nanoseconds when a chunk has room; otherwise a new chunk is allocated
- * (hundreds of µs). The bytes are not cleared.
+ * (hundreds of microseconds). The bytes are not cleared.
  *
  * Returns a block handle, or `NULL` on error (a zero size, a bad alignment, the pool's
  * `max_bytes`, or the driver's out-of-memory `vkAllocateMemory failed

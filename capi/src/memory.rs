@@ -44,7 +44,7 @@ pub(crate) fn check_range(offset: usize, size: usize, len: u64) -> CResult<()> {
 /// Allocates `size` bytes of GPU memory with a host mapping, imported into the calling thread's
 /// **current** CUDA context (which must belong to the handle's device); kernels of that context
 /// use `vkgdr_memory_get_device_ptr`. Costs a Vulkan allocation and a CUDA import (hundreds of
-/// µs): for many small buffers use a pool (`vkgdr_pool_create`).
+/// microseconds): for many small buffers use a pool (`vkgdr_pool_create`).
 ///
 /// - `flags`: for future expansion; must be 0.
 ///

@@ -235,7 +235,7 @@ pub unsafe extern "C" fn vkgdr_pool_destroy(pool: vkgdr_pool_t) {
 
 /// Allocates `size` bytes aligned to `alignment` (a power of two up to 64 KiB) for both the host
 /// and the device address. Nanoseconds when a chunk has room; otherwise a new chunk is allocated
-/// (hundreds of µs). The bytes are not cleared.
+/// (hundreds of microseconds). The bytes are not cleared.
 ///
 /// Returns a block handle, or `NULL` on error (a zero size, a bad alignment, the pool's
 /// `max_bytes`, or the driver's out-of-memory `vkAllocateMemory failed
