@@ -376,7 +376,8 @@ impl<T> HandleTable<T> {
         Ok(slot)
     }
 
-    /// Takes the object out and frees the token (see [`HandleTable::claim`]).
+    /// Takes the object out and frees the token: later calls with it fail with
+    /// [`BadHandle::Invalid`]. Of two racing removals of one token, exactly one gets the object.
     #[inline]
     pub fn remove(&self, token: u64) -> Result<T, BadHandle> {
         let slot = self.claim(token)?;
