@@ -162,16 +162,17 @@ fn dedicated_blocks_for_large_requests() {
     assert_eq!(pool.stats().bytes_reserved, 0);
 }
 
+fn one_shard_non_coherent() -> Pool {
+    let config = PoolConfig {
+        shards: 1,
+        ..Default::default()
+    };
+    Pool::new(vulkan(true), config).unwrap()
+}
+
 #[test]
 fn non_coherent_writes_are_tracked_and_flushed() {
-    let pool = Pool::new(
-        vulkan(true),
-        PoolConfig {
-            shards: 1,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let pool = one_shard_non_coherent();
     assert!(pool.is_non_coherent());
     let mut a = pool.alloc(100, 16).unwrap();
     let mut b = pool.alloc(10, 16).unwrap();
@@ -197,14 +198,7 @@ fn non_coherent_writes_are_tracked_and_flushed() {
 
 #[test]
 fn raw_pointer_writes_are_recorded_with_mark_written() {
-    let pool = Pool::new(
-        vulkan(true),
-        PoolConfig {
-            shards: 1,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let pool = one_shard_non_coherent();
     let a = pool.alloc(100, 16).unwrap();
     // SAFETY: in bounds of the block, which nothing else accesses.
     unsafe {

@@ -111,11 +111,7 @@ int main(int argc, char **argv)
     pthread_t t;
     void *freed = NULL;
 
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s path/to/mapping.ptx\n", argv[0]);
-        return 2;
-    }
-    ptx = read_text(argv[1]);
+    ptx = ptx_argument(argc, argv, "mapping.ptx");
     CU_OK(cuInit(0));
     CU_OK(cuDeviceGet(&dev, 0));
 

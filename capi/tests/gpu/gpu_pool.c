@@ -128,28 +128,15 @@ static void run(CUfunction check, uint32_t flags, unsigned int thread_cache, con
 
 int main(int argc, char **argv)
 {
-    CUdevice dev;
-    CUcontext primary;
+    char *ptx = ptx_argument(argc, argv, "mapping.ptx");
+    CUdevice dev = enter_primary_context();
     CUmodule module;
-    CUfunction check;
-    char *ptx;
-
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s path/to/mapping.ptx\n", argv[0]);
-        return 2;
-    }
-    ptx = read_text(argv[1]);
-    CU_OK(cuInit(0));
-    CU_OK(cuDeviceGet(&dev, 0));
-    CU_OK(cuDevicePrimaryCtxRetain(&primary, dev));
-    CU_OK(cuCtxSetCurrent(primary));
-    check = load_kernel(ptx, "check_tagged_blocks", &module);
+    CUfunction check = load_kernel(ptx, "check_tagged_blocks", &module);
     run(check, 0, 0, "coherent");
     run(check, VKGDR_OPEN_FORCE_NON_COHERENT_BIT, 0, "forced non-coherent");
     run(check, 0, 16, "coherent, thread cache 16");
     cuModuleUnload(module);
-    CU_OK(cuCtxSetCurrent(NULL));
-    CU_OK(cuDevicePrimaryCtxRelease(dev));
+    leave_primary_context(dev);
     free(ptx);
     return CHECK_SUMMARY("gpu_pool");
 }

@@ -184,27 +184,15 @@ static void run(CUmodule module, uint32_t open_flags, int mirrored, unsigned lon
 
 int main(int argc, char **argv)
 {
-    CUdevice dev;
-    CUcontext primary;
+    char *ptx = ptx_argument(argc, argv, "ring.ptx");
+    CUdevice dev = enter_primary_context();
     CUmodule module;
-    char *ptx;
-
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s path/to/ring.ptx\n", argv[0]);
-        return 2;
-    }
-    ptx = read_text(argv[1]);
-    CU_OK(cuInit(0));
-    CU_OK(cuDeviceGet(&dev, 0));
-    CU_OK(cuDevicePrimaryCtxRetain(&primary, dev));
-    CU_OK(cuCtxSetCurrent(primary));
     CU_OK(cuModuleLoadData(&module, ptx));
     run(module, 0, 0, 200000, 1000, "padded ring");
     run(module, VKGDR_OPEN_FORCE_NON_COHERENT_BIT, 0, 40000, 1000, "padded ring, non-coherent");
     run(module, 0, 1, 20000, 60000, "mirrored ring");
     cuModuleUnload(module);
-    CU_OK(cuCtxSetCurrent(NULL));
-    CU_OK(cuDevicePrimaryCtxRelease(dev));
+    leave_primary_context(dev);
     free(ptx);
     return CHECK_SUMMARY("gpu_ring");
 }

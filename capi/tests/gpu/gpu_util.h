@@ -40,6 +40,35 @@ static inline char *read_text(const char *path)
     return text;
 }
 
+/* The text of the PTX file named by argv[1]; exits with a usage message without one. */
+static inline char *ptx_argument(int argc, char **argv, const char *which)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s path/to/kernels/%s\n", argv[0], which);
+        exit(2);
+    }
+    return read_text(argv[1]);
+}
+
+/* cuInit, device 0, and its primary context (what the CUDA runtime uses) retained and current. */
+static inline CUdevice enter_primary_context(void)
+{
+    CUdevice dev = 0;
+    CUcontext primary;
+    CU_OK(cuInit(0));
+    CU_OK(cuDeviceGet(&dev, 0));
+    CU_OK(cuDevicePrimaryCtxRetain(&primary, dev));
+    CU_OK(cuCtxSetCurrent(primary));
+    return dev;
+}
+
+/* Undoes enter_primary_context. */
+static inline void leave_primary_context(CUdevice dev)
+{
+    CU_OK(cuCtxSetCurrent(NULL));
+    CU_OK(cuDevicePrimaryCtxRelease(dev));
+}
+
 /* Loads `ptx` into the current context and returns `name` from it. */
 static inline CUfunction load_kernel(const char *ptx, const char *name, CUmodule *module)
 {
