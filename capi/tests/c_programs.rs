@@ -38,11 +38,29 @@ fn cuda_include() -> PathBuf {
         })
 }
 
-/// The directory cargo built `libvkgdr_capi.{so,a}` into: this test's executable lives in its
-/// `deps/`.
+/// Builds `libvkgdr_capi.{so,a}` and returns the directory they are in, the one this test's
+/// executable lives under (`deps/`). Cargo builds only the Rust library for a test, so the C
+/// libraries are built here, with the profile of this test run (its dependencies are built
+/// already).
 fn built_lib_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
+    let profile = if dir.ends_with("release") {
+        ["--release", ""]
+    } else {
+        ["--profile", "test"]
+    };
+    let out = Command::new(env!("CARGO"))
+        .args(["build", "--quiet", "-p", "vkgdr-capi", "--lib"])
+        .args(profile.iter().filter(|a| !a.is_empty()))
+        .current_dir(crate_dir())
+        .output()
+        .expect("run cargo");
+    assert!(
+        out.status.success(),
+        "building the C library failed: {}",
+        text(&out)
+    );
     assert!(
         dir.join("libvkgdr_capi.so").is_file() && dir.join("libvkgdr_capi.a").is_file(),
         "libvkgdr_capi.so/.a not found in {}",
