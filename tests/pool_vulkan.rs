@@ -162,16 +162,17 @@ fn dedicated_blocks_for_large_requests() {
     assert_eq!(pool.stats().bytes_reserved, 0);
 }
 
+fn one_shard_non_coherent() -> Pool {
+    let config = PoolConfig {
+        shards: 1,
+        ..Default::default()
+    };
+    Pool::new(vulkan(true), config).unwrap()
+}
+
 #[test]
 fn non_coherent_writes_are_tracked_and_flushed() {
-    let pool = Pool::new(
-        vulkan(true),
-        PoolConfig {
-            shards: 1,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let pool = one_shard_non_coherent();
     assert!(pool.is_non_coherent());
     let mut a = pool.alloc(100, 16).unwrap();
     let mut b = pool.alloc(10, 16).unwrap();
@@ -193,6 +194,39 @@ fn non_coherent_writes_are_tracked_and_flushed() {
     a.write(50, b"q").unwrap();
     a.flush().unwrap();
     assert!(!a.has_pending_writes());
+}
+
+#[test]
+fn raw_pointer_writes_are_recorded_with_mark_written() {
+    let pool = one_shard_non_coherent();
+    let a = pool.alloc(100, 16).unwrap();
+    // SAFETY: in bounds of the block, which nothing else accesses.
+    unsafe {
+        a.host_ptr()
+            .add(10)
+            .copy_from_nonoverlapping(b"raw".as_ptr(), 3)
+    };
+    assert!(
+        !a.has_pending_writes(),
+        "raw stores are invisible to the pool"
+    );
+    a.mark_written(10, 3).unwrap();
+    assert!(a.has_pending_writes());
+    pool.flush().unwrap();
+    assert!(!a.has_pending_writes());
+    assert_eq!(a.read_vec(10, 3).unwrap(), b"raw");
+    assert!(matches!(
+        a.mark_written(98, 3),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(!a.has_pending_writes());
+
+    // Coherent memory: nothing to record, but the range is still checked.
+    let coherent = Pool::new(vulkan(false), PoolConfig::default()).unwrap();
+    let b = coherent.alloc(8, 8).unwrap();
+    b.mark_written(0, 8).unwrap();
+    assert!(!b.has_pending_writes());
+    assert!(b.mark_written(1, 8).is_err());
 }
 
 #[test]

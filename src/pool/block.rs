@@ -167,6 +167,19 @@ impl Block {
         self.chunk().flush(&mut Vec::new())
     }
 
+    /// Records that `[offset, offset + len)` of the block was written through
+    /// [`host_ptr`](Block::host_ptr) rather than the safe [`Mapping`] writes (which record it
+    /// themselves), so the next [`Block::flush`] or [`Pool::flush`](super::Pool::flush) pushes
+    /// it. For raw-pointer writers such as the C library; on coherent memory only the bounds
+    /// check.
+    pub fn mark_written(&self, offset: u64, len: u64) -> Result<()> {
+        check_range(offset, len, self.len)?;
+        if self.non_coherent && len > 0 {
+            self.chunk().dirty.lock().mark(self.offset + offset, len)?;
+        }
+        Ok(())
+    }
+
     /// Whether writes to this block are waiting for a flush.
     pub fn has_pending_writes(&self) -> bool {
         self.non_coherent && self.chunk().dirty.lock().intersects(self.offset, self.len)
@@ -202,9 +215,9 @@ impl Mapping for Block {
         self.len
     }
     fn after_write(&mut self, offset: u64, len: u64) -> Result<()> {
+        // The safe writes checked the range already: on coherent memory there is nothing to do.
         if self.non_coherent && len > 0 {
-            check_range(offset, len, self.len)?;
-            self.chunk().dirty.lock().mark(self.offset + offset, len)?;
+            self.mark_written(offset, len)?;
         }
         Ok(())
     }

@@ -1,0 +1,153 @@
+//! `vkgdr_open`, `vkgdr_close` (vkgdr 0.1) and `vkgdr_open_vulkan` (the Vulkan half alone).
+
+use std::ffi::c_int;
+use std::sync::{Arc, LazyLock};
+
+use ::vkgdr::compat;
+use ::vkgdr::vulkan::{DeviceSelector, VulkanContext};
+use ::vkgdr::Gpu;
+
+use crate::error::{guard, CResult, Failure};
+use crate::handles::{HandleTable, Tag};
+use crate::{lookup, register, release, CUdevice};
+
+/// Opaque handle to the library: one device opened for BAR mappings.
+pub struct vkgdr {
+    _private: [u8; 0],
+}
+
+/// Opaque handle to the library, from `vkgdr_open` or `vkgdr_open_vulkan`; freed with
+/// `vkgdr_close`.
+pub type vkgdr_t = *mut vkgdr;
+
+/// Valid flags to pass to `vkgdr_open` (and, except `VKGDR_OPEN_CURRENT_CONTEXT_BIT`, to
+/// `vkgdr_open_vulkan`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub enum vkgdr_open_flags {
+    /// Ignore the given device and use the calling thread's current CUDA context instead.
+    VKGDR_OPEN_CURRENT_CONTEXT_BIT = 1,
+    /// Treat the memory as non-coherent even if it is coherent (for debugging only).
+    VKGDR_OPEN_FORCE_NON_COHERENT_BIT = 2,
+    /// Fail unless the memory is guaranteed to be coherent.
+    VKGDR_OPEN_REQUIRE_COHERENT_BIT = 4,
+}
+
+/// What a `vkgdr_t` opened.
+pub enum Device {
+    /// A CUDA device with its Vulkan twin (`vkgdr_open`).
+    Cuda(Gpu),
+    /// A Vulkan device only (`vkgdr_open_vulkan`): host pointers, no CUDA device pointers.
+    Vulkan(Arc<VulkanContext>),
+}
+
+impl Device {
+    /// The CUDA side, or the error for a Vulkan-only handle.
+    pub fn gpu(&self) -> CResult<&Gpu> {
+        match self {
+            Device::Cuda(g) => Ok(g),
+            Device::Vulkan(_) => Err(Failure::Api(
+                "this vkgdr_t has no CUDA device (it was opened with vkgdr_open_vulkan)".into(),
+            )),
+        }
+    }
+}
+
+/// Live `vkgdr_t` handles.
+pub static DEVICES: LazyLock<HandleTable<Device>> = LazyLock::new(|| HandleTable::new(Tag::Device));
+
+/// The device behind `g`.
+///
+/// # Safety
+/// - No thread closes `g` while the reference is in use.
+pub unsafe fn device<'a>(g: vkgdr_t) -> CResult<&'a Device> {
+    // SAFETY: forwarded to our caller.
+    unsafe { lookup(&DEVICES, g) }
+}
+
+/// Obtains a handle to the library.
+///
+/// - `device`: the CUDA device whose memory to allocate (ignored if `flags` contains
+///   `VKGDR_OPEN_CURRENT_CONTEXT_BIT`). No CUDA context is created: raw allocations go into the
+///   context current when they are made; pools and rings of this handle use the device's primary
+///   context (retained the first time one needs it).
+/// - `flags`: a bitwise OR of `vkgdr_open_flags`. With `VKGDR_OPEN_CURRENT_CONTEXT_BIT` the
+///   calling thread's current context is used, whatever kind it is (the runtime's primary
+///   context, or one from `cuCtxCreate`); pools and rings of the handle then live in that
+///   context, which must outlive the handle and everything allocated through it.
+///
+/// Returns a handle, or `NULL` on error (`vkgdr_last_error()` says why: e.g.
+/// `cuDeviceGetUuid failed (CUDA_ERROR_INVALID_DEVICE)` for an invalid device,
+/// `cuCtxGetDevice failed (CUDA_ERROR_INVALID_CONTEXT)` with no current context, the missing
+/// `libcuda.so.1` or `libvulkan.so.1`, unknown flag bits).
+///
+/// Thread safety: any thread. The handle may be used from many threads at once.
+/// Free it with `vkgdr_close`.
+///
+/// # Safety
+/// - With `VKGDR_OPEN_CURRENT_CONTEXT_BIT` and a context from `cuCtxCreate`: that context must
+///   stay alive until the handle and everything allocated through it are freed.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_open(device: CUdevice, flags: u32) -> vkgdr_t {
+    guard("vkgdr_open", std::ptr::null_mut(), || {
+        // SAFETY: the context-lifetime obligation is forwarded to our caller.
+        let gpu = unsafe { compat::open(device, flags) }?;
+        register(&DEVICES, Device::Cuda(gpu))
+    })
+}
+
+/// Opens the Vulkan half only, on a machine with or without CUDA: `vkgdr_pool_create` works on
+/// such a handle (its blocks have host pointers and device pointer 0); `vkgdr_memory_alloc` and
+/// `vkgdr_ring_create` fail, as they need CUDA. For tests (Mesa's lavapipe) and programs that
+/// only need Vulkan's exportable host-visible memory.
+///
+/// - `vulkan_device`: index in Vulkan's physical-device order, or -1 for the first device with
+///   exportable host-visible device-local memory.
+/// - `flags`: `VKGDR_OPEN_FORCE_NON_COHERENT_BIT` and/or `VKGDR_OPEN_REQUIRE_COHERENT_BIT`.
+///
+/// Returns a handle, or `NULL` on error (see `vkgdr_last_error()`).
+///
+/// Thread safety: any thread; the handle may be used from many threads. Free it with
+/// `vkgdr_close`.
+///
+/// # Safety
+/// - None beyond the C calling convention.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_open_vulkan(vulkan_device: c_int, flags: u32) -> vkgdr_t {
+    guard("vkgdr_open_vulkan", std::ptr::null_mut(), || {
+        if flags & compat::OPEN_CURRENT_CONTEXT_BIT != 0 {
+            return Err(Failure::Api(
+                "VKGDR_OPEN_CURRENT_CONTEXT_BIT needs CUDA: use vkgdr_open".into(),
+            ));
+        }
+        let options = compat::open_options(flags)?;
+        let selector = match usize::try_from(vulkan_device) {
+            Ok(i) => DeviceSelector::Index(i),
+            Err(_) if vulkan_device == -1 => DeviceSelector::FirstSuitable,
+            Err(_) => {
+                return Err(Failure::Api(format!(
+                    "vulkan_device {vulkan_device} is neither an index nor -1"
+                )))
+            }
+        };
+        let vulkan = VulkanContext::new(selector, options.memory_options())?;
+        register(&DEVICES, Device::Vulkan(vulkan))
+    })
+}
+
+/// Closes a handle from `vkgdr_open` or `vkgdr_open_vulkan`. `NULL` is ignored.
+///
+/// Unlike vkgdr 0.1 this may be called while allocations, pools or rings made through the handle
+/// are still alive: they keep the device open until they are freed themselves.
+///
+/// Errors (reported through `vkgdr_last_error()` only): a handle already closed or not a
+/// `vkgdr_t`.
+///
+/// Thread safety: any thread, but not while another thread is using the same handle.
+///
+/// # Safety
+/// - No other thread uses `g` during or after the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_close(g: vkgdr_t) {
+    guard("vkgdr_close", (), || release(&DEVICES, g))
+}

@@ -1,0 +1,92 @@
+//! # vkgdr's C library
+//!
+//! `libvkgdr.so` / `libvkgdr.a` with the header `include/vkgdr.h` (generated from this crate by
+//! cbindgen; `tests/header.rs` fails when the committed copy differs). It is a drop-in for
+//! vkgdr 0.1's C API — same names, values, signatures and error texts, built on
+//! [`vkgdr::compat`] — and adds the pool ([`pool`]), copies ([`copy`]) and rings ([`ring`]) in
+//! the same style.
+//!
+//! Conventions every function follows:
+//! - it never lets a Rust panic unwind into C ([`error::guard`]);
+//! - on failure it returns `NULL`, 0, `false` or -1 (as its documentation says) and sets the
+//!   calling thread's last error (`vkgdr_last_error`); on success it clears it;
+//! - handles are checked tokens, not pointers ([`handles`]): `NULL`, a freed handle or a handle of
+//!   another type is an error, never a crash. Destructors accept `NULL` and do nothing, like
+//!   `free(NULL)`.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs, clippy::undocumented_unsafe_blocks)]
+// The C names are the API.
+#![allow(non_camel_case_types)]
+
+pub mod copy;
+pub mod device;
+pub mod error;
+pub mod handles;
+pub mod memory;
+pub mod pool;
+pub mod ring;
+mod versioned;
+
+use std::ffi::{c_int, c_ulonglong};
+
+use error::{CResult, Failure};
+use handles::HandleTable;
+
+/// CUDA's device handle, `CUdevice` from `<cuda.h>` (not redefined in the header).
+pub type CUdevice = c_int;
+/// CUDA's device pointer, `CUdeviceptr` from `<cuda.h>` (`unsigned long long` on 64-bit Linux;
+/// not redefined in the header).
+pub type CUdeviceptr = c_ulonglong;
+
+/// Returned by functions that report success as an `int`.
+pub const VKGDR_SUCCESS: c_int = 0;
+/// Returned by functions that report failure as an `int`; the reason is in `vkgdr_last_error()`.
+pub const VKGDR_ERROR: c_int = -1;
+
+/// Converts between a table token and the opaque pointer type C sees.
+pub(crate) trait Handle: Sized {
+    fn token(self) -> u64;
+    fn from_token(token: u64) -> Self;
+}
+
+impl<T> Handle for *mut T {
+    fn token(self) -> u64 {
+        self.addr() as u64
+    }
+    fn from_token(token: u64) -> Self {
+        // A token is never dereferenced: an address without provenance is exactly right.
+        std::ptr::without_provenance_mut(token as usize)
+    }
+}
+
+/// The object behind handle `h` of `table`, or the C-facing error.
+///
+/// # Safety
+/// - No thread frees `h` while the returned reference is in use (the C caller's obligation,
+///   stated on every function).
+#[inline]
+unsafe fn lookup<T>(table: &HandleTable<T>, h: impl Handle) -> CResult<&T> {
+    // SAFETY: forwarded to our caller.
+    unsafe { table.get(h.token()) }.map_err(|why| Failure::handle(table.tag(), why))
+}
+
+/// Stores `value` in `table` and returns its handle.
+#[inline]
+fn register<T, H: Handle>(table: &HandleTable<T>, value: T) -> CResult<H> {
+    table.insert(value).map(H::from_token).map_err(|_| {
+        Failure::Api(format!(
+            "too many live {} handles ({})",
+            table.tag().type_name(),
+            handles::MAX_SLOTS
+        ))
+    })
+}
+
+/// Removes handle `h` from `table` and drops its object; `NULL` does nothing.
+#[inline]
+fn release<T>(table: &HandleTable<T>, h: impl Handle) -> CResult<()> {
+    match table.free(h.token()) {
+        Ok(()) | Err(handles::BadHandle::Null) => Ok(()),
+        Err(why) => Err(Failure::handle(table.tag(), why)),
+    }
+}

@@ -1,0 +1,482 @@
+//! Rings that stream records from C threads to a running kernel (`vkgdr_ring_*`), a thin layer
+//! over [`vkgdr::ring::DeviceRing`]: create, push (or reserve, write, commit), the device view a
+//! consumer kernel needs, stop, and the words the consumer reports back.
+
+use std::ffi::{c_int, c_void};
+use std::mem::ManuallyDrop;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use vkgdr::ring::core::{Reservation, RingError};
+use vkgdr::ring::layout::{WrapMode, RESULT_WORDS};
+use vkgdr::ring::{BarSink, DeviceRing};
+
+use crate::device::{device, vkgdr_t};
+use crate::error::{guard, CResult, Failure};
+use crate::handles::{HandleTable, Tag};
+use crate::versioned::{self, Versioned};
+use crate::{lookup, register, release, CUdeviceptr, Handle, VKGDR_ERROR, VKGDR_SUCCESS};
+
+/// Opaque handle to a ring.
+pub struct vkgdr_ring {
+    _private: [u8; 0],
+}
+
+/// Opaque handle to a ring, from `vkgdr_ring_create`; freed with `vkgdr_ring_destroy`.
+pub type vkgdr_ring_t = *mut vkgdr_ring;
+
+/// Flags of `vkgdr_ring_create`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub enum vkgdr_ring_flags {
+    /// Map the data region twice back to back (CUDA VMM), so records run over the end with no
+    /// padding and a consumer reads each one contiguously (the `_mirrored` consumers of
+    /// `kernels/ring.cu`). `capacity` must then be a multiple of the VMM granularity (2 MiB).
+    VKGDR_RING_MIRRORED_BIT = 1,
+}
+
+/// `vkgdr_ring_push` found no room before its timeout: nothing was written, try again later.
+pub const VKGDR_RING_FULL: c_int = 1;
+
+/// What a consumer kernel needs (`vkgdr_ring_get_device_view`); the wire format is described in
+/// `kernels/ring.cu`. Set `struct_size` to `sizeof(vkgdr_ring_device_view)` before the call.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct vkgdr_ring_device_view {
+    /// `sizeof(vkgdr_ring_device_view)` as the caller was compiled.
+    pub struct_size: usize,
+    /// Device address of the data region (16-byte aligned).
+    pub data: CUdeviceptr,
+    /// Capacity of the data region in bytes (a power of two).
+    pub capacity: u64,
+    /// Device address of `tail` (u64 in GPU memory, written by the CPU: end of the published
+    /// records).
+    pub tail: CUdeviceptr,
+    /// Device address of `stop` (u32 in GPU memory, set by `vkgdr_ring_stop`).
+    pub stop: CUdeviceptr,
+    /// Device address of `head` (u64 in pinned host memory, written by the consumer: end of the
+    /// consumed records; producers reuse the space below it).
+    pub head: CUdeviceptr,
+    /// Device address of 8 u64 result words in pinned host memory for the consumer to report
+    /// into (`vkgdr_ring_get_results` reads them).
+    pub result: CUdeviceptr,
+    /// 1 for a ring made with `VKGDR_RING_MIRRORED_BIT`, else 0.
+    pub mirrored: u32,
+}
+
+// SAFETY: integers only; `struct_size` first.
+unsafe impl Versioned for vkgdr_ring_device_view {
+    const NAME: &'static str = "vkgdr_ring_device_view";
+}
+
+/// Opaque handle to a reservation.
+pub struct vkgdr_ring_reservation {
+    _private: [u8; 0],
+}
+
+/// Opaque handle to space reserved for one record, from `vkgdr_ring_reserve`; consumed by
+/// `vkgdr_ring_commit` or `vkgdr_ring_cancel`.
+pub type vkgdr_ring_reservation_t = *mut vkgdr_ring_reservation;
+
+/// Live `vkgdr_ring_t` handles. An `Arc`, so that open reservations keep their ring alive.
+static RINGS: LazyLock<HandleTable<Arc<DeviceRing>>> =
+    LazyLock::new(|| HandleTable::new(Tag::Ring));
+
+/// A reservation with the ring it borrows from.
+struct OpenReservation {
+    /// `None` once committed or cancelled (the handle is removed right after). The mutex keeps
+    /// two C threads writing through one handle from aliasing the `&mut` that writes take.
+    reservation: Mutex<Option<Reservation<'static, BarSink>>>,
+    /// Keeps the ring (which `reservation` borrows) alive and in place; dropped after it.
+    ring: ManuallyDrop<Arc<DeviceRing>>,
+}
+
+impl Drop for OpenReservation {
+    fn drop(&mut self) {
+        // An uncommitted reservation becomes a PAD record when dropped: before the ring goes.
+        drop(self.reservation.get_mut().take());
+        // SAFETY: dropped exactly once, here, after the reservation that borrowed it.
+        unsafe { ManuallyDrop::drop(&mut self.ring) };
+    }
+}
+
+/// Live `vkgdr_ring_reservation_t` handles.
+static RESERVATIONS: LazyLock<HandleTable<OpenReservation>> =
+    LazyLock::new(|| HandleTable::new(Tag::Reservation));
+
+/// # Safety
+/// - No thread destroys `ring` while the reference is in use.
+unsafe fn ring<'a>(ring: vkgdr_ring_t) -> CResult<&'a Arc<DeviceRing>> {
+    // SAFETY: forwarded to our caller.
+    unsafe { lookup(&RINGS, ring) }
+}
+
+/// Takes what the consumer has freed, so that a zero timeout tries with the latest head.
+fn reclaim(r: &DeviceRing) -> CResult<()> {
+    Ok(r.core().reclaim_to(r.head()).map_err(vkgdr::Error::from)?)
+}
+
+fn timeout(timeout_ns: i64) -> Option<Duration> {
+    u64::try_from(timeout_ns).ok().map(Duration::from_nanos)
+}
+
+fn payload_len(size: usize) -> CResult<u32> {
+    u32::try_from(size)
+        .map_err(|_| Failure::Api(format!("a record of {size} bytes is larger than 4 GiB")))
+}
+
+/// Creates a ring of `capacity` bytes (a power of two, at least 4096) in BAR-mapped memory of
+/// `g`'s device, in the handle's context (see `vkgdr_pool_create`).
+///
+/// - `flags`: 0 or `VKGDR_RING_MIRRORED_BIT`.
+///
+/// Returns a handle, or `NULL` on error (a bad capacity or flag, a `vkgdr_open_vulkan` handle, a
+/// driver failure).
+///
+/// Thread safety: any thread. Pushes may come from many threads at once.
+/// Free it with `vkgdr_ring_destroy` once the consumer is done.
+///
+/// # Safety
+/// - No thread closes `g` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_ring_create(g: vkgdr_t, capacity: u64, flags: u32) -> vkgdr_ring_t {
+    guard("vkgdr_ring_create", std::ptr::null_mut(), || {
+        // SAFETY: the caller does not close `g` during the call.
+        let gpu = unsafe { device(g) }?.gpu()?;
+        let r = match flags {
+            0 => DeviceRing::new(gpu, capacity)?,
+            1 => DeviceRing::new_mirrored(gpu, capacity)?,
+            _ => {
+                return Err(Failure::Api(format!(
+                    "unknown ring flag bits {:#x}",
+                    flags & !1
+                )))
+            }
+        };
+        register(&RINGS, Arc::new(r))
+    })
+}
+
+/// Destroys a ring handle. `NULL` is ignored. The consumer kernel must have finished with it. Open
+/// reservations keep the ring's memory alive until they are committed or cancelled.
+///
+/// Errors (reported through `vkgdr_last_error()` only): a handle already destroyed or not a
+/// `vkgdr_ring_t`.
+///
+/// Thread safety: any thread, but not while another thread is using the same ring.
+///
+/// # Safety
+/// - No other thread uses `ring` during or after the call; no kernel reads it any more.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_ring_destroy(ring: vkgdr_ring_t) {
+    guard("vkgdr_ring_destroy", (), || release(&RINGS, ring))
+}
+
+/// Appends one record with the `size`-byte payload at `payload` and publishes it to the consumer
+/// (records of all threads reach the consumer in the order their space was reserved).
+///
+/// - `timeout_ns`: how long to wait for the consumer to free space: negative waits forever, 0
+///   tries once.
+/// - `seq`: NULL, or where to store the record's sequence number (0, 1, 2, ... per ring).
+///
+/// Returns `VKGDR_SUCCESS`; `VKGDR_RING_FULL` if no room appeared in time (nothing written); or
+/// `VKGDR_ERROR` (an invalid handle, `payload` NULL, a zero size or one larger than the ring
+/// takes, a consumer head that makes no sense).
+///
+/// Thread safety: any thread, concurrently.
+///
+/// # Safety
+/// - `payload` is readable for `size` bytes; `seq` is NULL or writable.
+/// - No thread destroys `ring` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_ring_push(
+    ring: vkgdr_ring_t,
+    payload: *const c_void,
+    size: usize,
+    timeout_ns: i64,
+    seq: *mut u64,
+) -> c_int {
+    guard("vkgdr_ring_push", VKGDR_ERROR, || {
+        // SAFETY: the caller does not destroy `ring` during the call.
+        let r = unsafe { self::ring(ring) }?;
+        if payload.is_null() {
+            return Err(Failure::Api("the payload pointer is NULL".into()));
+        }
+        // SAFETY: readable for `size` bytes (caller).
+        let bytes = unsafe { crate::copy::host_slice(payload, size) }?;
+        reclaim(r)?;
+        match r.push(bytes, timeout(timeout_ns)) {
+            Ok(n) => {
+                if !seq.is_null() {
+                    // SAFETY: writable (caller).
+                    unsafe { seq.write(n) };
+                }
+                Ok(VKGDR_SUCCESS)
+            }
+            Err(vkgdr::Error::Ring(RingError::Full | RingError::Timeout)) => Ok(VKGDR_RING_FULL),
+            Err(e) => Err(e.into()),
+        }
+    })
+}
+
+/// Reserves space for one record with a `size`-byte payload and gives it the next sequence
+/// number, for producers that need the number in the payload or write it piece by piece:
+/// write with `vkgdr_ring_reservation_write`, then `vkgdr_ring_commit`. Records are consumed in
+/// reservation order; a reservation not yet committed holds back the records reserved after it,
+/// so commit promptly (and never wait for ring space while holding one).
+///
+/// - `timeout_ns`: as for `vkgdr_ring_push`.
+/// - `reservation`: where to store the handle (set to NULL unless `VKGDR_SUCCESS`).
+///
+/// Returns `VKGDR_SUCCESS`; `VKGDR_RING_FULL` if no room appeared in time; or `VKGDR_ERROR` (an
+/// invalid handle, `reservation` NULL, a zero size or one larger than the ring takes).
+///
+/// Thread safety: any thread, concurrently.
+///
+/// # Safety
+/// - `reservation` is writable.
+/// - No thread destroys `ring` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_ring_reserve(
+    ring: vkgdr_ring_t,
+    size: usize,
+    timeout_ns: i64,
+    reservation: *mut vkgdr_ring_reservation_t,
+) -> c_int {
+    guard("vkgdr_ring_reserve", VKGDR_ERROR, || {
+        if reservation.is_null() {
+            return Err(Failure::Api("the reservation pointer is NULL".into()));
+        }
+        // SAFETY: writable (caller).
+        unsafe { reservation.write(std::ptr::null_mut()) };
+        // SAFETY: the caller does not destroy `ring` during the call.
+        let r = unsafe { self::ring(ring) }?.clone();
+        reclaim(&r)?;
+        let res = match r.reserve(payload_len(size)?, timeout(timeout_ns)) {
+            Ok(res) => res,
+            Err(vkgdr::Error::Ring(RingError::Full | RingError::Timeout)) => {
+                return Ok(VKGDR_RING_FULL)
+            }
+            Err(e) => return Err(e.into()),
+        };
+        // SAFETY: the reservation borrows the `DeviceRing` inside the `Arc` that
+        // `OpenReservation::ring` keeps alive, at a fixed address, until after the reservation
+        // is dropped (see its `Drop`).
+        let res = unsafe {
+            std::mem::transmute::<Reservation<'_, BarSink>, Reservation<'static, BarSink>>(res)
+        };
+        let open = OpenReservation {
+            reservation: Mutex::new(Some(res)),
+            ring: ManuallyDrop::new(r),
+        };
+        let h = register(&RESERVATIONS, open)?;
+        // SAFETY: writable (caller).
+        unsafe { reservation.write(h) };
+        Ok(VKGDR_SUCCESS)
+    })
+}
+
+/// The sequence number of a reserved record, or `UINT64_MAX` on error (an invalid handle).
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// - No thread commits or cancels `reservation` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_ring_reservation_get_seq(
+    reservation: vkgdr_ring_reservation_t,
+) -> u64 {
+    guard("vkgdr_ring_reservation_get_seq", u64::MAX, || {
+        // SAFETY: the caller does not commit or cancel it during the call.
+        let open = unsafe { lookup(&RESERVATIONS, reservation) }?;
+        let seq = open.reservation.lock().as_ref().map(Reservation::seq);
+        seq.ok_or_else(|| Failure::Api("the reservation is already finished".into()))
+    })
+}
+
+/// Copies `size` bytes from `src` to payload offset `offset` of a reserved record (into the
+/// ring's BAR-mapped memory; a record of a mirrored ring may continue at the region's start,
+/// which this handles).
+///
+/// Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, a range outside the payload,
+/// `src` NULL with `size` > 0).
+///
+/// Thread safety: any thread; calls on one reservation are serialised.
+///
+/// # Safety
+/// - `src` is readable for `size` bytes.
+/// - No thread commits or cancels `reservation` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_ring_reservation_write(
+    reservation: vkgdr_ring_reservation_t,
+    offset: usize,
+    src: *const c_void,
+    size: usize,
+) -> c_int {
+    guard("vkgdr_ring_reservation_write", VKGDR_ERROR, || {
+        // SAFETY: the caller does not commit or cancel it during the call.
+        let open = unsafe { lookup(&RESERVATIONS, reservation) }?;
+        // SAFETY: readable for `size` bytes (caller).
+        let bytes = unsafe { crate::copy::host_slice(src, size) }?;
+        let mut guard = open.reservation.lock();
+        let res = guard
+            .as_mut()
+            .ok_or_else(|| Failure::Api("the reservation is already finished".into()))?;
+        let at = u32::try_from(offset).map_err(|_| {
+            Failure::Library(
+                RingError::OutOfRange {
+                    at: offset as u64,
+                    len: size as u64,
+                    record_len: res.len(),
+                }
+                .into(),
+            )
+        })?;
+        res.write(at, bytes).map_err(vkgdr::Error::from)?;
+        Ok(VKGDR_SUCCESS)
+    })
+}
+
+/// Commits a reserved record: it is published to the consumer as soon as every record reserved
+/// before it is committed (possibly by this call, possibly by a later one of another thread).
+/// Consumes the handle, also on error.
+///
+/// Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (a handle already committed or cancelled, or not a
+/// reservation).
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// - No other thread uses `reservation` during or after the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_ring_commit(reservation: vkgdr_ring_reservation_t) -> c_int {
+    guard("vkgdr_ring_commit", VKGDR_ERROR, || {
+        let open = RESERVATIONS
+            .remove(reservation.token())
+            .map_err(|why| Failure::handle(Tag::Reservation, why))?;
+        if let Some(res) = open.reservation.lock().take() {
+            res.commit();
+        }
+        Ok(VKGDR_SUCCESS)
+    })
+}
+
+/// Abandons a reserved record: it becomes a padding record the consumer skips (it keeps its
+/// sequence number, so numbering stays gapless). Consumes the handle. `NULL` is ignored.
+///
+/// Errors (reported through `vkgdr_last_error()` only): a handle already committed or
+/// cancelled, or not a reservation.
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// - No other thread uses `reservation` during or after the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_ring_cancel(reservation: vkgdr_ring_reservation_t) {
+    guard("vkgdr_ring_cancel", (), || {
+        release(&RESERVATIONS, reservation)
+    })
+}
+
+/// Fills `*view` (whose `struct_size` the caller sets) with the addresses a consumer kernel
+/// needs.
+///
+/// Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, `view` NULL or its `struct_size`
+/// unset).
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// - `view` is NULL or writable for `view->struct_size` bytes.
+/// - No thread destroys `ring` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_ring_get_device_view(
+    ring: vkgdr_ring_t,
+    view: *mut vkgdr_ring_device_view,
+) -> c_int {
+    guard("vkgdr_ring_get_device_view", VKGDR_ERROR, || {
+        // SAFETY: the caller does not destroy `ring` during the call.
+        let v = unsafe { self::ring(ring) }?.device_view();
+        let out = vkgdr_ring_device_view {
+            struct_size: std::mem::size_of::<vkgdr_ring_device_view>(),
+            data: v.data,
+            capacity: v.capacity,
+            tail: v.tail,
+            stop: v.stop,
+            head: v.head,
+            result: v.result,
+            mirrored: u32::from(v.wrap == WrapMode::Mirrored),
+        };
+        // SAFETY: writable for its struct_size (caller).
+        unsafe { versioned::write(view, &out) }?;
+        Ok(VKGDR_SUCCESS)
+    })
+}
+
+/// Asks a persistent consumer to exit once it has consumed everything published (sets `stop`
+/// after the last tail). Push nothing afterwards.
+///
+/// Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle).
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// - No thread destroys `ring` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_ring_stop(ring: vkgdr_ring_t) -> c_int {
+    guard("vkgdr_ring_stop", VKGDR_ERROR, || {
+        // SAFETY: the caller does not destroy `ring` during the call.
+        unsafe { self::ring(ring) }?.stop();
+        Ok(VKGDR_SUCCESS)
+    })
+}
+
+/// The consumer's published head (how far it has consumed, in bytes since the start), read
+/// from pinned host memory. `UINT64_MAX` on error (an invalid handle).
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// - No thread destroys `ring` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_ring_get_head(ring: vkgdr_ring_t) -> u64 {
+    guard("vkgdr_ring_get_head", u64::MAX, || {
+        // SAFETY: the caller does not destroy `ring` during the call.
+        Ok(unsafe { self::ring(ring) }?.head())
+    })
+}
+
+/// Copies the first `count` (at most 8) result words the consumer reported (the view's
+/// `result`) into `words`. For the `ring_consume_*` kernels of `kernels/ring.cu`: records,
+/// checksum sum, errors, next sequence number, position.
+///
+/// Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, `words` NULL, `count` > 8).
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// - `words` is writable for `count` values.
+/// - No thread destroys `ring` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_ring_get_results(
+    ring: vkgdr_ring_t,
+    words: *mut u64,
+    count: usize,
+) -> c_int {
+    guard("vkgdr_ring_get_results", VKGDR_ERROR, || {
+        // SAFETY: the caller does not destroy `ring` during the call.
+        let results = unsafe { self::ring(ring) }?.results();
+        if count > RESULT_WORDS {
+            return Err(Failure::Api(format!(
+                "count {count} exceeds the {RESULT_WORDS} result words"
+            )));
+        }
+        if count > 0 && words.is_null() {
+            return Err(Failure::Api("the words pointer is NULL".into()));
+        }
+        // SAFETY: writable for `count` u64s (caller); `count` <= results.len().
+        unsafe { std::ptr::copy_nonoverlapping(results.as_ptr(), words, count) };
+        Ok(VKGDR_SUCCESS)
+    })
+}

@@ -1,0 +1,182 @@
+/* The C API on a machine without the NVIDIA driver (CI), also meaningful with one:
+ * - vkgdr_open fails with NULL and a message naming the missing libcuda.so.1 (with the driver
+ *   present: device -1 is CUDA_ERROR_INVALID_DEVICE);
+ * - every kind of bad handle (NULL, made-up, of another type) is an error, never a crash;
+ *   destructors ignore NULL;
+ * - the copy helpers, on host memory at odd offsets and lengths;
+ * - versioned structs: unset or unknown-field sizes are refused. */
+#include <dlfcn.h>
+#include <stdint.h>
+
+#include "check.h"
+
+static void open_without_driver(void)
+{
+    void *cuda = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    vkgdr_t g = vkgdr_open(0, 0);
+    if (cuda == NULL) {
+        CHECK(g == NULL, "vkgdr_open succeeded without libcuda.so.1");
+        CHECK(last_error_contains("libcuda.so.1"), "message names the library");
+        g = vkgdr_open(0, VKGDR_OPEN_CURRENT_CONTEXT_BIT);
+        CHECK(g == NULL, "CURRENT_CONTEXT open succeeded without a driver");
+        CHECK(last_error_contains("libcuda.so.1"), "message names the library");
+    } else {
+        printf("libcuda.so.1 is present here: checking device -1 instead\n");
+        vkgdr_close(g);
+        dlclose(cuda);
+        g = vkgdr_open(-1, 0);
+        CHECK(g == NULL, "device -1 opened");
+        CHECK(last_error_contains("CUDA_ERROR_INVALID_DEVICE"), "result name");
+    }
+    /* Flags are checked before anything is loaded. */
+    CHECK(vkgdr_open(0, 8) == NULL, "unknown flag bit accepted");
+    CHECK(last_error_contains("unknown open flag bits 0x8"), "names the bits");
+    CHECK(vkgdr_open_vulkan(0, VKGDR_OPEN_CURRENT_CONTEXT_BIT) == NULL, "vulkan + context");
+    CHECK(last_error_contains("VKGDR_OPEN_CURRENT_CONTEXT_BIT needs CUDA"), "explains");
+}
+
+static void bad_handles(void)
+{
+    /* Tokens nobody handed out, and NULL: errors with the function and type named. */
+    vkgdr_t made_up = (vkgdr_t)(uintptr_t)0x123456789ull;
+    vkgdr_memory_t mem = (vkgdr_memory_t)(uintptr_t)0x2000000000000001ull;
+    char buf[16] = {0};
+    size_t released = 99;
+    vkgdr_pool_stats stats;
+
+    CHECK(vkgdr_memory_alloc(NULL, 4096, 0) == NULL, "alloc on NULL");
+    CHECK(last_error_contains("vkgdr_memory_alloc: the vkgdr_t handle is NULL"), "NULL named");
+    CHECK(vkgdr_memory_alloc(made_up, 4096, 0) == NULL, "alloc on a made-up handle");
+    CHECK(last_error_contains("invalid vkgdr_t handle"), "invalid named");
+    CHECK(vkgdr_memory_get_host_ptr(mem) == NULL, "host ptr of a made-up handle");
+    CHECK(last_error_contains("vkgdr_memory_get_host_ptr: invalid vkgdr_memory_t"), "named");
+    CHECK(vkgdr_memory_get_device_ptr(mem) == 0, "device ptr");
+    CHECK(vkgdr_memory_get_size(NULL) == 0, "size of NULL");
+    CHECK(last_error_contains("vkgdr_memory_get_size"), "named");
+    CHECK(!vkgdr_memory_is_coherent(NULL), "coherent of NULL");
+    CHECK(vkgdr_memory_non_coherent_atom_size(NULL) == 0, "atom of NULL");
+    vkgdr_memory_flush(mem, 0, 1);
+    CHECK(last_error_contains("vkgdr_memory_flush: invalid vkgdr_memory_t"), "flush reports");
+    vkgdr_memory_invalidate(NULL, 0, 1);
+    CHECK(last_error_contains("vkgdr_memory_invalidate"), "invalidate reports");
+    CHECK(vkgdr_memory_write(NULL, 0, buf, 1) == VKGDR_ERROR, "write to NULL");
+    CHECK(vkgdr_memory_read(mem, 0, buf, 1) == VKGDR_ERROR, "read from made-up");
+
+    /* A handle of one type passed as another (a cast away from the C types). */
+    CHECK(vkgdr_pool_alloc((vkgdr_pool_t)made_up, 64, 16) == NULL, "device as pool");
+    CHECK(last_error_contains("invalid vkgdr_pool_t handle"), "type checked");
+    CHECK(vkgdr_block_get_size((vkgdr_block_t)mem) == 0, "memory as block");
+    CHECK(last_error_contains("invalid vkgdr_block_t handle"), "type checked");
+    CHECK(vkgdr_pool_create(NULL, NULL) == NULL, "pool of NULL");
+    CHECK(vkgdr_pool_flush(NULL) == VKGDR_ERROR, "flush NULL pool");
+    CHECK(vkgdr_pool_trim(NULL, &released) == VKGDR_ERROR && released == 99, "trim NULL pool");
+    stats.struct_size = sizeof stats;
+    CHECK(vkgdr_pool_get_stats(NULL, &stats) == VKGDR_ERROR, "stats of NULL pool");
+    CHECK(vkgdr_block_flush(NULL, 0, 1) == VKGDR_ERROR, "flush NULL block");
+    CHECK(vkgdr_block_write(NULL, 0, buf, 1) == VKGDR_ERROR, "write NULL block");
+    CHECK(vkgdr_ring_create(NULL, 4096, 0) == NULL, "ring of NULL");
+    CHECK(vkgdr_ring_push(NULL, buf, 1, 0, NULL) == VKGDR_ERROR, "push to NULL ring");
+    CHECK(vkgdr_ring_get_head(NULL) == UINT64_MAX, "head of NULL ring");
+
+    /* Destructors: NULL is a no-op (and a success), a made-up handle an error. */
+    vkgdr_close(NULL);
+    CHECK(no_last_error(), "vkgdr_close(NULL) is a no-op");
+    vkgdr_memory_free(NULL);
+    vkgdr_pool_destroy(NULL);
+    vkgdr_block_free(NULL);
+    vkgdr_ring_destroy(NULL);
+    CHECK(no_last_error(), "NULL destructors are no-ops");
+    vkgdr_memory_free(mem);
+    CHECK(last_error_contains("vkgdr_memory_free: invalid vkgdr_memory_t handle"), "reported");
+    vkgdr_close(made_up);
+    CHECK(last_error_contains("vkgdr_close: invalid vkgdr_t handle"), "reported");
+    /* Reading the last error does not clear it; a successful call does. */
+    CHECK(last_error_contains("vkgdr_close"), "still there");
+    vkgdr_close(NULL);
+    CHECK(no_last_error(), "cleared by a successful call");
+}
+
+static void copies(void)
+{
+    /* Host memory stands in for the mapping: every offset pair, lengths around vector widths. */
+    static const size_t offsets[] = {0, 1, 2, 3, 4, 5, 6, 7, 11, 129, 1023};
+    static const size_t lengths[] = {0, 1, 7, 15, 16, 31, 33, 63, 64, 65, 200, 4097};
+    unsigned char *src = malloc(8192), *dst = malloc(8192);
+    size_t a, b, l, i;
+    int bad = 0;
+    for (i = 0; i < 8192; i++) {
+        src[i] = (unsigned char)(i * 7 + 3);
+    }
+    for (a = 0; a < sizeof offsets / sizeof *offsets; a++) {
+        for (b = 0; b < sizeof offsets / sizeof *offsets; b++) {
+            for (l = 0; l < sizeof lengths / sizeof *lengths; l++) {
+                size_t n = lengths[l], so = offsets[a], d = offsets[b];
+                memset(dst, 0xEE, 8192);
+                if (vkgdr_copy_to_mapping(dst + d, src + so, n) != VKGDR_SUCCESS) {
+                    bad++;
+                    continue;
+                }
+                bad += memcmp(dst + d, src + so, n) != 0;
+                bad += d > 0 && dst[d - 1] != 0xEE; /* nothing before */
+                bad += dst[d + n] != 0xEE;          /* nothing after */
+                memset(dst, 0, 8192);
+                bad += vkgdr_copy_from_mapping(dst + d, src + so, n) != VKGDR_SUCCESS;
+                bad += memcmp(dst + d, src + so, n) != 0;
+                bad += dst[d + n] != 0;
+            }
+        }
+    }
+    CHECK(bad == 0, "%d copy mismatches", bad);
+    CHECK(no_last_error(), "successful copies leave no error");
+    CHECK(vkgdr_copy_to_mapping(NULL, src, 1) == VKGDR_ERROR, "NULL destination");
+    CHECK(last_error_contains("vkgdr_copy_to_mapping: the mapping pointer is NULL"), "named");
+    CHECK(vkgdr_copy_from_mapping(dst, NULL, 1) == VKGDR_ERROR, "NULL source");
+    CHECK(vkgdr_copy_to_mapping(NULL, NULL, 0) == VKGDR_SUCCESS, "empty copy of NULLs");
+    free(src);
+    free(dst);
+}
+
+static void versioned_structs(void)
+{
+    struct {
+        vkgdr_pool_config known;
+        uint64_t future_field;
+    } bigger;
+    vkgdr_pool_config cfg;
+    memset(&cfg, 0xAB, sizeof cfg);
+    CHECK(vkgdr_pool_config_init(&cfg, sizeof cfg) == VKGDR_SUCCESS, "init");
+    CHECK(cfg.struct_size == sizeof cfg && cfg.chunk_size == 16u << 20 && cfg.flags == 0 &&
+              cfg.max_bytes == UINT64_MAX && cfg.thread_cache == 0 && cfg.shards >= 1,
+          "defaults");
+    CHECK(vkgdr_pool_config_init(NULL, sizeof cfg) == VKGDR_ERROR, "NULL config");
+    /* An older caller's smaller struct: only its bytes are written. */
+    memset(&cfg, 0xAB, sizeof cfg);
+    CHECK(vkgdr_pool_config_init(&cfg, 16) == VKGDR_SUCCESS, "older size");
+    CHECK(cfg.struct_size == 16 && cfg.chunk_size == 16u << 20 && cfg.max_chunk_size ==
+              0xABABABABABABABABull, "wrote past the caller's struct");
+    /* Checked before the device: an unset size, a newer caller's unknown field. */
+    cfg.struct_size = 0;
+    CHECK(vkgdr_pool_create(NULL, &cfg) == NULL, "unset size");
+    CHECK(last_error_contains("struct_size is 0"), "explains");
+    memset(&bigger, 0, sizeof bigger);
+    vkgdr_pool_config_init(&bigger.known, sizeof bigger);
+    bigger.future_field = 1;
+    CHECK(vkgdr_pool_create(NULL, &bigger.known) == NULL, "unknown field set");
+    CHECK(last_error_contains("fields this library version does not know"), "explains");
+    bigger.future_field = 0;
+    CHECK(vkgdr_pool_create(NULL, &bigger.known) == NULL, "NULL device");
+    CHECK(last_error_contains("the vkgdr_t handle is NULL"), "got past the config");
+    vkgdr_pool_config_init(&cfg, sizeof cfg);
+    cfg.flags = 1;
+    CHECK(vkgdr_pool_create(NULL, &cfg) == NULL, "flags");
+    CHECK(last_error_contains("flags must be 0"), "explains");
+}
+
+int main(void)
+{
+    open_without_driver();
+    bad_handles();
+    copies();
+    versioned_structs();
+    return CHECK_SUMMARY("no_driver");
+}

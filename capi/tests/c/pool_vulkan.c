@@ -1,0 +1,210 @@
+/* Pools from C over the Vulkan half alone (vkgdr_open_vulkan): runs on Mesa's lavapipe on CI, for
+ * coherent memory and with FORCE_NON_COHERENT (every flush and invalidate really issued).
+ * Several threads allocate blocks of many sizes and alignments, write them through the host
+ * pointer and vkgdr_block_write, flush, read back and free (also blocks of other threads);
+ * stats, trim, the byte limit, freed and foreign handles, and what a Vulkan-only handle
+ * refuses. Usage: pool_vulkan [vulkan_device]  (default -1: the first suitable device). */
+#include <pthread.h>
+#include <stdint.h>
+
+#include "check.h"
+
+#define THREADS 4
+#define PER_THREAD 3000
+
+typedef struct {
+    vkgdr_pool_t pool;
+    int id;
+    vkgdr_block_t blocks[PER_THREAD];
+    int errors;
+} worker;
+
+static unsigned char pattern(int thread, int k, size_t j)
+{
+    return (unsigned char)(thread * 71 + k * 13 + (int)j * 5 + 1);
+}
+
+static size_t block_size(int k) { return (size_t)(1 + (k * 37) % 700); }
+static size_t block_align(int k) { return (size_t)1 << (k % 9); }
+
+static void *work(void *arg)
+{
+    worker *w = arg;
+    unsigned char buf[700];
+    int k;
+    size_t j;
+    for (k = 0; k < PER_THREAD; k++) {
+        size_t n = block_size(k), align = block_align(k);
+        vkgdr_block_t b = vkgdr_pool_alloc(w->pool, n, align);
+        unsigned char *p;
+        w->blocks[k] = b;
+        if (b == NULL) {
+            w->errors++;
+            continue;
+        }
+        p = vkgdr_block_get_host_ptr(b);
+        w->errors += p == NULL || ((uintptr_t)p % align) != 0;
+        w->errors += vkgdr_block_get_size(b) != n || vkgdr_block_get_device_ptr(b) != 0;
+        for (j = 0; j < n; j++) {
+            buf[j] = pattern(w->id, k, j);
+        }
+        if (k % 2) {
+            /* Raw stores through the host pointer, then flush the written range. */
+            memcpy(p, buf, n);
+            w->errors += vkgdr_block_flush(b, 0, n) != VKGDR_SUCCESS;
+        } else {
+            /* The checked write records the range; the pool flush below pushes it. */
+            w->errors += vkgdr_block_write(b, 0, buf, n) != VKGDR_SUCCESS;
+        }
+    }
+    w->errors += vkgdr_pool_flush(w->pool) != VKGDR_SUCCESS;
+    for (k = 0; k < PER_THREAD; k++) {
+        size_t n = block_size(k);
+        if (w->blocks[k] == NULL) {
+            continue;
+        }
+        w->errors += vkgdr_block_invalidate(w->blocks[k], 0, n) != VKGDR_SUCCESS;
+        w->errors += vkgdr_block_read(w->blocks[k], 0, buf, n) != VKGDR_SUCCESS;
+        for (j = 0; j < n; j++) {
+            w->errors += buf[j] != pattern(w->id, k, j);
+        }
+        /* Free the even ones here; the odd ones are freed by another thread. */
+        if (k % 2 == 0) {
+            vkgdr_block_free(w->blocks[k]);
+            w->blocks[k] = NULL;
+        }
+    }
+    return NULL;
+}
+
+static void *free_other(void *arg)
+{
+    worker *w = arg;
+    int k;
+    for (k = 0; k < PER_THREAD; k++) {
+        vkgdr_block_free(w->blocks[k]);
+        w->errors += !no_last_error();
+    }
+    return NULL;
+}
+
+static void run(int vulkan_device, uint32_t flags)
+{
+    static worker workers[THREADS];
+    pthread_t threads[THREADS];
+    vkgdr_pool_config cfg;
+    vkgdr_pool_stats stats;
+    vkgdr_t g = vkgdr_open_vulkan(vulkan_device, flags);
+    vkgdr_pool_t pool, limited;
+    vkgdr_block_t b, big;
+    size_t released = 0;
+    int i, errors = 0;
+    unsigned char byte = 0;
+
+    CHECK(g != NULL, "vkgdr_open_vulkan(%d, %u) failed", vulkan_device, flags);
+    if (g == NULL) {
+        return;
+    }
+    CHECK(vkgdr_memory_alloc(g, 4096, 0) == NULL, "raw memory needs CUDA");
+    CHECK(last_error_contains("opened with vkgdr_open_vulkan"), "explains");
+    CHECK(vkgdr_ring_create(g, 4096, 0) == NULL, "rings need CUDA");
+
+    vkgdr_pool_config_init(&cfg, sizeof cfg);
+    cfg.chunk_size = 1 << 20;
+    cfg.max_chunk_size = 4 << 20;
+    cfg.dedicated_threshold = 256 << 10;
+    cfg.shards = 4;
+    pool = vkgdr_pool_create(g, &cfg);
+    CHECK(pool != NULL, "pool");
+    CHECK(vkgdr_pool_is_coherent(pool) == !(flags & VKGDR_OPEN_FORCE_NON_COHERENT_BIT),
+          "coherence follows the open flags");
+
+    for (i = 0; i < THREADS; i++) {
+        workers[i].pool = pool;
+        workers[i].id = i;
+        workers[i].errors = 0;
+        pthread_create(&threads[i], NULL, work, &workers[i]);
+    }
+    for (i = 0; i < THREADS; i++) {
+        pthread_join(threads[i], NULL);
+    }
+    /* Each thread's remaining blocks are freed by the next thread. */
+    for (i = 0; i < THREADS; i++) {
+        pthread_create(&threads[i], NULL, free_other, &workers[(i + 1) % THREADS]);
+    }
+    for (i = 0; i < THREADS; i++) {
+        pthread_join(threads[i], NULL);
+    }
+    for (i = 0; i < THREADS; i++) {
+        errors += workers[i].errors;
+    }
+    CHECK(errors == 0, "%d errors in the worker threads", errors);
+
+    stats.struct_size = sizeof stats;
+    CHECK(vkgdr_pool_get_stats(pool, &stats) == VKGDR_SUCCESS, "stats");
+    CHECK(stats.bytes_in_use == 0 && stats.chunks >= 1 && stats.bytes_reserved >= (1 << 20),
+          "after freeing everything: in use %llu, chunks %llu, reserved %llu",
+          (unsigned long long)stats.bytes_in_use, (unsigned long long)stats.chunks,
+          (unsigned long long)stats.bytes_reserved);
+    CHECK(vkgdr_pool_trim(pool, &released) == VKGDR_SUCCESS && released >= 1, "trim");
+    vkgdr_pool_get_stats(pool, &stats);
+    CHECK(stats.bytes_reserved == 0, "trim returned every chunk: %llu",
+          (unsigned long long)stats.bytes_reserved);
+
+    /* A freed block is an error, not a crash, also after its slot is reused. */
+    b = vkgdr_pool_alloc(pool, 100, 64);
+    vkgdr_block_free(b);
+    CHECK(no_last_error(), "free");
+    vkgdr_block_free(b);
+    CHECK(last_error_contains("vkgdr_block_free: invalid vkgdr_block_t handle"), "double free");
+    big = vkgdr_pool_alloc(pool, 300 << 10, 4096); /* dedicated chunk */
+    CHECK(big != NULL && vkgdr_block_get_host_ptr(b) == NULL, "use after free caught");
+    CHECK(last_error_contains("already freed"), "explains");
+    CHECK(vkgdr_block_write(big, (300 << 10) - 1, &byte, 2) == VKGDR_ERROR, "past the end");
+    CHECK(last_error_contains("outside the 307200-byte"), "explains");
+    CHECK(vkgdr_block_flush(big, 0, 300 << 10) == VKGDR_SUCCESS, "whole-block flush");
+    stats.struct_size = sizeof stats;
+    vkgdr_pool_get_stats(pool, &stats);
+    CHECK(stats.dedicated_chunks == 1, "dedicated");
+
+    /* Bad requests. */
+    CHECK(vkgdr_pool_alloc(pool, 0, 16) == NULL, "zero size");
+    CHECK(last_error_contains("size is zero"), "explains");
+    CHECK(vkgdr_pool_alloc(pool, 64, 24) == NULL, "alignment 24");
+    CHECK(last_error_contains("not a power of two"), "explains");
+
+    /* Blocks outlive their pool handle; the device outlives its handle while pools use it. */
+    vkgdr_pool_destroy(pool);
+    vkgdr_close(g);
+    CHECK(no_last_error(), "close with a live block");
+    CHECK(vkgdr_block_write(big, 0, &byte, 1) == VKGDR_SUCCESS, "block after pool destroy");
+    CHECK(vkgdr_pool_alloc(pool, 64, 16) == NULL, "destroyed pool");
+    CHECK(last_error_contains("invalid vkgdr_pool_t handle"), "explains");
+    vkgdr_block_free(big);
+    CHECK(no_last_error(), "last block frees the pool");
+
+    /* A byte limit. */
+    g = vkgdr_open_vulkan(vulkan_device, flags);
+    vkgdr_pool_config_init(&cfg, sizeof cfg);
+    cfg.chunk_size = 1 << 20;
+    cfg.max_chunk_size = 1 << 20;
+    cfg.max_bytes = 1 << 20;
+    cfg.shards = 1;
+    limited = vkgdr_pool_create(g, &cfg);
+    b = vkgdr_pool_alloc(limited, 1000, 16);
+    CHECK(b != NULL, "within the limit");
+    CHECK(vkgdr_pool_alloc(limited, 1 << 20, 16) == NULL, "beyond max_bytes");
+    CHECK(last_error_contains("pool limit"), "explains");
+    vkgdr_block_free(b);
+    vkgdr_pool_destroy(limited);
+    vkgdr_close(g);
+    CHECK(no_last_error(), "clean teardown");
+}
+
+int main(int argc, char **argv)
+{
+    int device = argc > 1 ? atoi(argv[1]) : -1;
+    run(device, 0);
+    run(device, VKGDR_OPEN_FORCE_NON_COHERENT_BIT);
+    return CHECK_SUMMARY("pool_vulkan");
+}

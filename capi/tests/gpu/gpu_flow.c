@@ -1,0 +1,157 @@
+/* vkgdr's documented flow from C on the GPU machine, and its error cases by result name.
+ *
+ * Flow: open on the current context, allocate, write from the host, flush, a kernel
+ * (check_and_transform of kernels/mapping.ptx) checks every word and transforms it in place,
+ * invalidate, compare. For no flags, REQUIRE_COHERENT and FORCE_NON_COHERENT, on the primary
+ * context (what the CUDA runtime uses) and on a context from cuCtxCreate (what PyCUDA makes), plus
+ * a handle opened on the CUdevice allocating into the current cuCtxCreate context. Also: memory
+ * freed by another thread with no context current, and the bounds-checked write/read.
+ *
+ * Errors: device -1 (CUDA_ERROR_INVALID_DEVICE), CURRENT_CONTEXT with none current
+ * (CUDA_ERROR_INVALID_CONTEXT), 10^15 bytes (VK_ERROR_OUT_OF_DEVICE_MEMORY), allocating with no
+ * current context, unknown open and allocation flags, a flush outside the allocation.
+ *
+ * Usage: gpu_flow path/to/kernels/mapping.ptx */
+#include <pthread.h>
+
+#include "gpu_util.h"
+
+static const char *ptx;
+
+static void flow(vkgdr_t g, const char *what)
+{
+    const unsigned long long n = 100000;
+    const size_t bytes = (size_t)n * 4 + 5; /* an odd size: reported as asked */
+    const unsigned int seed = 0xC0DE0000u ^ (unsigned int)strlen(what);
+    vkgdr_memory_t mem = vkgdr_memory_alloc(g, bytes, 0);
+    CUmodule module;
+    CUfunction transform = load_kernel(ptx, "check_and_transform", &module);
+    CUdeviceptr d, d_errors = 0;
+    unsigned int *words, back[64];
+    unsigned long long i, errors = ~0ull, bad = 0;
+    void *args[5];
+
+    CHECK(mem != NULL, "%s: alloc", what);
+    if (mem == NULL) {
+        cuModuleUnload(module);
+        return;
+    }
+    CHECK(vkgdr_memory_get_size(mem) == bytes, "%s: size", what);
+    words = vkgdr_memory_get_host_ptr(mem);
+    d = vkgdr_memory_get_device_ptr(mem);
+    CHECK(words != NULL && d != 0, "%s: pointers", what);
+    for (i = 0; i < n; i++) {
+        words[i] = pattern(i, seed);
+    }
+    vkgdr_memory_flush(mem, 0, bytes);
+    CHECK(no_last_error(), "%s: flush", what);
+
+    CU_OK(cuMemAlloc(&d_errors, sizeof errors));
+    CU_OK(cuMemsetD8(d_errors, 0, sizeof errors));
+    args[0] = &d;
+    args[1] = &d;
+    args[2] = (void *)&n;
+    args[3] = (void *)&seed;
+    args[4] = &d_errors;
+    CU_OK(cuLaunchKernel(transform, 256, 1, 1, 256, 1, 1, 0, NULL, args, NULL));
+    CU_OK(cuCtxSynchronize());
+    CU_OK(cuMemcpyDtoH(&errors, d_errors, sizeof errors));
+    CHECK(errors == 0, "%s: the kernel saw %llu stale words", what, errors);
+
+    vkgdr_memory_invalidate(mem, 0, bytes);
+    CHECK(no_last_error(), "%s: invalidate", what);
+    for (i = 0; i < n; i++) {
+        bad += words[i] != pattern(i, seed) * 3u + 1u;
+    }
+    CHECK(bad == 0, "%s: %llu words not transformed", what, bad);
+    CHECK(vkgdr_memory_read(mem, 4 * 1000, back, sizeof back) == VKGDR_SUCCESS &&
+              back[5] == pattern(1005, seed) * 3u + 1u,
+          "%s: vkgdr_memory_read", what);
+    printf("%s: %llu words round trip, coherent %d, atom %zu\n", what, n,
+           (int)vkgdr_memory_is_coherent(mem), vkgdr_memory_non_coherent_atom_size(mem));
+    cuMemFree(d_errors);
+    cuModuleUnload(module);
+    vkgdr_memory_free(mem);
+    CHECK(no_last_error(), "%s: free", what);
+}
+
+static const uint32_t flag_sets[] = {0, VKGDR_OPEN_REQUIRE_COHERENT_BIT,
+                                     VKGDR_OPEN_FORCE_NON_COHERENT_BIT};
+static const char *flag_names[] = {"no flags", "REQUIRE_COHERENT", "FORCE_NON_COHERENT"};
+
+static void flows_on_current_context(const char *context)
+{
+    char what[128];
+    size_t f;
+    for (f = 0; f < 3; f++) {
+        vkgdr_t g = vkgdr_open(0, VKGDR_OPEN_CURRENT_CONTEXT_BIT | flag_sets[f]);
+        snprintf(what, sizeof what, "%s context, %s", context, flag_names[f]);
+        CHECK(g != NULL, "%s: open", what);
+        if (g != NULL) {
+            flow(g, what);
+            vkgdr_close(g);
+        }
+    }
+}
+
+static void *free_elsewhere(void *mem)
+{
+    CUcontext none = NULL;
+    cuCtxGetCurrent(&none);
+    vkgdr_memory_free(mem);
+    return none == NULL && no_last_error() ? mem : NULL;
+}
+
+int main(int argc, char **argv)
+{
+    CUdevice dev;
+    CUcontext primary, created;
+    vkgdr_t g, by_device;
+    vkgdr_memory_t mem;
+    pthread_t t;
+    void *freed = NULL;
+
+    ptx = ptx_argument(argc, argv, "mapping.ptx");
+    CU_OK(cuInit(0));
+    CU_OK(cuDeviceGet(&dev, 0));
+
+    /* Errors with no context current yet. */
+    CHECK(vkgdr_open(-1, 0) == NULL, "device -1 opened");
+    CHECK(last_error_contains("CUDA_ERROR_INVALID_DEVICE"), "device -1");
+    CHECK(vkgdr_open(0, VKGDR_OPEN_CURRENT_CONTEXT_BIT) == NULL, "opened with no context");
+    CHECK(last_error_contains("CUDA_ERROR_INVALID_CONTEXT"), "no current context");
+    CHECK(vkgdr_open(0, 8) == NULL && last_error_contains("unknown open flag bits"), "flags");
+    by_device = vkgdr_open(dev, 0);
+    CHECK(by_device != NULL, "open on a CUdevice needs no context");
+    CHECK(vkgdr_memory_alloc(by_device, 4096, 0) == NULL, "alloc with no current context");
+    CHECK(last_error_contains("CUDA_ERROR_INVALID_CONTEXT"), "alloc with no context");
+
+    /* The runtime's primary context. */
+    CU_OK(cuDevicePrimaryCtxRetain(&primary, dev));
+    CU_OK(cuCtxSetCurrent(primary));
+    flows_on_current_context("primary");
+    g = vkgdr_open(0, VKGDR_OPEN_CURRENT_CONTEXT_BIT);
+    CHECK(vkgdr_memory_alloc(g, 1000000000000000ull, 0) == NULL, "10^15 bytes allocated");
+    CHECK(last_error_contains("VK_ERROR_OUT_OF_DEVICE_MEMORY"), "10^15 bytes");
+    CHECK(vkgdr_memory_alloc(g, 4096, 1) == NULL, "allocation flags accepted");
+    CHECK(last_error_contains("allocation flags must be 0"), "allocation flags");
+    mem = vkgdr_memory_alloc(g, 4096, 0);
+    vkgdr_memory_flush(mem, 4000, 8192);
+    CHECK(last_error_contains("outside the 4096-byte allocation"), "flush out of range");
+    /* Freed by a thread with no context current: the memory makes its own current. */
+    pthread_create(&t, NULL, free_elsewhere, mem);
+    pthread_join(t, &freed);
+    CHECK(freed == mem, "free from another thread");
+    vkgdr_close(g);
+    CU_OK(cuCtxSetCurrent(NULL));
+
+    /* A context from cuCtxCreate (not primary), as PyCUDA makes. */
+    CU_OK(create_context(&created, dev));
+    flows_on_current_context("cuCtxCreate");
+    flow(by_device, "CUdevice handle, allocating in the cuCtxCreate context");
+    vkgdr_close(by_device);
+    CU_OK(cuCtxDestroy(created));
+    CU_OK(cuDevicePrimaryCtxRelease(dev));
+    free((void *)ptx);
+    return CHECK_SUMMARY("gpu_flow");
+}

@@ -1,0 +1,97 @@
+/* Helpers of the GPU test programs (C, CUDA driver API): checked driver calls, PTX loading,
+ * context creation across CUDA 12 and 13, the host-written word pattern of kernels/mapping.cu. */
+#ifndef VKGDR_TEST_GPU_UTIL_H
+#define VKGDR_TEST_GPU_UTIL_H
+
+#include <cuda.h>
+
+#include "check.h"
+
+/* A driver call that must succeed; counts as a check. */
+#define CU_OK(call)                                                                        \
+    do {                                                                                   \
+        CUresult r_ = (call);                                                              \
+        const char *n_ = "?";                                                              \
+        if (r_ != CUDA_SUCCESS) {                                                          \
+            cuGetErrorName(r_, &n_);                                                       \
+        }                                                                                  \
+        CHECK(r_ == CUDA_SUCCESS, "%s returned %s", #call, n_);                            \
+    } while (0)
+
+static inline char *read_text(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    long n;
+    char *text = NULL;
+    if (f == NULL) {
+        fprintf(stderr, "cannot open %s\n", path);
+        exit(2);
+    }
+    fseek(f, 0, SEEK_END);
+    n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    text = malloc((size_t)n + 1);
+    if (text == NULL || fread(text, 1, (size_t)n, f) != (size_t)n) {
+        fprintf(stderr, "cannot read %s\n", path);
+        exit(2);
+    }
+    text[n] = '\0';
+    fclose(f);
+    return text;
+}
+
+/* The text of the PTX file named by argv[1]; exits with a usage message without one. */
+static inline char *ptx_argument(int argc, char **argv, const char *which)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s path/to/kernels/%s\n", argv[0], which);
+        exit(2);
+    }
+    return read_text(argv[1]);
+}
+
+/* cuInit, device 0, and its primary context (what the CUDA runtime uses) retained and current. */
+static inline CUdevice enter_primary_context(void)
+{
+    CUdevice dev = 0;
+    CUcontext primary;
+    CU_OK(cuInit(0));
+    CU_OK(cuDeviceGet(&dev, 0));
+    CU_OK(cuDevicePrimaryCtxRetain(&primary, dev));
+    CU_OK(cuCtxSetCurrent(primary));
+    return dev;
+}
+
+/* Undoes enter_primary_context. */
+static inline void leave_primary_context(CUdevice dev)
+{
+    CU_OK(cuCtxSetCurrent(NULL));
+    CU_OK(cuDevicePrimaryCtxRelease(dev));
+}
+
+/* Loads `ptx` into the current context and returns `name` from it. */
+static inline CUfunction load_kernel(const char *ptx, const char *name, CUmodule *module)
+{
+    CUfunction f = NULL;
+    CU_OK(cuModuleLoadData(module, ptx));
+    CU_OK(cuModuleGetFunction(&f, *module, name));
+    return f;
+}
+
+/* A new (non-primary) context, made current: what PyCUDA's make_default_context does. */
+static inline CUresult create_context(CUcontext *ctx, CUdevice dev)
+{
+#if CUDA_VERSION >= 13000
+    return cuCtxCreate(ctx, NULL, 0, dev);
+#else
+    return cuCtxCreate(ctx, 0, dev);
+#endif
+}
+
+/* The word kernels/mapping.cu's check_and_transform expects at index i. */
+static inline unsigned int pattern(unsigned long long i, unsigned int seed)
+{
+    return (unsigned int)(i * 2654435761ull) ^ seed;
+}
+
+#endif

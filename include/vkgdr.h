@@ -1,0 +1,941 @@
+/*
+ * vkgdr.h: the C API of vkgdr (libvkgdr.so.1 / libvkgdr.a). GENERATED from capi/src by cbindgen
+ * (capi/tests/header.rs checks it); do not edit by hand.
+ *
+ * A drop-in for vkgdr 0.1's vkgdr.h (same names, values, signatures and error texts), plus pools
+ * (vkgdr_pool_*, vkgdr_block_*), copies (vkgdr_copy_*) and rings (vkgdr_ring_*).
+ *
+ * Conventions: a failing call returns NULL, 0, false or VKGDR_ERROR (each function says which)
+ * and sets the calling thread's last error, vkgdr_last_error(); a successful call clears it.
+ * Handles are checked: NULL, a freed handle or one of another type is an error, never a crash
+ * (freeing a handle while another thread still uses it is the one misuse that cannot be caught).
+ * Destructors ignore NULL. No function lets an internal failure escape as a crash.
+ */
+
+#ifndef VKGDR_H
+#define VKGDR_H
+
+#include <cuda.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#define VKGDR_API __attribute__((visibility("default")))
+
+/**
+ * Returned by functions that report success as an `int`.
+ */
+#define VKGDR_SUCCESS 0
+
+/**
+ * Returned by functions that report failure as an `int`; the reason is in `vkgdr_last_error()`.
+ */
+#define VKGDR_ERROR -1
+
+/**
+ * `vkgdr_ring_push` found no room before its timeout: nothing was written, try again later.
+ */
+#define VKGDR_RING_FULL 1
+
+/**
+ * Valid flags to pass to `vkgdr_open` (and, except `VKGDR_OPEN_CURRENT_CONTEXT_BIT`, to
+ * `vkgdr_open_vulkan`).
+ */
+typedef enum vkgdr_open_flags {
+  /**
+   * Ignore the given device and use the calling thread's current CUDA context instead.
+   */
+  VKGDR_OPEN_CURRENT_CONTEXT_BIT = 1,
+  /**
+   * Treat the memory as non-coherent even if it is coherent (for debugging only).
+   */
+  VKGDR_OPEN_FORCE_NON_COHERENT_BIT = 2,
+  /**
+   * Fail unless the memory is guaranteed to be coherent.
+   */
+  VKGDR_OPEN_REQUIRE_COHERENT_BIT = 4,
+} vkgdr_open_flags;
+
+/**
+ * Flags of `vkgdr_ring_create`.
+ */
+typedef enum vkgdr_ring_flags {
+  /**
+   * Map the data region twice back to back (CUDA VMM), so records run over the end with no
+   * padding and a consumer reads each one contiguously (the `_mirrored` consumers of
+   * `kernels/ring.cu`). `capacity` must then be a multiple of the VMM granularity (2 MiB).
+   */
+  VKGDR_RING_MIRRORED_BIT = 1,
+} vkgdr_ring_flags;
+
+/**
+ * Opaque handle to a reservation.
+ */
+typedef struct vkgdr_ring_reservation vkgdr_ring_reservation;
+
+/**
+ * Opaque handle to the library, from `vkgdr_open` or `vkgdr_open_vulkan`; freed with
+ * `vkgdr_close`.
+ */
+typedef struct vkgdr *vkgdr_t;
+
+/**
+ * Opaque handle to a memory allocation, from `vkgdr_memory_alloc`; freed with
+ * `vkgdr_memory_free`.
+ */
+typedef struct vkgdr_memory *vkgdr_memory_t;
+
+/**
+ * How a pool sizes, grows and trims its chunks. Fill it with `vkgdr_pool_config_init`, then
+ * change what you need. Later versions may add fields at the end: `struct_size` tells the
+ * library which ones the caller knows.
+ */
+typedef struct vkgdr_pool_config {
+  /**
+   * `sizeof(vkgdr_pool_config)` as the caller was compiled (set by `vkgdr_pool_config_init`).
+   */
+  size_t struct_size;
+  /**
+   * Size of a shard's first chunk in bytes (default 16 MiB); a multiple of 64 KiB.
+   */
+  uint64_t chunk_size;
+  /**
+   * Each new chunk of a shard doubles the previous one, up to this size (default 256 MiB).
+   */
+  uint64_t max_chunk_size;
+  /**
+   * Requests of at least this many bytes get a chunk of their own (default 8 MiB).
+   */
+  uint64_t dedicated_threshold;
+  /**
+   * Total bytes of chunks the pool may hold; beyond it allocations fail (default: no limit,
+   * `UINT64_MAX`).
+   */
+  uint64_t max_bytes;
+  /**
+   * Independent heaps; threads are spread over them (default: CPU count, at most 8).
+   */
+  uint32_t shards;
+  /**
+   * Empty chunks each shard keeps for reuse instead of freeing them at once (default 1).
+   */
+  uint32_t keep_empty_chunks;
+  /**
+   * Freed blocks of up to 4 KiB each thread keeps per size class for reuse without any lock
+   * (default 0: off). Cached blocks stay reserved until the thread exits, allocates from
+   * another pool, or calls `vkgdr_pool_trim`.
+   */
+  uint32_t thread_cache;
+  /**
+   * Must be 0.
+   */
+  uint32_t flags;
+} vkgdr_pool_config;
+
+/**
+ * Opaque handle to a pool, from `vkgdr_pool_create`; freed with `vkgdr_pool_destroy`.
+ */
+typedef struct vkgdr_pool *vkgdr_pool_t;
+
+/**
+ * Opaque handle to a block of a pool, from `vkgdr_pool_alloc`; freed with `vkgdr_block_free`.
+ */
+typedef struct vkgdr_block *vkgdr_block_t;
+
+/**
+ * A usage snapshot of a pool (`vkgdr_pool_get_stats`). Set `struct_size` to
+ * `sizeof(vkgdr_pool_stats)` before the call.
+ */
+typedef struct vkgdr_pool_stats {
+  /**
+   * `sizeof(vkgdr_pool_stats)` as the caller was compiled.
+   */
+  size_t struct_size;
+  /**
+   * Bytes of all chunks held, dedicated ones included.
+   */
+  uint64_t bytes_reserved;
+  /**
+   * Bytes requested by live blocks in shared chunks (thread-cached blocks count as live).
+   */
+  uint64_t bytes_in_use;
+  /**
+   * Bytes handed out (rounded sizes) in shared chunks.
+   */
+  uint64_t bytes_allocated;
+  /**
+   * Shared chunks held.
+   */
+  uint64_t chunks;
+  /**
+   * Dedicated chunks held (one per large block).
+   */
+  uint64_t dedicated_chunks;
+  /**
+   * Largest free block in any shard.
+   */
+  uint64_t largest_free_block;
+} vkgdr_pool_stats;
+
+/**
+ * Opaque handle to a ring, from `vkgdr_ring_create`; freed with `vkgdr_ring_destroy`.
+ */
+typedef struct vkgdr_ring *vkgdr_ring_t;
+
+/**
+ * Opaque handle to space reserved for one record, from `vkgdr_ring_reserve`; consumed by
+ * `vkgdr_ring_commit` or `vkgdr_ring_cancel`.
+ */
+typedef struct vkgdr_ring_reservation *vkgdr_ring_reservation_t;
+
+/**
+ * What a consumer kernel needs (`vkgdr_ring_get_device_view`); the wire format is described in
+ * `kernels/ring.cu`. Set `struct_size` to `sizeof(vkgdr_ring_device_view)` before the call.
+ */
+typedef struct vkgdr_ring_device_view {
+  /**
+   * `sizeof(vkgdr_ring_device_view)` as the caller was compiled.
+   */
+  size_t struct_size;
+  /**
+   * Device address of the data region (16-byte aligned).
+   */
+  CUdeviceptr data;
+  /**
+   * Capacity of the data region in bytes (a power of two).
+   */
+  uint64_t capacity;
+  /**
+   * Device address of `tail` (u64 in GPU memory, written by the CPU: end of the published
+   * records).
+   */
+  CUdeviceptr tail;
+  /**
+   * Device address of `stop` (u32 in GPU memory, set by `vkgdr_ring_stop`).
+   */
+  CUdeviceptr stop;
+  /**
+   * Device address of `head` (u64 in pinned host memory, written by the consumer: end of the
+   * consumed records; producers reuse the space below it).
+   */
+  CUdeviceptr head;
+  /**
+   * Device address of 8 u64 result words in pinned host memory for the consumer to report
+   * into (`vkgdr_ring_get_results` reads them).
+   */
+  CUdeviceptr result;
+  /**
+   * 1 for a ring made with `VKGDR_RING_MIRRORED_BIT`, else 0.
+   */
+  uint32_t mirrored;
+} vkgdr_ring_device_view;
+
+#ifdef __cplusplus
+extern "C" {
+#endif // __cplusplus
+
+/**
+ * Copies `size` bytes from host memory `src` to `mapping_dst`, a pointer into a CPU mapping of
+ * GPU memory (from `vkgdr_memory_get_host_ptr` or `vkgdr_block_get_host_ptr`, any offset), on
+ * the calling thread: naturally aligned stores up to the vector width, then non-temporal vector
+ * stores (AVX-512, AVX2 or SSE4.1, whichever the CPU has), then an `sfence`, so that a flag
+ * written afterwards cannot overtake the data. Like gdrcopy's `gdr_copy_to_mapping`; no byte
+ * outside the range is touched. No flush: on non-coherent memory call `vkgdr_memory_flush` or
+ * `vkgdr_block_flush` afterwards.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` if a pointer is NULL while `size` > 0.
+ *
+ * Thread safety: any thread; concurrent copies to disjoint ranges are fine.
+ *
+ * # Safety
+ * - `mapping_dst` is writable and `src` readable for `size` bytes; the ranges do not overlap.
+ * - No other thread accesses the destination range during the call.
+ */
+VKGDR_API int vkgdr_copy_to_mapping(void *mapping_dst, const void *src, size_t size);
+
+/**
+ * Copies `size` bytes from `mapping_src`, a pointer into a CPU mapping of GPU memory, to host
+ * memory `dst`, on the calling thread: a full fence first (so the loads cannot pass an earlier
+ * poll of a ready flag), then streaming loads (`movntdqa`) for the aligned bulk. Like gdrcopy's
+ * `gdr_copy_from_mapping`; CPU reads through the BAR are slow (well under 1 GB/s per thread).
+ * No invalidate: on non-coherent memory call `vkgdr_memory_invalidate` or
+ * `vkgdr_block_invalidate` first.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` if a pointer is NULL while `size` > 0.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `dst` is writable and `mapping_src` readable for `size` bytes; the ranges do not overlap.
+ * - No other thread writes the source range through the CPU during the call.
+ */
+VKGDR_API int vkgdr_copy_from_mapping(void *dst, const void *mapping_src, size_t size);
+
+/**
+ * Obtains a handle to the library.
+ *
+ * - `device`: the CUDA device whose memory to allocate (ignored if `flags` contains
+ *   `VKGDR_OPEN_CURRENT_CONTEXT_BIT`). No CUDA context is created: raw allocations go into the
+ *   context current when they are made; pools and rings of this handle use the device's primary
+ *   context (retained the first time one needs it).
+ * - `flags`: a bitwise OR of `vkgdr_open_flags`. With `VKGDR_OPEN_CURRENT_CONTEXT_BIT` the
+ *   calling thread's current context is used, whatever kind it is (the runtime's primary
+ *   context, or one from `cuCtxCreate`); pools and rings of the handle then live in that
+ *   context, which must outlive the handle and everything allocated through it.
+ *
+ * Returns a handle, or `NULL` on error (`vkgdr_last_error()` says why: e.g.
+ * `cuDeviceGetUuid failed (CUDA_ERROR_INVALID_DEVICE)` for an invalid device,
+ * `cuCtxGetDevice failed (CUDA_ERROR_INVALID_CONTEXT)` with no current context, the missing
+ * `libcuda.so.1` or `libvulkan.so.1`, unknown flag bits).
+ *
+ * Thread safety: any thread. The handle may be used from many threads at once.
+ * Free it with `vkgdr_close`.
+ *
+ * # Safety
+ * - With `VKGDR_OPEN_CURRENT_CONTEXT_BIT` and a context from `cuCtxCreate`: that context must
+ *   stay alive until the handle and everything allocated through it are freed.
+ */
+VKGDR_API vkgdr_t vkgdr_open(CUdevice device, uint32_t flags);
+
+/**
+ * Opens the Vulkan half only, on a machine with or without CUDA: `vkgdr_pool_create` works on
+ * such a handle (its blocks have host pointers and device pointer 0); `vkgdr_memory_alloc` and
+ * `vkgdr_ring_create` fail, as they need CUDA. For tests (Mesa's lavapipe) and programs that
+ * only need Vulkan's exportable host-visible memory.
+ *
+ * - `vulkan_device`: index in Vulkan's physical-device order, or -1 for the first device with
+ *   exportable host-visible device-local memory.
+ * - `flags`: `VKGDR_OPEN_FORCE_NON_COHERENT_BIT` and/or `VKGDR_OPEN_REQUIRE_COHERENT_BIT`.
+ *
+ * Returns a handle, or `NULL` on error (see `vkgdr_last_error()`).
+ *
+ * Thread safety: any thread; the handle may be used from many threads. Free it with
+ * `vkgdr_close`.
+ *
+ * # Safety
+ * - None beyond the C calling convention.
+ */
+VKGDR_API vkgdr_t vkgdr_open_vulkan(int vulkan_device, uint32_t flags);
+
+/**
+ * Closes a handle from `vkgdr_open` or `vkgdr_open_vulkan`. `NULL` is ignored.
+ *
+ * Unlike vkgdr 0.1 this may be called while allocations, pools or rings made through the handle
+ * are still alive: they keep the device open until they are freed themselves.
+ *
+ * Errors (reported through `vkgdr_last_error()` only): a handle already closed or not a
+ * `vkgdr_t`.
+ *
+ * Thread safety: any thread, but not while another thread is using the same handle.
+ *
+ * # Safety
+ * - No other thread uses `g` during or after the call.
+ */
+VKGDR_API void vkgdr_close(vkgdr_t g);
+
+/**
+ * The calling thread's last error: a copy the caller must release with `free()`, or `NULL` if the
+ * thread's last call into the library succeeded (or it made none). Reading it does not clear
+ * it.
+ *
+ * Every other function of the library sets it when it fails and clears it when it succeeds;
+ * messages of driver failures read `"<call> failed (<RESULT_NAME>)"`, e.g.
+ * `"cuDeviceGetUuid failed (CUDA_ERROR_INVALID_DEVICE)"`. Returns `NULL` also if the copy
+ * cannot be allocated.
+ *
+ * Thread safety: any thread; each thread has its own last error.
+ */
+VKGDR_API char *vkgdr_last_error(void);
+
+/**
+ * Allocates `size` bytes of GPU memory with a host mapping, imported into the calling thread's
+ * **current** CUDA context (which must belong to the handle's device); kernels of that context
+ * use `vkgdr_memory_get_device_ptr`. Costs a Vulkan allocation and a CUDA import (hundreds of
+ * microseconds): for many small buffers use a pool (`vkgdr_pool_create`).
+ *
+ * - `flags`: for future expansion; must be 0.
+ *
+ * Returns a handle, or `NULL` on error (`vkgdr_last_error()`: e.g.
+ * `vkAllocateMemory failed (VK_ERROR_OUT_OF_DEVICE_MEMORY)` when the BAR-mappable memory is
+ * exhausted, `cuCtxGetDevice failed (CUDA_ERROR_INVALID_CONTEXT)` with no current context).
+ *
+ * Thread safety: any thread, concurrently with other calls on the same `g`.
+ * Free the memory with `vkgdr_memory_free`.
+ *
+ * # Safety
+ * - The current context stays alive until the memory is freed.
+ * - No thread closes `g` during the call.
+ */
+VKGDR_API vkgdr_memory_t vkgdr_memory_alloc(vkgdr_t g, size_t size, uint32_t flags);
+
+/**
+ * Frees memory from `vkgdr_memory_alloc`. `NULL` is ignored. Unlike vkgdr 0.1 any thread may
+ * call it with any (or no) context current: the memory makes its own context current to free
+ * itself.
+ *
+ * Errors (reported through `vkgdr_last_error()` only): a handle already freed or not a
+ * `vkgdr_memory_t`.
+ *
+ * Thread safety: any thread, but not while another thread is using the same handle.
+ *
+ * # Safety
+ * - No other thread uses `mem` during or after the call, and no kernel uses the memory any more.
+ */
+VKGDR_API void vkgdr_memory_free(vkgdr_memory_t mem);
+
+/**
+ * The host pointer to the allocation, or `NULL` on error (an invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread frees `mem` during the call.
+ */
+VKGDR_API void *vkgdr_memory_get_host_ptr(vkgdr_memory_t mem);
+
+/**
+ * The CUDA device pointer to the allocation (valid in the context that was current at
+ * `vkgdr_memory_alloc`), or 0 on error (an invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread frees `mem` during the call.
+ */
+VKGDR_API CUdeviceptr vkgdr_memory_get_device_ptr(vkgdr_memory_t mem);
+
+/**
+ * The size of the allocation as asked for (a 4097-byte request reports 4097), or 0 on error.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread frees `mem` during the call.
+ */
+VKGDR_API size_t vkgdr_memory_get_size(vkgdr_memory_t mem);
+
+/**
+ * Whether the allocation is coherent from the host's point of view (flushes and invalidates are
+ * then no-ops). `false` also on error.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread frees `mem` during the call.
+ */
+VKGDR_API bool vkgdr_memory_is_coherent(vkgdr_memory_t mem);
+
+/**
+ * The alignment of flush and invalidate ranges: `nonCoherentAtomSize`, or 1 when the memory is
+ * coherent. 0 on error.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread frees `mem` during the call.
+ */
+VKGDR_API size_t vkgdr_memory_non_coherent_atom_size(vkgdr_memory_t mem);
+
+/**
+ * Flushes host writes in `[offset, offset + size)` so the device sees them (kernels launched
+ * after this call). The range is widened to whole atoms inside the allocation, so unaligned
+ * ranges are fine (vkgdr 0.1 left them undefined). A no-op on coherent memory.
+ *
+ * Errors (reported through `vkgdr_last_error()`, which is cleared on success): an invalid
+ * handle, a range outside the allocation, or the driver's failure
+ * (`vkFlushMappedMemoryRanges failed (...)`).
+ *
+ * Thread safety: any thread, also concurrently on the same handle.
+ *
+ * # Safety
+ * - No thread frees `mem` during the call.
+ */
+VKGDR_API void vkgdr_memory_flush(vkgdr_memory_t mem, size_t offset, size_t size);
+
+/**
+ * Invalidates the host's view of `[offset, offset + size)` so that device writes (of kernels
+ * that have completed) are visible to the host. Widened to whole atoms like
+ * `vkgdr_memory_flush`; a no-op on coherent memory.
+ *
+ * Errors: as `vkgdr_memory_flush` (`vkInvalidateMappedMemoryRanges failed (...)`).
+ *
+ * Thread safety: any thread, also concurrently on the same handle.
+ *
+ * # Safety
+ * - No thread frees `mem` during the call.
+ */
+VKGDR_API void vkgdr_memory_invalidate(vkgdr_memory_t mem, size_t offset, size_t size);
+
+/**
+ * Copies `size` bytes from `src` to `offset` of the allocation with the fast write-combining
+ * copy (spread over worker threads when large), then flushes them: the device sees them once
+ * this returns.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, a range outside the allocation's
+ * requested size, `src` NULL with `size` > 0, or a flush failure).
+ *
+ * Thread safety: any thread; concurrent writes to disjoint ranges are fine.
+ *
+ * # Safety
+ * - `src` is readable for `size` bytes and does not overlap the destination range.
+ * - No other thread accesses the destination range during the call, or frees `mem`.
+ */
+VKGDR_API int vkgdr_memory_write(vkgdr_memory_t mem, size_t offset, const void *src, size_t size);
+
+/**
+ * Invalidates `[offset, offset + size)`, then copies it into `dst` with streaming loads (the
+ * fast way to read through the BAR from the CPU; reads are still far slower than writes).
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, a range outside the allocation's
+ * requested size, `dst` NULL with `size` > 0, or an invalidate failure).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `dst` is writable for `size` bytes and does not overlap the source range.
+ * - No thread frees `mem` during the call.
+ */
+VKGDR_API int vkgdr_memory_read(vkgdr_memory_t mem, size_t offset, void *dst, size_t size);
+
+/**
+ * Fills `*config` with the default configuration and sets `config->struct_size` to
+ * `struct_size`, which must be `sizeof(vkgdr_pool_config)` as the caller sees it (only that many
+ * bytes are written).
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` if `config` is NULL or `struct_size` too small.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `config` is NULL or writable for `struct_size` bytes.
+ */
+VKGDR_API int vkgdr_pool_config_init(struct vkgdr_pool_config *config, size_t struct_size);
+
+/**
+ * Creates a pool of small aligned blocks over BAR-mapped chunks of `g`'s device. No chunk is
+ * allocated until the first block needs one. On a `vkgdr_open` handle the chunks are imported
+ * into the handle's context (the one current at `vkgdr_open` with
+ * `VKGDR_OPEN_CURRENT_CONTEXT_BIT`, else the device's primary context); on a
+ * `vkgdr_open_vulkan` handle they have no device address.
+ *
+ * - `config`: NULL for the defaults, or a configuration from `vkgdr_pool_config_init`.
+ *
+ * Returns a handle, or `NULL` on error (an invalid handle or configuration).
+ *
+ * Thread safety: any thread. The pool may be used from many threads at once.
+ * Free it with `vkgdr_pool_destroy`.
+ *
+ * # Safety
+ * - `config` is NULL or readable for `config->struct_size` bytes.
+ * - No thread closes `g` during the call.
+ */
+VKGDR_API vkgdr_pool_t vkgdr_pool_create(vkgdr_t g, const struct vkgdr_pool_config *config);
+
+/**
+ * Destroys a pool handle. `NULL` is ignored. Blocks still allocated stay valid (they keep their
+ * memory alive) until `vkgdr_block_free`; the memory is returned to the driver when the last
+ * one is freed.
+ *
+ * Errors (reported through `vkgdr_last_error()` only): a handle already destroyed or not a
+ * `vkgdr_pool_t`.
+ *
+ * Thread safety: any thread, but not while another thread is using the same pool handle.
+ *
+ * # Safety
+ * - No other thread uses `pool` during or after the call.
+ */
+VKGDR_API void vkgdr_pool_destroy(vkgdr_pool_t pool);
+
+/**
+ * Allocates `size` bytes aligned to `alignment` (a power of two up to 64 KiB) for both the host
+ * and the device address. Nanoseconds when a chunk has room; otherwise a new chunk is allocated
+ * (hundreds of microseconds). The bytes are not cleared.
+ *
+ * Returns a block handle, or `NULL` on error (a zero size, a bad alignment, the pool's
+ * `max_bytes`, or the driver's out-of-memory `vkAllocateMemory failed
+ * (VK_ERROR_OUT_OF_DEVICE_MEMORY)`).
+ *
+ * Thread safety: any thread, concurrently (threads are spread over the pool's shards).
+ * Free the block with `vkgdr_block_free`, from any thread.
+ *
+ * # Safety
+ * - No thread destroys `pool` during the call.
+ */
+VKGDR_API vkgdr_block_t vkgdr_pool_alloc(vkgdr_pool_t pool, size_t size, size_t alignment);
+
+/**
+ * Whether blocks of the pool are coherent (flushes and invalidates are then no-ops). `false`
+ * also on error.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread destroys `pool` during the call.
+ */
+VKGDR_API bool vkgdr_pool_is_coherent(vkgdr_pool_t pool);
+
+/**
+ * Flushes every range recorded with `vkgdr_block_mark_written` or `vkgdr_block_write` in the
+ * pool's shared chunks: one driver call per chunk with writes. A no-op on coherent memory.
+ * (Blocks with a chunk of their own are flushed with `vkgdr_block_flush`.)
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, the driver's failure).
+ *
+ * Thread safety: any thread, concurrently with allocations and writes.
+ *
+ * # Safety
+ * - No thread destroys `pool` during the call.
+ */
+VKGDR_API int vkgdr_pool_flush(vkgdr_pool_t pool);
+
+/**
+ * Returns every empty chunk to the driver now (blocks in use never move), first releasing the
+ * calling thread's cached blocks of this pool. Other threads' caches are not reached.
+ *
+ * - `released`: NULL, or where to store the number of chunks released.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle).
+ *
+ * Thread safety: any thread, concurrently with allocations.
+ *
+ * # Safety
+ * - `released` is NULL or writable.
+ * - No thread destroys `pool` during the call.
+ */
+VKGDR_API int vkgdr_pool_trim(vkgdr_pool_t pool, size_t *released);
+
+/**
+ * Fills `*stats` (whose `struct_size` the caller sets) with a usage snapshot; takes each shard's
+ * lock briefly.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, `stats` NULL or its
+ * `struct_size` unset).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `stats` is NULL or writable for `stats->struct_size` bytes.
+ * - No thread destroys `pool` during the call.
+ */
+VKGDR_API int vkgdr_pool_get_stats(vkgdr_pool_t pool, struct vkgdr_pool_stats *stats);
+
+/**
+ * Frees a block (any thread may free any block). `NULL` is ignored.
+ *
+ * Errors (reported through `vkgdr_last_error()` only): a block already freed or not a
+ * `vkgdr_block_t`.
+ *
+ * Thread safety: any thread, but not while another thread is using the same block.
+ *
+ * # Safety
+ * - No other thread uses `block` during or after the call, and no kernel uses its memory any
+ *   more.
+ */
+VKGDR_API void vkgdr_block_free(vkgdr_block_t block);
+
+/**
+ * The block's host address, or `NULL` on error (an invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread frees `block` during the call.
+ */
+VKGDR_API void *vkgdr_block_get_host_ptr(vkgdr_block_t block);
+
+/**
+ * The block's CUDA device address, or 0: on error (an invalid handle; `vkgdr_last_error()` is
+ * set) and for pools of a `vkgdr_open_vulkan` handle (no error).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread frees `block` during the call.
+ */
+VKGDR_API CUdeviceptr vkgdr_block_get_device_ptr(vkgdr_block_t block);
+
+/**
+ * The block's size as asked for, or 0 on error (an invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread frees `block` during the call.
+ */
+VKGDR_API size_t vkgdr_block_get_size(vkgdr_block_t block);
+
+/**
+ * Records that `[offset, offset + size)` of the block was written through its host pointer, so
+ * that the next `vkgdr_block_flush` or `vkgdr_pool_flush` pushes it: batch many blocks' writes
+ * into one flush. Only checks the range on coherent memory.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, a range outside the block).
+ *
+ * Thread safety: any thread, also concurrently on the same block.
+ *
+ * # Safety
+ * - No thread frees `block` during the call.
+ */
+VKGDR_API int vkgdr_block_mark_written(vkgdr_block_t block, size_t offset, size_t size);
+
+/**
+ * Makes host writes to `[offset, offset + size)` of the block visible to kernels launched
+ * afterwards: records the range like `vkgdr_block_mark_written`, then flushes every recorded
+ * range of the block's chunk in one driver call. Widened to whole atoms (blocks of non-coherent
+ * pools own whole atoms, so no neighbour is disturbed). A no-op on coherent memory, apart from
+ * the range check.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, a range outside the block, the
+ * driver's failure).
+ *
+ * Thread safety: any thread, also concurrently on the same block.
+ *
+ * # Safety
+ * - No thread frees `block` during the call.
+ */
+VKGDR_API int vkgdr_block_flush(vkgdr_block_t block, size_t offset, size_t size);
+
+/**
+ * Makes device writes to `[offset, offset + size)` of the block (by kernels that have completed)
+ * visible to the host. The block's own unflushed writes are flushed first, so none is lost.
+ * A no-op on coherent memory, apart from the range check.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, a range outside the block, the
+ * driver's failure).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread frees `block` during the call.
+ */
+VKGDR_API int vkgdr_block_invalidate(vkgdr_block_t block, size_t offset, size_t size);
+
+/**
+ * Copies `size` bytes from `src` into the block at `offset` (the fast write-combining copy) and
+ * records the range like `vkgdr_block_mark_written`: on non-coherent memory kernels see it after
+ * `vkgdr_block_flush` or `vkgdr_pool_flush`.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, a range outside the block, `src`
+ * NULL with `size` > 0).
+ *
+ * Thread safety: any thread; concurrent writes to disjoint ranges are fine.
+ *
+ * # Safety
+ * - `src` is readable for `size` bytes and does not overlap the block.
+ * - No other thread accesses the destination range during the call, or frees `block`.
+ */
+VKGDR_API int vkgdr_block_write(vkgdr_block_t block, size_t offset, const void *src, size_t size);
+
+/**
+ * Copies `size` bytes of the block at `offset` into `dst`, invalidating first (and flushing the
+ * block's pending writes). Large reads of blocks with a device address use the GPU's copy engine.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, a range outside the block, `dst`
+ * NULL with `size` > 0, a driver failure).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `dst` is writable for `size` bytes and does not overlap the block.
+ * - No thread frees `block` during the call.
+ */
+VKGDR_API int vkgdr_block_read(vkgdr_block_t block, size_t offset, void *dst, size_t size);
+
+/**
+ * Creates a ring of `capacity` bytes (a power of two, at least 4096) in BAR-mapped memory of
+ * `g`'s device, in the handle's context (see `vkgdr_pool_create`).
+ *
+ * - `flags`: 0 or `VKGDR_RING_MIRRORED_BIT`.
+ *
+ * Returns a handle, or `NULL` on error (a bad capacity or flag, a `vkgdr_open_vulkan` handle, a
+ * driver failure).
+ *
+ * Thread safety: any thread. Pushes may come from many threads at once.
+ * Free it with `vkgdr_ring_destroy` once the consumer is done.
+ *
+ * # Safety
+ * - No thread closes `g` during the call.
+ */
+VKGDR_API vkgdr_ring_t vkgdr_ring_create(vkgdr_t g, uint64_t capacity, uint32_t flags);
+
+/**
+ * Destroys a ring handle. `NULL` is ignored. The consumer kernel must have finished with it. Open
+ * reservations keep the ring's memory alive until they are committed or cancelled.
+ *
+ * Errors (reported through `vkgdr_last_error()` only): a handle already destroyed or not a
+ * `vkgdr_ring_t`.
+ *
+ * Thread safety: any thread, but not while another thread is using the same ring.
+ *
+ * # Safety
+ * - No other thread uses `ring` during or after the call; no kernel reads it any more.
+ */
+VKGDR_API void vkgdr_ring_destroy(vkgdr_ring_t ring);
+
+/**
+ * Appends one record with the `size`-byte payload at `payload` and publishes it to the consumer
+ * (records of all threads reach the consumer in the order their space was reserved).
+ *
+ * - `timeout_ns`: how long to wait for the consumer to free space: negative waits forever, 0
+ *   tries once.
+ * - `seq`: NULL, or where to store the record's sequence number (0, 1, 2, ... per ring).
+ *
+ * Returns `VKGDR_SUCCESS`; `VKGDR_RING_FULL` if no room appeared in time (nothing written); or
+ * `VKGDR_ERROR` (an invalid handle, `payload` NULL, a zero size or one larger than the ring
+ * takes, a consumer head that makes no sense).
+ *
+ * Thread safety: any thread, concurrently.
+ *
+ * # Safety
+ * - `payload` is readable for `size` bytes; `seq` is NULL or writable.
+ * - No thread destroys `ring` during the call.
+ */
+VKGDR_API
+int vkgdr_ring_push(vkgdr_ring_t ring,
+                    const void *payload,
+                    size_t size,
+                    int64_t timeout_ns,
+                    uint64_t *seq);
+
+/**
+ * Reserves space for one record with a `size`-byte payload and gives it the next sequence
+ * number, for producers that need the number in the payload or write it piece by piece:
+ * write with `vkgdr_ring_reservation_write`, then `vkgdr_ring_commit`. Records are consumed in
+ * reservation order; a reservation not yet committed holds back the records reserved after it,
+ * so commit promptly (and never wait for ring space while holding one).
+ *
+ * - `timeout_ns`: as for `vkgdr_ring_push`.
+ * - `reservation`: where to store the handle (set to NULL unless `VKGDR_SUCCESS`).
+ *
+ * Returns `VKGDR_SUCCESS`; `VKGDR_RING_FULL` if no room appeared in time; or `VKGDR_ERROR` (an
+ * invalid handle, `reservation` NULL, a zero size or one larger than the ring takes).
+ *
+ * Thread safety: any thread, concurrently.
+ *
+ * # Safety
+ * - `reservation` is writable.
+ * - No thread destroys `ring` during the call.
+ */
+VKGDR_API
+int vkgdr_ring_reserve(vkgdr_ring_t ring,
+                       size_t size,
+                       int64_t timeout_ns,
+                       vkgdr_ring_reservation_t *reservation);
+
+/**
+ * The sequence number of a reserved record, or `UINT64_MAX` on error (an invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread commits or cancels `reservation` during the call.
+ */
+VKGDR_API uint64_t vkgdr_ring_reservation_get_seq(vkgdr_ring_reservation_t reservation);
+
+/**
+ * Copies `size` bytes from `src` to payload offset `offset` of a reserved record (into the
+ * ring's BAR-mapped memory; a record of a mirrored ring may continue at the region's start,
+ * which this handles).
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, a range outside the payload,
+ * `src` NULL with `size` > 0).
+ *
+ * Thread safety: any thread; calls on one reservation are serialised.
+ *
+ * # Safety
+ * - `src` is readable for `size` bytes.
+ * - No thread commits or cancels `reservation` during the call.
+ */
+VKGDR_API
+int vkgdr_ring_reservation_write(vkgdr_ring_reservation_t reservation,
+                                 size_t offset,
+                                 const void *src,
+                                 size_t size);
+
+/**
+ * Commits a reserved record: it is published to the consumer as soon as every record reserved
+ * before it is committed (possibly by this call, possibly by a later one of another thread).
+ * Consumes the handle, also on error.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (a handle already committed or cancelled, or not a
+ * reservation).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No other thread uses `reservation` during or after the call.
+ */
+VKGDR_API int vkgdr_ring_commit(vkgdr_ring_reservation_t reservation);
+
+/**
+ * Abandons a reserved record: it becomes a padding record the consumer skips (it keeps its
+ * sequence number, so numbering stays gapless). Consumes the handle. `NULL` is ignored.
+ *
+ * Errors (reported through `vkgdr_last_error()` only): a handle already committed or
+ * cancelled, or not a reservation.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No other thread uses `reservation` during or after the call.
+ */
+VKGDR_API void vkgdr_ring_cancel(vkgdr_ring_reservation_t reservation);
+
+/**
+ * Fills `*view` (whose `struct_size` the caller sets) with the addresses a consumer kernel
+ * needs.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, `view` NULL or its `struct_size`
+ * unset).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `view` is NULL or writable for `view->struct_size` bytes.
+ * - No thread destroys `ring` during the call.
+ */
+VKGDR_API int vkgdr_ring_get_device_view(vkgdr_ring_t ring, struct vkgdr_ring_device_view *view);
+
+/**
+ * Asks a persistent consumer to exit once it has consumed everything published (sets `stop`
+ * after the last tail). Push nothing afterwards.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread destroys `ring` during the call.
+ */
+VKGDR_API int vkgdr_ring_stop(vkgdr_ring_t ring);
+
+/**
+ * The consumer's published head (how far it has consumed, in bytes since the start), read
+ * from pinned host memory. `UINT64_MAX` on error (an invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread destroys `ring` during the call.
+ */
+VKGDR_API uint64_t vkgdr_ring_get_head(vkgdr_ring_t ring);
+
+/**
+ * Copies the first `count` (at most 8) result words the consumer reported (the view's
+ * `result`) into `words`. For the `ring_consume_*` kernels of `kernels/ring.cu`: records,
+ * checksum sum, errors, next sequence number, position.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, `words` NULL, `count` > 8).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `words` is writable for `count` values.
+ * - No thread destroys `ring` during the call.
+ */
+VKGDR_API int vkgdr_ring_get_results(vkgdr_ring_t ring, uint64_t *words, size_t count);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif  // __cplusplus
+
+#endif  /* VKGDR_H */
