@@ -1,26 +1,26 @@
 //! The crate's synchronisation primitives in one place: cache-line padding, spin-then-yield
 //! backoff, the write-combining store fence, and a shim over the atomics and the mutex so the ring
-//! core can be model-checked with loom (`RUSTFLAGS="--cfg loom"`; see `tests/loom_ring.rs`).
+//! core can be model-checked with loom (the `loom` feature; see `tests/loom_ring.rs`).
 //!
-//! Under `cfg(loom)` [`atomic`], [`Mutex`] and [`Backoff`] come from loom, whose scheduler then
+//! With the `loom` feature [`atomic`], [`Mutex`] and [`Backoff`] come from loom, whose scheduler then
 //! explores every interleaving of the code that uses them. Code whose atomics must be built in a
 //! `const` (the pool's spin lock: `lock_api` asks for a `const INIT`) keeps `std`'s, since loom's
 //! constructors are not `const`.
 
 use std::ops::{Deref, DerefMut};
 
-/// Atomics: `std`'s, or loom's under `cfg(loom)`.
+/// Atomics: `std`'s, or loom's with the `loom` feature.
 pub(crate) mod atomic {
-    #[cfg(loom)]
+    #[cfg(feature = "loom")]
     pub(crate) use loom::sync::atomic::{AtomicU64, AtomicU8};
-    #[cfg(not(loom))]
+    #[cfg(not(feature = "loom"))]
     pub(crate) use std::sync::atomic::{AtomicU64, AtomicU8};
 
     pub(crate) use std::sync::atomic::Ordering;
 }
 
 /// Spins of a waiting loop before it starts yielding the CPU.
-#[cfg_attr(loom, allow(dead_code))]
+#[cfg_attr(feature = "loom", allow(dead_code))]
 pub(crate) const SPINS_BEFORE_YIELD: u32 = 64;
 
 /// Keeps a hot atomic on its own cache line (128 bytes: adjacent-line prefetch pairs lines).
@@ -46,7 +46,7 @@ impl<T> DerefMut for CachePadded<T> {
 /// progress in a spin loop).
 #[derive(Debug, Default)]
 pub(crate) struct Backoff {
-    #[cfg_attr(loom, allow(dead_code))]
+    #[cfg_attr(feature = "loom", allow(dead_code))]
     spins: u32,
 }
 
@@ -58,9 +58,9 @@ impl Backoff {
 
     /// Pauses once.
     pub(crate) fn snooze(&mut self) {
-        #[cfg(loom)]
+        #[cfg(feature = "loom")]
         loom::thread::yield_now();
-        #[cfg(not(loom))]
+        #[cfg(not(feature = "loom"))]
         if self.spins < SPINS_BEFORE_YIELD {
             self.spins += 1;
             std::hint::spin_loop();
@@ -88,45 +88,45 @@ pub(crate) fn store_fence() {
 /// apart cheaply: one thread-local read after the first call.
 pub(crate) fn thread_id() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    #[cfg(not(loom))]
+    #[cfg(not(feature = "loom"))]
     std::thread_local!(static ID: u64 = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
     // loom runs its threads on one OS thread: its own thread-locals tell them apart.
-    #[cfg(loom)]
+    #[cfg(feature = "loom")]
     loom::thread_local!(static ID: u64 = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
     ID.with(|id| *id)
 }
 
-/// A mutex: `parking_lot`'s, or loom's under `cfg(loom)`. Only what the crate uses.
+/// A mutex: `parking_lot`'s, or loom's under `cfg(feature = "loom")`. Only what the crate uses.
 #[derive(Debug, Default)]
 pub(crate) struct Mutex<T> {
-    #[cfg(not(loom))]
+    #[cfg(not(feature = "loom"))]
     inner: parking_lot::Mutex<T>,
-    #[cfg(loom)]
+    #[cfg(feature = "loom")]
     inner: loom::sync::Mutex<T>,
 }
 
 /// The guard of a locked [`Mutex`].
-#[cfg(not(loom))]
+#[cfg(not(feature = "loom"))]
 pub(crate) type MutexGuard<'a, T> = parking_lot::MutexGuard<'a, T>;
 /// The guard of a locked [`Mutex`].
-#[cfg(loom)]
+#[cfg(feature = "loom")]
 pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
 
 impl<T> Mutex<T> {
     pub(crate) fn new(value: T) -> Self {
         Self {
-            #[cfg(not(loom))]
+            #[cfg(not(feature = "loom"))]
             inner: parking_lot::Mutex::new(value),
-            #[cfg(loom)]
+            #[cfg(feature = "loom")]
             inner: loom::sync::Mutex::new(value),
         }
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
-        #[cfg(not(loom))]
+        #[cfg(not(feature = "loom"))]
         return self.inner.lock();
         // A panic while holding the lock cannot leave the protected counters half-changed.
-        #[cfg(loom)]
+        #[cfg(feature = "loom")]
         return self
             .inner
             .lock()
@@ -134,7 +134,7 @@ impl<T> Mutex<T> {
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(feature = "loom")))]
 mod tests {
     use super::*;
 

@@ -1,14 +1,13 @@
 //! Every interleaving of the ring core's commit/publish protocol, explored by loom.
 //!
-//! Run with `RUSTFLAGS="--cfg loom" cargo test --release --test loom_ring` (scripts/test does,
-//! in its own target directory). Under `cfg(loom)` the core's atomics and mutex come from loom
-//! (`crate::sync`) and it has 2 commit slots, so the slot wrap-around is reached with 3 records.
+//! Run with `cargo test -p vkgdr --features loom --test loom_ring` (scripts/test does). With the
+//! `loom` feature the core's atomics and mutex come from loom (`crate::sync`) and it has 2 commit slots, so the slot wrap-around is reached with 3 records.
 //!
 //! What is checked in every interleaving: a consumer that sees a tail finds every record below it
 //! complete (header and payload: the publication's release/acquire chain covers other threads'
 //! records), tails only grow, and when the producers are done nothing is left unpublished (no
 //! lost hand-over of the publisher role).
-#![cfg(loom)]
+#![cfg(feature = "loom")]
 
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
@@ -45,7 +44,10 @@ impl RingSink for WordSink {
     }
 
     unsafe fn write(&self, offset: u64, bytes: &[u8]) {
-        assert!(offset % 8 == 0 && bytes.len() % 8 == 0, "whole words only");
+        assert!(
+            offset.is_multiple_of(8) && bytes.len().is_multiple_of(8),
+            "whole words only"
+        );
         for (i, w) in bytes.chunks_exact(8).enumerate() {
             let v = u64::from_le_bytes(w.try_into().unwrap());
             self.words[offset as usize / 8 + i].store(v, Ordering::Relaxed);
@@ -63,7 +65,10 @@ impl RingSource for WordSink {
     }
 
     fn read(&self, offset: u64, out: &mut [u8]) {
-        assert!(offset % 8 == 0 && out.len() % 8 == 0, "whole words only");
+        assert!(
+            offset.is_multiple_of(8) && out.len().is_multiple_of(8),
+            "whole words only"
+        );
         for (i, w) in out.chunks_exact_mut(8).enumerate() {
             let v = self.words[offset as usize / 8 + i].load(Ordering::Relaxed);
             w.copy_from_slice(&v.to_le_bytes());

@@ -291,10 +291,10 @@ pub struct RingCore<S> {
 /// Reservations that may be open (reserved, not yet published) at once. A reservation beyond
 /// them waits (or fails with `Full`), so a commit never waits for a slot. Small under loom so the
 /// model reaches the slot wrap-around.
-#[cfg(not(loom))]
+#[cfg(not(feature = "loom"))]
 pub const COMMIT_SLOTS: u64 = 256;
 /// Reservations that may be open (reserved, not yet published) at once.
-#[cfg(loom)]
+#[cfg(feature = "loom")]
 pub const COMMIT_SLOTS: u64 = 2;
 
 impl<S: RingSink> RingCore<S> {
@@ -1234,5 +1234,5 @@ impl<S: RingSink> Drop for ProducerRecord<'_, '_, S> {
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(feature = "loom")))]
 mod tests;
