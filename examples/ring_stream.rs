@@ -36,7 +36,18 @@ fn record(sensor: u32, n: u32, out: &mut Vec<u8>) -> u64 {
     sum
 }
 
-fn main() -> vkgdr::Result<()> {
+fn main() -> std::process::ExitCode {
+    // Print the error's message (it names the driver result and the fix), not its Debug form.
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ring_stream: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> vkgdr::Result<()> {
     let gpu = Gpu::open(0)?;
     let module = Module::load_ptx(&gpu, PTX)?;
     let consumer = module.function("ring_stream_consumer")?;

@@ -6,7 +6,18 @@
 
 use vkgdr::{Gpu, Mapping};
 
-fn main() -> vkgdr::Result<()> {
+fn main() -> std::process::ExitCode {
+    // Print the error's message (it names the driver result and the fix), not its Debug form.
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("two_gpus: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> vkgdr::Result<()> {
     let driver = vkgdr::cuda::Driver::get()?;
     let n = driver.device_count()?;
     println!("{n} CUDA device(s)");
