@@ -514,7 +514,10 @@ struct ArenaChunkRef {
     size: u64,
 }
 
-impl ChunkMemory for ArenaChunkRef {
+// SAFETY: `host` maps the whole slot (`size` bytes), which stays mapped until our Drop releases
+// it; a slot is lent to one `ArenaChunkRef` at a time (taken out of `free` when lent, put back
+// only in Drop); the values never change.
+unsafe impl ChunkMemory for ArenaChunkRef {
     fn host_ptr(&self) -> *mut u8 {
         self.host.get()
     }
@@ -552,7 +555,9 @@ impl Drop for ArenaChunkRef {
     }
 }
 
-impl ChunkSource for ArenaSource {
+// SAFETY: every chunk is one whole arena slot of the arena's chunk size, at least `size` (checked
+// below), lent to one chunk at a time; the atom is the device's nonCoherentAtomSize.
+unsafe impl ChunkSource for ArenaSource {
     fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
         let mut s = self.state.lock();
         let chunk = s.arena.layout.chunk_size;

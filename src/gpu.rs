@@ -403,7 +403,9 @@ impl Gpu {
 }
 
 /// CUDA-imported chunks, one [`Gpu::alloc`] each: the default source of a [`Pool`](crate::Pool).
-impl ChunkSource for Gpu {
+// SAFETY: `alloc(size)` returns a fresh allocation of `size` bytes (its own VkDeviceMemory); the
+// atom is the device's nonCoherentAtomSize, a power of two by the Vulkan spec.
+unsafe impl ChunkSource for Gpu {
     fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
         Ok(Box::new(self.alloc(size)?))
     }

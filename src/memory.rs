@@ -202,7 +202,9 @@ impl RawMemory {
     }
 }
 
-impl Mapping for RawMemory {
+// SAFETY: the host pointer maps the whole Vulkan allocation, at least `size()` bytes, alive as
+// long as `self`; `&self` methods never write it (reads, DMA into the caller's buffer, flushes).
+unsafe impl Mapping for RawMemory {
     /// Bounds-checked read: CPU streaming loads below [`DMA_READ_THRESHOLD`], `cuMemcpyDtoH` above.
     fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         if dst.len() >= DMA_READ_THRESHOLD {
@@ -226,7 +228,9 @@ impl Mapping for RawMemory {
 
 /// CUDA-imported chunks: what a pool over a [`Gpu`] carves, with device pointers and reads of at
 /// least [`DMA_READ_THRESHOLD`] bytes through the copy engine.
-impl ChunkMemory for RawMemory {
+// SAFETY: as for `Mapping` above: `size()` mapped bytes, exclusively this allocation's (one
+// VkDeviceMemory each), unmapped only when dropped; the values never change.
+unsafe impl ChunkMemory for RawMemory {
     fn host_ptr(&self) -> *mut u8 {
         RawMemory::host_ptr(self)
     }

@@ -515,16 +515,18 @@ impl VulkanContext {
         })
     }
 
+    /// The atom-rounded `VkMappedMemoryRange`s of `ranges` in a `size`-byte allocation; any range
+    /// outside it fails the whole batch before the driver is called.
     fn ranges<'a>(
         &self,
         memory: vk::DeviceMemory,
         size: u64,
         ranges: impl Iterator<Item = (u64, u64)>,
         out: &'a mut Vec<vk::MappedMemoryRange<'static>>,
-    ) -> &'a [vk::MappedMemoryRange<'static>] {
+    ) -> Result<&'a [vk::MappedMemoryRange<'static>]> {
         out.clear();
         for (offset, len) in ranges {
-            if let Some((o, l)) = atom_range(offset, len, self.atom, size) {
+            if let Some((o, l)) = atom_range(offset, len, self.atom, size)? {
                 out.push(
                     vk::MappedMemoryRange::default()
                         .memory(memory)
@@ -533,7 +535,7 @@ impl VulkanContext {
                 );
             }
         }
-        out
+        Ok(out)
     }
 }
 
@@ -619,22 +621,29 @@ impl VulkanMemory {
         self.invalidate_ranges(std::iter::once((offset, len)))
     }
 
-    /// Flushes several ranges with one `vkFlushMappedMemoryRanges` call. Ranges must be in bounds.
+    /// Flushes several `(offset, len)` ranges with one `vkFlushMappedMemoryRanges` call (each
+    /// rounded to the atom). A range outside the allocation is [`Error::InvalidArgument`] and
+    /// nothing is flushed; on coherent memory the ranges are checked and no call is made.
     pub fn flush_ranges(&self, ranges: impl Iterator<Item = (u64, u64)>) -> Result<()> {
         self.sync_ranges(ranges, CacheOp::Flush)
     }
 
-    /// Invalidates several ranges with one `vkInvalidateMappedMemoryRanges` call.
+    /// Invalidates several `(offset, len)` ranges with one `vkInvalidateMappedMemoryRanges` call,
+    /// checked like [`flush_ranges`](Self::flush_ranges).
     pub fn invalidate_ranges(&self, ranges: impl Iterator<Item = (u64, u64)>) -> Result<()> {
         self.sync_ranges(ranges, CacheOp::Invalidate)
     }
 
     fn sync_ranges(&self, ranges: impl Iterator<Item = (u64, u64)>, op: CacheOp) -> Result<()> {
         if !self.ctx.non_coherent {
+            // No driver call, but the same answer to a bad range as on non-coherent memory.
+            for (offset, len) in ranges {
+                check_range(offset, len, self.size)?;
+            }
             return Ok(());
         }
         let mut buf = Vec::new();
-        let r = self.ctx.ranges(self.memory, self.size, ranges, &mut buf);
+        let r = self.ctx.ranges(self.memory, self.size, ranges, &mut buf)?;
         if r.is_empty() {
             return Ok(());
         }
@@ -661,7 +670,9 @@ enum CacheOp {
     Invalidate,
 }
 
-impl Mapping for VulkanMemory {
+// SAFETY: `as_ptr` is the mapping of the whole `size`-byte allocation, alive as long as `self`;
+// `&self` methods never write it.
+unsafe impl Mapping for VulkanMemory {
     fn host_ptr(&self) -> *mut u8 {
         self.as_ptr()
     }
@@ -677,7 +688,10 @@ impl Mapping for VulkanMemory {
 }
 
 /// Vulkan-only chunks (no device pointer): CI runs the pool on lavapipe through them.
-impl ChunkMemory for VulkanMemory {
+// SAFETY: the mapping covers the whole allocation (`size` bytes, mapped once in `allocate`,
+// unmapped only in Drop); each allocation is its own VkDeviceMemory, so no two overlap, and
+// flush/invalidate only run the driver's cache maintenance on in-bounds ranges.
+unsafe impl ChunkMemory for VulkanMemory {
     fn host_ptr(&self) -> *mut u8 {
         self.as_ptr()
     }
@@ -695,7 +709,9 @@ impl ChunkMemory for VulkanMemory {
     }
 }
 
-impl ChunkSource for Arc<VulkanContext> {
+// SAFETY: `allocate` returns a fresh allocation of `size` rounded up to 4 KiB (at least `size`
+// bytes); the atom is the device's nonCoherentAtomSize, a power of two by the Vulkan spec.
+unsafe impl ChunkSource for Arc<VulkanContext> {
     fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
         Ok(Box::new(self.allocate(size)?))
     }

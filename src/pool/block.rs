@@ -173,7 +173,10 @@ impl Block {
     }
 }
 
-impl Mapping for Block {
+// SAFETY: `host_ptr` is the block's own `len`-byte range of its chunk, which the block keeps
+// alive (see `BlockKind`) and which the allocator hands to no other block while this one lives;
+// `&self` methods only read it (after an invalidate) or run cache maintenance.
+unsafe impl Mapping for Block {
     /// Bounds-checked read; the chunk decides whether its DMA engine serves it
     /// ([`ChunkMemory::read_dma`]: CUDA chunks use `cuMemcpyDtoH` for large reads), otherwise CPU
     /// loads after an invalidate.

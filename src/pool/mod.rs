@@ -119,6 +119,12 @@ impl Pool {
     /// [`HostMemorySource`](crate::chunk::HostMemorySource)). No chunk is allocated until needed.
     pub fn new(source: impl ChunkSource + 'static, config: PoolConfig) -> Result<Pool> {
         config.validate()?;
+        let atom = source.atom_size();
+        if !atom.is_power_of_two() {
+            return Err(Error::invalid(format!(
+                "the chunk source's atom size {atom} is not a power of two"
+            )));
+        }
         let heaps = (0..config.shards)
             .map(|_| Heap::new(config.heap.clone()).map_err(Error::from))
             .collect::<Result<Vec<_>>>()?;
@@ -130,7 +136,7 @@ impl Pool {
                 config.chunk_size,
                 config.max_chunk_size,
                 config.dedicated_threshold,
-                source.atom_size(),
+                atom,
                 !source.is_non_coherent(),
             )),
         };
@@ -142,7 +148,7 @@ impl Pool {
             #[cfg(feature = "gpu-alloc")]
             gpu_alloc,
             non_coherent: source.is_non_coherent(),
-            atom: source.atom_size(),
+            atom,
             source: Box::new(source),
             config,
             reserved: AtomicU64::new(0),
@@ -283,6 +289,18 @@ impl Pool {
             }
             r => r,
         };
+        // The source promises at least `size` bytes (an `unsafe` promise); blocks are carved up
+        // to `size`, so a short chunk would put them past its end: refuse it.
+        let result = result.and_then(|m| {
+            if m.size() >= size {
+                Ok(m)
+            } else {
+                Err(Error::internal(format!(
+                    "the chunk source returned {} bytes for a {size}-byte chunk",
+                    m.size()
+                )))
+            }
+        });
         if result.is_err() {
             self.inner.reserved.fetch_sub(size, Ordering::AcqRel);
         }

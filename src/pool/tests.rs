@@ -228,7 +228,8 @@ struct DmaChunk {
     log: Arc<DmaLog>,
 }
 
-impl ChunkMemory for DmaChunk {
+// SAFETY: forwards the host chunk's values, which keep its contract; `read_dma` writes only `dst`.
+unsafe impl ChunkMemory for DmaChunk {
     fn host_ptr(&self) -> *mut u8 {
         self.host.host_ptr()
     }
@@ -259,7 +260,8 @@ impl ChunkMemory for DmaChunk {
     }
 }
 
-impl ChunkSource for DmaSource {
+// SAFETY: host chunks of the requested size; a constant power-of-two atom.
+unsafe impl ChunkSource for DmaSource {
     fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
         Ok(Box::new(DmaChunk {
             host: HostMemorySource.allocate_chunk(size)?,
@@ -338,4 +340,50 @@ fn requests_are_validated_once_for_every_path() {
         assert_eq!(e.to_string(), format!("invalid argument: {text}"));
     }
     assert_eq!(pool.stats().bytes_reserved, 0);
+}
+
+/// A source whose chunks are half the size asked for (and say so): the pool must not carve
+/// blocks past their end. Its atom is configurable, to check the pool's own validation.
+struct ShortSource {
+    atom: u64,
+}
+
+// SAFETY: deliberately breaks the "at least `size` bytes" promise (its chunks report their real,
+// shorter size, so nothing reads or writes past them unless the pool trusts the request size),
+// and the atom promise when asked to: the pool must refuse both.
+unsafe impl ChunkSource for ShortSource {
+    fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
+        HostMemorySource.allocate_chunk(size / 2)
+    }
+    fn atom_size(&self) -> u64 {
+        self.atom
+    }
+    fn is_non_coherent(&self) -> bool {
+        false
+    }
+}
+
+#[test]
+fn short_chunks_and_bad_atoms_are_refused() {
+    let cfg = PoolConfig {
+        chunk_size: 128 << 10,
+        max_chunk_size: 128 << 10,
+        dedicated_threshold: 64 << 10,
+        shards: 1,
+        ..Default::default()
+    };
+    let pool = Pool::new(ShortSource { atom: 64 }, cfg.clone()).unwrap();
+    // Shared growth and a dedicated block both meet a 64 KiB chunk where 128 KiB (or the
+    // dedicated size) was asked for.
+    for size in [64, 100 << 10] {
+        match pool.alloc(size, 16) {
+            Err(Error::Internal(msg)) => assert!(msg.contains("chunk source returned"), "{msg}"),
+            other => panic!("{size}: {other:?}"),
+        }
+    }
+    assert_eq!(pool.stats().bytes_reserved, 0, "nothing kept");
+    for atom in [0, 48] {
+        let e = Pool::new(ShortSource { atom }, cfg.clone()).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    }
 }
