@@ -154,7 +154,10 @@ impl Stream {
     /// Creates a non-blocking stream.
     pub fn new(gpu: &Gpu) -> Result<Stream> {
         let _ctx = gpu.bind()?;
-        let raw = gpu.driver().cu_stream_create(CU_STREAM_NON_BLOCKING)?;
+        let raw = crate::failpoint::inject("cuStreamCreate", || {
+            crate::memory::injected(gpu.driver(), "cuStreamCreate")
+        })
+        .and_then(|()| gpu.driver().cu_stream_create(CU_STREAM_NON_BLOCKING))?;
         Ok(Stream {
             gpu: gpu.clone(),
             raw: SendSyncPtr::new(raw),
@@ -257,9 +260,11 @@ impl PinnedBuffer {
         }
         let _ctx = gpu.bind()?;
         let driver = gpu.driver();
-        let p = driver
-            .cu_mem_alloc_host(len, CU_MEMHOSTALLOC_DEVICEMAP)
-            .map_err(out_of_memory(len as u64))?;
+        let p = crate::failpoint::inject("cuMemHostAlloc", || {
+            crate::memory::injected(driver, "cuMemHostAlloc")
+        })
+        .and_then(|()| driver.cu_mem_alloc_host(len, CU_MEMHOSTALLOC_DEVICEMAP))
+        .map_err(out_of_memory(len as u64))?;
         let ptr = NonNull::new(p.cast::<u8>())
             .ok_or_else(|| Error::internal("cuMemHostAlloc returned a null pointer"))?;
         // SAFETY: `p` is a mapped pinned allocation of this context.

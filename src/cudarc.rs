@@ -113,10 +113,11 @@ pub struct BarView<'m, T> {
     ptr: sys::CUdeviceptr,
     len: usize,
     stream: Arc<CudaStream>,
-    /// The borrow of the memory, and `T` as a type only: no `T` value lives on the host side of
-    /// a view, so the view is `Send + Sync` by its fields (a device address, a length, an
-    /// `Arc<CudaStream>`).
-    _memory: PhantomData<(&'m (), fn() -> T)>,
+    /// The borrow of the memory.
+    _memory: PhantomData<&'m ()>,
+    /// `T` as a type only: no `T` value lives on the host side of a view, so the view is
+    /// `Send + Sync` by its fields (a device address, a length, an `Arc<CudaStream>`).
+    _element: PhantomData<fn() -> T>,
 }
 
 /// A typed, writable device view of vkgdr memory bound to a cudarc stream: a cudarc
@@ -126,8 +127,10 @@ pub struct BarViewMut<'m, T> {
     ptr: sys::CUdeviceptr,
     len: usize,
     stream: Arc<CudaStream>,
-    /// As for [`BarView`], exclusive and invariant in `T`.
-    _memory: PhantomData<(&'m mut (), fn(T) -> T)>,
+    /// The exclusive borrow of the memory.
+    _memory: PhantomData<&'m mut ()>,
+    /// As for [`BarView`], invariant in `T`.
+    _element: PhantomData<fn(T) -> T>,
 }
 
 impl<T> std::fmt::Debug for BarView<'_, T> {
@@ -322,6 +325,7 @@ pub trait CudarcMemory: Mapping {
             len,
             stream: stream.clone(),
             _memory: PhantomData,
+            _element: PhantomData,
         })
     }
 
@@ -338,6 +342,7 @@ pub trait CudarcMemory: Mapping {
             len,
             stream: stream.clone(),
             _memory: PhantomData,
+            _element: PhantomData,
         })
     }
 }

@@ -36,8 +36,13 @@ pub mod diagnose;
 pub mod dirty;
 pub mod dynlib;
 mod error;
+#[cfg(feature = "failpoints")]
+pub mod failpoint;
+#[cfg(not(feature = "failpoints"))]
+mod failpoint;
 mod gpu;
 mod handle;
+mod isolation;
 mod mapping;
 pub mod memory;
 pub mod nvml;

@@ -89,10 +89,14 @@ impl RawMemory {
             flags: 0,
             reserved: [0; 16],
         };
+        // On failure the fd is still ours: `fd` closes it, `vulkan` frees the memory.
+        let external = crate::failpoint::inject("cuImportExternalMemory", || {
+            injected(driver, "cuImportExternalMemory")
+        })
         // SAFETY: `desc` describes a live opaque fd of `alloc_size` bytes and outlives the call;
         // the context is current.
-        let external =
-            unsafe { driver.cu_import_external_memory(&desc) }.map_err(out_of_memory(size))?;
+        .and_then(|()| unsafe { driver.cu_import_external_memory(&desc) })
+        .map_err(out_of_memory(size))?;
         // A successful import owns the fd: give up our ownership without closing it.
         let _ = fd.into_raw_fd();
 
@@ -102,16 +106,19 @@ impl RawMemory {
             flags: 0,
             reserved: [0; 16],
         };
+        let mapped = crate::failpoint::inject("cuExternalMemoryGetMappedBuffer", || {
+            injected(driver, "cuExternalMemoryGetMappedBuffer")
+        })
         // SAFETY: `external` is the live import; the buffer covers exactly the memory object.
-        let device_ptr =
-            match unsafe { driver.cu_external_memory_get_mapped_buffer(external, &buf) } {
-                Ok(p) => p,
-                Err(e) => {
-                    // SAFETY: the import is ours and has no mapped buffer.
-                    let _ = unsafe { driver.cu_destroy_external_memory(external) };
-                    return Err(out_of_memory(size)(e));
-                }
-            };
+        .and_then(|()| unsafe { driver.cu_external_memory_get_mapped_buffer(external, &buf) });
+        let device_ptr = match mapped {
+            Ok(p) => p,
+            Err(e) => {
+                // SAFETY: the import is ours and has no mapped buffer.
+                let _ = unsafe { driver.cu_destroy_external_memory(external) };
+                return Err(out_of_memory(size)(e));
+            }
+        };
         Ok(RawMemory {
             gpu: gpu.clone(),
             external: SendSyncPtr::new(external),
@@ -181,6 +188,11 @@ impl RawMemory {
     pub fn invalidate(&self, offset: u64, len: u64) -> Result<()> {
         self.vulkan.invalidate(offset, len)
     }
+}
+
+/// The error an injected failure of a CUDA allocation step gives: the driver's out-of-memory.
+pub(crate) fn injected(driver: &crate::cuda::Driver, call: &'static str) -> Error {
+    crate::failpoint::cuda_error(driver, call, crate::cuda::CUDA_ERROR_OUT_OF_MEMORY)
 }
 
 /// Reads of at least this many bytes go through `cuMemcpyDtoH` instead of CPU loads from the BAR.

@@ -7,7 +7,7 @@
 //! [`Error::LibraryNotFound`].
 
 use std::ffi::CStr;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -451,7 +451,9 @@ impl VulkanContext {
     }
 
     /// Allocates `size` bytes (rounded up to 4 KiB) of exportable `DEVICE_LOCAL | HOST_VISIBLE`
-    /// memory and maps it.
+    /// memory and maps it. The mapping is kept out of forked children (`MADV_DONTFORK`): a child
+    /// that stores through an inherited pointer faults instead of changing this process's GPU
+    /// memory.
     ///
     /// `VK_ERROR_OUT_OF_DEVICE_MEMORY` becomes [`Error::OutOfDeviceMemory`]: the BAR-mappable
     /// capacity is about half of free VRAM and is not shown by the Vulkan budget.
@@ -475,9 +477,7 @@ impl VulkanContext {
             .allocation_size(alloc_size)
             .memory_type_index(self.memory_type.index)
             .push_next(&mut export);
-        // SAFETY: the device is live; the info chain outlives the call. No dedicated allocation
-        // and no buffer: a buffer's memoryTypeBits exclude the BAR type on NVIDIA.
-        let memory = unsafe { self.device.allocate_memory(&info, None) }.map_err(|r| match r {
+        let oom = |r: vk::Result| match r {
             vk::Result::ERROR_OUT_OF_DEVICE_MEMORY | vk::Result::ERROR_OUT_OF_HOST_MEMORY => {
                 Error::OutOfDeviceMemory {
                     side: MemorySide::Vulkan,
@@ -490,19 +490,18 @@ impl VulkanContext {
                 call: "vkAllocateMemory",
                 result: result_name(r),
             },
-        })?;
-        // SAFETY: `memory` is host-visible, not yet mapped, and the range is the whole allocation.
-        let mapped = unsafe {
-            self.device
-                .map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
         };
-        let ptr = match mapped.map_err(vk_err("vkMapMemory")).and_then(|p| {
-            NonNull::new(p.cast::<u8>())
-                .ok_or_else(|| Error::internal("vkMapMemory returned a null pointer"))
-        }) {
+        crate::failpoint::inject("vkAllocateMemory", || {
+            oom(vk::Result::ERROR_OUT_OF_DEVICE_MEMORY)
+        })?;
+        // SAFETY: the device is live; the info chain outlives the call. No dedicated allocation
+        // and no buffer: a buffer's memoryTypeBits exclude the BAR type on NVIDIA.
+        let memory = unsafe { self.device.allocate_memory(&info, None) }.map_err(oom)?;
+        let ptr = match self.map_whole(memory, alloc_size) {
             Ok(p) => p,
             Err(e) => {
-                // SAFETY: `memory` was just allocated, is unmapped and unused.
+                // SAFETY: `memory` was just allocated, is unmapped (`map_whole` undoes its own
+                // mapping on failure) and unused.
                 unsafe { self.device.free_memory(memory, None) };
                 return Err(e);
             }
@@ -512,6 +511,32 @@ impl VulkanContext {
             memory,
             size: alloc_size,
             ptr: ptr.into(),
+        })
+    }
+
+    /// Maps all `size` bytes of `memory` (host-visible, not mapped yet) and keeps the mapping out
+    /// of forked children; on failure nothing stays mapped.
+    fn map_whole(&self, memory: vk::DeviceMemory, size: u64) -> Result<NonNull<u8>> {
+        crate::failpoint::inject("vkMapMemory", || {
+            crate::failpoint::vulkan_error("vkMapMemory", vk::Result::ERROR_MEMORY_MAP_FAILED)
+        })?;
+        // SAFETY: `memory` is host-visible, not yet mapped, and the range is the whole allocation.
+        let mapped = unsafe {
+            self.device
+                .map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
+        }
+        .map_err(vk_err("vkMapMemory"))
+        .and_then(|p| {
+            NonNull::new(p.cast::<u8>())
+                .ok_or_else(|| Error::internal("vkMapMemory returned a null pointer"))
+        });
+        mapped.and_then(|p| {
+            crate::isolation::exclude_from_fork(p.as_ptr(), size as usize)
+                .map(|()| p)
+                .inspect_err(|_| {
+                    // SAFETY: mapped just above, used by nothing yet.
+                    unsafe { self.device.unmap_memory(memory) }
+                })
         })
     }
 
@@ -596,16 +621,22 @@ impl VulkanMemory {
         self.memory
     }
 
-    /// Exports a new opaque POSIX fd referring to this memory (`vkGetMemoryFdKHR`).
+    /// Exports a new opaque POSIX fd referring to this memory (`vkGetMemoryFdKHR`), close-on-exec
+    /// so that programs this process `exec`s do not inherit it.
     pub fn export_fd(&self) -> Result<OwnedFd> {
         let info = vk::MemoryGetFdInfoKHR::default()
             .memory(self.memory)
             .handle_type(vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD);
+        crate::failpoint::inject("vkGetMemoryFdKHR", || {
+            crate::failpoint::vulkan_error("vkGetMemoryFdKHR", vk::Result::ERROR_TOO_MANY_OBJECTS)
+        })?;
         // SAFETY: the memory was allocated with OPAQUE_FD export enabled and is live.
         let fd = unsafe { self.ctx.external_fd.get_memory_fd(&info) }
             .map_err(vk_err("vkGetMemoryFdKHR"))?;
         // SAFETY: on success the driver hands us a new fd that nothing else owns.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        crate::isolation::set_cloexec(fd.as_fd())?;
+        Ok(fd)
     }
 
     /// Flushes CPU writes in `[offset, offset+len)` to the device (rounded to the atom). A no-op on
@@ -649,12 +680,24 @@ impl VulkanMemory {
         }
         match op {
             CacheOp::Flush => {
+                crate::failpoint::inject("vkFlushMappedMemoryRanges", || {
+                    crate::failpoint::vulkan_error(
+                        "vkFlushMappedMemoryRanges",
+                        vk::Result::ERROR_OUT_OF_HOST_MEMORY,
+                    )
+                })?;
                 // SAFETY: every range lies in this mapped allocation, with atom-aligned offsets
                 // and sizes that are atom multiples or reach the end of the allocation.
                 unsafe { self.ctx.device.flush_mapped_memory_ranges(r) }
                     .map_err(vk_err("vkFlushMappedMemoryRanges"))
             }
             CacheOp::Invalidate => {
+                crate::failpoint::inject("vkInvalidateMappedMemoryRanges", || {
+                    crate::failpoint::vulkan_error(
+                        "vkInvalidateMappedMemoryRanges",
+                        vk::Result::ERROR_OUT_OF_HOST_MEMORY,
+                    )
+                })?;
                 // SAFETY: as for the flush.
                 unsafe { self.ctx.device.invalidate_mapped_memory_ranges(r) }
                     .map_err(vk_err("vkInvalidateMappedMemoryRanges"))
@@ -725,6 +768,7 @@ unsafe impl ChunkSource for Arc<VulkanContext> {
 
 impl Drop for VulkanMemory {
     fn drop(&mut self) {
+        crate::isolation::restore_fork(self.ptr.get(), self.size as usize);
         // SAFETY: the memory is ours, mapped once in `allocate`; any CUDA import of it was destroyed
         // before this drop (RawMemory drops its CUDA half first). Unmap, then free.
         unsafe {
