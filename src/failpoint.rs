@@ -60,6 +60,8 @@ mod armed {
 
     thread_local! {
         pub(super) static POINTS: RefCell<Vec<Point>> = const { RefCell::new(Vec::new()) };
+        /// Failures injected on this thread since the last `reset`.
+        pub(super) static FIRED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     }
 }
 
@@ -105,10 +107,17 @@ pub fn hits(point: &str) -> u64 {
     })
 }
 
-/// Disarms every point of the calling thread.
+/// Failures injected on the calling thread since the last [`reset`].
+#[cfg(feature = "failpoints")]
+pub fn fired() -> u64 {
+    armed::FIRED.with(|f| f.get())
+}
+
+/// Disarms every point of the calling thread and zeroes its counts.
 #[cfg(feature = "failpoints")]
 pub fn reset() {
     armed::POINTS.with(|points| points.borrow_mut().clear());
+    armed::FIRED.with(|f| f.set(0));
 }
 
 /// `Err(error())` when this pass of `point` is the one the calling thread armed to fail.
@@ -134,7 +143,10 @@ pub(crate) fn inject(point: &'static str, error: impl FnOnce() -> Error) -> Resu
         .ok()
         .flatten();
     match fail {
-        Some(()) => Err(error()),
+        Some(()) => {
+            let _ = armed::FIRED.try_with(|f| f.set(f.get() + 1));
+            Err(error())
+        }
         None => Ok(()),
     }
 }
@@ -177,10 +189,10 @@ mod tests {
             .unwrap();
         assert!(matches!(pass(), Err(Error::Internal(_))));
         assert!(pass().is_ok(), "fails once");
-        assert_eq!(hits("vkMapMemory"), 4);
+        assert_eq!((hits("vkMapMemory"), fired()), (4, 1));
         assert!(inject("madvise", || Error::internal("x")).is_ok());
         reset();
-        assert_eq!(hits("vkMapMemory"), 0);
+        assert_eq!((hits("vkMapMemory"), fired()), (0, 0));
     }
 
     #[test]
