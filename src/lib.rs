@@ -55,7 +55,7 @@ pub mod vulkan;
 pub use arena::Arena;
 pub use bar::BarInfo;
 pub use error::{Error, MemorySide, Result};
-pub use gpu::{Gpu, OpenOptions};
+pub use gpu::{AllocationReport, Gpu, OpenOptions};
 pub use mapping::Mapping;
 pub use memory::RawMemory;
 #[cfg(feature = "gpu-alloc")]

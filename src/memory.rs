@@ -2,6 +2,7 @@
 
 use std::ffi::c_void;
 use std::os::fd::{AsRawFd, IntoRawFd};
+use std::sync::Arc;
 
 use crate::chunk::ChunkMemory;
 use crate::cuda::{
@@ -38,6 +39,8 @@ pub struct RawMemory {
     /// ([`Gpu::alloc_in_current_context`]); pushed again, from whatever thread drops the memory,
     /// to free it (a `CUcontext` may be made current on any thread).
     foreign_context: Option<SendSyncPtr<c_void>>,
+    /// The label [`Gpu::allocations`] lists it under.
+    label: Option<Arc<str>>,
     // Dropped after `Drop::drop` has torn down the CUDA side.
     vulkan: VulkanMemory,
 }
@@ -48,6 +51,7 @@ impl std::fmt::Debug for RawMemory {
             .field("size", &self.size())
             .field("host_ptr", &self.host_ptr())
             .field("device_ptr", &format_args!("{:#x}", self.device_ptr))
+            .field("label", &self.label)
             .finish()
     }
 }
@@ -119,14 +123,29 @@ impl RawMemory {
                 return Err(out_of_memory(size)(e));
             }
         };
+        gpu.register_allocation(device_ptr, size);
         Ok(RawMemory {
             gpu: gpu.clone(),
             external: SendSyncPtr::new(external),
             device_ptr,
             requested: size,
             foreign_context: foreign_context.map(SendSyncPtr::new),
+            label: None,
             vulkan,
         })
+    }
+
+    /// Labels the allocation: [`Gpu::allocations`] lists it under `label`, and `Debug` shows it.
+    pub fn set_label(&mut self, label: &str) {
+        let label: Arc<str> = label.into();
+        self.gpu
+            .label_allocation(self.device_ptr, Some(label.clone()));
+        self.label = Some(label);
+    }
+
+    /// The allocation's label, if it has one.
+    pub fn label(&self) -> Option<&str> {
+        self.label.as_deref()
     }
 
     /// Size in bytes, as asked for (a 4097-byte request reports 4097).
@@ -273,6 +292,7 @@ impl Drop for RawMemory {
             Some(c) => unsafe { ContextGuard::push(driver, c.get()) },
             None => self.gpu.bind(),
         };
+        self.gpu.unregister_allocation(self.device_ptr);
         // SAFETY: the mapped buffer and the import are ours and used by nothing else now; order:
         // free the mapping, destroy the import, then the Vulkan memory drops (unmap, free).
         unsafe {

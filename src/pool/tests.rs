@@ -387,3 +387,96 @@ fn short_chunks_and_bad_atoms_are_refused() {
         assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
     }
 }
+
+#[test]
+fn reports_list_labeled_blocks_by_label_and_chunk() {
+    let pool = small_pool(2);
+    let mut gains = Vec::new();
+    for _ in 0..3 {
+        gains.push(pool.alloc_labeled(256, 64, "gains").unwrap());
+    }
+    let delays = pool.alloc_labeled(1000, 16, "delays").unwrap();
+    let scratch = pool.alloc(48, 16).unwrap();
+    let mut big = pool.alloc(100 << 10, 64).unwrap();
+    big.set_label("weights");
+    assert_eq!(big.label().as_deref(), Some("weights"));
+    assert_eq!(scratch.label(), None);
+
+    let r = pool.report();
+    let labels: Vec<(&str, u64, u64)> = r
+        .labels
+        .iter()
+        .map(|l| (&*l.label, l.blocks, l.bytes))
+        .collect();
+    assert_eq!(
+        labels,
+        [
+            ("weights", 1, 100 << 10),
+            ("delays", 1, 1000),
+            ("gains", 3, 768)
+        ]
+    );
+    assert_eq!((r.unlabeled_blocks, r.unlabeled_bytes), (1, 48));
+    assert_eq!(r.blocks.len(), 5);
+    let dedicated: Vec<_> = r
+        .chunks
+        .iter()
+        .filter(|c| c.place == ChunkPlace::Dedicated)
+        .collect();
+    assert_eq!(dedicated.len(), 1);
+    assert_eq!(dedicated[0].labeled_bytes, 100 << 10);
+    let weights = r.blocks.iter().find(|b| &*b.label == "weights").unwrap();
+    assert_eq!((weights.place, weights.offset), (ChunkPlace::Dedicated, 0));
+    // Every shared labeled block is counted in its chunk, which holds it.
+    let shared_labeled: u64 = r
+        .chunks
+        .iter()
+        .filter(|c| c.place != ChunkPlace::Dedicated)
+        .map(|c| c.labeled_bytes)
+        .sum();
+    assert_eq!(shared_labeled, 768 + 1000);
+    for b in r.blocks.iter().filter(|b| b.place != ChunkPlace::Dedicated) {
+        let c = r.chunks.iter().find(|c| c.place == b.place).unwrap();
+        assert!(b.offset + b.size <= c.size && c.allocations >= 1);
+    }
+    assert!((0.0..=1.0).contains(&r.fragmentation));
+    let text = r.to_string();
+    for needle in [
+        "\"gains\"",
+        "3 blocks",
+        "(unlabeled)",
+        "dedicated",
+        "labeled blocks:",
+    ] {
+        assert!(text.contains(needle), "{needle} missing from:\n{text}");
+    }
+
+    // Labels leave with their blocks; a new block in the same place has none.
+    let (offset, place) = (gains[0].offset_in_chunk(), gains[0].host_ptr());
+    drop(gains);
+    drop(big);
+    let again = pool.alloc(256, 64).unwrap();
+    assert_eq!(again.host_ptr(), place, "the freed place is reused");
+    assert_eq!((again.offset_in_chunk(), again.label()), (offset, None));
+    let r = pool.report();
+    assert_eq!(r.labels.len(), 1);
+    assert_eq!(&*r.labels[0].label, "delays");
+    assert_eq!((r.unlabeled_blocks, r.unlabeled_bytes), (2, 48 + 256));
+    assert!(r.chunks.iter().all(|c| c.place != ChunkPlace::Dedicated));
+    drop((delays, scratch, again));
+    assert!(pool.report().blocks.is_empty());
+}
+
+#[test]
+fn labels_do_not_survive_the_thread_cache() {
+    let pool = cached_pool(4);
+    let a = pool.alloc_labeled(64, 16, "tiny").unwrap();
+    let p = a.host_ptr();
+    drop(a);
+    let b = pool.alloc(64, 16).unwrap();
+    assert_eq!(b.host_ptr(), p, "served from the thread cache");
+    assert_eq!(b.label(), None);
+    assert!(pool.report().labels.is_empty());
+    drop(b);
+    magazine::release_thread_cache();
+}

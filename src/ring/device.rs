@@ -310,7 +310,9 @@ impl DeviceRing {
                 let total = capacity
                     .checked_mul(n)
                     .ok_or_else(|| Error::invalid("ring size overflows"))?;
-                vec![RingData::Raw(gpu.alloc(total)?)]
+                let mut data = gpu.alloc(total)?;
+                data.set_label("vkgdr ring data");
+                vec![RingData::Raw(data)]
             }
             WrapMode::Mirrored => (0..lanes)
                 .map(|_| {
@@ -330,6 +332,7 @@ impl DeviceRing {
         let table_offset = stop_offset + TAIL_STRIDE;
         let control_size = (table_offset + 8 * n).next_multiple_of(4096);
         let mut control = gpu.alloc(control_size)?;
+        control.set_label("vkgdr ring control");
         crate::Mapping::fill(&mut control, 0, control_size, 0)?;
         let mut table = Vec::with_capacity(8 * lanes as usize);
         for i in 0..n {
