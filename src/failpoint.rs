@@ -26,7 +26,8 @@
 use crate::error::Error;
 
 #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
-/// Every point, in the order a raw allocation, an arena chunk and a ring meet them.
+/// Every point: first those of a raw allocation ([`RAW_ALLOCATION`]), then an arena's, then the
+/// rest a ring meets, then the cache maintenance calls.
 pub const POINTS: &[&str] = &[
     "vkAllocateMemory",
     "vkMapMemory",
@@ -44,6 +45,11 @@ pub const POINTS: &[&str] = &[
     "vkFlushMappedMemoryRanges",
     "vkInvalidateMappedMemoryRanges",
 ];
+
+#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
+/// The points a raw allocation (`Gpu::alloc`) passes, in order: a Vulkan allocation, its mapping
+/// and madvise, the export and its fcntl, the CUDA import and its mapped buffer.
+pub const RAW_ALLOCATION: &[&str] = POINTS.split_at(7).0;
 
 #[cfg(feature = "failpoints")]
 mod armed {

@@ -22,15 +22,7 @@ use vkgdr::ring::{DeviceRing, LaunchRing};
 use vkgdr::{Arena, Gpu, Mapping, Pool, PoolConfig};
 
 /// The steps of a raw allocation, in order.
-const RAW: [&str; 7] = [
-    "vkAllocateMemory",
-    "vkMapMemory",
-    "madvise",
-    "vkGetMemoryFdKHR",
-    "fcntl",
-    "cuImportExternalMemory",
-    "cuExternalMemoryGetMappedBuffer",
-];
+const RAW: &[&str] = failpoint::RAW_ALLOCATION;
 
 /// The steps of an arena chunk (after the Vulkan allocation and its export).
 const ARENA: [&str; 3] = [
@@ -70,7 +62,7 @@ fn raw_allocation_steps_failing_leave_nothing() {
     let gpu = open(false);
     drop(gpu.alloc(4 << 20).unwrap());
     let before = held(&gpu);
-    for point in RAW {
+    for &point in RAW {
         failpoint::reset();
         failpoint::fail_at(point, 1);
         failed_cleanly(&gpu, point, gpu.alloc(4 << 20), before);

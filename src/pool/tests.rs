@@ -60,6 +60,17 @@ fn pool_dropped_with_no_blocks_frees_everything() {
     drop(pool);
 }
 
+/// One shard of 128 KiB chunks, dedicated blocks from 64 KiB.
+fn one_shard_config() -> PoolConfig {
+    PoolConfig {
+        chunk_size: 128 << 10,
+        max_chunk_size: 128 << 10,
+        dedicated_threshold: 64 << 10,
+        shards: 1,
+        ..Default::default()
+    }
+}
+
 fn cached_pool(depth: usize) -> Pool {
     let cfg = PoolConfig {
         chunk_size: 128 << 10,
@@ -282,13 +293,7 @@ unsafe impl ChunkSource for DmaSource {
 #[test]
 fn the_chunk_decides_dma_reads_after_pending_writes_are_flushed() {
     let log = Arc::new(DmaLog::default());
-    let cfg = PoolConfig {
-        chunk_size: 128 << 10,
-        max_chunk_size: 128 << 10,
-        dedicated_threshold: 64 << 10,
-        shards: 1,
-        ..Default::default()
-    };
+    let cfg = one_shard_config();
     let pool = Pool::new(DmaSource(log.clone()), cfg).unwrap();
     assert_eq!(pool.is_contiguous(), Some((0x7000_0000, 1 << 30)));
     assert_eq!(small_pool(1).is_contiguous(), None);
@@ -365,13 +370,7 @@ unsafe impl ChunkSource for ShortSource {
 
 #[test]
 fn short_chunks_and_bad_atoms_are_refused() {
-    let cfg = PoolConfig {
-        chunk_size: 128 << 10,
-        max_chunk_size: 128 << 10,
-        dedicated_threshold: 64 << 10,
-        shards: 1,
-        ..Default::default()
-    };
+    let cfg = one_shard_config();
     let pool = Pool::new(ShortSource { atom: 64 }, cfg.clone()).unwrap();
     // Shared growth and a dedicated block both meet a 64 KiB chunk where 128 KiB (or the
     // dedicated size) was asked for.

@@ -130,6 +130,23 @@ pub fn in_child(f: impl FnOnce()) -> ChildEnd {
     }
 }
 
+/// Fills `mapping` with 0x5a, then has a forked child store 0xee at its first and last byte: the
+/// child must die with SIGSEGV (its copy of the address space lacks the mapping). The caller then
+/// checks, its own way, that the bytes are still 0x5a.
+pub fn children_fault_storing_into(what: &str, mapping: &mut impl vkgdr::Mapping) {
+    let len = mapping.len();
+    mapping.fill(0, len, 0x5a).unwrap();
+    for offset in [0, len - 1] {
+        // `offset < len`: inside the mapping.
+        let p = mapping.host_ptr().wrapping_add(offset as usize);
+        assert_eq!(
+            child_stores(p, 0xee),
+            ChildEnd::Signaled(libc::SIGSEGV),
+            "{what}: a forked child stored at offset {offset} without faulting"
+        );
+    }
+}
+
 /// What the fds of a freshly spawned program (`/bin/sh`) refer to, one entry per fd: what an
 /// `exec`'d child inherits from this process, plus its standard streams.
 pub fn fds_of_spawned_child() -> Vec<String> {

@@ -50,6 +50,19 @@ impl Ledger {
         }
         hit
     }
+
+    /// A flush or invalidate call `call`: the driver's error when it is one of `fail`.
+    fn cache_call(
+        &self,
+        counter: &AtomicU64,
+        fail: &BTreeSet<u64>,
+        call: &'static str,
+    ) -> vkgdr::Result<()> {
+        if self.fails(counter, fail) {
+            return Err(vulkan_error(call, "VK_ERROR_OUT_OF_HOST_MEMORY"));
+        }
+        Ok(())
+    }
 }
 
 /// A chunk source over `inner` whose calls fail as [`Failures`] says: an allocation fails with
@@ -104,22 +117,16 @@ unsafe impl ChunkMemory for FailingChunk {
     }
     fn flush_ranges(&self, ranges: &[(u64, u64)]) -> vkgdr::Result<()> {
         let l = &self.ledger;
-        if l.fails(&l.flushes, &l.failures.flushes) {
-            return Err(vulkan_error(
-                "vkFlushMappedMemoryRanges",
-                "VK_ERROR_OUT_OF_HOST_MEMORY",
-            ));
-        }
+        l.cache_call(&l.flushes, &l.failures.flushes, "vkFlushMappedMemoryRanges")?;
         self.inner.flush_ranges(ranges)
     }
     fn invalidate_ranges(&self, ranges: &[(u64, u64)]) -> vkgdr::Result<()> {
         let l = &self.ledger;
-        if l.fails(&l.invalidates, &l.failures.invalidates) {
-            return Err(vulkan_error(
-                "vkInvalidateMappedMemoryRanges",
-                "VK_ERROR_OUT_OF_HOST_MEMORY",
-            ));
-        }
+        l.cache_call(
+            &l.invalidates,
+            &l.failures.invalidates,
+            "vkInvalidateMappedMemoryRanges",
+        )?;
         self.inner.invalidate_ranges(ranges)
     }
     fn read_dma(&self, offset: u64, dst: &mut [u8]) -> Option<vkgdr::Result<()>> {
