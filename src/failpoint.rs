@@ -10,8 +10,8 @@
 //! Points are per thread, so tests running side by side do not disturb each other; work a
 //! thread hands to another (none of the set-up paths does) would not be affected.
 //!
-//! Without the feature, [`inject`] is an empty inline function and this module has no public
-//! items: the set-up paths cost nothing.
+//! Without the feature this module is private and the points are empty inline functions: the
+//! set-up paths cost nothing.
 //!
 //! ```
 //! # #[cfg(feature = "failpoints")] {
