@@ -73,6 +73,7 @@ fn each_allocation_step_failing_leaves_nothing() {
 #[test]
 fn pool_growth_dedicated_blocks_and_flushes_failing_leave_nothing() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    common::warm_up_vulkan();
     let before = held();
     for point in ALLOCATION {
         for size in [64, 48 << 10] {
@@ -145,6 +146,7 @@ proptest! {
         ops in prop::collection::vec(op(), 1..60),
     ) {
         let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        common::warm_up_vulkan();
         let before = held();
         failpoint::reset();
         let (source, ledger) = FailingSource::new(common::vulkan(true), Failures::default(), false);

@@ -168,17 +168,22 @@ fn forked_children_cannot_reach_rings() {
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
 fn spawned_programs_inherit_no_fd_of_gpu_memory() {
     let gpu = open(false);
-    drop(gpu.alloc(4096).unwrap()); // the driver's own files, opened on first use
+    let everything = || {
+        let raw: Vec<_> = (0..8).map(|_| gpu.alloc(1 << 20).unwrap()).collect();
+        let pool = Pool::new(gpu.clone(), PoolConfig::default()).unwrap();
+        let blocks = [
+            pool.alloc(64, 64).unwrap(),
+            pool.alloc(16 << 20, 64).unwrap(),
+        ];
+        let arena_pool = Pool::on_arena(&gpu, 64 << 20, 2 << 20, PoolConfig::default()).unwrap();
+        let arena_block = arena_pool.alloc(64, 64).unwrap();
+        let ring = DeviceRing::new(&gpu, 64 << 10).unwrap();
+        (raw, blocks, arena_block, ring, pool, arena_pool)
+    };
+    // Once first: the driver's own files, opened on first use, are not ours to count.
+    drop(everything());
     let before = fds_of_spawned_child();
-    let raw: Vec<_> = (0..8).map(|_| gpu.alloc(1 << 20).unwrap()).collect();
-    let pool = Pool::new(gpu.clone(), PoolConfig::default()).unwrap();
-    let blocks = [
-        pool.alloc(64, 64).unwrap(),
-        pool.alloc(16 << 20, 64).unwrap(),
-    ];
-    let arena_pool = Pool::on_arena(&gpu, 64 << 20, 2 << 20, PoolConfig::default()).unwrap();
-    let arena_block = arena_pool.alloc(64, 64).unwrap();
-    let ring = DeviceRing::new(&gpu, 64 << 10).unwrap();
+    let held = everything();
     let after = fds_of_spawned_child();
     println!(
         "spawned program's fds: {} before, {} with GPU memory allocated",
@@ -191,5 +196,5 @@ fn spawned_programs_inherit_no_fd_of_gpu_memory() {
         before.len(),
         "a spawned program inherited fds: {before:?} before, {after:?} after"
     );
-    drop((raw, blocks, arena_block, ring));
+    drop(held);
 }

@@ -49,8 +49,9 @@ proptest! {
         force_non_coherent in any::<bool>(),
     ) {
         let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-        let ctx = common::vulkan(force_non_coherent);
+        common::warm_up_vulkan();
         let fds = common::open_fds();
+        let ctx = common::vulkan(force_non_coherent);
         let (source, ledger) = FailingSource::new(ctx, failures, false);
         let pool = Pool::new(source, config()).unwrap();
         run(&pool, &ledger, &ops, &|| ledger.injected());

@@ -31,6 +31,18 @@ pub fn vulkan(force_non_coherent: bool) -> Arc<VulkanContext> {
     })
 }
 
+/// Once per process: a context that allocates, maps and exports once, then goes. Whatever the
+/// driver opens on first use for the whole process (files it keeps) is then open before a test
+/// counts fds, while what belongs to a device closes with it.
+pub fn warm_up_vulkan() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let ctx = vulkan(false);
+        let mem = ctx.allocate(64 << 10).expect("warm-up allocation");
+        drop(mem.export_fd().expect("warm-up export"));
+    });
+}
+
 /// PTX of kernels/mapping.cu (generated on the GPU machine with `scripts/gpu-check ptx`).
 pub const MAPPING_PTX: &str = include_str!("../../kernels/mapping.ptx");
 
