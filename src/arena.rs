@@ -14,7 +14,7 @@ use crate::cuda::{
 use crate::error::{Error, MemorySide, Result};
 use crate::gpu::Gpu;
 use crate::handle::SendSyncPtr;
-use crate::memory::DMA_READ_THRESHOLD;
+use crate::memory::{injected, DMA_READ_THRESHOLD};
 use crate::pool::{Pool, PoolConfig};
 use crate::range::check_range;
 use crate::vulkan::VulkanMemory;
@@ -160,9 +160,11 @@ impl Arena {
         }
         let _ctx = gpu.bind()?;
         // Size and alignment are granularity multiples; no fixed address.
-        let base = driver
-            .cu_mem_address_reserve(reserve as usize, g as usize, 0, 0)
-            .map_err(out_of_memory(reserve))?;
+        let base = crate::failpoint::inject("cuMemAddressReserve", || {
+            injected(driver, "cuMemAddressReserve")
+        })
+        .and_then(|()| driver.cu_mem_address_reserve(reserve as usize, g as usize, 0, 0))
+        .map_err(out_of_memory(reserve))?;
         Ok(Arena {
             gpu: gpu.clone(),
             base,
@@ -290,12 +292,15 @@ impl Arena {
         // SAFETY: the fd is a live opaque fd of the allocation, passed as the handle value (as
         // cuda.h prescribes for POSIX fds); this call does not take ownership (the OwnedFd closes
         // it when dropped below).
-        let handle = unsafe {
+        let handle = crate::failpoint::inject("cuMemImportFromShareableHandle", || {
+            injected(driver, "cuMemImportFromShareableHandle")
+        })
+        .and_then(|()| unsafe {
             driver.cu_mem_import_from_shareable_handle(
                 fd.as_raw_fd() as isize as *mut c_void,
                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
             )
-        };
+        });
         drop(fd);
         let handle = handle.map_err(out_of_memory(size))?;
         if let Err(e) = self.map_with_access(self.base + self.len(), handle) {
@@ -314,16 +319,21 @@ impl Arena {
         let driver = self.gpu.driver();
         let size = self.layout.chunk_size;
         debug_assert!(at >= self.base && at + size <= self.base + self.reserved);
-        // SAFETY: `at..at+size` lies in our reservation and is unmapped (caller's contract); the
-        // handle's allocation is exactly one chunk.
-        unsafe { driver.cu_mem_map(at, size as usize, 0, handle, 0) }
+        crate::failpoint::inject("cuMemMap", || injected(driver, "cuMemMap"))
+            // SAFETY: `at..at+size` lies in our reservation and is unmapped (caller's contract);
+            // the handle's allocation is exactly one chunk.
+            .and_then(|()| unsafe { driver.cu_mem_map(at, size as usize, 0, handle, 0) })
             .map_err(out_of_memory(size))?;
         let access = MemAccessDesc {
             location: MemLocation::device(self.ordinal),
             flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
-        // SAFETY: the range was just mapped; one valid access descriptor, alive for the call.
-        if let Err(e) = unsafe { driver.cu_mem_set_access(at, size as usize, &access, 1) } {
+        let access_set =
+            crate::failpoint::inject("cuMemSetAccess", || injected(driver, "cuMemSetAccess"))
+                // SAFETY: the range was just mapped; one valid access descriptor, alive for the
+                // call.
+                .and_then(|()| unsafe { driver.cu_mem_set_access(at, size as usize, &access, 1) });
+        if let Err(e) = access_set {
             // SAFETY: undo the mapping made above; nothing has used it.
             let _ = unsafe { driver.cu_mem_unmap(at, size as usize) };
             return Err(e);
@@ -514,7 +524,10 @@ struct ArenaChunkRef {
     size: u64,
 }
 
-impl ChunkMemory for ArenaChunkRef {
+// SAFETY: `host` maps the whole slot (`size` bytes), which stays mapped until our Drop releases
+// it; a slot is lent to one `ArenaChunkRef` at a time (taken out of `free` when lent, put back
+// only in Drop); the values never change.
+unsafe impl ChunkMemory for ArenaChunkRef {
     fn host_ptr(&self) -> *mut u8 {
         self.host.get()
     }
@@ -552,7 +565,9 @@ impl Drop for ArenaChunkRef {
     }
 }
 
-impl ChunkSource for ArenaSource {
+// SAFETY: every chunk is one whole arena slot of the arena's chunk size, at least `size` (checked
+// below), lent to one chunk at a time; the atom is the device's nonCoherentAtomSize.
+unsafe impl ChunkSource for ArenaSource {
     fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
         let mut s = self.state.lock();
         let chunk = s.arena.layout.chunk_size;

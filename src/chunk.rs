@@ -16,7 +16,21 @@ use crate::error::{Error, MemorySide, Result};
 use crate::handle::SendSyncPtr;
 
 /// A mapped chunk of memory owned by a pool. Freed when dropped.
-pub trait ChunkMemory: Send + Sync {
+///
+/// # Safety
+///
+/// The pool carves blocks out of `[host_ptr(), host_ptr() + size())` and hands them to safe code,
+/// which writes and reads them through [`Mapping`](crate::Mapping). An implementation promises:
+/// - `host_ptr()` is non-null and valid for reads and writes of `size()` bytes from the moment
+///   the chunk is returned by [`ChunkSource::allocate_chunk`] until it is dropped, and the range
+///   does not wrap around the address space;
+/// - `host_ptr()`, `size()` and `device_ptr()` return the same values on every call;
+/// - nothing but the chunk's owner touches those bytes while the chunk lives: no other chunk, no
+///   Rust reference, no other code of the implementation (the device and the calls below
+///   excepted); `flush_ranges` and `invalidate_ranges` only make the device's and the CPU's views
+///   agree, and `read_dma` writes nothing but `dst`;
+/// - dropping the chunk is the only thing that unmaps the memory.
+pub unsafe trait ChunkMemory: Send + Sync {
     /// Base of the host mapping.
     fn host_ptr(&self) -> *mut u8;
     /// Device address of the base, if the chunk is imported into CUDA.
@@ -37,7 +51,18 @@ pub trait ChunkMemory: Send + Sync {
 }
 
 /// A provider of chunks for a [`Pool`](crate::Pool).
-pub trait ChunkSource: Send + Sync {
+///
+/// # Safety
+///
+/// An implementation promises:
+/// - every chunk [`allocate_chunk`](Self::allocate_chunk) returns is at least `size` bytes long
+///   and overlaps no other live chunk of any source (the pool checks the size too, and refuses a
+///   short chunk with [`Error::Internal`]);
+/// - [`atom_size`](Self::atom_size) is a non-zero power of two, the same on every call (checked
+///   by [`Pool::new`](crate::Pool::new) too).
+///
+/// The chunks themselves carry [`ChunkMemory`]'s obligations.
+pub unsafe trait ChunkSource: Send + Sync {
     /// Allocates a chunk of at least `size` bytes. Out of memory must be reported as
     /// [`Error::OutOfDeviceMemory`].
     fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>>;
@@ -64,7 +89,9 @@ struct HostChunk {
     layout: Layout,
 }
 
-impl ChunkMemory for HostChunk {
+// SAFETY: the chunk exclusively owns a live heap allocation of `layout.size()` bytes at `ptr`
+// (never null, freed only in Drop); its methods touch none of the bytes.
+unsafe impl ChunkMemory for HostChunk {
     fn host_ptr(&self) -> *mut u8 {
         self.ptr.get()
     }
@@ -89,7 +116,9 @@ impl Drop for HostChunk {
     }
 }
 
-impl ChunkSource for HostMemorySource {
+// SAFETY: each chunk is a fresh heap allocation of exactly `size` bytes (so no two overlap); the
+// atom is the constant 64.
+unsafe impl ChunkSource for HostMemorySource {
     fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
         let layout = usize::try_from(size)
             .ok()

@@ -463,8 +463,12 @@ pub(crate) fn out_of_memory(size: u64) -> impl FnOnce(Error) -> Error {
 
 /// Makes a context current on this thread for the guard's lifetime (push on create, pop on drop),
 /// so CUDA calls work from any thread without disturbing the caller's own current context.
+///
+/// Neither `Send` nor `Sync`: the context stack it pops is the creating thread's, so the guard
+/// must drop on that thread (dropped elsewhere it would pop another thread's context).
 pub struct ContextGuard<'a> {
     driver: &'a Driver,
+    _this_thread: std::marker::PhantomData<*const ()>,
 }
 
 impl<'a> ContextGuard<'a> {
@@ -475,7 +479,10 @@ impl<'a> ContextGuard<'a> {
     pub unsafe fn push(driver: &'a Driver, ctx: CuContext) -> Result<Self> {
         // SAFETY: the caller guarantees `ctx` is live.
         unsafe { driver.cu_ctx_push_current(ctx) }?;
-        Ok(ContextGuard { driver })
+        Ok(ContextGuard {
+            driver,
+            _this_thread: std::marker::PhantomData,
+        })
     }
 }
 

@@ -12,6 +12,7 @@ use crate::cuda::{
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::handle::SendSyncPtr;
+use crate::range::check_range;
 
 /// A CUDA module loaded from PTX text with `cuModuleLoadData`.
 pub struct Module {
@@ -90,7 +91,8 @@ impl LaunchConfig {
 }
 
 impl Function<'_> {
-    /// Launches the kernel on `stream` (`None`: the legacy default stream).
+    /// Launches the kernel on `stream` (`None`: the legacy default stream). A stream of another
+    /// context is refused with [`Error::InvalidArgument`].
     ///
     /// # Safety
     /// - `params` must hold one pointer per kernel parameter, in order, each pointing to a value of
@@ -104,6 +106,9 @@ impl Function<'_> {
         params: &mut [*mut c_void],
     ) -> Result<()> {
         let gpu = &self.module.gpu;
+        if let Some(stream) = stream {
+            same_context(gpu, stream, "a kernel")?;
+        }
         let _ctx = gpu.bind()?;
         let s = stream.map_or(ptr::null_mut(), Stream::raw);
         // SAFETY: live function and stream; the caller guarantees the parameter array.
@@ -125,6 +130,18 @@ impl Function<'_> {
     }
 }
 
+/// Refuses a stream of another context than `gpu`'s for `what` (the driver's behaviour for such
+/// handles is not specified).
+fn same_context(gpu: &Gpu, stream: &Stream, what: &str) -> Result<()> {
+    if gpu.cu_context()? == stream.gpu.cu_context()? {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "{what} of one CUDA context used with a stream of another"
+        )))
+    }
+}
+
 /// A CUDA stream (non-blocking with respect to the legacy default stream).
 pub struct Stream {
     gpu: Gpu,
@@ -137,7 +154,10 @@ impl Stream {
     /// Creates a non-blocking stream.
     pub fn new(gpu: &Gpu) -> Result<Stream> {
         let _ctx = gpu.bind()?;
-        let raw = gpu.driver().cu_stream_create(CU_STREAM_NON_BLOCKING)?;
+        let raw = crate::failpoint::inject("cuStreamCreate", || {
+            crate::memory::injected(gpu.driver(), "cuStreamCreate")
+        })
+        .and_then(|()| gpu.driver().cu_stream_create(CU_STREAM_NON_BLOCKING))?;
         Ok(Stream {
             gpu: gpu.clone(),
             raw: SendSyncPtr::new(raw),
@@ -184,10 +204,12 @@ impl Event {
         })
     }
 
-    /// Records the event on `stream`.
+    /// Records the event on `stream`, which must belong to the event's context
+    /// ([`Error::InvalidArgument`] otherwise).
     pub fn record(&self, stream: &Stream) -> Result<()> {
+        same_context(&self.gpu, stream, "an event")?;
         let _ctx = self.gpu.bind()?;
-        // SAFETY: live event and stream of the same context.
+        // SAFETY: live event and stream of the same context (checked above).
         unsafe {
             self.gpu
                 .driver()
@@ -223,8 +245,8 @@ impl Drop for Event {
 /// fast source/target of `cuMemcpy`.
 pub struct PinnedBuffer {
     gpu: Gpu,
-    /// Plain host memory owned by this value, never null; shared access only hands out `&[u8]`
-    /// or raw pointers.
+    /// Plain host memory owned by this value, never null, which the GPU may write at any time:
+    /// safe access is volatile or atomic; slices come only from the `unsafe` views.
     ptr: SendSyncPtr<u8>,
     len: usize,
     device_ptr: CuDevicePtr,
@@ -238,9 +260,11 @@ impl PinnedBuffer {
         }
         let _ctx = gpu.bind()?;
         let driver = gpu.driver();
-        let p = driver
-            .cu_mem_alloc_host(len, CU_MEMHOSTALLOC_DEVICEMAP)
-            .map_err(out_of_memory(len as u64))?;
+        let p = crate::failpoint::inject("cuMemHostAlloc", || {
+            crate::memory::injected(driver, "cuMemHostAlloc")
+        })
+        .and_then(|()| driver.cu_mem_alloc_host(len, CU_MEMHOSTALLOC_DEVICEMAP))
+        .map_err(out_of_memory(len as u64))?;
         let ptr = NonNull::new(p.cast::<u8>())
             .ok_or_else(|| Error::internal("cuMemHostAlloc returned a null pointer"))?;
         // SAFETY: `p` is a mapped pinned allocation of this context.
@@ -282,15 +306,80 @@ impl PinnedBuffer {
         self.len == 0
     }
 
-    /// The bytes as a slice. The GPU may be writing them; use volatile reads for polled words.
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: owned allocation of `len` bytes, initialised at creation.
+    /// Copies `dst.len()` bytes from `offset` into `dst` with volatile loads (bounds-checked).
+    ///
+    /// The GPU may write these bytes at any time, so they are never handed out as a `&[u8]` by
+    /// safe code (the compiler could then assume they do not change); each byte is loaded once,
+    /// as it is at that moment.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        check_range(offset as u64, dst.len() as u64, self.len as u64)?;
+        let src = self.ptr.get();
+        for (i, d) in dst.iter_mut().enumerate() {
+            // SAFETY: `offset + i` lies inside the live `len`-byte allocation (checked above).
+            *d = unsafe { src.add(offset + i).read_volatile() };
+        }
+        Ok(())
+    }
+
+    /// Loads the 8-byte word at `offset` (a multiple of 8) atomically, with `Acquire` ordering:
+    /// how the CPU polls a word a kernel stores to (a progress counter, a flag).
+    pub fn load_u64(&self, offset: usize) -> Result<u64> {
+        check_range(offset as u64, 8, self.len as u64)?;
+        // SAFETY: in bounds (checked above).
+        let p = unsafe { self.ptr.get().add(offset) };
+        if !(p as usize).is_multiple_of(8) {
+            return Err(Error::invalid(format!(
+                "offset {offset} of a pinned buffer is not 8-byte aligned"
+            )));
+        }
+        // SAFETY: an aligned, in-bounds u64 of the live allocation; the host reaches these bytes
+        // only through volatile accesses, atomics or the `unsafe` slice views, whose callers rule
+        // out concurrent non-atomic access.
+        Ok(unsafe { std::sync::atomic::AtomicU64::from_ptr(p.cast()) }
+            .load(std::sync::atomic::Ordering::Acquire))
+    }
+
+    /// Copies `src` to `offset` with volatile stores (bounds-checked).
+    pub fn write(&mut self, offset: usize, src: &[u8]) -> Result<()> {
+        check_range(offset as u64, src.len() as u64, self.len as u64)?;
+        let dst = self.ptr.get();
+        for (i, &b) in src.iter().enumerate() {
+            // SAFETY: `offset + i` lies inside the live allocation (checked above); `&mut self`
+            // excludes other host writers.
+            unsafe { dst.add(offset + i).write_volatile(b) };
+        }
+        Ok(())
+    }
+
+    /// Sets every byte to `byte` with volatile stores.
+    pub fn fill(&mut self, byte: u8) {
+        let dst = self.ptr.get();
+        for i in 0..self.len {
+            // SAFETY: `i < len`, inside the live allocation; `&mut self` excludes other host
+            // writers.
+            unsafe { dst.add(i).write_volatile(byte) };
+        }
+    }
+
+    /// The bytes as a slice, for fast bulk access.
+    ///
+    /// # Safety
+    /// - No GPU work (kernel, copy) may write the buffer while the slice lives: finish it first
+    ///   (synchronise its stream or context), and launch none that writes it until the slice is
+    ///   gone. Otherwise the bytes change under a shared reference, which is undefined behaviour.
+    pub unsafe fn as_slice(&self) -> &[u8] {
+        // SAFETY: owned allocation of `len` bytes, initialised at creation; the caller rules out
+        // device writes while the borrow lives.
         unsafe { std::slice::from_raw_parts(self.ptr.get(), self.len) }
     }
 
-    /// The bytes as a mutable slice.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as above, exclusive borrow.
+    /// The bytes as a mutable slice, for fast bulk access.
+    ///
+    /// # Safety
+    /// - No GPU work may read or write the buffer while the slice lives (as for
+    ///   [`as_slice`](Self::as_slice)).
+    pub unsafe fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, with an exclusive borrow of `self` for the host side.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.get(), self.len) }
     }
 }

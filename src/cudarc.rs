@@ -113,7 +113,11 @@ pub struct BarView<'m, T> {
     ptr: sys::CUdeviceptr,
     len: usize,
     stream: Arc<CudaStream>,
-    _memory: PhantomData<(&'m (), *const T)>,
+    /// The borrow of the memory.
+    _memory: PhantomData<&'m ()>,
+    /// `T` as a type only: no `T` value lives on the host side of a view, so the view is
+    /// `Send + Sync` by its fields (a device address, a length, an `Arc<CudaStream>`).
+    _element: PhantomData<fn() -> T>,
 }
 
 /// A typed, writable device view of vkgdr memory bound to a cudarc stream: a cudarc
@@ -123,18 +127,11 @@ pub struct BarViewMut<'m, T> {
     ptr: sys::CUdeviceptr,
     len: usize,
     stream: Arc<CudaStream>,
-    _memory: PhantomData<(&'m mut (), *mut T)>,
+    /// The exclusive borrow of the memory.
+    _memory: PhantomData<&'m mut ()>,
+    /// As for [`BarView`], invariant in `T`.
+    _element: PhantomData<fn(T) -> T>,
 }
-
-// SAFETY: the views hold a device address, a length and an `Arc<CudaStream>` (Send + Sync); the
-// memory they borrow is Send + Sync itself (Block, RawMemory).
-unsafe impl<T> Send for BarView<'_, T> {}
-// SAFETY: as above; `&BarView` only reads those values.
-unsafe impl<T> Sync for BarView<'_, T> {}
-// SAFETY: as for `BarView`.
-unsafe impl<T> Send for BarViewMut<'_, T> {}
-// SAFETY: as for `BarView`; mutation of the memory happens on the GPU, ordered by the stream.
-unsafe impl<T> Sync for BarViewMut<'_, T> {}
 
 impl<T> std::fmt::Debug for BarView<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -328,6 +325,7 @@ pub trait CudarcMemory: Mapping {
             len,
             stream: stream.clone(),
             _memory: PhantomData,
+            _element: PhantomData,
         })
     }
 
@@ -344,6 +342,7 @@ pub trait CudarcMemory: Mapping {
             len,
             stream: stream.clone(),
             _memory: PhantomData,
+            _element: PhantomData,
         })
     }
 }

@@ -78,6 +78,15 @@ pub enum Error {
         /// Its name, e.g. `NVML_ERROR_NOT_SUPPORTED`.
         name: String,
     },
+    /// A system call failed (`madvise` keeping a mapping out of forked children, `fcntl` making
+    /// an exported fd close-on-exec).
+    #[error("{call} failed: {errno}")]
+    System {
+        /// The system call.
+        call: &'static str,
+        /// The errno's name and text, e.g. `EINVAL (Invalid argument)`.
+        errno: String,
+    },
     /// No Vulkan physical device matches the requested CUDA device (by UUID) or index.
     #[error("no matching device: {0}")]
     NoMatchingDevice(String),
@@ -133,12 +142,13 @@ impl Error {
     }
 
     /// The driver call that failed (`cuDeviceGet`, `vkAllocateMemory`), for errors a driver
-    /// returned.
+    /// (or the kernel: `madvise`) returned.
     pub fn driver_call(&self) -> Option<&'static str> {
         match self {
             Error::Vulkan { call, .. }
             | Error::Cuda { call, .. }
             | Error::Nvml { call, .. }
+            | Error::System { call, .. }
             | Error::OutOfDeviceMemory { call, .. } => Some(call),
             _ => None,
         }
@@ -151,6 +161,7 @@ impl Error {
         match self {
             Error::Vulkan { result, .. } => Some(result),
             Error::Cuda { name, .. } | Error::Nvml { name, .. } => Some(name),
+            Error::System { errno, .. } => errno.split(' ').next(),
             Error::OutOfDeviceMemory { side, result, .. } if *side != MemorySide::Limit => {
                 Some(result.split(' ').next().unwrap_or(result))
             }

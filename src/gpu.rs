@@ -1,5 +1,6 @@
 //! [`Gpu`]: the handle everything else hangs from — one CUDA device with its matching Vulkan device.
 
+use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -62,6 +63,20 @@ struct GpuInner {
     /// Whoever owns a borrowed `context` (a cudarc `CudaContext`), kept alive as long as this
     /// handle, so the context outlives every allocation made through it.
     _context_owner: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    /// Live raw allocations by device address: size and label (for [`Gpu::allocations`]).
+    allocations: Mutex<BTreeMap<u64, AllocationReport>>,
+}
+
+/// One live raw allocation of a [`Gpu`] ([`Gpu::allocations`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocationReport {
+    /// Its device address.
+    pub device_ptr: u64,
+    /// Its size as asked for.
+    pub size: u64,
+    /// Its label ([`RawMemory::set_label`]); the library labels the allocations it makes for
+    /// pool chunks and rings.
+    pub label: Option<Arc<str>>,
 }
 
 impl Drop for GpuInner {
@@ -250,6 +265,7 @@ impl Gpu {
                 name,
                 uuid,
                 _context_owner: context_owner,
+                allocations: Mutex::new(BTreeMap::new()),
             }),
         })
     }
@@ -396,6 +412,31 @@ impl Gpu {
         self.driver().cu_ctx_synchronize()
     }
 
+    /// Every live raw allocation made through this handle (and its clones), by device address:
+    /// [`Gpu::alloc`]s, pool chunks over it, rings' memory. A snapshot; takes a lock.
+    pub fn allocations(&self) -> Vec<AllocationReport> {
+        self.inner.allocations.lock().values().cloned().collect()
+    }
+
+    pub(crate) fn register_allocation(&self, device_ptr: u64, size: u64) {
+        let entry = AllocationReport {
+            device_ptr,
+            size,
+            label: None,
+        };
+        self.inner.allocations.lock().insert(device_ptr, entry);
+    }
+
+    pub(crate) fn label_allocation(&self, device_ptr: u64, label: Option<Arc<str>>) {
+        if let Some(entry) = self.inner.allocations.lock().get_mut(&device_ptr) {
+            entry.label = label;
+        }
+    }
+
+    pub(crate) fn unregister_allocation(&self, device_ptr: u64) {
+        self.inner.allocations.lock().remove(&device_ptr);
+    }
+
     /// Whether two handles share the same underlying open device.
     pub fn same_as(&self, other: &Gpu) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
@@ -403,9 +444,13 @@ impl Gpu {
 }
 
 /// CUDA-imported chunks, one [`Gpu::alloc`] each: the default source of a [`Pool`](crate::Pool).
-impl ChunkSource for Gpu {
+// SAFETY: `alloc(size)` returns a fresh allocation of `size` bytes (its own VkDeviceMemory); the
+// atom is the device's nonCoherentAtomSize, a power of two by the Vulkan spec.
+unsafe impl ChunkSource for Gpu {
     fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
-        Ok(Box::new(self.alloc(size)?))
+        let mut chunk = self.alloc(size)?;
+        chunk.set_label("vkgdr pool chunk");
+        Ok(Box::new(chunk))
     }
     fn atom_size(&self) -> u64 {
         self.vulkan().atom_size()

@@ -94,5 +94,12 @@ mod tests {
         assert_send_sync::<crate::cuda_objects::Event>();
         assert_send_sync::<crate::cuda_objects::PinnedBuffer>();
         assert_send_sync::<crate::cuda_objects::DeviceBuffer>();
+        assert_send_sync::<crate::ring::BarSink>();
+        assert_send_sync::<crate::ring::DeviceRing>();
+        #[cfg(feature = "cudarc")]
+        {
+            assert_send_sync::<crate::cudarc::BarView<'static, u32>>();
+            assert_send_sync::<crate::cudarc::BarViewMut<'static, u32>>();
+        }
     }
 }

@@ -36,8 +36,13 @@ pub mod diagnose;
 pub mod dirty;
 pub mod dynlib;
 mod error;
+#[cfg(feature = "failpoints")]
+pub mod failpoint;
+#[cfg(not(feature = "failpoints"))]
+mod failpoint;
 mod gpu;
 mod handle;
+mod isolation;
 mod mapping;
 pub mod memory;
 pub mod nvml;
@@ -50,7 +55,7 @@ pub mod vulkan;
 pub use arena::Arena;
 pub use bar::BarInfo;
 pub use error::{Error, MemorySide, Result};
-pub use gpu::{Gpu, OpenOptions};
+pub use gpu::{AllocationReport, Gpu, OpenOptions};
 pub use mapping::Mapping;
 pub use memory::RawMemory;
 #[cfg(feature = "gpu-alloc")]

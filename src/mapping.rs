@@ -12,7 +12,19 @@ use crate::range::check_range;
 /// Writing takes `&mut self`, so safe code can never race two writers on the same bytes; a
 /// running kernel may still read or write the memory concurrently — synchronising with it (events,
 /// flags, the [`ring`](crate::ring)) is the caller's protocol.
-pub trait Mapping {
+///
+/// # Safety
+///
+/// The provided methods write and read through [`host_ptr`](Self::host_ptr) after checking
+/// offsets against [`len`](Self::len) only, so an implementation promises:
+/// - `host_ptr()` is valid for reads and writes of `len()` bytes for as long as the value lives,
+///   and the range does not wrap around the address space;
+/// - `host_ptr()` and `len()` return the same values on every call;
+/// - nothing else touches those bytes while the value lives (no Rust reference to them, no other
+///   value's mapping over them), and no `&self` method of the implementation writes them, so
+///   `&mut self` really is exclusive access (the device excepted: that is the caller's protocol);
+/// - methods it overrides keep the provided ones' bounds checks.
+pub unsafe trait Mapping {
     /// Base of the host mapping.
     fn host_ptr(&self) -> *mut u8;
     /// Length in bytes.

@@ -2,6 +2,7 @@
 
 use std::ffi::c_void;
 use std::os::fd::{AsRawFd, IntoRawFd};
+use std::sync::Arc;
 
 use crate::chunk::ChunkMemory;
 use crate::cuda::{
@@ -38,6 +39,8 @@ pub struct RawMemory {
     /// ([`Gpu::alloc_in_current_context`]); pushed again, from whatever thread drops the memory,
     /// to free it (a `CUcontext` may be made current on any thread).
     foreign_context: Option<SendSyncPtr<c_void>>,
+    /// The label [`Gpu::allocations`] lists it under.
+    label: Option<Arc<str>>,
     // Dropped after `Drop::drop` has torn down the CUDA side.
     vulkan: VulkanMemory,
 }
@@ -48,6 +51,7 @@ impl std::fmt::Debug for RawMemory {
             .field("size", &self.size())
             .field("host_ptr", &self.host_ptr())
             .field("device_ptr", &format_args!("{:#x}", self.device_ptr))
+            .field("label", &self.label)
             .finish()
     }
 }
@@ -89,10 +93,14 @@ impl RawMemory {
             flags: 0,
             reserved: [0; 16],
         };
+        // On failure the fd is still ours: `fd` closes it, `vulkan` frees the memory.
+        let external = crate::failpoint::inject("cuImportExternalMemory", || {
+            injected(driver, "cuImportExternalMemory")
+        })
         // SAFETY: `desc` describes a live opaque fd of `alloc_size` bytes and outlives the call;
         // the context is current.
-        let external =
-            unsafe { driver.cu_import_external_memory(&desc) }.map_err(out_of_memory(size))?;
+        .and_then(|()| unsafe { driver.cu_import_external_memory(&desc) })
+        .map_err(out_of_memory(size))?;
         // A successful import owns the fd: give up our ownership without closing it.
         let _ = fd.into_raw_fd();
 
@@ -102,24 +110,42 @@ impl RawMemory {
             flags: 0,
             reserved: [0; 16],
         };
+        let mapped = crate::failpoint::inject("cuExternalMemoryGetMappedBuffer", || {
+            injected(driver, "cuExternalMemoryGetMappedBuffer")
+        })
         // SAFETY: `external` is the live import; the buffer covers exactly the memory object.
-        let device_ptr =
-            match unsafe { driver.cu_external_memory_get_mapped_buffer(external, &buf) } {
-                Ok(p) => p,
-                Err(e) => {
-                    // SAFETY: the import is ours and has no mapped buffer.
-                    let _ = unsafe { driver.cu_destroy_external_memory(external) };
-                    return Err(out_of_memory(size)(e));
-                }
-            };
+        .and_then(|()| unsafe { driver.cu_external_memory_get_mapped_buffer(external, &buf) });
+        let device_ptr = match mapped {
+            Ok(p) => p,
+            Err(e) => {
+                // SAFETY: the import is ours and has no mapped buffer.
+                let _ = unsafe { driver.cu_destroy_external_memory(external) };
+                return Err(out_of_memory(size)(e));
+            }
+        };
+        gpu.register_allocation(device_ptr, size);
         Ok(RawMemory {
             gpu: gpu.clone(),
             external: SendSyncPtr::new(external),
             device_ptr,
             requested: size,
             foreign_context: foreign_context.map(SendSyncPtr::new),
+            label: None,
             vulkan,
         })
+    }
+
+    /// Labels the allocation: [`Gpu::allocations`] lists it under `label`, and `Debug` shows it.
+    pub fn set_label(&mut self, label: &str) {
+        let label: Arc<str> = label.into();
+        self.gpu
+            .label_allocation(self.device_ptr, Some(label.clone()));
+        self.label = Some(label);
+    }
+
+    /// The allocation's label, if it has one.
+    pub fn label(&self) -> Option<&str> {
+        self.label.as_deref()
     }
 
     /// Size in bytes, as asked for (a 4097-byte request reports 4097).
@@ -183,6 +209,11 @@ impl RawMemory {
     }
 }
 
+/// The error an injected failure of a CUDA allocation step gives: the driver's out-of-memory.
+pub(crate) fn injected(driver: &crate::cuda::Driver, call: &'static str) -> Error {
+    crate::failpoint::cuda_error(driver, call, crate::cuda::CUDA_ERROR_OUT_OF_MEMORY)
+}
+
 /// Reads of at least this many bytes go through `cuMemcpyDtoH` instead of CPU loads from the BAR.
 ///
 /// Measured on the H100 (`vkgdr bench copybw`): streaming loads read 0.7–0.9 GB/s on one thread,
@@ -202,7 +233,9 @@ impl RawMemory {
     }
 }
 
-impl Mapping for RawMemory {
+// SAFETY: the host pointer maps the whole Vulkan allocation, at least `size()` bytes, alive as
+// long as `self`; `&self` methods never write it (reads, DMA into the caller's buffer, flushes).
+unsafe impl Mapping for RawMemory {
     /// Bounds-checked read: CPU streaming loads below [`DMA_READ_THRESHOLD`], `cuMemcpyDtoH` above.
     fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         if dst.len() >= DMA_READ_THRESHOLD {
@@ -226,7 +259,9 @@ impl Mapping for RawMemory {
 
 /// CUDA-imported chunks: what a pool over a [`Gpu`] carves, with device pointers and reads of at
 /// least [`DMA_READ_THRESHOLD`] bytes through the copy engine.
-impl ChunkMemory for RawMemory {
+// SAFETY: as for `Mapping` above: `size()` mapped bytes, exclusively this allocation's (one
+// VkDeviceMemory each), unmapped only when dropped; the values never change.
+unsafe impl ChunkMemory for RawMemory {
     fn host_ptr(&self) -> *mut u8 {
         RawMemory::host_ptr(self)
     }
@@ -257,6 +292,7 @@ impl Drop for RawMemory {
             Some(c) => unsafe { ContextGuard::push(driver, c.get()) },
             None => self.gpu.bind(),
         };
+        self.gpu.unregister_allocation(self.device_ptr);
         // SAFETY: the mapped buffer and the import are ours and used by nothing else now; order:
         // free the mapping, destroy the import, then the Vulkan memory drops (unmap, free).
         unsafe {

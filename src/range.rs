@@ -29,17 +29,29 @@ pub(crate) fn round_alloc_size(size: u64) -> Result<u64> {
 
 /// The atom-rounded range Vulkan needs for flushing `[offset, offset + len)` of a `size`-byte
 /// allocation: the start rounded down to `atom`, the end rounded up to `atom` or clamped to `size`.
-/// `None` for an empty range. The caller has bounds-checked `offset + len <= size`; `atom` is a
-/// power of two.
-pub fn atom_range(offset: u64, len: u64, atom: u64, size: u64) -> Option<(u64, u64)> {
-    if len == 0 {
-        return None;
+/// `Ok(None)` for an empty range. A range outside the allocation and an atom that is not a power
+/// of two are [`Error::InvalidArgument`]s: nothing out of range can reach the driver.
+pub(crate) fn atom_range(
+    offset: u64,
+    len: u64,
+    atom: u64,
+    size: u64,
+) -> Result<Option<(u64, u64)>> {
+    check_range(offset, len, size)?;
+    if !atom.is_power_of_two() {
+        return Err(Error::invalid(format!(
+            "atom size {atom} is not a power of two"
+        )));
     }
-    debug_assert!(atom.is_power_of_two());
+    if len == 0 {
+        return Ok(None);
+    }
     let start = offset & !(atom - 1);
-    let end = offset.saturating_add(len).saturating_add(atom - 1) & !(atom - 1);
-    let end = end.min(size);
-    Some((start, end - start))
+    // `offset + len <= size` (checked); rounding up may pass u64::MAX only above `size`.
+    let end = (offset + len)
+        .checked_next_multiple_of(atom)
+        .map_or(size, |e| e.min(size));
+    Ok(Some((start, end - start)))
 }
 
 #[cfg(test)]
@@ -48,13 +60,41 @@ mod tests {
 
     #[test]
     fn atom_range_rounds_and_clamps() {
-        assert_eq!(atom_range(0, 0, 64, 4096), None);
-        assert_eq!(atom_range(1, 1, 64, 4096), Some((0, 64)));
-        assert_eq!(atom_range(63, 2, 64, 4096), Some((0, 128)));
-        assert_eq!(atom_range(4000, 96, 64, 4096), Some((3968, 128)));
-        assert_eq!(atom_range(4090, 6, 256, 4096), Some((3840, 256)));
+        let r = |o, l, a, s| atom_range(o, l, a, s).unwrap();
+        assert_eq!(r(0, 0, 64, 4096), None);
+        assert_eq!(r(1, 1, 64, 4096), Some((0, 64)));
+        assert_eq!(r(63, 2, 64, 4096), Some((0, 128)));
+        assert_eq!(r(4000, 96, 64, 4096), Some((3968, 128)));
+        assert_eq!(r(4090, 6, 256, 4096), Some((3840, 256)));
         // A size that is not an atom multiple: the end clamps to the allocation.
-        assert_eq!(atom_range(4000, 10, 256, 4010), Some((3840, 170)));
+        assert_eq!(r(4000, 10, 256, 4010), Some((3840, 170)));
+        // At the top of the address space the rounded end would overflow: clamped, not wrapped.
+        assert_eq!(
+            r(u64::MAX - 10, 10, 64, u64::MAX),
+            Some((u64::MAX - 63, 63))
+        );
+    }
+
+    #[test]
+    fn atom_range_refuses_what_the_driver_must_not_see() {
+        // Issue 20 #2: these used to panic in debug builds (`end - start`) and reach the driver
+        // as ~2^64-byte ranges in release builds.
+        for (offset, len, atom, size) in [
+            (4096, 1, 64, 4096),
+            (0, 4097, 64, 4096),
+            (u64::MAX, 2, 64, 4096),
+            (5000, 0, 64, 4096),
+            (0, 64, 0, 4096),
+            (0, 64, 48, 4096),
+        ] {
+            assert!(
+                matches!(
+                    atom_range(offset, len, atom, size),
+                    Err(Error::InvalidArgument(_))
+                ),
+                "{offset}+{len} atom {atom} size {size}"
+            );
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! [`Error::LibraryNotFound`].
 
 use std::ffi::CStr;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -451,7 +451,9 @@ impl VulkanContext {
     }
 
     /// Allocates `size` bytes (rounded up to 4 KiB) of exportable `DEVICE_LOCAL | HOST_VISIBLE`
-    /// memory and maps it.
+    /// memory and maps it. The mapping is kept out of forked children (`MADV_DONTFORK`): a child
+    /// that stores through an inherited pointer faults instead of changing this process's GPU
+    /// memory.
     ///
     /// `VK_ERROR_OUT_OF_DEVICE_MEMORY` becomes [`Error::OutOfDeviceMemory`]: the BAR-mappable
     /// capacity is about half of free VRAM and is not shown by the Vulkan budget.
@@ -475,9 +477,7 @@ impl VulkanContext {
             .allocation_size(alloc_size)
             .memory_type_index(self.memory_type.index)
             .push_next(&mut export);
-        // SAFETY: the device is live; the info chain outlives the call. No dedicated allocation
-        // and no buffer: a buffer's memoryTypeBits exclude the BAR type on NVIDIA.
-        let memory = unsafe { self.device.allocate_memory(&info, None) }.map_err(|r| match r {
+        let oom = |r: vk::Result| match r {
             vk::Result::ERROR_OUT_OF_DEVICE_MEMORY | vk::Result::ERROR_OUT_OF_HOST_MEMORY => {
                 Error::OutOfDeviceMemory {
                     side: MemorySide::Vulkan,
@@ -490,19 +490,18 @@ impl VulkanContext {
                 call: "vkAllocateMemory",
                 result: result_name(r),
             },
-        })?;
-        // SAFETY: `memory` is host-visible, not yet mapped, and the range is the whole allocation.
-        let mapped = unsafe {
-            self.device
-                .map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
         };
-        let ptr = match mapped.map_err(vk_err("vkMapMemory")).and_then(|p| {
-            NonNull::new(p.cast::<u8>())
-                .ok_or_else(|| Error::internal("vkMapMemory returned a null pointer"))
-        }) {
+        crate::failpoint::inject("vkAllocateMemory", || {
+            oom(vk::Result::ERROR_OUT_OF_DEVICE_MEMORY)
+        })?;
+        // SAFETY: the device is live; the info chain outlives the call. No dedicated allocation
+        // and no buffer: a buffer's memoryTypeBits exclude the BAR type on NVIDIA.
+        let memory = unsafe { self.device.allocate_memory(&info, None) }.map_err(oom)?;
+        let ptr = match self.map_whole(memory, alloc_size) {
             Ok(p) => p,
             Err(e) => {
-                // SAFETY: `memory` was just allocated, is unmapped and unused.
+                // SAFETY: `memory` was just allocated, is unmapped (`map_whole` undoes its own
+                // mapping on failure) and unused.
                 unsafe { self.device.free_memory(memory, None) };
                 return Err(e);
             }
@@ -515,16 +514,44 @@ impl VulkanContext {
         })
     }
 
+    /// Maps all `size` bytes of `memory` (host-visible, not mapped yet) and keeps the mapping out
+    /// of forked children; on failure nothing stays mapped.
+    fn map_whole(&self, memory: vk::DeviceMemory, size: u64) -> Result<NonNull<u8>> {
+        crate::failpoint::inject("vkMapMemory", || {
+            crate::failpoint::vulkan_error("vkMapMemory", vk::Result::ERROR_MEMORY_MAP_FAILED)
+        })?;
+        // SAFETY: `memory` is host-visible, not yet mapped, and the range is the whole allocation.
+        let mapped = unsafe {
+            self.device
+                .map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
+        }
+        .map_err(vk_err("vkMapMemory"))
+        .and_then(|p| {
+            NonNull::new(p.cast::<u8>())
+                .ok_or_else(|| Error::internal("vkMapMemory returned a null pointer"))
+        });
+        mapped.and_then(|p| {
+            crate::isolation::exclude_from_fork(p.as_ptr(), size as usize)
+                .map(|()| p)
+                .inspect_err(|_| {
+                    // SAFETY: mapped just above, used by nothing yet.
+                    unsafe { self.device.unmap_memory(memory) }
+                })
+        })
+    }
+
+    /// The atom-rounded `VkMappedMemoryRange`s of `ranges` in a `size`-byte allocation; any range
+    /// outside it fails the whole batch before the driver is called.
     fn ranges<'a>(
         &self,
         memory: vk::DeviceMemory,
         size: u64,
         ranges: impl Iterator<Item = (u64, u64)>,
         out: &'a mut Vec<vk::MappedMemoryRange<'static>>,
-    ) -> &'a [vk::MappedMemoryRange<'static>] {
+    ) -> Result<&'a [vk::MappedMemoryRange<'static>]> {
         out.clear();
         for (offset, len) in ranges {
-            if let Some((o, l)) = atom_range(offset, len, self.atom, size) {
+            if let Some((o, l)) = atom_range(offset, len, self.atom, size)? {
                 out.push(
                     vk::MappedMemoryRange::default()
                         .memory(memory)
@@ -533,7 +560,7 @@ impl VulkanContext {
                 );
             }
         }
-        out
+        Ok(out)
     }
 }
 
@@ -594,16 +621,22 @@ impl VulkanMemory {
         self.memory
     }
 
-    /// Exports a new opaque POSIX fd referring to this memory (`vkGetMemoryFdKHR`).
+    /// Exports a new opaque POSIX fd referring to this memory (`vkGetMemoryFdKHR`), close-on-exec
+    /// so that programs this process `exec`s do not inherit it.
     pub fn export_fd(&self) -> Result<OwnedFd> {
         let info = vk::MemoryGetFdInfoKHR::default()
             .memory(self.memory)
             .handle_type(vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD);
+        crate::failpoint::inject("vkGetMemoryFdKHR", || {
+            crate::failpoint::vulkan_error("vkGetMemoryFdKHR", vk::Result::ERROR_TOO_MANY_OBJECTS)
+        })?;
         // SAFETY: the memory was allocated with OPAQUE_FD export enabled and is live.
         let fd = unsafe { self.ctx.external_fd.get_memory_fd(&info) }
             .map_err(vk_err("vkGetMemoryFdKHR"))?;
         // SAFETY: on success the driver hands us a new fd that nothing else owns.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        crate::isolation::set_cloexec(fd.as_fd())?;
+        Ok(fd)
     }
 
     /// Flushes CPU writes in `[offset, offset+len)` to the device (rounded to the atom). A no-op on
@@ -619,33 +652,52 @@ impl VulkanMemory {
         self.invalidate_ranges(std::iter::once((offset, len)))
     }
 
-    /// Flushes several ranges with one `vkFlushMappedMemoryRanges` call. Ranges must be in bounds.
+    /// Flushes several `(offset, len)` ranges with one `vkFlushMappedMemoryRanges` call (each
+    /// rounded to the atom). A range outside the allocation is [`Error::InvalidArgument`] and
+    /// nothing is flushed; on coherent memory the ranges are checked and no call is made.
     pub fn flush_ranges(&self, ranges: impl Iterator<Item = (u64, u64)>) -> Result<()> {
         self.sync_ranges(ranges, CacheOp::Flush)
     }
 
-    /// Invalidates several ranges with one `vkInvalidateMappedMemoryRanges` call.
+    /// Invalidates several `(offset, len)` ranges with one `vkInvalidateMappedMemoryRanges` call,
+    /// checked like [`flush_ranges`](Self::flush_ranges).
     pub fn invalidate_ranges(&self, ranges: impl Iterator<Item = (u64, u64)>) -> Result<()> {
         self.sync_ranges(ranges, CacheOp::Invalidate)
     }
 
     fn sync_ranges(&self, ranges: impl Iterator<Item = (u64, u64)>, op: CacheOp) -> Result<()> {
         if !self.ctx.non_coherent {
+            // No driver call, but the same answer to a bad range as on non-coherent memory.
+            for (offset, len) in ranges {
+                check_range(offset, len, self.size)?;
+            }
             return Ok(());
         }
         let mut buf = Vec::new();
-        let r = self.ctx.ranges(self.memory, self.size, ranges, &mut buf);
+        let r = self.ctx.ranges(self.memory, self.size, ranges, &mut buf)?;
         if r.is_empty() {
             return Ok(());
         }
         match op {
             CacheOp::Flush => {
+                crate::failpoint::inject("vkFlushMappedMemoryRanges", || {
+                    crate::failpoint::vulkan_error(
+                        "vkFlushMappedMemoryRanges",
+                        vk::Result::ERROR_OUT_OF_HOST_MEMORY,
+                    )
+                })?;
                 // SAFETY: every range lies in this mapped allocation, with atom-aligned offsets
                 // and sizes that are atom multiples or reach the end of the allocation.
                 unsafe { self.ctx.device.flush_mapped_memory_ranges(r) }
                     .map_err(vk_err("vkFlushMappedMemoryRanges"))
             }
             CacheOp::Invalidate => {
+                crate::failpoint::inject("vkInvalidateMappedMemoryRanges", || {
+                    crate::failpoint::vulkan_error(
+                        "vkInvalidateMappedMemoryRanges",
+                        vk::Result::ERROR_OUT_OF_HOST_MEMORY,
+                    )
+                })?;
                 // SAFETY: as for the flush.
                 unsafe { self.ctx.device.invalidate_mapped_memory_ranges(r) }
                     .map_err(vk_err("vkInvalidateMappedMemoryRanges"))
@@ -661,7 +713,9 @@ enum CacheOp {
     Invalidate,
 }
 
-impl Mapping for VulkanMemory {
+// SAFETY: `as_ptr` is the mapping of the whole `size`-byte allocation, alive as long as `self`;
+// `&self` methods never write it.
+unsafe impl Mapping for VulkanMemory {
     fn host_ptr(&self) -> *mut u8 {
         self.as_ptr()
     }
@@ -677,7 +731,10 @@ impl Mapping for VulkanMemory {
 }
 
 /// Vulkan-only chunks (no device pointer): CI runs the pool on lavapipe through them.
-impl ChunkMemory for VulkanMemory {
+// SAFETY: the mapping covers the whole allocation (`size` bytes, mapped once in `allocate`,
+// unmapped only in Drop); each allocation is its own VkDeviceMemory, so no two overlap, and
+// flush/invalidate only run the driver's cache maintenance on in-bounds ranges.
+unsafe impl ChunkMemory for VulkanMemory {
     fn host_ptr(&self) -> *mut u8 {
         self.as_ptr()
     }
@@ -695,7 +752,9 @@ impl ChunkMemory for VulkanMemory {
     }
 }
 
-impl ChunkSource for Arc<VulkanContext> {
+// SAFETY: `allocate` returns a fresh allocation of `size` rounded up to 4 KiB (at least `size`
+// bytes); the atom is the device's nonCoherentAtomSize, a power of two by the Vulkan spec.
+unsafe impl ChunkSource for Arc<VulkanContext> {
     fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
         Ok(Box::new(self.allocate(size)?))
     }
@@ -709,6 +768,7 @@ impl ChunkSource for Arc<VulkanContext> {
 
 impl Drop for VulkanMemory {
     fn drop(&mut self) {
+        crate::isolation::restore_fork(self.ptr.get(), self.size as usize);
         // SAFETY: the memory is ours, mapped once in `allocate`; any CUDA import of it was destroyed
         // before this drop (RawMemory drops its CUDA half first). Unmap, then free.
         unsafe {

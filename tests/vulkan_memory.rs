@@ -103,6 +103,41 @@ fn bad_inputs_give_their_errors() {
     assert_eq!(mem.read_vec(4090, 6).unwrap(), vec![7; 6]);
 }
 
+/// Issue 20 #2: the batched flush and invalidate are public and safe, so every range is checked
+/// (with checked maths) before any reaches `vkFlushMappedMemoryRanges`; one bad range fails the
+/// whole batch, in coherent and forced non-coherent mode alike.
+#[test]
+fn batched_flush_and_invalidate_check_every_range() {
+    for force in [false, true] {
+        let ctx = context(MemoryOptions {
+            force_non_coherent: force,
+            ..Default::default()
+        });
+        let mem = ctx.allocate(8192).unwrap();
+        let good = [(0u64, 1u64), (100, 28), (8191, 1), (4096, 0)];
+        mem.flush_ranges(good.iter().copied()).unwrap();
+        mem.invalidate_ranges(good.iter().copied()).unwrap();
+        for bad in [
+            (8192, 1),
+            (0, 8193),
+            (u64::MAX, 2),
+            (1, u64::MAX),
+            (9000, 0),
+        ] {
+            let batch = [(0, 64), bad];
+            for result in [
+                mem.flush_ranges(batch.iter().copied()),
+                mem.invalidate_ranges(batch.iter().copied()),
+            ] {
+                match result {
+                    Err(Error::InvalidArgument(msg)) => assert!(msg.contains("outside"), "{msg}"),
+                    other => panic!("force {force}, range {bad:?}: {other:?}"),
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn require_coherent_and_selectors() {
     let ctx = context(MemoryOptions {

@@ -7,10 +7,14 @@
 //! - `vkgdr bench <copybw|copylat|apiperf|pplat|ring|arena|all> [--out DIR] [--quick]` measures copies,
 //!   latencies and API costs on the GPU and writes tables, CSVs and PNG charts (see [`mod@bench`]).
 //! - `vkgdr bench plot DIR` redraws the charts from the CSVs in `DIR`.
+//! - `vkgdr soak [--seconds N] [--threads N] [--exhaust-every S]` runs pool churn, rings, arena
+//!   grow/shrink and BAR exhaustion together (10 minutes by default) and checks that fds, BAR1
+//!   used and free VRAM come back (see [`mod@soak`]).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod bench;
+mod soak;
 
 use std::process::ExitCode;
 
@@ -20,6 +24,7 @@ use vkgdr::vulkan::{self, MemoryOptions, PhysicalDeviceInfo};
 fn usage() -> ExitCode {
     eprintln!("usage: vkgdr info [--check]");
     eprintln!("       {}", bench::USAGE);
+    eprintln!("       {}", soak::USAGE);
     ExitCode::from(2)
 }
 
@@ -33,6 +38,7 @@ fn main() -> ExitCode {
             Some(_) => usage(),
         },
         Some("bench") => bench::main(&args[1..]),
+        Some("soak") => soak::main(&args[1..]),
         _ => usage(),
     }
 }

@@ -50,6 +50,8 @@ pub struct Block {
     offset: u64,
     len: u64,
     non_coherent: bool,
+    /// Whether the pool's registry holds a label for this block (removed when it drops).
+    labeled: bool,
 }
 
 // SAFETY: a block exclusively owns its byte range of the chunk; the chunk, shard and pool are
@@ -65,6 +67,7 @@ impl fmt::Debug for Block {
             .field("host_ptr", &self.host_ptr)
             .field("device_ptr", &self.device_ptr.map(|p| format!("{p:#x}")))
             .field("dedicated", &self.is_dedicated())
+            .field("label", &self.label())
             .finish()
     }
 }
@@ -86,6 +89,7 @@ impl Block {
             offset,
             len,
             non_coherent,
+            labeled: false,
             kind,
         }
     }
@@ -158,6 +162,54 @@ impl Block {
         matches!(self.kind, BlockKind::Dedicated { .. })
     }
 
+    /// The pool state this block belongs to.
+    fn pool(&self) -> &PoolInner {
+        match &self.kind {
+            // SAFETY: the block's counted reference keeps its cell, and so `pool`, alive.
+            BlockKind::Shared { shard, .. } => unsafe { &shard.as_ref().pool },
+            BlockKind::Dedicated { pool, .. } => pool,
+            #[cfg(feature = "gpu-alloc")]
+            BlockKind::GpuAlloc { pool, .. } => pool,
+        }
+    }
+
+    /// The block's key in the pool's label registry: its chunk and offset.
+    fn label_key(&self) -> (super::report::ChunkKey, u64) {
+        (self.chunk() as *const Chunk as usize, self.offset)
+    }
+
+    /// Labels the block for [`Pool::report`](super::Pool::report) (and the leak warning of the
+    /// `log` feature), replacing any earlier label. The label lives in the pool, not in the
+    /// block: unlabeled blocks pay nothing for the feature.
+    pub fn set_label(&mut self, label: &str) {
+        let entry = super::report::LabelEntry {
+            label: label.into(),
+            size: self.len,
+        };
+        let key = self.label_key();
+        self.pool().registry.labels.lock().insert(key, entry);
+        self.labeled = true;
+    }
+
+    /// The block's label, if it has one.
+    pub fn label(&self) -> Option<Arc<str>> {
+        if !self.labeled {
+            return None;
+        }
+        let key = self.label_key();
+        let labels = self.pool().registry.labels.lock();
+        labels.get(&key).map(|e| e.label.clone())
+    }
+
+    /// Removes the block's label from the registry (before the block is freed, so that another
+    /// block at the same place cannot be given this one's label).
+    #[cold]
+    fn forget_label(&mut self) {
+        let key = self.label_key();
+        self.pool().registry.labels.lock().remove(&key);
+        self.labeled = false;
+    }
+
     /// Pushes the chunk's recorded dirty ranges (this block's and its neighbours') to the device in
     /// one call. A no-op on coherent memory.
     pub fn flush(&self) -> Result<()> {
@@ -186,7 +238,10 @@ impl Block {
     }
 }
 
-impl Mapping for Block {
+// SAFETY: `host_ptr` is the block's own `len`-byte range of its chunk, which the block keeps
+// alive (see `BlockKind`) and which the allocator hands to no other block while this one lives;
+// `&self` methods only read it (after an invalidate) or run cache maintenance.
+unsafe impl Mapping for Block {
     /// Bounds-checked read; the chunk decides whether its DMA engine serves it
     /// ([`ChunkMemory::read_dma`]: CUDA chunks use `cuMemcpyDtoH` for large reads), otherwise CPU
     /// loads after an invalidate.
@@ -239,6 +294,9 @@ impl Mapping for Block {
 impl Drop for Block {
     #[inline]
     fn drop(&mut self) {
+        if self.labeled {
+            self.forget_label();
+        }
         if let BlockKind::Shared {
             shard,
             chunk,
@@ -283,6 +341,10 @@ impl Block {
             }
             BlockKind::Dedicated { pool, chunk } => {
                 pool.dedicated.fetch_sub(1, Ordering::Relaxed);
+                pool.registry
+                    .dedicated
+                    .lock()
+                    .remove(&(Arc::as_ptr(chunk) as super::report::ChunkKey));
                 pool.reserved
                     .fetch_sub(chunk.memory.size(), Ordering::AcqRel);
                 // The chunk memory itself is freed when `chunk` (its only Arc) drops.

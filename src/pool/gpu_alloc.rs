@@ -66,7 +66,11 @@ impl MemoryDevice<Arc<Chunk>> for ChunkDevice<'_> {
                     OutOfMemory::OutOfHostMemory
                 }
             })
+            // A chunk shorter than asked for would put gpu-alloc's blocks past its end.
             .and_then(|memory| {
+                if memory.size() < size {
+                    return Err(OutOfMemory::OutOfHostMemory);
+                }
                 Chunk::new(memory, self.atom).map_err(|_| OutOfMemory::OutOfHostMemory)
             });
         if chunk.is_err() {

@@ -30,6 +30,7 @@ mod config;
 #[cfg(feature = "gpu-alloc")]
 mod gpu_alloc;
 pub mod magazine;
+mod report;
 mod shards;
 mod spin;
 #[cfg(test)]
@@ -42,6 +43,7 @@ pub use config::{Backend, PoolConfig};
 pub use gpu_alloc::GpuAllocStrategy;
 #[cfg(feature = "gpu-alloc")]
 use gpu_alloc::{ChunkDevice, GpuAllocBackend};
+pub use report::{BlockReport, ChunkPlace, ChunkReport, LabelReport, PoolReport};
 use shards::{thread_shard, Chunk, Shard, ShardSet};
 
 /// Pool identities for the thread caches (never reused, unlike addresses).
@@ -63,6 +65,8 @@ struct PoolInner {
     dedicated: AtomicU64,
     non_coherent: bool,
     atom: u64,
+    /// Labels and dedicated chunks, for reports.
+    registry: report::Registry,
     #[cfg(feature = "gpu-alloc")]
     gpu_alloc: Option<GpuAllocBackend>,
 }
@@ -119,6 +123,12 @@ impl Pool {
     /// [`HostMemorySource`](crate::chunk::HostMemorySource)). No chunk is allocated until needed.
     pub fn new(source: impl ChunkSource + 'static, config: PoolConfig) -> Result<Pool> {
         config.validate()?;
+        let atom = source.atom_size();
+        if !atom.is_power_of_two() {
+            return Err(Error::invalid(format!(
+                "the chunk source's atom size {atom} is not a power of two"
+            )));
+        }
         let heaps = (0..config.shards)
             .map(|_| Heap::new(config.heap.clone()).map_err(Error::from))
             .collect::<Result<Vec<_>>>()?;
@@ -130,7 +140,7 @@ impl Pool {
                 config.chunk_size,
                 config.max_chunk_size,
                 config.dedicated_threshold,
-                source.atom_size(),
+                atom,
                 !source.is_non_coherent(),
             )),
         };
@@ -142,11 +152,12 @@ impl Pool {
             #[cfg(feature = "gpu-alloc")]
             gpu_alloc,
             non_coherent: source.is_non_coherent(),
-            atom: source.atom_size(),
+            atom,
             source: Box::new(source),
             config,
             reserved: AtomicU64::new(0),
             dedicated: AtomicU64::new(0),
+            registry: report::Registry::default(),
         });
         let shards = Arc::new(ShardSet::new(heaps, &inner, first_chunk));
         Ok(Pool { inner, shards })
@@ -283,6 +294,18 @@ impl Pool {
             }
             r => r,
         };
+        // The source promises at least `size` bytes (an `unsafe` promise); blocks are carved up
+        // to `size`, so a short chunk would put them past its end: refuse it.
+        let result = result.and_then(|m| {
+            if m.size() >= size {
+                Ok(m)
+            } else {
+                Err(Error::internal(format!(
+                    "the chunk source returned {} bytes for a {size}-byte chunk",
+                    m.size()
+                )))
+            }
+        });
         if result.is_err() {
             self.inner.reserved.fetch_sub(size, Ordering::AcqRel);
         }
@@ -336,6 +359,11 @@ impl Pool {
             self.inner.reserved.fetch_sub(reserved, Ordering::AcqRel);
         })?;
         self.inner.dedicated.fetch_add(1, Ordering::Relaxed);
+        self.inner
+            .registry
+            .dedicated
+            .lock()
+            .insert(Arc::as_ptr(&chunk) as report::ChunkKey, (reserved, size));
         Ok(Block::new(
             &chunk.clone(),
             0,
@@ -400,6 +428,35 @@ impl Pool {
             }
         }
         Ok(())
+    }
+
+    /// [`alloc`](Self::alloc), then [`Block::set_label`]: a block that
+    /// [`report`](Self::report) (and, with the `log` feature, the leak warning) lists under
+    /// `label`.
+    pub fn alloc_labeled(&self, size: u64, align: u64, label: &str) -> Result<Block> {
+        let mut block = self.alloc(size, align)?;
+        block.set_label(label);
+        Ok(block)
+    }
+
+    /// What the pool holds, by chunk and by label, as a value; its `Display` is a table for
+    /// humans (gpu-allocator's model). Takes every shard's lock briefly.
+    ///
+    /// ```
+    /// use vkgdr::chunk::HostMemorySource;
+    /// use vkgdr::{Pool, PoolConfig};
+    ///
+    /// let pool = Pool::new(HostMemorySource, PoolConfig::default())?;
+    /// let gains = pool.alloc_labeled(256, 64, "gains")?;
+    /// let _scratch = pool.alloc(4096, 64)?;
+    /// let report = pool.report();
+    /// assert_eq!((report.labels[0].blocks, report.labels[0].bytes), (1, 256));
+    /// assert_eq!(report.unlabeled_blocks, 1);
+    /// println!("{report}");
+    /// # drop(gains); Ok::<(), vkgdr::Error>(())
+    /// ```
+    pub fn report(&self) -> PoolReport {
+        PoolReport::gather(&self.inner, &self.shards, self.stats())
     }
 
     /// A usage snapshot (takes every shard's lock briefly).

@@ -205,6 +205,9 @@ impl Drop for ShardSet {
         if let Some(pool) = self.cells.first().map(|c| unsafe { &c.as_ref().pool }) {
             pool.dropped.store(true, Ordering::Release);
             magazine::release_pool(Some(pool.id));
+            // With the `log` feature: blocks still alive now are worth a warning.
+            #[cfg(feature = "log")]
+            super::report::report_leaks(pool, self);
         }
         for &cell in self.cells.iter() {
             // SAFETY: the cell is alive: we still hold the pool's reference on it.

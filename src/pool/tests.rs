@@ -60,6 +60,17 @@ fn pool_dropped_with_no_blocks_frees_everything() {
     drop(pool);
 }
 
+/// One shard of 128 KiB chunks, dedicated blocks from 64 KiB.
+fn one_shard_config() -> PoolConfig {
+    PoolConfig {
+        chunk_size: 128 << 10,
+        max_chunk_size: 128 << 10,
+        dedicated_threshold: 64 << 10,
+        shards: 1,
+        ..Default::default()
+    }
+}
+
 fn cached_pool(depth: usize) -> Pool {
     let cfg = PoolConfig {
         chunk_size: 128 << 10,
@@ -228,7 +239,8 @@ struct DmaChunk {
     log: Arc<DmaLog>,
 }
 
-impl ChunkMemory for DmaChunk {
+// SAFETY: forwards the host chunk's values, which keep its contract; `read_dma` writes only `dst`.
+unsafe impl ChunkMemory for DmaChunk {
     fn host_ptr(&self) -> *mut u8 {
         self.host.host_ptr()
     }
@@ -259,7 +271,8 @@ impl ChunkMemory for DmaChunk {
     }
 }
 
-impl ChunkSource for DmaSource {
+// SAFETY: host chunks of the requested size; a constant power-of-two atom.
+unsafe impl ChunkSource for DmaSource {
     fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
         Ok(Box::new(DmaChunk {
             host: HostMemorySource.allocate_chunk(size)?,
@@ -280,13 +293,7 @@ impl ChunkSource for DmaSource {
 #[test]
 fn the_chunk_decides_dma_reads_after_pending_writes_are_flushed() {
     let log = Arc::new(DmaLog::default());
-    let cfg = PoolConfig {
-        chunk_size: 128 << 10,
-        max_chunk_size: 128 << 10,
-        dedicated_threshold: 64 << 10,
-        shards: 1,
-        ..Default::default()
-    };
+    let cfg = one_shard_config();
     let pool = Pool::new(DmaSource(log.clone()), cfg).unwrap();
     assert_eq!(pool.is_contiguous(), Some((0x7000_0000, 1 << 30)));
     assert_eq!(small_pool(1).is_contiguous(), None);
@@ -338,4 +345,137 @@ fn requests_are_validated_once_for_every_path() {
         assert_eq!(e.to_string(), format!("invalid argument: {text}"));
     }
     assert_eq!(pool.stats().bytes_reserved, 0);
+}
+
+/// A source whose chunks are half the size asked for (and say so): the pool must not carve
+/// blocks past their end. Its atom is configurable, to check the pool's own validation.
+struct ShortSource {
+    atom: u64,
+}
+
+// SAFETY: deliberately breaks the "at least `size` bytes" promise (its chunks report their real,
+// shorter size, so nothing reads or writes past them unless the pool trusts the request size),
+// and the atom promise when asked to: the pool must refuse both.
+unsafe impl ChunkSource for ShortSource {
+    fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
+        HostMemorySource.allocate_chunk(size / 2)
+    }
+    fn atom_size(&self) -> u64 {
+        self.atom
+    }
+    fn is_non_coherent(&self) -> bool {
+        false
+    }
+}
+
+#[test]
+fn short_chunks_and_bad_atoms_are_refused() {
+    let cfg = one_shard_config();
+    let pool = Pool::new(ShortSource { atom: 64 }, cfg.clone()).unwrap();
+    // Shared growth and a dedicated block both meet a 64 KiB chunk where 128 KiB (or the
+    // dedicated size) was asked for.
+    for size in [64, 100 << 10] {
+        match pool.alloc(size, 16) {
+            Err(Error::Internal(msg)) => assert!(msg.contains("chunk source returned"), "{msg}"),
+            other => panic!("{size}: {other:?}"),
+        }
+    }
+    assert_eq!(pool.stats().bytes_reserved, 0, "nothing kept");
+    for atom in [0, 48] {
+        let e = Pool::new(ShortSource { atom }, cfg.clone()).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    }
+}
+
+#[test]
+fn reports_list_labeled_blocks_by_label_and_chunk() {
+    let pool = small_pool(2);
+    let mut gains = Vec::new();
+    for _ in 0..3 {
+        gains.push(pool.alloc_labeled(256, 64, "gains").unwrap());
+    }
+    let delays = pool.alloc_labeled(1000, 16, "delays").unwrap();
+    let scratch = pool.alloc(48, 16).unwrap();
+    let mut big = pool.alloc(100 << 10, 64).unwrap();
+    big.set_label("weights");
+    assert_eq!(big.label().as_deref(), Some("weights"));
+    assert_eq!(scratch.label(), None);
+
+    let r = pool.report();
+    let labels: Vec<(&str, u64, u64)> = r
+        .labels
+        .iter()
+        .map(|l| (&*l.label, l.blocks, l.bytes))
+        .collect();
+    assert_eq!(
+        labels,
+        [
+            ("weights", 1, 100 << 10),
+            ("delays", 1, 1000),
+            ("gains", 3, 768)
+        ]
+    );
+    assert_eq!((r.unlabeled_blocks, r.unlabeled_bytes), (1, 48));
+    assert_eq!(r.blocks.len(), 5);
+    let dedicated: Vec<_> = r
+        .chunks
+        .iter()
+        .filter(|c| c.place == ChunkPlace::Dedicated)
+        .collect();
+    assert_eq!(dedicated.len(), 1);
+    assert_eq!(dedicated[0].labeled_bytes, 100 << 10);
+    let weights = r.blocks.iter().find(|b| &*b.label == "weights").unwrap();
+    assert_eq!((weights.place, weights.offset), (ChunkPlace::Dedicated, 0));
+    // Every shared labeled block is counted in its chunk, which holds it.
+    let shared_labeled: u64 = r
+        .chunks
+        .iter()
+        .filter(|c| c.place != ChunkPlace::Dedicated)
+        .map(|c| c.labeled_bytes)
+        .sum();
+    assert_eq!(shared_labeled, 768 + 1000);
+    for b in r.blocks.iter().filter(|b| b.place != ChunkPlace::Dedicated) {
+        let c = r.chunks.iter().find(|c| c.place == b.place).unwrap();
+        assert!(b.offset + b.size <= c.size && c.allocations >= 1);
+    }
+    assert!((0.0..=1.0).contains(&r.fragmentation));
+    let text = r.to_string();
+    for needle in [
+        "\"gains\"",
+        "3 blocks",
+        "(unlabeled)",
+        "dedicated",
+        "labeled blocks:",
+    ] {
+        assert!(text.contains(needle), "{needle} missing from:\n{text}");
+    }
+
+    // Labels leave with their blocks; a new block in the same place has none.
+    let (offset, place) = (gains[0].offset_in_chunk(), gains[0].host_ptr());
+    drop(gains);
+    drop(big);
+    let again = pool.alloc(256, 64).unwrap();
+    assert_eq!(again.host_ptr(), place, "the freed place is reused");
+    assert_eq!((again.offset_in_chunk(), again.label()), (offset, None));
+    let r = pool.report();
+    assert_eq!(r.labels.len(), 1);
+    assert_eq!(&*r.labels[0].label, "delays");
+    assert_eq!((r.unlabeled_blocks, r.unlabeled_bytes), (2, 48 + 256));
+    assert!(r.chunks.iter().all(|c| c.place != ChunkPlace::Dedicated));
+    drop((delays, scratch, again));
+    assert!(pool.report().blocks.is_empty());
+}
+
+#[test]
+fn labels_do_not_survive_the_thread_cache() {
+    let pool = cached_pool(4);
+    let a = pool.alloc_labeled(64, 16, "tiny").unwrap();
+    let p = a.host_ptr();
+    drop(a);
+    let b = pool.alloc(64, 16).unwrap();
+    assert_eq!(b.host_ptr(), p, "served from the thread cache");
+    assert_eq!(b.label(), None);
+    assert!(pool.report().labels.is_empty());
+    drop(b);
+    magazine::release_thread_cache();
 }

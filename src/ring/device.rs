@@ -25,6 +25,7 @@ use crate::arena::Arena;
 use crate::cuda_objects::{Event, PinnedBuffer, Stream};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
+use crate::handle::SendSyncPtr;
 use crate::memory::RawMemory;
 use crate::sync::store_fence;
 
@@ -87,19 +88,6 @@ struct RingMemory {
     host_words: PinnedBuffer,
 }
 
-/// A host pointer into [`RingMemory`], shareable between threads: the memory it points into is
-/// kept alive by the `Arc<RingMemory>` stored next to it, and every access through it is a
-/// sink write (the caller's obligations) or an atomic.
-#[derive(Clone, Copy, Debug)]
-struct HostPtr(*mut u8);
-
-// SAFETY: the pointee is device memory mapped for the process, owned by the `Arc<RingMemory>`
-// held beside every `HostPtr`; it is only written through `RingSink::write` (whose callers
-// guarantee disjoint spans) and atomics.
-unsafe impl Send for HostPtr {}
-// SAFETY: as for `Send`.
-unsafe impl Sync for HostPtr {}
-
 /// Writes one lane's records into BAR-mapped GPU memory and publishes its `tail` there.
 ///
 /// Its [`RingSink`] methods are `unsafe` to call: a stray offset would write anywhere in the
@@ -110,10 +98,11 @@ pub struct BarSink {
     /// Which entry of `memory.data` and where in it this lane's region starts.
     data_index: usize,
     data_offset: u64,
-    /// Host address of the lane's region.
-    data: HostPtr,
-    /// Host address of the lane's `tail` word.
-    tail: HostPtr,
+    /// Host address of the lane's region, inside `memory` (kept alive beside it); written only
+    /// through `RingSink::write`, whose callers guarantee disjoint in-range spans.
+    data: SendSyncPtr<u8>,
+    /// Host address of the lane's `tail` word, inside `memory`; touched only through atomics.
+    tail: SendSyncPtr<u8>,
     tail_offset: u64,
     capacity: u64,
     /// Whether the data region is host-coherent (publishing then needs no flush).
@@ -152,7 +141,9 @@ impl RingSink for BarSink {
         // SAFETY: the caller guarantees an in-range span of this lane's region that no one else
         // writes; the mapping lives as long as `self.memory`. No fence per piece: `publish` (or
         // `writes_done`) fences.
-        unsafe { crate::copy::copy_to_mapping_unfenced(self.data.0.add(offset as usize), bytes) };
+        unsafe {
+            crate::copy::copy_to_mapping_unfenced(self.data.get().add(offset as usize), bytes)
+        };
     }
 
     fn writes_done(&self) {
@@ -172,7 +163,7 @@ impl RingSink for BarSink {
         // keeps mapped; the host touches it only through atomics, so concurrent publications
         // (which the caller rules out anyway) could not race. One aligned store: the GPU never
         // sees a torn value.
-        let word = unsafe { AtomicU64::from_ptr(self.tail.0.cast::<u64>()) };
+        let word = unsafe { AtomicU64::from_ptr(self.tail.get().cast::<u64>()) };
         word.store(tail, Ordering::Release);
         let _ = self.memory.control.flush(self.tail_offset, 8);
         store_fence();
@@ -319,7 +310,9 @@ impl DeviceRing {
                 let total = capacity
                     .checked_mul(n)
                     .ok_or_else(|| Error::invalid("ring size overflows"))?;
-                vec![RingData::Raw(gpu.alloc(total)?)]
+                let mut data = gpu.alloc(total)?;
+                data.set_label("vkgdr ring data");
+                vec![RingData::Raw(data)]
             }
             WrapMode::Mirrored => (0..lanes)
                 .map(|_| {
@@ -339,6 +332,7 @@ impl DeviceRing {
         let table_offset = stop_offset + TAIL_STRIDE;
         let control_size = (table_offset + 8 * n).next_multiple_of(4096);
         let mut control = gpu.alloc(control_size)?;
+        control.set_label("vkgdr ring control");
         crate::Mapping::fill(&mut control, 0, control_size, 0)?;
         let mut table = Vec::with_capacity(8 * lanes as usize);
         for i in 0..n {
@@ -349,7 +343,7 @@ impl DeviceRing {
         control.flush(0, control_size)?;
         let host_len = (n * HOST_STRIDE).max(4096) as usize;
         let mut host_words = PinnedBuffer::new(gpu, host_len)?;
-        host_words.as_mut_slice().fill(0);
+        host_words.fill(0);
         let memory = Arc::new(RingMemory {
             data,
             control,
@@ -366,8 +360,8 @@ impl DeviceRing {
                     data_index,
                     data_offset,
                     // In range: `data_offset + capacity` is within the region's mapping.
-                    data: HostPtr(base.wrapping_add(data_offset as usize)),
-                    tail: HostPtr(
+                    data: SendSyncPtr::new(base.wrapping_add(data_offset as usize)),
+                    tail: SendSyncPtr::new(
                         memory
                             .control
                             .host_ptr()

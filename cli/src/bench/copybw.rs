@@ -126,7 +126,10 @@ impl Kit<'_> {
             }
             Op::DmaRead => {
                 self.exec(Op::DtohPinned, size)?;
-                self.dst[..size].copy_from_slice(&self.pinned.as_slice()[..size]);
+                // SAFETY: the synchronous cuMemcpyDtoH above has finished and no GPU work that
+                // writes `pinned` is queued while the slice lives.
+                let pinned = unsafe { self.pinned.as_slice() };
+                self.dst[..size].copy_from_slice(&pinned[..size]);
             }
         }
         Ok(())
@@ -145,16 +148,12 @@ impl Kit<'_> {
                 "copybw: a BAR write did not read back through cuMemcpyDtoH".into(),
             ));
         }
-        for (p, s) in self.pinned.as_mut_slice()[..size]
-            .iter_mut()
-            .zip(&self.src[..size])
-        {
-            *p = !*s;
-        }
+        let inverted: Vec<u8> = self.src[..size].iter().map(|s| !s).collect();
+        self.pinned.write(0, &inverted)?;
         self.exec(Op::HtodPinned, size)?;
         self.dst[..size].fill(0);
         self.exec(Op::BarRead1, size)?;
-        if self.dst[..size] != self.pinned.as_slice()[..size] {
+        if self.dst[..size] != inverted[..] {
             return Err(BenchError::Check(
                 "copybw: a cuMemcpyHtoD did not read back through the BAR".into(),
             ));
@@ -239,7 +238,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
             .map(|&t| CopyPool::new(t).with_parallel_threshold(0))
             .collect(),
     };
-    kit.pinned.as_mut_slice().fill(0x3c);
+    kit.pinned.fill(0x3c);
     let _ctx = gpu.bind()?;
     kit.verify(n.min(1 << 20))?;
 

@@ -40,7 +40,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     let gpu = open_gpu(OpenOptions::new())?;
     let mem = gpu.alloc(max)?;
     let mut pinned = PinnedBuffer::new(&gpu, max as usize)?;
-    pinned.as_mut_slice().fill(0x42);
+    pinned.fill(0x42);
     let mut src = vec![0x42u8; max as usize];
     let stream = Stream::new(&gpu)?;
     let driver = gpu.driver();

@@ -119,7 +119,8 @@ impl Kit<'_> {
                 self.bar.flush(0, size as u64)?;
             }
             Via::Memcpy => {
-                self.staging.as_mut_slice()[size - 8..size].copy_from_slice(&value.to_le_bytes());
+                // The last copy from `staging` was waited for, so the stores race with nothing.
+                self.staging.write(size - 8, &value.to_le_bytes())?;
                 let driver = self.gpu.driver();
                 // SAFETY: the context is current (caller); `dev` and `staging` hold at least
                 // `size` bytes; the copy is synchronised below before `staging` changes again.
@@ -187,7 +188,7 @@ impl Kit<'_> {
                 };
             }
         }
-        self.answer.as_mut_slice()[..8].fill(0);
+        self.answer.write(0, &[0; 8])?;
 
         let (mut p_in, mut p_out, mut p_iters) =
             (self.in_ptr(via, size), self.answer.device_ptr(), iters);
