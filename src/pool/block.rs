@@ -104,6 +104,11 @@ impl Block {
         // are removed only when empty), and the counted reference on `cell` keeps the shard, and
         // so the table, alive.
         let chunk_ref = unsafe { &*chunk };
+        if len != allocation.requested_size() {
+            // SAFETY: the counted reference keeps the cell alive; `pool` is never changed.
+            let pool = unsafe { &cell.as_ref().pool };
+            pool.adjust_size_delta(len, &allocation, 1);
+        }
         Block::new(
             chunk_ref,
             allocation.offset(),
@@ -233,13 +238,16 @@ impl Drop for Block {
         } = &mut self.kind
         {
             if let Some(a) = allocation.take() {
+                // SAFETY: our reference keeps the cell alive; `pool` is never changed.
+                let pool = unsafe { &shard.as_ref().pool };
+                if self.len != a.requested_size() {
+                    pool.adjust_size_delta(self.len, &a, -1);
+                }
                 let entry = magazine::Cached {
                     cell: *shard,
                     chunk: *chunk,
                     allocation: a,
                 };
-                // SAFETY: our reference keeps the cell alive; `pool` is never changed.
-                let pool = unsafe { &shard.as_ref().pool };
                 let entry = if pool.cache_enabled && !pool.dropped.load(Ordering::Relaxed) {
                     magazine::offer(pool.id, entry)
                 } else {
