@@ -45,6 +45,7 @@ pub mod nvml;
 pub mod pool;
 pub mod range;
 pub mod ring;
+mod staging;
 mod sync;
 pub mod vulkan;
 

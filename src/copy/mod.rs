@@ -25,6 +25,7 @@
 
 mod kernels;
 mod pool;
+pub(crate) mod staged;
 #[cfg(test)]
 mod tests;
 

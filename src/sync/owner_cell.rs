@@ -142,7 +142,8 @@ impl<T> OwnerCell<T> {
         fenced
     }
 
-    /// The data, for its owner's `Drop` or a test holding the only reference.
+    /// The data, for a test holding the only reference.
+    #[cfg(test)]
     pub(crate) fn get_mut(&mut self) -> &mut T {
         // SAFETY: `&mut self` excludes every other access.
         self.data.with_mut(|data| unsafe { &mut *data })
