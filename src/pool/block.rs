@@ -213,7 +213,11 @@ impl Mapping for Block {
         }
         Ok(())
     }
+    /// Makes device writes in `[offset, offset + len)` of the block visible to the CPU.
+    /// The range is checked against the block first (an error, not a stray invalidate of a
+    /// neighbour's atoms), as in [`after_write`](Mapping::after_write).
     fn before_read(&self, offset: u64, len: u64) -> Result<()> {
+        check_range(offset, len, self.len)?;
         if self.non_coherent && len > 0 {
             let chunk = self.chunk();
             // Invalidating would discard this block's own unflushed writes: push them first.

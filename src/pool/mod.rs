@@ -218,7 +218,7 @@ impl Pool {
         // Checked here once for every path (dedicated, cached, gpu-alloc, shared).
         self.inner.config.heap.check_request(size, align)?;
         if size >= self.inner.config.dedicated_threshold {
-            return self.alloc_dedicated(size);
+            return self.alloc_dedicated(size, align);
         }
         // On non-coherent memory every block owns whole atoms, so flushing or invalidating one
         // block's rounded range never touches a neighbour's bytes.
@@ -346,8 +346,16 @@ impl Pool {
         Ok(())
     }
 
-    fn alloc_dedicated(&self, size: u64) -> Result<Block> {
+    fn alloc_dedicated(&self, size: u64, align: u64) -> Result<Block> {
         let memory = self.allocate_chunk(size, None)?;
+        // A dedicated block starts at its chunk's base: the base must honour `align`, as pool
+        // growth demands of shared chunks (the device address; host mappings are page-aligned).
+        if let Some(p) = memory.device_ptr().filter(|p| p % align != 0) {
+            self.inner.reserved.fetch_sub(size, Ordering::AcqRel);
+            return Err(Error::Unsupported(format!(
+                "dedicated chunk device address {p:#x} is not aligned to {align}"
+            )));
+        }
         let reserved = memory.size();
         // The source may round up; account for what it really holds.
         if reserved != size {
@@ -514,6 +522,7 @@ impl PoolInner {
             atom: self.atom,
             reserved: &self.reserved,
             limit: self.config.max_bytes,
+            limit_hit: std::cell::Cell::new(false),
         }
     }
 }

@@ -584,3 +584,210 @@ fn requests_are_validated_once_for_every_path() {
     }
     assert_eq!(pool.stats().bytes_reserved, 0);
 }
+
+// Issue 20: bad input gets a named error, never a panic, an abort or a driver call.
+
+/// #1: `before_read` checks its range like `after_write`, on coherent and non-coherent memory.
+#[test]
+fn issue20_1_before_read_is_range_checked() {
+    let log = Arc::new(DmaLog::default());
+    let cfg = PoolConfig {
+        chunk_size: 128 << 10,
+        max_chunk_size: 128 << 10,
+        shards: 1,
+        ..Default::default()
+    };
+    let non_coherent = Pool::new(DmaSource(log), cfg).unwrap();
+    for pool in [small_pool(1), non_coherent] {
+        let _neighbour = pool.alloc(64, 64).unwrap();
+        let b = pool.alloc(64, 64).unwrap();
+        b.before_read(0, 64).unwrap();
+        b.before_read(64, 0).unwrap();
+        // Past the block but inside the chunk, and past u64: both refused.
+        for (offset, len) in [(0, 65), (60, 8), (64, 1), (u64::MAX, 2), (1, u64::MAX)] {
+            assert!(
+                matches!(b.before_read(offset, len), Err(Error::InvalidArgument(_))),
+                "{offset}+{len}"
+            );
+        }
+    }
+}
+
+/// #3: `read_vec` checks the range before it allocates anything.
+#[test]
+fn issue20_3_read_vec_checks_before_allocating() {
+    let pool = small_pool(1);
+    let b = pool.alloc(100, 16).unwrap();
+    for len in [1 << 45, usize::MAX, 101] {
+        let e = b.read_vec(0, len).unwrap_err();
+        assert!(
+            e.to_string().contains("outside the 100-byte allocation"),
+            "{e}"
+        );
+    }
+    assert!(b.read_vec(100, 1).is_err());
+    assert_eq!(b.read_vec(100, 0).unwrap(), Vec::<u8>::new());
+}
+
+/// #6: the atom round-up of a huge request is an overflow error, not a panic.
+#[test]
+fn issue20_6_atom_round_up_cannot_overflow() {
+    let cfg = PoolConfig {
+        chunk_size: 128 << 10,
+        max_chunk_size: 128 << 10,
+        dedicated_threshold: u64::MAX,
+        shards: 1,
+        ..Default::default()
+    };
+    let pool = Pool::new(DmaSource(Arc::default()), cfg).unwrap();
+    assert!(pool.is_non_coherent());
+    for size in [u64::MAX - 1, u64::MAX, crate::alloc::MAX_CHUNK_SIZE + 1] {
+        let e = pool.alloc(size, 1).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidArgument(ref m) if m.contains("too large")),
+            "{e}"
+        );
+    }
+    assert_eq!(pool.stats().bytes_reserved, 0);
+}
+
+/// #7: settings no pool can work with are refused by `Pool::new`, before any work.
+#[test]
+fn issue20_7_absurd_configurations_are_refused_at_construction() {
+    let cases = [
+        (
+            PoolConfig {
+                shards: 1_000_000,
+                ..Default::default()
+            },
+            "shards exceed the maximum",
+        ),
+        (
+            PoolConfig {
+                max_chunk_size: 98_305,
+                chunk_size: 65_536,
+                ..Default::default()
+            },
+            "max_chunk_size 98305 must be a non-zero multiple",
+        ),
+        (
+            PoolConfig {
+                chunk_size: 1 << 63,
+                max_chunk_size: 1 << 63,
+                ..Default::default()
+            },
+            "chunk_size 9223372036854775808 must be",
+        ),
+    ];
+    for (cfg, text) in cases {
+        let t = std::time::Instant::now();
+        let e = Pool::new(HostMemorySource, cfg).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument(m) if m.contains(text)),
+            "{e}"
+        );
+        assert!(t.elapsed() < std::time::Duration::from_secs(1));
+    }
+    // Non-coherent memory with an atom the heap cannot align to: every request would fail.
+    let mut cfg = PoolConfig::default();
+    cfg.heap.max_align = 16;
+    cfg.heap.slab_page_size = 16;
+    cfg.heap.max_slab_size = 0;
+    cfg.chunk_size = 1 << 20;
+    cfg.max_chunk_size = 1 << 20;
+    Pool::new(HostMemorySource, cfg.clone()).expect("fine on coherent memory");
+    let e = Pool::new(DmaSource(Arc::default()), cfg).unwrap_err();
+    assert!(e.to_string().contains("nonCoherentAtomSize 64"), "{e}");
+}
+
+/// #8: gpu-alloc's backend reports a pool limit as `side: Limit`, like the native backend.
+#[test]
+#[cfg(feature = "gpu-alloc")]
+fn issue20_8_gpu_alloc_reports_the_pool_limit() {
+    for strategy in [GpuAllocStrategy::Buddy, GpuAllocStrategy::FreeList] {
+        let cfg = PoolConfig {
+            max_bytes: 0,
+            backend: Backend::GpuAlloc(strategy),
+            ..Default::default()
+        };
+        let pool = Pool::new(HostMemorySource, cfg).unwrap();
+        let e = pool.alloc(64, 16).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::OutOfDeviceMemory {
+                    side: MemorySide::Limit,
+                    ..
+                }
+            ),
+            "{strategy:?}: {e}"
+        );
+    }
+}
+
+/// Host chunks whose "device address" is the host address plus `skew`.
+struct SkewedSource(u64);
+
+impl ChunkSource for SkewedSource {
+    fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
+        Ok(Box::new(SkewedChunk(
+            HostMemorySource.allocate_chunk(size)?,
+            self.0,
+        )))
+    }
+    fn atom_size(&self) -> u64 {
+        64
+    }
+    fn is_non_coherent(&self) -> bool {
+        false
+    }
+}
+
+struct SkewedChunk(Box<dyn ChunkMemory>, u64);
+
+impl ChunkMemory for SkewedChunk {
+    fn host_ptr(&self) -> *mut u8 {
+        self.0.host_ptr()
+    }
+    fn device_ptr(&self) -> Option<u64> {
+        Some(self.0.host_ptr() as u64 + self.1)
+    }
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn flush_ranges(&self, _: &[(u64, u64)]) -> Result<()> {
+        Ok(())
+    }
+    fn invalidate_ranges(&self, _: &[(u64, u64)]) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// #10: a dedicated block honours `align`, checked on the device address.
+#[test]
+fn issue20_10_dedicated_blocks_honour_the_alignment() {
+    let cfg = PoolConfig {
+        chunk_size: 128 << 10,
+        max_chunk_size: 128 << 10,
+        dedicated_threshold: 64 << 10,
+        ..Default::default()
+    };
+    let aligned = Pool::new(SkewedSource(0), cfg.clone()).unwrap();
+    let b = aligned.alloc(100 << 10, 64 << 10).unwrap();
+    assert!(b.is_dedicated() && b.device_ptr().unwrap() % (64 << 10) == 0);
+
+    let skewed = Pool::new(SkewedSource(4096), cfg).unwrap();
+    let ok = skewed.alloc(100 << 10, 4096).unwrap();
+    assert_eq!(ok.device_ptr().unwrap() % 4096, 0);
+    let e = skewed.alloc(100 << 10, 8192).unwrap_err();
+    assert!(
+        matches!(&e, Error::Unsupported(m) if m.contains("not aligned to 8192")),
+        "{e}"
+    );
+    let s = skewed.stats();
+    assert_eq!(
+        (s.dedicated_chunks, s.bytes_reserved),
+        (1, 100 << 10),
+        "nothing leaked"
+    );
+}
