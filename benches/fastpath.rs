@@ -152,7 +152,10 @@ fn child_main() {
     let t = Instant::now();
     mem.write(0, HELLO).unwrap();
     let second = t.elapsed().as_nanos();
-    assert!(CopyPool::global_if_started().is_none(), "a small write started the copy pool");
+    assert!(
+        CopyPool::global_if_started().is_none(),
+        "a small write started the copy pool"
+    );
     println!("first-write-ns {first} {second}");
 }
 

@@ -64,7 +64,10 @@ impl Source {
 
 /// Allocators compared: (name, (backend, PoolConfig::thread_cache)).
 const BACKENDS: [(&str, (Backend, usize)); 4] = [
-    ("vkgdr", (Backend::Native, vkgdr::pool::magazine::DEFAULT_DEPTH)),
+    (
+        "vkgdr",
+        (Backend::Native, vkgdr::pool::magazine::DEFAULT_DEPTH),
+    ),
     ("vkgdr-no-cache", (Backend::Native, 0)),
     (
         "gpu-alloc-buddy",

@@ -158,7 +158,9 @@ fn read(
     let driver = gpu.driver();
     let _ctx = gpu.bind()?;
     // A known pattern in the memory, checked through the default path.
-    let pattern: Vec<u8> = (0..max).map(|i| (i as u32 * 2_654_435_761 >> 13) as u8).collect();
+    let pattern: Vec<u8> = (0..max)
+        .map(|i| (i as u32 * 2_654_435_761 >> 13) as u8)
+        .collect();
     // SAFETY: the context is current; `mem` holds `max` bytes; `pattern` is a host buffer.
     unsafe { gpu.memcpy_htod(mem.device_ptr(), &pattern) }?;
     let mut dst = vec![0xa5u8; max];
@@ -183,9 +185,7 @@ fn read(
         push_bw(&mut report, "Mapping::read_vec (fresh Vec)", size, &ns);
         let ns = measure(&budget, || {
             // SAFETY: the context is current; `dst` and `mem` hold at least `n` bytes.
-            unsafe {
-                driver.cu_memcpy_dtoh(dst.as_mut_ptr().cast(), mem.device_ptr(), n)
-            }?;
+            unsafe { driver.cu_memcpy_dtoh(dst.as_mut_ptr().cast(), mem.device_ptr(), n) }?;
             Ok(())
         })?;
         push_bw(&mut report, "cuMemcpyDtoH pageable", size, &ns);
@@ -201,12 +201,15 @@ fn read(
             }
             Ok(())
         })?;
-        push_bw(&mut report, "cuMemHostRegister + DtoH + unregister", size, &ns);
+        push_bw(
+            &mut report,
+            "cuMemHostRegister + DtoH + unregister",
+            size,
+            &ns,
+        );
         let ns = measure(&budget, || {
             // SAFETY: the context is current; `pinned` and `mem` hold at least `n` bytes.
-            unsafe {
-                driver.cu_memcpy_dtoh(pinned.as_ptr().cast(), mem.device_ptr(), n)
-            }?;
+            unsafe { driver.cu_memcpy_dtoh(pinned.as_ptr().cast(), mem.device_ptr(), n) }?;
             Ok(())
         })?;
         push_bw(&mut report, "cuMemcpyDtoH pinned (DMA limit)", size, &ns);
@@ -261,7 +264,12 @@ fn small(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
         unsafe { copy_to_mapping(host, &data) };
         Ok(())
     })?;
-    push(&mut report, "raw store + sfence, same block (limit)", 64, &ns);
+    push(
+        &mut report,
+        "raw store + sfence, same block (limit)",
+        64,
+        &ns,
+    );
     let mut mem = gpu.alloc(1 << 20)?;
     let ns = measure(&budget, || Ok(mem.write(4096, &data)?))?;
     push(&mut report, "RawMemory::write (default API)", 64, &ns);
@@ -372,7 +380,12 @@ fn pool(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
             drop(pool.alloc(256, 16)?);
             Ok(())
         })?;
-        push(&mut report, &format!("alloc+free, 1 thread, {name}"), 256, &ns);
+        push(
+            &mut report,
+            &format!("alloc+free, 1 thread, {name}"),
+            256,
+            &ns,
+        );
         // Eight threads, each `pairs_per_thread` pairs; per pair of the whole machine.
         let samples = if opts.quick { 3 } else { 7 };
         let mut ns = Vec::with_capacity(samples);
