@@ -1,7 +1,7 @@
 //! Pool benchmarks: alloc+free pairs per size class (1 and 8 threads), our allocator against
 //! gpu-alloc's buddy and free-list allocators over the same chunks, a random trace replayed
-//! through each and through raw allocations. `vkgdr+thread-cache` is our pool with
-//! `PoolConfig::thread_cache = 32` (per-thread magazines of freed small blocks).
+//! through each and through raw allocations. `vkgdr` is our pool with the default `PoolConfig`
+//! (per-thread caches of freed small blocks on); `vkgdr-no-cache` sets `thread_cache = 0`.
 //!
 //! The chunk source is the best this machine has: CUDA-imported chunks on a GPU machine, Vulkan
 //! chunks where only Vulkan exists (lavapipe), host memory otherwise. Raw allocations are measured
@@ -64,8 +64,11 @@ impl Source {
 
 /// Allocators compared: (name, (backend, PoolConfig::thread_cache)).
 const BACKENDS: [(&str, (Backend, usize)); 4] = [
-    ("vkgdr", (Backend::Native, 0)),
-    ("vkgdr+thread-cache", (Backend::Native, 32)),
+    (
+        "vkgdr",
+        (Backend::Native, vkgdr::pool::magazine::DEFAULT_DEPTH),
+    ),
+    ("vkgdr-no-cache", (Backend::Native, 0)),
     (
         "gpu-alloc-buddy",
         (Backend::GpuAlloc(GpuAllocStrategy::Buddy), 0),

@@ -309,6 +309,8 @@ driver_table! {
         safe cu_mem_alloc_host: "cuMemHostAlloc" => fn(bytesize: usize, flags: c_uint) -> out *mut c_void;
         unsafe cu_mem_free_host: "cuMemFreeHost" => fn(p: *mut c_void);
         unsafe cu_mem_host_get_device_pointer: "cuMemHostGetDevicePointer_v2" => fn(p: *mut c_void, flags: c_uint) -> out CuDevicePtr;
+        unsafe cu_mem_host_register: "cuMemHostRegister_v2" => fn(p: *mut c_void, bytesize: usize, flags: c_uint);
+        unsafe cu_mem_host_unregister: "cuMemHostUnregister" => fn(p: *mut c_void);
         unsafe cu_memcpy_htod: "cuMemcpyHtoD_v2" => fn(dst: CuDevicePtr, src: *const c_void, count: usize);
         unsafe cu_memcpy_dtoh: "cuMemcpyDtoH_v2" => fn(dst: *mut c_void, src: CuDevicePtr, count: usize);
         unsafe cu_memcpy_htod_async: "cuMemcpyHtoDAsync_v2" => fn(dst: CuDevicePtr, src: *const c_void, count: usize, stream: CuStream);

@@ -109,6 +109,12 @@ pub enum Error {
         /// The driver's result name (or a description of the limit).
         result: String,
     },
+    /// A host allocation the call needs (a vector to read into) could not be made.
+    #[error("out of host memory allocating {size} bytes")]
+    OutOfHostMemory {
+        /// The size asked for, in bytes.
+        size: u64,
+    },
     /// A caller error: zero size, overflow, range out of bounds, bad alignment, bad option.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

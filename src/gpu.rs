@@ -60,6 +60,8 @@ struct GpuInner {
     retained_primary: AtomicBool,
     name: String,
     uuid: [u8; 16],
+    /// Pinned staging buffers of large reads into pageable memory, made on the first one.
+    staging: crate::staging::StagingCache,
     /// Whoever owns a borrowed `context` (a cudarc `CudaContext`), kept alive as long as this
     /// handle, so the context outlives every allocation made through it.
     _context_owner: Option<Arc<dyn std::any::Any + Send + Sync>>,
@@ -81,6 +83,8 @@ pub struct AllocationReport {
 
 impl Drop for GpuInner {
     fn drop(&mut self) {
+        // The staging buffers belong to the context: free them while it is alive.
+        self.staging.clear();
         if self.retained_primary.load(Ordering::Acquire) {
             // SAFETY: we retained the primary context exactly once in `open`; every allocation
             // holds a `Gpu`, so none is alive any more.
@@ -264,6 +268,7 @@ impl Gpu {
                 retained_primary: AtomicBool::new(false),
                 name,
                 uuid,
+                staging: Default::default(),
                 _context_owner: context_owner,
                 allocations: Mutex::new(BTreeMap::new()),
             }),
@@ -376,6 +381,24 @@ impl Gpu {
         unsafe {
             self.driver()
                 .cu_memcpy_dtoh(dst.as_mut_ptr().cast(), src, dst.len())
+        }
+    }
+
+    /// Reads `dst.len()` bytes at device address `src` into `dst` (pageable memory) through
+    /// pinned staging buffers: the copy engine fills some while CPU threads copy others out
+    /// ([`crate::copy::staged`]). The fast path of [`Mapping::read`](crate::Mapping::read) for
+    /// large reads.
+    ///
+    /// # Safety
+    /// - `[src, src + dst.len())` must be valid device memory of this GPU's context.
+    pub(crate) unsafe fn read_staged(&self, dst: &mut [u8], src: u64) -> Result<()> {
+        let context = self.context()?;
+        // SAFETY: the caller guarantees the device range; the context lives as long as
+        // `self.inner`, which owns the cache (and clears it before releasing the context).
+        unsafe {
+            self.inner
+                .staging
+                .read(&self.inner.driver, context, src, dst)
         }
     }
 

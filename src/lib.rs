@@ -25,6 +25,7 @@
 pub mod alloc;
 pub mod arena;
 pub mod bar;
+mod batch;
 pub mod chunk;
 pub mod compat;
 pub mod copy;
@@ -49,11 +50,13 @@ pub mod nvml;
 pub mod pool;
 pub mod range;
 pub mod ring;
+mod staging;
 mod sync;
 pub mod vulkan;
 
 pub use arena::Arena;
 pub use bar::BarInfo;
+pub use batch::WriteBatch;
 pub use error::{Error, MemorySide, Result};
 pub use gpu::{AllocationReport, Gpu, OpenOptions};
 pub use mapping::Mapping;

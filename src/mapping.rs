@@ -39,15 +39,19 @@ pub unsafe trait Mapping {
     /// Makes device writes in `[offset, offset+len)` visible to the CPU before a read.
     fn before_read(&self, offset: u64, len: u64) -> Result<()>;
 
-    /// Copies `src` to `offset` (bounds-checked, flushed or recorded as dirty as needed). Copies of
-    /// at least [`DEFAULT_PARALLEL_THRESHOLD`](crate::copy::DEFAULT_PARALLEL_THRESHOLD) bytes are
-    /// split over the global [`CopyPool`](crate::copy::CopyPool)'s threads (one thread tops out
-    /// near 10–16 GB/s on the H100, eight reach 32 GB/s).
+    /// Copies `src` to `offset` (bounds-checked, flushed or recorded as dirty as needed) and
+    /// fences (`sfence`), so a flag stored afterwards cannot overtake the data.
+    ///
+    /// Short copies run on the calling thread and never start a thread; copies of at least
+    /// [`DEFAULT_PARALLEL_THRESHOLD`](crate::copy::DEFAULT_PARALLEL_THRESHOLD) bytes are split
+    /// over the global [`CopyPool`](crate::copy::CopyPool)'s threads (one thread tops out near
+    /// 10–16 GB/s on the H100, eight reach 32 GB/s). To write many small pieces with one fence,
+    /// use a [`WriteBatch`](crate::WriteBatch).
     fn write(&mut self, offset: u64, src: &[u8]) -> Result<()> {
         check_range(offset, src.len() as u64, self.len())?;
         // SAFETY: the range [offset, offset+len) lies inside the mapping (checked above), the
         // mapping stays valid while `self` is borrowed, and `&mut self` excludes other safe writers.
-        unsafe { crate::copy::CopyPool::global().write(self.host_ptr().add(offset as usize), src) };
+        unsafe { crate::copy::write_default(self.host_ptr().add(offset as usize), src) };
         self.after_write(offset, src.len() as u64)
     }
 
@@ -76,26 +80,30 @@ pub unsafe trait Mapping {
         self.read(offset, bytemuck::cast_slice_mut(out))
     }
 
-    /// Reads `len` bytes into a new vector.
+    /// Reads `len` bytes into a new vector. The range is checked before anything is allocated,
+    /// and a vector the host cannot allocate is [`Error::OutOfHostMemory`], not an abort.
     fn read_vec(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
-        let mut v = vec![0u8; len];
+        check_range(offset, len as u64, self.len())?;
+        let mut v =
+            crate::copy::try_zeroed_vec(len).ok_or(Error::OutOfHostMemory { size: len as u64 })?;
         self.read(offset, &mut v)?;
         Ok(v)
     }
 }
 
-/// The CPU read path: bounds check, invalidate, streaming loads. Implementations that override
-/// [`Mapping::read`] with a DMA path fall back to it for small reads.
+/// The CPU read path: bounds check, invalidate, streaming loads (split over the global copy
+/// pool's threads when long). Implementations that override [`Mapping::read`] with a DMA path
+/// fall back to it for small reads.
 pub(crate) fn read_with_cpu<M: Mapping + ?Sized>(m: &M, offset: u64, dst: &mut [u8]) -> Result<()> {
     check_range(offset, dst.len() as u64, m.len())?;
     m.before_read(offset, dst.len() as u64)?;
     // SAFETY: the range lies inside the mapping (checked above) and `dst` is a distinct host
     // buffer (it is a `&mut` borrow, so it cannot alias the mapping through safe code).
-    unsafe { crate::copy::copy_from_mapping(dst, m.host_ptr().add(offset as usize)) };
+    unsafe { crate::copy::read_default(dst, m.host_ptr().add(offset as usize)) };
     Ok(())
 }
 
-fn check_pod_offset<T>(base: *mut u8, offset: u64) -> Result<()> {
+pub(crate) fn check_pod_offset<T>(base: *mut u8, offset: u64) -> Result<()> {
     let addr = (base as u64).wrapping_add(offset);
     if !addr.is_multiple_of(std::mem::align_of::<T>() as u64) {
         return Err(Error::invalid(format!(

@@ -1,6 +1,8 @@
 //! The crate's synchronisation primitives in one place: cache-line padding, spin-then-yield
-//! backoff, the write-combining store fence, and a shim over the atomics and the mutex so the ring
-//! core can be model-checked with loom (the `loom` feature; see `tests/loom_ring.rs`).
+//! backoff, the write-combining store fence, the owner/visitor handshake of the pool's thread
+//! caches ([`OwnerCell`]), and a shim over the atomics, the mutex and `UnsafeCell` so the ring
+//! core and the handshake can be model-checked with loom (the `loom` feature; see
+//! `tests/loom_ring.rs` and `owner_cell`'s `loom_model`).
 //!
 //! With the `loom` feature [`atomic`], [`Mutex`] and [`Backoff`] come from loom, whose scheduler then
 //! explores every interleaving of the code that uses them. Code whose atomics must be built in a
@@ -9,14 +11,43 @@
 
 use std::ops::{Deref, DerefMut};
 
+mod owner_cell;
+pub(crate) use owner_cell::OwnerCell;
+
 /// Atomics: `std`'s, or loom's with the `loom` feature.
 pub(crate) mod atomic {
     #[cfg(feature = "loom")]
-    pub(crate) use loom::sync::atomic::{AtomicU64, AtomicU8};
+    pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8};
     #[cfg(not(feature = "loom"))]
-    pub(crate) use std::sync::atomic::{AtomicU64, AtomicU8};
+    pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8};
 
     pub(crate) use std::sync::atomic::Ordering;
+}
+
+/// `UnsafeCell` with loom's closure API (`with_mut`), so that with the `loom` feature loom checks that
+/// no two threads ever access the contents at once.
+pub(crate) mod cell {
+    #[cfg(feature = "loom")]
+    pub(crate) use loom::cell::UnsafeCell;
+
+    /// `std`'s `UnsafeCell` behind loom's API.
+    #[cfg(not(feature = "loom"))]
+    #[derive(Debug, Default)]
+    pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
+
+    #[cfg(not(feature = "loom"))]
+    impl<T> UnsafeCell<T> {
+        pub(crate) const fn new(value: T) -> Self {
+            UnsafeCell(std::cell::UnsafeCell::new(value))
+        }
+
+        /// Calls `f` with a pointer to the contents; dereferencing it is the caller's
+        /// (unsafe) business.
+        #[inline(always)]
+        pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+            f(self.0.get())
+        }
+    }
 }
 
 /// Spins of a waiting loop before it starts yielding the CPU.

@@ -506,6 +506,10 @@ impl VulkanContext {
                 return Err(e);
             }
         };
+        // The copy kernels' CPU feature detection runs `cpuid`, which traps to the hypervisor in
+        // a VM (microseconds): do it now, so the first write into this mapping costs what later
+        // ones do.
+        let _ = crate::copy::simd_level();
         Ok(VulkanMemory {
             ctx: self.clone(),
             memory,

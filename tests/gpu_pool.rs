@@ -1,6 +1,7 @@
 //! The pool on the GPU: a PTX kernel reads 100,000 tiny host-written blocks by device pointer and
 //! checks every tag, in coherent and forced non-coherent mode, with recycled blocks from the
-//! per-thread cache, and on the gpu-alloc backend.
+//! per-thread cache (on by default) and without it, on the gpu-alloc backend, and after eight
+//! threads churned blocks through their caches (which a trim then empties while they idle).
 
 mod common;
 
@@ -16,6 +17,77 @@ fn tag_bytes(tag: u32, len: usize) -> Vec<u8> {
     (0..len)
         .map(|j| (tag.wrapping_mul(131).wrapping_add(j as u32) & 0xff) as u8)
         .collect()
+}
+
+/// `check_tagged_blocks` over blocks given by device pointer, length and tag (arrays in pool
+/// blocks themselves).
+struct KernelCheck<'a> {
+    gpu: &'a vkgdr::Gpu,
+    module: &'a Module,
+    count: usize,
+    arrays: [vkgdr::Block; 3],
+    bad: std::cell::RefCell<vkgdr::Block>,
+}
+
+impl<'a> KernelCheck<'a> {
+    fn new(
+        gpu: &'a vkgdr::Gpu,
+        module: &'a Module,
+        pool: &Pool,
+        ptrs: &[u64],
+        lens: &[u32],
+        tags: &[u32],
+    ) -> Self {
+        let count = ptrs.len();
+        let mut p_ptrs = pool.alloc(8 * count as u64, 8).unwrap();
+        let mut p_lens = pool.alloc(4 * count as u64, 4).unwrap();
+        let mut p_tags = pool.alloc(4 * count as u64, 4).unwrap();
+        p_ptrs.write_pod(0, ptrs).unwrap();
+        p_lens.write_pod(0, lens).unwrap();
+        p_tags.write_pod(0, tags).unwrap();
+        for b in [&p_ptrs, &p_lens, &p_tags] {
+            b.flush().unwrap();
+        }
+        KernelCheck {
+            gpu,
+            module,
+            count,
+            arrays: [p_ptrs, p_lens, p_tags],
+            bad: std::cell::RefCell::new(pool.alloc(8, 8).unwrap()),
+        }
+    }
+
+    /// Runs the kernel: the number of blocks whose bytes differ from their tag.
+    fn bad_blocks(&self) -> u64 {
+        let mut p_bad = self.bad.borrow_mut();
+        p_bad.write_pod(0, &[0u64]).unwrap();
+        p_bad.flush().unwrap();
+        let [a, b, c] = &self.arrays;
+        let (mut a, mut b, mut c, mut n, mut d) = (
+            a.device_ptr().unwrap(),
+            b.device_ptr().unwrap(),
+            c.device_ptr().unwrap(),
+            self.count as u64,
+            p_bad.device_ptr().unwrap(),
+        );
+        launch(
+            self.gpu,
+            self.module,
+            "check_tagged_blocks",
+            256,
+            256,
+            &mut [
+                arg(&mut a),
+                arg(&mut b),
+                arg(&mut c),
+                arg(&mut n),
+                arg(&mut d),
+            ],
+        );
+        let mut bad = [0u64];
+        p_bad.read_pod(0, &mut bad).unwrap();
+        bad[0]
+    }
 }
 
 fn kernel_checks_blocks(
@@ -72,44 +144,12 @@ fn kernel_checks_blocks(
         blocks.push(b);
     }
     pool.flush().unwrap();
-    let mut p_ptrs = pool.alloc(8 * count as u64, 8).unwrap();
-    let mut p_lens = pool.alloc(4 * count as u64, 4).unwrap();
-    let mut p_tags = pool.alloc(4 * count as u64, 4).unwrap();
-    let mut p_bad = pool.alloc(8, 8).unwrap();
-    p_ptrs.write_pod(0, &ptrs).unwrap();
-    p_lens.write_pod(0, &lens).unwrap();
-    p_tags.write_pod(0, &tags).unwrap();
-    p_bad.write_pod(0, &[0u64]).unwrap();
-    for b in [&p_ptrs, &p_lens, &p_tags, &p_bad] {
-        b.flush().unwrap();
-    }
-    let run = |p_bad: &vkgdr::Block| -> u64 {
-        let (mut a, mut b, mut c, mut n, mut d) = (
-            p_ptrs.device_ptr().unwrap(),
-            p_lens.device_ptr().unwrap(),
-            p_tags.device_ptr().unwrap(),
-            count as u64,
-            p_bad.device_ptr().unwrap(),
-        );
-        launch(
-            &gpu,
-            &module,
-            "check_tagged_blocks",
-            256,
-            256,
-            &mut [
-                arg(&mut a),
-                arg(&mut b),
-                arg(&mut c),
-                arg(&mut n),
-                arg(&mut d),
-            ],
-        );
-        let mut bad = [0u64];
-        p_bad.read_pod(0, &mut bad).unwrap();
-        bad[0]
-    };
-    assert_eq!(run(&p_bad), 0, "the kernel found blocks with wrong tags");
+    let check = KernelCheck::new(&gpu, &module, &pool, &ptrs, &lens, &tags);
+    assert_eq!(
+        check.bad_blocks(),
+        0,
+        "the kernel found blocks with wrong tags"
+    );
     if thread_cache > 0 {
         let reused = cached_before - magazine::thread_cached_blocks();
         println!("{reused} of {count} blocks came from the thread cache");
@@ -121,9 +161,7 @@ fn kernel_checks_blocks(
         .write(0, &[!tag_bytes(tags[victim], 1)[0]])
         .unwrap();
     blocks[victim].flush().unwrap();
-    p_bad.write_pod(0, &[0u64]).unwrap();
-    p_bad.flush().unwrap();
-    assert_eq!(run(&p_bad), 1);
+    assert_eq!(check.bad_blocks(), 1);
     let stats = pool.stats();
     println!(
         "{count} blocks ({backend:?}, non-coherent {force_non_coherent}): reserved {} KiB, in use {} KiB",
@@ -132,23 +170,102 @@ fn kernel_checks_blocks(
     );
 }
 
+const DEFAULT_CACHE: usize = magazine::DEFAULT_DEPTH;
+
+/// The default configuration: the thread cache is on, so blocks are recycled from it.
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
 fn kernel_checks_100k_tiny_blocks_coherent() {
-    kernel_checks_blocks(false, Backend::Native, 100_000, 0);
+    kernel_checks_blocks(false, Backend::Native, 100_000, DEFAULT_CACHE);
 }
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
-fn kernel_checks_100k_tiny_blocks_with_thread_cache() {
-    kernel_checks_blocks(false, Backend::Native, 100_000, 32);
-    kernel_checks_blocks(true, Backend::Native, 20_000, 32);
+fn kernel_checks_100k_tiny_blocks_without_thread_cache() {
+    kernel_checks_blocks(false, Backend::Native, 100_000, 0);
+    kernel_checks_blocks(true, Backend::Native, 20_000, 0);
 }
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
 fn kernel_checks_100k_tiny_blocks_forced_non_coherent() {
-    kernel_checks_blocks(true, Backend::Native, 100_000, 0);
+    kernel_checks_blocks(true, Backend::Native, 100_000, DEFAULT_CACHE);
+}
+
+/// Eight threads churn tagged blocks through their (default) caches, then each keeps 2,000 live
+/// blocks that one kernel checks; the threads free them into their caches and go idle, and a
+/// trim from the main thread takes every cached block back and returns every chunk to the
+/// driver while those threads still sleep.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn eight_threads_churn_then_an_idle_threads_cache_is_trimmed() {
+    use std::sync::{mpsc, Barrier};
+    let gpu = open(false);
+    let module = Module::load_ptx(&gpu, MAPPING_PTX).unwrap();
+    let pool = Pool::new(gpu.clone(), PoolConfig::default()).unwrap();
+    let (threads, live_per_thread) = (8, 2_000);
+    let checked = Barrier::new(threads + 1);
+    let idle = Barrier::new(threads + 1);
+    let wake = Barrier::new(threads + 1);
+    let (tx, rx) = mpsc::channel::<Vec<(u64, u32, u32)>>();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (pool, tx) = (&pool, tx.clone());
+            let (checked, idle, wake) = (&checked, &idle, &wake);
+            s.spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64);
+                let mut live: Vec<(vkgdr::Block, u32)> = Vec::new();
+                for op in 0..50_000u32 {
+                    if live.len() < live_per_thread && (live.is_empty() || rng.gen_bool(0.6)) {
+                        let size = rng.gen_range(1..=512u64);
+                        let mut b = pool.alloc(size, 1 << rng.gen_range(0..=6)).unwrap();
+                        let tag = (t as u32) << 24 | op;
+                        b.write(0, &tag_bytes(tag, size as usize)).unwrap();
+                        live.push((b, tag));
+                    } else {
+                        let i = rng.gen_range(0..live.len());
+                        drop(live.swap_remove(i));
+                    }
+                }
+                tx.send(
+                    live.iter()
+                        .map(|(b, tag)| (b.device_ptr().unwrap(), b.size() as u32, *tag))
+                        .collect(),
+                )
+                .unwrap();
+                checked.wait();
+                drop(live); // into this thread's cache (up to its bounds)
+                assert!(magazine::thread_cached_blocks() > 0);
+                idle.wait();
+                wake.wait(); // idle while the main thread trims
+            });
+        }
+        drop(tx);
+        let all: Vec<(u64, u32, u32)> = rx.iter().flatten().collect();
+        assert_eq!(all.len(), threads * live_per_thread);
+        let ptrs: Vec<u64> = all.iter().map(|a| a.0).collect();
+        let lens: Vec<u32> = all.iter().map(|a| a.1).collect();
+        let tags: Vec<u32> = all.iter().map(|a| a.2).collect();
+        let check = KernelCheck::new(&gpu, &module, &pool, &ptrs, &lens, &tags);
+        assert_eq!(check.bad_blocks(), 0, "a live block lost its tag");
+        drop(check);
+        checked.wait();
+        idle.wait();
+        let before = pool.stats();
+        assert_eq!(before.bytes_in_use, 0, "{before:?}");
+        assert!(before.bytes_cached > 0, "{before:?}");
+        let released = pool.trim();
+        let after = pool.stats();
+        println!(
+            "8 threads: {} KiB cached in idle threads, trim released {released} chunks",
+            before.bytes_cached >> 10
+        );
+        assert_eq!(
+            (after.bytes_cached, after.chunks, after.bytes_reserved),
+            (0, 0, 0)
+        );
+        wake.wait();
+    });
 }
 
 #[cfg(feature = "gpu-alloc")]

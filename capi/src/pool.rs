@@ -54,8 +54,10 @@ pub struct vkgdr_pool_config {
     /// Empty chunks each shard keeps for reuse instead of freeing them at once (default 1).
     pub keep_empty_chunks: u32,
     /// Freed blocks of up to 4 KiB each thread keeps per size class for reuse without any lock
-    /// (default 0: off). Cached blocks stay reserved until the thread exits, allocates from
-    /// another pool, or calls `vkgdr_pool_trim`.
+    /// (default 32; 0 turns the cache off), at most 256 KiB per thread and pool. Cached blocks
+    /// stay reserved until they are reused, `vkgdr_pool_trim` (from any thread) or
+    /// `vkgdr_pool_destroy` takes them back from every thread (idle ones included), or their
+    /// thread exits.
     pub thread_cache: u32,
     /// Must be 0.
     pub flags: u32,

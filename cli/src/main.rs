@@ -4,7 +4,7 @@
 //!   BAR figures, NVML) and diagnoses what keeps it from working, naming the fix. With `--check` it
 //!   exits 1 when a problem keeps vkgdr from opening a device (for scripts); without, a report that
 //!   could be printed is a success.
-//! - `vkgdr bench <copybw|copylat|apiperf|pplat|ring|arena|all> [--out DIR] [--quick]` measures copies,
+//! - `vkgdr bench <copybw|copylat|fastpath|apiperf|pplat|ring|arena|all> [--out DIR] [--quick]` measures copies,
 //!   latencies and API costs on the GPU and writes tables, CSVs and PNG charts (see [`mod@bench`]).
 //! - `vkgdr bench plot DIR` redraws the charts from the CSVs in `DIR`.
 //! - `vkgdr soak [--seconds N] [--threads N] [--exhaust-every S]` runs pool churn, rings, arena

@@ -34,12 +34,13 @@ fn config(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<PoolConfig> {
             "shards" => c.shards = value.extract()?,
             "keep_empty_chunks" => c.keep_empty_chunks = value.extract()?,
             "thread_cache" => c.thread_cache = value.extract()?,
+            "thread_cache_bytes" => c.thread_cache_bytes = value.extract()?,
             "max_align" => c.heap.max_align = value.extract()?,
             other => {
                 return Err(pyo3::exceptions::PyTypeError::new_err(format!(
                     "unexpected pool option '{other}' (known: chunk_size, max_chunk_size, \
                      dedicated_threshold, max_bytes, shards, keep_empty_chunks, thread_cache, \
-                     max_align)"
+                     thread_cache_bytes, max_align)"
                 )))
             }
         }
@@ -53,9 +54,11 @@ fn config(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<PoolConfig> {
 /// the ~200 µs of a raw allocation.
 ///
 /// ``Pool(owner, *, chunk_size=16 MiB, max_chunk_size=256 MiB, dedicated_threshold=8 MiB,
-/// max_bytes=None, shards=min(cores, 8), keep_empty_chunks=1, thread_cache=0,
-/// max_align=64 KiB)``; an option left out (or None) keeps its default. ``thread_cache=N`` keeps
-/// up to N freed blocks of up to 4 KiB per size class and thread for reuse without locks. Chunks live in ``owner``'s CUDA context (the device's primary context,
+/// max_bytes=None, shards=min(cores, 8), keep_empty_chunks=1, thread_cache=32,
+/// thread_cache_bytes=256 KiB, max_align=64 KiB)``; an option left out (or None) keeps its
+/// default. Each thread keeps up to ``thread_cache`` freed blocks of up to 4 KiB per size class
+/// (and ``thread_cache_bytes`` in all) for reuse without locks; ``trim()`` and dropping the pool
+/// take them back from every thread; ``thread_cache=0`` turns the caches off. Chunks live in ``owner``'s CUDA context (the device's primary context,
 /// which CuPy and PyTorch use, for ``Vkgdr(device)``). Thread-safe; blocks keep their memory
 /// alive, so a block outlives the pool object.
 #[pyclass(module = "vkgdr", name = "Pool", frozen)]
@@ -129,13 +132,16 @@ impl Pool {
         py.detach(|| self.pool.trim())
     }
 
-    /// A usage snapshot: ``bytes_reserved``, ``bytes_in_use``, ``bytes_allocated``, ``chunks``,
-    /// ``dedicated_chunks``, ``largest_free_block``, ``shards``.
+    /// A usage snapshot: ``bytes_reserved``, ``bytes_in_use``, ``bytes_cached`` and
+    /// ``blocks_cached`` (freed blocks kept by thread caches), ``bytes_allocated``, ``chunks``, ``dedicated_chunks``,
+    /// ``largest_free_block``, ``shards``.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = py.detach(|| self.pool.stats());
         let d = PyDict::new(py);
         d.set_item("bytes_reserved", s.bytes_reserved)?;
         d.set_item("bytes_in_use", s.bytes_in_use)?;
+        d.set_item("bytes_cached", s.bytes_cached)?;
+        d.set_item("blocks_cached", s.blocks_cached)?;
         d.set_item("bytes_allocated", s.bytes_allocated)?;
         d.set_item("chunks", s.chunks)?;
         d.set_item("dedicated_chunks", s.dedicated_chunks)?;

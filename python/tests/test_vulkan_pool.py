@@ -258,6 +258,29 @@ def test_thread_cache_reuses_blocks() -> None:
         vkgdr.Pool.vulkan_only(thread_cache=10**6)
 
 
+def test_thread_cache_is_on_by_default_and_any_thread_can_trim_it() -> None:
+    pool = vulkan_pool(chunk_size=1 << 20)
+    a = pool.alloc(256, 16)
+    p = a.host_ptr
+    del a
+    gc.collect()
+    stats = pool.stats()
+    assert (stats["bytes_in_use"], stats["bytes_cached"], stats["blocks_cached"]) == (0, 256, 1)
+    b = pool.alloc(250, 16)
+    assert b.host_ptr == p, "reused from this thread's cache"
+    del b
+    gc.collect()
+    # Another thread trims: this (idle) thread's cached block comes back too.
+    t = threading.Thread(target=pool.trim)
+    t.start()
+    t.join()
+    assert pool.stats()["bytes_cached"] == 0 and pool.stats()["chunks"] == 0
+    off = vulkan_pool(chunk_size=1 << 20, thread_cache=0)
+    off.alloc(64)  # the block is dropped at once
+    gc.collect()
+    assert off.stats()["bytes_cached"] == 0 and off.stats()["bytes_allocated"] == 0
+
+
 def test_threads_allocate_concurrently() -> None:
     pool = vulkan_pool(chunk_size=1 << 20, shards=4)
     errors = []

@@ -79,6 +79,7 @@ class Pool:
         shards: Optional[int] = None,
         keep_empty_chunks: Optional[int] = None,
         thread_cache: Optional[int] = None,
+        thread_cache_bytes: Optional[int] = None,
         max_align: Optional[int] = None,
     ) -> None: ...
     @staticmethod
@@ -94,6 +95,7 @@ class Pool:
         shards: Optional[int] = None,
         keep_empty_chunks: Optional[int] = None,
         thread_cache: Optional[int] = None,
+        thread_cache_bytes: Optional[int] = None,
         max_align: Optional[int] = None,
     ) -> "Pool": ...
     def alloc(self, size: int, align: int = 64) -> "Block": ...

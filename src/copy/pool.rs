@@ -16,6 +16,26 @@ use crate::handle::SendSyncPtr;
 /// thread, where waking workers would cost more than it saves.
 pub const DEFAULT_PARALLEL_THRESHOLD: usize = 1 << 20;
 
+/// Default [`CopyPool::part_size`]: a split copy is cut into parts of about 2 MiB (at least one
+/// per thread, at most [`MAX_PARTS_PER_THREAD`] per thread) that the threads take in turn, so a
+/// thread that is preempted or slower (another NUMA node, a busy vCPU) delays the copy by one
+/// part, not by a whole `1/threads` of it.
+pub const DEFAULT_PART_SIZE: usize = 2 << 20;
+
+/// Most parts per thread one copy is cut into (bounds the queue work per copy).
+pub const MAX_PARTS_PER_THREAD: usize = 16;
+
+/// Most threads a pool may have: [`CopyPool::try_new`] refuses more (the pool's bookkeeping is
+/// sized by the thread count, and no machine gains from more copy threads than this).
+pub const MAX_THREADS: usize = 1024;
+
+/// Environment variable that sets the thread count of [`CopyPool::global`] (1 to
+/// [`MAX_THREADS`]; unset or invalid: `available_parallelism().min(8)`).
+pub const THREADS_ENV: &str = "VKGDR_COPY_THREADS";
+
+/// The process-wide pool, created by the first [`CopyPool::global`] call.
+static GLOBAL: OnceLock<CopyPool> = OnceLock::new();
+
 /// Slice boundaries fall on multiples of this many bytes of the mapping address, so no two
 /// threads share a page (or a WC line) of the mapping.
 pub(super) const SLICE_ALIGN: usize = 4096;
@@ -48,6 +68,7 @@ pub struct CopyPool {
     workers: Vec<JoinHandle<()>>,
     threads: usize,
     threshold: AtomicUsize,
+    part_size: AtomicUsize,
 }
 
 /// State shared between the pool handle and its workers.
@@ -146,8 +167,8 @@ impl CopyPool {
     ///
     /// # Panics
     ///
-    /// If the operating system cannot start a thread, like [`std::thread::spawn`]; use
-    /// [`try_new`](Self::try_new) to get an error instead.
+    /// If `threads` exceeds [`MAX_THREADS`] or the operating system cannot start a thread, like
+    /// [`std::thread::spawn`]; use [`try_new`](Self::try_new) to get an error instead.
     pub fn new(threads: usize) -> Self {
         match Self::try_new(threads.max(1)) {
             Ok(pool) => pool,
@@ -159,11 +180,18 @@ impl CopyPool {
     ///
     /// # Errors
     ///
-    /// [`CopyError::ZeroThreads`] if `threads == 0`; [`CopyError::Spawn`] if a worker cannot
-    /// be started (the workers started so far are stopped and joined).
+    /// [`CopyError::ZeroThreads`] if `threads == 0`; [`CopyError::TooManyThreads`] above
+    /// [`MAX_THREADS`] (nothing is started then); [`CopyError::Spawn`] if a worker cannot be
+    /// started (the workers started so far are stopped and joined).
     pub fn try_new(threads: usize) -> Result<Self, CopyError> {
         if threads == 0 {
             return Err(CopyError::ZeroThreads);
+        }
+        if threads > MAX_THREADS {
+            return Err(CopyError::TooManyThreads {
+                requested: threads,
+                max: MAX_THREADS,
+            });
         }
         let mut pool = CopyPool {
             shared: Arc::new(Shared {
@@ -176,6 +204,7 @@ impl CopyPool {
             workers: Vec::with_capacity(threads - 1),
             threads,
             threshold: AtomicUsize::new(DEFAULT_PARALLEL_THRESHOLD),
+            part_size: AtomicUsize::new(DEFAULT_PART_SIZE),
         };
         for i in 1..threads {
             let shared = Arc::clone(&pool.shared);
@@ -188,18 +217,23 @@ impl CopyPool {
         Ok(pool)
     }
 
-    /// The process-wide pool, created on first use with
-    /// `available_parallelism().min(8)` threads.
+    /// The process-wide pool, created on first use with `available_parallelism().min(8)`
+    /// threads, or as many as the environment variable [`THREADS_ENV`] says.
+    ///
+    /// The crate's own copies ([`Mapping::write`](crate::Mapping::write) and the reads) create it
+    /// only for a copy of at least [`DEFAULT_PARALLEL_THRESHOLD`] bytes: a process whose copies
+    /// are all small never starts its threads.
     ///
     /// # Panics
     ///
     /// On first use, if the operating system cannot start a thread.
     pub fn global() -> &'static CopyPool {
-        static GLOBAL: OnceLock<CopyPool> = OnceLock::new();
-        GLOBAL.get_or_init(|| {
-            let n = thread::available_parallelism().map_or(1, |n| n.get());
-            CopyPool::new(n.min(8))
-        })
+        GLOBAL.get_or_init(|| CopyPool::new(global_threads(std::env::var(THREADS_ENV).ok())))
+    }
+
+    /// The process-wide pool if something has created it already; never starts it.
+    pub fn global_if_started() -> Option<&'static CopyPool> {
+        GLOBAL.get()
     }
 
     /// Sets [`parallel_threshold`](Self::parallel_threshold), builder style.
@@ -219,6 +253,25 @@ impl CopyPool {
         self.threshold.load(Ordering::Relaxed)
     }
 
+    /// Sets [`part_size`](Self::part_size), builder style.
+    pub fn with_part_size(self, bytes: usize) -> Self {
+        self.set_part_size(bytes);
+        self
+    }
+
+    /// Sets the size of the parts a split copy is cut into (0: exactly one part per thread).
+    pub fn set_part_size(&self, bytes: usize) {
+        self.part_size.store(bytes, Ordering::Relaxed);
+    }
+
+    /// A split copy is cut into parts of about this many bytes (at least one per thread, at
+    /// most [`MAX_PARTS_PER_THREAD`] per thread), which the threads take in turn: a slow or
+    /// preempted thread then holds the copy up by one part only. 0 means one part per thread.
+    /// Defaults to [`DEFAULT_PART_SIZE`].
+    pub fn part_size(&self) -> usize {
+        self.part_size.load(Ordering::Relaxed)
+    }
+
     /// A weak reference to the state the workers share, to observe their exit in tests.
     #[cfg(test)]
     pub(super) fn shared_weak(&self) -> std::sync::Weak<Shared> {
@@ -232,11 +285,14 @@ impl CopyPool {
 
     /// How many parts a copy of `len` bytes is cut into.
     pub(super) fn parts_for(&self, len: usize) -> usize {
-        if len >= self.parallel_threshold() && len > 0 {
-            self.threads
-        } else {
-            1
+        if len < self.parallel_threshold() || len == 0 || self.threads == 1 {
+            return 1;
         }
+        let by_size = match self.part_size() {
+            0 => 1,
+            part => len.div_ceil(part),
+        };
+        by_size.clamp(self.threads, self.threads * MAX_PARTS_PER_THREAD)
     }
 
     /// Like [`copy_to_mapping`](super::copy_to_mapping), split between the pool's threads when
@@ -345,6 +401,33 @@ impl CopyPool {
         Ok(())
     }
 
+    /// Copies `src` into `dst`, both ordinary host memory (plain `memcpy` per part), split
+    /// between the pool's threads when at least [`parallel_threshold`](Self::parallel_threshold)
+    /// long: for moving data out of a pinned staging buffer into pageable memory.
+    ///
+    /// # Errors
+    ///
+    /// [`CopyError::LengthMismatch`] if the slices differ in length; nothing is copied then.
+    pub fn copy(&self, dst: &mut [u8], src: &[u8]) -> Result<(), CopyError> {
+        check_lengths(dst.len(), src.len())?;
+        let len = dst.len();
+        let parts = self.parts_for(len);
+        let (d, s) = (
+            SendSyncPtr::new(dst.as_mut_ptr()),
+            SendSyncPtr::new(src.as_ptr().cast_mut()),
+        );
+        self.run_parts(parts, &|part| {
+            let (start, end) = slice_bounds(d.get() as usize, len, parts, part);
+            // SAFETY: disjoint sub-ranges of the exclusive `dst` borrow and of the shared `src`
+            // borrow (distinct allocations: a `&mut` cannot alias a `&`), all used before
+            // `run_parts` returns.
+            unsafe {
+                std::ptr::copy_nonoverlapping(s.get().add(start), d.get().add(start), end - start)
+            };
+        });
+        Ok(())
+    }
+
     /// Calls `work(p)` once for every `p` in `0..parts`, spread over the pool's threads (part 0
     /// on the calling thread), and returns when all calls have finished — a scoped parallel
     /// loop, so `work` may borrow from the caller's stack.
@@ -380,7 +463,8 @@ impl CopyPool {
                 });
             }
         }
-        for _ in 1..parts {
+        // One wake-up per worker that can help; the others find the queue empty anyway.
+        for _ in 1..parts.min(self.threads) {
             self.shared.wake.notify_one();
         }
         // `Finish` waits for every part even if this thread unwinds (it cannot, since parts
@@ -464,6 +548,20 @@ impl std::fmt::Debug for CopyPool {
         f.debug_struct("CopyPool")
             .field("threads", &self.threads)
             .field("parallel_threshold", &self.parallel_threshold())
+            .field("part_size", &self.part_size())
             .finish()
     }
+}
+
+/// Thread count of the global pool: [`THREADS_ENV`]'s value when it is a number in
+/// `1..=MAX_THREADS`, else the available parallelism, at most 8 (eight threads saturate an
+/// H100's BAR writes, ~33 GB/s, and more compete with the application).
+pub(super) fn global_threads(env: Option<String>) -> usize {
+    env.and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|n| (1..=MAX_THREADS).contains(n))
+        .unwrap_or_else(|| {
+            thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(8)
+        })
 }

@@ -10,7 +10,7 @@ use std::thread;
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 
-use super::pool::{slice_bounds, SLICE_ALIGN};
+use super::pool::{self, slice_bounds, SLICE_ALIGN};
 use super::*;
 
 fn random_bytes(rng: &mut StdRng, len: usize) -> Vec<u8> {
@@ -162,6 +162,81 @@ fn threshold_decides_between_inline_and_split() {
     let pool = pool.with_parallel_threshold(100);
     assert_eq!(pool.parallel_threshold(), 100);
     assert_eq!(pool.parts_for(99), 1);
+}
+
+#[test]
+fn parts_follow_the_part_size_within_bounds() {
+    let pool = CopyPool::new(4).with_parallel_threshold(0);
+    assert_eq!(pool.part_size(), DEFAULT_PART_SIZE);
+    // At least one part per thread, about one per part size, at most 16 per thread.
+    assert_eq!(pool.parts_for(4096), 4);
+    assert_eq!(pool.parts_for(16 << 20), 8);
+    assert_eq!(pool.parts_for((16 << 20) + 1), 9);
+    assert_eq!(pool.parts_for(1 << 30), 4 * MAX_PARTS_PER_THREAD);
+    pool.set_part_size(0);
+    assert_eq!(pool.parts_for(1 << 30), 4, "0: one part per thread");
+    let single = CopyPool::new(1).with_parallel_threshold(0);
+    assert_eq!(single.parts_for(1 << 30), 1);
+    // Many small parts still copy every byte exactly once.
+    let pool = CopyPool::new(3)
+        .with_part_size(8192)
+        .with_parallel_threshold(0);
+    let src: Vec<u8> = (0..(1 << 20) + 77).map(|i: u32| (i % 249) as u8).collect();
+    let mut dst = vec![0u8; src.len() + 2];
+    pool.write_slice(&mut dst[1..=src.len()], &src).unwrap();
+    assert_eq!(&dst[1..=src.len()], &src[..]);
+    assert_eq!((dst[0], dst[src.len() + 1]), (0, 0));
+}
+
+#[test]
+fn host_copies_split_and_check_lengths() {
+    let pool = CopyPool::new(4)
+        .with_parallel_threshold(0)
+        .with_part_size(4096);
+    let src: Vec<u8> = (0..(3 << 20) + 5).map(|i: u32| (i * 13) as u8).collect();
+    let mut dst = vec![0u8; src.len()];
+    pool.copy(&mut dst, &src).unwrap();
+    assert_eq!(dst, src);
+    assert!(matches!(
+        pool.copy(&mut dst[1..], &src),
+        Err(CopyError::LengthMismatch { .. })
+    ));
+    pool.copy(&mut [], &[]).unwrap();
+}
+
+#[test]
+fn absurd_thread_counts_are_errors_not_aborts() {
+    for n in [MAX_THREADS + 1, 1 << 40, usize::MAX] {
+        assert!(matches!(
+            CopyPool::try_new(n),
+            Err(CopyError::TooManyThreads { requested, max: MAX_THREADS }) if requested == n
+        ));
+    }
+    let e = CopyPool::try_new(usize::MAX).unwrap_err();
+    assert!(e.to_string().contains("exceeds the maximum of 1024"));
+}
+
+#[test]
+fn global_thread_count_comes_from_the_environment_when_valid() {
+    let default = thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(8);
+    assert_eq!(pool::global_threads(None), default);
+    assert_eq!(pool::global_threads(Some("12".into())), 12);
+    assert_eq!(pool::global_threads(Some(" 3 ".into())), 3);
+    for bad in ["0", "-1", "lots", "", "1025"] {
+        assert_eq!(pool::global_threads(Some(bad.into())), default, "{bad:?}");
+    }
+}
+
+#[test]
+fn zeroed_vectors_are_fallible() {
+    assert_eq!(try_zeroed_vec(0), Some(Vec::new()));
+    let v = try_zeroed_vec(100_000).unwrap();
+    assert!(v.len() == 100_000 && v.capacity() == 100_000 && v.iter().all(|&b| b == 0));
+    // More than any allocator can give: `None`, not an abort.
+    assert_eq!(try_zeroed_vec(usize::MAX), None);
+    assert_eq!(try_zeroed_vec(1 << 62), None);
 }
 
 #[test]

@@ -108,6 +108,11 @@ impl Block {
         // are removed only when empty), and the counted reference on `cell` keeps the shard, and
         // so the table, alive.
         let chunk_ref = unsafe { &*chunk };
+        if len != allocation.requested_size() {
+            // SAFETY: the counted reference keeps the cell alive; `pool` is never changed.
+            let pool = unsafe { &cell.as_ref().pool };
+            pool.adjust_size_delta(len, &allocation, 1);
+        }
         Block::new(
             chunk_ref,
             allocation.offset(),
@@ -276,7 +281,11 @@ unsafe impl Mapping for Block {
         }
         Ok(())
     }
+    /// Makes device writes in `[offset, offset + len)` of the block visible to the CPU.
+    /// The range is checked against the block first (an error, not a stray invalidate of a
+    /// neighbour's atoms), as in [`after_write`](Mapping::after_write).
     fn before_read(&self, offset: u64, len: u64) -> Result<()> {
+        check_range(offset, len, self.len)?;
         if self.non_coherent && len > 0 {
             let chunk = self.chunk();
             // Invalidating would discard this block's own unflushed writes: push them first.
@@ -304,13 +313,16 @@ impl Drop for Block {
         } = &mut self.kind
         {
             if let Some(a) = allocation.take() {
+                // SAFETY: our reference keeps the cell alive; `pool` is never changed.
+                let pool = unsafe { &shard.as_ref().pool };
+                if self.len != a.requested_size() {
+                    pool.adjust_size_delta(self.len, &a, -1);
+                }
                 let entry = magazine::Cached {
                     cell: *shard,
                     chunk: *chunk,
                     allocation: a,
                 };
-                // SAFETY: our reference keeps the cell alive; `pool` is never changed.
-                let pool = unsafe { &shard.as_ref().pool };
                 let entry = if pool.cache_enabled && !pool.dropped.load(Ordering::Relaxed) {
                     magazine::offer(pool.id, entry)
                 } else {

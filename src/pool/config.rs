@@ -4,7 +4,7 @@
 #[cfg(feature = "gpu-alloc")]
 use super::gpu_alloc::GpuAllocStrategy;
 use super::magazine;
-use crate::alloc::HeapConfig;
+use crate::alloc::{HeapConfig, MAX_CHUNK_SIZE};
 use crate::error::{Error, Result};
 
 /// Which allocator carves the pool's chunks.
@@ -42,14 +42,19 @@ pub struct PoolConfig {
     /// Which allocator serves shared requests.
     pub backend: Backend,
     /// Freed blocks of up to 4 KiB each thread keeps per 16-byte size bucket for reuse by its
-    /// next allocations from this pool, with no lock and no atomic operation on either side
-    /// ([`magazine`]). Default 0 (off); at most [`magazine::MAX_DEPTH`].
+    /// next allocations from this pool, with no lock and no atomic read-modify-write on either
+    /// side ([`magazine`]): the pool's fast path. Default [`magazine::DEFAULT_DEPTH`] (32); at
+    /// most [`magazine::MAX_DEPTH`]; 0 turns the thread caches off.
     ///
-    /// Cached blocks stay reserved (they count as in use in [`Pool::stats`](super::Pool::stats) and keep their chunk
-    /// from being trimmed) until their thread allocates from another pool, calls
-    /// [`magazine::release_thread_cache`], trims or drops the last handle of this pool, or exits.
-    /// Native backend only.
+    /// Cached blocks count as in use in [`Pool::stats`](super::Pool::stats) and keep their chunk
+    /// until they are reused or given back: [`Pool::trim`](super::Pool::trim) and dropping the
+    /// pool's last handle take them back from every thread (idle ones included); a thread also
+    /// gives them back when it exits, calls [`magazine::release_thread_cache`], or has
+    /// allocated from [`magazine::POOLS_PER_THREAD`] other pools since. Native backend only.
     pub thread_cache: usize,
+    /// Bytes (rounded block sizes) each thread keeps cached for this pool at most. Default
+    /// [`magazine::DEFAULT_BYTES`] (256 KiB).
+    pub thread_cache_bytes: u64,
 }
 
 impl Default for PoolConfig {
@@ -65,25 +70,55 @@ impl Default for PoolConfig {
             keep_empty_chunks: 1,
             heap: HeapConfig::default(),
             backend: Backend::Native,
-            thread_cache: 0,
+            thread_cache: magazine::DEFAULT_DEPTH,
+            thread_cache_bytes: magazine::DEFAULT_BYTES,
         }
     }
 }
 
+/// Most shards a pool may have ([`PoolConfig::shards`]): each costs a heap's metadata, and no
+/// machine gains from more shards than threads.
+pub const MAX_SHARDS: usize = 1024;
+
 impl PoolConfig {
-    /// Refuses settings no pool can work with, before anything is allocated.
-    pub(super) fn validate(&self) -> Result<()> {
+    /// Refuses settings no pool can work with, before anything is allocated. `atom` is the
+    /// source's `nonCoherentAtomSize` when its memory is non-coherent.
+    pub(super) fn validate(&self, non_coherent_atom: Option<u64>) -> Result<()> {
         if self.shards == 0 {
             return Err(Error::invalid("a pool needs at least one shard"));
         }
-        if self.chunk_size == 0 || !self.chunk_size.is_multiple_of(self.heap.max_align) {
+        if self.shards > MAX_SHARDS {
             return Err(Error::invalid(format!(
-                "chunk size {} must be a non-zero multiple of the maximum alignment {}",
-                self.chunk_size, self.heap.max_align
+                "{} shards exceed the maximum of {MAX_SHARDS}",
+                self.shards
             )));
+        }
+        self.heap.validate()?;
+        for (name, size) in [
+            ("chunk_size", self.chunk_size),
+            ("max_chunk_size", self.max_chunk_size),
+        ] {
+            if size == 0 || !size.is_multiple_of(self.heap.max_align) || size > MAX_CHUNK_SIZE {
+                return Err(Error::invalid(format!(
+                    "{name} {size} must be a non-zero multiple of the maximum alignment {} \
+                     (at most {MAX_CHUNK_SIZE})",
+                    self.heap.max_align
+                )));
+            }
         }
         if self.max_chunk_size < self.chunk_size {
             return Err(Error::invalid("max_chunk_size is smaller than chunk_size"));
+        }
+        if let Some(atom) = non_coherent_atom {
+            // Every block on non-coherent memory owns whole atoms, so its alignment is at least
+            // the atom: a heap that cannot align that far could serve no request at all.
+            if !atom.is_power_of_two() || atom > self.heap.max_align {
+                return Err(Error::invalid(format!(
+                    "the memory's nonCoherentAtomSize {atom} must be a power of two no larger \
+                     than heap.max_align {}",
+                    self.heap.max_align
+                )));
+            }
         }
         if self.dedicated_threshold == 0 {
             return Err(Error::invalid("dedicated_threshold is zero"));

@@ -41,6 +41,9 @@ pub(crate) struct ChunkDevice<'a> {
     /// The pool's reserved-bytes counter and limit, kept for gpu-alloc's chunks too.
     pub(crate) reserved: &'a AtomicU64,
     pub(crate) limit: u64,
+    /// Set when an allocation failed on the pool's byte limit (gpu-alloc reports every
+    /// failure as "out of device memory"; this tells the limit apart from the driver).
+    pub(crate) limit_hit: std::cell::Cell<bool>,
 }
 
 impl MemoryDevice<Arc<Chunk>> for ChunkDevice<'_> {
@@ -55,7 +58,10 @@ impl MemoryDevice<Arc<Chunk>> for ChunkDevice<'_> {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
                 r.checked_add(size).filter(|&n| n <= limit)
             })
-            .map_err(|_| OutOfMemory::OutOfDeviceMemory)?;
+            .map_err(|_| {
+                self.limit_hit.set(true);
+                OutOfMemory::OutOfDeviceMemory
+            })?;
         let chunk = self
             .source
             .allocate_chunk(size)
@@ -186,6 +192,14 @@ impl GpuAllocBackend {
         };
         // SAFETY: the same device (same source and atom) is used for every call on this allocator.
         unsafe { self.allocator.lock().alloc(device, request) }.map_err(|e| match e {
+            gpu_alloc::AllocationError::OutOfDeviceMemory if device.limit_hit.get() => {
+                Error::OutOfDeviceMemory {
+                    side: MemorySide::Limit,
+                    call: "Pool::alloc",
+                    size,
+                    result: format!("pool limit {} bytes", device.limit),
+                }
+            }
             gpu_alloc::AllocationError::OutOfDeviceMemory => Error::OutOfDeviceMemory {
                 side: MemorySide::Vulkan,
                 call: "gpu_alloc::GpuAllocator::alloc",

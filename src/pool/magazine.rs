@@ -1,24 +1,29 @@
-//! Per-thread caches of freed small blocks ("magazines"), enabled by
-//! [`PoolConfig::thread_cache`](super::PoolConfig::thread_cache).
+//! Per-thread caches of freed small blocks ("magazines"), on by default
+//! ([`PoolConfig::thread_cache`](super::PoolConfig::thread_cache)).
 //!
 //! A block of at most [`MAX_CACHED_SIZE`] bytes dropped on a thread whose magazine serves the
 //! block's pool is kept there instead of going back to its shard; the next allocation of a size in
-//! the same 16-byte bucket on that thread takes it back. Both steps touch only thread-local data:
+//! the same 16-byte bucket on that thread takes it back. Both steps touch only this thread's data:
 //! no lock, no atomic read-modify-write, no allocator work. A cached allocation stays counted as
 //! outstanding in its shard, so its shard cell and chunk stay alive exactly as for a live block.
 //!
-//! A magazine serves one pool at a time (the one its thread last allocated from). Its entries go
-//! back to their shards when the thread allocates from another pool, when it calls
-//! [`release_thread_cache`], when it drops the last handle of the pool or trims it, and when the
-//! thread exits. Until then they keep their bytes reserved: that is the price of the fast path,
-//! which is why it is opt-in.
+//! **Bounded.** A magazine serves up to [`POOLS_PER_THREAD`] pools at once (the ones its thread
+//! allocated from most recently), and holds per pool at most `thread_cache` blocks per bucket
+//! and `thread_cache_bytes` bytes in all.
+//!
+//! **Reclaimable from any thread.** [`Pool::trim`](super::Pool::trim) and dropping a pool's last
+//! handle take that pool's blocks out of *every* thread's magazine, including threads that are
+//! idle and never allocate again, without stopping them: each magazine is an
+//! [`OwnerCell`](crate::sync::OwnerCell), whose owner works with plain loads and stores and whose
+//! visitors get exclusive access through a handshake (`membarrier` on Linux). Blocks also go back
+//! when their thread evicts the pool for another, calls [`release_thread_cache`], or exits.
 //!
 //! ```
 //! use vkgdr::chunk::HostMemorySource;
 //! use vkgdr::pool::magazine;
 //! use vkgdr::{Pool, PoolConfig};
 //!
-//! let pool = Pool::new(HostMemorySource, PoolConfig { thread_cache: 32, ..Default::default() })?;
+//! let pool = Pool::new(HostMemorySource, PoolConfig::default())?; // thread cache on
 //! let block = pool.alloc(256, 64)?;
 //! let addr = block.host_ptr();
 //! drop(block); // kept by this thread
@@ -26,22 +31,38 @@
 //! let again = pool.alloc(250, 64)?; // same 16-byte bucket (241..=256): reused, no lock taken
 //! assert_eq!(again.host_ptr(), addr);
 //! drop(again);
-//! magazine::release_thread_cache(); // back to the shard, so `trim` can free the chunk
-//! assert_eq!(pool.stats().bytes_in_use, 0);
+//! // Another thread may trim: this thread's cached block goes back too.
+//! assert_eq!(pool.stats().blocks_cached, 1);
+//! std::thread::scope(|s| {
+//!     s.spawn(|| pool.trim());
+//! });
+//! assert_eq!((pool.stats().blocks_cached, pool.stats().bytes_allocated), (0, 0));
 //! # Ok::<(), vkgdr::Error>(())
 //! ```
 
 use std::cell::Cell;
 use std::ptr::{self, NonNull};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use super::shards::{Chunk, ShardCell};
 use crate::alloc::Allocation;
+use crate::sync::OwnerCell;
 
 /// Largest request served from a magazine (the slab range of the default allocator).
 pub const MAX_CACHED_SIZE: u64 = 4096;
 /// Largest [`PoolConfig::thread_cache`](super::PoolConfig::thread_cache) (blocks per bucket and
 /// thread; each bucket's storage is reserved whole on first use).
 pub const MAX_DEPTH: usize = 1024;
+/// Default [`PoolConfig::thread_cache`](super::PoolConfig::thread_cache): blocks per bucket.
+pub const DEFAULT_DEPTH: usize = 32;
+/// Default [`PoolConfig::thread_cache_bytes`](super::PoolConfig::thread_cache_bytes): bytes one
+/// thread keeps cached for one pool.
+pub const DEFAULT_BYTES: u64 = 256 << 10;
+/// Pools one thread's magazine serves at once; allocating from one more evicts (returns the
+/// blocks of) the pool it used least recently.
+pub const POOLS_PER_THREAD: usize = 4;
 /// Bucket width: requests are grouped by `(size - 1) / BUCKET_BYTES`.
 const BUCKET_BYTES: u64 = 16;
 const BUCKETS: usize = (MAX_CACHED_SIZE / BUCKET_BYTES) as usize;
@@ -54,73 +75,140 @@ pub(super) struct Cached {
     pub(super) allocation: Allocation,
 }
 
-struct Magazine {
-    /// `PoolInner::id` of the pool the entries belong to (0: none yet).
+// SAFETY: an entry owns one outstanding allocation and its counted reference on the cell, exactly
+// like the `Block` it came from (which is `Send`); the cell and chunk it points to are shared,
+// lock-protected state that any thread may free into (`ShardCell::free`).
+unsafe impl Send for Cached {}
+
+/// How a pool asks to be cached: its identity and bounds.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PoolKey {
+    /// `PoolInner::id` (never 0).
+    pub(super) id: u64,
+    /// Entries per bucket at most.
+    pub(super) depth: usize,
+    /// Cached bytes (rounded allocation sizes) at most.
+    pub(super) max_bytes: u64,
+}
+
+/// One pool's part of a magazine.
+struct PoolSlot {
+    /// The pool served (0: none).
     pool: u64,
-    /// Entries per bucket at most (the pool's `thread_cache`).
     depth: usize,
+    max_bytes: u64,
+    /// Rounded sizes of the entries held.
+    bytes: u64,
+    /// The magazine's clock when this pool last allocated through it (least recent is evicted).
+    last_use: u64,
+    /// `BUCKETS` buckets once the slot has served a pool.
     buckets: Vec<Vec<Cached>>,
 }
 
-impl Magazine {
-    fn take_all(&mut self) -> Vec<Cached> {
-        self.buckets.iter_mut().flat_map(|b| b.drain(..)).collect()
+impl PoolSlot {
+    const EMPTY: PoolSlot = PoolSlot {
+        pool: 0,
+        depth: 0,
+        max_bytes: 0,
+        bytes: 0,
+        last_use: 0,
+        buckets: Vec::new(),
+    };
+
+    /// Empties the slot into `out` and forgets its pool.
+    fn drain_into(&mut self, out: &mut Vec<Cached>) {
+        for b in &mut self.buckets {
+            out.append(b);
+        }
+        self.pool = 0;
+        self.bytes = 0;
+    }
+
+    fn len(&self) -> usize {
+        self.buckets.iter().map(Vec::len).sum()
     }
 }
+
+/// What a magazine holds: its pools' slots and a use clock.
+struct Slots {
+    clock: u64,
+    slots: [PoolSlot; POOLS_PER_THREAD],
+}
+
+impl Slots {
+    fn find(&mut self, pool: u64) -> Option<&mut PoolSlot> {
+        self.slots.iter_mut().find(|s| s.pool == pool)
+    }
+
+    fn take_all(&mut self) -> Vec<Cached> {
+        let mut out = Vec::new();
+        for s in &mut self.slots {
+            s.drain_into(&mut out);
+        }
+        out
+    }
+}
+
+/// One thread's magazine: shared with visitors (trim, pool drop) through its `OwnerCell`.
+struct Magazine {
+    cell: OwnerCell<Slots>,
+}
+
+/// Every live magazine, for visitors. Locked to register (a thread's first cached block), to
+/// deregister (thread exit) and for a visit.
+static REGISTRY: Mutex<Vec<Arc<Magazine>>> = Mutex::new(Vec::new());
 
 thread_local! {
     /// This thread's magazine: null before its first use and after the thread's teardown. A
     /// const cell without a destructor, so reading it is a single load (no lazy-initialisation or
     /// destructor-state check on the hot path).
-    static CURRENT: Cell<*mut Magazine> = const { Cell::new(ptr::null_mut()) };
+    static CURRENT: Cell<*const Magazine> = const { Cell::new(ptr::null()) };
     /// Owns the magazine and hands its entries back when the thread exits.
-    static OWNER: Owner = const { Owner(Cell::new(ptr::null_mut())) };
+    static OWNER: Owner = const { Owner(Cell::new(None)) };
 }
 
-struct Owner(Cell<*mut Magazine>);
+struct Owner(Cell<Option<Arc<Magazine>>>);
 
 impl Drop for Owner {
     fn drop(&mut self) {
-        let m = self.0.replace(ptr::null_mut());
-        if m.is_null() {
-            return;
-        }
+        let Some(m) = self.0.take() else { return };
         // Later uses on this thread (other thread-locals' destructors dropping blocks) find no
         // magazine and free straight to the shards.
-        let _ = CURRENT.try_with(|c| c.set(ptr::null_mut()));
-        // SAFETY: `m` came from `Box::into_raw` in `create` and is freed only here, once (the
-        // owner cell was swapped to null above); no reference to it is live: `with_magazine`
-        // closures never run destructors of thread-locals.
-        let mut m = unsafe { Box::from_raw(m) };
-        release(m.take_all());
+        let _ = CURRENT.try_with(|c| c.set(ptr::null()));
+        // SAFETY: this thread owns the magazine; the closure does not block or visit.
+        let entries = unsafe { m.cell.with_owner(Slots::take_all) };
+        REGISTRY.lock().retain(|r| !Arc::ptr_eq(r, &m));
+        release(entries);
     }
 }
 
-/// Allocates this thread's magazine; `None` once the thread is being torn down.
+/// Allocates and registers this thread's magazine; `None` once the thread is being torn down.
 #[cold]
-fn create() -> Option<*mut Magazine> {
+fn create() -> Option<*const Magazine> {
     OWNER
         .try_with(|owner| {
-            debug_assert!(owner.0.get().is_null());
-            let m = Box::into_raw(Box::new(Magazine {
-                pool: 0,
-                depth: 0,
-                buckets: Vec::new(),
-            }));
-            owner.0.set(m);
-            CURRENT.with(|c| c.set(m));
-            m
+            let m = Arc::new(Magazine {
+                cell: OwnerCell::new(Slots {
+                    clock: 0,
+                    slots: [const { PoolSlot::EMPTY }; POOLS_PER_THREAD],
+                }),
+            });
+            REGISTRY.lock().push(m.clone());
+            let p = Arc::as_ptr(&m);
+            owner.0.set(Some(m));
+            CURRENT.with(|c| c.set(p));
+            p
         })
         .ok()
 }
 
-/// Runs `f` on this thread's magazine, creating it if `create_if_missing`. `None`: no magazine
-/// (not created, or the thread is exiting).
+/// Runs `f` on this thread's magazine as its owner, creating it if `create_if_missing`. `None`:
+/// no magazine (not created, or the thread is exiting).
 ///
-/// `f` must not free blocks, drop chunks or call into a pool: nothing may reach the magazine
-/// while `f` holds it (entries to free are returned and released by the caller afterwards).
+/// `f` must not free blocks, drop chunks or call into a pool: entries to free are returned and
+/// released by the caller afterwards (a visitor may be waiting for `f` to end).
 #[inline]
-fn with_magazine<R>(create_if_missing: bool, f: impl FnOnce(&mut Magazine) -> R) -> Option<R> {
+fn with_magazine<R>(create_if_missing: bool, f: impl FnOnce(&mut Slots) -> R) -> Option<R> {
     let mut p = CURRENT.with(Cell::get);
     if p.is_null() {
         if !create_if_missing {
@@ -128,10 +216,10 @@ fn with_magazine<R>(create_if_missing: bool, f: impl FnOnce(&mut Magazine) -> R)
         }
         p = create()?;
     }
-    // SAFETY: `p` is this thread's live magazine (freed only by `Owner::drop`, which clears
-    // `CURRENT` first), never shared with other threads, and by the rule above no other
-    // reference to it exists while `f` runs.
-    Some(f(unsafe { &mut *p }))
+    // SAFETY: `p` is this thread's live magazine (the `Arc` in `OWNER` keeps it; `Owner::drop`
+    // clears `CURRENT` first), and this thread is its only owner; by the rule above `f` neither
+    // blocks nor visits nor re-enters.
+    Some(unsafe { (*p).cell.with_owner(f) })
 }
 
 fn bucket(size: u64) -> usize {
@@ -139,49 +227,94 @@ fn bucket(size: u64) -> usize {
 }
 
 /// Frees entries to their shards (never inside `with_magazine`: freeing may drop chunks).
-fn release(entries: Vec<Cached>) {
+fn release(entries: Vec<Cached>) -> usize {
+    let n = entries.len();
     for c in entries {
         // SAFETY: each entry holds one outstanding reference on its live cell, used here for the
         // last time (the entry is consumed).
         unsafe { ShardCell::free(c.cell, c.allocation) };
     }
+    n
 }
 
-/// Takes a cached allocation of pool `pool` that fits `size` bytes at `align`, switching this
-/// thread's magazine to `pool` (and releasing the previous pool's entries) if needed. `None`: no
-/// fit, or no magazine (thread exiting).
+/// The result of a cache lookup: a hit, the entries a pool switch evicted, and whether this
+/// thread started serving the pool (so the pool knows a visit may find something).
+pub(super) struct Take {
+    pub(super) hit: Option<Cached>,
+    pub(super) started_serving: bool,
+}
+
+/// Takes a cached allocation of `pool` that fits `size` bytes at `align`, making this thread's
+/// magazine serve `pool` if it does not yet (evicting its least recently used pool if all slots
+/// are taken). `hit: None`: no fit, or no magazine (thread exiting).
 #[inline]
-pub(super) fn take(pool: u64, depth: usize, size: u64, align: u64) -> Option<Cached> {
+pub(super) fn take(pool: PoolKey, size: u64, align: u64) -> Take {
     debug_assert!(size > 0 && size <= MAX_CACHED_SIZE && align.is_power_of_two());
-    let (hit, evicted) = with_magazine(true, |m| {
-        if m.pool != pool {
-            let old = m.take_all();
-            m.pool = pool;
-            m.depth = depth;
-            if m.buckets.is_empty() {
-                m.buckets.resize_with(BUCKETS, Vec::new);
-            }
-            return (None, old);
-        }
-        let b = &mut m.buckets[bucket(size)];
+    let found = with_magazine(true, |m| {
+        m.clock += 1;
+        let clock = m.clock;
+        let Some(slot) = m.find(pool.id) else {
+            return Err(serve(m, pool, clock));
+        };
+        slot.last_use = clock;
+        let b = &mut slot.buckets[bucket(size)];
         // Usually the last entry fits; one of the same bucket may be too small or misaligned only
         // for odd size/alignment mixes, which then take the slow path. `align` is a power of two
         // (checked by `Pool::alloc`): a mask, not a division.
-        match b.last() {
+        let hit = match b.last() {
             Some(c) if c.allocation.size() >= size && c.allocation.offset() & (align - 1) == 0 => {
-                (b.pop(), Vec::new())
+                b.pop()
             }
-            _ => (None, Vec::new()),
+            _ => None,
+        };
+        if let Some(c) = &hit {
+            slot.bytes -= c.allocation.size();
         }
-    })?;
-    if !evicted.is_empty() {
-        release(evicted);
+        Ok(hit)
+    });
+    match found {
+        Some(Ok(hit)) => Take {
+            hit,
+            started_serving: false,
+        },
+        Some(Err(evicted)) => {
+            release(evicted);
+            Take {
+                hit: None,
+                started_serving: true,
+            }
+        }
+        None => Take {
+            hit: None,
+            started_serving: false,
+        },
     }
-    hit
+}
+
+/// Makes `m` serve `pool` in a free slot or in its least recently used one; returns the evicted
+/// entries (freed by the caller, outside the magazine).
+#[cold]
+fn serve(m: &mut Slots, pool: PoolKey, clock: u64) -> Vec<Cached> {
+    let slot = m
+        .slots
+        .iter_mut()
+        .min_by_key(|s| (s.pool != 0, s.last_use))
+        .expect("POOLS_PER_THREAD > 0");
+    let mut evicted = Vec::new();
+    slot.drain_into(&mut evicted);
+    if slot.buckets.is_empty() {
+        slot.buckets.resize_with(BUCKETS, Vec::new);
+    }
+    slot.pool = pool.id;
+    slot.depth = pool.depth;
+    slot.max_bytes = pool.max_bytes;
+    slot.last_use = clock;
+    evicted
 }
 
 /// Offers a freed allocation of pool `pool` to this thread's magazine. Gives it back when the
-/// magazine serves another pool, its bucket is full, or there is no magazine.
+/// magazine does not serve the pool, the bucket or the byte budget is full, or there is no
+/// magazine.
 #[inline]
 pub(super) fn offer(pool: u64, entry: Cached) -> Option<Cached> {
     let size = entry.allocation.requested_size();
@@ -190,40 +323,66 @@ pub(super) fn offer(pool: u64, entry: Cached) -> Option<Cached> {
     }
     let mut entry = Some(entry);
     with_magazine(false, |m| {
-        if m.pool != pool {
+        let Some(slot) = m.find(pool) else { return };
+        let bytes = entry.as_ref().map_or(0, |e| e.allocation.size());
+        if slot.bytes + bytes > slot.max_bytes {
             return;
         }
-        let depth = m.depth;
-        let b = &mut m.buckets[bucket(size)];
+        let depth = slot.depth;
+        let b = &mut slot.buckets[bucket(size)];
         if b.len() < depth {
             if b.capacity() == 0 {
                 b.reserve_exact(depth);
             }
-            b.push(entry.take().expect("offered once"));
+            b.extend(entry.take());
+            slot.bytes += bytes;
         }
     });
     entry
 }
 
-/// Returns this thread's cached blocks of pool `pool` to their shards (all pools: `None`).
-pub(super) fn release_pool(pool: Option<u64>) {
-    let entries = with_magazine(false, |m| {
-        (pool.is_none() || pool == Some(m.pool)).then(|| m.take_all())
-    })
-    .flatten()
-    .unwrap_or_default();
-    release(entries);
+/// Takes `pool`'s cached blocks out of every thread's magazine (idle threads' too) and frees
+/// them to their shards; the magazines stop serving the pool. Returns the number of blocks.
+pub(super) fn reclaim_pool(pool: u64) -> usize {
+    let mut entries = Vec::new();
+    {
+        let registry = REGISTRY.lock();
+        let cells: Vec<&OwnerCell<Slots>> = registry.iter().map(|m| &m.cell).collect();
+        OwnerCell::visit_all(&cells, |m| {
+            if let Some(slot) = m.find(pool) {
+                slot.drain_into(&mut entries);
+            }
+        });
+    }
+    release(entries)
 }
 
-/// Returns the calling thread's cached blocks (of any pool) to their shards, so their chunks can
-/// be trimmed. Threads release them anyway when they exit or allocate from another pool; call this
-/// from long-lived threads that stop using a pool with
-/// [`PoolConfig::thread_cache`](super::PoolConfig::thread_cache) set.
+/// `pool`'s blocks in every thread's magazine and their requested bytes (a snapshot, for
+/// statistics).
+pub(super) fn cached(pool: u64) -> (u64, u64) {
+    let registry = REGISTRY.lock();
+    let cells: Vec<&OwnerCell<Slots>> = registry.iter().map(|m| &m.cell).collect();
+    let (mut blocks, mut bytes) = (0, 0);
+    OwnerCell::visit_all(&cells, |m| {
+        if let Some(slot) = m.find(pool) {
+            for c in slot.buckets.iter().flatten() {
+                blocks += 1;
+                bytes += c.allocation.requested_size();
+            }
+        }
+    });
+    (blocks, bytes)
+}
+
+/// Returns the calling thread's cached blocks (of every pool) to their shards. Other threads'
+/// caches and idle threads are reached by [`Pool::trim`](super::Pool::trim) and by dropping the
+/// pool; this is for a thread that wants its own blocks back now.
 pub fn release_thread_cache() {
-    release_pool(None);
+    let entries = with_magazine(false, Slots::take_all).unwrap_or_default();
+    release(entries);
 }
 
 /// Blocks in the calling thread's magazine (all pools), for tests and diagnostics.
 pub fn thread_cached_blocks() -> usize {
-    with_magazine(false, |m| m.buckets.iter().map(Vec::len).sum()).unwrap_or(0)
+    with_magazine(false, |m| m.slots.iter().map(PoolSlot::len).sum()).unwrap_or(0)
 }

@@ -9,19 +9,20 @@
 //! chunks behind its own mutex, and a thread allocates from "its" shard (assigned round-robin on
 //! first use). A block remembers its shard, so any thread may drop it.
 //!
-//! With [`PoolConfig::thread_cache`] set, each thread also keeps a small cache of its freed blocks
-//! of up to 4 KiB ([`magazine`]) and reuses them without any lock or atomic operation: the
-//! fastest path, at the price of cached blocks staying reserved until the thread releases them.
+//! Each thread also keeps a small, bounded cache of its freed blocks of up to 4 KiB
+//! ([`magazine`], [`PoolConfig::thread_cache`]) and reuses them without any lock or atomic
+//! read-modify-write: the fast path, on by default. [`Pool::trim`] and dropping the pool take
+//! cached blocks back from every thread, so the cache holds no memory hostage.
 //!
 //! On non-coherent memory, writes through a block's safe API record dirty ranges in the chunk's
 //! [`crate::dirty::DirtyRanges`]; [`Block::flush`] or [`Pool::flush`] push them with
 //! one `vkFlushMappedMemoryRanges` per chunk. On coherent memory none of this costs anything.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::alloc::{Heap, HeapStats};
+use crate::alloc::{AllocError, Heap, HeapStats};
 use crate::chunk::{ChunkMemory, ChunkSource};
 use crate::error::{Error, MemorySide, Result};
 
@@ -38,7 +39,7 @@ mod tests;
 
 pub use block::Block;
 use block::BlockKind;
-pub use config::{Backend, PoolConfig};
+pub use config::{Backend, PoolConfig, MAX_SHARDS};
 #[cfg(feature = "gpu-alloc")]
 pub use gpu_alloc::GpuAllocStrategy;
 #[cfg(feature = "gpu-alloc")]
@@ -57,6 +58,15 @@ struct PoolInner {
     dropped: AtomicBool,
     /// `thread_cache > 0` on the native backend.
     cache_enabled: bool,
+    /// The pool's identity and bounds for the thread caches.
+    cache_key: magazine::PoolKey,
+    /// Set when some thread's cache started serving this pool: only then do `trim` and the
+    /// pool's drop visit the other threads' caches.
+    cache_used: AtomicBool,
+    /// Sum over live shared blocks of (size the block accounts for − size its shard recorded):
+    /// non-zero only for cached blocks reused for a neighbour size in their 16-byte bucket, so
+    /// that `bytes_in_use` stays exact. Touched only when the two sizes differ.
+    size_delta: AtomicI64,
     source: Box<dyn ChunkSource>,
     config: PoolConfig,
     /// Bytes of all chunks currently held (shared and dedicated), for the byte limit.
@@ -104,8 +114,14 @@ impl fmt::Debug for Pool {
 pub struct PoolStats {
     /// Bytes of all chunks held, including dedicated ones.
     pub bytes_reserved: u64,
-    /// Bytes requested by live blocks in shared chunks.
+    /// Bytes requested by live blocks in shared chunks (blocks kept in thread caches excluded).
     pub bytes_in_use: u64,
+    /// Bytes requested by freed blocks that thread caches keep for reuse ([`magazine`]): still
+    /// allocated in their chunks (counted in `bytes_allocated`), given back by [`Pool::trim`].
+    pub bytes_cached: u64,
+    /// Blocks that thread caches keep for reuse (the blocks behind `bytes_cached`; counted in
+    /// the shards' `allocation_count`).
+    pub blocks_cached: u64,
     /// Bytes handed out (rounded sizes) in shared chunks.
     pub bytes_allocated: u64,
     /// Shared chunks held.
@@ -122,13 +138,13 @@ impl Pool {
     /// Creates a pool over `source` (a [`Gpu`](crate::Gpu), an `Arc<VulkanContext>`, or a
     /// [`HostMemorySource`](crate::chunk::HostMemorySource)). No chunk is allocated until needed.
     pub fn new(source: impl ChunkSource + 'static, config: PoolConfig) -> Result<Pool> {
-        config.validate()?;
         let atom = source.atom_size();
         if !atom.is_power_of_two() {
             return Err(Error::invalid(format!(
                 "the chunk source's atom size {atom} is not a power of two"
             )));
         }
+        config.validate(source.is_non_coherent().then_some(atom))?;
         let heaps = (0..config.shards)
             .map(|_| Heap::new(config.heap.clone()).map_err(Error::from))
             .collect::<Result<Vec<_>>>()?;
@@ -145,10 +161,18 @@ impl Pool {
             )),
         };
         let first_chunk = config.chunk_size;
+        let id = NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed);
         let inner = Arc::new(PoolInner {
-            id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
+            id,
             dropped: AtomicBool::new(false),
             cache_enabled: config.thread_cache > 0 && config.backend == Backend::Native,
+            cache_key: magazine::PoolKey {
+                id,
+                depth: config.thread_cache,
+                max_bytes: config.thread_cache_bytes,
+            },
+            cache_used: AtomicBool::new(false),
+            size_delta: AtomicI64::new(0),
             #[cfg(feature = "gpu-alloc")]
             gpu_alloc,
             non_coherent: source.is_non_coherent(),
@@ -196,7 +220,7 @@ impl Pool {
             && align.is_power_of_two()
             && align <= inner.config.heap.max_align
         {
-            if let Some(c) = magazine::take(inner.id, inner.config.thread_cache, size, align) {
+            if let Some(c) = inner.cache_take(size, align) {
                 return Ok(Block::cached(c, size, false));
             }
         }
@@ -208,13 +232,16 @@ impl Pool {
         // Checked here once for every path (dedicated, cached, gpu-alloc, shared).
         self.inner.config.heap.check_request(size, align)?;
         if size >= self.inner.config.dedicated_threshold {
-            return self.alloc_dedicated(size);
+            return self.alloc_dedicated(size, align);
         }
         // On non-coherent memory every block owns whole atoms, so flushing or invalidating one
         // block's rounded range never touches a neighbour's bytes.
         let (alloc_size, align) = if self.inner.non_coherent {
             let atom = self.inner.atom;
-            (size.div_ceil(atom) * atom, align.max(atom))
+            let rounded = size
+                .checked_next_multiple_of(atom)
+                .ok_or(AllocError::Overflow { size })?;
+            (rounded, align.max(atom))
         } else {
             (size, align)
         };
@@ -239,8 +266,7 @@ impl Pool {
             && self.inner.non_coherent
             && alloc_size <= magazine::MAX_CACHED_SIZE
         {
-            let depth = self.inner.config.thread_cache;
-            if let Some(c) = magazine::take(self.inner.id, depth, alloc_size, align) {
+            if let Some(c) = self.inner.cache_take(alloc_size, align) {
                 return Ok(Block::cached(c, size, self.inner.non_coherent));
             }
         }
@@ -346,8 +372,16 @@ impl Pool {
         Ok(())
     }
 
-    fn alloc_dedicated(&self, size: u64) -> Result<Block> {
+    fn alloc_dedicated(&self, size: u64, align: u64) -> Result<Block> {
         let memory = self.allocate_chunk(size, None)?;
+        // A dedicated block starts at its chunk's base: the base must honour `align`, as pool
+        // growth demands of shared chunks (the device address; host mappings are page-aligned).
+        if let Some(p) = memory.device_ptr().filter(|p| p % align != 0) {
+            self.inner.reserved.fetch_sub(size, Ordering::AcqRel);
+            return Err(Error::Unsupported(format!(
+                "dedicated chunk device address {p:#x} is not aligned to {align}"
+            )));
+        }
         let reserved = memory.size();
         // The source may round up; account for what it really holds.
         if reserved != size {
@@ -400,12 +434,12 @@ impl Pool {
         n
     }
 
-    /// Returns every empty chunk (and cached empty slab page) to the driver now. Returns the
-    /// number of chunks released. Blocks in use are never moved.
+    /// Returns every empty chunk (and cached empty slab page) to the driver now, after taking
+    /// this pool's blocks back from every thread's cache (idle threads' too). Returns the number
+    /// of chunks released. Blocks in use are never moved.
     pub fn trim(&self) -> usize {
-        // This thread's cached blocks would keep their chunks; other threads' caches cannot be
-        // reached (see `PoolConfig::thread_cache`).
-        magazine::release_pool(Some(self.inner.id));
+        // Cached blocks keep their chunks: take them back from every thread's cache first.
+        self.inner.reclaim_cached();
         #[cfg(feature = "gpu-alloc")]
         if let Some(ga) = &self.inner.gpu_alloc {
             ga.cleanup(&self.inner.chunk_device());
@@ -459,8 +493,13 @@ impl Pool {
         PoolReport::gather(&self.inner, &self.shards, self.stats())
     }
 
-    /// A usage snapshot (takes every shard's lock briefly).
+    /// A usage snapshot (takes every shard's lock briefly, and looks into the thread caches).
     pub fn stats(&self) -> PoolStats {
+        let cached = if self.inner.cache_enabled && self.inner.cache_used.load(Ordering::Relaxed) {
+            magazine::cached(self.inner.id)
+        } else {
+            (0, 0)
+        };
         let mut s = PoolStats {
             bytes_reserved: self.inner.reserved.load(Ordering::Acquire),
             dedicated_chunks: self.inner.dedicated.load(Ordering::Relaxed),
@@ -474,7 +513,54 @@ impl Pool {
             s.largest_free_block = s.largest_free_block.max(h.largest_free_block);
             s.shards.push(h);
         }
+        // Blocks cached (or taken back) between the snapshots make this approximate under
+        // concurrent use, never negative.
+        let delta = self.inner.size_delta.load(Ordering::Relaxed);
+        s.bytes_in_use = s.bytes_in_use.saturating_add_signed(delta);
+        s.bytes_cached = cached.1.min(s.bytes_in_use);
+        s.bytes_in_use -= s.bytes_cached;
+        s.blocks_cached = cached.0;
         s
+    }
+}
+
+impl PoolInner {
+    /// Records (`sign` 1) or forgets (`sign` -1) a live block of `len` bytes whose shard
+    /// allocation recorded another requested size. A block accounts for its size rounded to
+    /// whole atoms on non-coherent memory (what its shard allocation is made for), its size
+    /// otherwise.
+    #[cold]
+    fn adjust_size_delta(&self, len: u64, allocation: &crate::alloc::Allocation, sign: i64) {
+        let accounted = if self.non_coherent {
+            // `len` passed `check_request`, so it is far below u64::MAX: no overflow.
+            len.next_multiple_of(self.atom)
+        } else {
+            len
+        };
+        let delta = accounted.wrapping_sub(allocation.requested_size()) as i64;
+        if delta != 0 {
+            self.size_delta.fetch_add(sign * delta, Ordering::Relaxed);
+        }
+    }
+
+    /// A cached block of this pool for `size` bytes at `align` from the calling thread's cache.
+    #[inline]
+    fn cache_take(&self, size: u64, align: u64) -> Option<magazine::Cached> {
+        let took = magazine::take(self.cache_key, size, align);
+        if took.started_serving {
+            self.cache_used.store(true, Ordering::Relaxed);
+        }
+        took.hit
+    }
+
+    /// Takes this pool's blocks back from every thread's cache.
+    fn reclaim_cached(&self) {
+        // Relaxed is enough: a thread that started serving the pool did so in an allocation
+        // that happens before this call (trim: the caller's own, or none it could wait for;
+        // drop: every handle's release is ordered before the last one's drop).
+        if self.cache_enabled && self.cache_used.load(Ordering::Relaxed) {
+            magazine::reclaim_pool(self.id);
+        }
     }
 }
 
@@ -497,6 +583,7 @@ impl PoolInner {
             atom: self.atom,
             reserved: &self.reserved,
             limit: self.config.max_bytes,
+            limit_hit: std::cell::Cell::new(false),
         }
     }
 }

@@ -194,7 +194,13 @@ impl PoolReport {
             blocks.len() as u64,
             blocks.iter().map(|b| b.size).sum::<u64>(),
         );
-        let shared_blocks: u64 = stats.shards.iter().map(|h| h.allocation_count).sum();
+        // Blocks resting in thread caches are the pool's, not the program's: not counted.
+        let shared_blocks: u64 = stats
+            .shards
+            .iter()
+            .map(|h| h.allocation_count)
+            .sum::<u64>()
+            .saturating_sub(stats.blocks_cached);
         let live_blocks = shared_blocks + stats.dedicated_chunks;
         let live_bytes = stats.bytes_in_use + dedicated_bytes;
         let free: u64 = stats.shards.iter().map(|h| h.bytes_free).sum();

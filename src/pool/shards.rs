@@ -15,7 +15,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::spin::SpinMutex;
-use super::{magazine, PoolInner};
+use super::PoolInner;
 use crate::alloc::{AllocError, Allocation, ChunkId, Heap};
 use crate::chunk::ChunkMemory;
 use crate::dirty::DirtyRanges;
@@ -199,13 +199,14 @@ impl ShardSet {
 
 impl Drop for ShardSet {
     fn drop(&mut self) {
-        // Blocks dropped from now on go straight back to their shards, and this thread's cached
-        // ones go back now (other threads' return when they release their caches).
+        // Blocks dropped from now on go straight back to their shards, and every thread's cached
+        // ones go back now.
         // SAFETY: the cells are alive: we still hold the pool's reference on each.
         if let Some(pool) = self.cells.first().map(|c| unsafe { &c.as_ref().pool }) {
             pool.dropped.store(true, Ordering::Release);
-            magazine::release_pool(Some(pool.id));
-            // With the `log` feature: blocks still alive now are worth a warning.
+            pool.reclaim_cached();
+            // With the `log` feature: blocks still alive now (cached ones went back just above)
+            // are worth a warning.
             #[cfg(feature = "log")]
             super::report::report_leaks(pool, self);
         }

@@ -84,17 +84,41 @@ fn cached_pool(depth: usize) -> Pool {
 }
 
 #[test]
+fn the_thread_cache_is_on_by_default_and_can_be_turned_off() {
+    let config = PoolConfig::default();
+    assert_eq!(config.thread_cache, magazine::DEFAULT_DEPTH);
+    assert_eq!(config.thread_cache_bytes, magazine::DEFAULT_BYTES);
+    let pool = Pool::new(HostMemorySource, config).unwrap();
+    let a = pool.alloc(100, 16).unwrap();
+    let p = a.host_ptr();
+    drop(a);
+    assert_eq!(pool.alloc(100, 16).unwrap().host_ptr(), p, "reused");
+    magazine::release_thread_cache();
+
+    let off = cached_pool(0);
+    drop(off.alloc(100, 16).unwrap());
+    assert_eq!(
+        magazine::thread_cached_blocks(),
+        0,
+        "opt-out: nothing cached"
+    );
+    assert_eq!(off.stats().bytes_allocated, 0);
+}
+
+#[test]
 fn thread_cache_reuses_freed_blocks() {
     let pool = cached_pool(4);
     let a = pool.alloc(256, 16).unwrap();
     let p = a.host_ptr();
     drop(a);
     assert_eq!(magazine::thread_cached_blocks(), 1);
+    let s = pool.stats();
     assert_eq!(
-        pool.stats().bytes_in_use,
-        256,
-        "a cached block stays reserved"
+        (s.bytes_in_use, s.bytes_cached),
+        (0, 256),
+        "cached, not in use"
     );
+    assert_eq!(s.bytes_allocated, 256, "a cached block stays allocated");
     // Same 16-byte bucket: the cached block comes back.
     let b = pool.alloc(250, 16).unwrap();
     assert_eq!((b.host_ptr(), b.size()), (p, 250));
@@ -110,22 +134,34 @@ fn thread_cache_reuses_freed_blocks() {
     magazine::release_thread_cache();
     assert_eq!(magazine::thread_cached_blocks(), 0);
     assert_eq!(pool.stats().bytes_in_use, 100);
+    assert_eq!(
+        pool.stats().bytes_allocated,
+        112,
+        "100 rounded to the 16-byte granule"
+    );
     drop(c);
     assert_eq!(
         pool.trim(),
         1,
-        "trim releases the cache, then the empty chunk"
+        "trim takes the cached block back, then frees the empty chunk"
     );
-    assert_eq!(pool.stats().bytes_in_use, 0);
+    assert_eq!(
+        pool.stats(),
+        PoolStats {
+            shards: pool.stats().shards,
+            ..PoolStats::default()
+        }
+    );
 }
 
 #[test]
-fn thread_cache_is_bounded_per_bucket() {
+fn thread_cache_is_bounded_per_bucket_and_in_bytes() {
     let pool = cached_pool(3);
     let blocks: Vec<Block> = (0..10).map(|_| pool.alloc(64, 16).unwrap()).collect();
     drop(blocks);
     assert_eq!(magazine::thread_cached_blocks(), 3);
-    assert_eq!(pool.stats().bytes_in_use, 3 * 64);
+    let s = pool.stats();
+    assert_eq!((s.blocks_cached, s.bytes_cached), (3, 3 * 64));
     // Blocks too large for the cache go straight back.
     drop(pool.alloc(8192, 16).unwrap());
     assert_eq!(magazine::thread_cached_blocks(), 3);
@@ -135,24 +171,52 @@ fn thread_cache_is_bounded_per_bucket() {
         0,
         "dropping the pool empties it"
     );
+
+    // The byte budget: 4 KiB blocks, 10 KiB allowed: two fit, whatever the depth.
+    let pool = Pool::new(
+        HostMemorySource,
+        PoolConfig {
+            thread_cache: 16,
+            thread_cache_bytes: 10 << 10,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let blocks: Vec<Block> = (0..6).map(|_| pool.alloc(4096, 16).unwrap()).collect();
+    drop(blocks);
+    assert_eq!(magazine::thread_cached_blocks(), 2);
+    assert_eq!(pool.stats().bytes_cached, 8192);
+    drop(pool);
+    assert_eq!(magazine::thread_cached_blocks(), 0);
 }
 
 #[test]
-fn thread_cache_serves_one_pool_at_a_time() {
-    let (a, b) = (cached_pool(4), cached_pool(4));
-    drop(a.alloc(32, 16).unwrap());
-    assert_eq!(a.stats().bytes_in_use, 32);
-    // Allocating from another pool hands the first pool's blocks back.
-    let x = b.alloc(32, 16).unwrap();
-    assert_eq!(a.stats().bytes_in_use, 0);
-    // Allocating from `a` switches the cache back to it; `x` (of `b`) is then freed to its
-    // shard instead of being cached.
-    drop(a.alloc(48, 16).unwrap());
+fn thread_cache_serves_the_most_recent_pools() {
+    let pools: Vec<Pool> = (0..=magazine::POOLS_PER_THREAD)
+        .map(|_| cached_pool(4))
+        .collect();
+    // One cached block in each of the first POOLS_PER_THREAD pools.
+    for p in &pools[..magazine::POOLS_PER_THREAD] {
+        drop(p.alloc(32, 16).unwrap());
+    }
+    assert_eq!(magazine::thread_cached_blocks(), magazine::POOLS_PER_THREAD);
+    // Using pool 0 again makes pool 1 the least recently used...
+    drop(pools[0].alloc(48, 16).unwrap());
+    // ...so one more pool evicts pool 1's block, and keeps the rest.
+    let x = pools[magazine::POOLS_PER_THREAD].alloc(32, 16).unwrap();
+    assert_eq!(pools[1].stats().bytes_cached, 0);
+    assert_eq!(pools[0].stats().bytes_cached, 32 + 48);
+    assert_eq!(pools[2].stats().bytes_cached, 32);
+    // A block of a pool this thread no longer serves is freed, not cached.
+    let y = pools[1].alloc(16, 16).unwrap(); // serves pool 1 again, evicting pool 2
+    assert_eq!(pools[2].stats().bytes_cached, 0);
     drop(x);
-    assert_eq!(magazine::thread_cached_blocks(), 1);
-    assert_eq!((a.stats().bytes_in_use, b.stats().bytes_in_use), (48, 0));
+    drop(y);
+    assert_eq!(pools[1].stats().bytes_cached, 16);
     magazine::release_thread_cache();
-    assert_eq!(a.stats().bytes_in_use + b.stats().bytes_in_use, 0);
+    assert!(pools
+        .iter()
+        .all(|p| p.stats().bytes_in_use + p.stats().bytes_cached == 0));
 }
 
 #[test]
@@ -167,6 +231,7 @@ fn thread_cache_is_released_when_its_thread_exits() {
     .join()
     .unwrap();
     assert_eq!(pool.stats().bytes_in_use, 0);
+    assert_eq!(pool.stats().bytes_cached, 0);
     // A block made on one thread and cached on another still frees correctly.
     let block = pool.alloc(64, 64).unwrap();
     let p = pool.clone();
@@ -181,6 +246,190 @@ fn thread_cache_is_released_when_its_thread_exits() {
     .unwrap();
     assert_eq!(pool.stats().bytes_in_use, 0);
     assert!(pool.trim() >= 1);
+}
+
+/// A thread that cached blocks and then waits (idle, not exiting) until `go` is sent.
+fn idle_thread_with_cached_blocks(
+    pool: Pool,
+    blocks: usize,
+) -> (
+    std::sync::mpsc::Sender<()>,
+    std::thread::JoinHandle<Pool>,
+    std::sync::mpsc::Receiver<()>,
+) {
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let (ready, is_ready) = std::sync::mpsc::channel::<()>();
+    let t = std::thread::spawn(move || {
+        let live: Vec<Block> = (0..blocks)
+            .map(|i| pool.alloc(32 + 16 * i as u64, 16).unwrap())
+            .collect();
+        drop(live);
+        assert_eq!(magazine::thread_cached_blocks(), blocks);
+        ready.send(()).unwrap();
+        wait.recv().unwrap();
+        pool
+    });
+    (go, t, is_ready)
+}
+
+#[test]
+fn trim_takes_back_an_idle_threads_cached_blocks() {
+    let pool = cached_pool(8);
+    let (go, t, ready) = idle_thread_with_cached_blocks(pool.clone(), 5);
+    ready.recv().unwrap();
+    assert_eq!(pool.stats().bytes_cached, (0..5).map(|i| 32 + 16 * i).sum());
+    // From this thread, while the other one sleeps: its blocks come back, the chunk goes.
+    assert_eq!(pool.trim(), 1);
+    let s = pool.stats();
+    assert_eq!((s.bytes_cached, s.bytes_allocated, s.chunks), (0, 0, 0));
+    go.send(()).unwrap();
+    let pool = t.join().unwrap();
+    // The idle thread's cache no longer serves the pool; the pool works as before.
+    drop(pool.alloc(64, 16).unwrap());
+    assert_eq!(pool.stats().bytes_cached, 64);
+}
+
+/// Host chunks that count how many are alive.
+struct CountingSource(Arc<AtomicUsize>);
+
+struct CountedChunk {
+    host: Box<dyn ChunkMemory>,
+    live: Arc<AtomicUsize>,
+}
+
+// SAFETY: every method forwards to the wrapped host chunk, which keeps its promises; the flushes
+// do nothing (host memory is coherent).
+unsafe impl ChunkMemory for CountedChunk {
+    fn host_ptr(&self) -> *mut u8 {
+        self.host.host_ptr()
+    }
+    fn device_ptr(&self) -> Option<u64> {
+        None
+    }
+    fn size(&self) -> u64 {
+        self.host.size()
+    }
+    fn flush_ranges(&self, _: &[(u64, u64)]) -> Result<()> {
+        Ok(())
+    }
+    fn invalidate_ranges(&self, _: &[(u64, u64)]) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for CountedChunk {
+    fn drop(&mut self) {
+        self.live.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+// SAFETY: its chunks are HostMemorySource's (the size asked for, disjoint); the atom is 64.
+unsafe impl ChunkSource for CountingSource {
+    fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
+        let host = HostMemorySource.allocate_chunk(size)?;
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(Box::new(CountedChunk {
+            host,
+            live: self.0.clone(),
+        }))
+    }
+    fn atom_size(&self) -> u64 {
+        64
+    }
+    fn is_non_coherent(&self) -> bool {
+        false
+    }
+}
+
+#[test]
+fn dropping_the_pool_takes_back_an_idle_threads_cached_blocks() {
+    let live = Arc::new(AtomicUsize::new(0));
+    let cfg = PoolConfig {
+        chunk_size: 128 << 10,
+        max_chunk_size: 128 << 10,
+        shards: 1,
+        ..Default::default()
+    };
+    let pool = Pool::new(CountingSource(live.clone()), cfg).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<Pool>();
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let t = std::thread::spawn(move || {
+        let pool = rx.recv().unwrap();
+        drop(pool.alloc(256, 16).unwrap());
+        drop(pool); // this thread's last handle; its cache keeps the block
+        assert_eq!(magazine::thread_cached_blocks(), 1);
+        wait.recv().unwrap(); // idle until the pool is gone
+        assert_eq!(
+            magazine::thread_cached_blocks(),
+            0,
+            "taken back by the drop"
+        );
+    });
+    tx.send(pool.clone()).unwrap();
+    while live.load(Ordering::SeqCst) == 0 {
+        std::thread::yield_now();
+    }
+    // Wait for the other thread's handle to go, then drop the last one here.
+    while Arc::strong_count(&pool.shards) > 1 {
+        std::thread::yield_now();
+    }
+    drop(pool);
+    assert_eq!(live.load(Ordering::SeqCst), 0, "the chunk was freed");
+    go.send(()).unwrap();
+    t.join().unwrap();
+}
+
+/// Threads churn tagged blocks through their caches while another thread trims and reads the
+/// statistics: no block is handed out twice (tags survive), and at the end every byte is back.
+#[test]
+fn churn_with_concurrent_trims_loses_and_duplicates_nothing() {
+    let (threads, ops) = if cfg!(miri) { (2, 60) } else { (4, 20_000) };
+    let pool = cached_pool(8);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let pool = &pool;
+                s.spawn(move || {
+                    let mut live: Vec<(Block, u8)> = Vec::new();
+                    for op in 0..ops {
+                        let tag = (t * 61 + op) as u8;
+                        if live.len() < 16 && (op % 3 != 2 || live.is_empty()) {
+                            let size = 16 + (op as u64 * 40) % 2000;
+                            let mut b = pool.alloc(size, 16).unwrap();
+                            b.fill(0, size, tag).unwrap();
+                            live.push((b, tag));
+                        } else {
+                            let (b, tag) = live.swap_remove(op % live.len());
+                            let bytes = b.read_vec(0, b.size() as usize).unwrap();
+                            assert!(bytes.iter().all(|&x| x == tag), "block shared");
+                        }
+                    }
+                    for (b, tag) in live {
+                        assert!(b.read_vec(0, 1).unwrap()[0] == tag);
+                    }
+                })
+            })
+            .collect();
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                pool.trim();
+                let st = pool.stats();
+                assert!(st.bytes_in_use + st.bytes_cached <= st.bytes_allocated);
+                std::thread::yield_now();
+            }
+        });
+        for w in workers {
+            w.join().unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    pool.trim();
+    let s = pool.stats();
+    assert_eq!(
+        (s.bytes_in_use, s.bytes_cached, s.bytes_allocated),
+        (0, 0, 0)
+    );
 }
 
 #[test]
@@ -451,12 +700,16 @@ fn reports_list_labeled_blocks_by_label_and_chunk() {
     }
 
     // Labels leave with their blocks; a new block in the same place has none.
-    let (offset, place) = (gains[0].offset_in_chunk(), gains[0].host_ptr());
+    // (Which of the three places comes back depends on the thread cache, on by default.)
+    let places: Vec<_> = gains.iter().map(|b| b.host_ptr()).collect();
     drop(gains);
     drop(big);
     let again = pool.alloc(256, 64).unwrap();
-    assert_eq!(again.host_ptr(), place, "the freed place is reused");
-    assert_eq!((again.offset_in_chunk(), again.label()), (offset, None));
+    assert!(
+        places.contains(&again.host_ptr()),
+        "a freed place is reused"
+    );
+    assert_eq!(again.label(), None);
     let r = pool.report();
     assert_eq!(r.labels.len(), 1);
     assert_eq!(&*r.labels[0].label, "delays");
@@ -478,4 +731,214 @@ fn labels_do_not_survive_the_thread_cache() {
     assert!(pool.report().labels.is_empty());
     drop(b);
     magazine::release_thread_cache();
+}
+
+// Issue 20: bad input gets a named error, never a panic, an abort or a driver call.
+
+/// #1: `before_read` checks its range like `after_write`, on coherent and non-coherent memory.
+#[test]
+fn issue20_1_before_read_is_range_checked() {
+    let log = Arc::new(DmaLog::default());
+    let cfg = PoolConfig {
+        chunk_size: 128 << 10,
+        max_chunk_size: 128 << 10,
+        shards: 1,
+        ..Default::default()
+    };
+    let non_coherent = Pool::new(DmaSource(log), cfg).unwrap();
+    for pool in [small_pool(1), non_coherent] {
+        let _neighbour = pool.alloc(64, 64).unwrap();
+        let b = pool.alloc(64, 64).unwrap();
+        b.before_read(0, 64).unwrap();
+        b.before_read(64, 0).unwrap();
+        // Past the block but inside the chunk, and past u64: both refused.
+        for (offset, len) in [(0, 65), (60, 8), (64, 1), (u64::MAX, 2), (1, u64::MAX)] {
+            assert!(
+                matches!(b.before_read(offset, len), Err(Error::InvalidArgument(_))),
+                "{offset}+{len}"
+            );
+        }
+    }
+}
+
+/// #3: `read_vec` checks the range before it allocates anything.
+#[test]
+fn issue20_3_read_vec_checks_before_allocating() {
+    let pool = small_pool(1);
+    let b = pool.alloc(100, 16).unwrap();
+    for len in [1 << 45, usize::MAX, 101] {
+        let e = b.read_vec(0, len).unwrap_err();
+        assert!(
+            e.to_string().contains("outside the 100-byte allocation"),
+            "{e}"
+        );
+    }
+    assert!(b.read_vec(100, 1).is_err());
+    assert_eq!(b.read_vec(100, 0).unwrap(), Vec::<u8>::new());
+}
+
+/// #6: the atom round-up of a huge request is an overflow error, not a panic.
+#[test]
+fn issue20_6_atom_round_up_cannot_overflow() {
+    let cfg = PoolConfig {
+        chunk_size: 128 << 10,
+        max_chunk_size: 128 << 10,
+        dedicated_threshold: u64::MAX,
+        shards: 1,
+        ..Default::default()
+    };
+    let pool = Pool::new(DmaSource(Arc::default()), cfg).unwrap();
+    assert!(pool.is_non_coherent());
+    for size in [u64::MAX - 1, u64::MAX, crate::alloc::MAX_CHUNK_SIZE + 1] {
+        let e = pool.alloc(size, 1).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidArgument(ref m) if m.contains("too large")),
+            "{e}"
+        );
+    }
+    assert_eq!(pool.stats().bytes_reserved, 0);
+}
+
+/// #7: settings no pool can work with are refused by `Pool::new`, before any work.
+#[test]
+fn issue20_7_absurd_configurations_are_refused_at_construction() {
+    let cases = [
+        (
+            PoolConfig {
+                shards: 1_000_000,
+                ..Default::default()
+            },
+            "shards exceed the maximum",
+        ),
+        (
+            PoolConfig {
+                max_chunk_size: 98_305,
+                chunk_size: 65_536,
+                ..Default::default()
+            },
+            "max_chunk_size 98305 must be a non-zero multiple",
+        ),
+        (
+            PoolConfig {
+                chunk_size: 1 << 63,
+                max_chunk_size: 1 << 63,
+                ..Default::default()
+            },
+            "chunk_size 9223372036854775808 must be",
+        ),
+    ];
+    for (cfg, text) in cases {
+        let t = std::time::Instant::now();
+        let e = Pool::new(HostMemorySource, cfg).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument(m) if m.contains(text)),
+            "{e}"
+        );
+        assert!(t.elapsed() < std::time::Duration::from_secs(1));
+    }
+    // Non-coherent memory with an atom the heap cannot align to: every request would fail.
+    let mut cfg = PoolConfig::default();
+    cfg.heap.max_align = 16;
+    cfg.heap.slab_page_size = 16;
+    cfg.heap.max_slab_size = 0;
+    cfg.chunk_size = 1 << 20;
+    cfg.max_chunk_size = 1 << 20;
+    Pool::new(HostMemorySource, cfg.clone()).expect("fine on coherent memory");
+    let e = Pool::new(DmaSource(Arc::default()), cfg).unwrap_err();
+    assert!(e.to_string().contains("nonCoherentAtomSize 64"), "{e}");
+}
+
+/// #8: gpu-alloc's backend reports a pool limit as `side: Limit`, like the native backend.
+#[test]
+#[cfg(feature = "gpu-alloc")]
+fn issue20_8_gpu_alloc_reports_the_pool_limit() {
+    for strategy in [GpuAllocStrategy::Buddy, GpuAllocStrategy::FreeList] {
+        let cfg = PoolConfig {
+            max_bytes: 0,
+            backend: Backend::GpuAlloc(strategy),
+            ..Default::default()
+        };
+        let pool = Pool::new(HostMemorySource, cfg).unwrap();
+        let e = pool.alloc(64, 16).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::OutOfDeviceMemory {
+                    side: MemorySide::Limit,
+                    ..
+                }
+            ),
+            "{strategy:?}: {e}"
+        );
+    }
+}
+
+/// Host chunks whose "device address" is the host address plus `skew`.
+struct SkewedSource(u64);
+
+// SAFETY: its chunks are HostMemorySource's (the size asked for, disjoint); the atom is 64.
+unsafe impl ChunkSource for SkewedSource {
+    fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
+        Ok(Box::new(SkewedChunk(
+            HostMemorySource.allocate_chunk(size)?,
+            self.0,
+        )))
+    }
+    fn atom_size(&self) -> u64 {
+        64
+    }
+    fn is_non_coherent(&self) -> bool {
+        false
+    }
+}
+
+struct SkewedChunk(Box<dyn ChunkMemory>, u64);
+
+// SAFETY: the host side forwards to the wrapped host chunk; the skewed device address is only
+// compared, never dereferenced.
+unsafe impl ChunkMemory for SkewedChunk {
+    fn host_ptr(&self) -> *mut u8 {
+        self.0.host_ptr()
+    }
+    fn device_ptr(&self) -> Option<u64> {
+        Some(self.0.host_ptr() as u64 + self.1)
+    }
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn flush_ranges(&self, _: &[(u64, u64)]) -> Result<()> {
+        Ok(())
+    }
+    fn invalidate_ranges(&self, _: &[(u64, u64)]) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// #10: a dedicated block honours `align`, checked on the device address.
+#[test]
+fn issue20_10_dedicated_blocks_honour_the_alignment() {
+    let cfg = PoolConfig {
+        chunk_size: 128 << 10,
+        max_chunk_size: 128 << 10,
+        dedicated_threshold: 64 << 10,
+        ..Default::default()
+    };
+    let aligned = Pool::new(SkewedSource(0), cfg.clone()).unwrap();
+    let b = aligned.alloc(100 << 10, 64 << 10).unwrap();
+    assert!(b.is_dedicated() && b.device_ptr().unwrap().is_multiple_of(64 << 10));
+
+    let skewed = Pool::new(SkewedSource(4096), cfg).unwrap();
+    let ok = skewed.alloc(100 << 10, 4096).unwrap();
+    assert_eq!(ok.device_ptr().unwrap() % 4096, 0);
+    let e = skewed.alloc(100 << 10, 8192).unwrap_err();
+    assert!(
+        matches!(&e, Error::Unsupported(m) if m.contains("not aligned to 8192")),
+        "{e}"
+    );
+    let s = skewed.stats();
+    assert_eq!(
+        (s.dedicated_chunks, s.bytes_reserved),
+        (1, 100 << 10),
+        "nothing leaked"
+    );
 }

@@ -100,6 +100,9 @@ pub enum RingError {
         /// The reservation's payload length.
         record_len: u32,
     },
+    /// The host memory of a [`HostSink`] of this many bytes could not be allocated.
+    #[error("cannot allocate {0} bytes of host memory for a ring")]
+    HostMemory(u64),
     /// The consumer reported a head beyond anything committed.
     #[error("consumer head {head} is beyond the committed position {committed}")]
     HeadBeyondCommitted {
@@ -166,8 +169,13 @@ impl HostSink {
     pub fn new(capacity: u64) -> Result<Self, RingError> {
         check_capacity(capacity)?;
         let len = usize::try_from(capacity).map_err(|_| RingError::InvalidCapacity(capacity))?;
+        // Fallibly: a huge capacity is an error, not an abort of the process.
+        let mut data = Vec::new();
+        data.try_reserve_exact(len)
+            .map_err(|_| RingError::HostMemory(capacity))?;
+        data.extend((0..len).map(|_| AtomicU8::new(0)));
         Ok(Self {
-            data: (0..len).map(|_| AtomicU8::new(0)).collect(),
+            data: data.into_boxed_slice(),
             tail: CachePadded(AtomicU64::new(0)),
         })
     }

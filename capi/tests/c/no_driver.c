@@ -146,7 +146,7 @@ static void versioned_structs(void)
     memset(&cfg, 0xAB, sizeof cfg);
     CHECK(vkgdr_pool_config_init(&cfg, sizeof cfg) == VKGDR_SUCCESS, "init");
     CHECK(cfg.struct_size == sizeof cfg && cfg.chunk_size == 16u << 20 && cfg.flags == 0 &&
-              cfg.max_bytes == UINT64_MAX && cfg.thread_cache == 0 && cfg.shards >= 1,
+              cfg.max_bytes == UINT64_MAX && cfg.thread_cache == 32 && cfg.shards >= 1,
           "defaults");
     CHECK(vkgdr_pool_config_init(NULL, sizeof cfg) == VKGDR_ERROR, "NULL config");
     /* An older caller's smaller struct: only its bytes are written. */

@@ -14,6 +14,7 @@ pub mod apiperf;
 pub mod arena;
 pub mod copybw;
 pub mod copylat;
+pub mod fastpath;
 pub mod pplat;
 pub mod report;
 pub mod ring;
@@ -29,7 +30,7 @@ pub use report::{Layout, Report, ReportSpec, Row, Unit};
 
 /// One line of usage text.
 pub const USAGE: &str =
-    "vkgdr bench <copybw|copylat|apiperf|pplat|ring|arena|all> [--out DIR] [--quick] | vkgdr bench plot DIR";
+    "vkgdr bench <copybw|copylat|fastpath|apiperf|pplat|ring|arena|all> [--out DIR] [--quick] | vkgdr bench plot DIR";
 
 /// Where results go when `--out` is not given.
 pub const DEFAULT_OUT: &str = "bench-out";
@@ -112,7 +113,7 @@ pub struct Benchmark {
 
 /// The benchmarks, in the order `all` runs them: `apiperf` first so that its "first
 /// `Gpu::open`" really is the first in the process.
-pub const BENCHMARKS: [Benchmark; 6] = [
+pub const BENCHMARKS: [Benchmark; 7] = [
     Benchmark {
         name: "apiperf",
         help: "cost of open, alloc/free, pool alloc/free, flush/invalidate",
@@ -149,6 +150,33 @@ pub const BENCHMARKS: [Benchmark; 6] = [
             title: "Write latency, host to GPU memory",
             layout: Layout::Wide,
         }],
+    },
+    Benchmark {
+        name: "fastpath",
+        help: "issue 16's fast paths via the default API beside this machine's limits",
+        run: fastpath::run,
+        reports: &[
+            ReportSpec {
+                name: "fastpath-write",
+                title: "Large writes: RawMemory::write (default API) versus explicit pools and DMA",
+                layout: Layout::Long,
+            },
+            ReportSpec {
+                name: "fastpath-read",
+                title: "Large reads into pageable memory: Mapping::read versus cuMemcpyDtoH",
+                layout: Layout::Long,
+            },
+            ReportSpec {
+                name: "fastpath-small",
+                title: "Small writes: first write, Block::write, WriteBatch versus the raw store",
+                layout: Layout::Long,
+            },
+            ReportSpec {
+                name: "fastpath-pool",
+                title: "Pool alloc+free with the default thread cache and without",
+                layout: Layout::Long,
+            },
+        ],
     },
     Benchmark {
         name: "pplat",
@@ -298,6 +326,16 @@ pub fn parse_args(args: &[String]) -> Result<Command, String> {
 /// Entry point of `vkgdr bench`: exit code 0 on success, 1 if a benchmark failed, 2 on usage
 /// errors.
 pub fn main(args: &[String]) -> ExitCode {
+    // The child process of `fastpath`'s first-write row (not a user command).
+    if args.first().map(String::as_str) == Some(fastpath::CHILD_ARG) {
+        return match fastpath::child_main() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("vkgdr bench {}: {e}", fastpath::CHILD_ARG);
+                ExitCode::FAILURE
+            }
+        };
+    }
     let cmd = match parse_args(args) {
         Ok(c) => c,
         Err(msg) => {

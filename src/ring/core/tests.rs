@@ -46,6 +46,18 @@ fn capacity_is_validated() {
     assert_eq!(ring().max_record(), 4080);
 }
 
+/// Issue 20 #4: a host sink larger than the host can allocate is an error, not an abort.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri reports the huge allocation request instead of failing it"
+)]
+fn a_huge_host_sink_is_an_error() {
+    for huge in [1u64 << 62, 1 << 63] {
+        assert_eq!(HostSink::new(huge).err(), Some(RingError::HostMemory(huge)));
+    }
+}
+
 /// Issue 20 #5: a ring larger than its sink is refused instead of panicking on a push.
 #[test]
 fn capacity_must_match_the_sink() {

@@ -1,0 +1,428 @@
+//! `fastpath`: every fast path of issue 16 as a user calls it (default API), beside the limit of
+//! this machine measured in the same run:
+//!
+//! - `fastpath-write`: `RawMemory::write` of a `Vec` (default API) against explicit copy pools
+//!   (thread counts, splitting) and `cuMemcpyHtoD` from pinned memory; plus the same write from a
+//!   source whose pages were never touched (page faults in the copy);
+//! - `fastpath-read`: `Mapping::read` into a `Vec` (the staged pipeline) against a plain
+//!   `cuMemcpyDtoH` into the same pageable `Vec`, registering the destination
+//!   (`cuMemHostRegister`) for one DMA, and `cuMemcpyDtoH` into pinned memory;
+//! - `fastpath-small`: the first write of a fresh process (child processes running `examples/hello`'s
+//!   write), 64-byte `Block::write` against the raw store + `sfence` on the same block, and
+//!   sixteen 64-byte writes with sixteen fences against one `WriteBatch`;
+//! - `fastpath-pool`: 256-byte alloc+free pairs with the default `PoolConfig` (thread cache on)
+//!   and with `thread_cache = 0`, on one thread and on eight.
+
+use std::process::Command;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use vkgdr::copy::{copy_to_mapping, CopyPool};
+use vkgdr::cuda_objects::PinnedBuffer;
+use vkgdr::{Gpu, Mapping, OpenOptions, Pool, PoolConfig, RawMemory, WriteBatch};
+
+use super::{
+    measure, open_gpu, to_bandwidth, BenchError, BenchResult, Budget, Options, Report, Row, Stats,
+    Unit,
+};
+
+/// The hidden argument that makes `vkgdr bench` the child of the first-write row.
+pub const CHILD_ARG: &str = "--first-write-child";
+
+/// The message `examples/hello` writes.
+const HELLO: &[u8] = b"hello from the CPU, through the BAR";
+
+fn push(report: &mut Report, method: &str, size: u64, samples: &[f64]) {
+    let s = Stats::of(samples).expect("at least one sample");
+    report.rows.push(Row::measured(method, size, &s));
+}
+
+fn push_bw(report: &mut Report, method: &str, size: u64, ns: &[f64]) {
+    push(report, method, size, &to_bandwidth(size, ns));
+}
+
+/// Runs the benchmark: four reports.
+pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
+    let gpu = open_gpu(OpenOptions::new())?;
+    let mut reports = vec![small(&gpu, opts)?, pool(&gpu, opts)?];
+    let sizes: &[u64] = if opts.quick {
+        &[64 << 20]
+    } else {
+        &[16 << 20, 256 << 20]
+    };
+    let max = *sizes.last().expect("sizes");
+    let mem = gpu.alloc(max)?;
+    let mut pinned = PinnedBuffer::new(&gpu, max as usize)?;
+    pinned.fill(0x3c);
+    reports.insert(0, write(&gpu, mem, &pinned, sizes, opts)?);
+    let mem = gpu.alloc(max)?;
+    reports.insert(1, read(&gpu, mem, &pinned, sizes, opts)?);
+    Ok(reports)
+}
+
+fn large_budget(opts: &Options) -> Budget {
+    if opts.quick {
+        Budget::new(Duration::from_millis(100), 3, 50)
+    } else {
+        Budget::new(Duration::from_millis(600), 5, 200)
+    }
+}
+
+fn write(
+    gpu: &Gpu,
+    mut mem: RawMemory,
+    pinned: &PinnedBuffer,
+    sizes: &[u64],
+    opts: &Options,
+) -> BenchResult<Report> {
+    let budget = large_budget(opts);
+    let mut report = Report::new("fastpath-write", Unit::GigabytesPerSecond);
+    let max = *sizes.last().expect("sizes") as usize;
+    // Filled, so no page fault lands in a timed copy (except in the row that wants them).
+    let src: Vec<u8> = (0..max).map(|i| (i % 251) as u8).collect();
+    mem.write(0, &src)?;
+    let mut back = vec![0u8; 1 << 20];
+    mem.read_dma((max - back.len()) as u64, &mut back)?;
+    if back[..] != src[max - back.len()..] {
+        return Err(BenchError::Check(
+            "fastpath: RawMemory::write did not read back".into(),
+        ));
+    }
+    let host = mem.host_ptr();
+    let pools: Vec<(String, CopyPool)> = [4usize, 8, 12, 16]
+        .iter()
+        .map(|&t| (format!("CopyPool::new({t})"), CopyPool::new(t)))
+        .chain(std::iter::once((
+            "CopyPool::new(8), one part per thread".to_string(),
+            CopyPool::new(8).with_part_size(0),
+        )))
+        .collect();
+    let _ctx = gpu.bind()?;
+    for &size in sizes {
+        let n = size as usize;
+        let ns = measure(&budget, || Ok(mem.write(0, &src[..n])?))?;
+        push_bw(&mut report, "RawMemory::write (default API)", size, &ns);
+        for (name, pool) in &pools {
+            let ns = measure(&budget, || {
+                // SAFETY: `host` maps at least `max >= n` bytes; `src` is a distinct buffer; no
+                // kernel uses `mem`.
+                unsafe { pool.write(host, &src[..n]) };
+                Ok(())
+            })?;
+            push_bw(&mut report, name, size, &ns);
+        }
+        let ns = measure(&budget, || {
+            // SAFETY: the context is current; `mem` and `pinned` hold at least `n` bytes.
+            unsafe {
+                gpu.driver()
+                    .cu_memcpy_htod(mem.device_ptr(), pinned.as_ptr().cast(), n)
+            }?;
+            Ok(())
+        })?;
+        push_bw(&mut report, "cuMemcpyHtoD pinned (DMA limit)", size, &ns);
+        // A source no one has touched: every 4 KiB page faults in during the copy.
+        let samples = budget.min_samples.max(3);
+        let mut ns = Vec::with_capacity(samples);
+        for _ in 0..samples {
+            let fresh = vec![0u8; n];
+            let t = Instant::now();
+            mem.write(0, &fresh)?;
+            ns.push(t.elapsed().as_nanos() as f64);
+        }
+        push_bw(&mut report, "RawMemory::write, untouched source", size, &ns);
+    }
+    report.notes.push(format!(
+        "default API: RawMemory::write (Mapping::write) of a filled Vec: the global CopyPool, \
+         {} threads, parts of {} MiB; CopyPool::new(n): the same kernels on an explicit pool of n \
+         threads; one part per thread: the splitting before issue 16",
+        CopyPool::global().threads(),
+        CopyPool::global().part_size() >> 20
+    ));
+    report.notes.push(
+        "untouched source: a fresh vec![0; n] per sample, so the copy also takes its page faults"
+            .into(),
+    );
+    Ok(report)
+}
+
+fn read(
+    gpu: &Gpu,
+    mem: RawMemory,
+    pinned: &PinnedBuffer,
+    sizes: &[u64],
+    opts: &Options,
+) -> BenchResult<Report> {
+    let budget = large_budget(opts);
+    let mut report = Report::new("fastpath-read", Unit::GigabytesPerSecond);
+    let max = *sizes.last().expect("sizes") as usize;
+    let driver = gpu.driver();
+    let _ctx = gpu.bind()?;
+    // A known pattern in the memory, checked through the default path.
+    let pattern: Vec<u8> = (0..max)
+        .map(|i| ((i as u32 * 2_654_435_761) >> 13) as u8)
+        .collect();
+    // SAFETY: the context is current; `mem` holds `max` bytes; `pattern` is a host buffer.
+    unsafe { gpu.memcpy_htod(mem.device_ptr(), &pattern) }?;
+    let mut dst = vec![0xa5u8; max];
+    mem.read(0, &mut dst)?;
+    if dst != pattern {
+        return Err(BenchError::Check(
+            "fastpath: Mapping::read returned other bytes than were written".into(),
+        ));
+    }
+    for &size in sizes {
+        let n = size as usize;
+        let ns = measure(&budget, || Ok(mem.read(0, &mut dst[..n])?))?;
+        push_bw(&mut report, "Mapping::read (default API)", size, &ns);
+        let samples = budget.min_samples.max(3);
+        let mut ns = Vec::with_capacity(samples);
+        for _ in 0..samples {
+            let t = Instant::now();
+            let v = mem.read_vec(0, n)?;
+            ns.push(t.elapsed().as_nanos() as f64);
+            drop(v);
+        }
+        push_bw(&mut report, "Mapping::read_vec (fresh Vec)", size, &ns);
+        let ns = measure(&budget, || {
+            // SAFETY: the context is current; `dst` and `mem` hold at least `n` bytes.
+            unsafe { driver.cu_memcpy_dtoh(dst.as_mut_ptr().cast(), mem.device_ptr(), n) }?;
+            Ok(())
+        })?;
+        push_bw(&mut report, "cuMemcpyDtoH pageable", size, &ns);
+        let ns = measure(&budget, || {
+            let p = dst.as_mut_ptr().cast();
+            // SAFETY: `dst` is a live host buffer of at least `n` bytes, registered for this call
+            // only and unregistered before anything else uses it; the context is current.
+            unsafe {
+                driver.cu_mem_host_register(p, n, 0)?;
+                let copy = driver.cu_memcpy_dtoh(p, mem.device_ptr(), n);
+                let unregister = driver.cu_mem_host_unregister(p);
+                copy.and(unregister)?;
+            }
+            Ok(())
+        })?;
+        push_bw(
+            &mut report,
+            "cuMemHostRegister + DtoH + unregister",
+            size,
+            &ns,
+        );
+        let ns = measure(&budget, || {
+            // SAFETY: the context is current; `pinned` and `mem` hold at least `n` bytes.
+            unsafe { driver.cu_memcpy_dtoh(pinned.as_ptr().cast(), mem.device_ptr(), n) }?;
+            Ok(())
+        })?;
+        push_bw(&mut report, "cuMemcpyDtoH pinned (DMA limit)", size, &ns);
+    }
+    report.notes.push(format!(
+        "default API: RawMemory's Mapping::read into a Vec written before (no page faults): \
+         from {} MiB the copy engine fills {} pinned buffers of {} MiB while the global CopyPool \
+         copies them out; read_vec: a new zeroed Vec per call (its page faults included)",
+        vkgdr::memory::STAGED_READ_THRESHOLD >> 20,
+        vkgdr::memory::STAGING_BUFFERS,
+        vkgdr::memory::STAGING_BUFFER_BYTES >> 20
+    ));
+    Ok(report)
+}
+
+fn small(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
+    let mut report = Report::new("fastpath-small", Unit::Nanoseconds);
+    // The first write of a process, in fresh processes (this one has written already).
+    let children = if opts.quick { 3 } else { 8 };
+    let (mut first, mut second) = (Vec::new(), Vec::new());
+    for _ in 0..children {
+        let (f, s) = first_write_child()?;
+        first.push(f);
+        second.push(s);
+    }
+    push(
+        &mut report,
+        "first write in a process (fresh child)",
+        HELLO.len() as u64,
+        &first,
+    );
+    push(
+        &mut report,
+        "second write, same process",
+        HELLO.len() as u64,
+        &second,
+    );
+
+    let budget = if opts.quick {
+        Budget::new(Duration::from_millis(30), 20, 5_000)
+    } else {
+        Budget::new(Duration::from_millis(150), 50, 20_000)
+    };
+    let pool = Pool::new(gpu.clone(), PoolConfig::default())?;
+    let mut block = pool.alloc(64, 64)?;
+    let data = [0x5au8; 64];
+    let ns = measure(&budget, || Ok(block.write(0, &data)?))?;
+    push(&mut report, "Block::write (default API)", 64, &ns);
+    let host = block.host_ptr();
+    let ns = measure(&budget, || {
+        // SAFETY: the block's 64 bytes at `host` are ours; `data` is a distinct buffer.
+        unsafe { copy_to_mapping(host, &data) };
+        Ok(())
+    })?;
+    push(
+        &mut report,
+        "raw store + sfence, same block (limit)",
+        64,
+        &ns,
+    );
+    let mut mem = gpu.alloc(1 << 20)?;
+    let ns = measure(&budget, || Ok(mem.write(4096, &data)?))?;
+    push(&mut report, "RawMemory::write (default API)", 64, &ns);
+
+    let mut blocks: Vec<_> = (0..16)
+        .map(|_| pool.alloc(64, 64))
+        .collect::<Result<_, _>>()?;
+    let ns = measure(&budget, || {
+        for b in &mut blocks {
+            b.write(0, &data)?;
+        }
+        Ok(())
+    })?;
+    push(&mut report, "16 blocks: Block::write each", 16 * 64, &ns);
+    let ns = measure(&budget, || {
+        let mut batch = WriteBatch::new();
+        for b in &mut blocks {
+            batch.write(b, 0, &data)?;
+        }
+        batch.finish();
+        Ok(())
+    })?;
+    push(&mut report, "16 blocks: one WriteBatch", 16 * 64, &ns);
+    report.notes.push(format!(
+        "first write: {children} child processes each open GPU 0, allocate 1 MiB and time \
+         RawMemory::write of examples/hello's {} bytes, then the same write again",
+        HELLO.len()
+    ));
+    report.notes.push(
+        "64 B rows: one 64-byte-aligned block of the default pool (or a raw allocation), timed in \
+         batches of >= 1 us; WriteBatch: sixteen writes without fences, one sfence at the end"
+            .into(),
+    );
+    Ok(report)
+}
+
+/// Spawns this executable as a first-write child; returns its (first, second) write in ns.
+fn first_write_child() -> BenchResult<(f64, f64)> {
+    let exe = std::env::current_exe().map_err(|e| BenchError::io(std::path::Path::new("."), e))?;
+    let out = Command::new(&exe)
+        .args(["bench", CHILD_ARG])
+        .output()
+        .map_err(|e| BenchError::io(&exe, e))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let parsed = text
+        .lines()
+        .find_map(|l| l.strip_prefix("first-write-ns "))
+        .and_then(|l| {
+            let mut it = l.split_whitespace().map(str::parse::<f64>);
+            Some((it.next()?.ok()?, it.next()?.ok()?))
+        });
+    parsed.ok_or_else(|| {
+        BenchError::Check(format!(
+            "first-write child failed ({}): {}{}",
+            out.status,
+            text,
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    })
+}
+
+/// The child: what `examples/hello` does, timing its write and a second one. Prints
+/// `first-write-ns FIRST SECOND`; fails if the write started a thread.
+pub fn child_main() -> BenchResult<()> {
+    let gpu = Gpu::open(0)?;
+    let mut mem = gpu.alloc(1 << 20)?;
+    let t = Instant::now();
+    mem.write(0, HELLO)?;
+    let first = t.elapsed().as_nanos();
+    let t = Instant::now();
+    mem.write(0, HELLO)?;
+    let second = t.elapsed().as_nanos();
+    let mut back = vec![0u8; HELLO.len()];
+    mem.read_dma(0, &mut back)?;
+    if back != HELLO {
+        return Err(BenchError::Check("first write did not arrive".into()));
+    }
+    if CopyPool::global_if_started().is_some() {
+        return Err(BenchError::Check(
+            "a small write started the global copy pool".into(),
+        ));
+    }
+    println!("first-write-ns {first} {second}");
+    Ok(())
+}
+
+fn pool(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
+    let mut report = Report::new("fastpath-pool", Unit::Nanoseconds);
+    let budget = if opts.quick {
+        Budget::new(Duration::from_millis(50), 100, 10_000)
+    } else {
+        Budget::new(Duration::from_millis(300), 1_000, 100_000)
+    };
+    let pairs_per_thread: u64 = if opts.quick { 20_000 } else { 200_000 };
+    for (name, thread_cache) in [
+        ("default PoolConfig", PoolConfig::default().thread_cache),
+        ("thread_cache = 0 (opt-out)", 0),
+    ] {
+        let pool = Pool::new(
+            gpu.clone(),
+            PoolConfig {
+                thread_cache,
+                ..Default::default()
+            },
+        )?;
+        let _keep = pool.alloc(256, 16)?; // the chunk stays: steady state
+        let ns = measure(&budget, || {
+            drop(pool.alloc(256, 16)?);
+            Ok(())
+        })?;
+        push(
+            &mut report,
+            &format!("alloc+free, 1 thread, {name}"),
+            256,
+            &ns,
+        );
+        // Eight threads, each `pairs_per_thread` pairs; per pair of the whole machine.
+        let samples = if opts.quick { 3 } else { 7 };
+        let mut ns = Vec::with_capacity(samples);
+        for _ in 0..samples {
+            let start = Barrier::new(9);
+            let wall = std::thread::scope(|s| -> BenchResult<Duration> {
+                let workers: Vec<_> = (0..8)
+                    .map(|_| {
+                        s.spawn(|| -> vkgdr::Result<()> {
+                            start.wait();
+                            for _ in 0..pairs_per_thread {
+                                drop(pool.alloc(256, 16)?);
+                            }
+                            Ok(())
+                        })
+                    })
+                    .collect();
+                start.wait();
+                let t = Instant::now();
+                for w in workers {
+                    w.join().expect("worker panicked")?;
+                }
+                Ok(t.elapsed())
+            })?;
+            ns.push(wall.as_nanos() as f64 / (8 * pairs_per_thread) as f64);
+        }
+        push(
+            &mut report,
+            &format!("alloc+free, 8 threads, per pair, {name}"),
+            256,
+            &ns,
+        );
+    }
+    report.notes.push(
+        "pool over CUDA-imported chunks; one pool.alloc(256, 16) and its drop per pair; 8 threads: \
+         wall time / all pairs (1-thread time / this = the throughput gain)"
+            .into(),
+    );
+    Ok(report)
+}

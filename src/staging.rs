@@ -1,0 +1,218 @@
+//! The CUDA side of staged reads ([`crate::copy::staged`]): sets of pinned staging buffers with
+//! a stream and one event per buffer, cached per [`Gpu`](crate::Gpu) and created on the first
+//! large read.
+
+use std::ffi::c_void;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::copy::staged::{read_staged, StagingEngine};
+use crate::cuda::{
+    ContextGuard, CuContext, Driver, CU_EVENT_DISABLE_TIMING, CU_STREAM_NON_BLOCKING,
+};
+use crate::error::{Error, Result};
+use crate::handle::SendSyncPtr;
+
+/// Reads of at least this many bytes into pageable memory take the staged pipeline; shorter DMA
+/// reads use one `cuMemcpyDtoH` (whose own staging is as good there, and needs no pinned memory
+/// of ours).
+pub const STAGED_READ_THRESHOLD: usize = 1 << 20;
+
+/// Staging buffers per set: the copy engine works on up to this many chunks ahead of the CPU.
+pub const STAGING_BUFFERS: usize = 4;
+
+/// Bytes per staging buffer (the largest chunk): a set pins `STAGING_BUFFERS` times this.
+pub const STAGING_BUFFER_BYTES: usize = 8 << 20;
+
+/// Idle sets a GPU keeps for later reads; sets beyond it (from concurrent readers) are freed.
+const IDLE_SETS: usize = 2;
+
+/// One reader's pinned buffers, stream and events, all of one context.
+struct StagingSet {
+    driver: Arc<Driver>,
+    /// The context everything below belongs to (pushed for every driver call).
+    context: SendSyncPtr<c_void>,
+    /// `STAGING_BUFFERS * STAGING_BUFFER_BYTES` bytes from `cuMemHostAlloc`.
+    host: SendSyncPtr<u8>,
+    stream: SendSyncPtr<c_void>,
+    events: Vec<SendSyncPtr<c_void>>,
+    in_flight: [bool; STAGING_BUFFERS],
+}
+
+impl StagingSet {
+    /// Creates a set in `context`, which must be current on this thread.
+    fn new(driver: &Arc<Driver>, context: CuContext) -> Result<StagingSet> {
+        let bytes = STAGING_BUFFERS * STAGING_BUFFER_BYTES;
+        let host = driver
+            .cu_mem_alloc_host(bytes, 0)
+            .map_err(crate::cuda::out_of_memory(bytes as u64))?;
+        let host = NonNull::new(host.cast::<u8>())
+            .ok_or_else(|| Error::internal("cuMemHostAlloc returned a null pointer"))?;
+        // From here on `Drop` frees whatever was made (it tolerates null handles).
+        let mut set = StagingSet {
+            driver: driver.clone(),
+            context: SendSyncPtr::new(context),
+            host: host.into(),
+            stream: SendSyncPtr::new(std::ptr::null_mut()),
+            events: Vec::with_capacity(STAGING_BUFFERS),
+            in_flight: [false; STAGING_BUFFERS],
+        };
+        set.stream = SendSyncPtr::new(driver.cu_stream_create(CU_STREAM_NON_BLOCKING)?);
+        for _ in 0..STAGING_BUFFERS {
+            let event = driver.cu_event_create(CU_EVENT_DISABLE_TIMING)?;
+            set.events.push(SendSyncPtr::new(event));
+        }
+        Ok(set)
+    }
+
+    fn check_buffer(&self, buf: usize, len: usize) -> Result<()> {
+        if buf >= STAGING_BUFFERS || len > STAGING_BUFFER_BYTES {
+            return Err(Error::internal(format!(
+                "staging buffer {buf} of {STAGING_BUFFERS}, {len} bytes of {STAGING_BUFFER_BYTES}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Every method runs with the set's context current (the caller of [`StagingCache::read`]
+/// binds it).
+impl StagingEngine for StagingSet {
+    fn buffers(&self) -> usize {
+        STAGING_BUFFERS
+    }
+
+    fn buffer_len(&self) -> usize {
+        STAGING_BUFFER_BYTES
+    }
+
+    fn start(&mut self, buf: usize, src: u64, len: usize) -> Result<()> {
+        self.check_buffer(buf, len)?;
+        if self.in_flight[buf] {
+            return Err(Error::internal(format!("staging buffer {buf} is busy")));
+        }
+        // SAFETY: the destination lies inside our pinned allocation (checked above); no Rust
+        // reference to this buffer's bytes exists while the copy is in flight (`staged` refuses
+        // until `wait`); the caller guarantees `[src, src + len)` is live device memory of this
+        // context; the stream is ours and the context current.
+        unsafe {
+            self.driver.cu_memcpy_dtoh_async(
+                self.host.get().add(buf * STAGING_BUFFER_BYTES).cast(),
+                src,
+                len,
+                self.stream.get(),
+            )
+        }?;
+        self.in_flight[buf] = true;
+        // SAFETY: event and stream are ours, of the current context.
+        unsafe {
+            self.driver
+                .cu_event_record(self.events[buf].get(), self.stream.get())
+        }
+    }
+
+    fn wait(&mut self, buf: usize) -> Result<()> {
+        self.check_buffer(buf, 0)?;
+        if !self.in_flight[buf] {
+            return Ok(());
+        }
+        // SAFETY: a live event of ours, recorded after the copy into `buf`.
+        unsafe { self.driver.cu_event_synchronize(self.events[buf].get()) }?;
+        self.in_flight[buf] = false;
+        Ok(())
+    }
+
+    fn staged(&self, buf: usize, len: usize) -> Result<&[u8]> {
+        self.check_buffer(buf, len)?;
+        if self.in_flight[buf] {
+            return Err(Error::internal(format!(
+                "staging buffer {buf} read before its copy landed"
+            )));
+        }
+        // SAFETY: inside our pinned allocation (checked above), initialised (a completed copy
+        // or earlier contents: cuMemHostAlloc memory is plain host memory), and no copy into it
+        // is in flight, so nothing writes these bytes while the slice lives (`&self`).
+        Ok(unsafe {
+            std::slice::from_raw_parts(self.host.get().add(buf * STAGING_BUFFER_BYTES), len)
+        })
+    }
+
+    fn drain(&mut self) -> Result<()> {
+        if self.in_flight.iter().any(|&f| f) {
+            // SAFETY: our live stream, context current.
+            unsafe { self.driver.cu_stream_synchronize(self.stream.get()) }?;
+            self.in_flight = [false; STAGING_BUFFERS];
+        }
+        Ok(())
+    }
+}
+
+impl Drop for StagingSet {
+    fn drop(&mut self) {
+        // SAFETY: the set's context outlives it (the `Gpu` that owns the cache frees its sets
+        // before releasing its context, and a borrowed context outlives the `Gpu`).
+        let _ctx = unsafe { ContextGuard::push(&self.driver, self.context.get()) };
+        // Teardown of our own handles; nothing to report from a destructor. The stream is
+        // synchronised first so no copy writes the pinned memory after it is freed.
+        // SAFETY: every handle is ours and used by nothing else now.
+        unsafe {
+            if !self.stream.get().is_null() {
+                let _ = self.driver.cu_stream_synchronize(self.stream.get());
+            }
+            for e in &self.events {
+                let _ = self.driver.cu_event_destroy(e.get());
+            }
+            if !self.stream.get().is_null() {
+                let _ = self.driver.cu_stream_destroy(self.stream.get());
+            }
+            let _ = self.driver.cu_mem_free_host(self.host.get().cast());
+        }
+    }
+}
+
+/// A GPU's idle staging sets.
+#[derive(Default)]
+pub(crate) struct StagingCache {
+    idle: Mutex<Vec<StagingSet>>,
+}
+
+impl StagingCache {
+    /// Reads `dst.len()` bytes at device address `src` through a staging set of `context`
+    /// (taken from the cache, or created), copying out with the global copy pool's threads.
+    ///
+    /// # Safety
+    /// - `[src, src + dst.len())` must be live device memory accessible in `context`, which must
+    ///   be the context of every set in this cache and stay alive while the cache holds sets.
+    pub(crate) unsafe fn read(
+        &self,
+        driver: &Arc<Driver>,
+        context: CuContext,
+        src: u64,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        // SAFETY: the caller guarantees the context is alive.
+        let _ctx = unsafe { ContextGuard::push(driver, context) }?;
+        let popped = self.idle.lock().pop();
+        let mut set = match popped {
+            Some(set) => set,
+            None => StagingSet::new(driver, context)?,
+        };
+        let result = read_staged(&mut set, src, dst, crate::copy::copy_host_default);
+        let mut idle = self.idle.lock();
+        if idle.len() < IDLE_SETS {
+            idle.push(set);
+        } else {
+            drop(idle);
+            drop(set); // outside the lock: frees pinned memory
+        }
+        result
+    }
+
+    /// Frees every idle set (before the context they belong to goes).
+    pub(crate) fn clear(&self) {
+        let sets = std::mem::take(&mut *self.idle.lock());
+        drop(sets);
+    }
+}
