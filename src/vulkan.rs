@@ -213,6 +213,41 @@ fn load_entry() -> Result<ash::Entry> {
     entry.map_err(|e| crate::dynlib::not_found(LOADER, crate::dynlib::VULKAN_ENV, &name, e))
 }
 
+/// The Vulkan loader and one instance on it, kept for the rest of the process once made.
+///
+/// Destroying a process's last instance makes the loader unload the driver (the ICD), and
+/// NVIDIA's ICD does not survive that repeatedly: on the H100 machine (driver 580.159.04), after
+/// about 30 contexts opened and dropped one after another in one process, `vkCreateInstance` fails with
+/// `VK_ERROR_INCOMPATIBLE_DRIVER` ("Could not get 'vkCreateInstance' via
+/// 'vk_icdGetInstanceProcAddr' for ICD libGLX_nvidia.so.0"). So every context opens its device on
+/// the shared instance of its loader, and only devices come and go.
+struct SharedInstance {
+    /// Keeps the loader library loaded while `instance` is in use (forever).
+    _entry: ash::Entry,
+    instance: ash::Instance,
+}
+
+/// The shared instance of the loader `VKGDR_VULKAN_LIBRARY` names now (see [`SharedInstance`]).
+/// Failures are not kept: a later call tries again (another loader, a driver installed since).
+fn shared_instance() -> Result<&'static ash::Instance> {
+    static INSTANCES: parking_lot::Mutex<Vec<(String, &'static SharedInstance)>> =
+        parking_lot::Mutex::new(Vec::new());
+    let name = crate::dynlib::library_name(LOADER, crate::dynlib::VULKAN_ENV);
+    let mut instances = INSTANCES.lock();
+    if let Some((_, shared)) = instances.iter().find(|(n, _)| *n == name) {
+        return Ok(&shared.instance);
+    }
+    let entry = load_entry()?;
+    let instance = create_instance(&entry)?;
+    // Leaked on purpose: never destroyed, see SharedInstance.
+    let shared: &'static SharedInstance = Box::leak(Box::new(SharedInstance {
+        _entry: entry,
+        instance,
+    }));
+    instances.push((name, shared));
+    Ok(&shared.instance)
+}
+
 fn create_instance(entry: &ash::Entry) -> Result<ash::Instance> {
     let app = vk::ApplicationInfo::default()
         .application_name(c"vkgdr")
@@ -308,28 +343,23 @@ fn describe(
 
 /// Lists every Vulkan physical device with its memory types (no device is opened).
 pub fn enumerate_devices() -> Result<Vec<PhysicalDeviceInfo>> {
-    let entry = load_entry()?;
-    let instance = create_instance(&entry)?;
-    let result = (|| {
-        // SAFETY: `instance` is live.
-        let pds = unsafe { instance.enumerate_physical_devices() }
-            .map_err(vk_err("vkEnumeratePhysicalDevices"))?;
-        pds.into_iter()
-            .enumerate()
-            .map(|(i, pd)| describe(&instance, i, pd))
-            .collect()
-    })();
-    // SAFETY: nothing created from the instance outlives this function.
-    unsafe { instance.destroy_instance(None) };
-    result
+    let instance = shared_instance()?;
+    // SAFETY: the shared instance is live for the rest of the process.
+    let pds = unsafe { instance.enumerate_physical_devices() }
+        .map_err(vk_err("vkEnumeratePhysicalDevices"))?;
+    pds.into_iter()
+        .enumerate()
+        .map(|(i, pd)| describe(instance, i, pd))
+        .collect()
 }
 
 /// An open Vulkan device with the memory type chosen for BAR mappings.
 ///
 /// Shared through `Arc`; every [`VulkanMemory`] holds one, so the device outlives its memory.
+/// Dropping the context destroys its device; the `VkInstance` it was opened on is the process's
+/// one, which stays (with the loader and the driver loaded) until the process exits: NVIDIA's
+/// driver fails after being unloaded and reloaded about 30 times in one process.
 pub struct VulkanContext {
-    _entry: ash::Entry,
-    instance: ash::Instance,
     device: ash::Device,
     external_fd: ash::khr::external_memory_fd::Device,
     info: PhysicalDeviceInfo,
@@ -352,21 +382,12 @@ impl std::fmt::Debug for VulkanContext {
 impl VulkanContext {
     /// Opens the selected physical device with `VK_KHR_external_memory_fd` and picks the memory type.
     pub fn new(selector: DeviceSelector, options: MemoryOptions) -> Result<Arc<Self>> {
-        let entry = load_entry()?;
-        let instance = create_instance(&entry)?;
-        match Self::open_device(entry, &instance, selector, options) {
-            Ok(ctx) => Ok(Arc::new(ctx)),
-            Err(e) => {
-                // SAFETY: open_device failed, so nothing created from the instance survives.
-                unsafe { instance.destroy_instance(None) };
-                Err(e)
-            }
-        }
+        let instance = shared_instance()?;
+        Ok(Arc::new(Self::open_device(instance, selector, options)?))
     }
 
     fn open_device(
-        entry: ash::Entry,
-        instance: &ash::Instance,
+        instance: &'static ash::Instance,
         selector: DeviceSelector,
         options: MemoryOptions,
     ) -> Result<Self> {
@@ -419,8 +440,6 @@ impl VulkanContext {
         let external_fd = ash::khr::external_memory_fd::Device::new(instance, &device);
         let non_coherent = options.force_non_coherent || !memory_type.is_coherent();
         Ok(VulkanContext {
-            _entry: entry,
-            instance: instance.clone(),
             device,
             external_fd,
             atom: info.non_coherent_atom_size,
@@ -571,11 +590,8 @@ impl VulkanContext {
 impl Drop for VulkanContext {
     fn drop(&mut self) {
         // SAFETY: every VulkanMemory holds an Arc to this context, so none is alive now; the device
-        // and instance were created by us and are destroyed exactly once, device first.
-        unsafe {
-            self.device.destroy_device(None);
-            self.instance.destroy_instance(None);
-        }
+        // was created by us and is destroyed exactly once. The instance is shared and stays.
+        unsafe { self.device.destroy_device(None) };
     }
 }
 

@@ -199,72 +199,114 @@ fn kernel_checks_100k_tiny_blocks_forced_non_coherent() {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
 fn eight_threads_churn_then_an_idle_threads_cache_is_trimmed() {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
     use std::sync::{mpsc, Barrier};
     let gpu = open(false);
     let module = Module::load_ptx(&gpu, MAPPING_PTX).unwrap();
     let pool = Pool::new(gpu.clone(), PoolConfig::default()).unwrap();
     let (threads, live_per_thread) = (8, 2_000);
+    // Every thread passes every barrier even when its work failed, and every check waits until
+    // after the last one: a failure reports itself instead of leaving the others waiting.
     let checked = Barrier::new(threads + 1);
     let idle = Barrier::new(threads + 1);
     let wake = Barrier::new(threads + 1);
-    let (tx, rx) = mpsc::channel::<Vec<(u64, u32, u32)>>();
+    // Each thread's live blocks (device address, size, tag) and how many read back wrong on the CPU.
+    type Sent = Option<(Vec<(u64, u32, u32)>, usize)>;
+    let (tx, rx) = mpsc::channel::<Sent>();
     std::thread::scope(|s| {
         for t in 0..threads {
             let (pool, tx) = (&pool, tx.clone());
             let (checked, idle, wake) = (&checked, &idle, &wake);
             s.spawn(move || {
-                let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64);
-                let mut live: Vec<(vkgdr::Block, u32)> = Vec::new();
-                for op in 0..50_000u32 {
-                    if live.len() < live_per_thread && (live.is_empty() || rng.gen_bool(0.6)) {
-                        let size = rng.gen_range(1..=512u64);
-                        let mut b = pool.alloc(size, 1 << rng.gen_range(0..=6)).unwrap();
-                        let tag = (t as u32) << 24 | op;
-                        b.write(0, &tag_bytes(tag, size as usize)).unwrap();
-                        live.push((b, tag));
-                    } else {
-                        let i = rng.gen_range(0..live.len());
-                        drop(live.swap_remove(i));
+                let churn = catch_unwind(AssertUnwindSafe(|| {
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64);
+                    let mut live: Vec<(vkgdr::Block, u32)> = Vec::new();
+                    for op in 0..50_000u32 {
+                        if live.len() < live_per_thread && (live.is_empty() || rng.gen_bool(0.6)) {
+                            let size = rng.gen_range(1..=512u64);
+                            let mut b = pool.alloc(size, 1 << rng.gen_range(0..=6)).unwrap();
+                            let tag = (t as u32) << 24 | op;
+                            b.write(0, &tag_bytes(tag, size as usize)).unwrap();
+                            live.push((b, tag));
+                        } else {
+                            let i = rng.gen_range(0..live.len());
+                            drop(live.swap_remove(i));
+                        }
                     }
-                }
-                tx.send(
-                    live.iter()
+                    live
+                }));
+                let live = churn.ok();
+                let sent = live.as_ref().map(|live| {
+                    let wrong = live
+                        .iter()
+                        .filter(|(b, tag)| {
+                            b.read_vec(0, b.size() as usize).unwrap()
+                                != tag_bytes(*tag, b.size() as usize)
+                        })
+                        .count();
+                    let blocks = live
+                        .iter()
                         .map(|(b, tag)| (b.device_ptr().unwrap(), b.size() as u32, *tag))
-                        .collect(),
-                )
-                .unwrap();
+                        .collect();
+                    (blocks, wrong)
+                });
+                tx.send(sent).unwrap();
+                drop(tx);
                 checked.wait();
+                let failed = live.is_none();
                 drop(live); // into this thread's cache (up to its bounds)
-                assert!(magazine::thread_cached_blocks() > 0);
+                let cached = magazine::thread_cached_blocks();
                 idle.wait();
                 wake.wait(); // idle while the main thread trims
+                assert!(!failed, "thread {t}'s churn failed (its panic is above)");
+                assert!(cached > 0, "thread {t} cached nothing");
             });
         }
         drop(tx);
-        let all: Vec<(u64, u32, u32)> = rx.iter().flatten().collect();
-        assert_eq!(all.len(), threads * live_per_thread);
-        let ptrs: Vec<u64> = all.iter().map(|a| a.0).collect();
-        let lens: Vec<u32> = all.iter().map(|a| a.1).collect();
-        let tags: Vec<u32> = all.iter().map(|a| a.2).collect();
-        let check = KernelCheck::new(&gpu, &module, &pool, &ptrs, &lens, &tags);
-        assert_eq!(check.bad_blocks(), 0, "a live block lost its tag");
-        drop(check);
+        let sent: Vec<_> = rx.iter().collect();
+        let all: Vec<(u64, u32, u32)> = sent.iter().flatten().flat_map(|s| &s.0).copied().collect();
+        let wrong_on_cpu: usize = sent.iter().flatten().map(|s| s.1).sum();
+        let mut spans: Vec<(u64, u64)> = all.iter().map(|a| (a.0, a.0 + a.1 as u64)).collect();
+        spans.sort_unstable();
+        let overlapping = spans.windows(2).filter(|w| w[1].0 < w[0].1).count();
+        let reported = sent.iter().flatten().count();
+        let bad = (reported == threads).then(|| {
+            let ptrs: Vec<u64> = all.iter().map(|a| a.0).collect();
+            let lens: Vec<u32> = all.iter().map(|a| a.1).collect();
+            let tags: Vec<u32> = all.iter().map(|a| a.2).collect();
+            KernelCheck::new(&gpu, &module, &pool, &ptrs, &lens, &tags).bad_blocks()
+        });
         checked.wait();
         idle.wait();
         let before = pool.stats();
-        assert_eq!(before.bytes_in_use, 0, "{before:?}");
-        assert!(before.bytes_cached > 0, "{before:?}");
         let released = pool.trim();
         let after = pool.stats();
+        wake.wait();
+        println!(
+            "8 threads: {} live blocks, {overlapping} overlapping, {wrong_on_cpu} wrong on the \
+             CPU, {bad:?} wrong for the kernel",
+            all.len()
+        );
+        assert_eq!(reported, threads, "threads that reported their blocks");
+        // Each thread ends with at most `live_per_thread` blocks (its last operations free some).
+        assert!(
+            all.len() > threads * live_per_thread * 9 / 10,
+            "{} live blocks",
+            all.len()
+        );
+        assert_eq!(overlapping, 0, "two live blocks overlap");
+        assert_eq!(wrong_on_cpu, 0, "a live block lost its tag (CPU read-back)");
+        assert_eq!(bad, Some(0), "a live block lost its tag (kernel)");
         println!(
             "8 threads: {} KiB cached in idle threads, trim released {released} chunks",
             before.bytes_cached >> 10
         );
+        assert_eq!(before.bytes_in_use, 0, "{before:?}");
+        assert!(before.bytes_cached > 0, "{before:?}");
         assert_eq!(
             (after.bytes_cached, after.chunks, after.bytes_reserved),
             (0, 0, 0)
         );
-        wake.wait();
     });
 }
 

@@ -194,3 +194,22 @@ fn missing_cuda_is_an_error_value() {
         ));
     }
 }
+
+/// One process opens and drops many contexts one after another (a test suite, a Python session
+/// making pools): NVIDIA's driver failed `vkCreateInstance` after about 30 such cycles until the
+/// contexts shared one instance for the process (on lavapipe this only checks the cycles work).
+#[test]
+fn a_process_opens_and_drops_a_hundred_contexts() {
+    for i in 0..100 {
+        let ctx = common::vulkan(i % 2 == 1);
+        let mut mem = ctx
+            .allocate(4096)
+            .unwrap_or_else(|e| panic!("context {i}: {e}"));
+        vkgdr::Mapping::write(&mut mem, 0, &[i as u8; 64]).unwrap();
+        assert_eq!(
+            vkgdr::Mapping::read_vec(&mem, 0, 64).unwrap(),
+            [i as u8; 64]
+        );
+        drop(mem.export_fd().unwrap());
+    }
+}

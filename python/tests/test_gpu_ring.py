@@ -52,7 +52,7 @@ def test_persistent_consumer_verifies_records_from_python_threads(cupy, ring_mod
     )
     stream = cupy.cuda.Stream(non_blocking=True)
     args = tuple(np.uint64(a) for a in view.kernel_args())
-    kernel((1,), (128,), args, stream=stream)
+    kernel((1,), (256,), args, stream=stream)  # the checking kernels need 256 threads
 
     # One producer thread at a time owns the sequence numbers it predicts: pushes are serialised
     # by a lock, so record k carries seq k, while the pushes themselves come from four threads.
