@@ -456,7 +456,7 @@ fn ordinal_of(gpu: &Gpu) -> Result<c_int> {
 /// A released chunk in the middle stays mapped and is reused first; trailing released chunks are
 /// unmapped and freed at once, so the arena shrinks from the end.
 pub struct ArenaSource {
-    state: Arc<parking_lot::Mutex<ArenaSlots>>,
+    state: Arc<crate::sync::lock::Mutex<ArenaSlots>>,
     atom: u64,
     non_coherent: bool,
 }
@@ -487,7 +487,7 @@ impl ArenaSource {
         let atom = arena.gpu.vulkan().atom_size();
         let non_coherent = arena.gpu.is_non_coherent();
         ArenaSource {
-            state: Arc::new(parking_lot::Mutex::new(ArenaSlots {
+            state: Arc::new(crate::sync::lock::Mutex::new(ArenaSlots {
                 arena,
                 free: Default::default(),
             })),
@@ -515,7 +515,7 @@ impl ArenaSource {
 /// One chunk of an [`ArenaSource`] lent to a pool; `Send + Sync` by its fields (the shared state
 /// is behind a mutex, `&self` methods only read fields or lock it).
 struct ArenaChunkRef {
-    state: Arc<parking_lot::Mutex<ArenaSlots>>,
+    state: Arc<crate::sync::lock::Mutex<ArenaSlots>>,
     slot: usize,
     /// The slot's host mapping, which stays mapped while this reference exists (the slot is
     /// released only in our Drop).

@@ -5,7 +5,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use parking_lot::Mutex;
+use crate::sync::lock::Mutex;
 
 use crate::chunk::{ChunkMemory, ChunkSource};
 use crate::cuda::{ContextGuard, CuContext, CuDevice, Driver};

@@ -6,7 +6,7 @@ use std::ffi::c_void;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use crate::sync::lock::Mutex;
 
 use crate::copy::staged::{read_staged, StagingEngine};
 use crate::cuda::{

@@ -11,6 +11,7 @@
 
 use std::ops::{Deref, DerefMut};
 
+pub(crate) mod lock;
 mod owner_cell;
 pub(crate) use owner_cell::OwnerCell;
 
@@ -127,18 +128,19 @@ pub(crate) fn thread_id() -> u64 {
     ID.with(|id| *id)
 }
 
-/// A mutex: `parking_lot`'s, or loom's under `cfg(feature = "loom")`. Only what the crate uses.
+/// A mutex: [`lock::Mutex`] (`parking_lot`'s), or loom's under `cfg(feature = "loom")`. Only what
+/// the crate uses.
 #[derive(Debug, Default)]
 pub(crate) struct Mutex<T> {
     #[cfg(not(feature = "loom"))]
-    inner: parking_lot::Mutex<T>,
+    inner: lock::Mutex<T>,
     #[cfg(feature = "loom")]
     inner: loom::sync::Mutex<T>,
 }
 
 /// The guard of a locked [`Mutex`].
 #[cfg(not(feature = "loom"))]
-pub(crate) type MutexGuard<'a, T> = parking_lot::MutexGuard<'a, T>;
+pub(crate) type MutexGuard<'a, T> = lock::MutexGuard<'a, T>;
 /// The guard of a locked [`Mutex`].
 #[cfg(feature = "loom")]
 pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
@@ -147,7 +149,7 @@ impl<T> Mutex<T> {
     pub(crate) fn new(value: T) -> Self {
         Self {
             #[cfg(not(feature = "loom"))]
-            inner: parking_lot::Mutex::new(value),
+            inner: lock::Mutex::new(value),
             #[cfg(feature = "loom")]
             inner: loom::sync::Mutex::new(value),
         }

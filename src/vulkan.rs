@@ -230,8 +230,8 @@ struct SharedInstance {
 /// The shared instance of the loader `VKGDR_VULKAN_LIBRARY` names now (see [`SharedInstance`]).
 /// Failures are not kept: a later call tries again (another loader, a driver installed since).
 fn shared_instance() -> Result<&'static ash::Instance> {
-    static INSTANCES: parking_lot::Mutex<Vec<(String, &'static SharedInstance)>> =
-        parking_lot::Mutex::new(Vec::new());
+    static INSTANCES: crate::sync::lock::Mutex<Vec<(String, &'static SharedInstance)>> =
+        crate::sync::lock::Mutex::new(Vec::new());
     let name = crate::dynlib::library_name(LOADER, crate::dynlib::VULKAN_ENV);
     let mut instances = INSTANCES.lock();
     if let Some((_, shared)) = instances.iter().find(|(n, _)| *n == name) {

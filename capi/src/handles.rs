@@ -32,7 +32,10 @@ use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+// std's Mutex, not parking_lot's: this module runs under Miri on CI, and parking_lot_core's futex
+// call is refused by Miri's argument type checks when a thread parks (see vkgdr's sync::lock).
+// Poisoning is ignored: the lists stay consistent at every step.
+use std::sync::{Mutex, PoisonError};
 
 /// Bits of the slot index.
 const SLOT_BITS: u32 = 28;
@@ -134,7 +137,7 @@ struct Depot {
 
 impl Depot {
     fn put(&self, slots: impl IntoIterator<Item = u32>) {
-        let mut free = self.free.lock();
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
         free.extend(slots);
         self.len.store(free.len(), Ordering::Relaxed);
     }
@@ -144,7 +147,7 @@ impl Depot {
         if self.len.load(Ordering::Relaxed) == 0 {
             return;
         }
-        let mut free = self.free.lock();
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
         let from = free.len() - free.len().min(n);
         out.extend(free.drain(from..));
         self.len.store(free.len(), Ordering::Relaxed);

@@ -7,7 +7,8 @@ use std::mem::ManuallyDrop;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use parking_lot::Mutex;
+// std's Mutex like crate::handles (Miri); a poisoned lock still holds a valid Option.
+use std::sync::{Mutex, PoisonError};
 use vkgdr::ring::core::{Reservation, RingError};
 use vkgdr::ring::layout::{WrapMode, RESULT_WORDS};
 use vkgdr::ring::{BarSink, DeviceRing};
@@ -95,7 +96,12 @@ struct OpenReservation {
 impl Drop for OpenReservation {
     fn drop(&mut self) {
         // An uncommitted reservation becomes a PAD record when dropped: before the ring goes.
-        drop(self.reservation.get_mut().take());
+        drop(
+            self.reservation
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
         // SAFETY: dropped exactly once, here, after the reservation that borrowed it.
         unsafe { ManuallyDrop::drop(&mut self.ring) };
     }
@@ -290,7 +296,12 @@ pub unsafe extern "C" fn vkgdr_ring_reservation_get_seq(
     guard("vkgdr_ring_reservation_get_seq", u64::MAX, || {
         // SAFETY: the caller does not commit or cancel it during the call.
         let open = unsafe { lookup(&RESERVATIONS, reservation) }?;
-        let seq = open.reservation.lock().as_ref().map(Reservation::seq);
+        let seq = open
+            .reservation
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(Reservation::seq);
         seq.ok_or_else(|| Failure::Api("the reservation is already finished".into()))
     })
 }
@@ -319,7 +330,10 @@ pub unsafe extern "C" fn vkgdr_ring_reservation_write(
         let open = unsafe { lookup(&RESERVATIONS, reservation) }?;
         // SAFETY: readable for `size` bytes (caller).
         let bytes = unsafe { crate::copy::host_slice(src, size) }?;
-        let mut guard = open.reservation.lock();
+        let mut guard = open
+            .reservation
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let res = guard
             .as_mut()
             .ok_or_else(|| Failure::Api("the reservation is already finished".into()))?;
@@ -355,7 +369,12 @@ pub unsafe extern "C" fn vkgdr_ring_commit(reservation: vkgdr_ring_reservation_t
         let open = RESERVATIONS
             .remove(reservation.token())
             .map_err(|why| Failure::handle(Tag::Reservation, why))?;
-        if let Some(res) = open.reservation.lock().take() {
+        if let Some(res) = open
+            .reservation
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
             res.commit();
         }
         Ok(VKGDR_SUCCESS)

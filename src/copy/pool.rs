@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::{self, JoinHandle};
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::lock::{Condvar, Mutex};
 
 use super::{check_lengths, kernels, simd_level, CopyError};
 use crate::handle::SendSyncPtr;

@@ -12,13 +12,13 @@ use std::sync::Arc;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::sync::lock::Mutex;
 pub(crate) use gpu_alloc::MemoryBlock;
 use gpu_alloc::{Config, DeviceProperties, GpuAllocator, Request, UsageFlags};
 use gpu_alloc_types::{
     AllocationFlags, DeviceMapError, MappedMemoryRange, MemoryDevice, MemoryHeap,
     MemoryPropertyFlags, MemoryType, OutOfMemory,
 };
-use parking_lot::Mutex;
 
 use super::shards::Chunk;
 use crate::chunk::ChunkSource;

@@ -44,7 +44,7 @@ use std::cell::Cell;
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use crate::sync::lock::Mutex;
 
 use super::shards::{Chunk, ShardCell};
 use crate::alloc::Allocation;

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use crate::sync::lock::Mutex;
 
 use super::{PoolInner, PoolStats, ShardSet};
 use crate::alloc::ChunkId;

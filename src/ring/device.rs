@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use crate::sync::lock::Mutex;
 
 use super::core::{Producer, Reservation, RingCore, RingError, RingSink};
 use super::layout::{WrapMode, MIN_CAPACITY, RESULT_WORDS};
