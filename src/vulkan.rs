@@ -217,10 +217,10 @@ fn load_entry() -> Result<ash::Entry> {
 ///
 /// Destroying a process's last instance makes the loader unload the driver (the ICD), and
 /// NVIDIA's ICD does not survive that repeatedly: on the H100 machine (driver 580.159.04), after
-/// about 30 contexts opened and dropped one after another in one process, `vkCreateInstance` fails with
-/// `VK_ERROR_INCOMPATIBLE_DRIVER` ("Could not get 'vkCreateInstance' via
-/// 'vk_icdGetInstanceProcAddr' for ICD libGLX_nvidia.so.0"). So every context opens its device on
-/// the shared instance of its loader, and only devices come and go.
+/// about 30 contexts opened and dropped one after another in one process, `vkCreateInstance`
+/// fails with `VK_ERROR_INCOMPATIBLE_DRIVER` ("Could not get 'vkCreateInstance' via
+/// 'vk_icdGetInstanceProcAddr' for ICD libGLX_nvidia.so.0"). So every context opens its device
+/// on the shared instance of its loader, and only devices come and go.
 struct SharedInstance {
     /// Keeps the loader library loaded while `instance` is in use (forever).
     _entry: ash::Entry,
