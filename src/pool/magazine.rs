@@ -13,8 +13,8 @@
 //!
 //! **Reclaimable from any thread.** [`Pool::trim`](super::Pool::trim) and dropping a pool's last
 //! handle take that pool's blocks out of *every* thread's magazine, including threads that are
-//! idle and never allocate again, without stopping them: each magazine is an
-//! [`OwnerCell`](crate::sync::OwnerCell), whose owner works with plain loads and stores and whose
+//! idle and never allocate again, without stopping them: each magazine is an `OwnerCell`
+//! (crate-private, `sync::owner_cell`), whose owner works with plain loads and stores and whose
 //! visitors get exclusive access through a handshake (`membarrier` on Linux). Blocks also go back
 //! when their thread evicts the pool for another, calls [`release_thread_cache`], or exits.
 //!
