@@ -484,12 +484,14 @@ mod tests {
     #[test]
     fn many_threads_insert_and_remove_without_mixing_up_values() {
         let table = Arc::new(HandleTable::new(Tag::Test));
+        // Enough to reuse slots across threads many times; Miri takes a quarter.
+        let per_thread = if cfg!(miri) { 150u64 } else { 600 };
         let threads: Vec<_> = (0..4u64)
             .map(|t| {
                 let table = table.clone();
                 std::thread::spawn(move || {
                     let mut live = Vec::new();
-                    for i in 0..600u64 {
+                    for i in 0..per_thread {
                         live.push((table.insert(t * 1_000_000 + i).unwrap(), t * 1_000_000 + i));
                         if i % 3 == 0 {
                             let (tok, v) = live.swap_remove((i as usize * 7) % live.len());
@@ -531,7 +533,8 @@ mod tests {
         for t in again {
             assert!(table.remove(t).is_ok());
         }
-        assert_eq!(kept.len(), 1500);
+        // Each thread keeps two of every three inserts; 100 of them went above.
+        assert_eq!(kept.len() as u64, 4 * per_thread * 2 / 3 - 100);
     }
 
     #[test]
