@@ -58,9 +58,10 @@ fn config(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<PoolConfig> {
 /// thread_cache_bytes=256 KiB, max_align=64 KiB)``; an option left out (or None) keeps its
 /// default. Each thread keeps up to ``thread_cache`` freed blocks of up to 4 KiB per size class
 /// (and ``thread_cache_bytes`` in all) for reuse without locks; ``trim()`` and dropping the pool
-/// take them back from every thread; ``thread_cache=0`` turns the caches off. Chunks live in ``owner``'s CUDA context (the device's primary context,
-/// which CuPy and PyTorch use, for ``Vkgdr(device)``). Thread-safe; blocks keep their memory
-/// alive, so a block outlives the pool object.
+/// take them back from every thread; ``thread_cache=0`` turns the caches off. Chunks live in
+/// ``owner``'s CUDA context (the device's primary context, which CuPy and PyTorch use, for
+/// ``Vkgdr(device)``). Thread-safe; blocks keep their memory alive, so a block outlives the pool
+/// object.
 #[pyclass(module = "vkgdr", name = "Pool", frozen)]
 pub struct Pool {
     pool: vkgdr::Pool,
