@@ -63,26 +63,15 @@ impl<'a> KernelCheck<'a> {
         p_bad.write_pod(0, &[0u64]).unwrap();
         p_bad.flush().unwrap();
         let [a, b, c] = &self.arrays;
-        let (mut a, mut b, mut c, mut n, mut d) = (
+        launch_check_tagged_blocks(
+            self.gpu,
+            self.module,
+            256,
             a.device_ptr().unwrap(),
             b.device_ptr().unwrap(),
             c.device_ptr().unwrap(),
             self.count as u64,
             p_bad.device_ptr().unwrap(),
-        );
-        launch(
-            self.gpu,
-            self.module,
-            "check_tagged_blocks",
-            256,
-            256,
-            &mut [
-                arg(&mut a),
-                arg(&mut b),
-                arg(&mut c),
-                arg(&mut n),
-                arg(&mut d),
-            ],
         );
         let mut bad = [0u64];
         p_bad.read_pod(0, &mut bad).unwrap();

@@ -86,26 +86,15 @@ impl Side {
         self.tags.write_pod(0, &tags).unwrap();
         self.bad.write_pod(0, &[0u64]).unwrap();
         self.pool.flush().unwrap();
-        let (mut a, mut b, mut c, mut n, mut d) = (
+        launch_check_tagged_blocks(
+            &self.gpu,
+            &self.module,
+            64,
             self.ptrs.device_ptr().unwrap(),
             self.lens.device_ptr().unwrap(),
             self.tags.device_ptr().unwrap(),
             BLOCKS as u64,
             self.bad.device_ptr().unwrap(),
-        );
-        launch(
-            &self.gpu,
-            &self.module,
-            "check_tagged_blocks",
-            64,
-            256,
-            &mut [
-                arg(&mut a),
-                arg(&mut b),
-                arg(&mut c),
-                arg(&mut n),
-                arg(&mut d),
-            ],
         );
         let mut bad = [0u64];
         self.bad.read_pod(0, &mut bad).unwrap();

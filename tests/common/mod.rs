@@ -85,6 +85,36 @@ pub fn launch(
     gpu.synchronize().expect("kernel completed");
 }
 
+/// Launches `check_tagged_blocks` (kernels/mapping.ptx) over `count` blocks described by device
+/// arrays of addresses (`ptrs`, u64), sizes (`lens`, u32) and tags (`tags`, u32): it adds the
+/// number of blocks whose bytes differ from their tag to the u64 at `bad`.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_check_tagged_blocks(
+    gpu: &Gpu,
+    module: &Module,
+    grid: u32,
+    mut ptrs: u64,
+    mut lens: u64,
+    mut tags: u64,
+    mut count: u64,
+    mut bad: u64,
+) {
+    launch(
+        gpu,
+        module,
+        "check_tagged_blocks",
+        grid,
+        256,
+        &mut [
+            arg(&mut ptrs),
+            arg(&mut lens),
+            arg(&mut tags),
+            arg(&mut count),
+            arg(&mut bad),
+        ],
+    );
+}
+
 /// A parameter pointer for `launch`.
 pub fn arg<T>(v: &mut T) -> *mut c_void {
     (v as *mut T).cast()
