@@ -91,3 +91,16 @@ extern "C" __global__ void double_bytes(unsigned char* data, unsigned int n) {
     unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) data[i] = (unsigned char)(data[i] * 2);
 }
+
+// A persistent kernel: runs until *stop becomes non-zero, storing its loop count into *beats every
+// 4096 polls (and once more at the end), so the host can see that it is alive. The kernel that
+// runs beside every call of the coexistence tests and of `vkgdr bench waits`; launch it with one
+// thread on a stream of its own.
+extern "C" __global__ void spin_until_stopped(volatile unsigned int* stop, volatile unsigned long long* beats) {
+    unsigned long long n = 0;
+    while (*stop == 0) {
+        n++;
+        if ((n & 0xfffull) == 0) *beats = n;
+    }
+    *beats = n | 1ull;
+}
