@@ -1,35 +1,20 @@
 //! [`Arena`]: a growable, virtually contiguous device range over BAR-mapped chunks (CUDA VMM),
 //! plus VMM feature detection and granularity.
 
-use std::ffi::{c_int, c_void};
-use std::os::fd::AsRawFd;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use crate::chunk::{ChunkMemory, ChunkSource};
-use crate::cuda::{
-    self, out_of_memory, CuMemHandle, Driver, MemAccessDesc, MemAllocationProp, MemLocation,
-    CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ALLOC_GRANULARITY_MINIMUM,
-    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-};
 use crate::error::{Error, MemorySide, Result};
 use crate::gpu::Gpu;
 use crate::handle::SendSyncPtr;
-use crate::memory::{injected, DMA_READ_THRESHOLD};
+use crate::memory::DMA_READ_THRESHOLD;
 use crate::pool::{Pool, PoolConfig};
 use crate::range::check_range;
+use crate::sync::lock::Mutex;
+pub use crate::vmm::granularity;
+use crate::vmm::{AddressRange, VmmDevice, VmmHandle};
 use crate::vulkan::VulkanMemory;
-
-/// The VMM mapping granularity for POSIX-fd device memory on device `ordinal` (2 MiB on the H100):
-/// chunks mapped into an arena must be multiples of it.
-pub fn granularity(driver: &Driver, ordinal: c_int) -> Result<u64> {
-    let prop = MemAllocationProp::pinned_posix_fd(ordinal);
-    // SAFETY: `prop` is a fully initialised CUmemAllocationProp (32 bytes, checked at compile
-    // time) that outlives the call.
-    let g = unsafe {
-        driver.cu_mem_get_allocation_granularity(&prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)
-    }?;
-    Ok(g as u64)
-}
 
 /// Offset arithmetic of an arena: equal-sized chunks laid back to back in one address range.
 /// Pure, so it is property-tested without a GPU.
@@ -78,8 +63,36 @@ impl ArenaLayout {
 }
 
 struct ArenaChunk {
-    handle: CuMemHandle,
+    // Drop order: the handle (released once unmapped), then the Vulkan memory it imports.
+    handle: VmmHandle,
     memory: VulkanMemory,
+}
+
+/// Slots whose chunk is on its way out (unmapped once the GPU work queued before it is done):
+/// not mapped again before then.
+type Releasing = Arc<Mutex<BTreeSet<usize>>>;
+
+/// A chunk taken out of an arena, in the release queue until the GPU work queued before it is
+/// done; dropping it unmaps it, releases its handle and frees its memory, never waiting. It
+/// keeps the arena's address range, which is freed when the last of them and the arena are gone.
+struct ReleasedChunk {
+    vmm: VmmDevice,
+    va: u64,
+    size: u64,
+    slot: usize,
+    releasing: Releasing,
+    chunk: Option<ArenaChunk>,
+    _range: Arc<AddressRange>,
+}
+
+impl Drop for ReleasedChunk {
+    fn drop(&mut self) {
+        // SAFETY: the chunk is mapped at `va` with its full size, and the GPU work that could
+        // use it is done (the release queue's fence).
+        let _ = unsafe { self.vmm.driver().cu_mem_unmap(self.va, self.size as usize) };
+        drop(self.chunk.take());
+        self.releasing.lock().remove(&self.slot);
+    }
 }
 
 /// A growable, virtually contiguous device range built from BAR-mapped chunks with CUDA's virtual
@@ -91,28 +104,29 @@ struct ArenaChunk {
 /// translate arena offsets to the right chunk. Chunk sizes must be multiples of the VMM
 /// granularity (2 MiB on the H100).
 ///
-/// Teardown, on shrink and on drop, runs in the order that works: `cuMemUnmap`, `cuMemRelease`,
-/// then the Vulkan memory; `cuMemAddressFree` last.
+/// Nothing waits for running kernels: growing maps at once; shrinking and dropping unmap a chunk
+/// once the GPU work queued before them is done (as raw memory is released), and a slot being
+/// released is not mapped again before that.
 ///
 /// `Send + Sync` by its fields: CUDA handles and device addresses are process-wide values, the
 /// chunks' mappings are written only through `&mut self`, and `&self` methods only read through
 /// them or return addresses.
 pub struct Arena {
     gpu: Gpu,
-    base: u64,
-    reserved: u64,
+    vmm: VmmDevice,
+    range: Arc<AddressRange>,
     layout: ArenaLayout,
     chunks: Vec<ArenaChunk>,
-    ordinal: c_int,
     /// Whether chunk 0 is mapped a second time right after the last chunk.
     mirrored: bool,
+    releasing: Releasing,
 }
 
 impl std::fmt::Debug for Arena {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Arena")
-            .field("base", &format_args!("{:#x}", self.base))
-            .field("reserved", &self.reserved)
+            .field("base", &format_args!("{:#x}", self.range.va()))
+            .field("reserved", &self.range.size())
             .field("chunk_size", &self.layout.chunk_size)
             .field("chunks", &self.chunks.len())
             .finish()
@@ -126,28 +140,14 @@ impl Arena {
     /// Returns [`Error::Unsupported`] where the device or driver lacks VMM or POSIX-fd handles,
     /// so callers can fall back to separate chunks.
     pub fn new(gpu: &Gpu, reserve: u64, chunk_size: u64) -> Result<Arena> {
-        let driver = gpu.driver();
-        let dev = gpu.cu_device();
-        if driver.device_attribute(
-            dev,
-            cuda::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-        )? == 0
-        {
-            return Err(Error::Unsupported(
-                "the device does not support CUDA VMM".into(),
-            ));
-        }
-        if driver.device_attribute(
-            dev,
-            cuda::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-        )? == 0
-        {
-            return Err(Error::Unsupported(
-                "the device does not import POSIX fd handles".into(),
-            ));
-        }
-        let ordinal = ordinal_of(gpu)?;
-        let g = granularity(driver, ordinal)?;
+        let vmm = match gpu.vmm_status() {
+            Ok(_) => gpu
+                .vmm()
+                .cloned()
+                .ok_or_else(|| Error::internal("VMM state"))?,
+            Err(why) => return Err(Error::Unsupported(format!("no CUDA VMM: {why}"))),
+        };
+        let g = vmm.granularity();
         if chunk_size == 0 || !chunk_size.is_multiple_of(g) {
             return Err(Error::invalid(format!(
                 "arena chunk size {chunk_size} is not a multiple of the VMM granularity {g}"
@@ -158,21 +158,15 @@ impl Arena {
                 "arena reservation {reserve} is not a multiple of the chunk size {chunk_size}"
             )));
         }
-        let _ctx = gpu.bind()?;
-        // Size and alignment are granularity multiples; no fixed address.
-        let base = crate::failpoint::inject("cuMemAddressReserve", || {
-            injected(driver, "cuMemAddressReserve")
-        })
-        .and_then(|()| driver.cu_mem_address_reserve(reserve as usize, g as usize, 0, 0))
-        .map_err(out_of_memory(reserve))?;
+        let range = Arc::new(vmm.reserve(reserve)?);
         Ok(Arena {
             gpu: gpu.clone(),
-            base,
-            reserved: reserve,
+            vmm,
+            range,
             layout: ArenaLayout { chunk_size },
             chunks: Vec::new(),
-            ordinal,
             mirrored: false,
+            releasing: Arc::default(),
         })
     }
 
@@ -190,29 +184,38 @@ impl Arena {
             .chunks
             .first()
             .ok_or_else(|| Error::invalid("mirroring an empty arena"))?;
-        if self.len() + size > self.reserved {
+        if self.len() + size > self.range.size() {
             return Err(Error::invalid(
                 "no reservation left after the last chunk for the mirror",
             ));
         }
-        let handle = first.handle;
-        let _ctx = self.gpu.bind()?;
-        // Mapping one allocation handle at several addresses is allowed by CUDA VMM.
-        self.map_with_access(self.base + self.len(), handle)?;
+        if !self.slot_is_free(self.chunks.len()) {
+            return Err(Error::OutOfDeviceMemory {
+                side: MemorySide::Limit,
+                call: "Arena::map_mirror",
+                size,
+                result: "the slot after the last chunk is still being released".into(),
+            });
+        }
+        let at = self.range.va() + self.len();
+        // SAFETY: the slot right after the last chunk lies in the reservation (checked above)
+        // and is unmapped (growing is refused while mirrored); chunk 0's handle stays alive
+        // while the mirror exists (it is unmapped before any chunk goes).
+        unsafe { self.vmm.map_at(at, size, &first.handle) }?;
         self.mirrored = true;
         Ok(())
     }
 
-    /// Removes the mirror mapping made by [`Arena::map_mirror`].
+    /// Removes the mirror mapping made by [`Arena::map_mirror`], at once: no kernel may be
+    /// reading across the wrap any more.
     pub fn unmap_mirror(&mut self) -> Result<()> {
         if !self.mirrored {
             return Ok(());
         }
-        let _ctx = self.gpu.bind()?;
-        let at = self.base + self.len();
+        let at = self.range.va() + self.len();
         // SAFETY: the mirror is mapped at `at` with one chunk's size.
         unsafe {
-            self.gpu
+            self.vmm
                 .driver()
                 .cu_mem_unmap(at, self.layout.chunk_size as usize)
         }?;
@@ -227,7 +230,7 @@ impl Arena {
 
     /// Device address of byte 0; never changes.
     pub fn device_ptr(&self) -> u64 {
-        self.base
+        self.range.va()
     }
 
     /// Bytes mapped so far (chunks × chunk size).
@@ -242,7 +245,7 @@ impl Arena {
 
     /// Bytes of address space reserved.
     pub fn capacity(&self) -> u64 {
-        self.reserved
+        self.range.size()
     }
 
     /// Number of chunks mapped.
@@ -267,9 +270,10 @@ impl Arena {
     }
 
     /// Maps one more chunk at the end. Existing device addresses do not move. Fails with
-    /// [`Error::OutOfDeviceMemory`]: `side: Limit` past the reservation, a driver side when the
-    /// BAR is full; with [`Error::InvalidArgument`] while mirrored. The arena is unchanged on any
-    /// error.
+    /// [`Error::OutOfDeviceMemory`]: `side: Limit` past the reservation or while the slot's
+    /// previous chunk is still being released (GPU work queued before the shrink is not done), a
+    /// driver side when the BAR is full; with [`Error::InvalidArgument`] while mirrored. The
+    /// arena is unchanged on any error.
     pub fn grow(&mut self) -> Result<u64> {
         if self.mirrored {
             return Err(Error::invalid(
@@ -277,74 +281,50 @@ impl Arena {
             ));
         }
         let size = self.layout.chunk_size;
-        if self.len() + size > self.reserved {
-            return Err(Error::OutOfDeviceMemory {
-                side: MemorySide::Limit,
-                call: "Arena::grow",
-                size,
-                result: format!("the arena's {}-byte reservation is full", self.reserved),
-            });
+        let limit = |result: String| Error::OutOfDeviceMemory {
+            side: MemorySide::Limit,
+            call: "Arena::grow",
+            size,
+            result,
+        };
+        if self.len() + size > self.range.size() {
+            return Err(limit(format!(
+                "the arena's {}-byte reservation is full",
+                self.range.size()
+            )));
         }
-        let driver = self.gpu.driver();
-        let memory = self.gpu.vulkan().allocate(size)?;
-        let fd = memory.export_fd()?;
-        let _ctx = self.gpu.bind()?;
-        // SAFETY: the fd is a live opaque fd of the allocation, passed as the handle value (as
-        // cuda.h prescribes for POSIX fds); this call does not take ownership (the OwnedFd closes
-        // it when dropped below).
-        let handle = crate::failpoint::inject("cuMemImportFromShareableHandle", || {
-            injected(driver, "cuMemImportFromShareableHandle")
-        })
-        .and_then(|()| unsafe {
-            driver.cu_mem_import_from_shareable_handle(
-                fd.as_raw_fd() as isize as *mut c_void,
-                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-            )
-        });
-        drop(fd);
-        let handle = handle.map_err(out_of_memory(size))?;
-        if let Err(e) = self.map_with_access(self.base + self.len(), handle) {
-            // SAFETY: the handle is ours and not mapped anywhere.
-            let _ = unsafe { driver.cu_mem_release(handle) };
-            return Err(e);
+        let slot = self.chunks.len();
+        if !self.slot_is_free(slot) {
+            return Err(limit(format!(
+                "slot {slot} is still being released (GPU work queued before it is not done)"
+            )));
         }
+        let memory = self
+            .gpu
+            .retry_after_releases(|| self.gpu.vulkan().allocate(size))?;
+        let handle = self.vmm.import(&memory)?;
+        // SAFETY: the slot lies in the reservation (checked above) and is unmapped (the last
+        // chunk ends before it, and no release of it is pending); the handle is exactly one
+        // chunk and is kept with the chunk while mapped.
+        unsafe { self.vmm.map_at(self.range.va() + self.len(), size, &handle) }?;
         self.chunks.push(ArenaChunk { handle, memory });
         Ok(self.len())
     }
 
-    /// Maps `handle` (one chunk's allocation) at `at` and grants this device read/write access,
-    /// undoing the mapping if access cannot be set. The caller binds the context, and `at` must
-    /// be a chunk-sized, unmapped slot inside the reservation.
-    fn map_with_access(&self, at: u64, handle: CuMemHandle) -> Result<()> {
-        let driver = self.gpu.driver();
-        let size = self.layout.chunk_size;
-        debug_assert!(at >= self.base && at + size <= self.base + self.reserved);
-        crate::failpoint::inject("cuMemMap", || injected(driver, "cuMemMap"))
-            // SAFETY: `at..at+size` lies in our reservation and is unmapped (caller's contract);
-            // the handle's allocation is exactly one chunk.
-            .and_then(|()| unsafe { driver.cu_mem_map(at, size as usize, 0, handle, 0) })
-            .map_err(out_of_memory(size))?;
-        let access = MemAccessDesc {
-            location: MemLocation::device(self.ordinal),
-            flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        let access_set =
-            crate::failpoint::inject("cuMemSetAccess", || injected(driver, "cuMemSetAccess"))
-                // SAFETY: the range was just mapped; one valid access descriptor, alive for the
-                // call.
-                .and_then(|()| unsafe { driver.cu_mem_set_access(at, size as usize, &access, 1) });
-        if let Err(e) = access_set {
-            // SAFETY: undo the mapping made above; nothing has used it.
-            let _ = unsafe { driver.cu_mem_unmap(at, size as usize) };
-            return Err(e);
-        }
-        Ok(())
+    /// Whether no release of `slot`'s earlier chunk is pending, releasing what is due first
+    /// (for up to [`DUE_SOON`](crate::release::DUE_SOON); a running kernel's work is not waited
+    /// for).
+    fn slot_is_free(&self, slot: usize) -> bool {
+        crate::release::ReleaseQueue::global().poll_until(crate::release::DUE_SOON, || {
+            !self.releasing.lock().contains(&slot)
+        })
     }
 
-    /// Unmaps and frees the last `n` chunks (at most all of them). Returns the new length.
+    /// Takes the last `n` chunks (at most all of them) out of the arena. Returns the new length.
     ///
-    /// Taking `&mut self` guarantees no host borrow into those chunks survives; kernels still
-    /// reading them must have finished (synchronise first), as with any freed device memory.
+    /// Taking `&mut self` guarantees no host borrow into those chunks survives. Never waits: each
+    /// chunk is unmapped and freed once the GPU work queued before now is done; kernels on
+    /// non-blocking streams must have stopped using it.
     pub fn shrink(&mut self, n: usize) -> Result<u64> {
         if self.mirrored {
             return Err(Error::invalid(
@@ -353,22 +333,21 @@ impl Arena {
         }
         let n = n.min(self.chunks.len());
         for _ in 0..n {
-            let c = self.chunks.pop().expect("counted above");
-            let at = self.base + self.len();
-            self.release_chunk(at, c)?;
+            let chunk = self.chunks.pop().expect("counted above");
+            let slot = self.chunks.len();
+            self.releasing.lock().insert(slot);
+            let released = ReleasedChunk {
+                vmm: self.vmm.clone(),
+                va: self.range.va() + self.len(),
+                size: self.layout.chunk_size,
+                slot,
+                releasing: self.releasing.clone(),
+                chunk: Some(chunk),
+                _range: self.range.clone(),
+            };
+            self.gpu.release_after_queued_work(Box::new(released), None);
         }
         Ok(self.len())
-    }
-
-    fn release_chunk(&self, at: u64, c: ArenaChunk) -> Result<()> {
-        let driver = self.gpu.driver();
-        let _ctx = self.gpu.bind()?;
-        // SAFETY: the chunk is mapped at `at` with its full size; unmap before release.
-        let unmapped = unsafe { driver.cu_mem_unmap(at, self.layout.chunk_size as usize) };
-        // SAFETY: the handle is ours and no longer mapped.
-        let released = unsafe { driver.cu_mem_release(c.handle) };
-        drop(c.memory); // Vulkan memory last
-        unmapped.and(released)
     }
 
     /// Flushes CPU writes in `[offset, offset + len)` (per chunk, rounded to the atom); a no-op on
@@ -422,29 +401,12 @@ impl Arena {
 }
 
 impl Drop for Arena {
+    /// Never waits: the chunks go through the release queue, and the address range is freed
+    /// after the last of them.
     fn drop(&mut self) {
         let _ = self.unmap_mirror();
         let _ = self.shrink(usize::MAX);
-        let _ctx = self.gpu.bind();
-        // SAFETY: every chunk is unmapped; the range is ours and freed once.
-        let _ = unsafe {
-            self.gpu
-                .driver()
-                .cu_mem_address_free(self.base, self.reserved as usize)
-        };
     }
-}
-
-fn ordinal_of(gpu: &Gpu) -> Result<c_int> {
-    let driver = gpu.driver();
-    for i in 0..driver.device_count()? {
-        if driver.device(i)? == gpu.cu_device() {
-            return Ok(i);
-        }
-    }
-    Err(Error::NoMatchingDevice(
-        "the GPU's CUDA device has no ordinal".into(),
-    ))
 }
 
 /// A [`ChunkSource`] that hands out the chunks of one [`Arena`], so a
@@ -474,8 +436,7 @@ impl ArenaSlots {
             if !self.free.remove(&last) {
                 break;
             }
-            // Unmapping cannot fail for a chunk we mapped; if it did, the chunk stays mapped and
-            // is simply not reused (it is freed with the arena).
+            // Never fails for an arena that is not mirrored (a pool's never is).
             let _ = self.arena.shrink(1);
         }
     }
@@ -590,7 +551,7 @@ unsafe impl ChunkSource for ArenaSource {
             state: self.state.clone(),
             slot,
             host,
-            device: s.arena.base + offset,
+            device: s.arena.device_ptr() + offset,
             size: chunk,
         }))
     }

@@ -315,8 +315,10 @@ driver_table! {
         unsafe cu_memcpy_dtoh: "cuMemcpyDtoH_v2" => fn(dst: *mut c_void, src: CuDevicePtr, count: usize);
         unsafe cu_memcpy_htod_async: "cuMemcpyHtoDAsync_v2" => fn(dst: CuDevicePtr, src: *const c_void, count: usize, stream: CuStream);
         unsafe cu_memcpy_dtoh_async: "cuMemcpyDtoHAsync_v2" => fn(dst: *mut c_void, src: CuDevicePtr, count: usize, stream: CuStream);
+        unsafe cu_memcpy_dtod_async: "cuMemcpyDtoDAsync_v2" => fn(dst: CuDevicePtr, src: CuDevicePtr, count: usize, stream: CuStream);
         unsafe cu_memset_d32: "cuMemsetD32_v2" => fn(dst: CuDevicePtr, value: c_uint, count: usize);
         unsafe cu_memset_d8: "cuMemsetD8_v2" => fn(dst: CuDevicePtr, value: u8, count: usize);
+        unsafe cu_memset_d32_async: "cuMemsetD32Async" => fn(dst: CuDevicePtr, value: c_uint, count: usize, stream: CuStream);
         unsafe cu_module_load_data: "cuModuleLoadData" => fn(image: *const c_void) -> out CuModule;
         unsafe cu_module_unload: "cuModuleUnload" => fn(module: CuModule);
         unsafe cu_module_get_function: "cuModuleGetFunction" => fn(module: CuModule, name: *const c_char) -> out CuFunction;
@@ -339,7 +341,10 @@ driver_table! {
         unsafe cu_mem_unmap: "cuMemUnmap" => fn(ptr: CuDevicePtr, size: usize);
         unsafe cu_mem_set_access: "cuMemSetAccess" => fn(ptr: CuDevicePtr, size: usize, desc: *const MemAccessDesc, count: usize);
         unsafe cu_mem_release: "cuMemRelease" => fn(handle: CuMemHandle);
+        unsafe cu_mem_create: "cuMemCreate" => fn(size: usize, prop: *const MemAllocationProp, flags: u64) -> out CuMemHandle;
         unsafe cu_mem_get_allocation_granularity: "cuMemGetAllocationGranularity" => fn(prop: *const MemAllocationProp, option: c_uint) -> out usize;
+        unsafe cu_stream_write_value32: "cuStreamWriteValue32_v2" => fn(stream: CuStream, addr: CuDevicePtr, value: c_uint, flags: c_uint);
+        unsafe cu_stream_get_ctx: "cuStreamGetCtx" => fn(stream: CuStream) -> out CuContext;
     }
 }
 

@@ -26,20 +26,20 @@
 use crate::error::Error;
 
 #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
-/// Every point: first those of a raw allocation ([`RAW_ALLOCATION`]), then an arena's, then the
-/// rest a ring meets, then the cache maintenance calls.
+/// Every point: first those of a raw allocation ([`RAW_ALLOCATION`]), then those of the
+/// external-memory import path, then the rest a ring meets, then the cache maintenance calls.
 pub const POINTS: &[&str] = &[
     "vkAllocateMemory",
     "vkMapMemory",
     "madvise",
     "vkGetMemoryFdKHR",
     "fcntl",
-    "cuImportExternalMemory",
-    "cuExternalMemoryGetMappedBuffer",
-    "cuMemAddressReserve",
     "cuMemImportFromShareableHandle",
+    "cuMemAddressReserve",
     "cuMemMap",
     "cuMemSetAccess",
+    "cuImportExternalMemory",
+    "cuExternalMemoryGetMappedBuffer",
     "cuMemHostAlloc",
     "cuStreamCreate",
     "vkFlushMappedMemoryRanges",
@@ -47,9 +47,23 @@ pub const POINTS: &[&str] = &[
 ];
 
 #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
-/// The points a raw allocation (`Gpu::alloc`) passes, in order: a Vulkan allocation, its mapping
-/// and madvise, the export and its fcntl, the CUDA import and its mapped buffer.
-pub const RAW_ALLOCATION: &[&str] = POINTS.split_at(7).0;
+/// The points of one raw allocation mapped through CUDA VMM, in order: the Vulkan allocation,
+/// its mapping and fd, then the VMM import, reservation, mapping and access. (An arena chunk
+/// passes the same points but the reservation, which its arena made once.)
+pub const RAW_ALLOCATION: &[&str] = POINTS.split_at(9).0;
+
+#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
+/// The points of one raw allocation imported with `cuImportExternalMemory` (a device without
+/// VMM, or [`OpenOptions::external_memory_import`](crate::OpenOptions::external_memory_import)).
+pub const EXTERNAL_MEMORY_IMPORT: &[&str] = &[
+    "vkAllocateMemory",
+    "vkMapMemory",
+    "madvise",
+    "vkGetMemoryFdKHR",
+    "fcntl",
+    "cuImportExternalMemory",
+    "cuExternalMemoryGetMappedBuffer",
+];
 
 #[cfg(feature = "failpoints")]
 mod armed {
@@ -162,6 +176,11 @@ pub(crate) fn inject(point: &'static str, error: impl FnOnce() -> Error) -> Resu
 #[inline(always)]
 pub(crate) fn inject(_point: &'static str, _error: impl FnOnce() -> Error) -> Result<(), Error> {
     Ok(())
+}
+
+/// The error an injected failure of a CUDA allocation step gives: the driver's out-of-memory.
+pub(crate) fn injected_cuda(driver: &crate::cuda::Driver, call: &'static str) -> Error {
+    cuda_error(driver, call, crate::cuda::CUDA_ERROR_OUT_OF_MEMORY)
 }
 
 /// The error a CUDA call gives for `code`, named by the driver, for injected CUDA failures.

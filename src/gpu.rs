@@ -7,17 +7,21 @@ use std::sync::{Arc, OnceLock};
 
 use crate::sync::lock::Mutex;
 
+use crate::carve::Carver;
 use crate::chunk::{ChunkMemory, ChunkSource};
-use crate::cuda::{ContextGuard, CuContext, CuDevice, Driver};
+use crate::cuda::{ContextGuard, CuContext, CuDevice, CuStream, Driver, CU_STREAM_NON_BLOCKING};
 use crate::error::{Error, Result};
 use crate::handle::SendSyncPtr;
 use crate::memory::RawMemory;
+use crate::release::{EventFence, Fence, FenceWords, PendingCount, ReleaseQueue};
+use crate::vmm::VmmDevice;
 use crate::vulkan::{format_uuid, parse_uuid, DeviceSelector, MemoryOptions, VulkanContext};
 
 /// How to open a [`Gpu`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OpenOptions {
     memory: MemoryOptions,
+    external_memory_import: bool,
 }
 
 impl OpenOptions {
@@ -35,6 +39,15 @@ impl OpenOptions {
     /// Issue every flush and invalidate even on coherent memory (exercises the non-coherent path).
     pub fn force_non_coherent(mut self, yes: bool) -> Self {
         self.memory.force_non_coherent = yes;
+        self
+    }
+
+    /// Map memory into CUDA with `cuImportExternalMemory`, as vkgdr 0.1 does, instead of CUDA
+    /// VMM: what the library falls back to where the device or driver lacks VMM. Its frees
+    /// (`cuMemFree`) wait for every running kernel of the device; for comparisons and tests of
+    /// that path.
+    pub fn external_memory_import(mut self, yes: bool) -> Self {
+        self.external_memory_import = yes;
         self
     }
 
@@ -67,6 +80,19 @@ struct GpuInner {
     _context_owner: Option<Arc<dyn std::any::Any + Send + Sync>>,
     /// Live raw allocations by device address: size and label (for [`Gpu::allocations`]).
     allocations: Mutex<BTreeMap<u64, AllocationReport>>,
+    /// CUDA VMM on this device: how memory is mapped, so that freeing it never waits (`Err`:
+    /// why not, and memory is imported with `cuImportExternalMemory` instead).
+    vmm: std::result::Result<VmmDevice, String>,
+    /// Completion words for release fences, made with the first release (`None` inside: not
+    /// available here, and releases record events instead).
+    fence_words: OnceLock<Option<Arc<FenceWords>>>,
+    /// Releases of this handle's memory still waiting for GPU work.
+    pending: PendingCount,
+    /// The shared granules small raw allocations are carved from, made with the first one.
+    carver: Mutex<Option<Arc<Carver>>>,
+    /// A non-blocking stream of the library's own for synchronous copies: the legacy stream
+    /// would queue them behind a user's kernel there.
+    copy_stream: OnceLock<SendSyncPtr<c_void>>,
 }
 
 /// One live raw allocation of a [`Gpu`] ([`Gpu::allocations`]).
@@ -83,8 +109,17 @@ pub struct AllocationReport {
 
 impl Drop for GpuInner {
     fn drop(&mut self) {
-        // The staging buffers belong to the context: free them while it is alive.
+        // The staging buffers and the copy stream belong to the context: free them while it is
+        // alive.
         self.staging.clear();
+        if let (Some(stream), Some(context)) = (self.copy_stream.get(), self.context.get()) {
+            // SAFETY: the context is alive until the release below; the stream is ours, idle
+            // after the last synchronous copy, and destroying one never waits.
+            if let Ok(_ctx) = unsafe { ContextGuard::push(&self.driver, context.get()) } {
+                // SAFETY: as above.
+                let _ = unsafe { self.driver.cu_stream_destroy(stream.get()) };
+            }
+        }
         if self.retained_primary.load(Ordering::Acquire) {
             // SAFETY: we retained the primary context exactly once in `open`; every allocation
             // holds a `Gpu`, so none is alive any more.
@@ -258,6 +293,11 @@ impl Gpu {
         if let Some(c) = context {
             let _ = cell.set(SendSyncPtr::new(c));
         }
+        let vmm = if options.external_memory_import {
+            Err("external memory import was asked for".to_string())
+        } else {
+            VmmDevice::new(&driver, device).map_err(|e| e.to_string())
+        };
         Ok(Gpu {
             inner: Arc::new(GpuInner {
                 driver,
@@ -271,6 +311,11 @@ impl Gpu {
                 staging: Default::default(),
                 _context_owner: context_owner,
                 allocations: Mutex::new(BTreeMap::new()),
+                vmm,
+                fence_words: OnceLock::new(),
+                pending: PendingCount::default(),
+                carver: Mutex::new(None),
+                copy_stream: OnceLock::new(),
             }),
         })
     }
@@ -371,16 +416,36 @@ impl Gpu {
         Ok((free as u64, total as u64))
     }
 
-    /// `cuMemcpyDtoH`: copies `dst.len()` bytes from device address `src` (synchronous).
+    /// The library's own non-blocking stream for synchronous copies, made on first use; the
+    /// context must be current.
+    fn copy_stream(&self) -> Result<CuStream> {
+        if let Some(s) = self.inner.copy_stream.get() {
+            return Ok(s.get());
+        }
+        let _one_at_a_time = self.inner.context_init.lock();
+        if let Some(s) = self.inner.copy_stream.get() {
+            return Ok(s.get());
+        }
+        let s = self.driver().cu_stream_create(CU_STREAM_NON_BLOCKING)?;
+        let _ = self.inner.copy_stream.set(SendSyncPtr::new(s));
+        Ok(s)
+    }
+
+    /// Copies `dst.len()` bytes from device address `src` with the copy engine and returns when
+    /// they have arrived. The copy runs on a stream of the library's own, so it waits for no
+    /// other work (a kernel on the legacy stream included).
     ///
     /// # Safety
-    /// - `[src, src + dst.len())` must be valid device memory of this GPU's context.
+    /// - `[src, src + dst.len())` must be valid device memory reachable from this GPU's context.
     pub unsafe fn memcpy_dtoh(&self, dst: &mut [u8], src: u64) -> Result<()> {
         let _ctx = self.bind()?;
-        // SAFETY: the caller guarantees the device range; `dst` is a valid host buffer.
+        let stream = self.copy_stream()?;
+        // SAFETY: the caller guarantees the device range; `dst` is a valid host buffer, alive
+        // until the stream is synchronised below; our stream, context current.
         unsafe {
             self.driver()
-                .cu_memcpy_dtoh(dst.as_mut_ptr().cast(), src, dst.len())
+                .cu_memcpy_dtoh_async(dst.as_mut_ptr().cast(), src, dst.len(), stream)?;
+            self.driver().cu_stream_synchronize(stream)
         }
     }
 
@@ -396,40 +461,53 @@ impl Gpu {
         // SAFETY: the caller guarantees the device range; the context lives as long as
         // `self.inner`, which owns the cache (and clears it before releasing the context).
         unsafe {
-            self.inner
-                .staging
-                .read(&self.inner.driver, context, src, dst)
+            self.inner.staging.read(
+                &self.inner.driver,
+                context,
+                self.vmm().map(|v| (v, self.vulkan())),
+                src,
+                dst,
+            )
         }
     }
 
-    /// `cuMemcpyHtoD`, then a context synchronize: when this returns the bytes are in device
-    /// memory (from pageable memory `cuMemcpyHtoD` alone may return while the DMA is in flight).
+    /// Copies `src` to device address `dst` with the copy engine; when this returns the bytes
+    /// are in device memory. Like [`Gpu::memcpy_dtoh`], it runs on a stream of the library's
+    /// own and waits for nothing else.
     ///
     /// # Safety
-    /// - `[dst, dst + src.len())` must be valid device memory of this GPU's context.
+    /// - `[dst, dst + src.len())` must be valid device memory reachable from this GPU's context.
     pub unsafe fn memcpy_htod(&self, dst: u64, src: &[u8]) -> Result<()> {
         let _ctx = self.bind()?;
-        // SAFETY: the caller guarantees the device range; `src` is a valid host buffer.
+        let stream = self.copy_stream()?;
+        // SAFETY: the caller guarantees the device range; `src` is a valid host buffer, alive
+        // until the stream is synchronised below; our stream, context current.
         unsafe {
             self.driver()
-                .cu_memcpy_htod(dst, src.as_ptr().cast(), src.len())
-        }?;
-        self.driver().cu_ctx_synchronize()
+                .cu_memcpy_htod_async(dst, src.as_ptr().cast(), src.len(), stream)?;
+            self.driver().cu_stream_synchronize(stream)
+        }
     }
 
-    /// `cuMemsetD32`: sets `count` 32-bit words at `dst` to `value`, then synchronises the
-    /// context, so the words are set when this returns.
+    /// Sets `count` 32-bit words at `dst` to `value` (`cuMemsetD32Async` on the library's own
+    /// stream); the words are set when this returns, and nothing else is waited for.
     ///
     /// # Safety
-    /// - `[dst, dst + 4 * count)` must be valid device memory of this GPU's context, 4-aligned.
+    /// - `[dst, dst + 4 * count)` must be valid device memory reachable from this GPU's context,
+    ///   4-aligned.
     pub unsafe fn memset_d32(&self, dst: u64, value: u32, count: usize) -> Result<()> {
         let _ctx = self.bind()?;
-        // SAFETY: the caller guarantees the range.
-        unsafe { self.driver().cu_memset_d32(dst, value, count) }?;
-        self.driver().cu_ctx_synchronize()
+        let stream = self.copy_stream()?;
+        // SAFETY: the caller guarantees the range; our stream, context current.
+        unsafe {
+            self.driver()
+                .cu_memset_d32_async(dst, value, count, stream)?;
+            self.driver().cu_stream_synchronize(stream)
+        }
     }
 
-    /// Waits for all work in the context.
+    /// Waits for all work in the context: a persistent kernel's too, so this is the one call
+    /// that does wait for running kernels (by request).
     pub fn synchronize(&self) -> Result<()> {
         let _ctx = self.bind()?;
         self.driver().cu_ctx_synchronize()
@@ -463,6 +541,208 @@ impl Gpu {
     /// Whether two handles share the same underlying open device.
     pub fn same_as(&self, other: &Gpu) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// Whether memory is mapped into CUDA through VMM (every free then returns at once), or,
+    /// where the device or driver lacks it (or [`OpenOptions::external_memory_import`] asked
+    /// for it), imported with `cuImportExternalMemory`, whose frees wait for running kernels.
+    /// `Err` says why VMM is not used.
+    pub fn vmm_status(&self) -> std::result::Result<u64, &str> {
+        match &self.inner.vmm {
+            Ok(v) => Ok(v.granularity()),
+            Err(why) => Err(why),
+        }
+    }
+
+    /// The device's VMM facts, where memory is mapped through VMM.
+    pub(crate) fn vmm(&self) -> Option<&VmmDevice> {
+        self.inner.vmm.as_ref().ok()
+    }
+
+    /// The shared granules small raw allocations are carved from.
+    pub(crate) fn carver(&self) -> Result<Arc<Carver>> {
+        let vmm = self
+            .vmm()
+            .ok_or_else(|| Error::internal("carving needs VMM"))?;
+        let mut carver = self.inner.carver.lock();
+        match &*carver {
+            Some(c) => Ok(c.clone()),
+            None => {
+                let c = Carver::new(vmm.clone(), self.vulkan().clone())?;
+                *carver = Some(c.clone());
+                Ok(c)
+            }
+        }
+    }
+
+    /// Gives back to the driver what this handle keeps for later allocations: the empty shared
+    /// granule small raw allocations are carved from. Returns the number of granules released.
+    pub fn trim(&self) -> usize {
+        let carver = self.inner.carver.lock().clone();
+        carver.map_or(0, |c| c.trim())
+    }
+
+    /// Releases of memory allocated through this handle (and its clones) that still wait for GPU
+    /// work queued before them. That memory still counts as in use.
+    pub fn pending_releases(&self) -> usize {
+        self.inner.pending.get()
+    }
+
+    /// Waits until every release of this handle's memory has happened, up to `timeout`; returns
+    /// whether none is left. Releases wait for the GPU work queued before them (not for kernels
+    /// on non-blocking streams), so this returns soon unless a kernel on the legacy or a
+    /// blocking stream keeps running. For tests and orderly shutdown; nothing else needs it.
+    pub fn wait_for_releases(&self, timeout: std::time::Duration) -> bool {
+        let start = std::time::Instant::now();
+        loop {
+            ReleaseQueue::global().poll();
+            if self.pending_releases() == 0 {
+                return true;
+            }
+            if start.elapsed() >= timeout {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+    }
+
+    /// Runs an allocation; if it fails with out-of-device-memory while releases wait in the
+    /// queue, releases those whose GPU work is done (for up to
+    /// [`DUE_SOON`](crate::release::DUE_SOON), never for a running kernel) and tries once more.
+    pub(crate) fn retry_after_releases<T>(
+        &self,
+        mut allocate: impl FnMut() -> Result<T>,
+    ) -> Result<T> {
+        let queue = ReleaseQueue::global();
+        match allocate() {
+            Err(Error::OutOfDeviceMemory { .. }) if !queue.is_empty() => {
+                // Retry as soon as something was released, or once the time is up.
+                let before = self.pending_releases();
+                queue.poll_until(crate::release::DUE_SOON, || {
+                    self.pending_releases() < before || queue.is_empty()
+                });
+                allocate()
+            }
+            r => r,
+        }
+    }
+
+    /// The completion words of release fences, made on first use (`None`: not available).
+    fn fence_words(&self) -> Option<&Arc<FenceWords>> {
+        self.inner
+            .fence_words
+            .get_or_init(|| {
+                self.vmm()
+                    .and_then(|v| FenceWords::new(v, self.vulkan()).ok())
+            })
+            .as_ref()
+    }
+
+    /// A fence for the work queued so far in `context` (the handle's own when `None`).
+    fn queued_work_fence(&self, context: Option<CuContext>) -> Result<Box<dyn Fence>> {
+        let own = context.is_none();
+        let context = match context {
+            Some(c) => c,
+            None => self.context()?,
+        };
+        // SAFETY: the handle's own context lives as long as `self.inner`; a caller's context
+        // was promised alive until its memory is dropped, which is now.
+        let _ctx = unsafe { ContextGuard::push(self.driver(), context) }?;
+        // An event fence of the handle's own context keeps the handle (and so the context).
+        let owner = own.then(|| Box::new(self.clone()) as Box<dyn std::any::Any + Send + Sync>);
+        if let Some(words) = self.fence_words() {
+            if let Ok(ticket) = words.ticket(self.driver(), context, std::ptr::null_mut()) {
+                return Ok(Box::new(ticket));
+            }
+        }
+        // No stream memory operations here: an event on the legacy stream says the same.
+        Ok(Box::new(EventFence::record(
+            self.driver(),
+            context,
+            std::ptr::null_mut(),
+            owner,
+        )?))
+    }
+
+    /// Drops `value` (memory, or what owns memory) once the GPU work queued before now in
+    /// `context` (the handle's own when `None`) has completed, never waiting: at once when
+    /// nothing is queued, else on the release queue's thread.
+    pub(crate) fn release_after_queued_work(
+        &self,
+        value: Box<dyn Send>,
+        context: Option<CuContext>,
+    ) {
+        match self.queued_work_fence(context) {
+            Ok(fence) => ReleaseQueue::global().release(fence, value, &self.inner.pending),
+            // No fence can be issued in a context that is gone, and no kernel of it runs any
+            // more: nothing to wait for.
+            Err(_) => drop(value),
+        }
+    }
+
+    /// A fence for the work queued so far on `stream`, a live stream of this handle's device:
+    /// a completion word (which needs nothing of the stream or its context afterwards), or,
+    /// where stream memory operations are missing, an event that keeps `owner` (what keeps the
+    /// stream's context alive, if anything).
+    ///
+    /// # Safety
+    /// - `stream` must be a live `CUstream`; where the fence is an event, its context must stay
+    ///   alive until the fence is dropped.
+    pub(crate) unsafe fn stream_fence(
+        &self,
+        stream: CuStream,
+        owner: Option<Box<dyn std::any::Any + Send + Sync>>,
+    ) -> Result<Box<dyn Fence>> {
+        if stream.is_null() {
+            return Err(Error::invalid(
+                "the null stream: release after the legacy stream is what a plain drop does",
+            ));
+        }
+        // SAFETY: the caller guarantees a live stream.
+        let context = unsafe { self.driver().cu_stream_get_ctx(stream) }?;
+        // SAFETY: the stream's context is alive while the stream is.
+        let _ctx = unsafe { ContextGuard::push(self.driver(), context) }?;
+        if let Some(words) = self.fence_words() {
+            if let Ok(ticket) = words.ticket(self.driver(), context, stream) {
+                return Ok(Box::new(ticket));
+            }
+        }
+        Ok(Box::new(EventFence::record(
+            self.driver(),
+            context,
+            stream,
+            owner,
+        )?))
+    }
+
+    /// Drops `value` once the work queued on `stream` so far has completed, never waiting. If
+    /// no fence can be had there, falls back to [`Gpu::release_after_queued_work`] in
+    /// `context` and returns the error.
+    ///
+    /// # Safety
+    /// - As for [`Gpu::stream_fence`].
+    pub(crate) unsafe fn release_after_stream(
+        &self,
+        value: Box<dyn Send>,
+        stream: CuStream,
+        context: Option<CuContext>,
+    ) -> Result<()> {
+        // SAFETY: forwarded.
+        match unsafe { self.stream_fence(stream, None) } {
+            Ok(fence) => {
+                ReleaseQueue::global().release(fence, value, &self.inner.pending);
+                Ok(())
+            }
+            Err(e) => {
+                self.release_after_queued_work(value, context);
+                Err(e)
+            }
+        }
+    }
+
+    /// Drops `value` once `fence` has passed, never waiting.
+    pub(crate) fn release_after(&self, value: Box<dyn Send>, fence: Box<dyn Fence>) {
+        ReleaseQueue::global().release(fence, value, &self.inner.pending);
     }
 }
 

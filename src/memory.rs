@@ -1,49 +1,94 @@
-//! [`RawMemory`]: one BAR-mapped allocation — Vulkan export, CUDA import, host mapping.
+//! [`RawMemory`]: one BAR-mapped allocation with a host pointer and a device pointer to the same
+//! bytes.
+//!
+//! How it is backed (the caller sees none of it): a Vulkan allocation mapped into the device's
+//! address space through CUDA VMM ([`crate::vmm`]) — its own for requests above
+//! [`CARVE_MAX`](crate::carve::CARVE_MAX), a 4 KiB-aligned piece of a shared granule below
+//! ([`crate::carve`]); on a device or driver without VMM, an import with
+//! `cuImportExternalMemory` (whose free waits for running kernels). Freeing never waits: the
+//! memory goes back once the GPU work queued before the free has completed
+//! ([`crate::release`]).
 
 use std::ffi::c_void;
 use std::os::fd::{AsRawFd, IntoRawFd};
 use std::sync::Arc;
 
+use crate::carve::{Piece, CARVE_MAX};
 use crate::chunk::ChunkMemory;
 use crate::cuda::{
-    out_of_memory, ContextGuard, CuContext, CuDevicePtr, ExternalMemoryBufferDesc,
+    out_of_memory, ContextGuard, CuContext, CuDevicePtr, CuStream, ExternalMemoryBufferDesc,
     ExternalMemoryHandleDesc, CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
 };
+use crate::cuda_objects::Stream;
 use crate::error::{Error, Result};
+use crate::failpoint::injected_cuda as injected;
 use crate::gpu::Gpu;
 use crate::handle::SendSyncPtr;
 use crate::mapping::Mapping;
-use crate::range::check_range;
+use crate::range::{check_range, round_alloc_size};
 pub use crate::staging::{STAGED_READ_THRESHOLD, STAGING_BUFFERS, STAGING_BUFFER_BYTES};
+use crate::vmm::MappedMemory;
 use crate::vulkan::VulkanMemory;
 
 /// One raw allocation (what the C library calls `vkgdr_memory_alloc`): GPU memory with a host
 /// pointer and a CUDA device pointer to the same bytes.
 ///
-/// It holds its [`Gpu`], so it cannot outlive the device. Dropped in the order that works: CUDA
-/// mapping freed, CUDA import destroyed, Vulkan memory unmapped and freed.
+/// It holds its [`Gpu`], so it cannot outlive the device.
+///
+/// **Freeing never waits for a running kernel.** Dropping it returns at once; the memory goes
+/// back to the driver (or, for small allocations, to a shared chunk) once the GPU work queued
+/// before the drop in its context has completed: the legacy default stream's and every blocking
+/// stream's, which is what CUDA C, CuPy, PyTorch and PyCUDA kernels run on unless told otherwise.
+/// Work on streams created non-blocking (a persistent kernel's own stream) is not waited for: a
+/// kernel there that may still use the memory calls for [`release_after`](Self::release_after)
+/// with its stream. [`release_now`](Self::release_now) skips the wait for callers who know nothing
+/// uses the memory. Until it is back, the memory counts as in use
+/// ([`Gpu::pending_releases`]).
 ///
 /// The safe [`Mapping`] methods flush after each write and invalidate before each read when the
 /// memory is non-coherent. Users of [`RawMemory::host_ptr`] must call [`RawMemory::flush`] and
 /// [`RawMemory::invalidate`] themselves.
 ///
 /// `Send + Sync` by its fields: mutation through safe code needs `&mut self`, and `&self` methods
-/// only read immutable handle values or issue thread-safe driver calls.
+/// only read immutable values or issue thread-safe driver calls.
 pub struct RawMemory {
     gpu: Gpu,
-    /// The CUDA import (`CUexternalMemory`): a process-wide handle, usable from any thread.
-    external: SendSyncPtr<c_void>,
+    /// The memory; `None` only while dropping or releasing.
+    backing: Option<Backing>,
+    /// Host address of byte 0: inside `backing`'s mapping, alive as long as it is.
+    host_ptr: SendSyncPtr<u8>,
     device_ptr: CuDevicePtr,
-    /// The size asked for (what `len` reports); the Vulkan allocation may be larger.
+    /// The size asked for (what `size` reports).
     requested: u64,
-    /// The context the memory was imported into when it is not the `Gpu`'s own
-    /// ([`Gpu::alloc_in_current_context`]); pushed again, from whatever thread drops the memory,
-    /// to free it (a `CUcontext` may be made current on any thread).
-    foreign_context: Option<SendSyncPtr<c_void>>,
+    /// The request rounded up to 4 KiB: flushes and invalidates may cover bytes up to here.
+    alloc_size: u64,
+    /// The context whose queued work a release waits for, when it is not the `Gpu`'s own
+    /// ([`Gpu::alloc_in_current_context`]). A process-wide handle, used only on drop, with the
+    /// caller's promise that the context is alive until then.
+    context: Option<SendSyncPtr<c_void>>,
     /// The label [`Gpu::allocations`] lists it under.
     label: Option<Arc<str>>,
-    // Dropped after `Drop::drop` has torn down the CUDA side.
-    vulkan: VulkanMemory,
+}
+
+/// Where a raw allocation's bytes live.
+enum Backing {
+    /// A device mapping of its own (requests above `CARVE_MAX`).
+    Mapped(MappedMemory),
+    /// A piece of a shared granule (requests up to `CARVE_MAX`).
+    Carved(Piece),
+    /// An external-memory import, where the device or driver lacks VMM.
+    Imported(Imported),
+}
+
+impl Backing {
+    /// The Vulkan allocation holding the bytes, and the offset of byte 0 in it.
+    fn memory(&self) -> (&VulkanMemory, u64) {
+        match self {
+            Backing::Mapped(m) => (m.memory(), 0),
+            Backing::Carved(p) => p.memory(),
+            Backing::Imported(i) => (&i.vulkan, 0),
+        }
+    }
 }
 
 impl std::fmt::Debug for RawMemory {
@@ -58,14 +103,13 @@ impl std::fmt::Debug for RawMemory {
 }
 
 impl RawMemory {
-    /// Allocates and imports into `gpu`'s own context.
+    /// Allocates `size` bytes; releases wait for the `Gpu`'s own context.
     pub(crate) fn new(gpu: &Gpu, size: u64) -> Result<RawMemory> {
-        let _ctx = gpu.bind()?;
-        Self::import(gpu, size, None)
+        Self::allocate(gpu, size, None)
     }
 
-    /// Allocates and imports into the calling thread's current context, which must belong to
-    /// `gpu`'s device.
+    /// Allocates for the calling thread's current context, which must belong to `gpu`'s device:
+    /// its kernels use the memory, and the release waits for its queued work.
     ///
     /// # Safety
     /// - The current context must stay alive until the returned memory is dropped.
@@ -77,63 +121,42 @@ impl RawMemory {
                 gpu.cu_device()
             )));
         }
-        Self::import(gpu, size, Some(context))
+        Self::allocate(gpu, size, Some(context))
     }
 
-    /// The allocation, export and import, with the import's context already current.
-    fn import(gpu: &Gpu, size: u64, foreign_context: Option<CuContext>) -> Result<RawMemory> {
-        let vulkan = gpu.vulkan().allocate(size)?;
-        let alloc_size = vulkan.size();
-        let fd = vulkan.export_fd()?;
-        let driver = gpu.driver();
-
-        let desc = ExternalMemoryHandleDesc {
-            handle_type: CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
-            handle: [fd.as_raw_fd() as u32 as u64, 0],
-            size: alloc_size,
-            flags: 0,
-            reserved: [0; 16],
-        };
-        // On failure the fd is still ours: `fd` closes it, `vulkan` frees the memory.
-        let external = crate::failpoint::inject("cuImportExternalMemory", || {
-            injected(driver, "cuImportExternalMemory")
-        })
-        // SAFETY: `desc` describes a live opaque fd of `alloc_size` bytes and outlives the call;
-        // the context is current.
-        .and_then(|()| unsafe { driver.cu_import_external_memory(&desc) })
-        .map_err(out_of_memory(size))?;
-        // A successful import owns the fd: give up our ownership without closing it.
-        let _ = fd.into_raw_fd();
-
-        let buf = ExternalMemoryBufferDesc {
-            offset: 0,
-            size: alloc_size,
-            flags: 0,
-            reserved: [0; 16],
-        };
-        let mapped = crate::failpoint::inject("cuExternalMemoryGetMappedBuffer", || {
-            injected(driver, "cuExternalMemoryGetMappedBuffer")
-        })
-        // SAFETY: `external` is the live import; the buffer covers exactly the memory object.
-        .and_then(|()| unsafe { driver.cu_external_memory_get_mapped_buffer(external, &buf) });
-        let device_ptr = match mapped {
-            Ok(p) => p,
-            Err(e) => {
-                // SAFETY: the import is ours and has no mapped buffer.
-                let _ = unsafe { driver.cu_destroy_external_memory(external) };
-                return Err(out_of_memory(size)(e));
-            }
+    fn allocate(gpu: &Gpu, size: u64, context: Option<CuContext>) -> Result<RawMemory> {
+        let alloc_size = round_alloc_size(size)?;
+        let backing = gpu.retry_after_releases(|| Self::back(gpu, alloc_size, context))?;
+        let (host_ptr, device_ptr) = match &backing {
+            Backing::Mapped(m) => (m.host_ptr(), m.device_ptr()),
+            Backing::Carved(p) => (p.host_ptr(), p.device_ptr()),
+            Backing::Imported(i) => (i.vulkan.as_ptr(), i.device_ptr),
         };
         gpu.register_allocation(device_ptr, size);
         Ok(RawMemory {
             gpu: gpu.clone(),
-            external: SendSyncPtr::new(external),
+            backing: Some(backing),
+            host_ptr: SendSyncPtr::new(host_ptr),
             device_ptr,
             requested: size,
-            foreign_context: foreign_context.map(SendSyncPtr::new),
+            alloc_size,
+            context: context.map(SendSyncPtr::new),
             label: None,
-            vulkan,
         })
+    }
+
+    fn back(gpu: &Gpu, alloc_size: u64, context: Option<CuContext>) -> Result<Backing> {
+        match gpu.vmm() {
+            Some(_) if alloc_size <= CARVE_MAX => {
+                Ok(Backing::Carved(gpu.carver()?.alloc(alloc_size)?))
+            }
+            Some(vmm) => Ok(Backing::Mapped(MappedMemory::bar(
+                vmm,
+                gpu.vulkan(),
+                alloc_size,
+            )?)),
+            None => Imported::new(gpu, alloc_size, context).map(Backing::Imported),
+        }
     }
 
     /// Labels the allocation: [`Gpu::allocations`] lists it under `label`, and `Debug` shows it.
@@ -154,32 +177,32 @@ impl RawMemory {
         self.requested
     }
 
-    /// Size of the underlying Vulkan allocation (the request rounded up to 4 KiB): flushes and
-    /// invalidates may cover it up to here.
+    /// The request rounded up to 4 KiB: flushes and invalidates may cover it up to here.
     pub fn allocation_size(&self) -> u64 {
-        self.vulkan.size()
+        self.alloc_size
     }
 
     /// The host pointer to the mapping. Writes through it must be followed by
     /// [`RawMemory::flush`] on non-coherent memory.
     pub fn host_ptr(&self) -> *mut u8 {
-        self.vulkan.as_ptr()
+        self.host_ptr.get()
     }
 
-    /// The CUDA device pointer (`CUdeviceptr`) to the same bytes.
+    /// The CUDA device pointer (`CUdeviceptr`) to the same bytes: usable by kernels of every
+    /// context of the device.
     pub fn device_ptr(&self) -> u64 {
         self.device_ptr
     }
 
     /// Whether the memory is treated as coherent (no flush/invalidate needed).
     pub fn is_coherent(&self) -> bool {
-        !self.vulkan.context().is_non_coherent()
+        !self.gpu.is_non_coherent()
     }
 
     /// The alignment flushes and invalidates work in: `nonCoherentAtomSize` on non-coherent
     /// memory, 1 on coherent memory (where they are no-ops).
     pub fn non_coherent_atom_size(&self) -> u64 {
-        let vulkan = self.vulkan.context();
+        let vulkan = self.gpu.vulkan();
         if vulkan.is_non_coherent() {
             vulkan.atom_size()
         } else {
@@ -192,78 +215,133 @@ impl RawMemory {
         &self.gpu
     }
 
-    /// The Vulkan half (for flushing ranges in batches).
-    pub fn vulkan(&self) -> &VulkanMemory {
-        &self.vulkan
+    fn backing(&self) -> Result<&Backing> {
+        self.backing
+            .as_ref()
+            .ok_or_else(|| Error::internal("raw memory used after its release"))
     }
 
-    /// Flushes CPU writes in `[offset, offset+len)` (rounded to `nonCoherentAtomSize`); a no-op on
-    /// coherent memory.
+    /// Flushes CPU writes in `[offset, offset+len)` (rounded to `nonCoherentAtomSize`, within the
+    /// 4 KiB-rounded allocation); a no-op on coherent memory.
     pub fn flush(&self, offset: u64, len: u64) -> Result<()> {
-        self.vulkan.flush(offset, len)
+        self.flush_ranges(&[(offset, len)])
     }
 
     /// Invalidates `[offset, offset+len)` before CPU reads of device writes; a no-op on coherent
     /// memory.
     pub fn invalidate(&self, offset: u64, len: u64) -> Result<()> {
-        self.vulkan.invalidate(offset, len)
+        self.invalidate_ranges(&[(offset, len)])
+    }
+
+    /// Flushes several ranges with one driver call; a range outside the allocation flushes
+    /// nothing and is [`Error::InvalidArgument`].
+    fn flush_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
+        let (memory, base) = self.checked(ranges)?;
+        memory.flush_ranges(ranges.iter().map(|&(o, l)| (base + o, l)))
+    }
+
+    fn invalidate_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
+        let (memory, base) = self.checked(ranges)?;
+        memory.invalidate_ranges(ranges.iter().map(|&(o, l)| (base + o, l)))
+    }
+
+    /// Bounds-checks `ranges` against the allocation and gives the memory they lie in.
+    fn checked(&self, ranges: &[(u64, u64)]) -> Result<(&VulkanMemory, u64)> {
+        for &(offset, len) in ranges {
+            check_range(offset, len, self.alloc_size)?;
+        }
+        Ok(self.backing()?.memory())
+    }
+
+    /// Frees the memory now, without waiting for GPU work queued before: for callers who know
+    /// that no kernel or copy in flight uses it. Never waits either.
+    pub fn release_now(mut self) {
+        self.gpu.unregister_allocation(self.device_ptr);
+        drop(self.backing.take());
+    }
+
+    /// Frees the memory once the work queued on `stream` so far has completed (and never
+    /// waits): for memory a kernel on a non-blocking stream may still use. On an error the
+    /// memory is released as a plain drop would, and the error returned.
+    pub fn release_after(self, stream: &Stream) -> Result<()> {
+        // SAFETY: a live stream of ours; its `Gpu` keeps its context alive.
+        unsafe { self.release_after_stream(stream.raw()) }
+    }
+
+    /// [`release_after`](Self::release_after) for a raw `CUstream` (from CUDA C, cudarc, CuPy,
+    /// PyTorch). The null stream is [`Error::InvalidArgument`] (a plain drop already waits for
+    /// the legacy stream).
+    ///
+    /// # Safety
+    /// - `stream` must be a live stream of this memory's device; on drivers without stream
+    ///   memory operations its context must outlive the release.
+    pub unsafe fn release_after_stream(mut self, stream: CuStream) -> Result<()> {
+        self.gpu.unregister_allocation(self.device_ptr);
+        match self.backing.take() {
+            Some(b @ Backing::Imported(_)) => {
+                drop(b);
+                Ok(())
+            }
+            // SAFETY: the caller's contract.
+            Some(b) => unsafe {
+                self.gpu.release_after_stream(
+                    Box::new(b),
+                    stream,
+                    self.context.map(SendSyncPtr::get),
+                )
+            },
+            None => Ok(()),
+        }
     }
 }
 
-/// The error an injected failure of a CUDA allocation step gives: the driver's out-of-memory.
-pub(crate) fn injected(driver: &crate::cuda::Driver, call: &'static str) -> Error {
-    crate::failpoint::cuda_error(driver, call, crate::cuda::CUDA_ERROR_OUT_OF_MEMORY)
-}
-
-/// Reads of at least this many bytes go through `cuMemcpyDtoH` instead of CPU loads from the BAR.
+/// Reads of at least this many bytes go through the copy engine instead of CPU loads from the
+/// BAR.
 ///
 /// Measured on the H100 (`vkgdr bench copybw`): streaming loads read 0.7–0.9 GB/s on one thread,
 /// `cuMemcpyDtoH` into pageable memory 0.46 GB/s at 4 KiB but 1.6 GB/s at 16 KiB and 7–10 GB/s
-/// from 1 MiB (into pinned memory 55 GB/s: [`RawMemory::read_dma`] with a pinned destination).
+/// from 1 MiB (into pinned memory 55 GB/s).
 pub const DMA_READ_THRESHOLD: usize = 16 << 10;
 
 impl RawMemory {
-    /// Reads with the GPU's copy engine (`cuMemcpyDtoH`) instead of CPU loads: the fast path for
-    /// large reads (55 GB/s into pinned memory such as a
-    /// [`PinnedBuffer`](crate::cuda_objects::PinnedBuffer), 7–10 GB/s into pageable memory, against
-    /// under 1 GB/s for CPU loads from the BAR). Bounds-checked.
+    /// Reads with the GPU's copy engine instead of CPU loads: the fast path for large reads
+    /// (7–10 GB/s into pageable memory, against under 1 GB/s for CPU loads from the BAR), on a
+    /// stream of the library's own, so a kernel on the legacy stream does not hold it up.
+    /// Bounds-checked.
     pub fn read_dma(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         check_range(offset, dst.len() as u64, self.size())?;
         // SAFETY: the device range lies inside this allocation (checked above), alive for the call.
         unsafe { self.gpu.memcpy_dtoh(dst, self.device_ptr + offset) }
     }
-}
 
-impl RawMemory {
-    /// The read path into ordinary memory by size: CPU loads, one `cuMemcpyDtoH`, or the staged
-    /// pipeline (memory imported into a foreign context keeps the plain DMA path).
+    /// The read path into ordinary memory by size: CPU loads, one copy-engine copy, or the
+    /// staged pipeline.
     fn read_by_size(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         if dst.len() < DMA_READ_THRESHOLD {
             return crate::mapping::read_with_cpu(self, offset, dst);
         }
-        if dst.len() < STAGED_READ_THRESHOLD || self.foreign_context.is_some() {
+        if dst.len() < STAGED_READ_THRESHOLD {
             return self.read_dma(offset, dst);
         }
         check_range(offset, dst.len() as u64, self.size())?;
-        // SAFETY: the device range lies inside this allocation (checked above), which lives in
-        // the `Gpu`'s own context and stays alive for the call.
+        // SAFETY: the device range lies inside this allocation (checked above), which every
+        // context of the device can reach, and stays alive for the call.
         unsafe { self.gpu.read_staged(dst, self.device_ptr + offset) }
     }
 }
 
-// SAFETY: the host pointer maps the whole Vulkan allocation, at least `size()` bytes, alive as
-// long as `self`; `&self` methods never write it (reads, DMA into the caller's buffer, flushes).
+// SAFETY: the host pointer maps at least `size()` bytes, exclusively this allocation's (its own
+// Vulkan allocation or a carved piece no other allocation overlaps), alive as long as `self`;
+// `&self` methods never write it (reads, DMA into the caller's buffer, flushes).
 unsafe impl Mapping for RawMemory {
     /// Bounds-checked read: CPU streaming loads below [`DMA_READ_THRESHOLD`], one
-    /// `cuMemcpyDtoH` up to [`STAGED_READ_THRESHOLD`], and from there the copy engine filling
-    /// pinned staging buffers while CPU threads copy them out (55 GB/s engine, 7–13 GB/s for a
-    /// plain `cuMemcpyDtoH` into pageable memory on the H100). Into pinned memory, call
-    /// [`RawMemory::read_dma`] instead.
+    /// copy-engine copy up to [`STAGED_READ_THRESHOLD`], and from there the copy engine filling
+    /// pinned staging buffers while CPU threads copy them out.
     fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         self.read_by_size(offset, dst)
     }
     fn host_ptr(&self) -> *mut u8 {
-        self.vulkan.as_ptr()
+        self.host_ptr.get()
     }
     fn len(&self) -> u64 {
         self.size()
@@ -276,11 +354,10 @@ unsafe impl Mapping for RawMemory {
     }
 }
 
-/// CUDA-imported chunks: what a pool over a [`Gpu`] carves, with device pointers and reads of at
-/// least [`DMA_READ_THRESHOLD`] bytes through the copy engine (staged from
-/// [`STAGED_READ_THRESHOLD`]).
-// SAFETY: as for `Mapping` above: `size()` mapped bytes, exclusively this allocation's (one
-// VkDeviceMemory each), unmapped only when dropped; the values never change.
+/// Raw allocations as a pool's chunks: what a pool over a [`Gpu`] carves, with device pointers
+/// and reads of at least [`DMA_READ_THRESHOLD`] bytes through the copy engine.
+// SAFETY: as for `Mapping` above: `size()` mapped bytes, exclusively this allocation's, unmapped
+// only after it is dropped; the values never change.
 unsafe impl ChunkMemory for RawMemory {
     fn host_ptr(&self) -> *mut u8 {
         RawMemory::host_ptr(self)
@@ -292,10 +369,10 @@ unsafe impl ChunkMemory for RawMemory {
         RawMemory::size(self)
     }
     fn flush_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
-        self.vulkan().flush_ranges(ranges.iter().copied())
+        RawMemory::flush_ranges(self, ranges)
     }
     fn invalidate_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
-        self.vulkan().invalidate_ranges(ranges.iter().copied())
+        RawMemory::invalidate_ranges(self, ranges)
     }
     fn read_dma(&self, offset: u64, dst: &mut [u8]) -> Option<Result<()>> {
         (dst.len() >= DMA_READ_THRESHOLD).then(|| self.read_by_size(offset, dst))
@@ -304,15 +381,98 @@ unsafe impl ChunkMemory for RawMemory {
 
 impl Drop for RawMemory {
     fn drop(&mut self) {
+        self.gpu.unregister_allocation(self.device_ptr);
+        match self.backing.take() {
+            // Its free is `cuMemFree`, which waits anyway: no point in queueing it.
+            Some(b @ Backing::Imported(_)) => drop(b),
+            Some(b) => self
+                .gpu
+                .release_after_queued_work(Box::new(b), self.context.map(SendSyncPtr::get)),
+            None => {}
+        }
+    }
+}
+
+/// Vulkan memory imported with `cuImportExternalMemory`: the path where the device or driver
+/// lacks VMM. Freeing it (`cuMemFree`) waits for every running kernel of the device.
+struct Imported {
+    gpu: Gpu,
+    /// The CUDA import (`CUexternalMemory`): a process-wide handle, usable from any thread.
+    external: SendSyncPtr<c_void>,
+    device_ptr: CuDevicePtr,
+    /// The context the import was made in, when not the `Gpu`'s own (pushed again to free).
+    context: Option<SendSyncPtr<c_void>>,
+    // Dropped after `Drop::drop` has torn down the CUDA side.
+    vulkan: VulkanMemory,
+}
+
+impl Imported {
+    fn new(gpu: &Gpu, size: u64, context: Option<CuContext>) -> Result<Imported> {
+        // The import lands in the current context: the caller's, or the `Gpu`'s own.
+        let _ctx = match context {
+            Some(_) => None,
+            None => Some(gpu.bind()?),
+        };
+        let vulkan = gpu.vulkan().allocate(size)?;
+        let alloc_size = vulkan.size();
+        let fd = vulkan.export_fd()?;
+        let driver = gpu.driver();
+        let desc = ExternalMemoryHandleDesc {
+            handle_type: CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
+            handle: [fd.as_raw_fd() as u32 as u64, 0],
+            size: alloc_size,
+            flags: 0,
+            reserved: [0; 16],
+        };
+        // On failure the fd is still ours: `fd` closes it, `vulkan` frees the memory.
+        let external = crate::failpoint::inject("cuImportExternalMemory", || {
+            injected(driver, "cuImportExternalMemory")
+        })
+        // SAFETY: `desc` describes a live opaque fd of `alloc_size` bytes and outlives the call;
+        // a context is current.
+        .and_then(|()| unsafe { driver.cu_import_external_memory(&desc) })
+        .map_err(out_of_memory(size))?;
+        // A successful import owns the fd: give up our ownership without closing it.
+        let _ = fd.into_raw_fd();
+        let buf = ExternalMemoryBufferDesc {
+            offset: 0,
+            size: alloc_size,
+            flags: 0,
+            reserved: [0; 16],
+        };
+        let mapped = crate::failpoint::inject("cuExternalMemoryGetMappedBuffer", || {
+            injected(driver, "cuExternalMemoryGetMappedBuffer")
+        })
+        // SAFETY: `external` is the live import; the buffer covers exactly the memory object.
+        .and_then(|()| unsafe { driver.cu_external_memory_get_mapped_buffer(external, &buf) });
+        let device_ptr = match mapped {
+            Ok(p) => p,
+            Err(e) => {
+                // SAFETY: the import is ours and has no mapped buffer.
+                let _ = unsafe { driver.cu_destroy_external_memory(external) };
+                return Err(out_of_memory(size)(e));
+            }
+        };
+        Ok(Imported {
+            gpu: gpu.clone(),
+            external: SendSyncPtr::new(external),
+            device_ptr,
+            context: context.map(SendSyncPtr::new),
+            vulkan,
+        })
+    }
+}
+
+impl Drop for Imported {
+    fn drop(&mut self) {
         let driver = self.gpu.driver();
-        // Teardown must run even if the push fails (it cannot for a live context); ignore results:
-        // there is no way to report them from drop and the handles are ours.
-        let _ctx = match self.foreign_context {
+        // Teardown must run even if the push fails (it cannot for a live context); ignore
+        // results: there is no way to report them from drop and the handles are ours.
+        let _ctx = match self.context {
             // SAFETY: `new_in_current_context`'s caller promised the context outlives the memory.
             Some(c) => unsafe { ContextGuard::push(driver, c.get()) },
             None => self.gpu.bind(),
         };
-        self.gpu.unregister_allocation(self.device_ptr);
         // SAFETY: the mapped buffer and the import are ours and used by nothing else now; order:
         // free the mapping, destroy the import, then the Vulkan memory drops (unmap, free).
         unsafe {

@@ -146,6 +146,23 @@ impl PhysicalDeviceInfo {
         })
     }
 
+    /// The memory type pinned host buffers use: `HOST_VISIBLE | HOST_COHERENT` system memory,
+    /// preferring a type outside device-local heaps and `HOST_CACHED` (CPU reads of what the
+    /// GPU wrote run at memory speed). `None` where the device has no coherent host-visible type.
+    pub fn choose_host_memory_type(&self) -> Option<&MemoryTypeInfo> {
+        let host = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
+        self.memory_types
+            .iter()
+            .filter(|t| t.flags.contains(host))
+            .max_by_key(|t| {
+                (
+                    !t.flags.contains(vk::MemoryPropertyFlags::DEVICE_LOCAL),
+                    t.flags.contains(vk::MemoryPropertyFlags::HOST_CACHED),
+                    u32::MAX - t.index,
+                )
+            })
+    }
+
     /// Whether the device is an NVIDIA GPU (`vendorID` 0x10de).
     pub fn is_nvidia(&self) -> bool {
         self.vendor_id == NVIDIA_VENDOR_ID
@@ -364,6 +381,8 @@ pub struct VulkanContext {
     external_fd: ash::khr::external_memory_fd::Device,
     info: PhysicalDeviceInfo,
     memory_type: MemoryTypeInfo,
+    /// The type of pinned host memory ([`VulkanContext::allocate_host`]).
+    host_type: Option<MemoryTypeInfo>,
     non_coherent: bool,
     atom: u64,
 }
@@ -439,12 +458,14 @@ impl VulkanContext {
             .map_err(vk_err("vkCreateDevice"))?;
         let external_fd = ash::khr::external_memory_fd::Device::new(instance, &device);
         let non_coherent = options.force_non_coherent || !memory_type.is_coherent();
+        let host_type = info.choose_host_memory_type().cloned();
         Ok(VulkanContext {
             device,
             external_fd,
             atom: info.non_coherent_atom_size,
             info,
             memory_type,
+            host_type,
             non_coherent,
         })
     }
@@ -477,6 +498,41 @@ impl VulkanContext {
     /// `VK_ERROR_OUT_OF_DEVICE_MEMORY` becomes [`Error::OutOfDeviceMemory`]: the BAR-mappable
     /// capacity is about half of free VRAM and is not shown by the Vulkan budget.
     pub fn allocate(self: &Arc<Self>, size: u64) -> Result<VulkanMemory> {
+        self.allocate_type(self.memory_type.index, self.non_coherent, size)
+    }
+
+    /// The memory type of pinned host memory, if the device has one.
+    pub fn host_memory_type(&self) -> Option<&MemoryTypeInfo> {
+        self.host_type.as_ref()
+    }
+
+    /// Allocates `size` bytes (rounded up to 4 KiB) of exportable, coherent, host-visible *system*
+    /// memory and maps it: what CUDA calls pinned host memory once it is mapped into the device's
+    /// address space, but allocated and freed through Vulkan, so that freeing it never waits for
+    /// running kernels (`cuMemFreeHost` and `cuMemHostUnregister` do). Fails with
+    /// [`Error::NoSuitableMemoryType`] where the device has no such type.
+    pub fn allocate_host(self: &Arc<Self>, size: u64) -> Result<VulkanMemory> {
+        let index = self
+            .host_type
+            .as_ref()
+            .ok_or_else(|| {
+                Error::NoSuitableMemoryType(format!(
+                    "{} has no HOST_VISIBLE|HOST_COHERENT memory type",
+                    self.info.name
+                ))
+            })?
+            .index;
+        self.allocate_type(index, false, size)
+    }
+
+    /// Allocates and maps exportable memory of type `index`; `non_coherent` tells whether its
+    /// flushes and invalidates are issued.
+    fn allocate_type(
+        self: &Arc<Self>,
+        index: u32,
+        non_coherent: bool,
+        size: u64,
+    ) -> Result<VulkanMemory> {
         let alloc_size = round_alloc_size(size)?;
         if alloc_size > self.info.max_allocation_size && self.info.max_allocation_size != 0 {
             return Err(Error::OutOfDeviceMemory {
@@ -494,7 +550,7 @@ impl VulkanContext {
             .handle_types(vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD);
         let info = vk::MemoryAllocateInfo::default()
             .allocation_size(alloc_size)
-            .memory_type_index(self.memory_type.index)
+            .memory_type_index(index)
             .push_next(&mut export);
         let oom = |r: vk::Result| match r {
             vk::Result::ERROR_OUT_OF_DEVICE_MEMORY | vk::Result::ERROR_OUT_OF_HOST_MEMORY => {
@@ -534,6 +590,7 @@ impl VulkanContext {
             memory,
             size: alloc_size,
             ptr: ptr.into(),
+            non_coherent,
         })
     }
 
@@ -609,6 +666,9 @@ pub struct VulkanMemory {
     size: u64,
     /// The host mapping: plain memory shared with the device, never null.
     ptr: SendSyncPtr<u8>,
+    /// Whether flushes and invalidates are issued (the context's BAR memory when it is
+    /// non-coherent or forced to be treated so; never for coherent host memory).
+    non_coherent: bool,
 }
 
 impl std::fmt::Debug for VulkanMemory {
@@ -686,7 +746,7 @@ impl VulkanMemory {
     }
 
     fn sync_ranges(&self, ranges: impl Iterator<Item = (u64, u64)>, op: CacheOp) -> Result<()> {
-        if !self.ctx.non_coherent {
+        if !self.non_coherent {
             // No driver call, but the same answer to a bad range as on non-coherent memory.
             for (offset, len) in ranges {
                 check_range(offset, len, self.size)?;

@@ -141,6 +141,7 @@ fn grow_read_across_boundaries_shrink_regrow_cycle() {
     assert_eq!(small.len(), 2 * CHUNK);
     drop(small);
     drop(arena);
+    settle(&gpu);
 
     let fds = open_fds();
     let (free, _) = gpu.mem_info().unwrap();
@@ -153,6 +154,7 @@ fn grow_read_across_boundaries_shrink_regrow_cycle() {
         }
     }
     drop(arena);
+    settle(&gpu);
     assert_eq!(open_fds(), fds, "fds leaked by 1,000 grow/shrink cycles");
     assert_eq!(
         gpu.mem_info().unwrap().0,

@@ -42,6 +42,7 @@ fn exhaust_then_reallocate_then_cycle() {
         .collect();
     assert_eq!(again.len(), got);
     drop(again);
+    settle(&gpu);
 
     // The driver may keep internal bookkeeping grown while the BAR was full; the cycle check
     // starts from the state after that phase.
@@ -57,6 +58,7 @@ fn exhaust_then_reallocate_then_cycle() {
         let m = gpu.alloc(4096 << (i % 6)).unwrap();
         std::hint::black_box(m.device_ptr());
     }
+    settle(&gpu);
     assert_eq!(
         open_fds(),
         fds_cycles,

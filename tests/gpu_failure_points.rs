@@ -1,5 +1,6 @@
-//! Issue 19 #3 on the GPU (`--features failpoints`): every step of a raw allocation (Vulkan
-//! allocation, map, madvise, export, fcntl, CUDA import, mapped buffer), of an arena (reserve,
+//! Failure injection on the GPU (`--features failpoints`): every step of a raw allocation (Vulkan
+//! allocation, map, madvise, export, fcntl, VMM import, reservation, map, access; the
+//! external-memory import and mapped buffer where that path is used), of an arena (reserve,
 //! import, map, access; grow and mirror), of pool growth and of ring creation is made to fail in
 //! turn. Each failure is reported with its call's name and leaves nothing behind — open fds and
 //! free VRAM (`cuMemGetInfo`) are where they were, an arena keeps its chunks and contents, a
@@ -31,8 +32,9 @@ const ARENA: [&str; 3] = [
     "cuMemSetAccess",
 ];
 
-/// Open fds and free VRAM.
+/// Open fds and free VRAM, once every release of `gpu`'s memory has happened.
 fn held(gpu: &Gpu) -> (usize, u64) {
+    settle(gpu);
     (open_fds(), gpu.mem_info().unwrap().0)
 }
 
@@ -59,10 +61,23 @@ fn chunk_size(gpu: &Gpu) -> u64 {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
 fn raw_allocation_steps_failing_leave_nothing() {
-    let gpu = open(false);
+    raw_steps(&open(false), RAW);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn external_memory_import_steps_failing_leave_nothing() {
+    let gpu = Gpu::open_with(0, vkgdr::OpenOptions::new().external_memory_import(true)).unwrap();
+    assert!(gpu.vmm_status().is_err());
+    raw_steps(&gpu, failpoint::EXTERNAL_MEMORY_IMPORT);
+}
+
+/// Fails each of `points` in turn in a 4 MiB raw allocation (one that maps its own memory).
+fn raw_steps(gpu: &Gpu, points: &[&str]) {
+    let gpu = gpu.clone();
     drop(gpu.alloc(4 << 20).unwrap());
     let before = held(&gpu);
-    for &point in RAW {
+    for &point in points {
         failpoint::reset();
         failpoint::fail_at(point, 1);
         failed_cleanly(&gpu, point, gpu.alloc(4 << 20), before);

@@ -8,9 +8,15 @@
 //!   verified on the GPU), fed by 4 producer threads with batches of sealed records;
 //! - **arena**: a CUDA VMM arena grown and shrunk at random, each new chunk written and read back,
 //!   mirrored now and then;
+//! - **raw allocations**: one thread allocates, writes, reads back and frees raw memory of 4 KiB
+//!   to 4 MiB (carved from shared granules and mapped on their own), freeing it by drop,
+//!   `release_now` and `release_after(stream)` in turn;
 //! - **BAR exhaustion**: every `--exhaust-every` seconds (default 30) raw 1 GiB allocations until
 //!   the BAR refuses one, held for a second, then freed; the other workers meet
 //!   `OutOfDeviceMemory` meanwhile and must carry on.
+//!
+//! The ring's checking kernel runs from the first second to the last: every free of every other
+//! worker happens while a kernel runs.
 //!
 //! Before (after a warm-up that lets the driver set up what it keeps for the process) and after,
 //! it takes three figures: this process's open fds, BAR1 used (NVML) and free VRAM
@@ -128,6 +134,8 @@ struct Counters {
     ring_full_waits: AtomicU64,
     arena_cycles: AtomicU64,
     arena_oom: AtomicU64,
+    raw_ops: AtomicU64,
+    raw_oom: AtomicU64,
     exhaustions: AtomicU64,
     /// The most bytes raw allocations held when the BAR refused the next one.
     exhausted_at: AtomicU64,
@@ -313,6 +321,48 @@ fn arena_cycles(gpu: &Gpu, until: Instant, stop: &AtomicBool, c: &Counters) {
     }
 }
 
+/// Raw allocations of 4 KiB to 4 MiB made, checked and freed every way a user can.
+fn raw_churn(gpu: &Gpu, until: Instant, stop: &AtomicBool, c: &Counters) {
+    let stream = match Stream::new(gpu) {
+        Ok(s) => s,
+        Err(e) => return c.fail(format!("stream for raw releases: {e}")),
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    while Instant::now() < until && !stop.load(Ordering::Relaxed) {
+        let size = 4096u64 << rng.gen_range(0..=10);
+        let mut m = match gpu.alloc(size) {
+            Ok(m) => m,
+            Err(e) if e.is_out_of_memory() => {
+                c.raw_oom.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            Err(e) => return c.fail(format!("raw allocation of {size} bytes: {e}")),
+        };
+        let stamp: u64 = rng.gen();
+        let mut back = [0u8; 8];
+        let checked = m
+            .write(size - 8, &stamp.to_le_bytes())
+            .and_then(|()| m.write(0, &stamp.to_le_bytes()))
+            .and_then(|()| m.read(size - 8, &mut back));
+        match checked {
+            Ok(()) if back == stamp.to_le_bytes() => {}
+            Ok(()) => c.fail(format!("raw allocation of {size} bytes lost its bytes")),
+            Err(e) => c.fail(format!("raw allocation write/read: {e}")),
+        }
+        match rng.gen_range(0..3) {
+            0 => drop(m),
+            1 => m.release_now(),
+            _ => {
+                if let Err(e) = m.release_after(&stream) {
+                    c.fail(format!("release after a stream: {e}"));
+                }
+            }
+        }
+        c.raw_ops.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// Raw 1 GiB allocations until the BAR refuses one; held a second, then freed.
 fn exhaust(gpu: &Gpu, c: &Counters) {
     let mut held = Vec::new();
@@ -369,6 +419,7 @@ fn soak(gpu: &Gpu, options: &Options, seconds: u64, c: &Counters) -> vkgdr::Resu
             s.spawn(move || ring_producer(ring, 100 + u64::from(lane), until, stop, c));
         }
         s.spawn(|| arena_cycles(gpu, until, &stop, c));
+        s.spawn(|| raw_churn(gpu, until, &stop, c));
         let mut next_exhaustion =
             t0 + Duration::from_secs(options.exhaust_every.min(seconds / 2).max(1));
         let mut next_status = t0 + STATUS_EVERY;
@@ -382,13 +433,15 @@ fn soak(gpu: &Gpu, options: &Options, seconds: u64, c: &Counters) -> vkgdr::Resu
                 let now = figures(gpu).map_or_else(|e| e.to_string(), |f| f.to_string());
                 println!(
                     "soak {:>4} s: {} pool ops ({} OOM), {} ring records, {} arena cycles, \
-                     {} exhaustions; {now}",
+                     {} raw allocations, {} exhaustions, {} releases waiting; {now}",
                     t0.elapsed().as_secs(),
                     c.pool_ops.load(Ordering::Relaxed),
                     c.pool_oom.load(Ordering::Relaxed),
                     c.ring_records.load(Ordering::Relaxed),
                     c.arena_cycles.load(Ordering::Relaxed),
+                    c.raw_ops.load(Ordering::Relaxed),
                     c.exhaustions.load(Ordering::Relaxed),
+                    gpu.pending_releases(),
                 );
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -420,6 +473,15 @@ fn soak(gpu: &Gpu, options: &Options, seconds: u64, c: &Counters) -> vkgdr::Resu
         ));
     }
     pool.trim();
+    drop(pool);
+    // Frees never wait: let the last ones happen (the kernels are done) before anything counts.
+    if !gpu.wait_for_releases(Duration::from_secs(30)) {
+        c.fail(format!(
+            "{} releases still waiting 30 s after the kernels stopped",
+            gpu.pending_releases()
+        ));
+    }
+    gpu.trim();
     Ok(())
 }
 
@@ -453,14 +515,16 @@ fn run(options: &Options) -> vkgdr::Result<bool> {
     println!("soak: after {} s: {after}", t0.elapsed().as_secs());
     println!(
         "soak: {} pool ops ({} out of memory), {} ring records checked by the kernel ({} waits \
-         for space), {} arena cycles ({} out of memory), {} BAR exhaustions (at most {} held), \
-         {} errors",
+         for space), {} arena cycles ({} out of memory), {} raw allocations ({} out of memory), \
+         {} BAR exhaustions (at most {} held), {} errors",
         c.pool_ops.load(Ordering::Relaxed),
         c.pool_oom.load(Ordering::Relaxed),
         c.ring_records.load(Ordering::Relaxed),
         c.ring_full_waits.load(Ordering::Relaxed),
         c.arena_cycles.load(Ordering::Relaxed),
         c.arena_oom.load(Ordering::Relaxed),
+        c.raw_ops.load(Ordering::Relaxed),
+        c.raw_oom.load(Ordering::Relaxed),
         c.exhaustions.load(Ordering::Relaxed),
         mib(c.exhausted_at.load(Ordering::Relaxed)),
         c.failures.load(Ordering::Relaxed)

@@ -364,3 +364,36 @@ impl Block {
         }
     }
 }
+
+/// Stream-ordered release: a block a kernel may still use goes back to its pool only after that
+/// kernel's stream has passed this point. A plain drop gives the block back at once, and the
+/// pool hands it out again without asking the GPU: the CPU allocator cannot know what kernels
+/// still read.
+impl Block {
+    /// Gives the block back to its pool once the work queued on `stream` so far has completed,
+    /// never waiting. On an error the block is given back at once (as a drop would) and the
+    /// error returned.
+    pub fn release_after(self, stream: &crate::cuda_objects::Stream) -> Result<()> {
+        let fence = stream.fence()?;
+        stream.gpu().release_after(Box::new(self), fence);
+        Ok(())
+    }
+
+    /// [`release_after`](Self::release_after) for a raw `CUstream` of `gpu`'s device (from CUDA
+    /// C, cudarc, CuPy, PyTorch); the releases wait in `gpu`'s count
+    /// ([`Gpu::pending_releases`](crate::Gpu::pending_releases)).
+    ///
+    /// # Safety
+    /// - `stream` must be a live stream of `gpu`'s device; on drivers without stream memory
+    ///   operations its context must outlive the release.
+    pub unsafe fn release_after_stream(
+        self,
+        gpu: &crate::Gpu,
+        stream: crate::cuda::CuStream,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract.
+        let fence = unsafe { gpu.stream_fence(stream, None) }?;
+        gpu.release_after(Box::new(self), fence);
+        Ok(())
+    }
+}

@@ -37,9 +37,6 @@ pub const HOST_STRIDE: u64 = 256;
 pub const RESULT_OFFSET: u64 = 64;
 /// Most lanes one ring may have.
 pub const MAX_LANES: u32 = 64;
-/// How long dropping a ring waits for its watched consumer to exit before it leaks the memory
-/// instead of freeing it under a running kernel.
-pub const DROP_WAIT: Duration = Duration::from_secs(10);
 /// How often a producer waiting for space asks the driver whether the watched consumer ended.
 const CONSUMER_POLL: Duration = Duration::from_micros(200);
 
@@ -79,8 +76,8 @@ impl RingData {
     }
 }
 
-/// Everything a ring's kernels may touch, owned in one place so it can be kept alive (leaked)
-/// when a consumer will not stop.
+/// Everything a ring's kernels may touch, owned in one place so that one release can keep it
+/// alive until its consumer has exited.
 struct RingMemory {
     data: Vec<RingData>,
     control: RawMemory,
@@ -226,10 +223,13 @@ pub struct RingDeviceView {
 /// everything published; afterwards new records are refused with [`RingError::Stopped`]. Register
 /// the consumer with [`watch_consumer`](Self::watch_consumer) right after launching it: then a
 /// producer waiting for space gets `Stopped` (instead of waiting forever) once the kernel has
-/// exited or died, and dropping the ring stops the kernel and waits for it (up to
-/// [`DROP_WAIT`]; past that the ring's memory is leaked rather than freed under a running
-/// kernel). Without a watched consumer, stopping the kernel before dropping the ring is the
-/// caller's duty: [`stop_and_wait`](Self::stop_and_wait) or an event of your own.
+/// exited or died, and dropping the ring stops the kernel and frees the ring's memory only once
+/// the kernel has exited — without waiting for it: the drop returns at once, and the memory goes
+/// through the release queue (it stays in use, and counted, for as long as the kernel runs).
+/// Without a watched consumer, dropping the ring still stops it, and its memory goes back once
+/// the GPU work queued before the drop on the legacy and blocking streams is done: a consumer on
+/// a non-blocking stream must be watched (or stopped and waited for with
+/// [`stop_and_wait`](Self::stop_and_wait)) so that it never reads freed memory.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -610,12 +610,14 @@ impl DeviceRing {
 }
 
 impl Drop for DeviceRing {
-    /// Never frees memory under a running kernel: a watched consumer is stopped and waited for
-    /// (up to [`DROP_WAIT`]); if it does not exit, the ring's memory is leaked.
+    /// Never waits, and never frees memory under a watched consumer: the consumer is told to
+    /// stop, and the ring's memory is released once its completion event has passed (the
+    /// memory's own releases then wait for the legacy stream's queued work as usual).
     fn drop(&mut self) {
-        let watched = self.consumer.get_mut().is_some();
-        if watched && self.stop_and_wait(DROP_WAIT).is_err() {
-            std::mem::forget(Arc::clone(&self.memory));
+        self.stop();
+        if let Some(w) = self.consumer.get_mut().take() {
+            self.gpu
+                .release_after(Box::new(Arc::clone(&self.memory)), Box::new(w.done));
         }
     }
 }
@@ -730,11 +732,14 @@ impl LaunchRing {
 }
 
 impl Drop for LaunchRing {
-    /// Waits for the launched batches before the ring's memory goes; if the stream cannot be
-    /// waited for, the memory is leaked instead.
+    /// Never waits: the ring's memory is released once the batches launched on its stream have
+    /// finished. If no event can be recorded there (a dead context, whose kernels are gone),
+    /// there is nothing to wait for.
     fn drop(&mut self) {
-        if self.stream.synchronize().is_err() {
-            std::mem::forget(Arc::clone(&self.ring.memory));
+        if let Ok(fence) = self.stream.fence() {
+            self.ring
+                .gpu
+                .release_after(Box::new(Arc::clone(&self.ring.memory)), fence);
         }
     }
 }

@@ -61,6 +61,16 @@ pub fn open(force_non_coherent: bool) -> Gpu {
         .expect("open GPU 0")
 }
 
+/// Waits (up to 30 s) until every release of `gpu`'s memory has happened: frees never wait for
+/// the GPU, so a test that counts fds or free memory right after dropping memory settles first.
+pub fn settle(gpu: &Gpu) {
+    assert!(
+        gpu.wait_for_releases(std::time::Duration::from_secs(30)),
+        "{} releases still waiting after 30 s",
+        gpu.pending_releases()
+    );
+}
+
 /// Number of open fds of this process.
 pub fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
@@ -202,4 +212,180 @@ pub fn fds_of_spawned_child() -> Vec<String> {
         .lines()
         .map(str::to_owned)
         .collect()
+}
+
+/// `spin_until_stopped` (kernels/mapping.cu) running on a non-blocking stream of its own, or on
+/// the legacy default stream: the persistent kernel beside which the coexistence tests call the
+/// library. Its stop word and heartbeat live in a raw allocation; `stop` ends it with a plain
+/// store through the BAR.
+pub struct PersistentKernel {
+    gpu: Gpu,
+    pub module: Module,
+    words: vkgdr::RawMemory,
+    pub stream: vkgdr::cuda_objects::Stream,
+    on_legacy: bool,
+    running: bool,
+}
+
+impl PersistentKernel {
+    /// Loads the module (loading one waits for running kernels: do it first) and launches the
+    /// kernel; returns once its heartbeat shows it running.
+    pub fn start(gpu: &Gpu, on_legacy_stream: bool) -> PersistentKernel {
+        let module = Module::load_ptx(gpu, MAPPING_PTX).expect("load kernels/mapping.ptx");
+        let mut k = PersistentKernel {
+            gpu: gpu.clone(),
+            module,
+            words: gpu.alloc(4096).expect("stop and heartbeat words"),
+            stream: vkgdr::cuda_objects::Stream::new(gpu).expect("stream"),
+            on_legacy: on_legacy_stream,
+            running: false,
+        };
+        k.launch();
+        k
+    }
+
+    fn word<T>(&self, offset: usize) -> *mut T {
+        // SAFETY: offsets 0 and 64 lie inside the 4 KiB allocation.
+        unsafe { self.words.host_ptr().add(offset).cast() }
+    }
+
+    /// (Re)launches the kernel and waits up to 10 s for its heartbeat.
+    pub fn launch(&mut self) {
+        // SAFETY: aligned words of the live allocation; the kernel is not running.
+        unsafe {
+            self.word::<u32>(0).write_volatile(0);
+            self.word::<u64>(64).write_volatile(0);
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        self.words.flush(0, 128).unwrap();
+        let f = self.module.function("spin_until_stopped").expect("kernel");
+        let (mut stop, mut beats) = (self.words.device_ptr(), self.words.device_ptr() + 64);
+        let mut params = [arg(&mut stop), arg(&mut beats)];
+        let stream = (!self.on_legacy).then_some(&self.stream);
+        // SAFETY: two device pointers into `words`, which outlives the kernel (`Drop` stops it
+        // and waits before the words go).
+        unsafe { f.launch(LaunchConfig::linear(1, 1), stream, &mut params) }.expect("launch");
+        self.running = true;
+        let t = std::time::Instant::now();
+        while self.beats() == 0 {
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(10),
+                "the persistent kernel never started"
+            );
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+    }
+
+    /// The heartbeat: grows while the kernel runs, odd once it has exited.
+    pub fn beats(&self) -> u64 {
+        // SAFETY: an aligned word of the live allocation, written by the kernel.
+        unsafe { self.word::<u64>(64).read_volatile() }
+    }
+
+    /// Whether the heartbeat advances within 2 s (the kernel really runs).
+    pub fn is_alive(&self) -> bool {
+        let a = self.beats();
+        let t = std::time::Instant::now();
+        while t.elapsed() < std::time::Duration::from_secs(2) {
+            if self.beats() != a && self.beats() & 1 == 0 {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(500));
+        }
+        false
+    }
+
+    /// Asks the kernel to stop (a plain store, no driver call) and waits up to 10 s for it to
+    /// exit.
+    pub fn stop(&mut self) {
+        if !self.running {
+            return;
+        }
+        // SAFETY: the aligned stop word of the live allocation.
+        unsafe { self.word::<u32>(0).write_volatile(1) };
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        let t = std::time::Instant::now();
+        while self.beats() & 1 == 0 {
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(10),
+                "the persistent kernel did not exit"
+            );
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+        if self.on_legacy {
+            self.gpu.synchronize().unwrap();
+        } else {
+            self.stream.synchronize().unwrap();
+        }
+        self.running = false;
+    }
+}
+
+impl Drop for PersistentKernel {
+    fn drop(&mut self) {
+        if self.running && !std::thread::panicking() {
+            self.stop();
+        } else if self.running {
+            // SAFETY: the aligned stop word; a failing test still lets the kernel end.
+            unsafe { self.word::<u32>(0).write_volatile(1) };
+        }
+    }
+}
+
+/// What each thread of a multi-threaded GPU test is doing, for the watchdog.
+pub struct ThreadStates {
+    states: Vec<std::sync::Mutex<(String, u64)>>,
+}
+
+impl ThreadStates {
+    pub fn new(threads: usize) -> std::sync::Arc<ThreadStates> {
+        std::sync::Arc::new(ThreadStates {
+            states: (0..threads)
+                .map(|_| std::sync::Mutex::new(("starting".into(), 0)))
+                .collect(),
+        })
+    }
+
+    /// Thread `i` is now doing `what` (its operation count grows by one).
+    pub fn set(&self, i: usize, what: &str) {
+        let mut s = self.states[i].lock().unwrap_or_else(|e| e.into_inner());
+        s.0.clear();
+        s.0.push_str(what);
+        s.1 += 1;
+    }
+
+    fn dump(&self) -> String {
+        self.states
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let s = s.lock().unwrap_or_else(|e| e.into_inner());
+                format!("  thread {i}: {} (after {} steps)\n", s.0, s.1)
+            })
+            .collect()
+    }
+}
+
+/// Ends the process with every thread's state printed if `done` is not set within `limit`: a
+/// test that would hang fails instead (a thread stuck in a driver call cannot be unwound).
+pub fn watchdog(
+    what: &'static str,
+    limit: std::time::Duration,
+    states: std::sync::Arc<ThreadStates>,
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let t = std::time::Instant::now();
+        while !done.load(std::sync::atomic::Ordering::Acquire) {
+            if t.elapsed() > limit {
+                eprintln!(
+                    "WATCHDOG: {what} still running after {} s; thread states:\n{}",
+                    limit.as_secs(),
+                    states.dump()
+                );
+                std::process::exit(3);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    })
 }

@@ -18,6 +18,7 @@ pub mod fastpath;
 pub mod pplat;
 pub mod report;
 pub mod ring;
+pub mod waits;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -113,7 +114,7 @@ pub struct Benchmark {
 
 /// The benchmarks, in the order `all` runs them: `apiperf` first so that its "first
 /// `Gpu::open`" really is the first in the process.
-pub const BENCHMARKS: [Benchmark; 7] = [
+pub const BENCHMARKS: [Benchmark; 8] = [
     Benchmark {
         name: "apiperf",
         help: "cost of open, alloc/free, pool alloc/free, flush/invalidate",
@@ -223,6 +224,28 @@ pub const BENCHMARKS: [Benchmark; 7] = [
             ReportSpec {
                 name: "arena-read",
                 title: "Kernel reads: one contiguous arena versus separate chunks",
+                layout: Layout::Long,
+            },
+        ],
+    },
+    Benchmark {
+        name: "waits",
+        help: "which driver and library calls wait for a running kernel",
+        run: waits::run,
+        reports: &[
+            ReportSpec {
+                name: "waits-idle",
+                title: "Calls with no kernel running",
+                layout: Layout::Long,
+            },
+            ReportSpec {
+                name: "waits-own-stream",
+                title: "Calls while a persistent kernel runs on a non-blocking stream",
+                layout: Layout::Long,
+            },
+            ReportSpec {
+                name: "waits-legacy-stream",
+                title: "Calls while a persistent kernel runs on the legacy default stream",
                 layout: Layout::Long,
             },
         ],
