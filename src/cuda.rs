@@ -344,7 +344,7 @@ driver_table! {
         unsafe cu_mem_create: "cuMemCreate" => fn(size: usize, prop: *const MemAllocationProp, flags: u64) -> out CuMemHandle;
         unsafe cu_mem_get_allocation_granularity: "cuMemGetAllocationGranularity" => fn(prop: *const MemAllocationProp, option: c_uint) -> out usize;
         unsafe cu_stream_write_value32: "cuStreamWriteValue32_v2" => fn(stream: CuStream, addr: CuDevicePtr, value: c_uint, flags: c_uint);
-        unsafe cu_stream_get_ctx: "cuStreamGetCtx" => fn(stream: CuStream) -> out CuContext;
+        unsafe cu_stream_get_ctx: "cuStreamGetCtx" => fn(stream: CuStream, ctx: *mut CuContext);
     }
 }
 
@@ -441,6 +441,17 @@ impl Driver {
     /// The device's total memory in bytes.
     pub fn device_total_mem(&self, dev: CuDevice) -> Result<u64> {
         Ok(self.cu_device_total_mem(dev)? as u64)
+    }
+
+    /// The context a stream belongs to (`cuStreamGetCtx`, whose out-pointer comes second).
+    ///
+    /// # Safety
+    /// - `stream` must be a live stream (or the null stream: the current context's).
+    pub unsafe fn stream_context(&self, stream: CuStream) -> Result<CuContext> {
+        let mut ctx: CuContext = ptr::null_mut();
+        // SAFETY: the caller guarantees the stream; `ctx` is a valid out-pointer.
+        unsafe { self.cu_stream_get_ctx(stream, &mut ctx) }?;
+        Ok(ctx)
     }
 
     /// A `CU_DEVICE_ATTRIBUTE_*` value.

@@ -699,7 +699,7 @@ impl Gpu {
             ));
         }
         // SAFETY: the caller guarantees a live stream.
-        let context = unsafe { self.driver().cu_stream_get_ctx(stream) }?;
+        let context = unsafe { self.driver().stream_context(stream) }?;
         // SAFETY: the stream's context is alive while the stream is.
         let _ctx = unsafe { ContextGuard::push(self.driver(), context) }?;
         if let Some(words) = self.fence_words() {
@@ -746,12 +746,14 @@ impl Gpu {
     }
 }
 
-/// CUDA-imported chunks, one [`Gpu::alloc`] each: the default source of a [`Pool`](crate::Pool).
-// SAFETY: `alloc(size)` returns a fresh allocation of `size` bytes (its own VkDeviceMemory); the
+/// BAR-mapped chunks with device pointers, each a raw allocation with a device mapping of its
+/// own (never carved: a pool needs chunk addresses aligned to its largest alignment, and VMM
+/// maps at the granularity, 2 MiB on the H100): the default source of a [`Pool`](crate::Pool).
+// SAFETY: every chunk is a fresh allocation of at least `size` bytes that overlaps no other; the
 // atom is the device's nonCoherentAtomSize, a power of two by the Vulkan spec.
 unsafe impl ChunkSource for Gpu {
     fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
-        let mut chunk = self.alloc(size)?;
+        let mut chunk = RawMemory::new_unshared(self, size)?;
         chunk.set_label("vkgdr pool chunk");
         Ok(Box::new(chunk))
     }

@@ -105,7 +105,13 @@ impl std::fmt::Debug for RawMemory {
 impl RawMemory {
     /// Allocates `size` bytes; releases wait for the `Gpu`'s own context.
     pub(crate) fn new(gpu: &Gpu, size: u64) -> Result<RawMemory> {
-        Self::allocate(gpu, size, None)
+        Self::allocate(gpu, size, None, true)
+    }
+
+    /// Allocates `size` bytes with a device mapping of their own, never carved: aligned to the
+    /// VMM granularity (2 MiB on the H100) on both sides, as a pool's chunks must be.
+    pub(crate) fn new_unshared(gpu: &Gpu, size: u64) -> Result<RawMemory> {
+        Self::allocate(gpu, size, None, false)
     }
 
     /// Allocates for the calling thread's current context, which must belong to `gpu`'s device:
@@ -121,12 +127,17 @@ impl RawMemory {
                 gpu.cu_device()
             )));
         }
-        Self::allocate(gpu, size, Some(context))
+        Self::allocate(gpu, size, Some(context), true)
     }
 
-    fn allocate(gpu: &Gpu, size: u64, context: Option<CuContext>) -> Result<RawMemory> {
+    fn allocate(
+        gpu: &Gpu,
+        size: u64,
+        context: Option<CuContext>,
+        carve: bool,
+    ) -> Result<RawMemory> {
         let alloc_size = round_alloc_size(size)?;
-        let backing = gpu.retry_after_releases(|| Self::back(gpu, alloc_size, context))?;
+        let backing = gpu.retry_after_releases(|| Self::back(gpu, alloc_size, context, carve))?;
         let (host_ptr, device_ptr) = match &backing {
             Backing::Mapped(m) => (m.host_ptr(), m.device_ptr()),
             Backing::Carved(p) => (p.host_ptr(), p.device_ptr()),
@@ -145,9 +156,14 @@ impl RawMemory {
         })
     }
 
-    fn back(gpu: &Gpu, alloc_size: u64, context: Option<CuContext>) -> Result<Backing> {
+    fn back(
+        gpu: &Gpu,
+        alloc_size: u64,
+        context: Option<CuContext>,
+        carve: bool,
+    ) -> Result<Backing> {
         match gpu.vmm() {
-            Some(_) if alloc_size <= CARVE_MAX => {
+            Some(_) if carve && alloc_size <= CARVE_MAX => {
                 Ok(Backing::Carved(gpu.carver()?.alloc(alloc_size)?))
             }
             Some(vmm) => Ok(Backing::Mapped(MappedMemory::bar(

@@ -31,7 +31,7 @@ pub use report::{Layout, Report, ReportSpec, Row, Unit};
 
 /// One line of usage text.
 pub const USAGE: &str =
-    "vkgdr bench <copybw|copylat|fastpath|apiperf|pplat|ring|arena|all> [--out DIR] [--quick] | vkgdr bench plot DIR";
+    "vkgdr bench <copybw|copylat|fastpath|apiperf|pplat|ring|arena|waits|all> [--out DIR] [--quick] | vkgdr bench plot DIR";
 
 /// Where results go when `--out` is not given.
 pub const DEFAULT_OUT: &str = "bench-out";

@@ -632,6 +632,17 @@ fn driver_scenarios(p: &mut Probe<'_>, gpu: &Gpu, scratch: u64) -> BenchResult<(
 }
 
 fn library_scenarios(p: &mut Probe<'_>, gpu: &Gpu) -> BenchResult<()> {
+    let small = p.call("Gpu::alloc 64 KiB (carved)", || gpu.alloc(64 << 10))?;
+    p.call("RawMemory drop 64 KiB (carved)", || {
+        drop(small);
+        Ok(())
+    })?;
+    let stream = p.spinner.stream.raw() as usize;
+    let after = p.call("Gpu::alloc", || gpu.alloc(SIZE))?;
+    p.call("RawMemory::release_after (the kernel's stream)", || {
+        // SAFETY: the spinner's live stream, of this GPU.
+        unsafe { after.release_after_stream(stream as vkgdr::cuda::CuStream) }
+    })?;
     let mem = p.call("Gpu::alloc", || gpu.alloc(SIZE))?;
     let mut buf = vec![0u8; 1 << 20];
     p.call("RawMemory::read 1 MiB (copy engine)", || {
@@ -867,6 +878,10 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
                 }
             }
         }
+        probe.observe(format!(
+            "releases waiting when the calls were done: {}",
+            gpu.pending_releases()
+        ));
         probe.spinner.stop()?;
         ticket = probe.ticket;
         let probe_samples = std::mem::take(&mut probe.samples);
