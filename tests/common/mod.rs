@@ -228,15 +228,30 @@ pub struct PersistentKernel {
 }
 
 impl PersistentKernel {
-    /// Loads the module (loading one waits for running kernels: do it first) and launches the
-    /// kernel; returns once its heartbeat shows it running.
-    pub fn start(gpu: &Gpu, on_legacy_stream: bool) -> PersistentKernel {
+    /// Loads the module and launches the kernel; returns once its heartbeat shows it running.
+    ///
+    /// Loading a module waits for running kernels, and so does the first launch of each kernel
+    /// under CUDA's lazy loading (the default since CUDA 12): every kernel of `warm` (name and
+    /// number of 8-byte parameters, launched once with zeros, which must be harmless) is
+    /// launched here first, before the persistent kernel starts.
+    pub fn start(gpu: &Gpu, on_legacy_stream: bool, warm: &[(&str, usize)]) -> PersistentKernel {
         let module = Module::load_ptx(gpu, MAPPING_PTX).expect("load kernels/mapping.ptx");
+        let stream = vkgdr::cuda_objects::Stream::new(gpu).expect("stream");
+        for &(name, params) in warm {
+            let f = module.function(name).expect("kernel");
+            let mut zeros = vec![0u64; params];
+            let mut args: Vec<*mut c_void> = zeros.iter_mut().map(arg).collect();
+            // SAFETY: `params` 8-byte parameters, all zero, which the caller promises the kernel
+            // takes as a no-op; the values outlive the synchronize below.
+            unsafe { f.launch(LaunchConfig::linear(1, 1), Some(&stream), &mut args) }
+                .expect("warm-up launch");
+            stream.synchronize().expect("warm-up launch completed");
+        }
         let mut k = PersistentKernel {
             gpu: gpu.clone(),
             module,
             words: gpu.alloc(4096).expect("stop and heartbeat words"),
-            stream: vkgdr::cuda_objects::Stream::new(gpu).expect("stream"),
+            stream,
             on_legacy: on_legacy_stream,
             running: false,
         };
