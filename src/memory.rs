@@ -2,12 +2,11 @@
 //! bytes.
 //!
 //! How it is backed (the caller sees none of it): a Vulkan allocation mapped into the device's
-//! address space through CUDA VMM ([`crate::vmm`]) — its own for requests above
-//! [`CARVE_MAX`](crate::carve::CARVE_MAX), a 4 KiB-aligned piece of a shared granule below
-//! ([`crate::carve`]); on a device or driver without VMM, an import with
-//! `cuImportExternalMemory` (whose free waits for running kernels). Freeing never waits: the
-//! memory goes back once the GPU work queued before the free has completed
-//! ([`crate::release`]).
+//! address space through CUDA VMM ([`crate::vmm`]) — its own for requests above 1 MiB, a
+//! 4 KiB-aligned piece of a shared granule below; on a device or driver without VMM, an import
+//! with `cuImportExternalMemory` (whose free waits for running kernels). Freeing never waits: the
+//! memory goes back once the GPU work queued before the free has completed (a release queue
+//! polled by the `vkgdr-release` thread).
 
 use std::ffi::c_void;
 use std::os::fd::{AsRawFd, IntoRawFd};

@@ -13,8 +13,8 @@
 //! [`VmmHandle`] (an allocation handle, released on drop), [`AddressRange`] (a reservation, freed
 //! on drop), [`VmmMapping`] (a handle mapped over a range with read-write access for the device)
 //! and [`MappedMemory`] (a Vulkan allocation together with its device mapping). Dropping any of
-//! them releases at once; waiting for the GPU's queued work first is the job of
-//! [`crate::release`].
+//! them releases at once; waiting for the GPU's queued work first is the job of the release
+//! queue.
 
 use std::ffi::{c_int, c_void};
 use std::os::fd::AsRawFd;
