@@ -233,6 +233,16 @@ impl Event {
         }
     }
 
+    /// [`record`](Self::record) on a raw `CUstream` (from CUDA C, cudarc, CuPy, PyTorch).
+    ///
+    /// # Safety
+    /// - `stream` must be a live stream of the event's context, or null (the legacy stream).
+    pub unsafe fn record_raw(&self, stream: CuStream) -> Result<()> {
+        let _ctx = self.gpu.bind()?;
+        // SAFETY: live event; the stream is the caller's contract.
+        unsafe { self.gpu.driver().cu_event_record(self.raw.get(), stream) }
+    }
+
     /// Whether all work before the record point has completed.
     pub fn is_complete(&self) -> Result<bool> {
         let _ctx = self.gpu.bind()?;

@@ -22,6 +22,7 @@ use crate::sync::lock::Mutex;
 use super::core::{Producer, Reservation, RingCore, RingError, RingSink};
 use super::layout::{WrapMode, MIN_CAPACITY, RESULT_WORDS};
 use crate::arena::Arena;
+use crate::cuda::CuStream;
 use crate::cuda_objects::{Event, PinnedBuffer, Stream};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
@@ -467,12 +468,29 @@ impl DeviceRing {
     pub fn watch_consumer(&self, stream: &Stream) -> Result<()> {
         let done = Event::new(&self.gpu)?;
         done.record(stream)?;
+        self.watch(done);
+        Ok(())
+    }
+
+    /// [`watch_consumer`](Self::watch_consumer) for a consumer launched on a raw `CUstream` (from
+    /// CUDA C, cudarc, CuPy, PyTorch); null means the legacy default stream.
+    ///
+    /// # Safety
+    /// - `stream` must be a live stream of the ring's context (or null).
+    pub unsafe fn watch_consumer_stream(&self, stream: CuStream) -> Result<()> {
+        let done = Event::new(&self.gpu)?;
+        // SAFETY: the caller's contract.
+        unsafe { done.record_raw(stream) }?;
+        self.watch(done);
+        Ok(())
+    }
+
+    fn watch(&self, done: Event) {
         *self.consumer.lock() = Some(Watched {
             done,
             checked: Instant::now(),
             gone: false,
         });
-        Ok(())
     }
 
     /// Whether the ring was stopped or its watched consumer has exited (or died), asking the
