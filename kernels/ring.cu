@@ -4,7 +4,7 @@
 // Build: nvcc -ptx -arch=compute_75 -O3 kernels/ring.cu -o kernels/ring.ptx   (CUDA 12 and 13;
 // CUDA 13 dropped compute_70)
 //
-// The checking consumers verify the test payload (src/ring/layout.rs): u64 seq, u64 checksum of
+// The checking consumers verify the test payload (src/core/ring/layout.rs): u64 seq, u64 checksum of
 // the rest, then the body; seqs of DATA and abandoned PAD records must continue without gaps
 // (after a mismatch counting resumes from the seq found). Result words: see RING_RESULT_*, the
 // same numbers as layout::verify_records computes on the CPU.

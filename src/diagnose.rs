@@ -21,11 +21,11 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::bar::{cuda_pci_address, device_bar_info, BarInfo};
-use crate::cuda::{self, Driver};
+use crate::driver::cuda::{self, Driver};
+use crate::driver::nvml::{Nvml, NvmlDevice, PciAddress};
+use crate::driver::vulkan::{self, format_uuid, MemoryOptions, PhysicalDeviceInfo};
 use crate::error::Error;
-use crate::nvml::{Nvml, NvmlDevice, PciAddress};
-use crate::vulkan::{self, format_uuid, MemoryOptions, PhysicalDeviceInfo};
+use crate::mapping::bar::{cuda_pci_address, device_bar_info, BarInfo};
 
 /// A BAR-mappable heap below this is "small": GeForce cards without resizable BAR expose 256 MiB.
 pub const SMALL_BAR: u64 = 1 << 30;
@@ -283,7 +283,7 @@ fn cuda_device(driver: &Driver, ordinal: i32) -> crate::Result<CudaDeviceInfo> {
         total_mem: driver.device_total_mem(dev)?,
         vmm: flag(cuda::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)?,
         posix_fd: flag(cuda::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)?,
-        granularity: crate::arena::granularity(driver, ordinal).map_err(|e| e.to_string()),
+        granularity: crate::mapping::arena::granularity(driver, ordinal).map_err(|e| e.to_string()),
         bar: device_bar_info(driver, dev).map_err(|e| e.to_string()),
     })
 }
@@ -430,7 +430,7 @@ fn vulkan_findings(machine: &Machine, out: &mut Vec<Finding>) {
                  `dnf install vulkan-loader` (Fedora, RHEL); in a container, install it in the \
                  image (the NVIDIA container toolkit mounts the driver, not the loader); or set \
                  {} to the loader's path",
-                crate::dynlib::VULKAN_ENV
+                crate::driver::dynlib::VULKAN_ENV
             ),
         )),
         VulkanProbe::Failed(why) => out.push(finding(
@@ -521,7 +521,7 @@ fn cuda_findings(machine: &Machine, out: &mut Vec<Finding>) {
             format!(
                 "install the NVIDIA driver (libcuda.so.1 comes with it){container_hint}; or set \
                  {} to its path. Without it only the Vulkan half of vkgdr works",
-                crate::dynlib::CUDA_ENV
+                crate::driver::dynlib::CUDA_ENV
             ),
         )),
         CudaProbe::Failed(why) => out.push(finding(
@@ -649,8 +649,8 @@ fn device_findings(machine: &Machine, dev: &CudaDeviceInfo, out: &mut Vec<Findin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nvml::Bar1Memory;
-    use crate::vulkan::{MemoryHeapInfo, MemoryTypeInfo};
+    use crate::driver::nvml::Bar1Memory;
+    use crate::driver::vulkan::{MemoryHeapInfo, MemoryTypeInfo};
     use ash::vk;
 
     const UUID: [u8; 16] = [7; 16];
@@ -709,8 +709,8 @@ mod tests {
             bar1: Ok(b),
             vram_total: 80 << 30,
             vram_used: 1 << 30,
-            vram_source: crate::bar::VramSource::Nvml,
-            estimate: crate::bar::estimate_mappable(80 << 30, 1 << 30, Some(&b)),
+            vram_source: crate::mapping::bar::VramSource::Nvml,
+            estimate: crate::mapping::bar::estimate_mappable(80 << 30, 1 << 30, Some(&b)),
         }
     }
 

@@ -126,16 +126,16 @@ pub enum Error {
     /// [`InvalidArgument`](Error::InvalidArgument)): a bug or exhausted metadata if it ever
     /// surfaces.
     #[error(transparent)]
-    Alloc(crate::alloc::AllocError),
+    Alloc(crate::core::alloc::AllocError),
     /// A dirty-range tracker error (the pool checks ranges first: a bug if it ever surfaces).
     #[error(transparent)]
-    Dirty(#[from] crate::dirty::DirtyError),
+    Dirty(#[from] crate::core::dirty::DirtyError),
     /// A copy-routine error (length mismatch, unsupported instruction set, thread start failure).
     #[error(transparent)]
     Copy(#[from] crate::copy::CopyError),
     /// A ring buffer error (record too large, full, timeout, bad capacity).
     #[error(transparent)]
-    Ring(#[from] crate::ring::core::RingError),
+    Ring(#[from] crate::core::ring::RingError),
     /// A feature the driver or device does not support (e.g. CUDA VMM).
     #[error("not supported: {0}")]
     Unsupported(String),
@@ -187,8 +187,8 @@ impl Error {
 /// The allocator core's request and configuration errors are the caller's
 /// ([`Error::InvalidArgument`], with the core's message); the rest keep their type
 /// ([`Error::Alloc`]).
-impl From<crate::alloc::AllocError> for Error {
-    fn from(e: crate::alloc::AllocError) -> Self {
+impl From<crate::core::alloc::AllocError> for Error {
+    fn from(e: crate::core::alloc::AllocError) -> Self {
         if e.is_caller_error() {
             Error::InvalidArgument(e.to_string())
         } else {
@@ -200,7 +200,7 @@ impl From<crate::alloc::AllocError> for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::alloc::AllocError;
+    use crate::core::alloc::AllocError;
 
     #[test]
     fn allocator_errors_split_into_caller_errors_and_the_rest() {
@@ -236,7 +236,7 @@ mod tests {
         assert!(e
             .to_string()
             .contains("cuMemHostAlloc returned a null pointer"));
-        let e = Error::from(crate::dirty::DirtyError::ZeroSize);
+        let e = Error::from(crate::core::dirty::DirtyError::ZeroSize);
         assert!(matches!(e, Error::Dirty(_)));
         assert_eq!((e.driver_call(), e.result_name()), (None, None));
     }

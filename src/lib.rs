@@ -22,48 +22,34 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs, clippy::undocumented_unsafe_blocks)]
 
-pub mod alloc;
-pub mod arena;
-pub mod bar;
-mod batch;
-mod carve;
-pub mod chunk;
-pub mod compat;
+// The crate's layers, bottom up (ARCHITECTURE.md): each imports only those below it.
 pub mod copy;
-pub mod cuda;
-pub mod cuda_objects;
-#[cfg(feature = "cudarc")]
-pub mod cudarc;
+mod core;
 pub mod diagnose;
-pub mod dirty;
-pub mod dynlib;
+mod driver;
 mod error;
-#[cfg(feature = "failpoints")]
-pub mod failpoint;
-#[cfg(not(feature = "failpoints"))]
-mod failpoint;
-mod gpu;
-mod handle;
-mod isolation;
+mod interop;
 mod mapping;
-pub mod memory;
-pub mod nvml;
 pub mod pool;
-pub mod range;
-mod release;
 pub mod ring;
-mod staging;
-mod sync;
-pub mod vmm;
-pub mod vulkan;
 
-pub use arena::Arena;
-pub use bar::BarInfo;
-pub use batch::WriteBatch;
+// The modules keep the public paths they had before the crate was grouped into layers.
+pub use crate::core::{alloc, dirty, range};
+#[cfg(feature = "failpoints")]
+pub use driver::failpoint;
+pub use driver::{cuda, dynlib, nvml, vulkan};
+pub use interop::compat;
+#[cfg(feature = "cudarc")]
+pub use interop::cudarc;
+pub use mapping::{arena, bar, chunk, cuda_objects, memory, vmm};
+
 pub use error::{Error, MemorySide, Result};
-pub use gpu::{AllocationReport, Gpu, OpenOptions};
+pub use mapping::arena::Arena;
+pub use mapping::bar::BarInfo;
+pub use mapping::batch::WriteBatch;
+pub use mapping::gpu::{AllocationReport, Gpu, OpenOptions};
+pub use mapping::memory::RawMemory;
 pub use mapping::Mapping;
-pub use memory::RawMemory;
 #[cfg(feature = "gpu-alloc")]
 pub use pool::GpuAllocStrategy;
 pub use pool::{Backend, Block, Pool, PoolConfig, PoolStats};

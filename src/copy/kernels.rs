@@ -115,8 +115,8 @@ unsafe fn r8(m: *const u8, h: *mut u8) {
 
 /// Orders the kernel's stores to the mapping before any later store of this thread (the
 /// caller's "data ready" flag): write-combined stores are weakly ordered and sit in the WC
-/// buffers until fenced. The crate's one definition lives in [`crate::sync`].
-pub(super) use crate::sync::store_fence;
+/// buffers until fenced. The crate's one definition lives in [`crate::core::sync`].
+pub(super) use crate::core::sync::store_fence;
 
 /// Orders the kernel's loads from the mapping after every earlier load and store of this thread
 /// (typically the caller's poll of a "data ready" flag). Streaming loads and loads from WC

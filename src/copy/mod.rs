@@ -25,7 +25,6 @@
 
 mod kernels;
 mod pool;
-pub(crate) mod staged;
 #[cfg(test)]
 mod tests;
 

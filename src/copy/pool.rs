@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::{self, JoinHandle};
 
-use crate::sync::lock::{Condvar, Mutex};
+use crate::core::sync::lock::{Condvar, Mutex};
 
 use super::{check_lengths, kernels, simd_level, CopyError};
-use crate::handle::SendSyncPtr;
+use crate::core::handle::SendSyncPtr;
 
 /// Default [`CopyPool::parallel_threshold`]: copies shorter than 1 MiB run on the calling
 /// thread, where waking workers would cost more than it saves.

@@ -9,12 +9,12 @@ use std::sync::Arc;
 use super::gpu_alloc::MemoryBlock;
 use super::shards::{Chunk, ShardCell};
 use super::{magazine, PoolInner};
-use crate::alloc::Allocation;
-#[cfg(doc)]
-use crate::chunk::ChunkMemory;
+use crate::core::alloc::Allocation;
+use crate::core::range::check_range;
 use crate::error::Result;
+#[cfg(doc)]
+use crate::mapping::chunk::ChunkMemory;
 use crate::mapping::Mapping;
-use crate::range::check_range;
 
 /// What a block holds to keep its memory alive, and how it gives it back.
 pub(super) enum BlockKind {
@@ -373,7 +373,7 @@ impl Block {
     /// Gives the block back to its pool once the work queued on `stream` so far has completed,
     /// never waiting. On an error the block is given back at once (as a drop would) and the
     /// error returned.
-    pub fn release_after(self, stream: &crate::cuda_objects::Stream) -> Result<()> {
+    pub fn release_after(self, stream: &crate::mapping::cuda_objects::Stream) -> Result<()> {
         let fence = stream.fence()?;
         stream.gpu().release_after(Box::new(self), fence);
         Ok(())
@@ -389,7 +389,7 @@ impl Block {
     pub unsafe fn release_after_stream(
         self,
         gpu: &crate::Gpu,
-        stream: crate::cuda::CuStream,
+        stream: crate::driver::cuda::CuStream,
     ) -> Result<()> {
         // SAFETY: the caller's contract.
         let fence = unsafe { gpu.stream_fence(stream, None) }?;

@@ -4,7 +4,7 @@
 #[cfg(feature = "gpu-alloc")]
 use super::gpu_alloc::GpuAllocStrategy;
 use super::magazine;
-use crate::alloc::{HeapConfig, MAX_CHUNK_SIZE};
+use crate::core::alloc::{HeapConfig, MAX_CHUNK_SIZE};
 use crate::error::{Error, Result};
 
 /// Which allocator carves the pool's chunks.

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::sync::lock::Mutex;
+use crate::core::sync::lock::Mutex;
 pub(crate) use gpu_alloc::MemoryBlock;
 use gpu_alloc::{Config, DeviceProperties, GpuAllocator, Request, UsageFlags};
 use gpu_alloc_types::{
@@ -21,8 +21,8 @@ use gpu_alloc_types::{
 };
 
 use super::shards::Chunk;
-use crate::chunk::ChunkSource;
 use crate::error::{Error, MemorySide, Result};
+use crate::mapping::chunk::ChunkSource;
 
 /// Which gpu-alloc strategy serves shared (non-dedicated) requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,7 +123,7 @@ impl MemoryDevice<Arc<Chunk>> for ChunkDevice<'_> {
 /// Applies a flush or invalidate to each of gpu-alloc's ranges (one chunk each).
 fn each_range(
     ranges: &[MappedMemoryRange<'_, Arc<Chunk>>],
-    op: impl Fn(&dyn crate::chunk::ChunkMemory, &[(u64, u64)]) -> Result<()>,
+    op: impl Fn(&dyn crate::mapping::chunk::ChunkMemory, &[(u64, u64)]) -> Result<()>,
 ) -> std::result::Result<(), OutOfMemory> {
     for r in ranges {
         op(&*r.memory.memory, &[(r.offset, r.size)]).map_err(|_| OutOfMemory::OutOfHostMemory)?;

@@ -44,11 +44,11 @@ use std::cell::Cell;
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
 
-use crate::sync::lock::Mutex;
+use crate::core::sync::lock::Mutex;
 
 use super::shards::{Chunk, ShardCell};
-use crate::alloc::Allocation;
-use crate::sync::OwnerCell;
+use crate::core::alloc::Allocation;
+use crate::core::sync::OwnerCell;
 
 /// Largest request served from a magazine (the slab range of the default allocator).
 pub const MAX_CACHED_SIZE: u64 = 4096;

@@ -22,9 +22,9 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::alloc::{AllocError, Heap, HeapStats};
-use crate::chunk::{ChunkMemory, ChunkSource};
+use crate::core::alloc::{AllocError, Heap, HeapStats};
 use crate::error::{Error, MemorySide, Result};
+use crate::mapping::chunk::{ChunkMemory, ChunkSource};
 
 mod block;
 mod config;
@@ -530,7 +530,7 @@ impl PoolInner {
     /// whole atoms on non-coherent memory (what its shard allocation is made for), its size
     /// otherwise.
     #[cold]
-    fn adjust_size_delta(&self, len: u64, allocation: &crate::alloc::Allocation, sign: i64) {
+    fn adjust_size_delta(&self, len: u64, allocation: &crate::core::alloc::Allocation, sign: i64) {
         let accounted = if self.non_coherent {
             // `len` passed `check_request`, so it is far below u64::MAX: no overflow.
             len.next_multiple_of(self.atom)

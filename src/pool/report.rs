@@ -10,10 +10,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
-use crate::sync::lock::Mutex;
+use crate::core::sync::lock::Mutex;
 
 use super::{PoolInner, PoolStats, ShardSet};
-use crate::alloc::ChunkId;
+use crate::core::alloc::ChunkId;
 
 /// Which chunk a block lies in: its address identifies it while the block is alive.
 pub(super) type ChunkKey = usize;

@@ -12,15 +12,15 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use crate::sync::lock::Mutex;
+use crate::core::sync::lock::Mutex;
 
 use super::spin::SpinMutex;
 use super::PoolInner;
-use crate::alloc::{AllocError, Allocation, ChunkId, Heap};
-use crate::chunk::ChunkMemory;
-use crate::dirty::DirtyRanges;
+use crate::core::alloc::{AllocError, Allocation, ChunkId, Heap};
+use crate::core::dirty::DirtyRanges;
+use crate::core::handle::SendSyncPtr;
 use crate::error::{Error, Result};
-use crate::handle::SendSyncPtr;
+use crate::mapping::chunk::ChunkMemory;
 
 /// One chunk with its dirty-range tracker. Blocks hold an `Arc`, so the memory outlives them.
 pub(super) struct Chunk {

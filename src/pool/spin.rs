@@ -6,13 +6,13 @@
 //! lock only to lock (unlock is a plain release store). Under contention it spins briefly, then
 //! yields, so a preempted holder does not burn a core.
 
-// `std`'s atomic rather than the `crate::sync` shim's: `lock_api` needs a `const INIT`, and
+// `std`'s atomic rather than the `crate::core::sync` shim's: `lock_api` needs a `const INIT`, and
 // loom's atomics have no `const` constructor.
 use std::sync::atomic::AtomicBool;
 
 use parking_lot::lock_api::{GuardSend, RawMutex};
 
-use crate::sync::{atomic::Ordering, Backoff};
+use crate::core::sync::{atomic::Ordering, Backoff};
 
 /// A raw spin lock; use it through [`SpinMutex`].
 pub struct RawSpinLock {

@@ -3,7 +3,7 @@
 use super::*;
 use std::sync::atomic::AtomicUsize;
 
-use crate::chunk::{ChunkMemory, HostMemorySource};
+use crate::mapping::chunk::{ChunkMemory, HostMemorySource};
 use crate::mapping::Mapping;
 
 fn small_pool(shards: usize) -> Pool {
@@ -789,7 +789,11 @@ fn issue20_6_atom_round_up_cannot_overflow() {
     };
     let pool = Pool::new(DmaSource(Arc::default()), cfg).unwrap();
     assert!(pool.is_non_coherent());
-    for size in [u64::MAX - 1, u64::MAX, crate::alloc::MAX_CHUNK_SIZE + 1] {
+    for size in [
+        u64::MAX - 1,
+        u64::MAX,
+        crate::core::alloc::MAX_CHUNK_SIZE + 1,
+    ] {
         let e = pool.alloc(size, 1).unwrap_err();
         assert!(
             matches!(e, Error::InvalidArgument(ref m) if m.contains("too large")),

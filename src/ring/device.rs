@@ -17,18 +17,18 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::sync::lock::Mutex;
+use crate::core::sync::lock::Mutex;
 
-use super::core::{Producer, Reservation, RingCore, RingError, RingSink};
-use super::layout::{WrapMode, MIN_CAPACITY, RESULT_WORDS};
-use crate::arena::Arena;
-use crate::cuda::CuStream;
-use crate::cuda_objects::{Event, PinnedBuffer, Stream};
+use crate::core::handle::SendSyncPtr;
+use crate::core::ring::layout::{WrapMode, MIN_CAPACITY, RESULT_WORDS};
+use crate::core::ring::{Producer, Reservation, RingCore, RingError, RingSink};
+use crate::core::sync::store_fence;
+use crate::driver::cuda::CuStream;
 use crate::error::{Error, Result};
-use crate::gpu::Gpu;
-use crate::handle::SendSyncPtr;
-use crate::memory::RawMemory;
-use crate::sync::store_fence;
+use crate::mapping::arena::Arena;
+use crate::mapping::cuda_objects::{Event, PinnedBuffer, Stream};
+use crate::mapping::gpu::Gpu;
+use crate::mapping::memory::RawMemory;
 
 /// Bytes between two lanes' `tail` words in the control allocation (own 128-byte line each).
 pub const TAIL_STRIDE: u64 = 128;
@@ -531,7 +531,7 @@ impl DeviceRing {
 
     /// The lane the calling thread's shared reservations go to.
     fn thread_lane(&self) -> usize {
-        (crate::sync::thread_id() % self.lanes.len() as u64) as usize
+        (crate::core::sync::thread_id() % self.lanes.len() as u64) as usize
     }
 
     /// Claims a lane for one producer (a lane nobody claimed and with no shared reservation in

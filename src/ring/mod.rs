@@ -90,9 +90,13 @@
 //! Positions are `u64` byte counters that are never reduced; they would wrap after 2^64 bytes
 //! (over five years at 100 GB/s), which the ring does not handle.
 
-pub mod core;
 pub mod device;
-pub mod layout;
+
+/// The pure ring core (positions, sequence numbers, space, publication), from the crate's pure
+/// layer: the producer protocol runs the same over host memory.
+pub use crate::core::ring as core;
+/// The ring's wire format, from the pure core.
+pub use crate::core::ring::layout;
 
 pub use device::{BarSink, DeviceRing, LaunchRing, RingDeviceView};
 

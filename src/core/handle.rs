@@ -84,22 +84,22 @@ mod tests {
 
     #[test]
     fn the_types_that_hold_one_are_send_and_sync_by_the_compiler() {
-        assert_send_sync::<crate::vulkan::VulkanMemory>();
+        assert_send_sync::<crate::driver::vulkan::VulkanMemory>();
         assert_send_sync::<crate::RawMemory>();
         assert_send_sync::<crate::Gpu>();
         assert_send_sync::<crate::Arena>();
-        assert_send_sync::<crate::cuda_objects::Module>();
-        assert_send_sync::<crate::cuda_objects::Function<'static>>();
-        assert_send_sync::<crate::cuda_objects::Stream>();
-        assert_send_sync::<crate::cuda_objects::Event>();
-        assert_send_sync::<crate::cuda_objects::PinnedBuffer>();
-        assert_send_sync::<crate::cuda_objects::DeviceBuffer>();
+        assert_send_sync::<crate::mapping::cuda_objects::Module>();
+        assert_send_sync::<crate::mapping::cuda_objects::Function<'static>>();
+        assert_send_sync::<crate::mapping::cuda_objects::Stream>();
+        assert_send_sync::<crate::mapping::cuda_objects::Event>();
+        assert_send_sync::<crate::mapping::cuda_objects::PinnedBuffer>();
+        assert_send_sync::<crate::mapping::cuda_objects::DeviceBuffer>();
         assert_send_sync::<crate::ring::BarSink>();
         assert_send_sync::<crate::ring::DeviceRing>();
         #[cfg(feature = "cudarc")]
         {
-            assert_send_sync::<crate::cudarc::BarView<'static, u32>>();
-            assert_send_sync::<crate::cudarc::BarViewMut<'static, u32>>();
+            assert_send_sync::<crate::interop::cudarc::BarView<'static, u32>>();
+            assert_send_sync::<crate::interop::cudarc::BarViewMut<'static, u32>>();
         }
     }
 }

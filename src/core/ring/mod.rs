@@ -7,7 +7,7 @@
 //!   records through `&self` and commit them in any order; commits combine (one publication for
 //!   every record that is ready). Each record pays a short mutex, its commit slot and a fence.
 //! * **Exclusive** ([`RingCore::claim`] → [`Producer`]): one producer owns the ring (a lane of a
-//!   [`DeviceRing`](super::DeviceRing)) and appends records with plain arithmetic, no lock and no
+//!   [`DeviceRing`](crate::ring::DeviceRing)) and appends records with plain arithmetic, no lock and no
 //!   atomic read-modify-write; a whole batch is published with one fence and one tail store
 //!   ([`Producer::push_batch`], [`Producer::flush`], or a [`FlushPolicy`]).
 //!
@@ -36,14 +36,16 @@
 //! makes it sound.
 #![deny(unsafe_code)]
 
+pub mod layout;
+
 use std::time::{Duration, Instant};
 
-use super::layout::{
-    self, RecordHeader, RingSource, WrapMode, HEADER_LEN, KIND_DATA, KIND_PAD, MAX_PAYLOAD,
-    MIN_CAPACITY, RECORD_ALIGN,
+use self::layout::{
+    RecordHeader, RingSource, WrapMode, HEADER_LEN, KIND_DATA, KIND_PAD, MAX_PAYLOAD, MIN_CAPACITY,
+    RECORD_ALIGN,
 };
-use crate::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use crate::sync::{thread_id, Backoff, CachePadded, Mutex};
+use crate::core::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use crate::core::sync::{thread_id, Backoff, CachePadded, Mutex};
 
 /// Errors of the ring core. Every error leaves the ring unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

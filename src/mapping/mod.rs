@@ -1,11 +1,32 @@
-//! [`Mapping`]: safe, bounds-checked access to any CPU-mapped range of device memory.
+//! The mapping layer: GPU memory with a host pointer and a device pointer to the same bytes.
 //!
+//! [`Gpu`](gpu::Gpu) opens a CUDA device with its matching Vulkan device; `vmm` maps Vulkan
+//! allocations into the device's address space, `carve` cuts small allocations out of shared
+//! granules, `release` gives memory back once the GPU work queued before its free has completed,
+//! `staging` reads large ranges through pinned buffers; [`RawMemory`](memory::RawMemory) is one
+//! allocation, [`Arena`](arena::Arena) a growable contiguous range, [`chunk`] the seam the pool
+//! draws its chunks through, [`bar`] the BAR figures, `batch` many writes with one fence and
+//! [`cuda_objects`] the CUDA objects (streams, events, modules) the layers above use.
+//!
+//! [`Mapping`], here: safe, bounds-checked access to any CPU-mapped range of device memory.
 //! Raw allocations, Vulkan-only allocations and pool blocks all implement it, so they share one
 //! well-tested implementation of writes (with flushes on non-coherent memory) and reads (with
 //! invalidates first, streaming loads for speed).
 
+pub mod arena;
+pub mod bar;
+pub(crate) mod batch;
+pub(crate) mod carve;
+pub mod chunk;
+pub mod cuda_objects;
+pub(crate) mod gpu;
+pub mod memory;
+pub(crate) mod release;
+pub(crate) mod staging;
+pub mod vmm;
+
+use crate::core::range::check_range;
 use crate::error::{Error, Result};
-use crate::range::check_range;
 
 /// A CPU mapping of device memory with safe, bounds-checked access.
 ///

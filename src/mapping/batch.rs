@@ -7,9 +7,9 @@
 
 use std::marker::PhantomData;
 
+use crate::core::range::check_range;
 use crate::error::Result;
 use crate::mapping::Mapping;
-use crate::range::check_range;
 
 /// Writes into any [`Mapping`]s (pool blocks, raw allocations) without fencing each one; the
 /// single `sfence` comes when the batch is [finished](WriteBatch::finish) or dropped.
@@ -98,7 +98,7 @@ impl WriteBatch {
 impl Drop for WriteBatch {
     fn drop(&mut self) {
         if self.pending {
-            crate::sync::store_fence();
+            crate::core::sync::store_fence();
         }
     }
 }
@@ -106,7 +106,7 @@ impl Drop for WriteBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chunk::HostMemorySource;
+    use crate::mapping::chunk::HostMemorySource;
     use crate::{Pool, PoolConfig};
 
     #[test]

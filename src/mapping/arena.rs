@@ -4,17 +4,17 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use crate::chunk::{ChunkMemory, ChunkSource};
+use crate::core::handle::SendSyncPtr;
+use crate::core::range::check_range;
+use crate::core::sync::lock::Mutex;
+use crate::driver::vulkan::VulkanMemory;
 use crate::error::{Error, MemorySide, Result};
-use crate::gpu::Gpu;
-use crate::handle::SendSyncPtr;
-use crate::memory::DMA_READ_THRESHOLD;
+use crate::mapping::chunk::{ChunkMemory, ChunkSource};
+use crate::mapping::gpu::Gpu;
+use crate::mapping::memory::DMA_READ_THRESHOLD;
+pub use crate::mapping::vmm::granularity;
+use crate::mapping::vmm::{AddressRange, VmmDevice, VmmHandle};
 use crate::pool::{Pool, PoolConfig};
-use crate::range::check_range;
-use crate::sync::lock::Mutex;
-pub use crate::vmm::granularity;
-use crate::vmm::{AddressRange, VmmDevice, VmmHandle};
-use crate::vulkan::VulkanMemory;
 
 /// Offset arithmetic of an arena: equal-sized chunks laid back to back in one address range.
 /// Pure, so it is property-tested without a GPU.
@@ -312,12 +312,13 @@ impl Arena {
     }
 
     /// Whether no release of `slot`'s earlier chunk is pending, releasing what is due first
-    /// (for up to [`DUE_SOON`](crate::release::DUE_SOON); a running kernel's work is not waited
+    /// (for up to [`DUE_SOON`](crate::mapping::release::DUE_SOON); a running kernel's work is not waited
     /// for).
     fn slot_is_free(&self, slot: usize) -> bool {
-        crate::release::ReleaseQueue::global().poll_until(crate::release::DUE_SOON, || {
-            !self.releasing.lock().contains(&slot)
-        })
+        crate::mapping::release::ReleaseQueue::global()
+            .poll_until(crate::mapping::release::DUE_SOON, || {
+                !self.releasing.lock().contains(&slot)
+            })
     }
 
     /// Takes the last `n` chunks (at most all of them) out of the arena. Returns the new length.
@@ -418,7 +419,7 @@ impl Drop for Arena {
 /// A released chunk in the middle stays mapped and is reused first; trailing released chunks are
 /// unmapped and freed at once, so the arena shrinks from the end.
 pub struct ArenaSource {
-    state: Arc<crate::sync::lock::Mutex<ArenaSlots>>,
+    state: Arc<crate::core::sync::lock::Mutex<ArenaSlots>>,
     atom: u64,
     non_coherent: bool,
 }
@@ -448,7 +449,7 @@ impl ArenaSource {
         let atom = arena.gpu.vulkan().atom_size();
         let non_coherent = arena.gpu.is_non_coherent();
         ArenaSource {
-            state: Arc::new(crate::sync::lock::Mutex::new(ArenaSlots {
+            state: Arc::new(crate::core::sync::lock::Mutex::new(ArenaSlots {
                 arena,
                 free: Default::default(),
             })),
@@ -476,7 +477,7 @@ impl ArenaSource {
 /// One chunk of an [`ArenaSource`] lent to a pool; `Send + Sync` by its fields (the shared state
 /// is behind a mutex, `&self` methods only read fields or lock it).
 struct ArenaChunkRef {
-    state: Arc<crate::sync::lock::Mutex<ArenaSlots>>,
+    state: Arc<crate::core::sync::lock::Mutex<ArenaSlots>>,
     slot: usize,
     /// The slot's host mapping, which stays mapped while this reference exists (the slot is
     /// released only in our Drop).

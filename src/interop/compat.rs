@@ -20,10 +20,10 @@
 //! needs the caller to have it current), flush and invalidate ranges are rounded to whole atoms
 //! inside the allocation instead of being undefined behaviour, and their failures are reported.
 
-use crate::cuda::{CuContext, CuDevice, Driver};
+use crate::driver::cuda::{CuContext, CuDevice, Driver};
 use crate::error::{Error, Result};
-use crate::gpu::{current_context, Gpu, OpenOptions};
-use crate::memory::RawMemory;
+use crate::mapping::gpu::{current_context, Gpu, OpenOptions};
+use crate::mapping::memory::RawMemory;
 
 /// Ignore the given device and use the calling thread's current CUDA context instead.
 pub const OPEN_CURRENT_CONTEXT_BIT: u32 = 1;

@@ -30,11 +30,11 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::cuda::{ContextGuard, CuContext, CuStream, Driver, CU_EVENT_DISABLE_TIMING};
+use crate::core::handle::SendSyncPtr;
+use crate::core::sync::lock::{Condvar, Mutex};
+use crate::driver::cuda::{ContextGuard, CuContext, CuStream, Driver, CU_EVENT_DISABLE_TIMING};
 use crate::error::{Error, Result};
-use crate::handle::SendSyncPtr;
-use crate::sync::lock::{Condvar, Mutex};
-use crate::vmm::{MappedMemory, VmmDevice};
+use crate::mapping::vmm::{MappedMemory, VmmDevice};
 
 /// What must be done on the GPU before a release may drop its value.
 pub(crate) trait Fence: Send {
@@ -227,7 +227,7 @@ impl FenceWords {
     /// Allocates the words: one granule of pinned host memory through Vulkan and VMM, zeroed.
     pub(crate) fn new(
         device: &VmmDevice,
-        vulkan: &Arc<crate::vulkan::VulkanContext>,
+        vulkan: &Arc<crate::driver::vulkan::VulkanContext>,
     ) -> Result<Arc<FenceWords>> {
         let memory = MappedMemory::host(device, vulkan, device.granularity())?;
         // SAFETY: the whole allocation is ours and no GPU work refers to it yet.

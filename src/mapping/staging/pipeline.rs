@@ -12,7 +12,7 @@
 //! ```
 //!
 //! The scheduling is pure (no driver): [`StagingEngine`] is the seam, implemented with CUDA
-//! streams and events in `crate::staging` and with plain memory in the tests (Miri runs them).
+//! streams and events in `crate::mapping::staging` and with plain memory in the tests (Miri runs them).
 //!
 //! [`copy_host_default`]: super::copy_host_default
 

@@ -32,9 +32,9 @@
 //! the `loom` feature (scripts/test), including a variant without the owner's barrier, which loom must
 //! catch.
 
-use crate::sync::atomic::{AtomicBool, Ordering};
-use crate::sync::cell::UnsafeCell;
-use crate::sync::{Backoff, Mutex};
+use crate::core::sync::atomic::{AtomicBool, Ordering};
+use crate::core::sync::cell::UnsafeCell;
+use crate::core::sync::{Backoff, Mutex};
 
 /// Data owned by one thread, reachable by others through a handshake (see the module docs).
 pub(crate) struct OwnerCell<T> {
@@ -161,7 +161,7 @@ impl Drop for Busy<'_> {
 
 /// The two barriers of the handshake.
 mod barrier {
-    use crate::sync::atomic::{fence, Ordering};
+    use crate::core::sync::atomic::{fence, Ordering};
 
     /// Whether this process uses `membarrier` (decided once, before any owner relies on it).
     pub(super) fn asymmetric() -> bool {

@@ -1,4 +1,4 @@
-//! The ring's wire format, shared by the CPU producer ([`super::core`]) and the GPU consumer
+//! The ring's wire format, shared by the CPU producer ([`crate::ring::core`]) and the GPU consumer
 //! (`kernels/ring.cu`, whose `#define`s mirror every constant here).
 //!
 //! The data region is `capacity` bytes (a power of two, at least [`MIN_CAPACITY`]). Positions are
@@ -57,7 +57,7 @@ pub const RESULT_WORDS: usize = 8;
 pub const SEQ_FROM_RESULT: u64 = u64::MAX;
 
 /// How records meet the end of the data region. `#[repr(u32)]`: it is a field of the
-/// [`RingDeviceView`](super::RingDeviceView) kernels take (`VKGDR_RING_PADDED` = 0,
+/// [`RingDeviceView`](crate::ring::RingDeviceView) kernels take (`VKGDR_RING_PADDED` = 0,
 /// `VKGDR_RING_MIRRORED` = 1 in `include/vkgdr/ring.cuh`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[repr(u32)]
@@ -69,7 +69,7 @@ pub enum WrapMode {
     Padded = 0,
     /// A record may run past the end of the region and continues at offset 0, with no padding.
     /// A GPU consumer must see the region mapped a second time right after itself (a mirrored
-    /// [`Arena`](crate::Arena), as [`DeviceRing::new_mirrored`](super::DeviceRing::new_mirrored)
+    /// [`Arena`](crate::Arena), as [`DeviceRing::new_mirrored`](crate::ring::DeviceRing::new_mirrored)
     /// builds) so it reads every record contiguously; CPU consumers use [`read_wrapped`].
     Mirrored = 1,
 }

@@ -1,4 +1,4 @@
-//! The CUDA side of staged reads ([`crate::copy::staged`]): sets of pinned staging buffers with
+//! The CUDA side of staged reads ([`crate::mapping::staging::pipeline`]): sets of pinned staging buffers with
 //! a stream and one event per buffer, cached per [`Gpu`](crate::Gpu) and created on the first
 //! large read.
 //!
@@ -7,20 +7,22 @@
 //! memory: 52 against 54 GB/s on the H100), so that freeing a set never waits for running kernels
 //! as `cuMemFreeHost` does. Where the device lacks VMM, `cuMemHostAlloc` it is.
 
+pub(crate) mod pipeline;
+
 use std::ffi::c_void;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use crate::sync::lock::Mutex;
+use crate::core::sync::lock::Mutex;
 
-use crate::copy::staged::{read_staged, StagingEngine};
-use crate::cuda::{
+use crate::core::handle::SendSyncPtr;
+use crate::driver::cuda::{
     ContextGuard, CuContext, Driver, CU_EVENT_DISABLE_TIMING, CU_STREAM_NON_BLOCKING,
 };
+use crate::driver::vulkan::VulkanContext;
 use crate::error::{Error, Result};
-use crate::handle::SendSyncPtr;
-use crate::vmm::{MappedMemory, VmmDevice};
-use crate::vulkan::VulkanContext;
+use crate::mapping::staging::pipeline::{read_staged, StagingEngine};
+use crate::mapping::vmm::{MappedMemory, VmmDevice};
 
 /// Reads of at least this many bytes into pageable memory take the staged pipeline; shorter DMA
 /// reads use one `cuMemcpyDtoH` (whose own staging is as good there, and needs no pinned memory
@@ -84,7 +86,7 @@ impl StagingSet {
             _ => {
                 let host = driver
                     .cu_mem_alloc_host(bytes, 0)
-                    .map_err(crate::cuda::out_of_memory(bytes as u64))?;
+                    .map_err(crate::driver::cuda::out_of_memory(bytes as u64))?;
                 let host = NonNull::new(host.cast::<u8>())
                     .ok_or_else(|| Error::internal("cuMemHostAlloc returned a null pointer"))?;
                 StagingMemory::Driver(host.into())

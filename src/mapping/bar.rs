@@ -16,10 +16,10 @@
 
 use std::fmt;
 
-use crate::cuda::{ContextGuard, CuDevice, Driver, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID};
+use crate::driver::cuda::{ContextGuard, CuDevice, Driver, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID};
+use crate::driver::nvml::{self, Bar1Memory, Nvml, PciAddress};
 use crate::error::{Error, Result};
-use crate::gpu::Gpu;
-use crate::nvml::{self, Bar1Memory, Nvml, PciAddress};
+use crate::mapping::gpu::Gpu;
 use crate::pool::PoolConfig;
 
 /// `CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID`.

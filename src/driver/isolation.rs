@@ -50,7 +50,7 @@ fn inner_pages(ptr: *mut u8, len: usize) -> Option<(*mut libc::c_void, usize)> {
 /// mapping there, so a store through an inherited pointer faults instead of writing the
 /// parent's memory.
 pub(crate) fn exclude_from_fork(ptr: *mut u8, len: usize) -> Result<()> {
-    crate::failpoint::inject("madvise", || Error::System {
+    crate::driver::failpoint::inject("madvise", || Error::System {
         call: "madvise",
         errno: "EINVAL (injected failure)".into(),
     })?;
@@ -85,7 +85,7 @@ pub(crate) fn set_cloexec(fd: BorrowedFd<'_>) -> Result<()> {
         call: "fcntl",
         errno: last_errno(),
     };
-    crate::failpoint::inject("fcntl", || Error::System {
+    crate::driver::failpoint::inject("fcntl", || Error::System {
         call: "fcntl",
         errno: "EBADF (injected failure)".into(),
     })?;

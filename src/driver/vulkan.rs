@@ -13,11 +13,11 @@ use std::sync::Arc;
 
 use ash::vk;
 
-use crate::chunk::{ChunkMemory, ChunkSource};
+use crate::core::handle::SendSyncPtr;
+use crate::core::range::{atom_range, check_range, round_alloc_size};
 use crate::error::{Error, MemorySide, Result};
-use crate::handle::SendSyncPtr;
+use crate::mapping::chunk::{ChunkMemory, ChunkSource};
 use crate::mapping::Mapping;
-use crate::range::{atom_range, check_range, round_alloc_size};
 
 const LOADER: &str = "libvulkan.so.1";
 
@@ -218,7 +218,7 @@ pub fn parse_uuid(text: &str) -> Result<[u8; 16]> {
 
 fn load_entry() -> Result<ash::Entry> {
     // `VKGDR_VULKAN_LIBRARY` may name another file (crate::dynlib).
-    let name = crate::dynlib::library_name(LOADER, crate::dynlib::VULKAN_ENV);
+    let name = crate::driver::dynlib::library_name(LOADER, crate::driver::dynlib::VULKAN_ENV);
     let entry = if name == LOADER {
         // SAFETY: loading the Vulkan loader runs its initialisers, which are designed for this;
         // the entry keeps the library alive as long as it lives.
@@ -227,7 +227,9 @@ fn load_entry() -> Result<ash::Entry> {
         // SAFETY: as above, for the loader the user named.
         unsafe { ash::Entry::load_from(&name) }
     };
-    entry.map_err(|e| crate::dynlib::not_found(LOADER, crate::dynlib::VULKAN_ENV, &name, e))
+    entry.map_err(|e| {
+        crate::driver::dynlib::not_found(LOADER, crate::driver::dynlib::VULKAN_ENV, &name, e)
+    })
 }
 
 /// The Vulkan loader and one instance on it, kept for the rest of the process once made.
@@ -247,9 +249,9 @@ struct SharedInstance {
 /// The shared instance of the loader `VKGDR_VULKAN_LIBRARY` names now (see [`SharedInstance`]).
 /// Failures are not kept: a later call tries again (another loader, a driver installed since).
 fn shared_instance() -> Result<&'static ash::Instance> {
-    static INSTANCES: crate::sync::lock::Mutex<Vec<(String, &'static SharedInstance)>> =
-        crate::sync::lock::Mutex::new(Vec::new());
-    let name = crate::dynlib::library_name(LOADER, crate::dynlib::VULKAN_ENV);
+    static INSTANCES: crate::core::sync::lock::Mutex<Vec<(String, &'static SharedInstance)>> =
+        crate::core::sync::lock::Mutex::new(Vec::new());
+    let name = crate::driver::dynlib::library_name(LOADER, crate::driver::dynlib::VULKAN_ENV);
     let mut instances = INSTANCES.lock();
     if let Some((_, shared)) = instances.iter().find(|(n, _)| *n == name) {
         return Ok(&shared.instance);
@@ -566,7 +568,7 @@ impl VulkanContext {
                 result: result_name(r),
             },
         };
-        crate::failpoint::inject("vkAllocateMemory", || {
+        crate::driver::failpoint::inject("vkAllocateMemory", || {
             oom(vk::Result::ERROR_OUT_OF_DEVICE_MEMORY)
         })?;
         // SAFETY: the device is live; the info chain outlives the call. No dedicated allocation
@@ -597,8 +599,11 @@ impl VulkanContext {
     /// Maps all `size` bytes of `memory` (host-visible, not mapped yet) and keeps the mapping out
     /// of forked children; on failure nothing stays mapped.
     fn map_whole(&self, memory: vk::DeviceMemory, size: u64) -> Result<NonNull<u8>> {
-        crate::failpoint::inject("vkMapMemory", || {
-            crate::failpoint::vulkan_error("vkMapMemory", vk::Result::ERROR_MEMORY_MAP_FAILED)
+        crate::driver::failpoint::inject("vkMapMemory", || {
+            crate::driver::failpoint::vulkan_error(
+                "vkMapMemory",
+                vk::Result::ERROR_MEMORY_MAP_FAILED,
+            )
         })?;
         // SAFETY: `memory` is host-visible, not yet mapped, and the range is the whole allocation.
         let mapped = unsafe {
@@ -611,7 +616,7 @@ impl VulkanContext {
                 .ok_or_else(|| Error::internal("vkMapMemory returned a null pointer"))
         });
         mapped.and_then(|p| {
-            crate::isolation::exclude_from_fork(p.as_ptr(), size as usize)
+            crate::driver::isolation::exclude_from_fork(p.as_ptr(), size as usize)
                 .map(|()| p)
                 .inspect_err(|_| {
                     // SAFETY: mapped just above, used by nothing yet.
@@ -707,15 +712,18 @@ impl VulkanMemory {
         let info = vk::MemoryGetFdInfoKHR::default()
             .memory(self.memory)
             .handle_type(vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD);
-        crate::failpoint::inject("vkGetMemoryFdKHR", || {
-            crate::failpoint::vulkan_error("vkGetMemoryFdKHR", vk::Result::ERROR_TOO_MANY_OBJECTS)
+        crate::driver::failpoint::inject("vkGetMemoryFdKHR", || {
+            crate::driver::failpoint::vulkan_error(
+                "vkGetMemoryFdKHR",
+                vk::Result::ERROR_TOO_MANY_OBJECTS,
+            )
         })?;
         // SAFETY: the memory was allocated with OPAQUE_FD export enabled and is live.
         let fd = unsafe { self.ctx.external_fd.get_memory_fd(&info) }
             .map_err(vk_err("vkGetMemoryFdKHR"))?;
         // SAFETY: on success the driver hands us a new fd that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        crate::isolation::set_cloexec(fd.as_fd())?;
+        crate::driver::isolation::set_cloexec(fd.as_fd())?;
         Ok(fd)
     }
 
@@ -760,8 +768,8 @@ impl VulkanMemory {
         }
         match op {
             CacheOp::Flush => {
-                crate::failpoint::inject("vkFlushMappedMemoryRanges", || {
-                    crate::failpoint::vulkan_error(
+                crate::driver::failpoint::inject("vkFlushMappedMemoryRanges", || {
+                    crate::driver::failpoint::vulkan_error(
                         "vkFlushMappedMemoryRanges",
                         vk::Result::ERROR_OUT_OF_HOST_MEMORY,
                     )
@@ -772,8 +780,8 @@ impl VulkanMemory {
                     .map_err(vk_err("vkFlushMappedMemoryRanges"))
             }
             CacheOp::Invalidate => {
-                crate::failpoint::inject("vkInvalidateMappedMemoryRanges", || {
-                    crate::failpoint::vulkan_error(
+                crate::driver::failpoint::inject("vkInvalidateMappedMemoryRanges", || {
+                    crate::driver::failpoint::vulkan_error(
                         "vkInvalidateMappedMemoryRanges",
                         vk::Result::ERROR_OUT_OF_HOST_MEMORY,
                     )
@@ -848,7 +856,7 @@ unsafe impl ChunkSource for Arc<VulkanContext> {
 
 impl Drop for VulkanMemory {
     fn drop(&mut self) {
-        crate::isolation::restore_fork(self.ptr.get(), self.size as usize);
+        crate::driver::isolation::restore_fork(self.ptr.get(), self.size as usize);
         // SAFETY: the memory is ours, mapped once in `allocate`; any CUDA import of it was destroyed
         // before this drop (RawMemory drops its CUDA half first). Unmap, then free.
         unsafe {

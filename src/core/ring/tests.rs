@@ -2,7 +2,7 @@
 //! wrap mode (a proptest model and a stress test are in `tests/ring_model.rs`).
 #![allow(unsafe_code)] // test sinks implement and forward the sink's unsafe methods
 use super::*;
-use crate::ring::layout::{
+use crate::core::ring::layout::{
     next_record, read_wrapped, verify_records, verify_records_in, WRAP_PAD_SEQ,
 };
 use std::sync::atomic::AtomicU64 as StdAtomicU64;

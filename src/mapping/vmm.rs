@@ -20,14 +20,14 @@ use std::ffi::{c_int, c_void};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
-use crate::cuda::{
+use crate::driver::cuda::{
     self, out_of_memory, CuDevice, CuMemHandle, Driver, MemAccessDesc, MemAllocationProp,
     MemLocation, CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ALLOC_GRANULARITY_MINIMUM,
     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
 };
+use crate::driver::failpoint::injected_cuda as injected;
+use crate::driver::vulkan::VulkanMemory;
 use crate::error::{Error, Result};
-use crate::failpoint::injected_cuda as injected;
-use crate::vulkan::VulkanMemory;
 
 /// What VMM needs to know about one device: its ordinal (access descriptors name it) and its
 /// allocation granularity (2 MiB on the H100): handles map whole, and only in multiples of it.
@@ -103,7 +103,7 @@ impl VmmDevice {
     pub fn import(&self, memory: &VulkanMemory) -> Result<VmmHandle> {
         let fd = memory.export_fd()?;
         let driver = &self.driver;
-        let raw = crate::failpoint::inject("cuMemImportFromShareableHandle", || {
+        let raw = crate::driver::failpoint::inject("cuMemImportFromShareableHandle", || {
             injected(driver, "cuMemImportFromShareableHandle")
         })
         // SAFETY: a live opaque fd passed as the handle value, as cuda.h prescribes for POSIX fds;
@@ -137,7 +137,7 @@ impl VmmDevice {
     /// Reserves `size` bytes (a multiple of the granularity) of device address space.
     pub fn reserve(&self, size: u64) -> Result<AddressRange> {
         let driver = &self.driver;
-        let va = crate::failpoint::inject("cuMemAddressReserve", || {
+        let va = crate::driver::failpoint::inject("cuMemAddressReserve", || {
             injected(driver, "cuMemAddressReserve")
         })
         .and_then(|()| {
@@ -159,7 +159,7 @@ impl VmmDevice {
     /// - `handle`'s allocation must be exactly `size` bytes, and stay alive while mapped.
     pub unsafe fn map_at(&self, va: u64, size: u64, handle: &VmmHandle) -> Result<()> {
         let driver = &self.driver;
-        crate::failpoint::inject("cuMemMap", || injected(driver, "cuMemMap"))
+        crate::driver::failpoint::inject("cuMemMap", || injected(driver, "cuMemMap"))
             // SAFETY: the caller's contract.
             .and_then(|()| unsafe { driver.cu_mem_map(va, size as usize, 0, handle.raw, 0) })
             .map_err(out_of_memory(size))?;
@@ -167,10 +167,11 @@ impl VmmDevice {
             location: MemLocation::device(self.ordinal),
             flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
-        let granted =
-            crate::failpoint::inject("cuMemSetAccess", || injected(driver, "cuMemSetAccess"))
-                // SAFETY: the range was just mapped; one valid descriptor, alive for the call.
-                .and_then(|()| unsafe { driver.cu_mem_set_access(va, size as usize, &access, 1) });
+        let granted = crate::driver::failpoint::inject("cuMemSetAccess", || {
+            injected(driver, "cuMemSetAccess")
+        })
+        // SAFETY: the range was just mapped; one valid descriptor, alive for the call.
+        .and_then(|()| unsafe { driver.cu_mem_set_access(va, size as usize, &access, 1) });
         if let Err(e) = granted {
             // SAFETY: undo the mapping made above; nothing has used it.
             let _ = unsafe { driver.cu_mem_unmap(va, size as usize) };
@@ -289,7 +290,7 @@ impl VmmMapping {
 impl Drop for VmmMapping {
     fn drop(&mut self) {
         // SAFETY: mapped in `VmmDevice::map` with this size; its owners only drop it once no
-        // queued GPU work can use it any more (crate::release).
+        // queued GPU work can use it any more (crate::mapping::release).
         let _ = unsafe {
             self.range
                 .driver
@@ -325,7 +326,7 @@ impl MappedMemory {
     /// Allocates `size` bytes of BAR memory (rounded up to the granularity) and maps it.
     pub fn bar(
         device: &VmmDevice,
-        vulkan: &Arc<crate::vulkan::VulkanContext>,
+        vulkan: &Arc<crate::driver::vulkan::VulkanContext>,
         size: u64,
     ) -> Result<MappedMemory> {
         Self::new(device, vulkan.allocate(device.round_up(size)?)?)
@@ -334,7 +335,7 @@ impl MappedMemory {
     /// Allocates `size` bytes of pinned host memory (rounded up to the granularity) and maps it.
     pub fn host(
         device: &VmmDevice,
-        vulkan: &Arc<crate::vulkan::VulkanContext>,
+        vulkan: &Arc<crate::driver::vulkan::VulkanContext>,
         size: u64,
     ) -> Result<MappedMemory> {
         Self::new(device, vulkan.allocate_host(device.round_up(size)?)?)

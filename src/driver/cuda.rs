@@ -374,7 +374,7 @@ impl Driver {
 
     fn load() -> Result<Self> {
         // `VKGDR_CUDA_LIBRARY` may name another file (crate::dynlib).
-        let lib = crate::dynlib::load(LIBRARY, crate::dynlib::CUDA_ENV)?;
+        let lib = crate::driver::dynlib::load(LIBRARY, crate::driver::dynlib::CUDA_ENV)?;
         let driver = Self::resolve(lib)?;
         driver.cu_init(0)?;
         Ok(driver)

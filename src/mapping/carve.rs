@@ -10,11 +10,11 @@
 
 use std::sync::Arc;
 
-use crate::alloc::{AllocError, Allocation, Heap, HeapConfig};
+use crate::core::alloc::{AllocError, Allocation, Heap, HeapConfig};
+use crate::core::sync::lock::Mutex;
+use crate::driver::vulkan::VulkanContext;
 use crate::error::{Error, Result};
-use crate::sync::lock::Mutex;
-use crate::vmm::{MappedMemory, VmmDevice};
-use crate::vulkan::VulkanContext;
+use crate::mapping::vmm::{MappedMemory, VmmDevice};
 
 /// Raw allocations of at most this many bytes share granules; larger ones map their own.
 pub const CARVE_MAX: u64 = 1 << 20;
@@ -130,7 +130,7 @@ impl Carver {
 }
 
 /// Unregisters an empty chunk and hands it back to drop outside the lock.
-fn remove(state: &mut State, id: crate::alloc::ChunkId) -> Option<Arc<MappedMemory>> {
+fn remove(state: &mut State, id: crate::core::alloc::ChunkId) -> Option<Arc<MappedMemory>> {
     state.heap.remove_chunk(id).ok()?;
     state.chunks.get_mut(id.0 as usize)?.take()
 }
@@ -159,7 +159,7 @@ impl Piece {
     }
 
     /// The chunk's Vulkan memory and where in it the piece starts (for flushes).
-    pub(crate) fn memory(&self) -> (&crate::vulkan::VulkanMemory, u64) {
+    pub(crate) fn memory(&self) -> (&crate::driver::vulkan::VulkanMemory, u64) {
         (self.chunk.memory(), self.offset())
     }
 }

@@ -5,16 +5,16 @@
 use std::ffi::{c_void, CString};
 use std::ptr::{self, NonNull};
 
-use crate::cuda::{
+use crate::core::handle::SendSyncPtr;
+use crate::core::range::check_range;
+use crate::driver::cuda::{
     out_of_memory, CuDevicePtr, CuStream, CU_EVENT_DISABLE_TIMING, CU_MEMHOSTALLOC_DEVICEMAP,
     CU_STREAM_NON_BLOCKING,
 };
 use crate::error::{Error, Result};
-use crate::gpu::Gpu;
-use crate::handle::SendSyncPtr;
-use crate::range::check_range;
-use crate::release::Fence;
-use crate::vmm::{MappedMemory, VmmMapping};
+use crate::mapping::gpu::Gpu;
+use crate::mapping::release::Fence;
+use crate::mapping::vmm::{MappedMemory, VmmMapping};
 
 /// A CUDA module loaded from PTX text with `cuModuleLoadData`.
 pub struct Module {
@@ -156,8 +156,8 @@ impl Stream {
     /// Creates a non-blocking stream.
     pub fn new(gpu: &Gpu) -> Result<Stream> {
         let _ctx = gpu.bind()?;
-        let raw = crate::failpoint::inject("cuStreamCreate", || {
-            crate::failpoint::injected_cuda(gpu.driver(), "cuStreamCreate")
+        let raw = crate::driver::failpoint::inject("cuStreamCreate", || {
+            crate::driver::failpoint::injected_cuda(gpu.driver(), "cuStreamCreate")
         })
         .and_then(|()| gpu.driver().cu_stream_create(CU_STREAM_NON_BLOCKING))?;
         Ok(Stream {
@@ -323,8 +323,8 @@ impl PinnedBuffer {
             _ => {
                 let _ctx = gpu.bind()?;
                 let driver = gpu.driver();
-                let p = crate::failpoint::inject("cuMemHostAlloc", || {
-                    crate::failpoint::injected_cuda(driver, "cuMemHostAlloc")
+                let p = crate::driver::failpoint::inject("cuMemHostAlloc", || {
+                    crate::driver::failpoint::injected_cuda(driver, "cuMemHostAlloc")
                 })
                 .and_then(|()| driver.cu_mem_alloc_host(len, CU_MEMHOSTALLOC_DEVICEMAP))
                 .map_err(out_of_memory(len as u64))?;

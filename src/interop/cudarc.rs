@@ -44,9 +44,9 @@ use ::cudarc::driver::{
 };
 
 use crate::error::{Error, Result};
-use crate::gpu::{Gpu, OpenOptions};
+use crate::mapping::gpu::{Gpu, OpenOptions};
+use crate::mapping::memory::RawMemory;
 use crate::mapping::Mapping;
-use crate::memory::RawMemory;
 use crate::pool::Block;
 use crate::ring::RingDeviceView;
 

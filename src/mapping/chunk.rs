@@ -12,8 +12,8 @@
 use std::alloc::Layout;
 use std::ptr::NonNull;
 
+use crate::core::handle::SendSyncPtr;
 use crate::error::{Error, MemorySide, Result};
-use crate::handle::SendSyncPtr;
 
 /// A mapped chunk of memory owned by a pool. Freed when dropped.
 ///

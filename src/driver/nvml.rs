@@ -174,7 +174,7 @@ pub fn match_device<'a>(
     uuid: &[u8; 16],
     pci: Option<PciAddress>,
 ) -> Option<&'a NvmlDevice> {
-    let want = format!("GPU-{}", crate::vulkan::format_uuid(uuid));
+    let want = format!("GPU-{}", crate::driver::vulkan::format_uuid(uuid));
     devices
         .iter()
         .find(|d| d.uuid.eq_ignore_ascii_case(&want))
@@ -272,7 +272,7 @@ impl Nvml {
     }
 
     fn load() -> Result<Nvml> {
-        let lib = crate::dynlib::load(LIBRARY, crate::dynlib::NVML_ENV)?;
+        let lib = crate::driver::dynlib::load(LIBRARY, crate::driver::dynlib::NVML_ENV)?;
         let table = Table::resolve(lib)?;
         // SAFETY: nvmlInit_v2 takes no arguments and may be called from any thread.
         check("nvmlInit_v2", unsafe { (table.init)() })?;

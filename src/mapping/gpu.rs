@@ -5,17 +5,21 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use crate::sync::lock::Mutex;
+use crate::core::sync::lock::Mutex;
 
-use crate::carve::Carver;
-use crate::chunk::{ChunkMemory, ChunkSource};
-use crate::cuda::{ContextGuard, CuContext, CuDevice, CuStream, Driver, CU_STREAM_NON_BLOCKING};
+use crate::core::handle::SendSyncPtr;
+use crate::driver::cuda::{
+    ContextGuard, CuContext, CuDevice, CuStream, Driver, CU_STREAM_NON_BLOCKING,
+};
+use crate::driver::vulkan::{
+    format_uuid, parse_uuid, DeviceSelector, MemoryOptions, VulkanContext,
+};
 use crate::error::{Error, Result};
-use crate::handle::SendSyncPtr;
-use crate::memory::RawMemory;
-use crate::release::{EventFence, Fence, FenceWords, PendingCount, ReleaseQueue};
-use crate::vmm::VmmDevice;
-use crate::vulkan::{format_uuid, parse_uuid, DeviceSelector, MemoryOptions, VulkanContext};
+use crate::mapping::carve::Carver;
+use crate::mapping::chunk::{ChunkMemory, ChunkSource};
+use crate::mapping::memory::RawMemory;
+use crate::mapping::release::{EventFence, Fence, FenceWords, PendingCount, ReleaseQueue};
+use crate::mapping::vmm::VmmDevice;
 
 /// How to open a [`Gpu`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -74,7 +78,7 @@ struct GpuInner {
     name: String,
     uuid: [u8; 16],
     /// Pinned staging buffers of large reads into pageable memory, made on the first one.
-    staging: crate::staging::StagingCache,
+    staging: crate::mapping::staging::StagingCache,
     /// Whoever owns a borrowed `context` (a cudarc `CudaContext`), kept alive as long as this
     /// handle, so the context outlives every allocation made through it.
     _context_owner: Option<Arc<dyn std::any::Any + Send + Sync>>,
@@ -451,7 +455,7 @@ impl Gpu {
 
     /// Reads `dst.len()` bytes at device address `src` into `dst` (pageable memory) through
     /// pinned staging buffers: the copy engine fills some while CPU threads copy others out
-    /// ([`crate::copy::staged`]). The fast path of [`Mapping::read`](crate::Mapping::read) for
+    /// ([`crate::mapping::staging::pipeline`]). The fast path of [`Mapping::read`](crate::Mapping::read) for
     /// large reads.
     ///
     /// # Safety
@@ -608,7 +612,7 @@ impl Gpu {
 
     /// Runs an allocation; if it fails with out-of-device-memory while releases wait in the
     /// queue, releases those whose GPU work is done (for up to
-    /// [`DUE_SOON`](crate::release::DUE_SOON), never for a running kernel) and tries once more.
+    /// [`DUE_SOON`](crate::mapping::release::DUE_SOON), never for a running kernel) and tries once more.
     pub(crate) fn retry_after_releases<T>(
         &self,
         mut allocate: impl FnMut() -> Result<T>,
@@ -618,7 +622,7 @@ impl Gpu {
             Err(Error::OutOfDeviceMemory { .. }) if !queue.is_empty() => {
                 // Retry as soon as something was released, or once the time is up.
                 let before = self.pending_releases();
-                queue.poll_until(crate::release::DUE_SOON, || {
+                queue.poll_until(crate::mapping::release::DUE_SOON, || {
                     self.pending_releases() < before || queue.is_empty()
                 });
                 allocate()

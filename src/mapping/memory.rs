@@ -12,22 +12,22 @@ use std::ffi::c_void;
 use std::os::fd::{AsRawFd, IntoRawFd};
 use std::sync::Arc;
 
-use crate::carve::{Piece, CARVE_MAX};
-use crate::chunk::ChunkMemory;
-use crate::cuda::{
+use crate::core::handle::SendSyncPtr;
+use crate::core::range::{check_range, round_alloc_size};
+use crate::driver::cuda::{
     out_of_memory, ContextGuard, CuContext, CuDevicePtr, CuStream, ExternalMemoryBufferDesc,
     ExternalMemoryHandleDesc, CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
 };
-use crate::cuda_objects::Stream;
+use crate::driver::failpoint::injected_cuda as injected;
+use crate::driver::vulkan::VulkanMemory;
 use crate::error::{Error, Result};
-use crate::failpoint::injected_cuda as injected;
-use crate::gpu::Gpu;
-use crate::handle::SendSyncPtr;
+use crate::mapping::carve::{Piece, CARVE_MAX};
+use crate::mapping::chunk::ChunkMemory;
+use crate::mapping::cuda_objects::Stream;
+use crate::mapping::gpu::Gpu;
+pub use crate::mapping::staging::{STAGED_READ_THRESHOLD, STAGING_BUFFERS, STAGING_BUFFER_BYTES};
+use crate::mapping::vmm::MappedMemory;
 use crate::mapping::Mapping;
-use crate::range::{check_range, round_alloc_size};
-pub use crate::staging::{STAGED_READ_THRESHOLD, STAGING_BUFFERS, STAGING_BUFFER_BYTES};
-use crate::vmm::MappedMemory;
-use crate::vulkan::VulkanMemory;
 
 /// One raw allocation (what the C library calls `vkgdr_memory_alloc`): GPU memory with a host
 /// pointer and a CUDA device pointer to the same bytes.
@@ -119,7 +119,7 @@ impl RawMemory {
     /// # Safety
     /// - The current context must stay alive until the returned memory is dropped.
     pub(crate) unsafe fn new_in_current_context(gpu: &Gpu, size: u64) -> Result<RawMemory> {
-        let (context, device) = crate::gpu::current_context(gpu.driver())?;
+        let (context, device) = crate::mapping::gpu::current_context(gpu.driver())?;
         if device != gpu.cu_device() {
             return Err(Error::invalid(format!(
                 "the current CUDA context belongs to device {device}, this handle to device {}",
@@ -440,7 +440,7 @@ impl Imported {
             reserved: [0; 16],
         };
         // On failure the fd is still ours: `fd` closes it, `vulkan` frees the memory.
-        let external = crate::failpoint::inject("cuImportExternalMemory", || {
+        let external = crate::driver::failpoint::inject("cuImportExternalMemory", || {
             injected(driver, "cuImportExternalMemory")
         })
         // SAFETY: `desc` describes a live opaque fd of `alloc_size` bytes and outlives the call;
@@ -455,7 +455,7 @@ impl Imported {
             flags: 0,
             reserved: [0; 16],
         };
-        let mapped = crate::failpoint::inject("cuExternalMemoryGetMappedBuffer", || {
+        let mapped = crate::driver::failpoint::inject("cuExternalMemoryGetMappedBuffer", || {
             injected(driver, "cuExternalMemoryGetMappedBuffer")
         })
         // SAFETY: `external` is the live import; the buffer covers exactly the memory object.

@@ -1,0 +1,14 @@
+//! The drivers, loaded at run time: the CUDA driver API ([`cuda`]), Vulkan ([`vulkan`]) and NVML
+//! ([`nvml`]), found through [`dynlib`]; with what every driver call that sets memory up shares:
+//! failure injection for tests (`failpoint`) and keeping mappings and fds out of forked and
+//! `exec`'d children (`isolation`).
+//!
+//! Nothing here knows of mappings, pools or rings: this layer wraps driver calls, checks their
+//! results and names them in the crate's [`Error`](crate::Error).
+
+pub mod cuda;
+pub mod dynlib;
+pub mod failpoint;
+pub(crate) mod isolation;
+pub mod nvml;
+pub mod vulkan;
