@@ -23,8 +23,9 @@ use std::path::{Path, PathBuf};
 
 use crate::driver::cuda::{self, Driver};
 use crate::driver::nvml::{Nvml, NvmlDevice, PciAddress};
-use crate::driver::vulkan::{self, format_uuid, MemoryOptions, PhysicalDeviceInfo};
-use crate::error::Error;
+use crate::driver::uuid::format_uuid;
+use crate::driver::vulkan::{self, MemoryOptions, PhysicalDeviceInfo};
+use crate::error::{Error, Result};
 use crate::mapping::bar::{cuda_pci_address, device_bar_info, BarInfo};
 
 /// A BAR-mappable heap below this is "small": GeForce cards without resizable BAR expose 256 MiB.
@@ -262,17 +263,17 @@ fn probe_cuda() -> CudaProbe {
         }
         Err(e) => return CudaProbe::Failed(e.to_string()),
     };
-    let gather = || -> crate::Result<CudaProbe> {
+    let gather = || -> Result<CudaProbe> {
         let version = driver.version()?;
         let devices = (0..driver.device_count()?)
             .map(|i| cuda_device(&driver, i))
-            .collect::<crate::Result<_>>()?;
+            .collect::<Result<_>>()?;
         Ok(CudaProbe::Devices { version, devices })
     };
     gather().unwrap_or_else(|e| CudaProbe::Failed(e.to_string()))
 }
 
-fn cuda_device(driver: &Driver, ordinal: i32) -> crate::Result<CudaDeviceInfo> {
+fn cuda_device(driver: &Driver, ordinal: i32) -> Result<CudaDeviceInfo> {
     let dev = driver.device(ordinal)?;
     let flag = |attribute| driver.device_attribute(dev, attribute).map(|v| v != 0);
     Ok(CudaDeviceInfo {
@@ -289,7 +290,7 @@ fn cuda_device(driver: &Driver, ordinal: i32) -> crate::Result<CudaDeviceInfo> {
 }
 
 fn probe_nvml() -> NvmlProbe {
-    let gather = || -> crate::Result<NvmlProbe> {
+    let gather = || -> Result<NvmlProbe> {
         let nvml = Nvml::get()?;
         Ok(NvmlProbe::Devices {
             driver_version: nvml.driver_version()?,

@@ -197,6 +197,14 @@ impl From<crate::core::alloc::AllocError> for Error {
     }
 }
 
+/// Ranges, sizes and atoms no mapping can take are the caller's ([`Error::InvalidArgument`],
+/// with the core's message).
+impl From<crate::core::range::RangeError> for Error {
+    fn from(e: crate::core::range::RangeError) -> Self {
+        Error::InvalidArgument(e.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -460,6 +460,15 @@ impl Driver {
     }
 }
 
+/// The error an injected failure (the `failpoints` feature) of the CUDA allocation step `call`
+/// gives: the driver's own out-of-memory, named by the driver as a real one would be.
+pub(crate) fn injected_failure(driver: &Driver, call: &'static str) -> Error {
+    match driver.check(call, CUDA_ERROR_OUT_OF_MEMORY) {
+        Err(e) => e,
+        Ok(()) => Error::internal("a failure was injected with CUDA_SUCCESS"),
+    }
+}
+
 /// For allocation calls: `CUDA_ERROR_OUT_OF_MEMORY` becomes [`Error::OutOfDeviceMemory`] (a
 /// normal, recoverable outcome, with the call and the driver's result name kept) for a request
 /// of `size` bytes; every other error passes unchanged.

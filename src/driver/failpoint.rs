@@ -178,31 +178,6 @@ pub(crate) fn inject(_point: &'static str, _error: impl FnOnce() -> Error) -> Re
     Ok(())
 }
 
-/// The error an injected failure of a CUDA allocation step gives: the driver's out-of-memory.
-pub(crate) fn injected_cuda(driver: &crate::driver::cuda::Driver, call: &'static str) -> Error {
-    cuda_error(driver, call, crate::driver::cuda::CUDA_ERROR_OUT_OF_MEMORY)
-}
-
-/// The error a CUDA call gives for `code`, named by the driver, for injected CUDA failures.
-pub(crate) fn cuda_error(
-    driver: &crate::driver::cuda::Driver,
-    call: &'static str,
-    code: i32,
-) -> Error {
-    match driver.check(call, code) {
-        Err(e) => e,
-        Ok(()) => Error::internal("a failure was injected with CUDA_SUCCESS"),
-    }
-}
-
-/// The error a Vulkan call gives for `result`, for injected Vulkan failures.
-pub(crate) fn vulkan_error(call: &'static str, result: ash::vk::Result) -> Error {
-    Error::Vulkan {
-        call,
-        result: crate::driver::vulkan::result_name(result),
-    }
-}
-
 #[cfg(all(test, feature = "failpoints"))]
 mod tests {
     use super::*;

@@ -174,7 +174,7 @@ pub fn match_device<'a>(
     uuid: &[u8; 16],
     pci: Option<PciAddress>,
 ) -> Option<&'a NvmlDevice> {
-    let want = format!("GPU-{}", crate::driver::vulkan::format_uuid(uuid));
+    let want = format!("GPU-{}", crate::driver::uuid::format_uuid(uuid));
     devices
         .iter()
         .find(|d| d.uuid.eq_ignore_ascii_case(&want))

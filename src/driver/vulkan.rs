@@ -13,11 +13,11 @@ use std::sync::Arc;
 
 use ash::vk;
 
-use crate::core::handle::SendSyncPtr;
+use crate::core::handle::{assert_send_sync, SendSyncPtr};
 use crate::core::range::{atom_range, check_range, round_alloc_size};
+/// Device UUIDs, as Vulkan matches them to CUDA devices.
+pub use crate::driver::uuid::{format_uuid, parse_uuid};
 use crate::error::{Error, MemorySide, Result};
-use crate::mapping::chunk::{ChunkMemory, ChunkSource};
-use crate::mapping::Mapping;
 
 const LOADER: &str = "libvulkan.so.1";
 
@@ -172,48 +172,6 @@ impl PhysicalDeviceInfo {
     pub fn uuid_string(&self) -> String {
         format_uuid(&self.uuid)
     }
-}
-
-/// Formats a 16-byte UUID as `8-4-4-4-12` hex digits.
-pub fn format_uuid(u: &[u8; 16]) -> String {
-    let h: Vec<String> = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        h[0..4].concat(),
-        h[4..6].concat(),
-        h[6..8].concat(),
-        h[8..10].concat(),
-        h[10..16].concat()
-    )
-}
-
-/// Parses a GPU UUID as `nvidia-smi -L`, NVML and [`format_uuid`] write it:
-/// `GPU-5fd4a7f7-…`, `MIG-…` or no prefix, 32 hex digits with or without dashes, any case.
-pub fn parse_uuid(text: &str) -> Result<[u8; 16]> {
-    let bad = || {
-        Error::invalid(format!(
-            "{text:?} is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"
-        ))
-    };
-    let t = text.trim();
-    let body = ["GPU-", "MIG-"]
-        .iter()
-        .find_map(|p| {
-            t.get(..4)
-                .filter(|head| head.eq_ignore_ascii_case(p))
-                .map(|_| &t[4..])
-        })
-        .unwrap_or(t);
-    let digits: Vec<u8> = body.bytes().filter(|&b| b != b'-').collect();
-    if digits.len() != 32 {
-        return Err(bad());
-    }
-    let mut out = [0u8; 16];
-    for (i, pair) in digits.chunks(2).enumerate() {
-        let hex = std::str::from_utf8(pair).map_err(|_| bad())?;
-        out[i] = u8::from_str_radix(hex, 16).map_err(|_| bad())?;
-    }
-    Ok(out)
 }
 
 fn load_entry() -> Result<ash::Entry> {
@@ -600,10 +558,7 @@ impl VulkanContext {
     /// of forked children; on failure nothing stays mapped.
     fn map_whole(&self, memory: vk::DeviceMemory, size: u64) -> Result<NonNull<u8>> {
         crate::driver::failpoint::inject("vkMapMemory", || {
-            crate::driver::failpoint::vulkan_error(
-                "vkMapMemory",
-                vk::Result::ERROR_MEMORY_MAP_FAILED,
-            )
+            vk_err("vkMapMemory")(vk::Result::ERROR_MEMORY_MAP_FAILED)
         })?;
         // SAFETY: `memory` is host-visible, not yet mapped, and the range is the whole allocation.
         let mapped = unsafe {
@@ -675,6 +630,8 @@ pub struct VulkanMemory {
     /// non-coherent or forced to be treated so; never for coherent host memory).
     non_coherent: bool,
 }
+// `Send + Sync` by its fields, as the compiler checks here.
+const _: () = assert_send_sync::<VulkanMemory>();
 
 impl std::fmt::Debug for VulkanMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -713,10 +670,7 @@ impl VulkanMemory {
             .memory(self.memory)
             .handle_type(vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD);
         crate::driver::failpoint::inject("vkGetMemoryFdKHR", || {
-            crate::driver::failpoint::vulkan_error(
-                "vkGetMemoryFdKHR",
-                vk::Result::ERROR_TOO_MANY_OBJECTS,
-            )
+            vk_err("vkGetMemoryFdKHR")(vk::Result::ERROR_TOO_MANY_OBJECTS)
         })?;
         // SAFETY: the memory was allocated with OPAQUE_FD export enabled and is live.
         let fd = unsafe { self.ctx.external_fd.get_memory_fd(&info) }
@@ -769,10 +723,7 @@ impl VulkanMemory {
         match op {
             CacheOp::Flush => {
                 crate::driver::failpoint::inject("vkFlushMappedMemoryRanges", || {
-                    crate::driver::failpoint::vulkan_error(
-                        "vkFlushMappedMemoryRanges",
-                        vk::Result::ERROR_OUT_OF_HOST_MEMORY,
-                    )
+                    vk_err("vkFlushMappedMemoryRanges")(vk::Result::ERROR_OUT_OF_HOST_MEMORY)
                 })?;
                 // SAFETY: every range lies in this mapped allocation, with atom-aligned offsets
                 // and sizes that are atom multiples or reach the end of the allocation.
@@ -781,10 +732,7 @@ impl VulkanMemory {
             }
             CacheOp::Invalidate => {
                 crate::driver::failpoint::inject("vkInvalidateMappedMemoryRanges", || {
-                    crate::driver::failpoint::vulkan_error(
-                        "vkInvalidateMappedMemoryRanges",
-                        vk::Result::ERROR_OUT_OF_HOST_MEMORY,
-                    )
+                    vk_err("vkInvalidateMappedMemoryRanges")(vk::Result::ERROR_OUT_OF_HOST_MEMORY)
                 })?;
                 // SAFETY: as for the flush.
                 unsafe { self.ctx.device.invalidate_mapped_memory_ranges(r) }
@@ -801,59 +749,6 @@ enum CacheOp {
     Invalidate,
 }
 
-// SAFETY: `as_ptr` is the mapping of the whole `size`-byte allocation, alive as long as `self`;
-// `&self` methods never write it.
-unsafe impl Mapping for VulkanMemory {
-    fn host_ptr(&self) -> *mut u8 {
-        self.as_ptr()
-    }
-    fn len(&self) -> u64 {
-        self.size()
-    }
-    fn after_write(&mut self, offset: u64, len: u64) -> Result<()> {
-        self.flush(offset, len)
-    }
-    fn before_read(&self, offset: u64, len: u64) -> Result<()> {
-        self.invalidate(offset, len)
-    }
-}
-
-/// Vulkan-only chunks (no device pointer): CI runs the pool on lavapipe through them.
-// SAFETY: the mapping covers the whole allocation (`size` bytes, mapped once in `allocate`,
-// unmapped only in Drop); each allocation is its own VkDeviceMemory, so no two overlap, and
-// flush/invalidate only run the driver's cache maintenance on in-bounds ranges.
-unsafe impl ChunkMemory for VulkanMemory {
-    fn host_ptr(&self) -> *mut u8 {
-        self.as_ptr()
-    }
-    fn device_ptr(&self) -> Option<u64> {
-        None
-    }
-    fn size(&self) -> u64 {
-        VulkanMemory::size(self)
-    }
-    fn flush_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
-        VulkanMemory::flush_ranges(self, ranges.iter().copied())
-    }
-    fn invalidate_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
-        VulkanMemory::invalidate_ranges(self, ranges.iter().copied())
-    }
-}
-
-// SAFETY: `allocate` returns a fresh allocation of `size` rounded up to 4 KiB (at least `size`
-// bytes); the atom is the device's nonCoherentAtomSize, a power of two by the Vulkan spec.
-unsafe impl ChunkSource for Arc<VulkanContext> {
-    fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
-        Ok(Box::new(self.allocate(size)?))
-    }
-    fn atom_size(&self) -> u64 {
-        VulkanContext::atom_size(self)
-    }
-    fn is_non_coherent(&self) -> bool {
-        VulkanContext::is_non_coherent(self)
-    }
-}
-
 impl Drop for VulkanMemory {
     fn drop(&mut self) {
         crate::driver::isolation::restore_fork(self.ptr.get(), self.size as usize);
@@ -862,49 +757,6 @@ impl Drop for VulkanMemory {
         unsafe {
             self.ctx.device.unmap_memory(self.memory);
             self.ctx.device.free_memory(self.memory, None);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn uuid_format() {
-        let u = [
-            0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8,
-        ];
-        assert_eq!(format_uuid(&u), "12345678-9abc-def0-0102-030405060708");
-    }
-
-    #[test]
-    fn uuid_parse() {
-        let u = [
-            0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8,
-        ];
-        for text in [
-            "12345678-9abc-def0-0102-030405060708",
-            "GPU-12345678-9abc-def0-0102-030405060708",
-            "gpu-12345678-9ABC-DEF0-0102-030405060708",
-            "MIG-12345678-9abc-def0-0102-030405060708",
-            "123456789abcdef00102030405060708",
-            " GPU-12345678-9abc-def0-0102-030405060708\n",
-        ] {
-            assert_eq!(parse_uuid(text).unwrap(), u, "{text:?}");
-        }
-        assert_eq!(parse_uuid(&format_uuid(&u)).unwrap(), u);
-        for bad in [
-            "",
-            "GPU-",
-            "12345678-9abc-def0-0102-0304050607",
-            "12345678-9abc-def0-0102-03040506070809",
-            "1234567g-9abc-def0-0102-030405060708",
-            "GPU-12345678-9abc-def0-0102-03040506070é",
-            "XYZ-12345678-9abc-def0-0102-030405060708",
-        ] {
-            let e = parse_uuid(bad).unwrap_err();
-            assert!(matches!(e, Error::InvalidArgument(_)), "{bad:?}: {e}");
         }
     }
 }

@@ -43,6 +43,7 @@ use ::cudarc::driver::{
     LaunchArgs, PushKernelArg, SyncOnDrop,
 };
 
+use crate::core::handle::assert_send_sync;
 use crate::error::{Error, Result};
 use crate::mapping::gpu::{Gpu, OpenOptions};
 use crate::mapping::memory::RawMemory;
@@ -119,6 +120,8 @@ pub struct BarView<'m, T> {
     /// `Send + Sync` by its fields (a device address, a length, an `Arc<CudaStream>`).
     _element: PhantomData<fn() -> T>,
 }
+// `Send + Sync` by its fields, as the compiler checks here.
+const _: () = assert_send_sync::<BarView<'static, u32>>();
 
 /// A typed, writable device view of vkgdr memory bound to a cudarc stream: a cudarc
 /// `DevicePtrMut` and kernel argument. It borrows the memory exclusively; dropping it waits for
@@ -132,6 +135,8 @@ pub struct BarViewMut<'m, T> {
     /// As for [`BarView`], invariant in `T`.
     _element: PhantomData<fn(T) -> T>,
 }
+// `Send + Sync` by its fields, as the compiler checks here.
+const _: () = assert_send_sync::<BarViewMut<'static, u32>>();
 
 impl<T> std::fmt::Debug for BarView<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use crate::core::handle::SendSyncPtr;
+use crate::core::handle::{assert_send_sync, SendSyncPtr};
 use crate::core::range::check_range;
 use crate::core::sync::lock::Mutex;
 use crate::driver::vulkan::VulkanMemory;
@@ -14,7 +14,6 @@ use crate::mapping::gpu::Gpu;
 use crate::mapping::memory::DMA_READ_THRESHOLD;
 pub use crate::mapping::vmm::granularity;
 use crate::mapping::vmm::{AddressRange, VmmDevice, VmmHandle};
-use crate::pool::{Pool, PoolConfig};
 
 /// Offset arithmetic of an arena: equal-sized chunks laid back to back in one address range.
 /// Pure, so it is property-tested without a GPU.
@@ -121,6 +120,8 @@ pub struct Arena {
     mirrored: bool,
     releasing: Releasing,
 }
+// `Send + Sync` by its fields, as the compiler checks here.
+const _: () = assert_send_sync::<Arena>();
 
 impl std::fmt::Debug for Arena {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -311,8 +312,8 @@ impl Arena {
         Ok(self.len())
     }
 
-    /// Whether no release of `slot`'s earlier chunk is pending, releasing what is due first
-    /// (for up to [`DUE_SOON`](crate::mapping::release::DUE_SOON); a running kernel's work is not waited
+    /// Whether no release of `slot`'s earlier chunk is pending, releasing what is due first (for up
+    /// to [`DUE_SOON`](crate::mapping::release::DUE_SOON); a running kernel's work is not waited
     /// for).
     fn slot_is_free(&self, slot: usize) -> bool {
         crate::mapping::release::ReleaseQueue::global()
@@ -411,11 +412,11 @@ impl Drop for Arena {
 }
 
 /// A [`ChunkSource`] that hands out the chunks of one [`Arena`], so a
-/// [`Pool`] built on it keeps every block inside one contiguous device range and
+/// [`Pool`](crate::Pool) built on it keeps every block inside one contiguous device range and
 /// growing never moves a block.
 ///
 /// Every chunk is the arena's chunk size (set the pool's `chunk_size` and `max_chunk_size` to it,
-/// and its `dedicated_threshold` at most to it: [`Pool::on_arena`] does).
+/// and its `dedicated_threshold` at most to it: [`Pool::on_arena`](crate::Pool::on_arena) does).
 /// A released chunk in the middle stays mapped and is reused first; trailing released chunks are
 /// unmapped and freed at once, so the arena shrinks from the end.
 pub struct ArenaSource {
@@ -564,30 +565,6 @@ unsafe impl ChunkSource for ArenaSource {
     }
     fn device_range(&self) -> Option<(u64, u64)> {
         Some((self.device_ptr(), self.capacity()))
-    }
-}
-
-impl Pool {
-    /// A pool whose blocks all lie in one contiguous, growable device range (a CUDA VMM
-    /// [`Arena`] reserving `reserve` bytes, mapped in `chunk_size` chunks, a multiple of the VMM
-    /// granularity). Growing never moves a block; empty chunks at the end are unmapped.
-    ///
-    /// Where the device or driver lacks VMM, falls back to a pool of separate chunks with the same
-    /// `config`; [`Pool::is_contiguous`] tells which one you got.
-    pub fn on_arena(gpu: &Gpu, reserve: u64, chunk_size: u64, config: PoolConfig) -> Result<Pool> {
-        match Arena::new(gpu, reserve, chunk_size) {
-            Ok(arena) => {
-                let cfg = PoolConfig {
-                    chunk_size,
-                    max_chunk_size: chunk_size,
-                    dedicated_threshold: config.dedicated_threshold.min(chunk_size),
-                    ..config
-                };
-                Pool::new(ArenaSource::new(arena), cfg)
-            }
-            Err(Error::Unsupported(_)) => Pool::new(gpu.clone(), config),
-            Err(e) => Err(e),
-        }
     }
 }
 

@@ -12,7 +12,8 @@
 //! [`estimate_mappable`] turns that into a number from figures anyone can read (NVML's BAR1 and
 //! memory figures, or `cuMemGetInfo`), and says which rule produced it. It is an **estimate**:
 //! treat `OUT_OF_DEVICE_MEMORY` as a normal outcome anyway, and use a fraction of the estimate
-//! ([`BarInfo::budget`], [`PoolConfig::with_bar_budget`]) as a pool's limit.
+//! ([`BarInfo::budget`], [`PoolConfig::with_bar_budget`](crate::PoolConfig::with_bar_budget)) as a
+//! pool's limit.
 
 use std::fmt;
 
@@ -20,7 +21,6 @@ use crate::driver::cuda::{ContextGuard, CuDevice, Driver, CU_DEVICE_ATTRIBUTE_PC
 use crate::driver::nvml::{self, Bar1Memory, Nvml, PciAddress};
 use crate::error::{Error, Result};
 use crate::mapping::gpu::Gpu;
-use crate::pool::PoolConfig;
 
 /// `CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID`.
 const CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: i32 = 34;
@@ -65,8 +65,8 @@ pub struct BarInfo {
 }
 
 impl BarInfo {
-    /// A budget of `fraction` of the estimate, in bytes, for [`PoolConfig::max_bytes`]. `fraction`
-    /// must be in `(0, 1]`.
+    /// A budget of `fraction` of the estimate, in bytes, for
+    /// [`PoolConfig::max_bytes`](crate::PoolConfig::max_bytes). `fraction` must be in `(0, 1]`.
     ///
     /// ```no_run
     /// # fn main() -> vkgdr::Result<()> {
@@ -261,24 +261,6 @@ impl Gpu {
             },
             true,
         )
-    }
-}
-
-impl PoolConfig {
-    /// Limits the pool to `fraction` (in `(0, 1]`) of what `gpu` can probably still map now
-    /// ([`Gpu::bar_info`]): sets [`PoolConfig::max_bytes`] to that many bytes. Beyond it the pool's
-    /// allocations fail with [`Error::OutOfDeviceMemory`] (`side: Limit`) instead of the driver's
-    /// refusal. The estimate is taken once, here.
-    ///
-    /// ```no_run
-    /// # fn main() -> vkgdr::Result<()> {
-    /// let gpu = vkgdr::Gpu::open(0)?;
-    /// let pool = vkgdr::Pool::new(gpu.clone(), vkgdr::PoolConfig::default().with_bar_budget(&gpu, 0.25)?)?;
-    /// # Ok(()) }
-    /// ```
-    pub fn with_bar_budget(self, gpu: &Gpu, fraction: f64) -> Result<PoolConfig> {
-        let max_bytes = gpu.bar_info()?.budget(fraction)?;
-        Ok(PoolConfig { max_bytes, ..self })
     }
 }
 

@@ -106,32 +106,77 @@ impl Drop for WriteBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mapping::chunk::HostMemorySource;
-    use crate::{Pool, PoolConfig};
+    use crate::error::Error;
+
+    /// Host memory as a mapping that records the ranges written, as a block on non-coherent
+    /// memory records them to flush. Words, so `write_pod` sees an aligned base.
+    struct HostWords {
+        words: *mut [u64],
+        written: Vec<(u64, u64)>,
+    }
+
+    impl HostWords {
+        fn new(words: usize) -> Self {
+            HostWords {
+                words: Box::into_raw(vec![0u64; words].into_boxed_slice()),
+                written: Vec::new(),
+            }
+        }
+    }
+
+    impl Drop for HostWords {
+        fn drop(&mut self) {
+            // SAFETY: made by `Box::into_raw` in `new`, freed once here.
+            drop(unsafe { Box::from_raw(self.words) });
+        }
+    }
+
+    // SAFETY: the pointer is the whole boxed slice, owned by `self` until it drops; nothing
+    // else refers to it, and `&self` methods never write it.
+    unsafe impl Mapping for HostWords {
+        fn host_ptr(&self) -> *mut u8 {
+            self.words.cast()
+        }
+        fn len(&self) -> u64 {
+            8 * self.words.len() as u64
+        }
+        fn after_write(&mut self, offset: u64, len: u64) -> Result<()> {
+            self.written.push((offset, len));
+            Ok(())
+        }
+        fn before_read(&self, _: u64, _: u64) -> Result<()> {
+            Ok(())
+        }
+    }
 
     #[test]
     fn batched_writes_land_and_are_checked_like_plain_ones() {
-        let pool = Pool::new(HostMemorySource, PoolConfig::default()).unwrap();
-        let mut blocks: Vec<_> = (0..8).map(|_| pool.alloc(100, 64).unwrap()).collect();
+        let mut maps: Vec<_> = (0..8).map(|_| HostWords::new(13)).collect(); // 104 bytes
         let mut batch = WriteBatch::new();
         assert!(!batch.is_pending());
-        for (i, b) in blocks.iter_mut().enumerate() {
-            batch.write(b, 3, &[i as u8 + 1; 97]).unwrap();
+        for (i, m) in maps.iter_mut().enumerate() {
+            batch.write(m, 3, &[i as u8 + 1; 97]).unwrap();
         }
         assert!(batch.is_pending());
-        // Out of range: refused, nothing written.
+        // Out of range: refused, nothing written or recorded.
         assert!(matches!(
-            batch.write(&mut blocks[0], 4, &[0xEE; 97]),
-            Err(crate::Error::InvalidArgument(_))
+            batch.write(&mut maps[0], 8, &[0xEE; 97]),
+            Err(Error::InvalidArgument(_))
         ));
         let words = [7u32, 8, 9];
-        batch.write_pod(&mut blocks[1], 0, &words[..0]).unwrap();
-        assert!(batch.write_pod(&mut blocks[1], 1, &words).is_err());
+        batch.write_pod(&mut maps[1], 0, &words[..0]).unwrap();
+        assert!(batch.write_pod(&mut maps[1], 1, &words).is_err());
         batch.finish();
-        for (i, b) in blocks.iter().enumerate() {
-            let v = b.read_vec(0, 100).unwrap();
-            assert!(v[..3].iter().all(|&x| x == 0), "block {i} head touched");
-            assert!(v[3..].iter().all(|&x| x == i as u8 + 1), "block {i}");
+        for (i, m) in maps.iter().enumerate() {
+            let v = m.read_vec(0, 104).unwrap();
+            assert!(v[..3].iter().all(|&x| x == 0), "mapping {i} head touched");
+            assert!(v[3..100].iter().all(|&x| x == i as u8 + 1), "mapping {i}");
+            assert!(v[100..].iter().all(|&x| x == 0), "mapping {i} tail touched");
+            let mut expected = vec![(3, 97)];
+            if i == 1 {
+                expected.push((0, 0));
+            }
+            assert_eq!(m.written, expected, "mapping {i}");
         }
     }
 }

@@ -1,18 +1,20 @@
 //! Where a pool's chunks come from: the seam between the pool and the drivers.
 //!
 //! [`ChunkSource`] is the only thing the pool asks of the mapping layer: allocate a mapped chunk,
-//! flush or invalidate ranges of it. This module knows no driver; each implementation lives beside
-//! its type: a [`Gpu`](crate::Gpu) provides CUDA-imported chunks (with device pointers,
-//! `gpu.rs` and `memory.rs`), an `Arc<`[`VulkanContext`](crate::vulkan::VulkanContext)`>`
-//! Vulkan-only chunks (CI runs the pool on lavapipe through it, `vulkan.rs`), an
+//! flush or invalidate ranges of it. A [`Gpu`](crate::Gpu) provides CUDA-imported chunks with
+//! device pointers (`memory.rs`, beside [`RawMemory`](crate::RawMemory)), an
 //! [`ArenaSource`](crate::arena::ArenaSource) the chunks of one contiguous CUDA VMM range
-//! (`arena.rs`). [`HostMemorySource`], here, provides plain host memory for allocator benchmarks
-//! and tests.
+//! (`arena.rs`). Here: an `Arc<`[`VulkanContext`](crate::vulkan::VulkanContext)`>` provides
+//! Vulkan-only chunks (CI runs the pool on lavapipe through them; the driver layer knows no
+//! chunks, so the implementation lives with the trait), and [`HostMemorySource`] plain host memory
+//! for allocator benchmarks and tests.
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use crate::core::handle::SendSyncPtr;
+use crate::driver::vulkan::{VulkanContext, VulkanMemory};
 use crate::error::{Error, MemorySide, Result};
 
 /// A mapped chunk of memory owned by a pool. Freed when dropped.
@@ -143,5 +145,41 @@ unsafe impl ChunkSource for HostMemorySource {
     }
     fn is_non_coherent(&self) -> bool {
         false
+    }
+}
+
+/// Vulkan-only chunks (no device pointer): CI runs the pool on lavapipe through them.
+// SAFETY: the mapping covers the whole allocation (`size` bytes, mapped once in `allocate`,
+// unmapped only in Drop); each allocation is its own VkDeviceMemory, so no two overlap, and
+// flush/invalidate only run the driver's cache maintenance on in-bounds ranges.
+unsafe impl ChunkMemory for VulkanMemory {
+    fn host_ptr(&self) -> *mut u8 {
+        self.as_ptr()
+    }
+    fn device_ptr(&self) -> Option<u64> {
+        None
+    }
+    fn size(&self) -> u64 {
+        VulkanMemory::size(self)
+    }
+    fn flush_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
+        VulkanMemory::flush_ranges(self, ranges.iter().copied())
+    }
+    fn invalidate_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
+        VulkanMemory::invalidate_ranges(self, ranges.iter().copied())
+    }
+}
+
+// SAFETY: `allocate` returns a fresh allocation of `size` rounded up to 4 KiB (at least `size`
+// bytes); the atom is the device's nonCoherentAtomSize, a power of two by the Vulkan spec.
+unsafe impl ChunkSource for Arc<VulkanContext> {
+    fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
+        Ok(Box::new(self.allocate(size)?))
+    }
+    fn atom_size(&self) -> u64 {
+        VulkanContext::atom_size(self)
+    }
+    fn is_non_coherent(&self) -> bool {
+        VulkanContext::is_non_coherent(self)
     }
 }

@@ -5,7 +5,7 @@
 use std::ffi::{c_void, CString};
 use std::ptr::{self, NonNull};
 
-use crate::core::handle::SendSyncPtr;
+use crate::core::handle::{assert_send_sync, SendSyncPtr};
 use crate::core::range::check_range;
 use crate::driver::cuda::{
     out_of_memory, CuDevicePtr, CuStream, CU_EVENT_DISABLE_TIMING, CU_MEMHOSTALLOC_DEVICEMAP,
@@ -23,6 +23,8 @@ pub struct Module {
     /// immutable after loading.
     raw: SendSyncPtr<c_void>,
 }
+// `Send + Sync` by its fields, as the compiler checks here.
+const _: () = assert_send_sync::<Module>();
 
 impl Module {
     /// JIT-compiles `ptx` for the device.
@@ -69,6 +71,8 @@ pub struct Function<'m> {
     /// allowed by the driver (each launch pushes the context itself).
     raw: SendSyncPtr<c_void>,
 }
+// `Send + Sync` by its fields, as the compiler checks here.
+const _: () = assert_send_sync::<Function<'static>>();
 
 /// Grid and block dimensions of a launch.
 #[derive(Debug, Clone, Copy)]
@@ -99,8 +103,8 @@ impl Function<'_> {
     /// # Safety
     /// - `params` must hold one pointer per kernel parameter, in order, each pointing to a value of
     ///   exactly the parameter's type and size, alive for the duration of this call.
-    /// - Every device pointer passed must be valid for the accesses the kernel makes, for as long as
-    ///   the kernel runs (keep the memory alive until the stream is synchronised).
+    /// - Every device pointer passed must be valid for the accesses the kernel makes, for as long
+    ///   as the kernel runs (keep the memory alive until the stream is synchronised).
     pub unsafe fn launch(
         &self,
         config: LaunchConfig,
@@ -151,13 +155,15 @@ pub struct Stream {
     /// the driver.
     raw: SendSyncPtr<c_void>,
 }
+// `Send + Sync` by its fields, as the compiler checks here.
+const _: () = assert_send_sync::<Stream>();
 
 impl Stream {
     /// Creates a non-blocking stream.
     pub fn new(gpu: &Gpu) -> Result<Stream> {
         let _ctx = gpu.bind()?;
         let raw = crate::driver::failpoint::inject("cuStreamCreate", || {
-            crate::driver::failpoint::injected_cuda(gpu.driver(), "cuStreamCreate")
+            crate::driver::cuda::injected_failure(gpu.driver(), "cuStreamCreate")
         })
         .and_then(|()| gpu.driver().cu_stream_create(CU_STREAM_NON_BLOCKING))?;
         Ok(Stream {
@@ -208,6 +214,8 @@ pub struct Event {
     /// driver calls (record needs `&self` only in the driver's model too).
     raw: SendSyncPtr<c_void>,
 }
+// `Send + Sync` by its fields, as the compiler checks here.
+const _: () = assert_send_sync::<Event>();
 
 impl Event {
     /// Creates an event (`CU_EVENT_DISABLE_TIMING`).
@@ -288,6 +296,8 @@ pub struct PinnedBuffer {
     len: usize,
     device_ptr: CuDevicePtr,
 }
+// `Send + Sync` by its fields, as the compiler checks here.
+const _: () = assert_send_sync::<PinnedBuffer>();
 
 /// Where a pinned buffer's bytes come from.
 enum PinnedBacking {
@@ -324,7 +334,7 @@ impl PinnedBuffer {
                 let _ctx = gpu.bind()?;
                 let driver = gpu.driver();
                 let p = crate::driver::failpoint::inject("cuMemHostAlloc", || {
-                    crate::driver::failpoint::injected_cuda(driver, "cuMemHostAlloc")
+                    crate::driver::cuda::injected_failure(driver, "cuMemHostAlloc")
                 })
                 .and_then(|()| driver.cu_mem_alloc_host(len, CU_MEMHOSTALLOC_DEVICEMAP))
                 .map_err(out_of_memory(len as u64))?;
@@ -470,6 +480,8 @@ pub struct DeviceBuffer {
     ptr: CuDevicePtr,
     len: usize,
 }
+// `Send + Sync` by its fields, as the compiler checks here.
+const _: () = assert_send_sync::<DeviceBuffer>();
 
 /// Where a device buffer's bytes come from.
 enum DeviceBacking {

@@ -1,4 +1,5 @@
-//! [`Gpu`]: the handle everything else hangs from — one CUDA device with its matching Vulkan device.
+//! [`Gpu`]: the handle everything else hangs from — one CUDA device with its matching Vulkan
+//! device.
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;
@@ -7,17 +8,14 @@ use std::sync::{Arc, OnceLock};
 
 use crate::core::sync::lock::Mutex;
 
-use crate::core::handle::SendSyncPtr;
+use crate::core::handle::{assert_send_sync, SendSyncPtr};
 use crate::driver::cuda::{
     ContextGuard, CuContext, CuDevice, CuStream, Driver, CU_STREAM_NON_BLOCKING,
 };
-use crate::driver::vulkan::{
-    format_uuid, parse_uuid, DeviceSelector, MemoryOptions, VulkanContext,
-};
+use crate::driver::uuid::{format_uuid, parse_uuid};
+use crate::driver::vulkan::{DeviceSelector, MemoryOptions, VulkanContext};
 use crate::error::{Error, Result};
 use crate::mapping::carve::Carver;
-use crate::mapping::chunk::{ChunkMemory, ChunkSource};
-use crate::mapping::memory::RawMemory;
 use crate::mapping::release::{EventFence, Fence, FenceWords, PendingCount, ReleaseQueue};
 use crate::mapping::vmm::VmmDevice;
 
@@ -106,8 +104,8 @@ pub struct AllocationReport {
     pub device_ptr: u64,
     /// Its size as asked for.
     pub size: u64,
-    /// Its label ([`RawMemory::set_label`]); the library labels the allocations it makes for
-    /// pool chunks and rings.
+    /// Its label ([`RawMemory::set_label`](crate::RawMemory::set_label)); the library labels the
+    /// allocations it makes for pool chunks and rings.
     pub label: Option<Arc<str>>,
 }
 
@@ -148,6 +146,8 @@ impl Drop for GpuInner {
 pub struct Gpu {
     inner: Arc<GpuInner>,
 }
+// `Send + Sync` by its fields, as the compiler checks here.
+const _: () = assert_send_sync::<Gpu>();
 
 impl std::fmt::Debug for Gpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -249,8 +249,8 @@ impl Gpu {
     /// Opens the device of the calling thread's current CUDA context, whatever context that is.
     ///
     /// # Safety
-    /// - The current context must stay alive (not destroyed with `cuCtxDestroy`) for as long as this
-    ///   `Gpu`, any clone of it, or any memory allocated through it exists.
+    /// - The current context must stay alive (not destroyed with `cuCtxDestroy`) for as long as
+    ///   this `Gpu`, any clone of it, or any memory allocated through it exists.
     pub unsafe fn open_current_context_unchecked(options: OpenOptions) -> Result<Gpu> {
         let driver = Driver::get()?;
         let (current, device) = current_context(&driver)?;
@@ -344,29 +344,6 @@ impl Gpu {
         Ok(primary)
     }
 
-    /// Allocates `size` bytes (rounded up to 4 KiB) of BAR-mapped memory: a Vulkan export, a CUDA
-    /// import, a host mapping. Costs hundreds of µs; use a [`Pool`](crate::Pool) for many small
-    /// buffers.
-    pub fn alloc(&self, size: u64) -> Result<RawMemory> {
-        RawMemory::new(self, size)
-    }
-
-    /// Allocates like [`Gpu::alloc`], but imports the memory into the calling thread's *current*
-    /// CUDA context instead of this handle's (vkgdr 0.1's `vkgdr_memory_alloc`): kernels of that
-    /// context can use the device pointer. The memory remembers the context and makes it current
-    /// again to free itself, from any thread.
-    ///
-    /// With no context current: [`Error::Cuda`] with `CUDA_ERROR_INVALID_CONTEXT`; a context of
-    /// another device: [`Error::InvalidArgument`].
-    ///
-    /// # Safety
-    /// - The current context must stay alive (not destroyed with `cuCtxDestroy`, nor a primary
-    ///   context released to zero) until the returned memory is dropped.
-    pub unsafe fn alloc_in_current_context(&self, size: u64) -> Result<RawMemory> {
-        // SAFETY: forwarded to our caller.
-        unsafe { RawMemory::new_in_current_context(self, size) }
-    }
-
     /// Makes this GPU's context current on the calling thread until the guard drops.
     pub fn bind(&self) -> Result<ContextGuard<'_>> {
         let context = self.context()?;
@@ -453,10 +430,10 @@ impl Gpu {
         }
     }
 
-    /// Reads `dst.len()` bytes at device address `src` into `dst` (pageable memory) through
-    /// pinned staging buffers: the copy engine fills some while CPU threads copy others out
-    /// ([`crate::mapping::staging::pipeline`]). The fast path of [`Mapping::read`](crate::Mapping::read) for
-    /// large reads.
+    /// Reads `dst.len()` bytes at device address `src` into `dst` (pageable memory) through pinned
+    /// staging buffers: the copy engine fills some while CPU threads copy others out
+    /// ([`crate::mapping::staging::pipeline`]). The fast path of
+    /// [`Mapping::read`](crate::Mapping::read) for large reads.
     ///
     /// # Safety
     /// - `[src, src + dst.len())` must be valid device memory of this GPU's context.
@@ -610,9 +587,10 @@ impl Gpu {
         }
     }
 
-    /// Runs an allocation; if it fails with out-of-device-memory while releases wait in the
-    /// queue, releases those whose GPU work is done (for up to
-    /// [`DUE_SOON`](crate::mapping::release::DUE_SOON), never for a running kernel) and tries once more.
+    /// Runs an allocation; if it fails with out-of-device-memory while releases wait in the queue,
+    /// releases those whose GPU work is done (for up to
+    /// [`DUE_SOON`](crate::mapping::release::DUE_SOON), never for a running kernel) and tries once
+    /// more.
     pub(crate) fn retry_after_releases<T>(
         &self,
         mut allocate: impl FnMut() -> Result<T>,
@@ -747,25 +725,6 @@ impl Gpu {
     /// Drops `value` once `fence` has passed, never waiting.
     pub(crate) fn release_after(&self, value: Box<dyn Send>, fence: Box<dyn Fence>) {
         ReleaseQueue::global().release(fence, value, &self.inner.pending);
-    }
-}
-
-/// BAR-mapped chunks with device pointers, each a raw allocation with a device mapping of its
-/// own (never carved: a pool needs chunk addresses aligned to its largest alignment, and VMM
-/// maps at the granularity, 2 MiB on the H100): the default source of a [`Pool`](crate::Pool).
-// SAFETY: every chunk is a fresh allocation of at least `size` bytes that overlaps no other; the
-// atom is the device's nonCoherentAtomSize, a power of two by the Vulkan spec.
-unsafe impl ChunkSource for Gpu {
-    fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
-        let mut chunk = RawMemory::new_unshared(self, size)?;
-        chunk.set_label("vkgdr pool chunk");
-        Ok(Box::new(chunk))
-    }
-    fn atom_size(&self) -> u64 {
-        self.vulkan().atom_size()
-    }
-    fn is_non_coherent(&self) -> bool {
-        Gpu::is_non_coherent(self)
     }
 }
 

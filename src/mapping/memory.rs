@@ -12,17 +12,17 @@ use std::ffi::c_void;
 use std::os::fd::{AsRawFd, IntoRawFd};
 use std::sync::Arc;
 
-use crate::core::handle::SendSyncPtr;
+use crate::core::handle::{assert_send_sync, SendSyncPtr};
 use crate::core::range::{check_range, round_alloc_size};
+use crate::driver::cuda::injected_failure as injected;
 use crate::driver::cuda::{
     out_of_memory, ContextGuard, CuContext, CuDevicePtr, CuStream, ExternalMemoryBufferDesc,
     ExternalMemoryHandleDesc, CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
 };
-use crate::driver::failpoint::injected_cuda as injected;
 use crate::driver::vulkan::VulkanMemory;
 use crate::error::{Error, Result};
 use crate::mapping::carve::{Piece, CARVE_MAX};
-use crate::mapping::chunk::ChunkMemory;
+use crate::mapping::chunk::{ChunkMemory, ChunkSource};
 use crate::mapping::cuda_objects::Stream;
 use crate::mapping::gpu::Gpu;
 pub use crate::mapping::staging::{STAGED_READ_THRESHOLD, STAGING_BUFFERS, STAGING_BUFFER_BYTES};
@@ -68,6 +68,8 @@ pub struct RawMemory {
     /// The label [`Gpu::allocations`] lists it under.
     label: Option<Arc<str>>,
 }
+// `Send + Sync` by its fields, as the compiler checks here.
+const _: () = assert_send_sync::<RawMemory>();
 
 /// Where a raw allocation's bytes live.
 enum Backing {
@@ -98,6 +100,32 @@ impl std::fmt::Debug for RawMemory {
             .field("device_ptr", &format_args!("{:#x}", self.device_ptr))
             .field("label", &self.label)
             .finish()
+    }
+}
+
+/// Raw allocations are what a [`Gpu`] hands out.
+impl Gpu {
+    /// Allocates `size` bytes (rounded up to 4 KiB) of BAR-mapped memory: a Vulkan export, a CUDA
+    /// import, a host mapping. Costs hundreds of µs; use a [`Pool`](crate::Pool) for many small
+    /// buffers.
+    pub fn alloc(&self, size: u64) -> Result<RawMemory> {
+        RawMemory::new(self, size)
+    }
+
+    /// Allocates like [`Gpu::alloc`], but imports the memory into the calling thread's *current*
+    /// CUDA context instead of this handle's (vkgdr 0.1's `vkgdr_memory_alloc`): kernels of that
+    /// context can use the device pointer. The memory remembers the context and makes it current
+    /// again to free itself, from any thread.
+    ///
+    /// With no context current: [`Error::Cuda`] with `CUDA_ERROR_INVALID_CONTEXT`; a context of
+    /// another device: [`Error::InvalidArgument`].
+    ///
+    /// # Safety
+    /// - The current context must stay alive (not destroyed with `cuCtxDestroy`, nor a primary
+    ///   context released to zero) until the returned memory is dropped.
+    pub unsafe fn alloc_in_current_context(&self, size: u64) -> Result<RawMemory> {
+        // SAFETY: forwarded to our caller.
+        unsafe { RawMemory::new_in_current_context(self, size) }
     }
 }
 
@@ -391,6 +419,25 @@ unsafe impl ChunkMemory for RawMemory {
     }
     fn read_dma(&self, offset: u64, dst: &mut [u8]) -> Option<Result<()>> {
         (dst.len() >= DMA_READ_THRESHOLD).then(|| self.read_by_size(offset, dst))
+    }
+}
+
+/// BAR-mapped chunks with device pointers, each a raw allocation with a device mapping of its
+/// own (never carved: a pool needs chunk addresses aligned to its largest alignment, and VMM
+/// maps at the granularity, 2 MiB on the H100): the default source of a [`Pool`](crate::Pool).
+// SAFETY: every chunk is a fresh allocation of at least `size` bytes that overlaps no other; the
+// atom is the device's nonCoherentAtomSize, a power of two by the Vulkan spec.
+unsafe impl ChunkSource for Gpu {
+    fn allocate_chunk(&self, size: u64) -> Result<Box<dyn ChunkMemory>> {
+        let mut chunk = RawMemory::new_unshared(self, size)?;
+        chunk.set_label("vkgdr pool chunk");
+        Ok(Box::new(chunk))
+    }
+    fn atom_size(&self) -> u64 {
+        self.vulkan().atom_size()
+    }
+    fn is_non_coherent(&self) -> bool {
+        Gpu::is_non_coherent(self)
     }
 }
 

@@ -26,6 +26,7 @@ pub(crate) mod staging;
 pub mod vmm;
 
 use crate::core::range::check_range;
+use crate::driver::vulkan::VulkanMemory;
 use crate::error::{Error, Result};
 
 /// A CPU mapping of device memory with safe, bounds-checked access.
@@ -109,6 +110,25 @@ pub unsafe trait Mapping {
             crate::copy::try_zeroed_vec(len).ok_or(Error::OutOfHostMemory { size: len as u64 })?;
         self.read(offset, &mut v)?;
         Ok(v)
+    }
+}
+
+/// Vulkan-only allocations (no CUDA import), flushed after each write and invalidated before
+/// each read.
+// SAFETY: `as_ptr` is the mapping of the whole `size`-byte allocation, alive as long as `self`;
+// `&self` methods never write it.
+unsafe impl Mapping for VulkanMemory {
+    fn host_ptr(&self) -> *mut u8 {
+        self.as_ptr()
+    }
+    fn len(&self) -> u64 {
+        self.size()
+    }
+    fn after_write(&mut self, offset: u64, len: u64) -> Result<()> {
+        self.flush(offset, len)
+    }
+    fn before_read(&self, offset: u64, len: u64) -> Result<()> {
+        self.invalidate(offset, len)
     }
 }
 

@@ -20,12 +20,12 @@ use std::ffi::{c_int, c_void};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
+use crate::driver::cuda::injected_failure as injected;
 use crate::driver::cuda::{
     self, out_of_memory, CuDevice, CuMemHandle, Driver, MemAccessDesc, MemAllocationProp,
     MemLocation, CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ALLOC_GRANULARITY_MINIMUM,
     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
 };
-use crate::driver::failpoint::injected_cuda as injected;
 use crate::driver::vulkan::VulkanMemory;
 use crate::error::{Error, Result};
 

@@ -388,7 +388,7 @@ impl Block {
     ///   operations its context must outlive the release.
     pub unsafe fn release_after_stream(
         self,
-        gpu: &crate::Gpu,
+        gpu: &crate::mapping::gpu::Gpu,
         stream: crate::driver::cuda::CuStream,
     ) -> Result<()> {
         // SAFETY: the caller's contract.

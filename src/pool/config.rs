@@ -6,6 +6,7 @@ use super::gpu_alloc::GpuAllocStrategy;
 use super::magazine;
 use crate::core::alloc::{HeapConfig, MAX_CHUNK_SIZE};
 use crate::error::{Error, Result};
+use crate::mapping::gpu::Gpu;
 
 /// Which allocator carves the pool's chunks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -131,5 +132,24 @@ impl PoolConfig {
             )));
         }
         Ok(())
+    }
+}
+
+impl PoolConfig {
+    /// Limits the pool to `fraction` (in `(0, 1]`) of what `gpu` can probably still map now
+    /// ([`Gpu::bar_info`](crate::Gpu::bar_info)): sets [`PoolConfig::max_bytes`] to that many
+    /// bytes. Beyond it the pool's allocations fail with [`Error::OutOfDeviceMemory`] (`side:
+    /// Limit`) instead of the driver's refusal. The estimate is taken once, here.
+    ///
+    /// ```no_run
+    /// # fn main() -> vkgdr::Result<()> {
+    /// let gpu = vkgdr::Gpu::open(0)?;
+    /// let config = vkgdr::PoolConfig::default().with_bar_budget(&gpu, 0.25)?;
+    /// let pool = vkgdr::Pool::new(gpu.clone(), config)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_bar_budget(self, gpu: &Gpu, fraction: f64) -> Result<PoolConfig> {
+        let max_bytes = gpu.bar_info()?.budget(fraction)?;
+        Ok(PoolConfig { max_bytes, ..self })
     }
 }

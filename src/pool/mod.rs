@@ -2,8 +2,8 @@
 //!
 //! One raw allocation costs a Vulkan allocation plus a CUDA import (~200 µs on the H100, ~110 µs to
 //! free) and BAR space is scarce. The pool allocates chunks rarely and hands out [`Block`]s from
-//! them through the pure allocator core ([`crate::alloc`]: slab classes for tiny sizes, TLSF for the
-//! rest); requests at or above [`PoolConfig::dedicated_threshold`] get a chunk of their own.
+//! them through the pure allocator core ([`crate::alloc`]: slab classes for tiny sizes, TLSF for
+//! the rest); requests at or above [`PoolConfig::dedicated_threshold`] get a chunk of their own.
 //!
 //! Threads do not serialise on one lock: the pool has several shards, each with its own heap and
 //! chunks behind its own mutex, and a thread allocates from "its" shard (assigned round-robin on
@@ -24,7 +24,9 @@ use std::sync::Arc;
 
 use crate::core::alloc::{AllocError, Heap, HeapStats};
 use crate::error::{Error, MemorySide, Result};
+use crate::mapping::arena::{Arena, ArenaSource};
 use crate::mapping::chunk::{ChunkMemory, ChunkSource};
+use crate::mapping::gpu::Gpu;
 
 mod block;
 mod config;
@@ -135,7 +137,7 @@ pub struct PoolStats {
 }
 
 impl Pool {
-    /// Creates a pool over `source` (a [`Gpu`](crate::Gpu), an `Arc<VulkanContext>`, or a
+    /// Creates a pool over `source` (a [`Gpu`], an `Arc<VulkanContext>`, or a
     /// [`HostMemorySource`](crate::chunk::HostMemorySource)). No chunk is allocated until needed.
     pub fn new(source: impl ChunkSource + 'static, config: PoolConfig) -> Result<Pool> {
         let atom = source.atom_size();
@@ -187,8 +189,30 @@ impl Pool {
         Ok(Pool { inner, shards })
     }
 
+    /// A pool whose blocks all lie in one contiguous, growable device range (a CUDA VMM
+    /// [`Arena`] reserving `reserve` bytes, mapped in `chunk_size` chunks, a multiple of the VMM
+    /// granularity). Growing never moves a block; empty chunks at the end are unmapped.
+    ///
+    /// Where the device or driver lacks VMM, falls back to a pool of separate chunks with the same
+    /// `config`; [`Pool::is_contiguous`] tells which one you got.
+    pub fn on_arena(gpu: &Gpu, reserve: u64, chunk_size: u64, config: PoolConfig) -> Result<Pool> {
+        match Arena::new(gpu, reserve, chunk_size) {
+            Ok(arena) => {
+                let cfg = PoolConfig {
+                    chunk_size,
+                    max_chunk_size: chunk_size,
+                    dedicated_threshold: config.dedicated_threshold.min(chunk_size),
+                    ..config
+                };
+                Pool::new(ArenaSource::new(arena), cfg)
+            }
+            Err(Error::Unsupported(_)) => Pool::new(gpu.clone(), config),
+            Err(e) => Err(e),
+        }
+    }
+
     /// For pools over a source that keeps every chunk in one device range (an
-    /// [`ArenaSource`](crate::arena::ArenaSource), as `Pool::on_arena` builds on a VMM-capable
+    /// [`ArenaSource`], as [`Pool::on_arena`] builds on a VMM-capable
     /// device): that range, `(base, len)`, which every block lies in.
     pub fn is_contiguous(&self) -> Option<(u64, u64)> {
         self.inner.source.device_range()
@@ -205,8 +229,9 @@ impl Pool {
     }
 
     /// Allocates `size` bytes aligned to `align` (a power of two up to
-    /// [`HeapConfig::max_align`](crate::alloc::HeapConfig::max_align), 64 KiB by default). The alignment holds for the device address
-    /// and, up to the host mapping's own alignment (page size at least), for the host address.
+    /// [`HeapConfig::max_align`](crate::alloc::HeapConfig::max_align), 64 KiB by default). The
+    /// alignment holds for the device address and, up to the host mapping's own alignment (page
+    /// size at least), for the host address.
     #[inline]
     pub fn alloc(&self, size: u64, align: u64) -> Result<Block> {
         // The thread-cache hit on coherent memory, small enough to inline into callers; every

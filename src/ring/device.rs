@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::core::sync::lock::Mutex;
 
-use crate::core::handle::SendSyncPtr;
+use crate::core::handle::{assert_send_sync, SendSyncPtr};
 use crate::core::ring::layout::{WrapMode, MIN_CAPACITY, RESULT_WORDS};
 use crate::core::ring::{Producer, Reservation, RingCore, RingError, RingSink};
 use crate::core::sync::store_fence;
@@ -109,6 +109,8 @@ pub struct BarSink {
     /// coherent memory, where publishing needs no flush).
     published: AtomicU64,
 }
+// `Send + Sync` by its fields, as the compiler checks here.
+const _: () = assert_send_sync::<BarSink>();
 
 impl BarSink {
     fn flush_ring_range(&self, from: u64, to: u64) {
@@ -264,6 +266,8 @@ pub struct DeviceRing {
     next_lane: AtomicUsize,
     gpu: Gpu,
 }
+// `Send + Sync` by its fields, as the compiler checks here.
+const _: () = assert_send_sync::<DeviceRing>();
 
 /// A watched consumer kernel.
 struct Watched {
@@ -334,13 +338,13 @@ impl DeviceRing {
         let control_size = (table_offset + 8 * n).next_multiple_of(4096);
         let mut control = gpu.alloc(control_size)?;
         control.set_label("vkgdr ring control");
-        crate::Mapping::fill(&mut control, 0, control_size, 0)?;
+        crate::mapping::Mapping::fill(&mut control, 0, control_size, 0)?;
         let mut table = Vec::with_capacity(8 * lanes as usize);
         for i in 0..n {
             let (index, offset) = lane_region(i);
             table.extend_from_slice(&(data[index].device_ptr() + offset).to_le_bytes());
         }
-        crate::Mapping::write(&mut control, table_offset, &table)?;
+        crate::mapping::Mapping::write(&mut control, table_offset, &table)?;
         control.flush(0, control_size)?;
         let host_len = (n * HOST_STRIDE).max(4096) as usize;
         let mut host_words = PinnedBuffer::new(gpu, host_len)?;

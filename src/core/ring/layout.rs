@@ -67,10 +67,11 @@ pub enum WrapMode {
     /// large record can waste up to its own size at each wrap.
     #[default]
     Padded = 0,
-    /// A record may run past the end of the region and continues at offset 0, with no padding.
-    /// A GPU consumer must see the region mapped a second time right after itself (a mirrored
-    /// [`Arena`](crate::Arena), as [`DeviceRing::new_mirrored`](crate::ring::DeviceRing::new_mirrored)
-    /// builds) so it reads every record contiguously; CPU consumers use [`read_wrapped`].
+    /// A record may run past the end of the region and continues at offset 0, with no padding. A
+    /// GPU consumer must see the region mapped a second time right after itself (a mirrored
+    /// [`Arena`](crate::Arena), as
+    /// [`DeviceRing::new_mirrored`](crate::ring::DeviceRing::new_mirrored) builds) so it reads
+    /// every record contiguously; CPU consumers use [`read_wrapped`].
     Mirrored = 1,
 }
 

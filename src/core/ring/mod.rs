@@ -7,8 +7,8 @@
 //!   records through `&self` and commit them in any order; commits combine (one publication for
 //!   every record that is ready). Each record pays a short mutex, its commit slot and a fence.
 //! * **Exclusive** ([`RingCore::claim`] → [`Producer`]): one producer owns the ring (a lane of a
-//!   [`DeviceRing`](crate::ring::DeviceRing)) and appends records with plain arithmetic, no lock and no
-//!   atomic read-modify-write; a whole batch is published with one fence and one tail store
+//!   [`DeviceRing`](crate::ring::DeviceRing)) and appends records with plain arithmetic, no lock
+//!   and no atomic read-modify-write; a whole batch is published with one fence and one tail store
 //!   ([`Producer::push_batch`], [`Producer::flush`], or a [`FlushPolicy`]).
 //!
 //! ```

@@ -1,6 +1,6 @@
-//! The CUDA side of staged reads ([`crate::mapping::staging::pipeline`]): sets of pinned staging buffers with
-//! a stream and one event per buffer, cached per [`Gpu`](crate::Gpu) and created on the first
-//! large read.
+//! The CUDA side of staged reads ([`crate::mapping::staging::pipeline`]): sets of pinned staging
+//! buffers with a stream and one event per buffer, cached per [`Gpu`](crate::Gpu) and created on
+//! the first large read.
 //!
 //! The buffers are pinned host memory allocated through Vulkan and mapped with VMM, filled by
 //! device-to-device copies into their device address (as fast as copies into `cuMemHostAlloc`

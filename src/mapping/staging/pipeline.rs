@@ -11,8 +11,8 @@
 //! CPU:            [copy 0]      [copy 1]     [copy 2] ...
 //! ```
 //!
-//! The scheduling is pure (no driver): [`StagingEngine`] is the seam, implemented with CUDA
-//! streams and events in `crate::mapping::staging` and with plain memory in the tests (Miri runs them).
+//! The scheduling is pure (no driver): [`StagingEngine`] is the seam, implemented with CUDA streams
+//! and events in `crate::mapping::staging` and with plain memory in the tests (Miri runs them).
 //!
 //! [`copy_host_default`]: super::copy_host_default
 
