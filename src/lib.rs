@@ -43,7 +43,7 @@ pub use interop::compat;
 pub use interop::cudarc;
 pub use mapping::{arena, bar, chunk, cuda_objects, memory, vmm};
 
-pub use error::{Error, MemorySide, Result};
+pub use error::{Error, InvalidArgument, MemorySide, Result};
 pub use mapping::arena::Arena;
 pub use mapping::bar::BarInfo;
 pub use mapping::batch::WriteBatch;

@@ -125,7 +125,7 @@ pub fn vkgdr_error(message: impl Into<String>) -> PyErr {
 
 /// An `InvalidArgumentError` with a message of this package's own.
 pub fn invalid_argument(message: impl Into<String>) -> PyErr {
-    to_py(vkgdr::Error::InvalidArgument(message.into()))
+    to_py(vkgdr::InvalidArgument::Other(message.into()).into())
 }
 
 /// Adds the exception classes to the module.

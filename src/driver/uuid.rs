@@ -1,7 +1,7 @@
 //! GPU UUIDs as CUDA, Vulkan and NVML spell them: the one identity the three drivers share, by
 //! which a CUDA device is matched to its Vulkan device and its NVML figures.
 
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 
 /// Formats a 16-byte UUID as `8-4-4-4-12` hex digits.
 pub fn format_uuid(u: &[u8; 16]) -> String {
@@ -20,9 +20,9 @@ pub fn format_uuid(u: &[u8; 16]) -> String {
 /// `GPU-5fd4a7f7-…`, `MIG-…` or no prefix, 32 hex digits with or without dashes, any case.
 pub fn parse_uuid(text: &str) -> Result<[u8; 16]> {
     let bad = || {
-        Error::invalid(format!(
-            "{text:?} is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"
-        ))
+        Error::from(InvalidArgument::NotAUuid {
+            text: text.to_string(),
+        })
     };
     let t = text.trim();
     let body = ["GPU-", "MIG-"]
@@ -83,7 +83,17 @@ mod tests {
             "XYZ-12345678-9abc-def0-0102-030405060708",
         ] {
             let e = parse_uuid(bad).unwrap_err();
-            assert!(matches!(e, Error::InvalidArgument(_)), "{bad:?}: {e}");
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "invalid argument: {bad:?} is not a GPU UUID \
+                     (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"
+                )
+            );
+            assert!(
+                matches!(&e, Error::InvalidArgument(InvalidArgument::NotAUuid { text }) if text == bad),
+                "{bad:?}: {e}"
+            );
         }
     }
 }

@@ -21,7 +21,7 @@
 //! inside the allocation instead of being undefined behaviour, and their failures are reported.
 
 use crate::driver::cuda::{CuContext, CuDevice, Driver};
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::mapping::gpu::{current_context, Gpu, OpenOptions};
 use crate::mapping::memory::RawMemory;
 
@@ -38,11 +38,10 @@ pub const OPEN_FLAGS_ALL: u32 =
 /// The [`OpenOptions`] for vkgdr 0.1 open flags; unknown bits are [`Error::InvalidArgument`].
 pub fn open_options(flags: u32) -> Result<OpenOptions> {
     if flags & !OPEN_FLAGS_ALL != 0 {
-        return Err(Error::invalid(format!(
-            "unknown open flag bits {:#x} (known: CURRENT_CONTEXT 1, FORCE_NON_COHERENT 2, \
-             REQUIRE_COHERENT 4)",
-            flags & !OPEN_FLAGS_ALL
-        )));
+        return Err(InvalidArgument::UnknownOpenFlags {
+            bits: flags & !OPEN_FLAGS_ALL,
+        }
+        .into());
     }
     Ok(OpenOptions::new()
         .force_non_coherent(flags & OPEN_FORCE_NON_COHERENT_BIT != 0)
@@ -84,9 +83,7 @@ pub unsafe fn open(device: CuDevice, flags: u32) -> Result<Gpu> {
 /// - The current context must stay alive until the memory is dropped.
 pub unsafe fn alloc(gpu: &Gpu, size: u64, flags: u32) -> Result<RawMemory> {
     if flags != 0 {
-        return Err(Error::invalid(format!(
-            "allocation flags must be 0 (got {flags:#x})"
-        )));
+        return Err(InvalidArgument::AllocationFlags { flags }.into());
     }
     // SAFETY: forwarded to our caller.
     unsafe { gpu.alloc_in_current_context(size) }
@@ -130,7 +127,22 @@ mod tests {
         assert!(o.memory_options().require_coherent && !o.memory_options().force_non_coherent);
         for bad in [8, 0x10, 0x8000_0000, u32::MAX] {
             let e = open_options(bad).unwrap_err();
-            assert!(matches!(e, Error::InvalidArgument(_)), "{bad:#x}: {e}");
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "invalid argument: unknown open flag bits {:#x} (known: CURRENT_CONTEXT 1, \
+                     FORCE_NON_COHERENT 2, REQUIRE_COHERENT 4)",
+                    bad & !OPEN_FLAGS_ALL
+                )
+            );
+            assert!(
+                matches!(
+                    e,
+                    Error::InvalidArgument(InvalidArgument::UnknownOpenFlags { bits })
+                        if bits == bad & !OPEN_FLAGS_ALL
+                ),
+                "{bad:#x}: {e}"
+            );
         }
     }
 

@@ -44,7 +44,7 @@ use ::cudarc::driver::{
 };
 
 use crate::core::handle::assert_send_sync;
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::mapping::gpu::{Gpu, OpenOptions};
 use crate::mapping::memory::RawMemory;
 use crate::mapping::Mapping;
@@ -89,7 +89,7 @@ impl Gpu {
         let driver = self.driver();
         let ordinal = (0..driver.device_count()?)
             .find(|&i| driver.device(i).ok() == Some(self.cu_device()))
-            .ok_or_else(|| Error::invalid("this handle's CUdevice has no ordinal"))?;
+            .ok_or(InvalidArgument::NoOrdinal)?;
         let context = self.cu_context()?;
         let made = std::panic::catch_unwind(|| CudaContext::new(ordinal as usize))
             .map_err(|_| Error::LibraryNotFound {
@@ -98,10 +98,7 @@ impl Gpu {
             })?
             .map_err(|e| driver_error("CudaContext::new", e))?;
         if made.cu_ctx().cast() != context {
-            return Err(Error::invalid(
-                "this handle works in a context that is not its device's primary context; \
-                 open it with Gpu::from_cudarc to share a cudarc context",
-            ));
+            return Err(InvalidArgument::HandleContextNotPrimary.into());
         }
         Ok(made)
     }
@@ -289,22 +286,27 @@ unsafe impl<'a, 'b: 'a> PushKernelArg<&'b RingDeviceView> for LaunchArgs<'a> {
 
 /// The checks every view makes: a device address, `T`'s alignment; the element count.
 fn view_parts<T>(ptr: Option<u64>, bytes: u64) -> Result<(u64, usize)> {
-    let ptr = ptr.ok_or_else(|| {
-        Error::invalid("this memory has no device pointer (a pool over Vulkan-only or host chunks)")
-    })?;
+    let ptr = ptr.ok_or(InvalidArgument::NoDevicePointer)?;
     let size = std::mem::size_of::<T>() as u64;
     if size == 0 {
-        return Err(Error::invalid("a device view of a zero-sized type"));
+        return Err(InvalidArgument::ZeroSizedElement {
+            type_name: std::any::type_name::<T>(),
+        }
+        .into());
     }
     let align = std::mem::align_of::<T>() as u64;
     if !ptr.is_multiple_of(align) {
-        return Err(Error::invalid(format!(
-            "device address {ptr:#x} is not aligned for {} (align {align})",
-            std::any::type_name::<T>()
-        )));
+        return Err(InvalidArgument::MisalignedDeviceAddress {
+            address: ptr,
+            type_name: std::any::type_name::<T>(),
+            align,
+        }
+        .into());
     }
-    let len = usize::try_from(bytes / size)
-        .map_err(|_| Error::invalid("the memory holds more elements than usize counts"))?;
+    let len = usize::try_from(bytes / size).map_err(|_| InvalidArgument::TooManyElements {
+        bytes,
+        element: size,
+    })?;
     Ok((ptr, len))
 }
 

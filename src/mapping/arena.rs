@@ -8,7 +8,7 @@ use crate::core::handle::{assert_send_sync, SendSyncPtr};
 use crate::core::range::check_range;
 use crate::core::sync::lock::Mutex;
 use crate::driver::vulkan::VulkanMemory;
-use crate::error::{Error, MemorySide, Result};
+use crate::error::{Error, InvalidArgument, MemorySide, Result};
 use crate::mapping::chunk::{ChunkMemory, ChunkSource};
 use crate::mapping::gpu::Gpu;
 use crate::mapping::memory::DMA_READ_THRESHOLD;
@@ -26,7 +26,7 @@ impl ArenaLayout {
     /// A layout of `chunk_size`-byte chunks (non-zero).
     pub fn new(chunk_size: u64) -> Result<Self> {
         if chunk_size == 0 {
-            return Err(Error::invalid("arena chunk size is zero"));
+            return Err(InvalidArgument::ArenaChunkSizeZero.into());
         }
         Ok(ArenaLayout { chunk_size })
     }
@@ -150,14 +150,18 @@ impl Arena {
         };
         let g = vmm.granularity();
         if chunk_size == 0 || !chunk_size.is_multiple_of(g) {
-            return Err(Error::invalid(format!(
-                "arena chunk size {chunk_size} is not a multiple of the VMM granularity {g}"
-            )));
+            return Err(InvalidArgument::ArenaChunkSize {
+                chunk_size,
+                granularity: g,
+            }
+            .into());
         }
         if reserve == 0 || !reserve.is_multiple_of(chunk_size) {
-            return Err(Error::invalid(format!(
-                "arena reservation {reserve} is not a multiple of the chunk size {chunk_size}"
-            )));
+            return Err(InvalidArgument::ArenaReservation {
+                reserve,
+                chunk_size,
+            }
+            .into());
         }
         let range = Arc::new(vmm.reserve(reserve)?);
         Ok(Arena {
@@ -184,11 +188,9 @@ impl Arena {
         let first = self
             .chunks
             .first()
-            .ok_or_else(|| Error::invalid("mirroring an empty arena"))?;
+            .ok_or(InvalidArgument::MirrorOfEmptyArena)?;
         if self.len() + size > self.range.size() {
-            return Err(Error::invalid(
-                "no reservation left after the last chunk for the mirror",
-            ));
+            return Err(InvalidArgument::NoRoomForMirror.into());
         }
         if !self.slot_is_free(self.chunks.len()) {
             return Err(Error::OutOfDeviceMemory {
@@ -277,9 +279,10 @@ impl Arena {
     /// arena is unchanged on any error.
     pub fn grow(&mut self) -> Result<u64> {
         if self.mirrored {
-            return Err(Error::invalid(
-                "growing a mirrored arena (unmap the mirror first)",
-            ));
+            return Err(InvalidArgument::ArenaIsMirrored {
+                operation: "growing",
+            }
+            .into());
         }
         let size = self.layout.chunk_size;
         let limit = |result: String| Error::OutOfDeviceMemory {
@@ -329,9 +332,10 @@ impl Arena {
     /// non-blocking streams must have stopped using it.
     pub fn shrink(&mut self, n: usize) -> Result<u64> {
         if self.mirrored {
-            return Err(Error::invalid(
-                "shrinking a mirrored arena (unmap the mirror first)",
-            ));
+            return Err(InvalidArgument::ArenaIsMirrored {
+                operation: "shrinking",
+            }
+            .into());
         }
         let n = n.min(self.chunks.len());
         for _ in 0..n {
@@ -535,9 +539,11 @@ unsafe impl ChunkSource for ArenaSource {
         let mut s = self.state.lock();
         let chunk = s.arena.layout.chunk_size;
         if size > chunk {
-            return Err(Error::invalid(format!(
-                "{size}-byte chunk requested from an arena of {chunk}-byte chunks"
-            )));
+            return Err(InvalidArgument::ArenaChunkRequest {
+                size,
+                chunk_size: chunk,
+            }
+            .into());
         }
         let slot = match s.free.pop_first() {
             Some(slot) => slot,

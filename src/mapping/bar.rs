@@ -19,7 +19,7 @@ use std::fmt;
 
 use crate::driver::cuda::{ContextGuard, CuDevice, Driver, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID};
 use crate::driver::nvml::{self, Bar1Memory, Nvml, PciAddress};
-use crate::error::{Error, Result};
+use crate::error::{InvalidArgument, Result};
 use crate::mapping::gpu::Gpu;
 
 /// `CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID`.
@@ -86,9 +86,7 @@ impl BarInfo {
 /// `fraction` of `bytes`, rounded down; `fraction` must be in `(0, 1]`.
 pub fn budget_of(bytes: u64, fraction: f64) -> Result<u64> {
     if !(fraction > 0.0 && fraction <= 1.0) {
-        return Err(Error::invalid(format!(
-            "a BAR budget fraction must be in (0, 1], not {fraction}"
-        )));
+        return Err(InvalidArgument::BudgetFraction { fraction }.into());
     }
     // f64 holds byte counts below 2^53 exactly; above that the rounding is far below a page.
     Ok(((bytes as f64) * fraction).floor() as u64)
@@ -289,6 +287,7 @@ impl fmt::Display for BarInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Error;
 
     const GIB: u64 = 1 << 30;
 
@@ -387,7 +386,17 @@ mod tests {
         assert_eq!(budget_of(u64::MAX, 1.0).unwrap(), u64::MAX);
         for bad in [0.0, -0.1, 1.01, f64::NAN, f64::INFINITY] {
             let e = budget_of(1000, bad).unwrap_err();
-            assert!(matches!(e, Error::InvalidArgument(_)), "{bad}: {e}");
+            assert_eq!(
+                e.to_string(),
+                format!("invalid argument: a BAR budget fraction must be in (0, 1], not {bad}")
+            );
+            assert!(
+                matches!(
+                    e,
+                    Error::InvalidArgument(InvalidArgument::BudgetFraction { .. })
+                ),
+                "{bad}: {e}"
+            );
         }
     }
 }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use crate::core::handle::SendSyncPtr;
 use crate::driver::vulkan::{VulkanContext, VulkanMemory};
-use crate::error::{Error, MemorySide, Result};
+use crate::error::{Error, InvalidArgument, MemorySide, Result};
 
 /// A mapped chunk of memory owned by a pool. Freed when dropped.
 ///
@@ -126,7 +126,7 @@ unsafe impl ChunkSource for HostMemorySource {
             .ok()
             .and_then(|s| Layout::from_size_align(s, 64 << 10).ok())
             .filter(|l| l.size() > 0)
-            .ok_or_else(|| Error::invalid(format!("host chunk of {size} bytes")))?;
+            .ok_or(InvalidArgument::HostChunkSize { size })?;
         // SAFETY: the layout has a non-zero size (checked above).
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(p).ok_or(Error::OutOfDeviceMemory {

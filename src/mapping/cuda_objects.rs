@@ -11,7 +11,7 @@ use crate::driver::cuda::{
     out_of_memory, CuDevicePtr, CuStream, CU_EVENT_DISABLE_TIMING, CU_MEMHOSTALLOC_DEVICEMAP,
     CU_STREAM_NON_BLOCKING,
 };
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::mapping::gpu::Gpu;
 use crate::mapping::release::Fence;
 use crate::mapping::vmm::{MappedMemory, VmmMapping};
@@ -29,7 +29,7 @@ const _: () = assert_send_sync::<Module>();
 impl Module {
     /// JIT-compiles `ptx` for the device.
     pub fn load_ptx(gpu: &Gpu, ptx: &str) -> Result<Module> {
-        let text = CString::new(ptx).map_err(|_| Error::invalid("PTX text contains a NUL byte"))?;
+        let text = CString::new(ptx).map_err(|_| InvalidArgument::NulByte { what: "PTX text" })?;
         let _ctx = gpu.bind()?;
         // SAFETY: a NUL-terminated PTX image that outlives the call; context current.
         let raw = unsafe { gpu.driver().cu_module_load_data(text.as_ptr().cast()) }?;
@@ -41,8 +41,9 @@ impl Module {
 
     /// Looks up an `extern "C"` kernel.
     pub fn function(&self, name: &str) -> Result<Function<'_>> {
-        let cname =
-            CString::new(name).map_err(|_| Error::invalid("kernel name contains a NUL byte"))?;
+        let cname = CString::new(name).map_err(|_| InvalidArgument::NulByte {
+            what: "kernel name",
+        })?;
         // SAFETY: live module; NUL-terminated name that outlives the call.
         let raw = unsafe {
             self.gpu
@@ -138,13 +139,11 @@ impl Function<'_> {
 
 /// Refuses a stream of another context than `gpu`'s for `what` (the driver's behaviour for such
 /// handles is not specified).
-fn same_context(gpu: &Gpu, stream: &Stream, what: &str) -> Result<()> {
+fn same_context(gpu: &Gpu, stream: &Stream, what: &'static str) -> Result<()> {
     if gpu.cu_context()? == stream.gpu.cu_context()? {
         Ok(())
     } else {
-        Err(Error::invalid(format!(
-            "{what} of one CUDA context used with a stream of another"
-        )))
+        Err(InvalidArgument::ForeignStream { what }.into())
     }
 }
 
@@ -321,7 +320,10 @@ impl PinnedBuffer {
     /// Allocates `len` bytes of zeroed pinned memory mapped for the device.
     pub fn new(gpu: &Gpu, len: usize) -> Result<PinnedBuffer> {
         if len == 0 {
-            return Err(Error::invalid("pinned buffer of zero bytes"));
+            return Err(InvalidArgument::EmptyBuffer {
+                what: "pinned buffer",
+            }
+            .into());
         }
         let (backing, ptr, device_ptr) = match gpu.vmm() {
             Some(vmm) if gpu.vulkan().host_memory_type().is_some() => {
@@ -402,9 +404,7 @@ impl PinnedBuffer {
         // SAFETY: in bounds (checked above).
         let p = unsafe { self.ptr.get().add(offset) };
         if !(p as usize).is_multiple_of(8) {
-            return Err(Error::invalid(format!(
-                "offset {offset} of a pinned buffer is not 8-byte aligned"
-            )));
+            return Err(InvalidArgument::MisalignedWord { offset }.into());
         }
         // SAFETY: an aligned, in-bounds u64 of the live allocation; the host reaches these bytes
         // only through volatile accesses, atomics or the `unsafe` slice views, whose callers rule
@@ -505,7 +505,10 @@ impl DeviceBuffer {
     /// Allocates `len` bytes of device memory (contents undefined).
     pub fn new(gpu: &Gpu, len: usize) -> Result<DeviceBuffer> {
         if len == 0 {
-            return Err(Error::invalid("device buffer of zero bytes"));
+            return Err(InvalidArgument::EmptyBuffer {
+                what: "device buffer",
+            }
+            .into());
         }
         let backing = match gpu.vmm() {
             Some(vmm) => {

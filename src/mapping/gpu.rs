@@ -14,7 +14,7 @@ use crate::driver::cuda::{
 };
 use crate::driver::uuid::{format_uuid, parse_uuid};
 use crate::driver::vulkan::{DeviceSelector, MemoryOptions, VulkanContext};
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::mapping::carve::Carver;
 use crate::mapping::release::{EventFence, Fence, FenceWords, PendingCount, ReleaseQueue};
 use crate::mapping::vmm::VmmDevice;
@@ -238,10 +238,7 @@ impl Gpu {
         let (current, device) = current_context(&driver)?;
         let gpu = Self::finish(driver, None, device, options, None)?;
         if gpu.context()? != current {
-            return Err(Error::invalid(
-                "the current CUDA context is not the device's primary context; \
-                 use Gpu::open_current_context_unchecked",
-            ));
+            return Err(InvalidArgument::CurrentContextNotPrimary.into());
         }
         Ok(gpu)
     }
@@ -676,9 +673,7 @@ impl Gpu {
         owner: Option<Box<dyn std::any::Any + Send + Sync>>,
     ) -> Result<Box<dyn Fence>> {
         if stream.is_null() {
-            return Err(Error::invalid(
-                "the null stream: release after the legacy stream is what a plain drop does",
-            ));
+            return Err(InvalidArgument::NullStream.into());
         }
         // SAFETY: the caller guarantees a live stream.
         let context = unsafe { self.driver().stream_context(stream) }?;

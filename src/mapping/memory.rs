@@ -20,7 +20,7 @@ use crate::driver::cuda::{
     ExternalMemoryHandleDesc, CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
 };
 use crate::driver::vulkan::VulkanMemory;
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::mapping::carve::{Piece, CARVE_MAX};
 use crate::mapping::chunk::{ChunkMemory, ChunkSource};
 use crate::mapping::cuda_objects::Stream;
@@ -149,10 +149,11 @@ impl RawMemory {
     pub(crate) unsafe fn new_in_current_context(gpu: &Gpu, size: u64) -> Result<RawMemory> {
         let (context, device) = crate::mapping::gpu::current_context(gpu.driver())?;
         if device != gpu.cu_device() {
-            return Err(Error::invalid(format!(
-                "the current CUDA context belongs to device {device}, this handle to device {}",
-                gpu.cu_device()
-            )));
+            return Err(InvalidArgument::ContextOfAnotherDevice {
+                context_device: device,
+                handle_device: gpu.cu_device(),
+            }
+            .into());
         }
         Self::allocate(gpu, size, Some(context), true)
     }

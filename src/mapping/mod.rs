@@ -27,7 +27,7 @@ pub mod vmm;
 
 use crate::core::range::check_range;
 use crate::driver::vulkan::VulkanMemory;
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 
 /// A CPU mapping of device memory with safe, bounds-checked access.
 ///
@@ -147,11 +147,12 @@ pub(crate) fn read_with_cpu<M: Mapping + ?Sized>(m: &M, offset: u64, dst: &mut [
 pub(crate) fn check_pod_offset<T>(base: *mut u8, offset: u64) -> Result<()> {
     let addr = (base as u64).wrapping_add(offset);
     if !addr.is_multiple_of(std::mem::align_of::<T>() as u64) {
-        return Err(Error::invalid(format!(
-            "offset {offset} is not aligned for {} (align {})",
-            std::any::type_name::<T>(),
-            std::mem::align_of::<T>()
-        )));
+        return Err(InvalidArgument::MisalignedOffset {
+            offset,
+            type_name: std::any::type_name::<T>(),
+            align: std::mem::align_of::<T>() as u64,
+        }
+        .into());
     }
     Ok(())
 }

@@ -20,6 +20,7 @@ use std::ffi::{c_int, c_void};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
+use crate::core::range::RangeError;
 use crate::driver::cuda::injected_failure as injected;
 use crate::driver::cuda::{
     self, out_of_memory, CuDevice, CuMemHandle, Driver, MemAccessDesc, MemAllocationProp,
@@ -27,7 +28,7 @@ use crate::driver::cuda::{
     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
 };
 use crate::driver::vulkan::VulkanMemory;
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 
 /// What VMM needs to know about one device: its ordinal (access descriptors name it) and its
 /// allocation granularity (2 MiB on the H100): handles map whole, and only in multiples of it.
@@ -93,10 +94,15 @@ impl VmmDevice {
     pub fn round_up(&self, size: u64) -> Result<u64> {
         let g = self.granularity;
         if size == 0 {
-            return Err(Error::invalid("allocation size is zero"));
+            return Err(RangeError::ZeroSize.into());
         }
-        size.checked_next_multiple_of(g)
-            .ok_or_else(|| Error::invalid(format!("allocation of {size} bytes overflows")))
+        size.checked_next_multiple_of(g).ok_or_else(|| {
+            InvalidArgument::GranularityOverflow {
+                size,
+                granularity: g,
+            }
+            .into()
+        })
     }
 
     /// Imports the opaque fd of `memory` (a whole Vulkan allocation) as an allocation handle.

@@ -5,7 +5,7 @@
 use super::gpu_alloc::GpuAllocStrategy;
 use super::magazine;
 use crate::core::alloc::{HeapConfig, MAX_CHUNK_SIZE};
-use crate::error::{Error, Result};
+use crate::error::{InvalidArgument, Result};
 use crate::mapping::gpu::Gpu;
 
 /// Which allocator carves the pool's chunks.
@@ -31,7 +31,8 @@ pub struct PoolConfig {
     /// Requests of at least this many bytes get a dedicated chunk. Default 8 MiB.
     pub dedicated_threshold: u64,
     /// Total bytes of chunks (shared and dedicated) the pool may hold; beyond it allocations fail
-    /// with [`Error::OutOfDeviceMemory`] (`side: Limit`). Default: no limit.
+    /// with [`Error::OutOfDeviceMemory`](crate::Error::OutOfDeviceMemory) (`side: Limit`). Default:
+    /// no limit.
     pub max_bytes: u64,
     /// Number of shards (independent heaps). Default: available parallelism, at most 8.
     pub shards: usize,
@@ -86,13 +87,14 @@ impl PoolConfig {
     /// source's `nonCoherentAtomSize` when its memory is non-coherent.
     pub(super) fn validate(&self, non_coherent_atom: Option<u64>) -> Result<()> {
         if self.shards == 0 {
-            return Err(Error::invalid("a pool needs at least one shard"));
+            return Err(InvalidArgument::NoShards.into());
         }
         if self.shards > MAX_SHARDS {
-            return Err(Error::invalid(format!(
-                "{} shards exceed the maximum of {MAX_SHARDS}",
-                self.shards
-            )));
+            return Err(InvalidArgument::TooManyShards {
+                shards: self.shards,
+                max: MAX_SHARDS,
+            }
+            .into());
         }
         self.heap.validate()?;
         for (name, size) in [
@@ -100,36 +102,42 @@ impl PoolConfig {
             ("max_chunk_size", self.max_chunk_size),
         ] {
             if size == 0 || !size.is_multiple_of(self.heap.max_align) || size > MAX_CHUNK_SIZE {
-                return Err(Error::invalid(format!(
-                    "{name} {size} must be a non-zero multiple of the maximum alignment {} \
-                     (at most {MAX_CHUNK_SIZE})",
-                    self.heap.max_align
-                )));
+                return Err(InvalidArgument::ChunkSize {
+                    field: name,
+                    size,
+                    max_align: self.heap.max_align,
+                    max: MAX_CHUNK_SIZE,
+                }
+                .into());
             }
         }
         if self.max_chunk_size < self.chunk_size {
-            return Err(Error::invalid("max_chunk_size is smaller than chunk_size"));
+            return Err(InvalidArgument::MaxChunkBelowChunk {
+                chunk_size: self.chunk_size,
+                max_chunk_size: self.max_chunk_size,
+            }
+            .into());
         }
         if let Some(atom) = non_coherent_atom {
             // Every block on non-coherent memory owns whole atoms, so its alignment is at least
             // the atom: a heap that cannot align that far could serve no request at all.
             if !atom.is_power_of_two() || atom > self.heap.max_align {
-                return Err(Error::invalid(format!(
-                    "the memory's nonCoherentAtomSize {atom} must be a power of two no larger \
-                     than heap.max_align {}",
-                    self.heap.max_align
-                )));
+                return Err(InvalidArgument::AtomAboveAlign {
+                    atom,
+                    max_align: self.heap.max_align,
+                }
+                .into());
             }
         }
         if self.dedicated_threshold == 0 {
-            return Err(Error::invalid("dedicated_threshold is zero"));
+            return Err(InvalidArgument::ZeroDedicatedThreshold.into());
         }
         if self.thread_cache > magazine::MAX_DEPTH {
-            return Err(Error::invalid(format!(
-                "thread_cache {} exceeds {} blocks per size bucket",
-                self.thread_cache,
-                magazine::MAX_DEPTH
-            )));
+            return Err(InvalidArgument::ThreadCacheDepth {
+                depth: self.thread_cache,
+                max: magazine::MAX_DEPTH,
+            }
+            .into());
         }
         Ok(())
     }
@@ -138,8 +146,9 @@ impl PoolConfig {
 impl PoolConfig {
     /// Limits the pool to `fraction` (in `(0, 1]`) of what `gpu` can probably still map now
     /// ([`Gpu::bar_info`](crate::Gpu::bar_info)): sets [`PoolConfig::max_bytes`] to that many
-    /// bytes. Beyond it the pool's allocations fail with [`Error::OutOfDeviceMemory`] (`side:
-    /// Limit`) instead of the driver's refusal. The estimate is taken once, here.
+    /// bytes. Beyond it the pool's allocations fail with
+    /// [`Error::OutOfDeviceMemory`](crate::Error::OutOfDeviceMemory) (`side: Limit`) instead of the
+    /// driver's refusal. The estimate is taken once, here.
     ///
     /// ```no_run
     /// # fn main() -> vkgdr::Result<()> {

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::core::alloc::{AllocError, Heap, HeapStats};
-use crate::error::{Error, MemorySide, Result};
+use crate::error::{Error, InvalidArgument, MemorySide, Result};
 use crate::mapping::arena::{Arena, ArenaSource};
 use crate::mapping::chunk::{ChunkMemory, ChunkSource};
 use crate::mapping::gpu::Gpu;
@@ -142,9 +142,7 @@ impl Pool {
     pub fn new(source: impl ChunkSource + 'static, config: PoolConfig) -> Result<Pool> {
         let atom = source.atom_size();
         if !atom.is_power_of_two() {
-            return Err(Error::invalid(format!(
-                "the chunk source's atom size {atom} is not a power of two"
-            )));
+            return Err(InvalidArgument::SourceAtom { atom }.into());
         }
         config.validate(source.is_non_coherent().then_some(atom))?;
         let heaps = (0..config.shards)

@@ -24,7 +24,7 @@ use crate::core::ring::layout::{WrapMode, MIN_CAPACITY, RESULT_WORDS};
 use crate::core::ring::{Producer, Reservation, RingCore, RingError, RingSink};
 use crate::core::sync::store_fence;
 use crate::driver::cuda::CuStream;
-use crate::error::{Error, Result};
+use crate::error::{InvalidArgument, Result};
 use crate::mapping::arena::Arena;
 use crate::mapping::cuda_objects::{Event, PinnedBuffer, Stream};
 use crate::mapping::gpu::Gpu;
@@ -57,7 +57,7 @@ impl RingData {
             RingData::Raw(m) => Ok(m.host_ptr()),
             RingData::Mirrored(a) => a
                 .host_ptr(0)
-                .ok_or_else(|| Error::invalid("the ring's arena has no chunk mapped")),
+                .ok_or_else(|| InvalidArgument::RingArenaEmpty.into()),
         }
     }
 
@@ -290,9 +290,10 @@ impl DeviceRing {
     /// (a record may be as large as the whole region from any position). `capacity` must be a
     /// power of two and a multiple of the VMM granularity (2 MiB on the H100).
     ///
-    /// Consumers read each record at `data + (pos & (capacity - 1))` for its whole length: use
-    /// the `_mirrored` kernels of `kernels/ring.cu`. Fails with [`Error::Unsupported`] where the
-    /// device or driver lacks VMM (fall back to [`DeviceRing::new`]).
+    /// Consumers read each record at `data + (pos & (capacity - 1))` for its whole length: use the
+    /// `_mirrored` kernels of `kernels/ring.cu`. Fails with
+    /// [`Error::Unsupported`](crate::Error::Unsupported) where the device or driver lacks VMM (fall
+    /// back to [`DeviceRing::new`]).
     pub fn new_mirrored(gpu: &Gpu, capacity: u64) -> Result<DeviceRing> {
         Self::with_lanes(gpu, capacity, 1, WrapMode::Mirrored)
     }
@@ -305,16 +306,18 @@ impl DeviceRing {
             return Err(RingError::InvalidCapacity(capacity).into());
         }
         if lanes == 0 || lanes > MAX_LANES {
-            return Err(Error::invalid(format!(
-                "a ring has 1 to {MAX_LANES} lanes, not {lanes}"
-            )));
+            return Err(InvalidArgument::RingLanes {
+                lanes,
+                max: MAX_LANES,
+            }
+            .into());
         }
         let n = u64::from(lanes);
         let data = match wrap {
             WrapMode::Padded => {
                 let total = capacity
                     .checked_mul(n)
-                    .ok_or_else(|| Error::invalid("ring size overflows"))?;
+                    .ok_or(InvalidArgument::RingSizeOverflow { capacity, lanes })?;
                 let mut data = gpu.alloc(total)?;
                 data.set_label("vkgdr ring data");
                 vec![RingData::Raw(data)]

@@ -6,6 +6,9 @@
 
 use std::fmt;
 
+mod invalid;
+pub use invalid::InvalidArgument;
+
 /// `Result` with [`Error`] as the default error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -115,9 +118,10 @@ pub enum Error {
         /// The size asked for, in bytes.
         size: u64,
     },
-    /// A caller error: zero size, overflow, range out of bounds, bad alignment, bad option.
+    /// A caller error: zero size, overflow, range out of bounds, bad alignment, bad option. What
+    /// was invalid, with the values refused, is the [`InvalidArgument`].
     #[error("invalid argument: {0}")]
-    InvalidArgument(String),
+    InvalidArgument(InvalidArgument),
     /// Something that cannot happen did: a bug in this crate, or a driver answer its
     /// specification rules out (a null pointer with a success code). Never a caller error.
     #[error("internal error (please report it): {0}")]
@@ -175,33 +179,36 @@ impl Error {
         }
     }
 
-    pub(crate) fn invalid(msg: impl Into<String>) -> Self {
-        Error::InvalidArgument(msg.into())
-    }
-
     pub(crate) fn internal(msg: impl Into<String>) -> Self {
         Error::Internal(msg.into())
     }
 }
 
+/// A caller error ([`Error::InvalidArgument`]).
+impl From<InvalidArgument> for Error {
+    fn from(e: InvalidArgument) -> Self {
+        Error::InvalidArgument(e)
+    }
+}
+
 /// The allocator core's request and configuration errors are the caller's
-/// ([`Error::InvalidArgument`], with the core's message); the rest keep their type
+/// ([`InvalidArgument::Alloc`], with the core's message); the rest keep their type
 /// ([`Error::Alloc`]).
 impl From<crate::core::alloc::AllocError> for Error {
     fn from(e: crate::core::alloc::AllocError) -> Self {
         if e.is_caller_error() {
-            Error::InvalidArgument(e.to_string())
+            Error::InvalidArgument(InvalidArgument::Alloc(e))
         } else {
             Error::Alloc(e)
         }
     }
 }
 
-/// Ranges, sizes and atoms no mapping can take are the caller's ([`Error::InvalidArgument`],
+/// Ranges, sizes and atoms no mapping can take are the caller's ([`InvalidArgument::Range`],
 /// with the core's message).
 impl From<crate::core::range::RangeError> for Error {
     fn from(e: crate::core::range::RangeError) -> Self {
-        Error::InvalidArgument(e.to_string())
+        Error::InvalidArgument(InvalidArgument::Range(e))
     }
 }
 
@@ -223,8 +230,10 @@ mod tests {
             AllocError::InvalidConfig("min_align"),
         ] {
             let msg = caller.to_string();
+            let e = Error::from(caller.clone());
+            assert_eq!(e.to_string(), format!("invalid argument: {msg}"));
             assert!(
-                matches!(Error::from(caller), Error::InvalidArgument(m) if m == msg),
+                matches!(e, Error::InvalidArgument(InvalidArgument::Alloc(a)) if a == caller),
                 "{msg}"
             );
         }
