@@ -20,7 +20,7 @@
 //
 // Pass the view by value: on the Rust side `ring.device_view()` is a #[repr(C)] struct of the
 // same layout (64 bytes). Launch `view.lanes` blocks of exactly THREADS threads (a multiple of
-// 32). Everything here mirrors src/core/ring/layout.rs and src/ring/device.rs; keep them in sync.
+// 32). Everything here mirrors src/core/ring/layout.rs and src/ring/device/; keep them in sync.
 //
 // Wire format. A lane's data region is `capacity` bytes (a power of two). Positions are u64 byte
 // counters that only grow; position p lives at offset p & (capacity - 1). A record starts at a

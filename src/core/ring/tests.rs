@@ -3,11 +3,14 @@
 #![allow(unsafe_code)] // test sinks implement and forward the sink's unsafe methods
 use super::*;
 use crate::core::ring::layout::{
-    next_record, read_wrapped, verify_records, verify_records_in, WRAP_PAD_SEQ,
+    next_record, read_wrapped, verify_records, verify_records_in, RecordHeader, RingSource,
+    WrapMode, HEADER_LEN, KIND_DATA, KIND_PAD, MAX_PAYLOAD, WRAP_PAD_SEQ,
 };
 use std::sync::atomic::AtomicU64 as StdAtomicU64;
+use std::sync::atomic::Ordering;
 use std::sync::Mutex as StdMutex;
 use std::thread;
+use std::time::Duration;
 
 const CAP: u64 = 4096;
 
@@ -338,7 +341,7 @@ impl Counting {
 
 impl RingSink for Counting {
     fn capacity(&self) -> u64 {
-        self.inner.data.len() as u64
+        RingSink::capacity(&self.inner)
     }
     unsafe fn write(&self, offset: u64, bytes: &[u8]) {
         // SAFETY: the caller's obligations are passed on unchanged.

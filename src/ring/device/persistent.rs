@@ -1,34 +1,22 @@
-//! The ring on the GPU: a [`RingSink`] over BAR-mapped memory, the control words, lanes, and the
-//! two consumption modes ([`DeviceRing`] for a persistent kernel, [`LaunchRing`] for one launch
-//! per batch).
-//!
-//! Memory layout (mirrored by `include/vkgdr/ring.cuh`):
-//!
-//! | what | where | lane `i` |
-//! |------|-------|----------|
-//! | data regions | GPU memory (BAR) | `lane_data[i]` (padded rings: `data + i * capacity`) |
-//! | `tail` words (u64) | control allocation, GPU memory | `tail + i * 128` |
-//! | `stop` word (u32) | control allocation, after the tails | one for all lanes |
-//! | `lane_data` table (u64 each) | control allocation, after `stop` | `lane_data + 8 * i` |
-//! | `head` words (u64) | pinned host memory | `head + i * 256` |
-//! | result words (8 × u64) | pinned host memory | `result + i * 256` |
+//! [`DeviceRing`]: a ring consumed by a kernel that stays resident (persistent mode), its lanes and
+//! control words, and the [`RingDeviceView`] a kernel takes.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::core::sync::lock::Mutex;
-
 use crate::core::handle::{assert_send_sync, SendSyncPtr};
 use crate::core::ring::layout::{WrapMode, MIN_CAPACITY, RESULT_WORDS};
-use crate::core::ring::{Producer, Reservation, RingCore, RingError, RingSink};
+use crate::core::ring::{Producer, Reservation, RingCore, RingError};
+use crate::core::sync::lock::Mutex;
 use crate::core::sync::store_fence;
 use crate::driver::cuda::CuStream;
 use crate::error::{InvalidArgument, Result};
 use crate::mapping::arena::Arena;
 use crate::mapping::cuda_objects::{Event, PinnedBuffer, Stream};
 use crate::mapping::gpu::Gpu;
-use crate::mapping::memory::RawMemory;
+
+use super::sink::{BarSink, RingData, RingMemory};
 
 /// Bytes between two lanes' `tail` words in the control allocation (own 128-byte line each).
 pub const TAIL_STRIDE: u64 = 128;
@@ -40,135 +28,6 @@ pub const RESULT_OFFSET: u64 = 64;
 pub const MAX_LANES: u32 = 64;
 /// How often a producer waiting for space asks the driver whether the watched consumer ended.
 const CONSUMER_POLL: Duration = Duration::from_micros(200);
-
-/// A data region: one raw allocation (a padded ring's lanes side by side), or a one-chunk arena
-/// whose chunk is mapped a second time right after itself (one per lane of a mirrored ring), so
-/// the GPU reads a record that runs past the end contiguously.
-enum RingData {
-    Raw(RawMemory),
-    Mirrored(Arena),
-}
-
-impl RingData {
-    /// Host address of offset 0. The mirror exists only for the GPU: on the host the region is
-    /// one mapping (the core splits writes at its end).
-    fn host_ptr(&self) -> Result<*mut u8> {
-        match self {
-            RingData::Raw(m) => Ok(m.host_ptr()),
-            RingData::Mirrored(a) => a
-                .host_ptr(0)
-                .ok_or_else(|| InvalidArgument::RingArenaEmpty.into()),
-        }
-    }
-
-    fn device_ptr(&self) -> u64 {
-        match self {
-            RingData::Raw(m) => m.device_ptr(),
-            RingData::Mirrored(a) => a.device_ptr(),
-        }
-    }
-
-    /// Flushes `[offset, offset + len)` (within the region, not wrapping).
-    fn flush(&self, offset: u64, len: u64) -> Result<()> {
-        match self {
-            RingData::Raw(m) => m.flush(offset, len),
-            RingData::Mirrored(a) => a.flush(offset, len),
-        }
-    }
-}
-
-/// Everything a ring's kernels may touch, owned in one place so that one release can keep it
-/// alive until its consumer has exited.
-struct RingMemory {
-    data: Vec<RingData>,
-    control: RawMemory,
-    /// `head` and result words of every lane.
-    host_words: PinnedBuffer,
-}
-
-/// Writes one lane's records into BAR-mapped GPU memory and publishes its `tail` there.
-///
-/// Its [`RingSink`] methods are `unsafe` to call: a stray offset would write anywhere in the
-/// process, and a stray tail would hand the kernel unwritten bytes. Only the ring core calls
-/// them.
-pub struct BarSink {
-    memory: Arc<RingMemory>,
-    /// Which entry of `memory.data` and where in it this lane's region starts.
-    data_index: usize,
-    data_offset: u64,
-    /// Host address of the lane's region, inside `memory` (kept alive beside it); written only
-    /// through `RingSink::write`, whose callers guarantee disjoint in-range spans.
-    data: SendSyncPtr<u8>,
-    /// Host address of the lane's `tail` word, inside `memory`; touched only through atomics.
-    tail: SendSyncPtr<u8>,
-    tail_offset: u64,
-    capacity: u64,
-    /// Whether the data region is host-coherent (publishing then needs no flush).
-    coherent: bool,
-    /// End of the last publication, for the non-coherent flush of `[published, tail)` (unused on
-    /// coherent memory, where publishing needs no flush).
-    published: AtomicU64,
-}
-// `Send + Sync` by its fields, as the compiler checks here.
-const _: () = assert_send_sync::<BarSink>();
-
-impl BarSink {
-    fn flush_ring_range(&self, from: u64, to: u64) {
-        if from >= to {
-            return;
-        }
-        let cap = self.capacity;
-        let data = &self.memory.data[self.data_index];
-        let (a, len) = (from & (cap - 1), (to - from).min(cap));
-        // Flush errors cannot be returned through `publish`; on the coherent memory NVIDIA offers
-        // no call is made, on non-coherent memory an error would mean a lost device, which the
-        // consumer's checks then report. A range that wraps is flushed in two pieces.
-        let _ = data.flush(self.data_offset + a, len.min(cap - a));
-        if a + len > cap {
-            let _ = data.flush(self.data_offset, a + len - cap);
-        }
-    }
-}
-
-#[allow(clippy::missing_safety_doc)] // the trait's `# Safety` sections apply
-impl RingSink for BarSink {
-    fn capacity(&self) -> u64 {
-        self.capacity
-    }
-
-    unsafe fn write(&self, offset: u64, bytes: &[u8]) {
-        debug_assert!(offset + bytes.len() as u64 <= self.capacity);
-        // SAFETY: the caller guarantees an in-range span of this lane's region that no one else
-        // writes; the mapping lives as long as `self.memory`. No fence per piece: `publish` (or
-        // `writes_done`) fences.
-        unsafe {
-            crate::copy::copy_to_mapping_unfenced(self.data.get().add(offset as usize), bytes)
-        };
-    }
-
-    fn writes_done(&self) {
-        // Drain this thread's record stores now, outside the in-order section.
-        store_fence();
-    }
-
-    unsafe fn publish(&self, tail: u64) {
-        // Drain this thread's write-combined stores before the tail can be seen. On
-        // non-coherent memory push everything since the last publication first.
-        store_fence();
-        if !self.coherent {
-            let from = self.published.swap(tail, Ordering::AcqRel);
-            self.flush_ring_range(from, tail);
-        }
-        // SAFETY: an aligned 8-byte word inside the control allocation, which `self.memory`
-        // keeps mapped; the host touches it only through atomics, so concurrent publications
-        // (which the caller rules out anyway) could not race. One aligned store: the GPU never
-        // sees a torn value.
-        let word = unsafe { AtomicU64::from_ptr(self.tail.get().cast::<u64>()) };
-        word.store(tail, Ordering::Release);
-        let _ = self.memory.control.flush(self.tail_offset, 8);
-        store_fence();
-    }
-}
 
 /// What a kernel needs to consume the ring, laid out as `vkgdr_ring_view` in
 /// `include/vkgdr/ring.cuh` so it can be passed to a kernel by value (64 bytes). The
@@ -210,17 +69,17 @@ pub struct RingDeviceView {
 /// each lane in order; records of different lanes are not ordered with each other.
 ///
 /// Two ways to produce:
-/// * [`producer`](Self::producer) claims a lane for one thread: records are appended with no
-///   lock and no atomic read-modify-write, and [`Producer::push_batch`] (or a
-///   [`FlushPolicy`](super::core::FlushPolicy)) publishes a whole batch with one fence and one
-///   tail store. This is the fast path: give each producer thread its own lane.
+/// * [`producer`](Self::producer) claims a lane for one thread: records are appended with no lock
+///   and no atomic read-modify-write, and [`Producer::push_batch`] (or a
+///   [`FlushPolicy`](crate::ring::core::FlushPolicy)) publishes a whole batch with one fence and
+///   one tail store. This is the fast path: give each producer thread its own lane.
 /// * [`reserve`](Self::reserve) / [`push`](Self::push) from any thread, through `&self`: the
 ///   calling thread's lane (thread index modulo the lane count; lane 0 of a one-lane ring) is
 ///   shared by every thread that maps to it, with per-record commits in any order.
 ///
 /// The kernel publishes how far it has consumed into pinned host memory (`head`); producers
 /// reclaim from it when a lane is full — the CPU never reads BAR memory. See the
-/// [module docs](super) for the memory-ordering story.
+/// [module docs](crate::ring) for the memory-ordering story.
 ///
 /// **Stopping.** [`stop`](Self::stop) asks a persistent consumer to exit once it has consumed
 /// everything published; afterwards new records are refused with [`RingError::Stopped`]. Register
@@ -257,14 +116,14 @@ pub struct RingDeviceView {
 /// ```
 pub struct DeviceRing {
     lanes: Box<[RingCore<BarSink>]>,
-    memory: Arc<RingMemory>,
+    pub(super) memory: Arc<RingMemory>,
     /// The watched consumer's completion event, and when (and what) it was last asked.
     consumer: Mutex<Option<Watched>>,
     /// Set by `stop`: no new records, waits end with `Stopped`.
     stopping: AtomicBool,
     /// Where `producer` starts looking for a free lane (rotates so producers spread out).
     next_lane: AtomicUsize,
-    gpu: Gpu,
+    pub(super) gpu: Gpu,
 }
 // `Send + Sync` by its fields, as the compiler checks here.
 const _: () = assert_send_sync::<DeviceRing>();
@@ -643,128 +502,6 @@ impl Drop for DeviceRing {
         if let Some(w) = self.consumer.get_mut().take() {
             self.gpu
                 .release_after(Box::new(Arc::clone(&self.memory)), Box::new(w.done));
-        }
-    }
-}
-
-/// A ring consumed by one kernel launch per batch (launch mode).
-///
-/// [`LaunchRing::launch_pending`] hands everything committed since the last launch to a
-/// caller-supplied launch on the ring's stream and records a CUDA event after it; space is
-/// reclaimed when that event completes. An event (rather than a value written by the kernel) keeps
-/// user kernels free of ring bookkeeping, costs nothing on the GPU, and `cuEventQuery` is a cheap
-/// host call. Dropping it waits for the launched batches first.
-pub struct LaunchRing {
-    ring: DeviceRing,
-    stream: Stream,
-    in_flight: Mutex<std::collections::VecDeque<(u64, Event)>>,
-    launched: Mutex<u64>,
-}
-
-impl LaunchRing {
-    /// A launch-mode ring of `capacity` bytes with its own stream.
-    pub fn new(gpu: &Gpu, capacity: u64) -> Result<LaunchRing> {
-        Self::on(gpu, DeviceRing::new(gpu, capacity)?)
-    }
-
-    /// A launch-mode ring in [`WrapMode::Mirrored`] (see [`DeviceRing::new_mirrored`]): a batch
-    /// `[from, to)` is one contiguous device range starting at `data + (from & (capacity - 1))`,
-    /// with no padding anywhere.
-    pub fn new_mirrored(gpu: &Gpu, capacity: u64) -> Result<LaunchRing> {
-        Self::on(gpu, DeviceRing::new_mirrored(gpu, capacity)?)
-    }
-
-    fn on(gpu: &Gpu, ring: DeviceRing) -> Result<LaunchRing> {
-        Ok(LaunchRing {
-            ring,
-            stream: Stream::new(gpu)?,
-            in_flight: Mutex::new(std::collections::VecDeque::new()),
-            launched: Mutex::new(0),
-        })
-    }
-
-    /// The underlying ring (device view, counters).
-    pub fn ring(&self) -> &DeviceRing {
-        &self.ring
-    }
-
-    /// The stream batches are launched on.
-    pub fn stream(&self) -> &Stream {
-        &self.stream
-    }
-
-    /// Releases the space of every batch whose kernel has finished; returns the reclaimed position.
-    pub fn reclaim(&self) -> Result<u64> {
-        let mut q = self.in_flight.lock();
-        while let Some((end, ev)) = q.front() {
-            if !ev.is_complete()? {
-                break;
-            }
-            self.ring.core().reclaim_to(*end)?;
-            q.pop_front();
-        }
-        Ok(self.ring.core().reclaimed())
-    }
-
-    /// What a waiting producer sees: the reclaimed position, or `Stopped` if the stream failed.
-    fn reclaim_head(&self) -> std::result::Result<u64, RingError> {
-        self.reclaim().map_err(|_| RingError::Stopped)
-    }
-
-    /// Reserves a record, reclaiming finished batches while the ring is full.
-    pub fn reserve(&self, len: u32, timeout: Option<Duration>) -> Result<Reservation<'_, BarSink>> {
-        Ok(self
-            .ring
-            .core()
-            .reserve(len, timeout, &|| self.reclaim_head())?)
-    }
-
-    /// Claims the ring for one producer (see [`DeviceRing::producer`]); it reclaims finished
-    /// batches while it waits for space. Launch what it publishes with
-    /// [`launch_pending`](Self::launch_pending) from any thread.
-    pub fn producer(&self) -> Result<Producer<'_, BarSink>> {
-        Ok(self.ring.core().claim(move || self.reclaim_head())?)
-    }
-
-    /// If records were committed since the last launch, calls `launch(from, to, stream)` for the
-    /// byte range `[from, to)` (positions; offsets are `pos & (capacity - 1)`), then records an
-    /// event after it. Returns the range launched, if any.
-    pub fn launch_pending(
-        &self,
-        launch: impl FnOnce(u64, u64, &Stream) -> Result<()>,
-    ) -> Result<Option<(u64, u64)>> {
-        let mut launched = self.launched.lock();
-        // Only what is fully published: its writer's fence (and flush) has completed.
-        let to = self.ring.core().published();
-        let from = *launched;
-        if to == from {
-            return Ok(None);
-        }
-        launch(from, to, &self.stream)?;
-        let ev = Event::new(self.ring.gpu())?;
-        ev.record(&self.stream)?;
-        self.in_flight.lock().push_back((to, ev));
-        *launched = to;
-        Ok(Some((from, to)))
-    }
-
-    /// Waits for every launched batch and reclaims all space.
-    pub fn drain(&self) -> Result<()> {
-        self.stream.synchronize()?;
-        self.reclaim()?;
-        Ok(())
-    }
-}
-
-impl Drop for LaunchRing {
-    /// Never waits: the ring's memory is released once the batches launched on its stream have
-    /// finished. If no event can be recorded there (a dead context, whose kernels are gone),
-    /// there is nothing to wait for.
-    fn drop(&mut self) {
-        if let Ok(fence) = self.stream.fence() {
-            self.ring
-                .gpu
-                .release_after(Box::new(Arc::clone(&self.ring.memory)), fence);
         }
     }
 }

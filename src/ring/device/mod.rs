@@ -1,0 +1,24 @@
+//! The ring on the GPU: a [`RingSink`](crate::ring::core::RingSink) over BAR-mapped memory, the
+//! control words, lanes, and the two consumption modes ([`DeviceRing`] for a persistent kernel,
+//! [`LaunchRing`] for one launch per batch).
+//!
+//! Memory layout (mirrored by `include/vkgdr/ring.cuh`):
+//!
+//! | what | where | lane `i` |
+//! |------|-------|----------|
+//! | data regions | GPU memory (BAR) | `lane_data[i]` (padded rings: `data + i * capacity`) |
+//! | `tail` words (u64) | control allocation, GPU memory | `tail + i * 128` |
+//! | `stop` word (u32) | control allocation, after the tails | one for all lanes |
+//! | `lane_data` table (u64 each) | control allocation, after `stop` | `lane_data + 8 * i` |
+//! | `head` words (u64) | pinned host memory | `head + i * 256` |
+//! | result words (8 × u64) | pinned host memory | `result + i * 256` |
+
+mod launch;
+mod persistent;
+mod sink;
+
+pub use launch::LaunchRing;
+pub use persistent::{
+    DeviceRing, RingDeviceView, HOST_STRIDE, MAX_LANES, RESULT_OFFSET, TAIL_STRIDE,
+};
+pub use sink::BarSink;
