@@ -14,7 +14,7 @@
 
 use core::ptr;
 
-use super::SimdLevel;
+use super::simd::SimdLevel;
 
 /// Advances the mapping pointer, the host pointer and the remaining length by `n` bytes.
 macro_rules! advance {

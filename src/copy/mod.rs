@@ -23,144 +23,21 @@
 //! followed (writes) or preceded (reads) by `fence(SeqCst)`. It is the same kernel that
 //! [`SimdLevel::Scalar`] selects on x86_64, so it is tested everywhere.
 
+mod error;
 mod kernels;
 mod pool;
+mod simd;
 #[cfg(test)]
 mod tests;
 
-use std::fmt;
-use std::sync::atomic::{AtomicU8, Ordering};
+use error::check_lengths;
+pub use error::CopyError;
+pub use simd::{simd_level, SimdLevel};
 
 pub use pool::{
     CopyPool, DEFAULT_PARALLEL_THRESHOLD, DEFAULT_PART_SIZE, MAX_PARTS_PER_THREAD, MAX_THREADS,
     THREADS_ENV,
 };
-
-/// Errors of the copy module.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum CopyError {
-    /// The two slices given to a safe helper differ in length.
-    #[error("length mismatch: destination has {dst} bytes, source has {src}")]
-    LengthMismatch {
-        /// Destination length in bytes.
-        dst: usize,
-        /// Source length in bytes.
-        src: usize,
-    },
-    /// A kernel was requested for an instruction set this CPU lacks.
-    #[error("{0} copy kernel requested but the CPU does not support it")]
-    Unsupported(SimdLevel),
-    /// A [`CopyPool`] was asked for zero threads.
-    #[error("a copy pool needs at least one thread")]
-    ZeroThreads,
-    /// A [`CopyPool`] was asked for more than [`MAX_THREADS`] threads.
-    #[error("a copy pool of {requested} threads exceeds the maximum of {max}")]
-    TooManyThreads {
-        /// The thread count asked for.
-        requested: usize,
-        /// [`MAX_THREADS`].
-        max: usize,
-    },
-    /// The operating system refused to start a pool worker thread.
-    #[error("spawning a copy worker thread failed: {0}")]
-    Spawn(#[source] std::io::Error),
-}
-
-/// The instruction set the copy kernels use, from the least to the most capable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum SimdLevel {
-    /// Aligned 8-byte accesses; the only level on targets other than x86_64.
-    Scalar,
-    /// SSE4.1: 16-byte streaming loads (`movntdqa`) and 16-byte non-temporal stores.
-    Sse41,
-    /// AVX2: 32-byte streaming loads and non-temporal stores.
-    Avx2,
-    /// AVX-512F: 64-byte streaming loads and non-temporal stores (one cache line each).
-    Avx512,
-}
-
-impl SimdLevel {
-    /// Every level, from the least to the most capable.
-    pub const ALL: [SimdLevel; 4] = [
-        SimdLevel::Scalar,
-        SimdLevel::Sse41,
-        SimdLevel::Avx2,
-        SimdLevel::Avx512,
-    ];
-
-    /// Whether the running CPU supports this level (queries the CPU; not cached).
-    pub fn is_supported(self) -> bool {
-        match self {
-            SimdLevel::Scalar => true,
-            #[cfg(target_arch = "x86_64")]
-            SimdLevel::Sse41 => std::arch::is_x86_feature_detected!("sse4.1"),
-            #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx2 => std::arch::is_x86_feature_detected!("avx2"),
-            #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
-            #[cfg(not(target_arch = "x86_64"))]
-            _ => false,
-        }
-    }
-
-    /// Short human-readable name, e.g. `"AVX-512"`.
-    pub fn name(self) -> &'static str {
-        match self {
-            SimdLevel::Scalar => "scalar",
-            SimdLevel::Sse41 => "SSE4.1",
-            SimdLevel::Avx2 => "AVX2",
-            SimdLevel::Avx512 => "AVX-512",
-        }
-    }
-
-    fn detect() -> SimdLevel {
-        SimdLevel::ALL
-            .into_iter()
-            .rev()
-            .find(|l| l.is_supported())
-            .unwrap_or(SimdLevel::Scalar)
-    }
-
-    fn to_bits(self) -> u8 {
-        self as u8 + 1
-    }
-
-    fn from_bits(bits: u8) -> Option<SimdLevel> {
-        SimdLevel::ALL
-            .get(usize::from(bits).checked_sub(1)?)
-            .copied()
-    }
-}
-
-impl fmt::Display for SimdLevel {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// The detected level, as `SimdLevel::to_bits`; 0 until the first call of [`simd_level`].
-static DETECTED: AtomicU8 = AtomicU8::new(0);
-
-/// The most capable [`SimdLevel`] the running CPU supports, which [`copy_to_mapping`] and
-/// [`copy_from_mapping`] use.
-///
-/// Detected on the first call and cached, so the hot path costs one relaxed atomic load.
-///
-/// ```
-/// let level = vkgdr::copy::simd_level();
-/// assert!(level.is_supported());
-/// println!("copy kernels: {level}");
-/// ```
-pub fn simd_level() -> SimdLevel {
-    if let Some(level) = SimdLevel::from_bits(DETECTED.load(Ordering::Relaxed)) {
-        return level;
-    }
-    // Racing first callers detect the same value; storing it twice is harmless.
-    let level = SimdLevel::detect();
-    DETECTED.store(level.to_bits(), Ordering::Relaxed);
-    level
-}
 
 /// Copies `src` into a CPU mapping of device memory at `dst`, then fences (`sfence`), so that a
 /// store the caller makes afterwards (a "ready" flag) cannot overtake the data.
@@ -378,14 +255,6 @@ pub unsafe fn copy_from_mapping_with(
     // SAFETY: pointer obligations are the caller's; the level is supported (checked above).
     unsafe { kernels::read(level, src, dst.as_mut_ptr(), dst.len()) };
     Ok(())
-}
-
-fn check_lengths(dst: usize, src: usize) -> Result<(), CopyError> {
-    if dst == src {
-        Ok(())
-    } else {
-        Err(CopyError::LengthMismatch { dst, src })
-    }
 }
 
 /// Safe [`copy_to_mapping`] where the "mapping" is an ordinary slice (tests, benchmarks, host

@@ -9,7 +9,9 @@ use std::thread::{self, JoinHandle};
 
 use crate::core::sync::lock::{Condvar, Mutex};
 
-use super::{check_lengths, kernels, simd_level, CopyError};
+use super::error::{check_lengths, CopyError};
+use super::kernels;
+use super::simd::simd_level;
 use crate::core::handle::SendSyncPtr;
 
 /// Default [`CopyPool::parallel_threshold`]: copies shorter than 1 MiB run on the calling

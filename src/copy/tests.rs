@@ -11,6 +11,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 
 use super::pool::{self, slice_bounds, SLICE_ALIGN};
+use super::simd::DETECTED;
 use super::*;
 
 fn random_bytes(rng: &mut StdRng, len: usize) -> Vec<u8> {

@@ -3,9 +3,11 @@
 
 use std::time::{Duration, Instant};
 
+use super::error::RingError;
 use super::layout::{self, RecordHeader, WrapMode, HEADER_LEN, KIND_DATA, KIND_PAD};
+use super::shared::RingCore;
 use super::shared::{check_write, HeadFn};
-use super::{RingCore, RingError, RingSink};
+use super::sink::RingSink;
 use crate::core::sync::atomic::Ordering;
 use crate::core::sync::{thread_id, Backoff};
 

@@ -4,11 +4,12 @@
 
 use std::time::{Duration, Instant};
 
+use super::error::RingError;
 use super::layout::{
     self, RecordHeader, WrapMode, HEADER_LEN, KIND_DATA, KIND_PAD, MAX_PAYLOAD, RECORD_ALIGN,
 };
 use super::sink::check_capacity;
-use super::{RingError, RingSink};
+use super::sink::RingSink;
 use crate::core::sync::atomic::{AtomicU64, Ordering};
 use crate::core::sync::{thread_id, Backoff, CachePadded, Mutex};
 

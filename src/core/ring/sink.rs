@@ -2,8 +2,8 @@
 //! layer, plain host memory here in [`HostSink`]).
 #![allow(unsafe_code)] // the sink's two memory-touching methods are unsafe to call
 
+use super::error::RingError;
 use super::layout::{RingSource, MIN_CAPACITY};
-use super::RingError;
 use crate::core::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use crate::core::sync::CachePadded;
 
