@@ -77,7 +77,7 @@ mod tests {
 
     #[test]
     fn atom_range_refuses_what_the_driver_must_not_see() {
-        // Issue 20 #2: these used to panic in debug builds (`end - start`) and reach the driver
+        // Regression: these used to panic in debug builds (`end - start`) and reach the driver
         // as ~2^64-byte ranges in release builds.
         for (offset, len, atom, size) in [
             (4096, 1, 64, 4096),

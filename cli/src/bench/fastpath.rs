@@ -1,4 +1,4 @@
-//! `fastpath`: every fast path of issue 16 as a user calls it (default API), beside the limit of
+//! `fastpath`: every fast path of the library as a user calls it (default API), beside the limit of
 //! this machine measured in the same run:
 //!
 //! - `fastpath-write`: `RawMemory::write` of a `Vec` (default API) against explicit copy pools
@@ -142,7 +142,7 @@ fn write(
     report.notes.push(format!(
         "default API: RawMemory::write (Mapping::write) of a filled Vec: the global CopyPool, \
          {} threads, parts of {} MiB; CopyPool::new(n): the same kernels on an explicit pool of n \
-         threads; one part per thread: the splitting before issue 16",
+         threads; one part per thread: how copies were split before fixed-size parts",
         CopyPool::global().threads(),
         CopyPool::global().part_size() >> 20
     ));
