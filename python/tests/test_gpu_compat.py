@@ -4,6 +4,7 @@ error cases with their result names, explicit frees, and ``vkgdr.pycuda.Memory``
 PyCUDA whose contexts are real driver contexts."""
 
 import concurrent.futures
+import gc
 
 import numpy as np
 import pytest
@@ -215,6 +216,107 @@ def test_pycuda_memory_on_a_created_context(cuda, cupy, pycuda_stand_in, flags) 
             cuda.ctx_push(ctx)
             with pytest.raises(vkgdr.VkgdrError, match="VK_ERROR_OUT_OF_DEVICE_MEMORY"):
                 pycuda_stand_in.Memory(g, 10**15)
+        finally:
+            release(cuda, ctx)
+
+    run_in_thread(body)
+
+
+# --- free() never hands back memory a view still uses --------------------------------------
+
+
+def test_a_numpy_view_keeps_freed_memory_until_it_is_gone(cupy) -> None:
+    """vkgdr 0.1 crashes on ``a = np.asarray(mem); mem.free(); a[0] = 1``: here the memory waits
+    for the view (and VRAM shows it)."""
+    g = vkgdr.Vkgdr.open_current_context()
+    size = 64 << 20
+    mem = vkgdr.RawMemory(g, size)
+    view = np.asarray(mem).view(np.uint8)
+    view[:] = 5
+    mem.free()
+    assert mem.is_freed and "views" in repr(mem)
+    with pytest.raises(vkgdr.VkgdrError, match="freed"):
+        mem.device_ptr
+    with pytest.raises(vkgdr.VkgdrError, match="freed"):
+        np.asarray(mem)
+    view[0] = 1  # the memory is still the allocation's: no crash, no one else's bytes
+    assert view[0] == 1 and view[size - 1] == 5
+    held = cupy.cuda.runtime.memGetInfo()[0]
+    del view, mem
+    gc.collect()
+    assert g.wait_for_releases(10)
+    freed = cupy.cuda.runtime.memGetInfo()[0]
+    assert freed - held >= size // 2, f"the memory went back with its view: {held} -> {freed}"
+
+
+def test_a_cupy_array_keeps_freed_memory_and_kernels_on_it_work(cupy) -> None:
+    import vkgdr.cupy as vcp
+
+    g = vkgdr.Vkgdr.open_current_context()
+    mem = vkgdr.RawMemory(g, 4096)
+    np.asarray(mem).view(np.uint8)[:] = 21
+    mem.flush(0, 4096)
+    d = cupy.asarray(mem)  # through the CUDA array interface: the array holds `mem`
+    typed = vcp.asarray(mem, np.uint32)
+    mem.free()
+    assert mem.is_freed
+    d *= 2  # a kernel on memory freed while the array lives: still the allocation's
+    cupy.cuda.runtime.deviceSynchronize()
+    assert int(d.sum()) == 42 * 4096
+    assert int(typed[0]) == 0x2A2A2A2A
+    del d, typed, mem
+    gc.collect()
+    assert g.wait_for_releases(10)
+
+
+def test_free_without_views_is_at_once_every_way(cupy) -> None:
+    g = vkgdr.Vkgdr.open_current_context()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    for how in ({}, {"now": True}, {"after": stream}, {"after": stream.ptr}, {"after": 0}):
+        mem = vkgdr.RawMemory(g, 2 << 20)  # mapped on its own
+        np.asarray(mem).view(np.uint8)[:] = 1  # exported, but the array is gone
+        small = vkgdr.RawMemory(g, 1000)  # carved from a shared granule
+        small.free(**how)
+        mem.free(**how)
+        assert mem.is_freed and repr(mem).endswith("freed>"), how
+    stream.synchronize()
+    assert g.wait_for_releases(10)
+    with pytest.raises(vkgdr.InvalidArgumentError, match="not both"):
+        vkgdr.RawMemory(g, 64).free(after=stream, now=True)
+    with pytest.raises(vkgdr.InvalidArgumentError, match="expected a CUDA stream"):
+        vkgdr.RawMemory(g, 64).free(after="default")
+    torch = pytest.importorskip("torch")
+    torch_stream = torch.cuda.Stream()
+    assert torch_stream.cuda_stream != 0
+    mem = vkgdr.RawMemory(g, 4096)
+    mem.free(after=torch_stream)  # a PyTorch stream (.cuda_stream)
+    torch_stream.synchronize()
+    assert g.wait_for_releases(10)
+
+
+def test_pycuda_memory_with_a_view_is_released_when_the_view_goes(cuda, cupy, pycuda_stand_in):
+    def body() -> None:
+        ctx = cuda.ctx_create(0)
+        try:
+            g = vkgdr.Vkgdr.open_current_context()
+            mem = pycuda_stand_in.Memory(g, 4096)
+            view = np.asarray(mem).view(np.uint8)  # its base is the Memory object
+            view[:] = 3
+            mem.flush(0, 4096)
+            ptr = mem.get_pointer()
+            mem.free()
+            with pytest.raises(vkgdr.VkgdrError, match="freed"):
+                mem.get_pointer()
+            with driver_double_kernel(cuda) as launch_double:
+                launch_double(ptr, 4096)  # the view still holds the memory
+                cuda.ctx_synchronize()
+            assert np.all(view == 6)
+            cuda.ctx_pop()
+            del view, mem  # released now, with its context pushed by the wrapper
+            gc.collect()
+            assert cuda.ctx_get_current() is None
+            cuda.ctx_push(ctx)
+            assert g.wait_for_releases(10)
         finally:
             release(cuda, ctx)
 
