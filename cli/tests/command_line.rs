@@ -5,7 +5,9 @@
 //!
 //! The GPU work itself is not run here: every case that needs the CUDA driver runs with
 //! `VKGDR_CUDA_LIBRARY` naming a missing file, so it fails the same way on any machine (the GPU
-//! machine runs `vkgdr bench all` and `vkgdr soak` for real).
+//! machine runs `vkgdr bench all` and `vkgdr soak` for real). Not part of the GPU bundle: it runs
+//! the binary of the build tree and reads the repository (README, docs/bench). Needs lavapipe,
+//! bash and util-linux `script` (a pseudo-terminal), which CI has.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
