@@ -97,7 +97,7 @@ pub unsafe extern "C" fn vkgdr_open(device: CUdevice, flags: u32) -> vkgdr_t {
     guard("vkgdr_open", std::ptr::null_mut(), || {
         clear_last_error();
         // SAFETY: the context-lifetime obligation is forwarded to our caller.
-        let gpu = unsafe { compat::open(device, flags & compat::OPEN_FLAGS_ALL) }?;
+        let gpu = unsafe { compat::open(device, flags) }?;
         register(&DEVICES, Device::Cuda(gpu))
     })
 }
@@ -131,7 +131,7 @@ pub unsafe extern "C" fn vkgdr_open_vulkan(vulkan_device: c_int, flags: u32) -> 
                 "VKGDR_OPEN_CURRENT_CONTEXT_BIT needs CUDA: use vkgdr_open".into(),
             ));
         }
-        let options = compat::open_options(flags & compat::OPEN_FLAGS_ALL)?;
+        let options = compat::open_options(flags);
         let selector = match usize::try_from(vulkan_device) {
             Ok(i) => DeviceSelector::Index(i),
             Err(_) if vulkan_device == -1 => DeviceSelector::FirstSuitable,
