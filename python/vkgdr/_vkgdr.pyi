@@ -25,7 +25,7 @@ class RingFullError(VkgdrError):
     """No room in the ring within the timeout."""
 
 class InvalidArgumentError(VkgdrError, ValueError):
-    """A bad argument (size, range, alignment, flags)."""
+    """A bad argument (size, range, alignment, stream); unknown flag bits are ignored, as in 0.1."""
 
 class _CupyStream(Protocol):
     ptr: int
