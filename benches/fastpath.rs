@@ -1,4 +1,4 @@
-//! Issue 16's fast paths through the default API, each beside this machine's limit in the same
+//! The library's fast paths through the default API, each beside this machine's limit in the same
 //! run (criterion's side of `vkgdr bench fastpath`; the pool rows live in `benches/pool.rs`):
 //!
 //! - `write_256MiB`: `RawMemory::write` of a `Vec` / `CopyPool::new(8)` / `cuMemcpyHtoD` pinned;

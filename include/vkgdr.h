@@ -3,10 +3,14 @@
  * (capi/tests/header.rs checks it); do not edit by hand.
  *
  * A drop-in for vkgdr 0.1's vkgdr.h (same names, values, signatures and error texts), plus pools
- * (vkgdr_pool_*, vkgdr_block_*), copies (vkgdr_copy_*) and rings (vkgdr_ring_*).
+ * (vkgdr_pool_*, vkgdr_block_*), copies (vkgdr_copy_*), rings (vkgdr_ring_*) and frees that
+ * never wait for a running kernel (vkgdr_memory_free_after, vkgdr_memory_free_now,
+ * vkgdr_block_free_after, vkgdr_ring_watch_consumer, vkgdr_wait_for_releases).
  *
  * Conventions: a failing call returns NULL, 0, false or VKGDR_ERROR (each function says which)
- * and sets the calling thread's last error, vkgdr_last_error(); a successful call clears it.
+ * and sets the calling thread's last error, vkgdr_last_error(). As in vkgdr 0.1, a successful
+ * call leaves it alone: only vkgdr_open, vkgdr_open_vulkan and vkgdr_memory_alloc clear it, first
+ * thing. Unknown vkgdr_open_flags bits and vkgdr_memory_alloc flags are ignored, as in 0.1.
  * Handles are checked: NULL, a freed handle or one of another type is an error, never a crash
  * (freeing a handle while another thread still uses it is the one misuse that cannot be caught).
  * Destructors ignore NULL. No function lets an internal failure escape as a crash.
@@ -38,7 +42,7 @@
 
 /**
  * Valid flags to pass to `vkgdr_open` (and, except `VKGDR_OPEN_CURRENT_CONTEXT_BIT`, to
- * `vkgdr_open_vulkan`).
+ * `vkgdr_open_vulkan`). Other bits are ignored, as in vkgdr 0.1.
  */
 typedef enum vkgdr_open_flags {
   /**
@@ -66,11 +70,6 @@ typedef enum vkgdr_ring_flags {
    */
   VKGDR_RING_MIRRORED_BIT = 1,
 } vkgdr_ring_flags;
-
-/**
- * Opaque handle to a reservation.
- */
-typedef struct vkgdr_ring_reservation vkgdr_ring_reservation;
 
 /**
  * Opaque handle to the library, from `vkgdr_open` or `vkgdr_open_vulkan`; freed with
@@ -282,12 +281,16 @@ VKGDR_API int vkgdr_copy_from_mapping(void *dst, const void *mapping_src, size_t
  * - `flags`: a bitwise OR of `vkgdr_open_flags`. With `VKGDR_OPEN_CURRENT_CONTEXT_BIT` the
  *   calling thread's current context is used, whatever kind it is (the runtime's primary
  *   context, or one from `cuCtxCreate`); pools and rings of the handle then live in that
- *   context, which must outlive the handle and everything allocated through it.
+ *   context, which must outlive the handle and everything allocated through it. Other bits
+ *   are ignored, as vkgdr 0.1 ignores them.
+ *
+ * Clears the calling thread's last error first (as vkgdr 0.1 does), so after this call
+ * `vkgdr_last_error()` is `NULL` exactly when it succeeded.
  *
  * Returns a handle, or `NULL` on error (`vkgdr_last_error()` says why: e.g.
  * `cuDeviceGetUuid failed (CUDA_ERROR_INVALID_DEVICE)` for an invalid device,
  * `cuCtxGetDevice failed (CUDA_ERROR_INVALID_CONTEXT)` with no current context, the missing
- * `libcuda.so.1` or `libvulkan.so.1`, unknown flag bits).
+ * `libcuda.so.1` or `libvulkan.so.1`).
  *
  * Thread safety: any thread. The handle may be used from many threads at once.
  * Free it with `vkgdr_close`.
@@ -306,7 +309,11 @@ VKGDR_API vkgdr_t vkgdr_open(CUdevice device, uint32_t flags);
  *
  * - `vulkan_device`: index in Vulkan's physical-device order, or -1 for the first device with
  *   exportable host-visible device-local memory.
- * - `flags`: `VKGDR_OPEN_FORCE_NON_COHERENT_BIT` and/or `VKGDR_OPEN_REQUIRE_COHERENT_BIT`.
+ * - `flags`: `VKGDR_OPEN_FORCE_NON_COHERENT_BIT` and/or `VKGDR_OPEN_REQUIRE_COHERENT_BIT`;
+ *   `VKGDR_OPEN_CURRENT_CONTEXT_BIT` is an error (it needs CUDA), other bits are ignored as
+ *   `vkgdr_open` ignores them.
+ *
+ * Clears the calling thread's last error first, like `vkgdr_open`.
  *
  * Returns a handle, or `NULL` on error (see `vkgdr_last_error()`).
  *
@@ -335,12 +342,36 @@ VKGDR_API vkgdr_t vkgdr_open_vulkan(int vulkan_device, uint32_t flags);
 VKGDR_API void vkgdr_close(vkgdr_t g);
 
 /**
- * The calling thread's last error: a copy the caller must release with `free()`, or `NULL` if the
- * thread's last call into the library succeeded (or it made none). Reading it does not clear
- * it.
+ * Releases of memory allocated through `g` (raw memory, pool chunks and blocks, rings) that
+ * still wait for GPU work queued before them: frees never wait for a running kernel, they fence
+ * on a stream (the legacy default stream, or the one named to `vkgdr_memory_free_after`,
+ * `vkgdr_block_free_after` or `vkgdr_ring_watch_consumer`), and the memory stays in use until
+ * the GPU has passed that point. This waits up to `timeout_ns` for that count to reach 0, for
+ * tests and orderly shutdown; nothing else needs it.
  *
- * Every other function of the library sets it when it fails and clears it when it succeeds;
- * messages of driver failures read `"<call> failed (<RESULT_NAME>)"`, e.g.
+ * - `timeout_ns`: 0 only counts (after handing back what is due), negative waits until none is
+ *   left (for ever, while a kernel holds a stream back).
+ *
+ * Returns the number still waiting (0 once everything is released); 0 also for a
+ * `vkgdr_open_vulkan` handle, which has no GPU work to wait for. `SIZE_MAX` on error (an
+ * invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread closes `g` during the call.
+ */
+VKGDR_API size_t vkgdr_wait_for_releases(vkgdr_t g, int64_t timeout_ns);
+
+/**
+ * The calling thread's last error: a copy the caller must release with `free()`, or `NULL` if
+ * no call has failed since the thread's last `vkgdr_open`, `vkgdr_open_vulkan` or
+ * `vkgdr_memory_alloc` began (they clear it first, as vkgdr 0.1's `vkgdr_open` and
+ * `vkgdr_memory_alloc` do), or since the thread started. Reading it does not clear it.
+ *
+ * Every other function of the library sets it when it fails and leaves it alone when it
+ * succeeds (as in vkgdr 0.1): look at a function's return value first, then read the error.
+ * Messages of driver failures read `"<call> failed (<RESULT_NAME>)"`, e.g.
  * `"cuDeviceGetUuid failed (CUDA_ERROR_INVALID_DEVICE)"`. Returns `NULL` also if the copy
  * cannot be allocated.
  *
@@ -354,7 +385,10 @@ VKGDR_API char *vkgdr_last_error(void);
  * use `vkgdr_memory_get_device_ptr`. Costs a Vulkan allocation and a CUDA import (hundreds of
  * microseconds): for many small buffers use a pool (`vkgdr_pool_create`).
  *
- * - `flags`: for future expansion; must be 0.
+ * - `flags`: for future expansion; pass 0 (other values are ignored, as vkgdr 0.1 ignores them).
+ *
+ * Clears the calling thread's last error first (as vkgdr 0.1 does), so after this call
+ * `vkgdr_last_error()` is `NULL` exactly when it succeeded.
  *
  * Returns a handle, or `NULL` on error (`vkgdr_last_error()`: e.g.
  * `vkAllocateMemory failed (VK_ERROR_OUT_OF_DEVICE_MEMORY)` when the BAR-mappable memory is
@@ -374,15 +408,67 @@ VKGDR_API vkgdr_memory_t vkgdr_memory_alloc(vkgdr_t g, size_t size, uint32_t fla
  * call it with any (or no) context current: the memory makes its own context current to free
  * itself.
  *
+ * Never waits for a running kernel: it returns at once, and the memory goes back to the driver
+ * once the GPU work queued before this call on the legacy default stream of the memory's
+ * context has completed (and so the work of every blocking stream, such as the runtime's
+ * default stream). Until then it counts as in use (`vkgdr_wait_for_releases`). So freeing memory
+ * right after launching a kernel on it on such a stream is safe. Kernels on streams created
+ * non-blocking are not waited for: free what they may still use with `vkgdr_memory_free_after`.
+ *
  * Errors (reported through `vkgdr_last_error()` only): a handle already freed or not a
  * `vkgdr_memory_t`.
  *
  * Thread safety: any thread, but not while another thread is using the same handle.
  *
  * # Safety
- * - No other thread uses `mem` during or after the call, and no kernel uses the memory any more.
+ * - No other thread uses `mem` during or after the call, and no kernel on a non-blocking
+ *   stream uses the memory any more.
  */
 VKGDR_API void vkgdr_memory_free(vkgdr_memory_t mem);
+
+/**
+ * Frees memory from `vkgdr_memory_alloc` once the GPU work queued on `stream` so far has
+ * completed, without waiting for it: for memory a kernel on a stream created non-blocking
+ * (`CU_STREAM_NON_BLOCKING`, such as a persistent kernel's) may still use, which
+ * `vkgdr_memory_free` does not wait for. Returns at once; the memory counts as in use
+ * (`vkgdr_wait_for_releases`) until the stream gets there.
+ *
+ * - `mem`: `NULL` is ignored (`VKGDR_SUCCESS`).
+ * - `stream`: a live stream of the memory's device (a `CUstream`, or the runtime's
+ *   `cudaStream_t`). `NULL` and `CU_STREAM_LEGACY` mean the legacy default stream: this is then
+ *   `vkgdr_memory_free`. `CU_STREAM_PER_THREAD` needs the memory's context current.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR`: for a handle already freed or not a
+ * `vkgdr_memory_t` (nothing happens), or for a stream the driver refuses (e.g.
+ * `cuStreamGetCtx failed (CUDA_ERROR_INVALID_HANDLE)`), in which case the memory is freed as
+ * `vkgdr_memory_free` frees it. Except for an invalid handle, `mem` is gone after the call.
+ *
+ * Thread safety: any thread, but not while another thread is using the same handle.
+ *
+ * # Safety
+ * - No other thread uses `mem` during or after the call.
+ * - `stream` is NULL, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD` or a stream not yet
+ *   destroyed; where the driver lacks stream memory operations (then an event fences the
+ *   release), its context stays alive until the release has happened.
+ */
+VKGDR_API int vkgdr_memory_free_after(vkgdr_memory_t mem, CUstream stream);
+
+/**
+ * Frees memory from `vkgdr_memory_alloc` now, without waiting for any GPU work queued before:
+ * for memory that no kernel or copy in flight uses, which the driver then has back at once
+ * (`vkgdr_memory_free` waits, in the background, for the legacy default stream first). `NULL`
+ * is ignored. Never waits either.
+ *
+ * Errors (reported through `vkgdr_last_error()` only): a handle already freed or not a
+ * `vkgdr_memory_t`.
+ *
+ * Thread safety: any thread, but not while another thread is using the same handle.
+ *
+ * # Safety
+ * - No other thread uses `mem` during or after the call, and no GPU work in flight uses the
+ *   memory.
+ */
+VKGDR_API void vkgdr_memory_free_now(vkgdr_memory_t mem);
 
 /**
  * The host pointer to the allocation, or `NULL` on error (an invalid handle).
@@ -439,10 +525,11 @@ VKGDR_API size_t vkgdr_memory_non_coherent_atom_size(vkgdr_memory_t mem);
 
 /**
  * Flushes host writes in `[offset, offset + size)` so the device sees them (kernels launched
- * after this call). The range is widened to whole atoms inside the allocation, so unaligned
- * ranges are fine (vkgdr 0.1 left them undefined). A no-op on coherent memory.
+ * after this call). `size` `SIZE_MAX` flushes from `offset` to the end of the allocation (as
+ * `VK_WHOLE_SIZE` does in vkgdr 0.1). The range is widened to whole atoms inside the allocation,
+ * so unaligned ranges are fine (vkgdr 0.1 left them undefined). A no-op on coherent memory.
  *
- * Errors (reported through `vkgdr_last_error()`, which is cleared on success): an invalid
+ * Errors (reported through `vkgdr_last_error()` only; success leaves it as it was): an invalid
  * handle, a range outside the allocation, or the driver's failure
  * (`vkFlushMappedMemoryRanges failed (...)`).
  *
@@ -455,8 +542,9 @@ VKGDR_API void vkgdr_memory_flush(vkgdr_memory_t mem, size_t offset, size_t size
 
 /**
  * Invalidates the host's view of `[offset, offset + size)` so that device writes (of kernels
- * that have completed) are visible to the host. Widened to whole atoms like
- * `vkgdr_memory_flush`; a no-op on coherent memory.
+ * that have completed) are visible to the host. `size` `SIZE_MAX` means to the end of the
+ * allocation, and the range is widened to whole atoms, as for `vkgdr_memory_flush`; a no-op on
+ * coherent memory.
  *
  * Errors: as `vkgdr_memory_flush` (`vkInvalidateMappedMemoryRanges failed (...)`).
  *
@@ -623,6 +711,10 @@ VKGDR_API int vkgdr_pool_get_stats(vkgdr_pool_t pool, struct vkgdr_pool_stats *s
 /**
  * Frees a block (any thread may free any block). `NULL` is ignored.
  *
+ * The block goes back to its pool at once, for the next `vkgdr_pool_alloc` to hand out again:
+ * the pool cannot know which kernels still read it. Free a block that a kernel queued or
+ * running may still use with `vkgdr_block_free_after`.
+ *
  * Errors (reported through `vkgdr_last_error()` only): a block already freed or not a
  * `vkgdr_block_t`.
  *
@@ -633,6 +725,40 @@ VKGDR_API int vkgdr_pool_get_stats(vkgdr_pool_t pool, struct vkgdr_pool_stats *s
  *   more.
  */
 VKGDR_API void vkgdr_block_free(vkgdr_block_t block);
+
+/**
+ * Frees a block once the GPU work queued on `stream` so far has completed, without waiting for
+ * it: for a block a kernel launched on `stream` (a persistent one included) may still use.
+ * Returns at once; the block goes back to its pool only when the stream gets there, and counts
+ * as in use until then (`vkgdr_wait_for_releases` on the pool's `vkgdr_t`,
+ * `vkgdr_pool_get_stats`).
+ *
+ * - `block`: `NULL` is ignored (`VKGDR_SUCCESS`).
+ * - `pool`: the pool the block came from, not yet destroyed (its device's CUDA side fences the
+ *   release).
+ * - `stream`: a live stream of the pool's device (a `CUstream`, or the runtime's
+ *   `cudaStream_t`); `NULL` and `CU_STREAM_LEGACY` mean the pool context's legacy default
+ *   stream (and so every blocking stream, such as the runtime's default stream).
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR`:
+ * - nothing happened, the block is still the caller's: a block already freed or not a
+ *   `vkgdr_block_t`, an invalid `pool`, a pool of a `vkgdr_open_vulkan` handle (no GPU work
+ *   can use its blocks: free them with `vkgdr_block_free`);
+ * - the block is freed after the legacy default stream instead: a stream the driver refuses
+ *   (e.g. `cuStreamGetCtx failed (CUDA_ERROR_INVALID_HANDLE)`);
+ * - the block is freed at once, as by `vkgdr_block_free`: the driver could not make the fence
+ *   (out of resources).
+ *
+ * Thread safety: any thread, but not while another thread is using the same block.
+ *
+ * # Safety
+ * - No other thread uses `block` during or after the call; no thread destroys `pool` during
+ *   the call.
+ * - `stream` is NULL, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD` or a stream not yet
+ *   destroyed; where the driver lacks stream memory operations (then an event fences the
+ *   release), its context stays alive until the release has happened.
+ */
+VKGDR_API int vkgdr_block_free_after(vkgdr_block_t block, vkgdr_pool_t pool, CUstream stream);
 
 /**
  * The block's host address, or `NULL` on error (an invalid handle).
@@ -760,8 +886,11 @@ VKGDR_API int vkgdr_block_read(vkgdr_block_t block, size_t offset, void *dst, si
 VKGDR_API vkgdr_ring_t vkgdr_ring_create(vkgdr_t g, uint64_t capacity, uint32_t flags);
 
 /**
- * Destroys a ring handle. `NULL` is ignored. The consumer kernel must have finished with it. Open
- * reservations keep the ring's memory alive until they are committed or cancelled.
+ * Destroys a ring handle. `NULL` is ignored. Open reservations keep the ring's memory alive
+ * until they are committed or cancelled. Sets the ring's `stop` word (as `vkgdr_ring_stop`)
+ * and never waits: with a consumer registered by `vkgdr_ring_watch_consumer`, the ring's memory
+ * is kept until that consumer has exited; otherwise it is released after the legacy default
+ * stream's queued work, so a consumer on another stream must have finished with it.
  *
  * Errors (reported through `vkgdr_last_error()` only): a handle already destroyed or not a
  * `vkgdr_ring_t`.
@@ -769,7 +898,8 @@ VKGDR_API vkgdr_ring_t vkgdr_ring_create(vkgdr_t g, uint64_t capacity, uint32_t 
  * Thread safety: any thread, but not while another thread is using the same ring.
  *
  * # Safety
- * - No other thread uses `ring` during or after the call; no kernel reads it any more.
+ * - No other thread uses `ring` during or after the call; no kernel reads it any more, unless
+ *   it is the consumer registered with `vkgdr_ring_watch_consumer`.
  */
 VKGDR_API void vkgdr_ring_destroy(vkgdr_ring_t ring);
 
@@ -896,6 +1026,30 @@ VKGDR_API void vkgdr_ring_cancel(vkgdr_ring_reservation_t reservation);
  * - No thread destroys `ring` during the call.
  */
 VKGDR_API int vkgdr_ring_get_device_view(vkgdr_ring_t ring, struct vkgdr_ring_device_view *view);
+
+/**
+ * Registers the ring's persistent consumer kernel, just launched on `stream`: records a CUDA
+ * event there, after the launch. From then on a producer waiting for space (`vkgdr_ring_push`,
+ * `vkgdr_ring_reserve` with a timeout) that the consumer will never free learns that it has
+ * exited or died (`VKGDR_ERROR`, "the ring's consumer has stopped") instead of waiting out its
+ * timeout, and `vkgdr_ring_destroy` keeps the ring's memory until the consumer has exited
+ * without waiting for it. Call it again after launching a new consumer.
+ *
+ * - `stream`: the stream the consumer was launched on (a `CUstream`, or the runtime's
+ *   `cudaStream_t`); `NULL` is the legacy default stream.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, the driver's failure to create
+ * or record the event, e.g. `cuEventRecord failed (CUDA_ERROR_INVALID_HANDLE)` for a stream of
+ * another context).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `stream` is NULL, a special stream handle or a stream not yet destroyed, of the ring's
+ *   context.
+ * - No thread destroys `ring` during the call.
+ */
+VKGDR_API int vkgdr_ring_watch_consumer(vkgdr_ring_t ring, CUstream stream);
 
 /**
  * Asks a persistent consumer to exit once it has consumed everything published (sets `stop`

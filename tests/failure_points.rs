@@ -1,4 +1,4 @@
-//! Issue 19 #3 at the driver level, on lavapipe (CI): the library's failure points
+//! Failure injection at the driver level, on lavapipe (CI): the library's failure points
 //! (`--features failpoints`) make vkAllocateMemory, vkMapMemory, madvise, vkGetMemoryFdKHR,
 //! fcntl, vkFlushMappedMemoryRanges and vkInvalidateMappedMemoryRanges fail. Each failure is
 //! reported with the call's name and leaves nothing behind: lavapipe backs every exportable

@@ -1,6 +1,6 @@
-//! Issue 19 #2 on lavapipe (CI): a forked child cannot reach this process's mapped memory, and an
-//! `exec`'d one inherits no exported fd. Vulkan-only memory and a pool over it, checked by the
-//! CPU in the parent; tests/gpu_isolation.rs does the same for CUDA-imported memory, pool and
+//! Fork isolation on lavapipe (CI): a forked child cannot reach this process's mapped memory,
+//! and an `exec`'d one inherits no exported fd. Vulkan-only memory and a pool over it, checked by
+//! the CPU in the parent; tests/gpu_isolation.rs does the same for CUDA-imported memory, pool and
 //! arena chunks and rings, checked by DMA. Its own test binary: it forks and counts fds.
 
 use std::os::fd::AsRawFd;

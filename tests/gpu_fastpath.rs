@@ -1,4 +1,4 @@
-//! Issue 16's fast paths on the GPU, checked by DMA: large writes split over the global copy pool
+//! Fast paths on the GPU, checked by DMA: large writes split over the global copy pool
 //! (2 MiB parts) at odd offsets, staged reads into pageable memory at every interesting length
 //! and offset (one chunk, several, the pipeline's wrap, concurrent readers sharing the staging
 //! cache), pool blocks read through the staged path, and `WriteBatch` writes that arrive — in

@@ -1,4 +1,4 @@
-//! Issue 19 #2 on the GPU: a forked child cannot reach this process's GPU memory through any
+//! Fork isolation on the GPU: a forked child cannot reach this process's GPU memory through any
 //! inherited host pointer — raw allocations, pool chunks (shared and dedicated), arena chunks,
 //! pools on an arena, rings (data and control) — and an `exec`'d program inherits no fd of them.
 //!

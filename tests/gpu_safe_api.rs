@@ -1,4 +1,4 @@
-//! Issue 19 #1 and issue 17's reports on the GPU: a pinned buffer the GPU writes is read by
+//! The safe API and allocation reports on the GPU: a pinned buffer the GPU writes is read by
 //! volatile and atomic loads with bounds checks; events and kernels refuse streams of another
 //! context (two GPUs); raw allocations carry labels and `Gpu::allocations` lists every live one,
 //! the library's own (pool chunks, rings) included; pool reports give chunks' device addresses.

@@ -1,4 +1,4 @@
-//! Issue 19 #3: chunk allocations, flushes and invalidates that fail at random points under
+//! Failure injection: chunk allocations, flushes and invalidates that fail at random points under
 //! random workloads leave nothing behind — the pool's accounting matches the chunks really held
 //! after every step, every chunk is given back in the end — and the pool keeps working. On host
 //! memory (coherent and pretending to be non-coherent) and on lavapipe's exported Vulkan memory,

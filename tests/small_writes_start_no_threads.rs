@@ -1,5 +1,5 @@
 //! The default write path never starts a thread for a small copy: the first small write of a
-//! process costs what a later one does (issue 16). Large writes and reads do use the global copy
+//! process costs what a later one does. Large writes and reads do use the global copy
 //! pool. One test in its own binary, so no other test starts the pool first.
 
 use vkgdr::chunk::HostMemorySource;

@@ -104,7 +104,7 @@ fn bad_inputs_give_their_errors() {
     assert_eq!(mem.read_vec(4090, 6).unwrap(), vec![7; 6]);
 }
 
-/// Issue 20 #2: the batched flush and invalidate are public and safe, so every range is checked
+/// The batched flush and invalidate are public and safe, so every range is checked
 /// (with checked maths) before any reaches `vkFlushMappedMemoryRanges`; one bad range fails the
 /// whole batch, in coherent and forced non-coherent mode alike.
 #[test]

@@ -2,12 +2,13 @@
 
 use std::ffi::c_int;
 use std::sync::{Arc, LazyLock};
+use std::time::Duration;
 
 use ::vkgdr::compat;
 use ::vkgdr::vulkan::{DeviceSelector, VulkanContext};
 use ::vkgdr::Gpu;
 
-use crate::error::{guard, CResult, Failure};
+use crate::error::{clear_last_error, guard, CResult, Failure};
 use crate::handles::{HandleTable, Tag};
 use crate::{lookup, register, release, CUdevice};
 
@@ -21,7 +22,7 @@ pub struct vkgdr {
 pub type vkgdr_t = *mut vkgdr;
 
 /// Valid flags to pass to `vkgdr_open` (and, except `VKGDR_OPEN_CURRENT_CONTEXT_BIT`, to
-/// `vkgdr_open_vulkan`).
+/// `vkgdr_open_vulkan`). Other bits are ignored, as in vkgdr 0.1.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub enum vkgdr_open_flags {
@@ -74,12 +75,16 @@ pub unsafe fn device<'a>(g: vkgdr_t) -> CResult<&'a Device> {
 /// - `flags`: a bitwise OR of `vkgdr_open_flags`. With `VKGDR_OPEN_CURRENT_CONTEXT_BIT` the
 ///   calling thread's current context is used, whatever kind it is (the runtime's primary
 ///   context, or one from `cuCtxCreate`); pools and rings of the handle then live in that
-///   context, which must outlive the handle and everything allocated through it.
+///   context, which must outlive the handle and everything allocated through it. Other bits
+///   are ignored, as vkgdr 0.1 ignores them.
+///
+/// Clears the calling thread's last error first (as vkgdr 0.1 does), so after this call
+/// `vkgdr_last_error()` is `NULL` exactly when it succeeded.
 ///
 /// Returns a handle, or `NULL` on error (`vkgdr_last_error()` says why: e.g.
 /// `cuDeviceGetUuid failed (CUDA_ERROR_INVALID_DEVICE)` for an invalid device,
 /// `cuCtxGetDevice failed (CUDA_ERROR_INVALID_CONTEXT)` with no current context, the missing
-/// `libcuda.so.1` or `libvulkan.so.1`, unknown flag bits).
+/// `libcuda.so.1` or `libvulkan.so.1`).
 ///
 /// Thread safety: any thread. The handle may be used from many threads at once.
 /// Free it with `vkgdr_close`.
@@ -90,6 +95,7 @@ pub unsafe fn device<'a>(g: vkgdr_t) -> CResult<&'a Device> {
 #[no_mangle]
 pub unsafe extern "C" fn vkgdr_open(device: CUdevice, flags: u32) -> vkgdr_t {
     guard("vkgdr_open", std::ptr::null_mut(), || {
+        clear_last_error();
         // SAFETY: the context-lifetime obligation is forwarded to our caller.
         let gpu = unsafe { compat::open(device, flags) }?;
         register(&DEVICES, Device::Cuda(gpu))
@@ -103,7 +109,11 @@ pub unsafe extern "C" fn vkgdr_open(device: CUdevice, flags: u32) -> vkgdr_t {
 ///
 /// - `vulkan_device`: index in Vulkan's physical-device order, or -1 for the first device with
 ///   exportable host-visible device-local memory.
-/// - `flags`: `VKGDR_OPEN_FORCE_NON_COHERENT_BIT` and/or `VKGDR_OPEN_REQUIRE_COHERENT_BIT`.
+/// - `flags`: `VKGDR_OPEN_FORCE_NON_COHERENT_BIT` and/or `VKGDR_OPEN_REQUIRE_COHERENT_BIT`;
+///   `VKGDR_OPEN_CURRENT_CONTEXT_BIT` is an error (it needs CUDA), other bits are ignored as
+///   `vkgdr_open` ignores them.
+///
+/// Clears the calling thread's last error first, like `vkgdr_open`.
 ///
 /// Returns a handle, or `NULL` on error (see `vkgdr_last_error()`).
 ///
@@ -115,12 +125,13 @@ pub unsafe extern "C" fn vkgdr_open(device: CUdevice, flags: u32) -> vkgdr_t {
 #[no_mangle]
 pub unsafe extern "C" fn vkgdr_open_vulkan(vulkan_device: c_int, flags: u32) -> vkgdr_t {
     guard("vkgdr_open_vulkan", std::ptr::null_mut(), || {
+        clear_last_error();
         if flags & compat::OPEN_CURRENT_CONTEXT_BIT != 0 {
             return Err(Failure::Api(
                 "VKGDR_OPEN_CURRENT_CONTEXT_BIT needs CUDA: use vkgdr_open".into(),
             ));
         }
-        let options = compat::open_options(flags)?;
+        let options = compat::open_options(flags);
         let selector = match usize::try_from(vulkan_device) {
             Ok(i) => DeviceSelector::Index(i),
             Err(_) if vulkan_device == -1 => DeviceSelector::FirstSuitable,
@@ -150,4 +161,40 @@ pub unsafe extern "C" fn vkgdr_open_vulkan(vulkan_device: c_int, flags: u32) -> 
 #[no_mangle]
 pub unsafe extern "C" fn vkgdr_close(g: vkgdr_t) {
     guard("vkgdr_close", (), || release(&DEVICES, g))
+}
+
+/// Releases of memory allocated through `g` (raw memory, pool chunks and blocks, rings) that
+/// still wait for GPU work queued before them: frees never wait for a running kernel, they fence
+/// on a stream (the legacy default stream, or the one named to `vkgdr_memory_free_after`,
+/// `vkgdr_block_free_after` or `vkgdr_ring_watch_consumer`), and the memory stays in use until
+/// the GPU has passed that point. This waits up to `timeout_ns` for that count to reach 0, for
+/// tests and orderly shutdown; nothing else needs it.
+///
+/// - `timeout_ns`: 0 only counts (after handing back what is due), negative waits until none is
+///   left (for ever, while a kernel holds a stream back).
+///
+/// Returns the number still waiting (0 once everything is released); 0 also for a
+/// `vkgdr_open_vulkan` handle, which has no GPU work to wait for. `SIZE_MAX` on error (an
+/// invalid handle).
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// - No thread closes `g` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_wait_for_releases(g: vkgdr_t, timeout_ns: i64) -> usize {
+    guard("vkgdr_wait_for_releases", usize::MAX, || {
+        // SAFETY: the caller does not close `g` during the call.
+        let gpu = match unsafe { device(g) }? {
+            Device::Cuda(gpu) => gpu.clone(),
+            Device::Vulkan(_) => return Ok(0),
+        };
+        match u64::try_from(timeout_ns) {
+            Ok(ns) => {
+                gpu.wait_for_releases(Duration::from_nanos(ns));
+            }
+            Err(_) => while !gpu.wait_for_releases(Duration::from_secs(1)) {},
+        }
+        Ok(gpu.pending_releases())
+    })
 }

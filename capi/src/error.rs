@@ -1,9 +1,10 @@
 //! The calling thread's last error, and the guard every entry point runs its body in.
 //!
-//! Every exported function except [`vkgdr_last_error`] goes through [`guard`]: on success it
-//! clears the thread's last error, on failure it stores the message and returns the function's
-//! error value, and a Rust panic is caught there (it never unwinds into C) and reported the same
-//! way.
+//! Every exported function except [`vkgdr_last_error`] goes through [`guard`]: on failure it
+//! stores the message and returns the function's error value, and a Rust panic is caught there
+//! (it never unwinds into C) and reported the same way. Success leaves the last error alone, as
+//! in vkgdr 0.1: only `vkgdr_open`, `vkgdr_open_vulkan` and `vkgdr_memory_alloc` clear it, when
+//! they start ([`clear_last_error`]).
 
 use std::any::Any;
 use std::cell::RefCell;
@@ -78,15 +79,12 @@ fn panic_text(payload: &(dyn Any + Send)) -> &str {
         .unwrap_or("(no message)")
 }
 
-/// Runs an entry point's body: clears the last error on success; on failure (or panic) stores the
-/// message and returns `on_error`.
+/// Runs an entry point's body: on failure (or panic) stores the message and returns `on_error`.
+/// Success does not touch the last error.
 #[inline]
 pub fn guard<R>(function: &'static str, on_error: R, body: impl FnOnce() -> CResult<R>) -> R {
     match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(value)) => {
-            clear();
-            value
-        }
+        Ok(Ok(value)) => value,
         Ok(Err(failure)) => {
             store(Some(failure.message(function)));
             on_error
@@ -106,8 +104,12 @@ pub fn guard<R>(function: &'static str, on_error: R, body: impl FnOnce() -> CRes
     }
 }
 
+/// Clears the calling thread's last error: what vkgdr 0.1's `vkgdr_open` and
+/// `vkgdr_memory_alloc` do first, so that after one of them `vkgdr_last_error()` is `NULL` exactly
+/// when it succeeded. Besides them only `vkgdr_open_vulkan` calls it (0.1 programs read the error
+/// after those two, and a successful call must not erase an earlier failure).
 #[inline]
-fn clear() {
+pub fn clear_last_error() {
     let _ = LAST_ERROR.try_with(|e| {
         if let Ok(mut e) = e.try_borrow_mut() {
             if e.is_some() {
@@ -117,12 +119,14 @@ fn clear() {
     });
 }
 
-/// The calling thread's last error: a copy the caller must release with `free()`, or `NULL` if the
-/// thread's last call into the library succeeded (or it made none). Reading it does not clear
-/// it.
+/// The calling thread's last error: a copy the caller must release with `free()`, or `NULL` if
+/// no call has failed since the thread's last `vkgdr_open`, `vkgdr_open_vulkan` or
+/// `vkgdr_memory_alloc` began (they clear it first, as vkgdr 0.1's `vkgdr_open` and
+/// `vkgdr_memory_alloc` do), or since the thread started. Reading it does not clear it.
 ///
-/// Every other function of the library sets it when it fails and clears it when it succeeds;
-/// messages of driver failures read `"<call> failed (<RESULT_NAME>)"`, e.g.
+/// Every other function of the library sets it when it fails and leaves it alone when it
+/// succeeds (as in vkgdr 0.1): look at a function's return value first, then read the error.
+/// Messages of driver failures read `"<call> failed (<RESULT_NAME>)"`, e.g.
 /// `"cuDeviceGetUuid failed (CUDA_ERROR_INVALID_DEVICE)"`. Returns `NULL` also if the copy
 /// cannot be allocated.
 ///
@@ -170,17 +174,19 @@ mod tests {
     }
 
     #[test]
-    fn panics_become_errors_and_success_clears_them() {
+    fn panics_become_errors_and_only_clearing_removes_them() {
         let r = guard("vkgdr_test", -1, || -> CResult<i32> {
             panic!("boom {}", 7)
         });
         assert_eq!(r, -1);
-        assert_eq!(
-            last().as_deref(),
-            Some("vkgdr_test: internal error (Rust panic: boom 7)")
-        );
-        assert!(last().is_some(), "reading does not clear");
+        let boom = Some("vkgdr_test: internal error (Rust panic: boom 7)");
+        assert_eq!(last().as_deref(), boom);
+        assert_eq!(last().as_deref(), boom, "reading does not clear");
+        // vkgdr 0.1: a successful call leaves the error for a later read.
         assert_eq!(guard("vkgdr_test", -1, || Ok(5)), 5);
+        assert_eq!(last().as_deref(), boom);
+        // What vkgdr_open and vkgdr_memory_alloc do first.
+        clear_last_error();
         assert_eq!(last(), None);
     }
 

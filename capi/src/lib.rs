@@ -9,7 +9,8 @@
 //! Conventions every function follows:
 //! - it never lets a Rust panic unwind into C ([`error::guard`]);
 //! - on failure it returns `NULL`, 0, `false` or -1 (as its documentation says) and sets the
-//!   calling thread's last error (`vkgdr_last_error`); on success it clears it;
+//!   calling thread's last error (`vkgdr_last_error`); success leaves it alone, as in vkgdr 0.1
+//!   (only `vkgdr_open`, `vkgdr_open_vulkan` and `vkgdr_memory_alloc` clear it, first thing);
 //! - handles are checked tokens, not pointers ([`handles`]): `NULL`, a freed handle or a handle of
 //!   another type is an error, never a crash. Destructors accept `NULL` and do nothing, like
 //!   `free(NULL)`.
@@ -37,6 +38,24 @@ pub type CUdevice = c_int;
 /// CUDA's device pointer, `CUdeviceptr` from `<cuda.h>` (`unsigned long long` on 64-bit Linux;
 /// not redefined in the header).
 pub type CUdeviceptr = c_ulonglong;
+
+/// The struct behind CUDA's `CUstream` (declared by `<cuda.h>`, never defined).
+pub struct CUstream_st {
+    _private: [u8; 0],
+}
+
+/// CUDA's stream handle, `CUstream` from `<cuda.h>` (not redefined in the header). The runtime's
+/// `cudaStream_t` is the same pointer.
+pub type CUstream = *mut CUstream_st;
+
+/// `CU_STREAM_LEGACY` of `<cuda.h>`: the legacy default stream, as NULL is in the driver API.
+pub(crate) const CU_STREAM_LEGACY: usize = 0x1;
+
+/// Whether `stream` names the legacy default stream (NULL or `CU_STREAM_LEGACY`), which every
+/// release already waits for.
+pub(crate) fn is_legacy_stream(stream: CUstream) -> bool {
+    stream.is_null() || stream.addr() == CU_STREAM_LEGACY
+}
 
 /// Returned by functions that report success as an `int`.
 pub const VKGDR_SUCCESS: c_int = 0;

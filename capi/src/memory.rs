@@ -1,5 +1,6 @@
 //! vkgdr 0.1's raw allocations (`vkgdr_memory_*`), plus bounds-checked `vkgdr_memory_write` /
-//! `vkgdr_memory_read`.
+//! `vkgdr_memory_read` and the frees that name a stream (`vkgdr_memory_free_after`) or none
+//! (`vkgdr_memory_free_now`).
 
 use std::ffi::{c_int, c_void};
 use std::sync::LazyLock;
@@ -8,9 +9,12 @@ use vkgdr::compat;
 use vkgdr::RawMemory;
 
 use crate::device::{device, vkgdr_t};
-use crate::error::{guard, CResult, Failure};
-use crate::handles::{HandleTable, Tag};
-use crate::{lookup, register, release, CUdeviceptr, VKGDR_ERROR, VKGDR_SUCCESS};
+use crate::error::{clear_last_error, guard, CResult, Failure};
+use crate::handles::{BadHandle, HandleTable, Tag};
+use crate::{
+    is_legacy_stream, lookup, register, release, CUdeviceptr, CUstream, Handle, VKGDR_ERROR,
+    VKGDR_SUCCESS,
+};
 
 /// Opaque handle to a memory allocation.
 pub struct vkgdr_memory {
@@ -41,12 +45,31 @@ pub(crate) fn check_range(offset: usize, size: usize, len: u64) -> CResult<()> {
     }
 }
 
+/// The range `vkgdr_memory_flush` or `vkgdr_memory_invalidate` of `size` bytes at `offset`
+/// covers in a mapping of `len` bytes. `SIZE_MAX` is "to the end": vkgdr 0.1 hands `size` to
+/// Vulkan unchanged, where `SIZE_MAX` is `VK_WHOLE_SIZE`, the rest of the mapping.
+fn sync_range(offset: usize, size: usize, len: u64) -> CResult<(u64, u64)> {
+    if size == usize::MAX {
+        let rest = len.checked_sub(offset as u64).ok_or_else(|| {
+            Failure::Api(format!(
+                "offset {offset} is past the end of the {len}-byte allocation"
+            ))
+        })?;
+        return Ok((offset as u64, rest));
+    }
+    check_range(offset, size, len)?;
+    Ok((offset as u64, size as u64))
+}
+
 /// Allocates `size` bytes of GPU memory with a host mapping, imported into the calling thread's
 /// **current** CUDA context (which must belong to the handle's device); kernels of that context
 /// use `vkgdr_memory_get_device_ptr`. Costs a Vulkan allocation and a CUDA import (hundreds of
 /// microseconds): for many small buffers use a pool (`vkgdr_pool_create`).
 ///
-/// - `flags`: for future expansion; must be 0.
+/// - `flags`: for future expansion; pass 0 (other values are ignored, as vkgdr 0.1 ignores them).
+///
+/// Clears the calling thread's last error first (as vkgdr 0.1 does), so after this call
+/// `vkgdr_last_error()` is `NULL` exactly when it succeeded.
 ///
 /// Returns a handle, or `NULL` on error (`vkgdr_last_error()`: e.g.
 /// `vkAllocateMemory failed (VK_ERROR_OUT_OF_DEVICE_MEMORY)` when the BAR-mappable memory is
@@ -61,10 +84,13 @@ pub(crate) fn check_range(offset: usize, size: usize, len: u64) -> CResult<()> {
 #[no_mangle]
 pub unsafe extern "C" fn vkgdr_memory_alloc(g: vkgdr_t, size: usize, flags: u32) -> vkgdr_memory_t {
     guard("vkgdr_memory_alloc", std::ptr::null_mut(), || {
+        clear_last_error();
+        // vkgdr 0.1 never looks at the flags.
+        let _ = flags;
         // SAFETY: the caller does not close `g` during the call.
         let gpu = unsafe { device(g) }?.gpu()?;
         // SAFETY: the context-lifetime obligation is forwarded to our caller.
-        let mem = unsafe { compat::alloc(gpu, size as u64, flags) }?;
+        let mem = unsafe { compat::alloc(gpu, size as u64, 0) }?;
         register(&MEMORIES, mem)
     })
 }
@@ -73,16 +99,92 @@ pub unsafe extern "C" fn vkgdr_memory_alloc(g: vkgdr_t, size: usize, flags: u32)
 /// call it with any (or no) context current: the memory makes its own context current to free
 /// itself.
 ///
+/// Never waits for a running kernel: it returns at once, and the memory goes back to the driver
+/// once the GPU work queued before this call on the legacy default stream of the memory's
+/// context has completed (and so the work of every blocking stream, such as the runtime's
+/// default stream). Until then it counts as in use (`vkgdr_wait_for_releases`). So freeing memory
+/// right after launching a kernel on it on such a stream is safe. Kernels on streams created
+/// non-blocking are not waited for: free what they may still use with `vkgdr_memory_free_after`.
+///
 /// Errors (reported through `vkgdr_last_error()` only): a handle already freed or not a
 /// `vkgdr_memory_t`.
 ///
 /// Thread safety: any thread, but not while another thread is using the same handle.
 ///
 /// # Safety
-/// - No other thread uses `mem` during or after the call, and no kernel uses the memory any more.
+/// - No other thread uses `mem` during or after the call, and no kernel on a non-blocking
+///   stream uses the memory any more.
 #[no_mangle]
 pub unsafe extern "C" fn vkgdr_memory_free(mem: vkgdr_memory_t) {
     guard("vkgdr_memory_free", (), || release(&MEMORIES, mem))
+}
+
+/// Frees memory from `vkgdr_memory_alloc` once the GPU work queued on `stream` so far has
+/// completed, without waiting for it: for memory a kernel on a stream created non-blocking
+/// (`CU_STREAM_NON_BLOCKING`, such as a persistent kernel's) may still use, which
+/// `vkgdr_memory_free` does not wait for. Returns at once; the memory counts as in use
+/// (`vkgdr_wait_for_releases`) until the stream gets there.
+///
+/// - `mem`: `NULL` is ignored (`VKGDR_SUCCESS`).
+/// - `stream`: a live stream of the memory's device (a `CUstream`, or the runtime's
+///   `cudaStream_t`). `NULL` and `CU_STREAM_LEGACY` mean the legacy default stream: this is then
+///   `vkgdr_memory_free`. `CU_STREAM_PER_THREAD` needs the memory's context current.
+///
+/// Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR`: for a handle already freed or not a
+/// `vkgdr_memory_t` (nothing happens), or for a stream the driver refuses (e.g.
+/// `cuStreamGetCtx failed (CUDA_ERROR_INVALID_HANDLE)`), in which case the memory is freed as
+/// `vkgdr_memory_free` frees it. Except for an invalid handle, `mem` is gone after the call.
+///
+/// Thread safety: any thread, but not while another thread is using the same handle.
+///
+/// # Safety
+/// - No other thread uses `mem` during or after the call.
+/// - `stream` is NULL, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD` or a stream not yet
+///   destroyed; where the driver lacks stream memory operations (then an event fences the
+///   release), its context stays alive until the release has happened.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_memory_free_after(mem: vkgdr_memory_t, stream: CUstream) -> c_int {
+    guard("vkgdr_memory_free_after", VKGDR_ERROR, || {
+        let m = match MEMORIES.remove(mem.token()) {
+            Ok(m) => m,
+            Err(BadHandle::Null) => return Ok(VKGDR_SUCCESS),
+            Err(why) => return Err(Failure::handle(Tag::Memory, why)),
+        };
+        if is_legacy_stream(stream) {
+            // What a plain free fences on.
+            drop(m);
+        } else {
+            // SAFETY: a live stream (the caller's contract); on an error the memory is
+            // released as a plain drop would release it.
+            unsafe { m.release_after_stream(stream.cast()) }?;
+        }
+        Ok(VKGDR_SUCCESS)
+    })
+}
+
+/// Frees memory from `vkgdr_memory_alloc` now, without waiting for any GPU work queued before:
+/// for memory that no kernel or copy in flight uses, which the driver then has back at once
+/// (`vkgdr_memory_free` waits, in the background, for the legacy default stream first). `NULL`
+/// is ignored. Never waits either.
+///
+/// Errors (reported through `vkgdr_last_error()` only): a handle already freed or not a
+/// `vkgdr_memory_t`.
+///
+/// Thread safety: any thread, but not while another thread is using the same handle.
+///
+/// # Safety
+/// - No other thread uses `mem` during or after the call, and no GPU work in flight uses the
+///   memory.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_memory_free_now(mem: vkgdr_memory_t) {
+    guard("vkgdr_memory_free_now", (), || {
+        match MEMORIES.remove(mem.token()) {
+            Ok(m) => m.release_now(),
+            Err(BadHandle::Null) => {}
+            Err(why) => return Err(Failure::handle(Tag::Memory, why)),
+        }
+        Ok(())
+    })
 }
 
 /// The host pointer to the allocation, or `NULL` on error (an invalid handle).
@@ -164,10 +266,11 @@ pub unsafe extern "C" fn vkgdr_memory_non_coherent_atom_size(mem: vkgdr_memory_t
 }
 
 /// Flushes host writes in `[offset, offset + size)` so the device sees them (kernels launched
-/// after this call). The range is widened to whole atoms inside the allocation, so unaligned
-/// ranges are fine (vkgdr 0.1 left them undefined). A no-op on coherent memory.
+/// after this call). `size` `SIZE_MAX` flushes from `offset` to the end of the allocation (as
+/// `VK_WHOLE_SIZE` does in vkgdr 0.1). The range is widened to whole atoms inside the allocation,
+/// so unaligned ranges are fine (vkgdr 0.1 left them undefined). A no-op on coherent memory.
 ///
-/// Errors (reported through `vkgdr_last_error()`, which is cleared on success): an invalid
+/// Errors (reported through `vkgdr_last_error()` only; success leaves it as it was): an invalid
 /// handle, a range outside the allocation, or the driver's failure
 /// (`vkFlushMappedMemoryRanges failed (...)`).
 ///
@@ -180,14 +283,15 @@ pub unsafe extern "C" fn vkgdr_memory_flush(mem: vkgdr_memory_t, offset: usize, 
     guard("vkgdr_memory_flush", (), || {
         // SAFETY: the caller does not free `mem` during the call.
         let m = unsafe { memory(mem) }?;
-        check_range(offset, size, m.allocation_size())?;
-        Ok(m.flush(offset as u64, size as u64)?)
+        let (offset, size) = sync_range(offset, size, m.allocation_size())?;
+        Ok(m.flush(offset, size)?)
     })
 }
 
 /// Invalidates the host's view of `[offset, offset + size)` so that device writes (of kernels
-/// that have completed) are visible to the host. Widened to whole atoms like
-/// `vkgdr_memory_flush`; a no-op on coherent memory.
+/// that have completed) are visible to the host. `size` `SIZE_MAX` means to the end of the
+/// allocation, and the range is widened to whole atoms, as for `vkgdr_memory_flush`; a no-op on
+/// coherent memory.
 ///
 /// Errors: as `vkgdr_memory_flush` (`vkInvalidateMappedMemoryRanges failed (...)`).
 ///
@@ -200,8 +304,8 @@ pub unsafe extern "C" fn vkgdr_memory_invalidate(mem: vkgdr_memory_t, offset: us
     guard("vkgdr_memory_invalidate", (), || {
         // SAFETY: the caller does not free `mem` during the call.
         let m = unsafe { memory(mem) }?;
-        check_range(offset, size, m.allocation_size())?;
-        Ok(m.invalidate(offset as u64, size as u64)?)
+        let (offset, size) = sync_range(offset, size, m.allocation_size())?;
+        Ok(m.invalidate(offset, size)?)
     })
 }
 
@@ -269,4 +373,20 @@ pub unsafe extern "C" fn vkgdr_memory_read(
         unsafe { vkgdr::copy::copy_from_mapping(dst, m.host_ptr().add(offset)) };
         Ok(VKGDR_SUCCESS)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_max_syncs_to_the_end_as_vk_whole_size_does_and_other_ranges_are_checked() {
+        assert_eq!(sync_range(0, usize::MAX, 8192).unwrap(), (0, 8192));
+        assert_eq!(sync_range(100, usize::MAX, 8192).unwrap(), (100, 8092));
+        assert_eq!(sync_range(8192, usize::MAX, 8192).unwrap(), (8192, 0));
+        assert!(sync_range(8193, usize::MAX, 8192).is_err());
+        assert_eq!(sync_range(10, 20, 8192).unwrap(), (10, 20));
+        assert!(sync_range(8000, 193, 8192).is_err());
+        assert!(sync_range(1, usize::MAX - 1, 8192).is_err());
+    }
 }

@@ -2,19 +2,25 @@
 //!
 //! A block handle is a [`vkgdr::Block`] in a handle table: allocating and freeing one from C
 //! costs the Rust pool's allocation and free plus a thread-local handle-slot pop and push (no
-//! global lock; see [`crate::handles`]).
+//! global lock; see [`crate::handles`]). A pool handle keeps its device's [`Gpu`] beside the
+//! pool, for `vkgdr_block_free_after` (a block itself does not know it, and holding a reference
+//! per block would put a shared counter on the allocation path).
 
 use std::ffi::{c_int, c_void};
 use std::sync::LazyLock;
 
-use vkgdr::{Block, Mapping, Pool, PoolConfig};
+use vkgdr::cuda::CuStream;
+use vkgdr::{Block, Gpu, Mapping, Pool, PoolConfig};
 
 use crate::device::{device, vkgdr_t, Device};
 use crate::error::{guard, CResult, Failure};
 use crate::handles::{HandleTable, Tag};
 use crate::memory::check_range;
 use crate::versioned::{self, Versioned};
-use crate::{lookup, register, release, CUdeviceptr, VKGDR_ERROR, VKGDR_SUCCESS};
+use crate::{
+    is_legacy_stream, lookup, register, release, CUdeviceptr, CUstream, Handle, CU_STREAM_LEGACY,
+    VKGDR_ERROR, VKGDR_SUCCESS,
+};
 
 /// Opaque handle to a pool.
 pub struct vkgdr_pool {
@@ -130,8 +136,16 @@ unsafe impl Versioned for vkgdr_pool_stats {
     const NAME: &'static str = "vkgdr_pool_stats";
 }
 
+/// What a `vkgdr_pool_t` holds.
+struct PoolEntry {
+    pool: Pool,
+    /// The CUDA side of the pool's device (`None` on a `vkgdr_open_vulkan` handle): what
+    /// stream-ordered block frees fence with, and count in.
+    gpu: Option<Gpu>,
+}
+
 /// Live `vkgdr_pool_t` handles.
-static POOLS: LazyLock<HandleTable<Pool>> = LazyLock::new(|| HandleTable::new(Tag::Pool));
+static POOLS: LazyLock<HandleTable<PoolEntry>> = LazyLock::new(|| HandleTable::new(Tag::Pool));
 /// Live `vkgdr_block_t` handles.
 static BLOCKS: LazyLock<HandleTable<Block>> = LazyLock::new(|| HandleTable::new(Tag::Block));
 
@@ -139,7 +153,7 @@ static BLOCKS: LazyLock<HandleTable<Block>> = LazyLock::new(|| HandleTable::new(
 /// - No thread destroys `pool` while the reference is in use.
 unsafe fn pool<'a>(pool: vkgdr_pool_t) -> CResult<&'a Pool> {
     // SAFETY: forwarded to our caller.
-    unsafe { lookup(&POOLS, pool) }
+    unsafe { lookup(&POOLS, pool) }.map(|e| &e.pool)
 }
 
 /// # Safety
@@ -211,11 +225,17 @@ pub unsafe extern "C" fn vkgdr_pool_create(
         };
         let config = c.to_config()?;
         // SAFETY: the caller does not close `g` during the call.
-        let pool = match unsafe { device(g) }? {
-            Device::Cuda(gpu) => Pool::new(gpu.clone(), config)?,
-            Device::Vulkan(vulkan) => Pool::new(vulkan.clone(), config)?,
+        let entry = match unsafe { device(g) }? {
+            Device::Cuda(gpu) => PoolEntry {
+                pool: Pool::new(gpu.clone(), config)?,
+                gpu: Some(gpu.clone()),
+            },
+            Device::Vulkan(vulkan) => PoolEntry {
+                pool: Pool::new(vulkan.clone(), config)?,
+                gpu: None,
+            },
         };
-        register(&POOLS, pool)
+        register(&POOLS, entry)
     })
 }
 
@@ -358,6 +378,10 @@ pub unsafe extern "C" fn vkgdr_pool_get_stats(
 
 /// Frees a block (any thread may free any block). `NULL` is ignored.
 ///
+/// The block goes back to its pool at once, for the next `vkgdr_pool_alloc` to hand out again:
+/// the pool cannot know which kernels still read it. Free a block that a kernel queued or
+/// running may still use with `vkgdr_block_free_after`.
+///
 /// Errors (reported through `vkgdr_last_error()` only): a block already freed or not a
 /// `vkgdr_block_t`.
 ///
@@ -369,6 +393,85 @@ pub unsafe extern "C" fn vkgdr_pool_get_stats(
 #[no_mangle]
 pub unsafe extern "C" fn vkgdr_block_free(block: vkgdr_block_t) {
     guard("vkgdr_block_free", (), || release(&BLOCKS, block))
+}
+
+/// Frees a block once the GPU work queued on `stream` so far has completed, without waiting for
+/// it: for a block a kernel launched on `stream` (a persistent one included) may still use.
+/// Returns at once; the block goes back to its pool only when the stream gets there, and counts
+/// as in use until then (`vkgdr_wait_for_releases` on the pool's `vkgdr_t`,
+/// `vkgdr_pool_get_stats`).
+///
+/// - `block`: `NULL` is ignored (`VKGDR_SUCCESS`).
+/// - `pool`: the pool the block came from, not yet destroyed (its device's CUDA side fences the
+///   release).
+/// - `stream`: a live stream of the pool's device (a `CUstream`, or the runtime's
+///   `cudaStream_t`); `NULL` and `CU_STREAM_LEGACY` mean the pool context's legacy default
+///   stream (and so every blocking stream, such as the runtime's default stream).
+///
+/// Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR`:
+/// - nothing happened, the block is still the caller's: a block already freed or not a
+///   `vkgdr_block_t`, an invalid `pool`, a pool of a `vkgdr_open_vulkan` handle (no GPU work
+///   can use its blocks: free them with `vkgdr_block_free`);
+/// - the block is freed after the legacy default stream instead: a stream the driver refuses
+///   (e.g. `cuStreamGetCtx failed (CUDA_ERROR_INVALID_HANDLE)`);
+/// - the block is freed at once, as by `vkgdr_block_free`: the driver could not make the fence
+///   (out of resources).
+///
+/// Thread safety: any thread, but not while another thread is using the same block.
+///
+/// # Safety
+/// - No other thread uses `block` during or after the call; no thread destroys `pool` during
+///   the call.
+/// - `stream` is NULL, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD` or a stream not yet
+///   destroyed; where the driver lacks stream memory operations (then an event fences the
+///   release), its context stays alive until the release has happened.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_block_free_after(
+    block: vkgdr_block_t,
+    pool: vkgdr_pool_t,
+    stream: CUstream,
+) -> c_int {
+    guard("vkgdr_block_free_after", VKGDR_ERROR, || {
+        if block.is_null() {
+            return Ok(VKGDR_SUCCESS);
+        }
+        // Everything that leaves the block with the caller is checked before it is taken.
+        // SAFETY: no other thread uses `block` during the call.
+        unsafe { self::block(block) }?;
+        // SAFETY: the caller does not destroy `pool` during the call.
+        let entry = unsafe { lookup(&POOLS, pool) }?;
+        let gpu = entry.gpu.as_ref().ok_or_else(|| {
+            Failure::Api(
+                "the pool has no CUDA device (its vkgdr_t was opened with vkgdr_open_vulkan), \
+                 so no GPU work uses its blocks: free them with vkgdr_block_free"
+                    .into(),
+            )
+        })?;
+        // The legacy and per-thread default streams are those of the current context: the
+        // pool's.
+        let _bound = gpu.bind()?;
+        let b = BLOCKS
+            .remove(block.token())
+            .map_err(|why| Failure::handle(Tag::Block, why))?;
+        let legacy = std::ptr::without_provenance_mut::<std::ffi::c_void>(CU_STREAM_LEGACY);
+        if is_legacy_stream(stream) {
+            // SAFETY: the legacy default stream of the context bound above.
+            unsafe { b.release_after_stream(gpu, legacy) }?;
+            return Ok(VKGDR_SUCCESS);
+        }
+        let stream: CuStream = stream.cast();
+        // A stream the driver refuses must not free the block at once (what
+        // `release_after_stream` does when its fence fails): the legacy stream fences it then.
+        // SAFETY: a live stream or a special handle (the caller's contract).
+        if let Err(e) = unsafe { gpu.driver().stream_context(stream) } {
+            // SAFETY: as above.
+            let _ = unsafe { b.release_after_stream(gpu, legacy) };
+            return Err(e.into());
+        }
+        // SAFETY: a live stream of the device (the caller's contract).
+        unsafe { b.release_after_stream(gpu, stream) }?;
+        Ok(VKGDR_SUCCESS)
+    })
 }
 
 /// The block's host address, or `NULL` on error (an invalid handle).

@@ -1,6 +1,7 @@
 //! Rings that stream records from C threads to a running kernel (`vkgdr_ring_*`), a thin layer
 //! over [`vkgdr::ring::DeviceRing`]: create, push (or reserve, write, commit), the device view a
-//! consumer kernel needs, stop, and the words the consumer reports back.
+//! consumer kernel needs, the consumer's registration, stop, and the words the consumer reports
+//! back.
 
 use std::ffi::{c_int, c_void};
 use std::mem::ManuallyDrop;
@@ -17,7 +18,7 @@ use crate::device::{device, vkgdr_t};
 use crate::error::{guard, CResult, Failure};
 use crate::handles::{HandleTable, Tag};
 use crate::versioned::{self, Versioned};
-use crate::{lookup, register, release, CUdeviceptr, Handle, VKGDR_ERROR, VKGDR_SUCCESS};
+use crate::{lookup, register, release, CUdeviceptr, CUstream, Handle, VKGDR_ERROR, VKGDR_SUCCESS};
 
 /// Opaque handle to a ring.
 pub struct vkgdr_ring {
@@ -164,8 +165,11 @@ pub unsafe extern "C" fn vkgdr_ring_create(g: vkgdr_t, capacity: u64, flags: u32
     })
 }
 
-/// Destroys a ring handle. `NULL` is ignored. The consumer kernel must have finished with it. Open
-/// reservations keep the ring's memory alive until they are committed or cancelled.
+/// Destroys a ring handle. `NULL` is ignored. Open reservations keep the ring's memory alive
+/// until they are committed or cancelled. Sets the ring's `stop` word (as `vkgdr_ring_stop`)
+/// and never waits: with a consumer registered by `vkgdr_ring_watch_consumer`, the ring's memory
+/// is kept until that consumer has exited; otherwise it is released after the legacy default
+/// stream's queued work, so a consumer on another stream must have finished with it.
 ///
 /// Errors (reported through `vkgdr_last_error()` only): a handle already destroyed or not a
 /// `vkgdr_ring_t`.
@@ -173,7 +177,8 @@ pub unsafe extern "C" fn vkgdr_ring_create(g: vkgdr_t, capacity: u64, flags: u32
 /// Thread safety: any thread, but not while another thread is using the same ring.
 ///
 /// # Safety
-/// - No other thread uses `ring` during or after the call; no kernel reads it any more.
+/// - No other thread uses `ring` during or after the call; no kernel reads it any more, unless
+///   it is the consumer registered with `vkgdr_ring_watch_consumer`.
 #[no_mangle]
 pub unsafe extern "C" fn vkgdr_ring_destroy(ring: vkgdr_ring_t) {
     guard("vkgdr_ring_destroy", (), || release(&RINGS, ring))
@@ -429,6 +434,37 @@ pub unsafe extern "C" fn vkgdr_ring_get_device_view(
         };
         // SAFETY: writable for its struct_size (caller).
         unsafe { versioned::write(view, &out) }?;
+        Ok(VKGDR_SUCCESS)
+    })
+}
+
+/// Registers the ring's persistent consumer kernel, just launched on `stream`: records a CUDA
+/// event there, after the launch. From then on a producer waiting for space (`vkgdr_ring_push`,
+/// `vkgdr_ring_reserve` with a timeout) that the consumer will never free learns that it has
+/// exited or died (`VKGDR_ERROR`, "the ring's consumer has stopped") instead of waiting out its
+/// timeout, and `vkgdr_ring_destroy` keeps the ring's memory until the consumer has exited
+/// without waiting for it. Call it again after launching a new consumer.
+///
+/// - `stream`: the stream the consumer was launched on (a `CUstream`, or the runtime's
+///   `cudaStream_t`); `NULL` is the legacy default stream.
+///
+/// Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, the driver's failure to create
+/// or record the event, e.g. `cuEventRecord failed (CUDA_ERROR_INVALID_HANDLE)` for a stream of
+/// another context).
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// - `stream` is NULL, a special stream handle or a stream not yet destroyed, of the ring's
+///   context.
+/// - No thread destroys `ring` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_ring_watch_consumer(ring: vkgdr_ring_t, stream: CUstream) -> c_int {
+    guard("vkgdr_ring_watch_consumer", VKGDR_ERROR, || {
+        // SAFETY: the caller does not destroy `ring` during the call.
+        let r = unsafe { self::ring(ring) }?;
+        // SAFETY: a live stream of the ring's context, or NULL (the caller's contract).
+        unsafe { r.watch_consumer_stream(stream.cast()) }?;
         Ok(VKGDR_SUCCESS)
     })
 }

@@ -1,11 +1,13 @@
 //! The C library as C programs see it: `scripts/install-c` installs the freshly built library
 //! under a temporary prefix, then the programs of `tests/c/` are compiled with the system C
 //! compiler against the installed header (through pkg-config) and linked against the shared
-//! and the static library, and run.
+//! and the static library, and run. `make install PREFIX=/usr DESTDIR=...` (the top-level
+//! Makefile, as vkgdr 0.1's users type it) must stage the same files, with a `vkgdr.pc` that
+//! names `/usr`.
 //!
-//! Needs `cc`, `c++`, `pkg-config` and NVIDIA's `<cuda.h>` (`scripts/cuda-header` fetches it;
-//! `scripts/test` runs it), and for the pool test a Vulkan driver with exportable memory
-//! (lavapipe on CI). The GPU programs of `tests/gpu/` run in `scripts/gpu-check` instead.
+//! Needs `cc`, `c++`, `make`, `pkg-config` and NVIDIA's `<cuda.h>` (`scripts/cuda-header`
+//! fetches it; `scripts/test` runs it), and for the pool test a Vulkan driver with exportable
+//! memory (lavapipe on CI). The GPU programs of `tests/gpu/` run in `scripts/gpu-check` instead.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -95,18 +97,49 @@ fn text(out: &Output) -> String {
 }
 
 fn pkg_config(args: &[&str]) -> Vec<String> {
-    let out = Command::new("pkg-config")
-        .args(args)
+    pkg_config_in(&prefix().join("lib/pkgconfig"), None, args)
+}
+
+/// `pkg-config ARGS vkgdr` with `vkgdr.pc` from `dir`, and `PKG_CONFIG_SYSROOT_DIR` if given.
+fn pkg_config_in(dir: &Path, sysroot: Option<&Path>, args: &[&str]) -> Vec<String> {
+    let mut cmd = Command::new("pkg-config");
+    cmd.args(args)
         .arg("vkgdr")
-        .env("PKG_CONFIG_PATH", prefix().join("lib/pkgconfig"))
-        .output()
-        .expect("run pkg-config");
+        .env("PKG_CONFIG_PATH", dir)
+        .env_remove("PKG_CONFIG_SYSROOT_DIR");
+    if let Some(root) = sysroot {
+        cmd.env("PKG_CONFIG_SYSROOT_DIR", root);
+    }
+    let out = cmd.output().expect("run pkg-config");
     assert!(out.status.success(), "pkg-config {args:?}: {}", text(&out));
     String::from_utf8(out.stdout)
         .unwrap()
         .split_whitespace()
         .map(str::to_owned)
         .collect()
+}
+
+/// Every file and link under `dir`, relative, sorted, with its contents (a link's target).
+fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<(PathBuf, Vec<u8>)>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let rel = path.strip_prefix(root).unwrap().to_path_buf();
+            if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(&path).unwrap();
+                out.push((rel, target.into_os_string().into_encoded_bytes()));
+            } else if meta.is_dir() {
+                walk(root, &path, out);
+            } else {
+                out.push((rel, std::fs::read(&path).unwrap()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -243,6 +276,137 @@ fn install_lays_out_libraries_header_and_pkg_config() {
     exported.sort_unstable();
     assert_eq!(exported, declared);
     assert!(declared.len() >= 45, "{declared:?}");
+}
+
+#[test]
+fn make_install_with_destdir_stages_what_install_c_installs_for_the_prefix() {
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let (by_make, by_script) = (tmp.join("stage-make"), tmp.join("stage-script"));
+    for d in [&by_make, &by_script] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    let lib_dir = built_lib_dir();
+    // As a packager types it; VKGDR_LIB_DIR reuses the library this test run built.
+    let out = Command::new("make")
+        .arg("-C")
+        .arg(crate_dir().join(".."))
+        .arg("install")
+        .arg("PREFIX=/usr")
+        .arg(format!("DESTDIR={}", by_make.display()))
+        .arg(format!("VKGDR_LIB_DIR={}", lib_dir.display()))
+        .arg(format!("CUDA_INCLUDE={}", cuda_include().display()))
+        .env_remove("PREFIX")
+        .env_remove("DESTDIR")
+        .output()
+        .expect("run make");
+    assert!(out.status.success(), "make install failed: {}", text(&out));
+    // The script with the same knobs in its environment stages the very same files.
+    let out = Command::new(crate_dir().join("../scripts/install-c"))
+        .arg("/usr")
+        .env("DESTDIR", &by_script)
+        .env("VKGDR_LIB_DIR", &lib_dir)
+        .env("CUDA_INCLUDE", cuda_include())
+        .output()
+        .expect("run scripts/install-c");
+    assert!(
+        out.status.success(),
+        "install-c with DESTDIR failed: {}",
+        text(&out)
+    );
+    assert!(
+        tree(&by_make) == tree(&by_script),
+        "make install and scripts/install-c staged different files"
+    );
+
+    // Everything lies under DESTDIR/usr, nothing elsewhere.
+    let names: Vec<PathBuf> = tree(&by_make).into_iter().map(|(p, _)| p).collect();
+    let expect: Vec<PathBuf> = [
+        "usr/include/vkgdr/ring.cuh",
+        "usr/include/vkgdr.h",
+        "usr/lib/libvkgdr.a",
+        "usr/lib/libvkgdr.so",
+        "usr/lib/libvkgdr.so.1",
+        "usr/lib/pkgconfig/vkgdr.pc",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .collect();
+    assert_eq!(names, expect);
+    let staged = by_make.join("usr");
+    assert_eq!(
+        std::fs::read_link(staged.join("lib/libvkgdr.so")).unwrap(),
+        Path::new("libvkgdr.so.1")
+    );
+    assert_eq!(
+        std::fs::read(staged.join("include/vkgdr.h")).unwrap(),
+        std::fs::read(crate_dir().join("../include/vkgdr.h")).unwrap()
+    );
+
+    // vkgdr.pc names the prefix, not the staging directory.
+    let pc = staged.join("lib/pkgconfig");
+    let pc_text = std::fs::read_to_string(pc.join("vkgdr.pc")).unwrap();
+    assert!(
+        pc_text.starts_with(
+            "prefix=/usr
+"
+        ),
+        "{pc_text}"
+    );
+    assert!(!pc_text.contains(&*by_make.to_string_lossy()), "{pc_text}");
+    assert_eq!(pkg_config_in(&pc, None, &["--variable=prefix"]), ["/usr"]);
+    // Read through the staging directory as a sysroot, the paths land inside it.
+    assert_eq!(
+        pkg_config_in(&pc, Some(&by_make), &["--libs"]),
+        [
+            format!("-L{}", staged.join("lib").display()),
+            "-lvkgdr".into()
+        ]
+    );
+    let cflags = pkg_config_in(
+        &pc,
+        None,
+        &[
+            "--cflags",
+            &format!("--define-variable=prefix={}", staged.display()),
+        ],
+    );
+    assert_eq!(
+        cflags,
+        [
+            format!("-I{}", staged.join("include").display()),
+            format!("-I{}", cuda_include().canonicalize().unwrap().display()),
+        ]
+    );
+
+    // A program compiles with those flags, links against the staged library and runs.
+    let exe = tmp.join("capi-programs/no_driver-staged");
+    std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
+    let out = Command::new("cc")
+        .args([
+            "-std=c11",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pedantic",
+            "-pthread",
+            "-o",
+        ])
+        .arg(&exe)
+        .arg(crate_dir().join("tests/c/no_driver.c"))
+        .args(&cflags)
+        .arg(format!("-L{}", staged.join("lib").display()))
+        .arg("-lvkgdr")
+        .arg(format!("-Wl,-rpath,{}", staged.join("lib").display()))
+        .arg("-ldl")
+        .output()
+        .expect("run the C compiler");
+    assert!(
+        out.status.success(),
+        "no_driver.c against the staged library: {}",
+        text(&out)
+    );
+    assert!(needed(&exe).contains("libvkgdr.so.1"));
+    run(&exe, &[], "no_driver: ");
 }
 
 #[test]

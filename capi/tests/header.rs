@@ -64,13 +64,25 @@ fn header_keeps_vkgdr_0_1_names_and_takes_cuda_types_from_cuda_h() {
         "size_t vkgdr_memory_non_coherent_atom_size(vkgdr_memory_t mem);",
         "void vkgdr_memory_flush(vkgdr_memory_t mem, size_t offset, size_t size);",
         "void vkgdr_memory_invalidate(vkgdr_memory_t mem, size_t offset, size_t size);",
+        // The extensions that take CUDA streams use <cuda.h>'s CUstream.
+        "int vkgdr_memory_free_after(vkgdr_memory_t mem, CUstream stream);",
+        "int vkgdr_ring_watch_consumer(vkgdr_ring_t ring, CUstream stream);",
     ] {
         assert!(h.contains(needle), "header lacks `{needle}`");
     }
     for clash in [
         "typedef int CUdevice",
         "CUdeviceptr;",
+        "CUstream;",
+        "CUstream_st",
         "typedef struct vkgdr vkgdr;",
+        // Handle structs are declared by their tags only, as vkgdr 0.1's are: no typedef that
+        // takes a name from programs.
+        "typedef struct vkgdr_ring_reservation vkgdr_ring_reservation;",
+        "typedef struct vkgdr_memory vkgdr_memory;",
+        "typedef struct vkgdr_pool vkgdr_pool;",
+        "typedef struct vkgdr_block vkgdr_block;",
+        "typedef struct vkgdr_ring vkgdr_ring;",
     ] {
         assert!(!h.contains(clash), "header defines `{clash}`");
     }

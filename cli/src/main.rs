@@ -1,68 +1,145 @@
-//! `vkgdr`: the command-line tool.
+//! `vkgdr`: the command-line tool (options parsed by clap; `vkgdr help` and `--help` on every
+//! command tell the rest).
 //!
-//! - `vkgdr info [--check]` shows what the library sees on this machine (Vulkan and CUDA devices,
-//!   BAR figures, NVML) and diagnoses what keeps it from working, naming the fix. With `--check` it
-//!   exits 1 when a problem keeps vkgdr from opening a device (for scripts); without, a report that
-//!   could be printed is a success.
-//! - `vkgdr bench <copybw|copylat|fastpath|apiperf|pplat|ring|arena|all> [--out DIR] [--quick]` measures copies,
-//!   latencies and API costs on the GPU and writes tables, CSVs and PNG charts (see [`mod@bench`]).
-//! - `vkgdr bench plot DIR` redraws the charts from the CSVs in `DIR`.
-//! - `vkgdr soak [--seconds N] [--threads N] [--exhaust-every S]` runs pool churn, rings, arena
-//!   grow/shrink and BAR exhaustion together (10 minutes by default) and checks that fds, BAR1
-//!   used and free VRAM come back (see [`mod@soak`]).
+//! - `vkgdr info [--check] [--json]` shows what the library sees on this machine (Vulkan and CUDA
+//!   devices, BAR figures, NVML) and diagnoses what keeps it from working, naming the fix. With
+//!   `--check` it exits 1 when a problem keeps vkgdr from opening a device (for scripts); without,
+//!   a report that could be printed is a success.
+//! - `vkgdr bench BENCHMARK [--out DIR] [--quick] [--json]` measures copies, latencies and API
+//!   costs on the GPU and writes tables, CSVs, PNG charts and `results.json` (see [`mod@bench`]);
+//!   `vkgdr bench plot DIR` redraws the charts from the CSVs in `DIR`.
+//! - `vkgdr soak [--seconds N] [--threads N] [--exhaust-every S] [--json]` runs pool churn, rings,
+//!   arena grow/shrink and BAR exhaustion together (10 minutes by default) and checks that fds,
+//!   BAR1 used and free VRAM come back (see [`mod@soak`]).
+//! - `vkgdr completions SHELL` prints a completion script.
+//!
+//! `--json` prints one document on stdout ([`mod@json`]); progress is drawn on a terminal only
+//! and never under `--quiet` ([`mod@ui`]).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod bench;
+mod json;
 mod soak;
+mod ui;
 
+use std::ffi::OsString;
 use std::process::ExitCode;
 
+use clap::{CommandFactory, Parser, Subcommand};
 use vkgdr::diagnose::{diagnose, CudaProbe, Machine, NvmlProbe, Severity, VulkanProbe};
 use vkgdr::vulkan::{self, MemoryOptions, PhysicalDeviceInfo};
 
-fn usage() -> ExitCode {
-    eprintln!("usage: vkgdr info [--check]");
-    eprintln!("       {}", bench::USAGE);
-    eprintln!("       {}", soak::USAGE);
-    ExitCode::from(2)
+use crate::json::{About, InfoDocument, MachineJson};
+
+/// CPU access to NVIDIA GPU memory through a BAR mapping: what this machine offers (`info`), how
+/// fast it is (`bench`) and whether it holds up (`soak`).
+#[derive(Debug, Parser)]
+#[command(
+    name = "vkgdr",
+    version,
+    propagate_version = true,
+    max_term_width = 100,
+    after_help = "Without a command, `vkgdr` runs `vkgdr info`."
+)]
+pub struct Cli {
+    /// What to do (`info` when none is given)
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    /// Show no progress and no status lines: results and errors only
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show what vkgdr sees here and diagnose what keeps it from working
+    ///
+    /// Lists the Vulkan and CUDA devices, their BAR figures (NVML's BAR1, VRAM in use, an estimate
+    /// of what this process can still map) and NVML, then names each problem found with its fix.
+    Info(InfoArgs),
+    /// Measure copies, latencies, API costs and rings on GPU 0
+    ///
+    /// Each benchmark prints its tables and writes a CSV and a PNG chart per table into the output
+    /// directory, with results.json: every figure with its unit and the anchor it is compared
+    /// with, measured in the same run.
+    Bench(bench::BenchArgs),
+    /// Run everything at once for a long time, then check that nothing stayed behind
+    ///
+    /// Pool churn from many threads, a ring fed by four producers into its checking kernel, an
+    /// arena grown and shrunk, raw allocations freed every way, and the BAR exhausted now and then,
+    /// all on GPU 0. Open fds, BAR1 used and free VRAM must come back to their values after the
+    /// warm-up.
+    Soak(soak::SoakArgs),
+    /// Print a completion script for a shell
+    ///
+    /// Install it where the shell looks for it, for example:
+    ///   vkgdr completions bash > ~/.local/share/bash-completion/completions/vkgdr
+    ///   vkgdr completions zsh > ~/.zfunc/_vkgdr
+    ///   vkgdr completions fish > ~/.config/fish/completions/vkgdr.fish
+    #[command(display_name = "vkgdr", verbatim_doc_comment)]
+    Completions {
+        /// The shell to complete in
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+}
+
+/// Exit codes, for `--help`.
+const INFO_EXIT_CODES: &str = "\
+Exit status:
+  0  vkgdr can open every CUDA device here; without --check, also any report that was printed
+  1  with --check: a problem keeps vkgdr from opening a device (an `error:` finding)
+  2  the command line is wrong";
+
+/// `vkgdr info`'s options.
+#[derive(Debug, Default, clap::Args)]
+#[command(display_name = "vkgdr", after_help = INFO_EXIT_CODES)]
+pub struct InfoArgs {
+    /// Exit 1 when a problem keeps vkgdr from opening a device (for scripts)
+    #[arg(long)]
+    pub check: bool,
+
+    /// Print one JSON document on stdout (devices, BAR figures, diagnosis) instead of the report
+    #[arg(long)]
+    pub json: bool,
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        None => info(false),
-        Some("info") => match args.get(1).map(String::as_str) {
-            None => info(false),
-            Some("--check") => info(true),
-            Some(_) => usage(),
-        },
-        Some("bench") => bench::main(&args[1..]),
-        Some("soak") => soak::main(&args[1..]),
-        _ => usage(),
+    let args: Vec<OsString> = std::env::args_os().collect();
+    // `fastpath` runs this program as a child to time a process's first write; not a user command.
+    if args.len() == 3 && args[1] == "bench" && args[2] == bench::fastpath::CHILD_ARG {
+        return bench::first_write_child();
+    }
+    let cli = Cli::parse_from(args);
+    let json = match &cli.command {
+        None | Some(Command::Completions { .. }) => false,
+        Some(Command::Info(a)) => a.json,
+        Some(Command::Bench(a)) => a.json(),
+        Some(Command::Soak(a)) => a.json,
+    };
+    ui::init(ui::Settings {
+        json,
+        quiet: cli.quiet,
+    });
+    match cli.command {
+        None => info(&InfoArgs::default()),
+        Some(Command::Info(a)) => info(&a),
+        Some(Command::Bench(a)) => bench::main(&a),
+        Some(Command::Soak(a)) => soak::main(&a),
+        Some(Command::Completions { shell }) => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "vkgdr", &mut script);
+            ui::document(&String::from_utf8_lossy(&script));
+            ExitCode::SUCCESS
+        }
     }
 }
 
 fn flags(f: ash::vk::MemoryPropertyFlags) -> String {
-    use ash::vk::MemoryPropertyFlags as F;
-    let names = [
-        (F::DEVICE_LOCAL, "DEVICE_LOCAL"),
-        (F::HOST_VISIBLE, "HOST_VISIBLE"),
-        (F::HOST_COHERENT, "HOST_COHERENT"),
-        (F::HOST_CACHED, "HOST_CACHED"),
-        (F::LAZILY_ALLOCATED, "LAZILY_ALLOCATED"),
-        (F::PROTECTED, "PROTECTED"),
-    ];
-    let v: Vec<&str> = names
-        .iter()
-        .filter(|(b, _)| f.contains(*b))
-        .map(|(_, n)| *n)
-        .collect();
-    if v.is_empty() {
-        "none".into()
-    } else {
-        v.join("|")
-    }
+    json::memory_flag_names(f).join("|")
 }
 
 fn gib(b: u64) -> String {
@@ -71,26 +148,29 @@ fn gib(b: u64) -> String {
 
 fn print_vulkan(devs: &[PhysicalDeviceInfo]) {
     for d in devs {
-        println!(
+        say!(
             "  [{}] {} ({:?}), Vulkan {}",
-            d.index, d.name, d.device_type, d.api_version
+            d.index,
+            d.name,
+            d.device_type,
+            d.api_version
         );
-        println!("      uuid {}", d.uuid_string());
-        println!("      driver {}", d.driver);
-        println!(
+        say!("      uuid {}", d.uuid_string());
+        say!("      driver {}", d.driver);
+        say!(
             "      nonCoherentAtomSize {}, maxMemoryAllocationSize {}, VK_KHR_external_memory_fd: {}",
             d.non_coherent_atom_size,
             gib(d.max_allocation_size),
             if d.has_external_memory_fd { "yes" } else { "NO" }
         );
         for (i, h) in d.memory_heaps.iter().enumerate() {
-            println!("      heap {i}: {} {:?}", gib(h.size), h.flags);
+            say!("      heap {i}: {} {:?}", gib(h.size), h.flags);
         }
         for t in &d.memory_types {
-            println!("      type {}: heap {} {}", t.index, t.heap, flags(t.flags));
+            say!("      type {}: heap {} {}", t.index, t.heap, flags(t.flags));
         }
         match d.choose_memory_type(MemoryOptions::default()) {
-            Ok(t) if d.has_external_memory_fd => println!(
+            Ok(t) if d.has_external_memory_fd => say!(
                 "      -> vkgdr uses memory type {} ({})",
                 t.index,
                 if t.is_coherent() {
@@ -99,47 +179,61 @@ fn print_vulkan(devs: &[PhysicalDeviceInfo]) {
                     "non-coherent: flushes issued"
                 }
             ),
-            Ok(_) => println!("      -> unusable: VK_KHR_external_memory_fd missing"),
-            Err(e) => println!("      -> unusable: {e}"),
+            Ok(_) => say!("      -> unusable: VK_KHR_external_memory_fd missing"),
+            Err(e) => say!("      -> unusable: {e}"),
         }
     }
 }
 
-/// `vkgdr info`: what the library sees, then the diagnosis. With `check`, exits 1 when a problem
-/// keeps vkgdr from opening a device (an error finding).
-fn info(check: bool) -> ExitCode {
-    println!("vkgdr {}", env!("CARGO_PKG_VERSION"));
-    println!("CPU copy routines: {}", vkgdr::copy::simd_level());
+/// `vkgdr info`: what the library sees, then the diagnosis (or both as JSON). With `--check`,
+/// exits 1 when a problem keeps vkgdr from opening a device (an error finding).
+fn info(args: &InfoArgs) -> ExitCode {
+    let check = args.check;
+    if args.json {
+        let machine = MachineJson::probe();
+        let usable = machine.usable;
+        ui::document(&json::to_text(&InfoDocument {
+            about: About::new("vkgdr-info"),
+            machine,
+        }));
+        return if usable || !check {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
+    say!("vkgdr {}", env!("CARGO_PKG_VERSION"));
+    say!("CPU copy routines: {}", vkgdr::copy::simd_level());
     let machine = Machine::probe();
-    println!("Vulkan:");
+    say!("Vulkan:");
     match &machine.vulkan {
-        VulkanProbe::Devices(d) if d.is_empty() => println!("  no Vulkan physical devices"),
+        VulkanProbe::Devices(d) if d.is_empty() => say!("  no Vulkan physical devices"),
         VulkanProbe::Devices(d) => print_vulkan(d),
         VulkanProbe::LoaderMissing(why) | VulkanProbe::NoDriver(why) | VulkanProbe::Failed(why) => {
-            println!("  not available: {why}")
+            say!("  not available: {why}")
         }
     }
-    println!("CUDA:");
+    say!("CUDA:");
     print_cuda(&machine);
-    println!("NVML:");
+    say!("NVML:");
     match &machine.nvml {
         NvmlProbe::Devices {
             driver_version,
             devices,
-        } => println!("  driver {driver_version}, {} device(s)", devices.len()),
-        NvmlProbe::Unavailable(why) => println!("  not available: {why}"),
+        } => say!("  driver {driver_version}, {} device(s)", devices.len()),
+        NvmlProbe::Unavailable(why) => say!("  not available: {why}"),
     }
-    println!("Diagnosis:");
+    say!("Diagnosis:");
     let findings = diagnose(&machine);
     for f in &findings {
-        println!("  {}", f.to_string().replace('\n', "\n  "));
+        say!("  {}", f.to_string().replace('\n', "\n  "));
     }
     let errors = findings
         .iter()
         .filter(|f| f.severity == Severity::Error)
         .count();
     if errors == 0 {
-        println!(
+        say!(
             "  ok: vkgdr can open every CUDA device here ({})",
             machine.cuda_devices().len()
         );
@@ -154,11 +248,11 @@ fn info(check: bool) -> ExitCode {
 fn print_cuda(machine: &Machine) {
     let devices = match &machine.cuda {
         CudaProbe::DriverMissing(why) | CudaProbe::Failed(why) => {
-            println!("  not available: {why}");
+            say!("  not available: {why}");
             return;
         }
         CudaProbe::Devices { version, devices } => {
-            println!(
+            say!(
                 "  driver CUDA version {}.{}, {} device(s)",
                 version / 1000,
                 (version % 1000) / 10,
@@ -169,7 +263,7 @@ fn print_cuda(machine: &Machine) {
     };
     for d in devices {
         let pci = d.pci.map(|p| format!(", PCI {p}")).unwrap_or_default();
-        println!(
+        say!(
             "  [{}] {}, {} total, uuid {}{pci}",
             d.ordinal,
             d.name,
@@ -177,11 +271,11 @@ fn print_cuda(machine: &Machine) {
             vulkan::format_uuid(&d.uuid)
         );
         match machine.vulkan_twin(d) {
-            Some(v) => println!("      matches Vulkan device [{}] {}", v.index, v.name),
-            None => println!("      no Vulkan device with this UUID: vkgdr cannot open it"),
+            Some(v) => say!("      matches Vulkan device [{}] {}", v.index, v.name),
+            None => say!("      no Vulkan device with this UUID: vkgdr cannot open it"),
         }
         let yes = |b: bool| if b { "yes" } else { "no" };
-        println!(
+        say!(
             "      VMM: {}, POSIX fd handles: {}, granularity: {}",
             yes(d.vmm),
             yes(d.posix_fd),
@@ -193,10 +287,10 @@ fn print_cuda(machine: &Machine) {
         match &d.bar {
             Ok(bar) => {
                 for line in bar.to_string().lines() {
-                    println!("      {line}");
+                    say!("      {line}");
                 }
             }
-            Err(e) => println!("      BAR figures unavailable: {e}"),
+            Err(e) => say!("      BAR figures unavailable: {e}"),
         }
     }
 }

@@ -1,5 +1,5 @@
-//! `vkgdr soak [--seconds N] [--threads N] [--exhaust-every S]`: everything at once for a long
-//! time (issue 19 #5), then proof that nothing stayed behind.
+//! `vkgdr soak [--seconds N] [--threads N] [--exhaust-every S] [--json]`: everything at once for
+//! a long time, then proof that nothing stayed behind (no leaked fds, BAR space or VRAM).
 //!
 //! For `--seconds` (default 600), side by side on GPU 0:
 //! - **pool churn**: `--threads` threads (default 8) allocate, fill, verify and free blocks of
@@ -21,21 +21,28 @@
 //! Before (after a warm-up that lets the driver set up what it keeps for the process) and after,
 //! it takes three figures: this process's open fds, BAR1 used (NVML) and free VRAM
 //! (`cuMemGetInfo`). It prints them, a status line every 30 s and the totals, and fails (exit 1)
-//! when a figure did not come back, a check found wrong data, or a worker failed.
+//! when a figure did not come back, a check found wrong data, or a worker failed. On a terminal a
+//! progress line shows the elapsed time and the counters between the status lines; `--json`
+//! prints the figures, counters and the verdict as one document ([`SoakDocument`]).
 
 use std::ffi::c_void;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use indicatif::HumanCount;
 use rand::{Rng, SeedableRng};
 use vkgdr::cuda_objects::{LaunchConfig, Module, Stream};
 use vkgdr::ring::layout::{self, seal_test_payload, WrapMode};
 use vkgdr::ring::{DeviceRing, RingDeviceView};
 use vkgdr::{Arena, Error, Gpu, Mapping, Pool, PoolConfig};
 
-/// One line of usage text.
-pub const USAGE: &str = "vkgdr soak [--seconds N (600)] [--threads N (8)] [--exhaust-every S (30)]";
+use crate::json::{
+    self, About, MachineJson, SoakCheckJson, SoakCountersJson, SoakDocument, SoakFiguresJson,
+    SoakOptionsJson,
+};
+use crate::{alert, say, status, ui};
 
 const RING_PTX: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels/ring.ptx"));
 const RING_LANES: u32 = 4;
@@ -45,6 +52,50 @@ const EXHAUST_STEP: u64 = 1 << 30;
 const STATUS_EVERY: Duration = Duration::from_secs(30);
 /// Seconds of the warm-up before the figures are first taken.
 const WARM_UP_SECONDS: u64 = 8;
+/// The most worker errors kept for the JSON document (all are printed).
+const ERRORS_KEPT: usize = 100;
+
+/// Exit codes, for `--help`.
+const EXIT_CODES: &str = "\
+Exit status:
+  0  SOAK PASSED: fds, BAR1 used and free VRAM came back, every check found the right data, no
+     worker failed
+  1  SOAK FAILED: one of those did not hold, or the soak could not start or finish (no GPU, a
+     driver call that failed)
+  2  the command line is wrong";
+
+/// `vkgdr soak`'s command line.
+#[derive(Debug, Clone, clap::Args)]
+#[command(display_name = "vkgdr", after_help = EXIT_CODES)]
+pub struct SoakArgs {
+    /// How long everything runs together, in seconds (after an 8-second warm-up)
+    #[arg(long, value_name = "N", default_value_t = 600)]
+    pub seconds: u64,
+
+    /// Threads churning the pool
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = at_least_one::<usize>)]
+    pub threads: usize,
+
+    /// Seconds between BAR exhaustions (raw 1 GiB allocations until the BAR refuses one)
+    #[arg(long, value_name = "S", default_value_t = 30, value_parser = at_least_one::<u64>)]
+    pub exhaust_every: u64,
+
+    /// Print one JSON document on stdout: the figures before and after, the counters, pass or
+    /// fail (the status lines go to stderr)
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A whole number of at least 1.
+fn at_least_one<T: std::str::FromStr<Err = std::num::ParseIntError> + From<u8> + PartialOrd>(
+    s: &str,
+) -> Result<T, String> {
+    match s.parse::<T>() {
+        Ok(n) if n >= T::from(1) => Ok(n),
+        Ok(_) => Err("must be at least 1".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
 
 struct Options {
     seconds: u64,
@@ -52,44 +103,105 @@ struct Options {
     exhaust_every: u64,
 }
 
-fn parse(args: &[String]) -> Result<Options, String> {
-    let mut o = Options {
-        seconds: 600,
-        threads: 8,
-        exhaust_every: 30,
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let value = it
-            .next()
-            .and_then(|v| v.parse::<u64>().ok())
-            .ok_or_else(|| format!("{flag} needs a number"))?;
-        match flag.as_str() {
-            "--seconds" => o.seconds = value,
-            "--threads" => o.threads = value.max(1) as usize,
-            "--exhaust-every" => o.exhaust_every = value.max(1),
-            _ => return Err(format!("unknown option {flag}")),
+impl From<&SoakArgs> for Options {
+    fn from(a: &SoakArgs) -> Options {
+        Options {
+            seconds: a.seconds,
+            threads: a.threads,
+            exhaust_every: a.exhaust_every,
         }
     }
-    Ok(o)
 }
 
 /// `vkgdr soak ...`.
-pub fn main(args: &[String]) -> ExitCode {
-    let options = match parse(args) {
-        Ok(o) => o,
+pub fn main(args: &SoakArgs) -> ExitCode {
+    let options = Options::from(args);
+    let mut record = Record::default();
+    let outcome = run(&options, &mut record);
+    let passed = matches!(outcome, Ok(true));
+    let error = match &outcome {
         Err(e) => {
-            eprintln!("{e}\nusage: {USAGE}");
-            return ExitCode::from(2);
+            alert!("SOAK FAILED: {e}");
+            Some(e.to_string())
         }
+        Ok(_) => None,
     };
-    match run(&options) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("SOAK FAILED: {e}");
-            ExitCode::FAILURE
+    if args.json {
+        let doc = document(&options, &record, passed, error, MachineJson::probe());
+        ui::document(&json::to_text(&doc));
+    }
+    if passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// What a run leaves for its JSON document.
+#[derive(Default)]
+struct Record {
+    gpu: Option<String>,
+    before: Option<Figures>,
+    after: Option<Figures>,
+    seconds: f64,
+    counters: SoakCountersJson,
+    errors: Vec<String>,
+}
+
+fn figures_json(f: &Figures) -> SoakFiguresJson {
+    SoakFiguresJson {
+        open_fds: f.fds as u64,
+        bar1_used_bytes: f.bar1_used,
+        vram_free_bytes: f.vram_free,
+    }
+}
+
+/// The soak's JSON document.
+fn document(
+    options: &Options,
+    record: &Record,
+    passed: bool,
+    error: Option<String>,
+    machine: MachineJson,
+) -> SoakDocument {
+    let mut checks = Vec::new();
+    if let (Some(b), Some(a)) = (&record.before, &record.after) {
+        for (figure, unit, before, after) in [
+            ("open_fds", "fds", Some(b.fds as u64), Some(a.fds as u64)),
+            ("bar1_used", "bytes", b.bar1_used, a.bar1_used),
+            ("vram_free", "bytes", Some(b.vram_free), Some(a.vram_free)),
+        ] {
+            let change = match (before, after) {
+                (Some(x), Some(y)) => y as i64 - x as i64,
+                _ => 0,
+            };
+            checks.push(SoakCheckJson {
+                figure: figure.into(),
+                unit: unit.into(),
+                before,
+                after,
+                change,
+                came_back: change == 0,
+            });
         }
+    }
+    SoakDocument {
+        about: About::new("vkgdr-soak"),
+        options: SoakOptionsJson {
+            seconds: options.seconds,
+            threads: options.threads,
+            exhaust_every_seconds: options.exhaust_every,
+        },
+        passed,
+        error,
+        gpu: record.gpu.clone(),
+        seconds: record.seconds,
+        before: record.before.as_ref().map(figures_json),
+        after: record.after.as_ref().map(figures_json),
+        checks,
+        counters: record.counters.clone(),
+        errors: record.errors.clone(),
+        machine,
     }
 }
 
@@ -143,12 +255,51 @@ struct Counters {
     exhausted_at: AtomicU64,
     /// Wrong data found, or a worker's unexpected error: each one is printed.
     failures: AtomicU64,
+    /// The first [`ERRORS_KEPT`] of them, for the JSON document.
+    messages: Mutex<Vec<String>>,
 }
 
 impl Counters {
     fn fail(&self, what: String) {
-        eprintln!("SOAK ERROR: {what}");
+        alert!("SOAK ERROR: {what}");
         self.failures.fetch_add(1, Ordering::Relaxed);
+        let mut kept = self.messages.lock().unwrap_or_else(|p| p.into_inner());
+        if kept.len() < ERRORS_KEPT {
+            kept.push(what);
+        }
+    }
+
+    /// The counters as the JSON document has them.
+    fn json(&self, warm_up_errors: u64) -> SoakCountersJson {
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        SoakCountersJson {
+            pool_ops: n(&self.pool_ops),
+            pool_out_of_memory: n(&self.pool_oom),
+            ring_records: n(&self.ring_records),
+            ring_full_waits: n(&self.ring_full_waits),
+            arena_cycles: n(&self.arena_cycles),
+            arena_out_of_memory: n(&self.arena_oom),
+            raw_allocations: n(&self.raw_ops),
+            raw_out_of_memory: n(&self.raw_oom),
+            bar_exhaustions: n(&self.exhaustions),
+            most_held_at_exhaustion_bytes: n(&self.exhausted_at),
+            errors: n(&self.failures),
+            warm_up_errors,
+        }
+    }
+
+    /// One line for the progress bar.
+    fn progress_line(&self) -> String {
+        let n = |a: &AtomicU64| HumanCount(a.load(Ordering::Relaxed));
+        format!(
+            "pool {} ops · ring {} records · arena {} cycles · raw {} · {} exhaustions · {} errors",
+            n(&self.pool_ops),
+            n(&self.ring_records),
+            n(&self.arena_cycles),
+            n(&self.raw_ops),
+            n(&self.exhaustions),
+            n(&self.failures),
+        )
     }
 }
 
@@ -275,7 +426,7 @@ fn arena_cycles(gpu: &Gpu, until: Instant, stop: &AtomicBool, c: &Counters) {
     let mut arena = match Arena::new(gpu, ARENA_CHUNKS * chunk, chunk) {
         Ok(a) => a,
         Err(Error::Unsupported(why)) => {
-            println!("soak: arena skipped: {why}");
+            status!("soak: arena skipped: {why}");
             return;
         }
         Err(e) => return c.fail(format!("arena: {e}")),
@@ -386,7 +537,7 @@ fn exhaust(gpu: &Gpu, c: &Counters) {
         .ok()
         .and_then(|b| b.bar1.ok())
         .map_or("n/a".into(), |b| mib(b.used));
-    println!(
+    status!(
         "soak: BAR exhausted after {} of raw allocations (BAR1 used {bar1}): {refusal}",
         mib(bytes)
     );
@@ -394,10 +545,22 @@ fn exhaust(gpu: &Gpu, c: &Counters) {
     drop(held);
 }
 
-/// Everything together for `seconds` (0: one short pass of each, the warm-up).
-fn soak(gpu: &Gpu, options: &Options, seconds: u64, c: &Counters) -> vkgdr::Result<()> {
+/// Everything together for `seconds` (0: one short pass of each, the warm-up); `label` names the
+/// part on the progress bar.
+fn soak(
+    gpu: &Gpu,
+    options: &Options,
+    seconds: u64,
+    c: &Counters,
+    label: &'static str,
+) -> vkgdr::Result<()> {
     let t0 = Instant::now();
     let until = t0 + Duration::from_secs(seconds.max(2));
+    let bar = ui::bar(
+        label,
+        seconds.max(2),
+        Some("{spinner} {prefix:.bold} {bar:24.cyan/blue} {pos}/{len} s {wide_msg}"),
+    );
     let stop = AtomicBool::new(false);
     let pool = Pool::new(
         gpu.clone(),
@@ -433,7 +596,7 @@ fn soak(gpu: &Gpu, options: &Options, seconds: u64, c: &Counters) -> vkgdr::Resu
             if Instant::now() >= next_status && seconds > 0 {
                 next_status += STATUS_EVERY;
                 let now = figures(gpu).map_or_else(|e| e.to_string(), |f| f.to_string());
-                println!(
+                status!(
                     "soak {:>4} s: {} pool ops ({} OOM), {} ring records, {} arena cycles, \
                      {} raw allocations, {} exhaustions, {} releases waiting; {now}",
                     t0.elapsed().as_secs(),
@@ -446,6 +609,8 @@ fn soak(gpu: &Gpu, options: &Options, seconds: u64, c: &Counters) -> vkgdr::Resu
                     gpu.pending_releases(),
                 );
             }
+            bar.set_position(t0.elapsed().as_secs().min(seconds.max(2)));
+            bar.set_message(c.progress_line());
             std::thread::sleep(Duration::from_millis(100));
             if c.failures.load(Ordering::Relaxed) > 100 {
                 stop.store(true, Ordering::Relaxed);
@@ -453,6 +618,7 @@ fn soak(gpu: &Gpu, options: &Options, seconds: u64, c: &Counters) -> vkgdr::Resu
             }
         }
     });
+    bar.set_message("stopping the ring's kernel, then the last releases");
     ring.stop_and_wait(Duration::from_secs(30))?;
     let produced = c.ring_records.load(Ordering::Relaxed) - records_before;
     let (mut consumed, mut errors) = (0, 0);
@@ -487,9 +653,11 @@ fn soak(gpu: &Gpu, options: &Options, seconds: u64, c: &Counters) -> vkgdr::Resu
     Ok(())
 }
 
-fn run(options: &Options) -> vkgdr::Result<bool> {
+/// The soak, printing as it goes; what the JSON document needs is left in `record`.
+fn run(options: &Options, record: &mut Record) -> vkgdr::Result<bool> {
     let gpu = Gpu::open(0)?;
-    println!(
+    record.gpu = Some(gpu.name().to_string());
+    say!(
         "soak: {} for {} s: pool churn from {} threads, a {RING_LANES}-lane ring with its \
          checking kernel, arena grow/shrink, BAR exhaustion every {} s",
         gpu.name(),
@@ -508,15 +676,34 @@ fn run(options: &Options) -> vkgdr::Result<bool> {
         },
         WARM_UP_SECONDS.min(options.seconds),
         &warm,
+        "soak warm-up",
     )?;
     let before = figures(&gpu)?;
-    println!("soak: before: {before}");
+    record.before = Some(before);
+    say!("soak: before: {before}");
     let c = Counters::default();
     let t0 = Instant::now();
-    soak(&gpu, options, options.seconds, &c)?;
+    let result = soak(&gpu, options, options.seconds, &c, "soak");
+    record.seconds = t0.elapsed().as_secs_f64();
+    record.counters = c.json(warm.failures.load(Ordering::Relaxed));
+    record.errors = warm
+        .messages
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    record.errors.extend(
+        c.messages
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned(),
+    );
+    record.errors.truncate(ERRORS_KEPT);
+    result?;
     let after = figures(&gpu)?;
-    println!("soak: after {} s: {after}", t0.elapsed().as_secs());
-    println!(
+    record.after = Some(after);
+    say!("soak: after {} s: {after}", t0.elapsed().as_secs());
+    say!(
         "soak: {} pool ops ({} out of memory), {} ring records checked by the kernel ({} waits \
          for space), {} arena cycles ({} out of memory), {} raw allocations ({} out of memory), \
          {} BAR exhaustions (at most {} held), {} errors",
@@ -550,11 +737,11 @@ fn run(options: &Options) -> vkgdr::Result<bool> {
         ),
     ] {
         if change != 0 {
-            println!("SOAK: {what} did not come back: changed by {change} ({before} before, {after} after)");
+            say!("SOAK: {what} did not come back: changed by {change} ({before} before, {after} after)");
             ok = false;
         }
     }
-    println!("SOAK {}", if ok { "PASSED" } else { "FAILED" });
+    say!("SOAK {}", if ok { "PASSED" } else { "FAILED" });
     Ok(ok)
 }
 
@@ -562,14 +749,132 @@ fn run(options: &Options) -> vkgdr::Result<bool> {
 mod tests {
     use super::*;
 
+    fn options() -> Options {
+        Options {
+            seconds: 60,
+            threads: 4,
+            exhaust_every: 10,
+        }
+    }
+
+    fn parse(line: &str) -> Result<Options, clap::Error> {
+        use clap::Parser;
+        let args = ["vkgdr", "soak"].into_iter().chain(line.split_whitespace());
+        match crate::Cli::try_parse_from(args)?.command {
+            Some(crate::Command::Soak(a)) => Ok(Options::from(&a)),
+            other => panic!("{line:?} is not a soak command: {other:?}"),
+        }
+    }
+
     #[test]
     fn options_parse() {
-        let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
-        let o = parse(&args("")).unwrap();
+        let o = parse("").unwrap();
         assert_eq!((o.seconds, o.threads, o.exhaust_every), (600, 8, 30));
-        let o = parse(&args("--seconds 60 --threads 4 --exhaust-every 10")).unwrap();
+        let o = parse("--seconds 60 --threads 4 --exhaust-every 10").unwrap();
         assert_eq!((o.seconds, o.threads, o.exhaust_every), (60, 4, 10));
-        assert!(parse(&args("--seconds")).is_err());
-        assert!(parse(&args("--minutes 3")).is_err());
+        // The warm-up alone is a valid soak.
+        assert_eq!(parse("--seconds 0").unwrap().seconds, 0);
+        for bad in [
+            "--seconds",
+            "--minutes 3",
+            "--threads 0",
+            "--exhaust-every 0",
+            "--seconds -1",
+        ] {
+            let e = parse(bad)
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} accepted"));
+            assert_eq!(e.exit_code(), 2, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_passed_soak_is_a_document_that_reads_back() {
+        let before = Figures {
+            fds: 41,
+            bar1_used: Some(4 << 20),
+            vram_free: 80 << 30,
+        };
+        let record = Record {
+            gpu: Some("NVIDIA H100 80GB HBM3".into()),
+            before: Some(before),
+            after: Some(before),
+            seconds: 60.2,
+            counters: SoakCountersJson {
+                pool_ops: 1_000_000,
+                ring_records: 5_000_000,
+                bar_exhaustions: 6,
+                most_held_at_exhaustion_bytes: 39 << 30,
+                ..Default::default()
+            },
+            errors: Vec::new(),
+        };
+        let doc = document(&options(), &record, true, None, json::tests::bare_machine());
+        let text = json::to_text(&doc);
+        let back: SoakDocument = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, doc);
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["format"], "vkgdr-soak");
+        assert_eq!(v["passed"], true);
+        assert_eq!(v["options"]["exhaust_every_seconds"], 10);
+        assert_eq!(v["before"]["bar1_used_bytes"], 4 << 20);
+        assert_eq!(v["counters"]["most_held_at_exhaustion_bytes"], 39u64 << 30);
+        let checks = v["checks"].as_array().unwrap();
+        assert_eq!(checks.len(), 3);
+        assert!(checks
+            .iter()
+            .all(|c| c["came_back"] == true && c["change"] == 0));
+    }
+
+    #[test]
+    fn a_figure_that_did_not_come_back_is_named_with_its_change() {
+        let before = Figures {
+            fds: 41,
+            bar1_used: None,
+            vram_free: 10_000,
+        };
+        let after = Figures {
+            fds: 43,
+            bar1_used: None,
+            vram_free: 10_000 - 2 * 1024,
+        };
+        let record = Record {
+            before: Some(before),
+            after: Some(after),
+            errors: vec!["pool block 7 (64 bytes) lost its bytes".into()],
+            ..Default::default()
+        };
+        let doc = document(
+            &options(),
+            &record,
+            false,
+            None,
+            json::tests::bare_machine(),
+        );
+        let by_name = |n: &str| doc.checks.iter().find(|c| c.figure == n).unwrap().clone();
+        assert_eq!(by_name("open_fds").change, 2);
+        assert!(!by_name("open_fds").came_back);
+        assert_eq!(by_name("vram_free").change, -2048);
+        // No NVML: BAR1 is unknown, which is not a failure.
+        assert_eq!(by_name("bar1_used").before, None);
+        assert!(by_name("bar1_used").came_back);
+        assert!(!doc.passed);
+        assert_eq!(doc.errors.len(), 1);
+    }
+
+    #[test]
+    fn a_soak_that_could_not_start_says_why() {
+        let doc = document(
+            &options(),
+            &Record::default(),
+            false,
+            Some("no CUDA driver".into()),
+            json::tests::bare_machine(),
+        );
+        assert!(doc.checks.is_empty() && doc.before.is_none());
+        let text = json::to_text(&doc);
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["error"], "no CUDA driver");
+        assert_eq!(v["passed"], false);
     }
 }

@@ -138,5 +138,10 @@ fn plain_info_reports_the_problem_and_succeeds() {
     assert!(out.contains("error: no CUDA driver"), "{out}");
     let (code, out) = run(&["info", "--bogus"], &env);
     assert_eq!(code, 2, "{out}");
-    assert!(out.contains("usage: vkgdr info [--check]"), "{out}");
+    assert!(out.contains("unexpected argument '--bogus'"), "{out}");
+    assert!(out.contains("Usage: vkgdr info [OPTIONS]"), "{out}");
+    // No command is `vkgdr info`.
+    let (code, out) = run(&[], &env);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("error: no CUDA driver"), "{out}");
 }

@@ -58,7 +58,7 @@ pub fn invalid_argument_type(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
             dict.set_item(
                 "__doc__",
                 "A bad argument: zero size, a range outside the memory, an alignment that is not a \
-                 power of two, unknown flags. Both a VkgdrError and a ValueError.",
+                 power of two, a stream that is not one. Both a VkgdrError and a ValueError.",
             )?;
             let made = py
                 .get_type::<PyType>()

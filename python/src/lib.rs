@@ -4,7 +4,9 @@
 //! - [`pool`]: `Pool` and `Block` (NumPy, CUDA array interface, DLPack);
 //! - [`ring`]: `DeviceRing`, a thin wrapper of [`vkgdr::ring::DeviceRing`];
 //! - [`errors`]: `VkgdrError` and its subclasses, the one conversion of library errors;
-//! - [`dlpack`], [`interface`]: the array protocols.
+//! - [`dlpack`], [`interface`]: the array protocols;
+//! - [`lifetime`]: when `free()` may release memory at once (no view can still use it);
+//! - [`stream`]: CUDA streams named by Python arguments.
 //!
 //! Calls that may take long (driver calls, waits, large copies) release the GIL. No Rust panic
 //! can cross into Python: PyO3 turns one into a `PanicException`, and the DLPack deleters, which C
@@ -18,8 +20,10 @@ mod compat;
 mod dlpack;
 mod errors;
 mod interface;
+mod lifetime;
 mod pool;
 mod ring;
+mod stream;
 
 #[pymodule]
 fn _vkgdr(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -30,6 +34,11 @@ fn _vkgdr(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pool::Block>()?;
     m.add_class::<ring::DeviceRing>()?;
     m.add_class::<ring::RingDeviceView>()?;
+    m.add_class::<lifetime::RefProbe>()?;
+    m.add_function(wrap_pyfunction!(lifetime::calibrate, m)?)?;
+    m.add_function(wrap_pyfunction!(lifetime::only_callers_py, m)?)?;
+    m.add_function(wrap_pyfunction!(stream::stream_handle, m)?)?;
+    lifetime::init(m.py())?;
     m.add(
         "OPEN_CURRENT_CONTEXT_BIT",
         vkgdr::compat::OPEN_CURRENT_CONTEXT_BIT,

@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -13,6 +15,8 @@ use crate::compat::Vkgdr;
 use crate::dlpack;
 use crate::errors::{invalid_argument, to_py};
 use crate::interface;
+use crate::lifetime;
+use crate::stream::{stream_arg, StreamArg};
 
 /// The pool's configuration from keyword arguments (`Pool(owner, **config)`,
 /// `Pool.vulkan_only(..., **config)`); a missing or `None` value keeps [`PoolConfig`]'s default.
@@ -67,6 +71,8 @@ pub struct Pool {
     pool: vkgdr::Pool,
     /// The CUDA device ordinal of the chunks; `None` for a Vulkan-only pool.
     device: Option<i32>,
+    /// The device handle, for stream-ordered releases of blocks; `None` for a Vulkan-only pool.
+    gpu: Option<vkgdr::Gpu>,
 }
 
 #[pymethods]
@@ -77,10 +83,11 @@ impl Pool {
         let cfg = self::config(config)?;
         let gpu = owner.gpu.clone();
         let device = gpu.cu_device();
-        let pool = vkgdr::Pool::new(gpu, cfg).map_err(to_py)?;
+        let pool = vkgdr::Pool::new(gpu.clone(), cfg).map_err(to_py)?;
         Ok(Pool {
             pool,
             device: Some(device),
+            gpu: Some(gpu),
         })
     }
 
@@ -110,7 +117,11 @@ impl Pool {
             .detach(|| VulkanContext::new(selector, options))
             .map_err(to_py)?;
         let pool = vkgdr::Pool::new(context, cfg).map_err(to_py)?;
-        Ok(Pool { pool, device: None })
+        Ok(Pool {
+            pool,
+            device: None,
+            gpu: None,
+        })
     }
 
     /// Allocates ``size`` bytes aligned to ``align`` (a power of two, at most ``max_align``).
@@ -118,7 +129,12 @@ impl Pool {
     fn alloc(&self, py: Python<'_>, size: u64, align: u64) -> PyResult<Block> {
         // Usually nanoseconds, but a new chunk costs a driver round trip: let other threads run.
         let block = py.detach(|| self.pool.alloc(size, align)).map_err(to_py)?;
-        Ok(Block::new(block, self.device, self.pool.is_non_coherent()))
+        Ok(Block::new(
+            block,
+            self.device,
+            self.pool.is_non_coherent(),
+            self.gpu.clone(),
+        ))
     }
 
     /// Flushes every write recorded through ``Block.write`` (one driver call per chunk); a no-op
@@ -180,10 +196,16 @@ impl Pool {
 }
 
 /// A block's Rust state, shared with DLPack exports so a tensor keeps the memory alive without
-/// the GIL.
+/// the GIL. The block goes back to its pool when the state drops: when the `Block` object and
+/// every export are gone, after the stream named by `Block.free(after=...)`, if any.
 struct BlockState {
     /// Locked only by writes and flushes, which record dirty ranges (`&mut` in the library).
-    block: Mutex<vkgdr::Block>,
+    /// `None` once handed back by `Block.free()`.
+    block: Mutex<Option<vkgdr::Block>>,
+    /// The stream `free(after=...)` named, if any.
+    after: Mutex<Option<StreamArg>>,
+    /// The device handle the stream-ordered release needs; `None` for Vulkan-only pools.
+    gpu: Option<vkgdr::Gpu>,
     size: u64,
     host_ptr: usize,
     device_ptr: Option<u64>,
@@ -191,21 +213,106 @@ struct BlockState {
     non_coherent: bool,
 }
 
+/// The error of every use of a freed block.
+fn freed() -> PyErr {
+    crate::errors::vkgdr_error("the block has been freed")
+}
+
+/// Why an operation on a block failed. Turned into an exception only once the block's lock is
+/// released and the GIL held again: making one takes the GIL, and a thread holding the GIL may
+/// be waiting for the lock.
+enum Failure {
+    /// The block was handed back meanwhile.
+    Freed,
+    Library(vkgdr::Error),
+}
+
+impl From<vkgdr::Error> for Failure {
+    fn from(e: vkgdr::Error) -> Failure {
+        Failure::Library(e)
+    }
+}
+
+impl From<Failure> for PyErr {
+    fn from(f: Failure) -> PyErr {
+        match f {
+            Failure::Freed => freed(),
+            Failure::Library(e) => to_py(e),
+        }
+    }
+}
+
+impl BlockState {
+    /// Runs `f` on the block under its lock; `Failure::Freed` once it has been handed back.
+    /// Needs no GIL.
+    fn with<R>(&self, f: impl FnOnce(&mut vkgdr::Block) -> vkgdr::Result<R>) -> Result<R, Failure> {
+        let mut guard = self.block.lock();
+        let block = guard.as_mut().ok_or(Failure::Freed)?;
+        Ok(f(block)?)
+    }
+
+    /// Hands the block back now: after the named stream if there is one, else at once.
+    fn release(&self) -> vkgdr::Result<()> {
+        let block = self.block.lock().take();
+        let after = self.after.lock().take();
+        match (block, after, &self.gpu) {
+            (Some(block), Some(stream), Some(gpu)) => {
+                // SAFETY: a stream object is alive while `stream` holds it (it drops after the
+                // call); an int handle is the caller's promise, documented on `Block.free`.
+                let done = unsafe { block.release_after_stream(gpu, stream.raw()) };
+                drop(stream);
+                done
+            }
+            (block, _, _) => {
+                drop(block);
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Drop for BlockState {
+    fn drop(&mut self) {
+        // A destructor (perhaps a DLPack deleter in C code) has no one to report an error to;
+        // on an error the block went back as a plain drop gives it back.
+        let _ = self.release();
+    }
+}
+
 /// A block of pool memory: ``len(block)`` bytes with a host mapping (``np.asarray(block)``,
 /// ``block.view(dtype, shape)``) and, for GPU pools, a device pointer (``device_ptr``,
 /// ``__cuda_array_interface__``, ``__dlpack__``: ``cupy.asarray(block)`` and
-/// ``torch.from_dlpack(block)`` use the device memory with no copy). Freed when the block and
-/// every view of it are gone.
+/// ``torch.from_dlpack(block)`` use the device memory with no copy).
+///
+/// The block goes back to its pool when the block object and every view and DLPack export of
+/// it are gone, and is handed out again at once: the pool cannot know which kernels still read
+/// it. ``free(*, after=None)`` says so explicitly: the object is marked freed (its attributes
+/// raise ``VkgdrError``), and the block goes back at once if no view or export can exist (none
+/// was made, or nothing but the caller's variables refers to the object and no DLPack export
+/// lives), else when the last one (and the caller's last reference) is gone. ``after=stream``
+/// (an int ``CUstream``, or a CuPy, PyTorch, PyCUDA or Numba stream object, kept alive until
+/// then) holds it back further, never waiting: it goes back once the work queued on that stream
+/// has completed (the stream's state when the block is given back, views' kernels included).
+/// Free blocks that a kernel on a non-blocking stream may still use that way.
 ///
 /// Host writes reach kernels launched afterwards; on non-coherent memory call ``flush()`` first
 /// (and ``invalidate()`` before host reads of device writes).
 #[pyclass(module = "vkgdr", name = "Block", frozen)]
 pub struct Block {
     state: Arc<BlockState>,
+    /// Set by `free()`.
+    freed: AtomicBool,
+    /// Whether an interface was read or a DLPack capsule made (views may exist).
+    exported: AtomicBool,
 }
 
 impl Block {
-    fn new(block: vkgdr::Block, device: Option<i32>, non_coherent: bool) -> Block {
+    fn new(
+        block: vkgdr::Block,
+        device: Option<i32>,
+        non_coherent: bool,
+        gpu: Option<vkgdr::Gpu>,
+    ) -> Block {
         let device_ptr = block.device_ptr();
         Block {
             state: Arc::new(BlockState {
@@ -214,9 +321,28 @@ impl Block {
                 device_ptr,
                 device: device.filter(|_| device_ptr.is_some()),
                 non_coherent,
-                block: Mutex::new(block),
+                block: Mutex::new(Some(block)),
+                after: Mutex::new(None),
+                gpu,
             }),
+            freed: AtomicBool::new(false),
+            exported: AtomicBool::new(false),
         }
+    }
+
+    /// The state of a block that has not been freed.
+    fn live(&self) -> PyResult<&BlockState> {
+        if self.freed.load(Ordering::Acquire) {
+            return Err(freed());
+        }
+        Ok(&self.state)
+    }
+
+    /// [`live`](Self::live), noting that a view or export may be made.
+    fn export(&self) -> PyResult<&BlockState> {
+        let state = self.live()?;
+        self.exported.store(true, Ordering::Release);
+        Ok(state)
     }
 
     /// The DLPack device of the block's natural export.
@@ -250,20 +376,62 @@ impl Block {
 
     /// The host address of the first byte.
     #[getter]
-    fn host_ptr(&self) -> usize {
-        self.state.host_ptr
+    fn host_ptr(&self) -> PyResult<usize> {
+        Ok(self.live()?.host_ptr)
     }
 
     /// The CUDA device pointer of the first byte (None for ``Pool.vulkan_only`` blocks).
     #[getter]
-    fn device_ptr(&self) -> Option<u64> {
-        self.state.device_ptr
+    fn device_ptr(&self) -> PyResult<Option<u64>> {
+        Ok(self.live()?.device_ptr)
     }
 
     /// Whether the block has a chunk of its own (requests of ``dedicated_threshold`` or more).
     #[getter]
-    fn is_dedicated(&self) -> bool {
-        self.state.block.lock().is_dedicated()
+    fn is_dedicated(&self) -> PyResult<bool> {
+        Ok(self.live()?.with(|b| Ok(b.is_dedicated()))?)
+    }
+
+    /// Whether ``free()`` was called.
+    #[getter]
+    fn is_freed(&self) -> bool {
+        self.freed.load(Ordering::Acquire)
+    }
+
+    /// Frees the block without waiting for the GPU: it goes back to its pool at once if no
+    /// view or export of it can exist, otherwise when the last one is gone; with
+    /// ``after=stream``, only once the work queued on that stream has completed as well (see
+    /// the class docs). The object is marked freed either way. Safe to call twice; a second call
+    /// changes nothing.
+    #[pyo3(signature = (*, after = None))]
+    fn free(slf: &Bound<'_, Self>, after: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let py = slf.py();
+        let this = slf.get();
+        // The arguments first: reading a stream object may run Python code.
+        let after = match after {
+            Some(a) => Some(stream_arg(a)?).filter(|s| !s.is_null()),
+            None => None,
+        };
+        if after.is_some() && this.state.gpu.is_none() {
+            return Err(invalid_argument(
+                "a Vulkan-only block has no CUDA stream to wait for (after= needs a GPU pool)",
+            ));
+        }
+        // Freed from here on: no view or export can be made any more.
+        if this.freed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        *this.state.after.lock() = after;
+        // What the caller and the views hold; no reference of ours is taken now. A failure to
+        // inspect the caller leaves the views' possibility open.
+        let refs = lifetime::refcount(slf.as_any());
+        let views = this.exported.load(Ordering::Acquire)
+            && !lifetime::only_callers_of_rust_free(slf.as_any(), refs).unwrap_or(false);
+        // DLPack exports hold the state (only they do, besides this object).
+        if views || Arc::strong_count(&this.state) > 1 {
+            return Ok(());
+        }
+        py.detach(|| this.state.release()).map_err(to_py)
     }
 
     /// Whether host writes need no ``flush``.
@@ -275,7 +443,8 @@ impl Block {
     /// NumPy's array interface: ``size`` writable bytes (``uint8``) of the host mapping.
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        interface::array_interface(py, self.state.host_ptr, self.state.size, "|u1")
+        let state = self.export()?;
+        interface::array_interface(py, state.host_ptr, state.size, "|u1")
     }
 
     /// The CUDA array interface (v3): ``size`` bytes of ``uint8`` at ``device_ptr``. Missing
@@ -283,7 +452,7 @@ impl Block {
     #[getter]
     fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         match self.state.device_ptr {
-            Some(p) => interface::cuda_array_interface(py, p, self.state.size),
+            Some(p) => interface::cuda_array_interface(py, p, self.export()?.size),
             None => Err(pyo3::exceptions::PyAttributeError::new_err(
                 "a Vulkan-only block has no device pointer",
             )),
@@ -305,7 +474,7 @@ impl Block {
             (dtype.map_or("u1".into_pyobject(py)?.into_any(), |d| d.clone()),),
         )?;
         let itemsize: u64 = dtype.getattr("itemsize")?.extract()?;
-        let size = slf.get().state.size;
+        let size = slf.get().live()?.size;
         if itemsize == 0 {
             return Err(invalid_argument("dtype has no size"));
         }
@@ -351,14 +520,15 @@ impl Block {
     /// non-coherent memory).
     #[pyo3(signature = (data, offset = 0))]
     fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>, offset: u64) -> PyResult<()> {
-        interface::with_bytes(data, |bytes| {
+        let state = self.live()?;
+        let write = |bytes: &[u8]| state.with(|b| b.write(offset, bytes));
+        Ok(interface::with_bytes(data, |bytes| {
             if bytes.len() >= LARGE_COPY {
-                py.detach(|| self.state.block.lock().write(offset, bytes))
+                py.detach(|| write(bytes))
             } else {
-                self.state.block.lock().write(offset, bytes)
+                write(bytes)
             }
-        })?
-        .map_err(to_py)
+        })??)
     }
 
     /// Reads ``size`` bytes from ``offset`` (default: to the end), after an invalidate on
@@ -370,15 +540,15 @@ impl Block {
         offset: u64,
         size: Option<u64>,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let (offset, size) = interface::range(offset, size, self.state.size)?;
+        let state = self.live()?;
+        let (offset, size) = interface::range(offset, size, state.size)?;
         let mut out = vec![0u8; size as usize];
-        let block = &self.state.block;
+        let read = |out: &mut [u8]| state.with(|b| b.read(offset, out));
         if out.len() >= LARGE_COPY {
-            py.detach(|| block.lock().read(offset, &mut out))
+            py.detach(|| read(&mut out))
         } else {
-            block.lock().read(offset, &mut out)
-        }
-        .map_err(to_py)?;
+            read(&mut out)
+        }?;
         Ok(PyBytes::new(py, &out))
     }
 
@@ -387,29 +557,30 @@ impl Block {
     /// fence.
     #[pyo3(signature = (offset = 0, size = None))]
     fn flush(&self, py: Python<'_>, offset: u64, size: Option<u64>) -> PyResult<()> {
-        let (offset, size) = interface::range(offset, size, self.state.size)?;
+        let state = self.live()?;
+        let (offset, size) = interface::range(offset, size, state.size)?;
         interface::drain_host_writes();
-        if !self.state.non_coherent || size == 0 {
+        if !state.non_coherent || size == 0 {
             return Ok(());
         }
-        py.detach(|| {
-            let mut block = self.state.block.lock();
-            block.after_write(offset, size)?;
-            block.flush()
-        })
-        .map_err(to_py)
+        Ok(py.detach(|| {
+            state.with(|b| {
+                b.after_write(offset, size)?;
+                b.flush()
+            })
+        })?)
     }
 
     /// Makes device writes in ``[offset, offset + size)`` (default: the whole block) visible to
     /// host reads. A no-op on coherent memory.
     #[pyo3(signature = (offset = 0, size = None))]
     fn invalidate(&self, py: Python<'_>, offset: u64, size: Option<u64>) -> PyResult<()> {
-        let (offset, size) = interface::range(offset, size, self.state.size)?;
-        if !self.state.non_coherent || size == 0 {
+        let state = self.live()?;
+        let (offset, size) = interface::range(offset, size, state.size)?;
+        if !state.non_coherent || size == 0 {
             return Ok(());
         }
-        py.detach(|| self.state.block.lock().before_read(offset, size))
-            .map_err(to_py)
+        Ok(py.detach(|| state.with(|b| b.before_read(offset, size)))?)
     }
 
     /// ``(device_type, device_id)``: ``(kDLCUDA, ordinal)`` for GPU pools, ``(kDLCPU, 0)`` for
@@ -432,6 +603,7 @@ impl Block {
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let _ = stream;
+        self.export()?;
         if copy == Some(true) {
             return Err(pyo3::exceptions::PyBufferError::new_err(
                 "vkgdr blocks are exported without copying (copy=True is not supported)",
@@ -467,6 +639,9 @@ impl Block {
     }
 
     fn __repr__(&self) -> String {
+        if self.freed.load(Ordering::Acquire) {
+            return format!("<vkgdr.Block {} bytes, freed>", self.state.size);
+        }
         match self.state.device_ptr {
             Some(p) => format!("<vkgdr.Block {} bytes at device {p:#x}>", self.state.size),
             None => format!(

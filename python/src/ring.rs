@@ -10,6 +10,7 @@ use vkgdr::ring::layout::WrapMode;
 use crate::compat::Vkgdr;
 use crate::errors::{invalid_argument, to_py};
 use crate::interface;
+use crate::stream::stream_arg;
 
 /// How long one GIL-free wait for ring space lasts before Python signals are checked.
 const WAIT_SLICE: Duration = Duration::from_millis(50);
@@ -20,15 +21,25 @@ const WAIT_SLICE: Duration = Duration::from_millis(50);
 /// ``DeviceRing(owner, capacity, *, mirrored=False)``: ``capacity`` is a power of two of at
 /// least 4096 bytes (for ``mirrored``, a multiple of the VMM granularity, 2 MiB on the H100).
 /// ``push(data)`` appends one record from any thread; ``device_view`` has the addresses the
-/// kernel needs. Call ``stop()`` to let a persistent consumer exit.
+/// kernel needs (and keeps the ring alive). Call ``stop()`` to let a persistent consumer exit.
+///
+/// Register the consumer with ``watch_consumer(stream)`` right after launching it: producers
+/// then get an error instead of waiting forever once it exits, and dropping (collecting) the
+/// ring tells the kernel to stop and keeps the ring's memory until the kernel has exited,
+/// without waiting for it. Without that, the memory goes back once the work queued on the
+/// legacy default stream (every blocking stream's too) has completed, which does not include a
+/// consumer on a non-blocking stream: keep the ring until such a kernel has exited.
 #[pyclass(module = "vkgdr", name = "DeviceRing", frozen)]
 pub struct DeviceRing {
     ring: vkgdr::ring::DeviceRing,
 }
 
-/// The device addresses a consumer kernel takes (``DeviceRing.device_view``).
+/// The device addresses a consumer kernel takes (``DeviceRing.device_view``). It keeps its ring
+/// alive: while a view exists, the ring's memory does too.
 #[pyclass(module = "vkgdr", name = "RingDeviceView", frozen, get_all)]
 pub struct RingDeviceView {
+    /// The ring these addresses belong to.
+    ring: Py<DeviceRing>,
     /// Device address of the data region.
     data: u64,
     /// Capacity of the data region in bytes.
@@ -155,11 +166,12 @@ impl DeviceRing {
         })?
     }
 
-    /// The addresses a consumer kernel needs.
+    /// The addresses a consumer kernel needs (a view that keeps this ring alive).
     #[getter]
-    fn device_view(&self) -> RingDeviceView {
-        let v = self.ring.device_view();
+    fn device_view(slf: &Bound<'_, Self>) -> RingDeviceView {
+        let v = slf.get().ring.device_view();
         RingDeviceView {
+            ring: slf.clone().unbind(),
             data: v.data,
             capacity: v.capacity,
             tail: v.tail,
@@ -184,6 +196,20 @@ impl DeviceRing {
     /// Asks a persistent consumer to exit once it has consumed everything published.
     fn stop(&self) {
         self.ring.stop()
+    }
+
+    /// Registers the consumer kernel just launched on ``stream`` (an int ``CUstream``, 0 for the
+    /// legacy default stream, or a CuPy, PyTorch, PyCUDA or Numba stream object; an int must
+    /// name a live stream of the ring's device). Call it right after the launch: the ring
+    /// records an event there, and its completion means the consumer has exited. Producers
+    /// waiting for space then fail instead of waiting forever, and dropping the ring stops the
+    /// kernel and keeps the ring's memory until it has exited, without waiting.
+    fn watch_consumer(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
+        let stream = stream_arg(stream)?;
+        // SAFETY: a stream object is alive while `stream` holds it, until after the call; an
+        // int handle is the caller's promise (documented above); null is the legacy stream.
+        py.detach(|| unsafe { self.ring.watch_consumer_stream(stream.raw()) })
+            .map_err(to_py)
     }
 
     /// Capacity of the data region in bytes.

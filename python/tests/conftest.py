@@ -219,8 +219,9 @@ def run_in_thread(fn: Callable[[], Any]) -> Any:
 
 
 def import_pycuda_shim(monkeypatch: Any, context_class: type) -> Any:
-    """Imports vkgdr.pycuda against a stand-in ``pycuda.driver`` (PyCUDA is not installed where
-    the tests run) whose ``Context`` is ``context_class``; undone at the test's end."""
+    """Imports vkgdr.pycuda against a stand-in ``pycuda.driver`` whose ``Context`` is
+    ``context_class`` (for the shim's own logic without a GPU, and for the GPU tests where PyCUDA
+    cannot be imported); undone at the test's end."""
     pycuda = types.ModuleType("pycuda")
     driver = types.ModuleType("pycuda.driver")
     driver.PointerHolderBase = type("PointerHolderBase", (), {"__init__": lambda self: None})

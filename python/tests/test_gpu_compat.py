@@ -1,15 +1,32 @@
 """vkgdr 0.1's own tests, on a GPU: its flow for the three flag settings on the primary context
 (CuPy's) and on a ``cuCtxCreate`` context (what PyCUDA's ``make_default_context`` makes), its three
-error cases with their result names, explicit frees, and ``vkgdr.pycuda.Memory`` on a stand-in
-PyCUDA whose contexts are real driver contexts."""
+error cases with their result names, explicit frees, ``vkgdr.pycuda.Memory`` on real PyCUDA (on a
+stand-in PyCUDA whose contexts are real driver contexts where PyCUDA cannot be imported, saying
+so), a ``GPUArray`` over that memory, and vkgdr 0.1's Python example run as its users run it."""
 
 import concurrent.futures
+import gc
+import importlib
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import warnings
+from typing import Any, Optional
 
 import numpy as np
 import pytest
 
 import vkgdr
-from conftest import double_kernel, driver_double_kernel, import_pycuda_shim, run_in_thread
+from conftest import (
+    KERNELS_DIR,
+    REQUIRE_GPU,
+    double_kernel,
+    driver_double_kernel,
+    import_pycuda_shim,
+    run_in_thread,
+)
 
 FLAGS = [0, vkgdr.OpenFlags.REQUIRE_COHERENT_BIT, vkgdr.OpenFlags.FORCE_NON_COHERENT_BIT]
 FLAG_IDS = ["default", "require-coherent", "force-non-coherent"]
@@ -122,12 +139,18 @@ def test_alloc_without_context(cupy) -> None:
         run_in_thread(lambda: vkgdr.RawMemory(g, 123))
 
 
-def test_explicit_free_and_flags_must_be_zero(cupy) -> None:
+def test_explicit_free_and_unknown_flags_are_ignored(cupy) -> None:
+    """vkgdr 0.1 ignores allocation flags (it defines none) and open-flag bits it does not know."""
     g = vkgdr.Vkgdr.open_current_context()
     mem = vkgdr.RawMemory(g, 4097)
     mem.free()
-    with pytest.raises(vkgdr.InvalidArgumentError, match="flags must be 0"):
-        vkgdr.RawMemory(g, 16, 1)
+    for flags in (1, 0x80000000):
+        mem = vkgdr.RawMemory(g, 16, flags)
+        assert len(mem) == 16
+        mem.free()
+    for flags in (8, 0xFFFFFFF8):
+        assert vkgdr.Vkgdr(0, flags).device == 0
+        assert vkgdr.Vkgdr.open_current_context(flags).device == 0
 
 
 def test_open_by_device_creates_no_context(cuda, cupy) -> None:
@@ -170,6 +193,62 @@ def test_memory_freed_from_another_thread_pushes_its_context(cuda, cupy) -> None
         cuda.ctx_destroy(ctx)
 
 
+# --- vkgdr.pycuda: real PyCUDA where it imports, else a stand-in over real contexts ----------
+
+
+def import_pycuda_driver() -> "tuple[Any, str]":
+    """``pycuda.driver`` (initialised), or None and why it cannot be imported here."""
+    try:
+        import pycuda.driver as driver
+    except (ImportError, OSError) as e:  # not installed, or its extension cannot load
+        return None, f"import pycuda.driver failed: {e}"
+    driver.init()
+    return driver, ""
+
+
+class RealPycuda:
+    """vkgdr.pycuda against the installed PyCUDA; contexts made and switched by PyCUDA, whose
+    ``Context.get_current()`` knows only the contexts on its own per-thread stack."""
+
+    real = True
+
+    def __init__(self, driver: Any) -> None:
+        self.driver = driver
+        module = importlib.import_module("vkgdr.pycuda")
+        if module.pycuda.driver is not driver:  # imported earlier against another pycuda
+            del sys.modules["vkgdr.pycuda"]
+            module = importlib.import_module("vkgdr.pycuda")
+        assert module.pycuda.driver is driver
+        self.module = module
+
+    def create_context(self) -> Any:
+        """What vkgdr 0.1's tests and ``pycuda.autoinit`` use: a new context, made current."""
+        import pycuda.tools
+
+        return pycuda.tools.make_default_context()
+
+    @staticmethod
+    def handle(ctx: Any) -> int:
+        return ctx.handle
+
+    def pop(self) -> None:
+        self.driver.Context.pop()
+
+    @staticmethod
+    def push(ctx: Any) -> None:
+        ctx.push()
+
+    def release(self, ctx: Any) -> None:
+        """Pops ``ctx`` while it is current, then destroys it. On the thread that made it, which
+        PyCUDA requires; a thread ending with contexts on PyCUDA's stack aborts the process."""
+        while True:
+            current = self.driver.Context.get_current()
+            if current is None or current.handle != ctx.handle:
+                break
+            self.driver.Context.pop()
+        ctx.detach()
+
+
 class DriverContext:
     """Stands in for pycuda.driver.Context over a real driver context."""
 
@@ -191,31 +270,358 @@ class DriverContext:
         DriverContext.cuda.ctx_pop()
 
 
+class StandInPycuda:
+    """vkgdr.pycuda against a stand-in pycuda.driver whose contexts are real driver contexts,
+    made and switched through the driver API."""
+
+    real = False
+
+    def __init__(self, cuda, module: Any) -> None:
+        self.cuda = cuda
+        self.module = module
+
+    def create_context(self) -> int:
+        return self.cuda.ctx_create(0)
+
+    @staticmethod
+    def handle(ctx: int) -> int:
+        return ctx
+
+    def pop(self) -> None:
+        self.cuda.ctx_pop()
+
+    def push(self, ctx: int) -> None:
+        self.cuda.ctx_push(ctx)
+
+    def release(self, ctx: int) -> None:
+        release(self.cuda, ctx)
+
+
 @pytest.fixture()
-def pycuda_stand_in(cuda, monkeypatch):
-    """vkgdr.pycuda imported against a stand-in pycuda.driver whose contexts are real ones."""
+def pycuda_face(cuda, monkeypatch):
+    """Real PyCUDA when ``import pycuda.driver`` works; otherwise the stand-in, with a warning
+    that says so (pytest's warnings summary names the test)."""
+    driver, why = import_pycuda_driver()
+    if driver is not None:
+        return RealPycuda(driver)
+    warnings.warn(
+        f"PyCUDA is not importable here ({why}): vkgdr.pycuda runs against a stand-in "
+        f"pycuda.driver whose contexts are real driver contexts",
+        stacklevel=1,
+    )
     DriverContext.cuda = cuda
-    return import_pycuda_shim(monkeypatch, DriverContext)
+    return StandInPycuda(cuda, import_pycuda_shim(monkeypatch, DriverContext))
+
+
+@pytest.fixture()
+def real_pycuda(cuda) -> RealPycuda:
+    """Real PyCUDA; skips without it (fails with VKGDR_REQUIRE_GPU=1: scripts/gpu-check installs
+    it from the bundle, built by scripts/pycuda-wheel)."""
+    driver, why = import_pycuda_driver()
+    if driver is None:
+        if REQUIRE_GPU:
+            pytest.fail(f"VKGDR_REQUIRE_GPU=1 but PyCUDA is missing ({why})")
+        pytest.skip(f"needs PyCUDA ({why}); no stand-in can run PyCUDA's GPUArray and compiler")
+    return RealPycuda(driver)
 
 
 @pytest.mark.parametrize("flags", FLAGS, ids=FLAG_IDS)
-def test_pycuda_memory_on_a_created_context(cuda, cupy, pycuda_stand_in, flags) -> None:
+def test_pycuda_memory_on_a_created_context(cuda, cupy, pycuda_face, flags) -> None:
+    face = pycuda_face
+
     def body() -> None:
-        ctx = cuda.ctx_create(0)
+        ctx = face.create_context()
         try:
+            assert cuda.ctx_get_current() == face.handle(ctx)
             with driver_double_kernel(cuda) as launch_double:
-                basic_flow(pycuda_stand_in.Memory, flags, launch_double, cuda.ctx_synchronize)
+                basic_flow(face.module.Memory, flags, launch_double, cuda.ctx_synchronize)
             g = vkgdr.Vkgdr.open_current_context()
-            mem = pycuda_stand_in.Memory(g, 100)
+            mem = face.module.Memory(g, 100)
             assert mem.get_pointer() == mem.device_ptr
-            cuda.ctx_pop()  # free() pushes the memory's own context
+            face.pop()  # free() pushes the memory's own context
             assert cuda.ctx_get_current() is None
             mem.free()
             assert cuda.ctx_get_current() is None
-            cuda.ctx_push(ctx)
+            face.push(ctx)
             with pytest.raises(vkgdr.VkgdrError, match="VK_ERROR_OUT_OF_DEVICE_MEMORY"):
-                pycuda_stand_in.Memory(g, 10**15)
+                face.module.Memory(g, 10**15)
         finally:
-            release(cuda, ctx)
+            face.release(ctx)
+
+    run_in_thread(body)
+
+
+def test_pycuda_memory_needs_a_pycuda_context(cuda, real_pycuda) -> None:
+    """As in vkgdr 0.1: without a context of PyCUDA's current, ``Memory`` is an error."""
+
+    def body() -> None:
+        g = vkgdr.Vkgdr(0)
+        with pytest.raises(vkgdr.VkgdrError, match="no current CUDA context"):
+            real_pycuda.module.Memory(g, 123)
+
+    run_in_thread(body)
+
+
+def test_a_gpuarray_over_pycuda_memory_runs_kernels_and_keeps_it(cuda, real_pycuda) -> None:
+    """vkgdr 0.1's test_basic with PyCUDA's own launch: the memory as the ``gpudata`` of a
+    ``GPUArray`` passed to a kernel, read back through NumPy and by ``GPUArray.get``; then
+    ``free()`` while the ``GPUArray`` lives leaves the memory to it until it goes."""
+    if KERNELS_DIR is None:
+        pytest.fail("kernels/mapping.ptx not found (set VKGDR_KERNELS_DIR)")
+    face = real_pycuda
+    drv = face.driver
+    gpuarray = importlib.import_module("pycuda.gpuarray")
+    ptx = (KERNELS_DIR / "mapping.ptx").read_bytes() + b"\0"  # the driver reads PTX to its NUL
+
+    def body() -> None:
+        ctx = face.create_context()
+        try:
+            module = drv.module_from_buffer(ptx)
+            double_bytes = module.get_function("double_bytes")  # (uint8 *data, uint32 n)
+            g = vkgdr.Vkgdr.open_current_context()
+            n = 64 << 20
+            mem = face.module.Memory(g, n)
+            host = np.asarray(mem).view(np.uint8)
+            host[:] = 21
+            mem.flush(0, n)
+            d = gpuarray.GPUArray(n, np.uint8, gpudata=mem)
+            assert int(d.gpudata) == mem.device_ptr
+            double_bytes(d, np.uint32(n), block=(256, 1, 1), grid=(n // 256, 1))
+            drv.Context.synchronize()  # a launch without In/Out arguments does not wait
+            mem.invalidate(0, n)
+            assert int(np.count_nonzero(host != 42)) == 0
+            assert int(np.count_nonzero(d.get() != 42)) == 0
+            held = drv.mem_get_info()[0]
+            del host
+            mem.free()  # the GPUArray still holds the memory
+            with pytest.raises(vkgdr.VkgdrError, match="freed"):
+                mem.get_pointer()
+            assert drv.mem_get_info()[0] - held < n // 2, "freed while a GPUArray held it"
+            del d, mem
+            gc.collect()
+            assert g.wait_for_releases(10)
+            freed = drv.mem_get_info()[0]
+            assert freed - held >= n // 2, f"not back with the GPUArray gone: {held} -> {freed}"
+            del double_bytes, module  # unloaded while its context lives
+            gc.collect()
+        finally:
+            face.release(ctx)
+
+    run_in_thread(body)
+
+
+# vkgdr 0.1's Python example (examples/vkgdr_example.py there), in the same steps: PyCUDA's
+# default context from pycuda.autoinit, a kernel compiled by SourceModule (nvcc), three
+# vkgdr.pycuda.Memory allocations seen by the host through np.array(..., copy=False) and by the
+# kernel as GPUArrays, host writes flushed, the kernel writing one of them, the host reading it
+# after invalidate. Unlike the example it waits for the kernel before reading (a launch without
+# In/Out arguments returns at once) and checks every element rather than printing some. It leaves
+# the memory to be freed at exit, as the example does. Its first argument is the watchdog's
+# seconds: a hang dumps every thread's stack and exits.
+EXAMPLE = r'''
+import faulthandler
+import sys
+
+faulthandler.dump_traceback_later(float(sys.argv[1]), exit=True)
+
+import numpy as np
+import pycuda.autoinit
+import pycuda.driver
+import pycuda.gpuarray
+from pycuda.compiler import SourceModule
+
+import vkgdr.pycuda
+
+module = SourceModule("""
+__global__ void scale_add(const float *x, const float *y, float *out, float a, int n)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        out[i] = a * x[i] + y[i];
+}
+""")
+scale_add = module.get_function("scale_add")
+
+n = 1 << 20
+dtype = np.dtype(np.float32)
+g = vkgdr.Vkgdr.open_current_context()
+x = vkgdr.pycuda.Memory(g, n * dtype.itemsize)
+y = vkgdr.pycuda.Memory(g, n * dtype.itemsize)
+out = vkgdr.pycuda.Memory(g, n * dtype.itemsize)
+h_x = np.array(x, copy=False).view(dtype)
+h_y = np.array(y, copy=False).view(dtype)
+h_out = np.array(out, copy=False).view(dtype)
+d_x = pycuda.gpuarray.GPUArray(n, dtype, gpudata=x)
+d_y = pycuda.gpuarray.GPUArray(n, dtype, gpudata=y)
+d_out = pycuda.gpuarray.GPUArray(n, dtype, gpudata=out)
+h_x[:] = np.arange(n, dtype=dtype)
+h_y[:] = 17
+h_out[:] = -1
+for mem in (x, y, out):
+    mem.flush(0, len(mem))
+
+scale_add(d_x, d_y, d_out, np.float32(3), np.int32(n), block=(256, 1, 1), grid=(n // 256, 1))
+pycuda.driver.Context.synchronize()
+out.invalidate(0, len(out))
+expected = np.float32(3) * np.arange(n, dtype=dtype) + np.float32(17)
+np.testing.assert_array_equal(h_out, expected)
+np.testing.assert_array_equal(d_out.get(), expected)
+print(h_out[100000:][:5])
+print("vkgdr example: ok")
+'''
+
+
+def find_nvcc() -> Optional[str]:
+    """nvcc on the PATH, else in CUDA_HOME, CUDA_PATH or /usr/local/cuda."""
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root and os.access(os.path.join(root, "bin", "nvcc"), os.X_OK):
+            return os.path.join(root, "bin", "nvcc")
+    return None
+
+
+def test_vkgdr_0_1_python_example_runs_unchanged(cuda, real_pycuda, tmp_path) -> None:
+    """The example in a fresh interpreter, as its users run it: ``pycuda.autoinit`` keeps its
+    context current on the main thread until exit, which the other tests must not see."""
+    nvcc = find_nvcc()
+    if nvcc is None:
+        if REQUIRE_GPU:
+            pytest.fail("VKGDR_REQUIRE_GPU=1 but nvcc (PyCUDA's SourceModule needs it) is missing")
+        pytest.skip("needs nvcc: PyCUDA's SourceModule compiles with it")
+    script = tmp_path / "vkgdr_example.py"
+    script.write_text(EXAMPLE)
+    import pycuda
+
+    # The packages this interpreter imports, first on the child's path; its cwd is tmp_path, so
+    # no source folder named vkgdr (without the extension) can shadow the installed package.
+    sites = [str(pathlib.Path(m.__file__).resolve().parent.parent) for m in (vkgdr, pycuda)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(sites + [p for p in [env.get("PYTHONPATH")] if p])
+    env["PATH"] = os.pathsep.join([os.path.dirname(nvcc), env.get("PATH", "")])
+    cache = tmp_path / "pycuda-cache"  # PyCUDA writes its compiler cache there, not in $HOME
+    cache.mkdir()
+    env["PYCUDA_CACHE_DIR"] = str(cache)
+    watchdog = 240
+    try:
+        done = subprocess.run(
+            [sys.executable, str(script), str(watchdog)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=watchdog + 60,
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the example hung past its own watchdog:\n{e.stdout}\n{e.stderr}")
+    report = f"exit status {done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    assert done.returncode == 0, report
+    assert "vkgdr example: ok" in done.stdout, report
+    # Freed at exit, after pycuda.autoinit's atexit pop, as vkgdr 0.1's example leaves it: no
+    # exception in a destructor, no PyCUDA clean-up complaint.
+    for sign in ("Traceback", "Exception ignored", "PyCUDA ERROR", "PyCUDA WARNING"):
+        assert sign not in done.stderr, report
+
+
+# --- free() never hands back memory a view still uses --------------------------------------
+
+
+def test_a_numpy_view_keeps_freed_memory_until_it_is_gone(cupy) -> None:
+    """vkgdr 0.1 crashes on ``a = np.asarray(mem); mem.free(); a[0] = 1``: here the memory waits
+    for the view (and VRAM shows it)."""
+    g = vkgdr.Vkgdr.open_current_context()
+    size = 64 << 20
+    mem = vkgdr.RawMemory(g, size)
+    view = np.asarray(mem).view(np.uint8)
+    view[:] = 5
+    mem.free()
+    assert mem.is_freed and "views" in repr(mem)
+    with pytest.raises(vkgdr.VkgdrError, match="freed"):
+        mem.device_ptr
+    with pytest.raises(vkgdr.VkgdrError, match="freed"):
+        np.asarray(mem)
+    view[0] = 1  # the memory is still the allocation's: no crash, no one else's bytes
+    assert view[0] == 1 and view[size - 1] == 5
+    held = cupy.cuda.runtime.memGetInfo()[0]
+    del view, mem
+    gc.collect()
+    assert g.wait_for_releases(10)
+    freed = cupy.cuda.runtime.memGetInfo()[0]
+    assert freed - held >= size // 2, f"the memory went back with its view: {held} -> {freed}"
+
+
+def test_a_cupy_array_keeps_freed_memory_and_kernels_on_it_work(cupy) -> None:
+    import vkgdr.cupy as vcp
+
+    g = vkgdr.Vkgdr.open_current_context()
+    mem = vkgdr.RawMemory(g, 4096)
+    np.asarray(mem).view(np.uint8)[:] = 21
+    mem.flush(0, 4096)
+    d = cupy.asarray(mem)  # through the CUDA array interface: the array holds `mem`
+    typed = vcp.asarray(mem, np.uint32)
+    mem.free()
+    assert mem.is_freed
+    d *= 2  # a kernel on memory freed while the array lives: still the allocation's
+    cupy.cuda.runtime.deviceSynchronize()
+    assert int(d.sum()) == 42 * 4096
+    assert int(typed[0]) == 0x2A2A2A2A
+    del d, typed, mem
+    gc.collect()
+    assert g.wait_for_releases(10)
+
+
+def test_free_without_views_is_at_once_every_way(cupy) -> None:
+    g = vkgdr.Vkgdr.open_current_context()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    for how in ({}, {"now": True}, {"after": stream}, {"after": stream.ptr}, {"after": 0}):
+        mem = vkgdr.RawMemory(g, 2 << 20)  # mapped on its own
+        np.asarray(mem).view(np.uint8)[:] = 1  # exported, but the array is gone
+        small = vkgdr.RawMemory(g, 1000)  # carved from a shared granule
+        small.free(**how)
+        mem.free(**how)
+        assert mem.is_freed and repr(mem).endswith("freed>"), how
+    stream.synchronize()
+    assert g.wait_for_releases(10)
+    with pytest.raises(vkgdr.InvalidArgumentError, match="not both"):
+        vkgdr.RawMemory(g, 64).free(after=stream, now=True)
+    with pytest.raises(vkgdr.InvalidArgumentError, match="expected a CUDA stream"):
+        vkgdr.RawMemory(g, 64).free(after="default")
+    torch = pytest.importorskip("torch")
+    torch_stream = torch.cuda.Stream()
+    assert torch_stream.cuda_stream != 0
+    mem = vkgdr.RawMemory(g, 4096)
+    mem.free(after=torch_stream)  # a PyTorch stream (.cuda_stream)
+    torch_stream.synchronize()
+    assert g.wait_for_releases(10)
+
+
+def test_pycuda_memory_with_a_view_is_released_when_the_view_goes(cuda, cupy, pycuda_face):
+    face = pycuda_face
+
+    def body() -> None:
+        ctx = face.create_context()
+        try:
+            g = vkgdr.Vkgdr.open_current_context()
+            mem = face.module.Memory(g, 4096)
+            view = np.asarray(mem).view(np.uint8)  # its base is the Memory object
+            view[:] = 3
+            mem.flush(0, 4096)
+            ptr = mem.get_pointer()
+            mem.free()
+            with pytest.raises(vkgdr.VkgdrError, match="freed"):
+                mem.get_pointer()
+            with driver_double_kernel(cuda) as launch_double:
+                launch_double(ptr, 4096)  # the view still holds the memory
+                cuda.ctx_synchronize()
+            assert np.all(view == 6)
+            face.pop()
+            del view, mem  # released now, with its context pushed by the wrapper
+            gc.collect()
+            assert cuda.ctx_get_current() is None
+            face.push(ctx)
+            assert g.wait_for_releases(10)
+        finally:
+            face.release(ctx)
 
     run_in_thread(body)

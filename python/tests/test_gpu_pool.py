@@ -168,3 +168,30 @@ def test_pool_exhaustion_is_out_of_device_memory(cupy, gpu) -> None:
     with pytest.raises(vkgdr.OutOfDeviceMemoryError, match="VK_ERROR_OUT_OF_DEVICE_MEMORY"):
         vkgdr.Pool(gpu).alloc(10**15)
     assert pool.alloc(1024).device_ptr
+
+
+def test_a_freed_block_waits_for_its_views_exports_and_stream(cupy, gpu) -> None:
+    pool = vkgdr.Pool(gpu, thread_cache=0)
+    block = pool.alloc(4096)
+    np.asarray(block)[:] = 3
+    block.flush()
+    d = cupy.asarray(block)  # the CUDA array interface: holds the block object
+    x = cupy.from_dlpack(block)  # DLPack: holds the block's state, not the object
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        d *= 2  # a kernel on a non-blocking stream
+    block.free(after=stream)
+    assert block.is_freed and pool.stats()["bytes_in_use"] == 4096
+    with pytest.raises(vkgdr.VkgdrError, match="freed"):
+        block.device_ptr
+    stream.synchronize()
+    assert int(x.sum()) == 6 * 4096
+    del d, block
+    gc.collect()
+    assert pool.stats()["bytes_in_use"] == 4096, "the DLPack export still holds it"
+    del x
+    gc.collect()
+    assert gpu.wait_for_releases(10)
+    assert pool.stats()["bytes_in_use"] == 0
+    with pytest.raises(vkgdr.InvalidArgumentError, match="expected a CUDA stream"):
+        pool.alloc(64).free(after=3.5)

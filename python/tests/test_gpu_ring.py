@@ -53,6 +53,8 @@ def test_persistent_consumer_verifies_records_from_python_threads(cupy, ring_mod
     stream = cupy.cuda.Stream(non_blocking=True)
     args = tuple(np.uint64(a) for a in view.kernel_args())
     kernel((1,), (256,), args, stream=stream)  # the checking kernels need 256 threads
+    ring.watch_consumer(stream)  # dropping the ring now keeps its memory until the kernel exits
+    assert view.ring is ring, "the view keeps its ring alive"
 
     # One producer thread at a time owns the sequence numbers it predicts: pushes are serialised
     # by a lock, so record k carries seq k, while the pushes themselves come from four threads.

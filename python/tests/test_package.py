@@ -36,10 +36,21 @@ def test_error_hierarchy() -> None:
     assert issubclass(vkgdr.InvalidArgumentError, ValueError)
 
 
-def test_unknown_open_flags_are_invalid_arguments_before_any_driver_call() -> None:
-    with pytest.raises(vkgdr.InvalidArgumentError, match="unknown open flag bits 0x8") as e:
-        vkgdr.Vkgdr(0, 8)
-    assert e.value.call is None and e.value.result_name is None
+@pytest.mark.parametrize("flags", [8, 0x80000000, 0xFFFFFFF8], ids=hex)
+def test_unknown_open_flag_bits_are_ignored_as_in_vkgdr_0_1(flags) -> None:
+    """vkgdr 0.1 ignores open-flag bits it does not know: the call goes on to the driver. Without
+    libcuda.so.1 it fails there, on the library and not on the flags; with a GPU it opens."""
+    for open_it in (lambda: vkgdr.Vkgdr(0, flags), lambda: vkgdr.Vkgdr.open_current_context(flags)):
+        try:
+            g = open_it()
+        except vkgdr.VkgdrError as e:
+            assert not isinstance(e, vkgdr.InvalidArgumentError), e
+            assert "flag" not in str(e).lower(), e
+            if not has_cuda_driver():
+                assert isinstance(e, vkgdr.LibraryNotFoundError), e
+                assert "libcuda.so.1" in str(e)
+        else:
+            assert g.device == 0
 
 
 @no_driver

@@ -1,6 +1,6 @@
 """Type stubs of the extension module vkgdr._vkgdr (re-exported by vkgdr)."""
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, Union
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, Type, TypeVar, Union
 
 __version__: str
 OPEN_CURRENT_CONTEXT_BIT: int
@@ -25,7 +25,21 @@ class RingFullError(VkgdrError):
     """No room in the ring within the timeout."""
 
 class InvalidArgumentError(VkgdrError, ValueError):
-    """A bad argument (size, range, alignment, flags)."""
+    """A bad argument (size, range, alignment, stream); unknown flag bits are ignored, as in 0.1."""
+
+class _CupyStream(Protocol):
+    ptr: int
+
+class _TorchStream(Protocol):
+    cuda_stream: int
+
+class _PycudaStream(Protocol):
+    handle: Any
+
+#: A CUDA stream: an int ``CUstream`` (0: the legacy default stream), a CuPy (``.ptr``),
+#: PyTorch (``.cuda_stream``), PyCUDA or Numba (``.handle``) stream, or an object with
+#: ``__cuda_stream__``.
+_CudaStream = Union[int, _CupyStream, _TorchStream, _PycudaStream, Any]
 
 _V = TypeVar("_V", bound="Vkgdr")
 
@@ -43,12 +57,26 @@ class Vkgdr:
     def device(self) -> int: ...
     @property
     def is_coherent(self) -> bool: ...
+    def pending_releases(self) -> int:
+        """Releases of this handle's memory still waiting for GPU work queued before them."""
+    def wait_for_releases(self, timeout: float = 30.0) -> bool:
+        """Waits up to ``timeout`` s until no release is pending; whether none is left."""
+    def trim(self) -> int:
+        """Gives back the empty shared granule small raw allocations are carved from."""
 
 class RawMemory:
-    """One allocation in the current CUDA context (vkgdr 0.1's RawMemory)."""
+    """One allocation in the current CUDA context (vkgdr 0.1's RawMemory).
+
+    ``free()`` never waits for a kernel; memory that views (NumPy, CuPy, ...) may still use is
+    released when the last view is gone.
+    """
 
     def __init__(self, owner: Vkgdr, size: int, flags: int = 0) -> None: ...
-    def free(self) -> None: ...
+    def free(self, *, after: Optional[_CudaStream] = None, now: bool = False) -> None:
+        """Frees without waiting: after the work queued on the legacy stream (default), on
+        ``after``, or none (``now=True``); with live views, when the last one is gone."""
+    @property
+    def is_freed(self) -> bool: ...
     @property
     def device_ptr(self) -> int: ...
     @property
@@ -108,9 +136,13 @@ class Pool:
     def has_device_memory(self) -> bool: ...
 
 class Block:
-    """A block of pool memory, freed when it and every view of it are gone."""
+    """A block of pool memory, given back when it and every view of it are gone."""
 
     def __len__(self) -> int: ...
+    def free(self, *, after: Optional[_CudaStream] = None) -> None:
+        """Gives the block back (once no view or export is left, and ``after`` has passed)."""
+    @property
+    def is_freed(self) -> bool: ...
     @property
     def size(self) -> int: ...
     @property
@@ -142,8 +174,9 @@ class Block:
     ) -> Any: ...
 
 class RingDeviceView:
-    """The device addresses a ring consumer kernel takes."""
+    """The device addresses a ring consumer kernel takes; keeps its ring alive."""
 
+    ring: "DeviceRing"
     data: int
     capacity: int
     tail: int
@@ -164,6 +197,9 @@ class DeviceRing:
     def head(self) -> int: ...
     def results(self) -> List[int]: ...
     def stop(self) -> None: ...
+    def watch_consumer(self, stream: _CudaStream) -> None:
+        """Registers the consumer just launched on ``stream``: dropping the ring then stops it
+        and keeps the ring's memory until it has exited."""
     @property
     def capacity(self) -> int: ...
     @property
@@ -172,3 +208,18 @@ class DeviceRing:
     def published(self) -> int: ...
     @property
     def free_space(self) -> int: ...
+
+class _RefProbe:
+    """Internal: measures the reference count a ``free`` call sees (see ``_calibrate``)."""
+
+    def __init__(self) -> None: ...
+    def free(self, *, after: Any = None, now: bool = False) -> int: ...
+
+def _calibrate(cls: type) -> Tuple[int, int]:
+    """Internal: the receiver counts of ``cls().free()`` in a function and at module level."""
+
+def _only_callers(obj: Any, refs: int, baseline: Tuple[int, int], depth: int) -> bool:
+    """Internal: whether ``refs`` references of ``obj`` are all the caller's own."""
+
+def _stream_handle(stream: Any) -> int:
+    """Internal: the ``CUstream`` a stream argument names (``InvalidArgumentError`` if none)."""

@@ -23,11 +23,16 @@ def asarray(
     """A CuPy array of ``dtype`` and ``shape`` over the device memory of ``memory``.
 
     ``memory`` is a :class:`vkgdr.Block`, a :class:`vkgdr.RawMemory` or anything with
-    ``device_ptr`` and ``len()``. The array keeps ``memory`` alive. ``shape`` defaults to as many
-    elements as fit; it may describe a prefix of the memory, never more.
+    ``__cuda_array_interface__`` or ``device_ptr``, and ``len()``. The array keeps ``memory``
+    alive (and a ``free()`` of it meanwhile releases the memory only when the array is gone).
+    ``shape`` defaults to as many elements as fit; it may describe a prefix of the memory, never
+    more.
     """
     dtype = np.dtype(dtype)
-    ptr = memory.device_ptr
+    # Through the CUDA array interface where there is one: reading it tells vkgdr memory that an
+    # array now uses it, so a later free() keeps the memory until the array is gone.
+    interface = getattr(memory, "__cuda_array_interface__", None)
+    ptr = interface["data"][0] if interface is not None else memory.device_ptr
     if ptr is None:
         raise VkgdrError("this memory has no device pointer (a Pool.vulkan_only block)")
     size = len(memory)

@@ -233,22 +233,7 @@ pub enum InvalidArgument {
     #[error("the ring's arena has no chunk mapped")]
     RingArenaEmpty,
 
-    // --- vkgdr 0.1 and cudarc interop -----------------------------------------------------------
-    /// vkgdr 0.1 open flags with bits it does not know.
-    #[error(
-        "unknown open flag bits {bits:#x} (known: CURRENT_CONTEXT 1, FORCE_NON_COHERENT 2, \
-         REQUIRE_COHERENT 4)"
-    )]
-    UnknownOpenFlags {
-        /// The unknown bits.
-        bits: u32,
-    },
-    /// vkgdr 0.1 allocation flags other than 0.
-    #[error("allocation flags must be 0 (got {flags:#x})")]
-    AllocationFlags {
-        /// The flags given.
-        flags: u32,
-    },
+    // --- cudarc interop -------------------------------------------------------------------------
     /// A `CUdevice` without an ordinal among the driver's devices (cudarc needs one).
     #[error("this handle's CUdevice has no ordinal")]
     NoOrdinal,
@@ -420,12 +405,6 @@ mod tests {
             (I::RingLanes { lanes: 0, max: 64 }, "a ring has 1 to 64 lanes, not 0"),
             (I::RingSizeOverflow { capacity: 1 << 63, lanes: 2 }, "ring size overflows"),
             (I::RingArenaEmpty, "the ring's arena has no chunk mapped"),
-            (
-                I::UnknownOpenFlags { bits: 8 },
-                "unknown open flag bits 0x8 (known: CURRENT_CONTEXT 1, FORCE_NON_COHERENT 2, \
-                 REQUIRE_COHERENT 4)",
-            ),
-            (I::AllocationFlags { flags: 3 }, "allocation flags must be 0 (got 0x3)"),
             (I::NoOrdinal, "this handle's CUdevice has no ordinal"),
             (
                 I::HandleContextNotPrimary,

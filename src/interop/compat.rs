@@ -3,13 +3,13 @@
 //!
 //! What a program written for vkgdr 0.1 relies on, and what this module keeps:
 //! - open flags with the same values ([`OPEN_CURRENT_CONTEXT_BIT`] = 1,
-//!   [`OPEN_FORCE_NON_COHERENT_BIT`] = 2, [`OPEN_REQUIRE_COHERENT_BIT`] = 4); unknown bits are an
-//!   error;
+//!   [`OPEN_FORCE_NON_COHERENT_BIT`] = 2, [`OPEN_REQUIRE_COHERENT_BIT`] = 4); unknown bits are
+//!   ignored, as vkgdr 0.1 ignores them;
 //! - [`open`] on a `CUdevice` creates no CUDA context; with `OPEN_CURRENT_CONTEXT_BIT` it opens the
 //!   device of the calling thread's current context, whatever kind of context that is (the
 //!   runtime's primary context, or one from `cuCtxCreate` such as PyCUDA's default context);
 //! - [`alloc`] imports into the calling thread's *current* context, reports the size asked for,
-//!   and takes flags that must be 0;
+//!   and ignores its flags (vkgdr 0.1 defines none);
 //! - error texts in vkgdr 0.1's form, `"<call> failed (<RESULT_NAME>)"` ([`message`]): an
 //!   invalid device gives `cuDeviceGetUuid failed (CUDA_ERROR_INVALID_DEVICE)`, no current
 //!   context `cuCtxGetDevice failed (CUDA_ERROR_INVALID_CONTEXT)`, a 10^15-byte allocation
@@ -21,7 +21,7 @@
 //! inside the allocation instead of being undefined behaviour, and their failures are reported.
 
 use crate::driver::cuda::{CuContext, CuDevice, Driver};
-use crate::error::{Error, InvalidArgument, Result};
+use crate::error::{Error, Result};
 use crate::mapping::gpu::{current_context, Gpu, OpenOptions};
 use crate::mapping::memory::RawMemory;
 
@@ -35,17 +35,12 @@ pub const OPEN_REQUIRE_COHERENT_BIT: u32 = 4;
 pub const OPEN_FLAGS_ALL: u32 =
     OPEN_CURRENT_CONTEXT_BIT | OPEN_FORCE_NON_COHERENT_BIT | OPEN_REQUIRE_COHERENT_BIT;
 
-/// The [`OpenOptions`] for vkgdr 0.1 open flags; unknown bits are [`Error::InvalidArgument`].
-pub fn open_options(flags: u32) -> Result<OpenOptions> {
-    if flags & !OPEN_FLAGS_ALL != 0 {
-        return Err(InvalidArgument::UnknownOpenFlags {
-            bits: flags & !OPEN_FLAGS_ALL,
-        }
-        .into());
-    }
-    Ok(OpenOptions::new()
+/// The [`OpenOptions`] for vkgdr 0.1 open flags. Bits outside [`OPEN_FLAGS_ALL`] are ignored:
+/// vkgdr 0.1 ignores them, and programs written for it may pass them.
+pub fn open_options(flags: u32) -> OpenOptions {
+    OpenOptions::new()
         .force_non_coherent(flags & OPEN_FORCE_NON_COHERENT_BIT != 0)
-        .require_coherent(flags & OPEN_REQUIRE_COHERENT_BIT != 0))
+        .require_coherent(flags & OPEN_REQUIRE_COHERENT_BIT != 0)
 }
 
 /// `vkgdr_open(device, flags)`.
@@ -62,7 +57,7 @@ pub fn open_options(flags: u32) -> Result<OpenOptions> {
 ///   context: that context must stay alive (not destroyed) as long as the handle, its clones or
 ///   anything allocated through them exist, as vkgdr 0.1 requires.
 pub unsafe fn open(device: CuDevice, flags: u32) -> Result<Gpu> {
-    let options = open_options(flags)?;
+    let options = open_options(flags);
     if flags & OPEN_CURRENT_CONTEXT_BIT == 0 {
         return Gpu::open_cu_device(device, options);
     }
@@ -77,14 +72,13 @@ pub unsafe fn open(device: CuDevice, flags: u32) -> Result<Gpu> {
 }
 
 /// `vkgdr_memory_alloc(g, size, flags)`: `size` bytes imported into the calling thread's current
-/// context ([`Gpu::alloc_in_current_context`]); `flags` must be 0.
+/// context ([`Gpu::alloc_in_current_context`]). `flags` is ignored: vkgdr 0.1 defines no
+/// allocation flag and ignores the argument.
 ///
 /// # Safety
 /// - The current context must stay alive until the memory is dropped.
 pub unsafe fn alloc(gpu: &Gpu, size: u64, flags: u32) -> Result<RawMemory> {
-    if flags != 0 {
-        return Err(InvalidArgument::AllocationFlags { flags }.into());
-    }
+    let _ = flags;
     // SAFETY: forwarded to our caller.
     unsafe { gpu.alloc_in_current_context(size) }
 }
@@ -120,30 +114,17 @@ mod tests {
     use crate::error::MemorySide;
 
     #[test]
-    fn flags_map_to_options_and_unknown_bits_are_errors() {
-        let o = open_options(OPEN_FORCE_NON_COHERENT_BIT).unwrap();
+    fn flags_map_to_options_and_unknown_bits_are_ignored() {
+        let o = open_options(OPEN_FORCE_NON_COHERENT_BIT);
         assert!(o.memory_options().force_non_coherent && !o.memory_options().require_coherent);
-        let o = open_options(OPEN_REQUIRE_COHERENT_BIT | OPEN_CURRENT_CONTEXT_BIT).unwrap();
+        let o = open_options(OPEN_REQUIRE_COHERENT_BIT | OPEN_CURRENT_CONTEXT_BIT);
         assert!(o.memory_options().require_coherent && !o.memory_options().force_non_coherent);
-        for bad in [8, 0x10, 0x8000_0000, u32::MAX] {
-            let e = open_options(bad).unwrap_err();
-            assert_eq!(
-                e.to_string(),
-                format!(
-                    "invalid argument: unknown open flag bits {:#x} (known: CURRENT_CONTEXT 1, \
-                     FORCE_NON_COHERENT 2, REQUIRE_COHERENT 4)",
-                    bad & !OPEN_FLAGS_ALL
-                )
-            );
-            assert!(
-                matches!(
-                    e,
-                    Error::InvalidArgument(InvalidArgument::UnknownOpenFlags { bits })
-                        if bits == bad & !OPEN_FLAGS_ALL
-                ),
-                "{bad:#x}: {e}"
-            );
+        for unknown in [8, 0x10, 0x8000_0000] {
+            let o = open_options(unknown).memory_options();
+            assert!(!o.require_coherent && !o.force_non_coherent, "{unknown:#x}");
         }
+        let o = open_options(u32::MAX).memory_options();
+        assert!(o.require_coherent && o.force_non_coherent);
     }
 
     #[test]

@@ -746,11 +746,11 @@ fn labels_do_not_survive_the_thread_cache() {
     magazine::release_thread_cache();
 }
 
-// Issue 20: bad input gets a named error, never a panic, an abort or a driver call.
+// Bad input gets a named error, never a panic, an abort or a driver call.
 
-/// #1: `before_read` checks its range like `after_write`, on coherent and non-coherent memory.
+/// `before_read` checks its range like `after_write`, on coherent and non-coherent memory.
 #[test]
-fn issue20_1_before_read_is_range_checked() {
+fn before_read_is_range_checked() {
     let log = Arc::new(DmaLog::default());
     let cfg = PoolConfig {
         chunk_size: 128 << 10,
@@ -774,9 +774,9 @@ fn issue20_1_before_read_is_range_checked() {
     }
 }
 
-/// #3: `read_vec` checks the range before it allocates anything.
+/// `read_vec` checks the range before it allocates anything.
 #[test]
-fn issue20_3_read_vec_checks_before_allocating() {
+fn read_vec_checks_before_allocating() {
     let pool = small_pool(1);
     let b = pool.alloc(100, 16).unwrap();
     for len in [1 << 45, usize::MAX, 101] {
@@ -790,9 +790,9 @@ fn issue20_3_read_vec_checks_before_allocating() {
     assert_eq!(b.read_vec(100, 0).unwrap(), Vec::<u8>::new());
 }
 
-/// #6: the atom round-up of a huge request is an overflow error, not a panic.
+/// The atom round-up of a huge request is an overflow error, not a panic.
 #[test]
-fn issue20_6_atom_round_up_cannot_overflow() {
+fn atom_round_up_cannot_overflow() {
     let cfg = PoolConfig {
         chunk_size: 128 << 10,
         max_chunk_size: 128 << 10,
@@ -817,9 +817,9 @@ fn issue20_6_atom_round_up_cannot_overflow() {
     assert_eq!(pool.stats().bytes_reserved, 0);
 }
 
-/// #7: settings no pool can work with are refused by `Pool::new`, before any work.
+/// Settings no pool can work with are refused by `Pool::new`, before any work.
 #[test]
-fn issue20_7_absurd_configurations_are_refused_at_construction() {
+fn absurd_configurations_are_refused_at_construction() {
     let cases = [
         (
             PoolConfig {
@@ -866,10 +866,10 @@ fn issue20_7_absurd_configurations_are_refused_at_construction() {
     assert!(e.to_string().contains("nonCoherentAtomSize 64"), "{e}");
 }
 
-/// #8: gpu-alloc's backend reports a pool limit as `side: Limit`, like the native backend.
+/// gpu-alloc's backend reports a pool limit as `side: Limit`, like the native backend.
 #[test]
 #[cfg(feature = "gpu-alloc")]
-fn issue20_8_gpu_alloc_reports_the_pool_limit() {
+fn gpu_alloc_reports_the_pool_limit() {
     for strategy in [GpuAllocStrategy::Buddy, GpuAllocStrategy::FreeList] {
         let cfg = PoolConfig {
             max_bytes: 0,
@@ -932,9 +932,9 @@ unsafe impl ChunkMemory for SkewedChunk {
     }
 }
 
-/// #10: a dedicated block honours `align`, checked on the device address.
+/// A dedicated block honours `align`, checked on the device address.
 #[test]
-fn issue20_10_dedicated_blocks_honour_the_alignment() {
+fn dedicated_blocks_honour_the_alignment() {
     let cfg = PoolConfig {
         chunk_size: 128 << 10,
         max_chunk_size: 128 << 10,

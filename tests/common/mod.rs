@@ -76,6 +76,39 @@ pub fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
+/// This process's open file descriptors and what each points to (a device node, a memfd,
+/// `anon_inode:...`): printed when a count differs, to tell the driver's own growth from a leak.
+pub fn open_fd_targets() -> std::collections::BTreeMap<u32, String> {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let fd = e.file_name().to_str()?.parse().ok()?;
+            let target = std::fs::read_link(e.path()).ok()?;
+            Some((fd, target.display().to_string()))
+        })
+        .collect()
+}
+
+/// The entries of `after` that are new or changed since `before`, one per line.
+pub fn fd_changes(
+    before: &std::collections::BTreeMap<u32, String>,
+    after: &std::collections::BTreeMap<u32, String>,
+) -> String {
+    let mut out = String::new();
+    for (fd, target) in after {
+        if before.get(fd) != Some(target) {
+            out.push_str(&format!("  new fd {fd} -> {target}\n"));
+        }
+    }
+    for (fd, target) in before {
+        if !after.contains_key(fd) {
+            out.push_str(&format!("  closed fd {fd} (was {target})\n"));
+        }
+    }
+    out
+}
+
 /// Launches `name` from `module` with a 1-D grid and waits for it.
 pub fn launch(
     gpu: &Gpu,

@@ -1,4 +1,4 @@
-// Issue 19: a pool carves blocks out of whatever `host_ptr()` and `size()` its chunks report, and
+// A pool carves blocks out of whatever `host_ptr()` and `size()` its chunks report, and
 // hands them to safe code. Both seam traits are `unsafe` to implement.
 use vkgdr::chunk::{ChunkMemory, ChunkSource};
 use vkgdr::{Pool, PoolConfig, Result};

@@ -1,4 +1,4 @@
-// Issue 19: `Mapping`'s provided methods write through `host_ptr()` after checking offsets against
+// `Mapping`'s provided methods write through `host_ptr()` after checking offsets against
 // `len()` only, so a type that lies about either would let safe code write out of bounds. The
 // trait is `unsafe` to implement: its obligations are the implementor's.
 use vkgdr::{Mapping, Result};

@@ -1,4 +1,4 @@
-// Issue 19: a pinned buffer's bytes may change under a running kernel at any time, so safe code
+// A pinned buffer's bytes may change under a running kernel at any time, so safe code
 // reads them with volatile or atomic loads (`read`, `load_u64`); a `&[u8]` over them is an
 // `unsafe` view whose caller rules device writes out.
 use vkgdr::cuda_objects::PinnedBuffer;

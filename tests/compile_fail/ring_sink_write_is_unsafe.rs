@@ -1,4 +1,4 @@
-// Issue 19: a ring's sink writes wherever it is told (a BAR mapping: anywhere in the process) and
+// A ring's sink writes wherever it is told (a BAR mapping: anywhere in the process) and
 // publishes any tail, so safe code must not be able to call it. Its methods are `unsafe`.
 use vkgdr::ring::core::{HostSink, RingCore, RingSink};
 

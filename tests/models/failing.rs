@@ -1,4 +1,4 @@
-//! Failure injection for pools (issue 19 #3), shared by the CPU, lavapipe and GPU tests: a chunk
+//! Failure injection for pools, shared by the CPU, lavapipe and GPU tests: a chunk
 //! source that fails chosen calls ([`FailingSource`]), a pool workload model that checks the
 //! pool's accounting against the chunks really held after every step ([`run`]), and the final
 //! check that everything was given back and the pool still works.

@@ -37,7 +37,8 @@ static inline int last_error_contains(const char *needle)
     return ok;
 }
 
-/* Whether the thread has no last error (the previous call succeeded). */
+/* Whether the thread has no last error: nothing failed since its last vkgdr_open,
+ * vkgdr_open_vulkan or vkgdr_memory_alloc began (they clear it first), or since it started. */
 static inline int no_last_error(void)
 {
     char *msg = vkgdr_last_error();
@@ -46,6 +47,24 @@ static inline int no_last_error(void)
     }
     free(msg);
     return msg == NULL;
+}
+
+/* The error mark_last_error() leaves behind. */
+#define MARK_ERROR "vkgdr_memory_get_size: the vkgdr_memory_t handle is NULL"
+
+/* Puts a known error in place (vkgdr_memory_get_size of NULL). A successful call leaves the last
+ * error alone (as in vkgdr 0.1; only vkgdr_open, vkgdr_open_vulkan and vkgdr_memory_alloc clear
+ * it), so for calls that report failure only through vkgdr_last_error() (destructors, flushes),
+ * "nothing failed" reads "the mark is still there": see still_marked(). */
+static inline void mark_last_error(void)
+{
+    (void)vkgdr_memory_get_size(NULL);
+}
+
+/* Whether the last error is still the mark: no call since mark_last_error() failed. */
+static inline int still_marked(void)
+{
+    return last_error_contains(MARK_ERROR);
 }
 
 #define CHECK_SUMMARY(name)                                                                \

@@ -9,8 +9,14 @@
  * flush, a kernel (check_and_transform of kernels/mapping.ptx, the path given as argv[1])
  * checks and transforms the words in place, invalidate, compare.
  *
+ * And vkgdr 0.1's letter where its implementation defines what its header leaves open: the last
+ * error belongs to the last vkgdr_open or vkgdr_memory_alloc (they clear it, nothing else does);
+ * unknown open flag bits and allocation flags are ignored; a flush or invalidate of SIZE_MAX
+ * bytes (VK_WHOLE_SIZE) reaches to the end of the allocation.
+ *
  * Usage: compat_v0_1 [path/to/mapping.ptx] */
 #include <dlfcn.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,20 +113,25 @@ static void flow(CUfunction transform, vkgdr_open_flags extra)
     const unsigned long long n = 1000;
     const size_t bytes = (size_t)n * sizeof(unsigned int) + 3; /* a size vkgdr does not round */
     const unsigned int seed = 0x5eed0000u + (unsigned int)extra;
-    vkgdr_t g = vkgdr_open(0, VKGDR_OPEN_CURRENT_CONTEXT_BIT | extra);
-    vkgdr_memory_t data, errors;
+    /* Bit 0x10 is no flag: vkgdr 0.1 ignores it. */
+    vkgdr_t g = vkgdr_open(0, VKGDR_OPEN_CURRENT_CONTEXT_BIT | extra | 0x10u);
+    vkgdr_memory_t data, errors, probe;
     unsigned int *words;
     unsigned long long *error_count, i, bad = 0;
     CUdeviceptr d_data, d_errors;
     char *msg;
     void *args[5];
 
+    msg = vkgdr_last_error();
     EXPECT(g != NULL, "vkgdr_open on the current context");
+    EXPECT(msg == NULL, "a successful vkgdr_open clears the last error");
+    free(msg);
     if (g == NULL) {
         return;
     }
     data = vkgdr_memory_alloc(g, bytes, 0);
-    errors = vkgdr_memory_alloc(g, sizeof(unsigned long long), 0);
+    /* Allocation flags are ignored, as vkgdr 0.1 ignores them. */
+    errors = vkgdr_memory_alloc(g, sizeof(unsigned long long), 0x80000000u);
     EXPECT(data != NULL && errors != NULL, "vkgdr_memory_alloc");
     if (data == NULL || errors == NULL) {
         vkgdr_close(g);
@@ -137,10 +148,15 @@ static void flow(CUfunction transform, vkgdr_open_flags extra)
         words[i] = pattern(i, seed);
     }
     *error_count = 0;
-    vkgdr_memory_flush(data, 0, bytes);
+    /* A failing allocation's error stays through the successful calls that follow (the flushes
+     * here: SIZE_MAX is VK_WHOLE_SIZE, to the end), until the next vkgdr_memory_alloc. */
+    EXPECT(vkgdr_memory_alloc(g, 1000000000000000ull, 0) == NULL, "10^15 bytes allocated");
+    vkgdr_memory_flush(data, 0, SIZE_MAX);
     vkgdr_memory_flush(errors, 0, sizeof *error_count);
+    EXPECT(vkgdr_memory_get_size(data) == bytes, "the size asked for, still");
     msg = vkgdr_last_error();
-    EXPECT(msg == NULL, "flush");
+    EXPECT(msg != NULL && strstr(msg, "VK_ERROR_OUT_OF_DEVICE_MEMORY"),
+           "the failed allocation's error outlives the successful flushes");
     free(msg);
 
     d_data = vkgdr_memory_get_device_ptr(data);
@@ -155,7 +171,7 @@ static void flow(CUfunction transform, vkgdr_open_flags extra)
     EXPECT(cu.ctx_synchronize() == CUDA_SUCCESS, "kernel ran");
 
     vkgdr_memory_invalidate(data, 0, bytes);
-    vkgdr_memory_invalidate(errors, 0, sizeof *error_count);
+    vkgdr_memory_invalidate(errors, 0, SIZE_MAX);
     EXPECT(*error_count == 0, "the kernel saw every host write");
     for (i = 0; i < n; i++) {
         bad += words[i] != pattern(i, seed) * 3u + 1u;
@@ -164,6 +180,12 @@ static void flow(CUfunction transform, vkgdr_open_flags extra)
     printf("flow (flags %d): %llu words, %llu kernel mismatches, %llu host mismatches\n",
            (int)extra, n, *error_count, bad);
 
+    probe = vkgdr_memory_alloc(g, 4096, 0);
+    msg = vkgdr_last_error();
+    EXPECT(probe != NULL && msg == NULL, "a successful vkgdr_memory_alloc clears the last error");
+    free(msg);
+
+    vkgdr_memory_free(probe);
     vkgdr_memory_free(data);
     vkgdr_memory_free(errors);
     vkgdr_close(g);
@@ -186,6 +208,12 @@ int main(int argc, char **argv)
         EXPECT(g == NULL && msg != NULL && strstr(msg, "libcuda.so.1") != NULL,
                "vkgdr_open names the missing driver");
         printf("no CUDA driver here: vkgdr_open said \"%s\"\n", msg ? msg : "(nothing)");
+        free(msg);
+        /* Unknown flag bits are no error of their own: still the missing driver. */
+        g = vkgdr_open(0, 0x10u);
+        msg = vkgdr_last_error();
+        EXPECT(g == NULL && msg != NULL && strstr(msg, "libcuda.so.1") != NULL,
+               "an unknown flag bit is ignored");
         free(msg);
         printf("compat_v0_1: %d failed\n", failures);
         return failures != 0;

@@ -1,11 +1,15 @@
 /* The C API on a machine without the NVIDIA driver (CI), also meaningful with one:
  * - vkgdr_open fails with NULL and a message naming the missing libcuda.so.1 (with the driver
- *   present: device -1 is CUDA_ERROR_INVALID_DEVICE);
+ *   present: device -1 is CUDA_ERROR_INVALID_DEVICE); unknown flag bits are ignored, as in
+ *   vkgdr 0.1;
  * - every kind of bad handle (NULL, made-up, of another type) is an error, never a crash;
- *   destructors ignore NULL;
+ *   destructors ignore NULL; the stream-ordered frees check their handles;
+ * - vkgdr 0.1's last-error rule: a successful call leaves the last error alone, the next
+ *   vkgdr_open or vkgdr_memory_alloc replaces it;
  * - the copy helpers, on host memory at odd offsets and lengths;
  * - versioned structs: unset or unknown-field sizes are refused. */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #include "check.h"
@@ -28,9 +32,17 @@ static void open_without_driver(void)
         CHECK(g == NULL, "device -1 opened");
         CHECK(last_error_contains("CUDA_ERROR_INVALID_DEVICE"), "result name");
     }
-    /* Flags are checked before anything is loaded. */
-    CHECK(vkgdr_open(0, 8) == NULL, "unknown flag bit accepted");
-    CHECK(last_error_contains("unknown open flag bits 0x8"), "names the bits");
+    /* Unknown flag bits are ignored, as vkgdr 0.1 ignores them: vkgdr_open(0, 8) is
+     * vkgdr_open(0, 0). */
+    g = vkgdr_open(0, 8);
+    if (cuda == NULL) {
+        CHECK(g == NULL && last_error_contains("libcuda.so.1"), "flag bit 8: still the driver");
+        g = vkgdr_open(0, 0xfffffff8u);
+        CHECK(g == NULL && last_error_contains("libcuda.so.1"), "every unknown bit");
+    } else {
+        CHECK(g != NULL && no_last_error(), "flag bit 8 is ignored");
+        vkgdr_close(g);
+    }
     CHECK(vkgdr_open_vulkan(0, VKGDR_OPEN_CURRENT_CONTEXT_BIT) == NULL, "vulkan + context");
     CHECK(last_error_contains("VKGDR_OPEN_CURRENT_CONTEXT_BIT needs CUDA"), "explains");
 }
@@ -79,21 +91,92 @@ static void bad_handles(void)
     CHECK(vkgdr_ring_get_head(NULL) == UINT64_MAX, "head of NULL ring");
 
     /* Destructors: NULL is a no-op (and a success), a made-up handle an error. */
+    mark_last_error();
     vkgdr_close(NULL);
-    CHECK(no_last_error(), "vkgdr_close(NULL) is a no-op");
+    CHECK(still_marked(), "vkgdr_close(NULL) is a no-op");
     vkgdr_memory_free(NULL);
+    vkgdr_memory_free_now(NULL);
     vkgdr_pool_destroy(NULL);
     vkgdr_block_free(NULL);
     vkgdr_ring_destroy(NULL);
-    CHECK(no_last_error(), "NULL destructors are no-ops");
+    CHECK(still_marked(), "NULL destructors are no-ops");
     vkgdr_memory_free(mem);
     CHECK(last_error_contains("vkgdr_memory_free: invalid vkgdr_memory_t handle"), "reported");
     vkgdr_close(made_up);
     CHECK(last_error_contains("vkgdr_close: invalid vkgdr_t handle"), "reported");
-    /* Reading the last error does not clear it; a successful call does. */
-    CHECK(last_error_contains("vkgdr_close"), "still there");
+}
+
+/* vkgdr 0.1's rule: the last error is that of the last failing call; a successful call leaves
+ * it (0.1's header: "the error (if any) from the previous call to vkgdr_open or
+ * vkgdr_memory_alloc"), and vkgdr_open and vkgdr_memory_alloc clear it before they start. */
+static void last_error_survives_successful_calls(void)
+{
+    vkgdr_t made_up = (vkgdr_t)(uintptr_t)0x123456789ull;
+    vkgdr_pool_config cfg;
+    char a[8] = "abcdefg", b[8] = {0};
+    vkgdr_close(made_up);
+    CHECK(last_error_contains("vkgdr_close: invalid vkgdr_t handle"), "an error");
+    CHECK(last_error_contains("vkgdr_close: invalid vkgdr_t handle"), "reading does not clear");
     vkgdr_close(NULL);
-    CHECK(no_last_error(), "cleared by a successful call");
+    vkgdr_memory_free(NULL);
+    CHECK(vkgdr_pool_config_init(&cfg, sizeof cfg) == VKGDR_SUCCESS, "a successful call");
+    CHECK(vkgdr_copy_to_mapping(b, a, sizeof a) == VKGDR_SUCCESS && b[6] == 'g', "another");
+    CHECK(vkgdr_memory_free_after(NULL, NULL) == VKGDR_SUCCESS, "and another");
+    CHECK(last_error_contains("vkgdr_close: invalid vkgdr_t handle"),
+          "successful calls leave the last error, as in vkgdr 0.1");
+    CHECK(vkgdr_memory_alloc(NULL, 4096, 0) == NULL, "alloc on NULL");
+    CHECK(last_error_contains("vkgdr_memory_alloc: the vkgdr_t handle is NULL"),
+          "the next vkgdr_memory_alloc replaces it");
+    /* (That a successful vkgdr_open_vulkan, vkgdr_open or vkgdr_memory_alloc leaves no error is
+     * checked where they can succeed: pool_vulkan.c, compat_v0_1.c and the GPU programs.) */
+}
+
+/* The stream-ordered frees and their companions: NULL handles are no-ops (a success), bad ones
+ * errors naming the function and type, whatever the stream. */
+static void stream_ordered_frees(void)
+{
+    vkgdr_memory_t mem = (vkgdr_memory_t)(uintptr_t)0x2000000000000001ull;
+    vkgdr_block_t block = (vkgdr_block_t)(uintptr_t)0x123456789ull;
+    vkgdr_pool_t pool = (vkgdr_pool_t)(uintptr_t)0x123456789ull;
+    vkgdr_ring_t ring = (vkgdr_ring_t)(uintptr_t)0x123456789ull;
+    CUstream stream = (CUstream)(uintptr_t)0x1234;
+
+    mark_last_error();
+    CHECK(vkgdr_memory_free_after(NULL, stream) == VKGDR_SUCCESS, "free_after of NULL");
+    CHECK(vkgdr_memory_free_after(NULL, NULL) == VKGDR_SUCCESS, "free_after of NULL, NULL");
+    vkgdr_memory_free_now(NULL);
+    CHECK(vkgdr_block_free_after(NULL, pool, stream) == VKGDR_SUCCESS, "block NULL");
+    CHECK(vkgdr_block_free_after(NULL, NULL, NULL) == VKGDR_SUCCESS, "all NULL");
+    CHECK(still_marked(), "NULL handles are no-ops");
+
+    CHECK(vkgdr_memory_free_after(mem, stream) == VKGDR_ERROR, "made-up memory");
+    CHECK(last_error_contains("vkgdr_memory_free_after: invalid vkgdr_memory_t handle"),
+          "named");
+    CHECK(vkgdr_memory_free_after(mem, NULL) == VKGDR_ERROR, "made-up memory, NULL stream");
+    CHECK(last_error_contains("vkgdr_memory_free_after: invalid vkgdr_memory_t"), "named");
+    mark_last_error();
+    vkgdr_memory_free_now(mem);
+    CHECK(last_error_contains("vkgdr_memory_free_now: invalid vkgdr_memory_t handle"), "named");
+    vkgdr_memory_free_now((vkgdr_memory_t)block);
+    CHECK(last_error_contains("vkgdr_memory_free_now: invalid vkgdr_memory_t"), "type checked");
+
+    CHECK(vkgdr_block_free_after(block, pool, stream) == VKGDR_ERROR, "made-up block");
+    CHECK(last_error_contains("vkgdr_block_free_after: invalid vkgdr_block_t handle"), "named");
+    CHECK(vkgdr_block_free_after((vkgdr_block_t)mem, NULL, NULL) == VKGDR_ERROR, "memory");
+    CHECK(last_error_contains("invalid vkgdr_block_t handle"), "type checked");
+
+    CHECK(vkgdr_ring_watch_consumer(NULL, stream) == VKGDR_ERROR, "watch on NULL");
+    CHECK(last_error_contains("vkgdr_ring_watch_consumer: the vkgdr_ring_t handle is NULL"),
+          "named");
+    CHECK(vkgdr_ring_watch_consumer(ring, NULL) == VKGDR_ERROR, "watch on a made-up ring");
+    CHECK(last_error_contains("vkgdr_ring_watch_consumer: invalid vkgdr_ring_t handle"),
+          "named");
+
+    CHECK(vkgdr_wait_for_releases(NULL, 0) == SIZE_MAX, "releases of NULL");
+    CHECK(last_error_contains("vkgdr_wait_for_releases: the vkgdr_t handle is NULL"), "named");
+    /* A bad handle is refused before any waiting, also with no time limit. */
+    CHECK(vkgdr_wait_for_releases((vkgdr_t)pool, -1) == SIZE_MAX, "releases of a made-up");
+    CHECK(last_error_contains("invalid vkgdr_t handle"), "named");
 }
 
 static void copies(void)
@@ -127,13 +210,28 @@ static void copies(void)
         }
     }
     CHECK(bad == 0, "%d copy mismatches", bad);
-    CHECK(no_last_error(), "successful copies leave no error");
+    CHECK(no_last_error(), "successful copies set no error");
     CHECK(vkgdr_copy_to_mapping(NULL, src, 1) == VKGDR_ERROR, "NULL destination");
     CHECK(last_error_contains("vkgdr_copy_to_mapping: the mapping pointer is NULL"), "named");
     CHECK(vkgdr_copy_from_mapping(dst, NULL, 1) == VKGDR_ERROR, "NULL source");
     CHECK(vkgdr_copy_to_mapping(NULL, NULL, 0) == VKGDR_SUCCESS, "empty copy of NULLs");
     free(src);
     free(dst);
+}
+
+static void *run_copies(void *arg)
+{
+    (void)arg;
+    copies();
+    return NULL;
+}
+
+/* copies() checks that no call failed: on a new thread, whose last error starts empty. */
+static void copies_in_a_fresh_thread(void)
+{
+    pthread_t t;
+    pthread_create(&t, NULL, run_copies, NULL);
+    pthread_join(t, NULL);
 }
 
 static void versioned_structs(void)
@@ -176,7 +274,10 @@ int main(void)
 {
     open_without_driver();
     bad_handles();
-    copies();
+    last_error_survives_successful_calls();
+    stream_ordered_frees();
+    /* A thread of its own: nothing has failed on it yet. */
+    copies_in_a_fresh_thread();
     versioned_structs();
     return CHECK_SUMMARY("no_driver");
 }

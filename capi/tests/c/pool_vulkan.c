@@ -3,7 +3,9 @@
  * Several threads allocate blocks of many sizes and alignments, write them through the host
  * pointer and vkgdr_block_write, flush, read back and free (also blocks of other threads);
  * stats, trim, the byte limit, freed and foreign handles, and what a Vulkan-only handle
- * refuses. Usage: pool_vulkan [vulkan_device]  (default -1: the first suitable device). */
+ * refuses (raw memory, rings, stream-ordered block frees). vkgdr_open_vulkan ignores unknown
+ * flag bits and clears the last error, as vkgdr 0.1's vkgdr_open does.
+ * Usage: pool_vulkan [vulkan_device]  (default -1: the first suitable device). */
 #include <pthread.h>
 #include <stdint.h>
 
@@ -108,6 +110,16 @@ static void run(int vulkan_device, uint32_t flags)
     CHECK(vkgdr_memory_alloc(g, 4096, 0) == NULL, "raw memory needs CUDA");
     CHECK(last_error_contains("opened with vkgdr_open_vulkan"), "explains");
     CHECK(vkgdr_ring_create(g, 4096, 0) == NULL, "rings need CUDA");
+    CHECK(vkgdr_wait_for_releases(g, 0) == 0 && vkgdr_wait_for_releases(g, -1) == 0,
+          "nothing waits for GPU work on a Vulkan-only handle");
+    CHECK(last_error_contains("rings need CUDA") || last_error_contains("no CUDA device"),
+          "still the ring's error: success leaves it");
+    {
+        /* An unknown flag bit is ignored; a successful open clears the last error. */
+        vkgdr_t again = vkgdr_open_vulkan(vulkan_device, flags | 0x100);
+        CHECK(again != NULL && no_last_error(), "open with bit 0x100, error cleared");
+        vkgdr_close(again);
+    }
 
     vkgdr_pool_config_init(&cfg, sizeof cfg);
     cfg.chunk_size = 1 << 20;
@@ -151,10 +163,22 @@ static void run(int vulkan_device, uint32_t flags)
     CHECK(stats.bytes_reserved == 0, "trim returned every chunk: %llu",
           (unsigned long long)stats.bytes_reserved);
 
-    /* A freed block is an error, not a crash, also after its slot is reused. */
+    /* No GPU work can use a Vulkan-only pool's blocks: a stream-ordered free is refused and
+     * leaves the block with the caller; so does a bad pool handle. */
     b = vkgdr_pool_alloc(pool, 100, 64);
+    CHECK(vkgdr_block_free_after(b, pool, (CUstream)(uintptr_t)0x1234) == VKGDR_ERROR,
+          "free_after on a Vulkan-only pool");
+    CHECK(last_error_contains("vkgdr_block_free_after: the pool has no CUDA device"), "why");
+    CHECK(vkgdr_block_free_after(b, NULL, NULL) == VKGDR_ERROR, "free_after, NULL pool");
+    CHECK(last_error_contains("vkgdr_block_free_after: the vkgdr_pool_t handle is NULL"), "why");
+    CHECK(vkgdr_block_free_after(b, (vkgdr_pool_t)b, NULL) == VKGDR_ERROR, "block as pool");
+    CHECK(last_error_contains("invalid vkgdr_pool_t handle"), "why");
+    CHECK(vkgdr_block_get_size(b) == 100, "the block is still there");
+
+    /* A freed block is an error, not a crash, also after its slot is reused. */
+    mark_last_error();
     vkgdr_block_free(b);
-    CHECK(no_last_error(), "free");
+    CHECK(still_marked(), "free");
     vkgdr_block_free(b);
     CHECK(last_error_contains("vkgdr_block_free: invalid vkgdr_block_t handle"), "double free");
     big = vkgdr_pool_alloc(pool, 300 << 10, 4096); /* dedicated chunk */
@@ -174,14 +198,16 @@ static void run(int vulkan_device, uint32_t flags)
     CHECK(last_error_contains("not a power of two"), "explains");
 
     /* Blocks outlive their pool handle; the device outlives its handle while pools use it. */
+    mark_last_error();
     vkgdr_pool_destroy(pool);
     vkgdr_close(g);
-    CHECK(no_last_error(), "close with a live block");
+    CHECK(still_marked(), "close with a live block");
     CHECK(vkgdr_block_write(big, 0, &byte, 1) == VKGDR_SUCCESS, "block after pool destroy");
     CHECK(vkgdr_pool_alloc(pool, 64, 16) == NULL, "destroyed pool");
     CHECK(last_error_contains("invalid vkgdr_pool_t handle"), "explains");
+    mark_last_error();
     vkgdr_block_free(big);
-    CHECK(no_last_error(), "last block frees the pool");
+    CHECK(still_marked(), "last block frees the pool");
 
     /* A byte limit. */
     g = vkgdr_open_vulkan(vulkan_device, flags);
@@ -195,10 +221,11 @@ static void run(int vulkan_device, uint32_t flags)
     CHECK(b != NULL, "within the limit");
     CHECK(vkgdr_pool_alloc(limited, 1 << 20, 16) == NULL, "beyond max_bytes");
     CHECK(last_error_contains("pool limit"), "explains");
+    mark_last_error();
     vkgdr_block_free(b);
     vkgdr_pool_destroy(limited);
     vkgdr_close(g);
-    CHECK(no_last_error(), "clean teardown");
+    CHECK(still_marked(), "clean teardown");
 }
 
 int main(int argc, char **argv)

@@ -9,7 +9,8 @@
  *
  * Errors: device -1 (CUDA_ERROR_INVALID_DEVICE), CURRENT_CONTEXT with none current
  * (CUDA_ERROR_INVALID_CONTEXT), 10^15 bytes (VK_ERROR_OUT_OF_DEVICE_MEMORY), allocating with no
- * current context, unknown open and allocation flags, a flush outside the allocation.
+ * current context, a flush outside the allocation. As in vkgdr 0.1: unknown open and allocation
+ * flag bits are ignored, and a flush or invalidate of SIZE_MAX bytes reaches to the end.
  *
  * Usage: gpu_flow path/to/kernels/mapping.ptx */
 #include <pthread.h>
@@ -43,7 +44,8 @@ static void flow(vkgdr_t g, const char *what)
     for (i = 0; i < n; i++) {
         words[i] = pattern(i, seed);
     }
-    vkgdr_memory_flush(mem, 0, bytes);
+    /* SIZE_MAX: to the end of the allocation (vkgdr 0.1 passes it to Vulkan: VK_WHOLE_SIZE). */
+    vkgdr_memory_flush(mem, 0, SIZE_MAX);
     CHECK(no_last_error(), "%s: flush", what);
 
     CU_OK(cuMemAlloc(&d_errors, sizeof errors));
@@ -106,8 +108,8 @@ int main(int argc, char **argv)
 {
     CUdevice dev;
     CUcontext primary, created;
-    vkgdr_t g, by_device;
-    vkgdr_memory_t mem;
+    vkgdr_t g, by_device, ignored_bits;
+    vkgdr_memory_t mem, flagged;
     pthread_t t;
     void *freed = NULL;
 
@@ -120,7 +122,10 @@ int main(int argc, char **argv)
     CHECK(last_error_contains("CUDA_ERROR_INVALID_DEVICE"), "device -1");
     CHECK(vkgdr_open(0, VKGDR_OPEN_CURRENT_CONTEXT_BIT) == NULL, "opened with no context");
     CHECK(last_error_contains("CUDA_ERROR_INVALID_CONTEXT"), "no current context");
-    CHECK(vkgdr_open(0, 8) == NULL && last_error_contains("unknown open flag bits"), "flags");
+    /* Bit 8 is no flag: ignored, as vkgdr 0.1 ignores it (this is vkgdr_open(0, 0)). */
+    ignored_bits = vkgdr_open(0, 8);
+    CHECK(ignored_bits != NULL && no_last_error(), "unknown open flag bit");
+    vkgdr_close(ignored_bits);
     by_device = vkgdr_open(dev, 0);
     CHECK(by_device != NULL, "open on a CUdevice needs no context");
     CHECK(vkgdr_memory_alloc(by_device, 4096, 0) == NULL, "alloc with no current context");
@@ -133,11 +138,17 @@ int main(int argc, char **argv)
     g = vkgdr_open(0, VKGDR_OPEN_CURRENT_CONTEXT_BIT);
     CHECK(vkgdr_memory_alloc(g, 1000000000000000ull, 0) == NULL, "10^15 bytes allocated");
     CHECK(last_error_contains("VK_ERROR_OUT_OF_DEVICE_MEMORY"), "10^15 bytes");
-    CHECK(vkgdr_memory_alloc(g, 4096, 1) == NULL, "allocation flags accepted");
-    CHECK(last_error_contains("allocation flags must be 0"), "allocation flags");
+    flagged = vkgdr_memory_alloc(g, 4096, 1);
+    CHECK(flagged != NULL && no_last_error(), "allocation flags are ignored, as in vkgdr 0.1");
+    vkgdr_memory_free(flagged);
     mem = vkgdr_memory_alloc(g, 4096, 0);
+    vkgdr_memory_flush(mem, 100, SIZE_MAX);
+    vkgdr_memory_invalidate(mem, 4096, SIZE_MAX);
+    CHECK(no_last_error(), "SIZE_MAX bytes from any offset up to the end");
     vkgdr_memory_flush(mem, 4000, 8192);
     CHECK(last_error_contains("outside the 4096-byte allocation"), "flush out of range");
+    vkgdr_memory_invalidate(mem, 4097, SIZE_MAX);
+    CHECK(last_error_contains("offset 4097 is past the end of the 4096-byte"), "SIZE_MAX past");
     /* Freed by a thread with no context current: the memory makes its own current. */
     pthread_create(&t, NULL, free_elsewhere, mem);
     pthread_join(t, &freed);

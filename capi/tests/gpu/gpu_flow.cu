@@ -1,7 +1,8 @@
 // vkgdr's documented flow from CUDA C++ (nvcc, runtime API), as vkgdr 0.1's example does it:
 // the runtime's primary context and a cuCtxCreate context made current, open on the current
 // context, allocate, write from the host, flush, a kernel transforms the data, invalidate,
-// compare; for no flags, REQUIRE_COHERENT and FORCE_NON_COHERENT. And the no-context error.
+// compare; for no flags, REQUIRE_COHERENT and FORCE_NON_COHERENT. And the no-context error, and a
+// free ordered after a runtime stream (cudaStream_t passed as CUstream).
 //
 // Build: nvcc -o gpu_flow_cu gpu_flow.cu -I<vkgdr include> -L<vkgdr lib> -lvkgdr -lcuda
 #include <cuda.h>
@@ -72,7 +73,16 @@ static void flow(unsigned int flags, const char* what)
     }
     check(bad == 0, what);
     std::printf("%s: %zu floats transformed by a kernel, %zu wrong\n", what, n, bad);
-    vkgdr_memory_free(mem);
+
+    // A runtime stream is a CUstream: free memory that a kernel on a non-blocking stream still
+    // uses once that stream has passed it (returns at once, never waits).
+    cudaStream_t s;
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess, "stream");
+    scale_and_offset<<<128, 256, 0, s>>>(d, n, 1.0f, 0.0f);
+    check(vkgdr_memory_free_after(mem, s) == VKGDR_SUCCESS, "vkgdr_memory_free_after(cudaStream_t)");
+    check(cudaStreamSynchronize(s) == cudaSuccess, "kernel after the free");
+    check(vkgdr_wait_for_releases(g, 10000000000ll) == 0, "released once the stream passed");
+    check(cudaStreamDestroy(s) == cudaSuccess, "stream destroyed");
     vkgdr_close(g);
 }
 

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use vkgdr::cuda_objects::DeviceBuffer;
 use vkgdr::{Gpu, OpenOptions, Pool, PoolConfig};
 
+use crate::ui;
+
 use super::report::fmt_size;
 use super::{
     gpu_opened_before, ladder, measure, measure_pair, open_gpu, BenchError, BenchResult, Budget,
@@ -53,6 +55,8 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     };
     let mut report = Report::new("apiperf", Unit::Nanoseconds);
 
+    ui::phase("open", 2);
+    ui::step("Gpu::open, first in the process");
     // Gpu::open: the first in the process also loads libcuda, runs cuInit and creates the
     // Vulkan instance and device.
     let cold = !gpu_opened_before();
@@ -65,6 +69,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
         "Gpu::open (driver already loaded)"
     };
     push(&mut report, first_name, 0, &[first]);
+    ui::step("Gpu::open, another handle");
     let again = measure(
         &Budget {
             warmup: Duration::ZERO,
@@ -77,7 +82,9 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     )?;
     push(&mut report, "Gpu::open (another handle)", 0, &again);
 
+    ui::phase("raw allocations", RAW_SIZES.len() as u64);
     for &size in &RAW_SIZES {
+        ui::step(format!("RawMemory alloc/free · {}", fmt_size(size)));
         match measure_pair(&slow, || Ok(gpu.alloc(size)?), drop) {
             Ok((alloc, free)) => {
                 push(&mut report, "RawMemory alloc", size, &alloc);
@@ -101,7 +108,9 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
         C_FREE_64K_NS,
     ));
 
+    ui::phase("cuMemAlloc", RAW_SIZES.len() as u64);
     for &size in &RAW_SIZES {
+        ui::step(format!("cuMemAlloc/cuMemFree · {}", fmt_size(size)));
         let (alloc, free) =
             measure_pair(&slow, || Ok(DeviceBuffer::new(&gpu, size as usize)?), drop)?;
         push(&mut report, "cuMemAlloc", size, &alloc);
@@ -109,7 +118,9 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     }
 
     let pool = Pool::new(gpu.clone(), PoolConfig::default())?;
+    ui::phase("pool", pool_sizes().len() as u64);
     for size in pool_sizes() {
+        ui::step(format!("Pool alloc+free · {}", fmt_size(size)));
         let pairs = measure(&fast, || {
             drop(pool.alloc(size, POOL_ALIGN)?);
             Ok(())
@@ -119,9 +130,11 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     drop(pool);
 
     // Coherent memory: flush is a no-op, shown for scale.
+    ui::phase("flush/invalidate", 6);
     let mem = gpu.alloc(2 << 20)?;
     let coherent = !mem.gpu().is_non_coherent();
     for len in [64u64, 1 << 20] {
+        ui::step(format!("flush · {}", fmt_size(len)));
         let s = measure(&fast, || Ok(mem.flush(0, len)?))?;
         let name = if coherent {
             "flush (coherent: no-op)"
@@ -135,10 +148,15 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     let nc = open_gpu(OpenOptions::new().force_non_coherent(true))?;
     let mem = nc.alloc(2 << 20)?;
     for len in [64u64, 1 << 20] {
+        ui::step(format!("flush, forced non-coherent · {}", fmt_size(len)));
         let s = measure(&fast, || Ok(mem.flush(0, len)?))?;
         push(&mut report, "flush (forced non-coherent)", len, &s);
     }
     for len in [64u64, 1 << 20] {
+        ui::step(format!(
+            "invalidate, forced non-coherent · {}",
+            fmt_size(len)
+        ));
         let s = measure(&fast, || Ok(mem.invalidate(0, len)?))?;
         push(&mut report, "invalidate (forced non-coherent)", len, &s);
     }

@@ -7,7 +7,9 @@ use std::time::Instant;
 use vkgdr::cuda_objects::{DeviceBuffer, LaunchConfig, Module};
 use vkgdr::{Arena, OpenOptions};
 
+use super::report::fmt_size;
 use super::{open_gpu, BenchResult, Options, Report, Row, Stats, Unit};
+use crate::ui;
 
 const PTX: &str = include_str!(concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -22,7 +24,9 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     let reps = if opts.quick { 4 } else { 16 };
 
     let mut cost = Report::new("arena-grow", Unit::Nanoseconds);
+    ui::phase("grow", 2);
     for chunk in [2u64 << 20, 64 << 20] {
+        ui::step(format!("{reps} chunks of {}", fmt_size(chunk)));
         let mut arena = Arena::new(&gpu, chunk * reps as u64, chunk)?;
         let mut grow = Vec::new();
         for _ in 0..reps {
@@ -60,6 +64,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     let mut read = Report::new("arena-read", Unit::GigabytesPerSecond);
     let chunk = 64u64 << 20;
     let chunks = if opts.quick { 4 } else { 16 };
+    ui::phase("kernel reads", reps.min(8) as u64);
     let total = chunk * chunks;
     let mut arena = Arena::new(&gpu, total, chunk)?;
     for _ in 0..chunks {
@@ -78,7 +83,8 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
         Ok(())
     };
     let (mut one, mut many) = (Vec::new(), Vec::new());
-    for _ in 0..reps.min(8) {
+    for i in 0..reps.min(8) {
+        ui::step(format!("repetition {}", i + 1));
         let t = Instant::now();
         launch(arena.device_ptr(), total)?;
         gpu.synchronize()?;

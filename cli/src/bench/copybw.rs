@@ -14,6 +14,8 @@ use vkgdr::copy::{copy_from_mapping, CopyPool};
 use vkgdr::cuda_objects::PinnedBuffer;
 use vkgdr::{Gpu, OpenOptions, RawMemory};
 
+use crate::ui;
+
 use super::report::fmt_size;
 use super::{
     ladder, measure, open_gpu, to_bandwidth, BenchError, BenchResult, Budget, Options, Report, Row,
@@ -249,6 +251,10 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
         ("copybw-read", &READ_OPS[..]),
     ] {
         let mut report = Report::new(name, Unit::GigabytesPerSecond);
+        ui::phase(
+            name.trim_start_matches("copybw-"),
+            (ops.len() * sizes.len()) as u64,
+        );
         for &op in ops {
             let mut ns_per_byte: Option<f64> = None;
             for &size in &sizes {
@@ -263,6 +269,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
                         break;
                     }
                 }
+                ui::step(format!("{} · {}", op.name(), fmt_size(size)));
                 let ns = measure(&budget, || kit.exec(op, size as usize))?;
                 let bw = Stats::of(&to_bandwidth(size, &ns)).expect("at least one sample");
                 ns_per_byte = Some(1.0 / bw.median);

@@ -15,6 +15,9 @@ use vkgdr::copy::{copy_from_mapping, copy_to_mapping};
 use vkgdr::cuda_objects::{PinnedBuffer, Stream};
 use vkgdr::OpenOptions;
 
+use super::report::fmt_size;
+use crate::ui;
+
 use super::{
     ladder, measure, open_gpu, BenchError, BenchResult, Budget, Options, Report, Row, Stats, Unit,
 };
@@ -48,9 +51,11 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     let _ctx = gpu.bind()?;
 
     let mut report = Report::new("copylat", Unit::Nanoseconds);
+    ui::phase("latency", (METHODS.len() * sizes.len()) as u64);
     for (m, name) in METHODS.iter().enumerate() {
         let mut counter = 0u64;
         for &size in &sizes {
+            ui::step(format!("{name} · {}", fmt_size(size)));
             let n = size as usize;
             let samples = measure(&budget, || {
                 match m {

@@ -1,4 +1,4 @@
-//! `fastpath`: every fast path of issue 16 as a user calls it (default API), beside the limit of
+//! `fastpath`: every fast path of the library as a user calls it (default API), beside the limit of
 //! this machine measured in the same run:
 //!
 //! - `fastpath-write`: `RawMemory::write` of a `Vec` (default API) against explicit copy pools
@@ -21,10 +21,12 @@ use vkgdr::copy::{copy_to_mapping, CopyPool};
 use vkgdr::cuda_objects::PinnedBuffer;
 use vkgdr::{Gpu, Mapping, OpenOptions, Pool, PoolConfig, RawMemory, WriteBatch};
 
+use super::report::fmt_size;
 use super::{
     measure, open_gpu, to_bandwidth, BenchError, BenchResult, Budget, Options, Report, Row, Stats,
     Unit,
 };
+use crate::ui;
 
 /// The hidden argument that makes `vkgdr bench` the child of the first-write row.
 pub const CHILD_ARG: &str = "--first-write-child";
@@ -98,11 +100,15 @@ fn write(
         )))
         .collect();
     let _ctx = gpu.bind()?;
+    ui::phase("large writes", (sizes.len() * (pools.len() + 3)) as u64);
     for &size in sizes {
         let n = size as usize;
+        let at = fmt_size(size);
+        ui::step(format!("RawMemory::write · {at}"));
         let ns = measure(&budget, || Ok(mem.write(0, &src[..n])?))?;
         push_bw(&mut report, "RawMemory::write (default API)", size, &ns);
         for (name, pool) in &pools {
+            ui::step(format!("{name} · {at}"));
             let ns = measure(&budget, || {
                 // SAFETY: `host` maps at least `max >= n` bytes; `src` is a distinct buffer; no
                 // kernel uses `mem`.
@@ -111,6 +117,7 @@ fn write(
             })?;
             push_bw(&mut report, name, size, &ns);
         }
+        ui::step(format!("cuMemcpyHtoD pinned · {at}"));
         let ns = measure(&budget, || {
             // SAFETY: the context is current; `mem` and `pinned` hold at least `n` bytes.
             unsafe {
@@ -121,6 +128,7 @@ fn write(
         })?;
         push_bw(&mut report, "cuMemcpyHtoD pinned (DMA limit)", size, &ns);
         // A source no one has touched: every 4 KiB page faults in during the copy.
+        ui::step(format!("RawMemory::write, untouched source · {at}"));
         let samples = budget.min_samples.max(3);
         let mut ns = Vec::with_capacity(samples);
         for _ in 0..samples {
@@ -134,7 +142,7 @@ fn write(
     report.notes.push(format!(
         "default API: RawMemory::write (Mapping::write) of a filled Vec: the global CopyPool, \
          {} threads, parts of {} MiB; CopyPool::new(n): the same kernels on an explicit pool of n \
-         threads; one part per thread: the splitting before issue 16",
+         threads; one part per thread: how copies were split before fixed-size parts",
         CopyPool::global().threads(),
         CopyPool::global().part_size() >> 20
     ));
@@ -170,10 +178,14 @@ fn read(
             "fastpath: Mapping::read returned other bytes than were written".into(),
         ));
     }
+    ui::phase("large reads", (sizes.len() * 5) as u64);
     for &size in sizes {
         let n = size as usize;
+        let at = fmt_size(size);
+        ui::step(format!("Mapping::read · {at}"));
         let ns = measure(&budget, || Ok(mem.read(0, &mut dst[..n])?))?;
         push_bw(&mut report, "Mapping::read (default API)", size, &ns);
+        ui::step(format!("Mapping::read_vec · {at}"));
         let samples = budget.min_samples.max(3);
         let mut ns = Vec::with_capacity(samples);
         for _ in 0..samples {
@@ -183,12 +195,14 @@ fn read(
             drop(v);
         }
         push_bw(&mut report, "Mapping::read_vec (fresh Vec)", size, &ns);
+        ui::step(format!("cuMemcpyDtoH pageable · {at}"));
         let ns = measure(&budget, || {
             // SAFETY: the context is current; `dst` and `mem` hold at least `n` bytes.
             unsafe { driver.cu_memcpy_dtoh(dst.as_mut_ptr().cast(), mem.device_ptr(), n) }?;
             Ok(())
         })?;
         push_bw(&mut report, "cuMemcpyDtoH pageable", size, &ns);
+        ui::step(format!("cuMemHostRegister + DtoH · {at}"));
         let ns = measure(&budget, || {
             let p = dst.as_mut_ptr().cast();
             // SAFETY: `dst` is a live host buffer of at least `n` bytes, registered for this call
@@ -207,6 +221,7 @@ fn read(
             size,
             &ns,
         );
+        ui::step(format!("cuMemcpyDtoH pinned · {at}"));
         let ns = measure(&budget, || {
             // SAFETY: the context is current; `pinned` and `mem` hold at least `n` bytes.
             unsafe { driver.cu_memcpy_dtoh(pinned.as_ptr().cast(), mem.device_ptr(), n) }?;
@@ -229,6 +244,8 @@ fn small(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
     let mut report = Report::new("fastpath-small", Unit::Nanoseconds);
     // The first write of a process, in fresh processes (this one has written already).
     let children = if opts.quick { 3 } else { 8 };
+    ui::phase("small writes", 6);
+    ui::step(format!("first write in {children} fresh processes"));
     let (mut first, mut second) = (Vec::new(), Vec::new());
     for _ in 0..children {
         let (f, s) = first_write_child()?;
@@ -256,9 +273,11 @@ fn small(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
     let pool = Pool::new(gpu.clone(), PoolConfig::default())?;
     let mut block = pool.alloc(64, 64)?;
     let data = [0x5au8; 64];
+    ui::step("Block::write · 64 B");
     let ns = measure(&budget, || Ok(block.write(0, &data)?))?;
     push(&mut report, "Block::write (default API)", 64, &ns);
     let host = block.host_ptr();
+    ui::step("raw store + sfence · 64 B");
     let ns = measure(&budget, || {
         // SAFETY: the block's 64 bytes at `host` are ours; `data` is a distinct buffer.
         unsafe { copy_to_mapping(host, &data) };
@@ -271,12 +290,14 @@ fn small(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
         &ns,
     );
     let mut mem = gpu.alloc(1 << 20)?;
+    ui::step("RawMemory::write · 64 B");
     let ns = measure(&budget, || Ok(mem.write(4096, &data)?))?;
     push(&mut report, "RawMemory::write (default API)", 64, &ns);
 
     let mut blocks: Vec<_> = (0..16)
         .map(|_| pool.alloc(64, 64))
         .collect::<Result<_, _>>()?;
+    ui::step("16 blocks: Block::write each");
     let ns = measure(&budget, || {
         for b in &mut blocks {
             b.write(0, &data)?;
@@ -284,6 +305,7 @@ fn small(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
         Ok(())
     })?;
     push(&mut report, "16 blocks: Block::write each", 16 * 64, &ns);
+    ui::step("16 blocks: one WriteBatch");
     let ns = measure(&budget, || {
         let mut batch = WriteBatch::new();
         for b in &mut blocks {
@@ -364,6 +386,7 @@ fn pool(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
         Budget::new(Duration::from_millis(300), 1_000, 100_000)
     };
     let pairs_per_thread: u64 = if opts.quick { 20_000 } else { 200_000 };
+    ui::phase("pool", 4);
     for (name, thread_cache) in [
         ("default PoolConfig", PoolConfig::default().thread_cache),
         ("thread_cache = 0 (opt-out)", 0),
@@ -376,6 +399,7 @@ fn pool(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
             },
         )?;
         let _keep = pool.alloc(256, 16)?; // the chunk stays: steady state
+        ui::step(format!("alloc+free, 1 thread, {name}"));
         let ns = measure(&budget, || {
             drop(pool.alloc(256, 16)?);
             Ok(())
@@ -387,6 +411,7 @@ fn pool(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
             &ns,
         );
         // Eight threads, each `pairs_per_thread` pairs; per pair of the whole machine.
+        ui::step(format!("alloc+free, 8 threads, {name}"));
         let samples = if opts.quick { 3 } else { 7 };
         let mut ns = Vec::with_capacity(samples);
         for _ in 0..samples {

@@ -2,8 +2,10 @@
 //! `apiperf` and ping-pong tools.
 //!
 //! Each benchmark returns [`Report`]s (one row per method and size); [`main`] prints them as
-//! tables, writes one CSV and one PNG chart per report into the output directory and, for
-//! `all`, a `summary.md` with markdown tables.
+//! tables, writes one CSV and one PNG chart per report into the output directory, `results.json`
+//! (the document `--json` prints: every figure with its unit and its anchor, see
+//! [`crate::json`]) and, for `all`, a `summary.md` with markdown tables. While a benchmark runs,
+//! a progress line shows its phase and the method and size it is measuring ([`crate::ui`]).
 //!
 //! Timing: [`std::time::Instant`] around each sample after a warm-up. Operations shorter than
 //! [`Budget::min_sample`] are repeated back to back inside one sample (the sample is then the mean
@@ -25,13 +27,14 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use clap::builder::{NonEmptyStringValueParser, TypedValueParser};
+use clap::Args as _;
 use vkgdr::{Gpu, OpenOptions};
 
-pub use report::{Layout, Report, ReportSpec, Row, Unit};
+use crate::json::{self, About, BenchDocument, BenchRunJson, MachineJson, ReportJson};
+use crate::{alert, say, status, ui};
 
-/// One line of usage text.
-pub const USAGE: &str =
-    "vkgdr bench <copybw|copylat|fastpath|apiperf|pplat|ring|arena|waits|all> [--out DIR] [--quick] | vkgdr bench plot DIR";
+pub use report::{Anchor, Layout, Report, ReportSpec, Row, Unit};
 
 /// Where results go when `--out` is not given.
 pub const DEFAULT_OUT: &str = "bench-out";
@@ -123,6 +126,10 @@ pub const BENCHMARKS: [Benchmark; 8] = [
             name: "apiperf",
             title: "API call cost",
             layout: Layout::Long,
+            anchor: Anchor::Pairs(&[
+                ("RawMemory alloc", "cuMemAlloc"),
+                ("RawMemory free", "cuMemFree"),
+            ]),
         }],
     },
     Benchmark {
@@ -134,11 +141,13 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                 name: "copybw-write",
                 title: "Write bandwidth, host to GPU memory",
                 layout: Layout::Wide,
+                anchor: Anchor::Method("HtoD pinned"),
             },
             ReportSpec {
                 name: "copybw-read",
                 title: "Read bandwidth, GPU memory to host",
                 layout: Layout::Wide,
+                anchor: Anchor::Method("DtoH pinned"),
             },
         ],
     },
@@ -150,32 +159,60 @@ pub const BENCHMARKS: [Benchmark; 8] = [
             name: "copylat",
             title: "Write latency, host to GPU memory",
             layout: Layout::Wide,
+            anchor: Anchor::Method("cuMemcpyHtoD"),
         }],
     },
     Benchmark {
         name: "fastpath",
-        help: "issue 16's fast paths via the default API beside this machine's limits",
+        help: "the default API's writes, reads and pool cache beside this machine's limits",
         run: fastpath::run,
         reports: &[
             ReportSpec {
                 name: "fastpath-write",
                 title: "Large writes: RawMemory::write (default API) versus explicit pools and DMA",
                 layout: Layout::Long,
+                anchor: Anchor::Method("cuMemcpyHtoD pinned (DMA limit)"),
             },
             ReportSpec {
                 name: "fastpath-read",
                 title: "Large reads into pageable memory: Mapping::read versus cuMemcpyDtoH",
                 layout: Layout::Long,
+                anchor: Anchor::Method("cuMemcpyDtoH pinned (DMA limit)"),
             },
             ReportSpec {
                 name: "fastpath-small",
                 title: "Small writes: first write, Block::write, WriteBatch versus the raw store",
                 layout: Layout::Long,
+                anchor: Anchor::Pairs(&[
+                    (
+                        "first write in a process (fresh child)",
+                        "second write, same process",
+                    ),
+                    (
+                        "Block::write (default API)",
+                        "raw store + sfence, same block (limit)",
+                    ),
+                    (
+                        "RawMemory::write (default API)",
+                        "raw store + sfence, same block (limit)",
+                    ),
+                    ("16 blocks: one WriteBatch", "16 blocks: Block::write each"),
+                ]),
             },
             ReportSpec {
                 name: "fastpath-pool",
                 title: "Pool alloc+free with the default thread cache and without",
                 layout: Layout::Long,
+                anchor: Anchor::Pairs(&[
+                    (
+                        "alloc+free, 1 thread, default PoolConfig",
+                        "alloc+free, 1 thread, thread_cache = 0 (opt-out)",
+                    ),
+                    (
+                        "alloc+free, 8 threads, per pair, default PoolConfig",
+                        "alloc+free, 8 threads, per pair, thread_cache = 0 (opt-out)",
+                    ),
+                ]),
             },
         ],
     },
@@ -187,6 +224,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
             name: "pplat",
             title: "Round trip: CPU writes, running kernel answers in pinned memory",
             layout: Layout::Wide,
+            anchor: Anchor::Method("HtoDAsync+sync"),
         }],
     },
     Benchmark {
@@ -198,16 +236,22 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                 name: "ring-throughput",
                 title: "Ring throughput: producer threads into a resident kernel",
                 layout: Layout::Wide,
+                anchor: Anchor::Method("cuMemcpyHtoDAsync, 256 per copy"),
             },
             ReportSpec {
                 name: "ring-latency",
                 title: "Ring round trip: one record to a resident kernel and back",
                 layout: Layout::Long,
+                anchor: Anchor::Method("cuMemcpyHtoDAsync + sync"),
             },
             ReportSpec {
                 name: "ring-wrap",
                 title: "Ring throughput: padded versus mirrored wrap",
                 layout: Layout::Wide,
+                anchor: Anchor::Pairs(&[(
+                    "mirrored ring (records run over the end)",
+                    "padded ring (wrap PAD at the end)",
+                )]),
             },
         ],
     },
@@ -220,11 +264,19 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                 name: "arena-grow",
                 title: "Arena growth by one chunk versus a separate chunk",
                 layout: Layout::Wide,
+                anchor: Anchor::Pairs(&[
+                    ("arena grow by one chunk", "separate chunk alloc"),
+                    ("arena shrink by one chunk", "separate chunk free"),
+                ]),
             },
             ReportSpec {
                 name: "arena-read",
                 title: "Kernel reads: one contiguous arena versus separate chunks",
                 layout: Layout::Long,
+                anchor: Anchor::Pairs(&[(
+                    "one kernel over the arena",
+                    "* kernels over separate chunks",
+                )]),
             },
         ],
     },
@@ -237,16 +289,19 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                 name: "waits-idle",
                 title: "Calls with no kernel running",
                 layout: Layout::Long,
+                anchor: Anchor::None,
             },
             ReportSpec {
                 name: "waits-own-stream",
                 title: "Calls while a persistent kernel runs on a non-blocking stream",
                 layout: Layout::Long,
+                anchor: Anchor::SameMethodIn("waits-idle"),
             },
             ReportSpec {
                 name: "waits-legacy-stream",
                 title: "Calls while a persistent kernel runs on the legacy default stream",
                 layout: Layout::Long,
+                anchor: Anchor::SameMethodIn("waits-idle"),
             },
         ],
     },
@@ -294,160 +349,280 @@ impl Which {
     }
 }
 
+/// Exit codes, for `--help`.
+const EXIT_CODES: &str = "\
+Exit status:
+  0  every benchmark ran to the end
+  1  a benchmark failed (each failure is reported as it happens)
+  2  the command line is wrong";
+
+/// `vkgdr bench`'s command line: one subcommand per registered benchmark, `all` and `plot`.
+#[derive(Debug, Clone, clap::Args)]
+#[command(
+    display_name = "vkgdr",
+    subcommand_value_name = "BENCHMARK",
+    subcommand_help_heading = "Benchmarks",
+    arg_required_else_help = true,
+    after_help = EXIT_CODES
+)]
+pub struct BenchArgs {
+    /// The benchmark to run, or `plot`.
+    #[command(subcommand)]
+    pub command: BenchCommand,
+}
+
+impl BenchArgs {
+    /// Whether `--json` was given.
+    pub fn json(&self) -> bool {
+        matches!(&self.command, BenchCommand::Run(_, a) if a.json)
+    }
+}
+
+/// The options of every benchmark (and `all`).
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct RunArgs {
+    /// Where the CSVs, PNG charts, summary.md and results.json go
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = DEFAULT_OUT,
+        value_parser = NonEmptyStringValueParser::new().map(PathBuf::from)
+    )]
+    pub out: PathBuf,
+
+    /// Fewer sizes and repetitions: a first look in a fraction of the time
+    #[arg(long)]
+    pub quick: bool,
+
+    /// Print one JSON document on stdout: the machine, then every figure with its unit and its
+    /// anchor measured in the same run (the tables go to stderr)
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A parsed `vkgdr bench` subcommand.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BenchCommand {
+    /// Run benchmarks.
+    Run(Which, RunArgs),
+    /// Redraw the charts of the CSVs in a directory.
+    Plot(PathBuf),
+}
+
+/// `vkgdr bench NAME --help`: the reports the benchmark writes, with what they are compared with.
+fn writes(reports: &[ReportSpec]) -> String {
+    let mut text = String::from("Writes, into DIR:");
+    for r in reports {
+        text += &format!("\n  {}.csv and .png: {}", r.name, r.title);
+        match r.anchor {
+            Anchor::None => {}
+            Anchor::Method(m) => text += &format!("\n    each figure against {m:?}"),
+            Anchor::Pairs(pairs) => {
+                for (m, a) in pairs {
+                    text += &format!("\n    {m:?} against {a:?}");
+                }
+            }
+            Anchor::SameMethodIn(other) => {
+                text += &format!("\n    each call against the same call in {other}")
+            }
+        }
+    }
+    text + "\n\n" + EXIT_CODES
+}
+
+fn run_command(name: &'static str, about: String, after: String) -> clap::Command {
+    // The options first: their struct's doc would otherwise stand as the command's about.
+    RunArgs::augment_args(clap::Command::new(name))
+        .about(about)
+        .long_about(None)
+        .display_name("vkgdr")
+        .after_help(after)
+}
+
+impl clap::Subcommand for BenchCommand {
+    fn augment_subcommands(cmd: clap::Command) -> clap::Command {
+        let mut cmd = cmd;
+        for b in &BENCHMARKS {
+            cmd = cmd.subcommand(run_command(b.name, b.help.to_string(), writes(b.reports)));
+        }
+        cmd.subcommand(run_command(
+            "all",
+            format!(
+                "all {} in turn ({} first), then DIR/summary.md",
+                BENCHMARKS.len(),
+                BENCHMARKS[0].name
+            ),
+            EXIT_CODES.to_string(),
+        ))
+        .subcommand(
+            clap::Command::new("plot")
+                .about("Redraw DIR/*.png from the CSVs in DIR and print their tables")
+                .display_name("vkgdr")
+                .arg(
+                    clap::Arg::new("dir")
+                        .value_name("DIR")
+                        .required(true)
+                        .value_parser(clap::value_parser!(PathBuf))
+                        .help("A directory `vkgdr bench --out DIR` wrote (or any with CSVs in its format)"),
+                ),
+        )
+    }
+
+    fn augment_subcommands_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_subcommands(cmd)
+    }
+
+    fn has_subcommand(name: &str) -> bool {
+        name == "plot" || Which::parse(name).is_some()
+    }
+}
+
+impl clap::FromArgMatches for BenchCommand {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        match m.subcommand() {
+            Some(("plot", sub)) => Ok(BenchCommand::Plot(
+                sub.get_one::<PathBuf>("dir")
+                    .cloned()
+                    .expect("DIR is required"),
+            )),
+            Some((name, sub)) => match Which::parse(name) {
+                Some(which) => Ok(BenchCommand::Run(
+                    which,
+                    clap::FromArgMatches::from_arg_matches(sub)?,
+                )),
+                None => Err(clap::Error::raw(
+                    clap::error::ErrorKind::InvalidSubcommand,
+                    format!("no benchmark called {name:?}\n"),
+                )),
+            },
+            None => Err(clap::Error::raw(
+                clap::error::ErrorKind::MissingSubcommand,
+                "name a benchmark\n",
+            )),
+        }
+    }
+
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
 /// Settings shared by all benchmarks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
     /// Output directory for CSVs, PNGs and the summary.
     pub out: PathBuf,
-    /// Smaller sizes and fewer repetitions (a full `all` in well under two minutes).
+    /// Smaller sizes and fewer repetitions (a full `all` in a few minutes).
     pub quick: bool,
 }
 
-/// A parsed `vkgdr bench` command line.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Command {
-    /// Run benchmarks.
-    Run(Which, Options),
-    /// Redraw the PNGs of the CSVs in a directory.
-    Plot(PathBuf),
-    /// Print usage (`--help`, `-h`, `help`).
-    Help,
-}
-
-/// Parses the arguments after `bench`.
-pub fn parse_args(args: &[String]) -> Result<Command, String> {
-    let mut it = args.iter().map(String::as_str);
-    let first = it.next().ok_or("missing benchmark name")?;
-    if matches!(first, "--help" | "-h" | "help") {
-        return Ok(Command::Help);
-    }
-    if first == "plot" {
-        let dir = it.next().ok_or("plot needs a directory")?;
-        if let Some(extra) = it.next() {
-            return Err(format!("unexpected argument {extra:?}"));
-        }
-        return Ok(Command::Plot(PathBuf::from(dir)));
-    }
-    let which = Which::parse(first).ok_or_else(|| format!("unknown benchmark {first:?}"))?;
-    let mut opts = Options {
-        out: PathBuf::from(DEFAULT_OUT),
-        quick: false,
-    };
-    while let Some(a) = it.next() {
-        match a {
-            "--quick" => opts.quick = true,
-            "--out" => opts.out = PathBuf::from(it.next().ok_or("--out needs a directory")?),
-            _ => match a.strip_prefix("--out=") {
-                Some(dir) if !dir.is_empty() => opts.out = PathBuf::from(dir),
-                _ => return Err(format!("unexpected argument {a:?}")),
+/// Entry point of `vkgdr bench`: exit code 0 on success, 1 if a benchmark failed (usage errors,
+/// exit code 2, are clap's).
+pub fn main(args: &BenchArgs) -> ExitCode {
+    let result = match &args.command {
+        BenchCommand::Plot(dir) => replot(dir),
+        BenchCommand::Run(which, a) => run(
+            *which,
+            &Options {
+                out: a.out.clone(),
+                quick: a.quick,
             },
-        }
-    }
-    Ok(Command::Run(which, opts))
-}
-
-/// Entry point of `vkgdr bench`: exit code 0 on success, 1 if a benchmark failed, 2 on usage
-/// errors.
-pub fn main(args: &[String]) -> ExitCode {
-    // The child process of `fastpath`'s first-write row (not a user command).
-    if args.first().map(String::as_str) == Some(fastpath::CHILD_ARG) {
-        return match fastpath::child_main() {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("vkgdr bench {}: {e}", fastpath::CHILD_ARG);
-                ExitCode::FAILURE
-            }
-        };
-    }
-    let cmd = match parse_args(args) {
-        Ok(c) => c,
-        Err(msg) => {
-            eprintln!("vkgdr bench: {msg}");
-            eprintln!("usage: {USAGE}");
-            return ExitCode::from(2);
-        }
-    };
-    let result = match cmd {
-        Command::Help => {
-            println!("usage: {USAGE}");
-            for b in &BENCHMARKS {
-                println!("  {:<8} {}", b.name, b.help);
-            }
-            println!(
-                "  all      all {} ({} first), then DIR/summary.md",
-                BENCHMARKS.len(),
-                BENCHMARKS[0].name
-            );
-            println!("  plot DIR redraw DIR/*.png from DIR/*.csv");
-            println!("  --out DIR  output directory (default ./{DEFAULT_OUT})");
-            println!("  --quick    fewer sizes and repetitions");
-            Ok(())
-        }
-        Command::Plot(dir) => replot(&dir),
-        Command::Run(which, opts) => run(which, &opts),
+        ),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("vkgdr bench: {e}");
+            alert!("vkgdr bench: {e}");
             ExitCode::FAILURE
         }
     }
 }
 
+/// The child process of `fastpath`'s first-write row (not a user command): `vkgdr bench
+/// --first-write-child`, recognised before the command line is parsed.
+pub fn first_write_child() -> ExitCode {
+    match fastpath::child_main() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vkgdr bench {}: {e}", fastpath::CHILD_ARG);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// One benchmark as it ran: for the summary and the JSON document.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ran {
+    /// Its name.
+    pub name: &'static str,
+    /// How long it took.
+    pub seconds: f64,
+    /// What stopped it.
+    pub error: Option<String>,
+    /// Its reports (none when it failed).
+    pub reports: Vec<Report>,
+}
+
+/// The JSON document of a run: `ran` in order, the machine it ran on, what stopped the run
+/// outside a benchmark.
+pub fn document(
+    opts: &Options,
+    machine: Option<MachineJson>,
+    ran: &[Ran],
+    error: Option<String>,
+) -> BenchDocument {
+    let all: Vec<&Report> = ran.iter().flat_map(|r| &r.reports).collect();
+    BenchDocument {
+        about: About::new("vkgdr-bench"),
+        mode: if opts.quick { "quick" } else { "full" }.to_string(),
+        out_dir: opts.out.display().to_string(),
+        machine,
+        benchmarks: ran
+            .iter()
+            .map(|r| BenchRunJson {
+                name: r.name.to_string(),
+                seconds: r.seconds,
+                error: r.error.clone(),
+                reports: r
+                    .reports
+                    .iter()
+                    .map(|rep| ReportJson::new(rep, &all))
+                    .collect(),
+            })
+            .collect(),
+        ok: error.is_none() && ran.iter().all(|r| r.error.is_none()),
+        error,
+    }
+}
+
+/// The file every run leaves beside its CSVs: the JSON document of `--json`.
+pub const RESULTS_JSON: &str = "results.json";
+
+/// What a run has done so far: enough for the JSON document whatever stops it.
+#[derive(Default)]
+struct Session {
+    ran: Vec<Ran>,
+    /// `benchmark: error` for each failure.
+    failures: Vec<String>,
+    machine: Option<MachineJson>,
+}
+
 fn run(which: Which, opts: &Options) -> BenchResult<()> {
-    std::fs::create_dir_all(&opts.out).map_err(|e| BenchError::io(&opts.out, e))?;
-    let selected = which.selected();
-    let mut reports = Vec::new();
-    let mut failures = Vec::new();
-    // Gathered once, after the first benchmark (so `apiperf` still sees a cold process).
-    let mut machine: Option<Vec<String>> = None;
-    for &Benchmark {
-        name, run: bench, ..
-    } in selected
-    {
-        println!("== {name}{} ==", if opts.quick { " (quick)" } else { "" });
-        let started = Instant::now();
-        let mut stop = false;
-        match bench(opts) {
-            Ok(rs) => {
-                for r in &rs {
-                    if let Err(e) = emit(r, &opts.out) {
-                        eprintln!("{name}: {e}");
-                        failures.push(format!("{name}: {e}"));
-                    }
-                }
-                reports.extend(rs);
-            }
-            Err(e) => {
-                eprintln!("{name} failed: {e}");
-                failures.push(format!("{name}: {e}"));
-                stop = match &e {
-                    // A kernel may still be running on the device: stop here.
-                    BenchError::KernelStuck(_) => true,
-                    // No driver on this machine: every other benchmark would fail the same way.
-                    BenchError::Vkgdr(vkgdr::Error::LibraryNotFound { .. }) => true,
-                    _ => false,
-                };
-            }
-        }
-        println!("({name} took {:.1} s)\n", started.elapsed().as_secs_f64());
-        if which == Which::All {
-            // Rewritten after every benchmark so a run cut short still leaves a summary.
-            let machine = machine.get_or_insert_with(|| machine_lines(opts));
-            write_summary(&opts.out, machine, &reports, &failures)?;
-        }
-        if stop {
-            break;
-        }
+    let mut session = Session::default();
+    let outcome = run_into(which, opts, &mut session);
+    // The document comes out even when an output file could not be written.
+    if ui::settings().json {
+        let error = outcome.as_ref().err().map(|e| e.to_string());
+        let doc = document(opts, session.machine.clone(), &session.ran, error);
+        ui::document(&json::to_text(&doc));
     }
-    if which == Which::All {
-        println!("wrote {}", opts.out.join("summary.md").display());
-    }
-    if failures.is_empty() {
+    outcome?;
+    if session.failures.is_empty() {
         Ok(())
     } else {
-        let names: Vec<&str> = failures
+        let names: Vec<&str> = session
+            .failures
             .iter()
             .map(|f| f.split_once(':').map_or(f.as_str(), |(n, _)| n))
             .collect();
@@ -458,18 +633,102 @@ fn run(which: Which, opts: &Options) -> BenchResult<()> {
     }
 }
 
+fn run_into(which: Which, opts: &Options, session: &mut Session) -> BenchResult<()> {
+    std::fs::create_dir_all(&opts.out).map_err(|e| BenchError::io(&opts.out, e))?;
+    let selected = which.selected();
+    // Gathered once, after the first benchmark (so `apiperf` still sees a cold process).
+    let mut machine: Option<Vec<String>> = None;
+    let results = opts.out.join(RESULTS_JSON);
+    for (
+        i,
+        &&Benchmark {
+            name, run: bench, ..
+        },
+    ) in selected.iter().enumerate()
+    {
+        status!("== {name}{} ==", if opts.quick { " (quick)" } else { "" });
+        let label = if selected.len() > 1 {
+            format!("[{}/{}] {name}", i + 1, selected.len())
+        } else {
+            name.to_string()
+        };
+        let task = ui::task(label);
+        let started = Instant::now();
+        let outcome = bench(opts);
+        drop(task);
+        let (mut stop, mut stuck) = (false, false);
+        let mut this = Ran {
+            name,
+            seconds: 0.0,
+            error: None,
+            reports: Vec::new(),
+        };
+        match outcome {
+            Ok(rs) => {
+                let mut errors = Vec::new();
+                for r in &rs {
+                    if let Err(e) = emit(r, &opts.out) {
+                        alert!("{name}: {e}");
+                        errors.push(e.to_string());
+                        session.failures.push(format!("{name}: {e}"));
+                    }
+                }
+                this.reports = rs;
+                this.error = (!errors.is_empty()).then(|| errors.join("; "));
+            }
+            Err(e) => {
+                alert!("{name} failed: {e}");
+                session.failures.push(format!("{name}: {e}"));
+                this.error = Some(e.to_string());
+                stuck = matches!(e, BenchError::KernelStuck(_));
+                stop = match &e {
+                    // A kernel may still be running on the device: stop here.
+                    BenchError::KernelStuck(_) => true,
+                    // No driver on this machine: every other benchmark would fail the same way.
+                    BenchError::Vkgdr(vkgdr::Error::LibraryNotFound { .. }) => true,
+                    _ => false,
+                };
+            }
+        }
+        this.seconds = started.elapsed().as_secs_f64();
+        status!("({name} took {:.1} s)\n", this.seconds);
+        session.ran.push(this);
+        if session.machine.is_none() && !stuck {
+            // Not beside a kernel that may still run: the probe makes driver calls.
+            session.machine = Some(MachineJson::probe());
+        }
+        if which == Which::All {
+            // Rewritten after every benchmark so a run cut short still leaves a summary.
+            let machine = machine.get_or_insert_with(|| machine_lines(opts));
+            let reports: Vec<Report> = session.ran.iter().flat_map(|r| r.reports.clone()).collect();
+            write_summary(&opts.out, machine, &reports, &session.failures)?;
+        }
+        // Likewise the JSON results.
+        let doc = document(opts, session.machine.clone(), &session.ran, None);
+        std::fs::write(&results, json::to_text(&doc)).map_err(|e| BenchError::io(&results, e))?;
+        if stop {
+            break;
+        }
+    }
+    if which == Which::All {
+        status!("wrote {}", opts.out.join("summary.md").display());
+    }
+    status!("wrote {}", results.display());
+    Ok(())
+}
+
 /// Prints a report's table and notes and writes its CSV and PNG.
 fn emit(r: &Report, out: &Path) -> BenchResult<()> {
-    print!("{}", r.text_table());
+    ui::out(&r.text_table());
     for n in &r.notes {
-        println!("  note: {n}");
+        say!("  note: {n}");
     }
     let (csv, png) = report::write_outputs(r, out)?;
-    println!("  wrote {}", csv.display());
+    status!("  wrote {}", csv.display());
     if let Some(png) = png {
-        println!("  wrote {}", png.display());
+        status!("  wrote {}", png.display());
     }
-    println!();
+    say!();
     Ok(())
 }
 
@@ -506,7 +765,7 @@ fn machine_lines(opts: &Options) -> Vec<String> {
         }
         Err(e) => lines.push(format!("GPU: not available ({e})")),
     }
-    if let Some(cpu) = cpu_model() {
+    if let Some(cpu) = json::cpu_model() {
         lines.push(format!(
             "CPU: {cpu}, {} hardware threads",
             std::thread::available_parallelism().map_or(0, |n| n.get())
@@ -519,14 +778,6 @@ fn machine_lines(opts: &Options) -> Vec<String> {
         if opts.quick { "--quick" } else { "full" }
     ));
     lines
-}
-
-fn cpu_model() -> Option<String> {
-    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
-    info.lines()
-        .find(|l| l.starts_with("model name"))
-        .and_then(|l| l.split_once(':'))
-        .map(|(_, v)| v.trim().to_string())
 }
 
 /// `vkgdr bench plot DIR`: reads every `*.csv` in `dir`, prints its table and redraws its PNG.
@@ -543,12 +794,15 @@ fn replot(dir: &Path) -> BenchResult<()> {
             dir.display()
         )));
     }
+    let _task = ui::task("plot");
+    ui::phase("charts", csvs.len() as u64);
     for csv in csvs {
+        ui::step(csv.display().to_string());
         let report = report::read_csv(&csv)?;
-        print!("{}", report.text_table());
+        ui::out(&report.text_table());
         match report::plot_png(&report, &csv.with_extension("png"))? {
-            true => println!("  wrote {}\n", csv.with_extension("png").display()),
-            false => println!("  {}: nothing to plot\n", csv.display()),
+            true => status!("  wrote {}\n", csv.with_extension("png").display()),
+            false => status!("  {}: nothing to plot\n", csv.display()),
         }
     }
     Ok(())
@@ -766,10 +1020,6 @@ pub(crate) mod testutil {
 mod tests {
     use super::*;
 
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(String::from).collect()
-    }
-
     #[test]
     fn percentile_interpolates_between_ranks() {
         let v = [10.0, 20.0, 30.0, 40.0, 50.0];
@@ -885,7 +1135,6 @@ mod tests {
         assert_eq!(reports.len(), n, "two benchmarks claim one report");
         for b in &BENCHMARKS {
             assert!(!b.reports.is_empty(), "{} writes no report", b.name);
-            assert!(USAGE.contains(b.name), "usage lacks {}", b.name);
             assert_eq!(Which::parse(b.name), Some(Which::One(b.name)));
             let one: Vec<&str> = Which::One(b.name)
                 .selected()
@@ -929,47 +1178,240 @@ mod tests {
         assert!(seen >= 10, "only {seen} CSVs in {}", dir.display());
     }
 
+    fn parse(line: &str) -> Result<BenchArgs, clap::Error> {
+        use clap::Parser;
+        let args = std::iter::once("vkgdr").chain(line.split_whitespace());
+        match crate::Cli::try_parse_from(args)?.command {
+            Some(crate::Command::Bench(b)) => Ok(b),
+            other => panic!("{line:?} is not a bench command: {other:?}"),
+        }
+    }
+
     #[test]
     fn command_line_parses() {
-        let quick = Options {
+        let x = RunArgs {
             out: PathBuf::from("x"),
             quick: true,
+            json: false,
         };
+        for line in [
+            "bench copybw --quick --out x",
+            "bench copybw --out=x --quick",
+        ] {
+            let b = parse(line).unwrap();
+            assert_eq!(
+                b.command,
+                BenchCommand::Run(Which::One("copybw"), x.clone()),
+                "{line}"
+            );
+            assert!(!b.json());
+        }
+        let b = parse("bench all --json").unwrap();
         assert_eq!(
-            parse_args(&args("copybw --quick --out x")),
-            Ok(Command::Run(Which::One("copybw"), quick.clone()))
-        );
-        assert_eq!(
-            parse_args(&args("copybw --out=x --quick")),
-            Ok(Command::Run(Which::One("copybw"), quick))
-        );
-        assert_eq!(
-            parse_args(&args("all")),
-            Ok(Command::Run(
+            b.command,
+            BenchCommand::Run(
                 Which::All,
-                Options {
+                RunArgs {
                     out: PathBuf::from(DEFAULT_OUT),
-                    quick: false
+                    quick: false,
+                    json: true
                 }
-            ))
+            )
         );
+        assert!(b.json());
         assert_eq!(
-            parse_args(&args("plot d")),
-            Ok(Command::Plot(PathBuf::from("d")))
+            parse("bench plot d").unwrap().command,
+            BenchCommand::Plot(PathBuf::from("d"))
         );
-        for help in ["--help", "-h", "help"] {
-            assert_eq!(parse_args(&args(help)), Ok(Command::Help));
+        for name in BENCHMARKS.iter().map(|b| b.name) {
+            assert!(matches!(
+                parse(&format!("bench {name}")).unwrap().command,
+                BenchCommand::Run(Which::One(n), _) if n == name
+            ));
         }
         for bad in [
-            "",
-            "nope",
-            "plot",
-            "plot a b",
-            "pplat --out",
-            "pplat --fast",
-            "all --out=",
+            "bench",
+            "bench nope",
+            "bench plot",
+            "bench plot a b",
+            "bench pplat --out",
+            "bench pplat --fast",
+            "bench all --out=",
+            "bench copybw pplat",
+            "bench --quick copybw",
+            "bench plot d --quick",
         ] {
-            assert!(parse_args(&args(bad)).is_err(), "{bad:?} accepted");
+            let e = parse(bad)
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} accepted"));
+            assert_eq!(e.exit_code(), 2, "{bad:?}: {e}");
         }
+    }
+
+    #[test]
+    fn a_misspelt_benchmark_gets_a_suggestion() {
+        let e = parse("bench copybww").err().unwrap().render().to_string();
+        assert!(e.contains("copybw"), "{e}");
+        assert!(e.contains("similar"), "{e}");
+    }
+
+    /// A made-up `copylat` run: two methods at two sizes, the driver's copy the anchor.
+    fn made_up_run() -> Vec<Ran> {
+        let mut lat = Report::new("copylat", Unit::Nanoseconds);
+        for (size, bar, memcpy) in [(8, 150.0, 6000.0), (4096, 450.0, 9000.0)] {
+            let s = |m: f64| Stats {
+                median: m,
+                p10: m * 0.9,
+                p90: m * 1.2,
+                n: 100,
+            };
+            lat.rows.push(Row::measured("BAR write", size, &s(bar)));
+            lat.rows
+                .push(Row::measured("cuMemcpyHtoD", size, &s(memcpy)));
+        }
+        // A size the anchor lacks: no anchor there.
+        lat.rows.push(Row::measured(
+            "BAR write",
+            1 << 20,
+            &Stats::of(&[1e5]).unwrap(),
+        ));
+        lat.notes.push("made up".into());
+        let mut api = Report::new("apiperf", Unit::Nanoseconds);
+        api.rows.push(Row::measured(
+            "RawMemory alloc",
+            64 << 10,
+            &Stats::of(&[200_000.0]).unwrap(),
+        ));
+        api.rows.push(Row::measured(
+            "cuMemAlloc",
+            64 << 10,
+            &Stats::of(&[50_000.0]).unwrap(),
+        ));
+        api.rows
+            .push(Row::reference("C vkgdr alloc (docs)", 64 << 10, 200_000.0));
+        vec![
+            Ran {
+                name: "apiperf",
+                seconds: 1.5,
+                error: None,
+                reports: vec![api],
+            },
+            Ran {
+                name: "copylat",
+                seconds: 2.5,
+                error: None,
+                reports: vec![lat],
+            },
+            Ran {
+                name: "pplat",
+                seconds: 0.1,
+                error: Some("kernel did not respond: made up".into()),
+                reports: Vec::new(),
+            },
+        ]
+    }
+
+    #[test]
+    fn the_document_has_every_figure_with_its_unit_and_anchor() {
+        let opts = Options {
+            out: PathBuf::from("out"),
+            quick: true,
+        };
+        let ran = made_up_run();
+        let doc = document(&opts, Some(json::tests::bare_machine()), &ran, None);
+        let text = json::to_text(&doc);
+        let back: BenchDocument = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, doc);
+        // Every report reads back into the report it was made from.
+        for (r, j) in ran
+            .iter()
+            .flat_map(|r| &r.reports)
+            .zip(back.benchmarks.iter().flat_map(|b| &b.reports))
+        {
+            assert_eq!(&json::tests::to_report(j).unwrap(), r);
+        }
+
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["format"], "vkgdr-bench");
+        assert_eq!(v["mode"], "quick");
+        assert_eq!(v["ok"], false, "pplat failed");
+        assert_eq!(
+            v["benchmarks"][2]["error"],
+            "kernel did not respond: made up"
+        );
+        assert_eq!(v["machine"]["cuda"]["status"], "driver_missing");
+        let lat = &v["benchmarks"][1]["reports"][0];
+        assert_eq!(lat["unit"], "ns");
+        assert_eq!(lat["higher_is_better"], false);
+        assert_eq!(lat["title"], "Write latency, host to GPU memory");
+        let f = &lat["figures"][0];
+        assert_eq!(
+            (&f["method"], &f["size_bytes"], &f["unit"], &f["origin"]),
+            (
+                &"BAR write".into(),
+                &8.into(),
+                &"ns".into(),
+                &"measured".into()
+            )
+        );
+        assert_eq!(f["anchor"]["method"], "cuMemcpyHtoD");
+        assert_eq!(f["anchor"]["report"], "copylat");
+        assert_eq!(f["anchor"]["median"], 6000.0);
+        assert_eq!(f["anchor"]["ratio"], 0.025);
+        // The anchor itself, and a size the anchor was not measured at, stand alone.
+        assert!(lat["figures"][1]["anchor"].is_null());
+        assert!(lat["figures"][4]["anchor"].is_null());
+        let api = &v["benchmarks"][0]["reports"][0]["figures"];
+        assert_eq!(api[0]["anchor"]["method"], "cuMemAlloc");
+        assert_eq!(api[0]["anchor"]["ratio"], 4.0);
+        assert_eq!(api[2]["origin"], "reference");
+        assert!(
+            api[2]["anchor"].is_null(),
+            "reference values are not anchored"
+        );
+    }
+
+    #[test]
+    fn anchors_name_methods_the_benchmarks_measure() {
+        // Every anchor pattern matches a method of the published results (where the report is
+        // among them), so no figure loses its anchor to a typo.
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/bench");
+        let mut checked = 0;
+        for spec in BENCHMARKS.iter().flat_map(|b| b.reports) {
+            let path = dir.join(format!("{}.csv", spec.name));
+            let Ok(report) = report::read_csv(&path) else {
+                continue;
+            };
+            let methods = report.methods();
+            let patterns: Vec<&str> = match spec.anchor {
+                Anchor::None | Anchor::SameMethodIn(_) => continue,
+                Anchor::Method(m) => vec![m],
+                Anchor::Pairs(p) => p.iter().flat_map(|&(a, b)| [a, b]).collect(),
+            };
+            for p in patterns {
+                assert!(
+                    methods.iter().any(|m| report::method_matches(p, m)),
+                    "{}: no method matches {p:?} (methods: {methods:?})",
+                    spec.name
+                );
+            }
+            checked += 1;
+        }
+        assert!(checked >= 10, "only {checked} reports checked");
+    }
+
+    #[test]
+    fn anchor_rules() {
+        let pairs = Anchor::Pairs(&[("a", "b"), ("* end", "c")]);
+        assert_eq!(pairs.of("r", "a"), Some(("r", "b")));
+        assert_eq!(pairs.of("r", "16 at the end"), Some(("r", "c")));
+        assert_eq!(pairs.of("r", "b"), None);
+        let method = Anchor::Method("base");
+        assert_eq!(method.of("r", "x"), Some(("r", "base")));
+        assert_eq!(method.of("r", "base"), None);
+        let same = Anchor::SameMethodIn("idle");
+        assert_eq!(same.of("busy", "call"), Some(("idle", "call")));
+        assert_eq!(same.of("idle", "call"), None);
+        assert_eq!(Anchor::None.of("r", "x"), None);
     }
 }

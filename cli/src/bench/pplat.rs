@@ -25,7 +25,9 @@ use vkgdr::cuda_objects::{
 };
 use vkgdr::{Gpu, OpenOptions, RawMemory};
 
+use super::report::fmt_size;
 use super::{open_gpu, BenchError, BenchResult, Options, Report, Row, Stats, Unit};
+use crate::ui;
 
 /// The PTX holding `pingpong`.
 const PTX: &str = include_str!(concat!(
@@ -294,12 +296,14 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
 
     let mut report = Report::new("pplat", Unit::Nanoseconds);
     let mut outcome = Ok(());
+    ui::phase("round trips", (METHODS.len() * sizes.len()) as u64);
     'outer: for (via, name) in [Via::Bar, Via::BarLean, Via::Memcpy]
         .into_iter()
         .zip(METHODS)
     {
         for &size in &sizes {
             let iters = iterations(base, size);
+            ui::step(format!("{name} · {} × {iters}", fmt_size(size)));
             match kit.session(via, size, iters) {
                 Ok(times) => {
                     let s = Stats::of(&times[warmup(iters) as usize..]).expect("samples");

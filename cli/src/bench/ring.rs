@@ -22,7 +22,9 @@ use vkgdr::ring::layout::{self, seal_test_payload, WrapMode, HEADER_LEN};
 use vkgdr::ring::{DeviceRing, RingDeviceView};
 use vkgdr::{Gpu, OpenOptions};
 
+use super::report::fmt_size;
 use super::{open_gpu, BenchError, BenchResult, Options, Report, Row, Stats, Unit};
+use crate::ui;
 
 const PTX: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels/ring.ptx"));
 const PRODUCERS: usize = 4;
@@ -341,8 +343,10 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
             "ring, 4 threads sharing 1 lane, checking kernel",
         ),
     ];
+    ui::phase("throughput", (rows.len() * SIZES.len()) as u64);
     for (consumer, how, producers, name) in rows {
         for size in SIZES {
+            ui::step(format!("{name} · {}", fmt_size(size)));
             // Per-record publication and the shared lane are slow for small records: fewer.
             let total = match how {
                 Produce::Batch => bytes_per_run / size,
@@ -379,6 +383,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
             ));
         }
     }
+    ui::phase("round trips", 3);
     for (consumer, shared, name) in [
         (Consumer::AckLanes, false, "ring push → ack kernel → CPU"),
         (
@@ -388,6 +393,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
         ),
         (Consumer::Check, false, "ring push → checking kernel → CPU"),
     ] {
+        ui::step(name);
         let ring = DeviceRing::new(&gpu, 1 << 20)?;
         launch_consumer(&module, &ring, &stream, consumer)?;
         let n = if opts.quick { 2_000 } else { 20_000 };
@@ -403,8 +409,10 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
 
     let dev = vkgdr::cuda_objects::DeviceBuffer::new(&gpu, RING_BYTES as usize)?;
     let staging = PinnedBuffer::new(&gpu, RING_BYTES as usize)?;
+    ui::phase("cuMemcpyHtoDAsync", (SIZES.len() * 2 + 1) as u64);
     for size in SIZES {
         for batch in [1u64, 256] {
+            ui::step(format!("{batch} per copy · {}", fmt_size(size)));
             let records = (bytes_per_run / size).min(if batch == 1 { 50_000 } else { u64::MAX });
             let records = records / batch * batch;
             let samples: Vec<f64> = (0..reps)
@@ -428,6 +436,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
         }
     }
     let n = if opts.quick { 2_000 } else { 20_000 };
+    ui::step("round trip");
     let mut t = memcpy_latency(&gpu, dev.device_ptr(), 64, &staging, &copy_stream, n)?;
     t.drain(..n / 10);
     lat.rows.push(Row::measured(
@@ -457,6 +466,7 @@ fn wrap_modes(
     bytes_per_run: u64,
 ) -> BenchResult<Report> {
     let mut report = Report::new("ring-wrap", Unit::GigabytesPerSecond);
+    ui::phase("wrap", 2 * WRAP_SIZES.len() as u64);
     for (mode, name) in [
         (WrapMode::Padded, "padded ring (wrap PAD at the end)"),
         (
@@ -465,6 +475,7 @@ fn wrap_modes(
         ),
     ] {
         for size in WRAP_SIZES {
+            ui::step(format!("{name} · {}", fmt_size(size)));
             let per_thread = (bytes_per_run / size / PRODUCERS as u64).max(16);
             let mut samples = Vec::new();
             for _ in 0..reps {

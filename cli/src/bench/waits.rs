@@ -27,6 +27,7 @@ use vkgdr::ring::DeviceRing;
 use vkgdr::{Arena, Gpu, Mapping, OpenOptions, Pool, PoolConfig, RawMemory};
 
 use super::{open_gpu, BenchError, BenchResult, Options, Report, Row, Stats, Unit};
+use crate::ui;
 
 const PTX: &str = include_str!(concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -223,6 +224,7 @@ impl Probe<'_> {
         name: &str,
         f: impl FnOnce() -> vkgdr::Result<T> + Send,
     ) -> BenchResult<T> {
+        ui::step(name.to_string());
         match self.condition {
             Condition::Idle => {}
             c if !self.spinner.running => self.spinner.launch(c == Condition::LegacyStream)?,
@@ -851,6 +853,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
         Condition::OwnStream,
         Condition::LegacyStream,
     ] {
+        ui::phase(condition.report_name(), 0);
         let mut probe = Probe {
             spinner: &mut spinner,
             condition,
@@ -910,6 +913,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     // SAFETY: allocated above; no kernel runs any more.
     unsafe { gpu.driver().cu_mem_free(scratch) }?;
     drop(_c);
+    ui::phase("copy-engine figures", 0);
     let mut facts = primitives(&gpu)?;
     reports[0].notes.append(&mut facts);
     if !failures.is_empty() {

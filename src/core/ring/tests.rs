@@ -49,7 +49,7 @@ fn capacity_is_validated() {
     assert_eq!(ring().max_record(), 4080);
 }
 
-/// Issue 20 #4: a host sink larger than the host can allocate is an error, not an abort.
+/// A host sink larger than the host can allocate is an error, not an abort.
 #[test]
 #[cfg_attr(
     miri,
@@ -61,7 +61,7 @@ fn a_huge_host_sink_is_an_error() {
     }
 }
 
-/// Issue 20 #5: a ring larger than its sink is refused instead of panicking on a push.
+/// A ring larger than its sink is refused instead of panicking on a push.
 #[test]
 fn capacity_must_match_the_sink() {
     assert_eq!(
@@ -388,9 +388,9 @@ fn reservations_wait_for_a_slot_behind_an_open_reservation() {
     );
 }
 
-/// Issue 20 #9, first case: one thread committing 256+ records past a reservation it holds open
-/// itself used to wait forever in `commit`. Commits never wait now; the reservation that would
-/// need the open one's slot fails at once instead of waiting for this thread.
+/// A thread waiting on itself, first case: one thread committing 256+ records past a reservation
+/// it holds open itself used to wait forever in `commit`. Commits never wait now; the reservation
+/// that would need the open one's slot fails at once instead of waiting for this thread.
 #[test]
 #[cfg_attr(miri, ignore = "hundreds of records: too slow under Miri")]
 fn a_thread_cannot_wait_on_its_own_open_reservation() {
@@ -414,9 +414,9 @@ fn a_thread_cannot_wait_on_its_own_open_reservation() {
         .is_ok());
 }
 
-/// Issue 20 #9, second case: `reserve(_, None)` while the same thread holds a whole-ring
-/// reservation is refused instead of hanging; another thread's identical wait is served once
-/// the reservation is committed and consumed.
+/// A thread waiting on itself, second case: `reserve(_, None)` while the same thread holds a
+/// whole-ring reservation is refused instead of hanging; another thread's identical wait is
+/// served once the reservation is committed and consumed.
 #[test]
 fn a_whole_ring_reservation_blocks_others_not_its_owner() {
     let r = ring();

@@ -1,0 +1,617 @@
+//! The `vkgdr` command as a user meets it, end to end on a machine without a GPU: parsing errors
+//! with suggestions and exit code 2, `--help` and `--version` on every command with defaults and
+//! exit codes, shell completions, `--json` documents read back whole, progress drawn only on a
+//! terminal and never under `--quiet`, and the README showing the help the program prints.
+//!
+//! The GPU work itself is not run here: every case that needs the CUDA driver runs with
+//! `VKGDR_CUDA_LIBRARY` naming a missing file, so it fails the same way on any machine (the GPU
+//! machine runs `vkgdr bench all` and `vkgdr soak` for real). Not part of the GPU bundle: it runs
+//! the binary of the build tree and reads the repository (README, docs/bench). Needs lavapipe,
+//! bash and util-linux `script` (a pseudo-terminal), which CI has.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::Value;
+
+/// Overrides a test must not inherit from the caller's environment (they change what the probes
+/// find, or how wide help is wrapped).
+const INHERITED: [&str; 8] = [
+    "VKGDR_CUDA_LIBRARY",
+    "VKGDR_VULKAN_LIBRARY",
+    "VKGDR_NVML_LIBRARY",
+    "VK_DRIVER_FILES",
+    "VK_ICD_FILENAMES",
+    "NVIDIA_DRIVER_CAPABILITIES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "COLUMNS",
+];
+
+/// No CUDA driver, whatever the machine has: the GPU paths fail at once, the same everywhere.
+const NO_CUDA: (&str, &str) = ("VKGDR_CUDA_LIBRARY", "/nonexistent/libcuda.so.1");
+
+fn vkgdr(args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vkgdr"));
+    cmd.args(args).stdin(Stdio::null());
+    for v in INHERITED {
+        cmd.env_remove(v);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn run(args: &[&str], env: &[(&str, &str)]) -> Run {
+    let out: Output = vkgdr(args, env).output().expect("run vkgdr");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+impl Run {
+    fn all(&self) -> String {
+        format!(
+            "exit {}\n--- stdout\n{}--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+
+    /// Stdout as one JSON document (the whole of it, nothing before or after).
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}):\n{}", self.all()))
+    }
+}
+
+/// A fresh directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "vkgdr-cli-test-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+// --- Parsing ---------------------------------------------------------------------------------------
+
+#[test]
+fn unknown_options_are_usage_errors_with_exit_code_2() {
+    for args in [
+        &["soak", "--bogus"][..],
+        &["info", "--bogus"],
+        &["bench", "copybw", "--bogus"],
+        &["--bogus"],
+        &["completions", "bash", "--bogus"],
+    ] {
+        let r = run(args, &[]);
+        assert_eq!(r.code, 2, "{args:?}\n{}", r.all());
+        assert!(
+            r.stderr.contains("unexpected argument '--bogus'"),
+            "{args:?}\n{}",
+            r.all()
+        );
+        assert!(r.stderr.contains("Usage: vkgdr"), "{}", r.all());
+        assert!(r.stdout.is_empty(), "{}", r.all());
+    }
+}
+
+#[test]
+fn typos_get_a_suggestion() {
+    for (args, wrong, right) in [
+        (&["soak", "--second", "5"][..], "--second", "--seconds"),
+        (&["soak", "--exhaust", "5"], "--exhaust", "--exhaust-every"),
+        (&["info", "--chek"], "--chek", "--check"),
+        (&["bench", "copybww"], "copybww", "copybw"),
+        (&["bench", "pplat", "--quik"], "--quik", "--quick"),
+        (&["bnch", "all"], "bnch", "bench"),
+        (&["completions", "bsh"], "bsh", "bash"),
+    ] {
+        let r = run(args, &[]);
+        assert_eq!(r.code, 2, "{args:?}\n{}", r.all());
+        assert!(r.stderr.contains(&format!("'{wrong}'")), "{}", r.all());
+        assert!(
+            r.stderr.contains("similar") && r.stderr.contains(&format!("'{right}'")),
+            "{args:?}: no suggestion of {right}\n{}",
+            r.all()
+        );
+    }
+}
+
+#[test]
+fn bad_values_are_named() {
+    for (args, says) in [
+        (
+            &["soak", "--seconds", "ten"][..],
+            "invalid value 'ten' for '--seconds <N>'",
+        ),
+        (&["soak", "--threads", "0"], "must be at least 1"),
+        (&["soak", "--exhaust-every", "0"], "must be at least 1"),
+        (
+            &["soak", "--seconds"],
+            "a value is required for '--seconds <N>'",
+        ),
+        (&["bench"], "Usage: vkgdr bench [OPTIONS] <BENCHMARK>"),
+        (&["bench", "plot"], "<DIR>"),
+        (&["bench", "all", "--out="], "--out <DIR>"),
+        (&["bench", "copybw", "pplat"], "'pplat'"),
+        (&["bench", "--quick", "copybw"], "'--quick'"),
+        (&["completions"], "<SHELL>"),
+    ] {
+        let r = run(args, &[]);
+        assert_eq!(r.code, 2, "{args:?}\n{}", r.all());
+        assert!(r.stderr.contains(says), "{args:?}: {says:?}\n{}", r.all());
+    }
+}
+
+// --- Help, version, completions ----------------------------------------------------------------------
+
+#[test]
+fn every_command_has_help_and_version() {
+    let version = format!("vkgdr {}\n", env!("CARGO_PKG_VERSION"));
+    for cmd in [
+        &[][..],
+        &["info"],
+        &["bench"],
+        &["bench", "plot"],
+        &["bench", "copybw"],
+        &["bench", "all"],
+        &["soak"],
+        &["completions"],
+    ] {
+        for flag in ["--help", "-h"] {
+            let r = run(&[cmd, &[flag]].concat(), &[]);
+            assert_eq!(r.code, 0, "{cmd:?} {flag}\n{}", r.all());
+            let usage = format!("Usage: vkgdr {}", cmd.join(" "));
+            assert!(r.stdout.contains(usage.trim_end()), "{cmd:?}\n{}", r.all());
+        }
+        for flag in ["--version", "-V"] {
+            let r = run(&[cmd, &[flag]].concat(), &[]);
+            assert_eq!(
+                (r.code, r.stdout.as_str()),
+                (0, version.as_str()),
+                "{cmd:?} {flag}"
+            );
+        }
+    }
+    // `help` works as a command too.
+    let r = run(&["help", "soak"], &[]);
+    assert_eq!(r.code, 0);
+    assert!(r.stdout.contains("Usage: vkgdr soak"), "{}", r.all());
+}
+
+#[test]
+fn help_shows_defaults_and_exit_codes() {
+    let soak = run(&["soak", "--help"], &[]).stdout;
+    for text in [
+        "[default: 600]",
+        "[default: 8]",
+        "[default: 30]",
+        "Exit status:",
+        "0  SOAK PASSED",
+        "1  SOAK FAILED",
+        "2  the command line is wrong",
+        "--json",
+    ] {
+        assert!(soak.contains(text), "soak --help lacks {text:?}:\n{soak}");
+    }
+    let info = run(&["info", "--help"], &[]).stdout;
+    for text in ["Exit status:", "1  with --check", "--json"] {
+        assert!(info.contains(text), "info --help lacks {text:?}:\n{info}");
+    }
+    let bench = run(&["bench", "--help"], &[]).stdout;
+    for text in [
+        "Benchmarks:",
+        // Each benchmark with its line of help, in words a user reads.
+        "fastpath  the default API's writes, reads and pool cache",
+        "all       all 8 in turn",
+        "plot ",
+        "Exit status:",
+    ] {
+        assert!(
+            bench.contains(text),
+            "bench --help lacks {text:?}:\n{bench}"
+        );
+    }
+    let copybw = run(&["bench", "copybw", "--help"], &[]).stdout;
+    for text in [
+        "[default: bench-out]",
+        "--quick",
+        "--json",
+        "copybw-write.csv and .png: Write bandwidth, host to GPU memory",
+        "each figure against \"HtoD pinned\"",
+        "Exit status:",
+    ] {
+        assert!(
+            copybw.contains(text),
+            "bench copybw --help lacks {text:?}:\n{copybw}"
+        );
+    }
+}
+
+#[test]
+fn completions_for_every_shell() {
+    for (shell, marks) in [
+        ("bash", &["_vkgdr()", "complete -F _vkgdr"][..]),
+        ("zsh", &["#compdef vkgdr", "_vkgdr"]),
+        ("fish", &["complete -c vkgdr"]),
+        ("elvish", &["edit:completion:arg-completer[vkgdr]"]),
+        ("powershell", &["Register-ArgumentCompleter"]),
+    ] {
+        let r = run(&["completions", shell], &[]);
+        assert_eq!(r.code, 0, "{shell}\n{}", r.all());
+        for m in marks {
+            assert!(r.stdout.contains(m), "{shell} script lacks {m:?}");
+        }
+        for word in ["soak", "bench", "exhaust-every", "copybw"] {
+            assert!(r.stdout.contains(word), "{shell} script lacks {word}");
+        }
+    }
+}
+
+/// What bash's completion offers for `words`, the last one being completed.
+fn bash_complete(script: &Path, words: &[&str]) -> Vec<String> {
+    let line = words.join(" ");
+    let program = format!(
+        "source {}; COMP_WORDS=({line}); COMP_CWORD={}; COMP_LINE='{line}'; COMP_POINT={}; \
+         _vkgdr vkgdr '{}' '{}'; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+        script.display(),
+        words.len() - 1,
+        line.len(),
+        words[words.len() - 1],
+        words[words.len() - 2],
+    );
+    let out = Command::new("bash")
+        .args(["--norc", "-c", &program])
+        .output()
+        .expect("bash runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn bash_completes_commands_options_and_benchmarks() {
+    let dir = TempDir::new("bash");
+    let script = dir.0.join("vkgdr.bash");
+    let r = run(&["completions", "bash"], &[]);
+    std::fs::write(&script, &r.stdout).unwrap();
+    assert_eq!(bash_complete(&script, &["vkgdr", "so"]), ["soak"]);
+    assert_eq!(
+        bash_complete(&script, &["vkgdr", "soak", "--ex"]),
+        ["--exhaust-every"]
+    );
+    assert_eq!(
+        bash_complete(&script, &["vkgdr", "bench", "copy"]),
+        ["copybw", "copylat"]
+    );
+}
+
+// --- JSON ------------------------------------------------------------------------------------------
+
+/// Lavapipe's ICD manifest: the one Vulkan driver CI has.
+fn lavapipe_manifest() -> String {
+    std::fs::read_dir("/usr/share/vulkan/icd.d")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().contains("lvp_icd"))
+        .unwrap_or_else(|| {
+            panic!(
+                "this test needs Mesa's lavapipe: `apt-get install libvulkan1 \
+                 mesa-vulkan-drivers` (scripts/test does it for you)"
+            )
+        })
+        .display()
+        .to_string()
+}
+
+fn check_opening_without_machine(doc: &Value, format: &str) {
+    assert_eq!(doc["format"], format, "{doc:#}");
+    assert_eq!(doc["format_version"], 1);
+    assert_eq!(doc["vkgdr_version"], env!("CARGO_PKG_VERSION"));
+}
+
+fn check_opening(doc: &Value, format: &str) {
+    check_opening_without_machine(doc, format);
+    let machine = &doc["machine"];
+    assert!(machine["cpu"]["hardware_threads"].as_u64().unwrap() >= 1);
+    assert!(machine["cpu"]["copy_routines"].is_string());
+}
+
+#[test]
+fn info_json_on_lavapipe_without_cuda() {
+    let manifest = lavapipe_manifest();
+    let env = [("VK_DRIVER_FILES", manifest.as_str()), NO_CUDA];
+    let r = run(&["info", "--json"], &env);
+    assert_eq!(r.code, 0, "{}", r.all());
+    let doc = r.json();
+    check_opening(&doc, "vkgdr-info");
+    let m = &doc["machine"];
+    assert_eq!(m["vulkan"]["status"], "ok");
+    let dev = &m["vulkan"]["devices"][0];
+    assert!(dev["name"].as_str().unwrap().contains("llvmpipe"), "{m:#}");
+    assert_eq!(dev["external_memory_fd"], true);
+    assert!(dev["max_allocation_size_bytes"].as_u64().unwrap() > 0);
+    assert!(dev["memory_types"][0]["flags"]
+        .as_array()
+        .unwrap()
+        .contains(&"HOST_VISIBLE".into()));
+    assert_eq!(m["cuda"]["status"], "driver_missing");
+    assert!(m["cuda"]["error"]
+        .as_str()
+        .unwrap()
+        .contains("/nonexistent/libcuda.so.1"));
+    assert_eq!(m["cuda"]["devices"], Value::Array(vec![]));
+    assert_eq!(m["usable"], false);
+    let problems: Vec<&str> = m["diagnosis"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["problem"].as_str().unwrap())
+        .collect();
+    assert!(
+        problems.contains(&"no_nvidia_vulkan_device"),
+        "{problems:?}"
+    );
+    assert!(problems.contains(&"no_cuda_driver"), "{problems:?}");
+    for f in m["diagnosis"].as_array().unwrap() {
+        assert!(!f["fix"].as_str().unwrap().is_empty());
+    }
+    assert!(r.stderr.is_empty(), "{}", r.all());
+
+    // --check keeps its meaning with --json: exit 1, and still one document.
+    let r = run(&["info", "--json", "--check"], &env);
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert_eq!(r.json()["machine"]["usable"], false);
+}
+
+#[test]
+fn info_json_without_a_vulkan_loader() {
+    let r = run(
+        &["info", "--json"],
+        &[
+            ("VKGDR_VULKAN_LIBRARY", "/nonexistent/libvulkan.so.1"),
+            NO_CUDA,
+        ],
+    );
+    assert_eq!(r.code, 0, "{}", r.all());
+    let doc = r.json();
+    check_opening(&doc, "vkgdr-info");
+    assert_eq!(doc["machine"]["vulkan"]["status"], "loader_missing");
+    assert_eq!(
+        doc["machine"]["diagnosis"][0]["problem"],
+        "no_vulkan_loader"
+    );
+    assert_eq!(doc["machine"]["diagnosis"][0]["severity"], "error");
+}
+
+#[test]
+fn bench_json_without_a_gpu_says_what_stopped_it() {
+    let out = TempDir::new("bench-json");
+    let r = run(&["bench", "all", "--json", "--out", out.path()], &[NO_CUDA]);
+    assert_eq!(r.code, 1, "{}", r.all());
+    let doc = r.json();
+    check_opening(&doc, "vkgdr-bench");
+    assert_eq!(doc["ok"], false);
+    assert!(doc["error"].is_null(), "the run itself was not stopped");
+    assert_eq!(doc["mode"], "full");
+    assert_eq!(doc["out_dir"], out.path());
+    // The first benchmark finds no driver; the rest are not tried.
+    let runs = doc["benchmarks"].as_array().unwrap();
+    assert_eq!(runs.len(), 1, "{doc:#}");
+    assert_eq!(runs[0]["name"], "apiperf");
+    assert!(runs[0]["error"].as_str().unwrap().contains("libcuda.so.1"));
+    assert_eq!(doc["machine"]["cuda"]["status"], "driver_missing");
+    // The human text went to stderr, and the same document to DIR/results.json.
+    assert!(r.stderr.contains("apiperf failed"), "{}", r.all());
+    let file = std::fs::read_to_string(out.0.join("results.json")).unwrap();
+    assert_eq!(serde_json::from_str::<Value>(&file).unwrap(), doc);
+    assert!(out.0.join("summary.md").exists());
+}
+
+#[test]
+fn bench_json_when_the_output_cannot_be_written() {
+    let dir = TempDir::new("bench-unwritable");
+    // A file where the output directory should be.
+    let file = dir.0.join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let r = run(
+        &[
+            "bench",
+            "copylat",
+            "--json",
+            "--out",
+            file.to_str().unwrap(),
+        ],
+        &[NO_CUDA],
+    );
+    assert_eq!(r.code, 1, "{}", r.all());
+    let doc = r.json();
+    check_opening_without_machine(&doc, "vkgdr-bench");
+    assert_eq!(doc["ok"], false);
+    assert!(doc["error"].as_str().unwrap().contains("a-file"), "{doc:#}");
+    assert_eq!(doc["benchmarks"], Value::Array(vec![]));
+    assert!(r.stderr.contains("vkgdr bench: "), "{}", r.all());
+}
+
+#[test]
+fn soak_json_without_a_gpu_fails_with_the_reason() {
+    let r = run(&["soak", "--seconds", "1", "--json"], &[NO_CUDA]);
+    assert_eq!(r.code, 1, "{}", r.all());
+    let doc = r.json();
+    check_opening(&doc, "vkgdr-soak");
+    assert_eq!(doc["passed"], false);
+    assert!(doc["error"].as_str().unwrap().contains("libcuda.so.1"));
+    assert_eq!(doc["options"]["seconds"], 1);
+    assert_eq!(doc["options"]["threads"], 8);
+    assert_eq!(doc["options"]["exhaust_every_seconds"], 30);
+    assert!(doc["before"].is_null() && doc["checks"] == Value::Array(vec![]));
+    assert!(r.stderr.contains("SOAK FAILED"), "{}", r.all());
+}
+
+#[test]
+fn soak_without_a_gpu_exits_1() {
+    let r = run(&["soak", "--seconds", "1"], &[NO_CUDA]);
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(r.stderr.contains("SOAK FAILED"), "{}", r.all());
+    assert!(r.stdout.is_empty(), "{}", r.all());
+}
+
+// --- Progress --------------------------------------------------------------------------------------
+
+/// A directory holding two of the published result CSVs, for `vkgdr bench plot` (which shows
+/// progress and needs no GPU).
+fn plot_dir() -> TempDir {
+    let dir = TempDir::new("plot");
+    for name in ["copylat.csv", "pplat.csv"] {
+        std::fs::copy(repo().join("docs/bench").join(name), dir.0.join(name)).unwrap();
+    }
+    dir
+}
+
+/// Whether `text` holds what indicatif draws on a terminal: carriage returns and the
+/// erase-line escape between redraws.
+fn has_progress(text: &str) -> bool {
+    text.contains("\x1b[2K")
+}
+
+#[test]
+fn no_progress_when_output_is_not_a_terminal() {
+    let dir = plot_dir();
+    let r = run(&["bench", "plot", dir.path()], &[]);
+    assert_eq!(r.code, 0, "{}", r.all());
+    assert!(
+        r.stdout.contains("Write latency, host to GPU memory"),
+        "{}",
+        r.all()
+    );
+    assert!(r.stdout.contains("wrote "), "{}", r.all());
+    for text in [&r.stdout, &r.stderr] {
+        assert!(
+            !text.contains('\x1b') && !text.contains('\r'),
+            "{}",
+            r.all()
+        );
+    }
+}
+
+/// Runs `vkgdr ARGS` on a pseudo-terminal (util-linux `script`), returning what the terminal
+/// showed.
+fn on_a_terminal(args: &[&str]) -> String {
+    let exe = env!("CARGO_BIN_EXE_vkgdr");
+    let line = std::iter::once(exe)
+        .chain(args.iter().copied())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut cmd = Command::new("script");
+    cmd.args(["-qec", &line, "/dev/null"])
+        .env("TERM", "xterm")
+        .env("COLUMNS", "100")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for v in INHERITED.iter().filter(|v| **v != "COLUMNS") {
+        cmd.env_remove(v);
+    }
+    let mut child = cmd.spawn().unwrap_or_else(|e| {
+        panic!("util-linux `script` is needed to run vkgdr on a terminal ({e})")
+    });
+    drop(child.stdin.take().map(|mut s| s.flush()));
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn progress_on_a_terminal_and_never_under_quiet() {
+    let dir = plot_dir();
+    let shown = on_a_terminal(&["bench", "plot", dir.path()]);
+    assert!(
+        has_progress(&shown),
+        "no progress drawn on a terminal:\n{shown:?}"
+    );
+    assert!(shown.contains("plot charts"), "{shown:?}");
+    assert!(shown.contains("wrote "), "{shown:?}");
+
+    let quiet = on_a_terminal(&["bench", "plot", dir.path(), "--quiet"]);
+    assert!(
+        !has_progress(&quiet),
+        "progress drawn under --quiet:\n{quiet:?}"
+    );
+    assert!(
+        !quiet.contains("wrote "),
+        "status lines under --quiet:\n{quiet:?}"
+    );
+    assert!(
+        quiet.contains("Write latency, host to GPU memory"),
+        "{quiet:?}"
+    );
+}
+
+// --- The README ------------------------------------------------------------------------------------
+
+#[test]
+fn the_readme_shows_the_help_the_program_prints() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    for args in [
+        &["--help"][..],
+        &["info", "-h"],
+        &["bench", "-h"],
+        &["bench", "copylat", "-h"],
+        &["soak", "-h"],
+    ] {
+        let r = run(args, &[]);
+        assert_eq!(r.code, 0);
+        let block = format!("$ vkgdr {}\n{}```", args.join(" "), r.stdout);
+        assert!(
+            readme.contains(&block),
+            "README.md does not show `vkgdr {}` as the program prints it; paste this into the \
+             README's command-line section:\n```text\n{block}\n",
+            args.join(" ")
+        );
+    }
+}

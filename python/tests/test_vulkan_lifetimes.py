@@ -1,0 +1,468 @@
+"""What ``free()`` does with views still alive, without a GPU (Mesa's lavapipe on CI): pool blocks
+over real exported Vulkan memory go back at once when nothing but the caller can reach them, and
+only when the last NumPy view or DLPack export is gone otherwise; the shapes of a call the
+reference counting must see through; stream arguments; ``vkgdr.pycuda.Memory``'s own rule on a
+stand-in PyCUDA. The same rule for ``RawMemory`` and CuPy is tested on the GPU
+(test_gpu_compat.py, test_gpu_coexistence.py)."""
+
+import ctypes
+import gc
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import vkgdr
+from conftest import import_pycuda_shim
+
+
+def vulkan_pool(**config) -> vkgdr.Pool:
+    try:
+        return vkgdr.Pool.vulkan_only(**config)
+    except vkgdr.VkgdrError as e:
+        pytest.fail(
+            f"these tests need a Vulkan device with VK_KHR_external_memory_fd and there is none "
+            f"({e}): install the Vulkan loader and Mesa's lavapipe (apt-get install libvulkan1 "
+            f"mesa-vulkan-drivers; scripts/test does it) or run on an NVIDIA machine"
+        )
+
+
+@pytest.fixture()
+def pool() -> vkgdr.Pool:
+    # No thread cache: a block given back shows in bytes_in_use at once either way, and the
+    # host address it had is not handed out again behind a test's back.
+    return vulkan_pool(chunk_size=1 << 20, thread_cache=0)
+
+
+def in_use(pool: vkgdr.Pool) -> int:
+    return pool.stats()["bytes_in_use"]
+
+
+def test_a_block_without_views_goes_back_at_once(pool) -> None:
+    b = pool.alloc(100)
+    np.asarray(b)[:] = 1  # exported, but the array is gone
+    assert in_use(pool) == 100
+    b.free()
+    assert in_use(pool) == 0
+    assert b.is_freed and len(b) == 100 and "freed" in repr(b)
+    for use in (
+        lambda: b.host_ptr,
+        lambda: b.device_ptr,
+        lambda: b.is_dedicated,
+        lambda: np.asarray(b),
+        lambda: b.view(np.uint8),
+        lambda: b.read(),
+        lambda: b.write(b"x"),
+        lambda: b.flush(),
+        lambda: b.invalidate(),
+        lambda: b.__dlpack__(),
+    ):
+        with pytest.raises(vkgdr.VkgdrError, match="the block has been freed"):
+            use()
+    b.free()  # twice: nothing happens
+    assert in_use(pool) == 0
+
+
+def test_a_block_never_exported_goes_back_at_once_whatever_refers_to_it(pool) -> None:
+    blocks = [pool.alloc(100) for _ in range(3)]
+    for b in blocks:
+        b.write(b"abc")
+        b.free()  # the list and the loop variable refer to it: no view can exist though
+    assert in_use(pool) == 0
+
+
+def test_numpy_views_keep_a_freed_block_until_they_are_gone(pool) -> None:
+    b = pool.alloc(4096)
+    whole = np.asarray(b)
+    typed = b.view(np.uint32, (16, 64))
+    part = whole[100:200]
+    b.free()
+    assert b.is_freed and in_use(pool) == 4096, "freed with views: kept"
+    whole[:] = 7  # the CPU writes memory that is still the block's, not someone else's
+    typed[3, 5] = 0xDEADBEEF
+    assert part[0] == 7
+    other = pool.alloc(4096)  # cannot be handed the same memory
+    np.asarray(other)[:] = 1
+    assert whole[50] == 7 and typed[3, 5] == 0xDEADBEEF
+    del whole, typed
+    gc.collect()
+    assert in_use(pool) == 8192, "a slice still holds the block"
+    del part, b  # the object goes with the last view (and the caller's own variable)
+    gc.collect()
+    assert in_use(pool) == 4096, "the last view gone: the block went back"
+    del other
+
+
+def test_a_dlpack_export_keeps_a_freed_block(pool) -> None:
+    b = pool.alloc(256)
+    b.write(b"\x05" * 256)
+    x = np.from_dlpack(b)  # holds the block's state, not the Python object
+    b.free()
+    assert in_use(pool) == 256
+    assert int(x.sum()) == 5 * 256
+    del b
+    gc.collect()
+    assert in_use(pool) == 256, "the export holds the block without its object"
+    del x
+    gc.collect()
+    assert in_use(pool) == 0
+    c = pool.alloc(64)
+    capsule = c.__dlpack__()  # never consumed
+    c.free()
+    assert in_use(pool) == 64
+    del c
+    gc.collect()
+    assert in_use(pool) == 64, "the capsule holds the block"
+    del capsule
+    gc.collect()
+    assert in_use(pool) == 0
+    d = pool.alloc(64)
+    del_export = np.from_dlpack(d)
+    del del_export
+    gc.collect()
+    d.free()  # the export came and went: back at once
+    assert in_use(pool) == 0
+
+
+def test_references_that_are_not_views_keep_an_exported_block_until_the_object_goes(pool) -> None:
+    held = [pool.alloc(100)]
+    np.asarray(held[0])[:] = 3
+    for b in held:
+        b.free()  # the list refers to it too: something might be a view
+    assert in_use(pool) == 100
+    del b
+    held.clear()
+    gc.collect()
+    assert in_use(pool) == 0
+
+
+def test_a_temporary_receiver_with_a_view_is_not_mistaken_for_a_variable(pool) -> None:
+    holder = {"b": pool.alloc(100)}
+    view = np.asarray(holder["b"])
+    holder.pop("b").free()  # the only references: the call's and the view's
+    assert in_use(pool) == 100
+    view[:] = 9
+    del view
+    gc.collect()
+    assert in_use(pool) == 0
+    holder = {"b": pool.alloc(100)}
+    np.asarray(holder["b"])[:] = 1
+    holder.pop("b").free()  # no view: back at once
+    assert in_use(pool) == 0
+
+
+def test_call_shapes(pool) -> None:
+    def keyword_argument() -> None:
+        b = pool.alloc(100)
+        np.asarray(b)[:] = 1
+        b.free(after=None)
+
+    def bound_method() -> None:
+        b = pool.alloc(100)
+        np.asarray(b)[:] = 1
+        f = b.free
+        f()
+
+    def unbound() -> None:
+        b = pool.alloc(100)
+        np.asarray(b)[:] = 1
+        vkgdr.Block.free(b)
+
+    def two_names() -> None:
+        b = pool.alloc(100)
+        c = b
+        np.asarray(c)[:] = 1
+        b.free()
+
+    def in_a_closure() -> None:
+        b = pool.alloc(100)
+        np.asarray(b)[:] = 1
+
+        def inner():
+            return b
+
+        b.free()
+
+    def after_locals() -> None:  # a snapshot of the locals exists before the call
+        b = pool.alloc(100)
+        np.asarray(b)[:] = 1
+        assert "b" in locals()
+        b.free()
+
+    def in_a_generator():
+        b = pool.alloc(100)
+        np.asarray(b)[:] = 1
+        b.free()
+        yield in_use(pool)
+
+    for shape in (keyword_argument, bound_method, unbound, two_names, in_a_closure, after_locals):
+        shape()
+        assert in_use(pool) == 0, shape.__name__
+        # Each freed its block before returning: check from inside, too.
+    assert next(in_a_generator()) == 0
+
+    def with_view_and_snapshot():
+        b = pool.alloc(100)
+        a = np.asarray(b)
+        assert "a" in locals()
+        b.free()
+        kept = in_use(pool)
+        del a, b  # gone before the function returns: nothing else may hold them
+        return kept, in_use(pool)
+
+    assert with_view_and_snapshot() == (100, 0)
+
+    def bound_method_with_view():
+        b = pool.alloc(100)
+        f = b.free
+        a = np.asarray(b)
+        del b
+        f()  # the bound method and the view hold it
+        kept = in_use(pool)
+        del a, f
+        return kept, in_use(pool)
+
+    assert bound_method_with_view() == (100, 0)
+
+
+def test_module_level_code() -> None:
+    pool = vulkan_pool(chunk_size=1 << 20, thread_cache=0)
+    names = {"pool": pool, "np": np, "in_use": in_use}
+    exec(
+        "b = pool.alloc(100)\n"
+        "np.asarray(b)[:] = 1\n"
+        "b.free()\n"
+        "at_once = in_use(pool)\n"
+        "c = pool.alloc(100)\n"
+        "view = np.asarray(c)\n"
+        "c.free()\n"
+        "kept = in_use(pool)\n"
+        "del view, c\n"
+        "after = in_use(pool)\n",
+        names,
+    )
+    assert (names["at_once"], names["kept"], names["after"]) == (0, 100, 0)
+
+
+def test_a_free_from_another_thread_sees_the_views_of_this_one(pool) -> None:
+    def free_on_a_thread(box: list) -> None:
+        t = threading.Thread(target=lambda: box.pop().free())
+        t.start()
+        t.join()
+
+    box = [pool.alloc(128)]
+    view = np.asarray(box[0])
+    free_on_a_thread(box)  # the thread held the only reference but the view's
+    assert in_use(pool) == 128
+    view[:] = 1
+    del view
+    gc.collect()
+    assert in_use(pool) == 0
+    box = [pool.alloc(128)]
+    np.asarray(box[0])[:] = 1
+    free_on_a_thread(box)
+    assert in_use(pool) == 0
+
+
+def test_threads_free_blocks_with_views_concurrently() -> None:
+    pool = vulkan_pool(chunk_size=1 << 20, shards=4, thread_cache=0)
+    errors = []
+
+    def worker(t: int) -> None:
+        try:
+            for i in range(500):
+                b = pool.alloc(1 + (i * 37) % 300, 16)
+                view = np.asarray(b)
+                view[:] = t
+                if i % 2:
+                    b.free()  # the view is alive: kept
+                    assert np.all(view == t), "a freed block with a view was handed out again"
+                    view[:] = t
+                else:
+                    del view
+                    b.free()  # back at once
+        except BaseException as e:  # noqa: B902 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    gc.collect()
+    assert in_use(pool) == 0
+
+
+class CupyLike:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
+class TorchLike:
+    cuda_stream = 0x1234
+
+
+class PycudaLike:
+    handle = 0x5678
+
+
+class NumbaLike:
+    handle = ctypes.c_void_p(0x9ABC)
+
+
+class NullNumbaLike:
+    handle = ctypes.c_void_p(None)
+
+
+class Protocol:
+    def __cuda_stream__(self):
+        return (0, 0x4321)
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [0x1000, CupyLike(0x2000), TorchLike(), PycudaLike(), NumbaLike(), Protocol()],
+    ids=["int", "cupy", "torch", "pycuda", "numba", "protocol"],
+)
+def test_stream_arguments_are_read_before_anything_changes(stream, pool) -> None:
+    b = pool.alloc(64)
+    # A Vulkan-only block has no CUDA side: a real stream is refused, and the block stays.
+    with pytest.raises(vkgdr.InvalidArgumentError, match="Vulkan-only"):
+        b.free(after=stream)
+    assert not b.is_freed and in_use(pool) == 64
+
+
+@pytest.mark.parametrize(
+    "bad", [-1, True, "stream", 1.5, CupyLike("x"), object()], ids=repr
+)
+def test_what_is_not_a_stream_is_an_invalid_argument(bad, pool) -> None:
+    b = pool.alloc(64)
+    with pytest.raises(vkgdr.InvalidArgumentError, match="expected a CUDA stream"):
+        b.free(after=bad)
+    assert not b.is_freed
+
+
+@pytest.mark.parametrize("null", [0, CupyLike(0), NullNumbaLike()], ids=["int", "cupy", "numba"])
+def test_the_null_stream_is_the_default_release(null, pool) -> None:
+    b = pool.alloc(64)
+    b.free(after=null)
+    assert b.is_freed and in_use(pool) == 0
+
+
+# --- vkgdr.pycuda.Memory on a stand-in PyCUDA and a stand-in RawMemory ---------------------
+
+
+class FakeContext:
+    """Stands in for pycuda.driver.Context; counts pushes and pops."""
+
+    current = None
+    pushes = 0
+    pops = 0
+
+    @classmethod
+    def get_current(cls):
+        return cls.current
+
+    def push(self) -> None:
+        FakeContext.pushes += 1
+
+    @staticmethod
+    def pop() -> None:
+        FakeContext.pops += 1
+
+
+class FakeRaw:
+    """Stands in for vkgdr.RawMemory over host memory; records how it was freed."""
+
+    frees = []
+
+    def __init__(self, owner, size, flags=0) -> None:
+        self.buffer = np.zeros(size, np.uint8)
+        self.device_ptr = 0x7000_0000
+        self.is_coherent = True
+        self.non_coherent_atom_size = 1
+
+    @property
+    def __array_interface__(self):
+        return {
+            "shape": (len(self.buffer),),
+            "typestr": "|u1",
+            "data": (self.buffer.ctypes.data, False),
+            "version": 3,
+        }
+
+    def free(self, *, after=None, now=False) -> None:
+        FakeRaw.frees.append((after, now, FakeContext.pushes - FakeContext.pops))
+
+
+@pytest.fixture()
+def shim(monkeypatch):
+    FakeContext.current, FakeContext.pushes, FakeContext.pops = FakeContext(), 0, 0
+    FakeRaw.frees = []
+    module = import_pycuda_shim(monkeypatch, FakeContext)
+    monkeypatch.setattr(module, "RawMemory", FakeRaw)
+    return module
+
+
+def test_pycuda_memory_without_views_is_freed_at_once_in_its_context(shim) -> None:
+    mem = shim.Memory(object(), 64)
+    np.asarray(mem)[:] = 1  # exported, the array is gone
+    mem.free()
+    assert FakeRaw.frees == [(None, False, 1)], "freed once, with its context pushed"
+    assert FakeContext.pushes == FakeContext.pops == 1
+    with pytest.raises(vkgdr.VkgdrError, match="freed"):
+        mem.device_ptr
+    mem.free()
+    del mem
+    gc.collect()
+    assert len(FakeRaw.frees) == 1
+
+
+def test_pycuda_memory_with_views_is_freed_when_the_last_goes(shim) -> None:
+    mem = shim.Memory(object(), 64)
+    view = np.asarray(mem)  # its base is the Memory object
+    holder = {"gpudata": mem}  # what a GPUArray holds
+    mem.get_pointer()
+    stream = CupyLike(0x2000)
+    mem.free(after=stream)
+    assert FakeRaw.frees == [], "kept for its views"
+    with pytest.raises(vkgdr.VkgdrError, match="freed"):
+        mem.get_pointer()  # PyCUDA cannot launch on it any more
+    view[:] = 3
+    del mem, view
+    gc.collect()
+    assert FakeRaw.frees == []
+    del holder
+    gc.collect()
+    assert FakeRaw.frees == [(stream, False, 1)], "released with the stream asked for"
+
+
+def test_pycuda_memory_refuses_after_and_now_together_and_what_is_no_stream(shim) -> None:
+    mem = shim.Memory(object(), 64)
+    with pytest.raises(vkgdr.InvalidArgumentError, match="not both"):
+        mem.free(after=1, now=True)
+    view = np.asarray(mem)
+    with pytest.raises(vkgdr.InvalidArgumentError, match="expected a CUDA stream"):
+        mem.free(after="default")  # checked even though the release would wait for the view
+    del view
+    mem.free(now=True)
+    assert FakeRaw.frees == [(None, True, 1)]
+
+
+def test_pycuda_memory_never_exported_is_freed_at_once_from_a_list(shim) -> None:
+    mems = [shim.Memory(object(), 16) for _ in range(3)]
+    for m in mems:
+        m.free()
+    assert len(FakeRaw.frees) == 3
+
+
+def test_calibration_is_what_a_plain_call_sees() -> None:
+    from vkgdr import _vkgdr
+
+    function, module = _vkgdr._calibrate(_vkgdr._RefProbe)
+    probe = _vkgdr._RefProbe()
+    assert probe.free() >= function >= 1
+    assert module >= 1
+    assert sys.getrefcount(probe) >= 2
