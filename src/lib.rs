@@ -5,11 +5,13 @@
 //! memory in ~0.1 µs) and a `CUdeviceptr` kernels use. On top: a pool for many tiny buffers, ring
 //! buffers that stream records to running kernels, fast copy routines.
 //!
-//! Layers, bottom up: [`cuda`] (driver symbols loaded at run time) and [`vulkan`] (instance,
-//! device, exportable memory) → [`Gpu`] and [`RawMemory`] (the mapping layer) → [`alloc`] (pure
-//! allocator core) and [`dirty`] (pure range tracker) → [`Pool`] → [`ring`]. The pool meets the
-//! drivers only through [`chunk`] (the `ChunkSource` seam, which imports no driver: each source
-//! is implemented beside its type); [`range`]'s pure bounds and atom arithmetic serves them all.
+//! Layers, bottom up (ARCHITECTURE.md in the repository walks through them): the pure core —
+//! [`alloc`], [`dirty`], [`range`] and the rings' protocol [`ring::core`] — with no driver and no
+//! FFI; [`copy`], the fast CPU copies; the crate's [`Error`]; the drivers [`cuda`], [`vulkan`] and
+//! [`nvml`], loaded at run time; the mapping layer ([`Gpu`], [`RawMemory`], [`Mapping`],
+//! [`Arena`], [`chunk`]); then [`Pool`], [`ring`], [`diagnose`], and the interop faces [`compat`]
+//! and `cudarc`. Each layer imports only those below it; the pool meets the drivers only through
+//! [`chunk::ChunkSource`].
 //!
 //! ```no_run
 //! use vkgdr::{Gpu, Mapping};
