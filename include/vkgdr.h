@@ -94,7 +94,7 @@ typedef struct vkgdr_pool_config {
    */
   size_t struct_size;
   /**
-   * Size of a shard's first chunk in bytes (default 16 MiB); a multiple of 64 KiB.
+   * Size of a shard's first chunk in bytes (default 16 MiB); a multiple of `max_align`.
    */
   uint64_t chunk_size;
   /**
@@ -120,8 +120,8 @@ typedef struct vkgdr_pool_config {
   uint32_t keep_empty_chunks;
   /**
    * Freed blocks of up to 4 KiB each thread keeps per size class for reuse without any lock
-   * (default 32; 0 turns the cache off), at most 256 KiB per thread and pool. Cached blocks
-   * stay reserved until they are reused, `vkgdr_pool_trim` (from any thread) or
+   * (default 32; 0 turns the cache off), at most `thread_cache_bytes` per thread and pool.
+   * Cached blocks stay reserved until they are reused, `vkgdr_pool_trim` (from any thread) or
    * `vkgdr_pool_destroy` takes them back from every thread (idle ones included), or their
    * thread exits.
    */
@@ -130,6 +130,17 @@ typedef struct vkgdr_pool_config {
    * Must be 0.
    */
   uint32_t flags;
+  /**
+   * Bytes (rounded block sizes) each thread keeps cached for this pool at most (default
+   * 256 KiB). A caller whose `struct_size` ends before this field gets the default.
+   */
+  uint64_t thread_cache_bytes;
+  /**
+   * Largest alignment `vkgdr_pool_alloc` accepts, and the alignment of every chunk's base
+   * address: a power of two (default 64 KiB). A caller whose `struct_size` ends before this
+   * field gets the default.
+   */
+  uint64_t max_align;
 } vkgdr_pool_config;
 
 /**
@@ -156,7 +167,8 @@ typedef struct vkgdr_pool_stats {
    */
   uint64_t bytes_reserved;
   /**
-   * Bytes requested by live blocks in shared chunks (thread-cached blocks count as live).
+   * Bytes requested by live blocks in shared chunks (blocks kept in thread caches excluded:
+   * see `bytes_cached`).
    */
   uint64_t bytes_in_use;
   /**
@@ -175,6 +187,18 @@ typedef struct vkgdr_pool_stats {
    * Largest free block in any shard.
    */
   uint64_t largest_free_block;
+  /**
+   * Bytes requested by freed blocks that thread caches keep for reuse (see
+   * `vkgdr_pool_config.thread_cache`): still allocated in their chunks (counted in
+   * `bytes_allocated`), given back by `vkgdr_pool_trim`. A caller whose `struct_size` ends
+   * before this field does not get it.
+   */
+  uint64_t bytes_cached;
+  /**
+   * Blocks that thread caches keep for reuse (the blocks behind `bytes_cached`). A caller
+   * whose `struct_size` ends before this field does not get it.
+   */
+  uint64_t blocks_cached;
 } vkgdr_pool_stats;
 
 /**
@@ -557,8 +581,8 @@ VKGDR_API void vkgdr_memory_invalidate(vkgdr_memory_t mem, size_t offset, size_t
 
 /**
  * Copies `size` bytes from `src` to `offset` of the allocation with the fast write-combining
- * copy (spread over worker threads when large), then flushes them: the device sees them once
- * this returns.
+ * copy (on the calling thread; from 1 MiB spread over worker threads), then flushes them: the
+ * device sees them once this returns.
  *
  * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, a range outside the allocation's
  * requested size, `src` NULL with `size` > 0, or a flush failure).
@@ -572,11 +596,14 @@ VKGDR_API void vkgdr_memory_invalidate(vkgdr_memory_t mem, size_t offset, size_t
 VKGDR_API int vkgdr_memory_write(vkgdr_memory_t mem, size_t offset, const void *src, size_t size);
 
 /**
- * Invalidates `[offset, offset + size)`, then copies it into `dst` with streaming loads (the
- * fast way to read through the BAR from the CPU; reads are still far slower than writes).
+ * Copies `size` bytes of the allocation at `offset` into `dst`, as the library reads any
+ * mapping: reads below 16 KiB invalidate, then copy with streaming loads (CPU reads through
+ * the BAR are far slower than writes); larger ones use the GPU's copy engine (on a stream of the
+ * library's own, in the handle's context: the device's primary context unless the handle was
+ * opened with `VKGDR_OPEN_CURRENT_CONTEXT_BIT`), from 1 MiB through pinned staging buffers.
  *
  * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, a range outside the allocation's
- * requested size, `dst` NULL with `size` > 0, or an invalidate failure).
+ * requested size, `dst` NULL with `size` > 0, or a driver failure).
  *
  * Thread safety: any thread.
  *
@@ -636,9 +663,10 @@ VKGDR_API vkgdr_pool_t vkgdr_pool_create(vkgdr_t g, const struct vkgdr_pool_conf
 VKGDR_API void vkgdr_pool_destroy(vkgdr_pool_t pool);
 
 /**
- * Allocates `size` bytes aligned to `alignment` (a power of two up to 64 KiB) for both the host
- * and the device address. Nanoseconds when a chunk has room; otherwise a new chunk is allocated
- * (hundreds of microseconds). The bytes are not cleared.
+ * Allocates `size` bytes aligned to `alignment` (a power of two up to the pool's `max_align`,
+ * 64 KiB by default) for both the host and the device address. Nanoseconds when a chunk has
+ * room; otherwise a new chunk is allocated (hundreds of microseconds). The bytes are not
+ * cleared.
  *
  * Returns a block handle, or `NULL` on error (a zero size, a bad alignment, the pool's
  * `max_bytes`, or the driver's out-of-memory `vkAllocateMemory failed

@@ -11,6 +11,8 @@ use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use vkgdr::range::RangeError;
+
 use crate::handles::{BadHandle, Tag};
 
 thread_local! {
@@ -33,7 +35,14 @@ pub enum Failure {
 
 impl From<vkgdr::Error> for Failure {
     fn from(e: vkgdr::Error) -> Self {
-        Failure::Library(e)
+        match e {
+            // A range outside the memory is the C caller's misuse of the call, worded as the
+            // others are: "vkgdr_block_write: range 8+2 is outside the 9-byte allocation".
+            vkgdr::Error::InvalidArgument(vkgdr::InvalidArgument::Range(
+                range @ (RangeError::OutOfBounds { .. } | RangeError::OffsetPastEnd { .. }),
+            )) => Failure::Api(range.to_string()),
+            e => Failure::Library(e),
+        }
     }
 }
 
@@ -210,6 +219,19 @@ mod tests {
         assert!(
             m.starts_with("vkgdr_block_free: invalid vkgdr_block_t handle"),
             "{m}"
+        );
+        // The library checks ranges; a bad one is still the call's misuse.
+        guard("vkgdr_block_write", (), || {
+            let outside = RangeError::OutOfBounds {
+                offset: 8,
+                len: 2,
+                size: 9,
+            };
+            Err(vkgdr::Error::from(outside).into())
+        });
+        assert_eq!(
+            last().as_deref(),
+            Some("vkgdr_block_write: range 8+2 is outside the 9-byte allocation")
         );
     }
 

@@ -6,7 +6,7 @@ use std::ffi::{c_int, c_void};
 use std::sync::LazyLock;
 
 use vkgdr::compat;
-use vkgdr::RawMemory;
+use vkgdr::{Mapping, RawMemory};
 
 use crate::device::{device, vkgdr_t};
 use crate::error::{clear_last_error, guard, CResult, Failure};
@@ -35,30 +35,12 @@ unsafe fn memory<'a>(mem: vkgdr_memory_t) -> CResult<&'a RawMemory> {
     unsafe { lookup(&MEMORIES, mem) }
 }
 
-/// `[offset, offset + size)` must lie inside an allocation of `len` bytes.
-pub(crate) fn check_range(offset: usize, size: usize, len: u64) -> CResult<()> {
-    match offset.checked_add(size) {
-        Some(end) if end as u64 <= len => Ok(()),
-        _ => Err(Failure::Api(format!(
-            "range {offset}+{size} is outside the {len}-byte allocation"
-        ))),
-    }
-}
-
 /// The range `vkgdr_memory_flush` or `vkgdr_memory_invalidate` of `size` bytes at `offset`
 /// covers in a mapping of `len` bytes. `SIZE_MAX` is "to the end": vkgdr 0.1 hands `size` to
 /// Vulkan unchanged, where `SIZE_MAX` is `VK_WHOLE_SIZE`, the rest of the mapping.
-fn sync_range(offset: usize, size: usize, len: u64) -> CResult<(u64, u64)> {
-    if size == usize::MAX {
-        let rest = len.checked_sub(offset as u64).ok_or_else(|| {
-            Failure::Api(format!(
-                "offset {offset} is past the end of the {len}-byte allocation"
-            ))
-        })?;
-        return Ok((offset as u64, rest));
-    }
-    check_range(offset, size, len)?;
-    Ok((offset as u64, size as u64))
+fn sync_range(offset: usize, size: usize, len: u64) -> vkgdr::Result<(u64, u64)> {
+    let size = (size != usize::MAX).then_some(size as u64);
+    Ok(vkgdr::range::range_to_end(offset as u64, size, len)?)
 }
 
 /// Allocates `size` bytes of GPU memory with a host mapping, imported into the calling thread's
@@ -310,8 +292,8 @@ pub unsafe extern "C" fn vkgdr_memory_invalidate(mem: vkgdr_memory_t, offset: us
 }
 
 /// Copies `size` bytes from `src` to `offset` of the allocation with the fast write-combining
-/// copy (spread over worker threads when large), then flushes them: the device sees them once
-/// this returns.
+/// copy (on the calling thread; from 1 MiB spread over worker threads), then flushes them: the
+/// device sees them once this returns.
 ///
 /// Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, a range outside the allocation's
 /// requested size, `src` NULL with `size` > 0, or a flush failure).
@@ -331,24 +313,23 @@ pub unsafe extern "C" fn vkgdr_memory_write(
     guard("vkgdr_memory_write", VKGDR_ERROR, || {
         // SAFETY: the caller does not free `mem` during the call.
         let m = unsafe { memory(mem) }?;
-        check_range(offset, size, m.size())?;
         // SAFETY: `src` is readable for `size` bytes (caller).
         let src = unsafe { crate::copy::host_slice(src, size) }?;
-        // SAFETY: the range lies inside the mapping (checked), is not shared during the call and
-        // does not overlap `src` (caller).
-        unsafe {
-            vkgdr::copy::CopyPool::global().write(m.host_ptr().add(offset), src);
-        }
-        m.flush(offset as u64, size as u64)?;
+        // SAFETY: no other thread accesses the range during the call, and it does not overlap
+        // `src` (caller).
+        unsafe { m.write_shared(offset as u64, src) }?;
         Ok(VKGDR_SUCCESS)
     })
 }
 
-/// Invalidates `[offset, offset + size)`, then copies it into `dst` with streaming loads (the
-/// fast way to read through the BAR from the CPU; reads are still far slower than writes).
+/// Copies `size` bytes of the allocation at `offset` into `dst`, as the library reads any
+/// mapping: reads below 16 KiB invalidate, then copy with streaming loads (CPU reads through
+/// the BAR are far slower than writes); larger ones use the GPU's copy engine (on a stream of the
+/// library's own, in the handle's context: the device's primary context unless the handle was
+/// opened with `VKGDR_OPEN_CURRENT_CONTEXT_BIT`), from 1 MiB through pinned staging buffers.
 ///
 /// Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, a range outside the allocation's
-/// requested size, `dst` NULL with `size` > 0, or an invalidate failure).
+/// requested size, `dst` NULL with `size` > 0, or a driver failure).
 ///
 /// Thread safety: any thread.
 ///
@@ -365,12 +346,9 @@ pub unsafe extern "C" fn vkgdr_memory_read(
     guard("vkgdr_memory_read", VKGDR_ERROR, || {
         // SAFETY: the caller does not free `mem` during the call.
         let m = unsafe { memory(mem) }?;
-        check_range(offset, size, m.size())?;
         // SAFETY: `dst` is writable for `size` bytes and distinct from the mapping (caller).
         let dst = unsafe { crate::copy::host_slice_mut(dst, size) }?;
-        m.invalidate(offset as u64, size as u64)?;
-        // SAFETY: the range lies inside the mapping (checked) and does not overlap `dst`.
-        unsafe { vkgdr::copy::copy_from_mapping(dst, m.host_ptr().add(offset)) };
+        m.read(offset as u64, dst)?;
         Ok(VKGDR_SUCCESS)
     })
 }
@@ -380,13 +358,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn size_max_syncs_to_the_end_as_vk_whole_size_does_and_other_ranges_are_checked() {
-        assert_eq!(sync_range(0, usize::MAX, 8192).unwrap(), (0, 8192));
+    fn size_max_syncs_to_the_end_as_vk_whole_size_does() {
         assert_eq!(sync_range(100, usize::MAX, 8192).unwrap(), (100, 8092));
-        assert_eq!(sync_range(8192, usize::MAX, 8192).unwrap(), (8192, 0));
         assert!(sync_range(8193, usize::MAX, 8192).is_err());
-        assert_eq!(sync_range(10, 20, 8192).unwrap(), (10, 20));
-        assert!(sync_range(8000, 193, 8192).is_err());
+        // Only SIZE_MAX means "to the end": any other size is a length.
         assert!(sync_range(1, usize::MAX - 1, 8192).is_err());
+        assert_eq!(sync_range(10, 20, 8192).unwrap(), (10, 20));
     }
 }

@@ -15,7 +15,6 @@ use vkgdr::{Block, Gpu, Mapping, Pool, PoolConfig};
 use crate::device::{device, vkgdr_t, Device};
 use crate::error::{guard, CResult, Failure};
 use crate::handles::{HandleTable, Tag};
-use crate::memory::check_range;
 use crate::versioned::{self, Versioned};
 use crate::{
     is_legacy_stream, lookup, register, release, CUdeviceptr, CUstream, Handle, CU_STREAM_LEGACY,
@@ -38,6 +37,9 @@ pub struct vkgdr_block {
 /// Opaque handle to a block of a pool, from `vkgdr_pool_alloc`; freed with `vkgdr_block_free`.
 pub type vkgdr_block_t = *mut vkgdr_block;
 
+// Every field but `struct_size` and `flags` is a setting of the library's `PoolConfig` listed in
+// `vkgdr::pool_options!`, from which the conversions below are made: a setting added there fails
+// this crate's build until it is appended here (at the end, for the callers built before it).
 /// How a pool sizes, grows and trims its chunks. Fill it with `vkgdr_pool_config_init`, then
 /// change what you need. Later versions may add fields at the end: `struct_size` tells the
 /// library which ones the caller knows.
@@ -46,7 +48,7 @@ pub type vkgdr_block_t = *mut vkgdr_block;
 pub struct vkgdr_pool_config {
     /// `sizeof(vkgdr_pool_config)` as the caller was compiled (set by `vkgdr_pool_config_init`).
     pub struct_size: usize,
-    /// Size of a shard's first chunk in bytes (default 16 MiB); a multiple of 64 KiB.
+    /// Size of a shard's first chunk in bytes (default 16 MiB); a multiple of `max_align`.
     pub chunk_size: u64,
     /// Each new chunk of a shard doubles the previous one, up to this size (default 256 MiB).
     pub max_chunk_size: u64,
@@ -60,13 +62,20 @@ pub struct vkgdr_pool_config {
     /// Empty chunks each shard keeps for reuse instead of freeing them at once (default 1).
     pub keep_empty_chunks: u32,
     /// Freed blocks of up to 4 KiB each thread keeps per size class for reuse without any lock
-    /// (default 32; 0 turns the cache off), at most 256 KiB per thread and pool. Cached blocks
-    /// stay reserved until they are reused, `vkgdr_pool_trim` (from any thread) or
+    /// (default 32; 0 turns the cache off), at most `thread_cache_bytes` per thread and pool.
+    /// Cached blocks stay reserved until they are reused, `vkgdr_pool_trim` (from any thread) or
     /// `vkgdr_pool_destroy` takes them back from every thread (idle ones included), or their
     /// thread exits.
     pub thread_cache: u32,
     /// Must be 0.
     pub flags: u32,
+    /// Bytes (rounded block sizes) each thread keeps cached for this pool at most (default
+    /// 256 KiB). A caller whose `struct_size` ends before this field gets the default.
+    pub thread_cache_bytes: u64,
+    /// Largest alignment `vkgdr_pool_alloc` accepts, and the alignment of every chunk's base
+    /// address: a power of two (default 64 KiB). A caller whose `struct_size` ends before this
+    /// field gets the default.
+    pub max_align: u64,
 }
 
 // SAFETY: integers only; `struct_size` first.
@@ -74,41 +83,61 @@ unsafe impl Versioned for vkgdr_pool_config {
     const NAME: &'static str = "vkgdr_pool_config";
 }
 
-impl vkgdr_pool_config {
-    fn defaults() -> Self {
-        let d = PoolConfig::default();
-        vkgdr_pool_config {
-            struct_size: std::mem::size_of::<Self>(),
-            chunk_size: d.chunk_size,
-            max_chunk_size: d.max_chunk_size,
-            dedicated_threshold: d.dedicated_threshold,
-            max_bytes: d.max_bytes,
-            shards: u32::try_from(d.shards).unwrap_or(u32::MAX),
-            keep_empty_chunks: u32::try_from(d.keep_empty_chunks).unwrap_or(u32::MAX),
-            thread_cache: u32::try_from(d.thread_cache).unwrap_or(u32::MAX),
-            flags: 0,
-        }
-    }
+/// How a field of `vkgdr_pool_config` holds a `PoolConfig` setting: the same `u64`, or a `u32`
+/// for a count the library keeps as a `usize`.
+trait CSetting<R> {
+    fn from_setting(value: R) -> Self;
+    fn to_setting(self) -> R;
+}
 
-    fn to_config(self) -> CResult<PoolConfig> {
-        if self.flags != 0 {
-            return Err(Failure::Api(format!(
-                "vkgdr_pool_config.flags must be 0 (got {:#x})",
-                self.flags
-            )));
-        }
-        Ok(PoolConfig {
-            chunk_size: self.chunk_size,
-            max_chunk_size: self.max_chunk_size,
-            dedicated_threshold: self.dedicated_threshold,
-            max_bytes: self.max_bytes,
-            shards: self.shards as usize,
-            keep_empty_chunks: self.keep_empty_chunks as usize,
-            thread_cache: self.thread_cache as usize,
-            ..PoolConfig::default()
-        })
+impl CSetting<u64> for u64 {
+    fn from_setting(value: u64) -> u64 {
+        value
+    }
+    fn to_setting(self) -> u64 {
+        self
     }
 }
+
+impl CSetting<usize> for u32 {
+    fn from_setting(value: usize) -> u32 {
+        u32::try_from(value).unwrap_or(u32::MAX)
+    }
+    fn to_setting(self) -> usize {
+        self as usize
+    }
+}
+
+/// The conversions between `vkgdr_pool_config` and `PoolConfig`, one line per setting of
+/// `vkgdr::pool_options!`. The struct literal names every C field: a C field without a setting,
+/// or a setting without a C field, does not compile.
+macro_rules! pool_config_conversions {
+    ($($name:ident: $type:ty => $($field:ident).+,)*) => {
+        impl vkgdr_pool_config {
+            fn defaults() -> Self {
+                let d = PoolConfig::default();
+                vkgdr_pool_config {
+                    struct_size: std::mem::size_of::<Self>(),
+                    flags: 0,
+                    $($name: <_ as CSetting<$type>>::from_setting(d.$($field).+),)*
+                }
+            }
+
+            fn to_config(self) -> CResult<PoolConfig> {
+                if self.flags != 0 {
+                    return Err(Failure::Api(format!(
+                        "vkgdr_pool_config.flags must be 0 (got {:#x})",
+                        self.flags
+                    )));
+                }
+                let mut config = PoolConfig::default();
+                $(config.$($field).+ = <_ as CSetting<$type>>::to_setting(self.$name);)*
+                Ok(config)
+            }
+        }
+    };
+}
+vkgdr::pool_options!(pool_config_conversions);
 
 /// A usage snapshot of a pool (`vkgdr_pool_get_stats`). Set `struct_size` to
 /// `sizeof(vkgdr_pool_stats)` before the call.
@@ -119,7 +148,8 @@ pub struct vkgdr_pool_stats {
     pub struct_size: usize,
     /// Bytes of all chunks held, dedicated ones included.
     pub bytes_reserved: u64,
-    /// Bytes requested by live blocks in shared chunks (thread-cached blocks count as live).
+    /// Bytes requested by live blocks in shared chunks (blocks kept in thread caches excluded:
+    /// see `bytes_cached`).
     pub bytes_in_use: u64,
     /// Bytes handed out (rounded sizes) in shared chunks.
     pub bytes_allocated: u64,
@@ -129,6 +159,14 @@ pub struct vkgdr_pool_stats {
     pub dedicated_chunks: u64,
     /// Largest free block in any shard.
     pub largest_free_block: u64,
+    /// Bytes requested by freed blocks that thread caches keep for reuse (see
+    /// `vkgdr_pool_config.thread_cache`): still allocated in their chunks (counted in
+    /// `bytes_allocated`), given back by `vkgdr_pool_trim`. A caller whose `struct_size` ends
+    /// before this field does not get it.
+    pub bytes_cached: u64,
+    /// Blocks that thread caches keep for reuse (the blocks behind `bytes_cached`). A caller
+    /// whose `struct_size` ends before this field does not get it.
+    pub blocks_cached: u64,
 }
 
 // SAFETY: integers only; `struct_size` first.
@@ -255,9 +293,10 @@ pub unsafe extern "C" fn vkgdr_pool_destroy(pool: vkgdr_pool_t) {
     guard("vkgdr_pool_destroy", (), || release(&POOLS, pool))
 }
 
-/// Allocates `size` bytes aligned to `alignment` (a power of two up to 64 KiB) for both the host
-/// and the device address. Nanoseconds when a chunk has room; otherwise a new chunk is allocated
-/// (hundreds of microseconds). The bytes are not cleared.
+/// Allocates `size` bytes aligned to `alignment` (a power of two up to the pool's `max_align`,
+/// 64 KiB by default) for both the host and the device address. Nanoseconds when a chunk has
+/// room; otherwise a new chunk is allocated (hundreds of microseconds). The bytes are not
+/// cleared.
 ///
 /// Returns a block handle, or `NULL` on error (a zero size, a bad alignment, the pool's
 /// `max_bytes`, or the driver's out-of-memory `vkAllocateMemory failed
@@ -369,6 +408,8 @@ pub unsafe extern "C" fn vkgdr_pool_get_stats(
             chunks: s.chunks,
             dedicated_chunks: s.dedicated_chunks,
             largest_free_block: s.largest_free_block,
+            bytes_cached: s.bytes_cached,
+            blocks_cached: s.blocks_cached,
         };
         // SAFETY: writable for its struct_size (caller).
         unsafe { versioned::write(stats, &out) }?;
@@ -563,8 +604,7 @@ pub unsafe extern "C" fn vkgdr_block_flush(
     guard("vkgdr_block_flush", VKGDR_ERROR, || {
         // SAFETY: the caller does not free `block` during the call.
         let b = unsafe { self::block(block) }?;
-        b.mark_written(offset as u64, size as u64)?;
-        b.flush()?;
+        b.flush_range(offset as u64, size as u64)?;
         Ok(VKGDR_SUCCESS)
     })
 }
@@ -589,7 +629,6 @@ pub unsafe extern "C" fn vkgdr_block_invalidate(
     guard("vkgdr_block_invalidate", VKGDR_ERROR, || {
         // SAFETY: the caller does not free `block` during the call.
         let b = unsafe { self::block(block) }?;
-        check_range(offset, size, b.size())?;
         b.before_read(offset as u64, size as u64)?;
         Ok(VKGDR_SUCCESS)
     })
@@ -619,13 +658,9 @@ pub unsafe extern "C" fn vkgdr_block_write(
         let b = unsafe { self::block(block) }?;
         // SAFETY: readable for `size` bytes (caller).
         let src = unsafe { crate::copy::host_slice(src, size) }?;
-        check_range(offset, size, b.size())?;
-        // SAFETY: inside the block (checked), unshared during the call and disjoint from `src`
-        // (caller).
-        unsafe { vkgdr::copy::CopyPool::global().write(b.host_ptr().add(offset), src) };
-        // Recorded after the copy: a concurrent pool flush must not clear it before the bytes
-        // are there.
-        b.mark_written(offset as u64, size as u64)?;
+        // SAFETY: no other thread accesses the range during the call, and `src` does not
+        // overlap the block (caller).
+        unsafe { b.write_shared(offset as u64, src) }?;
         Ok(VKGDR_SUCCESS)
     })
 }

@@ -119,11 +119,6 @@ unsafe fn ring<'a>(ring: vkgdr_ring_t) -> CResult<&'a Arc<DeviceRing>> {
     unsafe { lookup(&RINGS, ring) }
 }
 
-/// Takes what the consumer has freed, so that a zero timeout tries with the latest head.
-fn reclaim(r: &DeviceRing) -> CResult<()> {
-    Ok(r.core().reclaim_to(r.head()).map_err(vkgdr::Error::from)?)
-}
-
 fn timeout(timeout_ns: i64) -> Option<Duration> {
     u64::try_from(timeout_ns).ok().map(Duration::from_nanos)
 }
@@ -216,7 +211,6 @@ pub unsafe extern "C" fn vkgdr_ring_push(
         }
         // SAFETY: readable for `size` bytes (caller).
         let bytes = unsafe { crate::copy::host_slice(payload, size) }?;
-        reclaim(r)?;
         match r.push(bytes, timeout(timeout_ns)) {
             Ok(n) => {
                 if !seq.is_null() {
@@ -263,7 +257,6 @@ pub unsafe extern "C" fn vkgdr_ring_reserve(
         unsafe { reservation.write(std::ptr::null_mut()) };
         // SAFETY: the caller does not destroy `ring` during the call.
         let r = unsafe { self::ring(ring) }?.clone();
-        reclaim(&r)?;
         let res = match r.reserve(payload_len(size)?, timeout(timeout_ns)) {
             Ok(res) => res,
             Err(vkgdr::Error::Ring(RingError::Full | RingError::Timeout)) => {

@@ -64,23 +64,10 @@ pub fn with_bytes<R>(data: &Bound<'_, PyAny>, f: impl FnOnce(&[u8]) -> R) -> PyR
     Ok(f(bytes.as_bytes()))
 }
 
-/// The `(offset, size)` range a `flush`/`invalidate`/`read` call names: `size` None means "to the
-/// end".
+/// The `(offset, size)` range a `flush`/`invalidate`/`read` call names in `len` bytes: `size`
+/// None means "to the end" ([`vkgdr::range::range_to_end`]).
 pub fn range(offset: u64, size: Option<u64>, len: u64) -> PyResult<(u64, u64)> {
-    let size = match size {
-        Some(s) => s,
-        None => len.checked_sub(offset).ok_or_else(|| {
-            crate::errors::invalid_argument(format!(
-                "offset {offset} is beyond the {len}-byte memory"
-            ))
-        })?,
-    };
-    match offset.checked_add(size) {
-        Some(end) if end <= len => Ok((offset, size)),
-        _ => Err(crate::errors::invalid_argument(format!(
-            "range {offset}+{size} is outside the {len}-byte memory"
-        ))),
-    }
+    vkgdr::range::range_to_end(offset, size, len).map_err(|e| crate::errors::to_py(e.into()))
 }
 
 /// Drains this thread's write-combined stores to the mapping (a full fence: `mfence` on x86-64).

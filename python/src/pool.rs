@@ -18,6 +18,25 @@ use crate::interface;
 use crate::lifetime;
 use crate::stream::{stream_arg, StreamArg};
 
+/// Sets the [`PoolConfig`] setting called `key` to `value`; `false` for a name that is none.
+/// Made from the library's list of the settings faces expose, so every one of them is a keyword
+/// here.
+macro_rules! set_pool_option {
+    ($($name:ident: $type:ty => $($field:ident).+,)*) => {
+        fn set_option(c: &mut PoolConfig, key: &str, value: &Bound<'_, PyAny>) -> PyResult<bool> {
+            match key {
+                $(stringify!($name) => c.$($field).+ = value.extract::<$type>()?,)*
+                _ => return Ok(false),
+            }
+            Ok(true)
+        }
+
+        /// The keywords, for the error that names them.
+        const POOL_OPTIONS: &[&str] = &[$(stringify!($name)),*];
+    };
+}
+vkgdr::pool_options!(set_pool_option);
+
 /// The pool's configuration from keyword arguments (`Pool(owner, **config)`,
 /// `Pool.vulkan_only(..., **config)`); a missing or `None` value keeps [`PoolConfig`]'s default.
 fn config(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<PoolConfig> {
@@ -25,32 +44,25 @@ fn config(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<PoolConfig> {
     let Some(kwargs) = kwargs else {
         return Ok(c);
     };
-    let mut max_chunk_size = None;
+    let default_cap = c.max_chunk_size;
+    let mut cap_given = false;
     for (key, value) in kwargs.iter() {
         if value.is_none() {
             continue;
         }
-        match key.extract::<String>()?.as_str() {
-            "chunk_size" => c.chunk_size = value.extract()?,
-            "max_chunk_size" => max_chunk_size = Some(value.extract()?),
-            "dedicated_threshold" => c.dedicated_threshold = value.extract()?,
-            "max_bytes" => c.max_bytes = value.extract()?,
-            "shards" => c.shards = value.extract()?,
-            "keep_empty_chunks" => c.keep_empty_chunks = value.extract()?,
-            "thread_cache" => c.thread_cache = value.extract()?,
-            "thread_cache_bytes" => c.thread_cache_bytes = value.extract()?,
-            "max_align" => c.heap.max_align = value.extract()?,
-            other => {
-                return Err(pyo3::exceptions::PyTypeError::new_err(format!(
-                    "unexpected pool option '{other}' (known: chunk_size, max_chunk_size, \
-                     dedicated_threshold, max_bytes, shards, keep_empty_chunks, thread_cache, \
-                     thread_cache_bytes, max_align)"
-                )))
-            }
+        let key = key.extract::<String>()?;
+        if !set_option(&mut c, &key, &value)? {
+            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                "unexpected pool option '{key}' (known: {})",
+                POOL_OPTIONS.join(", ")
+            )));
         }
+        cap_given |= key == "max_chunk_size";
     }
     // A first chunk larger than the default cap raises the cap, unless one was given.
-    c.max_chunk_size = max_chunk_size.unwrap_or(c.max_chunk_size.max(c.chunk_size));
+    if !cap_given {
+        c.max_chunk_size = default_cap.max(c.chunk_size);
+    }
     Ok(c)
 }
 
@@ -542,12 +554,11 @@ impl Block {
     ) -> PyResult<Bound<'py, PyBytes>> {
         let state = self.live()?;
         let (offset, size) = interface::range(offset, size, state.size)?;
-        let mut out = vec![0u8; size as usize];
-        let read = |out: &mut [u8]| state.with(|b| b.read(offset, out));
-        if out.len() >= LARGE_COPY {
-            py.detach(|| read(&mut out))
+        let read = || state.with(|b| b.read_vec(offset, size as usize));
+        let out = if size as usize >= LARGE_COPY {
+            py.detach(read)
         } else {
-            read(&mut out)
+            read()
         }?;
         Ok(PyBytes::new(py, &out))
     }
@@ -560,15 +571,7 @@ impl Block {
         let state = self.live()?;
         let (offset, size) = interface::range(offset, size, state.size)?;
         interface::drain_host_writes();
-        if !state.non_coherent || size == 0 {
-            return Ok(());
-        }
-        Ok(py.detach(|| {
-            state.with(|b| {
-                b.after_write(offset, size)?;
-                b.flush()
-            })
-        })?)
+        Ok(py.detach(|| state.with(|b| b.flush_range(offset, size)))?)
     }
 
     /// Makes device writes in ``[offset, offset + size)`` (default: the whole block) visible to
@@ -577,9 +580,6 @@ impl Block {
     fn invalidate(&self, py: Python<'_>, offset: u64, size: Option<u64>) -> PyResult<()> {
         let state = self.live()?;
         let (offset, size) = interface::range(offset, size, state.size)?;
-        if !state.non_coherent || size == 0 {
-            return Ok(());
-        }
         Ok(py.detach(|| state.with(|b| b.before_read(offset, size)))?)
     }
 

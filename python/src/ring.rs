@@ -87,20 +87,12 @@ impl RingDeviceView {
 }
 
 impl DeviceRing {
-    /// Pushes without waiting: `Ok(None)` when the ring is full now.
+    /// Pushes without waiting (the library's push with a zero timeout): `Ok(None)` when the ring
+    /// has no room now.
     fn try_push(&self, payload: &[u8]) -> Result<Option<u64>, vkgdr::Error> {
-        let len = u32::try_from(payload.len()).map_err(|_| RingError::RecordTooLarge {
-            len: u32::MAX,
-            max: self.ring.core().max_record(),
-        })?;
-        match self.ring.try_reserve(len) {
-            Ok(mut r) => {
-                r.write(0, payload)?;
-                let seq = r.seq();
-                r.commit();
-                Ok(Some(seq))
-            }
-            Err(vkgdr::Error::Ring(RingError::Full)) => Ok(None),
+        match self.ring.push(payload, Some(Duration::ZERO)) {
+            Ok(seq) => Ok(Some(seq)),
+            Err(vkgdr::Error::Ring(RingError::Full | RingError::Timeout)) => Ok(None),
             Err(e) => Err(e),
         }
     }

@@ -209,8 +209,13 @@ def test_bad_requests_are_invalid_arguments() -> None:
         vkgdr.Pool.vulkan_only(shards=0)
     with pytest.raises(vkgdr.InvalidArgumentError, match="max_chunk_size"):
         vkgdr.Pool.vulkan_only(chunk_size=1 << 20, max_chunk_size=64 << 10)
-    with pytest.raises(TypeError, match="unexpected pool option 'chunk'"):
+    with pytest.raises(TypeError, match="unexpected pool option 'chunk'") as e:
         vkgdr.Pool.vulkan_only(chunk=1 << 20)
+    # Every setting the library lists for the faces is a keyword, named in this order.
+    assert str(e.value).endswith(
+        "(known: chunk_size, max_chunk_size, dedicated_threshold, max_bytes, shards, "
+        "keep_empty_chunks, thread_cache, thread_cache_bytes, max_align)"
+    )
     with pytest.raises(TypeError):
         vkgdr.Pool.vulkan_only(chunk_size="big")
 
@@ -256,6 +261,19 @@ def test_dedicated_blocks() -> None:
     del big
     gc.collect()
     assert pool.stats()["dedicated_chunks"] == 0
+
+
+def test_ranges_to_the_end_are_checked_by_the_library() -> None:
+    pool = vulkan_pool(chunk_size=1 << 20)
+    b = pool.alloc(100)
+    b.write(b"\x07" * 100)
+    assert b.read(90) == b"\x07" * 10 and b.read(100) == b""
+    with pytest.raises(vkgdr.InvalidArgumentError, match="offset 101 is past the end of the 100"):
+        b.read(101)
+    with pytest.raises(vkgdr.InvalidArgumentError, match="range 90[+]11 is outside the 100-byte"):
+        b.flush(90, 11)
+    with pytest.raises(vkgdr.InvalidArgumentError, match="range 99[+]2 is outside the 100-byte"):
+        b.write(b"ab", 99)
 
 
 def test_thread_cache_reuses_blocks() -> None:

@@ -1,5 +1,6 @@
 //! Byte-range arithmetic shared by every mapping: bounds checks, the 4 KiB rounding of
-//! allocation sizes and the atom rounding of flush and invalidate ranges.
+//! allocation sizes and the atom rounding of flush and invalidate ranges. The C and Python faces
+//! resolve the ranges their callers name through [`range_to_end`].
 //!
 //! Pure integer code with no driver in sight, so the pool, the mappings and the Vulkan layer use
 //! the same checks and Miri and the property tests cover them on any machine.
@@ -17,6 +18,14 @@ pub enum RangeError {
         offset: u64,
         /// Its length in bytes.
         len: u64,
+        /// The object's size in bytes.
+        size: u64,
+    },
+    /// A range "from `offset` to the end" whose start lies beyond the `size`-byte object.
+    #[error("offset {offset} is past the end of the {size}-byte allocation")]
+    OffsetPastEnd {
+        /// Start of the range.
+        offset: u64,
         /// The object's size in bytes.
         size: u64,
     },
@@ -45,6 +54,22 @@ pub(crate) fn check_range(offset: u64, len: u64, size: u64) -> Result<()> {
         Some(end) if end <= size => Ok(()),
         _ => Err(RangeError::OutOfBounds { offset, len, size }),
     }
+}
+
+/// The range a caller names with `offset` and `len` in a `size`-byte object, `len` `None`
+/// meaning "to the end" (the C library's `SIZE_MAX`, Python's `size=None`), checked against
+/// `size` as every mapping checks a range: what the faces' flushes, invalidates and reads take.
+/// A range outside is [`RangeError::OutOfBounds`], a start beyond the end
+/// [`RangeError::OffsetPastEnd`].
+pub fn range_to_end(offset: u64, len: Option<u64>, size: u64) -> Result<(u64, u64)> {
+    let len = match len {
+        Some(len) => len,
+        None => size
+            .checked_sub(offset)
+            .ok_or(RangeError::OffsetPastEnd { offset, size })?,
+    };
+    check_range(offset, len, size)?;
+    Ok((offset, len))
 }
 
 /// Rounds an allocation request up to 4 KiB (mmap granularity), rejecting zero and overflow.
@@ -137,6 +162,31 @@ mod tests {
             Err(RangeError::SizeOverflow {
                 size: u64::MAX - 10
             })
+        );
+    }
+
+    #[test]
+    fn a_missing_length_runs_to_the_end() {
+        assert_eq!(range_to_end(0, None, 8192), Ok((0, 8192)));
+        assert_eq!(range_to_end(100, None, 8192), Ok((100, 8092)));
+        assert_eq!(range_to_end(8192, None, 8192), Ok((8192, 0)));
+        assert_eq!(
+            range_to_end(8193, None, 8192),
+            Err(RangeError::OffsetPastEnd {
+                offset: 8193,
+                size: 8192
+            })
+        );
+        assert_eq!(range_to_end(10, Some(20), 8192), Ok((10, 20)));
+        assert!(range_to_end(8000, Some(193), 8192).is_err());
+        assert!(range_to_end(1, Some(u64::MAX - 1), 8192).is_err());
+        assert_eq!(
+            RangeError::OffsetPastEnd {
+                offset: 4097,
+                size: 4096
+            }
+            .to_string(),
+            "offset 4097 is past the end of the 4096-byte allocation"
         );
     }
 

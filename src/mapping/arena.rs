@@ -11,7 +11,6 @@ use crate::driver::vulkan::VulkanMemory;
 use crate::error::{Error, InvalidArgument, MemorySide, Result};
 use crate::mapping::chunk::{ChunkMemory, ChunkSource};
 use crate::mapping::gpu::Gpu;
-use crate::mapping::memory::DMA_READ_THRESHOLD;
 pub use crate::mapping::vmm::granularity;
 use crate::mapping::vmm::{AddressRange, VmmDevice, VmmHandle};
 
@@ -489,6 +488,9 @@ struct ArenaChunkRef {
     host: SendSyncPtr<u8>,
     device: u64,
     size: u64,
+    /// The arena's device, whose copy engine serves large reads (held here so that a read
+    /// takes no lock).
+    gpu: Gpu,
 }
 
 // SAFETY: `host` maps the whole slot (`size` bytes), which stays mapped until our Drop releases
@@ -517,12 +519,9 @@ unsafe impl ChunkMemory for ArenaChunkRef {
             .invalidate_ranges(ranges.iter().copied())
     }
     fn read_dma(&self, offset: u64, dst: &mut [u8]) -> Option<Result<()>> {
-        if dst.len() < DMA_READ_THRESHOLD {
-            return None;
-        }
-        let gpu = self.state.lock().arena.gpu.clone();
-        // SAFETY: the range lies inside this mapped chunk (the caller bounds-checked it).
-        Some(unsafe { gpu.memcpy_dtoh(dst, self.device + offset) })
+        // SAFETY: the range lies inside this mapped chunk (the caller bounds-checked it), a VMM
+        // mapping of the device, mapped while this reference lives.
+        unsafe { self.gpu.read_by_size(dst, self.device + offset) }
     }
 }
 
@@ -561,6 +560,7 @@ unsafe impl ChunkSource for ArenaSource {
             host,
             device: s.arena.device_ptr() + offset,
             size: chunk,
+            gpu: s.arena.gpu.clone(),
         }))
     }
     fn atom_size(&self) -> u64 {

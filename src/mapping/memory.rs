@@ -347,6 +347,30 @@ impl RawMemory {
 /// from 1 MiB (into pinned memory 55 GB/s).
 pub const DMA_READ_THRESHOLD: usize = 16 << 10;
 
+impl Gpu {
+    /// The read policy of every mapping with a device address (raw memory, pool chunks, arena
+    /// chunks), in one place: a read of `dst.len()` bytes at device address `src` below
+    /// [`DMA_READ_THRESHOLD`] is `None`, for the caller to read with CPU loads after an
+    /// invalidate; up to [`STAGED_READ_THRESHOLD`] it is one copy-engine copy, and from there the
+    /// copy engine fills pinned staging buffers while CPU threads copy them out.
+    ///
+    /// # Safety
+    /// - `[src, src + dst.len())` is valid device memory of this GPU, reachable from its context
+    ///   and alive for the call.
+    pub(crate) unsafe fn read_by_size(&self, dst: &mut [u8], src: u64) -> Option<Result<()>> {
+        if dst.len() < DMA_READ_THRESHOLD {
+            return None;
+        }
+        Some(if dst.len() < STAGED_READ_THRESHOLD {
+            // SAFETY: the caller's contract.
+            unsafe { self.memcpy_dtoh(dst, src) }
+        } else {
+            // SAFETY: the caller's contract.
+            unsafe { self.read_staged(dst, src) }
+        })
+    }
+}
+
 impl RawMemory {
     /// Reads with the GPU's copy engine instead of CPU loads: the fast path for large reads
     /// (7–10 GB/s into pageable memory, against under 1 GB/s for CPU loads from the BAR), on a
@@ -358,19 +382,20 @@ impl RawMemory {
         unsafe { self.gpu.memcpy_dtoh(dst, self.device_ptr + offset) }
     }
 
-    /// The read path into ordinary memory by size: CPU loads, one copy-engine copy, or the
-    /// staged pipeline.
-    fn read_by_size(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
-        if dst.len() < DMA_READ_THRESHOLD {
-            return crate::mapping::read_with_cpu(self, offset, dst);
-        }
-        if dst.len() < STAGED_READ_THRESHOLD {
-            return self.read_dma(offset, dst);
-        }
-        check_range(offset, dst.len() as u64, self.size())?;
-        // SAFETY: the device range lies inside this allocation (checked above), which every
-        // context of the device can reach, and stays alive for the call.
-        unsafe { self.gpu.read_staged(dst, self.device_ptr + offset) }
+    /// [`Mapping::write`] through a shared reference: the same bounds check and copy (inline
+    /// when short, split over the global copy pool when long, fenced), then the same flush of the
+    /// written range (a no-op on coherent memory). For callers that keep writers of the same
+    /// bytes apart themselves, as the C library's callers promise to.
+    ///
+    /// # Safety
+    /// - No other thread reads or writes `[offset, offset + src.len())` of the allocation during
+    ///   the call, through [`host_ptr`](Self::host_ptr) or otherwise, and `src` does not overlap
+    ///   it.
+    pub unsafe fn write_shared(&self, offset: u64, src: &[u8]) -> Result<()> {
+        // SAFETY: the host mapping holds `size()` bytes while `self` lives; the range is the
+        // caller's alone for the call.
+        unsafe { crate::mapping::store(self.host_ptr(), self.size(), offset, src) }?;
+        self.flush(offset, src.len() as u64)
     }
 }
 
@@ -382,7 +407,13 @@ unsafe impl Mapping for RawMemory {
     /// copy-engine copy up to [`STAGED_READ_THRESHOLD`], and from there the copy engine filling
     /// pinned staging buffers while CPU threads copy them out.
     fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
-        self.read_by_size(offset, dst)
+        check_range(offset, dst.len() as u64, self.size())?;
+        // SAFETY: the device range lies inside this allocation (checked above), which every
+        // context of the device can reach, and stays alive for the call.
+        match unsafe { self.gpu.read_by_size(dst, self.device_ptr + offset) } {
+            Some(read) => read,
+            None => crate::mapping::read_with_cpu(self, offset, dst),
+        }
     }
     fn host_ptr(&self) -> *mut u8 {
         self.host_ptr.get()
@@ -419,7 +450,8 @@ unsafe impl ChunkMemory for RawMemory {
         RawMemory::invalidate_ranges(self, ranges)
     }
     fn read_dma(&self, offset: u64, dst: &mut [u8]) -> Option<Result<()>> {
-        (dst.len() >= DMA_READ_THRESHOLD).then(|| self.read_by_size(offset, dst))
+        // SAFETY: the caller bounds-checked the range inside this chunk, alive for the call.
+        unsafe { self.gpu.read_by_size(dst, self.device_ptr + offset) }
     }
 }
 

@@ -70,10 +70,9 @@ pub unsafe trait Mapping {
     /// 10–16 GB/s on the H100, eight reach 32 GB/s). To write many small pieces with one fence,
     /// use a [`WriteBatch`](crate::WriteBatch).
     fn write(&mut self, offset: u64, src: &[u8]) -> Result<()> {
-        check_range(offset, src.len() as u64, self.len())?;
-        // SAFETY: the range [offset, offset+len) lies inside the mapping (checked above), the
-        // mapping stays valid while `self` is borrowed, and `&mut self` excludes other safe writers.
-        unsafe { crate::copy::write_default(self.host_ptr().add(offset as usize), src) };
+        // SAFETY: the mapping is valid for `len()` bytes while `self` is borrowed (the trait's
+        // contract), and `&mut self` excludes other safe writers and readers.
+        unsafe { store(self.host_ptr(), self.len(), offset, src) }?;
         self.after_write(offset, src.len() as u64)
     }
 
@@ -130,6 +129,23 @@ unsafe impl Mapping for VulkanMemory {
     fn before_read(&self, offset: u64, len: u64) -> Result<()> {
         self.invalidate(offset, len)
     }
+}
+
+/// The CPU half of every safe write: the bounds check against the mapping's `len`, then the
+/// copy of [`Mapping::write`] (inline when short, split over the global copy pool when long),
+/// fenced. [`Mapping::write`] and the writes through a shared reference
+/// ([`RawMemory::write_shared`](memory::RawMemory::write_shared),
+/// [`Block::write_shared`](crate::Block::write_shared)) all store through it.
+///
+/// # Safety
+/// - `base` is valid for writes of `len` bytes, and no other thread reads or writes
+///   `[offset, offset + src.len())` of it during the call (nor does `src` overlap it).
+pub(crate) unsafe fn store(base: *mut u8, len: u64, offset: u64, src: &[u8]) -> Result<()> {
+    check_range(offset, src.len() as u64, len)?;
+    // SAFETY: the range lies inside the `len` valid bytes (checked above) and is the caller's
+    // alone for the call.
+    unsafe { crate::copy::write_default(base.add(offset as usize), src) };
+    Ok(())
 }
 
 /// The CPU read path: bounds check, invalidate, streaming loads (split over the global copy

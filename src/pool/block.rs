@@ -237,6 +237,33 @@ impl Block {
         Ok(())
     }
 
+    /// Records `[offset, offset + len)` like [`mark_written`](Self::mark_written), then pushes
+    /// every recorded range of the block's chunk to the device in one call, like
+    /// [`flush`](Self::flush): what makes writes through [`host_ptr`](Block::host_ptr) visible to
+    /// kernels launched afterwards. On coherent memory only the bounds check.
+    pub fn flush_range(&self, offset: u64, len: u64) -> Result<()> {
+        self.mark_written(offset, len)?;
+        self.flush()
+    }
+
+    /// [`Mapping::write`] through a shared reference: the same bounds check and copy (inline
+    /// when short, split over the global copy pool when long, fenced), and the range recorded
+    /// for [`Block::flush`] or [`Pool::flush`](super::Pool::flush) on non-coherent memory. For
+    /// callers that keep writers of the same bytes apart themselves, as the C library's callers
+    /// promise to.
+    ///
+    /// # Safety
+    /// - No other thread reads or writes `[offset, offset + src.len())` of the block during the
+    ///   call, through [`host_ptr`](Block::host_ptr) or otherwise, and `src` does not overlap it.
+    pub unsafe fn write_shared(&self, offset: u64, src: &[u8]) -> Result<()> {
+        // SAFETY: the block's `len` bytes stay mapped while it lives; the range is the caller's
+        // alone for the call.
+        unsafe { crate::mapping::store(self.host_ptr, self.len, offset, src) }?;
+        // Recorded after the copy: a concurrent pool flush must not clear it before the bytes
+        // are there.
+        self.mark_written(offset, src.len() as u64)
+    }
+
     /// Whether writes to this block are waiting for a flush.
     pub fn has_pending_writes(&self) -> bool {
         self.non_coherent && self.chunk().dirty.lock().intersects(self.offset, self.len)

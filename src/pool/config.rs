@@ -78,6 +78,89 @@ impl Default for PoolConfig {
     }
 }
 
+/// The settings of a [`PoolConfig`] that the C library (`struct vkgdr_pool_config`) and the
+/// Python package (`vkgdr.Pool(owner, **options)`) expose, in one list the faces are built from:
+/// it calls the macro `$m` with one `name: type => path,` per setting, `path` being the field of
+/// `PoolConfig` the setting is, in the order of the C struct's fields. The C library makes its
+/// conversions from it (a setting its struct lacks fails its build), the Python package its
+/// keyword parser (a setting reaches it by itself). A field added to `PoolConfig` fails the
+/// library's build until it is listed here or named as one the faces leave at its default
+/// (beside this macro, in `src/pool/config.rs`).
+///
+/// ```
+/// macro_rules! names {
+///     ($($name:ident: $type:ty => $($field:ident).+,)*) => { [$(stringify!($name)),*] };
+/// }
+/// assert_eq!(vkgdr::pool_options!(names)[..2], ["chunk_size", "max_chunk_size"]);
+/// ```
+#[macro_export]
+macro_rules! pool_options {
+    ($m:ident) => {
+        $m! {
+            chunk_size: u64 => chunk_size,
+            max_chunk_size: u64 => max_chunk_size,
+            dedicated_threshold: u64 => dedicated_threshold,
+            max_bytes: u64 => max_bytes,
+            shards: usize => shards,
+            keep_empty_chunks: usize => keep_empty_chunks,
+            thread_cache: usize => thread_cache,
+            thread_cache_bytes: u64 => thread_cache_bytes,
+            max_align: u64 => heap.max_align,
+        }
+    };
+}
+
+/// One field per setting of [`pool_options!`].
+macro_rules! exposed_settings {
+    ($($name:ident: $type:ty => $($field:ident).+,)*) => {
+        #[allow(dead_code)]
+        struct ExposedSettings {
+            $($name: $type,)*
+        }
+    };
+}
+pool_options!(exposed_settings);
+
+/// Places every field of [`PoolConfig`]: a setting of [`pool_options!`] is bound and goes into
+/// `ExposedSettings` (which has exactly those), any other field is `_`, left at its default by
+/// the faces. A new field does not compile here until it is placed.
+#[allow(dead_code)]
+#[deny(unused_variables)]
+fn every_field_is_placed(config: PoolConfig) -> ExposedSettings {
+    let PoolConfig {
+        chunk_size,
+        max_chunk_size,
+        dedicated_threshold,
+        max_bytes,
+        shards,
+        keep_empty_chunks,
+        heap:
+            HeapConfig {
+                max_align,
+                // The allocator core's tuning, for benchmarks and tests.
+                slab_page_size: _,
+                max_slab_size: _,
+                min_align: _,
+                slab_classes_per_octave: _,
+            },
+        // Rust only: the gpu-alloc baseline is a cargo feature of the library.
+        backend: _,
+        thread_cache,
+        thread_cache_bytes,
+    } = config;
+    ExposedSettings {
+        chunk_size,
+        max_chunk_size,
+        dedicated_threshold,
+        max_bytes,
+        shards,
+        keep_empty_chunks,
+        thread_cache,
+        thread_cache_bytes,
+        max_align,
+    }
+}
+
 /// Most shards a pool may have ([`PoolConfig::shards`]): each costs a heap's metadata, and no
 /// machine gains from more shards than threads.
 pub const MAX_SHARDS: usize = 1024;

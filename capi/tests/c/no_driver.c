@@ -10,6 +10,7 @@
  * - versioned structs: unset or unknown-field sizes are refused. */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "check.h"
@@ -252,6 +253,14 @@ static void versioned_structs(void)
     CHECK(vkgdr_pool_config_init(&cfg, 16) == VKGDR_SUCCESS, "older size");
     CHECK(cfg.struct_size == 16 && cfg.chunk_size == 16u << 20 && cfg.max_chunk_size ==
               0xABABABABABABABABull, "wrote past the caller's struct");
+    /* A caller built before thread_cache_bytes and max_align were appended: what follows its
+     * struct is neither written nor read. */
+    memset(&cfg, 0xAB, sizeof cfg);
+    CHECK(vkgdr_pool_config_init(&cfg, offsetof(vkgdr_pool_config, thread_cache_bytes)) ==
+              VKGDR_SUCCESS && cfg.flags == 0 && cfg.max_align == 0xABABABABABABABABull,
+          "a struct without the appended fields");
+    CHECK(vkgdr_pool_create(NULL, &cfg) == NULL, "old size");
+    CHECK(last_error_contains("the vkgdr_t handle is NULL"), "got past the config");
     /* Checked before the device: an unset size, a newer caller's unknown field. */
     cfg.struct_size = 0;
     CHECK(vkgdr_pool_create(NULL, &cfg) == NULL, "unset size");

@@ -221,9 +221,30 @@ static void run(int vulkan_device, uint32_t flags)
     CHECK(b != NULL, "within the limit");
     CHECK(vkgdr_pool_alloc(limited, 1 << 20, 16) == NULL, "beyond max_bytes");
     CHECK(last_error_contains("pool limit"), "explains");
+    CHECK(vkgdr_pool_alloc(limited, 64, 256 << 10) == NULL, "alignment above max_align");
+    CHECK(last_error_contains("exceeds the pool's maximum"), "explains");
     mark_last_error();
     vkgdr_block_free(b);
     vkgdr_pool_destroy(limited);
+
+    /* The fields appended to the structs later: max_align raises the largest alignment, and the
+     * stats count what the thread caches keep. */
+    vkgdr_pool_config_init(&cfg, sizeof cfg);
+    CHECK(cfg.max_align == 64 << 10 && cfg.thread_cache_bytes == 256 << 10, "their defaults");
+    cfg.chunk_size = 1 << 20;
+    cfg.max_chunk_size = 1 << 20;
+    cfg.shards = 1;
+    cfg.max_align = 256 << 10;
+    pool = vkgdr_pool_create(g, &cfg);
+    b = vkgdr_pool_alloc(pool, 64, 256 << 10);
+    CHECK(b != NULL, "alignment 256 KiB with max_align 256 KiB");
+    vkgdr_block_free(b);
+    stats.struct_size = sizeof stats;
+    CHECK(vkgdr_pool_get_stats(pool, &stats) == VKGDR_SUCCESS, "stats");
+    CHECK(stats.blocks_cached == 1 && stats.bytes_cached >= 64 && stats.bytes_in_use == 0,
+          "the freed block waits in this thread's cache: %llu blocks, %llu bytes",
+          (unsigned long long)stats.blocks_cached, (unsigned long long)stats.bytes_cached);
+    vkgdr_pool_destroy(pool);
     vkgdr_close(g);
     CHECK(still_marked(), "clean teardown");
 }
