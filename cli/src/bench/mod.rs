@@ -6,6 +6,9 @@
 //! (the document `--json` prints: every figure with its unit and its anchor, see
 //! [`crate::json`]) and, for `all`, a `summary.md` with markdown tables. While a benchmark runs,
 //! a progress line shows its phase and the method and size it is measuring ([`crate::ui`]).
+//! With `--compare BASELINE` every figure is then set beside the same figure of an earlier run
+//! on the same GPU model, and `vkgdr bench compare` does the same for two files
+//! ([`mod@compare`]).
 //!
 //! Timing: [`std::time::Instant`] around each sample after a warm-up. Operations shorter than
 //! [`Budget::min_sample`] are repeated back to back inside one sample (the sample is then the mean
@@ -14,6 +17,7 @@
 
 pub mod apiperf;
 pub mod arena;
+pub mod compare;
 pub mod copybw;
 pub mod copylat;
 pub mod fastpath;
@@ -352,11 +356,13 @@ impl Which {
 /// Exit codes, for `--help`.
 const EXIT_CODES: &str = "\
 Exit status:
-  0  every benchmark ran to the end
+  0  every benchmark ran to the end (and, with --compare, no figure got worse beyond its noise)
   1  a benchmark failed (each failure is reported as it happens)
-  2  the command line is wrong";
+  2  the command line is wrong, or --compare names no results of `vkgdr bench`
+  3  with --compare: a figure got worse beyond its noise on the same GPU model";
 
-/// `vkgdr bench`'s command line: one subcommand per registered benchmark, `all` and `plot`.
+/// `vkgdr bench`'s command line: one subcommand per registered benchmark, `all`, `plot` and
+/// `compare`.
 #[derive(Debug, Clone, clap::Args)]
 #[command(
     display_name = "vkgdr",
@@ -374,14 +380,18 @@ pub struct BenchArgs {
 impl BenchArgs {
     /// Whether `--json` was given.
     pub fn json(&self) -> bool {
-        matches!(&self.command, BenchCommand::Run(_, a) if a.json)
+        match &self.command {
+            BenchCommand::Run(_, a) => a.json,
+            BenchCommand::Compare(a) => a.json,
+            BenchCommand::Plot(_) => false,
+        }
     }
 }
 
 /// The options of every benchmark (and `all`).
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct RunArgs {
-    /// Where the CSVs, PNG charts, summary.md and results.json go
+    /// Where the CSVs, charts, summary.md and results.json go
     #[arg(
         long,
         value_name = "DIR",
@@ -398,6 +408,28 @@ pub struct RunArgs {
     /// anchor measured in the same run (the tables go to stderr)
     #[arg(long)]
     pub json: bool,
+
+    /// Then set every figure beside an earlier run's (a results.json, or a directory such as
+    /// benches/baselines: the one of this GPU model); exit 3 if one got worse beyond its noise
+    #[arg(
+        long,
+        value_name = "PATH",
+        value_parser = NonEmptyStringValueParser::new().map(PathBuf::from)
+    )]
+    pub compare: Option<PathBuf>,
+
+    /// With --compare: the smallest change that counts, in percent (a figure's own spread can
+    /// widen it)
+    #[arg(
+        long,
+        value_name = "PCT",
+        default_value_t = compare::DEFAULT_TOLERANCE_PERCENT,
+        value_parser = clap::value_parser!(u32).range(0..=1000),
+        requires = "compare",
+        // Beside --compare, before the global --quiet (clap orders ties by name).
+        display_order = 3
+    )]
+    pub tolerance: u32,
 }
 
 /// A parsed `vkgdr bench` subcommand.
@@ -407,6 +439,8 @@ pub enum BenchCommand {
     Run(Which, RunArgs),
     /// Redraw the charts of the CSVs in a directory.
     Plot(PathBuf),
+    /// Compare two runs' results.
+    Compare(compare::CompareArgs),
 }
 
 /// `vkgdr bench NAME --help`: the reports the benchmark writes, with what they are compared with.
@@ -466,6 +500,13 @@ impl clap::Subcommand for BenchCommand {
                         .help("A directory `vkgdr bench --out DIR` wrote (or any with CSVs in its format)"),
                 ),
         )
+        .subcommand(
+            compare::CompareArgs::augment_args(clap::Command::new("compare"))
+                .about(compare::ABOUT)
+                .long_about(compare::LONG_ABOUT)
+                .display_name("vkgdr")
+                .after_help(compare::EXIT_CODES),
+        )
     }
 
     fn augment_subcommands_for_update(cmd: clap::Command) -> clap::Command {
@@ -473,7 +514,7 @@ impl clap::Subcommand for BenchCommand {
     }
 
     fn has_subcommand(name: &str) -> bool {
-        name == "plot" || Which::parse(name).is_some()
+        name == "plot" || name == "compare" || Which::parse(name).is_some()
     }
 }
 
@@ -484,6 +525,9 @@ impl clap::FromArgMatches for BenchCommand {
                 sub.get_one::<PathBuf>("dir")
                     .cloned()
                     .expect("DIR is required"),
+            )),
+            Some(("compare", sub)) => Ok(BenchCommand::Compare(
+                clap::FromArgMatches::from_arg_matches(sub)?,
             )),
             Some((name, sub)) => match Which::parse(name) {
                 Some(which) => Ok(BenchCommand::Run(
@@ -517,18 +561,33 @@ pub struct Options {
     pub quick: bool,
 }
 
-/// Entry point of `vkgdr bench`: exit code 0 on success, 1 if a benchmark failed (usage errors,
-/// exit code 2, are clap's).
+/// Entry point of `vkgdr bench`: exit code 0 on success, 1 if a benchmark failed, 2 for a
+/// `--compare` baseline that cannot be read (other usage errors are clap's), 3 if a figure got
+/// worse than the baseline's beyond its noise.
 pub fn main(args: &BenchArgs) -> ExitCode {
     let result = match &args.command {
         BenchCommand::Plot(dir) => replot(dir),
-        BenchCommand::Run(which, a) => run(
-            *which,
-            &Options {
+        BenchCommand::Compare(a) => return compare::main(a),
+        BenchCommand::Run(which, a) => {
+            // Read before the run: a bad file is said at once, and the baseline may be the
+            // results.json this run replaces.
+            let baseline = match a.compare.as_deref().map(compare::Baseline::open) {
+                None => None,
+                Some(Ok(b)) => Some((b, a.tolerance)),
+                Some(Err(e)) => {
+                    alert!("vkgdr bench: --compare {e}");
+                    return ExitCode::from(compare::EXIT_USAGE);
+                }
+            };
+            let opts = Options {
                 out: a.out.clone(),
                 quick: a.quick,
-            },
-        ),
+            };
+            match run(*which, &opts, baseline.as_ref()) {
+                Ok(code) => return ExitCode::from(code),
+                Err(e) => Err(e),
+            }
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -608,18 +667,59 @@ struct Session {
     machine: Option<MachineJson>,
 }
 
-fn run(which: Which, opts: &Options) -> BenchResult<()> {
+/// Runs `which`, then compares with `baseline` (and its noise floor in percent) when given:
+/// the exit code when every benchmark ran (0, or [`compare::EXIT_WORSE`]).
+fn run(
+    which: Which,
+    opts: &Options,
+    baseline: Option<&(compare::Baseline, u32)>,
+) -> BenchResult<u8> {
     let mut session = Session::default();
     let outcome = run_into(which, opts, &mut session);
+    let error = outcome.as_ref().err().map(|e| e.to_string());
+    let doc = document(opts, session.machine.clone(), &session.ran, error);
+    // Only a run whose results were written is compared: its figures are in results.json.
+    let comparison = match (baseline, &outcome) {
+        (Some((b, tolerance)), Ok(())) => {
+            let results = opts.out.join(RESULTS_JSON);
+            match compare::Results::of(&doc, &results) {
+                Ok(current) => {
+                    let c = compare::Comparison::new(b, &current, &results, *tolerance);
+                    say!();
+                    ui::out(&c.text());
+                    let path = opts.out.join(compare::COMPARISON_JSON);
+                    match std::fs::write(&path, json::to_text(&c.doc)) {
+                        Ok(()) => status!("wrote {}", path.display()),
+                        Err(e) => {
+                            let e = BenchError::io(&path, e);
+                            alert!("{e}");
+                            session.failures.push(format!("compare: {e}"));
+                        }
+                    }
+                    Some(c)
+                }
+                Err(e) => {
+                    alert!("compare: {e}");
+                    session.failures.push(format!("compare: {e}"));
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
     // The document comes out even when an output file could not be written.
     if ui::settings().json {
-        let error = outcome.as_ref().err().map(|e| e.to_string());
-        let doc = document(opts, session.machine.clone(), &session.ran, error);
-        ui::document(&json::to_text(&doc));
+        match &comparison {
+            Some(c) => ui::document(&json::to_text(&compare::WithComparison {
+                results: &doc,
+                comparison: &c.doc,
+            })),
+            None => ui::document(&json::to_text(&doc)),
+        }
     }
     outcome?;
     if session.failures.is_empty() {
-        Ok(())
+        Ok(comparison.map_or(0, |c| c.exit_code()))
     } else {
         let names: Vec<&str> = session
             .failures
@@ -1193,6 +1293,8 @@ mod tests {
             out: PathBuf::from("x"),
             quick: true,
             json: false,
+            compare: None,
+            tolerance: compare::DEFAULT_TOLERANCE_PERCENT,
         };
         for line in [
             "bench copybw --quick --out x",
@@ -1214,7 +1316,9 @@ mod tests {
                 RunArgs {
                     out: PathBuf::from(DEFAULT_OUT),
                     quick: false,
-                    json: true
+                    json: true,
+                    compare: None,
+                    tolerance: compare::DEFAULT_TOLERANCE_PERCENT,
                 }
             )
         );
@@ -1222,6 +1326,24 @@ mod tests {
         assert_eq!(
             parse("bench plot d").unwrap().command,
             BenchCommand::Plot(PathBuf::from("d"))
+        );
+        let b = parse("bench all --compare base --tolerance 25 --json").unwrap();
+        assert!(b.json());
+        assert!(matches!(
+            b.command,
+            BenchCommand::Run(Which::All, RunArgs { compare: Some(ref p), tolerance: 25, .. })
+                if p == Path::new("base")
+        ));
+        let b = parse("bench compare old new --json").unwrap();
+        assert!(b.json());
+        assert_eq!(
+            b.command,
+            BenchCommand::Compare(compare::CompareArgs {
+                baseline: PathBuf::from("old"),
+                current: PathBuf::from("new"),
+                tolerance: compare::DEFAULT_TOLERANCE_PERCENT,
+                json: true,
+            })
         );
         for name in BENCHMARKS.iter().map(|b| b.name) {
             assert!(matches!(
@@ -1240,6 +1362,15 @@ mod tests {
             "bench copybw pplat",
             "bench --quick copybw",
             "bench plot d --quick",
+            "bench compare",
+            "bench compare old",
+            "bench compare old new extra",
+            "bench compare old new --tolerance x",
+            "bench compare old new --tolerance 1001",
+            "bench compare old new --quick",
+            "bench all --tolerance 5",
+            "bench all --compare",
+            "bench all --compare=",
         ] {
             let e = parse(bad)
                 .err()
@@ -1369,6 +1500,47 @@ mod tests {
             api[2]["anchor"].is_null(),
             "reference values are not anchored"
         );
+    }
+
+    #[test]
+    fn a_run_compares_with_its_own_document() {
+        // The document a run writes reads back as a comparison's baseline: each measured figure
+        // paired with itself, reference values left out.
+        let opts = Options {
+            out: PathBuf::from("out"),
+            quick: false,
+        };
+        let doc = document(
+            &opts,
+            Some(json::tests::bare_machine()),
+            &made_up_run(),
+            None,
+        );
+        let text = json::to_text(&doc);
+        let path = Path::new("results.json");
+        let read = compare::Results::parse(path, &text).unwrap();
+        assert_eq!(read, compare::Results::of(&doc, path).unwrap());
+        assert_eq!(read.mode.as_deref(), Some("full"));
+        assert_eq!(read.benchmarks.len(), 3);
+        let base = compare::Baseline::File(compare::Loaded {
+            path: path.into(),
+            results: read.clone(),
+        });
+        let c = compare::Comparison::new(&base, &read, path, 10);
+        let d = &c.doc;
+        // 5 measured copylat figures and 2 apiperf ones; the quoted C figure is not compared.
+        assert_eq!(d.summary.compared, 7);
+        assert_eq!(d.summary.within_noise, 7);
+        assert!(d.figures.iter().all(|f| f.ratio == Some(1.0)));
+        assert!(!d.figures.iter().any(|f| f.method.contains("docs")));
+        // The machine without drivers names no GPU: shown, not judged.
+        assert_eq!(d.gpu_match, "unknown_gpu");
+        assert!(!d.regressed);
+        assert_eq!(d.current.failed_benchmarks, ["pplat"]);
+        // The comparison document reads back too.
+        let back: compare::ComparisonDocument =
+            serde_json::from_str(&json::to_text(&c.doc)).unwrap();
+        assert_eq!(&back, d);
     }
 
     #[test]
