@@ -1,15 +1,20 @@
 //! Every interleaving of the ring core's commit/publish protocol, explored by loom.
 //!
 //! Run with `cargo test -p vkgdr --features loom --test loom_ring` (scripts/test does). With the
-//! `loom` feature the core's atomics and mutex come from loom (`crate::sync`) and it has 2 commit slots, so the slot wrap-around is reached with 3 records.
+//! `loom` feature the core's atomics and mutex come from loom (`crate::core::sync`) and it has 2
+//! commit slots, so the slot wrap-around is reached with 3 records.
 //!
 //! What is checked in every interleaving: a consumer that sees a tail finds every record below it
 //! complete (header and payload: the publication's release/acquire chain covers other threads'
 //! records), tails only grow, and when the producers are done nothing is left unpublished (no
-//! lost hand-over of the publisher role).
+//! lost hand-over of the publisher role). Against a consumer freeing space at the same time, a
+//! wait with a zero timeout (shared `reserve`, a producer's `push`) takes the space whenever the
+//! consumer had published its head before the call began.
 #![cfg(feature = "loom")]
 
-use loom::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 use vkgdr::ring::core::{RingCore, RingError, RingSink};
@@ -227,5 +232,119 @@ fn a_claim_against_a_shared_committer() {
         // The ring is usable afterwards, by either path.
         put(&ring);
         assert_eq!(ring.sink().tail(), ring.reserved());
+    });
+}
+
+/// Fills the region with one record (header only: loom tracks every word written) and returns a
+/// consumer head word, still 0, and the flag the consumer raises once it has published its head.
+fn full_ring() -> (Arc<Ring>, Arc<AtomicU64>, Arc<AtomicBool>) {
+    let ring = ring();
+    ring.try_reserve(CAP as u32 - 16).unwrap().commit();
+    assert_eq!(ring.sink().tail(), CAP);
+    (
+        ring,
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    )
+}
+
+/// The consumer: takes everything published, publishes its head, then raises `freed`.
+fn consume_all(
+    ring: &Arc<Ring>,
+    head: &Arc<AtomicU64>,
+    freed: &Arc<AtomicBool>,
+) -> thread::JoinHandle<()> {
+    let (ring, head, freed) = (ring.clone(), head.clone(), freed.clone());
+    thread::spawn(move || {
+        let tail = ring.sink().tail();
+        head.store(tail, Ordering::Release);
+        freed.store(true, Ordering::Release);
+    })
+}
+
+/// After the producers: the record at `CAP` is intact (seq 1) and published.
+fn assert_second_record(ring: &Ring) {
+    assert_eq!(ring.sink().tail(), CAP + 32, "published");
+    let (h, _) = next_record(ring.sink(), CAP, CAP + 32).expect("intact record");
+    assert_eq!((h.kind, h.seq, h.len), (KIND_DATA, 1, 16));
+    let mut body = [0u8; 16];
+    ring.sink().read(16, &mut body); // region offset of position CAP + 16
+    assert_eq!(body, payload(1));
+}
+
+/// A shared reservation with a zero timeout, racing a consumer that frees the space: when the
+/// consumer had published its head before the call began, the call takes the space (it asks for
+/// the head once before giving up); when it times out, a second zero-timeout call after the
+/// consumer is done succeeds.
+#[test]
+fn a_zero_timeout_reservation_sees_a_published_head() {
+    model(|| {
+        let (ring, head, freed) = full_ring();
+        let consumer = consume_all(&ring, &head, &freed);
+        let reserve = {
+            let (ring, head) = (ring.clone(), head.clone());
+            move || {
+                let head = || Ok(head.load(Ordering::Acquire));
+                ring.reserve(16, Some(Duration::ZERO), &head).map(|mut r| {
+                    r.write(0, &payload(r.seq())).unwrap();
+                    r.commit();
+                })
+            }
+        };
+        let producer = {
+            let (freed, reserve) = (freed.clone(), reserve.clone());
+            thread::spawn(move || {
+                let already_freed = freed.load(Ordering::Acquire);
+                match reserve() {
+                    Ok(()) => true,
+                    Err(e) => {
+                        assert_eq!(e, RingError::Timeout);
+                        assert!(!already_freed, "the head was published before the call");
+                        false
+                    }
+                }
+            })
+        };
+        consumer.join().unwrap();
+        if !producer.join().unwrap() {
+            reserve().expect("the consumer is done: the space is free");
+        }
+        assert_second_record(&ring);
+    });
+}
+
+/// The same race for a claimed producer's `push` with a zero timeout.
+#[test]
+fn a_zero_timeout_push_of_a_producer_sees_a_published_head() {
+    model(|| {
+        let (ring, head, freed) = full_ring();
+        let consumer = consume_all(&ring, &head, &freed);
+        let push = {
+            let (ring, head) = (ring.clone(), head.clone());
+            move || {
+                let mut p = ring.claim(|| Ok(head.load(Ordering::Acquire))).unwrap();
+                p.push(&payload(1), Some(Duration::ZERO))
+                    .map(|seq| assert_eq!(seq, 1))
+            }
+        };
+        let producer = {
+            let (freed, push) = (freed.clone(), push.clone());
+            thread::spawn(move || {
+                let already_freed = freed.load(Ordering::Acquire);
+                match push() {
+                    Ok(()) => true,
+                    Err(e) => {
+                        assert_eq!(e, RingError::Timeout);
+                        assert!(!already_freed, "the head was published before the call");
+                        false
+                    }
+                }
+            })
+        };
+        consumer.join().unwrap();
+        if !producer.join().unwrap() {
+            push().expect("the consumer is done: the space is free");
+        }
+        assert_second_record(&ring);
     });
 }

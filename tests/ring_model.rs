@@ -1,7 +1,8 @@
-//! The ring core against its model (proptest: shared reservations and the exclusive producer;
-//! the model is `ring_model/model.rs`, shared with the fuzz target), and a multi-producer stress
-//! test (shared reservations interleaved with claimed batches) with a consumer thread verifying
-//! every record.
+//! The ring core against its model (proptest: shared reservations, `push` and the exclusive
+//! producer, waits with a zero timeout that must take the space a consumer freed without telling
+//! the ring; the model is `ring_model/model.rs`, shared with the fuzz target), and a
+//! multi-producer stress test (shared reservations interleaved with claimed batches) with a
+//! consumer thread verifying every record.
 #[path = "ring_model/model.rs"]
 mod model;
 
@@ -23,7 +24,10 @@ fn op() -> impl Strategy<Value = Op> {
         4 => Just(Op::CommitOldest),
         1 => Just(Op::AbandonOldest),
         2 => any::<bool>().prop_map(Op::FinishNewest),
-        3 => (1usize..6).prop_map(Op::Consume),
+        2 => (1usize..6).prop_map(Op::Consume),
+        2 => (1usize..6).prop_map(Op::ConsumeQuietly),
+        3 => (0u8..8, any::<u32>(), any::<bool>()).prop_map(|(c, v, s)| Op::ReserveNow(c, v, s)),
+        3 => (0u8..7, any::<u32>()).prop_map(|(c, v)| Op::PushNow(c, v)),
         1 => Just(Op::Claim),
         4 => (0u8..7, any::<u32>(), any::<u8>()).prop_map(|(c, v, b)| Op::ProducerWrite(c, v, b)),
         1 => (0u8..7, any::<u32>()).prop_map(|(c, v)| Op::ProducerAbandon(c, v)),

@@ -1,8 +1,10 @@
-//! Fuzzes the ring core (shared reservations committed in any order, abandoned records, claimed
-//! producers with batched publication, wrap PADs, mirrored wrap, the consumer's head) against the
-//! model the proptest uses: `tests/ring_model/model.rs`, included here so both check one set of
-//! rules. The model asserts every reservation, write, publication and consumed record, and at the
-//! end that everything reached the consumer and the ring is empty.
+//! Fuzzes the ring core (shared reservations committed in any order, abandoned records, `push`,
+//! claimed producers with batched publication, wrap PADs, mirrored wrap, the consumer's head told
+//! to the ring or only published, and waits with a zero timeout that must take the space the
+//! consumer freed) against the model the proptest uses: `tests/ring_model/model.rs`, included
+//! here so both check one set of rules. The model asserts every reservation, write, publication
+//! and consumed record, and at the end that everything reached the consumer and the ring is
+//! empty.
 #![no_main]
 
 use arbitrary::Arbitrary;

@@ -441,6 +441,26 @@ mod x86 {
     }
 }
 
+/// A write kernel as a function pointer: `(mapping, host, len, fence)`, with the obligations of
+/// [`write`].
+pub(super) type WriteFn = unsafe fn(*mut u8, *const u8, usize, bool);
+
+/// The write kernel of `level`, for callers that pick it once and call it many times.
+///
+/// Calling the returned function has the obligations of [`write`] with this `level`: in
+/// particular `level.is_supported()`.
+pub(super) fn write_fn(level: SimdLevel) -> WriteFn {
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512 => x86::write_avx512,
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 => x86::write_avx2,
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Sse41 => x86::write_sse,
+        _ => write_scalar,
+    }
+}
+
 /// Copies `len` bytes from host memory `h` into the mapping at `m` with the kernel of `level`.
 ///
 /// # Safety

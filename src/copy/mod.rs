@@ -78,6 +78,75 @@ pub unsafe fn copy_to_mapping_unfenced(dst: *mut u8, src: &[u8]) {
     unsafe { kernels::write(simd_level(), dst, src.as_ptr(), src.len(), false) }
 }
 
+/// A write kernel picked once: [`copy_to_mapping_unfenced`] without looking up [`simd_level`]
+/// and choosing the kernel on every call, for writers of many small pieces (a ring's sink keeps
+/// one for its life and writes each record through it).
+///
+/// ```
+/// use vkgdr::copy::{simd_level, WriteKernel};
+/// let kernel = WriteKernel::detected();
+/// assert_eq!(kernel.level(), simd_level());
+/// let mut mapping = vec![0u8; 64]; // stands in for a device mapping
+/// // SAFETY: `mapping[8..40]` is valid, distinct from the source and not shared; the fence the
+/// // kernel leaves out is not needed for host memory read by this thread.
+/// unsafe { kernel.write_unfenced(mapping.as_mut_ptr().add(8), &[9u8; 32]) };
+/// assert_eq!(&mapping[8..40], &[9u8; 32]);
+/// ```
+#[derive(Clone, Copy)]
+pub struct WriteKernel {
+    level: SimdLevel,
+    write: kernels::WriteFn,
+}
+
+impl WriteKernel {
+    /// The kernel of [`simd_level`] (the one [`copy_to_mapping`] uses).
+    pub fn detected() -> Self {
+        let level = simd_level();
+        WriteKernel {
+            level,
+            write: kernels::write_fn(level),
+        }
+    }
+
+    /// The kernel of `level`.
+    ///
+    /// # Errors
+    ///
+    /// [`CopyError::Unsupported`] if the CPU lacks `level`.
+    pub fn new(level: SimdLevel) -> Result<Self, CopyError> {
+        if !level.is_supported() {
+            return Err(CopyError::Unsupported(level));
+        }
+        Ok(WriteKernel {
+            level,
+            write: kernels::write_fn(level),
+        })
+    }
+
+    /// The instruction set this kernel uses.
+    pub fn level(&self) -> SimdLevel {
+        self.level
+    }
+
+    /// [`copy_to_mapping_unfenced`] with this kernel.
+    ///
+    /// # Safety
+    ///
+    /// As for [`copy_to_mapping_unfenced`].
+    #[inline]
+    pub unsafe fn write_unfenced(&self, dst: *mut u8, src: &[u8]) {
+        // SAFETY: the pointer and fence obligations are the caller's; the kernel's level was
+        // checked to be supported when `self` was made.
+        unsafe { (self.write)(dst, src.as_ptr(), src.len(), false) }
+    }
+}
+
+impl std::fmt::Debug for WriteKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("WriteKernel").field(&self.level).finish()
+    }
+}
+
 /// Copies `dst.len()` bytes from a CPU mapping of device memory at `src` into `dst`, with
 /// streaming loads for the aligned bulk.
 ///

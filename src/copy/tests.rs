@@ -91,6 +91,39 @@ fn forced_level_errors_exactly_when_unsupported() {
     }
 }
 
+/// A kernel picked once ([`WriteKernel`], as the rings' sinks keep one) writes exactly the
+/// range, at every alignment, for every level it can be made for.
+#[test]
+fn picked_kernels_write_exactly_the_range() {
+    let mut rng = StdRng::seed_from_u64(7);
+    assert_eq!(WriteKernel::detected().level(), simd_level());
+    for level in SimdLevel::ALL {
+        let Ok(kernel) = WriteKernel::new(level) else {
+            assert!(!level.is_supported(), "{level} is supported");
+            continue;
+        };
+        assert_eq!(kernel.level(), level);
+        for len in [0usize, 1, 15, 16, 17, 64, 255, 256, 300] {
+            for start in 0..64 {
+                let src = random_bytes(&mut rng, len);
+                let mut dst = vec![0xEEu8; start + len + 64];
+                // SAFETY: `dst[start..start + len]` is valid, distinct from `src` and not shared;
+                // this thread reads it back (its own stores, fenced or not).
+                unsafe { kernel.write_unfenced(dst.as_mut_ptr().add(start), &src) };
+                assert!(
+                    dst[..start].iter().all(|&b| b == 0xEE),
+                    "{level} {start}+{len}"
+                );
+                assert_eq!(&dst[start..start + len], &src[..], "{level} {start}+{len}");
+                assert!(
+                    dst[start + len..].iter().all(|&b| b == 0xEE),
+                    "{level} {start}+{len}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn safe_helpers_reject_length_mismatch_without_copying() {
     let mut dst = [0u8; 4];

@@ -3,14 +3,20 @@
 //! queue of open reservations, what a claimed producer wrote, the published records, and a map of
 //! which region bytes hold published, unconsumed records. [`run_model`] drives a real
 //! [`RingCore`] with a list of [`Op`]s and panics at the first difference.
+//!
+//! The consumer publishes its head in a word the producers read (as the GPU's head in pinned
+//! host memory), and tells the ring directly only when an op says so: waits with a zero timeout
+//! (shared reservations, `push`, the claimed producer) must take the space it freed without
+//! being told.
 #![allow(dead_code)]
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use vkgdr::ring::core::{
-    FlushPolicy, HostSink, Producer, Reservation, RingCore, RingError, RingSink,
+    FlushPolicy, HostSink, Producer, Reservation, RingCore, RingError, RingSink, COMMIT_SLOTS,
 };
 use vkgdr::ring::layout::{
     check_test_payload, next_record_in, read_wrapped, record_size, seal_test_payload,
@@ -87,7 +93,10 @@ pub struct Model {
     mode: WrapMode,
     reserved: u64,
     published: u64,
+    /// What the ring knows the consumer has released (its `reclaimed`).
     head: u64,
+    /// Where the consumer is: the head word it publishes (at or past `head`).
+    consumed: u64,
     next_seq: u64,
     consumer_seq: u64,
     open: VecDeque<Pending>,
@@ -106,6 +115,7 @@ impl Model {
             reserved: 0,
             published: 0,
             head: 0,
+            consumed: 0,
             next_seq: 0,
             consumer_seq: 0,
             open: VecDeque::new(),
@@ -148,15 +158,25 @@ impl Model {
         self.pending.push((e, end));
     }
 
+    /// Whether a producer's record may end at `end`: with the space the ring knows of, or else
+    /// (after publishing what is pending, as the producer does before it waits) with what the
+    /// consumer's head word says, read once.
+    fn producer_room(&mut self, end: u64) -> bool {
+        if end - self.head <= self.cap {
+            return true;
+        }
+        self.flush();
+        self.head = self.head.max(self.consumed);
+        end - self.head <= self.cap
+    }
+
     /// Where a producer's next record of `size` bytes goes, writing the wrap PAD before it; `None`
-    /// (after publishing what is pending, as the producer does before it waits) when the
-    /// consumer has not released enough space.
+    /// when the consumer has not released enough space (a zero timeout).
     fn producer_place(&mut self, size: u64) -> Option<u64> {
         let off = self.reserved % self.cap;
         if self.mode == WrapMode::Padded && off + size > self.cap {
             let pad = self.cap - off;
-            if self.reserved + pad - self.head > self.cap {
-                self.flush();
+            if !self.producer_room(self.reserved + pad) {
                 return None;
             }
             let e = Expect::WrapPad {
@@ -166,12 +186,110 @@ impl Model {
             self.reserved += pad;
             self.pending.push((e, self.reserved));
         }
-        if self.reserved + size - self.head > self.cap {
-            self.flush();
+        if !self.producer_room(self.reserved + size) {
             return None;
         }
         Some(self.reserved)
     }
+
+    /// One `try_reserve` of a record of `len` valid bytes by the model's rules, with the lone
+    /// wrap PAD it may publish applied.
+    fn attempt(&mut self, len: u32) -> Attempt {
+        if self.claimed {
+            return Attempt::Claimed;
+        }
+        if self
+            .open
+            .front()
+            .is_some_and(|first| self.next_seq >= first.seq + COMMIT_SLOTS)
+        {
+            return Attempt::Full; // every commit slot holds an unpublished record
+        }
+        let cap = self.cap;
+        let size = record_size(len);
+        let off = self.reserved % cap;
+        let pad = (self.mode == WrapMode::Padded && off + size > cap).then(|| cap - off);
+        let pos = self.reserved + pad.unwrap_or(0);
+        let end = pos + size;
+        if end - self.head > cap {
+            if let Some(bytes) = pad {
+                if self.open.is_empty() && pos - self.head <= cap {
+                    let e = Expect::WrapPad {
+                        pos: self.reserved,
+                        bytes,
+                    };
+                    self.publish(e, pos);
+                    self.reserved = pos;
+                }
+            }
+            return Attempt::Full;
+        }
+        Attempt::Fits { pad, pos, end }
+    }
+
+    /// Whether this (the only) thread holds an open reservation or the producer: a wait would
+    /// depend on itself.
+    fn holds_something(&self) -> bool {
+        self.claimed || self.open.iter().any(|p| p.finished.is_none())
+    }
+
+    /// `reserve` with a zero timeout: one attempt; when it finds no room, the consumer's head
+    /// word is read, then one more attempt before giving up.
+    fn attempt_once_more(&mut self, len: u32) -> Result<(Option<u64>, u64, u64), RingError> {
+        let mut got = self.attempt(len);
+        if !matches!(got, Attempt::Fits { .. }) {
+            self.head = self.head.max(self.consumed);
+            got = self.attempt(len);
+        }
+        match got {
+            Attempt::Fits { pad, pos, end } => Ok((pad, pos, end)),
+            _ if self.holds_something() => Err(RingError::WouldDeadlock),
+            _ => Err(RingError::Timeout),
+        }
+    }
+
+    /// Publishes the finished reservations at the front of the queue (every ready one, in
+    /// order), as the ring's commit combining does.
+    fn drain(&mut self, open: &mut VecDeque<Option<Reservation<'_, LoggingSink>>>) {
+        while self.open.front().is_some_and(|p| p.finished.is_some()) {
+            let p = self.open.pop_front().expect("checked");
+            open.pop_front();
+            if p.pos != p.start {
+                let e = Expect::WrapPad {
+                    pos: p.start,
+                    bytes: p.pos - p.start,
+                };
+                self.set_live(&e, true);
+                self.unconsumed.push_back(e);
+            }
+            let e = if p.finished == Some(true) {
+                Expect::Data {
+                    pos: p.pos,
+                    seq: p.seq,
+                    payload: p.payload,
+                }
+            } else {
+                Expect::Abandoned {
+                    pos: p.pos,
+                    seq: p.seq,
+                    len: p.payload.len() as u32,
+                }
+            };
+            self.publish(e, p.end);
+        }
+    }
+}
+
+/// What one reservation attempt finds.
+enum Attempt {
+    Claimed,
+    Full,
+    Fits {
+        /// Bytes of the wrap PAD before the record.
+        pad: Option<u64>,
+        pos: u64,
+        end: u64,
+    },
 }
 
 /// Lengths a producer is asked for (the last class, near `u32::MAX`, would need a 4 GiB slice).
@@ -236,8 +354,16 @@ pub enum Op {
     AbandonOldest,
     /// Finish the newest open reservation first (committed, or abandoned): out of order.
     FinishNewest(bool),
-    /// Consume up to this many records.
+    /// Consume up to this many records and tell the ring.
     Consume(usize),
+    /// Consume up to this many records and only publish the head word (the ring learns of it
+    /// when a producer asks).
+    ConsumeQuietly(usize),
+    /// Reserve with a zero timeout (asks the consumer's head word before giving up): length
+    /// class and raw value, whether to write it in two pieces.
+    ReserveNow(u8, u32, bool),
+    /// `push` a whole record with a zero timeout: length class and raw value.
+    PushNow(u8, u32),
     /// Claim the ring for a producer.
     Claim,
     /// Producer: append a record (length class and raw value), with a flush bound class.
@@ -274,14 +400,31 @@ pub fn make_payload(len: u32, seq: u64) -> Vec<u8> {
 
 pub type Ring = RingCore<LoggingSink>;
 
+/// The head function the producers get: the consumer's published head word.
+pub type HeadWord = AtomicU64;
+
+/// How a reservation is asked for.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum How {
+    /// `try_reserve`: the ring's own idea of the space only.
+    Try,
+    /// `reserve` with a zero timeout: the consumer's head is asked before giving up.
+    Now,
+}
+
 pub fn reserve_step<'a>(
     ring: &'a Ring,
     m: &mut Model,
     open: &mut VecDeque<Option<Reservation<'a, LoggingSink>>>,
-    len: u32,
-    split: bool,
+    head_word: &HeadWord,
+    (len, split, how): (u32, bool, How),
 ) {
-    let got = ring.try_reserve(len);
+    let got = match how {
+        How::Try => ring.try_reserve(len),
+        How::Now => ring.reserve(len, Some(Duration::ZERO), &|| {
+            Ok(head_word.load(Ordering::Acquire))
+        }),
+    };
     let cap = m.cap;
     let max = (cap - 16) as u32;
     if len == 0 {
@@ -292,29 +435,21 @@ pub fn reserve_step<'a>(
         assert_eq!(got.err(), Some(RingError::RecordTooLarge { len, max }));
         return;
     }
-    if m.claimed {
-        assert_eq!(got.err(), Some(RingError::Claimed));
-        return;
-    }
-    let size = record_size(len);
-    let off = m.reserved % cap;
-    let pad = (m.mode == WrapMode::Padded && off + size > cap).then(|| cap - off);
-    let pos = m.reserved + pad.unwrap_or(0);
-    let end = pos + size;
-    if end - m.head > cap {
-        if let Some(bytes) = pad {
-            if m.open.is_empty() && pos - m.head <= cap {
-                let e = Expect::WrapPad {
-                    pos: m.reserved,
-                    bytes,
-                };
-                m.publish(e, pos);
-                m.reserved = pos;
-            }
+    let want = match how {
+        How::Try => match m.attempt(len) {
+            Attempt::Claimed => Err(RingError::Claimed),
+            Attempt::Full => Err(RingError::Full),
+            Attempt::Fits { pad, pos, end } => Ok((pad, pos, end)),
+        },
+        How::Now => m.attempt_once_more(len),
+    };
+    let (pad, pos, end) = match want {
+        Ok(fits) => fits,
+        Err(e) => {
+            assert_eq!(got.err(), Some(e));
+            return;
         }
-        assert_eq!(got.err(), Some(RingError::Full));
-        return;
-    }
+    };
     let mut r = got.expect("model says it fits");
     let seq = m.next_seq;
     m.next_seq += 1;
@@ -334,7 +469,7 @@ pub fn reserve_step<'a>(
     );
     assert_eq!(
         r.pad_header(),
-        pad.map(|b| (off, RecordHeader::wrap_pad(b).to_bytes()))
+        pad.map(|b| (m.reserved % cap, RecordHeader::wrap_pad(b).to_bytes()))
     );
     let payload = make_payload(len, seq);
     let cut = if split { payload.len() / 2 } else { 0 };
@@ -351,6 +486,57 @@ pub fn reserve_step<'a>(
     });
     m.reserved = end;
     open.push_back(Some(r));
+}
+
+/// `push` with a zero timeout: a whole record, committed at once (published once every earlier
+/// reservation is finished).
+pub fn push_step(
+    ring: &Ring,
+    m: &mut Model,
+    open: &mut VecDeque<Option<Reservation<'_, LoggingSink>>>,
+    head_word: &HeadWord,
+    len: u32,
+) {
+    let payload = make_payload(len, m.next_seq);
+    let got = ring.push(&payload, Some(Duration::ZERO), &|| {
+        Ok(head_word.load(Ordering::Acquire))
+    });
+    let max = (m.cap - 16) as u32;
+    if len == 0 {
+        assert_eq!(got, Err(RingError::ZeroLength));
+        return;
+    }
+    if len > max {
+        assert_eq!(got, Err(RingError::RecordTooLarge { len, max }));
+        return;
+    }
+    let (_, pos, end) = match m.attempt_once_more(len) {
+        Ok(fits) => fits,
+        Err(e) => {
+            assert_eq!(got, Err(e));
+            return;
+        }
+    };
+    let seq = m.next_seq;
+    assert_eq!(got, Ok(seq));
+    m.next_seq += 1;
+    m.open.push_back(Pending {
+        start: m.reserved,
+        pos,
+        end,
+        seq,
+        payload,
+        finished: Some(true),
+    });
+    m.reserved = end;
+    open.push_back(None);
+    let front_open = m.open.len() > 1;
+    let published_before = m.published;
+    m.drain(open);
+    if front_open {
+        assert_eq!(m.published, published_before, "waits for the oldest");
+    }
+    assert_eq!(ring.sink().inner.tail(), m.published);
 }
 
 /// Commits or abandons the oldest (or newest) unfinished reservation. Records are published once
@@ -379,32 +565,7 @@ pub fn finish_step(
     }
     m.open[i].finished = Some(commit);
     let published_before = m.published;
-    while m.open.front().is_some_and(|p| p.finished.is_some()) {
-        let p = m.open.pop_front().expect("checked");
-        open.pop_front();
-        if p.pos != p.start {
-            let e = Expect::WrapPad {
-                pos: p.start,
-                bytes: p.pos - p.start,
-            };
-            m.set_live(&e, true);
-            m.unconsumed.push_back(e);
-        }
-        let e = if p.finished == Some(true) {
-            Expect::Data {
-                pos: p.pos,
-                seq: p.seq,
-                payload: p.payload,
-            }
-        } else {
-            Expect::Abandoned {
-                pos: p.pos,
-                seq: p.seq,
-                len: p.payload.len() as u32,
-            }
-        };
-        m.publish(e, p.end);
-    }
+    m.drain(open);
     if i > 0 {
         assert_eq!(
             m.published, published_before,
@@ -414,11 +575,13 @@ pub fn finish_step(
     assert_eq!(ring.sink().inner.tail(), m.published);
 }
 
-pub fn consume_step(m: &mut Model, ring: &Ring, k: usize) {
+/// The consumer reads up to `k` records from where it is, publishes its head word, and tells the
+/// ring (`reclaim_to`) when `tell` is set.
+pub fn consume_step(m: &mut Model, ring: &Ring, head_word: &HeadWord, k: usize, tell: bool) {
     let sink = &ring.sink().inner;
     let tail = sink.tail();
     assert_eq!(tail, m.published);
-    let (from, seq_from) = (m.head, m.consumer_seq);
+    let (from, seq_from) = (m.consumed, m.consumer_seq);
     let mut pos = from;
     let (mut data, mut short) = (0u64, 0u64);
     for _ in 0..k {
@@ -475,8 +638,12 @@ pub fn consume_step(m: &mut Model, ring: &Ring, k: usize) {
     assert_eq!(before.records, data);
     assert_eq!(before.errors, short, "only short payloads are errors");
     assert_eq!((before.pos, before.next_seq), (pos, m.consumer_seq));
-    ring.reclaim_to(pos).unwrap();
-    m.head = pos;
+    head_word.store(pos, Ordering::Release);
+    m.consumed = pos;
+    if tell {
+        ring.reclaim_to(pos).unwrap();
+        m.head = pos;
+    }
 }
 
 pub fn check_state(ring: &Ring, m: &Model) {
@@ -485,6 +652,7 @@ pub fn check_state(ring: &Ring, m: &Model) {
     assert_eq!(ring.reclaimed(), m.head);
     assert_eq!(ring.free_space(), m.cap - (m.reserved - m.head));
     assert!(m.reserved - m.head <= m.cap);
+    assert!(m.head <= m.consumed && m.consumed <= m.published);
 }
 
 /// Every write since the last call must miss the published, unconsumed bytes.
@@ -498,6 +666,7 @@ pub fn check_writes(ring: &Ring, m: &Model) {
 }
 
 pub fn run_model(cap: u64, mode: WrapMode, ops: Vec<Op>) {
+    let head_word = HeadWord::new(0);
     let sink = LoggingSink {
         inner: HostSink::new(cap).unwrap(),
         writes: Mutex::new(Vec::new()),
@@ -507,22 +676,38 @@ pub fn run_model(cap: u64, mode: WrapMode, ops: Vec<Op>) {
     let mut m = Model::new(cap, mode);
     let mut open = VecDeque::new();
     let mut producer: Option<Producer<'_, LoggingSink>> = None;
+    let head_word = &head_word;
     for op in ops {
         // Writes are checked against the live map as it was before this op published anything.
         let live_before = m.live.clone();
         match op {
-            Op::Reserve(class, raw, split) => {
+            Op::Reserve(class, raw, split) | Op::ReserveNow(class, raw, split) => {
+                let how = match op {
+                    Op::Reserve(..) => How::Try,
+                    _ => How::Now,
+                };
                 if open.len() < 3 {
-                    reserve_step(&ring, &mut m, &mut open, pick_len(class, raw, cap), split);
+                    let len = pick_len(class, raw, cap);
+                    reserve_step(&ring, &mut m, &mut open, head_word, (len, split, how));
                 }
+            }
+            Op::PushNow(class, raw) => {
+                push_step(
+                    &ring,
+                    &mut m,
+                    &mut open,
+                    head_word,
+                    producer_len(class, raw, cap),
+                );
             }
             Op::CommitOldest => finish_step(&mut m, &mut open, &ring, true, false),
             Op::AbandonOldest => finish_step(&mut m, &mut open, &ring, false, false),
             Op::FinishNewest(commit) => finish_step(&mut m, &mut open, &ring, commit, true),
-            Op::Consume(k) => consume_step(&mut m, &ring, k),
+            Op::Consume(k) => consume_step(&mut m, &ring, head_word, k, true),
+            Op::ConsumeQuietly(k) => consume_step(&mut m, &ring, head_word, k, false),
             Op::Claim => {
                 if producer.is_none() {
-                    let got = ring.claim(|| Ok(ring.reclaimed()));
+                    let got = ring.claim(|| Ok(head_word.load(Ordering::Acquire)));
                     if m.open.is_empty() {
                         producer = Some(got.expect("no reservation in flight"));
                         m.claimed = true;
@@ -569,7 +754,7 @@ pub fn run_model(cap: u64, mode: WrapMode, ops: Vec<Op>) {
     while !open.is_empty() {
         finish_step(&mut m, &mut open, &ring, false, false);
     }
-    consume_step(&mut m, &ring, usize::MAX);
+    consume_step(&mut m, &ring, head_word, usize::MAX, true);
     check_writes(&ring, &m);
     check_state(&ring, &m);
     assert_eq!(ring.free_space(), cap, "empty at the end");

@@ -41,6 +41,8 @@ pub mod layout;
 mod producer;
 mod shared;
 mod sink;
+mod staged;
+mod wait;
 
 pub use error::RingError;
 pub use producer::{FlushPolicy, Producer, ProducerRecord};

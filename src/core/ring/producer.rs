@@ -8,6 +8,8 @@ use super::layout::{self, RecordHeader, WrapMode, HEADER_LEN, KIND_DATA, KIND_PA
 use super::shared::RingCore;
 use super::shared::{check_write, HeadFn};
 use super::sink::RingSink;
+use super::staged::{stage_buf, stage_record};
+use super::wait::Deadline;
 use crate::core::sync::atomic::Ordering;
 use crate::core::sync::{thread_id, Backoff};
 
@@ -98,10 +100,6 @@ impl Default for FlushPolicy {
         }
     }
 }
-
-/// Records at most this long (with the header) are assembled on the stack and written with one
-/// copy: one call into the copy kernel instead of two, and whole write-combining lines.
-const SMALL_RECORD: usize = 256;
 
 /// The exclusive producer of a ring, from [`RingCore::claim`]: appends records with no lock and
 /// no atomic read-modify-write, and publishes a whole batch with one fence and one tail store.
@@ -241,10 +239,17 @@ impl<'a, S: RingSink> Producer<'a, S> {
             return;
         }
         let due = pending >= self.policy.max_pending_bytes
-            || self.policy.max_delay.is_some_and(|d| {
-                let since = *self.pending_since.get_or_insert_with(Instant::now);
-                since.elapsed() >= d
-            });
+            || self
+                .policy
+                .max_delay
+                .is_some_and(|d| match self.pending_since {
+                    Some(since) => since.elapsed() >= d,
+                    // The oldest pending record was just written: it has not waited yet.
+                    None => {
+                        self.pending_since = Some(Instant::now());
+                        d.is_zero()
+                    }
+                });
         if due {
             self.flush();
         }
@@ -259,12 +264,10 @@ impl<'a, S: RingSink> Producer<'a, S> {
         let header = RecordHeader::data(len, seq).to_bytes();
         let offset = pos & (self.core.capacity - 1);
         // `[pos, pos + size)` is this producer's next record: free (checked by `place`) and
-        // written by no one else while the ring is claimed.
-        if size as usize <= SMALL_RECORD {
-            let mut buf = [0u8; SMALL_RECORD];
-            buf[..16].copy_from_slice(&header);
-            buf[16..16 + payload.len()].copy_from_slice(payload);
-            self.core.write_owned(offset, &buf[..16 + payload.len()]);
+        // written by no one else while the ring is claimed. A short record goes in one write.
+        let mut buf = stage_buf();
+        if let Some(record) = stage_record(&mut buf, &header, payload) {
+            self.core.write_owned(offset, record);
         } else {
             self.core.write_owned(offset, &header);
             self.core
@@ -286,22 +289,25 @@ impl<'a, S: RingSink> Producer<'a, S> {
     fn place(&mut self, size: u64, timeout: Option<Duration>) -> Result<u64, RingError> {
         let cap = self.core.capacity;
         let offset = self.pos & (cap - 1);
-        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        // One deadline for the PAD's space and the record's: the clock starts only if either
+        // has to wait.
+        let mut deadline = Deadline::new(timeout);
         if self.core.wrap == WrapMode::Padded && offset + size > cap {
             let pad = cap - offset;
-            self.make_room(self.pos + pad, deadline)?;
+            self.make_room(self.pos + pad, &mut deadline)?;
             self.core
                 .write_owned(offset, &RecordHeader::wrap_pad(pad).to_bytes());
             self.pos += pad;
             self.core.reserved.store(self.pos, Ordering::Release);
         }
-        self.make_room(self.pos + size, deadline)?;
+        self.make_room(self.pos + size, &mut deadline)?;
         Ok(self.pos)
     }
 
     /// Waits until `[.., end)` is free: the consumer has released `end - capacity`. Publishes
-    /// what is pending first, since the consumer can only release what it can see.
-    fn make_room(&mut self, end: u64, deadline: Option<Instant>) -> Result<(), RingError> {
+    /// what is pending first, since the consumer can only release what it can see. Asks for the
+    /// consumer's head at least once before giving up, however short the deadline.
+    fn make_room(&mut self, end: u64, deadline: &mut Deadline) -> Result<(), RingError> {
         if end <= self.limit {
             return Ok(());
         }
@@ -318,7 +324,7 @@ impl<'a, S: RingSink> Producer<'a, S> {
             if end <= self.limit {
                 return Ok(());
             }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
+            if deadline.passed() {
                 return Err(RingError::Timeout);
             }
             backoff.snooze();

@@ -2,7 +2,7 @@
 //! — any number of threads reserve records through `&self` and commit them in any order
 //! ([`Reservation`]); commits combine into one publication.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::error::RingError;
 use super::layout::{
@@ -10,6 +10,8 @@ use super::layout::{
 };
 use super::sink::check_capacity;
 use super::sink::RingSink;
+use super::staged::{stage_buf, stage_record};
+use super::wait::Deadline;
 use crate::core::sync::atomic::{AtomicU64, Ordering};
 use crate::core::sync::{thread_id, Backoff, CachePadded, Mutex};
 
@@ -351,33 +353,46 @@ impl<S: RingSink> RingCore<S> {
     /// memory), passes it to [`reclaim_to`](Self::reclaim_to) and retries, spinning briefly and
     /// then yielding, until `timeout` (`None`: no limit) runs out.
     ///
-    /// A wait that only the calling thread could end fails at once with
-    /// [`RingError::WouldDeadlock`]: this thread holds an open reservation of this ring (made by
-    /// this thread; the consumer cannot pass it, so no space frees beyond it) or owns its
-    /// [`Producer`](super::Producer). An `Err` from `head` (a stopped consumer) ends the wait with
-    /// that error.
+    /// `head` is called only when the first attempt finds no room, and then always once more
+    /// before the call gives up: with a zero timeout this is a [`try_reserve`](Self::try_reserve)
+    /// that also takes whatever the consumer has freed since the ring last heard of it. The clock
+    /// is read only once a wait begins (never for a zero timeout); the timeout counts from then.
+    ///
+    /// A wait that only the calling thread could end fails (after that one look at the head)
+    /// with [`RingError::WouldDeadlock`]: this thread holds an open reservation of this ring
+    /// (made by this thread; the consumer cannot pass it, so no space frees beyond it) or owns
+    /// its [`Producer`](super::Producer). An `Err` from `head` (a stopped consumer) ends the wait
+    /// with that error.
     pub fn reserve(
         &self,
         len: u32,
         timeout: Option<Duration>,
         head: &HeadFn<'_>,
     ) -> Result<Reservation<'_, S>, RingError> {
-        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        let mut deadline = Deadline::new(timeout);
         let mut backoff = Backoff::new();
+        let mut retry = false;
         loop {
+            if retry {
+                // The consumer's head before every retry, the last one before giving up
+                // included: a zero (or spent) timeout still gets the space freed since the ring
+                // last heard.
+                self.reclaim_to(head()?)?;
+            }
             match self.try_reserve(len) {
                 Err(RingError::Full | RingError::Claimed) => {}
                 other => return other,
             }
-            if self.held_by_current_thread() {
-                return Err(RingError::WouldDeadlock);
+            if retry {
+                if self.held_by_current_thread() {
+                    return Err(RingError::WouldDeadlock);
+                }
+                if deadline.passed() {
+                    return Err(RingError::Timeout);
+                }
+                backoff.snooze();
             }
-            // No deadline: no timeout, or one too long to represent (treated as no limit).
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(RingError::Timeout);
-            }
-            backoff.snooze();
-            self.reclaim_to(head()?)?;
+            retry = true;
         }
     }
 
@@ -396,8 +411,9 @@ impl<S: RingSink> RingCore<S> {
         })
     }
 
-    /// Reserves, writes `payload` and commits: one whole record. Returns its sequence number.
-    /// Arguments as for [`reserve`](Self::reserve).
+    /// Reserves, writes `payload` and commits: one whole record, which reaches the sink in one
+    /// write with its header when it is short. Returns its sequence number. Arguments as for
+    /// [`reserve`](Self::reserve).
     pub fn push(
         &self,
         payload: &[u8],
@@ -406,10 +422,7 @@ impl<S: RingSink> RingCore<S> {
     ) -> Result<u64, RingError> {
         let len = self.check_payload(payload)?;
         let mut r = self.reserve(len, timeout, head)?;
-        r.write(0, payload)?;
-        let seq = r.seq();
-        r.commit();
-        Ok(seq)
+        Ok(r.finish(KIND_DATA, payload))
     }
 
     /// Records that the consumer has finished with everything below `head`. Older values than
@@ -578,10 +591,15 @@ impl<S: RingSink> Reservation<'_, S> {
     /// committer of the last of those records. Never waits. Returns this record's end: the tail
     /// once it is published.
     pub fn commit(mut self) -> u64 {
-        self.finish(KIND_DATA)
+        self.finish(KIND_DATA, &[]);
+        self.end
     }
 
-    fn finish(&mut self, kind: u32) -> u64 {
+    /// Writes the wrap PAD's header (if any) and this record's header of `kind` with `payload`
+    /// after it (all of the payload, or none: already written), then commits the record.
+    /// Returns its seq.
+    fn finish(&mut self, kind: u32, payload: &[u8]) -> u64 {
+        debug_assert!(payload.is_empty() || payload.len() == self.len as usize);
         self.done = true;
         let core = self.core;
         if let Some((offset, header)) = self.pad_header() {
@@ -591,18 +609,27 @@ impl<S: RingSink> Reservation<'_, S> {
             len: self.len,
             kind,
             seq: self.seq,
-        };
-        core.write_owned(self.offset(), &header.to_bytes());
+        }
+        .to_bytes();
+        let mut buf = stage_buf();
+        if payload.is_empty() {
+            core.write_owned(self.offset(), &header);
+        } else if let Some(record) = stage_record(&mut buf, &header, payload) {
+            core.write_owned(self.offset(), record);
+        } else {
+            core.write_owned(self.offset(), &header);
+            core.write_owned(self.payload_offset() & (core.capacity - 1), payload);
+        }
         core.sink.writes_done();
         core.commit_record(self.seq, self.end);
-        self.end
+        self.seq
     }
 }
 
 impl<S: RingSink> Drop for Reservation<'_, S> {
     fn drop(&mut self) {
         if !self.done {
-            self.finish(KIND_PAD);
+            self.finish(KIND_PAD, &[]);
         }
     }
 }

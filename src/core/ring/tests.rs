@@ -262,6 +262,161 @@ fn reserve_polls_the_consumer_and_times_out() {
     );
 }
 
+/// A zero timeout is a `try_reserve` that also asks the consumer once: the space it freed
+/// since the ring last heard of it is taken (the call used to time out without asking).
+#[test]
+fn a_zero_timeout_takes_the_space_the_consumer_freed() {
+    let r = ring();
+    put(&r, 4080).unwrap();
+    // The consumer has consumed the record and published its head, which the ring has not seen.
+    let polls = StdAtomicU64::new(0);
+    let freed = || {
+        polls.fetch_add(1, Ordering::Relaxed);
+        Ok(CAP)
+    };
+    let res = r.reserve(16, Some(Duration::ZERO), &freed).unwrap();
+    assert_eq!((res.pos(), res.seq()), (CAP, 1));
+    assert_eq!(
+        polls.load(Ordering::Relaxed),
+        1,
+        "asked once, after the first try"
+    );
+    res.commit();
+    // With room already known, the consumer is not asked at all.
+    assert_eq!(
+        r.reserve(16, Some(Duration::ZERO), &freed).unwrap().seq(),
+        2
+    );
+    assert_eq!(polls.load(Ordering::Relaxed), 1);
+    // `push` takes the same path; when the consumer has freed nothing new, it still asks once.
+    let stuck = || {
+        polls.fetch_add(1, Ordering::Relaxed);
+        Ok(CAP)
+    };
+    let payload = sealed(4080, 3);
+    assert_eq!(
+        r.push(&payload, Some(Duration::ZERO), &stuck),
+        Err(RingError::Timeout)
+    );
+    assert_eq!(polls.load(Ordering::Relaxed), 2);
+    // The record needs the whole region: the failed push published the wrap PAD before it on
+    // its own, for the consumer to step over.
+    assert_eq!((r.reserved(), r.sink().tail()), (2 * CAP, 2 * CAP));
+    assert_eq!(
+        r.push(&payload, Some(Duration::ZERO), &|| Ok(2 * CAP)),
+        Ok(3)
+    );
+    let rep = verify_records(r.sink(), 2 * CAP, r.committed(), 3);
+    assert_eq!((rep.records, rep.errors, rep.pos), (1, 0, 3 * CAP));
+}
+
+/// A thread holding an open reservation may still take space the consumer has freed with a zero
+/// timeout: it is told `WouldDeadlock` only when waiting would be the only way on.
+#[test]
+fn a_zero_timeout_asks_the_consumer_before_refusing_to_wait_on_itself() {
+    let r = ring();
+    put(&r, 4000).unwrap(); // [0, 4016)
+    let open = r.try_reserve(48).unwrap(); // [4016, 4080), held by this thread
+    assert_eq!(
+        r.reserve(16, Some(Duration::ZERO), &|| Ok(0)).err(),
+        Some(RingError::WouldDeadlock)
+    );
+    // The consumer has consumed the first record: room for a wrap PAD and 32 bytes at 0.
+    let res = r.reserve(16, Some(Duration::ZERO), &|| Ok(4016)).unwrap();
+    assert_eq!((res.pos(), res.seq()), (CAP, 2));
+    res.commit();
+    assert_eq!(r.sink().tail(), 4016, "behind the open reservation");
+    open.commit();
+    assert_eq!(r.sink().tail(), CAP + 32);
+}
+
+/// The exclusive producer asks the consumer before a zero timeout gives up, too.
+#[test]
+fn a_producer_with_a_zero_timeout_takes_the_space_the_consumer_freed() {
+    let r = ring();
+    let head = StdAtomicU64::new(0);
+    let mut p = r.claim(|| Ok(head.load(Ordering::Acquire))).unwrap();
+    assert_eq!(p.push(&sealed(4080, 0), Some(Duration::ZERO)), Ok(0));
+    assert_eq!(
+        p.push(&sealed(16, 1), Some(Duration::ZERO)),
+        Err(RingError::Timeout)
+    );
+    head.store(CAP, Ordering::Release); // consumed; the ring has not been told
+    assert_eq!(p.push(&sealed(16, 1), Some(Duration::ZERO)), Ok(1));
+    let batch = [sealed(16, 2), sealed(16, 3)];
+    assert_eq!(
+        p.push_batch(batch.iter().map(Vec::as_slice), Some(Duration::ZERO)),
+        Ok(2)
+    );
+    drop(p);
+    let rep = verify_records(r.sink(), CAP, r.sink().tail(), 1);
+    assert_eq!((rep.records, rep.errors, rep.next_seq), (3, 0, 4));
+}
+
+/// Short records are staged with their header and reach the sink in one write; long ones in two
+/// (header, payload); either way the ring holds the same bytes.
+#[test]
+fn short_records_reach_the_sink_in_one_write() {
+    for mode in [WrapMode::Padded, WrapMode::Mirrored] {
+        let r = RingCore::with_wrap_mode(CAP, Writes::new(CAP), mode).unwrap();
+        let head = || Ok(r.committed());
+        let short = sealed(240, 0);
+        let long = sealed(241, 1);
+        r.push(&short, None, &head).unwrap();
+        r.push(&long, None, &head).unwrap();
+        assert_eq!(r.sink().take(), [(0, 256), (256, 16), (272, 241)]);
+        let mut p = r.claim(head).unwrap();
+        p.push(&sealed(240, 2), None).unwrap();
+        p.push(&sealed(241, 3), None).unwrap();
+        drop(p);
+        assert_eq!(r.sink().take(), [(528, 256), (784, 16), (800, 241)]);
+        let rep = verify_records_in(&r.sink().inner, 0, r.committed(), 0, mode);
+        assert_eq!((rep.records, rep.errors), (4, 0), "{rep:?}");
+    }
+    // A staged record that runs past the end of a mirrored region is split there.
+    let r = RingCore::with_wrap_mode(CAP, Writes::new(CAP), WrapMode::Mirrored).unwrap();
+    let head = || Ok(r.committed());
+    r.push(&sealed(4000, 0), None, &head).unwrap(); // [0, 4016)
+    r.sink().take();
+    r.push(&sealed(100, 1), None, &head).unwrap(); // [4016, 4144)
+    assert_eq!(r.sink().take(), [(4016, 80), (0, 36)]);
+    let rep = verify_records_in(&r.sink().inner, 4016, 4144, 1, WrapMode::Mirrored);
+    assert_eq!((rep.records, rep.errors), (1, 0), "{rep:?}");
+}
+
+/// A sink that logs every write as (offset, length).
+struct Writes {
+    inner: HostSink,
+    writes: StdMutex<Vec<(u64, usize)>>,
+}
+
+impl Writes {
+    fn new(cap: u64) -> Self {
+        Writes {
+            inner: HostSink::new(cap).unwrap(),
+            writes: StdMutex::new(Vec::new()),
+        }
+    }
+    fn take(&self) -> Vec<(u64, usize)> {
+        std::mem::take(&mut *self.writes.lock().unwrap())
+    }
+}
+
+impl RingSink for Writes {
+    fn capacity(&self) -> u64 {
+        RingSink::capacity(&self.inner)
+    }
+    unsafe fn write(&self, offset: u64, bytes: &[u8]) {
+        self.writes.lock().unwrap().push((offset, bytes.len()));
+        // SAFETY: the caller's obligations are passed on unchanged.
+        unsafe { self.inner.write(offset, bytes) };
+    }
+    unsafe fn publish(&self, tail: u64) {
+        // SAFETY: as above.
+        unsafe { self.inner.publish(tail) };
+    }
+}
+
 #[test]
 fn push_writes_a_whole_record() {
     let r = ring();

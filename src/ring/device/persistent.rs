@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::copy::WriteKernel;
 use crate::core::handle::{assert_send_sync, SendSyncPtr};
 use crate::core::ring::layout::{WrapMode, MIN_CAPACITY, RESULT_WORDS};
 use crate::core::ring::{Producer, Reservation, RingCore, RingError};
@@ -218,6 +219,7 @@ impl DeviceRing {
         });
         // Both kinds of region come from `gpu`'s Vulkan context, whose mode decides coherence.
         let coherent = !gpu.is_non_coherent();
+        let kernel = WriteKernel::detected();
         let cores = (0..n)
             .map(|i| {
                 let (data_index, data_offset) = lane_region(i);
@@ -236,6 +238,7 @@ impl DeviceRing {
                     ),
                     tail_offset: i * TAIL_STRIDE,
                     capacity,
+                    kernel,
                     coherent,
                     published: AtomicU64::new(0),
                 };
@@ -422,7 +425,9 @@ impl DeviceRing {
     /// Reserves a record of `len` payload bytes on the calling thread's lane, waiting up to
     /// `timeout` (`None`: until space frees, the watched consumer is gone, or the wait would
     /// depend on this thread itself) for the kernel to free space. Fails at once with
-    /// `RecordTooLarge` if it can never fit.
+    /// `RecordTooLarge` if it can never fit. The kernel's head is read only when the lane is
+    /// full, and always before the call gives up: a zero timeout takes whatever the kernel has
+    /// consumed by now (see [`RingCore::reserve`]).
     pub fn reserve(&self, len: u32, timeout: Option<Duration>) -> Result<Reservation<'_, BarSink>> {
         self.check_running()?;
         let lane = self.thread_lane();
@@ -430,16 +435,22 @@ impl DeviceRing {
     }
 
     /// Reserves without waiting on the calling thread's lane: `RingError::Full` if there is no
-    /// room now.
+    /// room now, counting what the kernel has consumed by now (its head is read only when the
+    /// space the lane already knows of is not enough, and then once).
     pub fn try_reserve(&self, len: u32) -> Result<Reservation<'_, BarSink>> {
         self.check_running()?;
-        let core = &self.lanes[self.thread_lane()];
-        core.reclaim_to(self.head_of(self.thread_lane()))?;
+        let lane = self.thread_lane();
+        let core = &self.lanes[lane];
+        match core.try_reserve(len) {
+            Err(RingError::Full) => {}
+            other => return Ok(other?),
+        }
+        core.reclaim_to(self.head_of(lane))?;
         Ok(core.try_reserve(len)?)
     }
 
     /// Reserves, writes and commits `payload` on the calling thread's lane; returns its sequence
-    /// number (in that lane).
+    /// number (in that lane). Waits as [`reserve`](Self::reserve) does.
     pub fn push(&self, payload: &[u8], timeout: Option<Duration>) -> Result<u64> {
         self.check_running()?;
         let lane = self.thread_lane();

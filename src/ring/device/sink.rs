@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::copy::WriteKernel;
 use crate::core::handle::{assert_send_sync, SendSyncPtr};
 use crate::core::ring::RingSink;
 use crate::core::sync::store_fence;
@@ -74,6 +75,8 @@ pub struct BarSink {
     pub(super) tail: SendSyncPtr<u8>,
     pub(super) tail_offset: u64,
     pub(super) capacity: u64,
+    /// The copy kernel every record is written with, picked once for the lane.
+    pub(super) kernel: WriteKernel,
     /// Whether the data region is host-coherent (publishing then needs no flush).
     pub(super) coherent: bool,
     /// End of the last publication, for the non-coherent flush of `[published, tail)` (unused on
@@ -113,7 +116,8 @@ impl RingSink for BarSink {
         // writes; the mapping lives as long as `self.memory`. No fence per piece: `publish` (or
         // `writes_done`) fences.
         unsafe {
-            crate::copy::copy_to_mapping_unfenced(self.data.get().add(offset as usize), bytes)
+            self.kernel
+                .write_unfenced(self.data.get().add(offset as usize), bytes)
         };
     }
 
