@@ -41,9 +41,10 @@ fn churn(force_non_coherent: bool, threads: usize, ops: usize, thread_cache: usi
                 }
             });
         }
+        let mut workers = Vec::new();
         for t in 0..threads {
             let (pool, done) = (&pool, &done);
-            s.spawn(move || {
+            workers.push(s.spawn(move || {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64);
                 let mut live: Vec<(vkgdr::Block, u32, u64)> = Vec::new();
                 for op in 0..ops {
@@ -79,7 +80,13 @@ fn churn(force_non_coherent: bool, threads: usize, ops: usize, thread_cache: usi
                 // The blocks this thread cached stay there: the trim below takes them back,
                 // whether the thread has exited by then or not.
                 done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            });
+            }));
+        }
+        // Joined one by one: the end of a scope does not wait for the threads' thread-local
+        // destructors, and a cache's destructor hands its blocks back while the stats below
+        // would read them as neither cached nor free.
+        for w in workers {
+            w.join().unwrap();
         }
     });
     let before = pool.stats();
