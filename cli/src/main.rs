@@ -30,7 +30,9 @@ use clap::{CommandFactory, Parser, Subcommand};
 use vkgdr::diagnose::{diagnose, CudaProbe, Machine, NvmlProbe, Severity, VulkanProbe};
 use vkgdr::vulkan::{self, MemoryOptions, PhysicalDeviceInfo};
 
-use crate::json::{About, InfoDocument, MachineJson};
+use crate::json::document::{to_text, About};
+use crate::json::machine::{memory_flag_names, InfoDocument, MachineJson};
+use crate::ui::say;
 
 /// CPU access to NVIDIA GPU memory through a BAR mapping: what this machine offers (`info`), how
 /// fast it is (`bench`) and whether it holds up (`soak`).
@@ -65,14 +67,14 @@ pub enum Command {
     /// Each benchmark prints its tables and writes a CSV and a PNG chart per table into the output
     /// directory, with results.json: every figure with its unit and the anchor it is compared
     /// with, measured in the same run.
-    Bench(bench::BenchArgs),
+    Bench(bench::command_line::BenchArgs),
     /// Run everything at once for a long time, then check that nothing stayed behind
     ///
     /// Pool churn from many threads, a ring fed by four producers into its checking kernel, an
     /// arena grown and shrunk, raw allocations freed every way, and the BAR exhausted now and then,
     /// all on GPU 0. Open fds, BAR1 used and free VRAM must come back to their values after the
     /// warm-up.
-    Soak(soak::SoakArgs),
+    Soak(soak::command_line::SoakArgs),
     /// Print a completion script for a shell
     ///
     /// Install it where the shell looks for it, for example:
@@ -139,7 +141,7 @@ fn main() -> ExitCode {
 }
 
 fn flags(f: ash::vk::MemoryPropertyFlags) -> String {
-    json::memory_flag_names(f).join("|")
+    memory_flag_names(f).join("|")
 }
 
 fn gib(b: u64) -> String {
@@ -192,7 +194,7 @@ fn info(args: &InfoArgs) -> ExitCode {
     if args.json {
         let machine = MachineJson::probe();
         let usable = machine.usable;
-        ui::document(&json::to_text(&InfoDocument {
+        ui::document(&to_text(&InfoDocument {
             about: About::new("vkgdr-info"),
             machine,
         }));

@@ -4,10 +4,11 @@
 //!   step it is on (method and size) and the time taken so far; the soak with its elapsed time
 //!   and counters. Drawn on stderr only when both stdout and stderr are terminals and `--quiet`
 //!   is not given, so logs, pipes and CI output never hold a progress bar.
-//! - **Text**: [`say!`](crate::say) for results (stdout; stderr under `--json`, whose stdout holds
-//!   the JSON document and nothing else), [`status!`](crate::status) for status lines (the same,
-//!   but not under `--quiet`), [`alert!`](crate::alert) for errors (stderr). Each one clears the
-//!   progress lines, prints, and draws them again, so text and bars never mix on a terminal.
+//! - **Text**: [`say!`](crate::ui::say) for results (stdout; stderr under `--json`, whose stdout
+//!   holds the JSON document and nothing else), [`status!`](crate::ui::status) for status lines
+//!   (the same, but not under `--quiet`), [`alert!`](crate::ui::alert) for errors (stderr). Each
+//!   one clears the progress lines, prints, and draws them again, so text and bars never mix on a
+//!   terminal.
 //!
 //! The settings are process-wide ([`init`], once, from the command line); before that (unit
 //! tests) text goes to stdout and no progress is drawn.
@@ -126,23 +127,23 @@ pub fn document(text: &str) {
 }
 
 /// Prints a line of results ([`out`]): stdout, or stderr under `--json`.
-#[macro_export]
 macro_rules! say {
     () => { $crate::ui::out("\n") };
     ($($arg:tt)*) => { $crate::ui::out(&format!("{}\n", format_args!($($arg)*))) };
 }
 
 /// Prints a status line ([`status_text`]): like `say!`, but not under `--quiet`.
-#[macro_export]
 macro_rules! status {
     ($($arg:tt)*) => { $crate::ui::status_text(&format!("{}\n", format_args!($($arg)*))) };
 }
 
 /// Prints an error line on stderr ([`alert_text`]).
-#[macro_export]
 macro_rules! alert {
     ($($arg:tt)*) => { $crate::ui::alert_text(&format!("{}\n", format_args!($($arg)*))) };
 }
+
+// The macros are imported by path (`use crate::ui::say`), like the rest of this module.
+pub(crate) use {alert, say, status};
 
 /// How often a bar redraws on its own (elapsed time moves while a step takes long).
 const TICK: Duration = Duration::from_millis(200);

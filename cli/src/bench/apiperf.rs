@@ -10,11 +10,11 @@ use vkgdr::{Gpu, OpenOptions, Pool, PoolConfig};
 
 use crate::ui;
 
-use super::report::fmt_size;
-use super::{
-    gpu_opened_before, ladder, measure, measure_pair, open_gpu, BenchError, BenchResult, Budget,
-    Options, Report, Row, Stats, Unit,
-};
+use super::error::{BenchError, BenchResult};
+use super::measure::{gpu_opened_before, ladder, measure, measure_pair, open_gpu, Budget, Stats};
+use super::options::Options;
+use super::report::format::fmt_size;
+use super::report::model::{Report, Row, Unit};
 
 /// The C `vkgdr` library's documented cost of a 64 KiB allocation, ns.
 pub const C_ALLOC_64K_NS: f64 = 200_000.0;

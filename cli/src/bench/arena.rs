@@ -7,8 +7,11 @@ use std::time::Instant;
 use vkgdr::cuda_objects::{DeviceBuffer, LaunchConfig, Module};
 use vkgdr::{Arena, OpenOptions};
 
-use super::report::fmt_size;
-use super::{open_gpu, BenchResult, Options, Report, Row, Stats, Unit};
+use super::error::BenchResult;
+use super::measure::{open_gpu, Stats};
+use super::options::Options;
+use super::report::format::fmt_size;
+use super::report::model::{Report, Row, Unit};
 use crate::ui;
 
 const PTX: &str = include_str!(concat!(

@@ -16,11 +16,11 @@ use vkgdr::{Gpu, OpenOptions, RawMemory};
 
 use crate::ui;
 
-use super::report::fmt_size;
-use super::{
-    ladder, measure, open_gpu, to_bandwidth, BenchError, BenchResult, Budget, Options, Report, Row,
-    Stats, Unit,
-};
+use super::error::{BenchError, BenchResult};
+use super::measure::{ladder, measure, open_gpu, to_bandwidth, Budget, Stats};
+use super::options::Options;
+use super::report::format::fmt_size;
+use super::report::model::{Report, Row, Unit};
 
 /// Thread counts of the write pools; the last one also serves the pooled read.
 const WRITE_THREADS: [usize; 4] = [1, 2, 4, 8];

@@ -15,12 +15,12 @@ use vkgdr::copy::{copy_from_mapping, copy_to_mapping};
 use vkgdr::cuda_objects::{PinnedBuffer, Stream};
 use vkgdr::OpenOptions;
 
-use super::report::fmt_size;
+use super::error::{BenchError, BenchResult};
+use super::measure::{ladder, measure, open_gpu, Budget, Stats};
+use super::options::Options;
+use super::report::format::fmt_size;
+use super::report::model::{Report, Row, Unit};
 use crate::ui;
-
-use super::{
-    ladder, measure, open_gpu, BenchError, BenchResult, Budget, Options, Report, Row, Stats, Unit,
-};
 
 /// Method names, in column order.
 pub const METHODS: [&str; 4] = [

@@ -21,11 +21,11 @@ use vkgdr::copy::{copy_to_mapping, CopyPool};
 use vkgdr::cuda_objects::PinnedBuffer;
 use vkgdr::{Gpu, Mapping, OpenOptions, Pool, PoolConfig, RawMemory, WriteBatch};
 
-use super::report::fmt_size;
-use super::{
-    measure, open_gpu, to_bandwidth, BenchError, BenchResult, Budget, Options, Report, Row, Stats,
-    Unit,
-};
+use super::error::{BenchError, BenchResult};
+use super::measure::{measure, open_gpu, to_bandwidth, Budget, Stats};
+use super::options::Options;
+use super::report::format::fmt_size;
+use super::report::model::{Report, Row, Unit};
 use crate::ui;
 
 /// The hidden argument that makes `vkgdr bench` the child of the first-write row.

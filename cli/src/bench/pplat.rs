@@ -25,8 +25,11 @@ use vkgdr::cuda_objects::{
 };
 use vkgdr::{Gpu, OpenOptions, RawMemory};
 
-use super::report::fmt_size;
-use super::{open_gpu, BenchError, BenchResult, Options, Report, Row, Stats, Unit};
+use super::error::{BenchError, BenchResult};
+use super::measure::{open_gpu, Stats};
+use super::options::Options;
+use super::report::format::fmt_size;
+use super::report::model::{Report, Row, Unit};
 use crate::ui;
 
 /// The PTX holding `pingpong`.

@@ -22,8 +22,11 @@ use vkgdr::ring::layout::{self, seal_test_payload, WrapMode, HEADER_LEN};
 use vkgdr::ring::{DeviceRing, RingDeviceView};
 use vkgdr::{Gpu, OpenOptions};
 
-use super::report::fmt_size;
-use super::{open_gpu, BenchError, BenchResult, Options, Report, Row, Stats, Unit};
+use super::error::{BenchError, BenchResult};
+use super::measure::{open_gpu, Stats};
+use super::options::Options;
+use super::report::format::fmt_size;
+use super::report::model::{Report, Row, Unit};
 use crate::ui;
 
 const PTX: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels/ring.ptx"));

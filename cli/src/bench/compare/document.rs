@@ -1,0 +1,135 @@
+//! The comparison as a document ([`ComparisonDocument`]): what `vkgdr bench compare --json`
+//! prints, `vkgdr bench --compare` writes as `DIR/comparison.json` and prints beside the run's
+//! own document under `--json` ([`WithComparison`]).
+
+use serde::{Deserialize, Serialize};
+
+use crate::json::bench::BenchDocument;
+use crate::json::document::About;
+
+/// `format` of the comparison document.
+pub const FORMAT: &str = "vkgdr-bench-comparison";
+
+/// The file a run with `--compare` writes beside `results.json`.
+pub const COMPARISON_JSON: &str = "comparison.json";
+
+/// `vkgdr bench compare --json` (and the `comparison` of `vkgdr bench --compare --json`, and
+/// `DIR/comparison.json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ComparisonDocument {
+    /// `format: "vkgdr-bench-comparison"`.
+    #[serde(flatten)]
+    pub about: About,
+    /// The earlier run (`null`: no baseline matched, see `note`).
+    pub baseline: Option<SideJson>,
+    /// The run judged.
+    pub current: SideJson,
+    /// `same_gpu` (same UUID), `same_model` (same name, another card), `different_gpu`,
+    /// `unknown_gpu` (a document names none) or `no_baseline`.
+    pub gpu_match: String,
+    /// Whether moves are judged: only on the same GPU model. `false`: the figures are
+    /// information, nothing is a regression.
+    pub judged: bool,
+    /// The noise floor, in percent (`--tolerance`).
+    pub tolerance_percent: f64,
+    /// What the reader should know: why nothing was judged, which other baselines matched.
+    pub notes: Vec<String>,
+    /// Every figure of either run, the new run's order first.
+    pub figures: Vec<FigureComparisonJson>,
+    /// How many figures got each verdict.
+    pub summary: SummaryJson,
+    /// Whether a figure got worse beyond its noise on the same GPU model (exit code 3).
+    pub regressed: bool,
+}
+
+/// One side of a comparison.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SideJson {
+    /// The file it was read from.
+    pub file: String,
+    /// CUDA device 0 (`null`: the document names none).
+    pub gpu: Option<GpuJson>,
+    /// The NVIDIA driver's version.
+    pub driver_version: Option<String>,
+    /// The driver's CUDA version.
+    pub cuda_version: Option<String>,
+    /// The CPU's model.
+    pub cpu: Option<String>,
+    /// The program that wrote it.
+    pub vkgdr_version: Option<String>,
+    /// `full` or `quick`.
+    pub mode: Option<String>,
+    /// Benchmarks that did not run to the end.
+    pub failed_benchmarks: Vec<String>,
+}
+
+/// One figure of either run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FigureComparisonJson {
+    /// Its report (`copylat`, ...).
+    pub report: String,
+    /// What was measured.
+    pub method: String,
+    /// Bytes per operation (0: no size).
+    pub size_bytes: u64,
+    /// `ns` or `GB/s`.
+    pub unit: String,
+    /// Whether a higher figure is better (rates) or a lower one (times).
+    pub higher_is_better: bool,
+    /// The baseline's median (`null`: not in the baseline).
+    pub baseline: Option<f64>,
+    /// This run's median (`null`: not in this run).
+    pub current: Option<f64>,
+    /// `current / baseline` (`null` where either is missing or not positive).
+    pub ratio: Option<f64>,
+    /// This figure's noise in percent: the floor or its own spread, whichever is larger.
+    pub tolerance_percent: f64,
+    /// `worse`, `better`, `within_noise`, `only_in_baseline`, `only_in_current` or
+    /// `not_comparable` (units differ, or a median is not positive).
+    pub verdict: String,
+    /// The method of the figure's anchor in this run (the baseline's where this run lacks the
+    /// figure): whether the anchor moved as well tells a slower machine from slower code.
+    pub anchor_method: Option<String>,
+    /// The figure over its anchor in the baseline.
+    pub anchor_ratio_baseline: Option<f64>,
+    /// The figure over its anchor in this run.
+    pub anchor_ratio_current: Option<f64>,
+}
+
+/// How many figures got each verdict.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SummaryJson {
+    /// Figures in both runs with a verdict (worse + better + within noise).
+    pub compared: usize,
+    /// Worse beyond their noise.
+    pub worse: usize,
+    /// Better beyond their noise.
+    pub better: usize,
+    /// Within their noise.
+    pub within_noise: usize,
+    /// In the baseline only (a benchmark that failed or was not run, a method renamed).
+    pub only_in_baseline: usize,
+    /// In this run only.
+    pub only_in_current: usize,
+    /// In both, but not comparable.
+    pub not_comparable: usize,
+}
+
+/// A GPU, as documents name it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuJson {
+    /// Its name (`NVIDIA H100 80GB HBM3`).
+    pub name: String,
+    /// Its UUID.
+    pub uuid: Option<String>,
+}
+
+/// A bench document with the comparison of its run: what `vkgdr bench --compare --json` prints.
+#[derive(Debug, Serialize)]
+pub struct WithComparison<'a> {
+    /// The run.
+    #[serde(flatten)]
+    pub results: &'a BenchDocument,
+    /// Its comparison with the baseline.
+    pub comparison: &'a ComparisonDocument,
+}

@@ -1,0 +1,75 @@
+//! Regression memory: every figure of a run beside the same figure of an earlier run on the same
+//! GPU model (`vkgdr bench compare BASELINE NEW`, or `vkgdr bench BENCHMARK --compare BASELINE`
+//! after a run).
+//!
+//! Figures are matched by report, method and size. Each pair gets the ratio of the medians (now /
+//! before) and a verdict in the unit's direction (time: lower is better; GB/s: higher is better). A
+//! figure has *moved* when the ratio is beyond its noise: the larger of a floor (`--tolerance`,
+//! [`DEFAULT_TOLERANCE_PERCENT`](command_line::DEFAULT_TOLERANCE_PERCENT) by default) and the
+//! figure's own spread in either run (half its p10–p90 range relative to its median), so a figure
+//! whose samples scatter widely needs a larger move to count. Worse means `factor > 1 + noise`,
+//! better `factor < 1 / (1 + noise)`, where the factor is now/before for times and before/now for
+//! rates. Reference figures (quoted, not measured) are left out.
+//!
+//! Only documents of the same GPU model (CUDA device 0's name; the UUID says whether it is the
+//! same card) are judged: with different or unknown GPUs the figures are shown as information and
+//! nothing counts as a regression. A baseline may be a directory (`benches/baselines`): the
+//! `vkgdr-bench` document in it recorded on the new run's GPU model is chosen.
+//!
+//! Exit codes: 0 nothing got worse beyond its noise (or nothing could be judged), 2 the command
+//! line or a file is wrong, [`EXIT_WORSE`](comparison::EXIT_WORSE) a figure got worse beyond its
+//! noise.
+//!
+//! The parts:
+//! - [`results`]: a `vkgdr-bench` document as a comparison reads it;
+//! - [`baseline`]: the baseline, one file or the one of the new run's GPU in a directory;
+//! - [`pairing`]: the figures of both runs paired;
+//! - [`noise`]: when a figure has moved;
+//! - [`comparison`]: the whole judgement, and [`text`], the same as text;
+//! - [`document`]: the comparison's JSON document;
+//! - [`command_line`] and [`error`]: the command's options, and what keeps it from starting.
+
+pub mod baseline;
+pub mod command_line;
+pub mod comparison;
+pub mod document;
+pub mod error;
+pub mod noise;
+pub mod pairing;
+pub mod results;
+pub mod text;
+
+use std::process::ExitCode;
+
+use crate::bench::outputs::RESULTS_JSON;
+use crate::json::document::to_text;
+use crate::ui::{self, alert};
+use baseline::Baseline;
+use command_line::{CompareArgs, EXIT_USAGE};
+use comparison::Comparison;
+use results::Results;
+
+/// `vkgdr bench compare BASELINE NEW`.
+pub fn main(args: &CompareArgs) -> ExitCode {
+    let loaded = Baseline::open(&args.baseline).and_then(|b| {
+        let file = if args.current.is_dir() {
+            args.current.join(RESULTS_JSON)
+        } else {
+            args.current.clone()
+        };
+        Ok((b, Results::load(&args.current)?, file))
+    });
+    let (baseline, current, file) = match loaded {
+        Ok(l) => l,
+        Err(e) => {
+            alert!("vkgdr bench compare: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let c = Comparison::new(&baseline, &current, &file, args.tolerance);
+    ui::out(&c.text());
+    if args.json {
+        ui::document(&to_text(&c.doc));
+    }
+    ExitCode::from(c.exit_code())
+}

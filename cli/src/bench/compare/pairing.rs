@@ -1,0 +1,117 @@
+//! The figures of two runs paired by report, method and size ([`pair_up`]), each pair judged
+//! against its noise; a figure of one run alone is listed as such.
+
+use std::collections::HashMap;
+
+use super::document::FigureComparisonJson;
+use super::noise::{higher_is_better, judge, spread, Verdict};
+use super::results::{FigureIn, ReportIn, Results};
+
+fn unit_of(r: &ReportIn, f: &FigureIn) -> String {
+    f.unit.clone().unwrap_or_else(|| r.unit.clone())
+}
+
+type Key<'a> = (&'a str, &'a str, u64);
+
+/// Pairs the figures of both runs by report, method and size: the new run's order, each report
+/// followed by the baseline's figures of that report that this run lacks, then the baseline's
+/// reports this run lacks.
+pub(super) fn pair_up(old: &Results, new: &Results, floor: f64) -> Vec<FigureComparisonJson> {
+    let before = old.figures();
+    let mut used = vec![false; before.len()];
+    let mut index: HashMap<Key<'_>, Vec<usize>> = HashMap::new();
+    for (i, (r, f)) in before.iter().enumerate() {
+        index
+            .entry((r.name.as_str(), f.method.as_str(), f.size_bytes))
+            .or_default()
+            .push(i);
+    }
+    let mut out = Vec::new();
+    let leftovers = |report: Option<&str>, used: &mut [bool], out: &mut Vec<_>| {
+        for (i, (r, f)) in before.iter().enumerate() {
+            if !used[i] && report.is_none_or(|name| r.name == name) {
+                used[i] = true;
+                out.push(one_side(r, f, floor, Verdict::OnlyInBaseline));
+            }
+        }
+    };
+    let after = new.figures();
+    for (k, &(r, f)) in after.iter().enumerate() {
+        let key = (r.name.as_str(), f.method.as_str(), f.size_bytes);
+        let matched = index
+            .get_mut(&key)
+            .and_then(|v| (!v.is_empty()).then(|| v.remove(0)));
+        match matched {
+            Some(i) => {
+                used[i] = true;
+                out.push(both(before[i], (r, f), floor));
+            }
+            None => out.push(one_side(r, f, floor, Verdict::OnlyInCurrent)),
+        }
+        let last_of_report = after.get(k + 1).is_none_or(|(next, _)| next.name != r.name);
+        if last_of_report {
+            leftovers(Some(&r.name), &mut used, &mut out);
+        }
+    }
+    leftovers(None, &mut used, &mut out);
+    out
+}
+
+fn one_side(r: &ReportIn, f: &FigureIn, floor: f64, v: Verdict) -> FigureComparisonJson {
+    let unit = unit_of(r, f);
+    let (baseline, current) = match v {
+        Verdict::OnlyInBaseline => (Some(f.median), None),
+        _ => (None, Some(f.median)),
+    };
+    let anchor_ratio = f.anchor.as_ref().and_then(|a| a.ratio);
+    FigureComparisonJson {
+        report: r.name.clone(),
+        method: f.method.clone(),
+        size_bytes: f.size_bytes,
+        higher_is_better: higher_is_better(&unit, r.higher_is_better),
+        unit,
+        baseline,
+        current,
+        ratio: None,
+        tolerance_percent: floor.max(spread(f)) * 100.0,
+        verdict: v.name().into(),
+        anchor_method: f.anchor.as_ref().map(|a| a.method.clone()),
+        anchor_ratio_baseline: anchor_ratio.filter(|_| v == Verdict::OnlyInBaseline),
+        anchor_ratio_current: anchor_ratio.filter(|_| v == Verdict::OnlyInCurrent),
+    }
+}
+
+fn both(
+    (ro, fo): (&ReportIn, &FigureIn),
+    (rn, fn_): (&ReportIn, &FigureIn),
+    floor: f64,
+) -> FigureComparisonJson {
+    let (uo, un) = (unit_of(ro, fo), unit_of(rn, fn_));
+    let hib = higher_is_better(&un, rn.higher_is_better);
+    let tolerance = floor.max(spread(fo)).max(spread(fn_));
+    let verdict = if uo == un {
+        judge(fo.median, fn_.median, hib, tolerance)
+    } else {
+        Verdict::NotComparable
+    };
+    let ratio = fn_.median / fo.median;
+    FigureComparisonJson {
+        report: rn.name.clone(),
+        method: fn_.method.clone(),
+        size_bytes: fn_.size_bytes,
+        unit: un,
+        higher_is_better: hib,
+        baseline: Some(fo.median),
+        current: Some(fn_.median),
+        ratio: (verdict != Verdict::NotComparable && ratio.is_finite()).then_some(ratio),
+        tolerance_percent: tolerance * 100.0,
+        verdict: verdict.name().into(),
+        anchor_method: fn_
+            .anchor
+            .as_ref()
+            .or(fo.anchor.as_ref())
+            .map(|a| a.method.clone()),
+        anchor_ratio_baseline: fo.anchor.as_ref().and_then(|a| a.ratio),
+        anchor_ratio_current: fn_.anchor.as_ref().and_then(|a| a.ratio),
+    }
+}

@@ -1,0 +1,281 @@
+//! A `vkgdr-bench` document as a comparison reads it ([`Results`]): only the fields a comparison
+//! needs, each optional where it can be, so that baselines recorded by older programs stay
+//! readable when the machine section grows; a file that is no such document is named with what
+//! it is instead.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::document::{GpuJson, SideJson};
+use super::error::CompareError;
+use crate::bench::outputs::RESULTS_JSON;
+use crate::json::bench::BenchDocument;
+use crate::json::document::{to_text, FORMAT_VERSION};
+
+/// A `vkgdr-bench` document, as a comparison reads it.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Results {
+    /// The layout version.
+    pub format_version: u32,
+    /// The program that wrote it.
+    #[serde(default)]
+    pub vkgdr_version: Option<String>,
+    /// `full` or `quick`.
+    #[serde(default)]
+    pub mode: Option<String>,
+    /// The machine it ran on.
+    #[serde(default)]
+    pub machine: Option<MachineIn>,
+    /// The benchmarks, with their reports.
+    pub benchmarks: Vec<BenchmarkIn>,
+}
+
+/// The parts of the machine section a comparison shows.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct MachineIn {
+    /// The CPU.
+    #[serde(default)]
+    pub cpu: Option<CpuIn>,
+    /// The CUDA devices.
+    #[serde(default)]
+    pub cuda: Option<CudaIn>,
+    /// NVML (driver version).
+    #[serde(default)]
+    pub nvml: Option<NvmlIn>,
+}
+
+/// The CPU.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct CpuIn {
+    /// Its model name.
+    #[serde(default)]
+    pub model: Option<String>,
+}
+
+/// The CUDA side.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct CudaIn {
+    /// `major.minor` of the driver's CUDA version.
+    #[serde(default)]
+    pub driver_cuda_version: Option<String>,
+    /// The devices.
+    #[serde(default)]
+    pub devices: Vec<CudaDeviceIn>,
+}
+
+/// One CUDA device.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct CudaDeviceIn {
+    /// CUDA ordinal (the benchmarks run on 0).
+    pub ordinal: i32,
+    /// Its name.
+    pub name: String,
+    /// Its UUID.
+    #[serde(default)]
+    pub uuid: Option<String>,
+}
+
+/// NVML.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct NvmlIn {
+    /// The driver version.
+    #[serde(default)]
+    pub driver_version: Option<String>,
+}
+
+/// One benchmark of a run.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct BenchmarkIn {
+    /// Its name.
+    pub name: String,
+    /// What stopped it.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// Its reports.
+    #[serde(default)]
+    pub reports: Vec<ReportIn>,
+}
+
+/// One report.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ReportIn {
+    /// Its file stem.
+    pub name: String,
+    /// Its title.
+    #[serde(default)]
+    pub title: Option<String>,
+    /// The unit of its figures.
+    pub unit: String,
+    /// Whether a higher figure is better (used only for a unit this program does not know).
+    #[serde(default)]
+    pub higher_is_better: Option<bool>,
+    /// The figures.
+    pub figures: Vec<FigureIn>,
+}
+
+/// One figure.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct FigureIn {
+    /// What was measured.
+    pub method: String,
+    /// Bytes per operation (0: no size).
+    pub size_bytes: u64,
+    /// Its unit (the report's when absent).
+    #[serde(default)]
+    pub unit: Option<String>,
+    /// Median over the samples (NaN where the document has `null`: JSON has no NaN, and
+    /// serde_json writes a non-finite number as `null`).
+    #[serde(deserialize_with = "null_is_nan")]
+    pub median: f64,
+    /// 10th percentile.
+    #[serde(default)]
+    pub p10: Option<f64>,
+    /// 90th percentile.
+    #[serde(default)]
+    pub p90: Option<f64>,
+    /// Number of samples.
+    #[serde(default)]
+    pub samples: Option<u64>,
+    /// `measured` or `reference`.
+    #[serde(default)]
+    pub origin: Option<String>,
+    /// What it was compared with in its own run.
+    #[serde(default)]
+    pub anchor: Option<AnchorIn>,
+}
+
+/// A figure's anchor: the figure of the same run it is compared with.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct AnchorIn {
+    /// The anchor's method.
+    pub method: String,
+    /// The figure's median divided by the anchor's.
+    #[serde(default)]
+    pub ratio: Option<f64>,
+}
+
+impl Results {
+    /// Reads a document from `text`; `path` names it in errors.
+    pub fn parse(path: &Path, text: &str) -> Result<Results, CompareError> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|source| CompareError::NotJson {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        check_format(path, &value)?;
+        // Parsed again from the text, so an error says where it is.
+        serde_json::from_str(text).map_err(|source| CompareError::Malformed {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    /// Reads the document in `path` (a file, or a directory holding `results.json`).
+    pub fn load(path: &Path) -> Result<Results, CompareError> {
+        let file = if path.is_dir() {
+            let f = path.join(RESULTS_JSON);
+            if !f.is_file() {
+                return Err(CompareError::NoResults {
+                    path: path.to_path_buf(),
+                });
+            }
+            f
+        } else {
+            path.to_path_buf()
+        };
+        let text = read(&file)?;
+        Results::parse(&file, &text)
+    }
+
+    /// The document of a run of this program, as it reads back from its JSON form (`path`, where
+    /// it was written, names it in errors).
+    pub fn of(doc: &BenchDocument, path: &Path) -> Result<Results, CompareError> {
+        Results::parse(path, &to_text(doc))
+    }
+
+    /// The GPU the benchmarks ran on: CUDA device 0.
+    pub fn gpu(&self) -> Option<GpuJson> {
+        let d = self
+            .machine
+            .as_ref()?
+            .cuda
+            .as_ref()?
+            .devices
+            .iter()
+            .find(|d| d.ordinal == 0)?;
+        Some(GpuJson {
+            name: d.name.clone(),
+            uuid: d.uuid.clone(),
+        })
+    }
+
+    /// This document as one side of a comparison (`file`: where it was read from).
+    pub(super) fn side(&self, file: &Path) -> SideJson {
+        let m = self.machine.as_ref();
+        SideJson {
+            file: file.display().to_string(),
+            gpu: self.gpu(),
+            driver_version: m
+                .and_then(|m| m.nvml.as_ref())
+                .and_then(|n| n.driver_version.clone()),
+            cuda_version: m
+                .and_then(|m| m.cuda.as_ref())
+                .and_then(|c| c.driver_cuda_version.clone()),
+            cpu: m.and_then(|m| m.cpu.as_ref()).and_then(|c| c.model.clone()),
+            vkgdr_version: self.vkgdr_version.clone(),
+            mode: self.mode.clone(),
+            failed_benchmarks: self
+                .benchmarks
+                .iter()
+                .filter(|b| b.error.is_some())
+                .map(|b| b.name.clone())
+                .collect(),
+        }
+    }
+
+    /// Every measured figure with its report, in document order.
+    pub(super) fn figures(&self) -> Vec<(&ReportIn, &FigureIn)> {
+        self.benchmarks
+            .iter()
+            .flat_map(|b| &b.reports)
+            .flat_map(|r| r.figures.iter().map(move |f| (r, f)))
+            .filter(|(_, f)| f.origin.as_deref() != Some("reference"))
+            .collect()
+    }
+}
+
+/// A number, or `null` read as NaN (such a figure is not comparable, and the rest of the
+/// document still is).
+fn null_is_nan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+/// The text of the file `path`.
+pub(super) fn read(path: &Path) -> Result<String, CompareError> {
+    std::fs::read_to_string(path).map_err(|source| CompareError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Whether `value` is a `vkgdr-bench` document this program can read.
+fn check_format(path: &Path, value: &serde_json::Value) -> Result<(), CompareError> {
+    let not = |what: String| CompareError::NotResults {
+        path: path.to_path_buf(),
+        what,
+    };
+    match value.get("format") {
+        Some(serde_json::Value::String(f)) if f == "vkgdr-bench" => {}
+        Some(serde_json::Value::String(f)) => return Err(not(format!("a {f} document"))),
+        _ if value.is_object() => return Err(not("a JSON object without a \"format\"".into())),
+        _ => return Err(not("not a JSON object".into())),
+    }
+    match value.get("format_version").and_then(|v| v.as_u64()) {
+        Some(v) if v > u64::from(FORMAT_VERSION) => Err(CompareError::Newer {
+            path: path.to_path_buf(),
+            found: v,
+        }),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,61 @@
+//! What can stop a benchmark, or a command of `vkgdr bench` ([`BenchError`]).
+
+use std::path::{Path, PathBuf};
+
+/// Everything that can stop a benchmark.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// A library or driver call failed.
+    #[error(transparent)]
+    Vkgdr(#[from] vkgdr::Error),
+    /// Reading or writing an output file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// A CSV file could not be parsed back into a report.
+    #[error("{path}: {msg}")]
+    Csv {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        msg: String,
+    },
+    /// Drawing a chart failed.
+    #[error("plotting {path}: {msg}")]
+    Plot {
+        /// The PNG being drawn.
+        path: PathBuf,
+        /// The plotting library's message.
+        msg: String,
+    },
+    /// The ping-pong kernel stopped answering (the GPU memory it uses has been leaked on purpose
+    /// so that nothing is freed under a running kernel).
+    #[error("kernel did not respond: {0}")]
+    KernelStuck(String),
+    /// Data did not arrive where a benchmark checked it.
+    #[error("data check failed: {0}")]
+    Check(String),
+    /// The command line is wrong.
+    #[error("{0}")]
+    Usage(String),
+    /// Some of the benchmarks run by one command failed (each reported as it happened).
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl BenchError {
+    /// Wraps an I/O error with the path it concerns.
+    pub fn io(path: &Path, source: std::io::Error) -> Self {
+        BenchError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// Result of benchmark code.
+pub type BenchResult<T> = Result<T, BenchError>;

@@ -1,0 +1,299 @@
+//! What every benchmark measures with: GPU 0 opened ([`open_gpu`]), timing ([`Budget`],
+//! [`measure`], [`measure_pair`]), sample statistics ([`Stats`], [`percentile`]), size ladders
+//! ([`ladder`]) and bandwidth ([`to_bandwidth`]).
+//!
+//! Timing: [`std::time::Instant`] around each sample after a warm-up. Operations shorter than
+//! [`Budget::min_sample`] are repeated back to back inside one sample (the sample is then the mean
+//! of that batch), so the timer's own ~20 ns do not swamp them; medians and p10/p90 are over the
+//! samples.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use vkgdr::{Gpu, OpenOptions};
+
+use super::error::BenchResult;
+
+static GPU_OPENED: AtomicBool = AtomicBool::new(false);
+
+/// Opens GPU 0 for a benchmark (and remembers that the process has opened one).
+pub fn open_gpu(options: OpenOptions) -> BenchResult<Gpu> {
+    let gpu = Gpu::open_with(0, options)?;
+    GPU_OPENED.store(true, Ordering::Relaxed);
+    Ok(gpu)
+}
+
+/// Whether a benchmark opened a GPU earlier in this process (driver already loaded).
+pub fn gpu_opened_before() -> bool {
+    GPU_OPENED.load(Ordering::Relaxed)
+}
+
+/// Median, 10th and 90th percentile of a set of samples.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Stats {
+    /// 50th percentile.
+    pub median: f64,
+    /// 10th percentile.
+    pub p10: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// Number of samples.
+    pub n: usize,
+}
+
+impl Stats {
+    /// Statistics of `samples`; `None` if it is empty or holds a NaN.
+    pub fn of(samples: &[f64]) -> Option<Stats> {
+        if samples.is_empty() || samples.iter().any(|v| v.is_nan()) {
+            return None;
+        }
+        let mut sorted = samples.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        Some(Stats {
+            median: percentile(&sorted, 0.5),
+            p10: percentile(&sorted, 0.1),
+            p90: percentile(&sorted, 0.9),
+            n: sorted.len(),
+        })
+    }
+}
+
+/// The `q`-quantile (0 ≤ q ≤ 1) of ascending `sorted` samples, interpolating linearly between
+/// the two nearest ranks (NumPy's default). `sorted` must not be empty.
+pub fn percentile(sorted: &[f64], q: f64) -> f64 {
+    debug_assert!(!sorted.is_empty());
+    let rank = q.clamp(0.0, 1.0) * (sorted.len() - 1) as f64;
+    let lo = rank.floor() as usize;
+    let hi = rank.ceil() as usize;
+    sorted[lo] + (sorted[hi] - sorted[lo]) * (rank - lo as f64)
+}
+
+/// Sizes `start, start·factor, …` up to and including `end` (`start ≥ 1`, `factor ≥ 2`).
+pub fn ladder(start: u64, end: u64, factor: u64) -> Vec<u64> {
+    assert!(
+        start >= 1 && factor >= 2,
+        "ladder({start}, {end}, {factor})"
+    );
+    let mut v = Vec::new();
+    let mut s = start;
+    while s <= end {
+        v.push(s);
+        match s.checked_mul(factor) {
+            Some(next) => s = next,
+            None => break,
+        }
+    }
+    v
+}
+
+/// How long and how often one measurement is repeated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// Warm-up time before any sample (at least one call is always made).
+    pub warmup: Duration,
+    /// Target total time of the samples.
+    pub target: Duration,
+    /// Fewest samples, whatever the target.
+    pub min_samples: usize,
+    /// Most samples.
+    pub max_samples: usize,
+    /// Calls shorter than this are batched so one sample lasts at least this long.
+    pub min_sample: Duration,
+}
+
+impl Budget {
+    /// A budget with `target` sample time, `min..=max` samples, 10 ms warm-up, 1 µs samples.
+    pub fn new(target: Duration, min_samples: usize, max_samples: usize) -> Budget {
+        Budget {
+            warmup: Duration::from_millis(10),
+            target,
+            min_samples,
+            max_samples,
+            min_sample: Duration::from_micros(1),
+        }
+    }
+
+    /// `(calls per sample, samples)` for an operation estimated to take `est_ns` per call.
+    pub fn plan(&self, est_ns: f64) -> (usize, usize) {
+        let est = est_ns.max(1.0);
+        let batch = (self.min_sample.as_nanos() as f64 / est).ceil().max(1.0);
+        let samples = (self.target.as_nanos() as f64 / (est * batch)).floor();
+        let samples = (samples.min(self.max_samples as f64) as usize)
+            .max(self.min_samples)
+            .max(1);
+        (batch as usize, samples)
+    }
+}
+
+/// Times `f`: warm-up, then samples per [`Budget::plan`]. Returns nanoseconds per call, one value
+/// per sample (the mean over the sample's batch).
+pub fn measure(budget: &Budget, mut f: impl FnMut() -> BenchResult<()>) -> BenchResult<Vec<f64>> {
+    let start = Instant::now();
+    let mut calls = 0u32;
+    loop {
+        f()?;
+        calls += 1;
+        if start.elapsed() >= budget.warmup {
+            break;
+        }
+    }
+    let est = start.elapsed().as_nanos() as f64 / f64::from(calls);
+    let (batch, n) = budget.plan(est);
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        for _ in 0..batch {
+            f()?;
+        }
+        samples.push(t.elapsed().as_nanos() as f64 / batch as f64);
+    }
+    Ok(samples)
+}
+
+/// Times a setup/teardown pair that cannot be batched (allocation and free): `open` returns a
+/// value, `close` consumes it; both are timed separately, one sample per pair. Returns
+/// `(open_ns, close_ns)`.
+pub fn measure_pair<T>(
+    budget: &Budget,
+    mut open: impl FnMut() -> BenchResult<T>,
+    mut close: impl FnMut(T),
+) -> BenchResult<(Vec<f64>, Vec<f64>)> {
+    let start = Instant::now();
+    let mut calls = 0u32;
+    loop {
+        close(open()?);
+        calls += 1;
+        if start.elapsed() >= budget.warmup {
+            break;
+        }
+    }
+    let est = start.elapsed().as_nanos() as f64 / f64::from(calls);
+    // No batching: each pair is one sample of each.
+    let n = Budget {
+        min_sample: Duration::ZERO,
+        ..*budget
+    }
+    .plan(est)
+    .1;
+    let (mut a, mut b) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for _ in 0..n {
+        let t0 = Instant::now();
+        let v = open()?;
+        let t1 = Instant::now();
+        close(v);
+        let t2 = Instant::now();
+        a.push((t1 - t0).as_nanos() as f64);
+        b.push((t2 - t1).as_nanos() as f64);
+    }
+    Ok((a, b))
+}
+
+/// Turns per-call times of `size`-byte copies into GB/s samples (bytes per ns = GB/s).
+pub fn to_bandwidth(size: u64, ns: &[f64]) -> Vec<f64> {
+    ns.iter().map(|t| size as f64 / t.max(1e-3)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::error::BenchError;
+
+    #[test]
+    fn percentile_interpolates_between_ranks() {
+        let v = [10.0, 20.0, 30.0, 40.0, 50.0];
+        assert_eq!(percentile(&v, 0.0), 10.0);
+        assert_eq!(percentile(&v, 0.5), 30.0);
+        assert_eq!(percentile(&v, 1.0), 50.0);
+        assert_eq!(percentile(&v, 0.1), 14.0);
+        assert_eq!(percentile(&v, 0.9), 46.0);
+        assert_eq!(percentile(&[7.0], 0.9), 7.0);
+        // Out-of-range quantiles clamp.
+        assert_eq!(percentile(&v, 1.5), 50.0);
+    }
+
+    #[test]
+    fn stats_sort_their_input_and_match_a_naive_model() {
+        let s = Stats::of(&[4.0, 1.0, 3.0, 2.0]).unwrap();
+        assert_eq!(s.median, 2.5);
+        assert_eq!(s.n, 4);
+        assert!((s.p10 - 1.3).abs() < 1e-12);
+        assert!((s.p90 - 3.7).abs() < 1e-12);
+
+        // Against a naive model over many shuffled inputs: the median of 1..=n.
+        for n in 1..40u32 {
+            let mut v: Vec<f64> = (1..=n).map(f64::from).collect();
+            v.reverse();
+            v.rotate_left((n / 3) as usize);
+            let s = Stats::of(&v).unwrap();
+            assert_eq!(s.median, f64::from(n + 1) / 2.0, "n = {n}");
+            assert!(s.p10 <= s.median && s.median <= s.p90);
+        }
+        assert_eq!(Stats::of(&[]), None);
+        assert_eq!(Stats::of(&[1.0, f64::NAN]), None);
+    }
+
+    #[test]
+    fn ladders_are_inclusive_geometric_sequences() {
+        assert_eq!(ladder(4096, 1 << 30, 4).len(), 10);
+        assert_eq!(ladder(4096, 1 << 30, 4).last(), Some(&(1 << 30)));
+        assert_eq!(ladder(4096, 64 << 20, 4).last(), Some(&(64 << 20)));
+        assert_eq!(ladder(8, 4 << 20, 2).len(), 20);
+        assert_eq!(ladder(8, 100, 2), vec![8, 16, 32, 64]);
+        assert_eq!(ladder(8, 7, 2), Vec::<u64>::new());
+        // No overflow at the top of the range.
+        assert_eq!(ladder(1 << 62, u64::MAX, 4), vec![1 << 62]);
+    }
+
+    #[test]
+    fn plan_batches_short_calls_and_bounds_sample_counts() {
+        let b = Budget::new(Duration::from_millis(100), 10, 1000);
+        // 50 ns calls: 20 per 1 µs sample; 100 ms / 1 µs = 100k samples, capped at 1000.
+        assert_eq!(b.plan(50.0), (20, 1000));
+        // 1 ms calls: no batching, 100 samples.
+        assert_eq!(b.plan(1e6), (1, 100));
+        // 1 s calls: the minimum applies.
+        assert_eq!(b.plan(1e9), (1, 10));
+        // A zero estimate does not divide by zero.
+        assert_eq!(b.plan(0.0).0, 1000);
+    }
+
+    #[test]
+    fn measure_calls_the_closure_batch_times_samples_plus_warmup() {
+        let b = Budget {
+            warmup: Duration::ZERO,
+            target: Duration::ZERO,
+            min_samples: 5,
+            max_samples: 5,
+            min_sample: Duration::ZERO,
+        };
+        let mut calls = 0;
+        let s = measure(&b, || {
+            calls += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(s.len(), 5);
+        assert_eq!(calls, 6);
+        assert!(s.iter().all(|v| *v >= 0.0));
+
+        let (mut opened, mut closed) = (0, 0);
+        let (a, c) = measure_pair(
+            &b,
+            || {
+                opened += 1;
+                Ok(opened)
+            },
+            |_| closed += 1,
+        )
+        .unwrap();
+        assert_eq!((a.len(), c.len(), opened, closed), (5, 5, 6, 6));
+
+        let err = measure(&b, || Err(BenchError::Usage("boom".into())));
+        assert!(matches!(err, Err(BenchError::Usage(m)) if m == "boom"));
+    }
+
+    #[test]
+    fn bandwidth_is_bytes_per_nanosecond() {
+        assert_eq!(to_bandwidth(1000, &[100.0, 50.0]), vec![10.0, 20.0]);
+    }
+}

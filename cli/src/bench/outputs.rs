@@ -1,0 +1,286 @@
+//! What a run leaves behind: each report printed as a table and written as a CSV and a PNG chart
+//! ([`emit`]), `summary.md` under the machine's facts ([`write_summary`], [`machine_lines`]) and
+//! `results.json`, the document `--json` prints ([`document`], [`RESULTS_JSON`]); and `vkgdr bench
+//! plot DIR`, which redraws the charts from the CSVs ([`replot`]).
+
+use std::path::{Path, PathBuf};
+
+use vkgdr::Gpu;
+
+use super::error::{BenchError, BenchResult};
+use super::options::Options;
+use super::report;
+use super::report::chart::plot_png;
+use super::report::csv::read_csv;
+use super::report::model::Report;
+use super::report::table::summary_markdown;
+use crate::json::bench::{BenchDocument, BenchRunJson, ReportJson};
+use crate::json::document::About;
+use crate::json::machine::{cpu_model, MachineJson};
+use crate::ui::{self, say, status};
+
+/// One benchmark as it ran: for the summary and the JSON document.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ran {
+    /// Its name.
+    pub name: &'static str,
+    /// How long it took.
+    pub seconds: f64,
+    /// What stopped it.
+    pub error: Option<String>,
+    /// Its reports (none when it failed).
+    pub reports: Vec<Report>,
+}
+
+/// The JSON document of a run: `ran` in order, the machine it ran on, what stopped the run
+/// outside a benchmark.
+pub fn document(
+    opts: &Options,
+    machine: Option<MachineJson>,
+    ran: &[Ran],
+    error: Option<String>,
+) -> BenchDocument {
+    let all: Vec<&Report> = ran.iter().flat_map(|r| &r.reports).collect();
+    BenchDocument {
+        about: About::new("vkgdr-bench"),
+        mode: if opts.quick { "quick" } else { "full" }.to_string(),
+        out_dir: opts.out.display().to_string(),
+        machine,
+        benchmarks: ran
+            .iter()
+            .map(|r| BenchRunJson {
+                name: r.name.to_string(),
+                seconds: r.seconds,
+                error: r.error.clone(),
+                reports: r
+                    .reports
+                    .iter()
+                    .map(|rep| ReportJson::new(rep, &all))
+                    .collect(),
+            })
+            .collect(),
+        ok: error.is_none() && ran.iter().all(|r| r.error.is_none()),
+        error,
+    }
+}
+
+/// The file every run leaves beside its CSVs: the JSON document of `--json`.
+pub const RESULTS_JSON: &str = "results.json";
+
+/// Prints a report's table and notes and writes its CSV and PNG.
+pub fn emit(r: &Report, out: &Path) -> BenchResult<()> {
+    ui::out(&r.text_table());
+    for n in &r.notes {
+        say!("  note: {n}");
+    }
+    let (csv, png) = report::write_outputs(r, out)?;
+    status!("  wrote {}", csv.display());
+    if let Some(png) = png {
+        status!("  wrote {}", png.display());
+    }
+    say!();
+    Ok(())
+}
+
+/// Writes `DIR/summary.md` ([`summary_markdown`]).
+pub fn write_summary(
+    out: &Path,
+    machine: &[String],
+    reports: &[Report],
+    failures: &[String],
+) -> BenchResult<()> {
+    let text = summary_markdown(machine, reports, failures);
+    let path = out.join("summary.md");
+    std::fs::write(&path, text).map_err(|e| BenchError::io(&path, e))
+}
+
+/// Facts about the machine for the summary header; best effort (a missing GPU is a line too).
+pub fn machine_lines(opts: &Options) -> Vec<String> {
+    let mut lines = Vec::new();
+    match Gpu::open(0) {
+        Ok(gpu) => {
+            let driver = gpu
+                .driver()
+                .version()
+                .map(|v| format!("CUDA driver API {}.{}", v / 1000, (v % 1000) / 10))
+                .unwrap_or_else(|e| format!("driver version unknown ({e})"));
+            lines.push(format!(
+                "GPU: {} ({driver}; BAR memory {})",
+                gpu.name(),
+                if gpu.is_non_coherent() {
+                    "non-coherent"
+                } else {
+                    "coherent"
+                }
+            ));
+        }
+        Err(e) => lines.push(format!("GPU: not available ({e})")),
+    }
+    if let Some(cpu) = cpu_model() {
+        lines.push(format!(
+            "CPU: {cpu}, {} hardware threads",
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        ));
+    }
+    lines.push(format!(
+        "copy routines: {}; vkgdr {}; mode: {}",
+        vkgdr::copy::simd_level(),
+        env!("CARGO_PKG_VERSION"),
+        if opts.quick { "--quick" } else { "full" }
+    ));
+    lines
+}
+
+/// `vkgdr bench plot DIR`: reads every `*.csv` in `dir`, prints its table and redraws its PNG.
+pub fn replot(dir: &Path) -> BenchResult<()> {
+    let mut csvs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| BenchError::io(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "csv"))
+        .collect();
+    csvs.sort();
+    if csvs.is_empty() {
+        return Err(BenchError::Usage(format!(
+            "no .csv files in {}",
+            dir.display()
+        )));
+    }
+    let _task = ui::task("plot");
+    ui::phase("charts", csvs.len() as u64);
+    for csv in csvs {
+        ui::step(csv.display().to_string());
+        let report = read_csv(&csv)?;
+        ui::out(&report.text_table());
+        match plot_png(&report, &csv.with_extension("png"))? {
+            true => status!("  wrote {}\n", csv.with_extension("png").display()),
+            false => status!("  {}: nothing to plot\n", csv.display()),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::bench::measure::Stats;
+    use crate::bench::report::model::{Row, Unit};
+    use crate::json::bench::tests::to_report;
+    use crate::json::document::to_text;
+    use crate::json::machine::tests::bare_machine;
+
+    /// A made-up `copylat` run: two methods at two sizes, the driver's copy the anchor.
+    pub(crate) fn made_up_run() -> Vec<Ran> {
+        let mut lat = Report::new("copylat", Unit::Nanoseconds);
+        for (size, bar, memcpy) in [(8, 150.0, 6000.0), (4096, 450.0, 9000.0)] {
+            let s = |m: f64| Stats {
+                median: m,
+                p10: m * 0.9,
+                p90: m * 1.2,
+                n: 100,
+            };
+            lat.rows.push(Row::measured("BAR write", size, &s(bar)));
+            lat.rows
+                .push(Row::measured("cuMemcpyHtoD", size, &s(memcpy)));
+        }
+        // A size the anchor lacks: no anchor there.
+        lat.rows.push(Row::measured(
+            "BAR write",
+            1 << 20,
+            &Stats::of(&[1e5]).unwrap(),
+        ));
+        lat.notes.push("made up".into());
+        let mut api = Report::new("apiperf", Unit::Nanoseconds);
+        api.rows.push(Row::measured(
+            "RawMemory alloc",
+            64 << 10,
+            &Stats::of(&[200_000.0]).unwrap(),
+        ));
+        api.rows.push(Row::measured(
+            "cuMemAlloc",
+            64 << 10,
+            &Stats::of(&[50_000.0]).unwrap(),
+        ));
+        api.rows
+            .push(Row::reference("C vkgdr alloc (docs)", 64 << 10, 200_000.0));
+        vec![
+            Ran {
+                name: "apiperf",
+                seconds: 1.5,
+                error: None,
+                reports: vec![api],
+            },
+            Ran {
+                name: "copylat",
+                seconds: 2.5,
+                error: None,
+                reports: vec![lat],
+            },
+            Ran {
+                name: "pplat",
+                seconds: 0.1,
+                error: Some("kernel did not respond: made up".into()),
+                reports: Vec::new(),
+            },
+        ]
+    }
+
+    #[test]
+    fn the_document_has_every_figure_with_its_unit_and_anchor() {
+        let opts = Options {
+            out: PathBuf::from("out"),
+            quick: true,
+        };
+        let ran = made_up_run();
+        let doc = document(&opts, Some(bare_machine()), &ran, None);
+        let text = to_text(&doc);
+        let back: BenchDocument = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, doc);
+        // Every report reads back into the report it was made from.
+        for (r, j) in ran
+            .iter()
+            .flat_map(|r| &r.reports)
+            .zip(back.benchmarks.iter().flat_map(|b| &b.reports))
+        {
+            assert_eq!(&to_report(j).unwrap(), r);
+        }
+
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["format"], "vkgdr-bench");
+        assert_eq!(v["mode"], "quick");
+        assert_eq!(v["ok"], false, "pplat failed");
+        assert_eq!(
+            v["benchmarks"][2]["error"],
+            "kernel did not respond: made up"
+        );
+        assert_eq!(v["machine"]["cuda"]["status"], "driver_missing");
+        let lat = &v["benchmarks"][1]["reports"][0];
+        assert_eq!(lat["unit"], "ns");
+        assert_eq!(lat["higher_is_better"], false);
+        assert_eq!(lat["title"], "Write latency, host to GPU memory");
+        let f = &lat["figures"][0];
+        assert_eq!(
+            (&f["method"], &f["size_bytes"], &f["unit"], &f["origin"]),
+            (
+                &"BAR write".into(),
+                &8.into(),
+                &"ns".into(),
+                &"measured".into()
+            )
+        );
+        assert_eq!(f["anchor"]["method"], "cuMemcpyHtoD");
+        assert_eq!(f["anchor"]["report"], "copylat");
+        assert_eq!(f["anchor"]["median"], 6000.0);
+        assert_eq!(f["anchor"]["ratio"], 0.025);
+        // The anchor itself, and a size the anchor was not measured at, stand alone.
+        assert!(lat["figures"][1]["anchor"].is_null());
+        assert!(lat["figures"][4]["anchor"].is_null());
+        let api = &v["benchmarks"][0]["reports"][0]["figures"];
+        assert_eq!(api[0]["anchor"]["method"], "cuMemAlloc");
+        assert_eq!(api[0]["anchor"]["ratio"], 4.0);
+        assert_eq!(api[2]["origin"], "reference");
+        assert!(
+            api[2]["anchor"].is_null(),
+            "reference values are not anchored"
+        );
+    }
+}

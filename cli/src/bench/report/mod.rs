@@ -1,0 +1,70 @@
+//! Results and their outputs: console tables, CSV (written and read back), `summary.md`, PNG
+//! charts (log-log, one line per method).
+//!
+//! - [`model`]: what a benchmark measured, [`Report`]s of rows in a unit;
+//! - [`spec`]: what the registry says about a report: its title, table layout and anchor;
+//! - [`format`](mod@format): numbers, durations and sizes as tables, charts and comparisons show
+//!   them;
+//! - [`table`]: a report as a text table or markdown, and `summary.md`;
+//! - [`csv`]: a report as CSV, and read back;
+//! - [`chart`]: a report as a log-log PNG chart.
+//!
+//! [`write_outputs`] writes a report's CSV and chart side by side.
+
+pub mod chart;
+pub mod csv;
+pub mod format;
+pub mod model;
+pub mod spec;
+pub mod table;
+
+use std::path::{Path, PathBuf};
+
+use crate::bench::error::{BenchError, BenchResult};
+use chart::plot_png;
+use csv::to_csv;
+use model::Report;
+
+/// Writes `DIR/<name>.csv` and `DIR/<name>.png`; returns their paths (no PNG when nothing is
+/// plottable).
+pub fn write_outputs(report: &Report, dir: &Path) -> BenchResult<(PathBuf, Option<PathBuf>)> {
+    let csv = dir.join(format!("{}.csv", report.name));
+    std::fs::write(&csv, to_csv(report)).map_err(|e| BenchError::io(&csv, e))?;
+    let png = dir.join(format!("{}.png", report.name));
+    let drawn = plot_png(report, &png)?;
+    Ok((csv, drawn.then_some(png)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::csv::read_csv;
+    use super::model::tests::sample;
+    use super::model::{Row, Unit};
+    use super::*;
+    use crate::bench::testutil::TempDir;
+
+    #[test]
+    fn csv_to_png_round_trip() {
+        let dir = TempDir::new("plot");
+        let r = sample();
+        let (csv, png) = write_outputs(&r, &dir.0).unwrap();
+        let png = png.expect("plottable");
+        let first = std::fs::read(&png).unwrap();
+        assert_eq!(&first[..8], b"\x89PNG\r\n\x1a\n");
+        std::fs::remove_file(&png).unwrap();
+
+        // Redraw from the CSV alone.
+        let back = read_csv(&csv).unwrap();
+        assert!(plot_png(&back, &png).unwrap());
+        let second = std::fs::read(&png).unwrap();
+        assert_eq!(&second[..8], b"\x89PNG\r\n\x1a\n");
+        assert_eq!(first, second, "same data, same picture");
+
+        // Nothing plottable: no file.
+        let mut empty = Report::new("apiperf", Unit::Nanoseconds);
+        empty.rows.push(Row::reference("Gpu::open", 0, 1e6));
+        let none = dir.0.join("none.png");
+        assert!(!plot_png(&empty, &none).unwrap());
+        assert!(!none.exists());
+    }
+}

@@ -1,0 +1,177 @@
+//! Running benchmarks (`vkgdr bench NAME` and `all`, [`run`]): the selected ones in registry
+//! order, each under a progress line, its outputs written as it ends
+//! ([`outputs`](super::outputs)); `results.json` (and, for `all`, `summary.md`) is rewritten after
+//! each, so a run cut short still leaves what it measured. A failure is reported and the run goes
+//! on, unless a kernel does not answer or there is no driver. With `--compare`, the run is then
+//! set beside a baseline.
+
+use std::time::Instant;
+
+use super::compare::baseline::Baseline;
+use super::compare::comparison::Comparison;
+use super::compare::document::{WithComparison, COMPARISON_JSON};
+use super::compare::results::Results;
+use super::error::{BenchError, BenchResult};
+use super::options::Options;
+use super::outputs::{document, emit, machine_lines, write_summary, Ran, RESULTS_JSON};
+use super::registry::{Benchmark, Which};
+use super::report::model::Report;
+use crate::json::document::to_text;
+use crate::json::machine::MachineJson;
+use crate::ui::{self, alert, say, status};
+
+/// What a run has done so far: enough for the JSON document whatever stops it.
+#[derive(Default)]
+struct Session {
+    ran: Vec<Ran>,
+    /// `benchmark: error` for each failure.
+    failures: Vec<String>,
+    machine: Option<MachineJson>,
+}
+
+/// Runs `which`, then compares with `baseline` (and its noise floor in percent) when given: the
+/// exit code when every benchmark ran (0, or
+/// [`EXIT_WORSE`](super::compare::comparison::EXIT_WORSE)).
+pub fn run(which: Which, opts: &Options, baseline: Option<&(Baseline, u32)>) -> BenchResult<u8> {
+    let mut session = Session::default();
+    let outcome = run_into(which, opts, &mut session);
+    let error = outcome.as_ref().err().map(|e| e.to_string());
+    let doc = document(opts, session.machine.clone(), &session.ran, error);
+    // Only a run whose results were written is compared: its figures are in results.json.
+    let comparison = match (baseline, &outcome) {
+        (Some((b, tolerance)), Ok(())) => {
+            let results = opts.out.join(RESULTS_JSON);
+            match Results::of(&doc, &results) {
+                Ok(current) => {
+                    let c = Comparison::new(b, &current, &results, *tolerance);
+                    say!();
+                    ui::out(&c.text());
+                    let path = opts.out.join(COMPARISON_JSON);
+                    match std::fs::write(&path, to_text(&c.doc)) {
+                        Ok(()) => status!("wrote {}", path.display()),
+                        Err(e) => {
+                            let e = BenchError::io(&path, e);
+                            alert!("{e}");
+                            session.failures.push(format!("compare: {e}"));
+                        }
+                    }
+                    Some(c)
+                }
+                Err(e) => {
+                    alert!("compare: {e}");
+                    session.failures.push(format!("compare: {e}"));
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    // The document comes out even when an output file could not be written.
+    if ui::settings().json {
+        match &comparison {
+            Some(c) => ui::document(&to_text(&WithComparison {
+                results: &doc,
+                comparison: &c.doc,
+            })),
+            None => ui::document(&to_text(&doc)),
+        }
+    }
+    outcome?;
+    if session.failures.is_empty() {
+        Ok(comparison.map_or(0, |c| c.exit_code()))
+    } else {
+        let names: Vec<&str> = session
+            .failures
+            .iter()
+            .map(|f| f.split_once(':').map_or(f.as_str(), |(n, _)| n))
+            .collect();
+        Err(BenchError::Failed(format!(
+            "failed: {} (errors above)",
+            names.join(", ")
+        )))
+    }
+}
+
+fn run_into(which: Which, opts: &Options, session: &mut Session) -> BenchResult<()> {
+    std::fs::create_dir_all(&opts.out).map_err(|e| BenchError::io(&opts.out, e))?;
+    let selected = which.selected();
+    // Gathered once, after the first benchmark (so `apiperf` still sees a cold process).
+    let mut machine: Option<Vec<String>> = None;
+    let results = opts.out.join(RESULTS_JSON);
+    for (
+        i,
+        &&Benchmark {
+            name, run: bench, ..
+        },
+    ) in selected.iter().enumerate()
+    {
+        status!("== {name}{} ==", if opts.quick { " (quick)" } else { "" });
+        let label = if selected.len() > 1 {
+            format!("[{}/{}] {name}", i + 1, selected.len())
+        } else {
+            name.to_string()
+        };
+        let task = ui::task(label);
+        let started = Instant::now();
+        let outcome = bench(opts);
+        drop(task);
+        let (mut stop, mut stuck) = (false, false);
+        let mut this = Ran {
+            name,
+            seconds: 0.0,
+            error: None,
+            reports: Vec::new(),
+        };
+        match outcome {
+            Ok(rs) => {
+                let mut errors = Vec::new();
+                for r in &rs {
+                    if let Err(e) = emit(r, &opts.out) {
+                        alert!("{name}: {e}");
+                        errors.push(e.to_string());
+                        session.failures.push(format!("{name}: {e}"));
+                    }
+                }
+                this.reports = rs;
+                this.error = (!errors.is_empty()).then(|| errors.join("; "));
+            }
+            Err(e) => {
+                alert!("{name} failed: {e}");
+                session.failures.push(format!("{name}: {e}"));
+                this.error = Some(e.to_string());
+                stuck = matches!(e, BenchError::KernelStuck(_));
+                stop = match &e {
+                    // A kernel may still be running on the device: stop here.
+                    BenchError::KernelStuck(_) => true,
+                    // No driver on this machine: every other benchmark would fail the same way.
+                    BenchError::Vkgdr(vkgdr::Error::LibraryNotFound { .. }) => true,
+                    _ => false,
+                };
+            }
+        }
+        this.seconds = started.elapsed().as_secs_f64();
+        status!("({name} took {:.1} s)\n", this.seconds);
+        session.ran.push(this);
+        if session.machine.is_none() && !stuck {
+            // Not beside a kernel that may still run: the probe makes driver calls.
+            session.machine = Some(MachineJson::probe());
+        }
+        if which == Which::All {
+            // Rewritten after every benchmark so a run cut short still leaves a summary.
+            let machine = machine.get_or_insert_with(|| machine_lines(opts));
+            let reports: Vec<Report> = session.ran.iter().flat_map(|r| r.reports.clone()).collect();
+            write_summary(&opts.out, machine, &reports, &session.failures)?;
+        }
+        // Likewise the JSON results.
+        let doc = document(opts, session.machine.clone(), &session.ran, None);
+        std::fs::write(&results, to_text(&doc)).map_err(|e| BenchError::io(&results, e))?;
+        if stop {
+            break;
+        }
+    }
+    if which == Which::All {
+        status!("wrote {}", opts.out.join("summary.md").display());
+    }
+    status!("wrote {}", results.display());
+    Ok(())
+}

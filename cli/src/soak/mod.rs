@@ -1,0 +1,69 @@
+//! `vkgdr soak [--seconds N] [--threads N] [--exhaust-every S] [--json]`: everything at once for
+//! a long time, then proof that nothing stayed behind (no leaked fds, BAR space or VRAM).
+//!
+//! For `--seconds` (default 600), side by side on GPU 0:
+//! - **pool churn**: `--threads` threads (default 8) allocate, fill, verify and free blocks of
+//!   1 B to 16 MiB (shared, thread-cached and dedicated) in one pool;
+//! - **rings**: a 4-lane ring consumed by the checking kernel `ring_check_lanes` (every record
+//!   verified on the GPU), fed by 4 producer threads with batches of sealed records;
+//! - **arena**: a CUDA VMM arena grown and shrunk at random, each new chunk written and read back,
+//!   mirrored now and then;
+//! - **raw allocations**: one thread allocates, writes, reads back and frees raw memory of 4 KiB
+//!   to 4 MiB (carved from shared granules and mapped on their own), freeing it by drop,
+//!   `release_now` and `release_after(stream)` in turn;
+//! - **BAR exhaustion**: every `--exhaust-every` seconds (default 30) raw 1 GiB allocations until
+//!   the BAR refuses one, held for a second, then freed; the other workers meet
+//!   `OutOfDeviceMemory` meanwhile and must carry on.
+//!
+//! The ring's checking kernel runs from the first second to the last: every free of every other
+//! worker happens while a kernel runs.
+//!
+//! Before (after a warm-up that lets the driver set up what it keeps for the process) and after, it
+//! takes three figures: this process's open fds, BAR1 used (NVML) and free VRAM (`cuMemGetInfo`).
+//! It prints them, a status line every 30 s and the totals, and fails (exit 1) when a figure did
+//! not come back, a check found wrong data, or a worker failed. On a terminal a progress line shows
+//! the elapsed time and the counters between the status lines; `--json` prints the figures,
+//! counters and the verdict as one document ([`SoakDocument`](crate::json::soak::SoakDocument)).
+//!
+//! The parts: [`command_line`] (the options), [`run`] (the soak), [`workers`] (what runs side by
+//! side), [`counters`] (what they did), [`figures`] (what must come back) and
+//! [`document`](mod@document) (the JSON document).
+
+pub mod command_line;
+pub mod counters;
+pub mod document;
+pub mod figures;
+pub mod run;
+pub mod workers;
+
+use std::process::ExitCode;
+
+use crate::json::document::to_text;
+use crate::json::machine::MachineJson;
+use crate::ui::{self, alert};
+use command_line::{Options, SoakArgs};
+use document::{document, Record};
+
+/// `vkgdr soak ...`.
+pub fn main(args: &SoakArgs) -> ExitCode {
+    let options = Options::from(args);
+    let mut record = Record::default();
+    let outcome = run::run(&options, &mut record);
+    let passed = matches!(outcome, Ok(true));
+    let error = match &outcome {
+        Err(e) => {
+            alert!("SOAK FAILED: {e}");
+            Some(e.to_string())
+        }
+        Ok(_) => None,
+    };
+    if args.json {
+        let doc = document(&options, &record, passed, error, MachineJson::probe());
+        ui::document(&to_text(&doc));
+    }
+    if passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
