@@ -1,24 +1,68 @@
-//! vkgdr 0.1's Python API: `Vkgdr` and `RawMemory`, on [`vkgdr::compat`].
+//! What stands behind vkgdr 0.1's Python classes: `_Vkgdr` and `_RawMemory`, on
+//! [`vkgdr::compat`].
+//!
+//! `vkgdr.Vkgdr` and `vkgdr.RawMemory` themselves are plain Python classes (python/vkgdr), as in
+//! vkgdr 0.1, so that programs can subclass them with `__init__`s of their own and combine them
+//! with other bases: `vkgdr.pycuda.Memory` is both a PyCUDA `PointerHolderBase` and a
+//! `RawMemory`, which a class defined here cannot be (two native instance layouts conflict).
+//! Each Python object holds one of these in `_impl`, and nothing else refers to it; views made
+//! through the array protocols refer to the Python object. So "no view is left" is "the Python
+//! object is collected", which drops the `_RawMemory` and releases memory kept for views.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyType};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use crate::errors::{invalid_argument, to_py, vkgdr_error};
 use crate::interface;
-use crate::lifetime;
+use crate::lifetime::{self, Baseline, Calibration};
+use crate::pool::Pool;
 use crate::stream::{stream_arg, StreamArg};
 
-/// Handle to a CUDA device opened for BAR mappings (vkgdr 0.1's `Vkgdr`).
-///
-/// `Vkgdr(device, flags=0)`: `device` is a CUDA device handle (`CUdevice`, the ordinal for
-/// every device the driver shows) and no CUDA context is created. With
-/// `OpenFlags.CURRENT_CONTEXT_BIT` the device is ignored and the calling thread's current context
-/// is used: it must stay alive as long as this handle and its memory (as in vkgdr 0.1).
-#[pyclass(module = "vkgdr", name = "Vkgdr", subclass, frozen)]
+/// An open device: what a `vkgdr.Vkgdr` holds (see its docs in python/vkgdr/__init__.py).
+#[pyclass(module = "vkgdr._vkgdr", name = "_Vkgdr", frozen)]
 pub struct Vkgdr {
     pub(crate) gpu: vkgdr::Gpu,
+}
+
+/// The device handle behind an `owner` argument (`RawMemory(owner, ...)`, `Pool(owner)`,
+/// `DeviceRing(owner, ...)`): a `vkgdr.Vkgdr` of any class derived from it, or its `_Vkgdr`.
+pub(crate) fn gpu_of(owner: &Bound<'_, PyAny>) -> PyResult<vkgdr::Gpu> {
+    if let Ok(handle) = owner.cast::<Vkgdr>() {
+        return Ok(handle.get().gpu.clone());
+    }
+    let py = owner.py();
+    let handle = owner.getattr(intern!(py, "_impl")).ok();
+    if let Some(handle) = handle.as_ref().and_then(|h| h.cast::<Vkgdr>().ok()) {
+        return Ok(handle.get().gpu.clone());
+    }
+    let type_name = owner
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_default();
+    let unopened = handle.is_some_and(|h| h.is_none())
+        && py
+            .import("vkgdr")
+            .and_then(|m| m.getattr("Vkgdr"))
+            .and_then(|class| owner.is_instance(&class))
+            .unwrap_or(false);
+    if unopened {
+        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "the owner (a {type_name}) has no open device: the __init__ of a class derived from \
+             vkgdr.Vkgdr must call vkgdr.Vkgdr.__init__"
+        )));
+    }
+    Err(not_a_handle(&type_name))
+}
+
+fn not_a_handle(type_name: &str) -> PyErr {
+    pyo3::exceptions::PyTypeError::new_err(format!(
+        "the owner must be a vkgdr.Vkgdr, not {type_name}"
+    ))
 }
 
 #[pymethods]
@@ -26,23 +70,12 @@ impl Vkgdr {
     #[new]
     #[pyo3(signature = (device, flags = 0))]
     fn new(py: Python<'_>, device: i32, flags: u32) -> PyResult<Self> {
-        // SAFETY: vkgdr 0.1's contract, which this class documents: a current context that is
-        // not a primary one must outlive the handle and its memory.
+        // SAFETY: vkgdr 0.1's contract, which `vkgdr.Vkgdr` documents: a current context that
+        // is not a primary one must outlive the handle and its memory.
         let gpu = py
             .detach(|| unsafe { vkgdr::compat::open(device, flags) })
             .map_err(to_py)?;
         Ok(Vkgdr { gpu })
-    }
-
-    /// Opens the device of the calling thread's current CUDA context (any context, including
-    /// PyCUDA's ``make_default_context()``): ``cls(0, flags | OpenFlags.CURRENT_CONTEXT_BIT)``.
-    #[classmethod]
-    #[pyo3(signature = (flags = 0))]
-    fn open_current_context<'py>(
-        cls: &Bound<'py, PyType>,
-        flags: u32,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        cls.call1((0, flags | vkgdr::compat::OPEN_CURRENT_CONTEXT_BIT))
     }
 
     /// The device's name, as CUDA reports it.
@@ -69,39 +102,30 @@ impl Vkgdr {
         !self.gpu.is_non_coherent()
     }
 
-    /// Releases of memory allocated through this handle (raw memory, pools, rings) that still
-    /// wait for GPU work queued before them; that memory still counts as in use. Frees never
-    /// wait for a running kernel: memory goes back once the work queued before the free on the
-    /// legacy default stream (every blocking stream's too), or on the stream named with
-    /// ``free(after=stream)``, has completed.
+    /// Releases of this handle's memory still waiting for GPU work queued before them.
     fn pending_releases(&self) -> usize {
         self.gpu.pending_releases()
     }
 
-    /// Waits up to ``timeout`` seconds (without holding the GIL) until no release of this
-    /// handle's memory is pending; returns whether none is left. Only a kernel still running on
-    /// the legacy or a blocking stream, or on a stream named in ``free(after=...)``, keeps one
-    /// waiting. For tests and orderly shutdown.
+    /// Waits up to ``timeout`` seconds without the GIL until no release is pending.
     #[pyo3(signature = (timeout = 30.0))]
     fn wait_for_releases(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
         if !(timeout.is_finite() && timeout >= 0.0) {
-            return Err(crate::errors::invalid_argument(format!(
-                "timeout {timeout} is not >= 0"
-            )));
+            return Err(invalid_argument(format!("timeout {timeout} is not >= 0")));
         }
         let timeout = std::time::Duration::from_secs_f64(timeout.min(1e9));
         Ok(py.detach(|| self.gpu.wait_for_releases(timeout)))
     }
 
-    /// Gives back to the driver what the handle keeps for later small raw allocations (the
-    /// empty shared granule they are carved from); returns how many granules went back.
+    /// Gives back the empty shared granule small raw allocations are carved from.
     fn trim(&self, py: Python<'_>) -> usize {
         py.detach(|| self.gpu.trim())
     }
 
-    fn __repr__(&self) -> String {
+    /// The device in words, for the Python object's `repr`.
+    fn describe(&self) -> String {
         format!(
-            "<vkgdr.Vkgdr {} (device {}, {})>",
+            "{} (device {}, {})",
             self.gpu.name(),
             self.gpu.cu_device(),
             if self.gpu.is_non_coherent() {
@@ -111,56 +135,96 @@ impl Vkgdr {
             }
         )
     }
+
+    fn __repr__(&self) -> String {
+        format!("<vkgdr._vkgdr._Vkgdr {}>", self.describe())
+    }
 }
 
-/// How memory freed while views may still use it is released once the last view is gone.
-enum Deferred {
-    /// The default: fenced on the legacy default stream.
+/// How memory is handed back.
+enum Release {
+    /// Fenced on the legacy default stream (a plain drop).
     Default,
+    /// At once, waiting for no GPU work.
+    Now,
     /// Fenced on this stream, kept alive until then.
     After(StreamArg),
 }
 
-/// One raw allocation in the calling thread's current CUDA context (vkgdr 0.1's `RawMemory`).
-///
-/// `RawMemory(owner, size, flags=0)`: `size` bytes (`len()` reports exactly that) with a host
-/// mapping (``np.asarray(mem)`` is a writable view, ``__array_interface__``) and a device pointer
-/// (``device_ptr``, ``__cuda_array_interface__``). The context current at allocation must stay
-/// alive until the memory is released (see below: with views alive at ``free()``, until the last
-/// is gone); the release needs no current context.
-///
-/// ``free(*, after=None, now=False)`` frees it (safe to call twice; collecting the object frees
-/// it too). It never waits for a kernel: the memory goes back once the GPU work queued before
-/// the free on the legacy default stream, and so on every blocking stream (the default of CUDA
-/// C, CuPy, PyTorch and PyCUDA), has completed. ``after=stream`` waits for the work queued on
-/// that stream instead (a CUDA stream: an int ``CUstream``, or a CuPy, PyTorch, PyCUDA or Numba
-/// stream object, which is kept alive until then): use it for memory a kernel on a non-blocking
-/// stream may still use. ``now=True`` releases without waiting for any GPU work, for callers who
-/// know none uses the memory. An int handle must name a live stream of this memory's device.
-///
-/// **Views keep the memory.** Once ``__array_interface__`` or ``__cuda_array_interface__`` has
-/// been read (``np.asarray(mem)``, ``cupy.asarray(mem)``, Numba, PyTorch), ``free()`` releases
-/// the memory at once only if nothing but the caller's variables refers to the object. If
-/// something else does (a view, whose ``base`` or owner is this object, or any other
-/// reference), the object is marked freed at once (its attributes raise ``VkgdrError``, as after
-/// any free) and the memory is released when the object is deallocated, i.e. when the last view
-/// (and the caller's last reference) is gone, fenced then on the stream named by ``after`` (which
-/// must still be alive: objects are kept, int handles are the caller's) or on the legacy stream
-/// (``now=True`` then gets that default fence).
-/// Views therefore never touch memory that was handed back, and kernels launched through them
-/// before the release on a blocking stream, or on the ``after`` stream, are waited for. Memory
-/// whose interfaces were never read is released at once, as in vkgdr 0.1. Addresses taken as
-/// integers (``host_ptr``, ``device_ptr``, the interfaces' ``data``) are the caller's to stop
-/// using, as in C.
-#[pyclass(module = "vkgdr", name = "RawMemory", subclass)]
+/// What a `_RawMemory` holds.
+enum Held {
+    /// A raw allocation: what every program gets.
+    Raw(vkgdr::RawMemory),
+    /// For the tests without a GPU only (`_RawMemory._over_pool`): a block of a pool standing in
+    /// for a raw allocation, and a callable told how it was handed back.
+    StandIn {
+        block: vkgdr::Block,
+        on_release: Py<PyAny>,
+    },
+}
+
+impl Held {
+    fn flush(&self, offset: u64, size: u64) -> vkgdr::Result<()> {
+        match self {
+            Held::Raw(memory) => memory.flush(offset, size),
+            Held::StandIn { block, .. } => block.flush_range(offset, size),
+        }
+    }
+
+    fn invalidate(&self, offset: u64, size: u64) -> vkgdr::Result<()> {
+        match self {
+            Held::Raw(memory) => memory.invalidate(offset, size),
+            Held::StandIn { block, .. } => vkgdr::Mapping::before_read(block, offset, size),
+        }
+    }
+
+    /// Hands the memory back as `how` says. With `detach`, without the GIL meanwhile (not from
+    /// a destructor, which may run while the interpreter shuts down).
+    fn release(self, py: Python<'_>, how: Release, detach: bool) -> PyResult<()> {
+        match self {
+            Held::Raw(memory) => {
+                let run = move || match &how {
+                    Release::Default => {
+                        drop(memory);
+                        Ok(())
+                    }
+                    Release::Now => {
+                        memory.release_now();
+                        Ok(())
+                    }
+                    // SAFETY: a stream given as an object is alive while `how` holds it (it
+                    // drops after the call); an int handle is the caller's promise, documented
+                    // on `RawMemory.free`.
+                    Release::After(stream) => unsafe { memory.release_after_stream(stream.raw()) },
+                };
+                if detach { py.detach(run) } else { run() }.map_err(to_py)
+            }
+            Held::StandIn { block, on_release } => {
+                drop(block);
+                let how = match how {
+                    Release::Default => "default".into_pyobject(py)?.into_any(),
+                    Release::Now => "now".into_pyobject(py)?.into_any(),
+                    Release::After(stream) => (stream.raw() as usize).into_pyobject(py)?.into_any(),
+                };
+                on_release.call1(py, (how,)).map(drop)
+            }
+        }
+    }
+}
+
+/// One raw allocation in the calling thread's current CUDA context: what a `vkgdr.RawMemory`
+/// holds (see its docs in python/vkgdr/__init__.py for `free()` and views).
+#[pyclass(module = "vkgdr._vkgdr", name = "_RawMemory")]
 pub struct RawMemory {
     /// The memory, until `free()`.
-    memory: Option<vkgdr::RawMemory>,
-    /// Memory freed while views may use it, released when this object goes.
-    deferred: Option<(vkgdr::RawMemory, Deferred)>,
-    /// Whether an array interface was read (views may exist). Atomic so that reading one needs
-    /// no exclusive borrow.
-    exported: AtomicBool,
+    memory: Option<Held>,
+    /// Memory freed while views may use it: released when this object goes (when the Python
+    /// object holding it is collected), or by `release()`.
+    deferred: Option<(Held, Release)>,
+    /// How many times an array interface or the exported device pointer was read (views may
+    /// exist once it is not 0). Atomic so that reading one needs no exclusive borrow; a count,
+    /// not a flag, so that `free()` sees exports made after its caller measured the references.
+    exports: AtomicU64,
     size: u64,
     host_ptr: usize,
     device_ptr: u64,
@@ -169,61 +233,28 @@ pub struct RawMemory {
 }
 
 impl RawMemory {
-    fn live(&self) -> PyResult<&vkgdr::RawMemory> {
+    fn live(&self) -> PyResult<&Held> {
         self.memory
             .as_ref()
             .ok_or_else(|| vkgdr_error("the memory has been freed"))
     }
-}
 
-impl Drop for RawMemory {
-    fn drop(&mut self) {
-        // Collected without `free()`: a plain drop (the default fence), as in vkgdr 0.1.
-        drop(self.memory.take());
-        match self.deferred.take() {
-            None => {}
-            Some((memory, Deferred::Default)) => drop(memory),
-            Some((memory, Deferred::After(stream))) => {
-                // SAFETY: the stream object is still held (`stream` drops after the call), so
-                // a stream given as an object is alive; an int handle is the caller's promise,
-                // documented on `free`. On an error the memory is released as a plain drop
-                // would be, and a destructor has no one to tell.
-                let _ = unsafe { memory.release_after_stream(stream.raw()) };
-                drop(stream);
-            }
-        }
-    }
-}
-
-#[pymethods]
-impl RawMemory {
-    #[new]
-    #[pyo3(signature = (owner, size, flags = 0))]
-    fn new(py: Python<'_>, owner: PyRef<'_, Vkgdr>, size: u64, flags: u32) -> PyResult<Self> {
-        let gpu = owner.gpu.clone();
-        // SAFETY: vkgdr 0.1's contract, documented on this class: the current context outlives
-        // the memory. `detach` runs the closure on this thread, so "current" is unchanged.
-        let memory = py
-            .detach(|| unsafe { vkgdr::compat::alloc(&gpu, size, flags) })
-            .map_err(to_py)?;
-        Ok(RawMemory {
-            size: memory.size(),
-            host_ptr: memory.host_ptr() as usize,
-            device_ptr: memory.device_ptr(),
-            coherent: memory.is_coherent(),
-            atom: memory.non_coherent_atom_size(),
-            memory: Some(memory),
-            deferred: None,
-            exported: AtomicBool::new(false),
-        })
-    }
-
-    /// Frees the memory without waiting for the GPU (see the class docs: ``after`` names the
-    /// stream whose queued work the release waits for, ``now=True`` waits for none, and memory
-    /// that views may still use is released when the last one is gone). Safe to call twice; a
-    /// second call changes nothing.
-    #[pyo3(signature = (*, after = None, now = false))]
-    fn free(slf: &Bound<'_, Self>, after: Option<&Bound<'_, PyAny>>, now: bool) -> PyResult<()> {
+    /// Frees the memory on behalf of `owner`, the Python object holding this one: at once unless
+    /// views may use it, else kept until this object goes or `release()`. `refs` is `owner`'s
+    /// reference count when its `free` was entered, `exports` the export count read before it,
+    /// `baseline` what that `free` sees of a plain call, `depth` how many Python frames up from
+    /// the innermost one its caller is. Returns whether the memory is handed back.
+    #[allow(clippy::too_many_arguments)]
+    fn free_for(
+        slf: &Bound<'_, Self>,
+        owner: &Bound<'_, PyAny>,
+        refs: isize,
+        exports: u64,
+        baseline: Baseline,
+        depth: u32,
+        after: Option<&Bound<'_, PyAny>>,
+        now: bool,
+    ) -> PyResult<bool> {
         let py = slf.py();
         // The arguments first: reading a stream object may run Python code.
         let after = match after {
@@ -236,7 +267,7 @@ impl RawMemory {
             None => None,
         };
         // Freed from here on: no view can be made any more.
-        let (memory, exported) = {
+        let (memory, exported_now) = {
             let mut this = slf.try_borrow_mut().map_err(|_| {
                 vkgdr_error(
                     "the memory is in use by another thread (flush or invalidate): free it \
@@ -244,46 +275,194 @@ impl RawMemory {
                 )
             })?;
             let Some(memory) = this.memory.take() else {
-                return Ok(());
+                return Ok(this.deferred.is_none());
             };
-            (memory, this.exported.load(Ordering::Relaxed))
+            (memory, this.exports.load(Ordering::Relaxed))
         };
-        // What the caller and the views hold; no reference of ours is taken now.
-        let refs = lifetime::refcount(slf.as_any());
-        // A failure to inspect the caller leaves the views' possibility open.
-        let views =
-            exported && !lifetime::only_callers_of_rust_free(slf.as_any(), refs).unwrap_or(false);
+        // An export since the caller counted the references (another thread's) may be a view
+        // that count missed. A failure to inspect the caller leaves the views' possibility open.
+        let views = exported_now != 0
+            && (exported_now != exports
+                || !lifetime::only_callers(owner, refs, baseline, depth).unwrap_or(false));
         if views {
-            let how = after.map_or(Deferred::Default, Deferred::After);
+            let how = after.map_or(Release::Default, Release::After);
             match slf.try_borrow_mut() {
                 Ok(mut this) => this.deferred = Some((memory, how)),
                 // Cannot happen: every other method fails at once on freed memory, holding the
                 // GIL as this one does. Were it to, keeping the memory forever is safe.
                 Err(_) => std::mem::forget((memory, how)),
             }
-            return Ok(());
+            return Ok(false);
         }
-        match after {
-            // SAFETY: a stream object is alive while `stream` holds it; an int handle is the
-            // caller's promise (documented on the class).
-            Some(stream) => py
-                .detach(|| unsafe { memory.release_after_stream(stream.raw()) })
-                .map_err(to_py),
-            None if now => {
-                py.detach(|| memory.release_now());
-                Ok(())
-            }
-            None => {
-                py.detach(move || drop(memory));
-                Ok(())
-            }
+        let how = match after {
+            Some(stream) => Release::After(stream),
+            None if now => Release::Now,
+            None => Release::Default,
+        };
+        memory.release(py, how, true)?;
+        Ok(true)
+    }
+
+    /// [`live`](Self::live), noting that a view may be made.
+    fn export(&self) -> PyResult<&Held> {
+        let held = self.live()?;
+        self.exports.fetch_add(1, Ordering::Relaxed);
+        Ok(held)
+    }
+
+    /// Hands back whatever is still held: live memory as a plain drop would, memory kept for
+    /// views as `free()` asked.
+    fn release_held(&mut self, py: Python<'_>, detach: bool) -> PyResult<()> {
+        let live = self.memory.take();
+        let deferred = self.deferred.take();
+        let first = match live {
+            Some(memory) => memory.release(py, Release::Default, detach),
+            None => Ok(()),
+        };
+        let second = match deferred {
+            Some((memory, how)) => memory.release(py, how, detach),
+            None => Ok(()),
+        };
+        first.and(second)
+    }
+}
+
+impl Drop for RawMemory {
+    fn drop(&mut self) {
+        if self.memory.is_none() && self.deferred.is_none() {
+            return;
         }
+        // Collected without `free()` (a plain drop, as in vkgdr 0.1), or freed while views could
+        // use it and now the last is gone. A destructor has no one to report an error to: on
+        // one the memory went back as a plain drop gives it back. It may run while an exception
+        // propagates (values on the stack are dropped then), which the Python code an error or
+        // the tests' stand-in runs must neither see nor clear.
+        Python::attach(|py| {
+            let pending = PyErr::take(py);
+            let _ = self.release_held(py, false);
+            if let Some(pending) = pending {
+                pending.restore(py);
+            }
+        });
+    }
+}
+
+#[pymethods]
+impl RawMemory {
+    #[new]
+    #[pyo3(signature = (owner, size, flags = 0))]
+    fn new(py: Python<'_>, owner: &Bound<'_, PyAny>, size: u64, flags: u32) -> PyResult<Self> {
+        let gpu = gpu_of(owner)?;
+        // SAFETY: vkgdr 0.1's contract, documented on `vkgdr.RawMemory`: the current context
+        // outlives the memory. `detach` runs the closure on this thread, so "current" is
+        // unchanged.
+        let memory = py
+            .detach(|| unsafe { vkgdr::compat::alloc(&gpu, size, flags) })
+            .map_err(to_py)?;
+        Ok(RawMemory {
+            size: memory.size(),
+            host_ptr: memory.host_ptr() as usize,
+            device_ptr: memory.device_ptr(),
+            coherent: memory.is_coherent(),
+            atom: memory.non_coherent_atom_size(),
+            memory: Some(Held::Raw(memory)),
+            deferred: None,
+            exports: AtomicU64::new(0),
+        })
+    }
+
+    /// For the tests without a GPU only: ``size`` bytes of a block of ``pool`` (a coherent one,
+    /// such as ``Pool.vulkan_only()`` over Mesa's lavapipe) standing in for a raw allocation, so
+    /// that ``vkgdr.RawMemory``'s Python half runs over real mapped memory. ``device_ptr`` is 0.
+    /// ``on_release(how)`` is called when the memory is handed back: ``"default"``, ``"now"``,
+    /// or the stream handle ``after=`` named.
+    #[staticmethod]
+    #[pyo3(name = "_over_pool")]
+    fn over_pool(
+        py: Python<'_>,
+        pool: &Bound<'_, Pool>,
+        size: u64,
+        on_release: Py<PyAny>,
+    ) -> PyResult<Self> {
+        let pool = &pool.get().pool;
+        if pool.is_non_coherent() {
+            return Err(invalid_argument(
+                "a stand-in raw allocation needs a coherent pool",
+            ));
+        }
+        let block = py.detach(|| pool.alloc(size, 64)).map_err(to_py)?;
+        Ok(RawMemory {
+            size: block.size(),
+            host_ptr: block.host_ptr() as usize,
+            device_ptr: block.device_ptr().unwrap_or(0),
+            coherent: true,
+            atom: 1,
+            memory: Some(Held::StandIn { block, on_release }),
+            deferred: None,
+            exports: AtomicU64::new(0),
+        })
+    }
+
+    /// What ``vkgdr.RawMemory.free`` does, for the tests: frees the memory on behalf of
+    /// ``owner``, the object holding this one, for a Python function that calls this (its caller
+    /// is the frame that made the call): ``refs`` is ``owner``'s reference count on entry there,
+    /// ``exports`` the export count read before that, ``baseline`` what ``_calibrate`` measured.
+    /// Returns whether the memory is handed back (False: kept for views).
+    #[pyo3(signature = (owner, refs, exports, baseline, *, after = None, now = false))]
+    fn free(
+        slf: &Bound<'_, Self>,
+        owner: &Bound<'_, PyAny>,
+        refs: isize,
+        exports: u64,
+        baseline: (isize, isize),
+        after: Option<&Bound<'_, PyAny>>,
+        now: bool,
+    ) -> PyResult<bool> {
+        let baseline = Baseline {
+            function: baseline.0,
+            module: baseline.1,
+        };
+        // Called from Python: the caller of the method that calls this is one frame up.
+        RawMemory::free_for(slf, owner, refs, exports, baseline, 1, after, now)
+    }
+
+    /// Hands back now whatever is still held: memory never freed as a plain drop would, memory
+    /// kept for views with the fence ``free()`` asked for. For a destructor that knows no view is
+    /// left (``vkgdr.pycuda.Memory.__del__``, with its context pushed), so the GIL is kept: it
+    /// may run while the interpreter shuts down.
+    fn release(&mut self, py: Python<'_>) -> PyResult<()> {
+        self.release_held(py, false)
+    }
+
+    /// How many times an array interface or ``exported_device_ptr()`` was read.
+    #[getter]
+    fn exports(&self) -> u64 {
+        self.exports.load(Ordering::Relaxed)
+    }
+
+    /// Whether ``free()`` was called (the memory may still wait for its views).
+    #[getter]
+    fn is_freed(&self) -> bool {
+        self.memory.is_none()
+    }
+
+    /// Whether nothing is held any more: freed, and not kept for views.
+    #[getter]
+    fn is_released(&self) -> bool {
+        self.memory.is_none() && self.deferred.is_none()
     }
 
     /// The CUDA device pointer (``CUdeviceptr``) of the first byte.
     #[getter]
     fn device_ptr(&self) -> PyResult<u64> {
         self.live()?;
+        Ok(self.device_ptr)
+    }
+
+    /// The device pointer, for a consumer that keeps using it (PyCUDA's ``get_pointer``): views
+    /// may exist from here on.
+    fn exported_device_ptr(&self) -> PyResult<u64> {
+        self.export()?;
         Ok(self.device_ptr)
     }
 
@@ -298,14 +477,7 @@ impl RawMemory {
         self.size as usize
     }
 
-    /// Whether ``free()`` was called (the memory may still wait for its views).
-    #[getter]
-    fn is_freed(&self) -> bool {
-        self.memory.is_none()
-    }
-
-    /// Whether host writes are visible to the device without ``flush`` (and device writes to
-    /// the host without ``invalidate``).
+    /// Whether host writes need no ``flush`` (nor device writes an ``invalidate``).
     #[getter]
     fn is_coherent(&self) -> bool {
         self.coherent
@@ -317,8 +489,7 @@ impl RawMemory {
         self.atom
     }
 
-    /// Makes host writes in ``[offset, offset + size)`` visible to the device (rounded out to
-    /// whole atoms inside the allocation; on coherent memory only a store fence).
+    /// Makes host writes in ``[offset, offset + size)`` visible to the device.
     fn flush(&self, py: Python<'_>, offset: u64, size: u64) -> PyResult<()> {
         let memory = self.live()?;
         interface::range(offset, Some(size), self.size)?;
@@ -333,35 +504,221 @@ impl RawMemory {
         py.detach(|| memory.invalidate(offset, size)).map_err(to_py)
     }
 
-    /// NumPy's array interface: ``size`` writable bytes of type ``|V1`` (as vkgdr 0.1). Views
-    /// made from it keep the memory (see the class docs).
+    /// NumPy's array interface: ``size`` writable bytes of type ``|V1`` (as vkgdr 0.1).
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        self.live()?;
-        self.exported.store(true, Ordering::Relaxed);
+        self.export()?;
         interface::array_interface(py, self.host_ptr, self.size, "|V1")
     }
 
-    /// The CUDA array interface (v3): ``size`` bytes of ``uint8`` at ``device_ptr``. Arrays
-    /// made from it keep the memory (see the class docs).
+    /// The CUDA array interface (v3): ``size`` bytes of ``uint8`` at ``device_ptr``.
     #[getter]
     fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        self.live()?;
-        self.exported.store(true, Ordering::Relaxed);
+        self.export()?;
         interface::cuda_array_interface(py, self.device_ptr, self.size)
     }
 
-    fn __repr__(&self) -> String {
+    /// The memory's state in words, for the Python object's `repr`.
+    fn describe(&self) -> String {
         match (&self.memory, &self.deferred) {
-            (Some(_), _) => format!(
-                "<vkgdr.RawMemory {} bytes at device {:#x}>",
-                self.size, self.device_ptr
-            ),
+            (Some(_), _) => format!("{} bytes at device {:#x}", self.size, self.device_ptr),
             (None, Some(_)) => format!(
-                "<vkgdr.RawMemory {} bytes, freed (released when its views are gone)>",
+                "{} bytes, freed (released when its views are gone)",
                 self.size
             ),
-            (None, None) => format!("<vkgdr.RawMemory {} bytes, freed>", self.size),
+            (None, None) => format!("{} bytes, freed", self.size),
         }
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<vkgdr._vkgdr._RawMemory {}>", self.describe())
+    }
+}
+
+/// The baselines of [`FreeMethod`], measured at import with a probe class.
+static FREE_BASELINES: PyOnceLock<Calibration> = PyOnceLock::new();
+
+/// Measures the baselines of `vkgdr.RawMemory.free` once (at import), on a class whose `free` is
+/// a probing [`FreeMethod`].
+pub fn init(py: Python<'_>) -> PyResult<()> {
+    let namespace = PyDict::new(py);
+    namespace.set_item("free", FreeMethod { probe: true })?;
+    let probe = py.import("builtins")?.getattr("type")?.call1((
+        "_FreeProbe",
+        PyTuple::empty(py),
+        namespace,
+    ))?;
+    let calibration = lifetime::measure(probe.cast()?)?;
+    let _ = FREE_BASELINES.set(py, calibration);
+    Ok(())
+}
+
+/// ``vkgdr.RawMemory.free(*, after=None, now=False)``: frees the memory without waiting for the
+/// GPU. ``after`` names the stream whose queued work the release waits for, ``now=True`` waits for
+/// none, and memory that views may still use is released when the last one is gone (see
+/// ``vkgdr.RawMemory``). Safe to call twice; a second call changes nothing.
+///
+/// A descriptor rather than a Python function: its bound object holds the receiver exactly once
+/// whatever the call's shape, which the reference count that finds views relies on.
+#[pyclass(module = "vkgdr._vkgdr", name = "_FreeMethod", frozen)]
+pub struct FreeMethod {
+    /// For the calibration: calls return the receiver's reference count and free nothing.
+    probe: bool,
+}
+
+/// ``free`` bound to a ``vkgdr.RawMemory``: ``mem.free(*, after=None, now=False)``.
+#[pyclass(module = "vkgdr._vkgdr", name = "_BoundFree")]
+pub struct BoundFree {
+    probe: bool,
+    /// The object; `None` only once the garbage collector has broken a cycle through it (an
+    /// object holding its own bound `free`).
+    receiver: Option<Py<PyAny>>,
+}
+
+/// How `free` was reached, which decides what the call itself holds of the receiver.
+#[derive(Clone, Copy)]
+enum Shape {
+    /// `mem.free(...)`: the bound object holds it.
+    Bound,
+    /// `RawMemory.free(mem, ...)`: the arguments hold it.
+    Unbound,
+}
+
+/// `free()` of a `vkgdr.RawMemory` object `obj`: the memory its `_impl` holds is freed on its
+/// behalf, between its `_release_begin()` and `_release_end()` hooks.
+fn free_object(
+    obj: &Bound<'_, PyAny>,
+    shape: Shape,
+    probe: bool,
+    after: Option<&Bound<'_, PyAny>>,
+    now: bool,
+) -> PyResult<Py<PyAny>> {
+    let py = obj.py();
+    if probe {
+        return Ok(lifetime::refcount(obj)
+            .into_pyobject(py)?
+            .into_any()
+            .unbind());
+    }
+    let not_memory = || {
+        let type_name = obj
+            .get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_default();
+        pyo3::exceptions::PyTypeError::new_err(format!(
+            "free() needs a vkgdr.RawMemory, not {type_name}"
+        ))
+    };
+    let memory = obj
+        .getattr(intern!(py, "_impl"))
+        .map_err(|_| not_memory())?;
+    if memory.is_none() {
+        return Ok(py.None()); // __init__ never ran: nothing to free
+    }
+    let memory = memory.cast_into::<RawMemory>().map_err(|_| not_memory())?;
+    // The exports first, then the references, with no Python code in between (no other thread
+    // can run): an export after the count shows as a different number.
+    let exports = memory.try_borrow().map_or(u64::MAX, |m| m.exports());
+    let refs = lifetime::refcount(obj);
+    let Some(calibration) = FREE_BASELINES.get(py) else {
+        return Err(vkgdr_error("vkgdr._vkgdr was not initialised"));
+    };
+    let baseline = match shape {
+        Shape::Bound => calibration.bound,
+        Shape::Unbound => calibration.unbound,
+    };
+    obj.call_method0(intern!(py, "_release_begin"))?;
+    // The caller of `free` is the innermost Python frame again once the hook has returned.
+    let freed = RawMemory::free_for(&memory, obj, refs, exports, baseline, 0, after, now);
+    let ended = obj.call_method0(intern!(py, "_release_end"));
+    freed?;
+    ended?;
+    Ok(py.None())
+}
+
+#[pymethods]
+impl FreeMethod {
+    #[new]
+    fn new() -> Self {
+        FreeMethod { probe: false }
+    }
+
+    fn __get__(
+        slf: &Bound<'_, Self>,
+        obj: Option<&Bound<'_, PyAny>>,
+        _owner: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let py = slf.py();
+        match obj {
+            Some(obj) if !obj.is_none() => Ok(Bound::new(
+                py,
+                BoundFree {
+                    probe: slf.get().probe,
+                    receiver: Some(obj.clone().unbind()),
+                },
+            )?
+            .into_any()
+            .unbind()),
+            _ => Ok(slf.clone().into_any().unbind()),
+        }
+    }
+
+    /// ``RawMemory.free(mem, *, after=None, now=False)``: ``mem.free(...)`` through the class.
+    #[pyo3(signature = (obj, *, after = None, now = false))]
+    fn __call__(
+        &self,
+        obj: &Bound<'_, PyAny>,
+        after: Option<&Bound<'_, PyAny>>,
+        now: bool,
+    ) -> PyResult<Py<PyAny>> {
+        free_object(obj, Shape::Unbound, self.probe, after, now)
+    }
+}
+
+#[pymethods]
+impl BoundFree {
+    #[pyo3(signature = (*, after = None, now = false))]
+    fn __call__(
+        &self,
+        py: Python<'_>,
+        after: Option<&Bound<'_, PyAny>>,
+        now: bool,
+    ) -> PyResult<Py<PyAny>> {
+        let receiver = self.receiver(py)?;
+        free_object(receiver.bind(py), Shape::Bound, self.probe, after, now)
+    }
+
+    /// The object the method is bound to.
+    #[getter]
+    fn __self__(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.receiver(py)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(format!(
+            "<bound method free of {}>",
+            self.receiver(py)?.bind(py).repr()?
+        ))
+    }
+
+    fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        if let Some(receiver) = &self.receiver {
+            visit.call(receiver)?;
+        }
+        Ok(())
+    }
+
+    fn __clear__(&mut self) {
+        self.receiver = None;
+    }
+}
+
+impl BoundFree {
+    fn receiver(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.receiver
+            .as_ref()
+            .map(|r| r.clone_ref(py))
+            .ok_or_else(|| vkgdr_error("this bound free() was cleared by the garbage collector"))
     }
 }

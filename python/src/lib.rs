@@ -1,6 +1,7 @@
 //! `vkgdr._vkgdr`, the extension module behind the Python package `vkgdr` (python/vkgdr).
 //!
-//! - [`compat`]: vkgdr 0.1's `Vkgdr` and `RawMemory`, on [`vkgdr::compat`];
+//! - [`compat`]: `_Vkgdr` and `_RawMemory`, on [`vkgdr::compat`], held by vkgdr 0.1's `Vkgdr` and
+//!   `RawMemory` (plain Python classes in python/vkgdr, which programs may subclass);
 //! - [`pool`]: `Pool` and `Block` (NumPy, CUDA array interface, DLPack);
 //! - [`ring`]: `DeviceRing`, a thin wrapper of [`vkgdr::ring::DeviceRing`];
 //! - [`errors`]: `VkgdrError` and its subclasses, the one conversion of library errors;
@@ -30,15 +31,16 @@ fn _vkgdr(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_class::<compat::Vkgdr>()?;
     m.add_class::<compat::RawMemory>()?;
+    m.add_class::<compat::FreeMethod>()?;
+    m.add_class::<compat::BoundFree>()?;
     m.add_class::<pool::Pool>()?;
     m.add_class::<pool::Block>()?;
     m.add_class::<ring::DeviceRing>()?;
     m.add_class::<ring::RingDeviceView>()?;
     m.add_class::<lifetime::RefProbe>()?;
     m.add_function(wrap_pyfunction!(lifetime::calibrate, m)?)?;
-    m.add_function(wrap_pyfunction!(lifetime::only_callers_py, m)?)?;
-    m.add_function(wrap_pyfunction!(stream::stream_handle, m)?)?;
     lifetime::init(m.py())?;
+    compat::init(m.py())?;
     m.add(
         "OPEN_CURRENT_CONTEXT_BIT",
         vkgdr::compat::OPEN_CURRENT_CONTEXT_BIT,

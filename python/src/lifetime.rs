@@ -24,6 +24,13 @@
 //! on the frame (a snapshot): its references are subtracted, and the snapshot is emptied
 //! afterwards so that it keeps neither the object nor its views alive (it is rebuilt whenever it
 //! is read again).
+//!
+//! Two kinds of `free` use the rule: `Block.free`, a method of a native class (its baseline
+//! measured with [`RefProbe`]), and `vkgdr.RawMemory.free`, whose class is plain Python so that
+//! programs may derive classes from it as in vkgdr 0.1. A Python function as `free` would see a
+//! different count for each call shape (`m.free(**kw)` and `f = m.free; f()` hold one more than
+//! `m.free()` from Python 3.11 on), so that `free` is a descriptor written in Rust
+//! ([`crate::compat`]) whose bound object holds the receiver exactly once, whatever the shape.
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::ffi;
@@ -48,7 +55,7 @@ pub struct Baseline {
 /// The baseline of the `free` methods written in Rust, measured with [`RefProbe`].
 static BASELINE: PyOnceLock<Baseline> = PyOnceLock::new();
 
-/// A probe whose `free` has the receiver and parameters of `RawMemory.free` and `Block.free`
+/// A probe whose `free` has the receiver and parameters of `Block.free`
 /// and returns the receiver's reference count on entry: what [`calibrate`] measures.
 #[pyclass(module = "vkgdr._vkgdr", name = "_RefProbe")]
 pub struct RefProbe;
@@ -69,46 +76,83 @@ impl RefProbe {
 }
 
 /// Runs every call shape of `free` on an instance of `cls` (whose `free(*, after=None,
-/// now=False)` returns the receiver's count on entry), in a function and at module level, and
-/// returns the smallest counts seen.
+/// now=False)` returns the receiver's count on entry), in a function and at module level, through
+/// the instance (`p.free(...)`) and through the class (`cls.free(p, ...)`), and keeps the smallest
+/// counts seen of each kind. Each shape is written out: a helper taking `p` would add references.
 const CALIBRATION: &std::ffi::CStr = cr#"
-def _shapes(p):
-    return [p.free(), p.free(after=None), p.free(now=False), p.free(after=None, now=False)]
-
 def _in_function(cls):
     p = cls()
-    return min(p.free(), p.free(after=None), p.free(now=False), p.free(after=None, now=False))
+    bound = min(
+        p.free(), p.free(after=None), p.free(now=False), p.free(after=None, now=False),
+        p.free(**{}), p.free(**{"now": False}),
+    )
+    unbound = min(cls.free(p), cls.free(p, after=None), cls.free(p, **{}), cls.free(*(p,)))
+    return bound, unbound
 
-function = _in_function(cls)
+function, unbound_function = _in_function(cls)
 p = cls()
-module = min(p.free(), p.free(after=None), p.free(now=False), p.free(after=None, now=False))
+module = min(
+    p.free(), p.free(after=None), p.free(now=False), p.free(after=None, now=False),
+    p.free(**{}), p.free(**{"now": False}),
+)
+unbound_module = min(cls.free(p), cls.free(p, after=None), cls.free(p, **{}), cls.free(*(p,)))
 del p
 "#;
 
-/// Measures the baseline of `cls`'s `free` (see the module docs): `(function, module)`.
-#[pyfunction]
-#[pyo3(name = "_calibrate")]
-pub fn calibrate(cls: &Bound<'_, PyType>) -> PyResult<(isize, isize)> {
+/// The baselines of one `free`, called through the instance (`bound`) or through the class.
+#[derive(Debug, Clone, Copy)]
+pub struct Calibration {
+    pub bound: Baseline,
+    pub unbound: Baseline,
+}
+
+/// Measures the baselines of `cls`'s `free` (see the module docs).
+pub fn measure(cls: &Bound<'_, PyType>) -> PyResult<Calibration> {
     let py = cls.py();
     let globals = PyDict::new(py);
     globals.set_item("__builtins__", py.import("builtins")?)?;
     globals.set_item("cls", cls)?;
     py.run(CALIBRATION, Some(&globals), None)?;
-    let function: isize = globals
-        .get_item("function")?
-        .ok_or_else(|| PyRuntimeError::new_err("calibration ran no function"))?
-        .extract()?;
-    let module: isize = globals
-        .get_item("module")?
-        .ok_or_else(|| PyRuntimeError::new_err("calibration ran no module code"))?
-        .extract()?;
-    Ok((function, module))
+    let get = |name: &str| -> PyResult<isize> {
+        globals
+            .get_item(name)?
+            .ok_or_else(|| PyRuntimeError::new_err(format!("calibration measured no {name}")))?
+            .extract()
+    };
+    Ok(Calibration {
+        bound: Baseline {
+            function: get("function")?,
+            module: get("module")?,
+        },
+        unbound: Baseline {
+            function: get("unbound_function")?,
+            module: get("unbound_module")?,
+        },
+    })
 }
 
-/// Measures the baseline of the Rust `free` methods once (at import).
+/// [`measure`] for the tests: `(function, module, unbound_function, unbound_module)`.
+#[pyfunction]
+#[pyo3(name = "_calibrate")]
+pub fn calibrate(cls: &Bound<'_, PyType>) -> PyResult<(isize, isize, isize, isize)> {
+    let c = measure(cls)?;
+    Ok((
+        c.bound.function,
+        c.bound.module,
+        c.unbound.function,
+        c.unbound.module,
+    ))
+}
+
+/// Measures the baseline of the Rust `free` methods once (at import). A method of a native class
+/// cannot tell whether it was called through the instance or the class: the smaller count holds.
 pub fn init(py: Python<'_>) -> PyResult<()> {
-    let (function, module) = calibrate(&py.get_type::<RefProbe>())?;
-    let _ = BASELINE.set(py, Baseline { function, module });
+    let c = measure(&py.get_type::<RefProbe>())?;
+    let baseline = Baseline {
+        function: c.bound.function.min(c.unbound.function),
+        module: c.bound.module.min(c.unbound.module),
+    };
+    let _ = BASELINE.set(py, baseline);
     Ok(())
 }
 
@@ -172,26 +216,4 @@ pub fn only_callers(
         locals.cast::<PyDict>()?.clear();
     }
     Ok(refs < held + base)
-}
-
-/// [`only_callers`] for `free` methods written in Python (`vkgdr.pycuda.Memory.free`): `refs` is
-/// `sys.getrefcount(self)` on entry, `baseline` what [`calibrate`] measured for the class, and
-/// `depth` 1 (the caller of the method that calls this).
-#[pyfunction]
-#[pyo3(name = "_only_callers")]
-pub fn only_callers_py(
-    obj: &Bound<'_, PyAny>,
-    refs: isize,
-    baseline: (isize, isize),
-    depth: u32,
-) -> PyResult<bool> {
-    only_callers(
-        obj,
-        refs,
-        Baseline {
-            function: baseline.0,
-            module: baseline.1,
-        },
-        depth,
-    )
 }

@@ -11,7 +11,7 @@ use pyo3::types::{PyBytes, PyDict, PyTuple};
 use vkgdr::vulkan::{DeviceSelector, MemoryOptions, VulkanContext};
 use vkgdr::{Mapping, PoolConfig};
 
-use crate::compat::Vkgdr;
+use crate::compat::gpu_of;
 use crate::dlpack;
 use crate::errors::{invalid_argument, to_py};
 use crate::interface;
@@ -80,7 +80,7 @@ fn config(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<PoolConfig> {
 /// object.
 #[pyclass(module = "vkgdr", name = "Pool", frozen)]
 pub struct Pool {
-    pool: vkgdr::Pool,
+    pub(crate) pool: vkgdr::Pool,
     /// The CUDA device ordinal of the chunks; `None` for a Vulkan-only pool.
     device: Option<i32>,
     /// The device handle, for stream-ordered releases of blocks; `None` for a Vulkan-only pool.
@@ -91,9 +91,9 @@ pub struct Pool {
 impl Pool {
     #[new]
     #[pyo3(signature = (owner, **config))]
-    fn new(owner: PyRef<'_, Vkgdr>, config: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+    fn new(owner: &Bound<'_, PyAny>, config: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let gpu = gpu_of(owner)?;
         let cfg = self::config(config)?;
-        let gpu = owner.gpu.clone();
         let device = gpu.cu_device();
         let pool = vkgdr::Pool::new(gpu.clone(), cfg).map_err(to_py)?;
         Ok(Pool {

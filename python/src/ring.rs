@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use vkgdr::ring::core::RingError;
 use vkgdr::ring::layout::WrapMode;
 
-use crate::compat::Vkgdr;
+use crate::compat::gpu_of;
 use crate::errors::{invalid_argument, to_py};
 use crate::interface;
 use crate::stream::stream_arg;
@@ -104,11 +104,11 @@ impl DeviceRing {
     #[pyo3(signature = (owner, capacity, *, mirrored = false))]
     fn new(
         py: Python<'_>,
-        owner: PyRef<'_, Vkgdr>,
+        owner: &Bound<'_, PyAny>,
         capacity: u64,
         mirrored: bool,
     ) -> PyResult<Self> {
-        let gpu = owner.gpu.clone();
+        let gpu = gpu_of(owner)?;
         let ring = py
             .detach(|| {
                 if mirrored {

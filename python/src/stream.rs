@@ -98,11 +98,3 @@ pub fn stream_arg(obj: &Bound<'_, PyAny>) -> PyResult<StreamArg> {
     }
     Err(bad())
 }
-
-/// The handle a stream argument names (`InvalidArgumentError` if it names none): for Python code
-/// that checks a stream argument before it keeps it (`vkgdr.pycuda.Memory.free`).
-#[pyfunction]
-#[pyo3(name = "_stream_handle")]
-pub fn stream_handle(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
-    Ok(stream_arg(obj)?.handle)
-}

@@ -193,6 +193,85 @@ def test_memory_freed_from_another_thread_pushes_its_context(cuda, cupy) -> None
         cuda.ctx_destroy(ctx)
 
 
+# --- Classes derived from Vkgdr and RawMemory, as vkgdr 0.1's plain Python classes allow -----
+
+
+class TrackedGdr(vkgdr.Vkgdr):
+    """A handle class of a program's own with vkgdr 0.1's signature: ``open_current_context``
+    makes one of these."""
+
+    opened: list = []
+
+    def __init__(self, device: int, flags: int = 0) -> None:
+        super().__init__(device, flags)
+        TrackedGdr.opened.append(self)
+
+
+class NamedGdr(vkgdr.Vkgdr):
+    """A handle class whose ``__init__`` takes other arguments."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        super().__init__(0)
+
+
+class LabelledMemory(vkgdr.RawMemory):
+    """A memory class whose ``__init__`` takes other arguments."""
+
+    def __init__(self, owner: vkgdr.Vkgdr, n: int, label: str) -> None:
+        self.label = label
+        super().__init__(owner, n)
+
+
+@pytest.mark.parametrize("flags", FLAGS, ids=FLAG_IDS)
+def test_derived_classes_with_their_own_init_work_as_the_base(cupy, flags) -> None:
+    """vkgdr 0.1's test_basic with a program's own classes for the handle and the memory, then
+    a view keeping freed memory of the derived class, then a pool and a ring owned by derived
+    handles."""
+    g = TrackedGdr.open_current_context(flags)
+    assert type(g) is TrackedGdr and g in TrackedGdr.opened and g.device == 0
+    n = 4097
+    mem = LabelledMemory(g, n, "gains")
+    try:
+        assert isinstance(mem, vkgdr.RawMemory) and mem.label == "gains"
+        launch_double = double_kernel(cupy, "derived")
+        basic_checks(mem, n, flags, launch_double, cupy.cuda.runtime.deviceSynchronize)
+    finally:
+        mem.free()
+    assert mem.is_freed and repr(mem).endswith("freed>")
+
+    size = 64 << 20
+    big = LabelledMemory(g, size, "bulk")
+    view = np.asarray(big).view(np.uint8)
+    view[:] = 5
+    big.free()
+    assert big.is_freed and "views" in repr(big)
+    with pytest.raises(vkgdr.VkgdrError, match="freed"):
+        big.device_ptr
+    view[0] = 1  # still the allocation's memory
+    assert view[0] == 1 and view[size - 1] == 5
+    held = cupy.cuda.runtime.memGetInfo()[0]
+    del view, big
+    gc.collect()
+    assert g.wait_for_releases(10)
+    freed = cupy.cuda.runtime.memGetInfo()[0]
+    assert freed - held >= size // 2, f"the memory went back with its view: {held} -> {freed}"
+
+    named = NamedGdr("pool owner")
+    assert named.label == "pool owner" and named.device == 0 and len(named.uuid) == 16
+    for owner in (g, named):
+        block = vkgdr.Pool(owner).alloc(4096)
+        d = cupy.asarray(block)
+        np.asarray(block)[:] = 7
+        block.flush()
+        assert int(d.sum()) == 7 * 4096
+        del d
+        block.free()
+        ring = vkgdr.DeviceRing(owner, 64 << 10)
+        assert ring.capacity == 64 << 10 and ring.device_view.capacity == 64 << 10
+        del ring
+
+
 # --- vkgdr.pycuda: real PyCUDA where it imports, else a stand-in over real contexts ----------
 
 
@@ -337,6 +416,8 @@ def test_pycuda_memory_on_a_created_context(cuda, cupy, pycuda_face, flags) -> N
                 basic_flow(face.module.Memory, flags, launch_double, cuda.ctx_synchronize)
             g = vkgdr.Vkgdr.open_current_context()
             mem = face.module.Memory(g, 100)
+            assert isinstance(mem, vkgdr.RawMemory), "vkgdr 0.1's Memory is a RawMemory"
+            assert isinstance(mem, face.module.pycuda.driver.PointerHolderBase)
             assert mem.get_pointer() == mem.device_ptr
             face.pop()  # free() pushes the memory's own context
             assert cuda.ctx_get_current() is None
@@ -381,6 +462,8 @@ def test_a_gpuarray_over_pycuda_memory_runs_kernels_and_keeps_it(cuda, real_pycu
             g = vkgdr.Vkgdr.open_current_context()
             n = 64 << 20
             mem = face.module.Memory(g, n)
+            # Both bases, as in vkgdr 0.1: user code checking either finds it.
+            assert isinstance(mem, vkgdr.RawMemory) and isinstance(mem, drv.PointerHolderBase)
             host = np.asarray(mem).view(np.uint8)
             host[:] = 21
             mem.flush(0, n)

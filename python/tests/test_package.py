@@ -81,6 +81,89 @@ def test_open_current_context_is_a_classmethod_for_subclasses() -> None:
     assert made == [(0, vkgdr.OpenFlags.REQUIRE_COHERENT_BIT | vkgdr.OpenFlags.CURRENT_CONTEXT_BIT)]
 
 
+# --- Classes derived from Vkgdr and RawMemory, as vkgdr 0.1's plain Python classes allow -------
+
+
+def test_a_vkgdr_with_its_own_init_signature_reaches_the_driver() -> None:
+    """``__new__`` takes the derived class's arguments; its ``__init__`` runs and opens the
+    device through the base's. Without libcuda.so.1 that fails on the library, with a GPU it
+    opens; never on the arguments."""
+    seen = []
+
+    class Named(vkgdr.Vkgdr):
+        def __init__(self, label: str) -> None:
+            seen.append(label)
+            super().__init__(0, vkgdr.OpenFlags.REQUIRE_COHERENT_BIT)
+
+    try:
+        g = Named("correlator")
+    except vkgdr.VkgdrError as e:
+        assert not has_cuda_driver() and isinstance(e, vkgdr.LibraryNotFoundError), e
+    else:
+        assert isinstance(g, vkgdr.Vkgdr) and g.device == 0
+    assert seen == ["correlator"]
+    assert isinstance(Named.__new__(Named, "label"), vkgdr.Vkgdr)
+
+
+class Labelled(vkgdr.RawMemory):
+    made: list = []
+
+    def __init__(self, owner, n: int, label: str) -> None:
+        Labelled.made.append(label)
+        self.label = label
+        super().__init__(owner, n)
+
+
+def test_a_raw_memory_with_its_own_init_signature_defines_and_constructs() -> None:
+    """``__new__`` does not reject the derived class's arguments; its ``__init__`` runs, and
+    the base's checks the owner (no device can be opened here to allocate with)."""
+    Labelled.made.clear()
+    mem = Labelled.__new__(Labelled, object(), 16, "gains")
+    assert isinstance(mem, vkgdr.RawMemory) and type(mem) is Labelled
+    assert repr(mem).endswith("Labelled not allocated>")
+    with pytest.raises(TypeError, match="the owner must be a vkgdr.Vkgdr, not object"):
+        Labelled(object(), 16, "delays")
+    assert Labelled.made == ["delays"]
+
+
+def test_the_classes_combine_with_a_native_base() -> None:
+    """What vkgdr.pycuda.Memory does with PyCUDA's Boost.Python base: plain Python classes
+    combine with a native one (a native vkgdr class could not: instance layouts conflict)."""
+    for base in (vkgdr.RawMemory, vkgdr.Vkgdr):
+        combined = type("Combined", (dict, base), {})
+        assert issubclass(combined, base) and issubclass(combined, dict)
+        assert combined.__new__(combined) == {}
+
+
+def test_derived_classes_that_skip_the_base_init_say_so() -> None:
+    class Unopened(vkgdr.Vkgdr):
+        def __init__(self) -> None:
+            pass
+
+    class Unallocated(vkgdr.RawMemory):
+        def __init__(self) -> None:
+            pass
+
+    g, mem = Unopened(), Unallocated()
+    assert repr(g).endswith("Unopened not opened>")
+    for use in (lambda: g.device, lambda: g.name, lambda: g.pending_releases(), g.trim):
+        with pytest.raises(vkgdr.VkgdrError, match="must call vkgdr.Vkgdr.__init__"):
+            use()
+    for use in (lambda: mem.device_ptr, lambda: len(mem), lambda: mem.__array_interface__):
+        with pytest.raises(vkgdr.VkgdrError, match="must call vkgdr.RawMemory.__init__"):
+            use()
+    mem.free()  # nothing to free
+    for make in (
+        lambda owner: vkgdr.RawMemory(owner, 16),
+        vkgdr.Pool,
+        lambda owner: vkgdr.DeviceRing(owner, 4096),
+    ):
+        with pytest.raises(TypeError, match="has no open device"):
+            make(g)
+        with pytest.raises(TypeError, match="the owner must be a vkgdr.Vkgdr, not Unallocated"):
+            make(mem)
+
+
 class FakeContext:
     """Stands in for pycuda.driver.Context."""
 
@@ -104,6 +187,11 @@ class FakeContext:
 def fake_pycuda(monkeypatch):
     FakeContext.current, FakeContext.pushes, FakeContext.pops = None, 0, 0
     return import_pycuda_shim(monkeypatch, FakeContext)
+
+
+def test_pycuda_memory_is_a_raw_memory(fake_pycuda) -> None:
+    assert issubclass(fake_pycuda.Memory, vkgdr.RawMemory)
+    assert issubclass(fake_pycuda.Memory, fake_pycuda.pycuda.driver.PointerHolderBase)
 
 
 def test_pycuda_memory_needs_a_current_context(fake_pycuda) -> None:

@@ -1,9 +1,9 @@
 """What ``free()`` does with views still alive, without a GPU (Mesa's lavapipe on CI): pool blocks
 over real exported Vulkan memory go back at once when nothing but the caller can reach them, and
 only when the last NumPy view or DLPack export is gone otherwise; the shapes of a call the
-reference counting must see through; stream arguments; ``vkgdr.pycuda.Memory``'s own rule on a
-stand-in PyCUDA. The same rule for ``RawMemory`` and CuPy is tested on the GPU
-(test_gpu_compat.py, test_gpu_coexistence.py)."""
+reference counting must see through; stream arguments. The same rule for ``vkgdr.RawMemory``
+and ``vkgdr.pycuda.Memory`` over stand-in memory is in test_vulkan_compat.py, and with CuPy and
+PyCUDA on the GPU (test_gpu_compat.py, test_gpu_coexistence.py)."""
 
 import ctypes
 import gc
@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 import vkgdr
-from conftest import import_pycuda_shim
 
 
 def vulkan_pool(**config) -> vkgdr.Pool:
@@ -351,118 +350,12 @@ def test_the_null_stream_is_the_default_release(null, pool) -> None:
     assert b.is_freed and in_use(pool) == 0
 
 
-# --- vkgdr.pycuda.Memory on a stand-in PyCUDA and a stand-in RawMemory ---------------------
-
-
-class FakeContext:
-    """Stands in for pycuda.driver.Context; counts pushes and pops."""
-
-    current = None
-    pushes = 0
-    pops = 0
-
-    @classmethod
-    def get_current(cls):
-        return cls.current
-
-    def push(self) -> None:
-        FakeContext.pushes += 1
-
-    @staticmethod
-    def pop() -> None:
-        FakeContext.pops += 1
-
-
-class FakeRaw:
-    """Stands in for vkgdr.RawMemory over host memory; records how it was freed."""
-
-    frees = []
-
-    def __init__(self, owner, size, flags=0) -> None:
-        self.buffer = np.zeros(size, np.uint8)
-        self.device_ptr = 0x7000_0000
-        self.is_coherent = True
-        self.non_coherent_atom_size = 1
-
-    @property
-    def __array_interface__(self):
-        return {
-            "shape": (len(self.buffer),),
-            "typestr": "|u1",
-            "data": (self.buffer.ctypes.data, False),
-            "version": 3,
-        }
-
-    def free(self, *, after=None, now=False) -> None:
-        FakeRaw.frees.append((after, now, FakeContext.pushes - FakeContext.pops))
-
-
-@pytest.fixture()
-def shim(monkeypatch):
-    FakeContext.current, FakeContext.pushes, FakeContext.pops = FakeContext(), 0, 0
-    FakeRaw.frees = []
-    module = import_pycuda_shim(monkeypatch, FakeContext)
-    monkeypatch.setattr(module, "RawMemory", FakeRaw)
-    return module
-
-
-def test_pycuda_memory_without_views_is_freed_at_once_in_its_context(shim) -> None:
-    mem = shim.Memory(object(), 64)
-    np.asarray(mem)[:] = 1  # exported, the array is gone
-    mem.free()
-    assert FakeRaw.frees == [(None, False, 1)], "freed once, with its context pushed"
-    assert FakeContext.pushes == FakeContext.pops == 1
-    with pytest.raises(vkgdr.VkgdrError, match="freed"):
-        mem.device_ptr
-    mem.free()
-    del mem
-    gc.collect()
-    assert len(FakeRaw.frees) == 1
-
-
-def test_pycuda_memory_with_views_is_freed_when_the_last_goes(shim) -> None:
-    mem = shim.Memory(object(), 64)
-    view = np.asarray(mem)  # its base is the Memory object
-    holder = {"gpudata": mem}  # what a GPUArray holds
-    mem.get_pointer()
-    stream = CupyLike(0x2000)
-    mem.free(after=stream)
-    assert FakeRaw.frees == [], "kept for its views"
-    with pytest.raises(vkgdr.VkgdrError, match="freed"):
-        mem.get_pointer()  # PyCUDA cannot launch on it any more
-    view[:] = 3
-    del mem, view
-    gc.collect()
-    assert FakeRaw.frees == []
-    del holder
-    gc.collect()
-    assert FakeRaw.frees == [(stream, False, 1)], "released with the stream asked for"
-
-
-def test_pycuda_memory_refuses_after_and_now_together_and_what_is_no_stream(shim) -> None:
-    mem = shim.Memory(object(), 64)
-    with pytest.raises(vkgdr.InvalidArgumentError, match="not both"):
-        mem.free(after=1, now=True)
-    view = np.asarray(mem)
-    with pytest.raises(vkgdr.InvalidArgumentError, match="expected a CUDA stream"):
-        mem.free(after="default")  # checked even though the release would wait for the view
-    del view
-    mem.free(now=True)
-    assert FakeRaw.frees == [(None, True, 1)]
-
-
-def test_pycuda_memory_never_exported_is_freed_at_once_from_a_list(shim) -> None:
-    mems = [shim.Memory(object(), 16) for _ in range(3)]
-    for m in mems:
-        m.free()
-    assert len(FakeRaw.frees) == 3
-
-
 def test_calibration_is_what_a_plain_call_sees() -> None:
     from vkgdr import _vkgdr
 
-    function, module = _vkgdr._calibrate(_vkgdr._RefProbe)
+    function, module, unbound_function, unbound_module = _vkgdr._calibrate(_vkgdr._RefProbe)
     probe = _vkgdr._RefProbe()
     assert probe.free() >= function >= 1
-    assert module >= 1
+    assert _vkgdr._RefProbe.free(probe) >= unbound_function >= 1
+    assert module >= 1 and unbound_module >= 1
     assert sys.getrefcount(probe) >= 2

@@ -1,6 +1,17 @@
 """Type stubs of the extension module vkgdr._vkgdr (re-exported by vkgdr)."""
 
-from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, Type, TypeVar, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    List,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    Union,
+    overload,
+)
 
 __version__: str
 OPEN_CURRENT_CONTEXT_BIT: int
@@ -41,14 +52,10 @@ class _PycudaStream(Protocol):
 #: ``__cuda_stream__``.
 _CudaStream = Union[int, _CupyStream, _TorchStream, _PycudaStream, Any]
 
-_V = TypeVar("_V", bound="Vkgdr")
-
-class Vkgdr:
-    """A CUDA device opened for BAR mappings (vkgdr 0.1's handle)."""
+class _Vkgdr:
+    """Internal: the open device a ``vkgdr.Vkgdr`` holds."""
 
     def __init__(self, device: int, flags: int = 0) -> None: ...
-    @classmethod
-    def open_current_context(cls: Type[_V], flags: int = 0) -> _V: ...
     @property
     def name(self) -> str: ...
     @property
@@ -57,28 +64,68 @@ class Vkgdr:
     def device(self) -> int: ...
     @property
     def is_coherent(self) -> bool: ...
-    def pending_releases(self) -> int:
-        """Releases of this handle's memory still waiting for GPU work queued before them."""
-    def wait_for_releases(self, timeout: float = 30.0) -> bool:
-        """Waits up to ``timeout`` s until no release is pending; whether none is left."""
-    def trim(self) -> int:
-        """Gives back the empty shared granule small raw allocations are carved from."""
+    def pending_releases(self) -> int: ...
+    def wait_for_releases(self, timeout: float = 30.0) -> bool: ...
+    def trim(self) -> int: ...
+    def describe(self) -> str: ...
 
-class RawMemory:
-    """One allocation in the current CUDA context (vkgdr 0.1's RawMemory).
+class _BoundFree:
+    """Internal: ``free`` bound to a ``vkgdr.RawMemory``."""
 
-    ``free()`` never waits for a kernel; memory that views (NumPy, CuPy, ...) may still use is
-    released when the last view is gone.
-    """
-
-    def __init__(self, owner: Vkgdr, size: int, flags: int = 0) -> None: ...
-    def free(self, *, after: Optional[_CudaStream] = None, now: bool = False) -> None:
+    __self__: Any
+    def __call__(self, *, after: Optional[_CudaStream] = None, now: bool = False) -> None:
         """Frees without waiting: after the work queued on the legacy stream (default), on
         ``after``, or none (``now=True``); with live views, when the last one is gone."""
+
+class _FreeMethod:
+    """Internal: ``vkgdr.RawMemory.free``, a descriptor."""
+
+    def __init__(self) -> None: ...
+    @overload
+    def __get__(self, obj: None, owner: Any = None) -> "_FreeMethod": ...
+    @overload
+    def __get__(self, obj: object, owner: Any = None) -> _BoundFree: ...
+    def __call__(
+        self, obj: Any, *, after: Optional[_CudaStream] = None, now: bool = False
+    ) -> None: ...
+
+class _HasHandle(Protocol):
+    @property
+    def _impl(self) -> Optional[_Vkgdr]: ...
+
+#: What ``owner`` arguments take: a ``vkgdr.Vkgdr`` (of any derived class), or its ``_Vkgdr``.
+_Owner = Union[_Vkgdr, _HasHandle]
+
+class _RawMemory:
+    """Internal: the raw allocation a ``vkgdr.RawMemory`` holds."""
+
+    def __init__(self, owner: _Owner, size: int, flags: int = 0) -> None: ...
+    @staticmethod
+    def _over_pool(
+        pool: "Pool", size: int, on_release: Callable[[Union[str, int]], Any]
+    ) -> "_RawMemory":
+        """Internal, for the tests without a GPU: a pool block standing in for an allocation."""
+    def free(
+        self,
+        owner: Any,
+        refs: int,
+        exports: int,
+        baseline: Tuple[int, int],
+        *,
+        after: Optional[_CudaStream] = None,
+        now: bool = False,
+    ) -> bool:
+        """Frees on behalf of ``owner`` (see ``vkgdr.RawMemory.free``); whether handed back."""
+    def release(self) -> None: ...
+    @property
+    def exports(self) -> int: ...
     @property
     def is_freed(self) -> bool: ...
     @property
+    def is_released(self) -> bool: ...
+    @property
     def device_ptr(self) -> int: ...
+    def exported_device_ptr(self) -> int: ...
     @property
     def host_ptr(self) -> int: ...
     def __len__(self) -> int: ...
@@ -92,13 +139,14 @@ class RawMemory:
     def __array_interface__(self) -> Dict[str, Any]: ...
     @property
     def __cuda_array_interface__(self) -> Dict[str, Any]: ...
+    def describe(self) -> str: ...
 
 class Pool:
     """Many small aligned blocks carved out of a few BAR-mapped chunks."""
 
     def __init__(
         self,
-        owner: Vkgdr,
+        owner: _Owner,
         *,
         chunk_size: Optional[int] = None,
         max_chunk_size: Optional[int] = None,
@@ -189,7 +237,7 @@ class RingDeviceView:
 class DeviceRing:
     """A ring buffer in BAR-mapped GPU memory feeding a running kernel."""
 
-    def __init__(self, owner: Vkgdr, capacity: int, *, mirrored: bool = False) -> None: ...
+    def __init__(self, owner: _Owner, capacity: int, *, mirrored: bool = False) -> None: ...
     def push(self, data: Any, timeout: Optional[float] = None) -> int: ...
     @property
     def device_view(self) -> RingDeviceView: ...
@@ -215,11 +263,6 @@ class _RefProbe:
     def __init__(self) -> None: ...
     def free(self, *, after: Any = None, now: bool = False) -> int: ...
 
-def _calibrate(cls: type) -> Tuple[int, int]:
-    """Internal: the receiver counts of ``cls().free()`` in a function and at module level."""
-
-def _only_callers(obj: Any, refs: int, baseline: Tuple[int, int], depth: int) -> bool:
-    """Internal: whether ``refs`` references of ``obj`` are all the caller's own."""
-
-def _stream_handle(stream: Any) -> int:
-    """Internal: the ``CUstream`` a stream argument names (``InvalidArgumentError`` if none)."""
+def _calibrate(cls: type) -> Tuple[int, int, int, int]:
+    """Internal: the receiver counts ``cls().free()`` sees in a function and at module level,
+    then ``cls.free(p)``'s."""
