@@ -1,7 +1,8 @@
 //! `vkgdr._vkgdr`, the extension module behind the Python package `vkgdr` (python/vkgdr).
 //!
-//! - [`compat`]: `_Vkgdr` and `_RawMemory`, on [`vkgdr::compat`], held by vkgdr 0.1's `Vkgdr` and
-//!   `RawMemory` (plain Python classes in python/vkgdr, which programs may subclass);
+//! - [`device`]: `_Vkgdr`, held by vkgdr 0.1's `Vkgdr`, and the reading of `owner` arguments;
+//! - [`compat`]: `_RawMemory`, on [`vkgdr::compat`], held by vkgdr 0.1's `RawMemory` (`Vkgdr`
+//!   and `RawMemory` are plain Python classes in python/vkgdr, which programs may subclass);
 //! - [`pool`]: `Pool` and `Block` (NumPy, CUDA array interface, DLPack);
 //! - [`ring`]: `DeviceRing`, a thin wrapper of [`vkgdr::ring::DeviceRing`];
 //! - [`errors`]: `VkgdrError` and its subclasses, the one conversion of library errors;
@@ -18,6 +19,7 @@
 use pyo3::prelude::*;
 
 mod compat;
+mod device;
 mod dlpack;
 mod errors;
 mod interface;
@@ -29,7 +31,7 @@ mod stream;
 #[pymodule]
 fn _vkgdr(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
-    m.add_class::<compat::Vkgdr>()?;
+    m.add_class::<device::Vkgdr>()?;
     m.add_class::<compat::RawMemory>()?;
     m.add_class::<compat::FreeMethod>()?;
     m.add_class::<compat::BoundFree>()?;

@@ -11,7 +11,7 @@ use pyo3::types::{PyBytes, PyDict, PyTuple};
 use vkgdr::vulkan::{DeviceSelector, MemoryOptions, VulkanContext};
 use vkgdr::{Mapping, PoolConfig};
 
-use crate::compat::gpu_of;
+use crate::device::gpu_of;
 use crate::dlpack;
 use crate::errors::{invalid_argument, to_py};
 use crate::interface;

@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use vkgdr::ring::core::RingError;
 use vkgdr::ring::layout::WrapMode;
 
-use crate::compat::gpu_of;
+use crate::device::gpu_of;
 use crate::errors::{invalid_argument, to_py};
 use crate::interface;
 use crate::stream::stream_arg;
