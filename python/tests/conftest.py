@@ -233,3 +233,23 @@ def import_pycuda_shim(monkeypatch: Any, context_class: type) -> Any:
     shim = importlib.import_module("vkgdr.pycuda")
     monkeypatch.setitem(sys.modules, "vkgdr.pycuda", shim)
     return shim
+
+
+class FakeContext:
+    """Stands in for pycuda.driver.Context in the PyCUDA tests that run without PyCUDA; counts
+    pushes and pops (reset them in the fixture that uses it)."""
+
+    current = None
+    pushes = 0
+    pops = 0
+
+    @classmethod
+    def get_current(cls):
+        return cls.current
+
+    def push(self) -> None:
+        FakeContext.pushes += 1
+
+    @staticmethod
+    def pop() -> None:
+        FakeContext.pops += 1

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 import vkgdr
-from conftest import has_cuda_driver, import_pycuda_shim
+from conftest import FakeContext, has_cuda_driver, import_pycuda_shim
 
 no_driver = pytest.mark.skipif(
     has_cuda_driver(), reason="checks the errors of a machine without libcuda.so.1"
@@ -162,25 +162,6 @@ def test_derived_classes_that_skip_the_base_init_say_so() -> None:
             make(g)
         with pytest.raises(TypeError, match="the owner must be a vkgdr.Vkgdr, not Unallocated"):
             make(mem)
-
-
-class FakeContext:
-    """Stands in for pycuda.driver.Context."""
-
-    current = None
-    pushes = 0
-    pops = 0
-
-    @classmethod
-    def get_current(cls):
-        return cls.current
-
-    def push(self) -> None:
-        FakeContext.pushes += 1
-
-    @staticmethod
-    def pop() -> None:
-        FakeContext.pops += 1
 
 
 @pytest.fixture()

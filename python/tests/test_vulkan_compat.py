@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import vkgdr
-from conftest import import_pycuda_shim
+from conftest import FakeContext, import_pycuda_shim
 from vkgdr import _vkgdr
 
 #: What the stand-in allocation ignores: there is no device to open without a GPU.
@@ -555,25 +555,6 @@ def test_threads_free_memory_with_views_concurrently(stand_in) -> None:
 
 
 # --- vkgdr.pycuda.Memory on a stand-in PyCUDA --------------------------------------------------
-
-
-class FakeContext:
-    """Stands in for pycuda.driver.Context; counts pushes and pops."""
-
-    current = None
-    pushes = 0
-    pops = 0
-
-    @classmethod
-    def get_current(cls):
-        return cls.current
-
-    def push(self) -> None:
-        FakeContext.pushes += 1
-
-    @staticmethod
-    def pop() -> None:
-        FakeContext.pops += 1
 
 
 @pytest.fixture()
