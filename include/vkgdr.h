@@ -772,10 +772,9 @@ VKGDR_API void vkgdr_block_free(vkgdr_block_t block);
  * - nothing happened, the block is still the caller's: a block already freed or not a
  *   `vkgdr_block_t`, an invalid `pool`, a pool of a `vkgdr_open_vulkan` handle (no GPU work
  *   can use its blocks: free them with `vkgdr_block_free`);
- * - the block is freed after the legacy default stream instead: a stream the driver refuses
- *   (e.g. `cuStreamGetCtx failed (CUDA_ERROR_INVALID_HANDLE)`);
- * - the block is freed at once, as by `vkgdr_block_free`: the driver could not make the fence
- *   (out of resources).
+ * - the block is freed after the pool context's legacy default stream instead: no fence could
+ *   be had on `stream` (a stream the driver refuses, e.g. `cuStreamGetCtx failed
+ *   (CUDA_ERROR_INVALID_HANDLE)`, or out of resources).
  *
  * Thread safety: any thread, but not while another thread is using the same block.
  *

@@ -67,12 +67,10 @@ fn sync_range(offset: usize, size: usize, len: u64) -> vkgdr::Result<(u64, u64)>
 pub unsafe extern "C" fn vkgdr_memory_alloc(g: vkgdr_t, size: usize, flags: u32) -> vkgdr_memory_t {
     guard("vkgdr_memory_alloc", std::ptr::null_mut(), || {
         clear_last_error();
-        // vkgdr 0.1 never looks at the flags.
-        let _ = flags;
         // SAFETY: the caller does not close `g` during the call.
         let gpu = unsafe { device(g) }?.gpu()?;
         // SAFETY: the context-lifetime obligation is forwarded to our caller.
-        let mem = unsafe { compat::alloc(gpu, size as u64, 0) }?;
+        let mem = unsafe { compat::alloc(gpu, size as u64, flags) }?;
         register(&MEMORIES, mem)
     })
 }

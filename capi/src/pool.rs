@@ -453,10 +453,9 @@ pub unsafe extern "C" fn vkgdr_block_free(block: vkgdr_block_t) {
 /// - nothing happened, the block is still the caller's: a block already freed or not a
 ///   `vkgdr_block_t`, an invalid `pool`, a pool of a `vkgdr_open_vulkan` handle (no GPU work
 ///   can use its blocks: free them with `vkgdr_block_free`);
-/// - the block is freed after the legacy default stream instead: a stream the driver refuses
-///   (e.g. `cuStreamGetCtx failed (CUDA_ERROR_INVALID_HANDLE)`);
-/// - the block is freed at once, as by `vkgdr_block_free`: the driver could not make the fence
-///   (out of resources).
+/// - the block is freed after the pool context's legacy default stream instead: no fence could
+///   be had on `stream` (a stream the driver refuses, e.g. `cuStreamGetCtx failed
+///   (CUDA_ERROR_INVALID_HANDLE)`, or out of resources).
 ///
 /// Thread safety: any thread, but not while another thread is using the same block.
 ///
@@ -494,22 +493,15 @@ pub unsafe extern "C" fn vkgdr_block_free_after(
         let b = BLOCKS
             .remove(block.token())
             .map_err(|why| Failure::handle(Tag::Block, why))?;
-        let legacy = std::ptr::without_provenance_mut::<std::ffi::c_void>(CU_STREAM_LEGACY);
-        if is_legacy_stream(stream) {
-            // SAFETY: the legacy default stream of the context bound above.
-            unsafe { b.release_after_stream(gpu, legacy) }?;
-            return Ok(VKGDR_SUCCESS);
-        }
-        let stream: CuStream = stream.cast();
-        // A stream the driver refuses must not free the block at once (what
-        // `release_after_stream` does when its fence fails): the legacy stream fences it then.
-        // SAFETY: a live stream or a special handle (the caller's contract).
-        if let Err(e) = unsafe { gpu.driver().stream_context(stream) } {
-            // SAFETY: as above.
-            let _ = unsafe { b.release_after_stream(gpu, legacy) };
-            return Err(e.into());
-        }
-        // SAFETY: a live stream of the device (the caller's contract).
+        let stream: CuStream = if is_legacy_stream(stream) {
+            std::ptr::without_provenance_mut::<std::ffi::c_void>(CU_STREAM_LEGACY)
+        } else {
+            stream.cast()
+        };
+        // A stream the driver refuses makes the block wait for the legacy stream's work instead
+        // (the library's fallback), never handed out again at once.
+        // SAFETY: the legacy default stream of the context bound above, or a live stream of the
+        // device (the caller's contract).
         unsafe { b.release_after_stream(gpu, stream) }?;
         Ok(VKGDR_SUCCESS)
     })

@@ -398,12 +398,21 @@ impl Block {
 /// still read.
 impl Block {
     /// Gives the block back to its pool once the work queued on `stream` so far has completed,
-    /// never waiting. On an error the block is given back at once (as a drop would) and the
-    /// error returned.
+    /// never waiting. On an error (no fence could be had on `stream`) the block waits for the
+    /// work queued on the legacy default stream of the pool's context instead, never handed out
+    /// at once while a kernel may still use it, and the error is returned.
     pub fn release_after(self, stream: &crate::mapping::cuda_objects::Stream) -> Result<()> {
-        let fence = stream.fence()?;
-        stream.gpu().release_after(Box::new(self), fence);
-        Ok(())
+        let gpu = stream.gpu();
+        match stream.fence() {
+            Ok(fence) => {
+                gpu.release_after(Box::new(self), fence);
+                Ok(())
+            }
+            Err(e) => {
+                gpu.release_after_queued_work(Box::new(self), None);
+                Err(e)
+            }
+        }
     }
 
     /// [`release_after`](Self::release_after) for a raw `CUstream` of `gpu`'s device (from CUDA
@@ -419,8 +428,6 @@ impl Block {
         stream: crate::driver::cuda::CuStream,
     ) -> Result<()> {
         // SAFETY: the caller's contract.
-        let fence = unsafe { gpu.stream_fence(stream, None) }?;
-        gpu.release_after(Box::new(self), fence);
-        Ok(())
+        unsafe { gpu.release_after_stream(Box::new(self), stream, None) }
     }
 }

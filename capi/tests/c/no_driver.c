@@ -153,11 +153,13 @@ static void stream_ordered_frees(void)
     CHECK(vkgdr_memory_free_after(mem, stream) == VKGDR_ERROR, "made-up memory");
     CHECK(last_error_contains("vkgdr_memory_free_after: invalid vkgdr_memory_t handle"),
           "named");
+    mark_last_error();
     CHECK(vkgdr_memory_free_after(mem, NULL) == VKGDR_ERROR, "made-up memory, NULL stream");
     CHECK(last_error_contains("vkgdr_memory_free_after: invalid vkgdr_memory_t"), "named");
     mark_last_error();
     vkgdr_memory_free_now(mem);
     CHECK(last_error_contains("vkgdr_memory_free_now: invalid vkgdr_memory_t handle"), "named");
+    mark_last_error();
     vkgdr_memory_free_now((vkgdr_memory_t)block);
     CHECK(last_error_contains("vkgdr_memory_free_now: invalid vkgdr_memory_t"), "type checked");
 
