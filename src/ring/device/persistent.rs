@@ -333,7 +333,8 @@ impl DeviceRing {
     /// Registers the persistent consumer: records an event on `stream`, to be called right after
     /// the kernel was launched on it. From then on a producer waiting for space learns that the
     /// kernel has exited or died ([`RingError::Stopped`]) instead of waiting forever, and
-    /// dropping the ring stops the kernel and waits for it first.
+    /// dropping the ring tells the kernel to stop and keeps the ring's memory until it has
+    /// exited, without waiting for it.
     pub fn watch_consumer(&self, stream: &Stream) -> Result<()> {
         let done = Event::new(&self.gpu)?;
         done.record(stream)?;
