@@ -7,100 +7,12 @@
 //! Not part of the GPU bundle (scripts/gpu-check leaves it out): it runs the binary of the build
 //! tree. Needs no GPU and no Vulkan driver.
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+mod common;
 
+use common::{run, Run, TempDir, NO_CUDA};
 use serde_json::{json, Value};
 
-/// No CUDA driver, whatever the machine has: a benchmark fails at once, the same everywhere.
-const NO_CUDA: (&str, &str) = ("VKGDR_CUDA_LIBRARY", "/nonexistent/libcuda.so.1");
-
 const H100: &str = "NVIDIA H100 80GB HBM3";
-
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn all(&self) -> String {
-        format!(
-            "exit {}\n--- stdout\n{}--- stderr\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-
-    /// Stdout as one JSON document (the whole of it).
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}):\n{}", self.all()))
-    }
-}
-
-fn run(args: &[&str], env: &[(&str, &str)]) -> Run {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vkgdr"));
-    cmd.args(args).stdin(Stdio::null());
-    for v in [
-        "VKGDR_CUDA_LIBRARY",
-        "VKGDR_VULKAN_LIBRARY",
-        "VKGDR_NVML_LIBRARY",
-        "COLUMNS",
-    ] {
-        cmd.env_remove(v);
-    }
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("run vkgdr");
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
-/// A fresh directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "vkgdr-compare-test-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-
-    /// Writes `text` into the file `name` here; returns its path.
-    fn file(&self, name: &str, text: &str) -> String {
-        let p = self.0.join(name);
-        if let Some(parent) = p.parent() {
-            std::fs::create_dir_all(parent).unwrap();
-        }
-        std::fs::write(&p, text).unwrap();
-        p.to_str().unwrap().to_string()
-    }
-
-    fn doc(&self, name: &str, doc: &Value) -> String {
-        self.file(name, &serde_json::to_string_pretty(doc).unwrap())
-    }
-
-    fn path(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// One figure: `(method, size, median, spread)`, p10 and p90 at ∓`spread` of the median.
 type Fig = (&'static str, u64, f64, f64);
@@ -366,6 +278,25 @@ fn moves_within_noise_exit_0() {
     let v = verdicts(&r.json());
     assert_eq!(v[0].2, "worse");
     assert_eq!(v[1].2, "within_noise");
+
+    // The floor is reported as given (7, not 7.000000000000001), for the comparison and for
+    // each figure its own spread does not widen.
+    let (r, _dir) = compare(&old, &new, &["--tolerance", "7"]);
+    assert_eq!(r.code, 3, "{}", r.all());
+    let d = r.json();
+    assert_eq!(d["tolerance_percent"], 7.0, "{d:#}");
+    assert_eq!(d["figures"][0]["tolerance_percent"], 7.0, "{d:#}");
+    assert!((d["figures"][1]["tolerance_percent"].as_f64().unwrap() - 30.0).abs() < 1e-9);
+    assert!(
+        r.stdout.contains("\"tolerance_percent\": 7.0,"),
+        "{}",
+        r.all()
+    );
+    assert!(
+        r.stderr.contains("noise: the larger of 7 % and"),
+        "{}",
+        r.all()
+    );
 }
 
 #[test]

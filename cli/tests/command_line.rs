@@ -9,97 +9,14 @@
 //! the binary of the build tree and reads the repository (README, docs/bench). Needs lavapipe,
 //! bash and util-linux `script` (a pseudo-terminal), which CI has.
 
+mod common;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::process::{Command, Stdio};
 
+use common::{lavapipe_manifest, run, TempDir, INHERITED, NO_CUDA};
 use serde_json::Value;
-
-/// Overrides a test must not inherit from the caller's environment (they change what the probes
-/// find, or how wide help is wrapped).
-const INHERITED: [&str; 8] = [
-    "VKGDR_CUDA_LIBRARY",
-    "VKGDR_VULKAN_LIBRARY",
-    "VKGDR_NVML_LIBRARY",
-    "VK_DRIVER_FILES",
-    "VK_ICD_FILENAMES",
-    "NVIDIA_DRIVER_CAPABILITIES",
-    "NVIDIA_VISIBLE_DEVICES",
-    "COLUMNS",
-];
-
-/// No CUDA driver, whatever the machine has: the GPU paths fail at once, the same everywhere.
-const NO_CUDA: (&str, &str) = ("VKGDR_CUDA_LIBRARY", "/nonexistent/libcuda.so.1");
-
-fn vkgdr(args: &[&str], env: &[(&str, &str)]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vkgdr"));
-    cmd.args(args).stdin(Stdio::null());
-    for v in INHERITED {
-        cmd.env_remove(v);
-    }
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd
-}
-
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-fn run(args: &[&str], env: &[(&str, &str)]) -> Run {
-    let out: Output = vkgdr(args, env).output().expect("run vkgdr");
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
-impl Run {
-    fn all(&self) -> String {
-        format!(
-            "exit {}\n--- stdout\n{}--- stderr\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-
-    /// Stdout as one JSON document (the whole of it, nothing before or after).
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}):\n{}", self.all()))
-    }
-}
-
-/// A fresh directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "vkgdr-cli-test-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-
-    fn path(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -245,6 +162,17 @@ fn help_shows_defaults_and_exit_codes() {
             "bench --help lacks {text:?}:\n{bench}"
         );
     }
+    let plot = run(&["bench", "plot", "--help"], &[]).stdout;
+    for text in [
+        "Exit status:",
+        "1  DIR or a CSV in it could not be read",
+        "2  the command line is wrong, or DIR holds no .csv files",
+    ] {
+        assert!(
+            plot.contains(text),
+            "bench plot --help lacks {text:?}:\n{plot}"
+        );
+    }
     let copybw = run(&["bench", "copybw", "--help"], &[]).stdout;
     for text in [
         "[default: bench-out]",
@@ -326,24 +254,6 @@ fn bash_completes_commands_options_and_benchmarks() {
 }
 
 // --- JSON ------------------------------------------------------------------------------------------
-
-/// Lavapipe's ICD manifest: the one Vulkan driver CI has.
-fn lavapipe_manifest() -> String {
-    std::fs::read_dir("/usr/share/vulkan/icd.d")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.to_string_lossy().contains("lvp_icd"))
-        .unwrap_or_else(|| {
-            panic!(
-                "this test needs Mesa's lavapipe: `apt-get install libvulkan1 \
-                 mesa-vulkan-drivers` (scripts/test does it for you)"
-            )
-        })
-        .display()
-        .to_string()
-}
 
 fn check_opening_without_machine(doc: &Value, format: &str) {
     assert_eq!(doc["format"], format, "{doc:#}");
@@ -507,6 +417,19 @@ fn plot_dir() -> TempDir {
         std::fs::copy(repo().join("docs/bench").join(name), dir.0.join(name)).unwrap();
     }
     dir
+}
+
+#[test]
+fn plot_without_csvs_is_a_usage_error() {
+    let dir = TempDir::new("plot-empty");
+    let r = run(&["bench", "plot", dir.path()], &[]);
+    assert_eq!(r.code, 2, "{}", r.all());
+    assert!(
+        r.stderr
+            .contains(&format!("vkgdr bench: no .csv files in {}", dir.path())),
+        "{}",
+        r.all()
+    );
 }
 
 /// Whether `text` holds what indicatif draws on a terminal: carriage returns and the

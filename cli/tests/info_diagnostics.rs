@@ -7,19 +7,9 @@
 //! Needs lavapipe (`apt-get install libvulkan1 mesa-vulkan-drivers`; scripts/test installs it).
 //! Not part of the GPU bundle: these cases are about machines without a GPU.
 
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
 
-/// Overrides a test must not inherit from the caller's environment.
-const INHERITED: [&str; 7] = [
-    "VKGDR_CUDA_LIBRARY",
-    "VKGDR_VULKAN_LIBRARY",
-    "VKGDR_NVML_LIBRARY",
-    "VK_DRIVER_FILES",
-    "VK_ICD_FILENAMES",
-    "NVIDIA_DRIVER_CAPABILITIES",
-    "NVIDIA_VISIBLE_DEVICES",
-];
+use common::{lavapipe_manifest, NO_CUDA};
 
 /// Runs `vkgdr info --check` with `env` set (and nothing inherited that would change the
 /// outcome); returns its exit code and output.
@@ -27,41 +17,16 @@ fn info(env: &[(&str, &str)]) -> (i32, String) {
     run(&["info", "--check"], env)
 }
 
+/// Runs `vkgdr ARGS`; returns its exit code and its stdout and stderr together.
 fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vkgdr"));
-    cmd.args(args);
-    for v in INHERITED {
-        cmd.env_remove(v);
-    }
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("run vkgdr info");
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.code().unwrap_or(-1), text)
-}
-
-/// Lavapipe's ICD manifest: the one Vulkan driver CI has.
-fn lavapipe_manifest() -> PathBuf {
-    let dir = std::fs::read_dir("/usr/share/vulkan/icd.d");
-    dir.into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.to_string_lossy().contains("lvp_icd"))
-        .unwrap_or_else(|| {
-            panic!(
-                "this test needs Mesa's lavapipe: `apt-get install libvulkan1 \
-                 mesa-vulkan-drivers` (scripts/test does it for you)"
-            )
-        })
+    let r = common::run(args, env);
+    (r.code, r.stdout + &r.stderr)
 }
 
 #[test]
 fn lavapipe_only_is_vulkan_without_an_nvidia_device() {
     let manifest = lavapipe_manifest();
-    let (code, out) = info(&[("VK_DRIVER_FILES", manifest.to_str().unwrap())]);
+    let (code, out) = info(&[("VK_DRIVER_FILES", manifest.as_str())]);
     assert_eq!(code, 1, "{out}");
     assert!(
         out.contains("llvmpipe"),
@@ -73,7 +38,7 @@ fn lavapipe_only_is_vulkan_without_an_nvidia_device() {
     );
     // With VK_DRIVER_FILES set, the manifests searched are exactly those it names.
     assert!(out.contains("nvidia_icd.json) is missing"), "{out}");
-    assert!(out.contains(manifest.to_str().unwrap()), "{out}");
+    assert!(out.contains(manifest.as_str()), "{out}");
 }
 
 #[test]
@@ -116,7 +81,7 @@ fn no_vulkan_driver_in_a_container_without_the_graphics_capability() {
 
 #[test]
 fn no_cuda_driver() {
-    let (code, out) = info(&[("VKGDR_CUDA_LIBRARY", "/nonexistent/libcuda.so.1")]);
+    let (code, out) = info(&[NO_CUDA]);
     assert_eq!(code, 1, "{out}");
     assert!(
         out.contains(
@@ -132,7 +97,7 @@ fn no_cuda_driver() {
 
 #[test]
 fn plain_info_reports_the_problem_and_succeeds() {
-    let env = [("VKGDR_CUDA_LIBRARY", "/nonexistent/libcuda.so.1")];
+    let env = [NO_CUDA];
     let (code, out) = run(&["info"], &env);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("error: no CUDA driver"), "{out}");

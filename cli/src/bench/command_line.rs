@@ -22,6 +22,13 @@ Exit status:
   2  the command line is wrong, or --compare names no results of `vkgdr bench`
   3  with --compare: a figure got worse beyond its noise on the same GPU model";
 
+/// Exit codes of `vkgdr bench plot`, for its `--help`.
+const PLOT_EXIT_CODES: &str = "\
+Exit status:
+  0  every table printed and every chart drawn
+  1  DIR or a CSV in it could not be read, or a chart could not be drawn
+  2  the command line is wrong, or DIR holds no .csv files";
+
 /// `vkgdr bench`'s command line: one subcommand per registered benchmark, `all`, `plot` and
 /// `compare`.
 #[derive(Debug, Clone, clap::Args)]
@@ -153,6 +160,7 @@ impl clap::Subcommand for BenchCommand {
             clap::Command::new("plot")
                 .about("Redraw DIR/*.png from the CSVs in DIR and print their tables")
                 .display_name("vkgdr")
+                .after_help(PLOT_EXIT_CODES)
                 .arg(
                     clap::Arg::new("dir")
                         .value_name("DIR")

@@ -50,11 +50,12 @@ use crate::ui::alert;
 use command_line::{BenchArgs, BenchCommand};
 use compare::baseline::Baseline;
 use compare::command_line::EXIT_USAGE;
+use error::BenchError;
 use options::Options;
 
 /// Entry point of `vkgdr bench`: exit code 0 on success, 1 if a benchmark failed, 2 for a
-/// `--compare` baseline that cannot be read (other usage errors are clap's), 3 if a figure got
-/// worse than the baseline's beyond its noise.
+/// `--compare` baseline that cannot be read or a `plot` directory without CSVs (other usage
+/// errors are clap's), 3 if a figure got worse than the baseline's beyond its noise.
 pub fn main(args: &BenchArgs) -> ExitCode {
     let result = match &args.command {
         BenchCommand::Plot(dir) => outputs::replot(dir),
@@ -84,7 +85,10 @@ pub fn main(args: &BenchArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             alert!("vkgdr bench: {e}");
-            ExitCode::FAILURE
+            match e {
+                BenchError::Usage(_) => ExitCode::from(EXIT_USAGE),
+                _ => ExitCode::FAILURE,
+            }
         }
     }
 }

@@ -1,6 +1,6 @@
 //! What a run leaves behind: each report printed as a table and written as a CSV and a PNG chart
 //! ([`emit`]), `summary.md` under the machine's facts ([`write_summary`], [`machine_lines`]) and
-//! `results.json`, the document `--json` prints ([`document`], [`RESULTS_JSON`]); and `vkgdr bench
+//! `results.json`, the document `--json` prints ([`document`], [`write_results`]); and `vkgdr bench
 //! plot DIR`, which redraws the charts from the CSVs ([`replot`]).
 
 use std::path::{Path, PathBuf};
@@ -15,7 +15,7 @@ use super::report::csv::read_csv;
 use super::report::model::Report;
 use super::report::table::summary_markdown;
 use crate::json::bench::{BenchDocument, BenchRunJson, ReportJson};
-use crate::json::document::About;
+use crate::json::document::{to_text, About};
 use crate::json::machine::{cpu_model, MachineJson};
 use crate::ui::{self, say, status};
 
@@ -66,6 +66,13 @@ pub fn document(
 
 /// The file every run leaves beside its CSVs: the JSON document of `--json`.
 pub const RESULTS_JSON: &str = "results.json";
+
+/// Writes `doc` as `DIR/results.json` ([`RESULTS_JSON`]); returns the file's path.
+pub fn write_results(out: &Path, doc: &BenchDocument) -> BenchResult<PathBuf> {
+    let path = out.join(RESULTS_JSON);
+    std::fs::write(&path, to_text(doc)).map_err(|e| BenchError::io(&path, e))?;
+    Ok(path)
+}
 
 /// Prints a report's table and notes and writes its CSV and PNG.
 pub fn emit(r: &Report, out: &Path) -> BenchResult<()> {

@@ -13,7 +13,9 @@ use super::compare::document::{WithComparison, COMPARISON_JSON};
 use super::compare::results::Results;
 use super::error::{BenchError, BenchResult};
 use super::options::Options;
-use super::outputs::{document, emit, machine_lines, write_summary, Ran, RESULTS_JSON};
+use super::outputs::{
+    document, emit, machine_lines, write_results, write_summary, Ran, RESULTS_JSON,
+};
 use super::registry::{Benchmark, Which};
 use super::report::model::Report;
 use crate::json::document::to_text;
@@ -163,8 +165,10 @@ fn run_into(which: Which, opts: &Options, session: &mut Session) -> BenchResult<
             write_summary(&opts.out, machine, &reports, &session.failures)?;
         }
         // Likewise the JSON results.
-        let doc = document(opts, session.machine.clone(), &session.ran, None);
-        std::fs::write(&results, to_text(&doc)).map_err(|e| BenchError::io(&results, e))?;
+        write_results(
+            &opts.out,
+            &document(opts, session.machine.clone(), &session.ran, None),
+        )?;
         if stop {
             break;
         }

@@ -2,7 +2,7 @@
 //! figures before and after, each check, the counters and the verdict.
 
 use super::command_line::Options;
-use super::figures::Figures;
+use super::figures::{checks, Figures};
 use crate::json::document::About;
 use crate::json::machine::MachineJson;
 use crate::json::soak::{
@@ -36,27 +36,20 @@ pub(super) fn document(
     error: Option<String>,
     machine: MachineJson,
 ) -> SoakDocument {
-    let mut checks = Vec::new();
-    if let (Some(b), Some(a)) = (&record.before, &record.after) {
-        for (figure, unit, before, after) in [
-            ("open_fds", "fds", Some(b.fds as u64), Some(a.fds as u64)),
-            ("bar1_used", "bytes", b.bar1_used, a.bar1_used),
-            ("vram_free", "bytes", Some(b.vram_free), Some(a.vram_free)),
-        ] {
-            let change = match (before, after) {
-                (Some(x), Some(y)) => y as i64 - x as i64,
-                _ => 0,
-            };
-            checks.push(SoakCheckJson {
-                figure: figure.into(),
-                unit: unit.into(),
-                before,
-                after,
-                change,
-                came_back: change == 0,
-            });
-        }
-    }
+    let checks = match (&record.before, &record.after) {
+        (Some(b), Some(a)) => checks(b, a)
+            .iter()
+            .map(|c| SoakCheckJson {
+                figure: c.figure.into(),
+                unit: c.unit.into(),
+                before: c.before,
+                after: c.after,
+                change: c.change,
+                came_back: c.came_back(),
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
     SoakDocument {
         about: About::new("vkgdr-soak"),
         options: SoakOptionsJson {
@@ -144,7 +137,6 @@ mod tests {
         let record = Record {
             before: Some(before),
             after: Some(after),
-            errors: vec!["pool block 7 (64 bytes) lost its bytes".into()],
             ..Default::default()
         };
         let doc = document(&options(), &record, false, None, bare_machine());
@@ -152,11 +144,13 @@ mod tests {
         assert_eq!(by_name("open_fds").change, 2);
         assert!(!by_name("open_fds").came_back);
         assert_eq!(by_name("vram_free").change, -2048);
+        assert_eq!(
+            (by_name("open_fds").unit, by_name("vram_free").unit),
+            ("fds".into(), "bytes".into())
+        );
         // No NVML: BAR1 is unknown, which is not a failure.
         assert_eq!(by_name("bar1_used").before, None);
         assert!(by_name("bar1_used").came_back);
-        assert!(!doc.passed);
-        assert_eq!(doc.errors.len(), 1);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use vkgdr::{Gpu, Pool, PoolConfig};
 use super::command_line::Options;
 use super::counters::{Counters, ERRORS_KEPT};
 use super::document::Record;
-use super::figures::{figures, mib};
+use super::figures::{checks, figures, mib};
 use super::workers::{arena_cycles, exhaust, launch_checker, pool_churn, raw_churn, ring_producer};
 use crate::ui::{self, say, status};
 
@@ -199,23 +199,13 @@ pub(super) fn run(options: &Options, record: &mut Record) -> vkgdr::Result<bool>
     );
     let mut ok =
         c.failures.load(Ordering::Relaxed) == 0 && warm.failures.load(Ordering::Relaxed) == 0;
-    let delta = |a: Option<u64>, b: Option<u64>| match (a, b) {
-        (Some(a), Some(b)) => b as i64 - a as i64,
-        _ => 0,
-    };
-    for (what, change) in [
-        ("fds", after.fds as i64 - before.fds as i64),
-        (
-            "BAR1 used (bytes)",
-            delta(before.bar1_used, after.bar1_used),
-        ),
-        (
-            "free VRAM (bytes)",
-            after.vram_free as i64 - before.vram_free as i64,
-        ),
-    ] {
-        if change != 0 {
-            say!("SOAK: {what} did not come back: changed by {change} ({before} before, {after} after)");
+    for c in checks(&before, &after) {
+        if !c.came_back() {
+            say!(
+                "SOAK: {} did not come back: changed by {} ({before} before, {after} after)",
+                c.what,
+                c.change
+            );
             ok = false;
         }
     }

@@ -5,7 +5,8 @@
 use std::path::Path;
 
 use super::baseline::{Baseline, Choice};
-use super::document::{ComparisonDocument, SummaryJson, FORMAT};
+use super::document::{ComparisonDocument, GpuMatch, SummaryJson, FORMAT};
+use super::noise::Verdict;
 use super::pairing::pair_up;
 use super::results::Results;
 use crate::json::document::About;
@@ -21,8 +22,8 @@ pub struct Comparison {
 }
 
 impl Comparison {
-    /// Compares `current` (read from `current_file`) with the baseline chosen for it; `floor`
-    /// is the noise floor in percent.
+    /// Compares `current` (read from `current_file`) with the baseline chosen for it;
+    /// `floor_percent` is the noise floor in percent.
     pub fn new(
         baseline: &Baseline,
         current: &Results,
@@ -31,7 +32,8 @@ impl Comparison {
     ) -> Comparison {
         let gpu = current.gpu();
         let mut notes = Vec::new();
-        let floor = f64::from(floor_percent) / 100.0;
+        // Kept as given for the document: only a spread is scaled to percent.
+        let floor_percent = f64::from(floor_percent);
         let (loaded, also) = match baseline.choose(gpu.as_ref()) {
             Choice::Chosen { loaded, also } => (loaded, also),
             Choice::None(why) => {
@@ -41,9 +43,9 @@ impl Comparison {
                         about: About::new(FORMAT),
                         baseline: None,
                         current: current.side(current_file),
-                        gpu_match: "no_baseline".into(),
-                        judged: false,
-                        tolerance_percent: floor * 100.0,
+                        gpu_match: GpuMatch::NoBaseline,
+                        judged: GpuMatch::NoBaseline.judged(),
+                        tolerance_percent: floor_percent,
                         notes,
                         figures: Vec::new(),
                         summary: SummaryJson::default(),
@@ -61,16 +63,16 @@ impl Comparison {
             ));
         }
         let old = &loaded.results;
-        let (gpu_match, judged) = match (old.gpu(), &gpu) {
-            (Some(a), Some(b)) if a.uuid.is_some() && a.uuid == b.uuid => ("same_gpu", true),
-            (Some(a), Some(b)) if a.name == b.name => ("same_model", true),
+        let gpu_match = match (old.gpu(), &gpu) {
+            (Some(a), Some(b)) if a.uuid.is_some() && a.uuid == b.uuid => GpuMatch::SameGpu,
+            (Some(a), Some(b)) if a.name == b.name => GpuMatch::SameModel,
             (Some(a), Some(b)) => {
                 notes.push(format!(
                     "different GPUs ({} before, {} now): figures shown as information only, \
                      nothing counts as a regression",
                     a.name, b.name
                 ));
-                ("different_gpu", false)
+                GpuMatch::DifferentGpu
             }
             (a, b) => {
                 let which = match (a.is_none(), b.is_none()) {
@@ -82,9 +84,10 @@ impl Comparison {
                     "the GPU of {which} is unknown (no CUDA device 0 in its machine section): \
                      figures shown as information only, nothing counts as a regression"
                 ));
-                ("unknown_gpu", false)
+                GpuMatch::UnknownGpu
             }
         };
+        let judged = gpu_match.judged();
         if old.mode.is_some() && current.mode.is_some() && old.mode != current.mode {
             notes.push(format!(
                 "the runs' modes differ ({} before, {} now): quick runs measure fewer sizes with \
@@ -93,16 +96,16 @@ impl Comparison {
                 current.mode.as_deref().unwrap_or("?")
             ));
         }
-        let figures = pair_up(old, current, floor);
+        let figures = pair_up(old, current, floor_percent);
         let mut summary = SummaryJson::default();
         for f in &figures {
-            match f.verdict.as_str() {
-                "worse" => summary.worse += 1,
-                "better" => summary.better += 1,
-                "within_noise" => summary.within_noise += 1,
-                "only_in_baseline" => summary.only_in_baseline += 1,
-                "only_in_current" => summary.only_in_current += 1,
-                _ => summary.not_comparable += 1,
+            match f.verdict {
+                Verdict::Worse => summary.worse += 1,
+                Verdict::Better => summary.better += 1,
+                Verdict::WithinNoise => summary.within_noise += 1,
+                Verdict::OnlyInBaseline => summary.only_in_baseline += 1,
+                Verdict::OnlyInCurrent => summary.only_in_current += 1,
+                Verdict::NotComparable => summary.not_comparable += 1,
             }
         }
         summary.compared = summary.worse + summary.better + summary.within_noise;
@@ -111,9 +114,9 @@ impl Comparison {
                 about: About::new(FORMAT),
                 baseline: Some(old.side(&loaded.path)),
                 current: current.side(current_file),
-                gpu_match: gpu_match.into(),
+                gpu_match,
                 judged,
-                tolerance_percent: floor * 100.0,
+                tolerance_percent: floor_percent,
                 notes,
                 figures,
                 summary,
@@ -144,8 +147,9 @@ mod tests {
         BenchmarkIn, CudaDeviceIn, CudaIn, FigureIn, MachineIn, ReportIn,
     };
     use crate::bench::options::Options;
-    use crate::bench::outputs::document;
     use crate::bench::outputs::tests::made_up_run;
+    use crate::bench::outputs::{document, write_results};
+    use crate::bench::testutil::TempDir;
     use crate::json::document::{to_text, FORMAT_VERSION};
     use crate::json::machine::tests::bare_machine;
 
@@ -197,6 +201,15 @@ mod tests {
         }
     }
 
+    /// `new` judged against `old` with the default 10 % floor.
+    fn judge(old: Results, new: &Results) -> Comparison {
+        let baseline = Baseline::File(Loaded {
+            path: "old".into(),
+            results: old,
+        });
+        Comparison::new(&baseline, new, Path::new("new"), 10)
+    }
+
     #[test]
     fn a_figure_s_own_spread_widens_its_noise() {
         assert!((spread(&fig("a", 8, 100.0, 0.3)) - 0.3).abs() < 1e-12);
@@ -209,18 +222,13 @@ mod tests {
 
         // 1.25× slower: a regression with tight samples, noise with wide ones.
         let gpu = Some(("G", "u"));
-        for (spread, verdict, noise) in [(0.02, "worse", 10.0), (0.3, "within_noise", 30.0)] {
+        for (spread, verdict, noise) in [
+            (0.02, Verdict::Worse, 10.0),
+            (0.3, Verdict::WithinNoise, 30.0),
+        ] {
             let old = results(gpu, "ns", vec![fig("m", 8, 100.0, spread)]);
             let new = results(gpu, "ns", vec![fig("m", 8, 125.0, 0.01)]);
-            let c = Comparison::new(
-                &Baseline::File(Loaded {
-                    path: "old".into(),
-                    results: old,
-                }),
-                &new,
-                Path::new("new"),
-                10,
-            );
+            let c = judge(old, &new);
             assert_eq!(c.doc.figures[0].verdict, verdict);
             assert!((c.doc.figures[0].tolerance_percent - noise).abs() < 1e-9);
             assert_eq!(c.doc.figures[0].ratio, Some(1.25));
@@ -252,28 +260,20 @@ mod tests {
         let mut reference = fig("quoted", 8, 1.0, 0.0);
         reference.origin = Some("reference".into());
         new.benchmarks[0].reports[0].figures.push(reference);
-        let c = Comparison::new(
-            &Baseline::File(Loaded {
-                path: "old".into(),
-                results: old,
-            }),
-            &new,
-            Path::new("new"),
-            10,
-        );
-        let got: Vec<(&str, u64, &str)> = c
+        let c = judge(old, &new);
+        let got: Vec<(&str, u64, Verdict)> = c
             .doc
             .figures
             .iter()
-            .map(|f| (f.method.as_str(), f.size_bytes, f.verdict.as_str()))
+            .map(|f| (f.method.as_str(), f.size_bytes, f.verdict))
             .collect();
         assert_eq!(
             got,
             [
-                ("a", 16, "worse"),
-                ("a", 8, "within_noise"),
-                ("new", 8, "only_in_current"),
-                ("gone", 8, "only_in_baseline"),
+                ("a", 16, Verdict::Worse),
+                ("a", 8, Verdict::WithinNoise),
+                ("new", 8, Verdict::OnlyInCurrent),
+                ("gone", 8, Verdict::OnlyInBaseline),
             ]
         );
         assert!(c.doc.figures.iter().all(|f| f.higher_is_better));
@@ -289,7 +289,7 @@ mod tests {
                 not_comparable: 0,
             }
         );
-        assert_eq!(c.doc.gpu_match, "same_gpu");
+        assert_eq!(c.doc.gpu_match, GpuMatch::SameGpu);
         assert!(c.doc.regressed);
         assert_eq!(c.exit_code(), EXIT_WORSE);
         let text = c.text();
@@ -314,17 +314,9 @@ mod tests {
         assert!(old.benchmarks[0].reports[0].figures[0].median.is_nan());
         doc["benchmarks"][0]["reports"][0]["figures"][0]["median"] = 4.0.into();
         let new = Results::parse(Path::new("new"), &doc.to_string()).unwrap();
-        let c = Comparison::new(
-            &Baseline::File(Loaded {
-                path: "old".into(),
-                results: old,
-            }),
-            &new,
-            Path::new("new"),
-            10,
-        );
-        let v: Vec<&str> = c.doc.figures.iter().map(|f| f.verdict.as_str()).collect();
-        assert_eq!(v, ["not_comparable", "within_noise"]);
+        let c = judge(old, &new);
+        let v: Vec<Verdict> = c.doc.figures.iter().map(|f| f.verdict).collect();
+        assert_eq!(v, [Verdict::NotComparable, Verdict::WithinNoise]);
         assert_eq!(c.doc.figures[0].ratio, None);
         // A missing median is still an error, with its place.
         doc["benchmarks"][0]["reports"][0]["figures"][0]
@@ -348,17 +340,15 @@ mod tests {
             quick: false,
         };
         let doc = document(&opts, Some(bare_machine()), &made_up_run(), None);
-        let text = to_text(&doc);
-        let path = Path::new("results.json");
-        let read = Results::parse(path, &text).unwrap();
-        assert_eq!(read, Results::of(&doc, path).unwrap());
+        // What the run writes into its directory is what `--compare` judges (from the document
+        // it holds) and what `vkgdr bench compare BASELINE DIR` reads back.
+        let dir = TempDir::new("own-document");
+        let path = write_results(&dir.0, &doc).unwrap();
+        let read = Results::load(&dir.0).unwrap();
+        assert_eq!(read, Results::of(&doc, &path).unwrap());
         assert_eq!(read.mode.as_deref(), Some("full"));
         assert_eq!(read.benchmarks.len(), 3);
-        let base = Baseline::File(Loaded {
-            path: path.into(),
-            results: read.clone(),
-        });
-        let c = Comparison::new(&base, &read, path, 10);
+        let c = judge(read.clone(), &read);
         let d = &c.doc;
         // 5 measured copylat figures and 2 apiperf ones; the quoted C figure is not compared.
         assert_eq!(d.summary.compared, 7);
@@ -366,7 +356,7 @@ mod tests {
         assert!(d.figures.iter().all(|f| f.ratio == Some(1.0)));
         assert!(!d.figures.iter().any(|f| f.method.contains("docs")));
         // The machine without drivers names no GPU: shown, not judged.
-        assert_eq!(d.gpu_match, "unknown_gpu");
+        assert_eq!(d.gpu_match, GpuMatch::UnknownGpu);
         assert!(!d.regressed);
         assert_eq!(d.current.failed_benchmarks, ["pplat"]);
         // The comparison document reads back too.

@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::noise::Verdict;
 use crate::json::bench::BenchDocument;
 use crate::json::document::About;
 
@@ -26,7 +27,7 @@ pub struct ComparisonDocument {
     pub current: SideJson,
     /// `same_gpu` (same UUID), `same_model` (same name, another card), `different_gpu`,
     /// `unknown_gpu` (a document names none) or `no_baseline`.
-    pub gpu_match: String,
+    pub gpu_match: GpuMatch,
     /// Whether moves are judged: only on the same GPU model. `false`: the figures are
     /// information, nothing is a regression.
     pub judged: bool,
@@ -40,6 +41,32 @@ pub struct ComparisonDocument {
     pub summary: SummaryJson,
     /// Whether a figure got worse beyond its noise on the same GPU model (exit code 3).
     pub regressed: bool,
+}
+
+/// How the GPUs of the two runs match, named in the JSON document in snake case (`same_gpu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuMatch {
+    /// The same card (same UUID): moves are judged.
+    SameGpu,
+    /// The same model (same name), another card: moves are judged.
+    SameModel,
+    /// Different models: information only.
+    DifferentGpu,
+    /// A document names no GPU: information only.
+    UnknownGpu,
+    /// No baseline matched.
+    NoBaseline,
+}
+
+impl GpuMatch {
+    /// Whether moves are judged: only on the same GPU model.
+    pub fn judged(self) -> bool {
+        match self {
+            GpuMatch::SameGpu | GpuMatch::SameModel => true,
+            GpuMatch::DifferentGpu | GpuMatch::UnknownGpu | GpuMatch::NoBaseline => false,
+        }
+    }
 }
 
 /// One side of a comparison.
@@ -86,7 +113,7 @@ pub struct FigureComparisonJson {
     pub tolerance_percent: f64,
     /// `worse`, `better`, `within_noise`, `only_in_baseline`, `only_in_current` or
     /// `not_comparable` (units differ, or a median is not positive).
-    pub verdict: String,
+    pub verdict: Verdict,
     /// The method of the figure's anchor in this run (the baseline's where this run lacks the
     /// figure): whether the anchor moved as well tells a slower machine from slower code.
     pub anchor_method: Option<String>,

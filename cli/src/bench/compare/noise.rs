@@ -1,12 +1,15 @@
 //! When a figure has moved ([`judge`]): beyond its noise, in the unit's direction
 //! ([`higher_is_better`]); how much a figure scatters by itself ([`spread`]), which widens its
-//! noise.
+//! noise ([`noise_percent`]).
+
+use serde::{Deserialize, Serialize};
 
 use super::results::FigureIn;
 use crate::bench::report::model::Unit;
 
-/// A verdict on one figure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A verdict on one figure, named in the JSON document in snake case (`within_noise`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Verdict {
     /// Worse beyond its noise.
     Worse,
@@ -20,20 +23,6 @@ pub enum Verdict {
     OnlyInCurrent,
     /// Units differ, or a median is not positive.
     NotComparable,
-}
-
-impl Verdict {
-    /// Its name in the JSON document.
-    pub fn name(self) -> &'static str {
-        match self {
-            Verdict::Worse => "worse",
-            Verdict::Better => "better",
-            Verdict::WithinNoise => "within_noise",
-            Verdict::OnlyInBaseline => "only_in_baseline",
-            Verdict::OnlyInCurrent => "only_in_current",
-            Verdict::NotComparable => "not_comparable",
-        }
-    }
 }
 
 /// How much a figure scatters in one run: half its p10–p90 range relative to its median (0 with
@@ -50,6 +39,14 @@ pub fn spread(f: &FigureIn) -> f64 {
         }
         _ => 0.0,
     }
+}
+
+/// The noise of a figure, in percent: the floor (in percent, as given) or the largest spread of
+/// `figures` (the figure in either run), whichever is larger.
+pub fn noise_percent(floor_percent: f64, figures: &[&FigureIn]) -> f64 {
+    figures
+        .iter()
+        .fold(floor_percent, |noise, f| noise.max(spread(f) * 100.0))
 }
 
 /// The verdict on a figure that went from `before` to `now` (medians), with noise `tolerance`
@@ -100,5 +97,21 @@ mod tests {
         // Nothing to divide by.
         assert_eq!(judge(0.0, 5.0, true, 0.1), Verdict::NotComparable);
         assert_eq!(judge(5.0, f64::NAN, true, 0.1), Verdict::NotComparable);
+    }
+
+    #[test]
+    fn verdicts_have_their_json_names() {
+        for (v, name) in [
+            (Verdict::Worse, "worse"),
+            (Verdict::Better, "better"),
+            (Verdict::WithinNoise, "within_noise"),
+            (Verdict::OnlyInBaseline, "only_in_baseline"),
+            (Verdict::OnlyInCurrent, "only_in_current"),
+            (Verdict::NotComparable, "not_comparable"),
+        ] {
+            let json = serde_json::to_string(&v).unwrap();
+            assert_eq!(json, format!("\"{name}\""));
+            assert_eq!(serde_json::from_str::<Verdict>(&json).unwrap(), v);
+        }
     }
 }

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use super::document::FigureComparisonJson;
-use super::noise::{higher_is_better, judge, spread, Verdict};
+use super::noise::{higher_is_better, judge, noise_percent, Verdict};
 use super::results::{FigureIn, ReportIn, Results};
 
 fn unit_of(r: &ReportIn, f: &FigureIn) -> String {
@@ -15,8 +15,12 @@ type Key<'a> = (&'a str, &'a str, u64);
 
 /// Pairs the figures of both runs by report, method and size: the new run's order, each report
 /// followed by the baseline's figures of that report that this run lacks, then the baseline's
-/// reports this run lacks.
-pub(super) fn pair_up(old: &Results, new: &Results, floor: f64) -> Vec<FigureComparisonJson> {
+/// reports this run lacks. `floor_percent` is the noise floor in percent.
+pub(super) fn pair_up(
+    old: &Results,
+    new: &Results,
+    floor_percent: f64,
+) -> Vec<FigureComparisonJson> {
     let before = old.figures();
     let mut used = vec![false; before.len()];
     let mut index: HashMap<Key<'_>, Vec<usize>> = HashMap::new();
@@ -31,7 +35,7 @@ pub(super) fn pair_up(old: &Results, new: &Results, floor: f64) -> Vec<FigureCom
         for (i, (r, f)) in before.iter().enumerate() {
             if !used[i] && report.is_none_or(|name| r.name == name) {
                 used[i] = true;
-                out.push(one_side(r, f, floor, Verdict::OnlyInBaseline));
+                out.push(one_side(r, f, floor_percent, true));
             }
         }
     };
@@ -44,9 +48,9 @@ pub(super) fn pair_up(old: &Results, new: &Results, floor: f64) -> Vec<FigureCom
         match matched {
             Some(i) => {
                 used[i] = true;
-                out.push(both(before[i], (r, f), floor));
+                out.push(both(before[i], (r, f), floor_percent));
             }
-            None => out.push(one_side(r, f, floor, Verdict::OnlyInCurrent)),
+            None => out.push(one_side(r, f, floor_percent, false)),
         }
         let last_of_report = after.get(k + 1).is_none_or(|(next, _)| next.name != r.name);
         if last_of_report {
@@ -57,11 +61,18 @@ pub(super) fn pair_up(old: &Results, new: &Results, floor: f64) -> Vec<FigureCom
     out
 }
 
-fn one_side(r: &ReportIn, f: &FigureIn, floor: f64, v: Verdict) -> FigureComparisonJson {
+/// A figure of one run alone: the baseline's when `in_baseline`, else this run's.
+fn one_side(
+    r: &ReportIn,
+    f: &FigureIn,
+    floor_percent: f64,
+    in_baseline: bool,
+) -> FigureComparisonJson {
     let unit = unit_of(r, f);
-    let (baseline, current) = match v {
-        Verdict::OnlyInBaseline => (Some(f.median), None),
-        _ => (None, Some(f.median)),
+    let (verdict, baseline, current) = if in_baseline {
+        (Verdict::OnlyInBaseline, Some(f.median), None)
+    } else {
+        (Verdict::OnlyInCurrent, None, Some(f.median))
     };
     let anchor_ratio = f.anchor.as_ref().and_then(|a| a.ratio);
     FigureComparisonJson {
@@ -73,24 +84,24 @@ fn one_side(r: &ReportIn, f: &FigureIn, floor: f64, v: Verdict) -> FigureCompari
         baseline,
         current,
         ratio: None,
-        tolerance_percent: floor.max(spread(f)) * 100.0,
-        verdict: v.name().into(),
+        tolerance_percent: noise_percent(floor_percent, &[f]),
+        verdict,
         anchor_method: f.anchor.as_ref().map(|a| a.method.clone()),
-        anchor_ratio_baseline: anchor_ratio.filter(|_| v == Verdict::OnlyInBaseline),
-        anchor_ratio_current: anchor_ratio.filter(|_| v == Verdict::OnlyInCurrent),
+        anchor_ratio_baseline: anchor_ratio.filter(|_| in_baseline),
+        anchor_ratio_current: anchor_ratio.filter(|_| !in_baseline),
     }
 }
 
 fn both(
     (ro, fo): (&ReportIn, &FigureIn),
     (rn, fn_): (&ReportIn, &FigureIn),
-    floor: f64,
+    floor_percent: f64,
 ) -> FigureComparisonJson {
     let (uo, un) = (unit_of(ro, fo), unit_of(rn, fn_));
     let hib = higher_is_better(&un, rn.higher_is_better);
-    let tolerance = floor.max(spread(fo)).max(spread(fn_));
+    let tolerance_percent = noise_percent(floor_percent, &[fo, fn_]);
     let verdict = if uo == un {
-        judge(fo.median, fn_.median, hib, tolerance)
+        judge(fo.median, fn_.median, hib, tolerance_percent / 100.0)
     } else {
         Verdict::NotComparable
     };
@@ -104,8 +115,8 @@ fn both(
         baseline: Some(fo.median),
         current: Some(fn_.median),
         ratio: (verdict != Verdict::NotComparable && ratio.is_finite()).then_some(ratio),
-        tolerance_percent: tolerance * 100.0,
-        verdict: verdict.name().into(),
+        tolerance_percent,
+        verdict,
         anchor_method: fn_
             .anchor
             .as_ref()

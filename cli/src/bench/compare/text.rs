@@ -2,8 +2,9 @@
 //! with each figure's ratio and noise, and a summary naming every figure that got worse.
 
 use super::comparison::Comparison;
-use super::document::{GpuJson, SideJson};
-use crate::bench::report::format::{fmt_size, sig3};
+use super::document::{GpuJson, GpuMatch, SideJson};
+use super::noise::Verdict;
+use crate::bench::report::format::{align, fmt_size, sig3};
 use crate::bench::report::model::Unit;
 
 impl Comparison {
@@ -48,11 +49,12 @@ impl Comparison {
                 out += &format!("  now:    {} ({})\n", side(&d.current), d.current.file);
                 out += &format!(
                     "  {}\n",
-                    match d.gpu_match.as_str() {
-                        "same_gpu" => "the same GPU: moves beyond noise count",
-                        "same_model" =>
+                    match d.gpu_match {
+                        GpuMatch::SameGpu => "the same GPU: moves beyond noise count",
+                        GpuMatch::SameModel =>
                             "the same GPU model, another card: moves beyond noise count",
-                        _ => "information only: nothing counts as a regression",
+                        GpuMatch::DifferentGpu | GpuMatch::UnknownGpu | GpuMatch::NoBaseline =>
+                            "information only: nothing counts as a regression",
                     }
                 );
                 for n in &d.notes {
@@ -65,7 +67,11 @@ impl Comparison {
         let mut rows: Vec<[String; 7]> = Vec::new();
         let flush = |out: &mut String, rows: &mut Vec<[String; 7]>| {
             if rows.len() > 1 {
-                out.push_str(&align(rows));
+                // The method and the mark flush left, the figures flush right.
+                for line in align(rows, &[0, 6]) {
+                    out.push_str(format!("  {line}").trim_end());
+                    out.push('\n');
+                }
             }
             rows.clear();
         };
@@ -88,13 +94,13 @@ impl Comparison {
                 );
             }
             let value = |v: Option<f64>| v.map_or_else(|| "–".to_string(), |v| fmt(&f.unit, v));
-            let mark = match f.verdict.as_str() {
-                "worse" => worse_mark,
-                "better" => "better",
-                "within_noise" => "",
-                "only_in_baseline" => "only before",
-                "only_in_current" => "new",
-                _ => "not comparable",
+            let mark = match f.verdict {
+                Verdict::Worse => worse_mark,
+                Verdict::Better => "better",
+                Verdict::WithinNoise => "",
+                Verdict::OnlyInBaseline => "only before",
+                Verdict::OnlyInCurrent => "new",
+                Verdict::NotComparable => "not comparable",
             };
             rows.push([
                 f.method.clone(),
@@ -128,7 +134,7 @@ impl Comparison {
                 "REGRESSION: {} figure(s) got worse beyond their noise on the same GPU model:\n",
                 s.worse
             );
-            for f in d.figures.iter().filter(|f| f.verdict == "worse") {
+            for f in d.figures.iter().filter(|f| f.verdict == Verdict::Worse) {
                 let (b, c) = (f.baseline.unwrap_or(0.0), f.current.unwrap_or(0.0));
                 out += &format!(
                     "  {} / {} @ {}: {} → {} ({}× the {}; noise ±{} %)\n",
@@ -188,29 +194,4 @@ fn fmt(unit: &str, v: f64) -> String {
         Some(Unit::GigabytesPerSecond) => format!("{} GB/s", sig3(v)),
         None => format!("{} {unit}", sig3(v)),
     }
-}
-
-/// Rows as aligned text: the first column left, the others right, the last (the mark) left.
-fn align(rows: &[[String; 7]]) -> String {
-    let mut widths = [0usize; 7];
-    for r in rows {
-        for (w, c) in widths.iter_mut().zip(r) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for r in rows {
-        let mut line = String::from("  ");
-        for (i, (c, w)) in r.iter().zip(widths).enumerate() {
-            let fill = " ".repeat(w - c.chars().count());
-            if i == 0 || i == 6 {
-                line += &format!("{c}{fill}  ");
-            } else {
-                line += &format!("{fill}{c}  ");
-            }
-        }
-        out += line.trim_end();
-        out.push('\n');
-    }
-    out
 }

@@ -1,6 +1,6 @@
 //! Numbers as tables, charts and comparisons show them: three significant digits ([`sig3`]),
 //! durations ([`fmt_ns`], [`fmt_ns_range`]), byte counts ([`fmt_size`]) and axis labels
-//! ([`trim_zeros`]).
+//! ([`trim_zeros`]); and rows of cells as aligned text columns ([`align`]).
 
 /// Three significant digits without an exponent (`0.123`, `1.23`, `12.3`, `123`).
 pub fn sig3(x: f64) -> String {
@@ -77,6 +77,47 @@ pub fn fmt_size(bytes: u64) -> String {
     format!("{bytes} B")
 }
 
+/// The width of each column of `rows`: its widest cell, in characters.
+pub fn column_widths<R: AsRef<[String]>>(rows: &[R]) -> Vec<usize> {
+    let mut widths = Vec::new();
+    for r in rows {
+        let r = r.as_ref();
+        if widths.len() < r.len() {
+            widths.resize(r.len(), 0);
+        }
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    widths
+}
+
+/// Rows of cells as aligned lines: each column as wide as its widest cell ([`column_widths`]),
+/// two spaces between columns, the columns numbered in `left_columns` flush left and the others
+/// flush right, trailing spaces dropped.
+pub fn align<R: AsRef<[String]>>(rows: &[R], left_columns: &[usize]) -> Vec<String> {
+    let widths = column_widths(rows);
+    rows.iter()
+        .map(|r| {
+            let cells: Vec<String> = r
+                .as_ref()
+                .iter()
+                .zip(&widths)
+                .enumerate()
+                .map(|(i, (c, w))| {
+                    let fill = " ".repeat(w - c.chars().count());
+                    if left_columns.contains(&i) {
+                        format!("{c}{fill}")
+                    } else {
+                        format!("{fill}{c}")
+                    }
+                })
+                .collect();
+            cells.join("  ").trim_end().to_string()
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,5 +150,24 @@ mod tests {
         assert_eq!(trim_zeros("1.50"), "1.5");
         assert_eq!(trim_zeros("100 ns"), "100 ns");
         assert_eq!(trim_zeros("0.500"), "0.5");
+    }
+
+    #[test]
+    fn columns_align_left_or_right_by_their_widest_cell() {
+        let rows = [
+            ["method", "size", "µs", ""].map(String::from),
+            ["a", "8 B", "1.50", "new"].map(String::from),
+            ["longer", "4 KiB", "12.0", ""].map(String::from),
+        ];
+        assert_eq!(column_widths(&rows), [6, 5, 4, 3]);
+        assert_eq!(
+            align(&rows, &[0, 3]),
+            [
+                "method   size    µs",
+                "a         8 B  1.50  new",
+                "longer  4 KiB  12.0",
+            ]
+        );
+        assert_eq!(align(&rows[1..2], &[]), ["a  8 B  1.50  new"]);
     }
 }

@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use super::format::{fmt_ns, fmt_ns_range, fmt_size, sig3};
+use super::format::{align, column_widths, fmt_ns, fmt_ns_range, fmt_size, sig3};
 use super::model::{Report, Row, Unit};
 use super::spec::Layout;
 
@@ -89,38 +89,17 @@ impl Report {
     /// The table as aligned plain text, title first.
     pub fn text_table(&self) -> String {
         let (header, body) = self.cells();
-        let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-        for line in &body {
-            for (w, c) in widths.iter_mut().zip(line) {
-                *w = (*w).max(c.chars().count());
-            }
-        }
-        let pad = |s: &str, w: usize, left: bool| {
-            let fill = " ".repeat(w - s.chars().count());
-            if left {
-                format!("{s}{fill}")
-            } else {
-                format!("{fill}{s}")
-            }
-        };
-        let fmt_line = |cells: &[String]| {
-            let parts: Vec<String> = cells
-                .iter()
-                .zip(&widths)
-                .enumerate()
-                .map(|(i, (c, w))| pad(c, *w, i == 0))
-                .collect();
-            parts.join("  ").trim_end().to_string()
-        };
+        let rows: Vec<Vec<String>> = std::iter::once(header).chain(body).collect();
+        let widths = column_widths(&rows);
         let mut out = format!("{} [{}]\n", self.title(), self.legend());
-        out += &fmt_line(&header);
-        out.push('\n');
-        let total = widths.iter().sum::<usize>() + 2 * widths.len().saturating_sub(1);
-        out += &"-".repeat(total);
-        out.push('\n');
-        for line in &body {
-            out += &fmt_line(line);
+        for (i, line) in align(&rows, &[0]).iter().enumerate() {
+            out += line;
             out.push('\n');
+            if i == 0 {
+                let total = widths.iter().sum::<usize>() + 2 * widths.len().saturating_sub(1);
+                out += &"-".repeat(total);
+                out.push('\n');
+            }
         }
         out
     }

@@ -2,19 +2,17 @@
 //! vkgdr's mappings take, pinned host memory (three ways), a completion word written by the
 //! legacy stream, modules, streams, events, synchronous copies and context-wide calls.
 
-use std::ffi::c_void;
 use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use vkgdr::cuda::{
-    Driver, ExternalMemoryBufferDesc, ExternalMemoryHandleDesc, MemAccessDesc, MemLocation,
-    CU_EVENT_DISABLE_TIMING, CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD, CU_MEMHOSTALLOC_DEVICEMAP,
-    CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-    CU_STREAM_NON_BLOCKING,
+    Driver, ExternalMemoryBufferDesc, ExternalMemoryHandleDesc, CU_EVENT_DISABLE_TIMING,
+    CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD, CU_MEMHOSTALLOC_DEVICEMAP, CU_STREAM_NON_BLOCKING,
 };
+use vkgdr::vmm::ordinal_of;
 use vkgdr::Gpu;
 
-use super::probe::{ordinal_of, Condition, Handle, Probe, SIZE};
+use super::probe::{import_fd, rw_access, Condition, Handle, Probe, SIZE};
 use super::spinner::PTX;
 use crate::bench::error::BenchResult;
 
@@ -23,7 +21,7 @@ use crate::bench::error::BenchResult;
 pub(super) fn driver_scenarios(p: &mut Probe<'_>, gpu: &Gpu, scratch: u64) -> BenchResult<()> {
     let d: &Driver = gpu.driver();
     let vk = gpu.vulkan();
-    let ordinal = ordinal_of(gpu)?;
+    let ordinal = ordinal_of(d, gpu.cu_device())?;
 
     // cuMemAlloc / cuMemFree.
     let ptr = p.call("cuMemAlloc_v2", || {
@@ -78,16 +76,9 @@ pub(super) fn driver_scenarios(p: &mut Probe<'_>, gpu: &Gpu, scratch: u64) -> Be
 
     // The same Vulkan memory through VMM: the non-waiting candidate.
     let fd = p.call("vkGetMemoryFdKHR (again)", || mem.export_fd())?;
-    let raw_fd = fd.as_raw_fd();
     let handle = p.call("cuMemImportFromShareableHandle", || {
         let _c = gpu.bind()?;
-        // SAFETY: a live opaque fd passed as the handle value; the call does not keep it.
-        unsafe {
-            d.cu_mem_import_from_shareable_handle(
-                raw_fd as isize as *mut c_void,
-                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-            )
-        }
+        import_fd(d, &fd)
     })?;
     drop(fd);
     let va = p.call("cuMemAddressReserve", || {
@@ -101,10 +92,7 @@ pub(super) fn driver_scenarios(p: &mut Probe<'_>, gpu: &Gpu, scratch: u64) -> Be
     })?;
     p.call("cuMemSetAccess", || {
         let _c = gpu.bind()?;
-        let access = MemAccessDesc {
-            location: MemLocation::device(ordinal),
-            flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
+        let access = rw_access(ordinal);
         // SAFETY: the range was just mapped; one descriptor alive for the call.
         unsafe { d.cu_mem_set_access(va, SIZE as usize, &access, 1) }
     })?;
@@ -140,8 +128,12 @@ pub(super) fn driver_scenarios(p: &mut Probe<'_>, gpu: &Gpu, scratch: u64) -> Be
         unsafe { d.cu_mem_free_host(host.ptr()) }
     })?;
     let layout = std::alloc::Layout::from_size_align(SIZE as usize, 4096).expect("valid layout");
-    // SAFETY: a non-zero size.
-    let buf = Handle::of(unsafe { std::alloc::alloc(layout) }.cast());
+    // SAFETY: a non-zero size; a null result (no memory) is handled below.
+    let raw = unsafe { std::alloc::alloc(layout) };
+    if raw.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    let buf = Handle::of(raw.cast());
     p.call("cuMemHostRegister_v2", || {
         let _c = gpu.bind()?;
         // SAFETY: `buf` is a live allocation of SIZE bytes, unregistered before it is freed.
@@ -158,16 +150,9 @@ pub(super) fn driver_scenarios(p: &mut Probe<'_>, gpu: &Gpu, scratch: u64) -> Be
     // Pinned host memory through Vulkan and VMM: freed by unmapping, like the BAR chunks.
     let host_mem = p.call("vkAllocateMemory (host memory)", || vk.allocate_host(SIZE))?;
     let fd = p.call("vkGetMemoryFdKHR (host memory)", || host_mem.export_fd())?;
-    let raw_fd = fd.as_raw_fd();
     let handle = p.call("cuMemImportFromShareableHandle (host memory)", || {
         let _c = gpu.bind()?;
-        // SAFETY: a live opaque fd passed as the handle value; the call does not keep it.
-        unsafe {
-            d.cu_mem_import_from_shareable_handle(
-                raw_fd as isize as *mut c_void,
-                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-            )
-        }
+        import_fd(d, &fd)
     })?;
     drop(fd);
     let va = {
@@ -181,10 +166,7 @@ pub(super) fn driver_scenarios(p: &mut Probe<'_>, gpu: &Gpu, scratch: u64) -> Be
     })?;
     p.call("cuMemSetAccess (host memory)", || {
         let _c = gpu.bind()?;
-        let access = MemAccessDesc {
-            location: MemLocation::device(ordinal),
-            flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
+        let access = rw_access(ordinal);
         // SAFETY: the range was just mapped; one descriptor alive for the call.
         unsafe { d.cu_mem_set_access(va, SIZE as usize, &access, 1) }
     })?;

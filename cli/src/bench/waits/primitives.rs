@@ -2,18 +2,13 @@
 //! ([`primitives`]): VMM calls from a thread with no current context, and copy-engine bandwidth
 //! into and out of host memory mapped through VMM beside pinned memory.
 
-use std::ffi::c_void;
-use std::os::fd::AsRawFd;
 use std::time::Instant;
 
-use vkgdr::cuda::{
-    MemAccessDesc, MemLocation, CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-};
 use vkgdr::cuda_objects::Stream;
+use vkgdr::vmm::ordinal_of;
 use vkgdr::Gpu;
 
-use super::probe::{ordinal_of, Handle, SIZE};
+use super::probe::{import_fd, rw_access, Handle, SIZE};
 use crate::bench::error::BenchResult;
 
 /// Maps `mem` (a whole Vulkan allocation, a multiple of the granularity) into the device's
@@ -21,22 +16,15 @@ use crate::bench::error::BenchResult;
 fn vmm_map(gpu: &Gpu, mem: &vkgdr::vulkan::VulkanMemory, bind: bool) -> vkgdr::Result<(u64, u64)> {
     let d = gpu.driver();
     let _c = if bind { Some(gpu.bind()?) } else { None };
+    // Asked first: a device without an ordinal leaves nothing mapped behind.
+    let ordinal = ordinal_of(d, gpu.cu_device())?;
     let fd = mem.export_fd()?;
-    // SAFETY: a live opaque fd passed as the handle value; the call does not keep it.
-    let handle = unsafe {
-        d.cu_mem_import_from_shareable_handle(
-            fd.as_raw_fd() as isize as *mut c_void,
-            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-        )
-    }?;
+    let handle = import_fd(d, &fd)?;
     let size = mem.size() as usize;
     let va = d.cu_mem_address_reserve(size, SIZE as usize, 0, 0)?;
     // SAFETY: a fresh reservation of exactly the handle's size.
     unsafe { d.cu_mem_map(va, size, 0, handle, 0) }?;
-    let access = MemAccessDesc {
-        location: MemLocation::device(ordinal_of(gpu)?),
-        flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-    };
+    let access = rw_access(ordinal);
     // SAFETY: just mapped; one descriptor alive for the call.
     unsafe { d.cu_mem_set_access(va, size, &access, 1) }?;
     Ok((va, handle))

@@ -4,11 +4,14 @@
 //! another thread tries an allocation meanwhile to see whether it is held up too.
 
 use std::ffi::c_void;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use vkgdr::cuda::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+use vkgdr::cuda::{
+    CuMemHandle, Driver, MemAccessDesc, MemLocation, CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+};
 use vkgdr::Gpu;
 
 use super::spinner::Spinner;
@@ -166,13 +169,7 @@ fn bystander_allocation(gpu: &Gpu) -> vkgdr::Result<()> {
     let mem = gpu.vulkan().allocate(SIZE)?;
     let fd = mem.export_fd()?;
     let _c = gpu.bind()?;
-    // SAFETY: a live opaque fd passed as the handle value; the call does not keep it.
-    let handle = unsafe {
-        d.cu_mem_import_from_shareable_handle(
-            fd.as_raw_fd() as isize as *mut c_void,
-            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-        )
-    }?;
+    let handle = import_fd(d, &fd)?;
     // SAFETY: ours, never mapped.
     unsafe { d.cu_mem_release(handle) }
 }
@@ -192,13 +189,23 @@ impl Handle {
     }
 }
 
-/// The CUDA ordinal of the GPU's device.
-pub(super) fn ordinal_of(gpu: &Gpu) -> vkgdr::Result<i32> {
-    let d = gpu.driver();
-    for i in 0..d.device_count()? {
-        if d.device(i)? == gpu.cu_device() {
-            return Ok(i);
-        }
+/// Imports the Vulkan memory behind `fd` as a VMM allocation handle (the fd stays ours: the call
+/// does not keep it).
+pub(super) fn import_fd(d: &Driver, fd: &OwnedFd) -> vkgdr::Result<CuMemHandle> {
+    // SAFETY: a live opaque fd (borrowed for the call) passed as the handle value; the call does
+    // not keep it.
+    unsafe {
+        d.cu_mem_import_from_shareable_handle(
+            fd.as_raw_fd() as isize as *mut c_void,
+            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        )
     }
-    Ok(0)
+}
+
+/// Read-write access for the device of CUDA ordinal `ordinal`, for `cuMemSetAccess`.
+pub(super) fn rw_access(ordinal: i32) -> MemAccessDesc {
+    MemAccessDesc {
+        location: MemLocation::device(ordinal),
+        flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    }
 }
