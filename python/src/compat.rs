@@ -21,7 +21,7 @@ use crate::errors::{invalid_argument, to_py, vkgdr_error};
 use crate::interface;
 use crate::lifetime::{self, Baseline, Calibration};
 use crate::pool::Pool;
-use crate::stream::{stream_arg, StreamArg};
+use crate::stream::{optional_stream_arg, StreamArg};
 
 /// How memory is handed back.
 enum Release {
@@ -74,9 +74,12 @@ impl Held {
                         memory.release_now();
                         Ok(())
                     }
-                    // SAFETY: a stream given as an object is alive while `how` holds it (it
-                    // drops after the call); an int handle is the caller's promise, documented
-                    // on `RawMemory.free`.
+                    // SAFETY: `release_after_stream` wants a live stream of the memory's device,
+                    // whose context, where the driver lacks stream memory operations (an event
+                    // then fences the release), stays alive until the release. A stream object
+                    // is alive while `how` holds it (it drops after the call); an int handle's
+                    // stream, and the context of either, are the program's promise, documented
+                    // on `vkgdr.RawMemory`.
                     Release::After(stream) => unsafe { memory.release_after_stream(stream.raw()) },
                 };
                 if detach { py.detach(run) } else { run() }.map_err(to_py)
@@ -94,15 +97,22 @@ impl Held {
     }
 }
 
+/// Where a `_RawMemory`'s memory is.
+enum State {
+    /// Held, until `free()`.
+    Live(Held),
+    /// Freed while views may use it: released as `free()` asked when this object goes (when the
+    /// Python object holding it is collected), or by `release()`.
+    Kept(Held, Release),
+    /// Handed back.
+    Released,
+}
+
 /// One raw allocation in the calling thread's current CUDA context: what a `vkgdr.RawMemory`
 /// holds (see its docs in python/vkgdr/__init__.py for `free()` and views).
 #[pyclass(module = "vkgdr._vkgdr", name = "_RawMemory")]
 pub struct RawMemory {
-    /// The memory, until `free()`.
-    memory: Option<Held>,
-    /// Memory freed while views may use it: released when this object goes (when the Python
-    /// object holding it is collected), or by `release()`.
-    deferred: Option<(Held, Release)>,
+    state: State,
     /// How many times an array interface or the exported device pointer was read (views may
     /// exist once it is not 0). Atomic so that reading one needs no exclusive borrow; a count,
     /// not a flag, so that `free()` sees exports made after its caller measured the references.
@@ -116,37 +126,37 @@ pub struct RawMemory {
 
 impl RawMemory {
     fn live(&self) -> PyResult<&Held> {
-        self.memory
-            .as_ref()
-            .ok_or_else(|| vkgdr_error("the memory has been freed"))
+        match &self.state {
+            State::Live(memory) => Ok(memory),
+            _ => Err(vkgdr_error("the memory has been freed")),
+        }
     }
 
-    /// Frees the memory on behalf of `owner`, the Python object holding this one: at once unless
-    /// views may use it, else kept until this object goes or `release()`. `refs` is `owner`'s
-    /// reference count when its `free` was entered, `exports` the export count read before it,
-    /// `baseline` what that `free` sees of a plain call, `depth` how many Python frames up from
-    /// the innermost one its caller is. Returns whether the memory is handed back.
-    #[allow(clippy::too_many_arguments)]
+    /// Frees the memory on behalf of `owner`, the Python object holding this one, for its `free`
+    /// called from the innermost Python frame: at once unless views may use it, else kept until
+    /// this object goes or `release()`. `refs` is `owner`'s reference count when its `free` was
+    /// entered, `exports` the export count read before it, `baseline` what that `free` sees of a
+    /// plain call. A second call changes nothing.
     fn free_for(
         slf: &Bound<'_, Self>,
         owner: &Bound<'_, PyAny>,
         refs: isize,
         exports: u64,
         baseline: Baseline,
-        depth: u32,
         after: Option<&Bound<'_, PyAny>>,
         now: bool,
-    ) -> PyResult<bool> {
+    ) -> PyResult<()> {
         let py = slf.py();
+        if after.is_some() && now {
+            return Err(invalid_argument(
+                "free() takes after= or now=True, not both",
+            ));
+        }
         // The arguments first: reading a stream object may run Python code.
-        let after = match after {
-            Some(_) if now => {
-                return Err(invalid_argument(
-                    "free() takes after= or now=True, not both",
-                ))
-            }
-            Some(a) => Some(stream_arg(a)?).filter(|s| !s.is_null()),
-            None => None,
+        let how = match optional_stream_arg(after)? {
+            Some(stream) => Release::After(stream),
+            None if now => Release::Now,
+            None => Release::Default,
         };
         // Freed from here on: no view can be made any more.
         let (memory, exported_now) = {
@@ -156,33 +166,35 @@ impl RawMemory {
                      after that",
                 )
             })?;
-            let Some(memory) = this.memory.take() else {
-                return Ok(this.deferred.is_none());
-            };
-            (memory, this.exports.load(Ordering::Relaxed))
+            match std::mem::replace(&mut this.state, State::Released) {
+                State::Live(memory) => (memory, this.exports.load(Ordering::Relaxed)),
+                freed => {
+                    this.state = freed;
+                    return Ok(());
+                }
+            }
         };
         // An export since the caller counted the references (another thread's) may be a view
         // that count missed. A failure to inspect the caller leaves the views' possibility open.
         let views = exported_now != 0
             && (exported_now != exports
-                || !lifetime::only_callers(owner, refs, baseline, depth).unwrap_or(false));
-        if views {
-            let how = after.map_or(Release::Default, Release::After);
-            match slf.try_borrow_mut() {
-                Ok(mut this) => this.deferred = Some((memory, how)),
-                // Cannot happen: every other method fails at once on freed memory, holding the
-                // GIL as this one does. Were it to, keeping the memory forever is safe.
-                Err(_) => std::mem::forget((memory, how)),
-            }
-            return Ok(false);
+                || !lifetime::only_callers(owner, refs, baseline).unwrap_or(false));
+        if !views {
+            return memory.release(py, how, true);
         }
-        let how = match after {
-            Some(stream) => Release::After(stream),
-            None if now => Release::Now,
-            None => Release::Default,
+        // Kernels launched through the views may use it until the last view goes: `now=True`
+        // gets the default fence then.
+        let how = match how {
+            Release::Now => Release::Default,
+            how => how,
         };
-        memory.release(py, how, true)?;
-        Ok(true)
+        match slf.try_borrow_mut() {
+            Ok(mut this) => this.state = State::Kept(memory, how),
+            // Cannot happen: every other method fails at once on freed memory, holding the GIL
+            // as this one does. Were it to, keeping the memory forever is safe.
+            Err(_) => std::mem::forget((memory, how)),
+        }
+        Ok(())
     }
 
     /// [`live`](Self::live), noting that a view may be made.
@@ -195,23 +207,17 @@ impl RawMemory {
     /// Hands back whatever is still held: live memory as a plain drop would, memory kept for
     /// views as `free()` asked.
     fn release_held(&mut self, py: Python<'_>, detach: bool) -> PyResult<()> {
-        let live = self.memory.take();
-        let deferred = self.deferred.take();
-        let first = match live {
-            Some(memory) => memory.release(py, Release::Default, detach),
-            None => Ok(()),
-        };
-        let second = match deferred {
-            Some((memory, how)) => memory.release(py, how, detach),
-            None => Ok(()),
-        };
-        first.and(second)
+        match std::mem::replace(&mut self.state, State::Released) {
+            State::Live(memory) => memory.release(py, Release::Default, detach),
+            State::Kept(memory, how) => memory.release(py, how, detach),
+            State::Released => Ok(()),
+        }
     }
 }
 
 impl Drop for RawMemory {
     fn drop(&mut self) {
-        if self.memory.is_none() && self.deferred.is_none() {
+        if let State::Released = self.state {
             return;
         }
         // Collected without `free()` (a plain drop, as in vkgdr 0.1), or freed while views could
@@ -247,8 +253,7 @@ impl RawMemory {
             device_ptr: memory.device_ptr(),
             coherent: memory.is_coherent(),
             atom: memory.non_coherent_atom_size(),
-            memory: Some(Held::Raw(memory)),
-            deferred: None,
+            state: State::Live(Held::Raw(memory)),
             exports: AtomicU64::new(0),
         })
     }
@@ -279,33 +284,9 @@ impl RawMemory {
             device_ptr: block.device_ptr().unwrap_or(0),
             coherent: true,
             atom: 1,
-            memory: Some(Held::StandIn { block, on_release }),
-            deferred: None,
+            state: State::Live(Held::StandIn { block, on_release }),
             exports: AtomicU64::new(0),
         })
-    }
-
-    /// What ``vkgdr.RawMemory.free`` does, for the tests: frees the memory on behalf of
-    /// ``owner``, the object holding this one, for a Python function that calls this (its caller
-    /// is the frame that made the call): ``refs`` is ``owner``'s reference count on entry there,
-    /// ``exports`` the export count read before that, ``baseline`` what ``_calibrate`` measured.
-    /// Returns whether the memory is handed back (False: kept for views).
-    #[pyo3(signature = (owner, refs, exports, baseline, *, after = None, now = false))]
-    fn free(
-        slf: &Bound<'_, Self>,
-        owner: &Bound<'_, PyAny>,
-        refs: isize,
-        exports: u64,
-        baseline: (isize, isize),
-        after: Option<&Bound<'_, PyAny>>,
-        now: bool,
-    ) -> PyResult<bool> {
-        let baseline = Baseline {
-            function: baseline.0,
-            module: baseline.1,
-        };
-        // Called from Python: the caller of the method that calls this is one frame up.
-        RawMemory::free_for(slf, owner, refs, exports, baseline, 1, after, now)
     }
 
     /// Hands back now whatever is still held: memory never freed as a plain drop would, memory
@@ -325,13 +306,13 @@ impl RawMemory {
     /// Whether ``free()`` was called (the memory may still wait for its views).
     #[getter]
     fn is_freed(&self) -> bool {
-        self.memory.is_none()
+        !matches!(self.state, State::Live(_))
     }
 
     /// Whether nothing is held any more: freed, and not kept for views.
     #[getter]
     fn is_released(&self) -> bool {
-        self.memory.is_none() && self.deferred.is_none()
+        matches!(self.state, State::Released)
     }
 
     /// The CUDA device pointer (``CUdeviceptr``) of the first byte.
@@ -402,13 +383,13 @@ impl RawMemory {
 
     /// The memory's state in words, for the Python object's `repr`.
     fn describe(&self) -> String {
-        match (&self.memory, &self.deferred) {
-            (Some(_), _) => format!("{} bytes at device {:#x}", self.size, self.device_ptr),
-            (None, Some(_)) => format!(
+        match self.state {
+            State::Live(_) => format!("{} bytes at device {:#x}", self.size, self.device_ptr),
+            State::Kept(..) => format!(
                 "{} bytes, freed (released when its views are gone)",
                 self.size
             ),
-            (None, None) => format!("{} bytes, freed", self.size),
+            State::Released => format!("{} bytes, freed", self.size),
         }
     }
 
@@ -483,13 +464,9 @@ fn free_object(
             .unbind());
     }
     let not_memory = || {
-        let type_name = obj
-            .get_type()
-            .name()
-            .map(|n| n.to_string())
-            .unwrap_or_default();
         pyo3::exceptions::PyTypeError::new_err(format!(
-            "free() needs a vkgdr.RawMemory, not {type_name}"
+            "free() needs a vkgdr.RawMemory, not {}",
+            interface::type_name(obj)
         ))
     };
     let memory = obj
@@ -512,7 +489,7 @@ fn free_object(
     };
     obj.call_method0(intern!(py, "_release_begin"))?;
     // The caller of `free` is the innermost Python frame again once the hook has returned.
-    let freed = RawMemory::free_for(&memory, obj, refs, exports, baseline, 0, after, now);
+    let freed = RawMemory::free_for(&memory, obj, refs, exports, baseline, after, now);
     let ended = obj.call_method0(intern!(py, "_release_end"));
     freed?;
     ended?;

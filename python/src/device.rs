@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::errors::{invalid_argument, to_py};
+use crate::interface::type_name;
 
 /// An open device: what a `vkgdr.Vkgdr` holds (see its docs in python/vkgdr/__init__.py).
 #[pyclass(module = "vkgdr._vkgdr", name = "_Vkgdr", frozen)]
@@ -24,11 +25,7 @@ pub(crate) fn gpu_of(owner: &Bound<'_, PyAny>) -> PyResult<vkgdr::Gpu> {
     if let Some(handle) = handle.as_ref().and_then(|h| h.cast::<Vkgdr>().ok()) {
         return Ok(handle.get().gpu.clone());
     }
-    let type_name = owner
-        .get_type()
-        .name()
-        .map(|n| n.to_string())
-        .unwrap_or_default();
+    let name = type_name(owner);
     let unopened = handle.is_some_and(|h| h.is_none())
         && py
             .import("vkgdr")
@@ -37,11 +34,11 @@ pub(crate) fn gpu_of(owner: &Bound<'_, PyAny>) -> PyResult<vkgdr::Gpu> {
             .unwrap_or(false);
     if unopened {
         return Err(pyo3::exceptions::PyTypeError::new_err(format!(
-            "the owner (a {type_name}) has no open device: the __init__ of a class derived from \
+            "the owner (a {name}) has no open device: the __init__ of a class derived from \
              vkgdr.Vkgdr must call vkgdr.Vkgdr.__init__"
         )));
     }
-    Err(not_a_handle(&type_name))
+    Err(not_a_handle(&name))
 }
 
 fn not_a_handle(type_name: &str) -> PyErr {

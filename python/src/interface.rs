@@ -53,15 +53,20 @@ pub fn with_bytes<R>(data: &Bound<'_, PyAny>, f: impl FnOnce(&[u8]) -> R) -> PyR
         .map_err(|_| {
             pyo3::exceptions::PyTypeError::new_err(format!(
                 "a bytes-like object is required, not '{}'",
-                data.get_type()
-                    .name()
-                    .map(|n| n.to_string())
-                    .unwrap_or_default()
+                type_name(data)
             ))
         })?;
     let copy = view.call_method0("tobytes")?;
     let bytes = copy.cast::<PyBytes>()?;
     Ok(f(bytes.as_bytes()))
+}
+
+/// The name of `obj`'s type, for error messages (empty if even that cannot be read).
+pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_default()
 }
 
 /// The `(offset, size)` range a `flush`/`invalidate`/`read` call names in `len` bytes: `size`

@@ -55,8 +55,9 @@ pub struct Baseline {
 /// The baseline of the `free` methods written in Rust, measured with [`RefProbe`].
 static BASELINE: PyOnceLock<Baseline> = PyOnceLock::new();
 
-/// A probe whose `free` has the receiver and parameters of `Block.free`
-/// and returns the receiver's reference count on entry: what [`calibrate`] measures.
+/// A probe whose `free` is a method of a native class, as `Block.free` is, takes the keywords of
+/// `vkgdr.RawMemory.free` (`after`, and `now`, which `Block.free` lacks and the calibration
+/// passes), and returns the receiver's reference count on entry: what [`calibrate`] measures.
 #[pyclass(module = "vkgdr._vkgdr", name = "_RefProbe")]
 pub struct RefProbe;
 
@@ -160,7 +161,7 @@ pub fn init(py: Python<'_>) -> PyResult<()> {
 /// caller is the innermost Python frame).
 pub fn only_callers_of_rust_free(obj: &Bound<'_, PyAny>, refs: isize) -> PyResult<bool> {
     match BASELINE.get(obj.py()) {
-        Some(&baseline) => only_callers(obj, refs, baseline, 0),
+        Some(&baseline) => only_callers(obj, refs, baseline),
         None => Ok(false), // not calibrated: assume views
     }
 }
@@ -168,25 +169,22 @@ pub fn only_callers_of_rust_free(obj: &Bound<'_, PyAny>, refs: isize) -> PyResul
 /// `CO_OPTIMIZED`: a function's code, whose locals live in fast slots.
 const CO_OPTIMIZED: i64 = 1;
 
+/// `sys._getframe`, looked up once.
+static GETFRAME: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
 /// Whether the `refs` references `obj` had when a `free` method measured them (on entry, or
-/// with no reference of its own taken since) are all explained by the caller (the Python frame
-/// `depth` levels up from the innermost one) and the call itself, given the method's `baseline`.
+/// with no reference of its own taken since) are all explained by the caller (the innermost
+/// Python frame: `free` is written in Rust) and the call itself, given the method's `baseline`.
 /// False when the caller's frame cannot be inspected.
 ///
 /// The caller marks the object freed first, so no view can be made while this runs: the count
 /// can only drop (a view collected meanwhile), and what changes is counted.
-pub fn only_callers(
-    obj: &Bound<'_, PyAny>,
-    refs: isize,
-    baseline: Baseline,
-    depth: u32,
-) -> PyResult<bool> {
+pub fn only_callers(obj: &Bound<'_, PyAny>, refs: isize, baseline: Baseline) -> PyResult<bool> {
     let py = obj.py();
-    let Ok(frame) = py
-        .import("sys")?
-        .getattr("_getframe")
-        .and_then(|f| f.call1((depth,)))
-    else {
+    let getframe = GETFRAME.get_or_try_init(py, || {
+        Ok::<_, PyErr>(py.import("sys")?.getattr("_getframe")?.unbind())
+    })?;
+    let Ok(frame) = getframe.bind(py).call0() else {
         return Ok(false); // called from no Python frame (a thread's C code): assume views
     };
     let flags: i64 = frame.getattr("f_code")?.getattr("co_flags")?.extract()?;

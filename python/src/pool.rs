@@ -16,7 +16,7 @@ use crate::dlpack;
 use crate::errors::{invalid_argument, to_py};
 use crate::interface;
 use crate::lifetime;
-use crate::stream::{stream_arg, StreamArg};
+use crate::stream::{optional_stream_arg, StreamArg};
 
 /// Sets the [`PoolConfig`] setting called `key` to `value`; `false` for a name that is none.
 /// Made from the library's list of the settings faces expose, so every one of them is a keyword
@@ -81,9 +81,8 @@ fn config(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<PoolConfig> {
 #[pyclass(module = "vkgdr", name = "Pool", frozen)]
 pub struct Pool {
     pub(crate) pool: vkgdr::Pool,
-    /// The CUDA device ordinal of the chunks; `None` for a Vulkan-only pool.
-    device: Option<i32>,
-    /// The device handle, for stream-ordered releases of blocks; `None` for a Vulkan-only pool.
+    /// The device handle of the chunks, for stream-ordered releases of blocks and their DLPack
+    /// device; `None` for a Vulkan-only pool.
     gpu: Option<vkgdr::Gpu>,
 }
 
@@ -94,11 +93,9 @@ impl Pool {
     fn new(owner: &Bound<'_, PyAny>, config: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         let gpu = gpu_of(owner)?;
         let cfg = self::config(config)?;
-        let device = gpu.cu_device();
         let pool = vkgdr::Pool::new(gpu.clone(), cfg).map_err(to_py)?;
         Ok(Pool {
             pool,
-            device: Some(device),
             gpu: Some(gpu),
         })
     }
@@ -129,11 +126,7 @@ impl Pool {
             .detach(|| VulkanContext::new(selector, options))
             .map_err(to_py)?;
         let pool = vkgdr::Pool::new(context, cfg).map_err(to_py)?;
-        Ok(Pool {
-            pool,
-            device: None,
-            gpu: None,
-        })
+        Ok(Pool { pool, gpu: None })
     }
 
     /// Allocates ``size`` bytes aligned to ``align`` (a power of two, at most ``max_align``).
@@ -143,7 +136,6 @@ impl Pool {
         let block = py.detach(|| self.pool.alloc(size, align)).map_err(to_py)?;
         Ok(Block::new(
             block,
-            self.device,
             self.pool.is_non_coherent(),
             self.gpu.clone(),
         ))
@@ -188,7 +180,7 @@ impl Pool {
     /// Whether blocks have device pointers (False for ``Pool.vulkan_only``).
     #[getter]
     fn has_device_memory(&self) -> bool {
-        self.device.is_some()
+        self.gpu.is_some()
     }
 
     fn __repr__(&self) -> String {
@@ -198,7 +190,7 @@ impl Pool {
             s.bytes_in_use,
             s.bytes_reserved,
             s.chunks + s.dedicated_chunks,
-            if self.device.is_none() {
+            if self.gpu.is_none() {
                 ", Vulkan only"
             } else {
                 ""
@@ -216,12 +208,12 @@ struct BlockState {
     block: Mutex<Option<vkgdr::Block>>,
     /// The stream `free(after=...)` named, if any.
     after: Mutex<Option<StreamArg>>,
-    /// The device handle the stream-ordered release needs; `None` for Vulkan-only pools.
+    /// The device handle the stream-ordered release needs (and the DLPack device); `None` for
+    /// Vulkan-only pools.
     gpu: Option<vkgdr::Gpu>,
     size: u64,
     host_ptr: usize,
     device_ptr: Option<u64>,
-    device: Option<i32>,
     non_coherent: bool,
 }
 
@@ -267,27 +259,45 @@ impl BlockState {
     fn release(&self) -> vkgdr::Result<()> {
         let block = self.block.lock().take();
         let after = self.after.lock().take();
-        match (block, after, &self.gpu) {
-            (Some(block), Some(stream), Some(gpu)) => {
-                // SAFETY: a stream object is alive while `stream` holds it (it drops after the
-                // call); an int handle is the caller's promise, documented on `Block.free`.
-                let done = unsafe { block.release_after_stream(gpu, stream.raw()) };
-                drop(stream);
-                done
-            }
-            (block, _, _) => {
-                drop(block);
-                Ok(())
-            }
+        release_parts(block, after, self.gpu.as_ref())
+    }
+}
+
+/// Hands `block` (if still held) back: after `after` where a stream was named (GPU pools only),
+/// else at once.
+fn release_parts(
+    block: Option<vkgdr::Block>,
+    after: Option<StreamArg>,
+    gpu: Option<&vkgdr::Gpu>,
+) -> vkgdr::Result<()> {
+    match (block, after, gpu) {
+        (Some(block), Some(stream), Some(gpu)) => {
+            // SAFETY: `release_after_stream` wants a live stream of the block's device, whose
+            // context, where the driver lacks stream memory operations (an event then fences
+            // the release), stays alive until the release. A stream object is alive while
+            // `stream` holds it (it drops after the call); an int handle's stream, and the
+            // context of either, are the program's promise, documented on `Block.free`.
+            let done = unsafe { block.release_after_stream(gpu, stream.raw()) };
+            drop(stream);
+            done
+        }
+        (block, _, _) => {
+            drop(block);
+            Ok(())
         }
     }
 }
 
 impl Drop for BlockState {
     fn drop(&mut self) {
-        // A destructor (perhaps a DLPack deleter in C code) has no one to report an error to;
-        // on an error the block went back as a plain drop gives it back.
-        let _ = self.release();
+        // The last reference: nothing else can lock either mutex. A destructor (perhaps a DLPack
+        // deleter in C code) has no one to report an error to; on an error the block went back
+        // as a plain drop gives it back.
+        let _ = release_parts(
+            self.block.get_mut().take(),
+            self.after.get_mut().take(),
+            self.gpu.as_ref(),
+        );
     }
 }
 
@@ -319,19 +329,12 @@ pub struct Block {
 }
 
 impl Block {
-    fn new(
-        block: vkgdr::Block,
-        device: Option<i32>,
-        non_coherent: bool,
-        gpu: Option<vkgdr::Gpu>,
-    ) -> Block {
-        let device_ptr = block.device_ptr();
+    fn new(block: vkgdr::Block, non_coherent: bool, gpu: Option<vkgdr::Gpu>) -> Block {
         Block {
             state: Arc::new(BlockState {
                 size: block.size(),
                 host_ptr: block.host_ptr() as usize,
-                device_ptr,
-                device: device.filter(|_| device_ptr.is_some()),
+                device_ptr: block.device_ptr(),
                 non_coherent,
                 block: Mutex::new(Some(block)),
                 after: Mutex::new(None),
@@ -359,9 +362,9 @@ impl Block {
 
     /// The DLPack device of the block's natural export.
     fn dlpack_device(&self) -> (i32, i32) {
-        match self.state.device {
-            Some(ordinal) => (dlpack::DEVICE_CUDA, ordinal),
-            None => (dlpack::DEVICE_CPU, 0),
+        match (&self.state.gpu, self.state.device_ptr) {
+            (Some(gpu), Some(_)) => (dlpack::DEVICE_CUDA, gpu.cu_device()),
+            _ => (dlpack::DEVICE_CPU, 0),
         }
     }
 }
@@ -414,16 +417,15 @@ impl Block {
     /// view or export of it can exist, otherwise when the last one is gone; with
     /// ``after=stream``, only once the work queued on that stream has completed as well (see
     /// the class docs). The object is marked freed either way. Safe to call twice; a second call
-    /// changes nothing.
+    /// changes nothing. An int ``after`` must name a live stream of the block's device; where
+    /// the driver lacks stream memory operations (an event then fences the release), the
+    /// stream's context must stay alive until the block has gone back, as in C.
     #[pyo3(signature = (*, after = None))]
     fn free(slf: &Bound<'_, Self>, after: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let py = slf.py();
         let this = slf.get();
         // The arguments first: reading a stream object may run Python code.
-        let after = match after {
-            Some(a) => Some(stream_arg(a)?).filter(|s| !s.is_null()),
-            None => None,
-        };
+        let after = optional_stream_arg(after)?;
         if after.is_some() && this.state.gpu.is_none() {
             return Err(invalid_argument(
                 "a Vulkan-only block has no CUDA stream to wait for (after= needs a GPU pool)",
@@ -553,14 +555,17 @@ impl Block {
         size: Option<u64>,
     ) -> PyResult<Bound<'py, PyBytes>> {
         let state = self.live()?;
+        // The range first, to know the size (and refuse a bad one) before allocating.
         let (offset, size) = interface::range(offset, size, state.size)?;
-        let read = || state.with(|b| b.read_vec(offset, size as usize));
-        let out = if size as usize >= LARGE_COPY {
-            py.detach(read)
-        } else {
-            read()
-        }?;
-        Ok(PyBytes::new(py, &out))
+        PyBytes::new_with(py, size as usize, |out| {
+            // No other code can see the new bytes object yet: filling it without the GIL is safe.
+            let read = |out: &mut [u8]| state.with(|b| b.read(offset, out));
+            Ok(if out.len() >= LARGE_COPY {
+                py.detach(|| read(out))
+            } else {
+                read(out)
+            }?)
+        })
     }
 
     /// Makes host writes in ``[offset, offset + size)`` (default: the whole block) visible to the
@@ -571,6 +576,10 @@ impl Block {
         let state = self.live()?;
         let (offset, size) = interface::range(offset, size, state.size)?;
         interface::drain_host_writes();
+        // Coherent memory needs nothing more: not even the GIL released or a lock taken.
+        if !state.non_coherent || size == 0 {
+            return Ok(());
+        }
         Ok(py.detach(|| state.with(|b| b.flush_range(offset, size)))?)
     }
 
@@ -580,6 +589,9 @@ impl Block {
     fn invalidate(&self, py: Python<'_>, offset: u64, size: Option<u64>) -> PyResult<()> {
         let state = self.live()?;
         let (offset, size) = interface::range(offset, size, state.size)?;
+        if !state.non_coherent || size == 0 {
+            return Ok(());
+        }
         Ok(py.detach(|| state.with(|b| b.before_read(offset, size)))?)
     }
 

@@ -7,6 +7,7 @@ use pyo3::types::{PyBool, PyInt, PyTuple};
 use vkgdr::cuda::CuStream;
 
 use crate::errors::invalid_argument;
+use crate::interface::type_name;
 
 /// A stream from a Python argument. The stream object (not an int handle) is kept, so the
 /// stream it owns is not destroyed while a release still has to be fenced on it.
@@ -53,14 +54,10 @@ fn handle_value(value: &Bound<'_, PyAny>) -> Option<usize> {
 /// this keeps a reference.
 pub fn stream_arg(obj: &Bound<'_, PyAny>) -> PyResult<StreamArg> {
     let bad = || {
-        let type_name = obj
-            .get_type()
-            .name()
-            .map(|n| n.to_string())
-            .unwrap_or_default();
         invalid_argument(format!(
             "expected a CUDA stream: an int handle (CUstream) or a stream object with .ptr \
-             (CuPy), .cuda_stream (PyTorch) or .handle (PyCUDA), or __cuda_stream__; got {type_name}"
+             (CuPy), .cuda_stream (PyTorch) or .handle (PyCUDA), or __cuda_stream__; got {}",
+            type_name(obj)
         ))
     };
     if obj.is_instance_of::<PyBool>() {
@@ -97,4 +94,13 @@ pub fn stream_arg(obj: &Bound<'_, PyAny>) -> PyResult<StreamArg> {
         }
     }
     Err(bad())
+}
+
+/// A stream argument that may be left out (`free(after=None)`): `None` when it is, or when it
+/// names the legacy default stream (null), which every release is fenced on anyway.
+pub fn optional_stream_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<StreamArg>> {
+    match obj {
+        Some(obj) => Ok(Some(stream_arg(obj)?).filter(|s| !s.is_null())),
+        None => Ok(None),
+    }
 }

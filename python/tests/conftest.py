@@ -218,6 +218,40 @@ def run_in_thread(fn: Callable[[], Any]) -> Any:
     return box.get("result")
 
 
+def run_workers(worker: Callable[[int], Any], n: int = 4) -> None:
+    """Runs ``worker(0)`` to ``worker(n - 1)`` on ``n`` threads at once, waits for them all, and
+    fails with every exception they raised."""
+    errors: list = []
+
+    def body(t: int) -> None:
+        try:
+            worker(t)
+        except BaseException as e:  # noqa: B902 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=body, args=(t,)) for t in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+
+
+def vulkan_pool(**config: Any) -> Any:
+    """``vkgdr.Pool.vulkan_only(**config)``, or a failure that says how to get a Vulkan device:
+    the tests without a GPU run on Mesa's lavapipe."""
+    import vkgdr
+
+    try:
+        return vkgdr.Pool.vulkan_only(**config)
+    except vkgdr.VkgdrError as e:
+        pytest.fail(
+            f"these tests need a Vulkan device with VK_KHR_external_memory_fd and there is none "
+            f"({e}): install the Vulkan loader and Mesa's lavapipe (apt-get install libvulkan1 "
+            f"mesa-vulkan-drivers; scripts/test does it) or run on an NVIDIA machine"
+        )
+
+
 def import_pycuda_shim(monkeypatch: Any, context_class: type) -> Any:
     """Imports vkgdr.pycuda against a stand-in ``pycuda.driver`` whose ``Context`` is
     ``context_class`` (for the shim's own logic without a GPU, and for the GPU tests where PyCUDA

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import vkgdr
-from conftest import KERNELS_DIR
+from conftest import KERNELS_DIR, run_workers
 
 MUL = np.uint64(0x9E3779B97F4A7C15)
 RESULT_RECORDS, RESULT_CHECKSUM_SUM, RESULT_ERRORS, RESULT_NEXT_SEQ, RESULT_POS = range(5)
@@ -60,33 +60,24 @@ def test_persistent_consumer_verifies_records_from_python_threads(cupy, ring_mod
     # by a lock, so record k carries seq k, while the pushes themselves come from four threads.
     lock = threading.Lock()
     state = {"seq": 0, "sum": 0, "bytes": 0}
-    errors = []
     rng = np.random.default_rng(5)
     bodies = [rng.integers(0, 256, int(n), dtype=np.uint8) for n in rng.integers(0, 3000, 4000)]
 
     def producer(part: int) -> None:
-        try:
-            for body in bodies[part::4]:
-                with lock:
-                    payload, s = test_payload(state["seq"], body)
-                    seq = ring.push(payload, timeout=30)
-                    assert seq == state["seq"]
-                    state["seq"] += 1
-                    state["sum"] = (state["sum"] + s) % (1 << 64)
-                    state["bytes"] += len(payload)
-        except BaseException as e:  # noqa: B902 - reported below
-            errors.append(e)
+        for body in bodies[part::4]:
+            with lock:
+                payload, s = test_payload(state["seq"], body)
+                seq = ring.push(payload, timeout=30)
+                assert seq == state["seq"]
+                state["seq"] += 1
+                state["sum"] = (state["sum"] + s) % (1 << 64)
+                state["bytes"] += len(payload)
 
-    threads = [threading.Thread(target=producer, args=(p,)) for p in range(4)]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        run_workers(producer)
     finally:
         ring.stop()  # the kernel must exit before the ring is freed
         stream.synchronize()
-    assert not errors, errors
     assert state["bytes"] > 4 * capacity or mirrored, "the ring should have wrapped many times"
     res = ring.results()
     assert res[RESULT_ERRORS] == 0, res

@@ -12,14 +12,13 @@ PyCUDA, freed with its context pushed. The same on a GPU with real memory, CuPy 
 test_gpu_compat.py."""
 
 import gc
-import threading
 from typing import Any, List
 
 import numpy as np
 import pytest
 
 import vkgdr
-from conftest import FakeContext, import_pycuda_shim
+from conftest import FakeContext, import_pycuda_shim, run_in_thread, run_workers, vulkan_pool
 from vkgdr import _vkgdr
 
 #: What the stand-in allocation ignores: there is no device to open without a GPU.
@@ -46,15 +45,7 @@ class StandIn:
 
 @pytest.fixture()
 def stand_in(monkeypatch) -> StandIn:
-    try:
-        pool = vkgdr.Pool.vulkan_only(chunk_size=1 << 20, thread_cache=0)
-    except vkgdr.VkgdrError as e:
-        pytest.fail(
-            f"these tests need a Vulkan device with VK_KHR_external_memory_fd and there is none "
-            f"({e}): install the Vulkan loader and Mesa's lavapipe (apt-get install libvulkan1 "
-            f"mesa-vulkan-drivers; scripts/test does it) or run on an NVIDIA machine"
-        )
-    s = StandIn(pool)
+    s = StandIn(vulkan_pool(chunk_size=1 << 20, thread_cache=0))
     monkeypatch.setattr(vkgdr, "_RawMemory", s.allocate)
     return s
 
@@ -310,17 +301,24 @@ def test_references_that_are_not_views_keep_exported_memory_until_the_object_goe
     assert stand_in.releases == ["default", "default"]
 
 
+class ExportedDuringFree(vkgdr.RawMemory):
+    """Exports in ``free()``'s window between its reference count and the extension's "freed"
+    mark, as another thread may: ``_release_begin`` runs in that window."""
+
+    def _release_begin(self) -> None:
+        self._impl.__array_interface__  # a view that the count cannot include
+
+
 def test_an_export_after_the_count_keeps_the_memory(stand_in) -> None:
     """What ``free()`` does when another thread exports between its reference count and the
     extension's "freed" mark: the count cannot include that view, so the memory waits."""
-    generous = (1000, 1000)  # a baseline by which any count means "nothing but the caller"
     mem = vkgdr.RawMemory(OWNER, 64)
     write(mem, 1)
-    assert mem._impl.free(mem, 2, mem._impl.exports, generous)
-    assert stand_in.releases == ["default"], "the baseline alone lets it go at once"
-    mem = vkgdr.RawMemory(OWNER, 64)
+    mem.free()
+    assert stand_in.releases == ["default"], "without the export it goes at once"
+    mem = ExportedDuringFree(OWNER, 64)
     write(mem, 1)
-    assert not mem._impl.free(mem, 2, mem._impl.exports - 1, generous)
+    mem.free()
     assert mem.is_freed and stand_in.releases == ["default"], "an export since the count: kept"
     del mem
     gc.collect()
@@ -507,49 +505,34 @@ def test_module_level_code(stand_in) -> None:
 
 
 def test_a_free_from_another_thread_sees_the_views_of_this_one(stand_in) -> None:
-    def free_on_a_thread(box: list) -> None:
-        t = threading.Thread(target=lambda: box.pop().free())
-        t.start()
-        t.join()
-
     box = [vkgdr.RawMemory(OWNER, 128)]
     view = np.asarray(box[0])
-    free_on_a_thread(box)  # the thread held the only reference but the view's
+    run_in_thread(lambda: box.pop().free())  # the thread held the only reference but the view's
     assert stand_in.in_use() == 128
     del view
     gc.collect()
     assert stand_in.in_use() == 0
     box = [vkgdr.RawMemory(OWNER, 128)]
     write(box[0], 1)
-    free_on_a_thread(box)
+    run_in_thread(lambda: box.pop().free())
     assert stand_in.in_use() == 0
 
 
 def test_threads_free_memory_with_views_concurrently(stand_in) -> None:
-    errors = []
-
     def worker(t: int) -> None:
-        try:
-            for i in range(300):
-                m = vkgdr.RawMemory(OWNER, 1 + (i * 37) % 300)
-                view = np.asarray(m).view(np.uint8)
+        for i in range(300):
+            m = vkgdr.RawMemory(OWNER, 1 + (i * 37) % 300)
+            view = np.asarray(m).view(np.uint8)
+            view[:] = t
+            if i % 2:
+                m.free()  # the view is alive: kept
+                assert np.all(view == t), "freed memory with a view was handed out again"
                 view[:] = t
-                if i % 2:
-                    m.free()  # the view is alive: kept
-                    assert np.all(view == t), "freed memory with a view was handed out again"
-                    view[:] = t
-                else:
-                    del view
-                    m.free()  # back at once
-        except BaseException as e:  # noqa: B902 - reported below
-            errors.append(e)
+            else:
+                del view
+                m.free()  # back at once
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert not errors, errors
+    run_workers(worker)
     gc.collect()
     assert stand_in.in_use() == 0 and len(stand_in.releases) == 4 * 300
 

@@ -9,17 +9,7 @@ import numpy as np
 import pytest
 
 import vkgdr
-
-
-def vulkan_pool(**config) -> vkgdr.Pool:
-    try:
-        return vkgdr.Pool.vulkan_only(**config)
-    except vkgdr.VkgdrError as e:
-        pytest.fail(
-            f"these tests need a Vulkan device with VK_KHR_external_memory_fd and there is none "
-            f"({e}): install the Vulkan loader and Mesa's lavapipe (apt-get install libvulkan1 "
-            f"mesa-vulkan-drivers; scripts/test does it) or run on an NVIDIA machine"
-        )
+from conftest import run_in_thread, run_workers, vulkan_pool
 
 
 @pytest.fixture(params=[False, True], ids=["default", "force-non-coherent"])
@@ -299,9 +289,7 @@ def test_thread_cache_is_on_by_default_and_any_thread_can_trim_it() -> None:
     del b
     gc.collect()
     # Another thread trims: this (idle) thread's cached block comes back too.
-    t = threading.Thread(target=pool.trim)
-    t.start()
-    t.join()
+    run_in_thread(pool.trim)
     assert pool.stats()["bytes_cached"] == 0 and pool.stats()["chunks"] == 0
     off = vulkan_pool(chunk_size=1 << 20, thread_cache=0)
     off.alloc(64)  # the block is dropped at once
@@ -311,30 +299,21 @@ def test_thread_cache_is_on_by_default_and_any_thread_can_trim_it() -> None:
 
 def test_threads_allocate_concurrently() -> None:
     pool = vulkan_pool(chunk_size=1 << 20, shards=4)
-    errors = []
     kept = []
     lock = threading.Lock()
 
     def worker(t: int) -> None:
-        try:
-            mine = []
-            for i in range(2000):
-                b = pool.alloc(1 + (i * 37) % 300, 16)
-                np.asarray(b)[:] = t
-                mine.append(b)
-                if i % 3 == 0:
-                    mine.pop(0)
-            for b in mine:
-                assert np.all(np.asarray(b) == t), "another thread wrote into this block"
-            with lock:
-                kept.extend(mine)
-        except BaseException as e:  # noqa: B902 - reported below
-            errors.append(e)
+        mine = []
+        for i in range(2000):
+            b = pool.alloc(1 + (i * 37) % 300, 16)
+            np.asarray(b)[:] = t
+            mine.append(b)
+            if i % 3 == 0:
+                mine.pop(0)
+        for b in mine:
+            assert np.all(np.asarray(b) == t), "another thread wrote into this block"
+        with lock:
+            kept.extend(mine)
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert not errors, errors
+    run_workers(worker)
     assert pool.stats()["bytes_in_use"] == sum(len(b) for b in kept)

@@ -185,7 +185,9 @@ class RawMemory:
     that stream instead (a CUDA stream: an int ``CUstream``, or a CuPy, PyTorch, PyCUDA or Numba
     stream object, which is kept alive until then): use it for memory a kernel on a non-blocking
     stream may still use. ``now=True`` releases without waiting for any GPU work, for callers
-    who know none uses the memory. An int handle must name a live stream of this memory's device.
+    who know none uses the memory. An int handle must name a live stream of this memory's device;
+    where the driver lacks stream memory operations (an event then fences the release), the
+    stream's context must stay alive until the memory is released, as in C.
 
     **Views keep the memory.** Once ``__array_interface__`` or ``__cuda_array_interface__`` has
     been read (``np.asarray(mem)``, ``cupy.asarray(mem)``, Numba, PyTorch), ``free()`` releases

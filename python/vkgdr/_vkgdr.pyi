@@ -105,17 +105,6 @@ class _RawMemory:
         pool: "Pool", size: int, on_release: Callable[[Union[str, int]], Any]
     ) -> "_RawMemory":
         """Internal, for the tests without a GPU: a pool block standing in for an allocation."""
-    def free(
-        self,
-        owner: Any,
-        refs: int,
-        exports: int,
-        baseline: Tuple[int, int],
-        *,
-        after: Optional[_CudaStream] = None,
-        now: bool = False,
-    ) -> bool:
-        """Frees on behalf of ``owner`` (see ``vkgdr.RawMemory.free``); whether handed back."""
     def release(self) -> None: ...
     @property
     def exports(self) -> int: ...
