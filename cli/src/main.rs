@@ -206,6 +206,7 @@ fn info(args: &InfoArgs) -> ExitCode {
     }
     say!("vkgdr {}", env!("CARGO_PKG_VERSION"));
     say!("CPU copy routines: {}", vkgdr::copy::simd_level());
+    say!("Pool thread caches: {}", vkgdr::pool::magazine::handshake());
     let machine = Machine::probe();
     say!("Vulkan:");
     match &machine.vulkan {

@@ -266,6 +266,11 @@ fn check_opening(doc: &Value, format: &str) {
     let machine = &doc["machine"];
     assert!(machine["cpu"]["hardware_threads"].as_u64().unwrap() >= 1);
     assert!(machine["cpu"]["copy_routines"].is_string());
+    let handshake = machine["cpu"]["thread_cache_handshake"].as_str();
+    assert!(
+        matches!(handshake, Some("membarrier" | "fence")),
+        "{handshake:?}"
+    );
 }
 
 #[test]

@@ -155,7 +155,9 @@ impl Pool {
 
     /// A usage snapshot: ``bytes_reserved``, ``bytes_in_use``, ``bytes_cached`` and
     /// ``blocks_cached`` (freed blocks kept by thread caches), ``bytes_allocated``, ``chunks``, ``dedicated_chunks``,
-    /// ``largest_free_block``, ``shards``.
+    /// ``largest_free_block``, ``shards``, and ``thread_cache_handshake``: how other threads reach
+    /// the thread caches, ``"membarrier"`` (no barrier on the owner's path) or ``"fence"`` (a full
+    /// barrier per cached allocation and free), ``None`` when the pool has no thread cache.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = py.detach(|| self.pool.stats());
         let d = PyDict::new(py);
@@ -168,6 +170,10 @@ impl Pool {
         d.set_item("dedicated_chunks", s.dedicated_chunks)?;
         d.set_item("largest_free_block", s.largest_free_block)?;
         d.set_item("shards", s.shards.len())?;
+        d.set_item(
+            "thread_cache_handshake",
+            self.pool.thread_cache().map(|t| t.handshake.name()),
+        )?;
         Ok(d)
     }
 

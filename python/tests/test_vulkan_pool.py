@@ -49,6 +49,9 @@ def test_blocks_are_disjoint_aligned_and_hold_what_numpy_wrote(pool) -> None:
     else:  # non-coherent blocks own whole atoms (64 bytes here and on NVIDIA's driver)
         assert asked < stats["bytes_in_use"] <= sum(-(-len(b) // 256) * 256 for b, _ in blocks)
     assert stats["chunks"] >= 1 and stats["shards"] >= 1
+    # How other threads reach the thread caches, as vkgdr info shows it: on by default.
+    assert stats["thread_cache_handshake"] in ("membarrier", "fence")
+    assert vkgdr.Pool.vulkan_only(thread_cache=0).stats()["thread_cache_handshake"] is None
 
 
 def test_typed_views(pool) -> None:

@@ -339,26 +339,26 @@ impl Drop for Block {
             allocation,
         } = &mut self.kind
         {
-            if let Some(a) = allocation.take() {
-                // SAFETY: our reference keeps the cell alive; `pool` is never changed.
-                let pool = unsafe { &shard.as_ref().pool };
-                if self.len != a.requested_size() {
-                    pool.adjust_size_delta(self.len, &a, -1);
-                }
-                let entry = magazine::Cached {
-                    cell: *shard,
-                    chunk: *chunk,
-                    allocation: a,
-                };
-                let entry = if pool.cache_enabled && !pool.dropped.load(Ordering::Relaxed) {
-                    magazine::offer(pool.id, entry)
-                } else {
-                    Some(entry)
-                };
-                if let Some(e) = entry {
+            let Some(a) = allocation.as_ref() else { return };
+            // SAFETY: our reference keeps the cell alive; `pool` is never changed.
+            let pool = unsafe { &shard.as_ref().pool };
+            if self.len != a.requested_size() {
+                pool.adjust_size_delta(self.len, a, -1);
+            }
+            let (requested, size) = (a.requested_size(), a.size());
+            let cached = pool.cache_open.load(Ordering::Relaxed)
+                && magazine::offer(pool.id, requested, size, || {
+                    Some(magazine::Cached {
+                        cell: *shard,
+                        chunk: *chunk,
+                        allocation: allocation.take()?,
+                    })
+                });
+            if !cached {
+                if let Some(a) = allocation.take() {
                     // SAFETY: the block's reference on its cell is used here for the last time
                     // (a cached entry takes it over instead).
-                    unsafe { ShardCell::free(e.cell, e.allocation) };
+                    unsafe { ShardCell::free(*shard, a) };
                 }
             }
         } else {

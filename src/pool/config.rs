@@ -1,6 +1,8 @@
 //! [`PoolConfig`] and [`Backend`]: how a pool sizes, grows and trims its chunks, and which
 //! allocator carves them.
 
+use std::sync::OnceLock;
+
 #[cfg(feature = "gpu-alloc")]
 use super::gpu_alloc::GpuAllocStrategy;
 use super::magazine;
@@ -59,6 +61,17 @@ pub struct PoolConfig {
     pub thread_cache_bytes: u64,
 }
 
+/// Available parallelism, at most 8: asked once per process, since the standard library reads
+/// the cgroup's CPU quota files on every call and a default configuration is made per pool.
+fn default_shards() -> usize {
+    static SHARDS: OnceLock<usize> = OnceLock::new();
+    *SHARDS.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map_or(4, |n| n.get())
+            .min(8)
+    })
+}
+
 impl Default for PoolConfig {
     fn default() -> Self {
         PoolConfig {
@@ -66,9 +79,7 @@ impl Default for PoolConfig {
             max_chunk_size: 256 << 20,
             dedicated_threshold: 8 << 20,
             max_bytes: u64::MAX,
-            shards: std::thread::available_parallelism()
-                .map_or(4, |n| n.get())
-                .min(8),
+            shards: default_shards(),
             keep_empty_chunks: 1,
             heap: HeapConfig::default(),
             backend: Backend::Native,

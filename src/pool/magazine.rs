@@ -17,6 +17,15 @@
 //! (crate-private, `sync::owner_cell`), whose owner works with plain loads and stores and whose
 //! visitors get exclusive access through a handshake (`membarrier` on Linux). Blocks also go back
 //! when their thread evicts the pool for another, calls [`release_thread_cache`], or exits.
+//! Which barrier pair this process's handshake uses is [`handshake`]; [`Pool::report`] shows it.
+//!
+//! **Counted without a visit.** Each magazine publishes, per pool it serves, how many blocks and
+//! requested bytes it holds (relaxed atomics the owner stores beside its plain data), so
+//! [`Pool::stats`] reads every thread's figures without the visitors' heavy barrier: a snapshot
+//! interrupts no thread.
+//!
+//! [`Pool::report`]: super::Pool::report
+//! [`Pool::stats`]: super::Pool::stats
 //!
 //! ```
 //! use vkgdr::chunk::HostMemorySource;
@@ -41,14 +50,16 @@
 //! ```
 
 use std::cell::Cell;
+use std::fmt;
 use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::core::sync::lock::Mutex;
 
 use super::shards::{Chunk, ShardCell};
 use crate::core::alloc::Allocation;
-use crate::core::sync::OwnerCell;
+use crate::core::sync::{uses_membarrier, OwnerCell};
 
 /// Largest request served from a magazine (the slab range of the default allocator).
 pub const MAX_CACHED_SIZE: u64 = 4096;
@@ -66,6 +77,55 @@ pub const POOLS_PER_THREAD: usize = 4;
 /// Bucket width: requests are grouped by `(size - 1) / BUCKET_BYTES`.
 const BUCKET_BYTES: u64 = 16;
 const BUCKETS: usize = (MAX_CACHED_SIZE / BUCKET_BYTES) as usize;
+
+/// How other threads (a trim, a pool's drop) get exclusive access to a thread's cache: the
+/// barrier pair of the handshake, chosen once per process. The owner's cost per cached
+/// allocation and free depends on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Handshake {
+    /// Linux's `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` on the visitor's side: the owner
+    /// pays only a compiler fence.
+    Membarrier,
+    /// A `SeqCst` fence on both sides, where `membarrier`'s private expedited command cannot be
+    /// used (another system, an old or restricted kernel): about 10 ns more per cached
+    /// allocation and per cached free.
+    Fence,
+}
+
+impl Handshake {
+    /// A short name for machine-readable output: `"membarrier"` or `"fence"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Handshake::Membarrier => "membarrier",
+            Handshake::Fence => "fence",
+        }
+    }
+}
+
+impl fmt::Display for Handshake {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Handshake::Membarrier => "membarrier (private expedited): no barrier for the owner",
+            Handshake::Fence => "SeqCst fences (membarrier unavailable): a full barrier per access",
+        })
+    }
+}
+
+/// The handshake this process's thread caches use (decided on first use, then fixed).
+///
+/// ```
+/// use vkgdr::pool::magazine::{handshake, Handshake};
+/// // Linux with membarrier (any kernel since 4.14 that allows it) takes the cheap owner path.
+/// println!("thread caches: {}", handshake());
+/// assert!(matches!(handshake(), Handshake::Membarrier | Handshake::Fence));
+/// ```
+pub fn handshake() -> Handshake {
+    if uses_membarrier() {
+        Handshake::Membarrier
+    } else {
+        Handshake::Fence
+    }
+}
 
 /// A freed block's allocation, still counted as outstanding in `cell`.
 pub(super) struct Cached {
@@ -91,6 +151,16 @@ pub(super) struct PoolKey {
     pub(super) max_bytes: u64,
 }
 
+/// One slot's figures as other threads read them ([`Pool::stats`](super::Pool::stats)): stored
+/// (relaxed) by whoever holds the slot after each change, read without the handshake. A reader
+/// racing with a change may see a mix of the figures before and after it, never torn numbers.
+#[derive(Default)]
+struct Published {
+    pool: AtomicU64,
+    blocks: AtomicU64,
+    requested: AtomicU64,
+}
+
 /// One pool's part of a magazine.
 struct PoolSlot {
     /// The pool served (0: none).
@@ -99,21 +169,74 @@ struct PoolSlot {
     max_bytes: u64,
     /// Rounded sizes of the entries held.
     bytes: u64,
+    /// Entries held, and their requested sizes.
+    blocks: u64,
+    requested: u64,
     /// The magazine's clock when this pool last allocated through it (least recent is evicted).
     last_use: u64,
     /// `BUCKETS` buckets once the slot has served a pool.
     buckets: Vec<Vec<Cached>>,
+    /// `pool`, `blocks` and `requested` for readers on other threads.
+    published: Arc<Published>,
 }
 
 impl PoolSlot {
-    const EMPTY: PoolSlot = PoolSlot {
-        pool: 0,
-        depth: 0,
-        max_bytes: 0,
-        bytes: 0,
-        last_use: 0,
-        buckets: Vec::new(),
-    };
+    fn new() -> PoolSlot {
+        PoolSlot {
+            pool: 0,
+            depth: 0,
+            max_bytes: 0,
+            bytes: 0,
+            blocks: 0,
+            requested: 0,
+            last_use: 0,
+            buckets: Vec::new(),
+            published: Arc::default(),
+        }
+    }
+
+    /// Stores the figures other threads read; after every change of the slot's pool.
+    fn publish(&self) {
+        self.published.pool.store(self.pool, Ordering::Relaxed);
+        self.publish_counts();
+    }
+
+    /// Stores the counts other threads read; after every take and every push.
+    #[inline]
+    fn publish_counts(&self) {
+        let p = &*self.published;
+        p.blocks.store(self.blocks, Ordering::Relaxed);
+        p.requested.store(self.requested, Ordering::Relaxed);
+    }
+
+    /// Holds `entry` (the caller checked the bounds).
+    #[inline]
+    fn push(&mut self, bucket: usize, entry: Cached) {
+        self.bytes += entry.allocation.size();
+        self.blocks += 1;
+        self.requested += entry.allocation.requested_size();
+        self.buckets[bucket].push(entry);
+        self.publish_counts();
+    }
+
+    /// Takes the last entry of `bucket` if it holds `size` bytes at `align`.
+    #[inline]
+    fn pop_fitting(&mut self, bucket: usize, size: u64, align: u64) -> Option<Cached> {
+        // Usually the last entry fits; one of the same bucket may be too small or misaligned only
+        // for odd size/alignment mixes, which then take the slow path. `align` is a power of two
+        // (checked by `Pool::alloc`): a mask, not a division. The figures are read off the entry
+        // in place and the entry is moved once, by the pop.
+        let a = &self.buckets[bucket].last()?.allocation;
+        if a.size() < size || a.offset() & (align - 1) != 0 {
+            return None;
+        }
+        let (held, requested) = (a.size(), a.requested_size());
+        self.bytes -= held;
+        self.blocks -= 1;
+        self.requested -= requested;
+        self.publish_counts();
+        self.buckets[bucket].pop()
+    }
 
     /// Empties the slot into `out` and forgets its pool.
     fn drain_into(&mut self, out: &mut Vec<Cached>) {
@@ -122,10 +245,9 @@ impl PoolSlot {
         }
         self.pool = 0;
         self.bytes = 0;
-    }
-
-    fn len(&self) -> usize {
-        self.buckets.iter().map(Vec::len).sum()
+        self.blocks = 0;
+        self.requested = 0;
+        self.publish();
     }
 }
 
@@ -149,9 +271,11 @@ impl Slots {
     }
 }
 
-/// One thread's magazine: shared with visitors (trim, pool drop) through its `OwnerCell`.
+/// One thread's magazine: shared with visitors (trim, pool drop) through its `OwnerCell`, and
+/// with readers of its figures through each slot's `Published`.
 struct Magazine {
     cell: OwnerCell<Slots>,
+    published: [Arc<Published>; POOLS_PER_THREAD],
 }
 
 /// Every live magazine, for visitors. Locked to register (a thread's first cached block), to
@@ -187,11 +311,11 @@ impl Drop for Owner {
 fn create() -> Option<*const Magazine> {
     OWNER
         .try_with(|owner| {
+            let slots: [PoolSlot; POOLS_PER_THREAD] = std::array::from_fn(|_| PoolSlot::new());
+            let published = std::array::from_fn(|i| slots[i].published.clone());
             let m = Arc::new(Magazine {
-                cell: OwnerCell::new(Slots {
-                    clock: 0,
-                    slots: [const { PoolSlot::EMPTY }; POOLS_PER_THREAD],
-                }),
+                cell: OwnerCell::new(Slots { clock: 0, slots }),
+                published,
             });
             REGISTRY.lock().push(m.clone());
             let p = Arc::as_ptr(&m);
@@ -202,24 +326,29 @@ fn create() -> Option<*const Magazine> {
         .ok()
 }
 
-/// Runs `f` on this thread's magazine as its owner, creating it if `create_if_missing`. `None`:
-/// no magazine (not created, or the thread is exiting).
+/// Runs `f` on this thread's magazine as its owner, creating it if `create_if_missing`.
+/// `R::default()` (`None`, `false`, `0`, nothing) without a magazine: not created, or the thread
+/// is exiting. (A default rather than an `Option` around `R`: the hot paths' results are not
+/// wrapped and unwrapped once more.)
 ///
 /// `f` must not free blocks, drop chunks or call into a pool: entries to free are returned and
 /// released by the caller afterwards (a visitor may be waiting for `f` to end).
 #[inline]
-fn with_magazine<R>(create_if_missing: bool, f: impl FnOnce(&mut Slots) -> R) -> Option<R> {
+fn with_magazine<R: Default>(create_if_missing: bool, f: impl FnOnce(&mut Slots) -> R) -> R {
     let mut p = CURRENT.with(Cell::get);
     if p.is_null() {
         if !create_if_missing {
-            return None;
+            return R::default();
         }
-        p = create()?;
+        match create() {
+            Some(created) => p = created,
+            None => return R::default(),
+        }
     }
     // SAFETY: `p` is this thread's live magazine (the `Arc` in `OWNER` keeps it; `Owner::drop`
     // clears `CURRENT` first), and this thread is its only owner; by the rule above `f` neither
     // blocks nor visits nor re-enters.
-    Some(unsafe { (*p).cell.with_owner(f) })
+    unsafe { (*p).cell.with_owner(f) }
 }
 
 fn bucket(size: u64) -> usize {
@@ -237,58 +366,41 @@ fn release(entries: Vec<Cached>) -> usize {
     n
 }
 
-/// The result of a cache lookup: a hit, the entries a pool switch evicted, and whether this
-/// thread started serving the pool (so the pool knows a visit may find something).
-pub(super) struct Take {
-    pub(super) hit: Option<Cached>,
-    pub(super) started_serving: bool,
-}
-
-/// Takes a cached allocation of `pool` that fits `size` bytes at `align`, making this thread's
-/// magazine serve `pool` if it does not yet (evicting its least recently used pool if all slots
-/// are taken). `hit: None`: no fit, or no magazine (thread exiting).
+/// Takes a cached allocation of `pool` that fits `size` bytes at `align`. `None`: no fit, no
+/// magazine (thread exiting), or this thread's magazine does not serve `pool` yet — then it
+/// starts to (evicting its least recently used pool if all slots are taken) and sets `serving`,
+/// so the pool knows a visit may find something.
 #[inline]
-pub(super) fn take(pool: PoolKey, size: u64, align: u64) -> Take {
+pub(super) fn take(pool: PoolKey, size: u64, align: u64, serving: &AtomicBool) -> Option<Cached> {
     debug_assert!(size > 0 && size <= MAX_CACHED_SIZE && align.is_power_of_two());
-    let found = with_magazine(true, |m| {
+    // A miss of the pool is a flag: the hot path moves no eviction list around.
+    let mut unserved = false;
+    let hit = with_magazine(true, |m| {
         m.clock += 1;
         let clock = m.clock;
         let Some(slot) = m.find(pool.id) else {
-            return Err(serve(m, pool, clock));
+            unserved = true;
+            return None;
         };
         slot.last_use = clock;
-        let b = &mut slot.buckets[bucket(size)];
-        // Usually the last entry fits; one of the same bucket may be too small or misaligned only
-        // for odd size/alignment mixes, which then take the slow path. `align` is a power of two
-        // (checked by `Pool::alloc`): a mask, not a division.
-        let hit = match b.last() {
-            Some(c) if c.allocation.size() >= size && c.allocation.offset() & (align - 1) == 0 => {
-                b.pop()
-            }
-            _ => None,
-        };
-        if let Some(c) = &hit {
-            slot.bytes -= c.allocation.size();
-        }
-        Ok(hit)
+        slot.pop_fitting(bucket(size), size, align)
     });
-    match found {
-        Some(Ok(hit)) => Take {
-            hit,
-            started_serving: false,
-        },
-        Some(Err(evicted)) => {
-            release(evicted);
-            Take {
-                hit: None,
-                started_serving: true,
-            }
-        }
-        None => Take {
-            hit: None,
-            started_serving: false,
-        },
+    if unserved {
+        start_serving(pool, serving);
     }
+    hit
+}
+
+/// Makes this thread's magazine serve `pool`, then frees what that evicted.
+#[cold]
+#[inline(never)]
+fn start_serving(pool: PoolKey, serving: &AtomicBool) {
+    let evicted = with_magazine(false, |m| {
+        let clock = m.clock;
+        serve(m, pool, clock)
+    });
+    serving.store(true, Ordering::Relaxed);
+    release(evicted);
 }
 
 /// Makes `m` serve `pool` in a free slot or in its least recently used one; returns the evicted
@@ -309,36 +421,45 @@ fn serve(m: &mut Slots, pool: PoolKey, clock: u64) -> Vec<Cached> {
     slot.depth = pool.depth;
     slot.max_bytes = pool.max_bytes;
     slot.last_use = clock;
+    slot.publish();
     evicted
 }
 
-/// Offers a freed allocation of pool `pool` to this thread's magazine. Gives it back when the
-/// magazine does not serve the pool, the bucket or the byte budget is full, or there is no
-/// magazine.
+/// Offers a freed allocation of pool `pool` (`requested` and rounded `size` bytes) to this
+/// thread's magazine: if it serves the pool and the bucket and the byte budget have room, `entry`
+/// is called (inside the owner's access, so it must only move values) and what it returns is
+/// kept. Returns whether an entry was kept; when not, `entry` was not called (or returned
+/// `None`) and the caller still owns its allocation. Built in place rather than passed in, a
+/// refused entry is never moved around.
 #[inline]
-pub(super) fn offer(pool: u64, entry: Cached) -> Option<Cached> {
-    let size = entry.allocation.requested_size();
-    if size == 0 || size > MAX_CACHED_SIZE {
-        return Some(entry);
+pub(super) fn offer(
+    pool: u64,
+    requested: u64,
+    size: u64,
+    entry: impl FnOnce() -> Option<Cached>,
+) -> bool {
+    if requested == 0 || requested > MAX_CACHED_SIZE {
+        return false;
     }
-    let mut entry = Some(entry);
     with_magazine(false, |m| {
-        let Some(slot) = m.find(pool) else { return };
-        let bytes = entry.as_ref().map_or(0, |e| e.allocation.size());
-        if slot.bytes + bytes > slot.max_bytes {
-            return;
+        let Some(slot) = m.find(pool) else {
+            return false;
+        };
+        let b = bucket(requested);
+        if slot.bytes + size > slot.max_bytes || slot.buckets[b].len() >= slot.depth {
+            return false;
         }
-        let depth = slot.depth;
-        let b = &mut slot.buckets[bucket(size)];
-        if b.len() < depth {
-            if b.capacity() == 0 {
-                b.reserve_exact(depth);
+        if slot.buckets[b].capacity() == 0 {
+            slot.buckets[b].reserve_exact(slot.depth);
+        }
+        match entry() {
+            Some(e) => {
+                slot.push(b, e);
+                true
             }
-            b.extend(entry.take());
-            slot.bytes += bytes;
+            None => false,
         }
-    });
-    entry
+    })
 }
 
 /// Takes `pool`'s cached blocks out of every thread's magazine (idle threads' too) and frees
@@ -357,20 +478,17 @@ pub(super) fn reclaim_pool(pool: u64) -> usize {
     release(entries)
 }
 
-/// `pool`'s blocks in every thread's magazine and their requested bytes (a snapshot, for
-/// statistics).
+/// `pool`'s blocks in every thread's magazine and their requested bytes: a snapshot of the
+/// published figures, without visiting (no barrier reaches the threads).
 pub(super) fn cached(pool: u64) -> (u64, u64) {
     let registry = REGISTRY.lock();
-    let cells: Vec<&OwnerCell<Slots>> = registry.iter().map(|m| &m.cell).collect();
     let (mut blocks, mut bytes) = (0, 0);
-    OwnerCell::visit_all(&cells, |m| {
-        if let Some(slot) = m.find(pool) {
-            for c in slot.buckets.iter().flatten() {
-                blocks += 1;
-                bytes += c.allocation.requested_size();
-            }
+    for p in registry.iter().flat_map(|m| &m.published) {
+        if p.pool.load(Ordering::Relaxed) == pool {
+            blocks += p.blocks.load(Ordering::Relaxed);
+            bytes += p.requested.load(Ordering::Relaxed);
         }
-    });
+    }
     (blocks, bytes)
 }
 
@@ -378,11 +496,11 @@ pub(super) fn cached(pool: u64) -> (u64, u64) {
 /// caches and idle threads are reached by [`Pool::trim`](super::Pool::trim) and by dropping the
 /// pool; this is for a thread that wants its own blocks back now.
 pub fn release_thread_cache() {
-    let entries = with_magazine(false, Slots::take_all).unwrap_or_default();
+    let entries = with_magazine(false, Slots::take_all);
     release(entries);
 }
 
 /// Blocks in the calling thread's magazine (all pools), for tests and diagnostics.
 pub fn thread_cached_blocks() -> usize {
-    with_magazine(false, |m| m.slots.iter().map(PoolSlot::len).sum()).unwrap_or(0)
+    with_magazine(false, |m| m.slots.iter().map(|s| s.blocks as usize).sum())
 }

@@ -46,7 +46,9 @@ pub use config::{Backend, PoolConfig, MAX_SHARDS};
 pub use gpu_alloc::GpuAllocStrategy;
 #[cfg(feature = "gpu-alloc")]
 use gpu_alloc::{ChunkDevice, GpuAllocBackend};
-pub use report::{BlockReport, ChunkPlace, ChunkReport, LabelReport, PoolReport};
+pub use report::{
+    BlockReport, ChunkPlace, ChunkReport, LabelReport, PoolReport, ThreadCacheReport,
+};
 use shards::{thread_shard, Chunk, Shard, ShardSet};
 
 /// Pool identities for the thread caches (never reused, unlike addresses).
@@ -56,10 +58,16 @@ static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
 struct PoolInner {
     /// Unique id: which pool a thread cache serves.
     id: u64,
-    /// Set when the last `Pool` handle is gone: blocks then bypass the thread caches.
-    dropped: AtomicBool,
+    /// Whether freed blocks may go into thread caches: the cache is on and the last `Pool`
+    /// handle is not gone yet (cleared then: later frees go straight back to their shards). One
+    /// load on every free.
+    cache_open: AtomicBool,
     /// `thread_cache > 0` on the native backend.
     cache_enabled: bool,
+    /// Largest request `Pool::alloc` tries its thread cache for inline: 0 when the cache is off
+    /// or the memory is non-coherent (atom-rounded requests take the slow path), else the
+    /// smaller of the cache's limit and the largest request that is not dedicated.
+    inline_cache_max: u64,
     /// The pool's identity and bounds for the thread caches.
     cache_key: magazine::PoolKey,
     /// Set when some thread's cache started serving this pool: only then do `trim` and the
@@ -161,11 +169,17 @@ impl Pool {
             )),
         };
         let first_chunk = config.chunk_size;
+        let cache_enabled = config.thread_cache > 0 && config.backend == Backend::Native;
         let id = NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed);
         let inner = Arc::new(PoolInner {
             id,
-            dropped: AtomicBool::new(false),
-            cache_enabled: config.thread_cache > 0 && config.backend == Backend::Native,
+            cache_open: AtomicBool::new(cache_enabled),
+            cache_enabled,
+            inline_cache_max: if cache_enabled && !source.is_non_coherent() {
+                magazine::MAX_CACHED_SIZE.min(config.dedicated_threshold.saturating_sub(1))
+            } else {
+                0
+            },
             cache_key: magazine::PoolKey {
                 id,
                 depth: config.thread_cache,
@@ -235,11 +249,8 @@ impl Pool {
         // The thread-cache hit on coherent memory, small enough to inline into callers; every
         // other case (and every error) takes `alloc_slow`.
         let inner = &*self.inner;
-        if inner.cache_enabled
-            && !inner.non_coherent
-            && size > 0
-            && size <= magazine::MAX_CACHED_SIZE
-            && size < inner.config.dedicated_threshold
+        // `size` in 1..=inline_cache_max, in one comparison (0 wraps to the largest value).
+        if size.wrapping_sub(1) < inner.inline_cache_max
             && align.is_power_of_two()
             && align <= inner.config.heap.max_align
         {
@@ -513,10 +524,21 @@ impl Pool {
     /// # drop(gains); Ok::<(), vkgdr::Error>(())
     /// ```
     pub fn report(&self) -> PoolReport {
-        PoolReport::gather(&self.inner, &self.shards, self.stats())
+        PoolReport::gather(&self.inner, &self.shards, self.stats(), self.thread_cache())
     }
 
-    /// A usage snapshot (takes every shard's lock briefly, and looks into the thread caches).
+    /// How this pool's per-thread caches are set up: `None` when they are off.
+    pub fn thread_cache(&self) -> Option<ThreadCacheReport> {
+        let inner = &self.inner;
+        inner.cache_enabled.then(|| ThreadCacheReport {
+            depth: inner.cache_key.depth,
+            max_bytes: inner.cache_key.max_bytes,
+            handshake: magazine::handshake(),
+        })
+    }
+
+    /// A usage snapshot (takes every shard's lock briefly, and reads the thread caches' published
+    /// figures without interrupting their threads).
     pub fn stats(&self) -> PoolStats {
         let cached = if self.inner.cache_enabled && self.inner.cache_used.load(Ordering::Relaxed) {
             magazine::cached(self.inner.id)
@@ -569,11 +591,7 @@ impl PoolInner {
     /// A cached block of this pool for `size` bytes at `align` from the calling thread's cache.
     #[inline]
     fn cache_take(&self, size: u64, align: u64) -> Option<magazine::Cached> {
-        let took = magazine::take(self.cache_key, size, align);
-        if took.started_serving {
-            self.cache_used.store(true, Ordering::Relaxed);
-        }
-        took.hit
+        magazine::take(self.cache_key, size, align, &self.cache_used)
     }
 
     /// Takes this pool's blocks back from every thread's cache.

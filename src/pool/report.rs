@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use crate::core::sync::lock::Mutex;
 
+use super::magazine::Handshake;
 use super::{PoolInner, PoolStats, ShardSet};
 use crate::core::alloc::ChunkId;
 
@@ -116,11 +117,33 @@ pub struct PoolReport {
     /// Free space in pieces: `1 - largest free block / free bytes` over all shards (0: all free
     /// space of the shared chunks is one block).
     pub fragmentation: f64,
+    /// The pool's per-thread caches of freed small blocks: `None` when they are off
+    /// ([`PoolConfig::thread_cache`](super::PoolConfig::thread_cache) 0, or another backend).
+    pub thread_cache: Option<ThreadCacheReport>,
+}
+
+/// How a pool's per-thread caches are set up ([`PoolReport::thread_cache`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThreadCacheReport {
+    /// Blocks kept per 16-byte size bucket and thread
+    /// ([`PoolConfig::thread_cache`](super::PoolConfig::thread_cache)).
+    pub depth: usize,
+    /// Bytes one thread keeps for this pool at most
+    /// ([`PoolConfig::thread_cache_bytes`](super::PoolConfig::thread_cache_bytes)).
+    pub max_bytes: u64,
+    /// How other threads reach the caches: what each cached allocation and free costs its
+    /// thread ([`magazine::handshake`]).
+    pub handshake: Handshake,
 }
 
 impl PoolReport {
     /// Gathers the report (takes each shard's lock briefly, and the registry's).
-    pub(super) fn gather(inner: &PoolInner, shards: &ShardSet, stats: PoolStats) -> PoolReport {
+    pub(super) fn gather(
+        inner: &PoolInner,
+        shards: &ShardSet,
+        stats: PoolStats,
+        thread_cache: Option<ThreadCacheReport>,
+    ) -> PoolReport {
         let mut chunks = Vec::new();
         let mut places: HashMap<ChunkKey, usize> = HashMap::new();
         for (s, cell) in shards.iter().enumerate() {
@@ -212,6 +235,7 @@ impl PoolReport {
             },
             unlabeled_blocks: live_blocks.saturating_sub(labeled_blocks),
             unlabeled_bytes: live_bytes.saturating_sub(labeled_bytes),
+            thread_cache,
             stats,
             chunks,
             labels,
@@ -253,6 +277,17 @@ impl fmt::Display for PoolReport {
             size(s.bytes_allocated),
             100.0 * self.fragmentation
         )?;
+        match &self.thread_cache {
+            Some(t) => writeln!(
+                f,
+                "thread caches: {} blocks per bucket, {} per thread; {} cached now; handshake: {}",
+                t.depth,
+                size(t.max_bytes),
+                size(s.bytes_cached),
+                t.handshake
+            )?,
+            None => writeln!(f, "thread caches: off")?,
+        }
         writeln!(f, "chunks:")?;
         for c in &self.chunks {
             write!(

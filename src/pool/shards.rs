@@ -203,7 +203,7 @@ impl Drop for ShardSet {
         // ones go back now.
         // SAFETY: the cells are alive: we still hold the pool's reference on each.
         if let Some(pool) = self.cells.first().map(|c| unsafe { &c.as_ref().pool }) {
-            pool.dropped.store(true, Ordering::Release);
+            pool.cache_open.store(false, Ordering::Release);
             pool.reclaim_cached();
             // With the `log` feature: blocks still alive now (cached ones went back just above)
             // are worth a warning.

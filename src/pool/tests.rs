@@ -289,6 +289,101 @@ fn trim_takes_back_an_idle_threads_cached_blocks() {
     assert_eq!(pool.stats().bytes_cached, 64);
 }
 
+#[test]
+fn stats_read_other_threads_caches_without_interrupting_them() {
+    use crate::core::sync::VISITS_BY_THIS_THREAD;
+    let visits = || VISITS_BY_THIS_THREAD.with(std::cell::Cell::get);
+    let pool = cached_pool(8);
+    let (go, t, ready) = idle_thread_with_cached_blocks(pool.clone(), 5);
+    ready.recv().unwrap();
+    let before = visits();
+    // Exact while the other thread is idle: its published figures are its cache's.
+    let s = pool.stats();
+    assert_eq!(
+        (s.blocks_cached, s.bytes_cached),
+        (5, (0..5).map(|i| 32 + 16 * i).sum())
+    );
+    assert_eq!(pool.report().stats.blocks_cached, 5);
+    assert_eq!(
+        visits(),
+        before,
+        "a snapshot makes no handshake with the caches' threads"
+    );
+    pool.trim();
+    assert_eq!(visits(), before + 1, "a trim does: it takes the blocks");
+    assert_eq!(
+        pool.stats().blocks_cached,
+        0,
+        "what the visit took is published"
+    );
+    go.send(()).unwrap();
+    let pool = t.join().unwrap();
+    // The figures follow the owner's own takes and frees.
+    let a = pool.alloc(48, 16).unwrap();
+    let b = pool.alloc(48, 16).unwrap();
+    drop((a, b));
+    assert_eq!(pool.stats().blocks_cached, 2);
+    drop(pool.alloc(40, 16).unwrap());
+    assert_eq!(
+        (pool.stats().blocks_cached, pool.stats().bytes_cached),
+        (2, 96)
+    );
+    magazine::release_thread_cache();
+    assert_eq!(pool.stats().blocks_cached, 0);
+}
+
+#[test]
+fn reports_show_the_thread_cache_and_its_handshake() {
+    let pool = cached_pool(8);
+    let t = pool.thread_cache().expect("on");
+    assert_eq!(
+        t,
+        ThreadCacheReport {
+            depth: 8,
+            max_bytes: magazine::DEFAULT_BYTES,
+            handshake: magazine::handshake(),
+        }
+    );
+    let report = pool.report();
+    assert_eq!(report.thread_cache, Some(t));
+    let text = report.to_string();
+    assert!(
+        text.contains("thread caches: 8 blocks per bucket"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("handshake: {}", t.handshake)),
+        "{text}"
+    );
+    let off = cached_pool(0);
+    assert_eq!(
+        (off.thread_cache(), off.report().thread_cache),
+        (None, None)
+    );
+    assert!(off.report().to_string().contains("thread caches: off"));
+}
+
+/// The handshake taken is the one the kernel offers: `membarrier`'s private expedited command
+/// where the kernel lists it (as on every machine this project runs on), fences otherwise.
+#[cfg(all(target_os = "linux", not(miri)))]
+#[test]
+fn the_handshake_is_membarrier_where_the_kernel_offers_it() {
+    const QUERY: libc::c_int = 0;
+    const PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
+    // SAFETY: membarrier's query takes no pointers; it returns a bit mask or an error.
+    let offered = unsafe { libc::syscall(libc::SYS_membarrier, QUERY, 0 as libc::c_uint, 0) };
+    let expected = if offered >= 0 && offered & PRIVATE_EXPEDITED != 0 {
+        magazine::Handshake::Membarrier
+    } else {
+        magazine::Handshake::Fence
+    };
+    assert_eq!(
+        magazine::handshake(),
+        expected,
+        "membarrier query: {offered:#x}"
+    );
+}
+
 /// Host chunks that count how many are alive.
 struct CountingSource(Arc<AtomicUsize>);
 

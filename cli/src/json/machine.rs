@@ -50,6 +50,12 @@ pub struct CpuJson {
     pub hardware_threads: usize,
     /// The copy routines in use (`vkgdr::copy::simd_level`).
     pub copy_routines: String,
+    /// How pools' per-thread caches are reached from other threads
+    /// (`vkgdr::pool::magazine::handshake`): `membarrier` (no barrier on a thread's own cached
+    /// allocations and frees) or `fence` (a full barrier on each); absent from documents of
+    /// earlier versions.
+    #[serde(default)]
+    pub thread_cache_handshake: Option<String>,
 }
 
 /// The Vulkan side.
@@ -416,6 +422,7 @@ impl MachineJson {
                 model: cpu_model(),
                 hardware_threads: std::thread::available_parallelism().map_or(0, |n| n.get()),
                 copy_routines: vkgdr::copy::simd_level().to_string(),
+                thread_cache_handshake: Some(vkgdr::pool::magazine::handshake().name().into()),
             },
             vulkan: VulkanJson {
                 status: vstatus.into(),

@@ -13,7 +13,9 @@ use std::ops::{Deref, DerefMut};
 
 pub(crate) mod lock;
 mod owner_cell;
-pub(crate) use owner_cell::OwnerCell;
+#[cfg(test)]
+pub(crate) use owner_cell::VISITS_BY_THIS_THREAD;
+pub(crate) use owner_cell::{uses_membarrier, OwnerCell};
 
 /// Atomics: `std`'s, or loom's with the `loom` feature.
 pub(crate) mod atomic {

@@ -115,6 +115,8 @@ impl<T> OwnerCell<T> {
     pub(crate) fn visit_all(cells: &[&Self], mut f: impl FnMut(&mut T)) -> bool {
         // One lock order (by address) for every visitor, so two visits of overlapping sets of
         // cells cannot deadlock.
+        #[cfg(test)]
+        VISITS_BY_THIS_THREAD.with(|v| v.set(v.get() + 1));
         let mut cells = cells.to_vec();
         cells.sort_by_key(|c| std::ptr::from_ref::<Self>(c) as usize);
         cells.dedup_by_key(|c| std::ptr::from_ref::<Self>(c) as usize);
@@ -148,6 +150,19 @@ impl<T> OwnerCell<T> {
         // SAFETY: `&mut self` excludes every other access.
         self.data.with_mut(|data| unsafe { &mut *data })
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// How many visits (heavy barriers) the current thread made: tests of code that must not
+    /// interrupt other threads count with it.
+    pub(crate) static VISITS_BY_THIS_THREAD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether this process's cells pair a compiler fence (owner) with `membarrier` (visitor) rather
+/// than a `SeqCst` fence on each side; decided on the first call, the same for every cell.
+pub(crate) fn uses_membarrier() -> bool {
+    barrier::asymmetric()
 }
 
 /// Clears the owner's `busy` flag when its access ends (also on unwind).
