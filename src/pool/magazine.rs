@@ -50,7 +50,6 @@
 //! ```
 
 use std::cell::Cell;
-use std::fmt;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -59,7 +58,7 @@ use crate::core::sync::lock::Mutex;
 
 use super::shards::{Chunk, ShardCell};
 use crate::core::alloc::Allocation;
-use crate::core::sync::{uses_membarrier, OwnerCell};
+use crate::core::sync::OwnerCell;
 
 /// Largest request served from a magazine (the slab range of the default allocator).
 pub const MAX_CACHED_SIZE: u64 = 4096;
@@ -78,54 +77,7 @@ pub const POOLS_PER_THREAD: usize = 4;
 const BUCKET_BYTES: u64 = 16;
 const BUCKETS: usize = (MAX_CACHED_SIZE / BUCKET_BYTES) as usize;
 
-/// How other threads (a trim, a pool's drop) get exclusive access to a thread's cache: the
-/// barrier pair of the handshake, chosen once per process. The owner's cost per cached
-/// allocation and free depends on it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Handshake {
-    /// Linux's `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` on the visitor's side: the owner
-    /// pays only a compiler fence.
-    Membarrier,
-    /// A `SeqCst` fence on both sides, where `membarrier`'s private expedited command cannot be
-    /// used (another system, an old or restricted kernel): about 10 ns more per cached
-    /// allocation and per cached free.
-    Fence,
-}
-
-impl Handshake {
-    /// A short name for machine-readable output: `"membarrier"` or `"fence"`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Handshake::Membarrier => "membarrier",
-            Handshake::Fence => "fence",
-        }
-    }
-}
-
-impl fmt::Display for Handshake {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Handshake::Membarrier => "membarrier (private expedited): no barrier for the owner",
-            Handshake::Fence => "SeqCst fences (membarrier unavailable): a full barrier per access",
-        })
-    }
-}
-
-/// The handshake this process's thread caches use (decided on first use, then fixed).
-///
-/// ```
-/// use vkgdr::pool::magazine::{handshake, Handshake};
-/// // Linux with membarrier (any kernel since 4.14 that allows it) takes the cheap owner path.
-/// println!("thread caches: {}", handshake());
-/// assert!(matches!(handshake(), Handshake::Membarrier | Handshake::Fence));
-/// ```
-pub fn handshake() -> Handshake {
-    if uses_membarrier() {
-        Handshake::Membarrier
-    } else {
-        Handshake::Fence
-    }
-}
+pub use crate::core::sync::{handshake, Handshake};
 
 /// A freed block's allocation, still counted as outstanding in `cell`.
 pub(super) struct Cached {

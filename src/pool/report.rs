@@ -11,8 +11,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::core::sync::lock::Mutex;
+use crate::core::sync::Handshake;
 
-use super::magazine::Handshake;
 use super::{PoolInner, PoolStats, ShardSet};
 use crate::core::alloc::ChunkId;
 
@@ -132,7 +132,7 @@ pub struct ThreadCacheReport {
     /// ([`PoolConfig::thread_cache_bytes`](super::PoolConfig::thread_cache_bytes)).
     pub max_bytes: u64,
     /// How other threads reach the caches: what each cached allocation and free costs its
-    /// thread ([`magazine::handshake`]).
+    /// thread ([`magazine::handshake`](super::magazine::handshake)).
     pub handshake: Handshake,
 }
 

@@ -13,9 +13,10 @@ use std::ops::{Deref, DerefMut};
 
 pub(crate) mod lock;
 mod owner_cell;
+pub(crate) use owner_cell::OwnerCell;
 #[cfg(test)]
 pub(crate) use owner_cell::VISITS_BY_THIS_THREAD;
-pub(crate) use owner_cell::{uses_membarrier, OwnerCell};
+pub use owner_cell::{handshake, Handshake};
 
 /// Atomics: `std`'s, or loom's with the `loom` feature.
 pub(crate) mod atomic {

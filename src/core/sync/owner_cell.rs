@@ -32,6 +32,8 @@
 //! the `loom` feature (scripts/test), including a variant without the owner's barrier, which loom must
 //! catch.
 
+use std::fmt;
+
 use crate::core::sync::atomic::{AtomicBool, Ordering};
 use crate::core::sync::cell::UnsafeCell;
 use crate::core::sync::{Backoff, Mutex};
@@ -159,10 +161,53 @@ thread_local! {
     pub(crate) static VISITS_BY_THIS_THREAD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-/// Whether this process's cells pair a compiler fence (owner) with `membarrier` (visitor) rather
-/// than a `SeqCst` fence on each side; decided on the first call, the same for every cell.
-pub(crate) fn uses_membarrier() -> bool {
-    barrier::asymmetric()
+/// How other threads (a trim, a pool's drop) get exclusive access to a thread's cache: the
+/// barrier pair of the handshake, chosen once per process. The owner's cost per cached
+/// allocation and free depends on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Handshake {
+    /// Linux's `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` on the visitor's side: the owner
+    /// pays only a compiler fence.
+    Membarrier,
+    /// A `SeqCst` fence on both sides, where `membarrier`'s private expedited command cannot be
+    /// used (another system, an old or restricted kernel): about 10 ns more per cached
+    /// allocation and per cached free.
+    Fence,
+}
+
+impl Handshake {
+    /// A short name for machine-readable output: `"membarrier"` or `"fence"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Handshake::Membarrier => "membarrier",
+            Handshake::Fence => "fence",
+        }
+    }
+}
+
+impl fmt::Display for Handshake {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Handshake::Membarrier => "membarrier (private expedited): no barrier for the owner",
+            Handshake::Fence => "SeqCst fences (membarrier unavailable): a full barrier per access",
+        })
+    }
+}
+
+/// The handshake this process's thread caches use (decided on first use, then fixed).
+///
+/// ```
+/// use vkgdr::pool::magazine::{handshake, Handshake};
+/// // Linux with membarrier (any kernel since 4.14 that allows it) takes the cheap owner path.
+/// println!("thread caches: {}", handshake());
+/// assert!(matches!(handshake(), Handshake::Membarrier | Handshake::Fence));
+/// ```
+pub fn handshake() -> Handshake {
+    if barrier::asymmetric() {
+        Handshake::Membarrier
+    } else {
+        Handshake::Fence
+    }
 }
 
 /// Clears the owner's `busy` flag when its access ends (also on unwind).

@@ -5,8 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::document::GpuJson;
 use super::error::CompareError;
+use super::results::GpuJson;
 use super::results::{read, Results};
 
 /// A loaded document and where it came from.

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::noise::Verdict;
+use super::results::SideJson;
 use crate::json::bench::BenchDocument;
 use crate::json::document::About;
 
@@ -69,27 +70,6 @@ impl GpuMatch {
     }
 }
 
-/// One side of a comparison.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SideJson {
-    /// The file it was read from.
-    pub file: String,
-    /// CUDA device 0 (`null`: the document names none).
-    pub gpu: Option<GpuJson>,
-    /// The NVIDIA driver's version.
-    pub driver_version: Option<String>,
-    /// The driver's CUDA version.
-    pub cuda_version: Option<String>,
-    /// The CPU's model.
-    pub cpu: Option<String>,
-    /// The program that wrote it.
-    pub vkgdr_version: Option<String>,
-    /// `full` or `quick`.
-    pub mode: Option<String>,
-    /// Benchmarks that did not run to the end.
-    pub failed_benchmarks: Vec<String>,
-}
-
 /// One figure of either run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FigureComparisonJson {
@@ -140,15 +120,6 @@ pub struct SummaryJson {
     pub only_in_current: usize,
     /// In both, but not comparable.
     pub not_comparable: usize,
-}
-
-/// A GPU, as documents name it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GpuJson {
-    /// Its name (`NVIDIA H100 80GB HBM3`).
-    pub name: String,
-    /// Its UUID.
-    pub uuid: Option<String>,
 }
 
 /// A bench document with the comparison of its run: what `vkgdr bench --compare --json` prints.

@@ -5,9 +5,8 @@
 
 use std::path::Path;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-use super::document::{GpuJson, SideJson};
 use super::error::CompareError;
 use crate::bench::outputs::RESULTS_JSON;
 use crate::json::bench::BenchDocument;
@@ -278,4 +277,34 @@ fn check_format(path: &Path, value: &serde_json::Value) -> Result<(), CompareErr
         }),
         _ => Ok(()),
     }
+}
+
+/// One side of a comparison.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SideJson {
+    /// The file it was read from.
+    pub file: String,
+    /// CUDA device 0 (`null`: the document names none).
+    pub gpu: Option<GpuJson>,
+    /// The NVIDIA driver's version.
+    pub driver_version: Option<String>,
+    /// The driver's CUDA version.
+    pub cuda_version: Option<String>,
+    /// The CPU's model.
+    pub cpu: Option<String>,
+    /// The program that wrote it.
+    pub vkgdr_version: Option<String>,
+    /// `full` or `quick`.
+    pub mode: Option<String>,
+    /// Benchmarks that did not run to the end.
+    pub failed_benchmarks: Vec<String>,
+}
+
+/// A GPU, as documents name it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuJson {
+    /// Its name (`NVIDIA H100 80GB HBM3`).
+    pub name: String,
+    /// Its UUID.
+    pub uuid: Option<String>,
 }

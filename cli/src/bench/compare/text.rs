@@ -2,8 +2,9 @@
 //! with each figure's ratio and noise, and a summary naming every figure that got worse.
 
 use super::comparison::Comparison;
-use super::document::{GpuJson, GpuMatch, SideJson};
+use super::document::GpuMatch;
 use super::noise::Verdict;
+use super::results::{GpuJson, SideJson};
 use crate::bench::report::format::{align, fmt_size, sig3};
 use crate::bench::report::model::Unit;
 
