@@ -46,7 +46,9 @@ pub(super) enum BlockKind {
 pub struct Block {
     kind: BlockKind,
     host_ptr: *mut u8,
-    device_ptr: Option<u64>,
+    /// Device address, 0 for none (no device address is 0): 8 bytes less to move per block than
+    /// an `Option`.
+    device_ptr: u64,
     offset: u64,
     len: u64,
     non_coherent: bool,
@@ -65,7 +67,7 @@ impl fmt::Debug for Block {
         f.debug_struct("Block")
             .field("len", &self.len)
             .field("host_ptr", &self.host_ptr)
-            .field("device_ptr", &self.device_ptr.map(|p| format!("{p:#x}")))
+            .field("device_ptr", &self.device_ptr().map(|p| format!("{p:#x}")))
             .field("dedicated", &self.is_dedicated())
             .field("label", &self.label())
             .finish()
@@ -85,7 +87,7 @@ impl Block {
             // SAFETY: the allocator guarantees offset + len <= chunk size, so the pointer stays
             // inside the chunk's mapping.
             host_ptr: unsafe { chunk.host_base.get().add(offset as usize) },
-            device_ptr: chunk.device_base.map(|p| p + offset),
+            device_ptr: chunk.device_base.map_or(0, |p| p + offset),
             offset,
             len,
             non_coherent,
@@ -154,7 +156,7 @@ impl Block {
 
     /// Device address of the block (`None` for pools over Vulkan-only or host chunks).
     pub fn device_ptr(&self) -> Option<u64> {
-        self.device_ptr
+        (self.device_ptr != 0).then_some(self.device_ptr)
     }
 
     /// Offset of the block inside its chunk.

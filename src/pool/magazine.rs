@@ -106,7 +106,10 @@ pub(super) struct PoolKey {
 /// One slot's figures as other threads read them ([`Pool::stats`](super::Pool::stats)): stored
 /// (relaxed) by whoever holds the slot after each change, read without the handshake. A reader
 /// racing with a change may see a mix of the figures before and after it, never torn numbers.
+/// On cache lines of its own: the owner stores to it on every cached allocation and free, and
+/// another thread's figures next to it would make both threads' stores contend.
 #[derive(Default)]
+#[repr(align(128))]
 struct Published {
     pool: AtomicU64,
     blocks: AtomicU64,
@@ -224,7 +227,10 @@ impl Slots {
 }
 
 /// One thread's magazine: shared with visitors (trim, pool drop) through its `OwnerCell`, and
-/// with readers of its figures through each slot's `Published`.
+/// with readers of its figures through each slot's `Published`. Aligned to whole cache lines (as
+/// `CachePadded`) so that no other thread's data shares a line with the owner's hot flags and
+/// counters.
+#[repr(align(128))]
 struct Magazine {
     cell: OwnerCell<Slots>,
     published: [Arc<Published>; POOLS_PER_THREAD],
