@@ -1,7 +1,8 @@
 //! `apiperf`: the cost of every API call (gdrcopy's `apiperf`): opening a GPU, raw allocation
-//! and free per size, pool allocation+free per size class, flush and invalidate on forced
-//! non-coherent memory, and `cuMemAlloc`/`cuMemFree` for comparison, next to the C library's
-//! documented costs.
+//! and free per size, the driver steps of one allocation beside the library's whole one
+//! ([`raw_steps`](super::raw_steps)), pool allocation+free per size class, flush and invalidate
+//! on forced non-coherent memory, and `cuMemAlloc`/`cuMemFree` for comparison, next to the C
+//! library's documented costs.
 
 use std::time::{Duration, Instant};
 
@@ -107,6 +108,8 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
         64 << 10,
         C_FREE_64K_NS,
     ));
+
+    super::raw_steps::push_rows(&mut report, &gpu, if q { 3 } else { 10 })?;
 
     ui::phase("cuMemAlloc", RAW_SIZES.len() as u64);
     for &size in &RAW_SIZES {

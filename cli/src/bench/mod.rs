@@ -36,6 +36,7 @@ pub mod measure;
 pub mod options;
 pub mod outputs;
 pub mod pplat;
+pub mod raw_steps;
 pub mod registry;
 pub mod report;
 pub mod ring;
