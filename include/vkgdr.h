@@ -25,6 +25,10 @@
 #include <stdint.h>
 #define VKGDR_API __attribute__((visibility("default")))
 
+#if defined(__cplusplus) && defined(VKGDR_RING_CUH) && !defined(VKGDR_RING_NO_SHORT_NAME)
+#error "include vkgdr.h before vkgdr/ring.cuh: ring.cuh's short namespace name vkgdr:: would clash with vkgdr.h's handle type struct vkgdr (or define VKGDR_RING_NO_SHORT_NAME and write vkgdr_device::)"
+#endif
+
 /**
  * Returned by functions that report success as an `int`.
  */

@@ -18,6 +18,11 @@
 //       }
 //   }
 //
+// The device API lives in namespace vkgdr_device; vkgdr:: is its short name. In a file that also
+// includes vkgdr.h (the host API), include vkgdr.h first and write vkgdr_device::, since vkgdr.h's
+// handle type is vkgdr 0.1's `struct vkgdr` and C++ allows no namespace of the same name beside
+// it (define VKGDR_RING_NO_SHORT_NAME to leave the short name out anywhere).
+//
 // Pass the view by value: on the Rust side `ring.device_view()` is a #[repr(C)] struct of the
 // same layout (64 bytes). Launch `view.lanes` blocks of exactly THREADS threads (a multiple of
 // 32). Everything here mirrors src/core/ring/layout.rs and src/ring/device/; keep them in sync.
@@ -89,7 +94,7 @@ typedef struct vkgdr_ring_view {
 
 static_assert(sizeof(vkgdr_ring_view) == 64, "vkgdr_ring_view must match RingDeviceView");
 
-namespace vkgdr {
+namespace vkgdr_device {
 
 typedef unsigned long long u64;
 
@@ -397,6 +402,11 @@ template <unsigned int THREADS> __device__ __forceinline__ u64 block_sum(u64 v, 
     return total;
 }
 
-} // namespace vkgdr
+} // namespace vkgdr_device
+
+// The short name, where it can be had (see the top of this file).
+#if !defined(VKGDR_H) && !defined(VKGDR_RING_NO_SHORT_NAME)
+namespace vkgdr = vkgdr_device;
+#endif
 
 #endif // VKGDR_RING_CUH
