@@ -46,9 +46,10 @@ pub(super) enum BlockKind {
 pub struct Block {
     kind: BlockKind,
     host_ptr: *mut u8,
-    /// Device address, 0 for none (no device address is 0): 8 bytes less to move per block than
-    /// an `Option`.
+    /// Device address, when `has_device_ptr` (two fields rather than an `Option`: the flag fits
+    /// beside the other flags, 8 bytes less to move per block).
     device_ptr: u64,
+    has_device_ptr: bool,
     offset: u64,
     len: u64,
     non_coherent: bool,
@@ -88,6 +89,7 @@ impl Block {
             // inside the chunk's mapping.
             host_ptr: unsafe { chunk.host_base.get().add(offset as usize) },
             device_ptr: chunk.device_base.map_or(0, |p| p + offset),
+            has_device_ptr: chunk.device_base.is_some(),
             offset,
             len,
             non_coherent,
@@ -156,7 +158,7 @@ impl Block {
 
     /// Device address of the block (`None` for pools over Vulkan-only or host chunks).
     pub fn device_ptr(&self) -> Option<u64> {
-        (self.device_ptr != 0).then_some(self.device_ptr)
+        self.has_device_ptr.then_some(self.device_ptr)
     }
 
     /// Offset of the block inside its chunk.
