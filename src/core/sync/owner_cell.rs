@@ -197,10 +197,18 @@ impl fmt::Display for Handshake {
 /// The handshake this process's thread caches use (decided on first use, then fixed).
 ///
 /// ```
+/// use vkgdr::chunk::HostMemorySource;
 /// use vkgdr::pool::magazine::{handshake, Handshake};
-/// // Linux with membarrier (any kernel since 4.14 that allows it) takes the cheap owner path.
-/// println!("thread caches: {}", handshake());
-/// assert!(matches!(handshake(), Handshake::Membarrier | Handshake::Fence));
+/// use vkgdr::{Pool, PoolConfig};
+///
+/// // Linux with membarrier (since 4.14, where no seccomp policy forbids it) takes the cheap path.
+/// if handshake() == Handshake::Fence {
+///     eprintln!("thread caches pay a full barrier per access here");
+/// }
+/// // Every pool with a thread cache reports the process's handshake.
+/// let pool = Pool::new(HostMemorySource, PoolConfig::default())?;
+/// assert_eq!(pool.thread_cache().map(|t| t.handshake), Some(handshake()));
+/// # Ok::<(), vkgdr::Error>(())
 /// ```
 pub fn handshake() -> Handshake {
     if barrier::asymmetric() {
