@@ -76,6 +76,27 @@ typedef enum vkgdr_ring_flags {
 } vkgdr_ring_flags;
 
 /**
+ * `vkgdr_pool_stats.thread_cache_handshake`: how other threads (a trim, the pool's destruction)
+ * get at a thread's cache of freed blocks, chosen once per process.
+ */
+typedef enum vkgdr_thread_cache_handshake {
+  /**
+   * The pool has no thread cache (`vkgdr_pool_config.thread_cache` 0).
+   */
+  VKGDR_THREAD_CACHE_OFF = 0,
+  /**
+   * Linux's `membarrier` on the other thread's side: no barrier on a thread's own cached
+   * allocations and frees.
+   */
+  VKGDR_THREAD_CACHE_MEMBARRIER = 1,
+  /**
+   * `membarrier` cannot be used here: a full memory barrier on each cached allocation and
+   * free.
+   */
+  VKGDR_THREAD_CACHE_FENCE = 2,
+} vkgdr_thread_cache_handshake;
+
+/**
  * Opaque handle to the library, from `vkgdr_open` or `vkgdr_open_vulkan`; freed with
  * `vkgdr_close`.
  */
@@ -203,6 +224,12 @@ typedef struct vkgdr_pool_stats {
    * whose `struct_size` ends before this field does not get it.
    */
   uint64_t blocks_cached;
+  /**
+   * How other threads reach the pool's thread caches (a `vkgdr_thread_cache_handshake`):
+   * what each cached allocation and free costs its thread. A caller whose `struct_size` ends
+   * before this field does not get it.
+   */
+  uint32_t thread_cache_handshake;
 } vkgdr_pool_stats;
 
 /**

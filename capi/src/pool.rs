@@ -10,6 +10,7 @@ use std::ffi::{c_int, c_void};
 use std::sync::LazyLock;
 
 use vkgdr::cuda::CuStream;
+use vkgdr::pool::magazine::Handshake;
 use vkgdr::{Block, Gpu, Mapping, Pool, PoolConfig};
 
 use crate::device::{device, vkgdr_t, Device};
@@ -167,6 +168,25 @@ pub struct vkgdr_pool_stats {
     /// Blocks that thread caches keep for reuse (the blocks behind `bytes_cached`). A caller
     /// whose `struct_size` ends before this field does not get it.
     pub blocks_cached: u64,
+    /// How other threads reach the pool's thread caches (a `vkgdr_thread_cache_handshake`):
+    /// what each cached allocation and free costs its thread. A caller whose `struct_size` ends
+    /// before this field does not get it.
+    pub thread_cache_handshake: u32,
+}
+
+/// `vkgdr_pool_stats.thread_cache_handshake`: how other threads (a trim, the pool's destruction)
+/// get at a thread's cache of freed blocks, chosen once per process.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub enum vkgdr_thread_cache_handshake {
+    /// The pool has no thread cache (`vkgdr_pool_config.thread_cache` 0).
+    VKGDR_THREAD_CACHE_OFF = 0,
+    /// Linux's `membarrier` on the other thread's side: no barrier on a thread's own cached
+    /// allocations and frees.
+    VKGDR_THREAD_CACHE_MEMBARRIER = 1,
+    /// `membarrier` cannot be used here: a full memory barrier on each cached allocation and
+    /// free.
+    VKGDR_THREAD_CACHE_FENCE = 2,
 }
 
 // SAFETY: integers only; `struct_size` first.
@@ -399,7 +419,8 @@ pub unsafe extern "C" fn vkgdr_pool_get_stats(
 ) -> c_int {
     guard("vkgdr_pool_get_stats", VKGDR_ERROR, || {
         // SAFETY: the caller does not destroy `pool` during the call.
-        let s = unsafe { self::pool(pool) }?.stats();
+        let pool = unsafe { self::pool(pool) }?;
+        let s = pool.stats();
         let out = vkgdr_pool_stats {
             struct_size: std::mem::size_of::<vkgdr_pool_stats>(),
             bytes_reserved: s.bytes_reserved,
@@ -410,6 +431,13 @@ pub unsafe extern "C" fn vkgdr_pool_get_stats(
             largest_free_block: s.largest_free_block,
             bytes_cached: s.bytes_cached,
             blocks_cached: s.blocks_cached,
+            thread_cache_handshake: match pool.thread_cache().map(|t| t.handshake) {
+                None => vkgdr_thread_cache_handshake::VKGDR_THREAD_CACHE_OFF,
+                Some(Handshake::Membarrier) => {
+                    vkgdr_thread_cache_handshake::VKGDR_THREAD_CACHE_MEMBARRIER
+                }
+                Some(Handshake::Fence) => vkgdr_thread_cache_handshake::VKGDR_THREAD_CACHE_FENCE,
+            } as u32,
         };
         // SAFETY: writable for its struct_size (caller).
         unsafe { versioned::write(stats, &out) }?;

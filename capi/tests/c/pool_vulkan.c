@@ -244,6 +244,17 @@ static void run(int vulkan_device, uint32_t flags)
     CHECK(stats.blocks_cached == 1 && stats.bytes_cached >= 64 && stats.bytes_in_use == 0,
           "the freed block waits in this thread's cache: %llu blocks, %llu bytes",
           (unsigned long long)stats.blocks_cached, (unsigned long long)stats.bytes_cached);
+    CHECK(stats.thread_cache_handshake == VKGDR_THREAD_CACHE_MEMBARRIER ||
+              stats.thread_cache_handshake == VKGDR_THREAD_CACHE_FENCE,
+          "a pool with a thread cache says how other threads reach it: %u",
+          stats.thread_cache_handshake);
+    vkgdr_pool_destroy(pool);
+    cfg.thread_cache = 0;
+    pool = vkgdr_pool_create(g, &cfg);
+    stats.struct_size = sizeof stats;
+    CHECK(vkgdr_pool_get_stats(pool, &stats) == VKGDR_SUCCESS &&
+              stats.thread_cache_handshake == VKGDR_THREAD_CACHE_OFF,
+          "without a thread cache: off (%u)", stats.thread_cache_handshake);
     vkgdr_pool_destroy(pool);
     vkgdr_close(g);
     CHECK(still_marked(), "clean teardown");
