@@ -124,33 +124,26 @@ pub fn push_rows(report: &mut Report, gpu: &Gpu, samples: usize) -> BenchResult<
             }
             Err(e) => return Err(e),
         }
-        let median = |v: &[f64]| Stats::of(v).map_or(0.0, |s| s.median);
+        // One row per figure; its median, for the library's share below.
+        let mut row = |name: &str, v: &[f64]| {
+            let s = Stats::of(v)?;
+            report.rows.push(Row::measured(name, size, &s));
+            Some(s.median)
+        };
         let mut driver_alloc = 0.0;
         for (k, name) in ALLOC_STEPS.iter().enumerate() {
             let v: Vec<f64> = steps.iter().map(|s| s.0[k]).collect();
-            if let Some(s) = Stats::of(&v) {
-                report.rows.push(Row::measured(*name, size, &s));
-            }
-            driver_alloc += median(&v);
+            driver_alloc += row(name, &v).unwrap_or(0.0);
         }
         for (k, name) in FREE_STEPS.iter().enumerate() {
             let v: Vec<f64> = steps.iter().map(|s| s.1[k]).collect();
-            if let Some(s) = Stats::of(&v) {
-                report.rows.push(Row::measured(*name, size, &s));
-            }
+            row(name, &v);
         }
-        for (name, v) in [
-            ("pool chunk alloc (library, whole)", &chunk_alloc),
-            (
-                "pool chunk free (library: queued, released off the caller's thread)",
-                &chunk_free,
-            ),
-        ] {
-            if let Some(s) = Stats::of(v) {
-                report.rows.push(Row::measured(name, size, &s));
-            }
-        }
-        let whole = median(&chunk_alloc);
+        let whole = row("pool chunk alloc (library, whole)", &chunk_alloc).unwrap_or(0.0);
+        row(
+            "pool chunk free (library: queued, released off the caller's thread)",
+            &chunk_free,
+        );
         report.notes.push(format!(
             "chunk of {}: the driver steps' medians add up to {:.1} µs, the library's whole \
              allocation takes {:.1} µs: its own work is {:.1} µs ({:.1} % of the driver's)",
