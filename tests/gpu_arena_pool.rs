@@ -9,12 +9,6 @@ use vkgdr::{Mapping, Pool, PoolConfig};
 
 const CHUNK: u64 = 32 << 20;
 
-fn tag_bytes(tag: u32, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|j| (tag.wrapping_mul(131).wrapping_add(j as u32) & 0xff) as u8)
-        .collect()
-}
-
 fn bad_blocks(
     gpu: &vkgdr::Gpu,
     module: &Module,

@@ -46,13 +46,6 @@ impl Rng {
     }
 }
 
-/// The byte pattern of tagged memory (what `check_tagged_blocks` expects).
-fn tag_bytes(tag: u32, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|j| (tag.wrapping_mul(131).wrapping_add(j as u32) & 0xff) as u8)
-        .collect()
-}
-
 /// Counters the threads share.
 #[derive(Default)]
 struct Counts {
@@ -170,10 +163,22 @@ fn eight_threads_and_bar_exhaustion_beside_a_persistent_kernel() {
     done.store(true, Ordering::Release);
     dog.join().unwrap();
     assert_eq!(fds_after, fds, "fds left behind");
-    assert_eq!(free_after, free_before, "device memory left behind");
-    if let (Some(before), Some(after)) = (bar_before, bar_after) {
+    let bar = bar_before.zip(bar_after);
+    if let Some((before, after)) = bar {
         println!("coexistence: BAR1 used {before} bytes before, {after} after");
-        assert_eq!(after, before, "BAR1 use left behind");
+    }
+    if under_sanitizer() {
+        // compute-sanitizer maps device memory of its own as the run goes on (2 MiB more of
+        // both in a run on an H200): the library's leaks are the plain run's to find.
+        println!(
+            "coexistence: free VRAM {free_before} -> {free_after} bytes (BAR1 and VRAM not \
+             compared under compute-sanitizer)"
+        );
+    } else {
+        assert_eq!(free_after, free_before, "device memory left behind");
+        if let Some((before, after)) = bar {
+            assert_eq!(after, before, "BAR1 use left behind");
+        }
     }
     drop(kernel);
     settle(&gpu);
@@ -338,8 +343,27 @@ fn churn_beside(gpu: &Gpu, kernel: &PersistentKernel, states: &ThreadStates, chu
     assert!(counts.exhaustions.load(Ordering::Relaxed) >= 1);
     assert!(counts.ops.load(Ordering::Relaxed) > 1_000);
 
-    // With the kernel still running, another kernel on another stream checks every kept block.
     let kept = kept.into_inner().unwrap();
+    if under_sanitizer() {
+        // A second kernel would wait for the persistent one forever: the CPU checks instead.
+        states.set(8, "checking the kept blocks on the CPU");
+        for (i, (b, tag)) in kept.iter().enumerate() {
+            let mut back = vec![0u8; b.size() as usize];
+            b.read(0, &mut back).unwrap();
+            assert!(
+                back == tag_bytes(*tag, back.len()),
+                "kept block {i} changed"
+            );
+        }
+        println!(
+            "coexistence: {} kept blocks checked by the CPU (under compute-sanitizer kernels run one at a time)",
+            kept.len()
+        );
+        drop((kept, cached, uncached, on_arena));
+        return;
+    }
+    // With the kernel still running, another kernel on another stream checks every kept block.
+    states.set(8, "checking the kept blocks with a second kernel");
     let check = Stream::new(gpu).unwrap();
     let n = kept.len();
     let mut table = gpu.alloc(16 * n as u64 + 8).unwrap();

@@ -13,12 +13,6 @@ use vkgdr::pool::magazine;
 use vkgdr::GpuAllocStrategy;
 use vkgdr::{Backend, Mapping, Pool, PoolConfig};
 
-fn tag_bytes(tag: u32, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|j| (tag.wrapping_mul(131).wrapping_add(j as u32) & 0xff) as u8)
-        .collect()
-}
-
 /// `check_tagged_blocks` over blocks given by device pointer, length and tag (arrays in pool
 /// blocks themselves).
 struct KernelCheck<'a> {

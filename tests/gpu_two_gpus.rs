@@ -15,12 +15,6 @@ use vkgdr::{Block, Gpu, Mapping, Pool, PoolConfig};
 
 const BLOCKS: usize = 2000;
 
-fn tag_bytes(tag: u32, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|j| (tag.wrapping_mul(131).wrapping_add(j as u32) & 0xff) as u8)
-        .collect()
-}
-
 /// One device's side: its pool, its module, its tagged blocks and the kernel's argument blocks.
 struct Side {
     gpu: Gpu,

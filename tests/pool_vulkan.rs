@@ -7,13 +7,7 @@ use vkgdr::{Backend, GpuAllocStrategy};
 use vkgdr::{Error, Mapping, MemorySide, Pool, PoolConfig};
 
 mod common;
-use common::vulkan;
-
-fn tag_bytes(tag: u32, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|j| (tag.wrapping_mul(131).wrapping_add(j as u32) & 0xff) as u8)
-        .collect()
-}
+use common::{tag_bytes, vulkan};
 
 /// `threads` threads churn tagged blocks; with `trimmer`, another thread trims and reads the
 /// statistics all along (taking cached blocks out of the churning threads' caches).

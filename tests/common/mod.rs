@@ -9,6 +9,21 @@ use vkgdr::cuda_objects::{LaunchConfig, Module};
 use vkgdr::vulkan::{DeviceSelector, MemoryOptions, VulkanContext};
 use vkgdr::{Gpu, OpenOptions};
 
+/// Whether `scripts/gpu-check` runs this test under compute-sanitizer (`SANITIZE=1` sets
+/// `VKGDR_UNDER_SANITIZER`): kernels then run one at a time (one launched beside a persistent
+/// kernel never starts) and far slower.
+pub fn under_sanitizer() -> bool {
+    std::env::var_os("VKGDR_UNDER_SANITIZER").is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// The byte pattern of tagged memory: byte `j` of the block tagged `tag` is `tag * 131 + j`
+/// (mod 256), what the `check_tagged_blocks` kernel in `kernels/mapping.cu` expects.
+pub fn tag_bytes(tag: u32, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|j| (tag.wrapping_mul(131).wrapping_add(j as u32) & 0xff) as u8)
+        .collect()
+}
+
 /// A Vulkan context on the first device with exportable host-visible memory (lavapipe on CI, the
 /// NVIDIA driver on the GPU machine). Without one the test fails with a message that names the
 /// packages to install instead of an `unwrap` backtrace.
