@@ -11,12 +11,12 @@
 use std::time::Duration;
 
 use vkgdr::copy::{copy_from_mapping, CopyPool};
-use vkgdr::cuda_objects::PinnedBuffer;
 use vkgdr::{Gpu, OpenOptions, RawMemory};
 
 use crate::ui;
 
 use super::error::{BenchError, BenchResult};
+use super::host_pinned::HostPinned;
 use super::measure::{ladder, measure, open_gpu, to_bandwidth, Budget, Stats};
 use super::options::Options;
 use super::report::format::fmt_size;
@@ -78,7 +78,7 @@ const READ_OPS: [Op; 5] = [
 struct Kit<'g> {
     gpu: &'g Gpu,
     mem: RawMemory,
-    pinned: PinnedBuffer,
+    pinned: HostPinned,
     src: Vec<u8>,
     dst: Vec<u8>,
     pools: Vec<CopyPool>,
@@ -130,8 +130,7 @@ impl Kit<'_> {
                 self.exec(Op::DtohPinned, size)?;
                 // SAFETY: the synchronous cuMemcpyDtoH above has finished and no GPU work that
                 // writes `pinned` is queued while the slice lives.
-                let pinned = unsafe { self.pinned.as_slice() };
-                self.dst[..size].copy_from_slice(&pinned[..size]);
+                self.dst[..size].copy_from_slice(&self.pinned.as_slice()[..size]);
             }
         }
         Ok(())
@@ -151,7 +150,7 @@ impl Kit<'_> {
             ));
         }
         let inverted: Vec<u8> = self.src[..size].iter().map(|s| !s).collect();
-        self.pinned.write(0, &inverted)?;
+        self.pinned.as_mut_slice()[..inverted.len()].copy_from_slice(&inverted);
         self.exec(Op::HtodPinned, size)?;
         self.dst[..size].fill(0);
         self.exec(Op::BarRead1, size)?;
@@ -229,7 +228,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     let mut kit = Kit {
         gpu: &gpu,
         mem,
-        pinned: PinnedBuffer::new(&gpu, n)?,
+        pinned: HostPinned::new(&gpu, n)?,
         // Filled (not calloc'ed) so that no page fault lands in a timed copy.
         src: vec![0x5a; n],
         dst: vec![0xa5; n],
@@ -240,7 +239,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
             .map(|&t| CopyPool::new(t).with_parallel_threshold(0))
             .collect(),
     };
-    kit.pinned.fill(0x3c);
+    kit.pinned.as_mut_slice().fill(0x3c);
     let _ctx = gpu.bind()?;
     kit.verify(n.min(1 << 20))?;
 

@@ -12,10 +12,11 @@
 use std::time::Duration;
 
 use vkgdr::copy::{copy_from_mapping, copy_to_mapping};
-use vkgdr::cuda_objects::{PinnedBuffer, Stream};
+use vkgdr::cuda_objects::Stream;
 use vkgdr::OpenOptions;
 
 use super::error::{BenchError, BenchResult};
+use super::host_pinned::HostPinned;
 use super::measure::{ladder, measure, open_gpu, Budget, Stats};
 use super::options::Options;
 use super::report::format::fmt_size;
@@ -42,8 +43,8 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
 
     let gpu = open_gpu(OpenOptions::new())?;
     let mem = gpu.alloc(max)?;
-    let mut pinned = PinnedBuffer::new(&gpu, max as usize)?;
-    pinned.fill(0x42);
+    let mut pinned = HostPinned::new(&gpu, max as usize)?;
+    pinned.as_mut_slice().fill(0x42);
     let mut src = vec![0x42u8; max as usize];
     let stream = Stream::new(&gpu)?;
     let driver = gpu.driver();

@@ -18,10 +18,10 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use vkgdr::copy::{copy_to_mapping, CopyPool};
-use vkgdr::cuda_objects::PinnedBuffer;
 use vkgdr::{Gpu, Mapping, OpenOptions, Pool, PoolConfig, RawMemory, WriteBatch};
 
 use super::error::{BenchError, BenchResult};
+use super::host_pinned::HostPinned;
 use super::measure::{measure, open_gpu, to_bandwidth, Budget, Stats};
 use super::options::Options;
 use super::report::format::fmt_size;
@@ -54,8 +54,8 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     };
     let max = *sizes.last().expect("sizes");
     let mem = gpu.alloc(max)?;
-    let mut pinned = PinnedBuffer::new(&gpu, max as usize)?;
-    pinned.fill(0x3c);
+    let mut pinned = HostPinned::new(&gpu, max as usize)?;
+    pinned.as_mut_slice().fill(0x3c);
     reports.insert(0, write(&gpu, mem, &pinned, sizes, opts)?);
     let mem = gpu.alloc(max)?;
     reports.insert(1, read(&gpu, mem, &pinned, sizes, opts)?);
@@ -73,7 +73,7 @@ fn large_budget(opts: &Options) -> Budget {
 fn write(
     gpu: &Gpu,
     mut mem: RawMemory,
-    pinned: &PinnedBuffer,
+    pinned: &HostPinned,
     sizes: &[u64],
     opts: &Options,
 ) -> BenchResult<Report> {
@@ -156,7 +156,7 @@ fn write(
 fn read(
     gpu: &Gpu,
     mem: RawMemory,
-    pinned: &PinnedBuffer,
+    pinned: &HostPinned,
     sizes: &[u64],
     opts: &Options,
 ) -> BenchResult<Report> {

@@ -18,7 +18,7 @@
 //! - [`outputs`]: the tables, CSVs, charts, `summary.md` and `results.json` a run leaves behind,
 //!   and `vkgdr bench plot`;
 //! - [`measure`], [`options`], [`error`]: what every benchmark measures with, runs with and can
-//!   fail with;
+//!   fail with; [`host_pinned`]: the `cuMemHostAlloc` memory the DMA rows copy from and to;
 //! - [`report`]: results and their forms (tables, CSV, charts);
 //! - [`compare`]: two runs side by side;
 //! - the benchmarks: [`apiperf`], [`arena`], [`copybw`], [`copylat`], [`fastpath`], [`pplat`],
@@ -32,6 +32,7 @@ pub mod copybw;
 pub mod copylat;
 pub mod error;
 pub mod fastpath;
+pub mod host_pinned;
 pub mod measure;
 pub mod options;
 pub mod outputs;

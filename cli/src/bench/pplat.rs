@@ -26,6 +26,7 @@ use vkgdr::cuda_objects::{
 use vkgdr::{Gpu, OpenOptions, RawMemory};
 
 use super::error::{BenchError, BenchResult};
+use super::host_pinned::HostPinned;
 use super::measure::{open_gpu, Stats};
 use super::options::Options;
 use super::report::format::fmt_size;
@@ -94,7 +95,7 @@ struct Kit<'a> {
     /// The `cuMemAlloc` `in` region.
     dev: DeviceBuffer,
     /// Source of the `cuMemcpyHtoDAsync` messages.
-    staging: PinnedBuffer,
+    staging: HostPinned,
     /// Source of the BAR messages.
     message: Vec<u8>,
 }
@@ -125,7 +126,7 @@ impl Kit<'_> {
             }
             Via::Memcpy => {
                 // The last copy from `staging` was waited for, so the stores race with nothing.
-                self.staging.write(size - 8, &value.to_le_bytes())?;
+                self.staging.as_mut_slice()[size - 8..size].copy_from_slice(&value.to_le_bytes());
                 let driver = self.gpu.driver();
                 // SAFETY: the context is current (caller); `dev` and `staging` hold at least
                 // `size` bytes; the copy is synchronised below before `staging` changes again.
@@ -292,7 +293,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
         answer: PinnedBuffer::new(&gpu, 64)?,
         bar: gpu.alloc(max)?,
         dev: DeviceBuffer::new(&gpu, max as usize)?,
-        staging: PinnedBuffer::new(&gpu, max as usize)?,
+        staging: HostPinned::new(&gpu, max as usize)?,
         message: vec![0; max as usize],
     };
     let ctx = gpu.bind()?;

@@ -17,12 +17,13 @@
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
-use vkgdr::cuda_objects::{LaunchConfig, Module, PinnedBuffer, Stream};
+use vkgdr::cuda_objects::{LaunchConfig, Module, Stream};
 use vkgdr::ring::layout::{self, seal_test_payload, WrapMode, HEADER_LEN};
 use vkgdr::ring::{DeviceRing, RingDeviceView};
 use vkgdr::{Gpu, OpenOptions};
 
 use super::error::{BenchError, BenchResult};
+use super::host_pinned::HostPinned;
 use super::measure::{open_gpu, Stats};
 use super::options::Options;
 use super::report::format::fmt_size;
@@ -221,7 +222,7 @@ fn memcpy_batches(
     size: u64,
     records: u64,
     batch: u64,
-    staging: &PinnedBuffer,
+    staging: &HostPinned,
     stream: &Stream,
 ) -> BenchResult<f64> {
     let driver = gpu.driver();
@@ -254,7 +255,7 @@ fn memcpy_latency(
     gpu: &Gpu,
     dst: u64,
     size: u64,
-    staging: &PinnedBuffer,
+    staging: &HostPinned,
     stream: &Stream,
     n: usize,
 ) -> BenchResult<Vec<f64>> {
@@ -411,7 +412,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     let wrap = wrap_modes(&gpu, &module, &stream, reps, bytes_per_run)?;
 
     let dev = vkgdr::cuda_objects::DeviceBuffer::new(&gpu, RING_BYTES as usize)?;
-    let staging = PinnedBuffer::new(&gpu, RING_BYTES as usize)?;
+    let staging = HostPinned::new(&gpu, RING_BYTES as usize)?;
     ui::phase("cuMemcpyHtoDAsync", (SIZES.len() * 2 + 1) as u64);
     for size in SIZES {
         for batch in [1u64, 256] {
