@@ -280,11 +280,19 @@ pub(crate) mod tests {
         assert_eq!(f["anchor"]["ratio"], 0.025);
         // The anchor itself, and a size the anchor was not measured at, stand alone.
         assert!(lat["figures"][1]["anchor"].is_null());
+        // The driver's copy times the machine, not this library.
+        assert_eq!(lat["figures"][1]["origin"], "machine");
+
         assert!(lat["figures"][4]["anchor"].is_null());
         let api = &v["benchmarks"][0]["reports"][0]["figures"];
         assert_eq!(api[0]["anchor"]["method"], "cuMemAlloc");
         assert_eq!(api[0]["anchor"]["ratio"], 4.0);
         assert_eq!(api[2]["origin"], "reference");
+        assert_eq!(
+            api[1]["origin"], "machine",
+            "cuMemAlloc times the driver alone"
+        );
+        assert_eq!(api[0]["origin"], "measured");
         assert!(
             api[2]["anchor"].is_null(),
             "reference values are not anchored"

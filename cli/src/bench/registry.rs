@@ -27,6 +27,9 @@ pub struct Benchmark {
     pub reports: &'static [ReportSpec],
 }
 
+/// The `waits` reports' rows that call the driver directly (the others are the library's calls).
+const DRIVER_CALLS: &[&str] = &["cu*", "vk*", "legacy-stream completion word arrives"];
+
 /// The benchmarks, in the order `all` runs them: `apiperf` first so that its "first
 /// `Gpu::open`" really is the first in the process.
 pub const BENCHMARKS: [Benchmark; 8] = [
@@ -42,6 +45,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                 ("RawMemory alloc", "cuMemAlloc"),
                 ("RawMemory free", "cuMemFree"),
             ]),
+            machine: &["cuMemAlloc", "cuMemFree", "step: *"],
         }],
     },
     Benchmark {
@@ -54,12 +58,14 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                 title: "Write bandwidth, host to GPU memory",
                 layout: Layout::Wide,
                 anchor: Anchor::Method("HtoD pinned"),
+                machine: &["HtoD pinned", "HtoD pageable"],
             },
             ReportSpec {
                 name: "copybw-read",
                 title: "Read bandwidth, GPU memory to host",
                 layout: Layout::Wide,
                 anchor: Anchor::Method("DtoH pinned"),
+                machine: &["DtoH pinned", "DtoH pageable"],
             },
         ],
     },
@@ -72,6 +78,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
             title: "Write latency, host to GPU memory",
             layout: Layout::Wide,
             anchor: Anchor::Method("cuMemcpyHtoD"),
+            machine: &["cuMemcpyHtoD", "HtoDAsync+sync"],
         }],
     },
     Benchmark {
@@ -84,12 +91,18 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                 title: "Large writes: RawMemory::write (default API) versus explicit pools and DMA",
                 layout: Layout::Long,
                 anchor: Anchor::Method("cuMemcpyHtoD pinned (DMA limit)"),
+                machine: &["cuMemcpyHtoD pinned (DMA limit)"],
             },
             ReportSpec {
                 name: "fastpath-read",
                 title: "Large reads into pageable memory: Mapping::read versus cuMemcpyDtoH",
                 layout: Layout::Long,
                 anchor: Anchor::Method("cuMemcpyDtoH pinned (DMA limit)"),
+                machine: &[
+                    "cuMemcpyDtoH pinned (DMA limit)",
+                    "cuMemcpyDtoH pageable",
+                    "cuMemHostRegister + DtoH + unregister",
+                ],
             },
             ReportSpec {
                 name: "fastpath-small",
@@ -110,6 +123,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                     ),
                     ("16 blocks: one WriteBatch", "16 blocks: Block::write each"),
                 ]),
+                machine: &["raw store + sfence, same block (limit)"],
             },
             ReportSpec {
                 name: "fastpath-pool",
@@ -125,6 +139,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                         "alloc+free, 8 threads, per pair, thread_cache = 0 (opt-out)",
                     ),
                 ]),
+                machine: &[],
             },
         ],
     },
@@ -137,6 +152,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
             title: "Round trip: CPU writes, running kernel answers in pinned memory",
             layout: Layout::Wide,
             anchor: Anchor::Method("HtoDAsync+sync"),
+            machine: &["HtoDAsync+sync"],
         }],
     },
     Benchmark {
@@ -149,12 +165,14 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                 title: "Ring throughput: producer threads into a resident kernel",
                 layout: Layout::Wide,
                 anchor: Anchor::Method("cuMemcpyHtoDAsync, 256 per copy"),
+                machine: &["cuMemcpyHtoDAsync*"],
             },
             ReportSpec {
                 name: "ring-latency",
                 title: "Ring round trip: one record to a resident kernel and back",
                 layout: Layout::Long,
                 anchor: Anchor::Method("cuMemcpyHtoDAsync + sync"),
+                machine: &["cuMemcpyHtoDAsync + sync"],
             },
             ReportSpec {
                 name: "ring-wrap",
@@ -164,6 +182,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                     "mirrored ring (records run over the end)",
                     "padded ring (wrap PAD at the end)",
                 )]),
+                machine: &[],
             },
         ],
     },
@@ -180,6 +199,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                     ("arena grow by one chunk", "separate chunk alloc"),
                     ("arena shrink by one chunk", "separate chunk free"),
                 ]),
+                machine: &[],
             },
             ReportSpec {
                 name: "arena-read",
@@ -189,6 +209,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                     "one kernel over the arena",
                     "* kernels over separate chunks",
                 )]),
+                machine: &[],
             },
         ],
     },
@@ -202,18 +223,21 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                 title: "Calls with no kernel running",
                 layout: Layout::Long,
                 anchor: Anchor::None,
+                machine: DRIVER_CALLS,
             },
             ReportSpec {
                 name: "waits-own-stream",
                 title: "Calls while a persistent kernel runs on a non-blocking stream",
                 layout: Layout::Long,
                 anchor: Anchor::SameMethodIn("waits-idle"),
+                machine: DRIVER_CALLS,
             },
             ReportSpec {
                 name: "waits-legacy-stream",
                 title: "Calls while a persistent kernel runs on the legacy default stream",
                 layout: Layout::Long,
                 anchor: Anchor::SameMethodIn("waits-idle"),
+                machine: DRIVER_CALLS,
             },
         ],
     },

@@ -78,7 +78,9 @@ pub struct FigureJson {
     pub p90: f64,
     /// Number of samples (0 for a reference value).
     pub samples: usize,
-    /// `measured` here, or `reference` (quoted from elsewhere, e.g. the C library's docs).
+    /// `measured` here; `machine`, measured here of the driver or the hardware alone (no code of
+    /// this library: its moves are the machine's); or `reference` (quoted from elsewhere, e.g.
+    /// the C library's docs).
     pub origin: String,
     /// What it is compared with, measured in the same run (`null`: nothing).
     pub anchor: Option<AnchorJson>,
@@ -115,6 +117,8 @@ impl ReportJson {
                 samples: row.samples,
                 origin: if row.reference {
                     "reference"
+                } else if spec.is_some_and(|s| s.is_machine(&row.method)) {
+                    "machine"
                 } else {
                     "measured"
                 }

@@ -103,12 +103,14 @@ impl Comparison {
                 Verdict::Worse => summary.worse += 1,
                 Verdict::Better => summary.better += 1,
                 Verdict::WithinNoise => summary.within_noise += 1,
+                Verdict::MachineMoved => summary.machine_moved += 1,
                 Verdict::OnlyInBaseline => summary.only_in_baseline += 1,
                 Verdict::OnlyInCurrent => summary.only_in_current += 1,
                 Verdict::NotComparable => summary.not_comparable += 1,
             }
         }
-        summary.compared = summary.worse + summary.better + summary.within_noise;
+        summary.compared =
+            summary.worse + summary.better + summary.within_noise + summary.machine_moved;
         Comparison {
             doc: ComparisonDocument {
                 about: About::new(FORMAT),
@@ -236,6 +238,40 @@ mod tests {
     }
 
     #[test]
+    fn a_driver_figure_that_moved_is_the_machine_s_not_a_regression() {
+        let gpu = Some(("G", "u"));
+        // The baseline predates the origin `machine`: this run's mark is enough.
+        let old = results(
+            gpu,
+            "ns",
+            vec![
+                fig("cuMemAlloc", 8, 100.0, 0.0),
+                fig("RawMemory alloc", 8, 100.0, 0.0),
+            ],
+        );
+        let mut slower_driver = fig("cuMemAlloc", 8, 160.0, 0.0);
+        slower_driver.origin = Some("machine".into());
+        let new = results(
+            gpu,
+            "ns",
+            vec![slower_driver, fig("RawMemory alloc", 8, 105.0, 0.0)],
+        );
+        let c = judge(old, &new);
+        let verdicts: Vec<Verdict> = c.doc.figures.iter().map(|f| f.verdict).collect();
+        assert_eq!(verdicts, [Verdict::MachineMoved, Verdict::WithinNoise]);
+        assert_eq!((c.doc.summary.machine_moved, c.doc.summary.worse), (1, 0));
+        assert_eq!(c.doc.summary.compared, 2);
+        assert!(!c.doc.regressed);
+        assert_eq!(c.exit_code(), 0);
+        assert!(c.text().contains("machine"), "{}", c.text());
+
+        // The library's own figure moving the same way still is a regression.
+        let old = results(gpu, "ns", vec![fig("RawMemory alloc", 8, 100.0, 0.0)]);
+        let new = results(gpu, "ns", vec![fig("RawMemory alloc", 8, 160.0, 0.0)]);
+        assert_eq!(judge(old, &new).exit_code(), EXIT_WORSE);
+    }
+
+    #[test]
     fn figures_pair_by_report_method_and_size_in_the_new_order() {
         let gpu = Some(("G", "u"));
         let old = results(
@@ -284,6 +320,7 @@ mod tests {
                 worse: 1,
                 better: 0,
                 within_noise: 1,
+                machine_moved: 0,
                 only_in_baseline: 1,
                 only_in_current: 1,
                 not_comparable: 0,

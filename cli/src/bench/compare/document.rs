@@ -91,7 +91,8 @@ pub struct FigureComparisonJson {
     pub ratio: Option<f64>,
     /// This figure's noise in percent: the floor or its own spread, whichever is larger.
     pub tolerance_percent: f64,
-    /// `worse`, `better`, `within_noise`, `only_in_baseline`, `only_in_current` or
+    /// `worse`, `better`, `within_noise`, `machine_moved` (a driver or hardware figure that moved
+    /// beyond its noise: never a regression), `only_in_baseline`, `only_in_current` or
     /// `not_comparable` (units differ, or a median is not positive).
     pub verdict: Verdict,
     /// The method of the figure's anchor in this run (the baseline's where this run lacks the
@@ -106,7 +107,7 @@ pub struct FigureComparisonJson {
 /// How many figures got each verdict.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SummaryJson {
-    /// Figures in both runs with a verdict (worse + better + within noise).
+    /// Figures in both runs with a verdict (worse + better + within noise + machine moved).
     pub compared: usize,
     /// Worse beyond their noise.
     pub worse: usize,
@@ -114,6 +115,9 @@ pub struct SummaryJson {
     pub better: usize,
     /// Within their noise.
     pub within_noise: usize,
+    /// Figures of the driver or the hardware alone that moved beyond their noise.
+    #[serde(default)]
+    pub machine_moved: usize,
     /// In the baseline only (a benchmark that failed or was not run, a method renamed).
     pub only_in_baseline: usize,
     /// In this run only.

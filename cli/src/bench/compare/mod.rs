@@ -9,7 +9,10 @@
 //! figure's own spread in either run (half its p10–p90 range relative to its median), so a figure
 //! whose samples scatter widely needs a larger move to count. Worse means `factor > 1 + noise`,
 //! better `factor < 1 / (1 + noise)`, where the factor is now/before for times and before/now for
-//! rates. Reference figures (quoted, not measured) are left out.
+//! rates. Reference figures (quoted, not measured) are left out. Figures of the driver or the
+//! hardware alone (origin `machine`: `cuMemAlloc`, a DMA copy, a raw driver call; the registry
+//! names them) that moved are `machine_moved`, never a regression: lent machines of one model
+//! differ by a quarter and more on driver calls, which says nothing of this library.
 //!
 //! Only documents of the same GPU model (CUDA device 0's name; the UUID says whether it is the
 //! same card) are judged: with different or unknown GPUs the figures are shown as information and

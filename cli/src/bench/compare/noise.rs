@@ -17,6 +17,9 @@ pub enum Verdict {
     Better,
     /// Within its noise.
     WithinNoise,
+    /// A figure of the driver or the hardware alone (origin `machine`) that moved beyond its
+    /// noise, either way: the machine moved, not this library; never a regression.
+    MachineMoved,
     /// Only in the baseline.
     OnlyInBaseline,
     /// Only in this run.
@@ -105,6 +108,7 @@ mod tests {
             (Verdict::Worse, "worse"),
             (Verdict::Better, "better"),
             (Verdict::WithinNoise, "within_noise"),
+            (Verdict::MachineMoved, "machine_moved"),
             (Verdict::OnlyInBaseline, "only_in_baseline"),
             (Verdict::OnlyInCurrent, "only_in_current"),
             (Verdict::NotComparable, "not_comparable"),

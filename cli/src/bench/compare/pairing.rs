@@ -105,6 +105,14 @@ fn both(
     } else {
         Verdict::NotComparable
     };
+    // A driver or hardware figure in either run (older documents did not mark them).
+    let machine = [fo, fn_]
+        .iter()
+        .any(|f| f.origin.as_deref() == Some("machine"));
+    let verdict = match verdict {
+        Verdict::Worse | Verdict::Better if machine => Verdict::MachineMoved,
+        v => v,
+    };
     let ratio = fn_.median / fo.median;
     FigureComparisonJson {
         report: rn.name.clone(),

@@ -136,7 +136,7 @@ pub struct FigureIn {
     /// Number of samples.
     #[serde(default)]
     pub samples: Option<u64>,
-    /// `measured` or `reference`.
+    /// `measured`, `machine` (the driver or the hardware alone) or `reference`.
     #[serde(default)]
     pub origin: Option<String>,
     /// What it was compared with in its own run.

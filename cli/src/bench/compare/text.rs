@@ -99,6 +99,7 @@ impl Comparison {
                 Verdict::Worse => worse_mark,
                 Verdict::Better => "better",
                 Verdict::WithinNoise => "",
+                Verdict::MachineMoved => "machine",
                 Verdict::OnlyInBaseline => "only before",
                 Verdict::OnlyInCurrent => "new",
                 Verdict::NotComparable => "not comparable",
@@ -117,8 +118,9 @@ impl Comparison {
         flush(&mut out, &mut rows);
         let s = &d.summary;
         out += &format!(
-            "\n{} figure(s) compared: {} worse beyond noise, {} better, {} within noise",
-            s.compared, s.worse, s.better, s.within_noise
+            "\n{} figure(s) compared: {} worse beyond noise, {} better, {} within noise, {} of the \
+             driver or hardware alone moved (the machine's, not counted)",
+            s.compared, s.worse, s.better, s.within_noise, s.machine_moved
         );
         if s.only_in_baseline + s.only_in_current > 0 {
             out += &format!(

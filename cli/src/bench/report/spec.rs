@@ -23,11 +23,23 @@ pub struct ReportSpec {
     pub layout: Layout,
     /// The row each figure is compared with in the JSON results.
     pub anchor: Anchor,
+    /// Method patterns of the rows that time the driver or the hardware alone, with no code of
+    /// this library in them (`cuMemAlloc`, a DMA copy): their origin is `machine` in the JSON
+    /// results, and a comparison reports their moves as the machine's, never as a regression
+    /// (lent machines of one model differ by a quarter and more on driver calls).
+    pub machine: &'static [&'static str],
+}
+
+impl ReportSpec {
+    /// Whether rows of `method` time the driver or the hardware alone.
+    pub fn is_machine(&self, method: &str) -> bool {
+        self.machine.iter().any(|p| method_matches(p, method))
+    }
 }
 
 /// The anchor of a figure: the row it is compared with, measured in the same run at the same
 /// size (the driver's own copy, the raw limit, the path it replaces), so a ratio holds even when
-/// machines differ from run to run. A method pattern is a method name, or `*` and the end of one.
+/// machines differ from run to run. A method pattern: see [`method_matches`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Anchor {
     /// The figures stand alone.
@@ -41,11 +53,15 @@ pub enum Anchor {
     SameMethodIn(&'static str),
 }
 
-/// Whether `method` matches `pattern` (a name, or `*` and the end of one).
+/// Whether `method` matches `pattern`: a name, `*` and the end of one, or the start of one and
+/// `*`.
 pub fn method_matches(pattern: &str, method: &str) -> bool {
-    match pattern.strip_prefix('*') {
-        Some(end) => method.ends_with(end),
-        None => method == pattern,
+    if let Some(end) = pattern.strip_prefix('*') {
+        method.ends_with(end)
+    } else if let Some(start) = pattern.strip_suffix('*') {
+        method.starts_with(start)
+    } else {
+        method == pattern
     }
 }
 
@@ -82,5 +98,27 @@ mod tests {
         assert_eq!(same.of("busy", "call"), Some(("idle", "call")));
         assert_eq!(same.of("idle", "call"), None);
         assert_eq!(Anchor::None.of("r", "x"), None);
+    }
+
+    #[test]
+    fn patterns_match_names_ends_and_starts() {
+        assert!(method_matches("cuMemAlloc", "cuMemAlloc"));
+        assert!(!method_matches("cuMemAlloc", "cuMemAlloc_v2"));
+        assert!(method_matches(
+            "* per copy",
+            "cuMemcpyHtoDAsync, 256 per copy"
+        ));
+        assert!(method_matches("cu*", "cuMemFree_v2 (imported buffer)"));
+        assert!(!method_matches("cu*", "Gpu::alloc"));
+        let spec = ReportSpec {
+            name: "r",
+            title: "R",
+            layout: Layout::Long,
+            anchor: Anchor::None,
+            machine: &["step: *", "cuMemAlloc"],
+        };
+        assert!(spec.is_machine("step: cuMemMap + cuMemSetAccess"));
+        assert!(spec.is_machine("cuMemAlloc"));
+        assert!(!spec.is_machine("pool chunk alloc (library, whole)"));
     }
 }
