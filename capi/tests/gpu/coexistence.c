@@ -719,6 +719,27 @@ static void exhaust_the_bar(vkgdr_t g, persistent *k, double end, int *rounds, i
     set_state(MAIN_THREAD, "waiting for the workers");
 }
 
+/* The block the checks corrupt on purpose: the first kept block of the first worker that kept
+ * any (entry 0 of check_kept's table). */
+static vkgdr_block_t first_kept(worker *workers)
+{
+    int i;
+    for (i = 0; i < WORKERS; i++) {
+        if (workers[i].n_kept > 0) {
+            return workers[i].kept[0];
+        }
+    }
+    return NULL;
+}
+
+/* Flips bits of the block's last byte (twice: back as it was). */
+static void flip_last_byte(vkgdr_block_t b)
+{
+    size_t last = vkgdr_block_get_size(b) - 1;
+    ((unsigned char *)vkgdr_block_get_host_ptr(b))[last] ^= 0x5a;
+    vkgdr_block_flush(b, last, 1);
+}
+
 /* With the persistent kernel still running, check_tagged_blocks on another stream checks every
  * kept block (and must find one corrupted on purpose); returns what it found. */
 static unsigned long long check_kept(vkgdr_t g, CUfunction check, worker *workers, int corrupt)
@@ -752,14 +773,9 @@ static unsigned long long check_kept(vkgdr_t g, CUfunction check, worker *worker
         }
     }
     *(unsigned long long *)(tags + n) = 0;
-    /* Entry 0 of the table is the first kept block of the first worker that kept any. */
-    for (i = 0; i < WORKERS && victim == NULL; i++) {
-        victim = workers[i].n_kept > 0 ? workers[i].kept[0] : NULL;
-    }
-    if (corrupt && victim != NULL) {
-        unsigned char *p = vkgdr_block_get_host_ptr(victim);
-        p[lens[0] - 1] ^= 0x5a;
-        vkgdr_block_flush(victim, lens[0] - 1, 1);
+    victim = corrupt ? first_kept(workers) : NULL;
+    if (victim != NULL) {
+        flip_last_byte(victim);
     }
     vkgdr_memory_flush(table, 0, SIZE_MAX);
     d = vkgdr_memory_get_device_ptr(table);
@@ -779,9 +795,8 @@ static unsigned long long check_kept(vkgdr_t g, CUfunction check, worker *worker
     bad = *(volatile unsigned long long *)(tags + n);
     CHECK(vkgdr_memory_free_after(table, s) == VKGDR_SUCCESS, "the table, after its stream");
     CU_OK(cuStreamDestroy(s));
-    if (corrupt && victim != NULL) {
-        unsigned char *p = vkgdr_block_get_host_ptr(victim);
-        p[vkgdr_block_get_size(victim) - 1] ^= 0x5a;
+    if (victim != NULL) {
+        flip_last_byte(victim);
     }
     return bad;
 }
@@ -798,16 +813,11 @@ static int under_sanitizer(void)
 static unsigned long long check_kept_on_cpu(worker *workers, int corrupt)
 {
     unsigned long long bad = 0;
-    vkgdr_block_t victim = NULL;
+    vkgdr_block_t victim = corrupt ? first_kept(workers) : NULL;
     unsigned char *want, *back;
     int i, j;
-    for (i = 0; i < WORKERS && victim == NULL; i++) {
-        victim = workers[i].n_kept > 0 ? workers[i].kept[0] : NULL;
-    }
-    if (corrupt && victim != NULL) {
-        unsigned char *p = vkgdr_block_get_host_ptr(victim);
-        p[vkgdr_block_get_size(victim) - 1] ^= 0x5a;
-        vkgdr_block_flush(victim, vkgdr_block_get_size(victim) - 1, 1);
+    if (victim != NULL) {
+        flip_last_byte(victim);
     }
     for (i = 0; i < WORKERS; i++) {
         for (j = 0; j < workers[i].n_kept; j++) {
@@ -826,10 +836,8 @@ static unsigned long long check_kept_on_cpu(worker *workers, int corrupt)
             free(back);
         }
     }
-    if (corrupt && victim != NULL) {
-        unsigned char *p = vkgdr_block_get_host_ptr(victim);
-        p[vkgdr_block_get_size(victim) - 1] ^= 0x5a;
-        vkgdr_block_flush(victim, vkgdr_block_get_size(victim) - 1, 1);
+    if (victim != NULL) {
+        flip_last_byte(victim);
     }
     return bad;
 }
