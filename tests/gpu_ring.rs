@@ -17,7 +17,7 @@ use rand::{Rng, SeedableRng};
 use vkgdr::cuda_objects::{Event, Function, LaunchConfig, Module, Stream};
 use vkgdr::ring::core::{Reservation, RingSink};
 use vkgdr::ring::layout::{self, seal_test_payload, WrapMode};
-use vkgdr::ring::{DeviceRing, LaunchRing, RingDeviceView};
+use vkgdr::ring::{CopyEngine, DeviceRing, LaunchRing, RingDeviceView, RingOptions};
 use vkgdr::{Error, OpenOptions};
 
 const RING_PTX: &str = include_str!("../kernels/ring.ptx");
@@ -602,8 +602,15 @@ fn produce_lanes(ring: &DeviceRing, per_thread: u64, large: bool) -> Vec<LanePro
     })
 }
 
-/// Every lane's records checked by `ring_check_lanes` against what its producer wrote.
-fn lanes_persistent(force_non_coherent: bool, records: u64, wrap: WrapMode, lanes: u32) {
+/// Every lane's records checked by `ring_check_lanes` against what its producer wrote, with the
+/// producers' large records on the copy-engine path as `copy` says.
+fn lanes_persistent(
+    force_non_coherent: bool,
+    records: u64,
+    wrap: WrapMode,
+    lanes: u32,
+    copy: CopyEngine,
+) {
     let gpu = open(force_non_coherent);
     let module = Module::load_ptx(&gpu, RING_PTX).unwrap();
     let capacity = if wrap == WrapMode::Mirrored {
@@ -611,7 +618,12 @@ fn lanes_persistent(force_non_coherent: bool, records: u64, wrap: WrapMode, lane
     } else {
         1 << 20
     };
-    let ring = DeviceRing::with_lanes(&gpu, capacity, lanes, wrap).unwrap();
+    let options = RingOptions {
+        lanes,
+        wrap,
+        copy_engine: copy,
+    };
+    let ring = DeviceRing::with_options(&gpu, capacity, options).unwrap();
     let stream = Stream::new(&gpu).unwrap();
     launch_check_lanes(&module, &ring, &stream);
     let t0 = Instant::now();
@@ -624,12 +636,23 @@ fn lanes_persistent(force_non_coherent: bool, records: u64, wrap: WrapMode, lane
     let elapsed = t0.elapsed();
     let total: u64 = produced.iter().map(|p| p.records).sum();
     let crossings: u64 = produced.iter().map(|p| p.crossings).sum();
+    let copies = ring.copy_engine_stats();
     println!(
-        "lanes ({lanes} lanes, {wrap:?}, non-coherent {force_non_coherent}): {total} records in \
-         {elapsed:?} ({:.2} M records/s), {crossings} crossed the end",
+        "lanes ({lanes} lanes, {wrap:?}, non-coherent {force_non_coherent}, {copy:?}): {total} \
+         records in {elapsed:?} ({:.2} M records/s), {crossings} crossed the end; {copies:?}",
         total as f64 / elapsed.as_secs_f64() / 1e6
     );
     assert!(total >= records);
+    // Every test's mix has records of 4 KiB and more: with the path on, copies carried them.
+    match copy {
+        CopyEngine::Off => assert_eq!(copies.lanes_ready, 0),
+        CopyEngine::FromRecord(_) => {
+            assert_eq!(copies.unavailable, None);
+            assert_eq!(copies.lanes_ready, lanes as usize);
+            assert!(copies.copies > 0 && copies.bytes > 0, "{copies:?}");
+            assert_eq!(copies.fallbacks, 0);
+        }
+    }
     for p in &produced {
         let res = ring.results_of(p.lane);
         assert_eq!(res[layout::RESULT_ERRORS], 0, "lane {}: {res:?}", p.lane);
@@ -648,25 +671,85 @@ fn lanes_persistent(force_non_coherent: bool, records: u64, wrap: WrapMode, lane
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
 fn lanes_checking_kernel_a_million_records() {
-    lanes_persistent(false, records(), WrapMode::Padded, 4);
+    lanes_persistent(false, records(), WrapMode::Padded, 4, CopyEngine::default());
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn lanes_checking_kernel_every_record_through_the_bar() {
+    lanes_persistent(false, records() / 2, WrapMode::Padded, 4, CopyEngine::Off);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn lanes_checking_kernel_every_record_through_the_copy_engine() {
+    lanes_persistent(
+        false,
+        records(),
+        WrapMode::Padded,
+        4,
+        CopyEngine::FromRecord(16),
+    );
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn mirrored_lanes_every_record_through_the_copy_engine() {
+    lanes_persistent(
+        false,
+        records() / 2,
+        WrapMode::Mirrored,
+        4,
+        CopyEngine::FromRecord(16),
+    );
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn lanes_copy_engine_forced_non_coherent() {
+    lanes_persistent(
+        true,
+        records() / 4,
+        WrapMode::Padded,
+        4,
+        CopyEngine::FromRecord(1024),
+    );
 }
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
 fn lanes_checking_kernel_forced_non_coherent() {
-    lanes_persistent(true, records() / 4, WrapMode::Padded, 4);
+    lanes_persistent(
+        true,
+        records() / 4,
+        WrapMode::Padded,
+        4,
+        CopyEngine::default(),
+    );
 }
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
 fn mirrored_lanes_checking_kernel() {
-    lanes_persistent(false, records() / 2, WrapMode::Mirrored, 4);
+    lanes_persistent(
+        false,
+        records() / 2,
+        WrapMode::Mirrored,
+        4,
+        CopyEngine::default(),
+    );
 }
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
 fn mirrored_lanes_forced_non_coherent() {
-    lanes_persistent(true, records() / 8, WrapMode::Mirrored, 2);
+    lanes_persistent(
+        true,
+        records() / 8,
+        WrapMode::Mirrored,
+        2,
+        CopyEngine::default(),
+    );
 }
 
 /// A consumer that has exited leaves waiting producers with `Stopped`, never a hang; after
@@ -725,11 +808,17 @@ fn dropping_a_ring_stops_its_watched_consumer_and_frees_after_it() {
     launch_check_lanes(&module, &ring, &stream);
     let after = Event::new(&gpu).unwrap();
     after.record(&stream).unwrap();
-    ring.producer()
-        .unwrap()
-        .push(&seal(vec![3; 100], 0), None)
-        .unwrap();
+    {
+        // A small record through the BAR and a large one through the copy engine, whose staging
+        // copy and stream must be kept until their copy has run.
+        let mut p = ring.producer().unwrap();
+        p.push(&seal(vec![3; 100], 0), None).unwrap();
+        p.push(&seal(vec![4; 20_000], 1), None).unwrap();
+    }
+    assert_eq!(ring.copy_engine_stats().copies, 1);
     assert!(!after.is_complete().unwrap(), "the consumer is running");
+    // (The copy's staging buffer from the producer's first claim is not released: it lives with
+    // the ring.)
     assert_eq!(gpu.pending_releases(), 0);
     drop(ring);
     // Released memory implies an exited consumer: read the releases first, the kernel second.
@@ -757,4 +846,49 @@ fn dropping_a_ring_stops_its_watched_consumer_and_frees_after_it() {
 fn seal(mut payload: Vec<u8>, seq: u64) -> Vec<u8> {
     seal_test_payload(&mut payload, seq).unwrap();
     payload
+}
+
+/// Owned producers (what the C and Python faces hold) moved into threads of their own: small
+/// records through the BAR, large ones through the copy engine, the ring kept alive by them.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn owned_producers_move_into_threads() {
+    let gpu = open(false);
+    let module = Module::load_ptx(&gpu, RING_PTX).unwrap();
+    let stream = Stream::new(&gpu).unwrap();
+    let ring =
+        std::sync::Arc::new(DeviceRing::with_lanes(&gpu, 1 << 20, 2, WrapMode::Padded).unwrap());
+    launch_check_lanes(&module, &ring, &stream);
+    let producers: Vec<_> = (0..2).map(|_| ring.owned_producer().unwrap()).collect();
+    assert!(
+        matches!(ring.producer(), Err(Error::Ring(_))),
+        "both lanes taken"
+    );
+    let handles: Vec<_> = producers
+        .into_iter()
+        .map(|mut p| {
+            std::thread::spawn(move || {
+                let mut sum = 0u64;
+                for i in 0..2_000u64 {
+                    let len = if i % 10 == 0 { 8192 } else { 100 };
+                    let mut body = vec![(i % 251) as u8; len];
+                    sum = sum.wrapping_add(seal_test_payload(&mut body, p.next_seq()).unwrap());
+                    p.write(&body, Some(Duration::from_secs(30))).unwrap();
+                }
+                p.flush();
+                (p.lane(), sum, p.reserved())
+            })
+        })
+        .collect();
+    let done: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let copies = ring.copy_engine_stats();
+    ring.stop_and_wait(Duration::from_secs(60)).unwrap();
+    assert!(copies.copies > 0, "{copies:?}");
+    for (lane, sum, end) in done {
+        let res = ring.results_of(lane);
+        assert_eq!(res[layout::RESULT_ERRORS], 0, "lane {lane}: {res:?}");
+        assert_eq!(res[layout::RESULT_RECORDS], 2_000);
+        assert_eq!(res[layout::RESULT_CHECKSUM_SUM], sum);
+        assert_eq!(res[layout::RESULT_POS], end);
+    }
 }

@@ -1,6 +1,6 @@
 //! Fuzzes the ring core (shared reservations committed in any order, abandoned records, `push`,
 //! claimed producers with batched publication, wrap PADs, mirrored wrap, the consumer's head told
-//! to the ring or only published, and waits with a zero timeout that must take the space the
+//! to the ring or only published, records staged for a copy engine, and waits with a zero timeout that must take the space the
 //! consumer freed) against the model the proptest uses: `tests/ring_model/model.rs`, included
 //! here so both check one set of rules. The model asserts every reservation, write, publication
 //! and consumed record, and at the end that everything reached the consumer and the ring is
@@ -18,6 +18,8 @@ mod model;
 struct Input {
     large: bool,
     mirrored: bool,
+    /// 0: no staging copy; n: claimed producers stage records of at least 16 << (n % 8) bytes.
+    staging: u8,
     ops: Vec<model::Op>,
 }
 
@@ -30,5 +32,6 @@ fuzz_target!(|input: Input| {
     };
     let mut ops = input.ops;
     ops.truncate(512);
-    model::run_model(cap, mode, ops);
+    let staging = (input.staging != 0).then(|| 16u64 << (input.staging % 8));
+    model::run_model(cap, mode, staging, ops);
 });

@@ -344,6 +344,7 @@ driver_table! {
         unsafe cu_mem_create: "cuMemCreate" => fn(size: usize, prop: *const MemAllocationProp, flags: u64) -> out CuMemHandle;
         unsafe cu_mem_get_allocation_granularity: "cuMemGetAllocationGranularity" => fn(prop: *const MemAllocationProp, option: c_uint) -> out usize;
         unsafe cu_stream_write_value32: "cuStreamWriteValue32_v2" => fn(stream: CuStream, addr: CuDevicePtr, value: c_uint, flags: c_uint);
+        unsafe cu_stream_write_value64: "cuStreamWriteValue64_v2" => fn(stream: CuStream, addr: CuDevicePtr, value: u64, flags: c_uint);
         unsafe cu_stream_get_ctx: "cuStreamGetCtx" => fn(stream: CuStream, ctx: *mut CuContext);
     }
 }

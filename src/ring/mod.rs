@@ -98,7 +98,10 @@ pub use crate::core::ring as core;
 /// The ring's wire format, from the pure core.
 pub use crate::core::ring::layout;
 
-pub use device::{BarSink, DeviceRing, LaunchRing, RingDeviceView};
+pub use device::{
+    BarSink, CopyEngine, CopyEngineStats, DeviceRing, LaunchRing, OwnedProducer, RingDeviceView,
+    RingOptions,
+};
 
 /// The device API's header (`include/vkgdr/ring.cuh`), for build scripts that compile consumers
 /// without the repository at hand (write it next to your `.cu` file, or pass it to NVRTC).

@@ -43,6 +43,19 @@ impl RingSink for LoggingSink {
         // SAFETY: as above.
         unsafe { self.inner.publish(tail) };
     }
+    fn stage_threshold(&self) -> Option<u64> {
+        self.inner.stage_threshold()
+    }
+    unsafe fn stage(&self, offset: u64, bytes: &[u8]) {
+        // Staged bytes land on the same region offsets once published: the same rule applies.
+        self.writes.lock().unwrap().push((offset, bytes.len()));
+        // SAFETY: as above.
+        unsafe { self.inner.stage(offset, bytes) };
+    }
+    unsafe fn publish_staged(&self, from: u64, tail: u64) {
+        // SAFETY: as above.
+        unsafe { self.inner.publish_staged(from, tail) };
+    }
 }
 
 /// What the model expects the consumer to find, in order.
@@ -665,10 +678,17 @@ pub fn check_writes(ring: &Ring, m: &Model) {
     }
 }
 
-pub fn run_model(cap: u64, mode: WrapMode, ops: Vec<Op>) {
+/// Runs `ops` on a ring of `cap` bytes; with `staging`, the sink has a staging copy that
+/// claimed producers write records of at least that many bytes into (a GPU ring's copy-engine
+/// path), so the consumer sees such records only if every staged span was moved into place.
+pub fn run_model(cap: u64, mode: WrapMode, staging: Option<u64>, ops: Vec<Op>) {
     let head_word = HeadWord::new(0);
+    let inner = match staging {
+        Some(threshold) => HostSink::with_staging(cap, threshold).unwrap(),
+        None => HostSink::new(cap).unwrap(),
+    };
     let sink = LoggingSink {
-        inner: HostSink::new(cap).unwrap(),
+        inner,
         writes: Mutex::new(Vec::new()),
     };
     let ring = RingCore::with_wrap_mode(cap, sink, mode).unwrap();

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use vkgdr::cuda_objects::{LaunchConfig, Module, Stream};
 use vkgdr::ring::layout::{self, seal_test_payload, WrapMode, HEADER_LEN};
-use vkgdr::ring::{DeviceRing, RingDeviceView};
+use vkgdr::ring::{CopyEngine, DeviceRing, RingDeviceView, RingOptions};
 use vkgdr::{Gpu, OpenOptions};
 
 use super::error::{BenchError, BenchResult};
@@ -35,8 +35,8 @@ const PRODUCERS: usize = 4;
 const RING_BYTES: u64 = 64 << 20;
 /// Each lane of a multi-lane ring.
 const LANE_BYTES: u64 = 16 << 20;
-/// Record sizes including the 16-byte header.
-const SIZES: [u64; 3] = [64, 512, 4096];
+/// Record sizes including the 16-byte header, for the `cuMemcpyHtoDAsync` rows.
+const SIZES: [u64; 6] = [64, 512, 1024, 2048, 4096, 64 << 10];
 /// Bytes per `push_batch` (records of one size).
 const BATCH_BYTES: u64 = 64 << 10;
 /// The padded-versus-mirrored comparison: a ring of one VMM granule (2 MiB on the H100) and records
@@ -273,6 +273,176 @@ fn memcpy_latency(
     Ok(out)
 }
 
+/// One row of the throughput report: who produces, who consumes, which records take the copy
+/// engine, at which record sizes.
+struct ThroughputRow {
+    consumer: Consumer,
+    how: Produce,
+    producers: usize,
+    copy: CopyEngine,
+    sizes: &'static [u64],
+    name: &'static str,
+}
+
+/// Every size, for the rows with the default path choice.
+const ALL_SIZES: &[u64] = &[64, 512, 4096, 64 << 10];
+/// Sizes around the copy engine's threshold, for the rows that force one path.
+const LARGE_SIZES: &[u64] = &[1024, 2048, 4096, 64 << 10];
+
+fn throughput_rows() -> Vec<ThroughputRow> {
+    use Consumer::{Ack, AckLanes, Check};
+    use Produce::{Batch, Push, Shared};
+    let auto = CopyEngine::default();
+    let bar = CopyEngine::Off;
+    // Every record (16 bytes is the smallest) through the copy engine.
+    let engine = CopyEngine::FromRecord(16);
+    let row = |consumer, how, producers, copy, sizes, name| ThroughputRow {
+        consumer,
+        how,
+        producers,
+        copy,
+        sizes,
+        name,
+    };
+    vec![
+        row(
+            AckLanes,
+            Batch,
+            1,
+            auto,
+            ALL_SIZES,
+            "ring, 1 producer, batches, ack kernel",
+        ),
+        row(
+            AckLanes,
+            Batch,
+            4,
+            auto,
+            ALL_SIZES,
+            "ring, 4 producers, batches, ack kernel",
+        ),
+        row(
+            AckLanes,
+            Batch,
+            8,
+            auto,
+            ALL_SIZES,
+            "ring, 8 producers, batches, ack kernel",
+        ),
+        row(
+            AckLanes,
+            Batch,
+            1,
+            bar,
+            LARGE_SIZES,
+            "ring, 1 producer, batches, BAR only, ack kernel",
+        ),
+        row(
+            AckLanes,
+            Batch,
+            8,
+            bar,
+            LARGE_SIZES,
+            "ring, 8 producers, batches, BAR only, ack kernel",
+        ),
+        row(
+            AckLanes,
+            Batch,
+            1,
+            engine,
+            LARGE_SIZES,
+            "ring, 1 producer, batches, copy engine only, ack kernel",
+        ),
+        row(
+            AckLanes,
+            Batch,
+            8,
+            engine,
+            LARGE_SIZES,
+            "ring, 8 producers, batches, copy engine only, ack kernel",
+        ),
+        row(
+            AckLanes,
+            Push,
+            4,
+            auto,
+            ALL_SIZES,
+            "ring, 4 producers, push per record, ack kernel",
+        ),
+        row(
+            Ack,
+            Shared,
+            4,
+            auto,
+            &[64, 512, 4096],
+            "ring, 4 threads sharing 1 lane, ack kernel",
+        ),
+        row(
+            Check,
+            Batch,
+            1,
+            auto,
+            ALL_SIZES,
+            "ring, 1 producer, batches, checking kernel",
+        ),
+        row(
+            Check,
+            Batch,
+            4,
+            auto,
+            ALL_SIZES,
+            "ring, 4 producers, batches, checking kernel",
+        ),
+        row(
+            Check,
+            Batch,
+            8,
+            auto,
+            ALL_SIZES,
+            "ring, 8 producers, batches, checking kernel",
+        ),
+        row(
+            Check,
+            Batch,
+            8,
+            bar,
+            &[4096, 64 << 10],
+            "ring, 8 producers, batches, BAR only, checking kernel",
+        ),
+        row(
+            Check,
+            Push,
+            4,
+            auto,
+            &[64, 512, 4096],
+            "ring, 4 producers, push per record, checking kernel",
+        ),
+        row(
+            Check,
+            Shared,
+            4,
+            auto,
+            &[64, 512, 4096],
+            "ring, 4 threads sharing 1 lane, checking kernel",
+        ),
+    ]
+}
+
+/// Fails the run if a row's records did not take the path it names (a copy-engine row whose
+/// lanes could not make the path, or one whose records were never copied).
+fn check_copy_engine(ring: &DeviceRing, row: &ThroughputRow, size: u64) -> BenchResult<()> {
+    let stats = ring.copy_engine_stats();
+    let staged = row.how != Produce::Shared && row.copy.threshold().is_some_and(|t| size >= t);
+    if staged && (stats.copies == 0 || stats.fallbacks > 0 || stats.unavailable.is_some()) {
+        return Err(BenchError::Check(format!(
+            "{} · {}: the copy-engine path did not carry the records: {stats:?}",
+            row.name,
+            fmt_size(size)
+        )));
+    }
+    Ok(())
+}
+
 /// Runs the ring benchmark.
 pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     let gpu = open_gpu(OpenOptions::new())?;
@@ -285,91 +455,43 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
 
     let mut bw = Report::new("ring-throughput", Unit::GigabytesPerSecond);
     let mut lat = Report::new("ring-latency", Unit::Nanoseconds);
-    let rows: [(Consumer, Produce, usize, &str); 10] = [
-        (
-            Consumer::AckLanes,
-            Produce::Batch,
-            1,
-            "ring, 1 producer, batches, ack kernel",
-        ),
-        (
-            Consumer::AckLanes,
-            Produce::Batch,
-            4,
-            "ring, 4 producers, batches, ack kernel",
-        ),
-        (
-            Consumer::AckLanes,
-            Produce::Batch,
-            8,
-            "ring, 8 producers, batches, ack kernel",
-        ),
-        (
-            Consumer::AckLanes,
-            Produce::Push,
-            4,
-            "ring, 4 producers, push per record, ack kernel",
-        ),
-        (
-            Consumer::Ack,
-            Produce::Shared,
-            4,
-            "ring, 4 threads sharing 1 lane, ack kernel",
-        ),
-        (
-            Consumer::Check,
-            Produce::Batch,
-            1,
-            "ring, 1 producer, batches, checking kernel",
-        ),
-        (
-            Consumer::Check,
-            Produce::Batch,
-            4,
-            "ring, 4 producers, batches, checking kernel",
-        ),
-        (
-            Consumer::Check,
-            Produce::Batch,
-            8,
-            "ring, 8 producers, batches, checking kernel",
-        ),
-        (
-            Consumer::Check,
-            Produce::Push,
-            4,
-            "ring, 4 producers, push per record, checking kernel",
-        ),
-        (
-            Consumer::Check,
-            Produce::Shared,
-            4,
-            "ring, 4 threads sharing 1 lane, checking kernel",
-        ),
-    ];
-    ui::phase("throughput", (rows.len() * SIZES.len()) as u64);
-    for (consumer, how, producers, name) in rows {
-        for size in SIZES {
-            ui::step(format!("{name} · {}", fmt_size(size)));
+    let rows = throughput_rows();
+    let cells: usize = rows.iter().map(|r| r.sizes.len()).sum();
+    ui::phase("throughput", cells as u64);
+    for row in &rows {
+        for &size in row.sizes {
+            ui::step(format!("{} · {}", row.name, fmt_size(size)));
             // Per-record publication and the shared lane are slow for small records: fewer.
-            let total = match how {
+            let total = match row.how {
                 Produce::Batch => bytes_per_run / size,
                 _ => (bytes_per_run / size).min(2_000_000),
             };
-            let lanes = if how == Produce::Shared {
+            let lanes = if row.how == Produce::Shared {
                 1
             } else {
-                producers as u32
+                row.producers as u32
+            };
+            let options = RingOptions {
+                lanes,
+                wrap: WrapMode::Padded,
+                copy_engine: row.copy,
             };
             let lane_bytes = if lanes == 1 { RING_BYTES } else { LANE_BYTES };
             let mut samples = Vec::new();
             for _ in 0..reps {
-                let ring = DeviceRing::with_lanes(&gpu, lane_bytes, lanes, WrapMode::Padded)?;
-                launch_consumer(&module, &ring, &stream, consumer)?;
-                let r = stream_records(&ring, size, producers, total / producers as u64, how);
+                let ring = DeviceRing::with_options(&gpu, lane_bytes, options)?;
+                launch_consumer(&module, &ring, &stream, row.consumer)?;
+                let r = stream_records(
+                    &ring,
+                    size,
+                    row.producers,
+                    total / row.producers as u64,
+                    row.how,
+                );
                 finish(&ring)?;
                 samples.push(r?);
-                if consumer == Consumer::Check {
+                check_copy_engine(&ring, row, size)?;
+                if row.consumer == Consumer::Check {
                     for lane in 0..ring.lanes() {
                         let res = ring.results_of(lane);
                         if res[layout::RESULT_ERRORS] != 0 {
@@ -381,7 +503,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
                 }
             }
             bw.rows.push(Row::measured(
-                name,
+                row.name,
                 size,
                 &Stats::of(&samples).expect("samples"),
             ));
@@ -457,6 +579,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     bw.notes.push(format!("batches: Producer::push_batch of up to {} KiB, one fence and one tail store each; push per record: one publication per record; sharing 1 lane: reserve/write/commit through &DeviceRing (commit combining)", BATCH_BYTES >> 10));
     bw.notes.push("ack kernel: publishes head = tail without reading the records (transport rate); checking kernel: ring_check_lanes, the device API's block reader (one block of 256 threads per lane) verifying every record's seq and checksum".into());
     bw.notes.push("cuMemcpyHtoDAsync: the same bytes from pinned memory into cuMemAlloc memory, back to back on one stream".into());
+    bw.notes.push(format!("copy engine: a producer's records of {} bytes and more (header included; RingOptions::copy_engine) are written into a pinned host copy of the lane and moved by cuMemcpyDtoDAsync on the lane's stream, which then stores the tail; 'BAR only' and 'copy engine only' rows force one path for every record", vkgdr::ring::device::DEFAULT_COPY_ENGINE_RECORD));
     lat.notes.push("round trip of one 64-byte record: published alone (Producer::push, or the shared reserve/commit) → kernel publishes head into pinned memory → CPU sees it; commit→seen is below this".into());
     Ok(vec![bw, lat, wrap])
 }

@@ -70,6 +70,8 @@ impl<S: RingSink> RingCore<S> {
             limit: self.reclaimed() + self.capacity,
             policy: FlushPolicy::default(),
             pending_since: None,
+            stage_at: self.sink.stage_threshold().unwrap_or(u64::MAX),
+            staged_from: None,
         })
     }
 }
@@ -107,6 +109,13 @@ impl Default for FlushPolicy {
 ///
 /// Records are numbered and placed exactly as shared reservations would be (the same wire
 /// format, the same wrap PADs), so a consumer cannot tell the two apart.
+///
+/// **Large records.** Where the sink offers a staging copy ([`RingSink::stage_threshold`]: a
+/// GPU ring's copy-engine path), records of at least that size are written there, and so is
+/// everything after the first of them until the next publication; the publication then has the
+/// sink move `[first staged position, tail)` into place before the tail. Records before the
+/// first staged one keep the direct path. So a batch is one direct span and one staged span, in
+/// position order, and the consumer's view is the same either way.
 pub struct Producer<'a, S: RingSink> {
     core: &'a RingCore<S>,
     head: Box<HeadFn<'a>>,
@@ -121,6 +130,11 @@ pub struct Producer<'a, S: RingSink> {
     policy: FlushPolicy,
     /// When the oldest unpublished record was written (tracked only with a `max_delay`).
     pending_since: Option<Instant>,
+    /// Records of at least this size are staged (`u64::MAX`: none).
+    stage_at: u64,
+    /// The first staged position since the last publication: everything from here to `pos` is
+    /// in the sink's staging copy.
+    staged_from: Option<u64>,
 }
 
 impl<S: RingSink> std::fmt::Debug for Producer<'_, S> {
@@ -207,11 +221,15 @@ impl<'a, S: RingSink> Producer<'a, S> {
         timeout: Option<Duration>,
     ) -> Result<ProducerRecord<'_, 'a, S>, RingError> {
         self.core.check_len(len)?;
-        let pos = self.place(layout::record_size(len), timeout)?;
+        let size = layout::record_size(len);
+        let pos = self.place(size, timeout)?;
+        // Decided now, before any piece is written: the staged span then starts at the header.
+        let staged = self.staging(pos, size);
         Ok(ProducerRecord {
             producer: self,
             pos,
             len,
+            staged,
             done: false,
         })
     }
@@ -225,8 +243,12 @@ impl<'a, S: RingSink> Producer<'a, S> {
         let core = self.core;
         core.committed.store(self.pos, Ordering::Release);
         // Every record below `pos` was written by this thread (the publisher role is this
-        // producer's for its life), so the sink's own fence covers them.
-        core.publish_owned(self.pos);
+        // producer's for its life), so the sink's own fence covers them; from `staged_from` on,
+        // every byte was staged (see `staging`).
+        match self.staged_from.take() {
+            Some(from) => core.publish_staged_owned(from, self.pos),
+            None => core.publish_owned(self.pos),
+        }
         core.published.store(self.pos, Ordering::Release);
         core.published_seq.store(self.seq, Ordering::Release);
         self.published = self.pos;
@@ -260,6 +282,7 @@ impl<'a, S: RingSink> Producer<'a, S> {
         let len = self.core.check_payload(payload)?;
         let size = layout::record_size(len);
         let pos = self.place(size, timeout)?;
+        let staged = self.staging(pos, size);
         let seq = self.seq;
         let header = RecordHeader::data(len, seq).to_bytes();
         let offset = pos & (self.core.capacity - 1);
@@ -267,14 +290,35 @@ impl<'a, S: RingSink> Producer<'a, S> {
         // written by no one else while the ring is claimed. A short record goes in one write.
         let mut buf = stage_buf();
         if let Some(record) = stage_record(&mut buf, &header, payload) {
-            self.core.write_owned(offset, record);
+            self.put(staged, offset, record);
         } else {
-            self.core.write_owned(offset, &header);
-            self.core
-                .write_owned((offset + HEADER_LEN) & (self.core.capacity - 1), payload);
+            self.put(staged, offset, &header);
+            let at = (offset + HEADER_LEN) & (self.core.capacity - 1);
+            self.put(staged, at, payload);
         }
         self.advance(pos + size);
         Ok(seq)
+    }
+
+    /// Whether the bytes of a record (or wrap PAD) of `size` bytes at `pos` go to the sink's
+    /// staging copy: a large record does, and so does everything after a staged record until
+    /// the next publication, which keeps the staged span `[staged_from, pos)` whole.
+    fn staging(&mut self, pos: u64, size: u64) -> bool {
+        if size >= self.stage_at || self.staged_from.is_some() {
+            self.staged_from.get_or_insert(pos);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Writes `bytes` at region offset `offset` of an owned span, staged or in place.
+    fn put(&self, staged: bool, offset: u64, bytes: &[u8]) {
+        if staged {
+            self.core.stage_owned(offset, bytes);
+        } else {
+            self.core.write_owned(offset, bytes);
+        }
     }
 
     /// The record just placed ends at `end`: it is written and numbered.
@@ -295,8 +339,9 @@ impl<'a, S: RingSink> Producer<'a, S> {
         if self.core.wrap == WrapMode::Padded && offset + size > cap {
             let pad = cap - offset;
             self.make_room(self.pos + pad, &mut deadline)?;
-            self.core
-                .write_owned(offset, &RecordHeader::wrap_pad(pad).to_bytes());
+            // Staged only inside a staged span (a PAD is never large itself).
+            let staged = self.staging(self.pos, 0);
+            self.put(staged, offset, &RecordHeader::wrap_pad(pad).to_bytes());
             self.pos += pad;
             self.core.reserved.store(self.pos, Ordering::Release);
         }
@@ -352,6 +397,8 @@ pub struct ProducerRecord<'p, 'a, S: RingSink> {
     producer: &'p mut Producer<'a, S>,
     pos: u64,
     len: u32,
+    /// Whether the record's bytes go to the sink's staging copy.
+    staged: bool,
     done: bool,
 }
 
@@ -388,7 +435,7 @@ impl<S: RingSink> ProducerRecord<'_, '_, S> {
             let core = self.producer.core;
             let offset = (self.pos + HEADER_LEN + u64::from(at)) & (core.capacity - 1);
             // Inside this record's payload, which is placed and free (see `Producer::place`).
-            core.write_owned(offset, bytes);
+            self.producer.put(self.staged, offset, bytes);
         }
         Ok(())
     }
@@ -411,7 +458,7 @@ impl<S: RingSink> ProducerRecord<'_, '_, S> {
             seq,
         };
         let offset = self.pos & (p.core.capacity - 1);
-        p.core.write_owned(offset, &header.to_bytes());
+        p.put(self.staged, offset, &header.to_bytes());
         p.advance(self.pos + layout::record_size(self.len));
         seq
     }

@@ -184,6 +184,36 @@ impl<S: RingSink> RingCore<S> {
         }
     }
 
+    /// [`write_owned`](Self::write_owned) into the sink's staging copy (see
+    /// [`RingSink::stage`]), under the same ownership of the span.
+    pub(super) fn stage_owned(&self, offset: u64, bytes: &[u8]) {
+        let first = (self.capacity - offset).min(bytes.len() as u64) as usize;
+        let (head, rest) = bytes.split_at(first);
+        // SAFETY: as in `write_owned`: an in-range span the caller owns, split at the end.
+        #[allow(unsafe_code)]
+        unsafe {
+            self.sink.stage(offset, head)
+        };
+        if !rest.is_empty() {
+            // SAFETY: as in `write_owned`.
+            #[allow(unsafe_code)]
+            unsafe {
+                self.sink.stage(0, rest)
+            };
+        }
+    }
+
+    /// Publishes `tail` after the sink has moved the staged bytes of `[from, tail)` into place.
+    /// As [`publish_owned`](Self::publish_owned), and every byte of `[from, tail)` was staged.
+    pub(super) fn publish_staged_owned(&self, from: u64, tail: u64) {
+        // SAFETY: as in `publish_owned`; the caller (the claiming producer) staged every byte of
+        // `[from, tail)`, which lies within the unconsumed span (`tail - from <= capacity`).
+        #[allow(unsafe_code)]
+        unsafe {
+            self.sink.publish_staged(from, tail)
+        };
+    }
+
     /// Publishes `tail` through the sink. Callers hold the publisher role (so calls are
     /// serialised and `tail` grows) and every record below `tail` is finished and fenced.
     pub(super) fn publish_owned(&self, tail: u64) {

@@ -45,6 +45,41 @@ pub trait RingSink {
     /// this thread's stores here (`sfence`). The default does nothing (enough for sinks whose
     /// writes are ordered by the core's release/acquire hand-over, like [`HostSink`]).
     fn writes_done(&self) {}
+
+    /// Records of at least this many bytes in the ring (header and padding included) that an
+    /// exclusive [`Producer`](super::Producer) writes go through [`stage`](Self::stage) and
+    /// [`publish_staged`](Self::publish_staged): a staging copy of the region that something
+    /// else (a copy engine) moves into place before the tail. `None` (the default): every byte
+    /// goes through [`write`](Self::write). Read once, when a producer claims the ring.
+    fn stage_threshold(&self) -> Option<u64> {
+        None
+    }
+
+    /// Stores `bytes` at `offset` of the staging copy; the consumer sees them only after a
+    /// [`publish_staged`](Self::publish_staged) whose range covers them. The default writes
+    /// them in place (a sink without staging).
+    ///
+    /// # Safety
+    /// As for [`write`](Self::write).
+    unsafe fn stage(&self, offset: u64, bytes: &[u8]) {
+        // SAFETY: the caller keeps `write`'s contract.
+        unsafe { self.write(offset, bytes) }
+    }
+
+    /// Moves the staged bytes of positions `[from, tail)` into the region, then publishes
+    /// `tail` after them (and after this thread's [`write`](Self::write)s below `from`). Must
+    /// not wait for the consumer. The default publishes at once (a sink whose
+    /// [`stage`](Self::stage) writes in place).
+    ///
+    /// # Safety
+    /// As for [`publish`](Self::publish); besides, `from <= tail`, `tail - from <= capacity()`,
+    /// and every byte of `[from, tail)` was written through [`stage`](Self::stage) (those of
+    /// earlier positions through [`write`](Self::write)).
+    unsafe fn publish_staged(&self, from: u64, tail: u64) {
+        let _ = from;
+        // SAFETY: the caller keeps `publish`'s contract.
+        unsafe { self.publish(tail) }
+    }
 }
 
 /// Host-memory [`RingSink`] and [`RingSource`]: a CPU-only ring for tests, models and consumers
@@ -54,21 +89,29 @@ pub trait RingSink {
 pub struct HostSink {
     data: Box<[AtomicU8]>,
     tail: CachePadded<AtomicU64>,
+    /// A staging copy and its threshold ([`with_staging`](Self::with_staging)).
+    staging: Option<(Box<[AtomicU8]>, u64)>,
 }
 
 impl HostSink {
     /// A zeroed region of `capacity` bytes (a power of two of at least [`MIN_CAPACITY`]).
     pub fn new(capacity: u64) -> Result<Self, RingError> {
         check_capacity(capacity)?;
-        let len = usize::try_from(capacity).map_err(|_| RingError::InvalidCapacity(capacity))?;
-        // Fallibly: a huge capacity is an error, not an abort of the process.
-        let mut data = Vec::new();
-        data.try_reserve_exact(len)
-            .map_err(|_| RingError::HostMemory(capacity))?;
-        data.extend((0..len).map(|_| AtomicU8::new(0)));
         Ok(Self {
-            data: data.into_boxed_slice(),
+            data: zeroed(capacity)?,
             tail: CachePadded(AtomicU64::new(0)),
+            staging: None,
+        })
+    }
+
+    /// Like [`new`](Self::new), with a staging copy of the region: a producer writes records of
+    /// at least `threshold` bytes there, and a staged publication copies its range into the
+    /// region before it stores the tail, as a copy engine does for a GPU ring. For testing the
+    /// producer's choice of path against a model.
+    pub fn with_staging(capacity: u64, threshold: u64) -> Result<Self, RingError> {
+        Ok(Self {
+            staging: Some((zeroed(capacity)?, threshold)),
+            ..Self::new(capacity)?
         })
     }
 
@@ -97,6 +140,34 @@ impl RingSink for HostSink {
     unsafe fn publish(&self, tail: u64) {
         self.tail.store(tail, Ordering::Release);
     }
+
+    fn stage_threshold(&self) -> Option<u64> {
+        self.staging.as_ref().map(|(_, threshold)| *threshold)
+    }
+
+    /// # Safety
+    /// As the trait says; checked as [`write`](RingSink::write) is.
+    unsafe fn stage(&self, offset: u64, bytes: &[u8]) {
+        let Some((staging, _)) = &self.staging else {
+            // SAFETY: forwarded (a sink without staging writes in place).
+            return unsafe { self.write(offset, bytes) };
+        };
+        let start = offset as usize;
+        for (cell, &b) in staging[start..start + bytes.len()].iter().zip(bytes) {
+            cell.store(b, Ordering::Relaxed);
+        }
+    }
+
+    unsafe fn publish_staged(&self, from: u64, tail: u64) {
+        if let Some((staging, _)) = &self.staging {
+            let mask = self.data.len() as u64 - 1;
+            for pos in from..tail {
+                let i = (pos & mask) as usize;
+                self.data[i].store(staging[i].load(Ordering::Relaxed), Ordering::Relaxed);
+            }
+        }
+        self.tail.store(tail, Ordering::Release);
+    }
 }
 
 impl RingSource for HostSink {
@@ -113,6 +184,16 @@ impl RingSource for HostSink {
             *b = cell.load(Ordering::Relaxed);
         }
     }
+}
+
+/// `capacity` zeroed bytes, allocated fallibly: a huge capacity is an error, not an abort.
+fn zeroed(capacity: u64) -> Result<Box<[AtomicU8]>, RingError> {
+    let len = usize::try_from(capacity).map_err(|_| RingError::InvalidCapacity(capacity))?;
+    let mut data = Vec::new();
+    data.try_reserve_exact(len)
+        .map_err(|_| RingError::HostMemory(capacity))?;
+    data.extend((0..len).map(|_| AtomicU8::new(0)));
+    Ok(data.into_boxed_slice())
 }
 
 pub(super) fn check_capacity(capacity: u64) -> Result<(), RingError> {

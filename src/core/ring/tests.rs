@@ -847,3 +847,70 @@ fn records_run_past_the_end_without_padding() {
     let mirrored = verify_records_in(ring.sink(), pos, end, 200, WrapMode::Mirrored);
     assert_eq!((mirrored.records, mirrored.pos), (1, end));
 }
+
+#[test]
+fn a_producer_stages_large_records_and_everything_after_them() {
+    // Records of 256 bytes or more (header included) go through the staging copy.
+    let ring = RingCore::new(CAP, HostSink::with_staging(CAP, 256).unwrap()).unwrap();
+    let mut p = ring.claim(|| Ok(0)).unwrap();
+    p.set_policy(FlushPolicy {
+        max_pending_bytes: u64::MAX,
+        max_delay: None,
+    });
+    p.write(&sealed(40, 0), None).unwrap(); // direct: in the region at once
+    p.write(&sealed(600, 1), None).unwrap(); // staged
+    p.write(&sealed(40, 2), None).unwrap(); // small, but after a staged one: staged too
+    assert_eq!(header_at(&ring, 0).seq, 0, "the direct record is in place");
+    assert_eq!(
+        header_at(&ring, 64).len,
+        0,
+        "a staged record is not in place before publishing"
+    );
+    assert_eq!(header_at(&ring, 64 + 624).len, 0);
+    p.flush();
+    let report = verify_records(ring.sink(), 0, ring.sink().tail(), 0);
+    assert_eq!((report.records, report.errors, report.next_seq), (3, 0, 3));
+    // After the publication the next small record is direct again.
+    p.write(&sealed(40, 3), None).unwrap();
+    assert_eq!(header_at(&ring, 64 + 624 + 64).seq, 3);
+    drop(p);
+    let report = verify_records(ring.sink(), 0, ring.sink().tail(), 0);
+    assert_eq!((report.records, report.errors), (4, 0));
+}
+
+#[test]
+fn a_staged_record_written_in_place_and_a_staged_wrap_pad_reach_the_consumer() {
+    let ring = RingCore::new(CAP, HostSink::with_staging(CAP, 1024).unwrap()).unwrap();
+    let head = StdAtomicU64::new(0);
+    let mut p = ring.claim(|| Ok(head.load(Ordering::Acquire))).unwrap();
+    p.set_policy(FlushPolicy {
+        max_pending_bytes: u64::MAX,
+        max_delay: None,
+    });
+    // 2 × 1040 bytes published; then a staged 1040-byte record and a 2000-byte record that
+    // wraps: its wrap PAD lies inside the staged span.
+    for seq in 0..2 {
+        p.write(&sealed(1024, seq), None).unwrap();
+    }
+    p.flush();
+    head.store(2 * 1040, Ordering::Release);
+    // Told now, so that placing the wrapping record needs no wait (which would publish first).
+    ring.reclaim_to(2 * 1040).unwrap();
+    p.write(&sealed(1024, 2), None).unwrap();
+    let mut r = p.reserve(2000, None).unwrap();
+    assert_eq!(r.pos(), CAP, "after the wrap PAD");
+    let payload = sealed(2000, r.seq());
+    r.write(1000, &payload[1000..]).unwrap(); // payload before header, in pieces
+    r.write(0, &payload[..1000]).unwrap();
+    r.commit();
+    p.write(&sealed(40, 4), None).unwrap();
+    assert_eq!(
+        header_at(&ring, 3 * 1040).len,
+        0,
+        "the PAD is staged, not in place"
+    );
+    drop(p);
+    assert_eq!(header_at(&ring, 3 * 1040).seq, WRAP_PAD_SEQ);
+    let report = verify_records(ring.sink(), 2 * 1040, ring.sink().tail(), 2);
+    assert_eq!((report.records, report.errors, report.next_seq), (3, 0, 5));
+}

@@ -3,14 +3,26 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::core::ring::layout::WrapMode;
 use crate::core::ring::{Producer, Reservation, RingError};
 use crate::core::sync::lock::Mutex;
 use crate::error::Result;
 use crate::mapping::cuda_objects::{Event, Stream};
 use crate::mapping::gpu::Gpu;
 
-use super::persistent::DeviceRing;
+use super::copy_engine::CopyEngine;
+use super::persistent::{DeviceRing, RingOptions};
 use super::sink::BarSink;
+
+/// One lane, every record through the BAR: a batch's launch goes on the ring's own stream,
+/// which a copy engine's stream would not be ordered with.
+fn launch_options(wrap: WrapMode) -> RingOptions {
+    RingOptions {
+        lanes: 1,
+        wrap,
+        copy_engine: CopyEngine::Off,
+    }
+}
 
 /// A ring consumed by one kernel launch per batch (launch mode).
 ///
@@ -29,14 +41,20 @@ pub struct LaunchRing {
 impl LaunchRing {
     /// A launch-mode ring of `capacity` bytes with its own stream.
     pub fn new(gpu: &Gpu, capacity: u64) -> Result<LaunchRing> {
-        Self::on(gpu, DeviceRing::new(gpu, capacity)?)
+        Self::on(
+            gpu,
+            DeviceRing::with_options(gpu, capacity, launch_options(WrapMode::Padded))?,
+        )
     }
 
     /// A launch-mode ring in [`WrapMode::Mirrored`](crate::ring::layout::WrapMode::Mirrored) (see
     /// [`DeviceRing::new_mirrored`]): a batch `[from, to)` is one contiguous device range starting
     /// at `data + (from & (capacity - 1))`, with no padding anywhere.
     pub fn new_mirrored(gpu: &Gpu, capacity: u64) -> Result<LaunchRing> {
-        Self::on(gpu, DeviceRing::new_mirrored(gpu, capacity)?)
+        Self::on(
+            gpu,
+            DeviceRing::with_options(gpu, capacity, launch_options(WrapMode::Mirrored))?,
+        )
     }
 
     fn on(gpu: &Gpu, ring: DeviceRing) -> Result<LaunchRing> {

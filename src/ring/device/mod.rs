@@ -1,5 +1,5 @@
 //! The ring on the GPU: a [`RingSink`](crate::ring::core::RingSink) over BAR-mapped memory, the
-//! control words, lanes, and the two consumption modes ([`DeviceRing`] for a persistent kernel,
+//! control words, lanes, the copy-engine path for large records, and the two consumption modes ([`DeviceRing`] for a persistent kernel,
 //! [`LaunchRing`] for one launch per batch).
 //!
 //! Memory layout (mirrored by `include/vkgdr/ring.cuh`):
@@ -12,13 +12,19 @@
 //! | `lane_data` table (u64 each) | control allocation, after `stop` | `lane_data + 8 * i` |
 //! | `head` words (u64) | pinned host memory | `head + i * 256` |
 //! | result words (8 × u64) | pinned host memory | `result + i * 256` |
+//! | landed word (u64) | pinned host memory | `head + i * 256 + 192` (the copy stream's last tail) |
+//! | staging copy | pinned host memory, one per lane | made when a producer first claims the lane |
 
+mod copy_engine;
 mod launch;
+mod owned;
 mod persistent;
 mod sink;
 
+pub use copy_engine::{CopyEngine, CopyEngineStats, DEFAULT_COPY_ENGINE_RECORD, LANDED_OFFSET};
 pub use launch::LaunchRing;
+pub use owned::OwnedProducer;
 pub use persistent::{
-    DeviceRing, RingDeviceView, HOST_STRIDE, MAX_LANES, RESULT_OFFSET, TAIL_STRIDE,
+    DeviceRing, RingDeviceView, RingOptions, HOST_STRIDE, MAX_LANES, RESULT_OFFSET, TAIL_STRIDE,
 };
 pub use sink::BarSink;

@@ -17,6 +17,7 @@ use crate::mapping::arena::Arena;
 use crate::mapping::cuda_objects::{Event, PinnedBuffer, Stream};
 use crate::mapping::gpu::Gpu;
 
+use super::copy_engine::{CopyEngine, CopyEngineStats, LaneCopy};
 use super::sink::{BarSink, RingData, RingMemory};
 
 /// Bytes between two lanes' `tail` words in the control allocation (own 128-byte line each).
@@ -63,6 +64,34 @@ pub struct RingDeviceView {
     pub wrap: WrapMode,
 }
 
+/// How a [`DeviceRing`] is made ([`DeviceRing::with_options`]).
+///
+/// ```
+/// use vkgdr::ring::{CopyEngine, RingOptions};
+/// let options = RingOptions { lanes: 8, copy_engine: CopyEngine::Off, ..Default::default() };
+/// assert_eq!(options.wrap, vkgdr::ring::layout::WrapMode::Padded);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RingOptions {
+    /// Lanes (1 to [`MAX_LANES`]).
+    pub lanes: u32,
+    /// How records meet the end of a lane's region.
+    pub wrap: WrapMode,
+    /// Which records of an exclusive producer take the copy engine.
+    pub copy_engine: CopyEngine,
+}
+
+impl Default for RingOptions {
+    /// One padded lane; records of 4 KiB and more from a producer take the copy engine.
+    fn default() -> Self {
+        RingOptions {
+            lanes: 1,
+            wrap: WrapMode::Padded,
+            copy_engine: CopyEngine::default(),
+        }
+    }
+}
+
 /// A ring whose consumer is a kernel that stays resident and polls `tail` (persistent mode).
 ///
 /// A ring has one or more **lanes**: independent sub-rings, each with its own region, `tail` and
@@ -73,7 +102,10 @@ pub struct RingDeviceView {
 /// * [`producer`](Self::producer) claims a lane for one thread: records are appended with no lock
 ///   and no atomic read-modify-write, and [`Producer::push_batch`] (or a
 ///   [`FlushPolicy`](crate::ring::core::FlushPolicy)) publishes a whole batch with one fence and
-///   one tail store. This is the fast path: give each producer thread its own lane.
+///   one tail store. This is the fast path: give each producer thread its own lane. Its large
+///   records (4 KiB and more by default, [`RingOptions::copy_engine`]) are written into pinned
+///   host memory and moved by a copy engine, which outruns CPU stores through the BAR for them;
+///   the consumer cannot tell the difference.
 /// * [`reserve`](Self::reserve) / [`push`](Self::push) from any thread, through `&self`: the
 ///   calling thread's lane (thread index modulo the lane count; lane 0 of a one-lane ring) is
 ///   shared by every thread that maps to it, with per-record commits in any order.
@@ -124,6 +156,8 @@ pub struct DeviceRing {
     stopping: AtomicBool,
     /// Where `producer` starts looking for a free lane (rotates so producers spread out).
     next_lane: AtomicUsize,
+    /// Why the copy-engine path could not be made, if it could not.
+    copy_unavailable: std::sync::OnceLock<String>,
     pub(super) gpu: Gpu,
 }
 // `Send + Sync` by its fields, as the compiler checks here.
@@ -162,6 +196,24 @@ impl DeviceRing {
     /// (a mirrored ring puts each lane on its own one-chunk arena, see
     /// [`new_mirrored`](Self::new_mirrored)).
     pub fn with_lanes(gpu: &Gpu, capacity: u64, lanes: u32, wrap: WrapMode) -> Result<DeviceRing> {
+        Self::with_options(
+            gpu,
+            capacity,
+            RingOptions {
+                lanes,
+                wrap,
+                ..Default::default()
+            },
+        )
+    }
+
+    /// A ring of `capacity` bytes per lane, made as `options` say.
+    pub fn with_options(gpu: &Gpu, capacity: u64, options: RingOptions) -> Result<DeviceRing> {
+        let RingOptions {
+            lanes,
+            wrap,
+            copy_engine,
+        } = options;
         if !capacity.is_power_of_two() || capacity < MIN_CAPACITY {
             return Err(RingError::InvalidCapacity(capacity).into());
         }
@@ -241,6 +293,8 @@ impl DeviceRing {
                     kernel,
                     coherent,
                     published: AtomicU64::new(0),
+                    copy_from: copy_engine.threshold(),
+                    copy: std::sync::OnceLock::new(),
                 };
                 Ok(RingCore::with_wrap_mode(capacity, sink, wrap)?)
             })
@@ -251,8 +305,47 @@ impl DeviceRing {
             consumer: Mutex::new(None),
             stopping: AtomicBool::new(false),
             next_lane: AtomicUsize::new(0),
+            copy_unavailable: std::sync::OnceLock::new(),
             gpu: gpu.clone(),
         })
+    }
+
+    /// Makes lane `lane`'s copy-engine path if the ring wants one and it does not exist yet.
+    /// A failure leaves the lane on the BAR path and is reported by
+    /// [`copy_engine_stats`](Self::copy_engine_stats).
+    fn prepare_copy_engine(&self, lane: usize) {
+        let sink = self.lanes[lane].sink();
+        if sink.copy_from.is_none()
+            || sink.copy.get().is_some()
+            || self.copy_unavailable.get().is_some()
+        {
+            return;
+        }
+        match LaneCopy::new(
+            &self.gpu,
+            &self.memory,
+            lane,
+            sink.region_device_ptr(),
+            sink.capacity,
+        ) {
+            // Two threads may race here for one lane; the loser's copy is dropped unused.
+            Ok(copy) => drop(sink.copy.set(copy)),
+            Err(e) => drop(self.copy_unavailable.set(e.to_string())),
+        }
+    }
+
+    /// What the copy-engine path has done so far, over every lane.
+    pub fn copy_engine_stats(&self) -> CopyEngineStats {
+        let mut stats = CopyEngineStats {
+            unavailable: self.copy_unavailable.get().cloned(),
+            ..Default::default()
+        };
+        for lane in self.lanes.iter() {
+            if let Some(copy) = lane.sink().copy.get() {
+                copy.add_to(&mut stats);
+            }
+        }
+        stats
     }
 
     /// Lane 0's producer core (positions, counters); see [`lane`](Self::lane).
@@ -415,6 +508,9 @@ impl DeviceRing {
         let mut last = RingError::Claimed;
         for k in 0..n {
             let lane = (start + k) % n;
+            if !self.lanes[lane].is_claimed() {
+                self.prepare_copy_engine(lane);
+            }
             match self.lanes[lane].claim(move || self.lane_head(lane)) {
                 Ok(p) => return Ok(p),
                 Err(e) => last = e,

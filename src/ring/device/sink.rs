@@ -2,7 +2,7 @@
 //! may touch ([`RingMemory`]), owned in one place.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::copy::WriteKernel;
 use crate::core::handle::{assert_send_sync, SendSyncPtr};
@@ -12,6 +12,8 @@ use crate::error::{InvalidArgument, Result};
 use crate::mapping::arena::Arena;
 use crate::mapping::cuda_objects::PinnedBuffer;
 use crate::mapping::memory::RawMemory;
+
+use super::copy_engine::LaneCopy;
 
 /// A data region: one raw allocation (a padded ring's lanes side by side), or a one-chunk arena
 /// whose chunk is mapped a second time right after itself (one per lane of a mirrored ring), so
@@ -82,11 +84,65 @@ pub struct BarSink {
     /// End of the last publication, for the non-coherent flush of `[published, tail)` (unused on
     /// coherent memory, where publishing needs no flush).
     pub(super) published: AtomicU64,
+    /// Records of at least this size take the copy engine once `copy` exists (`None`: never).
+    pub(super) copy_from: Option<u64>,
+    /// The lane's copy-engine path, made when a producer first claims the lane.
+    pub(super) copy: OnceLock<LaneCopy>,
 }
 // `Send + Sync` by its fields, as the compiler checks here.
 const _: () = assert_send_sync::<BarSink>();
 
 impl BarSink {
+    /// Device address of the lane's region.
+    pub(super) fn region_device_ptr(&self) -> u64 {
+        self.memory.data[self.data_index].device_ptr() + self.data_offset
+    }
+
+    /// The BAR side of a publication up to `tail` whose records from `direct_end` on were
+    /// staged: drains this thread's stores and, on non-coherent memory, flushes what was
+    /// written through the BAR since the last publication.
+    fn fence_direct(&self, direct_end: u64, tail: u64) {
+        store_fence();
+        if !self.coherent {
+            let from = self.published.swap(tail, Ordering::AcqRel);
+            self.flush_ring_range(from, direct_end.max(from));
+        }
+    }
+
+    /// Stores `tail` into the tail word through the BAR (after `fence_direct`).
+    fn store_tail(&self, tail: u64) {
+        // SAFETY: an aligned 8-byte word inside the control allocation, which `self.memory`
+        // keeps mapped; the host touches it only through atomics, so concurrent publications
+        // (which the caller rules out anyway) could not race. One aligned store: the GPU never
+        // sees a torn value.
+        let word = unsafe { AtomicU64::from_ptr(self.tail.get().cast::<u64>()) };
+        word.store(tail, Ordering::Release);
+        let _ = self.memory.control.flush(self.tail_offset, 8);
+        store_fence();
+    }
+
+    /// Writes staged bytes `[from, tail)` through the BAR (when their copy could not be queued).
+    ///
+    /// # Safety
+    /// As for [`RingSink::publish_staged`].
+    unsafe fn write_staged_through_bar(&self, copy: &LaneCopy, from: u64, tail: u64) {
+        let cap = self.capacity;
+        let at = from & (cap - 1);
+        let len = tail - from;
+        let first = len.min(cap - at);
+        for (offset, n) in [(at, first), (0, len - first)] {
+            if n > 0 {
+                // SAFETY: staged, in range and owned by the publisher (the caller's contract);
+                // the same span of the region is released by the consumer.
+                unsafe { self.write(offset, copy.staged(offset, n)) };
+            }
+        }
+        if !self.coherent {
+            self.flush_ring_range(from, tail);
+        }
+        store_fence();
+    }
+
     fn flush_ring_range(&self, from: u64, to: u64) {
         if from >= to {
             return;
@@ -129,18 +185,48 @@ impl RingSink for BarSink {
     unsafe fn publish(&self, tail: u64) {
         // Drain this thread's write-combined stores before the tail can be seen. On
         // non-coherent memory push everything since the last publication first.
-        store_fence();
-        if !self.coherent {
-            let from = self.published.swap(tail, Ordering::AcqRel);
-            self.flush_ring_range(from, tail);
+        self.fence_direct(tail, tail);
+        if let Some(copy) = self.copy.get() {
+            // A tail still queued on the copy stream would land after ours: queue ours behind
+            // it (no copy). If that fails the context is lost and nothing queued will run.
+            // SAFETY: the caller is the publisher; an empty staged span.
+            if copy.tail_in_flight() && unsafe { copy.queue(self.capacity, tail, tail) }.is_ok() {
+                return;
+            }
         }
-        // SAFETY: an aligned 8-byte word inside the control allocation, which `self.memory`
-        // keeps mapped; the host touches it only through atomics, so concurrent publications
-        // (which the caller rules out anyway) could not race. One aligned store: the GPU never
-        // sees a torn value.
-        let word = unsafe { AtomicU64::from_ptr(self.tail.get().cast::<u64>()) };
-        word.store(tail, Ordering::Release);
-        let _ = self.memory.control.flush(self.tail_offset, 8);
-        store_fence();
+        self.store_tail(tail);
+    }
+
+    fn stage_threshold(&self) -> Option<u64> {
+        self.copy.get().and(self.copy_from)
+    }
+
+    unsafe fn stage(&self, offset: u64, bytes: &[u8]) {
+        debug_assert!(offset + bytes.len() as u64 <= self.capacity);
+        match self.copy.get() {
+            // SAFETY: in range and owned (the trait's contract, which the staging copy shares
+            // with the region).
+            Some(copy) => unsafe { copy.stage(offset, bytes) },
+            // SAFETY: forwarded; without a staging copy nothing is staged (no threshold).
+            None => unsafe { self.write(offset, bytes) },
+        }
+    }
+
+    unsafe fn publish_staged(&self, from: u64, tail: u64) {
+        let Some(copy) = self.copy.get() else {
+            // SAFETY: forwarded; `stage` wrote in place.
+            return unsafe { self.publish(tail) };
+        };
+        // The direct records below `from` and the staged bytes are in memory before the engine
+        // is told to read.
+        self.fence_direct(from, tail);
+        // SAFETY: the caller is the publisher and staged `[from, tail)`.
+        if unsafe { copy.queue(self.capacity, from, tail) }.is_ok() {
+            return;
+        }
+        copy.count_fallback();
+        // SAFETY: forwarded.
+        unsafe { self.write_staged_through_bar(copy, from, tail) };
+        self.store_tail(tail);
     }
 }
