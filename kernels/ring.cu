@@ -1,5 +1,5 @@
 // Consumers for the vkgdr ring buffer (CPU producers, GPU consumer), built on the device API in
-// include/vkgdr/ring.cuh (record layout, head/tail protocol, block-cooperative reader).
+// include/vkgdr/ring.cuh (record layout, head/tail protocol, vkgdr::WindowReader).
 //
 // Build: nvcc -ptx -arch=compute_75 -O3 kernels/ring.cu -o kernels/ring.ptx   (CUDA 12 and 13;
 // CUDA 13 dropped compute_70)
@@ -20,10 +20,11 @@
 #include "../include/vkgdr/ring.cuh"
 
 #define RING_THREADS 256u
+#define RING_CPT 4u // chunks per thread: a 16 KiB window
 #define RING_TEST_PREFIX_LEN 16ull
 #define RING_CHECKSUM_MUL 0x9E3779B97F4A7C15ull
 #define RING_CHECKSUM_SHIFT 29
-#define RING_THREAD_BODY_MAX 256ull // longer bodies are checksummed by the whole block
+#define RING_THREAD_BODY_MAX 128ull // longer bodies are checksummed by a warp (or the block)
 
 #define RING_RESULT_RECORDS 0      // DATA records seen
 #define RING_RESULT_CHECKSUM_SUM 1 // wrapping sum of computed payload checksums
@@ -33,127 +34,176 @@
 #define RING_SEQ_FROM_RESULT 0xFFFFFFFFFFFFFFFFull
 
 typedef unsigned long long ull;
+typedef vkgdr::WindowReader<RING_THREADS, RING_CPT> RingReader;
 
-// One term of the test checksum: sum over i of mix((i << 8) | body[i]).
-__device__ __forceinline__ ull ring_checksum_term(ull index, unsigned int byte)
-{
-    ull x = ((index << 8) | (ull)byte) + 1ull;
-    x *= RING_CHECKSUM_MUL;
-    return x ^ (x >> RING_CHECKSUM_SHIFT);
-}
-
-// Checksum terms of body chunk `cu` (bytes 16*cu .. 16*cu+15 of an `n`-byte body).
+// Checksum terms of body chunk `cu` (bytes 16*cu .. 16*cu+15 of an `n`-byte body, cu*16 < n).
+// A term is mix((i << 8) | byte) with i = 16*cu + k: the multiplication
+// ((i << 8 | byte) + 1) * MUL = (4096*cu + 1) * MUL + (256*k + byte) * MUL (mod 2^64) leaves one
+// 32-by-64-bit multiply-add per byte.
 __device__ __forceinline__ ull ring_chunk_terms(uint4 v, ull cu, ull n)
 {
     const unsigned int words[4] = { v.x, v.y, v.z, v.w };
+    const ull base = (cu * 4096ull + 1ull) * RING_CHECKSUM_MUL;
+    const ull left = n - cu * 16ull;
     ull part = 0ull;
 #pragma unroll
-    for (int k = 0; k < 16; ++k) {
-        const ull i = cu * 16ull + (ull)k;
-        if (i < n) {
-            part += ring_checksum_term(i, (words[k >> 2] >> ((k & 3) * 8)) & 0xFFu);
+    for (unsigned int k = 0; k < 16u; ++k) {
+        if ((ull)k < left) {
+            const unsigned int u = (k << 8) | ((words[k >> 2] >> ((k & 3u) * 8u)) & 0xFFu);
+            const ull x = base + (ull)u * RING_CHECKSUM_MUL;
+            part += x ^ (x >> RING_CHECKSUM_SHIFT);
         }
     }
     return part;
 }
 
-// Sum of the checksum terms of a body's 16-byte chunks first, first + stride, ... (`n` body
-// bytes, 16-byte aligned; the record's padding makes whole chunks readable). Four loads are issued
-// before their bytes are summed, to overlap their latency.
+// Sum of the checksum terms of a body's 16-byte chunks first, first + stride, ... read from
+// global memory (`n` body bytes, 16-byte aligned; the record's padding makes whole chunks
+// readable). Eight loads are issued before their bytes are summed, to overlap their latency.
 __device__ __forceinline__ ull ring_body_part(const unsigned char* body, ull n, ull first,
                                               ull stride)
 {
     const ull chunks = (n + 15ull) / 16ull;
     ull part = 0ull;
-    for (ull c = first; c < chunks; c += 4ull * stride) {
-        uint4 v[4];
+    for (ull c = first; c < chunks; c += 8ull * stride) {
+        uint4 v[8];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
+        for (int u = 0; u < 8; ++u) {
             const ull cu = c + (ull)u * stride;
             if (cu < chunks) {
                 v[u] = __ldcg((const uint4*)(body + cu * 16ull));
-            } else {
-                v[u] = make_uint4(0u, 0u, 0u, 0u);
             }
         }
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            part += ring_chunk_terms(v[u], c + (ull)u * stride, n);
+        for (int u = 0; u < 8; ++u) {
+            const ull cu = c + (ull)u * stride;
+            if (cu < chunks) {
+                part += ring_chunk_terms(v[u], cu, n);
+            }
         }
     }
     return part;
 }
 
-// A checking consumer's running totals. Each thread adds its own records; `next_seq` is the same
-// in every thread.
+// A checking consumer's running totals. Each thread adds its own records; `next_seq` and
+// `parity` are the same in every thread.
 typedef struct {
     ull records;
     ull sum;
     ull errors;
     ull next_seq;
+    unsigned int parity; // which big_count this window uses
 } RingCheck;
 
 // Shared memory of a checking consumer.
 typedef struct {
-    vkgdr::ReaderShared<RING_THREADS> reader;
-    unsigned int big[RING_THREADS]; // records of the group with long bodies
-    unsigned int big_count;
+    vkgdr::WindowShared<RING_THREADS, RING_CPT> reader;
+    unsigned short big[RING_THREADS * RING_CPT]; // records of the window with long bodies
+    unsigned int big_count[2]; // alternate windows: one is counted while the other is reset
     ull scratch[RING_THREADS / 32];
 } RingCheckShared;
 
-// Checks one group of `n` records (thread i holds record i in `mine`). Every thread calls it.
-__device__ void ring_check_group(vkgdr::BlockReader<RING_THREADS>& rd, unsigned int n,
-                                 const vkgdr::Record& mine, RingCheck* c, RingCheckShared* sh)
+// Whether a test payload's prefix (seq copy, stored checksum) disagrees with the record.
+__device__ __forceinline__ bool ring_prefix_bad(uint4 prefix, ull seq, ull sum)
+{
+    const ull seq_copy = (ull)prefix.x | ((ull)prefix.y << 32);
+    const ull stored = (ull)prefix.z | ((ull)prefix.w << 32);
+    return seq_copy != seq || stored != sum;
+}
+
+// Checks the `n` records of the reader's current group. Every thread calls it. Short bodies: one
+// thread per record, from shared memory. Longer ones: one warp per record, from shared memory,
+// with no block barrier per record. A record longer than the window: the whole block, from
+// global memory. The totals are sums, so the order does not matter; seqs are compared with the
+// previous record of the group (or the last group's).
+__device__ __forceinline__ void ring_check_window(const RingReader& rd, unsigned int n,
+                                                  RingCheck* c, RingCheckShared* sh)
 {
     const unsigned int tid = threadIdx.x;
-    if (tid == 0) {
-        sh->big_count = 0u;
-    }
-    vkgdr::block_sync();
-    if (tid < n) {
-        const ull expected = tid == 0 ? c->next_seq : rd.record(tid - 1).seq + 1ull;
-        if (mine.seq != expected) {
+    const unsigned int lane = tid & 31u;
+    const bool large = rd.large();
+    unsigned int* big_count = &sh->big_count[c->parity];
+    for (unsigned int k = tid; k < n; k += RING_THREADS) {
+        const vkgdr::Record r = rd.record(k);
+        const ull expected = k == 0u ? c->next_seq : rd.record(k - 1u).seq + 1ull;
+        if (r.seq != expected) {
             c->errors += 1ull;
         }
-        if (mine.kind == VKGDR_RING_KIND_DATA) {
-            c->records += 1ull;
-            if ((ull)mine.len < RING_TEST_PREFIX_LEN) {
+        if (r.kind != VKGDR_RING_KIND_DATA) {
+            continue;
+        }
+        c->records += 1ull;
+        if ((ull)r.len < RING_TEST_PREFIX_LEN) {
+            c->errors += 1ull;
+        } else if (large) {
+            // Below, by the whole block.
+        } else if ((ull)r.len - RING_TEST_PREFIX_LEN > RING_THREAD_BODY_MAX) {
+            sh->big[atomicAdd(big_count, 1u)] = (unsigned short)k;
+        } else {
+            const uint4* p = rd.shared_payload(k);
+            const ull body = (ull)r.len - RING_TEST_PREFIX_LEN;
+            const unsigned int chunks = (unsigned int)((body + 15ull) / 16ull);
+            ull sum = 0ull;
+            for (unsigned int q = 0; q < chunks; ++q) {
+                sum += ring_chunk_terms(p[1u + q], q, body);
+            }
+            c->sum += sum;
+            if (ring_prefix_bad(p[0], r.seq, sum)) {
                 c->errors += 1ull;
-            } else if ((ull)mine.len - RING_TEST_PREFIX_LEN > RING_THREAD_BODY_MAX) {
-                sh->big[atomicAdd(&sh->big_count, 1u)] = tid;
-            } else {
-                const uint4 prefix = __ldcg((const uint4*)mine.payload);
-                const ull body = (ull)mine.len - RING_TEST_PREFIX_LEN;
-                const ull sum = ring_body_part(mine.payload + RING_TEST_PREFIX_LEN, body, 0ull, 1ull);
+            }
+        }
+    }
+    if (tid == 0u) {
+        sh->big_count[c->parity ^ 1u] = 0u; // last read a window ago, next counted in the next
+    }
+    vkgdr::block_sync();
+    const unsigned int big = *big_count;
+    for (unsigned int m = tid >> 5; m < big; m += RING_THREADS / 32u) {
+        const unsigned int k = sh->big[m];
+        const vkgdr::Record r = rd.record(k);
+        const uint4* p = rd.shared_payload(k);
+        const ull body = (ull)r.len - RING_TEST_PREFIX_LEN;
+        const unsigned int chunks = (unsigned int)((body + 15ull) / 16ull);
+        ull part = 0ull;
+        for (unsigned int q = lane; q < chunks; q += 32u) {
+            part += ring_chunk_terms(p[1u + q], q, body);
+        }
+        const ull sum = vkgdr::warp_sum(part);
+        if (lane == 0u) {
+            c->sum += sum;
+            if (ring_prefix_bad(p[0], r.seq, sum)) {
+                c->errors += 1ull;
+            }
+        }
+    }
+    if (large && n == 1u) {
+        const vkgdr::Record r = rd.record(0u);
+        if (r.kind == VKGDR_RING_KIND_DATA && (ull)r.len >= RING_TEST_PREFIX_LEN) {
+            const ull body = (ull)r.len - RING_TEST_PREFIX_LEN;
+            const ull sum = vkgdr::block_sum<RING_THREADS>(
+                ring_body_part(r.payload + RING_TEST_PREFIX_LEN, body, tid, RING_THREADS),
+                sh->scratch);
+            if (tid == 0u) {
                 c->sum += sum;
-                const ull seq_copy = (ull)prefix.x | ((ull)prefix.y << 32);
-                const ull stored = (ull)prefix.z | ((ull)prefix.w << 32);
-                if (seq_copy != mine.seq || stored != sum) {
+                if (ring_prefix_bad(__ldcg((const uint4*)r.payload), r.seq, sum)) {
                     c->errors += 1ull;
                 }
             }
         }
     }
-    vkgdr::block_sync();
-    const unsigned int big = sh->big_count;
-    // Long bodies: the whole block on each, in any order (the totals are sums).
-    for (unsigned int k = 0; k < big; ++k) {
-        const vkgdr::Record r = rd.record(sh->big[k]);
-        const ull body = (ull)r.len - RING_TEST_PREFIX_LEN;
-        const ull sum = vkgdr::block_sum<RING_THREADS>(
-            ring_body_part(r.payload + RING_TEST_PREFIX_LEN, body, tid, RING_THREADS), sh->scratch);
-        if (tid == 0) {
-            const uint4 prefix = __ldcg((const uint4*)r.payload);
-            c->sum += sum;
-            const ull seq_copy = (ull)prefix.x | ((ull)prefix.y << 32);
-            const ull stored = (ull)prefix.z | ((ull)prefix.w << 32);
-            if (seq_copy != r.seq || stored != sum) {
-                c->errors += 1ull;
-            }
-        }
-    }
+    c->parity ^= 1u;
     if (n > 0u) {
         c->next_seq = rd.record(n - 1u).seq + 1ull;
+    }
+}
+
+// Zeroes both big-record counters; a barrier follows before the first window (the persistent
+// reader's constructor has one; batch mode adds its own).
+__device__ __forceinline__ void ring_check_init(RingCheckShared* sh)
+{
+    if (threadIdx.x == 0u) {
+        sh->big_count[0] = 0u;
+        sh->big_count[1] = 0u;
     }
 }
 
@@ -194,12 +244,12 @@ __device__ __forceinline__ int ring_block_ok(ull* result)
 // nonsensical tail counts one error and ends the kernel.
 __device__ void ring_check_lane(const vkgdr::RingLane& lane, RingCheckShared* sh)
 {
-    vkgdr::BlockReader<RING_THREADS> rd(lane, sh->reader);
-    RingCheck c = { 0ull, 0ull, 0ull, lane.result[RING_RESULT_NEXT_SEQ] };
+    ring_check_init(sh);
+    RingReader rd(lane, sh->reader);
+    RingCheck c = { 0ull, 0ull, 0ull, lane.result[RING_RESULT_NEXT_SEQ], 0u };
     while (rd.wait()) {
-        vkgdr::Record mine;
-        const unsigned int n = rd.next(mine);
-        ring_check_group(rd, n, mine, &c, sh);
+        const unsigned int n = rd.next();
+        ring_check_window(rd, n, &c, sh);
         if (rd.error() == VKGDR_RING_BROKEN) {
             c.errors += threadIdx.x == 0 ? 1ull : 0ull;
             rd.skip_to_tail();
@@ -286,17 +336,19 @@ __device__ void ring_consume_batch_impl(const unsigned char* data, ull capacity,
     if (blockIdx.x != 0 || !ring_block_ok(result)) {
         return;
     }
-    vkgdr::BlockReader<RING_THREADS> rd(data, capacity, mirrored, from, to, sh.reader);
+    ring_check_init(&sh);
+    vkgdr::block_sync();
+    RingReader rd(data, capacity, mirrored, from, to, sh.reader);
     RingCheck c = { 0ull, 0ull, 0ull,
                     expected_seq_start == RING_SEQ_FROM_RESULT ? result[RING_RESULT_NEXT_SEQ]
-                                                               : expected_seq_start };
+                                                               : expected_seq_start,
+                    0u };
     if (rd.error() != VKGDR_RING_OK) {
         c.errors += threadIdx.x == 0 ? 1ull : 0ull;
     }
     while (rd.position() != rd.tail()) {
-        vkgdr::Record mine;
-        const unsigned int n = rd.next(mine);
-        ring_check_group(rd, n, mine, &c, &sh);
+        const unsigned int n = rd.next();
+        ring_check_window(rd, n, &c, &sh);
         if (rd.error() == VKGDR_RING_BROKEN) {
             c.errors += threadIdx.x == 0 ? 1ull : 0ull;
             break; // the position stays at the bad record

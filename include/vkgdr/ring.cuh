@@ -49,15 +49,19 @@
 // reads records, so no record load is satisfied before the tail load. Records are loaded with
 // ld.global.cg (L2, not L1): a line cached on an earlier lap of the ring is never reused.
 //
-// Block-cooperative, in-order consumption (BlockReader): `next()` loads the next 16 * THREADS
-// bytes of the lane into shared memory (one coalesced 16-byte load per thread), every thread
-// decodes the chunk it loaded as if it were a header, and one thread follows the chain through
-// those decoded links (one shared-memory load per record). Thread i then gets record i. A record
-// whose header is in the window may be longer than the window: its payload is read from global
-// memory by whoever processes it (`record(k)` gives any record of the group to every thread, for
-// processing a large record with the whole block).
+// Block-cooperative, in-order consumption. Two readers, both one block per lane:
+// - BlockReader (the example above): `next()` loads the next 16 * THREADS bytes of the lane into
+//   shared memory (one coalesced 16-byte load per thread), every thread decodes the chunk it
+//   loaded as if it were a header, and one thread follows the chain through those links. Thread i
+//   then gets record i; payloads are read from global memory by whoever processes them
+//   (`record(k)` gives any record of the group to every thread).
+// - WindowReader (the fast one; see its comment for an example): a window of CPT chunks per
+//   thread (16 KiB for 256 threads), the chain resolved in parallel by pointer jumping, every
+//   record that lies wholly in the window handed out with its payload in shared memory, a record
+//   longer than the window as a group of its own, and the next window loaded while the caller
+//   works on this one. The checking consumers of kernels/ring.cu are built on it.
 //
-// Checked with nvcc 13.0 (-arch=compute_75); the consumers in kernels/ring.cu are built on it.
+// Checked with nvcc 13.0 (-arch=compute_75).
 
 #ifndef VKGDR_RING_CUH
 #define VKGDR_RING_CUH
@@ -162,6 +166,52 @@ template <unsigned int THREADS> struct ReaderShared {
 #define VKGDR_RING_LINK_BAD 0xFFFFFFFFu
 #define VKGDR_RING_LINK_WRAP 0x80000000u // the chunk is a wrap PAD's header
 
+// Thread 0 polls the tail until it moves past `pos` or the ring is stopped with nothing left;
+// the block learns the result through `word` and `flag` (shared memory). True with `tail` set:
+// records to read. False: stopped, or the tail is invalid (`err` = VKGDR_RING_BAD_TAIL). Every
+// thread calls it.
+__device__ __forceinline__ bool poll_tail(const RingLane& lane, u64 pos, u64& word, int& flag,
+                                          u64& tail, int& err)
+{
+    if (threadIdx.x == 0) {
+        int done = 0;
+        u64 t;
+        for (;;) {
+            t = *lane.tail;
+            if (t != pos) {
+                break;
+            }
+            if (*lane.stop != 0u) {
+                // The CPU stores stop after its last tail: fence, then look at the tail again.
+                __threadfence_system();
+                t = *lane.tail;
+                done = t == pos;
+                break;
+            }
+        }
+        // Acquire: no record load below may be satisfied before the tail load above.
+        __threadfence_system();
+        if (!done && (t < pos || t - pos > lane.capacity
+                      || (t & (VKGDR_RING_RECORD_ALIGN - 1ull)) != 0ull)) {
+            done = 2;
+        }
+        word = t;
+        flag = done;
+    }
+    block_sync();
+    const u64 t = word;
+    const int done = flag;
+    block_sync();
+    if (done == 2) {
+        err = VKGDR_RING_BAD_TAIL;
+    }
+    if (done) {
+        return false;
+    }
+    tail = t;
+    return true;
+}
+
 // Consumes one lane in order with a block of THREADS threads (a multiple of 32, at most 1024;
 // every call is made by all threads of the block with the same arguments).
 template <unsigned int THREADS> class BlockReader {
@@ -213,43 +263,7 @@ template <unsigned int THREADS> class BlockReader {
             return true;
         }
         release(true);
-        if (threadIdx.x == 0) {
-            int done = 0;
-            u64 t;
-            for (;;) {
-                t = *lane_.tail;
-                if (t != pos_) {
-                    break;
-                }
-                if (*lane_.stop != 0u) {
-                    // The CPU stores stop after its last tail: fence, then look at the tail again.
-                    __threadfence_system();
-                    t = *lane_.tail;
-                    done = t == pos_;
-                    break;
-                }
-            }
-            // Acquire: no record load below may be satisfied before the tail load above.
-            __threadfence_system();
-            if (!done && (t < pos_ || t - pos_ > lane_.capacity
-                          || (t & (VKGDR_RING_RECORD_ALIGN - 1ull)) != 0ull)) {
-                done = 2;
-            }
-            s_.word = t;
-            s_.flag = done;
-        }
-        block_sync();
-        const u64 t = s_.word;
-        const int done = s_.flag;
-        block_sync();
-        if (done == 2) {
-            err_ = VKGDR_RING_BAD_TAIL;
-        }
-        if (done) {
-            return false;
-        }
-        tail_ = t;
-        return true;
+        return poll_tail(lane_, pos_, s_.word, s_.flag, tail_, err_);
     }
 
     // The next group of records in order, at most THREADS: thread i < count gets record i in
@@ -382,6 +396,376 @@ template <unsigned int THREADS> class BlockReader {
     u64 released_;  // the last head published
     int err_;
 };
+
+// Shared memory of one WindowReader; declare it __shared__ in the kernel (about 23 KiB for 256
+// threads and 4 chunks per thread).
+template <unsigned int THREADS, unsigned int CPT> struct WindowShared {
+    uint4 window[THREADS * CPT];                 // the lane from the current position
+    unsigned short jump[2][THREADS * CPT];       // pointer jumping over the decoded links
+    unsigned short start[THREADS * CPT];         // chunk of record k's header in the window
+    unsigned char mark[THREADS * CPT];           // chunk is on the chain from chunk 0
+    unsigned int counts[CPT * (THREADS / 32)];   // records per (slice, warp), for the ranks
+    u64 word;                                    // a broadcast value
+    unsigned int last;                           // the chain's last header
+    int flag;
+};
+
+#define VKGDR_RING_JUMP_BEYOND 0xFFFEu // a valid record that ends beyond the window
+#define VKGDR_RING_JUMP_BAD 0xFFFFu    // not a valid header
+
+// Consumes one lane in order with a block of THREADS threads, a window of 16 * CPT * THREADS
+// bytes at a time (16 KiB for 256 threads and CPT 4). Every call is made by all threads of the
+// block with the same arguments. Per window:
+// - each thread loads CPT 16-byte chunks (coalesced) into shared memory and decodes each as if it
+//   were a header: the chunk of the next header, or "bad", or "ends beyond the window";
+// - the chain from chunk 0 is resolved by pointer jumping (log2 of its length rounds, one barrier
+//   each), the records on it ranked with ballots and one warp scan;
+// - the group is every record of the chain that lies wholly in the window (up to CPT * THREADS),
+//   their payloads readable from shared memory (shared_payload(k)), or, when the first record is
+//   longer than the window, that record alone (large(): its payload is read from global memory);
+// - the next window is loaded into registers before next() returns (when it lies below the tail
+//   already seen), so its latency overlaps the caller's work on this group.
+// wait() polls the tail only once everything below the last tail seen is consumed; release()
+// publishes the head when caught up or every quarter ring, as BlockReader does.
+//
+//   extern "C" __global__ void my_consumer(vkgdr_ring_view view)   // one block of 256 per lane
+//   {
+//       __shared__ vkgdr::WindowShared<256, 4> smem;
+//       if (blockIdx.x >= view.lanes) return;
+//       vkgdr::WindowReader<256, 4> reader(vkgdr::ring_lane(view, blockIdx.x), smem);
+//       while (reader.wait()) {
+//           const unsigned n = reader.next();                      // up to 1024 records
+//           for (unsigned k = threadIdx.x; k < n; k += 256) {
+//               const vkgdr::Record rec = reader.record(k);
+//               const uint4* p = reader.shared_payload(k);         // null when reader.large()
+//               /* rec.len payload bytes at p (shared) or rec.payload (global) */
+//           }
+//           if (reader.error() != VKGDR_RING_OK) reader.skip_to_tail();
+//           reader.release();
+//       }
+//   }
+template <unsigned int THREADS, unsigned int CPT = 4> class WindowReader {
+  public:
+    static constexpr unsigned int CHUNKS = THREADS * CPT;
+    static constexpr u64 WINDOW = 16ull * CHUNKS;
+
+    // Starts at the head the lane's head word holds (0 for a new ring).
+    __device__ WindowReader(const RingLane& lane, WindowShared<THREADS, CPT>& s)
+        : lane_(lane), s_(s), mask_(lane.capacity - 1ull), err_(VKGDR_RING_OK)
+    {
+        check_shape();
+        if (threadIdx.x == 0) {
+            s_.word = *lane_.head;
+        }
+        block_sync();
+        pos_ = s_.word;
+        block_sync();
+        tail_ = pos_;
+        released_ = pos_;
+        init();
+    }
+
+    // A reader over the fixed range [from, to) (batch mode: no tail, head or stop words).
+    __device__ WindowReader(const unsigned char* data, u64 capacity, int mirrored, u64 from,
+                            u64 to, WindowShared<THREADS, CPT>& s)
+        : s_(s), mask_(capacity - 1ull), err_(VKGDR_RING_OK)
+    {
+        check_shape();
+        lane_.data = data;
+        lane_.capacity = capacity;
+        lane_.mirrored = mirrored;
+        lane_.tail = 0;
+        lane_.stop = 0;
+        lane_.head = 0;
+        lane_.result = 0;
+        pos_ = from;
+        tail_ = to;
+        released_ = from;
+        if (capacity < VKGDR_RING_MIN_CAPACITY || (capacity & mask_) != 0ull || to < from
+            || to - from > capacity || (from & (VKGDR_RING_RECORD_ALIGN - 1ull)) != 0ull) {
+            err_ = VKGDR_RING_BAD_TAIL;
+            tail_ = from;
+        }
+        init();
+    }
+
+    // As BlockReader::wait().
+    __device__ bool wait()
+    {
+        if (pos_ != tail_) {
+            return true;
+        }
+        release(true);
+        return poll_tail(lane_, pos_, s_.word, s_.flag, tail_, err_);
+    }
+
+    // The next group in order; returns its record count (the same in every thread). 0 with the
+    // position moved means only wrap PADs were stepped over; 0 at the tail means nothing is
+    // left. A broken chain returns the records before the bad one and sets error() =
+    // VKGDR_RING_BROKEN; the position stays at the bad record (skip_to_tail() moves on).
+    __device__ unsigned int next()
+    {
+        const unsigned int tid = threadIdx.x;
+        block_sync(); // the last group's shared memory is no longer read
+        const bool prefetched = pre_pos_ == pos_;
+        pre_pos_ = NO_PREFETCH;
+        large_ = false;
+        if (pos_ == tail_ || err_ == VKGDR_RING_BROKEN) {
+            return 0u;
+        }
+        const u64 avail = tail_ - pos_;
+        const unsigned int n = (unsigned int)((avail < WINDOW ? avail : WINDOW) / 16ull);
+        const u64 base = pos_ & mask_;
+        unsigned int link[CPT];
+        unsigned int wrap = 0u; // bit i: chunk i of this thread is a wrap PAD's header
+#pragma unroll
+        for (unsigned int i = 0; i < CPT; ++i) {
+            const unsigned int c = tid + i * THREADS;
+            link[i] = VKGDR_RING_JUMP_BAD;
+            if (c < n) {
+                const uint4 v = prefetched && c < pre_n_ ? pre_[i] : load(base, c);
+                s_.window[c] = v;
+                link[i] = decode(v, base, c, avail, n);
+                if (v.y == VKGDR_RING_KIND_PAD && v.z == 0xFFFFFFFFu && v.w == 0xFFFFFFFFu) {
+                    wrap |= 1u << i;
+                }
+                s_.jump[0][c] = (unsigned short)link[i];
+                s_.mark[c] = c == 0u;
+            }
+        }
+        block_sync();
+        // Pointer jumping. Before a round with jump = f^(2^r), every chunk f^k(0) with k < 2^r is
+        // marked; once f^(2^r)(0) is past the window (or bad) the whole chain is marked. Marks
+        // only ever name chunks of the chain, so setting them in place is safe.
+        unsigned int cur = 0u;
+        unsigned int term;
+        for (;;) {
+            term = s_.jump[cur][0];
+            if (term >= n) {
+                break;
+            }
+#pragma unroll
+            for (unsigned int i = 0; i < CPT; ++i) {
+                const unsigned int c = tid + i * THREADS;
+                if (c < n) {
+                    const unsigned int j = s_.jump[cur][c];
+                    unsigned int jj = j;
+                    if (j < n) {
+                        if (s_.mark[c] != 0u) {
+                            s_.mark[j] = 1u;
+                        }
+                        jj = s_.jump[cur][j];
+                    }
+                    s_.jump[cur ^ 1u][c] = (unsigned short)jj;
+                }
+            }
+            block_sync();
+            cur ^= 1u;
+        }
+        // Ranks: records of the chain in chunk order. Slice i holds chunks [i, i + 1) * THREADS,
+        // warp w of it 32 of them; a warp scan over the (slice, warp) counts gives the offsets.
+        const unsigned int lane = tid & 31u;
+        const unsigned int warp = tid >> 5;
+        unsigned int ballot[CPT];
+#pragma unroll
+        for (unsigned int i = 0; i < CPT; ++i) {
+            const unsigned int c = tid + i * THREADS;
+            const bool on = c < n && s_.mark[c] != 0u;
+            if (on && link[i] >= n) {
+                s_.last = c; // the one chain chunk whose link leaves the window
+            }
+            const bool rec = on && link[i] < VKGDR_RING_JUMP_BEYOND && (wrap & (1u << i)) == 0u;
+            ballot[i] = __ballot_sync(0xFFFFFFFFu, rec);
+            if (lane == 0u) {
+                s_.counts[i * (THREADS / 32u) + warp] = __popc(ballot[i]);
+            }
+        }
+        block_sync();
+        const unsigned int mine = lane < SLOTS ? s_.counts[lane] : 0u;
+        unsigned int incl = mine;
+#pragma unroll
+        for (unsigned int d = 1; d < 32u; d <<= 1) {
+            const unsigned int y = __shfl_up_sync(0xFFFFFFFFu, incl, d);
+            if (lane >= d) {
+                incl += y;
+            }
+        }
+        unsigned int count = __shfl_sync(0xFFFFFFFFu, incl, 31);
+#pragma unroll
+        for (unsigned int i = 0; i < CPT; ++i) {
+            const unsigned int off = __shfl_sync(0xFFFFFFFFu, incl - mine, i * (THREADS / 32u) + warp);
+            if ((ballot[i] >> lane) & 1u) {
+                s_.start[off + __popc(ballot[i] & ((1u << lane) - 1u))] =
+                    (unsigned short)(tid + i * THREADS);
+            }
+        }
+        const unsigned int last = s_.last;
+        group_pos_ = pos_;
+        if (term == VKGDR_RING_JUMP_BAD) {
+            err_ = VKGDR_RING_BROKEN;
+            pos_ += 16ull * last;
+        } else if (term == VKGDR_RING_JUMP_BEYOND && last == 0u) {
+            // The first record is longer than the window: the group is that record alone.
+            const uint4 h = s_.window[0];
+            large_ = true;
+            const bool wrap_pad = h.y == VKGDR_RING_KIND_PAD && h.z == 0xFFFFFFFFu
+                                  && h.w == 0xFFFFFFFFu;
+            count = wrap_pad ? 0u : 1u;
+            pos_ += record_size(h.x);
+        } else {
+            pos_ += 16ull * (term == VKGDR_RING_JUMP_BEYOND ? last : n);
+        }
+        if (err_ != VKGDR_RING_BROKEN && pos_ != tail_) {
+            // Read ahead: the next window, below the tail already seen.
+            const u64 ahead = tail_ - pos_;
+            pre_n_ = (unsigned int)((ahead < WINDOW ? ahead : WINDOW) / 16ull);
+            const u64 next_base = pos_ & mask_;
+#pragma unroll
+            for (unsigned int i = 0; i < CPT; ++i) {
+                const unsigned int c = tid + i * THREADS;
+                if (c < pre_n_) {
+                    pre_[i] = load(next_base, c);
+                }
+            }
+            pre_pos_ = pos_;
+        }
+        block_sync(); // start[] is complete
+        return count;
+    }
+
+    // Record k (< the count next() returned) of the current group, in any thread. Valid until
+    // the next call of next().
+    __device__ Record record(unsigned int k) const
+    {
+        const unsigned int c = large_ ? 0u : s_.start[k];
+        const uint4 v = s_.window[c];
+        Record r;
+        r.pos = group_pos_ + 16ull * c;
+        r.payload = lane_.data + (r.pos & mask_) + VKGDR_RING_HEADER_LEN;
+        r.len = v.x;
+        r.kind = v.y;
+        r.seq = (u64)v.z | ((u64)v.w << 32);
+        return r;
+    }
+
+    // Record k's payload in shared memory (the whole record lies in the window), or null for
+    // the record of a large() group. Chunk q holds payload bytes 16q .. 16q + 15.
+    __device__ const uint4* shared_payload(unsigned int k) const
+    {
+        return large_ ? nullptr : &s_.window[s_.start[k] + 1u];
+    }
+
+    // Whether the current group is one record longer than the window (payload in global memory).
+    __device__ bool large() const { return large_; }
+
+    // As BlockReader::release().
+    __device__ void release(bool force = false)
+    {
+        block_sync(); // every thread's reads of the group are done
+        if (lane_.head == 0 || pos_ == released_) {
+            return;
+        }
+        if (force || pos_ == tail_ || pos_ - released_ >= lane_.capacity / 4ull) {
+            if (threadIdx.x == 0) {
+                // The block's reads (ordered by the barrier above) before the head store. Loads
+                // of the next window may be in flight: they lie at or above the new head.
+                __threadfence_system();
+                *lane_.head = pos_;
+                __threadfence_system();
+            }
+            released_ = pos_;
+        }
+    }
+
+    // After a broken chain: counts as handled and moves to the tail (always a record boundary).
+    __device__ void skip_to_tail()
+    {
+        pos_ = tail_;
+        if (err_ == VKGDR_RING_BROKEN) {
+            err_ = VKGDR_RING_OK;
+        }
+    }
+
+    __device__ u64 position() const { return pos_; }
+    __device__ u64 tail() const { return tail_; }
+    __device__ int error() const { return err_; }
+    __device__ const RingLane& lane() const { return lane_; }
+
+  private:
+    static constexpr unsigned int SLOTS = CPT * (THREADS / 32u);
+    static constexpr u64 NO_PREFETCH = 0xFFFFFFFFFFFFFFFFull; // never a 16-aligned position
+
+    __device__ static void check_shape()
+    {
+        static_assert(THREADS % 32 == 0 && THREADS <= 1024, "THREADS: a multiple of 32");
+        static_assert(CPT >= 1 && SLOTS <= 32, "at most 1024 chunks (one warp scans the counts)");
+    }
+
+    __device__ void init()
+    {
+        pre_pos_ = NO_PREFETCH;
+        pre_n_ = 0u;
+        large_ = false;
+        group_pos_ = pos_;
+#pragma unroll
+        for (unsigned int i = 0; i < CPT; ++i) {
+            pre_[i] = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+
+    // Chunk c of the window at region offset `base` (L2 only: lines of an earlier lap are stale).
+    __device__ uint4 load(u64 base, unsigned int c) const
+    {
+        // Padded rings wrap the window at the end of the region (records do not cross it);
+        // mirrored rings read on into the mirror (a window is at most a capacity).
+        const u64 off = lane_.mirrored ? base + 16ull * c : (base + 16ull * c) & mask_;
+        return __ldcg((const uint4*)(lane_.data + off));
+    }
+
+    // Chunk c read as a header: the chunk after its record (c + size / 16 <= n), BEYOND (valid,
+    // ends past the window but not past the tail) or BAD (what next_record_in rejects, or a wrap
+    // PAD that does not end at the region's end).
+    __device__ unsigned int decode(uint4 v, u64 base, unsigned int c, u64 avail,
+                                   unsigned int n) const
+    {
+        const u64 size = record_size(v.x);
+        const u64 here = (base + 16ull * c) & mask_;
+        const bool kind_ok = v.y == VKGDR_RING_KIND_DATA || v.y == VKGDR_RING_KIND_PAD;
+        const bool fits = size <= avail - 16ull * c
+                          && (lane_.mirrored || here + size <= lane_.capacity);
+        if (!kind_ok || !fits) {
+            return VKGDR_RING_JUMP_BAD;
+        }
+        if (v.y == VKGDR_RING_KIND_PAD && v.z == 0xFFFFFFFFu && v.w == 0xFFFFFFFFu
+            && here + size != lane_.capacity) {
+            return VKGDR_RING_JUMP_BAD;
+        }
+        const u64 to = (u64)c + size / 16ull;
+        return to <= (u64)n ? (unsigned int)to : VKGDR_RING_JUMP_BEYOND;
+    }
+
+    RingLane lane_;
+    WindowShared<THREADS, CPT>& s_;
+    u64 mask_;
+    u64 pos_;       // consumed (or being consumed) up to here
+    u64 group_pos_; // where the current group's window starts
+    u64 tail_;      // the last tail seen
+    u64 released_;  // the last head published
+    u64 pre_pos_;   // where the window in pre_ starts, or NO_PREFETCH
+    uint4 pre_[CPT]; // this thread's chunks of the next window, loaded ahead
+    unsigned int pre_n_;
+    int err_;
+    bool large_;
+};
+
+// Sum over a warp (every lane calls it; the result is valid in every lane).
+__device__ __forceinline__ u64 warp_sum(u64 v)
+{
+    for (int d = 16; d > 0; d >>= 1) {
+        v += __shfl_xor_sync(0xFFFFFFFFu, v, d);
+    }
+    return v;
+}
 
 // Sum over the block (every thread calls it; the result is valid in every thread). `scratch`:
 // THREADS / 32 words of shared memory.

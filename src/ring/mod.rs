@@ -5,9 +5,9 @@
 //! format and the control words, [`core`] is the pure producer logic (positions, sequence numbers,
 //! space, in-order publication) over a [`core::RingSink`], [`device`] puts it on the GPU, and
 //! `include/vkgdr/ring.cuh` is the device side: the view a kernel takes, the head/tail protocol
-//! and a block-cooperative reader that hands a thread block up to one record per thread, in
-//! order. `kernels/ring.cu` holds consumers built on it (`nvcc -ptx -arch=compute_75`; CUDA 13 no
-//! longer accepts compute_70). Control words, one set per lane:
+//! and block-cooperative readers that hand a thread block the records in order. `kernels/ring.cu`
+//! holds consumers built on it (`nvcc -ptx -arch=compute_75`; CUDA 13 no longer accepts
+//! compute_70). Control words, one set per lane:
 //!
 //! | word   | type | lives in           | written by | read by |
 //! |--------|------|--------------------|------------|---------|
@@ -54,18 +54,25 @@
 //! `tail` only grows; under contention one tail store covers many records. A batch-mode launch is
 //! ordered the same way: `sfence` after the records, then the launch.
 //!
-//! **Consumer (GPU, `vkgdr::BlockReader` in `ring.cuh`).** One thread polls `tail` with volatile
-//! loads (`ld.volatile`, not cached in L1). On a new value it executes `__threadfence_system()`
+//! **Consumer (GPU, `vkgdr::WindowReader` or `vkgdr::BlockReader` in `ring.cuh`).** One thread
+//! polls `tail` with volatile loads (`ld.volatile`, not cached in L1), and only once everything
+//! below the last tail seen is consumed. On a new value it executes `__threadfence_system()`
 //! before anything reads records: the fence keeps later loads from being satisfied before the
 //! tail load. Records are read with `ld.global.cg` (L2, bypassing L1) so no line cached on an
-//! earlier lap of the ring is reused. The block loads the next `16 × threads` bytes into shared
-//! memory (one coalesced load per thread), each thread decodes its chunk as if it were a header,
-//! and one thread follows the chain through those links; thread `i` then gets record `i`. After
-//! the block's barrier (its reads are done) one thread runs `__threadfence_system()`, stores
-//! `head = pos` (volatile) into pinned host memory, and fences again so the store leaves promptly
-//! — when it has caught up with the tail, or every quarter of the ring. The reader checks `stop`
-//! only when `tail` has not moved; when set it fences, re-reads `tail`, and exits only if nothing
-//! is left. The CPU therefore publishes the final tail, `sfence`, then sets `stop`.
+//! earlier lap of the ring is reused. `WindowReader` (the checking kernels' reader) loads a
+//! window of the lane (16 KiB for 256 threads) into shared memory with coalesced loads, decodes
+//! every 16-byte chunk as if it were a header, resolves the chain from the window's first record
+//! by pointer jumping (a barrier per round, log2 of the chain's length rounds) and hands out the
+//! records that lie wholly in the window with their payloads in shared memory; a record longer
+//! than the window is a group of its own, read from global memory. The next window, below the
+//! tail already seen, is loaded while the block works on the current one: those loads lie at or
+//! above the head it publishes. `BlockReader` is the simpler one: `16 × threads` bytes, one thread
+//! follows the chain, thread `i` gets record `i`. After the block's barrier (its reads are done)
+//! one thread runs `__threadfence_system()`, stores `head = pos` (volatile) into pinned host
+//! memory, and fences again so the store leaves promptly — when it has caught up with the tail,
+//! or every quarter of the ring. The reader checks `stop` only when `tail` has not moved; when set
+//! it fences, re-reads `tail`, and exits only if nothing is left. The CPU therefore publishes the
+//! final tail, `sfence`, then sets `stop`.
 //!
 //! **Reclaim (CPU).** Producers load `head` from pinned host memory with an `Acquire` load (an
 //! ordinary cached load: the GPU's PCIe writes to host memory are cache-coherent) and pass it to
