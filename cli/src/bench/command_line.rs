@@ -86,8 +86,8 @@ pub struct RunArgs {
     )]
     pub compare: Option<PathBuf>,
 
-    /// With --compare: the smallest change that counts, in percent (a figure's own spread can
-    /// widen it)
+    /// With --compare: the smallest change that counts, in percent (a figure's own spread or
+    /// few samples can widen it)
     #[arg(
         long,
         value_name = "PCT",

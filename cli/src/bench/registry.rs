@@ -5,8 +5,9 @@
 
 use super::error::BenchResult;
 use super::options::Options;
+use super::raw_steps::{ALLOC_STEPS, FREE_STEPS};
 use super::report::model::Report;
-use super::report::spec::{Anchor, Layout, ReportSpec};
+use super::report::spec::{Anchor, DriverWork, Layout, ReportSpec};
 use super::{apiperf, arena, copybw, copylat, fastpath, pplat, ring, waits};
 
 /// What a benchmark runs: its reports, or the error that stopped it.
@@ -30,6 +31,160 @@ pub struct Benchmark {
 /// The `waits` reports' rows that call the driver directly (the others are the library's calls).
 const DRIVER_CALLS: &[&str] = &["cu*", "vk*", "legacy-stream completion word arrives"];
 
+/// `apiperf`: a raw allocation of whole chunks (2 MiB and up; smaller ones are carved and have no
+/// step rows at their size, so they stand alone) and a pool chunk are the `step:` rows' driver
+/// calls, and so are their frees.
+const APIPERF_DRIVER_WORK: &[DriverWork] = &[
+    DriverWork {
+        rows: "RawMemory alloc",
+        made_of: &ALLOC_STEPS,
+    },
+    DriverWork {
+        rows: "RawMemory free",
+        made_of: &FREE_STEPS,
+    },
+    DriverWork {
+        rows: "pool chunk alloc*",
+        made_of: &ALLOC_STEPS,
+    },
+    DriverWork {
+        rows: "pool chunk free*",
+        made_of: &FREE_STEPS,
+    },
+];
+
+/// The `waits` reports' driver calls that make one chunk of device memory (a Vulkan allocation
+/// exported, imported, reserved, mapped).
+const WAITS_CHUNK_ALLOC: &[&str] = &[
+    "vkAllocateMemory + vkMapMemory",
+    "vkGetMemoryFdKHR",
+    "cuMemImportFromShareableHandle",
+    "cuMemAddressReserve",
+    "cuMemMap",
+    "cuMemSetAccess",
+];
+
+/// The `waits` reports' driver calls that give such a chunk back.
+const WAITS_CHUNK_FREE: &[&str] = &[
+    "cuMemUnmap",
+    "cuMemRelease",
+    "cuMemAddressFree",
+    "vkUnmapMemory + vkFreeMemory",
+];
+
+/// The library calls of `waits` that make something (memory, a module, a stream) and are mostly
+/// the driver calls beside them.
+const WAITS_ALLOC_WORK: [DriverWork; 9] = [
+    DriverWork {
+        rows: "Gpu::alloc",
+        made_of: WAITS_CHUNK_ALLOC,
+    },
+    DriverWork {
+        rows: "Pool::alloc 256 B (first chunk)",
+        made_of: WAITS_CHUNK_ALLOC,
+    },
+    DriverWork {
+        rows: "Pool::alloc 16 MiB (own chunk)",
+        made_of: WAITS_CHUNK_ALLOC,
+    },
+    DriverWork {
+        rows: "Arena::grow",
+        made_of: &[
+            "vkAllocateMemory + vkMapMemory",
+            "vkGetMemoryFdKHR",
+            "cuMemImportFromShareableHandle",
+            "cuMemMap",
+            "cuMemSetAccess",
+        ],
+    },
+    DriverWork {
+        rows: "DeviceRing::new*",
+        made_of: WAITS_CHUNK_ALLOC,
+    },
+    DriverWork {
+        rows: "PinnedBuffer::new*",
+        made_of: &[
+            "vkAllocateMemory (host memory)",
+            "vkGetMemoryFdKHR (host memory)",
+            "cuMemImportFromShareableHandle (host memory)",
+            "cuMemMap (host memory)",
+            "cuMemSetAccess (host memory)",
+        ],
+    },
+    DriverWork {
+        rows: "Module::load_ptx",
+        made_of: &["cuModuleLoadData"],
+    },
+    DriverWork {
+        rows: "Stream::new",
+        made_of: &["cuStreamCreate"],
+    },
+    DriverWork {
+        rows: "Gpu::memcpy_htod 64 KiB",
+        made_of: &["cuMemcpyHtoD_v2 (64 KiB pageable)"],
+    },
+];
+
+/// The drops and releases of `waits` that give chunks back to the driver there and then (with no
+/// kernel running, or one on its own stream; on the legacy stream the library defers them).
+const WAITS_FREE_WORK: [DriverWork; 8] = [
+    DriverWork {
+        rows: "RawMemory drop",
+        made_of: WAITS_CHUNK_FREE,
+    },
+    DriverWork {
+        rows: "Block drop (own chunk)",
+        made_of: WAITS_CHUNK_FREE,
+    },
+    DriverWork {
+        rows: "Pool::trim",
+        made_of: WAITS_CHUNK_FREE,
+    },
+    DriverWork {
+        rows: "Arena::shrink",
+        made_of: &["cuMemUnmap", "cuMemRelease", "vkUnmapMemory + vkFreeMemory"],
+    },
+    DriverWork {
+        rows: "DeviceRing drop",
+        made_of: WAITS_CHUNK_FREE,
+    },
+    DriverWork {
+        rows: "PinnedBuffer drop",
+        made_of: &[
+            "cuMemUnmap (host memory)",
+            "cuMemRelease (host memory)",
+            "vkFreeMemory (host memory)",
+        ],
+    },
+    DriverWork {
+        rows: "Module drop",
+        made_of: &["cuModuleUnload"],
+    },
+    DriverWork {
+        rows: "Stream drop",
+        made_of: &["cuStreamDestroy_v2"],
+    },
+];
+
+/// `waits-idle` and `waits-own-stream`: allocations and frees.
+const WAITS_DRIVER_WORK: &[DriverWork] = &{
+    const A: usize = WAITS_ALLOC_WORK.len();
+    let mut all = [WAITS_ALLOC_WORK[0]; A + WAITS_FREE_WORK.len()];
+    let mut i = 0;
+    while i < all.len() {
+        all[i] = if i < A {
+            WAITS_ALLOC_WORK[i]
+        } else {
+            WAITS_FREE_WORK[i - A]
+        };
+        i += 1;
+    }
+    all
+};
+
+/// `waits-legacy-stream`: allocations only (the frees are deferred there).
+const WAITS_LEGACY_DRIVER_WORK: &[DriverWork] = &WAITS_ALLOC_WORK;
+
 /// The benchmarks, in the order `all` runs them: `apiperf` first so that its "first
 /// `Gpu::open`" really is the first in the process.
 pub const BENCHMARKS: [Benchmark; 8] = [
@@ -46,6 +201,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                 ("RawMemory free", "cuMemFree"),
             ]),
             machine: &["cuMemAlloc", "cuMemFree", "step: *"],
+            driver_work: APIPERF_DRIVER_WORK,
         }],
     },
     Benchmark {
@@ -59,6 +215,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                 layout: Layout::Wide,
                 anchor: Anchor::Method("HtoD pinned"),
                 machine: &["HtoD pinned", "HtoD pageable"],
+                driver_work: &[],
             },
             ReportSpec {
                 name: "copybw-read",
@@ -66,6 +223,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                 layout: Layout::Wide,
                 anchor: Anchor::Method("DtoH pinned"),
                 machine: &["DtoH pinned", "DtoH pageable"],
+                driver_work: &[],
             },
         ],
     },
@@ -79,6 +237,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
             layout: Layout::Wide,
             anchor: Anchor::Method("cuMemcpyHtoD"),
             machine: &["cuMemcpyHtoD", "HtoDAsync+sync"],
+            driver_work: &[],
         }],
     },
     Benchmark {
@@ -92,6 +251,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                 layout: Layout::Long,
                 anchor: Anchor::Method("cuMemcpyHtoD pinned (DMA limit)"),
                 machine: &["cuMemcpyHtoD pinned (DMA limit)"],
+                driver_work: &[],
             },
             ReportSpec {
                 name: "fastpath-read",
@@ -103,6 +263,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                     "cuMemcpyDtoH pageable",
                     "cuMemHostRegister + DtoH + unregister",
                 ],
+                driver_work: &[],
             },
             ReportSpec {
                 name: "fastpath-small",
@@ -124,6 +285,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                     ("16 blocks: one WriteBatch", "16 blocks: Block::write each"),
                 ]),
                 machine: &["raw store + sfence, same block (limit)"],
+                driver_work: &[],
             },
             ReportSpec {
                 name: "fastpath-pool",
@@ -140,6 +302,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                     ),
                 ]),
                 machine: &[],
+                driver_work: &[],
             },
         ],
     },
@@ -153,6 +316,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
             layout: Layout::Wide,
             anchor: Anchor::Method("HtoDAsync+sync"),
             machine: &["HtoDAsync+sync"],
+            driver_work: &[],
         }],
     },
     Benchmark {
@@ -166,6 +330,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                 layout: Layout::Wide,
                 anchor: Anchor::Method("cuMemcpyHtoDAsync, 256 per copy"),
                 machine: &["cuMemcpyHtoDAsync*"],
+                driver_work: &[],
             },
             ReportSpec {
                 name: "ring-latency",
@@ -173,6 +338,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                 layout: Layout::Long,
                 anchor: Anchor::Method("cuMemcpyHtoDAsync + sync"),
                 machine: &["cuMemcpyHtoDAsync + sync"],
+                driver_work: &[],
             },
             ReportSpec {
                 name: "ring-wrap",
@@ -183,6 +349,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                     "padded ring (wrap PAD at the end)",
                 )]),
                 machine: &[],
+                driver_work: &[],
             },
         ],
     },
@@ -200,6 +367,9 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                     ("arena shrink by one chunk", "separate chunk free"),
                 ]),
                 machine: &[],
+                // Not anchored on `apiperf`'s steps: measured at another point of the run, these
+                // rows stayed put on a machine where the steps moved by 1.37×.
+                driver_work: &[],
             },
             ReportSpec {
                 name: "arena-read",
@@ -210,6 +380,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                     "* kernels over separate chunks",
                 )]),
                 machine: &[],
+                driver_work: &[],
             },
         ],
     },
@@ -224,6 +395,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                 layout: Layout::Long,
                 anchor: Anchor::None,
                 machine: DRIVER_CALLS,
+                driver_work: WAITS_DRIVER_WORK,
             },
             ReportSpec {
                 name: "waits-own-stream",
@@ -231,6 +403,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                 layout: Layout::Long,
                 anchor: Anchor::SameMethodIn("waits-idle"),
                 machine: DRIVER_CALLS,
+                driver_work: WAITS_DRIVER_WORK,
             },
             ReportSpec {
                 name: "waits-legacy-stream",
@@ -238,6 +411,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                 layout: Layout::Long,
                 anchor: Anchor::SameMethodIn("waits-idle"),
                 machine: DRIVER_CALLS,
+                driver_work: WAITS_LEGACY_DRIVER_WORK,
             },
         ],
     },
@@ -366,6 +540,45 @@ mod tests {
             seen += 1;
         }
         assert!(seen >= 10, "only {seen} CSVs in {}", dir.display());
+    }
+
+    #[test]
+    fn driver_work_names_machine_rows_the_benchmarks_measure() {
+        // Every library row with driver work, and every row it is made of, is a method of the
+        // published results; the rows it is made of are machine rows, the library's are not.
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/bench");
+        let mut checked = 0;
+        for spec in BENCHMARKS.iter().flat_map(|b| b.reports) {
+            let Ok(report) = read_csv(&dir.join(format!("{}.csv", spec.name))) else {
+                continue;
+            };
+            let methods = report.methods();
+            for w in spec.driver_work {
+                let rows: Vec<&str> = methods
+                    .iter()
+                    .copied()
+                    .filter(|m| method_matches(w.rows, m))
+                    .collect();
+                assert!(
+                    !rows.is_empty(),
+                    "{}: no method matches {:?}",
+                    spec.name,
+                    w.rows
+                );
+                assert!(rows.iter().all(|m| !spec.is_machine(m)), "{}", spec.name);
+                for p in w.made_of {
+                    assert!(
+                        methods
+                            .iter()
+                            .any(|m| method_matches(p, m) && spec.is_machine(m)),
+                        "{}: no machine row matches {p:?}",
+                        spec.name
+                    );
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked >= 25, "only {checked} driver-work entries checked");
     }
 
     #[test]

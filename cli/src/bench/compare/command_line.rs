@@ -27,8 +27,10 @@ Compare results.json with an earlier one: every figure, its ratio, moves beyond 
 
 Figures are matched by report, method and size; each gets the ratio now/before and a mark where it \
 moved beyond its noise: the larger of --tolerance and its own spread in either run (half its \
-p10-p90 range, relative to its median). Times are better lower, GB/s higher. Only runs on the same \
-GPU model (CUDA device 0's name) are judged; other pairs are shown as information.";
+p10-p90 range, relative to its median), wider with fewer than 50 samples. Times are better lower, \
+GB/s higher. Library figures that are mostly driver calls are also judged against the driver rows \
+they are made of in the same run: worse only if worse against those too. Only runs on the same GPU \
+model (CUDA device 0's name) are judged; other pairs are shown as information.";
 
 /// `vkgdr bench compare`'s command line.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
@@ -43,7 +45,7 @@ pub struct CompareArgs {
     pub current: PathBuf,
 
     /// The noise floor: the smallest change, in percent, that counts as a move (a figure's own
-    /// spread can widen it)
+    /// spread or few samples can widen it)
     #[arg(long, value_name = "PCT", default_value_t = DEFAULT_TOLERANCE_PERCENT,
           value_parser = clap::value_parser!(u32).range(0..=1000))]
     pub tolerance: u32,

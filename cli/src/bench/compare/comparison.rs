@@ -104,13 +104,17 @@ impl Comparison {
                 Verdict::Better => summary.better += 1,
                 Verdict::WithinNoise => summary.within_noise += 1,
                 Verdict::MachineMoved => summary.machine_moved += 1,
+                Verdict::MovedWithDriver => summary.moved_with_driver += 1,
                 Verdict::OnlyInBaseline => summary.only_in_baseline += 1,
                 Verdict::OnlyInCurrent => summary.only_in_current += 1,
                 Verdict::NotComparable => summary.not_comparable += 1,
             }
         }
-        summary.compared =
-            summary.worse + summary.better + summary.within_noise + summary.machine_moved;
+        summary.compared = summary.worse
+            + summary.better
+            + summary.within_noise
+            + summary.machine_moved
+            + summary.moved_with_driver;
         Comparison {
             doc: ComparisonDocument {
                 about: About::new(FORMAT),
@@ -143,6 +147,7 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
+    use crate::bench::compare::anchoring::driver_work;
     use crate::bench::compare::baseline::Loaded;
     use crate::bench::compare::noise::spread;
     use crate::bench::compare::results::{
@@ -271,6 +276,308 @@ mod tests {
         assert_eq!(judge(old, &new).exit_code(), EXIT_WORSE);
     }
 
+    /// A report called `name` (a registered one, so the registry's machine rows and driver work
+    /// apply) holding `figures`.
+    fn report(name: &str, unit: &str, figures: Vec<FigureIn>) -> ReportIn {
+        ReportIn {
+            name: name.into(),
+            title: None,
+            unit: unit.into(),
+            higher_is_better: None,
+            figures,
+        }
+    }
+
+    /// A figure with `samples` samples.
+    fn sampled(method: &str, size: u64, median: f64, samples: u64) -> FigureIn {
+        FigureIn {
+            samples: Some(samples),
+            ..fig(method, size, median, 0.05)
+        }
+    }
+
+    /// `run` with every figure's median and percentiles multiplied by what `factor` says for it.
+    fn scaled(run: &Results, factor: impl Fn(&ReportIn, &FigureIn) -> f64) -> Results {
+        let mut out = run.clone();
+        for r in out.benchmarks.iter_mut().flat_map(|b| b.reports.iter_mut()) {
+            let unscaled = r.clone();
+            for (f, was) in r.figures.iter_mut().zip(&unscaled.figures) {
+                let k = factor(&unscaled, was);
+                f.median *= k;
+                f.p10 = f.p10.map(|v| v * k);
+                f.p90 = f.p90.map(|v| v * k);
+            }
+        }
+        out
+    }
+
+    /// An `apiperf` and a `waits-idle` report as a run on one machine writes them: the driver's
+    /// steps of a 2 MiB chunk (10 samples each) beside the library's whole chunk, the driver
+    /// calls of `waits` (5 samples) beside `Gpu::alloc` and `RawMemory drop`, and the cached pool
+    /// pair (100 000 samples).
+    fn driver_heavy_run() -> Results {
+        let mb2 = 2 << 20;
+        let machine = |method: &str, median: f64, samples: u64| FigureIn {
+            origin: Some("machine".into()),
+            ..sampled(method, mb2, median, samples)
+        };
+        let mut apiperf: Vec<FigureIn> = crate::bench::raw_steps::ALLOC_STEPS
+            .iter()
+            .zip([91_000.0, 30_000.0, 50_000.0, 1_000.0, 35_000.0])
+            .chain(
+                crate::bench::raw_steps::FREE_STEPS
+                    .iter()
+                    .zip([23_000.0, 7_000.0, 600.0, 70_000.0]),
+            )
+            .map(|(m, ns)| machine(m, ns, 10))
+            .collect();
+        apiperf.extend([
+            sampled("pool chunk alloc (library, whole)", mb2, 178_000.0, 10),
+            sampled(
+                "pool chunk free (library: queued, released off the caller's thread)",
+                mb2,
+                112_000.0,
+                10,
+            ),
+            machine("cuMemAlloc", 44_000.0, 2000),
+            sampled("Pool alloc+free", 256, 58.7, 100_000),
+        ]);
+        let mut waits: Vec<FigureIn> = [
+            ("vkAllocateMemory + vkMapMemory", 231_000.0),
+            ("vkGetMemoryFdKHR", 65_000.0),
+            ("cuMemImportFromShareableHandle", 41_000.0),
+            ("cuMemAddressReserve", 5_900.0),
+            ("cuMemMap", 7_500.0),
+            ("cuMemSetAccess", 103_000.0),
+            ("cuMemUnmap", 48_000.0),
+            ("cuMemRelease", 19_000.0),
+            ("cuMemAddressFree", 4_400.0),
+            ("vkUnmapMemory + vkFreeMemory", 219_000.0),
+        ]
+        .into_iter()
+        .map(|(m, ns)| machine(m, ns, 5))
+        .collect();
+        waits.extend([
+            sampled("Gpu::alloc", mb2, 489_000.0, 10),
+            sampled("RawMemory drop", mb2, 314_000.0, 5),
+        ]);
+        let mut run = results(Some(("G", "u")), "ns", Vec::new());
+        run.benchmarks[0].reports = vec![
+            report("apiperf", "ns", apiperf),
+            report("waits-idle", "ns", waits),
+        ];
+        run
+    }
+
+    /// Whether `f` of report `r` in `run` times the driver alone (the registry names it a
+    /// machine row), and whether it is a library row made of driver work measured beside it.
+    fn driver_heavy(run: &Results, r: &ReportIn, f: &FigureIn) -> (bool, bool) {
+        let spec = crate::bench::registry::report_spec(&r.name).unwrap();
+        let unit = f.unit.as_deref().unwrap_or(&r.unit);
+        (
+            spec.is_machine(&f.method),
+            driver_work(run, &r.name, &f.method, f.size_bytes, unit).is_some(),
+        )
+    }
+
+    /// `run` on a machine whose driver is 40 % slower: its driver rows and the library's rows
+    /// that are mostly driver work take 1.4 times as long; the rest does not move.
+    fn slower_driver(run: &Results) -> Results {
+        scaled(run, |r, f| match driver_heavy(run, r, f) {
+            (false, false) => 1.0,
+            _ => 1.4,
+        })
+    }
+
+    #[test]
+    fn a_machine_whose_driver_is_40_percent_slower_is_no_regression() {
+        let old = driver_heavy_run();
+        let new = slower_driver(&old);
+        let c = judge(old, &new);
+        let d = &c.doc;
+        assert_eq!(d.summary.worse, 0, "{}", c.text());
+        assert!(!d.regressed);
+        assert_eq!(c.exit_code(), 0);
+        for f in &d.figures {
+            let library = !crate::bench::registry::report_spec(&f.report)
+                .unwrap()
+                .is_machine(&f.method);
+            match f.driver_work.as_ref() {
+                // Moved by 1.4 with its driver work: the anchored move is none at all.
+                Some(w) => {
+                    assert!((f.ratio.unwrap() - 1.4).abs() < 1e-9);
+                    assert!((w.ratio - 1.4).abs() < 1e-9, "{}: {}", f.method, w.ratio);
+                    assert!((w.anchored_ratio - 1.0).abs() < 1e-9);
+                    assert_eq!(w.verdict, Verdict::WithinNoise);
+                    assert!(library);
+                }
+                None if library => assert_eq!(f.verdict, Verdict::WithinNoise, "{}", f.method),
+                None => {}
+            }
+        }
+        // The 10-sample rows moved by 1.4 beyond their noise (27.5 %), with their driver work;
+        // the 5-sample row's noise (40.6 %) holds 1.4 by itself.
+        let verdict = |m: &str| d.figures.iter().find(|f| f.method == m).unwrap().verdict;
+        assert_eq!(
+            verdict("pool chunk alloc (library, whole)"),
+            Verdict::MovedWithDriver
+        );
+        assert_eq!(verdict("Gpu::alloc"), Verdict::MovedWithDriver);
+        assert_eq!(verdict("RawMemory drop"), Verdict::WithinNoise);
+        assert_eq!(verdict("cuMemAlloc"), Verdict::MachineMoved);
+        assert_eq!(d.summary.moved_with_driver, 3);
+        let text = c.text();
+        assert!(text.contains("vs driver"), "{text}");
+        assert!(text.contains("with driver"), "{text}");
+        // The document says it, and reads back (to the last digit serde_json parses).
+        let back: ComparisonDocument = serde_json::from_str(&to_text(d)).unwrap();
+        assert_eq!(back.summary, d.summary);
+        for (b, f) in back.figures.iter().zip(&d.figures) {
+            assert_eq!(
+                (b.verdict, b.tolerance_percent),
+                (f.verdict, f.tolerance_percent)
+            );
+            assert_eq!(
+                b.driver_work.as_ref().map(|w| (&w.methods, w.verdict)),
+                f.driver_work.as_ref().map(|w| (&w.methods, w.verdict))
+            );
+        }
+
+        // The library's own share 1.8 times slower on that machine is still a regression.
+        let worse = scaled(&new, |_, f| {
+            if f.method.starts_with("pool chunk alloc") {
+                1.8
+            } else {
+                1.0
+            }
+        });
+        let c = judge(driver_heavy_run(), &worse);
+        let f = c
+            .doc
+            .figures
+            .iter()
+            .find(|f| f.method.starts_with("pool chunk alloc"))
+            .unwrap();
+        assert_eq!(f.verdict, Verdict::Worse);
+        let w = f.driver_work.as_ref().unwrap();
+        assert!((w.anchored_ratio - 1.8).abs() < 1e-9);
+        assert_eq!(w.methods.len(), 5);
+        assert_eq!(c.doc.summary.worse, 1);
+        assert_eq!(c.exit_code(), EXIT_WORSE);
+        assert!(
+            c.text()
+                .contains("1.40× for the driver, 1.80× for the figure against it"),
+            "{}",
+            c.text()
+        );
+    }
+
+    #[test]
+    fn a_slower_pool_pair_is_a_regression_on_a_slower_machine_too() {
+        let slower = slower_driver(&driver_heavy_run());
+        let new = scaled(&slower, |_, f| {
+            if f.method == "Pool alloc+free" {
+                1.8
+            } else {
+                1.0
+            }
+        });
+        let c = judge(driver_heavy_run(), &new);
+        let worse: Vec<&str> = c
+            .doc
+            .figures
+            .iter()
+            .filter(|f| f.verdict == Verdict::Worse)
+            .map(|f| f.method.as_str())
+            .collect();
+        assert_eq!(worse, ["Pool alloc+free"]);
+        assert!(c.doc.regressed);
+        let text = c.text();
+        assert!(
+            text.contains("apiperf / Pool alloc+free @ 256 B: 58.7 ns → 106 ns (1.80× the time"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_few_sample_figure_needs_more_than_a_quarter_to_count() {
+        let gpu = Some(("G", "u"));
+        for (samples, factor, verdict) in [
+            // 1, 5 and 10 samples: a quarter is machine variance, 3× is not.
+            (1, 1.25, Verdict::WithinNoise),
+            (1, 3.0, Verdict::Worse),
+            (5, 1.25, Verdict::WithinNoise),
+            (5, 3.0, Verdict::Worse),
+            (10, 1.25, Verdict::WithinNoise),
+            (10, 3.0, Verdict::Worse),
+            (5, 1.0 / 3.0, Verdict::Better),
+            // Thousands of samples: the floor alone.
+            (2000, 1.25, Verdict::Worse),
+        ] {
+            let old = results(gpu, "ns", vec![sampled("m", 8, 400_000.0, samples)]);
+            let new = results(
+                gpu,
+                "ns",
+                vec![sampled("m", 8, 400_000.0 * factor, samples)],
+            );
+            let c = judge(old, &new);
+            let f = &c.doc.figures[0];
+            assert_eq!(f.verdict, verdict, "{samples} samples, {factor}×");
+            assert!(f.driver_work.is_none());
+        }
+        // The fewer samples of the two runs count.
+        let old = results(gpu, "ns", vec![sampled("m", 8, 100.0, 5)]);
+        let new = results(gpu, "ns", vec![sampled("m", 8, 125.0, 100_000)]);
+        let c = judge(old, &new);
+        assert_eq!(c.doc.figures[0].verdict, Verdict::WithinNoise);
+        assert!(c.doc.figures[0].tolerance_percent > 40.0);
+    }
+
+    #[test]
+    fn the_committed_baseline_as_a_slower_machine_would_run_it() {
+        // The recorded baseline still reads, and compared with itself nothing moved.
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../benches/baselines/nvidia-h100-80gb-hbm3.json");
+        let base = Results::load(&path).unwrap();
+        let c = judge(base.clone(), &base);
+        assert_eq!(c.doc.summary.within_noise, c.doc.summary.compared);
+        // Its driver and hardware rows (named by the registry: the baseline predates the mark)
+        // and the library rows made of driver work 40 % slower (rates 40 % lower): nothing counts.
+        let slower = scaled(&base, |r, f| match driver_heavy(&base, r, f) {
+            (true, _) if r.unit == "GB/s" => 1.0 / 1.4,
+            (false, false) => 1.0,
+            _ => 1.4,
+        });
+        let c = judge(base.clone(), &slower);
+        let s = c.doc.summary;
+        assert_eq!(s.worse, 0, "{}", c.text());
+        assert!(s.machine_moved > 100, "{s:?}");
+        assert!(s.moved_with_driver > 0, "{s:?}");
+        // The cached pool pairs 1.8 times slower besides: those, and only those, count.
+        let regressed = scaled(&slower, |r, f| {
+            let pool_pair = (r.name == "apiperf" && f.method == "Pool alloc+free")
+                || (r.name == "fastpath-pool" && f.method.contains("default PoolConfig"));
+            if pool_pair {
+                1.8
+            } else {
+                1.0
+            }
+        });
+        let c = judge(base, &regressed);
+        let worse: Vec<(&str, &str)> = c
+            .doc
+            .figures
+            .iter()
+            .filter(|f| f.verdict == Verdict::Worse)
+            .map(|f| (f.report.as_str(), f.method.as_str()))
+            .collect();
+        assert_eq!(worse.len(), 13, "{worse:?}");
+        assert!(worse
+            .iter()
+            .all(|(r, m)| *m == "Pool alloc+free" || *r == "fastpath-pool"));
+        assert_eq!(c.exit_code(), EXIT_WORSE);
+    }
+
     #[test]
     fn figures_pair_by_report_method_and_size_in_the_new_order() {
         let gpu = Some(("G", "u"));
@@ -321,6 +628,7 @@ mod tests {
                 better: 0,
                 within_noise: 1,
                 machine_moved: 0,
+                moved_with_driver: 0,
                 only_in_baseline: 1,
                 only_in_current: 1,
                 not_comparable: 0,

@@ -89,12 +89,21 @@ pub struct FigureComparisonJson {
     pub current: Option<f64>,
     /// `current / baseline` (`null` where either is missing or not positive).
     pub ratio: Option<f64>,
-    /// This figure's noise in percent: the floor or its own spread, whichever is larger.
+    /// This figure's noise in percent: the floor or its own spread in either run, whichever is
+    /// larger, plus an allowance where it has few samples
+    /// ([`noise_percent`](super::noise::noise_percent)).
     pub tolerance_percent: f64,
     /// `worse`, `better`, `within_noise`, `machine_moved` (a driver or hardware figure that moved
-    /// beyond its noise: never a regression), `only_in_baseline`, `only_in_current` or
-    /// `not_comparable` (units differ, or a median is not positive).
+    /// beyond its noise: never a regression), `moved_with_driver` (a library figure that moved
+    /// beyond its noise with the driver work it is made of, not against it: never a regression),
+    /// `only_in_baseline`, `only_in_current` or `not_comparable` (units differ, or a median is not
+    /// positive).
     pub verdict: Verdict,
+    /// The driver work this figure is made of, measured in both runs, and its move against it
+    /// (`null`: the registry names none for it, or a run lacks it). With it, the figure is worse
+    /// (better) only when both `ratio` and `driver_work.anchored_ratio` are beyond their noise.
+    #[serde(default)]
+    pub driver_work: Option<DriverWorkJson>,
     /// The method of the figure's anchor in this run (the baseline's where this run lacks the
     /// figure): whether the anchor moved as well tells a slower machine from slower code.
     pub anchor_method: Option<String>,
@@ -104,10 +113,33 @@ pub struct FigureComparisonJson {
     pub anchor_ratio_current: Option<f64>,
 }
 
+/// The driver work a library figure is made of (the machine rows the registry names, at the
+/// figure's size, added up), in both runs, and the figure's move against it: its *anchored* move.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DriverWorkJson {
+    /// The rows' methods (in the figure's report, at its size).
+    pub methods: Vec<String>,
+    /// Their medians added up, in the baseline.
+    pub baseline: f64,
+    /// Their medians added up, in this run.
+    pub current: f64,
+    /// `current / baseline`: how much the driver work moved.
+    pub ratio: f64,
+    /// The figure's `ratio` divided by the driver work's: its move with the machine's driver taken
+    /// out.
+    pub anchored_ratio: f64,
+    /// The anchored move's noise in percent: the figure's or the driver work's (its rows' spread
+    /// and samples), whichever is larger.
+    pub tolerance_percent: f64,
+    /// The anchored move alone: `worse`, `better` or `within_noise`.
+    pub verdict: Verdict,
+}
+
 /// How many figures got each verdict.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SummaryJson {
-    /// Figures in both runs with a verdict (worse + better + within noise + machine moved).
+    /// Figures in both runs with a verdict (worse + better + within noise + machine moved + moved
+    /// with driver).
     pub compared: usize,
     /// Worse beyond their noise.
     pub worse: usize,
@@ -118,6 +150,9 @@ pub struct SummaryJson {
     /// Figures of the driver or the hardware alone that moved beyond their noise.
     #[serde(default)]
     pub machine_moved: usize,
+    /// Library figures that moved beyond their noise with the driver work they are made of.
+    #[serde(default)]
+    pub moved_with_driver: usize,
     /// In the baseline only (a benchmark that failed or was not run, a method renamed).
     pub only_in_baseline: usize,
     /// In this run only.

@@ -6,13 +6,17 @@
 //! before) and a verdict in the unit's direction (time: lower is better; GB/s: higher is better). A
 //! figure has *moved* when the ratio is beyond its noise: the larger of a floor (`--tolerance`,
 //! [`DEFAULT_TOLERANCE_PERCENT`](command_line::DEFAULT_TOLERANCE_PERCENT) by default) and the
-//! figure's own spread in either run (half its p10–p90 range relative to its median), so a figure
-//! whose samples scatter widely needs a larger move to count. Worse means `factor > 1 + noise`,
-//! better `factor < 1 / (1 + noise)`, where the factor is now/before for times and before/now for
-//! rates. Reference figures (quoted, not measured) are left out. Figures of the driver or the
-//! hardware alone (origin `machine`: `cuMemAlloc`, a DMA copy, a raw driver call; the registry
-//! names them) that moved are `machine_moved`, never a regression: lent machines of one model
-//! differ by a quarter and more on driver calls, which says nothing of this library.
+//! figure's own spread in either run (half its p10–p90 range relative to its median), plus an
+//! allowance for few samples ([`noise`]), so a figure whose samples scatter widely, or a median of
+//! a handful of samples, needs a larger move to count. Worse means `factor > 1 + noise`, better
+//! `factor < 1 / (1 + noise)`, where the factor is now/before for times and before/now for rates.
+//! Reference figures (quoted, not measured) are left out. Figures of the driver or the hardware
+//! alone (origin `machine`: `cuMemAlloc`, a DMA copy, a raw driver call; the registry names them,
+//! which also covers documents recorded before the mark) that moved are `machine_moved`, never a
+//! regression: lent machines of one model differ by a quarter and more on driver calls, which
+//! says nothing of this library. Figures of this library that are mostly driver work are also
+//! judged against the driver rows they are made of in the same run ([`anchoring`]): worse only
+//! when that anchored move is worse too, else `moved_with_driver`.
 //!
 //! Only documents of the same GPU model (CUDA device 0's name; the UUID says whether it is the
 //! same card) are judged: with different or unknown GPUs the figures are shown as information and
@@ -28,10 +32,12 @@
 //! - [`baseline`]: the baseline, one file or the one of the new run's GPU in a directory;
 //! - [`pairing`]: the figures of both runs paired;
 //! - [`noise`]: when a figure has moved;
+//! - [`anchoring`]: a library figure against the driver work it is made of;
 //! - [`comparison`]: the whole judgement, and [`text`], the same as text;
 //! - [`document`]: the comparison's JSON document;
 //! - [`command_line`] and [`error`]: the command's options, and what keeps it from starting.
 
+pub mod anchoring;
 pub mod baseline;
 pub mod command_line;
 pub mod comparison;

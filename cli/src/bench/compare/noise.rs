@@ -1,6 +1,13 @@
 //! When a figure has moved ([`judge`]): beyond its noise, in the unit's direction
-//! ([`higher_is_better`]); how much a figure scatters by itself ([`spread`]), which widens its
-//! noise ([`noise_percent`]).
+//! ([`higher_is_better`]); how much a figure scatters by itself ([`spread`]) and how few samples
+//! it has ([`few_samples_percent`]), which widen its noise ([`noise_percent`]).
+//!
+//! The noise of a figure, in percent: the larger of the floor (`--tolerance`) and its spread in
+//! either run, plus an allowance for few samples, `100 × (1/√n − 1/√50)` for the smaller sample
+//! count `n` of the two runs below 50 (1 sample: +86, 2: +57, 5: +31, 10: +17.5, 16: +11, 30: +4).
+//! A median of a handful of samples, each of them a driver call that lent machines of one model
+//! time 25–60 % apart, says little about a quarter; it still says something about a factor of 2
+//! or 3, and a figure with thousands of samples (a cached 50 ns path) keeps the bare floor.
 
 use serde::{Deserialize, Serialize};
 
@@ -20,6 +27,10 @@ pub enum Verdict {
     /// A figure of the driver or the hardware alone (origin `machine`) that moved beyond its
     /// noise, either way: the machine moved, not this library; never a regression.
     MachineMoved,
+    /// A figure of this library that moved beyond its noise together with the driver work it is
+    /// made of (measured in the same run), not against it: the machine's driver moved; never a
+    /// regression.
+    MovedWithDriver,
     /// Only in the baseline.
     OnlyInBaseline,
     /// Only in this run.
@@ -44,12 +55,36 @@ pub fn spread(f: &FigureIn) -> f64 {
     }
 }
 
+/// The sample count from which a figure gets no allowance for few samples.
+pub const ENOUGH_SAMPLES: u64 = 50;
+
+/// The allowance for few samples at one sample, in percent (it falls as 1/√n and reaches 0 at
+/// [`ENOUGH_SAMPLES`]).
+pub const FEW_SAMPLES_PERCENT: f64 = 100.0;
+
+/// How much wider, in percent, the noise of a figure with `samples` samples is:
+/// `FEW_SAMPLES_PERCENT × (1/√n − 1/√ENOUGH_SAMPLES)` below [`ENOUGH_SAMPLES`], else 0 (0 also
+/// where the count is unknown, as in documents that did not record it; 0 samples count as 1).
+pub fn few_samples_percent(samples: Option<u64>) -> f64 {
+    match samples {
+        Some(n) if n < ENOUGH_SAMPLES => {
+            let root = |n: u64| (n.max(1) as f64).sqrt();
+            FEW_SAMPLES_PERCENT * (1.0 / root(n) - 1.0 / root(ENOUGH_SAMPLES))
+        }
+        _ => 0.0,
+    }
+}
+
 /// The noise of a figure, in percent: the floor (in percent, as given) or the largest spread of
-/// `figures` (the figure in either run), whichever is larger.
+/// `figures` (the figure in either run), whichever is larger, plus the allowance for the fewest
+/// samples among them ([`few_samples_percent`]); to a thousandth of a percent, so that the
+/// comparison document reads back as written.
 pub fn noise_percent(floor_percent: f64, figures: &[&FigureIn]) -> f64 {
-    figures
+    let widest = figures
         .iter()
-        .fold(floor_percent, |noise, f| noise.max(spread(f) * 100.0))
+        .fold(floor_percent, |noise, f| noise.max(spread(f) * 100.0));
+    let fewest = figures.iter().filter_map(|f| f.samples).min();
+    ((widest + few_samples_percent(fewest)) * 1000.0).round() / 1000.0
 }
 
 /// The verdict on a figure that went from `before` to `now` (medians), with noise `tolerance`
@@ -103,12 +138,33 @@ mod tests {
     }
 
     #[test]
+    fn few_samples_widen_the_noise_and_many_do_not() {
+        let close = |a: f64, b: f64| (a - b).abs() < 0.05;
+        assert!(
+            close(few_samples_percent(Some(1)), 85.9),
+            "{}",
+            few_samples_percent(Some(1))
+        );
+        assert_eq!(few_samples_percent(Some(0)), few_samples_percent(Some(1)));
+        assert!(close(few_samples_percent(Some(5)), 30.6));
+        assert!(close(few_samples_percent(Some(10)), 17.5));
+        assert_eq!(few_samples_percent(Some(ENOUGH_SAMPLES)), 0.0);
+        assert_eq!(few_samples_percent(Some(100_000)), 0.0);
+        assert_eq!(few_samples_percent(None), 0.0, "older documents: as before");
+        // It falls with every sample.
+        for n in 1..ENOUGH_SAMPLES {
+            assert!(few_samples_percent(Some(n)) > few_samples_percent(Some(n + 1)));
+        }
+    }
+
+    #[test]
     fn verdicts_have_their_json_names() {
         for (v, name) in [
             (Verdict::Worse, "worse"),
             (Verdict::Better, "better"),
             (Verdict::WithinNoise, "within_noise"),
             (Verdict::MachineMoved, "machine_moved"),
+            (Verdict::MovedWithDriver, "moved_with_driver"),
             (Verdict::OnlyInBaseline, "only_in_baseline"),
             (Verdict::OnlyInCurrent, "only_in_current"),
             (Verdict::NotComparable, "not_comparable"),

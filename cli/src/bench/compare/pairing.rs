@@ -1,15 +1,14 @@
 //! The figures of two runs paired by report, method and size ([`pair_up`]), each pair judged
-//! against its noise; a figure of one run alone is listed as such.
+//! against its noise (and, where the registry names the driver work it is made of, against that
+//! too: [`anchoring`](super::anchoring)); a figure of one run alone is listed as such.
 
 use std::collections::HashMap;
 
+use super::anchoring::{anchored_move, combined, unit_of};
 use super::document::FigureComparisonJson;
 use super::noise::{higher_is_better, judge, noise_percent, Verdict};
 use super::results::{FigureIn, ReportIn, Results};
-
-fn unit_of(r: &ReportIn, f: &FigureIn) -> String {
-    f.unit.clone().unwrap_or_else(|| r.unit.clone())
-}
+use crate::bench::registry::report_spec;
 
 type Key<'a> = (&'a str, &'a str, u64);
 
@@ -48,7 +47,7 @@ pub(super) fn pair_up(
         match matched {
             Some(i) => {
                 used[i] = true;
-                out.push(both(before[i], (r, f), floor_percent));
+                out.push(both((old, new), before[i], (r, f), floor_percent));
             }
             None => out.push(one_side(r, f, floor_percent, false)),
         }
@@ -86,13 +85,16 @@ fn one_side(
         ratio: None,
         tolerance_percent: noise_percent(floor_percent, &[f]),
         verdict,
+        driver_work: None,
         anchor_method: f.anchor.as_ref().map(|a| a.method.clone()),
         anchor_ratio_baseline: anchor_ratio.filter(|_| in_baseline),
         anchor_ratio_current: anchor_ratio.filter(|_| !in_baseline),
     }
 }
 
+/// A figure of both runs (`runs`: the baseline and this run), judged.
 fn both(
+    runs: (&Results, &Results),
     (ro, fo): (&ReportIn, &FigureIn),
     (rn, fn_): (&ReportIn, &FigureIn),
     floor_percent: f64,
@@ -100,17 +102,36 @@ fn both(
     let (uo, un) = (unit_of(ro, fo), unit_of(rn, fn_));
     let hib = higher_is_better(&un, rn.higher_is_better);
     let tolerance_percent = noise_percent(floor_percent, &[fo, fn_]);
-    let verdict = if uo == un {
+    let raw = if uo == un {
         judge(fo.median, fn_.median, hib, tolerance_percent / 100.0)
     } else {
         Verdict::NotComparable
     };
-    // A driver or hardware figure in either run (older documents did not mark them).
+    let driver_work = (raw != Verdict::NotComparable)
+        .then(|| {
+            anchored_move(
+                runs,
+                &rn.name,
+                fo,
+                fn_,
+                &un,
+                hib,
+                floor_percent,
+                tolerance_percent,
+            )
+        })
+        .flatten();
+    let verdict = combined(raw, driver_work.as_ref().map(|w| w.verdict));
+    // A driver or hardware figure: marked so in either run, or named so by the registry (older
+    // documents did not mark them).
     let machine = [fo, fn_]
         .iter()
-        .any(|f| f.origin.as_deref() == Some("machine"));
+        .any(|f| f.origin.as_deref() == Some("machine"))
+        || report_spec(&rn.name).is_some_and(|s| s.is_machine(&fn_.method));
     let verdict = match verdict {
-        Verdict::Worse | Verdict::Better if machine => Verdict::MachineMoved,
+        Verdict::Worse | Verdict::Better | Verdict::MovedWithDriver if machine => {
+            Verdict::MachineMoved
+        }
         v => v,
     };
     let ratio = fn_.median / fo.median;
@@ -125,6 +146,7 @@ fn both(
         ratio: (verdict != Verdict::NotComparable && ratio.is_finite()).then_some(ratio),
         tolerance_percent,
         verdict,
+        driver_work,
         anchor_method: fn_
             .anchor
             .as_ref()

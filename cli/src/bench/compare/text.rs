@@ -1,9 +1,10 @@
 //! A comparison as text ([`Comparison::text`]): a header naming both runs, a table per report
-//! with each figure's ratio and noise, and a summary naming every figure that got worse.
+//! with each figure's ratio, its ratio against the driver work it is made of (where the registry
+//! names some) and its noise, and a summary naming every figure that got worse.
 
 use super::comparison::Comparison;
 use super::document::GpuMatch;
-use super::noise::Verdict;
+use super::noise::{Verdict, ENOUGH_SAMPLES};
 use super::results::{GpuJson, SideJson};
 use crate::bench::report::format::{align, fmt_size, sig3};
 use crate::bench::report::model::Unit;
@@ -42,7 +43,9 @@ impl Comparison {
             }
             Some(b) => {
                 out += &format!(
-                    "Comparison with {} (noise: the larger of {} % and a figure's own spread)\n",
+                    "Comparison with {} (noise: the larger of {} % and a figure's own spread, \
+                     wider with fewer than {ENOUGH_SAMPLES} samples; driver-heavy figures also \
+                     against their driver work)\n",
                     b.file,
                     percent(d.tolerance_percent)
                 );
@@ -65,11 +68,11 @@ impl Comparison {
         }
         let worse_mark = if d.judged { "WORSE" } else { "worse" };
         let mut report = "";
-        let mut rows: Vec<[String; 7]> = Vec::new();
-        let flush = |out: &mut String, rows: &mut Vec<[String; 7]>| {
+        let mut rows: Vec<[String; 8]> = Vec::new();
+        let flush = |out: &mut String, rows: &mut Vec<[String; 8]>| {
             if rows.len() > 1 {
                 // The method and the mark flush left, the figures flush right.
-                for line in align(rows, &[0, 6]) {
+                for line in align(rows, &[0, 7]) {
                     out.push_str(format!("  {line}").trim_end());
                     out.push('\n');
                 }
@@ -90,8 +93,17 @@ impl Comparison {
                     }
                 );
                 rows.push(
-                    ["method", "size", "before", "now", "now/before", "noise", ""]
-                        .map(String::from),
+                    [
+                        "method",
+                        "size",
+                        "before",
+                        "now",
+                        "now/before",
+                        "vs driver",
+                        "noise",
+                        "",
+                    ]
+                    .map(String::from),
                 );
             }
             let value = |v: Option<f64>| v.map_or_else(|| "–".to_string(), |v| fmt(&f.unit, v));
@@ -100,6 +112,7 @@ impl Comparison {
                 Verdict::Better => "better",
                 Verdict::WithinNoise => "",
                 Verdict::MachineMoved => "machine",
+                Verdict::MovedWithDriver => "with driver",
                 Verdict::OnlyInBaseline => "only before",
                 Verdict::OnlyInCurrent => "new",
                 Verdict::NotComparable => "not comparable",
@@ -111,6 +124,9 @@ impl Comparison {
                 value(f.current),
                 f.ratio
                     .map_or_else(|| "–".to_string(), |r| format!("{}×", sig3(r))),
+                f.driver_work
+                    .as_ref()
+                    .map_or_else(String::new, |w| format!("{}×", sig3(w.anchored_ratio))),
                 format!("±{} %", percent(f.tolerance_percent)),
                 mark.to_string(),
             ]);
@@ -119,8 +135,14 @@ impl Comparison {
         let s = &d.summary;
         out += &format!(
             "\n{} figure(s) compared: {} worse beyond noise, {} better, {} within noise, {} of the \
-             driver or hardware alone moved (the machine's, not counted)",
-            s.compared, s.worse, s.better, s.within_noise, s.machine_moved
+             driver or hardware alone moved (the machine's, not counted), {} of the library moved \
+             with the driver work they are made of (not counted)",
+            s.compared,
+            s.worse,
+            s.better,
+            s.within_noise,
+            s.machine_moved,
+            s.moved_with_driver
         );
         if s.only_in_baseline + s.only_in_current > 0 {
             out += &format!(
@@ -150,6 +172,17 @@ impl Comparison {
                     if f.higher_is_better { "rate" } else { "time" },
                     percent(f.tolerance_percent)
                 );
+                if let Some(w) = &f.driver_work {
+                    // Worse against the driver work too: the library's share got slower.
+                    out += &format!(
+                        "    against its driver work ({}): {}× for the driver, {}× for the figure \
+                         against it (noise ±{} %)\n",
+                        w.methods.join(" + "),
+                        sig3(w.ratio),
+                        sig3(w.anchored_ratio),
+                        percent(w.tolerance_percent)
+                    );
+                }
                 if let (Some(m), Some(rb), Some(rc)) = (
                     &f.anchor_method,
                     f.anchor_ratio_baseline,

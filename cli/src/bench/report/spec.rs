@@ -1,5 +1,6 @@
 //! What the registry says about each report a benchmark writes ([`ReportSpec`]): its title, its
-//! table [`Layout`] and the [`Anchor`] its figures are compared with.
+//! table [`Layout`], the [`Anchor`] its figures are compared with, and the [`DriverWork`] that
+//! driver-heavy rows of this library are made of.
 
 /// How a report is laid out as a table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +29,12 @@ pub struct ReportSpec {
     /// results, and a comparison reports their moves as the machine's, never as a regression
     /// (lent machines of one model differ by a quarter and more on driver calls).
     pub machine: &'static [&'static str],
+    /// Rows of this library that are mostly driver work (an allocation of whole chunks, a drop
+    /// that gives them back, a module load), each with the machine rows that time that work in
+    /// the same run: a comparison judges such a row's move against theirs as well as on its own,
+    /// so a machine whose driver is slower does not make the library look worse. The first entry
+    /// whose pattern matches a method applies.
+    pub driver_work: &'static [DriverWork],
 }
 
 impl ReportSpec {
@@ -35,6 +42,27 @@ impl ReportSpec {
     pub fn is_machine(&self, method: &str) -> bool {
         self.machine.iter().any(|p| method_matches(p, method))
     }
+
+    /// The driver work that rows of `method` are made of, if the registry names it.
+    pub fn driver_work_of(&self, method: &str) -> Option<&'static DriverWork> {
+        self.driver_work
+            .iter()
+            .find(|w| method_matches(w.rows, method))
+    }
+}
+
+/// The driver work a library row is made of: machine rows (origin `machine`) of the same report,
+/// measured beside it in the same run at the row's size, whose medians add up to the driver calls the library's call makes. A
+/// comparison divides the row's move by the move of that sum (its *anchored* move): a machine
+/// whose driver is 40 % slower moves both alike, and the library's own share stays put.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DriverWork {
+    /// Method pattern of the library's rows (see [`method_matches`]).
+    pub rows: &'static str,
+    /// Method patterns of the machine rows of the same report, one per driver call (or group of
+    /// calls timed together); every one must be found at the row's size, else the row stands
+    /// alone.
+    pub made_of: &'static [&'static str],
 }
 
 /// The anchor of a figure: the row it is compared with, measured in the same run at the same
@@ -116,9 +144,27 @@ mod tests {
             layout: Layout::Long,
             anchor: Anchor::None,
             machine: &["step: *", "cuMemAlloc"],
+            driver_work: &[
+                DriverWork {
+                    rows: "pool chunk alloc*",
+                    made_of: &["step: vkAllocateMemory*", "step: cuMemMap*"],
+                },
+                DriverWork {
+                    rows: "pool chunk *",
+                    made_of: &["step: cuMemUnmap"],
+                },
+            ],
         };
         assert!(spec.is_machine("step: cuMemMap + cuMemSetAccess"));
         assert!(spec.is_machine("cuMemAlloc"));
         assert!(!spec.is_machine("pool chunk alloc (library, whole)"));
+        // The first driver-work entry that matches applies.
+        let alloc = spec
+            .driver_work_of("pool chunk alloc (library, whole)")
+            .unwrap();
+        assert_eq!(alloc.made_of.len(), 2);
+        let free = spec.driver_work_of("pool chunk free").unwrap();
+        assert_eq!(free.made_of, ["step: cuMemUnmap"]);
+        assert!(spec.driver_work_of("cuMemAlloc").is_none());
     }
 }

@@ -1,0 +1,137 @@
+//! A library figure judged against the driver work it is made of ([`anchored_move`]).
+//!
+//! Some calls of this library are mostly driver work: a raw allocation of whole chunks is a
+//! Vulkan allocation, an fd export, a CUDA import and a mapping; a chunk's drop is their reverse.
+//! Lent machines of one GPU model differ by 25–60 % on such driver calls, so on another machine
+//! these figures move by as much without a line of this library changing. Where the registry
+//! names the machine rows a figure is made of ([`DriverWork`](crate::bench::report::spec::DriverWork),
+//! per report, by method pattern) and both runs have every one of them at the figure's size, the
+//! comparison also judges the figure's *anchored* move: its ratio now/before divided by the ratio
+//! of the sum of those rows. A machine whose driver is 40 % slower moves both by 1.4 and leaves
+//! the anchored move at 1; a slower library moves the figure alone.
+//!
+//! The anchored move's noise is the wider of the figure's and the driver work's (each: the floor
+//! or its spread in either run, plus the allowance for few samples; the driver work's spread and
+//! samples are those of its rows added up). A figure with an anchored move is worse only when
+//! both its raw move and its anchored move are worse beyond their noise (better likewise); a raw
+//! move beyond noise that the anchored move does not confirm is `moved_with_driver`, never a
+//! regression.
+
+use super::document::DriverWorkJson;
+use super::noise::{judge, noise_percent, Verdict};
+use super::results::{FigureIn, ReportIn, Results};
+use crate::bench::registry::report_spec;
+use crate::bench::report::spec::method_matches;
+
+/// The driver work of one figure in one run: the machine rows the registry names, at the
+/// figure's size, added up.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Work {
+    /// Their methods, in the registry's order.
+    pub methods: Vec<String>,
+    /// Their sum: medians, p10s and p90s added up, the fewest samples among them.
+    pub sum: FigureIn,
+}
+
+/// The unit of a figure: its own, or its report's.
+pub(super) fn unit_of(r: &ReportIn, f: &FigureIn) -> String {
+    f.unit.clone().unwrap_or_else(|| r.unit.clone())
+}
+
+/// The driver work that the figure `method` at `size` bytes of report `report` (in `unit`) is
+/// made of in `run`: `None` where the registry names none, or `run` lacks one of its rows at that
+/// size, or a row's median is not positive or its unit differs.
+pub(super) fn driver_work(
+    run: &Results,
+    report: &str,
+    method: &str,
+    size: u64,
+    unit: &str,
+) -> Option<Work> {
+    let work = report_spec(report)?.driver_work_of(method)?;
+    if work.made_of.is_empty() {
+        return None;
+    }
+    let r = run
+        .benchmarks
+        .iter()
+        .flat_map(|b| &b.reports)
+        .find(|r| r.name == report)?;
+    let mut rows = Vec::with_capacity(work.made_of.len());
+    for pattern in work.made_of {
+        let f = r.figures.iter().find(|f| {
+            f.origin.as_deref() != Some("reference")
+                && f.size_bytes == size
+                && method_matches(pattern, &f.method)
+                && f.method != method
+        })?;
+        if !(f.median > 0.0 && f.median.is_finite()) || unit_of(r, f) != unit {
+            return None;
+        }
+        rows.push(f);
+    }
+    let add = |part: fn(&FigureIn) -> Option<f64>| rows.iter().map(|f| part(f)).sum();
+    Some(Work {
+        methods: rows.iter().map(|f| f.method.clone()).collect(),
+        sum: FigureIn {
+            method: format!("driver work of {method}"),
+            size_bytes: size,
+            unit: Some(unit.to_string()),
+            median: rows.iter().map(|f| f.median).sum(),
+            p10: add(|f| f.p10),
+            p90: add(|f| f.p90),
+            samples: rows.iter().filter_map(|f| f.samples).min(),
+            origin: Some("machine".into()),
+            anchor: None,
+        },
+    })
+}
+
+/// The anchored move of a figure that went from `before` to `now` (in report `report`, with
+/// noise `noise_percent_raw`), where both runs have its driver work: the driver work's move, the
+/// figure's move over it, that move's noise and its verdict alone.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn anchored_move(
+    (old, new): (&Results, &Results),
+    report: &str,
+    before: &FigureIn,
+    now: &FigureIn,
+    unit: &str,
+    higher_is_better: bool,
+    floor_percent: f64,
+    noise_percent_raw: f64,
+) -> Option<DriverWorkJson> {
+    let was = driver_work(old, report, &now.method, now.size_bytes, unit)?;
+    let is = driver_work(new, report, &now.method, now.size_bytes, unit)?;
+    let work_ratio = is.sum.median / was.sum.median;
+    let anchored_ratio = (now.median / before.median) / work_ratio;
+    if !anchored_ratio.is_finite() || anchored_ratio <= 0.0 {
+        return None;
+    }
+    let tolerance_percent =
+        noise_percent_raw.max(noise_percent(floor_percent, &[&was.sum, &is.sum]));
+    Some(DriverWorkJson {
+        methods: is.methods,
+        baseline: was.sum.median,
+        current: is.sum.median,
+        ratio: work_ratio,
+        anchored_ratio,
+        tolerance_percent,
+        verdict: judge(
+            1.0,
+            anchored_ratio,
+            higher_is_better,
+            tolerance_percent / 100.0,
+        ),
+    })
+}
+
+/// The verdict on a figure whose raw move got `raw` and, where it has driver work, whose
+/// anchored move got `anchored`: worse (better) only when both say so; a raw move beyond noise
+/// that the anchored move does not confirm moved with the driver.
+pub(super) fn combined(raw: Verdict, anchored: Option<Verdict>) -> Verdict {
+    match (raw, anchored) {
+        (Verdict::Worse | Verdict::Better, Some(a)) if a != raw => Verdict::MovedWithDriver,
+        (v, _) => v,
+    }
+}
