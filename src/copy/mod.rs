@@ -29,10 +29,12 @@ mod pool;
 mod simd;
 #[cfg(test)]
 mod tests;
+mod warm;
 
 use error::check_lengths;
 pub use error::CopyError;
 pub use simd::{simd_level, SimdLevel};
+pub(crate) use warm::warm_up;
 
 pub use pool::{
     CopyPool, DEFAULT_PARALLEL_THRESHOLD, DEFAULT_PART_SIZE, MAX_PARTS_PER_THREAD, MAX_THREADS,

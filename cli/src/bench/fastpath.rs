@@ -246,11 +246,14 @@ fn small(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
     let children = if opts.quick { 3 } else { 8 };
     ui::phase("small writes", 6);
     ui::step(format!("first write in {children} fresh processes"));
-    let (mut first, mut second) = (Vec::new(), Vec::new());
+    let (mut first, mut second, mut raw_page, mut new_page) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..children {
-        let (f, s) = first_write_child()?;
+        let [f, s, r, n] = first_write_child()?;
         first.push(f);
         second.push(s);
+        raw_page.push(r);
+        new_page.push(n);
     }
     push(
         &mut report,
@@ -263,6 +266,18 @@ fn small(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
         "second write, same process",
         HELLO.len() as u64,
         &second,
+    );
+    push(
+        &mut report,
+        "raw store + sfence into an untouched page, same process",
+        1,
+        &raw_page,
+    );
+    push(
+        &mut report,
+        "write into an untouched page, same process",
+        HELLO.len() as u64,
+        &new_page,
     );
 
     let budget = if opts.quick {
@@ -328,8 +343,9 @@ fn small(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
     Ok(report)
 }
 
-/// Spawns this executable as a first-write child; returns its (first, second) write in ns.
-fn first_write_child() -> BenchResult<(f64, f64)> {
+/// Spawns this executable as a first-write child; returns its first write, second write, raw
+/// store into an untouched page and write into another untouched page, in ns.
+fn first_write_child() -> BenchResult<[f64; 4]> {
     let exe = std::env::current_exe().map_err(|e| BenchError::io(std::path::Path::new("."), e))?;
     let out = Command::new(&exe)
         .args(["bench", CHILD_ARG])
@@ -340,8 +356,12 @@ fn first_write_child() -> BenchResult<(f64, f64)> {
         .lines()
         .find_map(|l| l.strip_prefix("first-write-ns "))
         .and_then(|l| {
-            let mut it = l.split_whitespace().map(str::parse::<f64>);
-            Some((it.next()?.ok()?, it.next()?.ok()?))
+            let v: Vec<f64> = l
+                .split_whitespace()
+                .map(str::parse::<f64>)
+                .collect::<Result<_, _>>()
+                .ok()?;
+            v.try_into().ok()
         });
     parsed.ok_or_else(|| {
         BenchError::Check(format!(
@@ -353,8 +373,10 @@ fn first_write_child() -> BenchResult<(f64, f64)> {
     })
 }
 
-/// The child: what `examples/hello` does, timing its write and a second one. Prints
-/// `first-write-ns FIRST SECOND`; fails if the write started a thread.
+/// The child: what `examples/hello` does, timing its write and a second one, then what a page
+/// of the mapping costs on its own: one raw store + `sfence` into a page no one touched, and a
+/// write into another such page. Prints `first-write-ns FIRST SECOND RAW_PAGE NEW_PAGE`; fails
+/// if the write started a thread.
 pub fn child_main() -> BenchResult<()> {
     let gpu = Gpu::open(0)?;
     let mut mem = gpu.alloc(1 << 20)?;
@@ -364,6 +386,14 @@ pub fn child_main() -> BenchResult<()> {
     let t = Instant::now();
     mem.write(0, HELLO)?;
     let second = t.elapsed().as_nanos();
+    let byte = [0xA5u8];
+    let t = Instant::now();
+    // SAFETY: offset 512 KiB of the 1 MiB allocation is ours; `byte` is a distinct buffer.
+    unsafe { copy_to_mapping(mem.host_ptr().add(512 << 10), &byte) };
+    let raw_page = t.elapsed().as_nanos();
+    let t = Instant::now();
+    mem.write(768 << 10, HELLO)?;
+    let new_page = t.elapsed().as_nanos();
     let mut back = vec![0u8; HELLO.len()];
     mem.read_dma(0, &mut back)?;
     if back != HELLO {
@@ -374,7 +404,7 @@ pub fn child_main() -> BenchResult<()> {
             "a small write started the global copy pool".into(),
         ));
     }
-    println!("first-write-ns {first} {second}");
+    println!("first-write-ns {first} {second} {raw_page} {new_page}");
     Ok(())
 }
 

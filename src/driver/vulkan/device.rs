@@ -47,9 +47,9 @@ impl std::fmt::Debug for VulkanContext {
 impl VulkanContext {
     /// Opens the selected physical device with `VK_KHR_external_memory_fd` and picks the memory type.
     pub fn new(selector: DeviceSelector, options: MemoryOptions) -> Result<Arc<Self>> {
-        // Every mapping comes from a context: the copy routines' instruction-set detection
-        // (a quarter of a microsecond) runs here rather than in the process's first write.
-        crate::copy::simd_level();
+        // Every mapping comes from a context: the write path's first-use work (instruction-set
+        // detection, its code's page faults) runs here rather than in the process's first write.
+        crate::copy::warm_up();
         let instance = shared_instance()?;
         Ok(Arc::new(Self::open_device(instance, selector, options)?))
     }
