@@ -1,7 +1,9 @@
 //! Producer threads stream records to a persistent kernel that processes them and reports back.
 //!
 //! Four threads each take a lane of one [`DeviceRing`] (`ring.producer()`) and send batches of
-//! sensor samples (`u32` sensor id, `u32` count, `count` values); `ring_stream_consumer`
+//! sensor samples (`u32` sensor id, `u32` count, `count` values): mostly short ones, which go
+//! through the BAR, and every 64th a long waveform of 8 KiB, which the ring hands to a copy engine
+//! (records of 4 KiB and more, `RingOptions::copy_engine`); `ring_stream_consumer`
 //! (kernels/ring_stream.cu, built on include/vkgdr/ring.cuh) sums every record's values, one
 //! thread per record, and adds per lane how many records it saw and their total to the lane's
 //! result words in pinned host memory. The CPU checks both against what it sent.
@@ -25,7 +27,8 @@ const RECORDS_PER_THREAD: u32 = 250_000;
 fn record(sensor: u32, n: u32, out: &mut Vec<u8>) -> u64 {
     out.clear();
     out.extend_from_slice(&sensor.to_le_bytes());
-    let count = 4 + n % 28; // 4..=31 samples: 24 to 132 bytes of payload
+    // 4..=31 samples (24 to 132 bytes of payload), or a 2048-sample waveform (8 KiB).
+    let count = if n % 64 == 63 { 2048 } else { 4 + n % 28 };
     out.extend_from_slice(&count.to_le_bytes());
     let mut sum = 0u64;
     for i in 0..count {
@@ -101,6 +104,18 @@ fn run() -> vkgdr::Result<()> {
     println!(
         "{total} records through {LANES} lanes in {elapsed:?} ({:.1} M records/s)",
         total as f64 / elapsed.as_secs_f64() / 1e6
+    );
+    // What the copy engine carried: the waveforms (and the short records written after one in
+    // the same batch).
+    let copies = ring.copy_engine_stats();
+    println!(
+        "copy engine: {} copies, {} MiB{}",
+        copies.copies,
+        copies.bytes >> 20,
+        copies
+            .unavailable
+            .map(|why| format!(" (unavailable: {why})"))
+            .unwrap_or_default()
     );
     for (lane, sum) in sent {
         let r = ring.results_of(lane);
