@@ -892,3 +892,57 @@ fn owned_producers_move_into_threads() {
         assert_eq!(res[layout::RESULT_POS], end);
     }
 }
+
+// PROBE (temporary): which part of the copy-engine path loses data.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn probe_copy_engine() {
+    let run = |variant: &str, after: bool| {
+        std::env::set_var("VKGDR_COPY_ENGINE_PROBE", variant);
+        let gpu = open(false);
+        let module = Module::load_ptx(&gpu, RING_PTX).unwrap();
+        let options = RingOptions {
+            lanes: 4,
+            wrap: WrapMode::Padded,
+            copy_engine: CopyEngine::FromRecord(16),
+        };
+        let cap = if after { 64 << 20 } else { 1 << 20 };
+        let ring = DeviceRing::with_options(&gpu, cap, options).unwrap();
+        let stream = Stream::new(&gpu).unwrap();
+        if !after {
+            launch_check_lanes(&module, &ring, &stream);
+        }
+        let per = if after { 100_000 } else { 200_000 };
+        let produced = produce_lanes(&ring, per, false);
+        if after {
+            std::thread::sleep(Duration::from_millis(300));
+            ring.stop();
+            launch_check_lanes(&module, &ring, &stream);
+        }
+        ring.stop_and_wait(Duration::from_secs(60)).unwrap();
+        let mut bad = 0u64;
+        for p in &produced {
+            let res = ring.results_of(p.lane);
+            let ok = res[layout::RESULT_ERRORS] == 0
+                && res[layout::RESULT_RECORDS] == p.records
+                && res[layout::RESULT_CHECKSUM_SUM] == p.sum;
+            if !ok {
+                bad += 1;
+            }
+            println!(
+                "PROBE {variant} after={after} lane {}: got {:?} want records {} seqs {} pos {}",
+                p.lane,
+                &res[..5],
+                p.records,
+                p.seqs,
+                ring.lane(p.lane).unwrap().committed()
+            );
+        }
+        println!("PROBE {variant} after={after}: {bad} bad lanes; {:?}", ring.copy_engine_stats());
+    };
+    run("plain", true);
+    run("plain", false);
+    run("host", false);
+    run("flush", false);
+    run("plain", false);
+}

@@ -105,6 +105,9 @@ pub(super) struct LaneCopy {
     landed_dev: u64,
     /// Host address of the landed word (inside the ring's pinned host words).
     landed: SendSyncPtr<u8>,
+    /// Host address of the lane's tail word (BAR).
+    tail_host: SendSyncPtr<u8>,
+    probe: u8,
     /// The last tail queued on the stream (0: none); only the lane's publisher changes it.
     queued: AtomicU64,
     copies: AtomicU64,
@@ -150,6 +153,17 @@ impl LaneCopy {
             landed_dev: memory.host_words.device_ptr() + landed_at,
             // In range: the host words hold `lanes * HOST_STRIDE` bytes or more.
             landed: SendSyncPtr::new(memory.host_words.as_ptr().wrapping_add(landed_at as usize)),
+            tail_host: SendSyncPtr::new(
+                memory
+                    .control
+                    .host_ptr()
+                    .wrapping_add((lane * TAIL_STRIDE) as usize),
+            ),
+            probe: match std::env::var("VKGDR_COPY_ENGINE_PROBE").as_deref() {
+                Ok("host") => 1,
+                Ok("flush") => 2,
+                _ => 0,
+            },
             queued: AtomicU64::new(0),
             copies: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
@@ -226,6 +240,20 @@ impl LaneCopy {
         let len = tail - from;
         let at = from & (capacity - 1);
         let first = len.min(capacity - at);
+        if self.probe == 2 {
+            for (offset, n) in [(at, first), (0, len - first)] {
+                let mut line = offset & !63;
+                while line < offset + n {
+                    // SAFETY: probe: a line of the staging copy.
+                    unsafe {
+                        std::arch::x86_64::_mm_clflush(self.staging.get().add(line as usize))
+                    };
+                    line += 64;
+                }
+            }
+            // SAFETY: probe.
+            unsafe { std::arch::x86_64::_mm_mfence() };
+        }
         // A span that runs past the end is two copies (the staging copy is mapped once).
         for (offset, n) in [(at, first), (0, len - first)] {
             if n > 0 {
@@ -242,12 +270,22 @@ impl LaneCopy {
                 }?;
             }
         }
-        // SAFETY: aligned words inside the control allocation and the pinned host words, kept by
-        // `keep`; flags 0 put a memory barrier before each store, so the tail follows the copy
-        // and the landed word follows the tail.
-        unsafe {
-            driver.cu_stream_write_value64(self.raw_stream(), self.tail_dev, tail, 0)?;
-            driver.cu_stream_write_value64(self.raw_stream(), self.landed_dev, tail, 0)?;
+        if self.probe == 1 {
+            let job = Box::into_raw(Box::new(HostPublish {
+                tail_word: self.tail_host,
+                landed: self.landed,
+                tail,
+            }));
+            // SAFETY: probe.
+            unsafe { driver.cu_launch_host_func(self.raw_stream(), host_publish, job.cast()) }?;
+        } else {
+            // SAFETY: aligned words inside the control allocation and the pinned host words, kept
+            // by `keep`; flags 0 put a memory barrier before each store, so the tail follows the
+            // copy and the landed word follows the tail.
+            unsafe {
+                driver.cu_stream_write_value64(self.raw_stream(), self.tail_dev, tail, 0)?;
+                driver.cu_stream_write_value64(self.raw_stream(), self.landed_dev, tail, 0)?;
+            }
         }
         self.queued.store(tail, Ordering::Relaxed);
         if len > 0 {
@@ -283,5 +321,22 @@ impl Drop for LaneCopy {
             // No fence in a dead context: no copy of it runs any more.
             Err(_) => drop(keep),
         }
+    }
+}
+
+struct HostPublish {
+    tail_word: SendSyncPtr<u8>,
+    landed: SendSyncPtr<u8>,
+    tail: u64,
+}
+
+unsafe extern "C" fn host_publish(p: *mut std::ffi::c_void) {
+    // SAFETY: probe: the box made in `queue`.
+    let job = unsafe { Box::from_raw(p.cast::<HostPublish>()) };
+    // SAFETY: probe: aligned words kept alive by the lane copy.
+    unsafe {
+        AtomicU64::from_ptr(job.tail_word.get().cast()).store(job.tail, Ordering::Release);
+        crate::core::sync::store_fence();
+        AtomicU64::from_ptr(job.landed.get().cast()).store(job.tail, Ordering::Release);
     }
 }
