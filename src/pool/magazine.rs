@@ -406,13 +406,22 @@ pub(super) fn offer(pool: u64, requested: u64, size: u64, entry: impl FnOnce() -
     if slot.bytes + size > slot.max_bytes || entries.len() >= slot.depth {
         return false;
     }
-    if entries.capacity() == 0 {
-        entries.reserve_exact(slot.depth);
+    // The same test as `push`'s own, so the hot path makes it once; a bucket's storage is
+    // reserved whole (`depth` entries) the first time, so it never grows after.
+    if entries.len() == entries.capacity() {
+        reserve_bucket(entries, slot.depth);
     }
     entries.push(entry());
     slot.bytes += size;
     slot.count(true, requested);
     true
+}
+
+/// Reserves room for `depth` entries in a bucket holding fewer.
+#[cold]
+#[inline(never)]
+fn reserve_bucket(entries: &mut Vec<Hold>, depth: usize) {
+    entries.reserve_exact(depth - entries.len());
 }
 
 /// Takes `pool`'s cached blocks out of every thread's magazine (idle threads' too) and frees
