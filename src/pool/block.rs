@@ -1,15 +1,14 @@
 //! [`Block`]: one allocation of a pool, with safe, bounds-checked access through [`Mapping`].
 
 use std::fmt;
-use std::ptr::NonNull;
+use std::mem::ManuallyDrop;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 #[cfg(feature = "gpu-alloc")]
 use super::gpu_alloc::MemoryBlock;
-use super::shards::{Chunk, ShardCell};
+use super::shards::{Chunk, Hold, ShardCell};
 use super::{magazine, PoolInner};
-use crate::core::alloc::Allocation;
 use crate::core::range::check_range;
 use crate::error::Result;
 #[cfg(doc)]
@@ -18,14 +17,9 @@ use crate::mapping::Mapping;
 
 /// What a block holds to keep its memory alive, and how it gives it back.
 pub(super) enum BlockKind {
-    Shared {
-        /// The cell this block counts in (`Shard::outstanding`).
-        shard: NonNull<ShardCell>,
-        /// Points into `shard`'s chunk table; valid while `allocation` is live (see
-        /// `ShardSet::alloc`).
-        chunk: *const Chunk,
-        allocation: Option<Allocation>,
-    },
+    /// A shard allocation: the hold moves to a thread cache (or back to its shard) when the block
+    /// drops, and a cached one moves back into a block as is.
+    Shared(Hold),
     Dedicated {
         pool: Arc<PoolInner>,
         chunk: Arc<Chunk>,
@@ -33,7 +27,7 @@ pub(super) enum BlockKind {
     #[cfg(feature = "gpu-alloc")]
     GpuAlloc {
         pool: Arc<PoolInner>,
-        block: Option<MemoryBlock<Arc<Chunk>>>,
+        block: MemoryBlock<Arc<Chunk>>,
     },
 }
 
@@ -44,13 +38,13 @@ pub(super) enum BlockKind {
 /// friends) record dirty ranges on non-coherent memory; [`Block::flush`] pushes them. Safe reads
 /// invalidate first.
 pub struct Block {
-    kind: BlockKind,
+    /// Taken out by `drop` only (to move the memory it holds back), so never seen taken.
+    kind: ManuallyDrop<BlockKind>,
     host_ptr: *mut u8,
     /// Device address, when `has_device_ptr` (two fields rather than an `Option`: the flag fits
     /// beside the other flags, 8 bytes less to move per block).
     device_ptr: u64,
     has_device_ptr: bool,
-    offset: u64,
     len: u64,
     non_coherent: bool,
     /// Whether the pool's registry holds a label for this block (removed when it drops).
@@ -90,59 +84,48 @@ impl Block {
             host_ptr: unsafe { chunk.host_base.get().add(offset as usize) },
             device_ptr: chunk.device_base.map_or(0, |p| p + offset),
             has_device_ptr: chunk.device_base.is_some(),
-            offset,
             len,
             non_coherent,
             labeled: false,
-            kind,
+            kind: ManuallyDrop::new(kind),
         }
     }
 
     /// A block of `len` requested bytes over a shard allocation and the reference it counts on
-    /// its cell (from [`ShardSet::alloc`](super::shards::ShardSet::alloc)).
+    /// its cell (from [`ShardSet::alloc`](super::shards::ShardSet::alloc), or a thread cache).
     #[inline]
-    pub(super) fn shared(
-        cell: NonNull<ShardCell>,
-        chunk: *const Chunk,
-        allocation: Allocation,
-        len: u64,
-        non_coherent: bool,
-    ) -> Block {
-        // SAFETY: the chunk stays in its shard's table while it holds a live allocation (chunks
-        // are removed only when empty), and the counted reference on `cell` keeps the shard, and
-        // so the table, alive.
-        let chunk_ref = unsafe { &*chunk };
-        if len != allocation.requested_size() {
+    pub(super) fn shared(hold: Hold, len: u64, non_coherent: bool) -> Block {
+        if len != hold.allocation.requested_size() {
             // SAFETY: the counted reference keeps the cell alive; `pool` is never changed.
-            let pool = unsafe { &cell.as_ref().pool };
-            pool.adjust_size_delta(len, &allocation, 1);
+            let pool = unsafe { &hold.cell.as_ref().pool };
+            pool.adjust_size_delta(len, &hold.allocation, 1);
         }
-        Block::new(
-            chunk_ref,
-            allocation.offset(),
-            len,
-            non_coherent,
-            BlockKind::Shared {
-                shard: cell,
-                chunk,
-                allocation: Some(allocation),
-            },
-        )
-    }
-
-    /// A block over a thread-cache entry, `len` requested bytes.
-    #[inline]
-    pub(super) fn cached(c: magazine::Cached, len: u64, non_coherent: bool) -> Block {
-        Block::shared(c.cell, c.chunk, c.allocation, len, non_coherent)
+        // SAFETY: the chunk stays in its shard's table while it holds a live allocation (chunks
+        // are removed only when empty), and the counted reference on the cell keeps the shard,
+        // and so the table, alive.
+        let chunk = unsafe { &*hold.chunk };
+        let offset = hold.allocation.offset();
+        Block::new(chunk, offset, len, non_coherent, BlockKind::Shared(hold))
     }
 
     fn chunk(&self) -> &Chunk {
-        match &self.kind {
-            // SAFETY: see `BlockKind::Shared`: the chunk outlives the live allocation we hold.
-            BlockKind::Shared { chunk, .. } => unsafe { &**chunk },
+        match &*self.kind {
+            // SAFETY: see `Hold`: the chunk outlives the live allocation we hold.
+            BlockKind::Shared(h) => unsafe { &*h.chunk },
             BlockKind::Dedicated { chunk, .. } => chunk,
             #[cfg(feature = "gpu-alloc")]
-            BlockKind::GpuAlloc { block, .. } => block.as_ref().expect("live until drop").memory(),
+            BlockKind::GpuAlloc { block, .. } => block.memory(),
+        }
+    }
+
+    /// Offset of the block inside its chunk (kept where the block's memory is described, not
+    /// copied into every block).
+    fn offset(&self) -> u64 {
+        match &*self.kind {
+            BlockKind::Shared(h) => h.allocation.offset(),
+            BlockKind::Dedicated { .. } => 0,
+            #[cfg(feature = "gpu-alloc")]
+            BlockKind::GpuAlloc { block, .. } => block.offset(),
         }
     }
 
@@ -163,19 +146,19 @@ impl Block {
 
     /// Offset of the block inside its chunk.
     pub fn offset_in_chunk(&self) -> u64 {
-        self.offset
+        self.offset()
     }
 
     /// Whether this block has a chunk of its own (large requests).
     pub fn is_dedicated(&self) -> bool {
-        matches!(self.kind, BlockKind::Dedicated { .. })
+        matches!(*self.kind, BlockKind::Dedicated { .. })
     }
 
     /// The pool state this block belongs to.
     fn pool(&self) -> &PoolInner {
-        match &self.kind {
+        match &*self.kind {
             // SAFETY: the block's counted reference keeps its cell, and so `pool`, alive.
-            BlockKind::Shared { shard, .. } => unsafe { &shard.as_ref().pool },
+            BlockKind::Shared(h) => unsafe { &h.cell.as_ref().pool },
             BlockKind::Dedicated { pool, .. } => pool,
             #[cfg(feature = "gpu-alloc")]
             BlockKind::GpuAlloc { pool, .. } => pool,
@@ -184,7 +167,7 @@ impl Block {
 
     /// The block's key in the pool's label registry: its chunk and offset.
     fn label_key(&self) -> (super::report::ChunkKey, u64) {
-        (self.chunk() as *const Chunk as usize, self.offset)
+        (self.chunk() as *const Chunk as usize, self.offset())
     }
 
     /// Labels the block for [`Pool::report`](super::Pool::report) (and the leak warning of the
@@ -236,7 +219,10 @@ impl Block {
     pub fn mark_written(&self, offset: u64, len: u64) -> Result<()> {
         check_range(offset, len, self.len)?;
         if self.non_coherent && len > 0 {
-            self.chunk().dirty.lock().mark(self.offset + offset, len)?;
+            self.chunk()
+                .dirty
+                .lock()
+                .mark(self.offset() + offset, len)?;
         }
         Ok(())
     }
@@ -270,7 +256,12 @@ impl Block {
 
     /// Whether writes to this block are waiting for a flush.
     pub fn has_pending_writes(&self) -> bool {
-        self.non_coherent && self.chunk().dirty.lock().intersects(self.offset, self.len)
+        self.non_coherent
+            && self
+                .chunk()
+                .dirty
+                .lock()
+                .intersects(self.offset(), self.len)
     }
 }
 
@@ -290,11 +281,11 @@ unsafe impl Mapping for Block {
             && chunk
                 .dirty
                 .lock()
-                .intersects(self.offset + offset, dst.len() as u64)
+                .intersects(self.offset() + offset, dst.len() as u64)
         {
             chunk.flush(&mut Vec::new())?;
         }
-        if let Some(r) = chunk.memory.read_dma(self.offset + offset, dst) {
+        if let Some(r) = chunk.memory.read_dma(self.offset() + offset, dst) {
             return r;
         }
         crate::mapping::read_with_cpu(self, offset, dst)
@@ -320,12 +311,12 @@ unsafe impl Mapping for Block {
         if self.non_coherent && len > 0 {
             let chunk = self.chunk();
             // Invalidating would discard this block's own unflushed writes: push them first.
-            if chunk.dirty.lock().intersects(self.offset, self.len) {
+            if chunk.dirty.lock().intersects(self.offset(), self.len) {
                 chunk.flush(&mut Vec::new())?;
             }
             chunk
                 .memory
-                .invalidate_ranges(&[(self.offset + offset, len)])?;
+                .invalidate_ranges(&[(self.offset() + offset, len)])?;
         }
         Ok(())
     }
@@ -337,61 +328,55 @@ impl Drop for Block {
         if self.labeled {
             self.forget_label();
         }
-        if let BlockKind::Shared {
-            shard,
-            chunk,
-            allocation,
-        } = &mut self.kind
-        {
-            let Some(a) = allocation.as_ref() else { return };
-            // SAFETY: our reference keeps the cell alive; `pool` is never changed.
-            let pool = unsafe { &shard.as_ref().pool };
-            if self.len != a.requested_size() {
-                pool.adjust_size_delta(self.len, a, -1);
-            }
-            let (requested, size) = (a.requested_size(), a.size());
-            let cached = pool.cache_open.load(Ordering::Relaxed)
-                && magazine::offer(pool.id, requested, size, || {
-                    Some(magazine::Cached {
-                        cell: *shard,
-                        chunk: *chunk,
-                        allocation: allocation.take()?,
-                    })
-                });
-            if !cached {
-                if let Some(a) = allocation.take() {
-                    // SAFETY: the block's reference on its cell is used here for the last time
-                    // (a cached entry takes it over instead).
-                    unsafe { ShardCell::free(*shard, a) };
-                }
-            }
-        } else {
-            self.drop_unshared();
+        let BlockKind::Shared(hold) = &*self.kind else {
+            // SAFETY: `drop` runs once, and nothing reads `kind` after it (its own drop glue is
+            // none: `ManuallyDrop`).
+            drop_unshared(unsafe { ManuallyDrop::take(&mut self.kind) });
+            return;
+        };
+        // SAFETY: our reference keeps the cell alive; `pool` is never changed.
+        let pool = unsafe { &hold.cell.as_ref().pool };
+        let a = &hold.allocation;
+        if self.len != a.requested_size() {
+            pool.adjust_size_delta(self.len, a, -1);
+        }
+        // The hold is moved out of the block where it lies, straight into the thread cache or to
+        // the shard, rather than first out of the block and then again. Exactly one of the two
+        // reads below happens: `offer` returns `true` exactly when it called its `entry`.
+        let cached = pool.cache_open.load(Ordering::Relaxed)
+            && magazine::offer(pool.id, a.requested_size(), a.size(), || {
+                // SAFETY: `drop` runs once and `kind` is never used after it (nor dropped:
+                // `ManuallyDrop`), so the bits left behind are never used again.
+                unsafe { std::ptr::read(hold) }
+            });
+        if !cached {
+            // SAFETY: as for the read above; the block's reference on its cell is used here for
+            // the last time.
+            unsafe { ShardCell::free(std::ptr::read(hold)) };
         }
     }
 }
 
-impl Block {
-    #[cold]
-    fn drop_unshared(&mut self) {
-        match &mut self.kind {
-            BlockKind::Shared { .. } => {}
-            #[cfg(feature = "gpu-alloc")]
-            BlockKind::GpuAlloc { pool, block } => {
-                if let (Some(b), Some(ga)) = (block.take(), &pool.gpu_alloc) {
-                    ga.free(&pool.chunk_device(), b);
-                }
+#[cold]
+fn drop_unshared(kind: BlockKind) {
+    match kind {
+        // Given back by `Block::drop` itself (never passed here).
+        BlockKind::Shared(_) => {}
+        #[cfg(feature = "gpu-alloc")]
+        BlockKind::GpuAlloc { pool, block } => {
+            if let Some(ga) = &pool.gpu_alloc {
+                ga.free(&pool.chunk_device(), block);
             }
-            BlockKind::Dedicated { pool, chunk } => {
-                pool.dedicated.fetch_sub(1, Ordering::Relaxed);
-                pool.registry
-                    .dedicated
-                    .lock()
-                    .remove(&(Arc::as_ptr(chunk) as super::report::ChunkKey));
-                pool.reserved
-                    .fetch_sub(chunk.memory.size(), Ordering::AcqRel);
-                // The chunk memory itself is freed when `chunk` (its only Arc) drops.
-            }
+        }
+        BlockKind::Dedicated { pool, chunk } => {
+            pool.dedicated.fetch_sub(1, Ordering::Relaxed);
+            pool.registry
+                .dedicated
+                .lock()
+                .remove(&(Arc::as_ptr(&chunk) as super::report::ChunkKey));
+            pool.reserved
+                .fetch_sub(chunk.memory.size(), Ordering::AcqRel);
+            // The chunk memory itself is freed when `chunk` (its only Arc) drops.
         }
     }
 }

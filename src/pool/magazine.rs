@@ -50,14 +50,13 @@
 //! ```
 
 use std::cell::Cell;
-use std::ptr::{self, NonNull};
+use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::core::sync::lock::Mutex;
 
-use super::shards::{Chunk, ShardCell};
-use crate::core::alloc::Allocation;
+use super::shards::{Hold, ShardCell};
 use crate::core::sync::OwnerCell;
 
 /// Largest request served from a magazine (the slab range of the default allocator).
@@ -78,19 +77,6 @@ const BUCKET_BYTES: u64 = 16;
 const BUCKETS: usize = (MAX_CACHED_SIZE / BUCKET_BYTES) as usize;
 
 pub use crate::core::sync::{handshake, Handshake};
-
-/// A freed block's allocation, still counted as outstanding in `cell`.
-pub(super) struct Cached {
-    pub(super) cell: NonNull<ShardCell>,
-    /// The chunk the allocation lies in; valid while the allocation is live (see `BlockKind`).
-    pub(super) chunk: *const Chunk,
-    pub(super) allocation: Allocation,
-}
-
-// SAFETY: an entry owns one outstanding allocation and its counted reference on the cell, exactly
-// like the `Block` it came from (which is `Send`); the cell and chunk it points to are shared,
-// lock-protected state that any thread may free into (`ShardCell::free`).
-unsafe impl Send for Cached {}
 
 /// How a pool asks to be cached: its identity and bounds.
 #[derive(Debug, Clone, Copy)]
@@ -122,15 +108,13 @@ struct PoolSlot {
     pool: u64,
     depth: usize,
     max_bytes: u64,
-    /// Rounded sizes of the entries held.
+    /// Rounded sizes of the entries held. (Their number and requested sizes are kept only in
+    /// `published`: one copy to update per take and push.)
     bytes: u64,
-    /// Entries held, and their requested sizes.
-    blocks: u64,
-    requested: u64,
     /// The magazine's clock when this pool last allocated through it (least recent is evicted).
     last_use: u64,
     /// `BUCKETS` buckets once the slot has served a pool.
-    buckets: Vec<Vec<Cached>>,
+    buckets: Vec<Vec<Hold>>,
     /// `pool`, `blocks` and `requested` for readers on other threads.
     published: Arc<Published>,
 }
@@ -142,67 +126,66 @@ impl PoolSlot {
             depth: 0,
             max_bytes: 0,
             bytes: 0,
-            blocks: 0,
-            requested: 0,
             last_use: 0,
             buckets: Vec::new(),
             published: Arc::default(),
         }
     }
 
-    /// Stores the figures other threads read; after every change of the slot's pool.
-    fn publish(&self) {
-        self.published.pool.store(self.pool, Ordering::Relaxed);
-        self.publish_counts();
-    }
-
-    /// Stores the counts other threads read; after every take and every push.
-    #[inline]
-    fn publish_counts(&self) {
+    /// Stores the figures other threads read after a change of the slot's pool: the pool, and
+    /// no entries.
+    fn publish_empty(&self) {
         let p = &*self.published;
-        p.blocks.store(self.blocks, Ordering::Relaxed);
-        p.requested.store(self.requested, Ordering::Relaxed);
+        p.pool.store(self.pool, Ordering::Relaxed);
+        p.blocks.store(0, Ordering::Relaxed);
+        p.requested.store(0, Ordering::Relaxed);
     }
 
-    /// Holds `entry` (the caller checked the bounds).
-    #[inline]
-    fn push(&mut self, bucket: usize, entry: Cached) {
-        self.bytes += entry.allocation.size();
-        self.blocks += 1;
-        self.requested += entry.allocation.requested_size();
-        self.buckets[bucket].push(entry);
-        self.publish_counts();
+    /// Counts one more entry (`add`) or one less, of `requested` bytes, where other threads read
+    /// the counts. Only the slot's holder (its owner, or a visitor with exclusive access) stores
+    /// them, so a plain load and store each, no read-modify-write.
+    #[inline(always)]
+    fn count(&self, add: bool, requested: u64) {
+        let p = &*self.published;
+        let (blocks, bytes) = (
+            p.blocks.load(Ordering::Relaxed),
+            p.requested.load(Ordering::Relaxed),
+        );
+        let (blocks, bytes) = if add {
+            (blocks + 1, bytes + requested)
+        } else {
+            (blocks - 1, bytes - requested)
+        };
+        p.blocks.store(blocks, Ordering::Relaxed);
+        p.requested.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Entries held.
+    fn blocks(&self) -> u64 {
+        self.published.blocks.load(Ordering::Relaxed)
     }
 
     /// Takes the last entry of `bucket` if it holds `size` bytes at `align`.
     #[inline]
-    fn pop_fitting(&mut self, bucket: usize, size: u64, align: u64) -> Option<Cached> {
+    fn pop_fitting(&mut self, bucket: usize, size: u64, align: u64) -> Option<Hold> {
         // Usually the last entry fits; one of the same bucket may be too small or misaligned only
         // for odd size/alignment mixes, which then take the slow path. `align` is a power of two
-        // (checked by `Pool::alloc`): a mask, not a division. The figures are read off the entry
-        // in place and the entry is moved once, by the pop.
-        let a = &self.buckets[bucket].last()?.allocation;
-        if a.size() < size || a.offset() & (align - 1) != 0 {
-            return None;
-        }
-        let (held, requested) = (a.size(), a.requested_size());
-        self.bytes -= held;
-        self.blocks -= 1;
-        self.requested -= requested;
-        self.publish_counts();
-        self.buckets[bucket].pop()
+        // (checked by `Pool::alloc`): a mask, not a division. Checked in place, moved once.
+        let h = self.buckets[bucket]
+            .pop_if(|h| h.allocation.size() >= size && h.allocation.offset() & (align - 1) == 0)?;
+        self.bytes -= h.allocation.size();
+        self.count(false, h.allocation.requested_size());
+        Some(h)
     }
 
     /// Empties the slot into `out` and forgets its pool.
-    fn drain_into(&mut self, out: &mut Vec<Cached>) {
+    fn drain_into(&mut self, out: &mut Vec<Hold>) {
         for b in &mut self.buckets {
             out.append(b);
         }
         self.pool = 0;
         self.bytes = 0;
-        self.blocks = 0;
-        self.requested = 0;
-        self.publish();
+        self.publish_empty();
     }
 }
 
@@ -217,7 +200,7 @@ impl Slots {
         self.slots.iter_mut().find(|s| s.pool == pool)
     }
 
-    fn take_all(&mut self) -> Vec<Cached> {
+    fn take_all(&mut self) -> Vec<Hold> {
         let mut out = Vec::new();
         for s in &mut self.slots {
             s.drain_into(&mut out);
@@ -284,24 +267,28 @@ fn create() -> Option<*const Magazine> {
         .ok()
 }
 
+/// This thread's magazine, created if `create_if_missing`; null without one (not created, or
+/// the thread is exiting).
+#[inline]
+fn current(create_if_missing: bool) -> *const Magazine {
+    let p = CURRENT.with(Cell::get);
+    if p.is_null() && create_if_missing {
+        return create().unwrap_or(ptr::null());
+    }
+    p
+}
+
 /// Runs `f` on this thread's magazine as its owner, creating it if `create_if_missing`.
 /// `R::default()` (`None`, `false`, `0`, nothing) without a magazine: not created, or the thread
-/// is exiting. (A default rather than an `Option` around `R`: the hot paths' results are not
-/// wrapped and unwrapped once more.)
+/// is exiting.
 ///
 /// `f` must not free blocks, drop chunks or call into a pool: entries to free are returned and
 /// released by the caller afterwards (a visitor may be waiting for `f` to end).
 #[inline]
 fn with_magazine<R: Default>(create_if_missing: bool, f: impl FnOnce(&mut Slots) -> R) -> R {
-    let mut p = CURRENT.with(Cell::get);
+    let p = current(create_if_missing);
     if p.is_null() {
-        if !create_if_missing {
-            return R::default();
-        }
-        match create() {
-            Some(created) => p = created,
-            None => return R::default(),
-        }
+        return R::default();
     }
     // SAFETY: `p` is this thread's live magazine (the `Arc` in `OWNER` keeps it; `Owner::drop`
     // clears `CURRENT` first), and this thread is its only owner; by the rule above `f` neither
@@ -314,57 +301,64 @@ fn bucket(size: u64) -> usize {
 }
 
 /// Frees entries to their shards (never inside `with_magazine`: freeing may drop chunks).
-fn release(entries: Vec<Cached>) -> usize {
+fn release(entries: Vec<Hold>) -> usize {
     let n = entries.len();
-    for c in entries {
-        // SAFETY: each entry holds one outstanding reference on its live cell, used here for the
-        // last time (the entry is consumed).
-        unsafe { ShardCell::free(c.cell, c.allocation) };
+    for h in entries {
+        // SAFETY: each entry came from a block (moved, never copied), so its cell is alive and its
+        // reference is used here for the last time (the entry is consumed).
+        unsafe { ShardCell::free(h) };
     }
     n
 }
 
-/// Takes a cached allocation of `pool` that fits `size` bytes at `align`. `None`: no fit, no
-/// magazine (thread exiting), or this thread's magazine does not serve `pool` yet — then it
-/// starts to (evicting its least recently used pool if all slots are taken) and sets `serving`,
-/// so the pool knows a visit may find something.
+/// Takes a cached allocation of `pool` (its `PoolKey::id`) that fits `size` bytes at `align`
+/// from this thread's magazine. `None`: no fit, no magazine, the magazine does not serve `pool`
+/// (the slow path's [`serve`] makes it), or a visitor holds it right now (a trim or a pool's
+/// drop, which is emptying it anyway: the allocation goes to its shard rather than wait). One
+/// path in and one out, so the entry moves from the bucket to the block in registers.
 #[inline]
-pub(super) fn take(pool: PoolKey, size: u64, align: u64, serving: &AtomicBool) -> Option<Cached> {
+pub(super) fn take(pool: u64, size: u64, align: u64) -> Option<Hold> {
     debug_assert!(size > 0 && size <= MAX_CACHED_SIZE && align.is_power_of_two());
-    // A miss of the pool is a flag: the hot path moves no eviction list around.
-    let mut unserved = false;
-    let hit = with_magazine(true, |m| {
-        m.clock += 1;
-        let clock = m.clock;
-        let Some(slot) = m.find(pool.id) else {
-            unserved = true;
-            return None;
-        };
-        slot.last_use = clock;
-        slot.pop_fitting(bucket(size), size, align)
-    });
-    if unserved {
-        start_serving(pool, serving);
+    let p = current(false);
+    if p.is_null() {
+        return None;
     }
-    hit
+    // SAFETY: `p` is this thread's live magazine (see `with_magazine`), and this thread is its
+    // only owner; the access below only moves values and ends before we return.
+    let mut m = unsafe { (*p).cell.try_enter() }?;
+    m.clock += 1;
+    let clock = m.clock;
+    let slot = m.find(pool)?;
+    slot.last_use = clock;
+    slot.pop_fitting(bucket(size), size, align)
 }
 
-/// Makes this thread's magazine serve `pool`, then frees what that evicted.
+/// Makes this thread's magazine (created if needed) serve `pool`, evicting its least recently
+/// used pool if all slots are taken, and frees what that evicted; sets `serving` when it starts
+/// to, so the pool knows a visit may find something. For the allocation slow path of requests
+/// the cache could serve: freed blocks are kept only by magazines that serve their pool.
 #[cold]
 #[inline(never)]
-fn start_serving(pool: PoolKey, serving: &AtomicBool) {
-    let evicted = with_magazine(false, |m| {
+pub(super) fn serve(pool: PoolKey, serving: &AtomicBool) {
+    let evicted: Option<Vec<Hold>> = with_magazine(true, |m| {
+        m.clock += 1;
         let clock = m.clock;
-        serve(m, pool, clock)
+        if let Some(slot) = m.find(pool.id) {
+            slot.last_use = clock;
+            return None;
+        }
+        Some(serve_in(m, pool, clock))
     });
-    serving.store(true, Ordering::Relaxed);
-    release(evicted);
+    if let Some(evicted) = evicted {
+        serving.store(true, Ordering::Relaxed);
+        release(evicted);
+    }
 }
 
 /// Makes `m` serve `pool` in a free slot or in its least recently used one; returns the evicted
 /// entries (freed by the caller, outside the magazine).
 #[cold]
-fn serve(m: &mut Slots, pool: PoolKey, clock: u64) -> Vec<Cached> {
+fn serve_in(m: &mut Slots, pool: PoolKey, clock: u64) -> Vec<Hold> {
     let slot = m
         .slots
         .iter_mut()
@@ -379,45 +373,55 @@ fn serve(m: &mut Slots, pool: PoolKey, clock: u64) -> Vec<Cached> {
     slot.depth = pool.depth;
     slot.max_bytes = pool.max_bytes;
     slot.last_use = clock;
-    slot.publish();
+    slot.publish_empty();
     evicted
 }
 
-/// Offers a freed allocation of pool `pool` (`requested` and rounded `size` bytes) to this
-/// thread's magazine: if it serves the pool and the bucket and the byte budget have room, `entry`
-/// is called (inside the owner's access, so it must only move values) and what it returns is
-/// kept. Returns whether an entry was kept; when not, `entry` was not called (or returned
-/// `None`) and the caller still owns its allocation. Built in place rather than passed in, a
-/// refused entry is never moved around.
+/// Offers a freed block of pool `pool` (`requested` and rounded `size` bytes) to this thread's
+/// magazine: if it serves the pool and the bucket and the byte budget have room, `entry` is
+/// called, once, inside the owner's access (so it must only move values), and what it returns
+/// is kept. Returns whether `entry` was called; when not, the caller still owns the block's
+/// memory. Moved in place from the block to the bucket: a refused block is never copied.
 #[inline]
-pub(super) fn offer(
-    pool: u64,
-    requested: u64,
-    size: u64,
-    entry: impl FnOnce() -> Option<Cached>,
-) -> bool {
-    if requested == 0 || requested > MAX_CACHED_SIZE {
+pub(super) fn offer(pool: u64, requested: u64, size: u64, entry: impl FnOnce() -> Hold) -> bool {
+    // `requested` in 1..=MAX_CACHED_SIZE, in one comparison (0 wraps to the largest value).
+    if requested.wrapping_sub(1) >= MAX_CACHED_SIZE {
         return false;
     }
-    with_magazine(false, |m| {
-        let Some(slot) = m.find(pool) else {
-            return false;
-        };
-        let b = bucket(requested);
-        if slot.bytes + size > slot.max_bytes || slot.buckets[b].len() >= slot.depth {
-            return false;
-        }
-        if slot.buckets[b].capacity() == 0 {
-            slot.buckets[b].reserve_exact(slot.depth);
-        }
-        match entry() {
-            Some(e) => {
-                slot.push(b, e);
-                true
-            }
-            None => false,
-        }
-    })
+    let p = current(false);
+    if p.is_null() {
+        return false;
+    }
+    // SAFETY: `p` is this thread's live magazine (see `with_magazine`), and this thread is its
+    // only owner; the access below only moves values (reserving a bucket's storage at most) and
+    // ends before we return. While a visitor (a trim, a pool's drop) holds the magazine, the
+    // block goes to its shard rather than wait: the visitor is emptying the magazine anyway.
+    let Some(mut m) = (unsafe { (*p).cell.try_enter() }) else {
+        return false;
+    };
+    let Some(slot) = m.find(pool) else {
+        return false;
+    };
+    let entries = &mut slot.buckets[bucket(requested)];
+    if slot.bytes + size > slot.max_bytes || entries.len() >= slot.depth {
+        return false;
+    }
+    // The same test as `push`'s own, so the hot path makes it once; a bucket's storage is
+    // reserved whole (`depth` entries) the first time, so it never grows after.
+    if entries.len() == entries.capacity() {
+        reserve_bucket(entries, slot.depth);
+    }
+    entries.push(entry());
+    slot.bytes += size;
+    slot.count(true, requested);
+    true
+}
+
+/// Reserves room for `depth` entries in a bucket holding fewer.
+#[cold]
+#[inline(never)]
+fn reserve_bucket(entries: &mut Vec<Hold>, depth: usize) {
+    entries.reserve_exact(depth - entries.len());
 }
 
 /// Takes `pool`'s cached blocks out of every thread's magazine (idle threads' too) and frees
@@ -460,5 +464,5 @@ pub fn release_thread_cache() {
 
 /// Blocks in the calling thread's magazine (all pools), for tests and diagnostics.
 pub fn thread_cached_blocks() -> usize {
-    with_magazine(false, |m| m.slots.iter().map(|s| s.blocks as usize).sum())
+    with_magazine(false, |m| m.slots.iter().map(|s| s.blocks() as usize).sum())
 }

@@ -254,8 +254,8 @@ impl Pool {
             && align.is_power_of_two()
             && align <= inner.config.heap.max_align
         {
-            if let Some(c) = inner.cache_take(size, align) {
-                return Ok(Block::cached(c, size, false));
+            if let Some(hold) = magazine::take(inner.id, size, align) {
+                return Ok(Block::shared(hold, size, false));
             }
         }
         self.alloc_slow(size, align)
@@ -290,33 +290,29 @@ impl Pool {
                 self.inner.non_coherent,
                 BlockKind::GpuAlloc {
                     pool: self.inner.clone(),
-                    block: Some(block),
+                    block,
                 },
             ));
         }
         // Coherent requests already tried the thread cache in `alloc`; non-coherent ones do here,
-        // with their atom-rounded size and alignment.
-        if self.inner.cache_enabled
-            && self.inner.non_coherent
-            && alloc_size <= magazine::MAX_CACHED_SIZE
-        {
-            if let Some(c) = self.inner.cache_take(alloc_size, align) {
-                return Ok(Block::cached(c, size, self.inner.non_coherent));
+        // with their atom-rounded size and alignment. Either way a request the cache could serve
+        // makes this thread's cache serve the pool (if it does not yet), so that the block is
+        // kept when it is freed here.
+        if self.inner.cache_enabled && alloc_size <= magazine::MAX_CACHED_SIZE {
+            if self.inner.non_coherent {
+                if let Some(hold) = magazine::take(self.inner.id, alloc_size, align) {
+                    return Ok(Block::shared(hold, size, true));
+                }
             }
+            magazine::serve(self.inner.cache_key, &self.inner.cache_used);
         }
         let shard_index = thread_shard(self.shards.len());
-        let (cell, chunk, allocation) =
-            self.shards
-                .alloc(shard_index, alloc_size, align, |shard, needed| {
-                    self.grow(shard, shard_index, needed)
-                })?;
-        Ok(Block::shared(
-            cell,
-            chunk,
-            allocation,
-            size,
-            self.inner.non_coherent,
-        ))
+        let hold = self
+            .shards
+            .alloc(shard_index, alloc_size, align, |shard, needed| {
+                self.grow(shard, shard_index, needed)
+            })?;
+        Ok(Block::shared(hold, size, self.inner.non_coherent))
     }
 
     fn reserve_bytes(&self, size: u64) -> Result<()> {
@@ -586,12 +582,6 @@ impl PoolInner {
         if delta != 0 {
             self.size_delta.fetch_add(sign * delta, Ordering::Relaxed);
         }
-    }
-
-    /// A cached block of this pool for `size` bytes at `align` from the calling thread's cache.
-    #[inline]
-    fn cache_take(&self, size: u64, align: u64) -> Option<magazine::Cached> {
-        magazine::take(self.cache_key, size, align, &self.cache_used)
     }
 
     /// Takes this pool's blocks back from every thread's cache.

@@ -113,6 +113,23 @@ pub(super) struct ShardCell {
     pub(super) pool: Arc<PoolInner>,
 }
 
+/// A live shard allocation with the counted reference on its cell that keeps the cell (and so
+/// the chunk table) alive: what a shared [`Block`](super::Block) holds, and what a thread cache
+/// keeps of a freed one (moved as is between the two, nothing rebuilt). Handed back through
+/// [`ShardCell::free`].
+pub(super) struct Hold {
+    pub(super) cell: NonNull<ShardCell>,
+    /// Points into `cell`'s chunk table; valid while `allocation` is live (chunks are removed
+    /// only when empty).
+    pub(super) chunk: *const Chunk,
+    pub(super) allocation: Allocation,
+}
+
+// SAFETY: a hold owns one outstanding allocation and its counted reference on the cell; the cell
+// and chunk it points to are shared, lock-protected (or immutable) state that any thread may free
+// into (`ShardCell::free`) or read.
+unsafe impl Send for Hold {}
+
 /// The pool's references to its shards. When the last `Pool` clone drops, each shard is marked;
 /// a shard with no live block is freed at once, otherwise by its last block.
 pub(super) struct ShardSet {
@@ -167,7 +184,7 @@ impl ShardSet {
         size: u64,
         align: u64,
         grow: impl FnOnce(&mut Shard, u64) -> Result<()>,
-    ) -> Result<(NonNull<ShardCell>, *const Chunk, Allocation)> {
+    ) -> Result<Hold> {
         let mut shard = self.get(i).state.lock();
         let allocation = match shard.heap.alloc(size, align) {
             Ok(a) => a,
@@ -193,7 +210,11 @@ impl ShardSet {
         // removed only when empty), and the counted reference keeps the cell alive.
         let chunk: *const Chunk = Arc::as_ptr(chunk);
         shard.outstanding += 1;
-        Ok((self.cells[i], chunk, allocation))
+        Ok(Hold {
+            cell: self.cells[i],
+            chunk,
+            allocation,
+        })
     }
 }
 
@@ -227,12 +248,17 @@ impl Drop for ShardSet {
 }
 
 impl ShardCell {
-    /// Frees a block's allocation and drops the block's reference on the cell.
+    /// Frees a hold's allocation and drops its reference on the cell. Out of line: the lock and
+    /// the heap's free are far larger than a call, and callers' fast paths stay small.
     ///
     /// # Safety
-    /// - `cell` must be the live cell the allocation came from, and the caller's block reference
-    ///   on it must not be used again after this call.
-    pub(super) unsafe fn free(cell: NonNull<ShardCell>, allocation: Allocation) {
+    /// - `hold` must come from [`ShardSet::alloc`] (moved, never duplicated, since): its cell is
+    ///   then alive and its reference is used here for the last time.
+    #[inline(never)]
+    pub(super) unsafe fn free(hold: Hold) {
+        let Hold {
+            cell, allocation, ..
+        } = hold;
         // SAFETY: the block's reference keeps the cell alive until the end of the locked section.
         let this = unsafe { cell.as_ref() };
         let chunk_id = allocation.chunk();

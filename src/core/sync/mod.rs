@@ -51,7 +51,35 @@ pub(crate) mod cell {
         pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
             f(self.0.get())
         }
+
+        /// A pointer to the contents for an access that outlives a closure (loom's `get_mut`,
+        /// whose pointer tracks the access until it drops).
+        #[inline(always)]
+        pub(crate) fn get_mut(&self) -> MutPtr<T> {
+            MutPtr(self.0.get())
+        }
     }
+
+    /// `std`'s stand-in for loom's `MutPtr`: the raw pointer.
+    #[cfg(not(feature = "loom"))]
+    pub(crate) struct MutPtr<T>(*mut T);
+
+    #[cfg(not(feature = "loom"))]
+    impl<T> MutPtr<T> {
+        /// The contents.
+        ///
+        /// # Safety
+        /// - No other reference to the contents is used while the returned one lives.
+        #[inline(always)]
+        #[allow(clippy::mut_from_ref)] // a raw pointer's target, as loom's `MutPtr::deref`
+        pub(crate) unsafe fn deref(&self) -> &mut T {
+            // SAFETY: the caller's contract.
+            unsafe { &mut *self.0 }
+        }
+    }
+
+    #[cfg(feature = "loom")]
+    pub(crate) use loom::cell::MutPtr;
 }
 
 /// Spins of a waiting loop before it starts yielding the CPU.

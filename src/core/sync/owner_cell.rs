@@ -33,9 +33,10 @@
 //! catch.
 
 use std::fmt;
+use std::ops::{Deref, DerefMut};
 
 use crate::core::sync::atomic::{AtomicBool, Ordering};
-use crate::core::sync::cell::UnsafeCell;
+use crate::core::sync::cell::{MutPtr, UnsafeCell};
 use crate::core::sync::{Backoff, Mutex};
 
 /// Data owned by one thread, reachable by others through a handshake (see the module docs).
@@ -78,21 +79,39 @@ impl<T> OwnerCell<T> {
     /// - `f` does not call `with_owner` on this cell, does not block, and does not visit.
     #[inline]
     pub(crate) unsafe fn with_owner<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+        // SAFETY: forwarded to our caller.
+        match unsafe { self.try_enter() } {
+            Some(mut access) => f(&mut access),
+            // SAFETY: forwarded to our caller.
+            None => unsafe { self.with_owner_queued(f) },
+        }
+    }
+
+    /// The owner's fast path as a guard rather than a closure: the data while no visitor is in,
+    /// `None` when one is (or was) — then [`with_owner_queued`](Self::with_owner_queued) waits
+    /// for it. For hot paths whose values should stay in registers: a closure handed to the
+    /// queued path must be built in memory.
+    ///
+    /// # Safety
+    /// - Only one thread, the owner, ever calls this (or `with_owner`) on a given cell.
+    /// - While the access lives, the owner does not enter the cell again, block, or visit.
+    #[inline(always)]
+    pub(crate) unsafe fn try_enter(&self) -> Option<OwnerAccess<'_, T>> {
         self.busy.store(true, Ordering::Relaxed);
         barrier::light(self.asymmetric);
         // Acquire: a visitor's changes to the data (released with `claimed = false`) are
         // visible to the access below.
         if self.claimed.load(Ordering::Acquire) {
             self.busy.store(false, Ordering::Release);
-            // SAFETY: forwarded to our caller.
-            return unsafe { self.with_owner_queued(f) };
+            return None;
         }
-        // Clears `busy` even if `f` unwinds, so a visitor never waits forever.
-        let _done = Busy(&self.busy);
-        // SAFETY: the handshake: we set `busy` before reading `claimed == false` across the
-        // barrier pair, so any visitor that has claimed the cell sees `busy` and waits until
-        // `_done` clears it (release); no other owner exists (caller's obligation).
-        self.data.with_mut(|data| f(unsafe { &mut *data }))
+        // The handshake: we set `busy` before reading `claimed == false` across the barrier
+        // pair, so any visitor that has claimed the cell sees `busy` and waits until the access
+        // clears it (release, also on unwind); no other owner exists (caller's obligation).
+        Some(OwnerAccess {
+            data: self.data.get_mut(),
+            _busy: Busy(&self.busy),
+        })
     }
 
     /// The owner's slow path: a visitor is (or was) inside; wait for it on its lock.
@@ -101,7 +120,7 @@ impl<T> OwnerCell<T> {
     /// As [`with_owner`](Self::with_owner).
     #[cold]
     #[inline(never)]
-    unsafe fn with_owner_queued<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+    pub(crate) unsafe fn with_owner_queued<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
         let _visitors = self.visitors.lock();
         // SAFETY: visitors touch the data only while holding `visitors`, which we hold now; no
         // other owner exists (caller's obligation).
@@ -215,6 +234,32 @@ pub fn handshake() -> Handshake {
         Handshake::Membarrier
     } else {
         Handshake::Fence
+    }
+}
+
+/// The owner's access to a cell's data on the fast path ([`OwnerCell::try_enter`]); ends (clears
+/// `busy`) when dropped.
+pub(crate) struct OwnerAccess<'a, T> {
+    // Declared first, so dropped first: loom's record of the access ends before `busy` clears
+    // and lets a visitor in.
+    data: MutPtr<T>,
+    _busy: Busy<'a>,
+}
+
+impl<T> Deref for OwnerAccess<'_, T> {
+    type Target = T;
+    #[inline(always)]
+    fn deref(&self) -> &T {
+        // SAFETY: `try_enter`'s handshake gave this access the data alone until it drops.
+        unsafe { self.data.deref() }
+    }
+}
+
+impl<T> DerefMut for OwnerAccess<'_, T> {
+    #[inline(always)]
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: as in `deref`; `&mut self` keeps this the only reference the access hands out.
+        unsafe { self.data.deref() }
     }
 }
 
