@@ -3,9 +3,10 @@
  * (capi/tests/header.rs checks it); do not edit by hand.
  *
  * A drop-in for vkgdr 0.1's vkgdr.h (same names, values, signatures and error texts), plus pools
- * (vkgdr_pool_*, vkgdr_block_*), copies (vkgdr_copy_*), rings (vkgdr_ring_*) and frees that
- * never wait for a running kernel (vkgdr_memory_free_after, vkgdr_memory_free_now,
- * vkgdr_block_free_after, vkgdr_ring_watch_consumer, vkgdr_wait_for_releases).
+ * (vkgdr_pool_*, vkgdr_block_*), copies (vkgdr_copy_*), rings (vkgdr_ring_*) with their
+ * exclusive producers (vkgdr_ring_producer_*), and frees that never wait for a running kernel
+ * (vkgdr_memory_free_after, vkgdr_memory_free_now, vkgdr_block_free_after,
+ * vkgdr_ring_watch_consumer, vkgdr_wait_for_releases).
  *
  * Conventions: a failing call returns NULL, 0, false or VKGDR_ERROR (each function says which)
  * and sets the calling thread's last error, vkgdr_last_error(). As in vkgdr 0.1, a successful
@@ -233,9 +234,47 @@ typedef struct vkgdr_pool_stats {
 } vkgdr_pool_stats;
 
 /**
+ * Opaque handle to the exclusive producer of one lane of a ring, from
+ * `vkgdr_ring_producer_create`; freed with `vkgdr_ring_producer_destroy`.
+ */
+typedef struct vkgdr_ring_producer *vkgdr_ring_producer_t;
+
+/**
  * Opaque handle to a ring, from `vkgdr_ring_create`; freed with `vkgdr_ring_destroy`.
  */
 typedef struct vkgdr_ring *vkgdr_ring_t;
+
+/**
+ * How `vkgdr_ring_create_with_options` makes a ring. Fill it with `vkgdr_ring_options_init`,
+ * then change what you need. Later versions may add fields at the end: `struct_size` tells the
+ * library which ones the caller knows.
+ */
+typedef struct vkgdr_ring_options {
+  /**
+   * `sizeof(vkgdr_ring_options)` as the caller was compiled (set by
+   * `vkgdr_ring_options_init`).
+   */
+  size_t struct_size;
+  /**
+   * Lanes, 1 to 64 (default 1): independent sub-rings of `capacity` bytes each, with their
+   * own tail, head and sequence numbers. Give each producer thread its own lane
+   * (`vkgdr_ring_producer_create`); a consumer reads each lane in order (one thread block
+   * per lane, say). Records of different lanes are not ordered with each other.
+   */
+  uint32_t lanes;
+  /**
+   * 0 or `VKGDR_RING_MIRRORED_BIT` (each lane then gets a region of its own mapped twice).
+   */
+  uint32_t flags;
+  /**
+   * Records of at least this many bytes in the ring (16-byte header and padding to 16
+   * included) that a `vkgdr_ring_producer_t` writes are staged in pinned host memory and
+   * moved by a copy engine, which outruns CPU stores through the BAR for large records;
+   * smaller ones, and every record of `vkgdr_ring_push` and `vkgdr_ring_reserve`, take the
+   * BAR. 0 turns the copy engine off. Default 4096; at most `UINT32_MAX`.
+   */
+  uint64_t copy_engine_record;
+} vkgdr_ring_options;
 
 /**
  * Opaque handle to space reserved for one record, from `vkgdr_ring_reserve`; consumed by
@@ -246,6 +285,9 @@ typedef struct vkgdr_ring_reservation *vkgdr_ring_reservation_t;
 /**
  * What a consumer kernel needs (`vkgdr_ring_get_device_view`); the wire format is described in
  * `kernels/ring.cu`. Set `struct_size` to `sizeof(vkgdr_ring_device_view)` before the call.
+ * Kernels that take `vkgdr_ring_view` of `include/vkgdr/ring.cuh` by value (`ring_check_lanes`)
+ * get it from these fields: `data, capacity, tail, stop, head, result, lane_data, lanes`, and
+ * `mirrored` as its `wrap`.
  */
 typedef struct vkgdr_ring_device_view {
   /**
@@ -283,7 +325,55 @@ typedef struct vkgdr_ring_device_view {
    * 1 for a ring made with `VKGDR_RING_MIRRORED_BIT`, else 0.
    */
   uint32_t mirrored;
+  /**
+   * Number of lanes (1 unless the ring was made with `vkgdr_ring_options.lanes`). `data`,
+   * `tail`, `head` and `result` above are lane 0's; lane `i`'s `tail` is at
+   * `tail + i * 128`, its `head` at `head + i * 256`, its result words at `result + i * 256`,
+   * its data region at `((uint64_t *)lane_data)[i]` (device memory). A caller whose
+   * `struct_size` ends before this field does not get it.
+   */
+  uint32_t lanes;
+  /**
+   * Device address of a table of `lanes` u64s: each lane's data region. A caller whose
+   * `struct_size` ends before this field does not get it.
+   */
+  CUdeviceptr lane_data;
 } vkgdr_ring_device_view;
+
+/**
+ * What the copy-engine path of a ring's lanes has done so far
+ * (`vkgdr_ring_get_copy_engine_stats`). Set `struct_size` to
+ * `sizeof(vkgdr_ring_copy_engine_stats)` before the call.
+ */
+typedef struct vkgdr_ring_copy_engine_stats {
+  /**
+   * `sizeof(vkgdr_ring_copy_engine_stats)` as the caller was compiled.
+   */
+  size_t struct_size;
+  /**
+   * Lanes whose staging copy and copy stream exist (made when a producer first claims the
+   * lane, for rings whose copy engine is on).
+   */
+  uint32_t lanes_ready;
+  /**
+   * 1 when the copy-engine path could not be made (the lanes then use the BAR; the reason is
+   * `vkgdr_ring_get_copy_engine_error`), else 0.
+   */
+  uint32_t unavailable;
+  /**
+   * Staged publications queued on the lanes' copy streams.
+   */
+  uint64_t copies;
+  /**
+   * Bytes those publications copied.
+   */
+  uint64_t bytes;
+  /**
+   * Publications whose copy could not be queued (a driver error): their staged bytes went
+   * through the BAR instead.
+   */
+  uint64_t fallbacks;
+} vkgdr_ring_copy_engine_stats;
 
 #ifdef __cplusplus
 extern "C" {
@@ -927,6 +1017,179 @@ VKGDR_API int vkgdr_block_write(vkgdr_block_t block, size_t offset, const void *
 VKGDR_API int vkgdr_block_read(vkgdr_block_t block, size_t offset, void *dst, size_t size);
 
 /**
+ * Creates the exclusive producer of one lane of `ring`: it claims a lane that has no producer
+ * and no shared reservation in flight (the search starts after the lane the previous producer
+ * took, so producers spread over the lanes). Records it writes are numbered 0, 1, 2, ... per
+ * lane, continuing from what the lane's earlier producers and shared pushes wrote. The
+ * producer keeps the ring alive: `vkgdr_ring_destroy` before `vkgdr_ring_producer_destroy` is
+ * allowed (the ring then goes when the producer does).
+ *
+ * While a lane has a producer, `vkgdr_ring_push` and `vkgdr_ring_reserve` of threads that map
+ * to that lane wait for it (give the producer threads lanes of their own: create the ring with
+ * more lanes than producers when shared pushes are wanted too).
+ *
+ * Returns a handle, or `NULL` on error: an invalid handle; every lane has a producer already
+ * ("every one of the ring's N lanes has a producer"); shared reservations in flight on the
+ * only free lanes; the ring was stopped (`vkgdr_ring_stop`).
+ *
+ * Thread safety: any thread. The producer is for one thread at a time (calls on one producer
+ * from several threads are serialised by a lock); it may move between threads.
+ *
+ * # Safety
+ * - No thread destroys `ring` during the call.
+ */
+VKGDR_API vkgdr_ring_producer_t vkgdr_ring_producer_create(vkgdr_ring_t ring);
+
+/**
+ * Destroys a producer: publishes what it has written and not yet published, and hands its
+ * lane back (to a later producer, or to shared pushes). `NULL` is ignored. If the ring handle
+ * was destroyed already and this was the last thing keeping the ring, the ring goes now (see
+ * `vkgdr_ring_destroy`).
+ *
+ * Errors (reported through `vkgdr_last_error()` only): a handle already destroyed or not a
+ * `vkgdr_ring_producer_t`.
+ *
+ * Thread safety: any thread, but not while another thread is using the same producer.
+ *
+ * # Safety
+ * - No other thread uses `producer` during or after the call.
+ */
+VKGDR_API void vkgdr_ring_producer_destroy(vkgdr_ring_producer_t producer);
+
+/**
+ * Appends one record with the `size`-byte payload at `payload` and publishes it at once,
+ * together with anything written before (the lowest latency). A record of at least
+ * `vkgdr_ring_options.copy_engine_record` bytes goes through pinned memory and a copy engine.
+ *
+ * - `timeout_ns`: how long to wait for the consumer to free space: negative waits forever
+ *   (until the watched consumer has exited), 0 tries once.
+ * - `seq`: NULL, or where to store the record's sequence number in its lane.
+ *
+ * Returns `VKGDR_SUCCESS`; `VKGDR_RING_FULL` if no room appeared in time (nothing written); or
+ * `VKGDR_ERROR` (an invalid handle, `payload` NULL, a zero size or one larger than the ring
+ * takes, a consumer that has stopped).
+ *
+ * Thread safety: any thread, one at a time per producer (see `vkgdr_ring_producer_create`).
+ *
+ * # Safety
+ * - `payload` is readable for `size` bytes; `seq` is NULL or writable.
+ * - No thread destroys `producer` during the call.
+ */
+VKGDR_API
+int vkgdr_ring_producer_push(vkgdr_ring_producer_t producer,
+                             const void *payload,
+                             size_t size,
+                             int64_t timeout_ns,
+                             uint64_t *seq);
+
+/**
+ * Appends one record like `vkgdr_ring_producer_push` but publishes it only when the flush
+ * policy says so (`vkgdr_ring_producer_set_flush_policy`; by default once 64 KiB wait), or at
+ * the next push, `vkgdr_ring_producer_flush`, wait for space or destroy: many records then cost
+ * one fence and one tail store. Call `vkgdr_ring_producer_flush` when a burst ends: nothing
+ * publishes records that are left waiting otherwise.
+ *
+ * Returns and waits as `vkgdr_ring_producer_push`.
+ *
+ * Thread safety: any thread, one at a time per producer.
+ *
+ * # Safety
+ * - `payload` is readable for `size` bytes; `seq` is NULL or writable.
+ * - No thread destroys `producer` during the call.
+ */
+VKGDR_API
+int vkgdr_ring_producer_write(vkgdr_ring_producer_t producer,
+                              const void *payload,
+                              size_t size,
+                              int64_t timeout_ns,
+                              uint64_t *seq);
+
+/**
+ * Appends `count` records (`payloads[i]`, `sizes[i]` bytes each) and publishes them all with
+ * one fence and one tail store (a batch larger than the free space is published in pieces while
+ * waiting for more). Their sequence numbers are `next_seq`, `next_seq + 1`, ... as
+ * `vkgdr_ring_producer_get_next_seq` said before the call.
+ *
+ * - `timeout_ns`: as for `vkgdr_ring_producer_push`, for each wait.
+ * - `written`: NULL, or where to store how many records were written (and published), also on
+ *   `VKGDR_RING_FULL` and `VKGDR_ERROR`.
+ *
+ * Returns `VKGDR_SUCCESS`; `VKGDR_RING_FULL` if no room appeared in time for a record (the ones
+ * before it are published); or `VKGDR_ERROR` (an invalid handle, `payloads` or `sizes` NULL with
+ * `count` > 0, a NULL payload, a zero size or one larger than the ring takes: the records
+ * before it are published).
+ *
+ * Thread safety: any thread, one at a time per producer.
+ *
+ * # Safety
+ * - `payloads` and `sizes` are readable for `count` entries; each `payloads[i]` is readable
+ *   for `sizes[i]` bytes; `written` is NULL or writable.
+ * - No thread destroys `producer` during the call.
+ */
+VKGDR_API
+int vkgdr_ring_producer_push_batch(vkgdr_ring_producer_t producer,
+                                   const void *const *payloads,
+                                   const size_t *sizes,
+                                   size_t count,
+                                   int64_t timeout_ns,
+                                   size_t *written);
+
+/**
+ * Publishes every record the producer has written and not yet published: one fence and one
+ * tail store (nothing when nothing is waiting).
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle).
+ *
+ * Thread safety: any thread, one at a time per producer.
+ *
+ * # Safety
+ * - No thread destroys `producer` during the call.
+ */
+VKGDR_API int vkgdr_ring_producer_flush(vkgdr_ring_producer_t producer);
+
+/**
+ * Sets when `vkgdr_ring_producer_write` publishes: once `max_pending_bytes` bytes (records
+ * with their headers) wait (0: every record at once), or once the oldest waiting record has
+ * waited `max_delay_ns` nanoseconds (negative: no time bound), checked on each write — there is
+ * no timer: a producer that goes idle calls `vkgdr_ring_producer_flush`. The default is 64 KiB
+ * and no time bound.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle).
+ *
+ * Thread safety: any thread, one at a time per producer.
+ *
+ * # Safety
+ * - No thread destroys `producer` during the call.
+ */
+VKGDR_API
+int vkgdr_ring_producer_set_flush_policy(vkgdr_ring_producer_t producer,
+                                         uint64_t max_pending_bytes,
+                                         int64_t max_delay_ns);
+
+/**
+ * The sequence number the producer's next record gets (in its lane), or `UINT64_MAX` on error
+ * (an invalid handle).
+ *
+ * Thread safety: any thread, one at a time per producer.
+ *
+ * # Safety
+ * - No thread destroys `producer` during the call.
+ */
+VKGDR_API uint64_t vkgdr_ring_producer_get_next_seq(vkgdr_ring_producer_t producer);
+
+/**
+ * The lane the producer owns (0 to lanes - 1: its consumer's head and result words are
+ * `vkgdr_ring_get_lane_head` and `vkgdr_ring_get_lane_results` of it), or `UINT32_MAX` on
+ * error (an invalid handle).
+ *
+ * Thread safety: any thread, one at a time per producer.
+ *
+ * # Safety
+ * - No thread destroys `producer` during the call.
+ */
+VKGDR_API uint32_t vkgdr_ring_producer_get_lane(vkgdr_ring_producer_t producer);
+
+/**
  * Creates a ring of `capacity` bytes (a power of two, at least 4096) in BAR-mapped memory of
  * `g`'s device, in the handle's context (see `vkgdr_pool_create`).
  *
@@ -944,11 +1207,57 @@ VKGDR_API int vkgdr_block_read(vkgdr_block_t block, size_t offset, void *dst, si
 VKGDR_API vkgdr_ring_t vkgdr_ring_create(vkgdr_t g, uint64_t capacity, uint32_t flags);
 
 /**
- * Destroys a ring handle. `NULL` is ignored. Open reservations keep the ring's memory alive
- * until they are committed or cancelled. Sets the ring's `stop` word (as `vkgdr_ring_stop`)
- * and never waits: with a consumer registered by `vkgdr_ring_watch_consumer`, the ring's memory
- * is kept until that consumer has exited; otherwise it is released after the legacy default
- * stream's queued work, so a consumer on another stream must have finished with it.
+ * Fills `*options` with the defaults (one lane, padded, copy engine for records of 4096 bytes
+ * and more) and sets `options->struct_size` to `struct_size`, which must be
+ * `sizeof(vkgdr_ring_options)` as the caller sees it (only that many bytes are written).
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` if `options` is NULL or `struct_size` too small.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `options` is NULL or writable for `struct_size` bytes.
+ */
+VKGDR_API int vkgdr_ring_options_init(struct vkgdr_ring_options *options, size_t struct_size);
+
+/**
+ * Creates a ring of `options->lanes` lanes of `capacity` bytes each (a power of two, at least
+ * 4096; for `VKGDR_RING_MIRRORED_BIT`, a multiple of the VMM granularity, 2 MiB on the H100)
+ * in BAR-mapped memory of `g`'s device, in the handle's context (see `vkgdr_pool_create`).
+ *
+ * - `options`: NULL for the defaults (then it is `vkgdr_ring_create(g, capacity, 0)`), or
+ *   options from `vkgdr_ring_options_init`. They are checked before `g`: unknown flag bits,
+ *   lanes outside 1 to 64, a `copy_engine_record` above `UINT32_MAX`, an unset `struct_size` or
+ *   fields this version does not know set are errors.
+ *
+ * Which producer for which lane: `vkgdr_ring_producer_create` claims a lane for one thread
+ * (records appended without locks, batches published with one fence and one tail store, large
+ * records by the copy engine); `vkgdr_ring_push` / `vkgdr_ring_reserve` from any thread share
+ * the calling thread's lane (thread index modulo the lane count) and publish every record on
+ * its own.
+ *
+ * Returns a handle, or `NULL` on error (bad options or capacity, a `vkgdr_open_vulkan` handle,
+ * a driver failure).
+ *
+ * Thread safety: any thread. Free it with `vkgdr_ring_destroy` once the consumer is done.
+ *
+ * # Safety
+ * - `options` is NULL or readable for `options->struct_size` bytes.
+ * - No thread closes `g` during the call.
+ */
+VKGDR_API
+vkgdr_ring_t vkgdr_ring_create_with_options(vkgdr_t g,
+                                            uint64_t capacity,
+                                            const struct vkgdr_ring_options *options);
+
+/**
+ * Destroys a ring handle. `NULL` is ignored. Open reservations and producers
+ * (`vkgdr_ring_producer_t`) keep the ring alive until they are committed, cancelled or
+ * destroyed; when the last of them goes, the ring goes as described here. Sets the ring's
+ * `stop` word (as `vkgdr_ring_stop`) and never waits: with a consumer registered by
+ * `vkgdr_ring_watch_consumer`, the ring's memory is kept until that consumer has exited;
+ * otherwise it is released after the legacy default stream's queued work, so a consumer on
+ * another stream must have finished with it.
  *
  * Errors (reported through `vkgdr_last_error()` only): a handle already destroyed or not a
  * `vkgdr_ring_t`.
@@ -1147,6 +1456,76 @@ VKGDR_API uint64_t vkgdr_ring_get_head(vkgdr_ring_t ring);
  * - No thread destroys `ring` during the call.
  */
 VKGDR_API int vkgdr_ring_get_results(vkgdr_ring_t ring, uint64_t *words, size_t count);
+
+/**
+ * Number of lanes of the ring (1 unless it was made with `vkgdr_ring_options.lanes`), or 0 on
+ * error (an invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread destroys `ring` during the call.
+ */
+VKGDR_API uint32_t vkgdr_ring_get_lanes(vkgdr_ring_t ring);
+
+/**
+ * `vkgdr_ring_get_head` of lane `lane`: how far the consumer of that lane has consumed.
+ * `UINT64_MAX` on error (an invalid handle, no such lane).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread destroys `ring` during the call.
+ */
+VKGDR_API uint64_t vkgdr_ring_get_lane_head(vkgdr_ring_t ring, uint32_t lane);
+
+/**
+ * `vkgdr_ring_get_results` of lane `lane`: the first `count` (at most 8) result words its
+ * consumer reported (at the view's `result + lane * 256`).
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, no such lane, `words` NULL,
+ * `count` > 8).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `words` is writable for `count` values.
+ * - No thread destroys `ring` during the call.
+ */
+VKGDR_API
+int vkgdr_ring_get_lane_results(vkgdr_ring_t ring,
+                                uint32_t lane,
+                                uint64_t *words,
+                                size_t count);
+
+/**
+ * Fills `*stats` (whose `struct_size` the caller sets) with what the copy-engine path of the
+ * ring's lanes has done so far, over every lane.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, `stats` NULL or its
+ * `struct_size` unset).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `stats` is NULL or writable for `stats->struct_size` bytes.
+ * - No thread destroys `ring` during the call.
+ */
+VKGDR_API
+int vkgdr_ring_get_copy_engine_stats(vkgdr_ring_t ring,
+                                     struct vkgdr_ring_copy_engine_stats *stats);
+
+/**
+ * Why the ring's copy-engine path could not be made (its lanes then carry every record through
+ * the BAR): a copy the caller releases with `free()`, or `NULL` when the path is fine (or not
+ * made yet, or off) and on error (an invalid handle, reported through `vkgdr_last_error()`).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread destroys `ring` during the call.
+ */
+VKGDR_API char *vkgdr_ring_get_copy_engine_error(vkgdr_ring_t ring);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -128,6 +128,24 @@ pub fn clear_last_error() {
     });
 }
 
+/// A `malloc`'d copy of `bytes` (NULL if the allocation fails), for C to `free()`.
+fn malloc_copy(bytes: &[u8]) -> *mut c_char {
+    // SAFETY: plain C allocation of the bytes' length.
+    let out = unsafe { malloc(bytes.len()) }.cast::<u8>();
+    if !out.is_null() {
+        // SAFETY: `out` has room for `bytes.len()` bytes and is a new allocation.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), out, bytes.len()) };
+    }
+    out.cast::<c_char>()
+}
+
+/// A NUL-terminated `malloc`'d copy of `text` for C to `free()` (a NUL byte inside becomes the
+/// two characters `\0`, as in the last error), or NULL if the allocation fails.
+pub fn c_string_copy(text: &str) -> *mut c_char {
+    let c = CString::new(text.replace('\0', "\\0")).unwrap_or_default();
+    malloc_copy(c.as_bytes_with_nul())
+}
+
 /// The calling thread's last error: a copy the caller must release with `free()`, or `NULL` if
 /// no call has failed since the thread's last `vkgdr_open`, `vkgdr_open_vulkan` or
 /// `vkgdr_memory_alloc` began (they clear it first, as vkgdr 0.1's `vkgdr_open` and
@@ -148,14 +166,7 @@ pub extern "C" fn vkgdr_last_error() -> *mut c_char {
             let Some(msg) = e.as_ref() else {
                 return std::ptr::null_mut();
             };
-            let bytes = msg.as_bytes_with_nul();
-            // SAFETY: plain C allocation of the message's length.
-            let out = unsafe { malloc(bytes.len()) }.cast::<u8>();
-            if !out.is_null() {
-                // SAFETY: `out` has room for `bytes.len()` bytes and is a new allocation.
-                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), out, bytes.len()) };
-            }
-            out.cast::<c_char>()
+            malloc_copy(msg.as_bytes_with_nul())
         })
     })
     .unwrap_or(std::ptr::null_mut())

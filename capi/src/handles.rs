@@ -69,6 +69,8 @@ pub enum Tag {
     Ring = 5,
     /// `vkgdr_ring_reservation_t`.
     Reservation = 6,
+    /// `vkgdr_ring_producer_t`.
+    Producer = 7,
     /// Tables made by tests.
     #[cfg(test)]
     Test = 15,
@@ -84,6 +86,7 @@ impl Tag {
             Tag::Block => "vkgdr_block_t",
             Tag::Ring => "vkgdr_ring_t",
             Tag::Reservation => "vkgdr_ring_reservation_t",
+            Tag::Producer => "vkgdr_ring_producer_t",
             #[cfg(test)]
             Tag::Test => "test handle",
         }

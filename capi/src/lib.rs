@@ -3,8 +3,8 @@
 //! `libvkgdr.so` / `libvkgdr.a` with the header `include/vkgdr.h` (generated from this crate by
 //! cbindgen; `tests/header.rs` fails when the committed copy differs). It is a drop-in for
 //! vkgdr 0.1's C API — same names, values, signatures and error texts, built on
-//! [`vkgdr::compat`] — and adds the pool ([`pool`]), copies ([`copy`]) and rings ([`ring`]) in
-//! the same style.
+//! [`vkgdr::compat`] — and adds the pool ([`pool`]), copies ([`copy`]), rings ([`ring`]) and
+//! their exclusive producers ([`producer`]) in the same style.
 //!
 //! Conventions every function follows:
 //! - it never lets a Rust panic unwind into C ([`error::guard`]);
@@ -25,6 +25,7 @@ pub mod error;
 pub mod handles;
 pub mod memory;
 pub mod pool;
+pub mod producer;
 pub mod ring;
 mod versioned;
 

@@ -1,21 +1,24 @@
 //! Rings that stream records from C threads to a running kernel (`vkgdr_ring_*`), a thin layer
-//! over [`vkgdr::ring::DeviceRing`]: create, push (or reserve, write, commit), the device view a
-//! consumer kernel needs, the consumer's registration, stop, and the words the consumer reports
-//! back.
+//! over [`vkgdr::ring::DeviceRing`]: create (with lanes and the copy-engine choice), push (or
+//! reserve, write, commit), the device view a consumer kernel needs, the consumer's registration,
+//! stop, the words the consumer reports back and the copy engine's counters. Exclusive producers
+//! (`vkgdr_ring_producer_*`) are in [`crate::producer`].
 
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_char, c_int, c_void};
 use std::mem::ManuallyDrop;
+use std::ptr::null_mut;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 // std's Mutex like crate::handles (Miri); a poisoned lock still holds a valid Option.
 use std::sync::{Mutex, PoisonError};
 use vkgdr::ring::core::{Reservation, RingError};
+use vkgdr::ring::device::{DEFAULT_COPY_ENGINE_RECORD, MAX_LANES};
 use vkgdr::ring::layout::{WrapMode, RESULT_WORDS};
-use vkgdr::ring::{BarSink, DeviceRing};
+use vkgdr::ring::{BarSink, CopyEngine, DeviceRing, RingOptions};
 
 use crate::device::{device, vkgdr_t};
-use crate::error::{guard, CResult, Failure};
+use crate::error::{c_string_copy, guard, CResult, Failure};
 use crate::handles::{HandleTable, Tag};
 use crate::versioned::{self, Versioned};
 use crate::{lookup, register, release, CUdeviceptr, CUstream, Handle, VKGDR_ERROR, VKGDR_SUCCESS};
@@ -43,6 +46,9 @@ pub const VKGDR_RING_FULL: c_int = 1;
 
 /// What a consumer kernel needs (`vkgdr_ring_get_device_view`); the wire format is described in
 /// `kernels/ring.cu`. Set `struct_size` to `sizeof(vkgdr_ring_device_view)` before the call.
+/// Kernels that take `vkgdr_ring_view` of `include/vkgdr/ring.cuh` by value (`ring_check_lanes`)
+/// get it from these fields: `data, capacity, tail, stop, head, result, lane_data, lanes`, and
+/// `mirrored` as its `wrap`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct vkgdr_ring_device_view {
@@ -65,11 +71,123 @@ pub struct vkgdr_ring_device_view {
     pub result: CUdeviceptr,
     /// 1 for a ring made with `VKGDR_RING_MIRRORED_BIT`, else 0.
     pub mirrored: u32,
+    /// Number of lanes (1 unless the ring was made with `vkgdr_ring_options.lanes`). `data`,
+    /// `tail`, `head` and `result` above are lane 0's; lane `i`'s `tail` is at
+    /// `tail + i * 128`, its `head` at `head + i * 256`, its result words at `result + i * 256`,
+    /// its data region at `((uint64_t *)lane_data)[i]` (device memory). A caller whose
+    /// `struct_size` ends before this field does not get it.
+    pub lanes: u32,
+    /// Device address of a table of `lanes` u64s: each lane's data region. A caller whose
+    /// `struct_size` ends before this field does not get it.
+    pub lane_data: CUdeviceptr,
 }
 
 // SAFETY: integers only; `struct_size` first.
 unsafe impl Versioned for vkgdr_ring_device_view {
     const NAME: &'static str = "vkgdr_ring_device_view";
+}
+
+/// How `vkgdr_ring_create_with_options` makes a ring. Fill it with `vkgdr_ring_options_init`,
+/// then change what you need. Later versions may add fields at the end: `struct_size` tells the
+/// library which ones the caller knows.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct vkgdr_ring_options {
+    /// `sizeof(vkgdr_ring_options)` as the caller was compiled (set by
+    /// `vkgdr_ring_options_init`).
+    pub struct_size: usize,
+    /// Lanes, 1 to 64 (default 1): independent sub-rings of `capacity` bytes each, with their
+    /// own tail, head and sequence numbers. Give each producer thread its own lane
+    /// (`vkgdr_ring_producer_create`); a consumer reads each lane in order (one thread block
+    /// per lane, say). Records of different lanes are not ordered with each other.
+    pub lanes: u32,
+    /// 0 or `VKGDR_RING_MIRRORED_BIT` (each lane then gets a region of its own mapped twice).
+    pub flags: u32,
+    /// Records of at least this many bytes in the ring (16-byte header and padding to 16
+    /// included) that a `vkgdr_ring_producer_t` writes are staged in pinned host memory and
+    /// moved by a copy engine, which outruns CPU stores through the BAR for large records;
+    /// smaller ones, and every record of `vkgdr_ring_push` and `vkgdr_ring_reserve`, take the
+    /// BAR. 0 turns the copy engine off. Default 4096; at most `UINT32_MAX`.
+    pub copy_engine_record: u64,
+}
+
+// SAFETY: integers only; `struct_size` first.
+unsafe impl Versioned for vkgdr_ring_options {
+    const NAME: &'static str = "vkgdr_ring_options";
+}
+
+impl vkgdr_ring_options {
+    fn defaults() -> Self {
+        vkgdr_ring_options {
+            struct_size: std::mem::size_of::<Self>(),
+            lanes: 1,
+            flags: 0,
+            copy_engine_record: u64::from(DEFAULT_COPY_ENGINE_RECORD),
+        }
+    }
+
+    /// The library's options. Everything that needs no device is checked here, so a bad
+    /// configuration is reported before the device handle is looked at (as for pools).
+    fn to_options(self) -> CResult<RingOptions> {
+        if self.flags & !1 != 0 {
+            return Err(Failure::Api(format!(
+                "unknown ring flag bits {:#x}",
+                self.flags & !1
+            )));
+        }
+        if self.lanes == 0 || self.lanes > MAX_LANES {
+            return Err(vkgdr::Error::from(vkgdr::InvalidArgument::RingLanes {
+                lanes: self.lanes,
+                max: MAX_LANES,
+            })
+            .into());
+        }
+        let copy_engine = match self.copy_engine_record {
+            0 => CopyEngine::Off,
+            n => CopyEngine::FromRecord(u32::try_from(n).map_err(|_| {
+                Failure::Api(format!(
+                    "vkgdr_ring_options.copy_engine_record {n} is larger than UINT32_MAX"
+                ))
+            })?),
+        };
+        Ok(RingOptions {
+            lanes: self.lanes,
+            wrap: if self.flags & 1 != 0 {
+                WrapMode::Mirrored
+            } else {
+                WrapMode::Padded
+            },
+            copy_engine,
+        })
+    }
+}
+
+/// What the copy-engine path of a ring's lanes has done so far
+/// (`vkgdr_ring_get_copy_engine_stats`). Set `struct_size` to
+/// `sizeof(vkgdr_ring_copy_engine_stats)` before the call.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct vkgdr_ring_copy_engine_stats {
+    /// `sizeof(vkgdr_ring_copy_engine_stats)` as the caller was compiled.
+    pub struct_size: usize,
+    /// Lanes whose staging copy and copy stream exist (made when a producer first claims the
+    /// lane, for rings whose copy engine is on).
+    pub lanes_ready: u32,
+    /// 1 when the copy-engine path could not be made (the lanes then use the BAR; the reason is
+    /// `vkgdr_ring_get_copy_engine_error`), else 0.
+    pub unavailable: u32,
+    /// Staged publications queued on the lanes' copy streams.
+    pub copies: u64,
+    /// Bytes those publications copied.
+    pub bytes: u64,
+    /// Publications whose copy could not be queued (a driver error): their staged bytes went
+    /// through the BAR instead.
+    pub fallbacks: u64,
+}
+
+// SAFETY: integers only; `struct_size` first.
+unsafe impl Versioned for vkgdr_ring_copy_engine_stats {
+    const NAME: &'static str = "vkgdr_ring_copy_engine_stats";
 }
 
 /// Opaque handle to a reservation.
@@ -81,8 +199,9 @@ pub struct vkgdr_ring_reservation {
 /// `vkgdr_ring_commit` or `vkgdr_ring_cancel`.
 pub type vkgdr_ring_reservation_t = *mut vkgdr_ring_reservation;
 
-/// Live `vkgdr_ring_t` handles. An `Arc`, so that open reservations keep their ring alive.
-static RINGS: LazyLock<HandleTable<Arc<DeviceRing>>> =
+/// Live `vkgdr_ring_t` handles. An `Arc`, so that open reservations and producers keep their
+/// ring alive.
+pub(crate) static RINGS: LazyLock<HandleTable<Arc<DeviceRing>>> =
     LazyLock::new(|| HandleTable::new(Tag::Ring));
 
 /// A reservation with the ring it borrows from.
@@ -114,16 +233,16 @@ static RESERVATIONS: LazyLock<HandleTable<OpenReservation>> =
 
 /// # Safety
 /// - No thread destroys `ring` while the reference is in use.
-unsafe fn ring<'a>(ring: vkgdr_ring_t) -> CResult<&'a Arc<DeviceRing>> {
+pub(crate) unsafe fn ring<'a>(ring: vkgdr_ring_t) -> CResult<&'a Arc<DeviceRing>> {
     // SAFETY: forwarded to our caller.
     unsafe { lookup(&RINGS, ring) }
 }
 
-fn timeout(timeout_ns: i64) -> Option<Duration> {
+pub(crate) fn timeout(timeout_ns: i64) -> Option<Duration> {
     u64::try_from(timeout_ns).ok().map(Duration::from_nanos)
 }
 
-fn payload_len(size: usize) -> CResult<u32> {
+pub(crate) fn payload_len(size: usize) -> CResult<u32> {
     u32::try_from(size)
         .map_err(|_| Failure::Api(format!("a record of {size} bytes is larger than 4 GiB")))
 }
@@ -160,11 +279,91 @@ pub unsafe extern "C" fn vkgdr_ring_create(g: vkgdr_t, capacity: u64, flags: u32
     })
 }
 
-/// Destroys a ring handle. `NULL` is ignored. Open reservations keep the ring's memory alive
-/// until they are committed or cancelled. Sets the ring's `stop` word (as `vkgdr_ring_stop`)
-/// and never waits: with a consumer registered by `vkgdr_ring_watch_consumer`, the ring's memory
-/// is kept until that consumer has exited; otherwise it is released after the legacy default
-/// stream's queued work, so a consumer on another stream must have finished with it.
+/// Fills `*options` with the defaults (one lane, padded, copy engine for records of 4096 bytes
+/// and more) and sets `options->struct_size` to `struct_size`, which must be
+/// `sizeof(vkgdr_ring_options)` as the caller sees it (only that many bytes are written).
+///
+/// Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` if `options` is NULL or `struct_size` too small.
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// - `options` is NULL or writable for `struct_size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_ring_options_init(
+    options: *mut vkgdr_ring_options,
+    struct_size: usize,
+) -> c_int {
+    guard("vkgdr_ring_options_init", VKGDR_ERROR, || {
+        if options.is_null() {
+            return Err(Failure::Api(
+                "the vkgdr_ring_options pointer is NULL".into(),
+            ));
+        }
+        if struct_size < std::mem::size_of::<usize>() {
+            return Err(Failure::Api(format!(
+                "struct_size {struct_size} is too small"
+            )));
+        }
+        // SAFETY: writable for `struct_size` bytes (caller), of which the first hold the size.
+        unsafe { options.cast::<usize>().write_unaligned(struct_size) };
+        // SAFETY: as above; `write` copies at most `struct_size` bytes.
+        unsafe { versioned::write(options, &vkgdr_ring_options::defaults()) }?;
+        Ok(VKGDR_SUCCESS)
+    })
+}
+
+/// Creates a ring of `options->lanes` lanes of `capacity` bytes each (a power of two, at least
+/// 4096; for `VKGDR_RING_MIRRORED_BIT`, a multiple of the VMM granularity, 2 MiB on the H100)
+/// in BAR-mapped memory of `g`'s device, in the handle's context (see `vkgdr_pool_create`).
+///
+/// - `options`: NULL for the defaults (then it is `vkgdr_ring_create(g, capacity, 0)`), or
+///   options from `vkgdr_ring_options_init`. They are checked before `g`: unknown flag bits,
+///   lanes outside 1 to 64, a `copy_engine_record` above `UINT32_MAX`, an unset `struct_size` or
+///   fields this version does not know set are errors.
+///
+/// Which producer for which lane: `vkgdr_ring_producer_create` claims a lane for one thread
+/// (records appended without locks, batches published with one fence and one tail store, large
+/// records by the copy engine); `vkgdr_ring_push` / `vkgdr_ring_reserve` from any thread share
+/// the calling thread's lane (thread index modulo the lane count) and publish every record on
+/// its own.
+///
+/// Returns a handle, or `NULL` on error (bad options or capacity, a `vkgdr_open_vulkan` handle,
+/// a driver failure).
+///
+/// Thread safety: any thread. Free it with `vkgdr_ring_destroy` once the consumer is done.
+///
+/// # Safety
+/// - `options` is NULL or readable for `options->struct_size` bytes.
+/// - No thread closes `g` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_ring_create_with_options(
+    g: vkgdr_t,
+    capacity: u64,
+    options: *const vkgdr_ring_options,
+) -> vkgdr_ring_t {
+    guard("vkgdr_ring_create_with_options", null_mut(), || {
+        let o = if options.is_null() {
+            vkgdr_ring_options::defaults()
+        } else {
+            // SAFETY: readable for its struct_size (caller).
+            unsafe { versioned::read(options, vkgdr_ring_options::defaults()) }?
+        };
+        let options = o.to_options()?;
+        // SAFETY: the caller does not close `g` during the call.
+        let gpu = unsafe { device(g) }?.gpu()?;
+        let r = DeviceRing::with_options(gpu, capacity, options)?;
+        register(&RINGS, Arc::new(r))
+    })
+}
+
+/// Destroys a ring handle. `NULL` is ignored. Open reservations and producers
+/// (`vkgdr_ring_producer_t`) keep the ring alive until they are committed, cancelled or
+/// destroyed; when the last of them goes, the ring goes as described here. Sets the ring's
+/// `stop` word (as `vkgdr_ring_stop`) and never waits: with a consumer registered by
+/// `vkgdr_ring_watch_consumer`, the ring's memory is kept until that consumer has exited;
+/// otherwise it is released after the legacy default stream's queued work, so a consumer on
+/// another stream must have finished with it.
 ///
 /// Errors (reported through `vkgdr_last_error()` only): a handle already destroyed or not a
 /// `vkgdr_ring_t`.
@@ -424,6 +623,8 @@ pub unsafe extern "C" fn vkgdr_ring_get_device_view(
             head: v.head,
             result: v.result,
             mirrored: u32::from(v.wrap == WrapMode::Mirrored),
+            lanes: v.lanes,
+            lane_data: v.lane_data,
         };
         // SAFETY: writable for its struct_size (caller).
         unsafe { versioned::write(view, &out) }?;
@@ -515,16 +716,149 @@ pub unsafe extern "C" fn vkgdr_ring_get_results(
     guard("vkgdr_ring_get_results", VKGDR_ERROR, || {
         // SAFETY: the caller does not destroy `ring` during the call.
         let results = unsafe { self::ring(ring) }?.results();
-        if count > RESULT_WORDS {
-            return Err(Failure::Api(format!(
-                "count {count} exceeds the {RESULT_WORDS} result words"
-            )));
-        }
-        if count > 0 && words.is_null() {
-            return Err(Failure::Api("the words pointer is NULL".into()));
-        }
-        // SAFETY: writable for `count` u64s (caller); `count` <= results.len().
-        unsafe { std::ptr::copy_nonoverlapping(results.as_ptr(), words, count) };
+        // SAFETY: forwarded from our caller.
+        unsafe { copy_results(&results, words, count) }
+    })
+}
+
+/// Number of lanes of the ring (1 unless it was made with `vkgdr_ring_options.lanes`), or 0 on
+/// error (an invalid handle).
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// - No thread destroys `ring` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_ring_get_lanes(ring: vkgdr_ring_t) -> u32 {
+    guard("vkgdr_ring_get_lanes", 0, || {
+        // SAFETY: the caller does not destroy `ring` during the call.
+        let r = unsafe { self::ring(ring) }?;
+        Ok(r.lanes() as u32)
+    })
+}
+
+/// The lane `lane` of `r`, or the C-facing error.
+fn check_lane(r: &DeviceRing, lane: u32) -> CResult<usize> {
+    let n = r.lanes();
+    match usize::try_from(lane) {
+        Ok(i) if i < n => Ok(i),
+        _ => Err(Failure::Api(format!(
+            "lane {lane} does not exist (the ring has {n})"
+        ))),
+    }
+}
+
+/// `vkgdr_ring_get_head` of lane `lane`: how far the consumer of that lane has consumed.
+/// `UINT64_MAX` on error (an invalid handle, no such lane).
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// - No thread destroys `ring` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_ring_get_lane_head(ring: vkgdr_ring_t, lane: u32) -> u64 {
+    guard("vkgdr_ring_get_lane_head", u64::MAX, || {
+        // SAFETY: the caller does not destroy `ring` during the call.
+        let r = unsafe { self::ring(ring) }?;
+        Ok(r.head_of(check_lane(r, lane)?))
+    })
+}
+
+/// `vkgdr_ring_get_results` of lane `lane`: the first `count` (at most 8) result words its
+/// consumer reported (at the view's `result + lane * 256`).
+///
+/// Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, no such lane, `words` NULL,
+/// `count` > 8).
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// - `words` is writable for `count` values.
+/// - No thread destroys `ring` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_ring_get_lane_results(
+    ring: vkgdr_ring_t,
+    lane: u32,
+    words: *mut u64,
+    count: usize,
+) -> c_int {
+    guard("vkgdr_ring_get_lane_results", VKGDR_ERROR, || {
+        // SAFETY: the caller does not destroy `ring` during the call.
+        let r = unsafe { self::ring(ring) }?;
+        let results = r.results_of(check_lane(r, lane)?);
+        // SAFETY: forwarded from our caller.
+        unsafe { copy_results(&results, words, count) }
+    })
+}
+
+/// Copies `count` result words into `words`, after checking the arguments.
+///
+/// # Safety
+/// - `words` is writable for `count` values.
+unsafe fn copy_results(
+    results: &[u64; RESULT_WORDS],
+    words: *mut u64,
+    count: usize,
+) -> CResult<c_int> {
+    if count > RESULT_WORDS {
+        return Err(Failure::Api(format!(
+            "count {count} exceeds the {RESULT_WORDS} result words"
+        )));
+    }
+    if count > 0 && words.is_null() {
+        return Err(Failure::Api("the words pointer is NULL".into()));
+    }
+    // SAFETY: writable for `count` u64s (caller); `count` <= results.len().
+    unsafe { std::ptr::copy_nonoverlapping(results.as_ptr(), words, count) };
+    Ok(VKGDR_SUCCESS)
+}
+
+/// Fills `*stats` (whose `struct_size` the caller sets) with what the copy-engine path of the
+/// ring's lanes has done so far, over every lane.
+///
+/// Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, `stats` NULL or its
+/// `struct_size` unset).
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// - `stats` is NULL or writable for `stats->struct_size` bytes.
+/// - No thread destroys `ring` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_ring_get_copy_engine_stats(
+    ring: vkgdr_ring_t,
+    stats: *mut vkgdr_ring_copy_engine_stats,
+) -> c_int {
+    guard("vkgdr_ring_get_copy_engine_stats", VKGDR_ERROR, || {
+        // SAFETY: the caller does not destroy `ring` during the call.
+        let s = unsafe { self::ring(ring) }?.copy_engine_stats();
+        let out = vkgdr_ring_copy_engine_stats {
+            struct_size: std::mem::size_of::<vkgdr_ring_copy_engine_stats>(),
+            lanes_ready: u32::try_from(s.lanes_ready).unwrap_or(u32::MAX),
+            unavailable: u32::from(s.unavailable.is_some()),
+            copies: s.copies,
+            bytes: s.bytes,
+            fallbacks: s.fallbacks,
+        };
+        // SAFETY: writable for its struct_size (caller).
+        unsafe { versioned::write(stats, &out) }?;
         Ok(VKGDR_SUCCESS)
+    })
+}
+
+/// Why the ring's copy-engine path could not be made (its lanes then carry every record through
+/// the BAR): a copy the caller releases with `free()`, or `NULL` when the path is fine (or not
+/// made yet, or off) and on error (an invalid handle, reported through `vkgdr_last_error()`).
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// - No thread destroys `ring` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_ring_get_copy_engine_error(ring: vkgdr_ring_t) -> *mut c_char {
+    guard("vkgdr_ring_get_copy_engine_error", null_mut(), || {
+        // SAFETY: the caller does not destroy `ring` during the call.
+        let s = unsafe { self::ring(ring) }?.copy_engine_stats();
+        Ok(s.unavailable.map_or(null_mut(), |m| c_string_copy(&m)))
     })
 }

@@ -61,6 +61,26 @@ pub fn with_bytes<R>(data: &Bound<'_, PyAny>, f: impl FnOnce(&[u8]) -> R) -> PyR
     Ok(f(bytes.as_bytes()))
 }
 
+/// A `bytes` object with the bytes of a bytes-like object: `bytes` itself, anything else
+/// (bytearray, memoryview, NumPy arrays) copied once, for callers that hold many at a time.
+pub fn to_bytes<'py>(data: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+    if let Ok(b) = data.cast::<PyBytes>() {
+        return Ok(b.clone());
+    }
+    let view = data
+        .py()
+        .import("builtins")?
+        .getattr("memoryview")?
+        .call1((data,))
+        .map_err(|_| {
+            pyo3::exceptions::PyTypeError::new_err(format!(
+                "a bytes-like object is required, not '{}'",
+                type_name(data)
+            ))
+        })?;
+    Ok(view.call_method0("tobytes")?.cast_into::<PyBytes>()?)
+}
+
 /// The name of `obj`'s type, for error messages (empty if even that cannot be read).
 pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()

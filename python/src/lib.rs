@@ -4,7 +4,8 @@
 //! - [`compat`]: `_RawMemory`, on [`vkgdr::compat`], held by vkgdr 0.1's `RawMemory` (`Vkgdr`
 //!   and `RawMemory` are plain Python classes in python/vkgdr, which programs may subclass);
 //! - [`pool`]: `Pool` and `Block` (NumPy, CUDA array interface, DLPack);
-//! - [`ring`]: `DeviceRing`, a thin wrapper of [`vkgdr::ring::DeviceRing`];
+//! - [`ring`]: `DeviceRing` and `RingProducer`, thin wrappers of [`vkgdr::ring::DeviceRing`] and
+//!   [`vkgdr::ring::OwnedProducer`];
 //! - [`errors`]: `VkgdrError` and its subclasses, the one conversion of library errors;
 //! - [`dlpack`], [`interface`]: the array protocols;
 //! - [`lifetime`]: when `free()` may release memory at once (no view can still use it);
@@ -39,6 +40,7 @@ fn _vkgdr(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pool::Block>()?;
     m.add_class::<ring::DeviceRing>()?;
     m.add_class::<ring::RingDeviceView>()?;
+    m.add_class::<ring::RingProducer>()?;
     m.add_class::<lifetime::RefProbe>()?;
     m.add_function(wrap_pyfunction!(lifetime::calibrate, m)?)?;
     lifetime::init(m.py())?;

@@ -1,14 +1,18 @@
-//! `DeviceRing`: a thin wrapper of [`vkgdr::ring::DeviceRing`] (records from Python producers to
-//! a persistent GPU kernel).
+//! `DeviceRing` and `RingProducer`: thin wrappers of [`vkgdr::ring::DeviceRing`] and
+//! [`vkgdr::ring::OwnedProducer`] (records from Python producers to a persistent GPU kernel).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
 use vkgdr::ring::core::RingError;
 use vkgdr::ring::layout::WrapMode;
+use vkgdr::ring::{CopyEngine, OwnedProducer, RingOptions};
 
 use crate::device::gpu_of;
-use crate::errors::{invalid_argument, to_py};
+use crate::errors::{invalid_argument, to_py, vkgdr_error};
 use crate::interface;
 use crate::stream::stream_arg;
 
@@ -18,10 +22,15 @@ const WAIT_SLICE: Duration = Duration::from_millis(50);
 /// A ring buffer in BAR-mapped GPU memory that streams records to a running kernel (the
 /// consumers of ``kernels/ring.cu``, or your own on its wire format).
 ///
-/// ``DeviceRing(owner, capacity, *, mirrored=False)``: ``capacity`` is a power of two of at
-/// least 4096 bytes (for ``mirrored``, a multiple of the VMM granularity, 2 MiB on the H100).
-/// ``push(data)`` appends one record from any thread; ``device_view`` has the addresses the
-/// kernel needs (and keeps the ring alive). Call ``stop()`` to let a persistent consumer exit.
+/// ``DeviceRing(owner, capacity, *, mirrored=False, lanes=1, copy_engine=4096)``: ``capacity``
+/// is a power of two of at least 4096 bytes per lane (for ``mirrored``, a multiple of the VMM
+/// granularity, 2 MiB on the H100). ``lanes`` (1 to 64) are independent sub-rings, each with
+/// its own tail, head and sequence numbers. ``push(data)`` appends one record from any thread
+/// (on the calling thread's lane); ``producer()`` claims a lane for one thread (the fast path:
+/// no locks, batches published at once, large records by a copy engine: those of at least
+/// ``copy_engine`` bytes with their 16-byte header, ``None`` or 0 for never). ``device_view``
+/// has the addresses the kernel needs (and keeps the ring alive). Call ``stop()`` to let a
+/// persistent consumer exit.
 ///
 /// Register the consumer with ``watch_consumer(stream)`` right after launching it: producers
 /// then get an error instead of waiting forever once it exits, and dropping (collecting) the
@@ -31,7 +40,8 @@ const WAIT_SLICE: Duration = Duration::from_millis(50);
 /// consumer on a non-blocking stream: keep the ring until such a kernel has exited.
 #[pyclass(module = "vkgdr", name = "DeviceRing", frozen)]
 pub struct DeviceRing {
-    ring: vkgdr::ring::DeviceRing,
+    /// Shared with the ring's producers, which keep it alive.
+    ring: Arc<vkgdr::ring::DeviceRing>,
 }
 
 /// The device addresses a consumer kernel takes (``DeviceRing.device_view``). It keeps its ring
@@ -54,6 +64,12 @@ pub struct RingDeviceView {
     result: u64,
     /// Whether records may run past the end of the region (use the ``_mirrored`` kernels).
     mirrored: bool,
+    /// Number of lanes. ``data``, ``tail``, ``head`` and ``result`` are lane 0's; lane ``i``'s
+    /// tail is at ``tail + 128 * i``, its head at ``head + 256 * i``, its results at
+    /// ``result + 256 * i``.
+    lanes: u32,
+    /// Device address of a table of ``lanes`` u64s: each lane's data region.
+    lane_data: u64,
 }
 
 #[pymethods]
@@ -71,18 +87,72 @@ impl RingDeviceView {
         )
     }
 
-    fn __repr__(&self) -> String {
-        format!(
-            "<vkgdr.RingDeviceView data={:#x} capacity={} tail={:#x} stop={:#x} head={:#x} \
-             result={:#x}{}>",
+    /// The 64 bytes of ``vkgdr_ring_view`` (``include/vkgdr/ring.cuh``), for kernels that take
+    /// the view by value, such as ``ring_check_lanes`` (one block per lane): pass it as one
+    /// kernel parameter.
+    fn to_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        let mut out = Vec::with_capacity(64);
+        for word in [
             self.data,
             self.capacity,
             self.tail,
             self.stop,
             self.head,
             self.result,
+            self.lane_data,
+        ] {
+            out.extend_from_slice(&word.to_le_bytes());
+        }
+        out.extend_from_slice(&self.lanes.to_le_bytes());
+        let wrap = if self.mirrored {
+            WrapMode::Mirrored
+        } else {
+            WrapMode::Padded
+        };
+        out.extend_from_slice(&(wrap as u32).to_le_bytes());
+        debug_assert_eq!(
+            out.len(),
+            std::mem::size_of::<vkgdr::ring::RingDeviceView>()
+        );
+        PyBytes::new(py, &out)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<vkgdr.RingDeviceView data={:#x} capacity={} tail={:#x} stop={:#x} head={:#x} \
+             result={:#x} lanes={}{}>",
+            self.data,
+            self.capacity,
+            self.tail,
+            self.stop,
+            self.head,
+            self.result,
+            self.lanes,
             if self.mirrored { " mirrored" } else { "" }
         )
+    }
+}
+
+/// The deadline of a ``timeout`` argument in seconds (None: no limit).
+fn deadline(timeout: Option<f64>) -> PyResult<Option<Instant>> {
+    match timeout {
+        None => Ok(None),
+        Some(t) if t.is_finite() && t >= 0.0 => {
+            Ok(Some(Instant::now() + Duration::from_secs_f64(t.min(1e9))))
+        }
+        Some(t) => Err(invalid_argument(format!("timeout {t} is not >= 0"))),
+    }
+}
+
+/// How long the next GIL-free wait may last: a slice, or what is left before `deadline`
+/// (`None` once it has passed).
+fn next_slice(deadline: Option<Instant>) -> Option<Duration> {
+    match deadline {
+        None => Some(WAIT_SLICE),
+        Some(d) => {
+            let left = d.saturating_duration_since(Instant::now());
+            (!left.is_zero()).then(|| left.min(WAIT_SLICE))
+        }
     }
 }
 
@@ -101,24 +171,38 @@ impl DeviceRing {
 #[pymethods]
 impl DeviceRing {
     #[new]
-    #[pyo3(signature = (owner, capacity, *, mirrored = false))]
+    #[pyo3(signature = (owner, capacity, *, mirrored = false, lanes = 1, copy_engine = Some(4096)))]
     fn new(
         py: Python<'_>,
         owner: &Bound<'_, PyAny>,
         capacity: u64,
         mirrored: bool,
+        lanes: u32,
+        copy_engine: Option<i64>,
     ) -> PyResult<Self> {
         let gpu = gpu_of(owner)?;
+        let options = RingOptions {
+            lanes,
+            wrap: if mirrored {
+                WrapMode::Mirrored
+            } else {
+                WrapMode::Padded
+            },
+            copy_engine: match copy_engine {
+                None | Some(0) => CopyEngine::Off,
+                Some(n) => CopyEngine::FromRecord(u32::try_from(n).map_err(|_| {
+                    invalid_argument(format!(
+                        "copy_engine {n} is not a record size from 0 to 4294967295"
+                    ))
+                })?),
+            },
+        };
         let ring = py
-            .detach(|| {
-                if mirrored {
-                    vkgdr::ring::DeviceRing::new_mirrored(&gpu, capacity)
-                } else {
-                    vkgdr::ring::DeviceRing::new(&gpu, capacity)
-                }
-            })
+            .detach(|| vkgdr::ring::DeviceRing::with_options(&gpu, capacity, options))
             .map_err(to_py)?;
-        Ok(DeviceRing { ring })
+        Ok(DeviceRing {
+            ring: Arc::new(ring),
+        })
     }
 
     /// Appends one record holding the bytes of ``data`` (bytes-like, not empty); returns its
@@ -127,27 +211,14 @@ impl DeviceRing {
     /// the time is up. Ctrl-C interrupts the wait.
     #[pyo3(signature = (data, timeout = None))]
     fn push(&self, py: Python<'_>, data: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<u64> {
-        let deadline = match timeout {
-            None => None,
-            Some(t) if t.is_finite() && t >= 0.0 => {
-                Some(Instant::now() + Duration::from_secs_f64(t.min(1e9)))
-            }
-            Some(t) => return Err(invalid_argument(format!("timeout {t} is not >= 0"))),
-        };
+        let deadline = deadline(timeout)?;
         interface::with_bytes(data, |payload| -> PyResult<u64> {
             if let Some(seq) = self.try_push(payload).map_err(to_py)? {
                 return Ok(seq);
             }
             loop {
-                let slice = match deadline {
-                    None => WAIT_SLICE,
-                    Some(d) => {
-                        let left = d.saturating_duration_since(Instant::now());
-                        if left.is_zero() {
-                            return Err(to_py(RingError::Full.into()));
-                        }
-                        left.min(WAIT_SLICE)
-                    }
+                let Some(slice) = next_slice(deadline) else {
+                    return Err(to_py(RingError::Full.into()));
                 };
                 match py.detach(|| self.ring.push(payload, Some(slice))) {
                     Ok(seq) => return Ok(seq),
@@ -156,6 +227,30 @@ impl DeviceRing {
                 }
             }
         })?
+    }
+
+    /// Claims a lane for one producer (a ``RingProducer``: records appended without locks,
+    /// batches published with one fence and one tail store, records of at least ``copy_engine``
+    /// bytes moved by a copy engine). Raises ``VkgdrError`` when every lane has a producer
+    /// already. Close it (or leave its ``with`` block) to publish what is left and free the
+    /// lane; it keeps the ring alive until then.
+    fn producer(slf: &Bound<'_, Self>) -> PyResult<RingProducer> {
+        let ring = &slf.get().ring;
+        let producer = match ring.owned_producer() {
+            Ok(p) => p,
+            Err(vkgdr::Error::Ring(RingError::Claimed)) => {
+                return Err(vkgdr_error(format!(
+                    "every one of the ring's {} lanes has a producer: close one, or create the \
+                     ring with more lanes",
+                    ring.lanes()
+                )))
+            }
+            Err(e) => return Err(to_py(e)),
+        };
+        Ok(RingProducer {
+            ring: slf.clone().unbind(),
+            producer: Mutex::new(Some(producer)),
+        })
     }
 
     /// The addresses a consumer kernel needs (a view that keeps this ring alive).
@@ -171,6 +266,8 @@ impl DeviceRing {
             head: v.head,
             result: v.result,
             mirrored: v.wrap == WrapMode::Mirrored,
+            lanes: v.lanes,
+            lane_data: v.lane_data,
         }
     }
 
@@ -183,6 +280,38 @@ impl DeviceRing {
     /// The consumer's 8 result words (records, checksum sum, errors, next seq, position, ...).
     fn results(&self) -> Vec<u64> {
         self.ring.results().to_vec()
+    }
+
+    /// Number of lanes.
+    #[getter]
+    fn lanes(&self) -> usize {
+        self.ring.lanes()
+    }
+
+    /// How far the kernel has consumed lane ``lane``.
+    fn head_of(&self, lane: usize) -> PyResult<u64> {
+        Ok(self.ring.head_of(self.check_lane(lane)?))
+    }
+
+    /// Lane ``lane``'s 8 result words.
+    fn results_of(&self, lane: usize) -> PyResult<Vec<u64>> {
+        Ok(self.ring.results_of(self.check_lane(lane)?).to_vec())
+    }
+
+    /// What the copy-engine path has done so far, over every lane: a dict of ``lanes_ready``
+    /// (lanes whose staging copy and stream exist), ``copies`` (staged publications queued),
+    /// ``bytes`` (bytes they copied), ``fallbacks`` (publications that went through the BAR
+    /// because a copy could not be queued) and ``unavailable`` (why the path could not be made,
+    /// or None).
+    fn copy_engine_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.ring.copy_engine_stats();
+        let d = PyDict::new(py);
+        d.set_item("lanes_ready", s.lanes_ready)?;
+        d.set_item("copies", s.copies)?;
+        d.set_item("bytes", s.bytes)?;
+        d.set_item("fallbacks", s.fallbacks)?;
+        d.set_item("unavailable", s.unavailable)?;
+        Ok(d)
     }
 
     /// Asks a persistent consumer to exit once it has consumed everything published.
@@ -230,10 +359,225 @@ impl DeviceRing {
 
     fn __repr__(&self) -> String {
         format!(
-            "<vkgdr.DeviceRing {} bytes, published {}, head {}>",
+            "<vkgdr.DeviceRing {} bytes x {} lanes, published {}, head {}>",
             self.ring.core().capacity(),
+            self.ring.lanes(),
             self.ring.core().published(),
             self.ring.head()
         )
+    }
+}
+
+impl DeviceRing {
+    fn check_lane(&self, lane: usize) -> PyResult<usize> {
+        let n = self.ring.lanes();
+        if lane < n {
+            Ok(lane)
+        } else {
+            Err(invalid_argument(format!(
+                "lane {lane} does not exist (the ring has {n})"
+            )))
+        }
+    }
+}
+
+/// The exclusive producer of one lane of a ``DeviceRing`` (``ring.producer()``): records are
+/// appended without locks and published with one fence and one tail store per batch; records of
+/// at least the ring's ``copy_engine`` size go through pinned memory and a copy engine. It keeps
+/// the ring alive. ``close()`` (or the end of a ``with`` block) publishes what is left and hands
+/// the lane back; a closed producer raises ``VkgdrError``.
+///
+/// For one thread at a time: a call while another thread is inside a call of the same producer
+/// raises ``VkgdrError`` (give each thread its own producer). Waits for space release the GIL
+/// and are interrupted by Ctrl-C.
+#[pyclass(module = "vkgdr", name = "RingProducer", frozen)]
+pub struct RingProducer {
+    ring: Py<DeviceRing>,
+    /// `None` once closed.
+    producer: Mutex<Option<OwnedProducer>>,
+}
+
+/// A producer call that appends one record: [`OwnedProducer::push`] or [`OwnedProducer::write`].
+type RecordOp = fn(&mut OwnedProducer, &[u8], Option<Duration>) -> Result<u64, RingError>;
+
+impl RingProducer {
+    /// Runs `f` on the open producer, or raises why it cannot.
+    fn with<R>(&self, f: impl FnOnce(&mut OwnedProducer) -> PyResult<R>) -> PyResult<R> {
+        // Never block here: a thread blocked on the lock while holding the GIL would stop the
+        // holder, whose wait needs the GIL back between slices.
+        let mut guard = self.producer.try_lock().ok_or_else(|| {
+            vkgdr_error(
+                "the RingProducer is in use by another thread: give each thread its own \
+                 producer (ring.producer())",
+            )
+        })?;
+        let p = guard
+            .as_mut()
+            .ok_or_else(|| vkgdr_error("the RingProducer is closed"))?;
+        f(p)
+    }
+
+    /// One record through `op` (push or write): a try that does not wait, with the GIL held
+    /// (the common case: one library call), then waits in GIL-free slices until `timeout`.
+    fn record(
+        &self,
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+        op: RecordOp,
+    ) -> PyResult<u64> {
+        let deadline = deadline(timeout)?;
+        self.with(|p| {
+            interface::with_bytes(data, |payload| -> PyResult<u64> {
+                match op(p, payload, Some(Duration::ZERO)) {
+                    Ok(seq) => return Ok(seq),
+                    Err(RingError::Full | RingError::Timeout) => {}
+                    Err(e) => return Err(to_py(e.into())),
+                }
+                loop {
+                    let Some(slice) = next_slice(deadline) else {
+                        return Err(to_py(RingError::Full.into()));
+                    };
+                    match py.detach(|| op(p, payload, Some(slice))) {
+                        Ok(seq) => return Ok(seq),
+                        Err(RingError::Full | RingError::Timeout) => py.check_signals()?,
+                        Err(e) => return Err(to_py(e.into())),
+                    }
+                }
+            })?
+        })
+    }
+}
+
+#[pymethods]
+impl RingProducer {
+    /// Appends one record holding the bytes of ``data`` (bytes-like, not empty) and publishes
+    /// it at once, with anything written before; returns its sequence number in the lane.
+    /// Waits for space up to ``timeout`` seconds (None: without limit; 0: not at all) without
+    /// the GIL; raises ``RingFullError`` when the time is up. Ctrl-C interrupts the wait.
+    #[pyo3(signature = (data, timeout = None))]
+    fn push(&self, py: Python<'_>, data: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<u64> {
+        self.record(py, data, timeout, OwnedProducer::push)
+    }
+
+    /// Appends one record like ``push``, but publishes it only once 64 KiB of records wait, or
+    /// at the next ``push``, ``push_batch``, ``flush``, wait for space or ``close``: many
+    /// records for one fence and one tail store. Call ``flush()`` when a burst ends.
+    #[pyo3(signature = (data, timeout = None))]
+    fn write(
+        &self,
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<u64> {
+        self.record(py, data, timeout, OwnedProducer::write)
+    }
+
+    /// Appends every record of ``records`` (an iterable of bytes-like objects, none empty) and
+    /// publishes them with one fence and one tail store (in pieces, while waiting, when they do
+    /// not fit at once). Returns how many were written; their sequence numbers are
+    /// ``next_seq`` (before the call) onwards. Waits as ``push`` does, without the GIL; on an
+    /// error the records before the failing one are published.
+    #[pyo3(signature = (records, timeout = None))]
+    fn push_batch(
+        &self,
+        py: Python<'_>,
+        records: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<u64> {
+        let deadline = deadline(timeout)?;
+        // `bytes` objects are taken as they are; other bytes-like objects are copied once.
+        let objects = records
+            .try_iter()?
+            .map(|r| interface::to_bytes(&r?))
+            .collect::<PyResult<Vec<_>>>()?;
+        let payloads: Vec<&[u8]> = objects.iter().map(|b| b.as_bytes()).collect();
+        self.with(|p| {
+            let first = p.next_seq();
+            let mut done = 0usize;
+            // The first try waits what is left of the timeout's first slice (or not at all).
+            let mut slice = next_slice(deadline).unwrap_or(Duration::ZERO);
+            loop {
+                let rest = &payloads[done..];
+                let result = py.detach(|| p.push_batch(rest.iter().copied(), Some(slice)));
+                // Each record takes one sequence number: how far the batch got.
+                done = (p.next_seq() - first) as usize;
+                match result {
+                    Ok(_) => return Ok(done as u64),
+                    Err(RingError::Full | RingError::Timeout) => {
+                        py.check_signals()?;
+                        slice =
+                            next_slice(deadline).ok_or_else(|| to_py(RingError::Full.into()))?;
+                    }
+                    Err(e) => return Err(to_py(e.into())),
+                }
+            }
+        })
+    }
+
+    /// Publishes every record written and not yet published.
+    fn flush(&self) -> PyResult<()> {
+        self.with(|p| {
+            p.flush();
+            Ok(())
+        })
+    }
+
+    /// The sequence number the next record gets (in this producer's lane).
+    #[getter]
+    fn next_seq(&self) -> PyResult<u64> {
+        self.with(|p| Ok(p.next_seq()))
+    }
+
+    /// The lane this producer owns (``ring.head_of(lane)``, ``ring.results_of(lane)``).
+    #[getter]
+    fn lane(&self) -> PyResult<usize> {
+        self.with(|p| Ok(p.lane()))
+    }
+
+    /// The ring this producer writes.
+    #[getter]
+    fn ring(&self, py: Python<'_>) -> Py<DeviceRing> {
+        self.ring.clone_ref(py)
+    }
+
+    /// Whether ``close()`` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.producer.try_lock().is_some_and(|g| g.is_none())
+    }
+
+    /// Publishes what is left and hands the lane back. Closing twice does nothing.
+    fn close(&self) -> PyResult<()> {
+        let mut guard = self.producer.try_lock().ok_or_else(|| {
+            vkgdr_error("the RingProducer is in use by another thread: close it there")
+        })?;
+        drop(guard.take());
+        Ok(())
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, _exc: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.close()?;
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        match self.producer.try_lock() {
+            Some(g) => match g.as_ref() {
+                Some(p) => format!(
+                    "<vkgdr.RingProducer lane {}, next seq {}, {} bytes pending>",
+                    p.lane(),
+                    p.next_seq(),
+                    p.pending()
+                ),
+                None => "<vkgdr.RingProducer closed>".to_string(),
+            },
+            None => "<vkgdr.RingProducer in use>".to_string(),
+        }
     }
 }

@@ -1,6 +1,10 @@
 """DeviceRing on a GPU: records pushed from Python threads are consumed and verified by the
-persistent consumer of kernels/ring.cu (its PTX, loaded through CuPy), across many wraps."""
+persistent consumers of kernels/ring.cu (its PTX, loaded through CuPy), across many wraps; lanes
+with a RingProducer each, large records carried by the copy engine, checked by ring_check_lanes;
+the producers' lifetime, closing and context manager."""
 
+import ctypes
+import gc
 import threading
 
 import numpy as np
@@ -105,3 +109,175 @@ def test_ring_errors(cupy) -> None:
     assert 0 < pushed < 4096 // 100
     with pytest.raises(vkgdr.RingFullError):
         ring.push(b"y" * 100, timeout=0.05)
+
+
+def launch_check_lanes(cuda, view, stream) -> int:
+    """ring_check_lanes(vkgdr_ring_view) on ``stream``: one block of 256 threads per lane, the
+    64-byte view passed by value as one kernel parameter (through the driver API, loaded into
+    the current context, device 0's primary one). Returns the module, to unload once the kernel
+    has exited."""
+    if KERNELS_DIR is None:
+        pytest.fail("kernels/ring.ptx not found: set VKGDR_KERNELS_DIR")
+    module, fn = cuda.load_function(KERNELS_DIR / "ring.ptx", "ring_check_lanes")
+    arg = ctypes.create_string_buffer(view.to_bytes(), 64)
+    params = (ctypes.c_void_p * 1)(ctypes.cast(arg, ctypes.c_void_p))
+    cuda.check(
+        "cuLaunchKernel",
+        cuda.lib.cuLaunchKernel(
+            ctypes.c_void_p(fn),
+            view.lanes, 1, 1, 256, 1, 1, 0,
+            ctypes.c_void_p(stream.ptr), params, None,
+        ),
+    )
+    return module
+
+
+def lane_record_len(k: int, salt: int) -> int:
+    """Every fifth record 8 KiB or more (the copy engine's, from the default 4096 bytes), the
+    others 16 bytes to ~1 KiB (the BAR's)."""
+    if k % 5 == 0:
+        return 8192 + (k * 7919 + salt) % 57000
+    return 16 + (k * 131 + salt) % 1000
+
+
+def test_lanes_with_producers_and_the_copy_engine_verified_by_the_kernel(cupy, cuda):
+    gpu = vkgdr.Vkgdr(0)
+    ring = vkgdr.DeviceRing(gpu, 1 << 20, lanes=2)  # copy engine from 4096-byte records
+    assert ring.lanes == 2
+    view = ring.device_view
+    assert view.lanes == 2 and view.lane_data != 0 and len(view.to_bytes()) == 64
+    stream = cupy.cuda.Stream(non_blocking=True)
+    module = launch_check_lanes(cuda, view, stream)
+    ring.watch_consumer(stream)
+
+    producers = [ring.producer(), ring.producer()]
+    assert sorted(p.lane for p in producers) == [0, 1]
+    with pytest.raises(vkgdr.VkgdrError, match="every one of the ring's 2 lanes has a producer"):
+        ring.producer()
+    records = 1500
+    state = {}
+
+    def produce(t: int) -> None:
+        rng = np.random.default_rng(t)
+        with producers[t] as p:
+            assert p.next_seq == 0, "a new lane numbers from 0"
+            total, large, k = 0, 0, 0
+            while k < records:
+                mode = k % 7
+                n = 1 if mode < 3 else min(4, records - k)
+                batch = []
+                for j in range(n):
+                    size = lane_record_len(k + j, 17 * t + 3)
+                    large += size >= 8192
+                    body = rng.integers(0, 256, size - 16, dtype=np.uint8)
+                    payload, s = test_payload(k + j, body)
+                    total = (total + s) % (1 << 64)
+                    batch.append(payload)
+                if mode == 0:
+                    assert p.push(batch[0], timeout=30) == k
+                elif mode < 3:
+                    assert p.write(bytearray(batch[0]), timeout=30) == k  # any bytes-like
+                else:
+                    assert p.push_batch(batch, timeout=30) == n
+                k += n
+            p.flush()
+            assert p.next_seq == records
+            state[p.lane] = (total, large)
+        assert producers[t].closed
+
+    try:
+        run_workers(produce, 2)
+        with ring.producer() as again:  # the lanes are free again
+            assert again.next_seq == records
+    finally:
+        ring.stop()
+        stream.synchronize()
+        cuda.module_unload(module)
+    for lane, (total, large) in state.items():
+        assert large > records // 10
+        res = ring.results_of(lane)
+        assert res[RESULT_ERRORS] == 0, (lane, res)
+        assert res[RESULT_RECORDS] == records
+        assert res[RESULT_NEXT_SEQ] == records
+        assert res[RESULT_CHECKSUM_SUM] == total
+        assert res[RESULT_POS] == ring.head_of(lane)
+    assert sorted(state) == [0, 1]
+    stats = ring.copy_engine_stats()
+    assert stats["unavailable"] is None, stats
+    assert stats["lanes_ready"] == 2, stats
+    assert stats["copies"] > 0 and stats["bytes"] > 0, stats
+    assert stats["fallbacks"] == 0, stats
+
+
+def test_producer_lifetime_closing_and_context_manager(cupy):
+    gpu = vkgdr.Vkgdr(0)
+    ring = vkgdr.DeviceRing(gpu, 4096, copy_engine=None)  # no consumer runs: nothing is read
+    assert ring.lanes == 1
+    p = ring.producer()
+    assert (p.lane, p.next_seq, p.closed) == (0, 0, False)
+    assert p.ring is ring
+    with pytest.raises(vkgdr.VkgdrError, match="every one of the ring's 1 lanes"):
+        ring.producer()
+    assert p.push(b"x" * 32) == 0
+    assert p.write(b"y" * 32) == 1
+    assert ring.published == 48, "write waits for the flush policy"
+    p.flush()
+    assert ring.published == 96  # two records of 16-byte header + 32 bytes
+    with pytest.raises(vkgdr.InvalidArgumentError):
+        p.push(b"")
+    with pytest.raises(vkgdr.InvalidArgumentError, match="exceeds the maximum"):
+        p.push(b"x" * (ring.max_record + 1))
+    p.close()
+    p.close()  # closing twice does nothing
+    assert p.closed
+    for call in (lambda: p.push(b"z"), lambda: p.flush(), lambda: p.next_seq):
+        with pytest.raises(vkgdr.VkgdrError, match="closed"):
+            call()
+
+    with ring.producer() as q:  # the lane is free again; numbering goes on
+        assert q.next_seq == 2
+        assert q.push_batch([b"a" * 16, memoryview(b"b" * 16)]) == 2
+    assert q.closed and ring.published == 96 + 64
+
+    # The ring fills (no consumer): waits that may not wait say so; a batch publishes the
+    # records that fit before the one that did not.
+    q = ring.producer()
+    before = q.next_seq
+    with pytest.raises(vkgdr.RingFullError):
+        q.push_batch([b"c" * 1000] * 8, timeout=0)
+    assert 0 < q.next_seq - before < 8
+    assert ring.published > 96 + 64 + 1000 * (q.next_seq - before)
+    with pytest.raises(vkgdr.RingFullError):
+        q.push(b"d" * 1000, timeout=0.02)
+    with pytest.raises(vkgdr.RingFullError):
+        q.write(b"d" * 1000, timeout=0)
+
+    # The producer keeps the ring alive.
+    del ring
+    gc.collect()
+    assert q.ring.lanes == 1
+    q.close()
+    assert q.ring.copy_engine_stats() == {
+        "lanes_ready": 0,
+        "copies": 0,
+        "bytes": 0,
+        "fallbacks": 0,
+        "unavailable": None,
+    }
+
+
+def test_ring_options_errors(cupy) -> None:
+    gpu = vkgdr.Vkgdr(0)
+    with pytest.raises(vkgdr.InvalidArgumentError, match="1 to 64 lanes, not 0"):
+        vkgdr.DeviceRing(gpu, 4096, lanes=0)
+    with pytest.raises(vkgdr.InvalidArgumentError, match="1 to 64 lanes, not 65"):
+        vkgdr.DeviceRing(gpu, 4096, lanes=65)
+    with pytest.raises(vkgdr.InvalidArgumentError, match="copy_engine -1"):
+        vkgdr.DeviceRing(gpu, 4096, copy_engine=-1)
+    ring = vkgdr.DeviceRing(gpu, 4096, lanes=3, copy_engine=0)
+    assert ring.lanes == ring.device_view.lanes == 3
+    assert ring.head_of(2) == 0 and ring.results_of(2) == [0] * 8
+    with pytest.raises(vkgdr.InvalidArgumentError, match="lane 3 does not exist"):
+        ring.head_of(3)
+    with pytest.raises(vkgdr.InvalidArgumentError, match="lane 3 does not exist"):
+        ring.results_of(3)

@@ -19,10 +19,20 @@ def test_vkgdr_0_1_names_and_values() -> None:
     assert vkgdr.OpenFlags.REQUIRE_COHERENT_BIT == 4
     assert issubclass(vkgdr.OpenFlags, int)
     assert issubclass(vkgdr.VkgdrError, RuntimeError)
-    for name in ("Vkgdr", "RawMemory", "Pool", "Block", "DeviceRing"):
+    for name in ("Vkgdr", "RawMemory", "Pool", "Block", "DeviceRing", "RingProducer"):
         assert getattr(vkgdr, name).__module__ == "vkgdr"
         assert getattr(vkgdr, name).__doc__, f"{name} has no docstring"
     assert vkgdr.__version__
+
+
+def test_ring_producers_come_only_from_a_ring() -> None:
+    # A producer owns a lane of a ring: there is nothing to make one from but ring.producer().
+    with pytest.raises(TypeError):
+        vkgdr.RingProducer()
+    for name in ("push", "write", "push_batch", "flush", "close", "__enter__", "__exit__"):
+        assert callable(getattr(vkgdr.RingProducer, name)), name
+    for name in ("producer", "copy_engine_stats", "head_of", "results_of"):
+        assert callable(getattr(vkgdr.DeviceRing, name)), name
 
 
 def test_error_hierarchy() -> None:

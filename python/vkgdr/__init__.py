@@ -3,7 +3,8 @@
 A drop-in for vkgdr 0.1 (``Vkgdr``, ``RawMemory``, ``OpenFlags``, ``VkgdrError``,
 ``vkgdr.pycuda.Memory``: same names and behaviour), plus a pool of small blocks (``Pool``,
 ``Block``) usable from NumPy, CuPy, PyTorch and Numba without copies, and ring buffers that
-stream records to a running kernel (``DeviceRing``).
+stream records to a running kernel (``DeviceRing``, with ``RingProducer`` for one thread's own
+lane).
 
 Memory is allocated through Vulkan as ``DEVICE_LOCAL | HOST_VISIBLE``, exported and imported into
 CUDA, so the same bytes have a host mapping (a CPU store lands in GPU memory in ~0.1 µs) and a
@@ -33,6 +34,7 @@ from ._vkgdr import (
     Pool,
     RingDeviceView,
     RingFullError,
+    RingProducer,
     VkgdrError,
     _FreeMethod,
     _RawMemory,
@@ -51,6 +53,7 @@ __all__ = [
     "RawMemory",
     "RingDeviceView",
     "RingFullError",
+    "RingProducer",
     "Vkgdr",
     "VkgdrError",
     "DLPACK_DEVICE_CPU",

@@ -7,7 +7,9 @@
  * - vkgdr 0.1's last-error rule: a successful call leaves the last error alone, the next
  *   vkgdr_open or vkgdr_memory_alloc replaces it;
  * - the copy helpers, on host memory at odd offsets and lengths;
- * - versioned structs: unset or unknown-field sizes are refused. */
+ * - versioned structs: unset or unknown-field sizes are refused;
+ * - ring options are checked before the device handle (bad flags, lanes, copy-engine sizes),
+ *   and the producer and lane calls check their handles. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -281,6 +283,113 @@ static void versioned_structs(void)
     CHECK(last_error_contains("flags must be 0"), "explains");
 }
 
+/* Ring options and producers: everything a ring or producer call can check without a device. */
+static void ring_options_and_producers(void)
+{
+    vkgdr_ring_producer_t made_up = (vkgdr_ring_producer_t)(uintptr_t)0x123456789ull;
+    vkgdr_ring_t ring = (vkgdr_ring_t)(uintptr_t)0x123456789ull;
+    vkgdr_ring_options opts;
+    vkgdr_ring_copy_engine_stats stats;
+    struct {
+        vkgdr_ring_options known;
+        uint64_t future_field;
+    } bigger;
+    vkgdr_ring_device_view view;
+    unsigned char buf[32] = {0};
+    const void *ptrs[1] = {buf};
+    size_t sizes[1] = {sizeof buf}, written = 99;
+    uint64_t seq = 7, words[8];
+
+    memset(&opts, 0xAB, sizeof opts);
+    CHECK(vkgdr_ring_options_init(&opts, sizeof opts) == VKGDR_SUCCESS, "ring options init");
+    CHECK(opts.struct_size == sizeof opts && opts.lanes == 1 && opts.flags == 0 &&
+              opts.copy_engine_record == 4096,
+          "ring option defaults");
+    CHECK(vkgdr_ring_options_init(NULL, sizeof opts) == VKGDR_ERROR, "NULL options");
+    CHECK(vkgdr_ring_options_init(&opts, 4) == VKGDR_ERROR, "struct_size too small");
+    /* Valid options get as far as the device handle. */
+    vkgdr_ring_options_init(&opts, sizeof opts);
+    opts.lanes = 64;
+    opts.copy_engine_record = 0;
+    opts.flags = VKGDR_RING_MIRRORED_BIT;
+    CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "NULL device");
+    CHECK(last_error_contains("vkgdr_ring_create_with_options: the vkgdr_t handle is NULL"),
+          "got past the options");
+    CHECK(vkgdr_ring_create_with_options(NULL, 4096, NULL) == NULL, "NULL device, defaults");
+    CHECK(last_error_contains("the vkgdr_t handle is NULL"), "NULL options are the defaults");
+    /* Bad ones are refused before it. */
+    opts.lanes = 0;
+    CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "0 lanes");
+    CHECK(last_error_contains("a ring has 1 to 64 lanes, not 0"), "explains");
+    opts.lanes = 65;
+    CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "65 lanes");
+    CHECK(last_error_contains("1 to 64 lanes, not 65"), "explains");
+    opts.lanes = 2;
+    opts.flags = 6;
+    CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "unknown flags");
+    CHECK(last_error_contains("unknown ring flag bits 0x6"), "explains");
+    opts.flags = 0;
+    opts.copy_engine_record = 1ull << 32;
+    CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "copy engine size");
+    CHECK(last_error_contains("copy_engine_record 4294967296 is larger than UINT32_MAX"),
+          "explains");
+    opts.struct_size = 0;
+    CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "unset size");
+    CHECK(last_error_contains("vkgdr_ring_options.struct_size is 0"), "explains");
+    memset(&bigger, 0, sizeof bigger);
+    vkgdr_ring_options_init(&bigger.known, sizeof bigger);
+    bigger.future_field = 1;
+    CHECK(vkgdr_ring_create_with_options(NULL, 4096, &bigger.known) == NULL, "unknown field");
+    CHECK(last_error_contains("fields this library version does not know"), "explains");
+
+    /* Producers: NULL and made-up handles, of the ring and of the producer. */
+    CHECK(vkgdr_ring_producer_create(NULL) == NULL, "producer of NULL ring");
+    CHECK(last_error_contains("vkgdr_ring_producer_create: the vkgdr_ring_t handle is NULL"),
+          "named");
+    CHECK(vkgdr_ring_producer_create(ring) == NULL, "producer of a made-up ring");
+    CHECK(last_error_contains("invalid vkgdr_ring_t handle"), "named");
+    CHECK(vkgdr_ring_producer_push(NULL, buf, sizeof buf, 0, &seq) == VKGDR_ERROR && seq == 7,
+          "push to NULL producer");
+    CHECK(last_error_contains("vkgdr_ring_producer_push: the vkgdr_ring_producer_t handle is "
+                              "NULL"),
+          "named");
+    CHECK(vkgdr_ring_producer_write(made_up, buf, sizeof buf, 0, &seq) == VKGDR_ERROR,
+          "write to a made-up producer");
+    CHECK(last_error_contains("vkgdr_ring_producer_write: invalid vkgdr_ring_producer_t"),
+          "named");
+    CHECK(vkgdr_ring_producer_push((vkgdr_ring_producer_t)ring, buf, 1, 0, NULL) == VKGDR_ERROR,
+          "a ring as a producer");
+    CHECK(last_error_contains("invalid vkgdr_ring_producer_t handle"), "type checked");
+    CHECK(vkgdr_ring_producer_push_batch(NULL, ptrs, sizes, 1, 0, &written) == VKGDR_ERROR &&
+              written == 0,
+          "batch to NULL producer");
+    CHECK(vkgdr_ring_producer_flush(made_up) == VKGDR_ERROR, "flush a made-up producer");
+    CHECK(vkgdr_ring_producer_set_flush_policy(NULL, 0, -1) == VKGDR_ERROR, "policy of NULL");
+    CHECK(vkgdr_ring_producer_get_next_seq(NULL) == UINT64_MAX, "next seq of NULL");
+    CHECK(vkgdr_ring_producer_get_lane(made_up) == UINT32_MAX, "lane of a made-up producer");
+    CHECK(last_error_contains("vkgdr_ring_producer_get_lane: invalid"), "named");
+    mark_last_error();
+    vkgdr_ring_producer_destroy(NULL);
+    CHECK(still_marked(), "destroying NULL is a no-op");
+    vkgdr_ring_producer_destroy(made_up);
+    CHECK(last_error_contains("vkgdr_ring_producer_destroy: invalid vkgdr_ring_producer_t"),
+          "reported");
+
+    /* Lane and copy-engine calls on bad rings. */
+    CHECK(vkgdr_ring_get_lanes(NULL) == 0, "lanes of NULL");
+    CHECK(last_error_contains("vkgdr_ring_get_lanes: the vkgdr_ring_t handle is NULL"), "named");
+    CHECK(vkgdr_ring_get_lane_head(ring, 0) == UINT64_MAX, "lane head of a made-up ring");
+    CHECK(vkgdr_ring_get_lane_results(NULL, 0, words, 8) == VKGDR_ERROR, "lane results");
+    stats.struct_size = sizeof stats;
+    CHECK(vkgdr_ring_get_copy_engine_stats(NULL, &stats) == VKGDR_ERROR, "stats of NULL");
+    CHECK(last_error_contains("vkgdr_ring_get_copy_engine_stats: the vkgdr_ring_t handle"),
+          "named");
+    CHECK(vkgdr_ring_get_copy_engine_error(ring) == NULL, "copy-engine error of a made-up");
+    CHECK(last_error_contains("vkgdr_ring_get_copy_engine_error: invalid vkgdr_ring_t"), "named");
+    view.struct_size = sizeof view;
+    CHECK(vkgdr_ring_get_device_view(NULL, &view) == VKGDR_ERROR, "view of NULL");
+}
+
 int main(void)
 {
     open_without_driver();
@@ -290,5 +399,6 @@ int main(void)
     /* A thread of its own: nothing has failed on it yet. */
     copies_in_a_fresh_thread();
     versioned_structs();
+    ring_options_and_producers();
     return CHECK_SUMMARY("no_driver");
 }

@@ -6,6 +6,13 @@
  * must count every record once, in order, with the producers' checksum sum and no error.
  * Padded ring (coherent and forced non-coherent) and mirrored ring.
  *
+ * Then a two-lane ring made with vkgdr_ring_create_with_options, consumed by ring_check_lanes (one
+ * block per lane, the view passed by value): two threads with a vkgdr_ring_producer_t each push,
+ * write and batch records of mixed sizes, a share of them 8 KiB and more so that the copy engine
+ * carries them; every lane's result words must match what its producer wrote, and the copy-engine
+ * counters must show copies and no fallback. A third producer is refused while both lanes are
+ * taken, and a producer keeps its ring alive after vkgdr_ring_destroy.
+ *
  * Usage: gpu_ring path/to/kernels/ring.ptx */
 #define _POSIX_C_SOURCE 199309L /* nanosleep */
 #include <pthread.h>
@@ -182,6 +189,238 @@ static void run(CUmodule module, uint32_t open_flags, int mirrored, unsigned lon
     CHECK(no_last_error(), "%s: teardown", what);
 }
 
+/* vkgdr_ring_view of include/vkgdr/ring.cuh: what ring_check_lanes takes by value. */
+typedef struct {
+    unsigned long long data, capacity, tail, stop, head, result, lane_data;
+    unsigned int lanes, wrap;
+} ring_view_arg;
+_Static_assert(sizeof(ring_view_arg) == 64, "vkgdr_ring_view is 64 bytes");
+
+#define LANE_RECORDS 6000
+#define LARGE_MIN 8192u
+#define LARGE_SPAN 57000u
+#define BATCH 4
+
+typedef struct {
+    vkgdr_ring_producer_t producer;
+    int salt;
+    unsigned long long records, sum, errors, large;
+} lane_producer;
+
+/* Payload length of record `k` of a producer: every fifth one 8 KiB or more (the copy engine's
+ * share with the default 4096-byte threshold), the others 16 to ~1 KiB (the BAR's). */
+static size_t lane_record_len(unsigned long long k, int salt)
+{
+    if (k % 5 == 0) {
+        return LARGE_MIN + (size_t)((k * 7919u + (unsigned)salt) % LARGE_SPAN);
+    }
+    return 16 + (size_t)((k * 131u + (unsigned)salt) % 1000u);
+}
+
+/* Writes LANE_RECORDS records through the producer: one push, two writes (published by the
+ * flush policy), then a batch of BATCH, over and over; checks every sequence number. */
+static void *produce_lane(void *arg)
+{
+    lane_producer *w = arg;
+    unsigned char *bufs[BATCH];
+    const void *ptrs[BATCH];
+    size_t sizes[BATCH];
+    unsigned long long k = 0;
+    uint64_t seq = 0, expect = vkgdr_ring_producer_get_next_seq(w->producer);
+    int i;
+    w->errors += expect != 0; /* a new lane: numbering starts at 0 */
+    for (i = 0; i < BATCH; i++) {
+        bufs[i] = malloc(LARGE_MIN + LARGE_SPAN + 16);
+    }
+    while (k < LANE_RECORDS) {
+        int mode = (int)(k % 7);
+        size_t len = lane_record_len(k, w->salt);
+        if (mode == 0) {
+            w->sum += make_payload(bufs[0], len, expect);
+            w->errors += vkgdr_ring_producer_push(w->producer, bufs[0], len, 30000000000ll,
+                                                  &seq) != VKGDR_SUCCESS;
+            w->errors += seq != expect;
+            w->large += len >= LARGE_MIN;
+            expect++, k++;
+        } else if (mode <= 2) {
+            w->sum += make_payload(bufs[0], len, expect);
+            w->errors += vkgdr_ring_producer_write(w->producer, bufs[0], len, 30000000000ll,
+                                                   &seq) != VKGDR_SUCCESS;
+            w->errors += seq != expect;
+            w->large += len >= LARGE_MIN;
+            expect++, k++;
+        } else {
+            size_t written = 0;
+            int n = LANE_RECORDS - k < BATCH ? (int)(LANE_RECORDS - k) : BATCH;
+            for (i = 0; i < n; i++) {
+                sizes[i] = lane_record_len(k + (unsigned)i, w->salt);
+                w->sum += make_payload(bufs[i], sizes[i], expect + (unsigned)i);
+                w->large += sizes[i] >= LARGE_MIN;
+                ptrs[i] = bufs[i];
+            }
+            w->errors += vkgdr_ring_producer_push_batch(w->producer, ptrs, sizes, (size_t)n,
+                                                        30000000000ll, &written) != VKGDR_SUCCESS;
+            w->errors += written != (size_t)n;
+            expect += (unsigned)n, k += (unsigned)n;
+        }
+    }
+    w->errors += vkgdr_ring_producer_flush(w->producer) != VKGDR_SUCCESS;
+    w->errors += vkgdr_ring_producer_get_next_seq(w->producer) != expect;
+    w->records = k;
+    for (i = 0; i < BATCH; i++) {
+        free(bufs[i]);
+    }
+    return NULL;
+}
+
+static void run_lanes(CUmodule module)
+{
+    const char *what = "two lanes, producers, copy engine";
+    vkgdr_t g = vkgdr_open(0, VKGDR_OPEN_CURRENT_CONTEXT_BIT);
+    vkgdr_ring_options opts;
+    vkgdr_ring_t ring;
+    vkgdr_ring_device_view v;
+    vkgdr_ring_copy_engine_stats stats;
+    ring_view_arg arg;
+    CUfunction check = NULL;
+    CUstream stream;
+    lane_producer workers[2];
+    pthread_t threads[2];
+    vkgdr_ring_producer_t third;
+    void *args[1];
+    uint64_t res[8];
+    uint32_t lanes[2];
+    int i;
+
+    CHECK(vkgdr_ring_options_init(&opts, sizeof opts) == VKGDR_SUCCESS && opts.lanes == 1 &&
+              opts.flags == 0 && opts.copy_engine_record == 4096,
+          "%s: option defaults", what);
+    opts.lanes = 2;
+    ring = vkgdr_ring_create_with_options(g, 1u << 20, &opts);
+    CHECK(g != NULL && ring != NULL, "%s: open and create", what);
+    if (ring == NULL) {
+        vkgdr_close(g);
+        return;
+    }
+    CHECK(vkgdr_ring_get_lanes(ring) == 2, "%s: lanes", what);
+    v.struct_size = sizeof v;
+    CHECK(vkgdr_ring_get_device_view(ring, &v) == VKGDR_SUCCESS && v.lanes == 2 &&
+              v.lane_data != 0 && v.mirrored == 0,
+          "%s: view", what);
+    arg.data = v.data;
+    arg.capacity = v.capacity;
+    arg.tail = v.tail;
+    arg.stop = v.stop;
+    arg.head = v.head;
+    arg.result = v.result;
+    arg.lane_data = v.lane_data;
+    arg.lanes = v.lanes;
+    arg.wrap = v.mirrored;
+    CU_OK(cuModuleGetFunction(&check, module, "ring_check_lanes"));
+    CU_OK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    args[0] = &arg;
+    CU_OK(cuLaunchKernel(check, v.lanes, 1, 1, 256, 1, 1, 0, stream, args, NULL));
+    CHECK(vkgdr_ring_watch_consumer(ring, stream) == VKGDR_SUCCESS, "%s: watch", what);
+
+    memset(workers, 0, sizeof workers);
+    for (i = 0; i < 2; i++) {
+        workers[i].producer = vkgdr_ring_producer_create(ring);
+        workers[i].salt = 17 * i + 3;
+        CHECK(workers[i].producer != NULL, "%s: producer %d", what, i);
+        lanes[i] = vkgdr_ring_producer_get_lane(workers[i].producer);
+    }
+    CHECK(lanes[0] != lanes[1] && lanes[0] < 2 && lanes[1] < 2, "%s: lanes %u and %u", what,
+          lanes[0], lanes[1]);
+    third = vkgdr_ring_producer_create(ring);
+    CHECK(third == NULL, "%s: a third producer on two lanes", what);
+    CHECK(last_error_contains("every one of the ring's 2 lanes has a producer"), "%s: explains",
+          what);
+    /* One producer publishes by a small policy with a time bound, the other by the default. */
+    CHECK(vkgdr_ring_producer_set_flush_policy(workers[1].producer, 16384, 100000) ==
+              VKGDR_SUCCESS,
+          "%s: policy", what);
+    for (i = 0; i < 2; i++) {
+        pthread_create(&threads[i], NULL, produce_lane, &workers[i]);
+    }
+    for (i = 0; i < 2; i++) {
+        pthread_join(threads[i], NULL);
+        CHECK(workers[i].errors == 0, "%s: producer %d: %llu errors", what, i, workers[i].errors);
+        CHECK(workers[i].large > LANE_RECORDS / 10, "%s: %llu large records", what,
+              workers[i].large);
+        /* Destroying publishes what is left (nothing, after the flush) and frees the lane. */
+        vkgdr_ring_producer_destroy(workers[i].producer);
+    }
+    third = vkgdr_ring_producer_create(ring);
+    CHECK(third != NULL, "%s: a lane is free again", what);
+    vkgdr_ring_producer_destroy(third);
+
+    CHECK(vkgdr_ring_stop(ring) == VKGDR_SUCCESS, "%s: stop", what);
+    CHECK(wait_stream(stream, 60), "%s: the consumer did not finish", what);
+    for (i = 0; i < 2; i++) {
+        memset(res, 0, sizeof res);
+        CHECK(vkgdr_ring_get_lane_results(ring, lanes[i], res, 5) == VKGDR_SUCCESS,
+              "%s: results", what);
+        CHECK(res[2] == 0, "%s: lane %u: the kernel found %llu bad records", what, lanes[i],
+              (unsigned long long)res[2]);
+        CHECK(res[0] == workers[i].records, "%s: lane %u: %llu records consumed, %llu produced",
+              what, lanes[i], (unsigned long long)res[0], workers[i].records);
+        CHECK(res[3] == workers[i].records, "%s: lane %u: next seq %llu", what, lanes[i],
+              (unsigned long long)res[3]);
+        CHECK(res[1] == workers[i].sum, "%s: lane %u: checksum sum differs", what, lanes[i]);
+        CHECK(vkgdr_ring_get_lane_head(ring, lanes[i]) == res[4], "%s: lane %u: head", what,
+              lanes[i]);
+    }
+    CHECK(vkgdr_ring_get_lane_head(ring, 2) == UINT64_MAX, "%s: no lane 2", what);
+    CHECK(last_error_contains("lane 2 does not exist (the ring has 2)"), "%s: explains", what);
+    mark_last_error(); /* nothing may fail from here on */
+
+    stats.struct_size = sizeof stats;
+    CHECK(vkgdr_ring_get_copy_engine_stats(ring, &stats) == VKGDR_SUCCESS, "%s: stats", what);
+    if (stats.unavailable) {
+        char *why = vkgdr_ring_get_copy_engine_error(ring);
+        CHECK(0, "%s: copy engine unavailable: %s", what, why ? why : "(no reason)");
+        free(why);
+    }
+    CHECK(stats.lanes_ready == 2 && stats.copies > 0 && stats.bytes > 0 && stats.fallbacks == 0,
+          "%s: copy engine: %u lanes ready, %llu copies, %llu bytes, %llu fallbacks", what,
+          stats.lanes_ready, (unsigned long long)stats.copies, (unsigned long long)stats.bytes,
+          (unsigned long long)stats.fallbacks);
+    CHECK(vkgdr_ring_get_copy_engine_error(ring) == NULL, "%s: no copy-engine error", what);
+    printf("%s: %llu + %llu records checked by ring_check_lanes, %llu copies of %llu bytes\n",
+           what, workers[0].records, workers[1].records, (unsigned long long)stats.copies,
+           (unsigned long long)stats.bytes);
+    cuStreamDestroy(stream);
+    vkgdr_ring_destroy(ring);
+    vkgdr_close(g);
+    CHECK(still_marked(), "%s: teardown", what);
+}
+
+/* A producer keeps its ring alive: the ring handle may go first; the producer still writes
+ * (no consumer: the records stay unread) and its destruction frees the ring. */
+static void producer_outlives_ring_handle(void)
+{
+    const char *what = "producer after vkgdr_ring_destroy";
+    vkgdr_t g = vkgdr_open(0, VKGDR_OPEN_CURRENT_CONTEXT_BIT);
+    vkgdr_ring_t ring = vkgdr_ring_create_with_options(g, 4096, NULL);
+    vkgdr_ring_producer_t p = vkgdr_ring_producer_create(ring);
+    unsigned char payload[64];
+    uint64_t seq = 99;
+    CHECK(g != NULL && ring != NULL && p != NULL, "%s: made", what);
+    vkgdr_ring_destroy(ring);
+    make_payload(payload, sizeof payload, 0);
+    CHECK(vkgdr_ring_producer_push(p, payload, sizeof payload, 0, &seq) == VKGDR_SUCCESS &&
+              seq == 0,
+          "%s: push", what);
+    CHECK(vkgdr_ring_producer_get_next_seq(p) == 1, "%s: next seq", what);
+    CHECK(vkgdr_ring_producer_create(ring) == NULL, "%s: the ring handle is gone", what);
+    CHECK(last_error_contains("invalid vkgdr_ring_t handle"), "%s: explains", what);
+    vkgdr_ring_producer_destroy(p);
+    vkgdr_ring_producer_destroy(p);
+    CHECK(last_error_contains("vkgdr_ring_producer_destroy: invalid vkgdr_ring_producer_t"),
+          "%s: destroyed once", what);
+    vkgdr_close(g);
+}
+
 int main(int argc, char **argv)
 {
     char *ptx = ptx_argument(argc, argv, "ring.ptx");
@@ -191,6 +430,8 @@ int main(int argc, char **argv)
     run(module, 0, 0, 200000, 1000, "padded ring");
     run(module, VKGDR_OPEN_FORCE_NON_COHERENT_BIT, 0, 40000, 1000, "padded ring, non-coherent");
     run(module, 0, 1, 20000, 60000, "mirrored ring");
+    run_lanes(module);
+    producer_outlives_ring_handle();
     cuModuleUnload(module);
     leave_primary_context(dev);
     free(ptx);
