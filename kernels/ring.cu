@@ -24,7 +24,11 @@
 #define RING_TEST_PREFIX_LEN 16ull
 #define RING_CHECKSUM_MUL 0x9E3779B97F4A7C15ull
 #define RING_CHECKSUM_SHIFT 29
-#define RING_THREAD_BODY_MAX 128ull // longer bodies are checksummed by a warp (or the block)
+#define RING_THREAD_BODY_MAX 128ull // longer bodies are checksummed by the whole block
+// Most records of a window with bodies longer than RING_THREAD_BODY_MAX: the window's bytes over
+// the smallest such record (16 + 16 + 129 bytes, padded to 176).
+#define RING_BIG_MAX (16u * RING_CPT * RING_THREADS / 176u)
+#define RING_BIG_NONE 0xFFFFu // no record (a lane past the window's body chunks)
 
 #define RING_RESULT_RECORDS 0      // DATA records seen
 #define RING_RESULT_CHECKSUM_SUM 1 // wrapping sum of computed payload checksums
@@ -39,20 +43,42 @@ typedef vkgdr::WindowReader<RING_THREADS, RING_CPT> RingReader;
 // Checksum terms of body chunk `cu` (bytes 16*cu .. 16*cu+15 of an `n`-byte body, cu*16 < n).
 // A term is mix((i << 8) | byte) with i = 16*cu + k: the multiplication
 // ((i << 8 | byte) + 1) * MUL = (4096*cu + 1) * MUL + (256*k + byte) * MUL (mod 2^64) leaves one
-// 32-by-64-bit multiply-add per byte.
+// 32-by-64-bit multiply-add per byte. 256*k + byte is one byte permutation (prmt): byte 0 the
+// body byte, byte 1 the low byte of k, bytes 2 and 3 a zero byte of k. A whole chunk has no
+// per-byte test and sums its terms as a tree (short carry chains); only a body's last chunk may
+// be partial.
+__device__ __forceinline__ ull ring_term(unsigned int word, unsigned int k, ull base)
+{
+    const unsigned int u = __byte_perm(word, k, (k & 3u) | 0x5540u);
+    const ull x = base + (ull)u * RING_CHECKSUM_MUL;
+    return x ^ (x >> RING_CHECKSUM_SHIFT);
+}
+
 __device__ __forceinline__ ull ring_chunk_terms(uint4 v, ull cu, ull n)
 {
     const unsigned int words[4] = { v.x, v.y, v.z, v.w };
     const ull base = (cu * 4096ull + 1ull) * RING_CHECKSUM_MUL;
     const ull left = n - cu * 16ull;
+    if (left >= 16ull) {
+        ull t[16];
+#pragma unroll
+        for (unsigned int k = 0; k < 16u; ++k) {
+            t[k] = ring_term(words[k >> 2], k, base);
+        }
+#pragma unroll
+        for (unsigned int w = 1; w < 16u; w <<= 1) {
+#pragma unroll
+            for (unsigned int k = 0; k < 16u; k += 2u * w) {
+                t[k] += t[k + w];
+            }
+        }
+        return t[0];
+    }
     ull part = 0ull;
 #pragma unroll
     for (unsigned int k = 0; k < 16u; ++k) {
-        if ((ull)k < left) {
-            const unsigned int u = (k << 8) | ((words[k >> 2] >> ((k & 3u) * 8u)) & 0xFFu);
-            const ull x = base + (ull)u * RING_CHECKSUM_MUL;
-            part += x ^ (x >> RING_CHECKSUM_SHIFT);
-        }
+        const ull x = ring_term(words[k >> 2], k, base);
+        part += (ull)k < left ? x : 0ull;
     }
     return part;
 }
@@ -98,7 +124,10 @@ typedef struct {
 // Shared memory of a checking consumer.
 typedef struct {
     vkgdr::WindowShared<RING_THREADS, RING_CPT> reader;
-    unsigned short big[RING_THREADS * RING_CPT]; // records of the window with long bodies
+    unsigned short big[RING_BIG_MAX]; // header chunks of the window's records with long bodies
+    unsigned short first[RING_THREADS / 32][RING_BIG_MAX + 1]; // per warp: big[e]'s first chunk
+                                                               // in the flattened body chunks
+    ull big_sum[RING_BIG_MAX];  // big[e]'s checksum, summed by atomics (zero between windows)
     unsigned int big_count[2]; // alternate windows: one is counted while the other is reset
     ull scratch[RING_THREADS / 32];
 } RingCheckShared;
@@ -111,11 +140,42 @@ __device__ __forceinline__ bool ring_prefix_bad(uint4 prefix, ull seq, ull sum)
     return seq_copy != seq || stored != sum;
 }
 
-// Checks the `n` records of the reader's current group. Every thread calls it. Short bodies: one
-// thread per record, from shared memory. Longer ones: one warp per record, from shared memory,
-// with no block barrier per record. A record longer than the window: the whole block, from
-// global memory. The totals are sums, so the order does not matter; seqs are compared with the
-// previous record of the group (or the last group's).
+// Adds each lane's `part` to big_sum[key] (key RING_BIG_NONE: nothing). Keys do not decrease
+// from lane to lane, so equal keys are neighbours: a segmented sum over the warp, then one
+// shared atomic per distinct key. Every lane of the warp calls it.
+__device__ __forceinline__ void ring_flush_big(unsigned int key, ull part, ull* big_sum)
+{
+    const unsigned int lane = threadIdx.x & 31u;
+    const unsigned int prev = __shfl_up_sync(0xFFFFFFFFu, key, 1);
+    const bool head = lane == 0u || prev != key;
+    const unsigned int heads = __ballot_sync(0xFFFFFFFFu, head);
+    const unsigned int above = heads & (0xFFFFFFFEu << lane);
+    const unsigned int end = above != 0u ? (unsigned int)__ffs(above) - 1u : 32u; // next segment
+#pragma unroll
+    for (unsigned int d = 1; d < 32u; d <<= 1) {
+        const ull y = __shfl_down_sync(0xFFFFFFFFu, part, d);
+        if (lane + d < end) {
+            part += y;
+        }
+    }
+    if (head && key != RING_BIG_NONE) {
+        atomicAdd(&big_sum[key], part);
+    }
+}
+
+// Checks the `n` records of the reader's current group. Every thread calls it.
+// - Headers (seq, kind, length): one thread per record. A short body (up to RING_THREAD_BODY_MAX
+//   bytes) is checksummed by the same thread, from shared memory.
+// - Longer bodies (the group's "big" records, in big[]): their 16-byte body chunks are numbered
+//   one after the other (first[e]: big[e]'s first, a prefix sum each warp computes for itself)
+//   and split over the block: warp w takes a span of 32 * steps consecutive chunks, lane l the
+//   chunks w * span + l + 32 * j. A lane finds its record by binary search, then walks forward;
+//   the lanes keep per-record partial sums in registers and flush them (a segmented warp sum,
+//   a shared atomic per record) when a lane's record changes. Then one thread per big record
+//   compares its total with the stored checksum.
+// - A record longer than the window: the whole block, from global memory.
+// The totals are sums, so the order does not matter; seqs are compared with the previous record
+// of the group (or the last group's).
 __device__ __forceinline__ void ring_check_window(const RingReader& rd, unsigned int n,
                                                   RingCheck* c, RingCheckShared* sh)
 {
@@ -138,7 +198,8 @@ __device__ __forceinline__ void ring_check_window(const RingReader& rd, unsigned
         } else if (large) {
             // Below, by the whole block.
         } else if ((ull)r.len - RING_TEST_PREFIX_LEN > RING_THREAD_BODY_MAX) {
-            sh->big[atomicAdd(big_count, 1u)] = (unsigned short)k;
+            sh->big[atomicAdd(big_count, 1u)] =
+                (unsigned short)((r.pos - rd.record(0u).pos) / 16ull); // chunk from record 0
         } else {
             const uint4* p = rd.shared_payload(k);
             const ull body = (ull)r.len - RING_TEST_PREFIX_LEN;
@@ -158,20 +219,88 @@ __device__ __forceinline__ void ring_check_window(const RingReader& rd, unsigned
     }
     vkgdr::block_sync();
     const unsigned int big = *big_count;
-    for (unsigned int m = tid >> 5; m < big; m += RING_THREADS / 32u) {
-        const unsigned int k = sh->big[m];
-        const vkgdr::Record r = rd.record(k);
-        const uint4* p = rd.shared_payload(k);
-        const ull body = (ull)r.len - RING_TEST_PREFIX_LEN;
-        const unsigned int chunks = (unsigned int)((body + 15ull) / 16ull);
-        ull part = 0ull;
-        for (unsigned int q = lane; q < chunks; q += 32u) {
-            part += ring_chunk_terms(p[1u + q], q, body);
+    if (big != 0u) {
+        const uint4* window = rd.shared_payload(0u) - 1u; // the group's window: record 0 at 0
+        const unsigned int warp = tid >> 5;
+        unsigned short* first = sh->first[warp];
+        // This warp's copy of the prefix sum of the big records' body chunk counts.
+        unsigned int total = 0u;
+        for (unsigned int e0 = 0; e0 < big; e0 += 32u) {
+            const unsigned int e = e0 + lane;
+            unsigned int cnt = 0u;
+            if (e < big) {
+                const unsigned int len = window[sh->big[e]].x;
+                cnt = (len - (unsigned int)RING_TEST_PREFIX_LEN + 15u) / 16u;
+            }
+            unsigned int incl = cnt;
+#pragma unroll
+            for (unsigned int d = 1; d < 32u; d <<= 1) {
+                const unsigned int y = __shfl_up_sync(0xFFFFFFFFu, incl, d);
+                if (lane >= d) {
+                    incl += y;
+                }
+            }
+            if (e < big) {
+                first[e + 1u] = (unsigned short)(total + incl);
+            }
+            total += __shfl_sync(0xFFFFFFFFu, incl, 31);
         }
-        const ull sum = vkgdr::warp_sum(part);
         if (lane == 0u) {
+            first[0] = 0u;
+        }
+        __syncwarp();
+        const unsigned int steps = (total + RING_THREADS - 1u) / RING_THREADS;
+        unsigned int g = warp * steps * 32u + lane; // this lane's next flattened chunk
+        unsigned int e = 0u;                        // its record: first[e] <= g < first[e + 1]
+        if (g < total) {
+            unsigned int hi = big;
+            while (hi - e > 1u) {
+                const unsigned int mid = (e + hi) / 2u;
+                if (first[mid] <= g) {
+                    e = mid;
+                } else {
+                    hi = mid;
+                }
+            }
+        }
+        unsigned int cur = RING_BIG_NONE; // the record of `hdr` and `body`
+        unsigned int hdr = 0u, body = 0u;
+        unsigned int key = RING_BIG_NONE; // the record `part` belongs to
+        ull part = 0ull;
+        for (unsigned int j = 0; j < steps; ++j, g += 32u) {
+            unsigned int now = RING_BIG_NONE;
+            ull t = 0ull;
+            if (g < total) {
+                while (first[e + 1u] <= g) {
+                    ++e;
+                }
+                if (e != cur) {
+                    cur = e;
+                    hdr = sh->big[e];
+                    body = window[hdr].x - (unsigned int)RING_TEST_PREFIX_LEN;
+                }
+                const unsigned int cu = g - first[e];
+                t = ring_chunk_terms(window[hdr + 2u + cu], cu, body);
+                now = e;
+            }
+            if (j == 0u || __all_sync(0xFFFFFFFFu, now == key)) {
+                part += t;
+            } else {
+                ring_flush_big(key, part, sh->big_sum);
+                part = t;
+            }
+            key = now;
+        }
+        ring_flush_big(key, part, sh->big_sum);
+        vkgdr::block_sync();
+        for (unsigned int i = tid; i < big; i += RING_THREADS) {
+            const unsigned int h = sh->big[i];
+            const uint4 hv = window[h];
+            const ull seq = (ull)hv.z | ((ull)hv.w << 32);
+            const ull sum = sh->big_sum[i];
+            sh->big_sum[i] = 0ull; // for the next window (read after its barriers)
             c->sum += sum;
-            if (ring_prefix_bad(p[0], r.seq, sum)) {
+            if (ring_prefix_bad(window[h + 1u], seq, sum)) {
                 c->errors += 1ull;
             }
         }
@@ -197,13 +326,16 @@ __device__ __forceinline__ void ring_check_window(const RingReader& rd, unsigned
     }
 }
 
-// Zeroes both big-record counters; a barrier follows before the first window (the persistent
-// reader's constructor has one; batch mode adds its own).
+// Zeroes both big-record counters and the big-record sums; a barrier follows before the first
+// window (the persistent reader's constructor has one; batch mode adds its own).
 __device__ __forceinline__ void ring_check_init(RingCheckShared* sh)
 {
     if (threadIdx.x == 0u) {
         sh->big_count[0] = 0u;
         sh->big_count[1] = 0u;
+    }
+    for (unsigned int i = threadIdx.x; i < RING_BIG_MAX; i += RING_THREADS) {
+        sh->big_sum[i] = 0ull;
     }
 }
 

@@ -59,7 +59,8 @@
 //   thread (16 KiB for 256 threads), the chain resolved in parallel by pointer jumping, every
 //   record that lies wholly in the window handed out with its payload in shared memory, a record
 //   longer than the window as a group of its own, and the next window loaded while the caller
-//   works on this one. The checking consumers of kernels/ring.cu are built on it.
+//   works on this one. The checking consumers of kernels/ring.cu are built on it: a header per
+//   thread, and the body chunks of the window's longer records spread over the whole block.
 //
 // Checked with nvcc 13.0 (-arch=compute_75).
 
