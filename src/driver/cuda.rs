@@ -345,7 +345,6 @@ driver_table! {
         unsafe cu_mem_get_allocation_granularity: "cuMemGetAllocationGranularity" => fn(prop: *const MemAllocationProp, option: c_uint) -> out usize;
         unsafe cu_stream_write_value32: "cuStreamWriteValue32_v2" => fn(stream: CuStream, addr: CuDevicePtr, value: c_uint, flags: c_uint);
         unsafe cu_stream_write_value64: "cuStreamWriteValue64_v2" => fn(stream: CuStream, addr: CuDevicePtr, value: u64, flags: c_uint);
-        unsafe cu_launch_host_func: "cuLaunchHostFunc" => fn(stream: CuStream, f: unsafe extern "C" fn(*mut c_void), user: *mut c_void);
         unsafe cu_stream_get_ctx: "cuStreamGetCtx" => fn(stream: CuStream, ctx: *mut CuContext);
     }
 }

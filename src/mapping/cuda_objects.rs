@@ -285,6 +285,12 @@ impl Drop for Event {
 /// are device-to-device copies of [`device_ptr`](Self::device_ptr); the host pointer is unknown
 /// to CUDA's own copy functions. Where the device lacks VMM or such a memory type, it comes from
 /// `cuMemHostAlloc` (then dropping it waits for running kernels).
+///
+/// Use it for bytes the GPU writes and the CPU reads (completion words, copies out of the GPU).
+/// As a *source* the CPU rewrites it is unreliable: on an H100 (driver 580) a copy from it after
+/// the CPU had rewritten it returned the bytes of the first copy again (the GPU keeps what it
+/// read from such a mapping). The rings' copy-engine path stages in `cuMemHostAlloc` memory for
+/// that reason.
 pub struct PinnedBuffer {
     gpu: Gpu,
     /// The memory; `None` only while dropping.

@@ -95,6 +95,9 @@ struct GpuInner {
     /// A non-blocking stream of the library's own for synchronous copies: the legacy stream
     /// would queue them behind a user's kernel there.
     copy_stream: OnceLock<SendSyncPtr<c_void>>,
+    /// `cuMemHostAlloc` buffers that copies read from, kept for reuse (freeing one would wait
+    /// for running kernels).
+    host_staging: crate::mapping::host_staging::HostStagingCache,
 }
 
 /// One live raw allocation of a [`Gpu`] ([`Gpu::allocations`]).
@@ -114,6 +117,8 @@ impl Drop for GpuInner {
         // The staging buffers and the copy stream belong to the context: free them while it is
         // alive.
         self.staging.clear();
+        self.host_staging
+            .free_all(&self.driver, self.context.get().map(|c| c.get()));
         if let (Some(stream), Some(context)) = (self.copy_stream.get(), self.context.get()) {
             // SAFETY: the context is alive until the release below; the stream is ours, idle
             // after the last synchronous copy, and destroying one never waits.
@@ -310,6 +315,7 @@ impl Gpu {
                 name,
                 uuid,
                 staging: Default::default(),
+                host_staging: Default::default(),
                 _context_owner: context_owner,
                 allocations: Mutex::new(BTreeMap::new()),
                 vmm,
@@ -530,6 +536,12 @@ impl Gpu {
             Ok(v) => Ok(v.granularity()),
             Err(why) => Err(why),
         }
+    }
+
+    /// The cache of pinned host buffers that copies read from
+    /// ([`HostStaging`](crate::mapping::host_staging::HostStaging)).
+    pub(crate) fn host_staging_cache(&self) -> &crate::mapping::host_staging::HostStagingCache {
+        &self.inner.host_staging
     }
 
     /// The device's VMM facts, where memory is mapped through VMM.

@@ -20,6 +20,7 @@ pub(crate) mod carve;
 pub mod chunk;
 pub mod cuda_objects;
 pub(crate) mod gpu;
+pub(crate) mod host_staging;
 pub mod memory;
 pub(crate) mod release;
 pub(crate) mod staging;

@@ -1,7 +1,9 @@
 //! The copy-engine path of a ring lane: large records are written into a pinned host copy of the
 //! lane's region (cached stores, no PCIe on the CPU's side), and a copy engine moves each
 //! publication's staged span into the region, followed by the tail, on a stream of the lane's
-//! own.
+//! own. The host copy is `cuMemHostAlloc` memory kept by the [`Gpu`] for reuse
+//! ([`HostStaging`]): the GPU reads Vulkan host memory mapped through VMM stale after the CPU
+//! rewrote it.
 //!
 //! Why: CPU stores through the BAR top out near 33 GB/s on an H100 however many threads write,
 //! while a copy engine moves 48–54 GB/s from pinned memory; small records keep the BAR path (a
@@ -30,8 +32,9 @@ use std::sync::Arc;
 use crate::core::handle::{assert_send_sync, SendSyncPtr};
 use crate::driver::cuda::CuStream;
 use crate::error::{Error, Result};
-use crate::mapping::cuda_objects::{PinnedBuffer, Stream};
+use crate::mapping::cuda_objects::Stream;
 use crate::mapping::gpu::Gpu;
+use crate::mapping::host_staging::HostStaging;
 
 use super::persistent::{HOST_STRIDE, TAIL_STRIDE};
 use super::sink::RingMemory;
@@ -96,18 +99,14 @@ pub struct CopyEngineStats {
 pub(super) struct LaneCopy {
     gpu: Gpu,
     stream: SendSyncPtr<std::ffi::c_void>,
-    /// Host and device address of the staging copy (`capacity` bytes, inside `keep`).
+    /// Host address of the staging copy (`capacity` bytes of pinned memory, inside `keep`).
     staging: SendSyncPtr<u8>,
-    staging_dev: u64,
     /// Device addresses of the lane's region, tail word and landed word.
     region_dev: u64,
     tail_dev: u64,
     landed_dev: u64,
     /// Host address of the landed word (inside the ring's pinned host words).
     landed: SendSyncPtr<u8>,
-    /// Host address of the lane's tail word (BAR).
-    tail_host: SendSyncPtr<u8>,
-    probe: u8,
     /// The last tail queued on the stream (0: none); only the lane's publisher changes it.
     queued: AtomicU64,
     copies: AtomicU64,
@@ -115,15 +114,15 @@ pub(super) struct LaneCopy {
     fallbacks: AtomicU64,
     /// What the queued copies read and write, kept until they have run; `None` only while
     /// dropping.
-    keep: Option<(PinnedBuffer, Stream, Arc<RingMemory>)>,
+    keep: Option<(HostStaging, Stream, Arc<RingMemory>)>,
 }
 // `Send + Sync` by its fields, as the compiler checks here.
 const _: () = assert_send_sync::<LaneCopy>();
 
 impl LaneCopy {
-    /// Makes lane `lane`'s staging copy (`capacity` bytes of pinned host memory allocated
-    /// through Vulkan, so that freeing it never waits for a kernel) and its non-blocking stream,
-    /// and checks that the stream can store 64-bit words (stream memory operations).
+    /// Makes lane `lane`'s staging copy (`capacity` bytes of pinned host memory from the `Gpu`'s
+    /// cache, so that dropping the ring never frees it under a kernel) and its non-blocking
+    /// stream, and checks that the stream can store 64-bit words (stream memory operations).
     pub(super) fn new(
         gpu: &Gpu,
         memory: &Arc<RingMemory>,
@@ -131,15 +130,9 @@ impl LaneCopy {
         region_dev: u64,
         capacity: u64,
     ) -> Result<LaneCopy> {
-        if gpu.vmm().is_none() || gpu.vulkan().host_memory_type().is_none() {
-            // `cuMemHostAlloc` staging would make dropping the ring wait for its kernel.
-            return Err(Error::Unsupported(
-                "the copy-engine path needs CUDA VMM and a Vulkan host memory type".into(),
-            ));
-        }
         let len = usize::try_from(capacity)
             .map_err(|_| Error::internal("ring capacity beyond the address space"))?;
-        let staging = PinnedBuffer::new(gpu, len)?;
+        let staging = HostStaging::new(gpu, len)?;
         let stream = Stream::new(gpu)?;
         let lane = lane as u64;
         let landed_at = lane * HOST_STRIDE + LANDED_OFFSET;
@@ -147,23 +140,11 @@ impl LaneCopy {
             gpu: gpu.clone(),
             stream: SendSyncPtr::new(stream.raw()),
             staging: SendSyncPtr::new(staging.as_ptr()),
-            staging_dev: staging.device_ptr(),
             region_dev,
             tail_dev: memory.control.device_ptr() + lane * TAIL_STRIDE,
             landed_dev: memory.host_words.device_ptr() + landed_at,
             // In range: the host words hold `lanes * HOST_STRIDE` bytes or more.
             landed: SendSyncPtr::new(memory.host_words.as_ptr().wrapping_add(landed_at as usize)),
-            tail_host: SendSyncPtr::new(
-                memory
-                    .control
-                    .host_ptr()
-                    .wrapping_add((lane * TAIL_STRIDE) as usize),
-            ),
-            probe: match std::env::var("VKGDR_COPY_ENGINE_PROBE").as_deref() {
-                Ok("host") => 1,
-                Ok("flush") => 2,
-                _ => 0,
-            },
             queued: AtomicU64::new(0),
             copies: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
@@ -201,7 +182,8 @@ impl LaneCopy {
         self.landed_word().load(Ordering::Acquire) < self.queued.load(Ordering::Relaxed)
     }
 
-    /// Copies `bytes` to `offset` of the staging copy (cached host memory: plain stores).
+    /// Copies `bytes` to `offset` of the staging copy (pinned, cached host memory: plain stores,
+    /// which the copy engine's reads snoop).
     ///
     /// # Safety
     /// `offset + bytes.len() <= capacity`, and no one else writes these bytes or has a copy of
@@ -223,7 +205,7 @@ impl LaneCopy {
     /// # Safety
     /// `offset + len <= capacity`, and the bytes were staged and are not written meanwhile.
     pub(super) unsafe fn staged(&self, offset: u64, len: u64) -> &[u8] {
-        // SAFETY: the caller's contract; the GPU only reads the staging copy.
+        // SAFETY: the caller's contract; copies only read the staging copy.
         unsafe { std::slice::from_raw_parts(self.staging.get().add(offset as usize), len as usize) }
     }
 
@@ -240,52 +222,29 @@ impl LaneCopy {
         let len = tail - from;
         let at = from & (capacity - 1);
         let first = len.min(capacity - at);
-        if self.probe == 2 {
-            for (offset, n) in [(at, first), (0, len - first)] {
-                let mut line = offset & !63;
-                while line < offset + n {
-                    // SAFETY: probe: a line of the staging copy.
-                    unsafe {
-                        std::arch::x86_64::_mm_clflush(self.staging.get().add(line as usize))
-                    };
-                    line += 64;
-                }
-            }
-            // SAFETY: probe.
-            unsafe { std::arch::x86_64::_mm_mfence() };
-        }
         // A span that runs past the end is two copies (the staging copy is mapped once).
         for (offset, n) in [(at, first), (0, len - first)] {
             if n > 0 {
+                let source = self.staging.get().wrapping_add(offset as usize);
                 // SAFETY: both ranges lie inside live allocations of `capacity` bytes (the
-                // region and the staging copy, kept by `keep` until the stream has run); the
-                // stream is ours.
+                // region and the pinned staging copy, kept by `keep` until the stream has run);
+                // the stream is ours.
                 unsafe {
-                    driver.cu_memcpy_dtod_async(
+                    driver.cu_memcpy_htod_async(
                         self.region_dev + offset,
-                        self.staging_dev + offset,
+                        source.cast(),
                         n as usize,
                         self.raw_stream(),
                     )
                 }?;
             }
         }
-        if self.probe == 1 {
-            let job = Box::into_raw(Box::new(HostPublish {
-                tail_word: self.tail_host,
-                landed: self.landed,
-                tail,
-            }));
-            // SAFETY: probe.
-            unsafe { driver.cu_launch_host_func(self.raw_stream(), host_publish, job.cast()) }?;
-        } else {
-            // SAFETY: aligned words inside the control allocation and the pinned host words, kept
-            // by `keep`; flags 0 put a memory barrier before each store, so the tail follows the
-            // copy and the landed word follows the tail.
-            unsafe {
-                driver.cu_stream_write_value64(self.raw_stream(), self.tail_dev, tail, 0)?;
-                driver.cu_stream_write_value64(self.raw_stream(), self.landed_dev, tail, 0)?;
-            }
+        // SAFETY: aligned words inside the control allocation and the pinned host words, kept by
+        // `keep`; flags 0 put a memory barrier before each store, so the tail follows the copy
+        // and the landed word follows the tail.
+        unsafe {
+            driver.cu_stream_write_value64(self.raw_stream(), self.tail_dev, tail, 0)?;
+            driver.cu_stream_write_value64(self.raw_stream(), self.landed_dev, tail, 0)?;
         }
         self.queued.store(tail, Ordering::Relaxed);
         if len > 0 {
@@ -321,22 +280,5 @@ impl Drop for LaneCopy {
             // No fence in a dead context: no copy of it runs any more.
             Err(_) => drop(keep),
         }
-    }
-}
-
-struct HostPublish {
-    tail_word: SendSyncPtr<u8>,
-    landed: SendSyncPtr<u8>,
-    tail: u64,
-}
-
-unsafe extern "C" fn host_publish(p: *mut std::ffi::c_void) {
-    // SAFETY: probe: the box made in `queue`.
-    let job = unsafe { Box::from_raw(p.cast::<HostPublish>()) };
-    // SAFETY: probe: aligned words kept alive by the lane copy.
-    unsafe {
-        AtomicU64::from_ptr(job.tail_word.get().cast()).store(job.tail, Ordering::Release);
-        crate::core::sync::store_fence();
-        AtomicU64::from_ptr(job.landed.get().cast()).store(job.tail, Ordering::Release);
     }
 }

@@ -1,0 +1,99 @@
+//! [`HostStaging`]: pinned host memory from `cuMemHostAlloc` that the GPU *reads* by DMA after
+//! the CPU has rewritten it, kept per [`Gpu`] and reused instead of freed.
+//!
+//! Why not [`PinnedBuffer`](crate::cuda_objects::PinnedBuffer)'s Vulkan host memory mapped
+//! through VMM (which frees without waiting): measured on an H100 (driver 580), copies *from*
+//! such memory see the bytes of their first copy again after the CPU rewrote them — 99.6 % of a
+//! rewritten 4 MiB buffer came out stale in a later `cuMemcpyDtoDAsync`, with or without
+//! `clflush` on the CPU side: the GPU keeps what it read. Copies into it, which the staged reads
+//! use, are not affected. `cuMemHostAlloc` memory is read fresh on every copy, but
+//! `cuMemFreeHost` waits for every running kernel; so these buffers are never freed while the
+//! handle lives: a dropped buffer goes back to its [`Gpu`]'s cache for the next one of its size,
+//! and the cache is freed with the last handle of the `Gpu`.
+#![allow(unsafe_code)] // raw pinned host memory and its driver calls
+
+use crate::core::handle::{assert_send_sync, SendSyncPtr};
+use crate::driver::cuda::{ContextGuard, CuContext, Driver};
+use crate::error::{Error, Result};
+use crate::mapping::gpu::Gpu;
+
+/// Buffers a [`Gpu`] keeps for reuse: `(length, host pointer)`.
+#[derive(Default)]
+pub(crate) struct HostStagingCache(crate::core::sync::lock::Mutex<Vec<(usize, SendSyncPtr<u8>)>>);
+
+impl HostStagingCache {
+    /// A buffer of exactly `len` bytes from the cache, if one is there.
+    fn take(&self, len: usize) -> Option<SendSyncPtr<u8>> {
+        let mut cached = self.0.lock();
+        let at = cached.iter().position(|&(n, _)| n == len)?;
+        Some(cached.swap_remove(at).1)
+    }
+
+    fn put(&self, len: usize, ptr: SendSyncPtr<u8>) {
+        self.0.lock().push((len, ptr));
+    }
+
+    /// Frees every cached buffer (the owning handle is going away; `context` is still alive).
+    pub(crate) fn free_all(&self, driver: &Driver, context: Option<CuContext>) {
+        let cached = std::mem::take(&mut *self.0.lock());
+        let Some(context) = context else {
+            return;
+        };
+        // SAFETY: the owner's context, alive until its release after this call.
+        let Ok(_ctx) = (unsafe { ContextGuard::push(driver, context) }) else {
+            return;
+        };
+        for (_, ptr) in cached {
+            // SAFETY: allocated by `cuMemHostAlloc` in this context and no longer used by
+            // anyone: a buffer enters the cache only once the copies reading it have run.
+            let _ = unsafe { driver.cu_mem_free_host(ptr.get().cast()) };
+        }
+    }
+}
+
+/// `len` bytes of pinned host memory that copies read with `cuMemcpyHtoDAsync`; on drop it
+/// returns to its [`Gpu`]'s cache (drop it only once the copies that read it have run).
+pub(crate) struct HostStaging {
+    gpu: Gpu,
+    ptr: SendSyncPtr<u8>,
+    len: usize,
+}
+// `Send + Sync` by its fields, as the compiler checks here.
+const _: () = assert_send_sync::<HostStaging>();
+
+impl HostStaging {
+    /// A buffer of `len` bytes: a cached one of that length, or a new `cuMemHostAlloc`.
+    pub(crate) fn new(gpu: &Gpu, len: usize) -> Result<HostStaging> {
+        if let Some(ptr) = gpu.host_staging_cache().take(len) {
+            return Ok(HostStaging {
+                gpu: gpu.clone(),
+                ptr,
+                len,
+            });
+        }
+        let _ctx = gpu.bind()?;
+        let p = crate::driver::failpoint::inject("cuMemHostAlloc", || {
+            crate::driver::cuda::injected_failure(gpu.driver(), "cuMemHostAlloc")
+        })
+        .and_then(|()| gpu.driver().cu_mem_alloc_host(len, 0))?;
+        if p.is_null() {
+            return Err(Error::internal("cuMemHostAlloc returned a null pointer"));
+        }
+        Ok(HostStaging {
+            gpu: gpu.clone(),
+            ptr: SendSyncPtr::new(p.cast::<u8>()),
+            len,
+        })
+    }
+
+    /// The host address (pinned: copies read it by DMA).
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.ptr.get()
+    }
+}
+
+impl Drop for HostStaging {
+    fn drop(&mut self) {
+        self.gpu.host_staging_cache().put(self.len, self.ptr);
+    }
+}
