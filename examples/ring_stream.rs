@@ -3,7 +3,8 @@
 //! Four threads each take a lane of one [`DeviceRing`] (`ring.producer()`) and send batches of
 //! sensor samples (`u32` sensor id, `u32` count, `count` values): mostly short ones, which go
 //! through the BAR, and every 64th a long waveform of 8 KiB, which the ring hands to a copy engine
-//! (records of 4 KiB and more, `RingOptions::copy_engine`); `ring_stream_consumer`
+//! (records of 4 KiB and more in a batch of 64 KiB or more, `RingOptions::copy_engine`);
+//! `ring_stream_consumer`
 //! (kernels/ring_stream.cu, built on include/vkgdr/ring.cuh) sums every record's values, one
 //! thread per record, and adds per lane how many records it saw and their total to the lane's
 //! result words in pinned host memory. The CPU checks both against what it sent.
@@ -77,10 +78,11 @@ fn run() -> vkgdr::Result<()> {
                                 .is_some_and(|l| std::ptr::eq(l, producer.core()))
                         })
                         .expect("the producer's lane");
-                    // Publish every 64 KiB: one fence and one tail store per batch.
+                    // Publish every 1 MiB or 200 µs: one publication per batch, long enough
+                    // for the copy engine to take the waveforms (it waits for 64 KiB pending).
                     producer.set_policy(FlushPolicy {
-                        max_pending_bytes: 64 << 10,
-                        max_delay: Some(Duration::from_micros(50)),
+                        max_pending_bytes: 1 << 20,
+                        max_delay: Some(Duration::from_micros(200)),
                     });
                     let (mut buf, mut sum) = (Vec::new(), 0u64);
                     for n in 0..RECORDS_PER_THREAD {

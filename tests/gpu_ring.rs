@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use rand::{Rng, SeedableRng};
 use vkgdr::cuda_objects::{Event, Function, LaunchConfig, Module, Stream};
-use vkgdr::ring::core::{Reservation, RingSink};
+use vkgdr::ring::core::{FlushPolicy, Reservation, RingSink};
 use vkgdr::ring::layout::{self, seal_test_payload, WrapMode};
 use vkgdr::ring::{CopyEngine, DeviceRing, LaunchRing, RingDeviceView, RingOptions};
 use vkgdr::{Error, OpenOptions};
@@ -517,6 +517,12 @@ fn produce_lanes(ring: &DeviceRing, per_thread: u64, large: bool) -> Vec<LanePro
             .map(|t| {
                 s.spawn(move || {
                     let mut p = ring.producer().expect("a free lane");
+                    // Writes gather up to 256 KiB, so large records meet the copy engine's rule
+                    // (64 KiB pending before them).
+                    p.set_policy(FlushPolicy {
+                        max_pending_bytes: 256 << 10,
+                        max_delay: None,
+                    });
                     let lane = (0..ring.lanes())
                         .find(|&i| std::ptr::eq(ring.lane(i).unwrap(), p.core()))
                         .unwrap();
@@ -682,7 +688,7 @@ fn lanes_checking_kernel_every_record_through_the_bar() {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
-fn lanes_checking_kernel_every_record_through_the_copy_engine() {
+fn lanes_checking_kernel_copy_engine_for_every_size() {
     lanes_persistent(
         false,
         records(),
@@ -694,7 +700,7 @@ fn lanes_checking_kernel_every_record_through_the_copy_engine() {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
-fn mirrored_lanes_every_record_through_the_copy_engine() {
+fn mirrored_lanes_copy_engine_for_every_size() {
     lanes_persistent(
         false,
         records() / 2,
@@ -804,7 +810,7 @@ fn dropping_a_ring_stops_its_watched_consumer_and_frees_after_it() {
     let gpu = open(false);
     let module = Module::load_ptx(&gpu, RING_PTX).unwrap();
     let stream = Stream::new(&gpu).unwrap();
-    let ring = DeviceRing::with_lanes(&gpu, 1 << 16, 2, WrapMode::Padded).unwrap();
+    let ring = DeviceRing::with_lanes(&gpu, 1 << 20, 2, WrapMode::Padded).unwrap();
     launch_check_lanes(&module, &ring, &stream);
     let after = Event::new(&gpu).unwrap();
     after.record(&stream).unwrap();
@@ -812,8 +818,15 @@ fn dropping_a_ring_stops_its_watched_consumer_and_frees_after_it() {
         // A small record through the BAR and a large one through the copy engine, whose staging
         // copy and stream must be kept until their copy has run.
         let mut p = ring.producer().unwrap();
-        p.push(&seal(vec![3; 100], 0), None).unwrap();
-        p.push(&seal(vec![4; 20_000], 1), None).unwrap();
+        p.set_policy(FlushPolicy {
+            max_pending_bytes: 1 << 20,
+            max_delay: None,
+        });
+        for seq in 0..20 {
+            p.write(&seal(vec![3; 4000], seq), None).unwrap();
+        }
+        // 80 KB pending before it: staged.
+        p.push(&seal(vec![4; 20_000], 20), None).unwrap();
     }
     assert_eq!(ring.copy_engine_stats().copies, 1);
     assert!(!after.is_complete().unwrap(), "the consumer is running");
@@ -868,6 +881,10 @@ fn owned_producers_move_into_threads() {
         .into_iter()
         .map(|mut p| {
             std::thread::spawn(move || {
+                p.set_policy(FlushPolicy {
+                    max_pending_bytes: 1 << 20,
+                    max_delay: None,
+                });
                 let mut sum = 0u64;
                 for i in 0..2_000u64 {
                     let len = if i % 10 == 0 { 8192 } else { 100 };

@@ -43,7 +43,14 @@ proptest! {
     fn ring_matches_model(
         cap in prop_oneof![Just(4096u64), Just(8192)],
         mode in prop_oneof![Just(WrapMode::Padded), Just(WrapMode::Mirrored)],
-        staging in prop_oneof![2 => Just(None), 1 => Just(Some(16u64)), 1 => Just(Some(160)), 1 => Just(Some(1024))],
+        staging in prop_oneof![
+            2 => Just(None),
+            1 => Just(Some((16u64, 0u64))),
+            1 => Just(Some((160, 0))),
+            1 => Just(Some((1024, 0))),
+            1 => Just(Some((16, 512))),
+            1 => Just(Some((160, 1024))),
+        ],
         ops in prop::collection::vec(op(), 1..120),
     ) {
         run_model(cap, mode, staging, ops);

@@ -18,7 +18,8 @@ mod model;
 struct Input {
     large: bool,
     mirrored: bool,
-    /// 0: no staging copy; n: claimed producers stage records of at least 16 << (n % 8) bytes.
+    /// 0: no staging copy; n: claimed producers stage records of at least 16 << (n % 8) bytes
+    /// once 256 * (n / 8 % 8) bytes are pending before them.
     staging: u8,
     ops: Vec<model::Op>,
 }
@@ -32,6 +33,7 @@ fuzz_target!(|input: Input| {
     };
     let mut ops = input.ops;
     ops.truncate(512);
-    let staging = (input.staging != 0).then(|| 16u64 << (input.staging % 8));
+    let staging = (input.staging != 0)
+        .then(|| (16u64 << (input.staging % 8), 256 * u64::from(input.staging / 8 % 8)));
     model::run_model(cap, mode, staging, ops);
 });

@@ -523,6 +523,26 @@ impl RingProducer {
         })
     }
 
+    /// When ``write`` publishes on its own: once ``max_pending_bytes`` (records with headers)
+    /// wait, or once the oldest has waited ``max_delay`` seconds (checked on each write; None:
+    /// no bound). Records of 4 KiB and more take the copy engine only in a batch that has 64 KiB
+    /// pending before them, so raise the byte bound (e.g. to 1 MiB) for streams of large records.
+    #[pyo3(signature = (max_pending_bytes, max_delay = None))]
+    fn set_flush_policy(&self, max_pending_bytes: u64, max_delay: Option<f64>) -> PyResult<()> {
+        let max_delay = match max_delay {
+            None => None,
+            Some(t) if t.is_finite() && t >= 0.0 => Some(Duration::from_secs_f64(t.min(1e9))),
+            Some(t) => return Err(invalid_argument(format!("max_delay {t} is not >= 0"))),
+        };
+        self.with(|p| {
+            p.set_policy(vkgdr::ring::core::FlushPolicy {
+                max_pending_bytes,
+                max_delay,
+            });
+            Ok(())
+        })
+    }
+
     /// The sequence number the next record gets (in this producer's lane).
     #[getter]
     fn next_seq(&self) -> PyResult<u64> {

@@ -161,6 +161,8 @@ def test_lanes_with_producers_and_the_copy_engine_verified_by_the_kernel(cupy, c
         rng = np.random.default_rng(t)
         with producers[t] as p:
             assert p.next_seq == 0, "a new lane numbers from 0"
+            # Writes gather up to 1 MiB, so large records meet the copy engine's 64 KiB rule.
+            p.set_flush_policy(1 << 20)
             total, large, k = 0, 0, 0
             while k < records:
                 mode = k % 7

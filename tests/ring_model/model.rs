@@ -678,13 +678,13 @@ pub fn check_writes(ring: &Ring, m: &Model) {
     }
 }
 
-/// Runs `ops` on a ring of `cap` bytes; with `staging`, the sink has a staging copy that
-/// claimed producers write records of at least that many bytes into (a GPU ring's copy-engine
-/// path), so the consumer sees such records only if every staged span was moved into place.
-pub fn run_model(cap: u64, mode: WrapMode, staging: Option<u64>, ops: Vec<Op>) {
+/// Runs `ops` on a ring of `cap` bytes; with `staging` (record bytes, pending bytes), the sink
+/// has a staging copy that claimed producers write records of at least that many bytes into once
+/// that many bytes are pending before them (a GPU ring's copy-engine path), so the consumer sees such records only if every staged span was moved into place.
+pub fn run_model(cap: u64, mode: WrapMode, staging: Option<(u64, u64)>, ops: Vec<Op>) {
     let head_word = HeadWord::new(0);
     let inner = match staging {
-        Some(threshold) => HostSink::with_staging(cap, threshold).unwrap(),
+        Some((threshold, after)) => HostSink::with_staging_after(cap, threshold, after).unwrap(),
         None => HostSink::new(cap).unwrap(),
     };
     let sink = LoggingSink {

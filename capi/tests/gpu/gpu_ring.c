@@ -335,8 +335,13 @@ static void run_lanes(CUmodule module)
     CHECK(third == NULL, "%s: a third producer on two lanes", what);
     CHECK(last_error_contains("every one of the ring's 2 lanes has a producer"), "%s: explains",
           what);
-    /* One producer publishes by a small policy with a time bound, the other by the default. */
+    /* One producer publishes by a small policy with a time bound; the other gathers up to 1 MiB,
+     * so its large records are staged (the copy engine takes them once a batch has 64 KiB
+     * pending before them). */
     CHECK(vkgdr_ring_producer_set_flush_policy(workers[1].producer, 16384, 100000) ==
+              VKGDR_SUCCESS,
+          "%s: policy", what);
+    CHECK(vkgdr_ring_producer_set_flush_policy(workers[0].producer, 1u << 20, -1) ==
               VKGDR_SUCCESS,
           "%s: policy", what);
     for (i = 0; i < 2; i++) {

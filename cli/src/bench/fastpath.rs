@@ -246,14 +246,15 @@ fn small(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
     let children = if opts.quick { 3 } else { 8 };
     ui::phase("small writes", 6);
     ui::step(format!("first write in {children} fresh processes"));
-    let (mut first, mut second, mut raw_page, mut new_page) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut first, mut second, mut raw_page, mut new_page, mut new_chunk) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..children {
-        let [f, s, r, n] = first_write_child()?;
+        let [f, s, r, n, c] = first_write_child()?;
         first.push(f);
         second.push(s);
         raw_page.push(r);
         new_page.push(n);
+        new_chunk.push(c);
     }
     push(
         &mut report,
@@ -278,6 +279,12 @@ fn small(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
         "write into an untouched page, same process",
         HELLO.len() as u64,
         &new_page,
+    );
+    push(
+        &mut report,
+        "raw store + sfence into a new 4 MiB allocation, same process",
+        1,
+        &new_chunk,
     );
 
     let budget = if opts.quick {
@@ -344,8 +351,9 @@ fn small(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
 }
 
 /// Spawns this executable as a first-write child; returns its first write, second write, raw
-/// store into an untouched page and write into another untouched page, in ns.
-fn first_write_child() -> BenchResult<[f64; 4]> {
+/// store into an untouched page, write into another untouched page and raw store into a new
+/// chunk, in ns.
+fn first_write_child() -> BenchResult<[f64; 5]> {
     let exe = std::env::current_exe().map_err(|e| BenchError::io(std::path::Path::new("."), e))?;
     let out = Command::new(&exe)
         .args(["bench", CHILD_ARG])
@@ -374,9 +382,10 @@ fn first_write_child() -> BenchResult<[f64; 4]> {
 }
 
 /// The child: what `examples/hello` does, timing its write and a second one, then what a page
-/// of the mapping costs on its own: one raw store + `sfence` into a page no one touched, and a
-/// write into another such page. Prints `first-write-ns FIRST SECOND RAW_PAGE NEW_PAGE`; fails
-/// if the write started a thread.
+/// of the mapping costs on its own: one raw store + `sfence` into a page no one touched, a write
+/// into another such page, and a raw store into a new allocation of its own chunk. Prints
+/// `first-write-ns FIRST SECOND RAW_PAGE NEW_PAGE NEW_CHUNK`; fails if the write started a
+/// thread.
 pub fn child_main() -> BenchResult<()> {
     let gpu = Gpu::open(0)?;
     let mut mem = gpu.alloc(1 << 20)?;
@@ -394,6 +403,12 @@ pub fn child_main() -> BenchResult<()> {
     let t = Instant::now();
     mem.write(768 << 10, HELLO)?;
     let new_page = t.elapsed().as_nanos();
+    // A chunk of its own (larger than what is carved), its first touch after the library's.
+    let other = gpu.alloc(4 << 20)?;
+    let t = Instant::now();
+    // SAFETY: the first byte of the 4 MiB allocation is ours; `byte` is a distinct buffer.
+    unsafe { copy_to_mapping(other.host_ptr(), &byte) };
+    let new_chunk = t.elapsed().as_nanos();
     let mut back = vec![0u8; HELLO.len()];
     mem.read_dma(0, &mut back)?;
     if back != HELLO {
@@ -404,7 +419,7 @@ pub fn child_main() -> BenchResult<()> {
             "a small write started the global copy pool".into(),
         ));
     }
-    println!("first-write-ns {first} {second} {raw_page} {new_page}");
+    println!("first-write-ns {first} {second} {raw_page} {new_page} {new_chunk}");
     Ok(())
 }
 

@@ -71,6 +71,7 @@ impl<S: RingSink> RingCore<S> {
             policy: FlushPolicy::default(),
             pending_since: None,
             stage_at: self.sink.stage_threshold().unwrap_or(u64::MAX),
+            stage_after: self.sink.stage_after_pending(),
             staged_from: None,
         })
     }
@@ -111,8 +112,10 @@ impl Default for FlushPolicy {
 /// format, the same wrap PADs), so a consumer cannot tell the two apart.
 ///
 /// **Large records.** Where the sink offers a staging copy ([`RingSink::stage_threshold`]: a
-/// GPU ring's copy-engine path), records of at least that size are written there, and so is
-/// everything after the first of them until the next publication; the publication then has the
+/// GPU ring's copy-engine path), records of at least that size are written there once the batch
+/// has [`RingSink::stage_after_pending`] bytes pending before them (so a lone push or a short
+/// batch keeps the direct path), and so is everything after the first of them until the next
+/// publication; the publication then has the
 /// sink move `[first staged position, tail)` into place before the tail. Records before the
 /// first staged one keep the direct path. So a batch is one direct span and one staged span, in
 /// position order, and the consumer's view is the same either way.
@@ -130,8 +133,10 @@ pub struct Producer<'a, S: RingSink> {
     policy: FlushPolicy,
     /// When the oldest unpublished record was written (tracked only with a `max_delay`).
     pending_since: Option<Instant>,
-    /// Records of at least this size are staged (`u64::MAX`: none).
+    /// Records of at least this size are staged (`u64::MAX`: none)...
     stage_at: u64,
+    /// ... once this many bytes are pending before them.
+    stage_after: u64,
     /// The first staged position since the last publication: everything from here to `pos` is
     /// in the sink's staging copy.
     staged_from: Option<u64>,
@@ -301,10 +306,12 @@ impl<'a, S: RingSink> Producer<'a, S> {
     }
 
     /// Whether the bytes of a record (or wrap PAD) of `size` bytes at `pos` go to the sink's
-    /// staging copy: a large record does, and so does everything after a staged record until
-    /// the next publication, which keeps the staged span `[staged_from, pos)` whole.
+    /// staging copy: a large record in a batch long enough does, and so does everything after a
+    /// staged record until the next publication, which keeps the staged span
+    /// `[staged_from, pos)` whole.
     fn staging(&mut self, pos: u64, size: u64) -> bool {
-        if size >= self.stage_at || self.staged_from.is_some() {
+        let large = size >= self.stage_at && pos - self.published >= self.stage_after;
+        if large || self.staged_from.is_some() {
             self.staged_from.get_or_insert(pos);
             true
         } else {

@@ -55,6 +55,14 @@ pub trait RingSink {
         None
     }
 
+    /// A large record is staged only once this many bytes (records with headers) are pending
+    /// before it in the producer's unpublished batch: a publication must carry enough to pay for
+    /// what a staged one costs (a copy engine's: a few driver calls). `0` (the default): every
+    /// large record.
+    fn stage_after_pending(&self) -> u64 {
+        0
+    }
+
     /// Stores `bytes` at `offset` of the staging copy; the consumer sees them only after a
     /// [`publish_staged`](Self::publish_staged) whose range covers them. The default writes
     /// them in place (a sink without staging).
@@ -89,8 +97,9 @@ pub trait RingSink {
 pub struct HostSink {
     data: Box<[AtomicU8]>,
     tail: CachePadded<AtomicU64>,
-    /// A staging copy and its threshold ([`with_staging`](Self::with_staging)).
-    staging: Option<(Box<[AtomicU8]>, u64)>,
+    /// A staging copy, its record threshold and the bytes pending before a staged record
+    /// ([`with_staging`](Self::with_staging)).
+    staging: Option<(Box<[AtomicU8]>, u64, u64)>,
 }
 
 impl HostSink {
@@ -109,8 +118,18 @@ impl HostSink {
     /// region before it stores the tail, as a copy engine does for a GPU ring. For testing the
     /// producer's choice of path against a model.
     pub fn with_staging(capacity: u64, threshold: u64) -> Result<Self, RingError> {
+        Self::with_staging_after(capacity, threshold, 0)
+    }
+
+    /// [`with_staging`](Self::with_staging), staging a large record only once `after_pending`
+    /// bytes are pending before it (see [`RingSink::stage_after_pending`]).
+    pub fn with_staging_after(
+        capacity: u64,
+        threshold: u64,
+        after_pending: u64,
+    ) -> Result<Self, RingError> {
         Ok(Self {
-            staging: Some((zeroed(capacity)?, threshold)),
+            staging: Some((zeroed(capacity)?, threshold, after_pending)),
             ..Self::new(capacity)?
         })
     }
@@ -142,13 +161,17 @@ impl RingSink for HostSink {
     }
 
     fn stage_threshold(&self) -> Option<u64> {
-        self.staging.as_ref().map(|(_, threshold)| *threshold)
+        self.staging.as_ref().map(|(_, threshold, _)| *threshold)
+    }
+
+    fn stage_after_pending(&self) -> u64 {
+        self.staging.as_ref().map_or(0, |(_, _, after)| *after)
     }
 
     /// # Safety
     /// As the trait says; checked as [`write`](RingSink::write) is.
     unsafe fn stage(&self, offset: u64, bytes: &[u8]) {
-        let Some((staging, _)) = &self.staging else {
+        let Some((staging, _, _)) = &self.staging else {
             // SAFETY: forwarded (a sink without staging writes in place).
             return unsafe { self.write(offset, bytes) };
         };
@@ -159,7 +182,7 @@ impl RingSink for HostSink {
     }
 
     unsafe fn publish_staged(&self, from: u64, tail: u64) {
-        if let Some((staging, _)) = &self.staging {
+        if let Some((staging, _, _)) = &self.staging {
             let mask = self.data.len() as u64 - 1;
             for pos in from..tail {
                 let i = (pos & mask) as usize;

@@ -914,3 +914,29 @@ fn a_staged_record_written_in_place_and_a_staged_wrap_pad_reach_the_consumer() {
     let report = verify_records(ring.sink(), 2 * 1040, ring.sink().tail(), 2);
     assert_eq!((report.records, report.errors, report.next_seq), (3, 0, 5));
 }
+
+#[test]
+fn a_large_record_is_staged_only_after_enough_pending_bytes() {
+    // Records of 256 bytes or more are staged once 1024 bytes are pending before them.
+    let ring = RingCore::new(CAP, HostSink::with_staging_after(CAP, 256, 1024).unwrap()).unwrap();
+    let mut p = ring.claim(|| Ok(0)).unwrap();
+    p.set_policy(FlushPolicy {
+        max_pending_bytes: u64::MAX,
+        max_delay: None,
+    });
+    p.push(&sealed(600, 0), None).unwrap(); // a lone large record: in place
+    assert_eq!(header_at(&ring, 0).seq, 0);
+    p.write(&sealed(600, 1), None).unwrap(); // 0 pending before it: in place
+    p.write(&sealed(600, 2), None).unwrap(); // 624 pending: in place
+    let third = 3 * 624;
+    assert_eq!(header_at(&ring, third - 624).seq, 2);
+    p.write(&sealed(600, 3), None).unwrap(); // 1248 pending: staged
+    assert_eq!(
+        header_at(&ring, third).len,
+        0,
+        "staged, not in place before publishing"
+    );
+    drop(p);
+    let report = verify_records(ring.sink(), 0, ring.sink().tail(), 0);
+    assert_eq!((report.records, report.errors, report.next_seq), (4, 0, 4));
+}

@@ -261,7 +261,14 @@ impl VulkanContext {
         });
         mapped.and_then(|p| {
             crate::driver::isolation::exclude_from_fork(p.as_ptr(), size as usize)
-                .map(|()| p)
+                .map(|()| {
+                    // The mapping's first touch is where the driver sets it up (a fault into its
+                    // mmap handler): take it here, not in the first write of the memory.
+                    // SAFETY: `p` is the start of a live mapping of at least one byte; a
+                    // volatile load of a `u8` is valid for any contents.
+                    let _ = unsafe { std::ptr::read_volatile(p.as_ptr()) };
+                    p
+                })
                 .inspect_err(|_| {
                     // SAFETY: mapped just above, used by nothing yet.
                     unsafe { self.device.unmap_memory(memory) }

@@ -21,7 +21,9 @@ mod owned;
 mod persistent;
 mod sink;
 
-pub use copy_engine::{CopyEngine, CopyEngineStats, DEFAULT_COPY_ENGINE_RECORD, LANDED_OFFSET};
+pub use copy_engine::{
+    CopyEngine, CopyEngineStats, DEFAULT_COPY_ENGINE_RECORD, LANDED_OFFSET, STAGE_AFTER_PENDING,
+};
 pub use launch::LaunchRing;
 pub use owned::OwnedProducer;
 pub use persistent::{

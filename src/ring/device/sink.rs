@@ -201,6 +201,10 @@ impl RingSink for BarSink {
         self.copy.get().and(self.copy_from)
     }
 
+    fn stage_after_pending(&self) -> u64 {
+        super::copy_engine::STAGE_AFTER_PENDING
+    }
+
     unsafe fn stage(&self, offset: u64, bytes: &[u8]) {
         debug_assert!(offset + bytes.len() as u64 <= self.capacity);
         match self.copy.get() {
