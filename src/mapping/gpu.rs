@@ -1,6 +1,7 @@
 //! [`Gpu`]: the handle everything else hangs from — one CUDA device with its matching Vulkan
 //! device.
 
+use crate::mapping::host_staging::{HostStaging, HostStagingCache};
 use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -97,7 +98,7 @@ struct GpuInner {
     copy_stream: OnceLock<SendSyncPtr<c_void>>,
     /// `cuMemHostAlloc` buffers that copies read from, kept for reuse (freeing one would wait
     /// for running kernels).
-    host_staging: crate::mapping::host_staging::HostStagingCache,
+    host_staging: Arc<HostStagingCache>,
 }
 
 /// One live raw allocation of a [`Gpu`] ([`Gpu::allocations`]).
@@ -538,10 +539,12 @@ impl Gpu {
         }
     }
 
-    /// The cache of pinned host buffers that copies read from
-    /// ([`HostStaging`](crate::mapping::host_staging::HostStaging)).
-    pub(crate) fn host_staging_cache(&self) -> &crate::mapping::host_staging::HostStagingCache {
-        &self.inner.host_staging
+    /// `len` bytes of pinned host memory for copies to read from, reused from this handle's
+    /// cache where one of that length was dropped ([`HostStaging`]).
+    pub(crate) fn host_staging(&self, len: usize) -> Result<HostStaging> {
+        let context = self.context()?;
+        // SAFETY: our live context, and the cache is ours.
+        unsafe { HostStaging::new(self.driver(), context, &self.inner.host_staging, len) }
     }
 
     /// The device's VMM facts, where memory is mapped through VMM.

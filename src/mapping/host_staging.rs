@@ -8,16 +8,17 @@
 //! `clflush` on the CPU side: the GPU keeps what it read. Copies into it, which the staged reads
 //! use, are not affected. `cuMemHostAlloc` memory is read fresh on every copy, but
 //! `cuMemFreeHost` waits for every running kernel; so these buffers are never freed while the
-//! handle lives: a dropped buffer goes back to its [`Gpu`]'s cache for the next one of its size,
-//! and the cache is freed with the last handle of the `Gpu`.
+//! handle lives: a dropped buffer goes back to its [`Gpu`](crate::Gpu)'s cache for the next one
+//! of its size, and the cache is freed with the last handle of the `Gpu`.
 #![allow(unsafe_code)] // raw pinned host memory and its driver calls
+
+use std::sync::Arc;
 
 use crate::core::handle::{assert_send_sync, SendSyncPtr};
 use crate::driver::cuda::{ContextGuard, CuContext, Driver};
 use crate::error::{Error, Result};
-use crate::mapping::gpu::Gpu;
 
-/// Buffers a [`Gpu`] keeps for reuse: `(length, host pointer)`.
+/// Buffers a [`Gpu`](crate::Gpu) keeps for reuse: `(length, host pointer)`.
 #[derive(Default)]
 pub(crate) struct HostStagingCache(crate::core::sync::lock::Mutex<Vec<(usize, SendSyncPtr<u8>)>>);
 
@@ -52,9 +53,10 @@ impl HostStagingCache {
 }
 
 /// `len` bytes of pinned host memory that copies read with `cuMemcpyHtoDAsync`; on drop it
-/// returns to its [`Gpu`]'s cache (drop it only once the copies that read it have run).
+/// returns to its cache (drop it only once the copies that read it have run, and while the
+/// cache's [`Gpu`](crate::Gpu) lives: the cache is freed with it).
 pub(crate) struct HostStaging {
-    gpu: Gpu,
+    cache: Arc<HostStagingCache>,
     ptr: SendSyncPtr<u8>,
     len: usize,
 }
@@ -62,25 +64,32 @@ pub(crate) struct HostStaging {
 const _: () = assert_send_sync::<HostStaging>();
 
 impl HostStaging {
-    /// A buffer of `len` bytes: a cached one of that length, or a new `cuMemHostAlloc`.
-    pub(crate) fn new(gpu: &Gpu, len: usize) -> Result<HostStaging> {
-        if let Some(ptr) = gpu.host_staging_cache().take(len) {
-            return Ok(HostStaging {
-                gpu: gpu.clone(),
-                ptr,
-                len,
-            });
+    /// A buffer of `len` bytes: a cached one of that length, or a new `cuMemHostAlloc` in
+    /// `context` (the cache owner's, current on this thread after the call as before it).
+    ///
+    /// # Safety
+    /// - `context` is the live context of the handle that owns `cache`.
+    pub(crate) unsafe fn new(
+        driver: &Driver,
+        context: CuContext,
+        cache: &Arc<HostStagingCache>,
+        len: usize,
+    ) -> Result<HostStaging> {
+        let cache = Arc::clone(cache);
+        if let Some(ptr) = cache.take(len) {
+            return Ok(HostStaging { cache, ptr, len });
         }
-        let _ctx = gpu.bind()?;
+        // SAFETY: a live context (the caller's contract).
+        let _ctx = unsafe { ContextGuard::push(driver, context) }?;
         let p = crate::driver::failpoint::inject("cuMemHostAlloc", || {
-            crate::driver::cuda::injected_failure(gpu.driver(), "cuMemHostAlloc")
+            crate::driver::cuda::injected_failure(driver, "cuMemHostAlloc")
         })
-        .and_then(|()| gpu.driver().cu_mem_alloc_host(len, 0))?;
+        .and_then(|()| driver.cu_mem_alloc_host(len, 0))?;
         if p.is_null() {
             return Err(Error::internal("cuMemHostAlloc returned a null pointer"));
         }
         Ok(HostStaging {
-            gpu: gpu.clone(),
+            cache,
             ptr: SendSyncPtr::new(p.cast::<u8>()),
             len,
         })
@@ -94,6 +103,6 @@ impl HostStaging {
 
 impl Drop for HostStaging {
     fn drop(&mut self) {
-        self.gpu.host_staging_cache().put(self.len, self.ptr);
+        self.cache.put(self.len, self.ptr);
     }
 }

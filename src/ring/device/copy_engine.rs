@@ -26,6 +26,7 @@
 //! kernel.
 #![allow(unsafe_code)] // raw copies into the staging copy and driver calls on the lane's stream
 
+use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -35,9 +36,6 @@ use crate::error::{Error, Result};
 use crate::mapping::cuda_objects::Stream;
 use crate::mapping::gpu::Gpu;
 use crate::mapping::host_staging::HostStaging;
-
-use super::persistent::{HOST_STRIDE, TAIL_STRIDE};
-use super::sink::RingMemory;
 
 /// Offset of a lane's *landed* word from its `head` word in pinned host memory: the last tail
 /// the lane's copy stream has stored.
@@ -103,6 +101,17 @@ pub struct CopyEngineStats {
     pub unavailable: Option<String>,
 }
 
+/// Where a lane's copies and stream stores go.
+pub(super) struct LaneWords {
+    /// Device address of the lane's data region.
+    pub(super) region_dev: u64,
+    /// Device address of the lane's tail word (GPU memory).
+    pub(super) tail_dev: u64,
+    /// Device and host address of the lane's landed word (pinned host memory).
+    pub(super) landed_dev: u64,
+    pub(super) landed: SendSyncPtr<u8>,
+}
+
 /// One lane's staging copy, stream and counters.
 pub(super) struct LaneCopy {
     gpu: Gpu,
@@ -122,42 +131,41 @@ pub(super) struct LaneCopy {
     fallbacks: AtomicU64,
     /// What the queued copies read and write, kept until they have run; `None` only while
     /// dropping.
-    keep: Option<(HostStaging, Stream, Arc<RingMemory>)>,
+    keep: Option<(HostStaging, Stream, Arc<dyn Any + Send + Sync>)>,
 }
 // `Send + Sync` by its fields, as the compiler checks here.
 const _: () = assert_send_sync::<LaneCopy>();
 
 impl LaneCopy {
-    /// Makes lane `lane`'s staging copy (`capacity` bytes of pinned host memory from the `Gpu`'s
+    /// Makes a lane's staging copy (`capacity` bytes of pinned host memory from the `Gpu`'s
     /// cache, so that dropping the ring never frees it under a kernel) and its non-blocking
     /// stream, and checks that the stream can store 64-bit words (stream memory operations).
+    /// `words` are the device addresses of the lane's region, tail word and landed word and the
+    /// host address of the landed word, all inside `memory`, which is kept until the copies
+    /// queued on the stream have run.
     pub(super) fn new(
         gpu: &Gpu,
-        memory: &Arc<RingMemory>,
-        lane: usize,
-        region_dev: u64,
+        memory: Arc<dyn Any + Send + Sync>,
+        words: LaneWords,
         capacity: u64,
     ) -> Result<LaneCopy> {
         let len = usize::try_from(capacity)
             .map_err(|_| Error::internal("ring capacity beyond the address space"))?;
-        let staging = HostStaging::new(gpu, len)?;
+        let staging = gpu.host_staging(len)?;
         let stream = Stream::new(gpu)?;
-        let lane = lane as u64;
-        let landed_at = lane * HOST_STRIDE + LANDED_OFFSET;
         let copy = LaneCopy {
             gpu: gpu.clone(),
             stream: SendSyncPtr::new(stream.raw()),
             staging: SendSyncPtr::new(staging.as_ptr()),
-            region_dev,
-            tail_dev: memory.control.device_ptr() + lane * TAIL_STRIDE,
-            landed_dev: memory.host_words.device_ptr() + landed_at,
-            // In range: the host words hold `lanes * HOST_STRIDE` bytes or more.
-            landed: SendSyncPtr::new(memory.host_words.as_ptr().wrapping_add(landed_at as usize)),
+            region_dev: words.region_dev,
+            tail_dev: words.tail_dev,
+            landed_dev: words.landed_dev,
+            landed: words.landed,
             queued: AtomicU64::new(0),
             copies: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             fallbacks: AtomicU64::new(0),
-            keep: Some((staging, stream, Arc::clone(memory))),
+            keep: Some((staging, stream, memory)),
         };
         // Stores 0 (what the word holds) through the stream: fails here, not in a publication,
         // where the driver lacks `cuStreamWriteValue64`.

@@ -17,7 +17,7 @@ use crate::mapping::arena::Arena;
 use crate::mapping::cuda_objects::{Event, PinnedBuffer, Stream};
 use crate::mapping::gpu::Gpu;
 
-use super::copy_engine::{CopyEngine, CopyEngineStats, LaneCopy};
+use super::copy_engine::{CopyEngine, CopyEngineStats, LaneCopy, LaneWords, LANDED_OFFSET};
 use super::sink::{BarSink, RingData, RingMemory};
 
 /// Bytes between two lanes' `tail` words in the control allocation (own 128-byte line each).
@@ -321,13 +321,21 @@ impl DeviceRing {
         {
             return;
         }
-        match LaneCopy::new(
-            &self.gpu,
-            &self.memory,
-            lane,
-            sink.region_device_ptr(),
-            sink.capacity,
-        ) {
+        let landed_at = lane as u64 * HOST_STRIDE + LANDED_OFFSET;
+        let words = LaneWords {
+            region_dev: sink.region_device_ptr(),
+            tail_dev: self.memory.control.device_ptr() + lane as u64 * TAIL_STRIDE,
+            landed_dev: self.memory.host_words.device_ptr() + landed_at,
+            // In range: the host words hold `lanes * HOST_STRIDE` bytes or more.
+            landed: SendSyncPtr::new(
+                self.memory
+                    .host_words
+                    .as_ptr()
+                    .wrapping_add(landed_at as usize),
+            ),
+        };
+        let memory = Arc::clone(&self.memory);
+        match LaneCopy::new(&self.gpu, memory, words, sink.capacity) {
             // Two threads may race here for one lane; the loser's copy is dropped unused.
             Ok(copy) => drop(sink.copy.set(copy)),
             Err(e) => drop(self.copy_unavailable.set(e.to_string())),
