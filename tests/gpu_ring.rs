@@ -549,7 +549,10 @@ fn produce_lanes(ring: &DeviceRing, per_thread: u64, large: bool) -> Vec<LanePro
                     // Abandoned reservations take a seq but deliver no record: count records.
                     while out.records < per_thread {
                         let pos = p.core().reserved();
-                        match rng.gen_range(0..100) {
+                        // Every other stretch of 2,000 records only writes (published by the
+                        // policy), so batches grow past the copy engine's 64 KiB.
+                        let write_only = (out.records / 2_000) % 2 == 1;
+                        match if write_only { 0 } else { rng.gen_range(0..100) } {
                             0..=69 => {
                                 let (body, sum) = payload(&mut rng, p.next_seq());
                                 p.write(&body, limit).unwrap();
