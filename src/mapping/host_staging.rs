@@ -37,6 +37,11 @@ impl HostStagingCache {
     /// Frees every cached buffer (the owning handle is going away; `context` is still alive).
     pub(crate) fn free_all(&self, driver: &Driver, context: Option<CuContext>) {
         let cached = std::mem::take(&mut *self.0.lock());
+        // Nothing to free, nothing to push: a borrowed context may be gone by now (its owner
+        // destroyed it before dropping the last handle), and pushing it would be undefined.
+        if cached.is_empty() {
+            return;
+        }
         let Some(context) = context else {
             return;
         };
