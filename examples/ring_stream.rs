@@ -3,7 +3,8 @@
 //! Four threads each take a lane of one [`DeviceRing`] (`ring.producer()`) and send batches of
 //! sensor samples (`u32` sensor id, `u32` count, `count` values): mostly short ones, which go
 //! through the BAR, and every 64th a long waveform of 8 KiB, which the ring hands to a copy engine
-//! (records of 4 KiB and more in a batch of 64 KiB or more, `RingOptions::copy_engine`);
+//! (turned on with `RingOptions::copy_engine`: records of 4 KiB and more in a batch of 64 KiB or
+//! more);
 //! `ring_stream_consumer`
 //! (kernels/ring_stream.cu, built on include/vkgdr/ring.cuh) sums every record's values, one
 //! thread per record, and adds per lane how many records it saw and their total to the lane's
@@ -16,8 +17,9 @@ use std::time::{Duration, Instant};
 
 use vkgdr::cuda_objects::{LaunchConfig, Module, Stream};
 use vkgdr::ring::core::FlushPolicy;
+use vkgdr::ring::device::DEFAULT_COPY_ENGINE_RECORD;
 use vkgdr::ring::layout::WrapMode;
-use vkgdr::ring::{DeviceRing, RingDeviceView};
+use vkgdr::ring::{CopyEngine, DeviceRing, RingDeviceView, RingOptions};
 use vkgdr::Gpu;
 
 const PTX: &str = include_str!("../kernels/ring_stream.ptx");
@@ -55,7 +57,13 @@ fn run() -> vkgdr::Result<()> {
     let gpu = Gpu::open(0)?;
     let module = Module::load_ptx(&gpu, PTX)?;
     let consumer = module.function("ring_stream_consumer")?;
-    let ring = DeviceRing::with_lanes(&gpu, 4 << 20, LANES, WrapMode::Padded)?;
+    // The copy engine is off by default: on for records of 4 KiB and more.
+    let options = RingOptions {
+        lanes: LANES,
+        wrap: WrapMode::Padded,
+        copy_engine: CopyEngine::FromRecord(DEFAULT_COPY_ENGINE_RECORD),
+    };
+    let ring = DeviceRing::with_options(&gpu, 4 << 20, options)?;
     let stream = Stream::new(&gpu)?;
 
     let mut view: RingDeviceView = ring.device_view();

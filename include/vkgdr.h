@@ -268,10 +268,11 @@ typedef struct vkgdr_ring_options {
   uint32_t flags;
   /**
    * Records of at least this many bytes in the ring (16-byte header and padding to 16
-   * included) that a `vkgdr_ring_producer_t` writes are staged in pinned host memory and
-   * moved by a copy engine, which outruns CPU stores through the BAR for large records;
-   * smaller ones, and every record of `vkgdr_ring_push` and `vkgdr_ring_reserve`, take the
-   * BAR. 0 turns the copy engine off. Default 4096; at most `UINT32_MAX`.
+   * included) that a `vkgdr_ring_producer_t` writes, once its batch has 64 KiB pending before
+   * them, are staged in pinned host memory and moved by a copy engine, which outruns CPU
+   * stores through the BAR when several producers stream large records; smaller ones, lone
+   * ones, and every record of `vkgdr_ring_push` and `vkgdr_ring_reserve`, take the BAR.
+   * 0 (the default) keeps the copy engine off; 4096 is a good value; at most `UINT32_MAX`.
    */
   uint64_t copy_engine_record;
 } vkgdr_ring_options;
@@ -1207,8 +1208,7 @@ VKGDR_API uint32_t vkgdr_ring_producer_get_lane(vkgdr_ring_producer_t producer);
 VKGDR_API vkgdr_ring_t vkgdr_ring_create(vkgdr_t g, uint64_t capacity, uint32_t flags);
 
 /**
- * Fills `*options` with the defaults (one lane, padded, copy engine for records of 4096 bytes
- * and more) and sets `options->struct_size` to `struct_size`, which must be
+ * Fills `*options` with the defaults (one lane, padded, copy engine off) and sets `options->struct_size` to `struct_size`, which must be
  * `sizeof(vkgdr_ring_options)` as the caller sees it (only that many bytes are written).
  *
  * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` if `options` is NULL or `struct_size` too small.
@@ -1218,7 +1218,9 @@ VKGDR_API vkgdr_ring_t vkgdr_ring_create(vkgdr_t g, uint64_t capacity, uint32_t 
  * # Safety
  * - `options` is NULL or writable for `struct_size` bytes.
  */
-VKGDR_API int vkgdr_ring_options_init(struct vkgdr_ring_options *options, size_t struct_size);
+VKGDR_API
+int vkgdr_ring_options_init(struct vkgdr_ring_options *options,
+                            size_t struct_size);
 
 /**
  * Creates a ring of `options->lanes` lanes of `capacity` bytes each (a power of two, at least

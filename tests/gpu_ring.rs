@@ -44,6 +44,19 @@ fn min_crossings() -> u64 {
 }
 const PRODUCERS: u64 = 4;
 
+/// The copy engine as a user turns it on: records of 4 KiB and more.
+const LARGE_ON_COPY_ENGINE: CopyEngine =
+    CopyEngine::FromRecord(vkgdr::ring::device::DEFAULT_COPY_ENGINE_RECORD);
+
+/// Two padded lanes with the copy engine on for large records.
+fn two_lanes_on_copy_engine() -> RingOptions {
+    RingOptions {
+        lanes: 2,
+        wrap: WrapMode::Padded,
+        copy_engine: LARGE_ON_COPY_ENGINE,
+    }
+}
+
 /// Largest payload `payload_len` returns with `large`.
 const LARGE_MAX: u32 = 256 << 10;
 
@@ -680,7 +693,7 @@ fn lanes_persistent(
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
 fn lanes_checking_kernel_a_million_records() {
-    lanes_persistent(false, records(), WrapMode::Padded, 4, CopyEngine::default());
+    lanes_persistent(false, records(), WrapMode::Padded, 4, LARGE_ON_COPY_ENGINE);
 }
 
 #[test]
@@ -733,7 +746,7 @@ fn lanes_checking_kernel_forced_non_coherent() {
         records() / 4,
         WrapMode::Padded,
         4,
-        CopyEngine::default(),
+        LARGE_ON_COPY_ENGINE,
     );
 }
 
@@ -745,7 +758,7 @@ fn mirrored_lanes_checking_kernel() {
         records() / 2,
         WrapMode::Mirrored,
         4,
-        CopyEngine::default(),
+        LARGE_ON_COPY_ENGINE,
     );
 }
 
@@ -757,7 +770,7 @@ fn mirrored_lanes_forced_non_coherent() {
         records() / 8,
         WrapMode::Mirrored,
         2,
-        CopyEngine::default(),
+        LARGE_ON_COPY_ENGINE,
     );
 }
 
@@ -813,7 +826,7 @@ fn dropping_a_ring_stops_its_watched_consumer_and_frees_after_it() {
     let gpu = open(false);
     let module = Module::load_ptx(&gpu, RING_PTX).unwrap();
     let stream = Stream::new(&gpu).unwrap();
-    let ring = DeviceRing::with_lanes(&gpu, 1 << 20, 2, WrapMode::Padded).unwrap();
+    let ring = DeviceRing::with_options(&gpu, 1 << 20, two_lanes_on_copy_engine()).unwrap();
     launch_check_lanes(&module, &ring, &stream);
     let after = Event::new(&gpu).unwrap();
     after.record(&stream).unwrap();
@@ -872,8 +885,9 @@ fn owned_producers_move_into_threads() {
     let gpu = open(false);
     let module = Module::load_ptx(&gpu, RING_PTX).unwrap();
     let stream = Stream::new(&gpu).unwrap();
-    let ring =
-        std::sync::Arc::new(DeviceRing::with_lanes(&gpu, 1 << 20, 2, WrapMode::Padded).unwrap());
+    let ring = std::sync::Arc::new(
+        DeviceRing::with_options(&gpu, 1 << 20, two_lanes_on_copy_engine()).unwrap(),
+    );
     launch_check_lanes(&module, &ring, &stream);
     let producers: Vec<_> = (0..2).map(|_| ring.owned_producer().unwrap()).collect();
     assert!(

@@ -13,7 +13,7 @@ use std::time::Duration;
 // std's Mutex like crate::handles (Miri); a poisoned lock still holds a valid Option.
 use std::sync::{Mutex, PoisonError};
 use vkgdr::ring::core::{Reservation, RingError};
-use vkgdr::ring::device::{DEFAULT_COPY_ENGINE_RECORD, MAX_LANES};
+use vkgdr::ring::device::MAX_LANES;
 use vkgdr::ring::layout::{WrapMode, RESULT_WORDS};
 use vkgdr::ring::{BarSink, CopyEngine, DeviceRing, RingOptions};
 
@@ -104,10 +104,11 @@ pub struct vkgdr_ring_options {
     /// 0 or `VKGDR_RING_MIRRORED_BIT` (each lane then gets a region of its own mapped twice).
     pub flags: u32,
     /// Records of at least this many bytes in the ring (16-byte header and padding to 16
-    /// included) that a `vkgdr_ring_producer_t` writes are staged in pinned host memory and
-    /// moved by a copy engine, which outruns CPU stores through the BAR for large records;
-    /// smaller ones, and every record of `vkgdr_ring_push` and `vkgdr_ring_reserve`, take the
-    /// BAR. 0 turns the copy engine off. Default 4096; at most `UINT32_MAX`.
+    /// included) that a `vkgdr_ring_producer_t` writes, once its batch has 64 KiB pending before
+    /// them, are staged in pinned host memory and moved by a copy engine, which outruns CPU
+    /// stores through the BAR when several producers stream large records; smaller ones, lone
+    /// ones, and every record of `vkgdr_ring_push` and `vkgdr_ring_reserve`, take the BAR.
+    /// 0 (the default) keeps the copy engine off; 4096 is a good value; at most `UINT32_MAX`.
     pub copy_engine_record: u64,
 }
 
@@ -122,7 +123,7 @@ impl vkgdr_ring_options {
             struct_size: std::mem::size_of::<Self>(),
             lanes: 1,
             flags: 0,
-            copy_engine_record: u64::from(DEFAULT_COPY_ENGINE_RECORD),
+            copy_engine_record: 0,
         }
     }
 
@@ -279,8 +280,7 @@ pub unsafe extern "C" fn vkgdr_ring_create(g: vkgdr_t, capacity: u64, flags: u32
     })
 }
 
-/// Fills `*options` with the defaults (one lane, padded, copy engine for records of 4096 bytes
-/// and more) and sets `options->struct_size` to `struct_size`, which must be
+/// Fills `*options` with the defaults (one lane, padded, copy engine off) and sets `options->struct_size` to `struct_size`, which must be
 /// `sizeof(vkgdr_ring_options)` as the caller sees it (only that many bytes are written).
 ///
 /// Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` if `options` is NULL or `struct_size` too small.

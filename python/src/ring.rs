@@ -22,7 +22,7 @@ const WAIT_SLICE: Duration = Duration::from_millis(50);
 /// A ring buffer in BAR-mapped GPU memory that streams records to a running kernel (the
 /// consumers of ``kernels/ring.cu``, or your own on its wire format).
 ///
-/// ``DeviceRing(owner, capacity, *, mirrored=False, lanes=1, copy_engine=4096)``: ``capacity``
+/// ``DeviceRing(owner, capacity, *, mirrored=False, lanes=1, copy_engine=None)``: ``capacity``
 /// is a power of two of at least 4096 bytes per lane (for ``mirrored``, a multiple of the VMM
 /// granularity, 2 MiB on the H100). ``lanes`` (1 to 64) are independent sub-rings, each with
 /// its own tail, head and sequence numbers. ``push(data)`` appends one record from any thread
@@ -171,7 +171,7 @@ impl DeviceRing {
 #[pymethods]
 impl DeviceRing {
     #[new]
-    #[pyo3(signature = (owner, capacity, *, mirrored = false, lanes = 1, copy_engine = Some(4096)))]
+    #[pyo3(signature = (owner, capacity, *, mirrored = false, lanes = 1, copy_engine = None))]
     fn new(
         py: Python<'_>,
         owner: &Bound<'_, PyAny>,

@@ -142,7 +142,7 @@ def lane_record_len(k: int, salt: int) -> int:
 
 def test_lanes_with_producers_and_the_copy_engine_verified_by_the_kernel(cupy, cuda):
     gpu = vkgdr.Vkgdr(0)
-    ring = vkgdr.DeviceRing(gpu, 1 << 20, lanes=2)  # copy engine from 4096-byte records
+    ring = vkgdr.DeviceRing(gpu, 1 << 20, lanes=2, copy_engine=4096)  # off by default
     assert ring.lanes == 2
     view = ring.device_view
     assert view.lanes == 2 and view.lane_data != 0 and len(view.to_bytes()) == 64

@@ -239,7 +239,7 @@ class DeviceRing:
         *,
         mirrored: bool = False,
         lanes: int = 1,
-        copy_engine: Optional[int] = 4096,
+        copy_engine: Optional[int] = None,
     ) -> None: ...
     def push(self, data: Any, timeout: Optional[float] = None) -> int: ...
     def producer(self) -> "RingProducer":

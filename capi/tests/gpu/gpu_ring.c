@@ -293,9 +293,10 @@ static void run_lanes(CUmodule module)
     int i;
 
     CHECK(vkgdr_ring_options_init(&opts, sizeof opts) == VKGDR_SUCCESS && opts.lanes == 1 &&
-              opts.flags == 0 && opts.copy_engine_record == 4096,
+              opts.flags == 0 && opts.copy_engine_record == 0,
           "%s: option defaults", what);
     opts.lanes = 2;
+    opts.copy_engine_record = 4096; /* the copy engine is off by default */
     ring = vkgdr_ring_create_with_options(g, 1u << 20, &opts);
     CHECK(g != NULL && ring != NULL, "%s: open and create", what);
     if (ring == NULL) {

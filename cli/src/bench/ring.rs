@@ -312,6 +312,7 @@ fn throughput_rows() -> Vec<ThroughputRow> {
     use Produce::{Batch, Push, Shared};
     let auto = CopyEngine::default();
     let bar = CopyEngine::Off;
+    let large = CopyEngine::FromRecord(vkgdr::ring::device::DEFAULT_COPY_ENGINE_RECORD);
     // Every record (16 bytes is the smallest) through the copy engine.
     let engine = CopyEngine::FromRecord(16);
     let row = |consumer, how, producers, copy, sizes, name| ThroughputRow {
@@ -378,6 +379,22 @@ fn throughput_rows() -> Vec<ThroughputRow> {
             engine,
             LARGE_SIZES,
             "ring, 8 producers, batches, copy engine only, ack kernel",
+        ),
+        row(
+            AckLanes,
+            Batch,
+            8,
+            large,
+            ALL_SIZES,
+            "ring, 8 producers, batches, copy engine from 4 KiB, ack kernel",
+        ),
+        row(
+            Check,
+            Batch,
+            8,
+            large,
+            &[4096, 64 << 10],
+            "ring, 8 producers, batches, copy engine from 4 KiB, checking kernel",
         ),
         row(
             AckLanes,
@@ -598,7 +615,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     bw.notes.push(format!("batches: Producer::push_batch of {} KiB or {BATCH_RECORDS} records, whichever is more (at most {} MiB), one publication each; push per record: one publication per record; sharing 1 lane: reserve/write/commit through &DeviceRing (commit combining)", BATCH_BYTES >> 10, LANE_BYTES >> 22));
     bw.notes.push("ack kernel: publishes head = tail without reading the records (transport rate); checking kernel: ring_check_lanes, the device API's block reader (one block of 256 threads per lane) verifying every record's seq and checksum".into());
     bw.notes.push("cuMemcpyHtoDAsync: the same bytes from pinned memory into cuMemAlloc memory, back to back on one stream".into());
-    bw.notes.push(format!("copy engine: a producer's records of {} bytes and more (header included; RingOptions::copy_engine), once a batch has {} KiB pending before them, are written into a pinned host copy of the lane and moved by cuMemcpyHtoDAsync on the lane's stream, which then stores the tail; 'BAR only' rows never stage, 'copy engine only' rows stage records of every size (after the same {} KiB)", vkgdr::ring::device::DEFAULT_COPY_ENGINE_RECORD, vkgdr::ring::device::STAGE_AFTER_PENDING >> 10, vkgdr::ring::device::STAGE_AFTER_PENDING >> 10));
+    bw.notes.push(format!("copy engine (off by default, so the plain rows and the 'BAR only' rows take the BAR): with RingOptions::copy_engine = FromRecord({}) a producer's records of that size and more (header included), once a batch has {} KiB pending before them, are written into a pinned host copy of the lane and moved by cuMemcpyHtoDAsync on the lane's stream, which then stores the tail; 'copy engine only' rows stage records of every size (after the same {} KiB)", vkgdr::ring::device::DEFAULT_COPY_ENGINE_RECORD, vkgdr::ring::device::STAGE_AFTER_PENDING >> 10, vkgdr::ring::device::STAGE_AFTER_PENDING >> 10));
     lat.notes.push("round trip of one 64-byte record: published alone (Producer::push, or the shared reserve/commit) → kernel publishes head into pinned memory → CPU sees it; commit→seen is below this".into());
     Ok(vec![bw, lat, wrap])
 }

@@ -82,7 +82,7 @@ pub struct RingOptions {
 }
 
 impl Default for RingOptions {
-    /// One padded lane; records of 4 KiB and more from a producer take the copy engine.
+    /// One padded lane, every record through the BAR.
     fn default() -> Self {
         RingOptions {
             lanes: 1,
@@ -102,10 +102,10 @@ impl Default for RingOptions {
 /// * [`producer`](Self::producer) claims a lane for one thread: records are appended with no lock
 ///   and no atomic read-modify-write, and [`Producer::push_batch`] (or a
 ///   [`FlushPolicy`](crate::ring::core::FlushPolicy)) publishes a whole batch with one fence and
-///   one tail store. This is the fast path: give each producer thread its own lane. Its large
-///   records (4 KiB and more by default, [`RingOptions::copy_engine`]) are written into pinned
-///   host memory and moved by a copy engine, which outruns CPU stores through the BAR for them;
-///   the consumer cannot tell the difference.
+///   one tail store. This is the fast path: give each producer thread its own lane. With
+///   [`RingOptions::copy_engine`] on, large records in large batches are written into pinned
+///   host memory and moved by a copy engine, which outruns CPU stores through the BAR when
+///   several producers stream them; the consumer cannot tell the difference.
 /// * [`reserve`](Self::reserve) / [`push`](Self::push) from any thread, through `&self`: the
 ///   calling thread's lane (thread index modulo the lane count; lane 0 of a one-lane ring) is
 ///   shared by every thread that maps to it, with per-record commits in any order.
