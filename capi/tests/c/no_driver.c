@@ -303,7 +303,7 @@ static void ring_options_and_producers(void)
     memset(&opts, 0xAB, sizeof opts);
     CHECK(vkgdr_ring_options_init(&opts, sizeof opts) == VKGDR_SUCCESS, "ring options init");
     CHECK(opts.struct_size == sizeof opts && opts.lanes == 1 && opts.flags == 0 &&
-              opts.copy_engine_record == 4096,
+              opts.copy_engine_record == 0,
           "ring option defaults");
     CHECK(vkgdr_ring_options_init(NULL, sizeof opts) == VKGDR_ERROR, "NULL options");
     CHECK(vkgdr_ring_options_init(&opts, 4) == VKGDR_ERROR, "struct_size too small");
