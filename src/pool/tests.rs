@@ -324,9 +324,13 @@ fn stats_read_other_threads_caches_without_interrupting_them() {
     drop((a, b));
     assert_eq!(pool.stats().blocks_cached, 2);
     drop(pool.alloc(40, 16).unwrap());
-    assert_eq!(
-        (pool.stats().blocks_cached, pool.stats().bytes_cached),
-        (2, 96)
+    // A hit takes a 48-byte block and the free puts it back (2 blocks, 96 bytes); while another
+    // test's pool drop visits this thread's cache, both skip it and the free caches the new
+    // 40-byte block afterwards (3 blocks, 136 bytes). Either way the figures are the cache's.
+    let s = pool.stats();
+    assert!(
+        [(2, 96), (3, 136)].contains(&(s.blocks_cached, s.bytes_cached)),
+        "{s:?}"
     );
     magazine::release_thread_cache();
     assert_eq!(pool.stats().blocks_cached, 0);
