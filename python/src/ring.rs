@@ -460,9 +460,10 @@ impl RingProducer {
         self.record(py, data, timeout, OwnedProducer::push)
     }
 
-    /// Appends one record like ``push``, but publishes it only once 64 KiB of records wait, or
-    /// at the next ``push``, ``push_batch``, ``flush``, wait for space or ``close``: many
-    /// records for one fence and one tail store. Call ``flush()`` when a burst ends.
+    /// Appends one record like ``push``, but publishes it only by the flush policy (once 64 KiB
+    /// of records wait by default, ``set_flush_policy``), or at the next ``push``,
+    /// ``push_batch``, ``flush``, wait for space or ``close``: many records for one fence and
+    /// one tail store. Call ``flush()`` when a burst ends.
     #[pyo3(signature = (data, timeout = None))]
     fn write(
         &self,
