@@ -232,14 +232,7 @@ __device__ __forceinline__ void ring_check_window(const RingReader& rd, unsigned
                 const unsigned int len = window[sh->big[e]].x;
                 cnt = (len - (unsigned int)RING_TEST_PREFIX_LEN + 15u) / 16u;
             }
-            unsigned int incl = cnt;
-#pragma unroll
-            for (unsigned int d = 1; d < 32u; d <<= 1) {
-                const unsigned int y = __shfl_up_sync(0xFFFFFFFFu, incl, d);
-                if (lane >= d) {
-                    incl += y;
-                }
-            }
+            const unsigned int incl = vkgdr::warp_inclusive_sum(cnt);
             if (e < big) {
                 first[e + 1u] = (unsigned short)(total + incl);
             }

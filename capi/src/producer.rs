@@ -75,6 +75,31 @@ unsafe fn payload<'a>(payload: *const c_void, size: usize) -> CResult<&'a [u8]> 
     unsafe { crate::copy::host_slice(payload, size) }
 }
 
+/// A producer call that appends one record: [`OwnedProducer::push`] or [`OwnedProducer::write`].
+type AppendOp = fn(&mut OwnedProducer, &[u8], Option<Duration>) -> Result<u64, RingError>;
+
+/// The body of `vkgdr_ring_producer_push` and `_write`: one record through `op`, reported as
+/// [`record_result`] does.
+///
+/// # Safety
+/// - As for `vkgdr_ring_producer_push`: `payload` readable for `size` bytes, `seq` NULL or
+///   writable, `producer` not destroyed during the call.
+unsafe fn append(
+    op: AppendOp,
+    producer: vkgdr_ring_producer_t,
+    payload: *const c_void,
+    size: usize,
+    timeout_ns: i64,
+    seq: *mut u64,
+) -> CResult<c_int> {
+    // SAFETY: the caller does not destroy `producer` during the call.
+    let mut p = unsafe { self::producer(producer) }?;
+    // SAFETY: readable for `size` bytes (caller).
+    let bytes = unsafe { self::payload(payload, size) }?;
+    // SAFETY: `seq` is NULL or writable (caller).
+    unsafe { record_result(op(&mut p, bytes, timeout(timeout_ns)), seq) }
+}
+
 /// Creates the exclusive producer of one lane of `ring`: it claims a lane that has no producer
 /// and no shared reservation in flight (the search starts after the lane the previous producer
 /// took, so producers spread over the lanes). Records it writes are numbered 0, 1, 2, ... per
@@ -160,12 +185,17 @@ pub unsafe extern "C" fn vkgdr_ring_producer_push(
     seq: *mut u64,
 ) -> c_int {
     guard("vkgdr_ring_producer_push", VKGDR_ERROR, || {
-        // SAFETY: the caller does not destroy `producer` during the call.
-        let mut p = unsafe { self::producer(producer) }?;
-        // SAFETY: readable for `size` bytes (caller).
-        let bytes = unsafe { self::payload(payload, size) }?;
-        // SAFETY: `seq` is NULL or writable (caller).
-        unsafe { record_result(p.push(bytes, timeout(timeout_ns)), seq) }
+        // SAFETY: the caller's contract, forwarded.
+        unsafe {
+            append(
+                OwnedProducer::push,
+                producer,
+                payload,
+                size,
+                timeout_ns,
+                seq,
+            )
+        }
     })
 }
 
@@ -191,12 +221,17 @@ pub unsafe extern "C" fn vkgdr_ring_producer_write(
     seq: *mut u64,
 ) -> c_int {
     guard("vkgdr_ring_producer_write", VKGDR_ERROR, || {
-        // SAFETY: the caller does not destroy `producer` during the call.
-        let mut p = unsafe { self::producer(producer) }?;
-        // SAFETY: readable for `size` bytes (caller).
-        let bytes = unsafe { self::payload(payload, size) }?;
-        // SAFETY: `seq` is NULL or writable (caller).
-        unsafe { record_result(p.write(bytes, timeout(timeout_ns)), seq) }
+        // SAFETY: the caller's contract, forwarded.
+        unsafe {
+            append(
+                OwnedProducer::write,
+                producer,
+                payload,
+                size,
+                timeout_ns,
+                seq,
+            )
+        }
     })
 }
 

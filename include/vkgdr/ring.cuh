@@ -167,6 +167,41 @@ template <unsigned int THREADS> struct ReaderShared {
 #define VKGDR_RING_LINK_BAD 0xFFFFFFFFu
 #define VKGDR_RING_LINK_WRAP 0x80000000u // the chunk is a wrap PAD's header
 
+// Publishes the head of a reader at `pos` (every thread calls it, after the group is done):
+// when the reader has caught up with `tail`, when a quarter of the ring was consumed since
+// `released`, or when `force` is set. The block's reads (ordered by the barrier) come before the
+// head store; loads a reader made ahead lie at or above the new head.
+__device__ __forceinline__ void publish_head(const RingLane& lane, u64 pos, u64 tail,
+                                             u64& released, bool force)
+{
+    block_sync(); // every thread's reads of the group are done
+    if (lane.head == 0 || pos == released) {
+        return;
+    }
+    if (force || pos == tail || pos - released >= lane.capacity / 4ull) {
+        if (threadIdx.x == 0) {
+            __threadfence_system();
+            *lane.head = pos;
+            __threadfence_system();
+        }
+        released = pos;
+    }
+}
+
+// Inclusive prefix sum over a warp (every lane calls it with its value).
+__device__ __forceinline__ unsigned int warp_inclusive_sum(unsigned int v)
+{
+    const unsigned int lane = threadIdx.x & 31u;
+#pragma unroll
+    for (unsigned int d = 1; d < 32u; d <<= 1) {
+        const unsigned int y = __shfl_up_sync(0xFFFFFFFFu, v, d);
+        if (lane >= d) {
+            v += y;
+        }
+    }
+    return v;
+}
+
 // Thread 0 polls the tail until it moves past `pos` or the ring is stopped with nothing left;
 // the block learns the result through `word` and `flag` (shared memory). True with `tail` set:
 // records to read. False: stopped, or the tail is invalid (`err` = VKGDR_RING_BAD_TAIL). Every
@@ -356,22 +391,7 @@ template <unsigned int THREADS> class BlockReader {
     // Call after the block has finished with the current group (every thread, also those without
     // a record): publishes the head when the reader has caught up with the tail, when a quarter
     // of the ring was consumed since the last publication, or when `force` is set.
-    __device__ void release(bool force = false)
-    {
-        block_sync(); // every thread's reads of the group are done
-        if (lane_.head == 0 || pos_ == released_) {
-            return;
-        }
-        if (force || pos_ == tail_ || pos_ - released_ >= lane_.capacity / 4ull) {
-            if (threadIdx.x == 0) {
-                // The block's reads (ordered by the barrier above) before the head store.
-                __threadfence_system();
-                *lane_.head = pos_;
-                __threadfence_system();
-            }
-            released_ = pos_;
-        }
-    }
+    __device__ void release(bool force = false) { publish_head(lane_, pos_, tail_, released_, force); }
 
     // After a broken chain: counts as handled and moves to the tail (always a record boundary).
     __device__ void skip_to_tail()
@@ -583,14 +603,7 @@ template <unsigned int THREADS, unsigned int CPT = 4> class WindowReader {
         }
         block_sync();
         const unsigned int mine = lane < SLOTS ? s_.counts[lane] : 0u;
-        unsigned int incl = mine;
-#pragma unroll
-        for (unsigned int d = 1; d < 32u; d <<= 1) {
-            const unsigned int y = __shfl_up_sync(0xFFFFFFFFu, incl, d);
-            if (lane >= d) {
-                incl += y;
-            }
-        }
+        const unsigned int incl = warp_inclusive_sum(mine);
         unsigned int count = __shfl_sync(0xFFFFFFFFu, incl, 31);
 #pragma unroll
         for (unsigned int i = 0; i < CPT; ++i) {
@@ -660,23 +673,7 @@ template <unsigned int THREADS, unsigned int CPT = 4> class WindowReader {
     __device__ bool large() const { return large_; }
 
     // As BlockReader::release().
-    __device__ void release(bool force = false)
-    {
-        block_sync(); // every thread's reads of the group are done
-        if (lane_.head == 0 || pos_ == released_) {
-            return;
-        }
-        if (force || pos_ == tail_ || pos_ - released_ >= lane_.capacity / 4ull) {
-            if (threadIdx.x == 0) {
-                // The block's reads (ordered by the barrier above) before the head store. Loads
-                // of the next window may be in flight: they lie at or above the new head.
-                __threadfence_system();
-                *lane_.head = pos_;
-                __threadfence_system();
-            }
-            released_ = pos_;
-        }
-    }
+    __device__ void release(bool force = false) { publish_head(lane_, pos_, tail_, released_, force); }
 
     // After a broken chain: counts as handled and moves to the tail (always a record boundary).
     __device__ void skip_to_tail()

@@ -45,28 +45,23 @@ pub fn with_bytes<R>(data: &Bound<'_, PyAny>, f: impl FnOnce(&[u8]) -> R) -> PyR
     if let Ok(b) = data.cast::<PyByteArray>() {
         return Ok(f(&b.to_vec()));
     }
-    let py = data.py();
-    let view = py
-        .import("builtins")?
-        .getattr("memoryview")?
-        .call1((data,))
-        .map_err(|_| {
-            pyo3::exceptions::PyTypeError::new_err(format!(
-                "a bytes-like object is required, not '{}'",
-                type_name(data)
-            ))
-        })?;
-    let copy = view.call_method0("tobytes")?;
-    let bytes = copy.cast::<PyBytes>()?;
-    Ok(f(bytes.as_bytes()))
+    let copy = copied_bytes(data)?;
+    Ok(f(copy.as_bytes()))
 }
 
 /// A `bytes` object with the bytes of a bytes-like object: `bytes` itself, anything else
 /// (bytearray, memoryview, NumPy arrays) copied once, for callers that hold many at a time.
 pub fn to_bytes<'py>(data: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
-    if let Ok(b) = data.cast::<PyBytes>() {
-        return Ok(b.clone());
+    match data.cast::<PyBytes>() {
+        Ok(b) => Ok(b.clone()),
+        Err(_) => copied_bytes(data),
     }
+}
+
+/// A new `bytes` object copied from any object with the buffer protocol, through `memoryview`
+/// (the abi3 API before Python 3.11 has no buffer access); a `TypeError` naming the type
+/// otherwise.
+fn copied_bytes<'py>(data: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
     let view = data
         .py()
         .import("builtins")?
