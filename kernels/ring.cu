@@ -9,18 +9,20 @@
 // (after a mismatch counting resumes from the seq found). Result words: see RING_RESULT_*, the
 // same numbers as layout::verify_records computes on the CPU.
 //
-//   ring_check_lanes(view)                      persistent, one block of 256 threads per lane
-//   ring_consume_persistent[_mirrored](...)     persistent, lane 0 only (one block of 256)
-//   ring_consume_batch[_mirrored](...)          one launch per published range (one block of 256)
+//   ring_check_lanes(view)                      persistent, one block of 544 threads per lane
+//   ring_consume_persistent[_mirrored](...)     persistent, lane 0 only (one block of 544)
+//   ring_consume_batch[_mirrored](...)          one launch per published range (one block of 544)
 //   ring_ack(...), ring_ack_lanes(view)         benchmark consumers: head = tail, reading nothing
 //   ring_pingpong(...)                          round-trip latency probe
 //
-// The checking kernels need blockDim.x == 256 (another size counts one error and does nothing).
+// The checking kernels need blockDim.x == 544 (RING_THREADS; another size counts one error and does
+// nothing): 17 warps and a 17 KiB window, which holds four records of 4 KiB payloads (see
+// WindowReader in ring.cuh).
 
 #include "../include/vkgdr/ring.cuh"
 
-#define RING_THREADS 256u
-#define RING_CPT 4u // chunks per thread: a 16 KiB window
+#define RING_THREADS 544u
+#define RING_CPT 2u // chunks per thread: a 17 KiB window
 #define RING_TEST_PREFIX_LEN 16ull
 #define RING_CHECKSUM_MUL 0x9E3779B97F4A7C15ull
 #define RING_CHECKSUM_SHIFT 29
@@ -256,14 +258,16 @@ __device__ __forceinline__ void ring_check_window(const RingReader& rd, unsigned
                 }
             }
         }
+        // First every step's chunk is found and loaded, then summed: the shared-memory lookups
+        // of all steps overlap (steps <= RING_CPT: the big records' bodies fit the window).
         unsigned int cur = RING_BIG_NONE; // the record of `hdr` and `body`
         unsigned int hdr = 0u, body = 0u;
-        unsigned int key = RING_BIG_NONE; // the record `part` belongs to
-        ull part = 0ull;
-        for (unsigned int j = 0; j < steps; ++j, g += 32u) {
-            unsigned int now = RING_BIG_NONE;
-            ull t = 0ull;
-            if (g < total) {
+        uint4 chunk[RING_CPT];
+        unsigned int chunk_cu[RING_CPT], chunk_body[RING_CPT], chunk_key[RING_CPT];
+#pragma unroll
+        for (unsigned int j = 0; j < RING_CPT; ++j, g += 32u) {
+            chunk_key[j] = RING_BIG_NONE;
+            if (j < steps && g < total) {
                 while (first[e + 1u] <= g) {
                     ++e;
                 }
@@ -272,17 +276,29 @@ __device__ __forceinline__ void ring_check_window(const RingReader& rd, unsigned
                     hdr = sh->big[e];
                     body = window[hdr].x - (unsigned int)RING_TEST_PREFIX_LEN;
                 }
-                const unsigned int cu = g - first[e];
-                t = ring_chunk_terms(window[hdr + 2u + cu], cu, body);
-                now = e;
+                chunk_cu[j] = g - first[e];
+                chunk_body[j] = body;
+                chunk_key[j] = e;
+                chunk[j] = window[hdr + 2u + chunk_cu[j]];
             }
-            if (j == 0u || __all_sync(0xFFFFFFFFu, now == key)) {
-                part += t;
-            } else {
-                ring_flush_big(key, part, sh->big_sum);
-                part = t;
+        }
+        unsigned int key = RING_BIG_NONE; // the record `part` belongs to
+        ull part = 0ull;
+#pragma unroll
+        for (unsigned int j = 0; j < RING_CPT; ++j) {
+            if (j < steps) {
+                const unsigned int now = chunk_key[j];
+                const ull t = now != RING_BIG_NONE
+                                  ? ring_chunk_terms(chunk[j], chunk_cu[j], chunk_body[j])
+                                  : 0ull;
+                if (j == 0u || __all_sync(0xFFFFFFFFu, now == key)) {
+                    part += t;
+                } else {
+                    ring_flush_big(key, part, sh->big_sum);
+                    part = t;
+                }
+                key = now;
             }
-            key = now;
         }
         ring_flush_big(key, part, sh->big_sum);
         vkgdr::block_sync();
@@ -388,8 +404,9 @@ __device__ void ring_check_lane(const vkgdr::RingLane& lane, RingCheckShared* sh
     ring_store_result(lane.result, &c, rd.position(), sh);
 }
 
-// Persistent checking consumer of every lane: launch view.lanes blocks of 256 threads.
-extern "C" __global__ void ring_check_lanes(vkgdr_ring_view view)
+// Persistent checking consumer of every lane: launch view.lanes blocks of 544 threads.
+extern "C" __global__ void __launch_bounds__(RING_THREADS)
+ring_check_lanes(vkgdr_ring_view view)
 {
     __shared__ RingCheckShared sh;
     if (blockIdx.x >= view.lanes) {
@@ -434,18 +451,17 @@ __device__ void ring_consume_persistent_impl(const unsigned char* data, ull capa
 // published is consumed, adding its totals to result[] then.
 //
 // CPU side: publish records, sfence, store tail, sfence; to finish: final tail, sfence, stop = 1.
-extern "C" __global__ void ring_consume_persistent(const unsigned char* data, ull capacity,
-                                                   volatile ull* tail, volatile unsigned int* stop,
-                                                   volatile ull* head_out, ull* result)
+extern "C" __global__ void __launch_bounds__(RING_THREADS)
+ring_consume_persistent(const unsigned char* data, ull capacity, volatile ull* tail,
+                        volatile unsigned int* stop, volatile ull* head_out, ull* result)
 {
     ring_consume_persistent_impl(data, capacity, 0, tail, stop, head_out, result);
 }
 
 // ring_consume_persistent for a mirrored ring: records may cross the end of the region.
-extern "C" __global__ void ring_consume_persistent_mirrored(const unsigned char* data,
-                                                            ull capacity, volatile ull* tail,
-                                                            volatile unsigned int* stop,
-                                                            volatile ull* head_out, ull* result)
+extern "C" __global__ void __launch_bounds__(RING_THREADS)
+ring_consume_persistent_mirrored(const unsigned char* data, ull capacity, volatile ull* tail,
+                                 volatile unsigned int* stop, volatile ull* head_out, ull* result)
 {
     ring_consume_persistent_impl(data, capacity, 1, tail, stop, head_out, result);
 }
@@ -483,16 +499,17 @@ __device__ void ring_consume_batch_impl(const unsigned char* data, ull capacity,
     ring_store_result(result, &c, rd.position(), &sh);
 }
 
-extern "C" __global__ void ring_consume_batch(const unsigned char* data, ull capacity, ull from,
-                                              ull to, ull* result, ull expected_seq_start)
+extern "C" __global__ void __launch_bounds__(RING_THREADS)
+ring_consume_batch(const unsigned char* data, ull capacity, ull from, ull to, ull* result,
+                   ull expected_seq_start)
 {
     ring_consume_batch_impl(data, capacity, 0, from, to, result, expected_seq_start);
 }
 
 // ring_consume_batch for a mirrored ring: records may cross the end of the region.
-extern "C" __global__ void ring_consume_batch_mirrored(const unsigned char* data, ull capacity,
-                                                       ull from, ull to, ull* result,
-                                                       ull expected_seq_start)
+extern "C" __global__ void __launch_bounds__(RING_THREADS)
+ring_consume_batch_mirrored(const unsigned char* data, ull capacity, ull from, ull to, ull* result,
+                            ull expected_seq_start)
 {
     ring_consume_batch_impl(data, capacity, 1, from, to, result, expected_seq_start);
 }

@@ -205,7 +205,7 @@ fn cudarc_launches_a_ring_consumer_with_the_ring_view() {
         launch
             .launch(LaunchConfig {
                 grid_dim: (1, 1, 1),
-                block_dim: (256, 1, 1),
+                block_dim: (vkgdr::ring::layout::CHECK_THREADS, 1, 1),
                 shared_mem_bytes: 0,
             })
             .unwrap()

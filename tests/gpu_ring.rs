@@ -134,7 +134,7 @@ fn wait(event: &Event, limit: Duration) {
     }
 }
 
-/// Launches a persistent consumer (`kernel`, one block of 256 threads) on `ring`; the returned
+/// Launches a persistent consumer (`kernel`, one block of `CHECK_THREADS`) on `ring`; the returned
 /// event completes when it exits.
 fn launch_persistent(module: &Module, kernel: &str, ring: &DeviceRing, stream: &Stream) -> Event {
     let kernel = module.function(kernel).unwrap();
@@ -154,7 +154,11 @@ fn launch_persistent(module: &Module, kernel: &str, ring: &DeviceRing, stream: &
     // returned event has completed.
     unsafe {
         kernel
-            .launch(LaunchConfig::linear(1, 256), Some(stream), &mut params)
+            .launch(
+                LaunchConfig::linear(1, layout::CHECK_THREADS),
+                Some(stream),
+                &mut params,
+            )
             .unwrap()
     };
     let done = Event::new(ring.gpu()).unwrap();
@@ -291,7 +295,13 @@ fn launch_batch(
     ];
     // SAFETY: ring_consume_batch[_mirrored](const u8*, u64, u64, u64, u64*, u64): six 8-byte
     // parameters; the callers keep the ring alive until the stream's work is done.
-    unsafe { kernel.launch(LaunchConfig::linear(1, 256), Some(stream), &mut p) }
+    unsafe {
+        kernel.launch(
+            LaunchConfig::linear(1, layout::CHECK_THREADS),
+            Some(stream),
+            &mut p,
+        )
+    }
 }
 
 fn launch_mode(records: u64, wrap: WrapMode) {
@@ -489,7 +499,7 @@ fn mirrored_ring_errors() {
     ));
 }
 
-/// Launches `ring_check_lanes` (one block of 256 threads per lane) on `stream` and registers it
+/// Launches `ring_check_lanes` (one block of `CHECK_THREADS` per lane) on `stream` and registers it
 /// as the ring's consumer.
 fn launch_check_lanes(module: &Module, ring: &DeviceRing, stream: &Stream) {
     let kernel = module.function("ring_check_lanes").unwrap();
@@ -500,7 +510,7 @@ fn launch_check_lanes(module: &Module, ring: &DeviceRing, stream: &Stream) {
     unsafe {
         kernel
             .launch(
-                LaunchConfig::linear(view.lanes, 256),
+                LaunchConfig::linear(view.lanes, layout::CHECK_THREADS),
                 Some(stream),
                 &mut params,
             )

@@ -56,7 +56,7 @@
 //   then gets record i; payloads are read from global memory by whoever processes them
 //   (`record(k)` gives any record of the group to every thread).
 // - WindowReader (the fast one; see its comment for an example): a window of CPT chunks per
-//   thread (16 KiB for 256 threads), the chain resolved in parallel by pointer jumping, every
+//   thread (17 KiB for 544 threads and 2 chunks each), the chain resolved in parallel, every
 //   record that lies wholly in the window handed out with its payload in shared memory, a record
 //   longer than the window as a group of its own, and the next window loaded while the caller
 //   works on this one. The checking consumers of kernels/ring.cu are built on it: a header per
@@ -418,16 +418,18 @@ template <unsigned int THREADS> class BlockReader {
     int err_;
 };
 
-// Shared memory of one WindowReader; declare it __shared__ in the kernel (about 23 KiB for 256
-// threads and 4 chunks per thread).
+// Shared memory of one WindowReader; declare it __shared__ in the kernel (about 26 KiB for a
+// 17 KiB window).
 template <unsigned int THREADS, unsigned int CPT> struct WindowShared {
     uint4 window[THREADS * CPT];                 // the lane from the current position
-    unsigned short jump[2][THREADS * CPT];       // pointer jumping over the decoded links
+    unsigned int path[THREADS * CPT];            // chain chunks from chunk c to its segment's end
+    unsigned short exit[THREADS * CPT];          // where the chain from chunk c leaves its segment
     unsigned short start[THREADS * CPT];         // chunk of record k's header in the window
-    unsigned char mark[THREADS * CPT];           // chunk is on the chain from chunk 0
+    unsigned char entry[CPT * (THREADS / 32)];   // where the chain enters segment s (or none)
     unsigned int counts[CPT * (THREADS / 32)];   // records per (slice, warp), for the ranks
     u64 word;                                    // a broadcast value
     unsigned int last;                           // the chain's last header
+    unsigned int term;                           // where the chain leaves the window
     int flag;
 };
 
@@ -435,12 +437,18 @@ template <unsigned int THREADS, unsigned int CPT> struct WindowShared {
 #define VKGDR_RING_JUMP_BAD 0xFFFFu    // not a valid header
 
 // Consumes one lane in order with a block of THREADS threads, a window of 16 * CPT * THREADS
-// bytes at a time (16 KiB for 256 threads and CPT 4). Every call is made by all threads of the
-// block with the same arguments. Per window:
+// bytes at a time. Every call is made by all threads of the block with the same arguments.
+// Choosing the size: a window slightly over a power of two holds whole records of power-of-two
+// payloads (each has a 16-byte header): 544 threads with CPT 2 make a 17 KiB window, which holds
+// four 4 KiB records or two 8 KiB ones where 16 KiB holds three or one; more threads hide more
+// latency (17 warps where registers allow, ~120 per thread: use __launch_bounds__). Per window:
 // - each thread loads CPT 16-byte chunks (coalesced) into shared memory and decodes each as if it
 //   were a header: the chunk of the next header, or "bad", or "ends beyond the window";
-// - the chain from chunk 0 is resolved by pointer jumping (log2 of its length rounds, one barrier
-//   each), the records on it ranked with ballots and one warp scan;
+// - the chain from chunk 0 is resolved per segment of 32 chunks (one warp's chunks of a slice):
+//   where the chain from each chunk leaves its segment, and which chunks it passes, by pointer
+//   jumping over shuffles (5 rounds, no barrier); then one thread follows the chain from segment
+//   to segment (a hop per segment it enters); the records on it are ranked with ballots and one
+//   warp scan;
 // - the group is every record of the chain that lies wholly in the window (up to CPT * THREADS),
 //   their payloads readable from shared memory (shared_payload(k)), or, when the first record is
 //   longer than the window, that record alone (large(): its payload is read from global memory);
@@ -449,14 +457,15 @@ template <unsigned int THREADS, unsigned int CPT> struct WindowShared {
 // wait() polls the tail only once everything below the last tail seen is consumed; release()
 // publishes the head when caught up or every quarter ring, as BlockReader does.
 //
-//   extern "C" __global__ void my_consumer(vkgdr_ring_view view)   // one block of 256 per lane
+//   extern "C" __global__ void __launch_bounds__(544)
+//   my_consumer(vkgdr_ring_view view)                              // one block of 544 per lane
 //   {
-//       __shared__ vkgdr::WindowShared<256, 4> smem;
+//       __shared__ vkgdr::WindowShared<544, 2> smem;
 //       if (blockIdx.x >= view.lanes) return;
-//       vkgdr::WindowReader<256, 4> reader(vkgdr::ring_lane(view, blockIdx.x), smem);
+//       vkgdr::WindowReader<544, 2> reader(vkgdr::ring_lane(view, blockIdx.x), smem);
 //       while (reader.wait()) {
-//           const unsigned n = reader.next();                      // up to 1024 records
-//           for (unsigned k = threadIdx.x; k < n; k += 256) {
+//           const unsigned n = reader.next();                      // up to 1088 records
+//           for (unsigned k = threadIdx.x; k < n; k += 544) {
 //               const vkgdr::Record rec = reader.record(k);
 //               const uint4* p = reader.shared_payload(k);         // null when reader.large()
 //               /* rec.len payload bytes at p (shared) or rec.payload (global) */
@@ -538,7 +547,10 @@ template <unsigned int THREADS, unsigned int CPT = 4> class WindowReader {
         const unsigned int n = (unsigned int)((avail < WINDOW ? avail : WINDOW) / 16ull);
         const u64 base = pos_ & mask_;
         unsigned int link[CPT];
+        unsigned int path[CPT];
         unsigned int wrap = 0u; // bit i: chunk i of this thread is a wrap PAD's header
+        const unsigned int lane = tid & 31u;
+        const unsigned int warp = tid >> 5;
 #pragma unroll
         for (unsigned int i = 0; i < CPT; ++i) {
             const unsigned int c = tid + i * THREADS;
@@ -550,51 +562,61 @@ template <unsigned int THREADS, unsigned int CPT = 4> class WindowReader {
                 if (v.y == VKGDR_RING_KIND_PAD && v.z == 0xFFFFFFFFu && v.w == 0xFFFFFFFFu) {
                     wrap |= 1u << i;
                 }
-                s_.jump[0][c] = (unsigned short)link[i];
-                s_.mark[c] = c == 0u;
             }
-        }
-        block_sync();
-        // Pointer jumping. Before a round with jump = f^(2^r), every chunk f^k(0) with k < 2^r is
-        // marked; once f^(2^r)(0) is past the window (or bad) the whole chain is marked. Marks
-        // only ever name chunks of the chain, so setting them in place is safe.
-        unsigned int cur = 0u;
-        unsigned int term;
-        for (;;) {
-            term = s_.jump[cur][0];
-            if (term >= n) {
-                break;
-            }
+            // Segment c / 32 (the warp's 32 chunks of slice i, those below n): after round r,
+            // `to` is where 2^r steps from c lead, or where the chain left the segment, and `on`
+            // the segment's chunks on the way (bit j: chunk c - lane + j). Links only go
+            // forward, so 32 steps leave any segment.
+            const unsigned int seg_base = c - lane;
+            const unsigned int width = n > seg_base ? min(n - seg_base, 32u) : 0u;
+            unsigned int to = link[i];
+            unsigned int on = 1u << lane;
 #pragma unroll
-            for (unsigned int i = 0; i < CPT; ++i) {
-                const unsigned int c = tid + i * THREADS;
-                if (c < n) {
-                    const unsigned int j = s_.jump[cur][c];
-                    unsigned int jj = j;
-                    if (j < n) {
-                        if (s_.mark[c] != 0u) {
-                            s_.mark[j] = 1u;
-                        }
-                        jj = s_.jump[cur][j];
-                    }
-                    s_.jump[cur ^ 1u][c] = (unsigned short)jj;
+            for (unsigned int r = 0; r < 5u; ++r) {
+                const bool inside = to - seg_base < width;
+                const unsigned int from = inside ? to - seg_base : lane;
+                const unsigned int to_next = __shfl_sync(0xFFFFFFFFu, to, from);
+                const unsigned int on_next = __shfl_sync(0xFFFFFFFFu, on, from);
+                if (inside) {
+                    to = to_next;
+                    on |= on_next;
                 }
             }
-            block_sync();
-            cur ^= 1u;
+            path[i] = on;
+            s_.path[c] = on;
+            s_.exit[c] = (unsigned short)to;
         }
+        if (tid < SLOTS) {
+            s_.entry[tid] = NO_ENTRY;
+        }
+        block_sync();
+        // The chain from segment to segment, from chunk 0; `term` is where it leaves the window
+        // (n, BEYOND or BAD), `last` the chain's last header in the window.
+        if (tid == 0u) {
+            unsigned int cur = 0u;
+            unsigned int at;
+            for (;;) {
+                s_.entry[cur >> 5] = (unsigned char)(cur & 31u);
+                at = s_.exit[cur];
+                if (at >= n) {
+                    break;
+                }
+                cur = at;
+            }
+            s_.term = at;
+            s_.last = (cur & ~31u) + 31u - __clz(s_.path[cur]);
+        }
+        block_sync();
+        const unsigned int term = s_.term;
         // Ranks: records of the chain in chunk order. Slice i holds chunks [i, i + 1) * THREADS,
         // warp w of it 32 of them; a warp scan over the (slice, warp) counts gives the offsets.
-        const unsigned int lane = tid & 31u;
-        const unsigned int warp = tid >> 5;
         unsigned int ballot[CPT];
 #pragma unroll
         for (unsigned int i = 0; i < CPT; ++i) {
-            const unsigned int c = tid + i * THREADS;
-            const bool on = c < n && s_.mark[c] != 0u;
-            if (on && link[i] >= n) {
-                s_.last = c; // the one chain chunk whose link leaves the window
-            }
+            // On the chain: the chain enters this chunk's segment at `entry`, and passes it.
+            const unsigned int entry = s_.entry[i * (THREADS / 32u) + warp];
+            const unsigned int entered = __shfl_sync(0xFFFFFFFFu, path[i], entry & 31u);
+            const bool on = entry != NO_ENTRY && ((entered >> lane) & 1u) != 0u;
             const bool rec = on && link[i] < VKGDR_RING_JUMP_BEYOND && (wrap & (1u << i)) == 0u;
             ballot[i] = __ballot_sync(0xFFFFFFFFu, rec);
             if (lane == 0u) {
@@ -602,12 +624,21 @@ template <unsigned int THREADS, unsigned int CPT = 4> class WindowReader {
             }
         }
         block_sync();
-        const unsigned int mine = lane < SLOTS ? s_.counts[lane] : 0u;
+        // Lane l scans slots [l, l + 1) * PER.
+        unsigned int mine = 0u;
+#pragma unroll
+        for (unsigned int q = 0; q < PER; ++q) {
+            mine += lane * PER + q < SLOTS ? s_.counts[lane * PER + q] : 0u;
+        }
         const unsigned int incl = warp_inclusive_sum(mine);
         unsigned int count = __shfl_sync(0xFFFFFFFFu, incl, 31);
 #pragma unroll
         for (unsigned int i = 0; i < CPT; ++i) {
-            const unsigned int off = __shfl_sync(0xFFFFFFFFu, incl - mine, i * (THREADS / 32u) + warp);
+            const unsigned int slot = i * (THREADS / 32u) + warp;
+            unsigned int off = __shfl_sync(0xFFFFFFFFu, incl - mine, slot / PER);
+            for (unsigned int q = slot - slot % PER; q < slot; ++q) {
+                off += s_.counts[q];
+            }
             if ((ballot[i] >> lane) & 1u) {
                 s_.start[off + __popc(ballot[i] & ((1u << lane) - 1u))] =
                     (unsigned short)(tid + i * THREADS);
@@ -690,13 +721,16 @@ template <unsigned int THREADS, unsigned int CPT = 4> class WindowReader {
     __device__ const RingLane& lane() const { return lane_; }
 
   private:
-    static constexpr unsigned int SLOTS = CPT * (THREADS / 32u);
+    static constexpr unsigned int SLOTS = CPT * (THREADS / 32u); // segments of 32 chunks
+    static constexpr unsigned int PER = (SLOTS + 31u) / 32u;      // slots per lane of the scan
     static constexpr u64 NO_PREFETCH = 0xFFFFFFFFFFFFFFFFull; // never a 16-aligned position
+    static constexpr unsigned int NO_ENTRY = 0xFFu; // the chain does not enter the segment
 
     __device__ static void check_shape()
     {
         static_assert(THREADS % 32 == 0 && THREADS <= 1024, "THREADS: a multiple of 32");
-        static_assert(CPT >= 1 && SLOTS <= 32, "at most 1024 chunks (one warp scans the counts)");
+        static_assert(CPT >= 1 && CPT <= 32, "CPT: 1 to 32 chunks per thread");
+        static_assert(THREADS * CPT <= 4096, "at most 4096 chunks (64 KiB) in a window");
     }
 
     __device__ void init()

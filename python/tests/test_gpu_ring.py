@@ -14,6 +14,8 @@ import vkgdr
 from conftest import KERNELS_DIR, run_workers
 
 MUL = np.uint64(0x9E3779B97F4A7C15)
+# Threads per block of the checking kernels of kernels/ring.cu (RING_THREADS there).
+CHECK_THREADS = 544
 RESULT_RECORDS, RESULT_CHECKSUM_SUM, RESULT_ERRORS, RESULT_NEXT_SEQ, RESULT_POS = range(5)
 
 
@@ -56,7 +58,7 @@ def test_persistent_consumer_verifies_records_from_python_threads(cupy, ring_mod
     )
     stream = cupy.cuda.Stream(non_blocking=True)
     args = tuple(np.uint64(a) for a in view.kernel_args())
-    kernel((1,), (256,), args, stream=stream)  # the checking kernels need 256 threads
+    kernel((1,), (CHECK_THREADS,), args, stream=stream)
     ring.watch_consumer(stream)  # dropping the ring now keeps its memory until the kernel exits
     assert view.ring is ring, "the view keeps its ring alive"
 
@@ -112,7 +114,7 @@ def test_ring_errors(cupy) -> None:
 
 
 def launch_check_lanes(cuda, view, stream) -> int:
-    """ring_check_lanes(vkgdr_ring_view) on ``stream``: one block of 256 threads per lane, the
+    """ring_check_lanes(vkgdr_ring_view) on ``stream``: one block of CHECK_THREADS per lane, the
     64-byte view passed by value as one kernel parameter (through the driver API, loaded into
     the current context, device 0's primary one). Returns the module, to unload once the kernel
     has exited."""
@@ -125,7 +127,7 @@ def launch_check_lanes(cuda, view, stream) -> int:
         "cuLaunchKernel",
         cuda.lib.cuLaunchKernel(
             ctypes.c_void_p(fn),
-            view.lanes, 1, 1, 256, 1, 1, 0,
+            view.lanes, 1, 1, CHECK_THREADS, 1, 1, 0,
             ctypes.c_void_p(stream.ptr), params, None,
         ),
     )

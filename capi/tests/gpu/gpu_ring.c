@@ -22,6 +22,8 @@
 #include "gpu_util.h"
 
 #define PRODUCERS 4
+/* Threads per block of the checking kernels of kernels/ring.cu (RING_THREADS there). */
+#define CHECK_THREADS 544
 #define CANCEL_EVERY 997
 
 typedef struct {
@@ -144,7 +146,7 @@ static void run(CUmodule module, uint32_t open_flags, int mirrored, unsigned lon
     args[3] = &v.stop;
     args[4] = &v.head;
     args[5] = &v.result;
-    CU_OK(cuLaunchKernel(consume, 1, 1, 1, 256, 1, 1, 0, stream, args, NULL));
+    CU_OK(cuLaunchKernel(consume, 1, 1, 1, CHECK_THREADS, 1, 1, 0, stream, args, NULL));
 
     for (i = 0; i < PRODUCERS; i++) {
         memset(&workers[i], 0, sizeof workers[i]);
@@ -320,7 +322,7 @@ static void run_lanes(CUmodule module)
     CU_OK(cuModuleGetFunction(&check, module, "ring_check_lanes"));
     CU_OK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
     args[0] = &arg;
-    CU_OK(cuLaunchKernel(check, v.lanes, 1, 1, 256, 1, 1, 0, stream, args, NULL));
+    CU_OK(cuLaunchKernel(check, v.lanes, 1, 1, CHECK_THREADS, 1, 1, 0, stream, args, NULL));
     CHECK(vkgdr_ring_watch_consumer(ring, stream) == VKGDR_SUCCESS, "%s: watch", what);
 
     memset(workers, 0, sizeof workers);

@@ -91,7 +91,12 @@ fn launch_consumer(
     let (name, params, blocks, threads): (_, &mut [*mut c_void], _, _) = match consumer {
         Consumer::Ack => ("ring_ack", &mut ack, 1, 1),
         Consumer::AckLanes => ("ring_ack_lanes", &mut view, v.lanes, 32),
-        Consumer::Check => ("ring_check_lanes", &mut view, v.lanes, 256),
+        Consumer::Check => (
+            "ring_check_lanes",
+            &mut view,
+            v.lanes,
+            layout::CHECK_THREADS,
+        ),
     };
     let f = module.function(name)?;
     // SAFETY: ring_ack(u64*, u32*, u64*) takes three 8-byte parameters, ring_ack_lanes and
@@ -613,7 +618,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
         RING_BYTES >> 20
     ));
     bw.notes.push(format!("batches: Producer::push_batch of {} KiB or {BATCH_RECORDS} records, whichever is more (at most {} MiB), one publication each; push per record: one publication per record; sharing 1 lane: reserve/write/commit through &DeviceRing (commit combining)", BATCH_BYTES >> 10, LANE_BYTES >> 22));
-    bw.notes.push("ack kernel: publishes head = tail without reading the records (transport rate); checking kernel: ring_check_lanes, the device API's block reader (one block of 256 threads per lane) verifying every record's seq and checksum".into());
+    bw.notes.push("ack kernel: publishes head = tail without reading the records (transport rate); checking kernel: ring_check_lanes, the device API's window reader (one block of 544 threads per lane) verifying every record's seq and checksum".into());
     bw.notes.push("cuMemcpyHtoDAsync: the same bytes from pinned memory into cuMemAlloc memory, back to back on one stream".into());
     bw.notes.push(format!("copy engine (off by default, so the plain rows and the 'BAR only' rows take the BAR): with RingOptions::copy_engine = FromRecord({}) a producer's records of that size and more (header included), once a batch has {} KiB pending before them, are written into a pinned host copy of the lane and moved by cuMemcpyHtoDAsync on the lane's stream, which then stores the tail; 'copy engine only' rows stage records of every size (after the same {} KiB)", vkgdr::ring::device::DEFAULT_COPY_ENGINE_RECORD, vkgdr::ring::device::STAGE_AFTER_PENDING >> 10, vkgdr::ring::device::STAGE_AFTER_PENDING >> 10));
     lat.notes.push("round trip of one 64-byte record: published alone (Producer::push, or the shared reserve/commit) → kernel publishes head into pinned memory → CPU sees it; commit→seen is below this".into());

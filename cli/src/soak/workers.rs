@@ -102,7 +102,7 @@ pub(super) fn launch_checker(
     // right after, so it stops and waits for the kernel before its memory goes.
     unsafe {
         f.launch(
-            LaunchConfig::linear(view.lanes, 256),
+            LaunchConfig::linear(view.lanes, vkgdr::ring::layout::CHECK_THREADS),
             Some(stream),
             &mut params,
         )?
