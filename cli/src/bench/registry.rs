@@ -187,6 +187,8 @@ const WAITS_LEGACY_MACHINE_WORK: &[MachineWork] = &WAITS_ALLOC_WORK;
 
 /// `copybw-write`: each pool's BAR write is the same bytes stored by as many threads; the raw
 /// rows time those stores in a plain loop beside it (lent machines differ by up to 1.9× on them).
+/// Below about 1 MiB the raw rows of 2 and more threads also time the threads' wake-up (the pool's
+/// caller takes parts itself meanwhile); the spread there is wide, and so is the noise.
 const COPYBW_WRITE_MACHINE_WORK: &[MachineWork] = &[
     MachineWork {
         rows: "BAR 1 thr",
@@ -199,18 +201,6 @@ const COPYBW_WRITE_MACHINE_WORK: &[MachineWork] = &[
     MachineWork {
         rows: "BAR 4 thr",
         made_of: &["raw 4 thr"],
-    },
-    MachineWork {
-        rows: "BAR 8 thr",
-        made_of: &["raw 8 thr"],
-    },
-];
-
-/// `copybw-read`: the streaming reads, on one thread and on the pool, beside their plain loops.
-const COPYBW_READ_MACHINE_WORK: &[MachineWork] = &[
-    MachineWork {
-        rows: "BAR 1 thr",
-        made_of: &["raw 1 thr"],
     },
     MachineWork {
         rows: "BAR 8 thr",
@@ -285,7 +275,10 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                 // `DtoH+memcpy` is a driver copy and a `memcpy` between host buffers: no code
                 // of this library.
                 machine: &["DtoH pinned", "DtoH pageable", "DtoH+memcpy", "raw *"],
-                machine_work: COPYBW_READ_MACHINE_WORK,
+                // The raw reads are shown, not anchored on: two runs on one H200 moved the plain
+                // 1-thread loop by 0.42-1.46x and the 8-thread one by 0.24-3.7x while the
+                // library's reads held, so against them a slower read would pass as the machine's.
+                machine_work: &[],
             },
         ],
     },
