@@ -3,6 +3,10 @@
 //!
 //! - BAR writes through [`CopyPool`]s of 1, 2, 4 and 8 threads (SIMD stores, `sfence`);
 //! - BAR reads with streaming loads on 1 thread and through an 8-thread [`CopyPool`];
+//! - beside each of those, at every size, the same copy as a plain loop of non-temporal stores
+//!   or streaming loads on as many plain threads ([`raw_bar`]): the machine's own BAR rate; a
+//!   comparison judges the library's writes against it (lent machines differ by up to 1.9× on
+//!   it), the reads' plain loops scatter too much for that and are shown only;
 //! - `cuMemcpyHtoD` / `cuMemcpyDtoH` from and to pinned and pageable host memory (DMA);
 //! - "DMA read": `cuMemcpyDtoH` into a pinned bounce buffer, then `memcpy` to the destination
 //!   — how large reads should be done if it beats streaming loads; the crossover size is
@@ -19,6 +23,7 @@ use super::error::{BenchError, BenchResult};
 use super::host_pinned::HostPinned;
 use super::measure::{ladder, measure, open_gpu, to_bandwidth, Budget, Stats};
 use super::options::Options;
+use super::raw_bar::Gang;
 use super::report::format::fmt_size;
 use super::report::model::{Report, Row, Unit};
 
@@ -30,12 +35,18 @@ const WRITE_THREADS: [usize; 4] = [1, 2, 4, 8];
 enum Op {
     /// `CopyPool::write` with `WRITE_THREADS[i]` threads.
     BarWrite(usize),
+    /// The same bytes as a plain loop of non-temporal stores on `WRITE_THREADS[i]` threads.
+    RawWrite(usize),
     HtodPinned,
     HtodPageable,
     /// `copy_from_mapping` on the calling thread.
     BarRead1,
+    /// A plain loop of streaming loads on the calling thread.
+    RawRead1,
     /// `CopyPool::read` with the largest pool.
     BarReadPool,
+    /// A plain loop of streaming loads on as many threads as the largest pool.
+    RawReadPool,
     DtohPinned,
     DtohPageable,
     /// `cuMemcpyDtoH` into the pinned bounce buffer, then `memcpy` to the destination.
@@ -46,10 +57,13 @@ impl Op {
     fn name(self) -> String {
         match self {
             Op::BarWrite(i) => format!("BAR {} thr", WRITE_THREADS[i]),
+            Op::RawWrite(i) => format!("raw {} thr", WRITE_THREADS[i]),
             Op::HtodPinned => "HtoD pinned".into(),
             Op::HtodPageable => "HtoD pageable".into(),
             Op::BarRead1 => "BAR 1 thr".into(),
+            Op::RawRead1 => "raw 1 thr".into(),
             Op::BarReadPool => format!("BAR {} thr", WRITE_THREADS[WRITE_THREADS.len() - 1]),
+            Op::RawReadPool => format!("raw {} thr", WRITE_THREADS[WRITE_THREADS.len() - 1]),
             Op::DtohPinned => "DtoH pinned".into(),
             Op::DtohPageable => "DtoH pageable".into(),
             Op::DmaRead => "DtoH+memcpy".into(),
@@ -57,22 +71,40 @@ impl Op {
     }
 }
 
-const WRITE_OPS: [Op; 6] = [
-    Op::BarWrite(0),
-    Op::BarWrite(1),
-    Op::BarWrite(2),
-    Op::BarWrite(3),
-    Op::HtodPinned,
-    Op::HtodPageable,
+/// The write report's methods, in groups measured side by side: each library copy with its raw
+/// copy at one size, then the next size, so both see the machine in the same state.
+const WRITE_OPS: [&[Op]; 6] = [
+    &[Op::BarWrite(0), Op::RawWrite(0)],
+    &[Op::BarWrite(1), Op::RawWrite(1)],
+    &[Op::BarWrite(2), Op::RawWrite(2)],
+    &[Op::BarWrite(3), Op::RawWrite(3)],
+    &[Op::HtodPinned],
+    &[Op::HtodPageable],
 ];
 
-const READ_OPS: [Op; 5] = [
-    Op::BarRead1,
-    Op::BarReadPool,
-    Op::DtohPinned,
-    Op::DtohPageable,
-    Op::DmaRead,
+/// The read report's methods, grouped as [`WRITE_OPS`].
+const READ_OPS: [&[Op]; 5] = [
+    &[Op::BarRead1, Op::RawRead1],
+    &[Op::BarReadPool, Op::RawReadPool],
+    &[Op::DtohPinned],
+    &[Op::DtohPageable],
+    &[Op::DmaRead],
 ];
+
+/// The methods of report `name` (`copybw-write` or `copybw-read`), in measuring order (the
+/// registry's tests check the rows it names against them).
+#[cfg(test)]
+pub fn methods(name: &str) -> Vec<String> {
+    let groups: &[&[Op]] = match name {
+        "copybw-write" => &WRITE_OPS,
+        "copybw-read" => &READ_OPS,
+        _ => &[],
+    };
+    groups
+        .iter()
+        .flat_map(|g| g.iter().map(|o| o.name()))
+        .collect()
+}
 
 /// Everything the copies use, sized for the largest copy.
 struct Kit<'g> {
@@ -82,6 +114,8 @@ struct Kit<'g> {
     src: Vec<u8>,
     dst: Vec<u8>,
     pools: Vec<CopyPool>,
+    /// Plain threads for the raw rows, one gang per entry of `WRITE_THREADS`.
+    gangs: Vec<Gang>,
 }
 
 impl Kit<'_> {
@@ -96,6 +130,19 @@ impl Kit<'_> {
                 // allocation); `src` is a distinct host buffer; no kernel touches `mem`.
                 unsafe { self.pools[i].write(host, &self.src[..size]) };
                 self.mem.flush(0, size as u64)?;
+            }
+            Op::RawWrite(i) => {
+                // SAFETY: as for `BarWrite`; the mapping is page-aligned. No flush: the raw row
+                // is the stores alone.
+                unsafe { self.gangs[i].store(host, &self.src[..size]) };
+            }
+            Op::RawRead1 | Op::RawReadPool => {
+                let gang = match op {
+                    Op::RawRead1 => &self.gangs[0],
+                    _ => &self.gangs[self.gangs.len() - 1],
+                };
+                // SAFETY: as for `BarRead1`; the mapping is page-aligned.
+                unsafe { gang.load(&mut self.dst[..size], host) };
             }
             Op::BarRead1 => {
                 self.mem.invalidate(0, size as u64)?;
@@ -136,28 +183,41 @@ impl Kit<'_> {
         Ok(())
     }
 
-    /// Proves the paths move the right bytes before timing them: a BAR write read back by DMA,
-    /// and a DMA write read back through the BAR.
+    /// Proves the paths move the right bytes before timing them: a BAR write (the library's,
+    /// then the raw one) read back by DMA, and a DMA write read back through the BAR (likewise).
     fn verify(&mut self, size: usize) -> BenchResult<()> {
-        for (i, b) in self.src[..size].iter_mut().enumerate() {
-            *b = (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1];
-        }
-        self.exec(Op::BarWrite(0), size)?;
-        self.exec(Op::DtohPageable, size)?;
-        if self.dst[..size] != self.src[..size] {
-            return Err(BenchError::Check(
-                "copybw: a BAR write did not read back through cuMemcpyDtoH".into(),
-            ));
-        }
-        let inverted: Vec<u8> = self.src[..size].iter().map(|s| !s).collect();
-        self.pinned.as_mut_slice()[..inverted.len()].copy_from_slice(&inverted);
-        self.exec(Op::HtodPinned, size)?;
-        self.dst[..size].fill(0);
-        self.exec(Op::BarRead1, size)?;
-        if self.dst[..size] != inverted[..] {
-            return Err(BenchError::Check(
-                "copybw: a cuMemcpyHtoD did not read back through the BAR".into(),
-            ));
+        let last = WRITE_THREADS.len() - 1;
+        for (round, (write, read)) in [
+            (Op::BarWrite(0), Op::BarRead1),
+            (Op::RawWrite(last), Op::RawReadPool),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            for (i, b) in self.src[..size].iter_mut().enumerate() {
+                *b = (i as u32 + round as u32)
+                    .wrapping_mul(2_654_435_761)
+                    .to_le_bytes()[1];
+            }
+            self.exec(write, size)?;
+            self.exec(Op::DtohPageable, size)?;
+            if self.dst[..size] != self.src[..size] {
+                return Err(BenchError::Check(format!(
+                    "copybw: a BAR write ({}) did not read back through cuMemcpyDtoH",
+                    write.name()
+                )));
+            }
+            let inverted: Vec<u8> = self.src[..size].iter().map(|s| !s).collect();
+            self.pinned.as_mut_slice()[..inverted.len()].copy_from_slice(&inverted);
+            self.exec(Op::HtodPinned, size)?;
+            self.dst[..size].fill(0);
+            self.exec(read, size)?;
+            if self.dst[..size] != inverted[..] {
+                return Err(BenchError::Check(format!(
+                    "copybw: a cuMemcpyHtoD did not read back through the BAR ({})",
+                    read.name()
+                )));
+            }
         }
         Ok(())
     }
@@ -238,6 +298,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
             .iter()
             .map(|&t| CopyPool::new(t).with_parallel_threshold(0))
             .collect(),
+        gangs: WRITE_THREADS.iter().map(|&t| Gang::new(t)).collect(),
     };
     kit.pinned.as_mut_slice().fill(0x3c);
     let _ctx = gpu.bind()?;
@@ -245,34 +306,43 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
 
     let sizes = ladder(4096, max, 4);
     let mut reports = Vec::new();
-    for (name, ops) in [
+    for (name, groups) in [
         ("copybw-write", &WRITE_OPS[..]),
         ("copybw-read", &READ_OPS[..]),
     ] {
         let mut report = Report::new(name, Unit::GigabytesPerSecond);
+        let ops = groups.iter().map(|g| g.len()).sum::<usize>();
         ui::phase(
             name.trim_start_matches("copybw-"),
-            (ops.len() * sizes.len()) as u64,
+            (ops * sizes.len()) as u64,
         );
-        for &op in ops {
-            let mut ns_per_byte: Option<f64> = None;
+        for &group in groups {
+            // Per method of the group: its last rate (ns per byte), and whether it stopped.
+            let mut ns_per_byte: Vec<Option<f64>> = vec![None; group.len()];
+            let mut stopped = vec![false; group.len()];
             for &size in &sizes {
-                if let Some(npb) = ns_per_byte {
-                    if too_slow(npb, size, budget.min_samples, max_point) {
-                        report.notes.push(format!(
-                            "{}: {} and larger skipped (~{:.1} s per copy)",
-                            op.name(),
-                            fmt_size(size),
-                            npb * size as f64 / 1e9
-                        ));
-                        break;
+                for (k, &op) in group.iter().enumerate() {
+                    if stopped[k] {
+                        continue;
                     }
+                    if let Some(npb) = ns_per_byte[k] {
+                        if too_slow(npb, size, budget.min_samples, max_point) {
+                            report.notes.push(format!(
+                                "{}: {} and larger skipped (~{:.1} s per copy)",
+                                op.name(),
+                                fmt_size(size),
+                                npb * size as f64 / 1e9
+                            ));
+                            stopped[k] = true;
+                            continue;
+                        }
+                    }
+                    ui::step(format!("{} · {}", op.name(), fmt_size(size)));
+                    let ns = measure(&budget, || kit.exec(op, size as usize))?;
+                    let bw = Stats::of(&to_bandwidth(size, &ns)).expect("at least one sample");
+                    ns_per_byte[k] = Some(1.0 / bw.median);
+                    report.rows.push(Row::measured(op.name(), size, &bw));
                 }
-                ui::step(format!("{} · {}", op.name(), fmt_size(size)));
-                let ns = measure(&budget, || kit.exec(op, size as usize))?;
-                let bw = Stats::of(&to_bandwidth(size, &ns)).expect("at least one sample");
-                ns_per_byte = Some(1.0 / bw.median);
-                report.rows.push(Row::measured(op.name(), size, &bw));
             }
         }
         reports.push(report);
@@ -292,6 +362,12 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
          threads pay"
             .into(),
     );
+    write.notes.push(
+        "raw n thr: the same bytes as a plain loop of 16-byte non-temporal stores and sfence, \
+         split over n plain threads, measured beside BAR n thr at each size (no flush): the \
+         machine's BAR store rate, without the library's code"
+            .into(),
+    );
     let (one, all) = (
         Op::BarWrite(0).name(),
         Op::BarWrite(WRITE_THREADS.len() - 1).name(),
@@ -306,9 +382,10 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
         write.notes.push(note);
     }
     read.notes.push(format!(
-        "BAR 1 thr: copy_from_mapping (streaming loads); BAR {} thr: CopyPool read; DtoH: \
-         cuMemcpyDtoH into pinned or pageable memory; DtoH+memcpy: cuMemcpyDtoH into a pinned \
-         bounce buffer, then memcpy to the pageable destination",
+        "BAR 1 thr: copy_from_mapping (streaming loads); BAR {} thr: CopyPool read; raw n thr: \
+         a plain loop of 16-byte streaming loads on n plain threads, beside BAR n thr at each \
+         size; DtoH: cuMemcpyDtoH into pinned or pageable memory; DtoH+memcpy: cuMemcpyDtoH \
+         into a pinned bounce buffer, then memcpy to the pageable destination",
         WRITE_THREADS[WRITE_THREADS.len() - 1]
     ));
     let dma = Op::DmaRead.name();
@@ -385,7 +462,8 @@ mod tests {
 
     #[test]
     fn method_names_are_distinct_within_each_report() {
-        for ops in [&WRITE_OPS[..], &READ_OPS[..]] {
+        for groups in [&WRITE_OPS[..], &READ_OPS[..]] {
+            let ops: Vec<Op> = groups.iter().flat_map(|g| g.iter().copied()).collect();
             let mut names: Vec<String> = ops.iter().map(|o| o.name()).collect();
             names.sort();
             names.dedup();

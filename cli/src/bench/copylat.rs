@@ -4,10 +4,14 @@
 //!   data is posted on the bus;
 //! - `BAR write+readback`: the same, then the last 8 bytes read back through the mapping — a
 //!   read is not reordered ahead of the posted writes, so its return proves they arrived;
+//! - `raw write` and `raw write+readback`: the same two as plain loops of non-temporal stores
+//!   and a plain read ([`raw_bar`]), measured beside them at each size: the machine's own BAR
+//!   latency, which a comparison judges the library's rows against (lent machines differ by up
+//!   to 1.9× on it);
 //! - `cuMemcpyHtoD`: synchronous, from pinned memory;
 //! - `HtoDAsync+sync`: `cuMemcpyHtoDAsync` on a stream, then `cuStreamSynchronize`.
 //!
-//! All four write into the same BAR-mapped allocation.
+//! All of them write into the same BAR-mapped allocation.
 
 use std::time::Duration;
 
@@ -19,17 +23,24 @@ use super::error::{BenchError, BenchResult};
 use super::host_pinned::HostPinned;
 use super::measure::{ladder, measure, open_gpu, Budget, Stats};
 use super::options::Options;
+use super::raw_bar;
 use super::report::format::fmt_size;
 use super::report::model::{Report, Row, Unit};
 use crate::ui;
 
 /// Method names, in column order.
-pub const METHODS: [&str; 4] = [
+pub const METHODS: [&str; 6] = [
     "BAR write",
+    "raw write",
     "BAR write+readback",
+    "raw write+readback",
     "cuMemcpyHtoD",
     "HtoDAsync+sync",
 ];
+
+/// Indices into [`METHODS`] measured side by side: a library write with its raw write at one
+/// size, then the next size, so both see the machine in the same state.
+const GROUPS: [&[usize]; 4] = [&[0, 1], &[2, 3], &[4], &[5]];
 
 /// Runs the benchmark: one `copylat` report.
 pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
@@ -53,60 +64,77 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
 
     let mut report = Report::new("copylat", Unit::Nanoseconds);
     ui::phase("latency", (METHODS.len() * sizes.len()) as u64);
-    for (m, name) in METHODS.iter().enumerate() {
-        let mut counter = 0u64;
+    let mut counter = 0u64;
+    for group in GROUPS {
         for &size in &sizes {
-            ui::step(format!("{name} · {}", fmt_size(size)));
-            let n = size as usize;
-            let samples = measure(&budget, || {
-                match m {
-                    0 => {
-                        // SAFETY: `host` maps `max >= n` bytes; `src` is a distinct buffer; no
-                        // kernel uses `mem`.
-                        unsafe { copy_to_mapping(host, &src[..n]) };
-                        mem.flush(0, size)?;
-                    }
-                    1 => {
-                        // A new value each time, so a stale read-back cannot pass the check.
-                        counter += 1;
-                        src[n - 8..n].copy_from_slice(&counter.to_le_bytes());
-                        // SAFETY: as above.
-                        unsafe { copy_to_mapping(host, &src[..n]) };
-                        mem.flush(0, size)?;
-                        let mut back = [0u8; 8];
-                        mem.invalidate(size - 8, 8)?;
-                        // SAFETY: `n - 8 + 8 <= max` bytes are mapped at `host`.
-                        unsafe { copy_from_mapping(&mut back, host.add(n - 8)) };
-                        if back != src[n - 8..n] {
-                            return Err(BenchError::Check(format!(
-                                "copylat: read-back of a {n}-byte write returned stale data"
-                            )));
+            for &m in group {
+                let name = METHODS[m];
+                ui::step(format!("{name} · {}", fmt_size(size)));
+                let n = size as usize;
+                let samples = measure(&budget, || {
+                    match m {
+                        0 => {
+                            // SAFETY: `host` maps `max >= n` bytes; `src` is a distinct buffer; no
+                            // kernel uses `mem`.
+                            unsafe { copy_to_mapping(host, &src[..n]) };
+                            mem.flush(0, size)?;
+                        }
+                        1 => {
+                            // SAFETY: as above; the mapping is page-aligned. No flush: the raw row
+                            // is the stores alone.
+                            unsafe { raw_bar::store(host, &src[..n]) };
+                        }
+                        2 | 3 => {
+                            // A new value each time, so a stale read-back cannot pass the check.
+                            counter += 1;
+                            src[n - 8..n].copy_from_slice(&counter.to_le_bytes());
+                            let mut back = [0u8; 8];
+                            if m == 2 {
+                                // SAFETY: as above.
+                                unsafe { copy_to_mapping(host, &src[..n]) };
+                                mem.flush(0, size)?;
+                                mem.invalidate(size - 8, 8)?;
+                                // SAFETY: `n - 8 + 8 <= max` bytes are mapped at `host`.
+                                unsafe { copy_from_mapping(&mut back, host.add(n - 8)) };
+                            } else {
+                                // SAFETY: as for the raw write; `host + n - 8` is 8-byte aligned
+                                // (sizes are powers of two from 8).
+                                unsafe {
+                                    raw_bar::store(host, &src[..n]);
+                                    raw_bar::load(&mut back, host.add(n - 8));
+                                }
+                            }
+                            if back != src[n - 8..n] {
+                                return Err(BenchError::Check(format!(
+                                    "copylat: read-back of a {n}-byte {name} returned stale data"
+                                )));
+                            }
+                        }
+                        4 => {
+                            // SAFETY: the context is current (`_ctx`); `dptr` and `pinned` hold at
+                            // least `n` bytes.
+                            unsafe { driver.cu_memcpy_htod(dptr, pinned.as_ptr().cast(), n) }?;
+                        }
+                        _ => {
+                            // SAFETY: as above; `stream` belongs to this context and the copy is
+                            // waited for before `pinned` can be touched again.
+                            unsafe {
+                                driver.cu_memcpy_htod_async(
+                                    dptr,
+                                    pinned.as_ptr().cast(),
+                                    n,
+                                    stream.raw(),
+                                )
+                            }?;
+                            // SAFETY: live stream of the current context.
+                            unsafe { driver.cu_stream_synchronize(stream.raw()) }?;
                         }
                     }
-                    2 => {
-                        // SAFETY: the context is current (`_ctx`); `dptr` and `pinned` hold at
-                        // least `n` bytes.
-                        unsafe { driver.cu_memcpy_htod(dptr, pinned.as_ptr().cast(), n) }?;
-                    }
-                    _ => {
-                        // SAFETY: as above; `stream` belongs to this context and the copy is
-                        // waited for before `pinned` can be touched again.
-                        unsafe {
-                            driver.cu_memcpy_htod_async(
-                                dptr,
-                                pinned.as_ptr().cast(),
-                                n,
-                                stream.raw(),
-                            )
-                        }?;
-                        // SAFETY: live stream of the current context.
-                        unsafe { driver.cu_stream_synchronize(stream.raw()) }?;
-                    }
-                }
-                Ok(())
-            })?;
-            let s = Stats::of(&samples).expect("at least one sample");
-            report.rows.push(Row::measured(*name, size, &s));
+                    Ok(())
+                })?;
+                let s = Stats::of(&samples).expect("at least one sample");
+                report.rows.push(Row::measured(name, size, &s));
+            }
         }
     }
     report.notes.push(
@@ -116,7 +144,9 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     );
     report.notes.push(
         "BAR write: copy_to_mapping (ends with sfence); +readback: then an 8-byte read through \
-         the mapping, which returns only after the writes arrived; cuMemcpy*: from pinned memory"
+         the mapping, which returns only after the writes arrived; raw: the same as a plain loop \
+         of 16-byte non-temporal stores, sfence and a plain read, beside it at each size (no \
+         flush); cuMemcpy*: from pinned memory"
             .into(),
     );
     Ok(vec![report])

@@ -19,6 +19,7 @@
 //!   and `vkgdr bench plot`;
 //! - [`measure`], [`options`], [`error`]: what every benchmark measures with, runs with and can
 //!   fail with; [`host_pinned`]: the `cuMemHostAlloc` memory the DMA rows copy from and to;
+//!   [`raw_bar`]: the plain BAR stores and loads the copy rows are judged against;
 //! - [`report`]: results and their forms (tables, CSV, charts);
 //! - [`compare`]: two runs side by side;
 //! - the benchmarks: [`apiperf`], [`arena`], [`copybw`], [`copylat`], [`fastpath`], [`pplat`],
@@ -37,6 +38,7 @@ pub mod measure;
 pub mod options;
 pub mod outputs;
 pub mod pplat;
+pub mod raw_bar;
 pub mod raw_steps;
 pub mod registry;
 pub mod report;

@@ -1,21 +1,25 @@
-//! A library figure judged against the driver work it is made of ([`anchored_move`]).
+//! A library figure judged against the machine work it is made of ([`anchored_move`]).
 //!
-//! Some calls of this library are mostly driver work: a raw allocation of whole chunks is a
-//! Vulkan allocation, an fd export, a CUDA import and a mapping; a chunk's drop is their reverse.
-//! Lent machines of one GPU model differ by 25–60 % on such driver calls, so on another machine
-//! these figures move by as much without a line of this library changing. Where the registry
-//! names the machine rows a figure is made of ([`DriverWork`](crate::bench::report::spec::DriverWork),
-//! per report, by method pattern) and both runs have every one of them at the figure's size, the
-//! comparison also judges the figure's *anchored* move: its ratio now/before divided by the ratio
-//! of the sum of those rows. A machine whose driver is 40 % slower moves both by 1.4 and leaves
-//! the anchored move at 1; a slower library moves the figure alone.
+//! Some calls of this library are mostly the machine's work. Driver work: a raw allocation of
+//! whole chunks is a Vulkan allocation, an fd export, a CUDA import and a mapping; a chunk's drop
+//! is their reverse. BAR work: a write or read through the mapping is the CPU's stores or loads
+//! crossing PCIe, with little of the library around them. Lent machines of one GPU model differ
+//! by 25–60 % on driver calls and by up to 1.9× on BAR stores, so on another machine these
+//! figures move by as much without a line of this library changing. Where the registry names the
+//! machine rows a figure is made of
+//! ([`MachineWork`](crate::bench::report::spec::MachineWork), per report, by method pattern: driver
+//! calls, or the same copy as a plain loop of stores or loads) and both runs have every one of
+//! them at the figure's size, the comparison also judges the figure's *anchored* move: its ratio
+//! now/before divided by the ratio of the sum of those rows. A machine whose driver or BAR is 40 %
+//! slower moves both by 1.4 and leaves the anchored move at 1; a slower library moves the figure
+//! alone.
 //!
-//! The anchored move's noise is the wider of the figure's and the driver work's (each: the floor
-//! or its spread in either run, plus the allowance for few samples; the driver work's spread and
+//! The anchored move's noise is the wider of the figure's and the machine work's (each: the floor
+//! or its spread in either run, plus the allowance for few samples; the machine work's spread and
 //! samples are those of its rows added up). A figure with an anchored move is worse only when
 //! both its raw move and its anchored move are worse beyond their noise (better likewise); a raw
-//! move beyond noise that the anchored move does not confirm is `moved_with_driver`, never a
-//! regression.
+//! move beyond noise that the anchored move does not confirm is `moved_with_driver` (it moved
+//! with the machine), never a regression.
 
 use super::document::DriverWorkJson;
 use super::noise::{judge, noise_percent, Verdict};
@@ -23,7 +27,7 @@ use super::results::{FigureIn, ReportIn, Results};
 use crate::bench::registry::report_spec;
 use crate::bench::report::spec::method_matches;
 
-/// The driver work of one figure in one run: the machine rows the registry names, at the
+/// The machine work of one figure in one run: the machine rows the registry names, at the
 /// figure's size, added up.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Work {
@@ -38,17 +42,17 @@ pub(super) fn unit_of(r: &ReportIn, f: &FigureIn) -> String {
     f.unit.clone().unwrap_or_else(|| r.unit.clone())
 }
 
-/// The driver work that the figure `method` at `size` bytes of report `report` (in `unit`) is
+/// The machine work that the figure `method` at `size` bytes of report `report` (in `unit`) is
 /// made of in `run`: `None` where the registry names none, or `run` lacks one of its rows at that
 /// size, or a row's median is not positive or its unit differs.
-pub(super) fn driver_work(
+pub(super) fn machine_work(
     run: &Results,
     report: &str,
     method: &str,
     size: u64,
     unit: &str,
 ) -> Option<Work> {
-    let work = report_spec(report)?.driver_work_of(method)?;
+    let work = report_spec(report)?.machine_work_of(method)?;
     if work.made_of.is_empty() {
         return None;
     }
@@ -70,11 +74,13 @@ pub(super) fn driver_work(
         }
         rows.push(f);
     }
+    // Times add up; rates do not, but a rate's machine work is one row (a plain copy of the same
+    // bytes), whose sum is itself.
     let add = |part: fn(&FigureIn) -> Option<f64>| rows.iter().map(|f| part(f)).sum();
     Some(Work {
         methods: rows.iter().map(|f| f.method.clone()).collect(),
         sum: FigureIn {
-            method: format!("driver work of {method}"),
+            method: format!("machine work of {method}"),
             size_bytes: size,
             unit: Some(unit.to_string()),
             median: rows.iter().map(|f| f.median).sum(),
@@ -88,8 +94,8 @@ pub(super) fn driver_work(
 }
 
 /// The anchored move of a figure that went from `before` to `now` (in report `report`, with
-/// noise `noise_percent_raw`), where both runs have its driver work: the driver work's move, the
-/// figure's move over it, that move's noise and its verdict alone.
+/// noise `noise_percent_raw`), where both runs have its machine work: the machine work's move,
+/// the figure's move over it, that move's noise and its verdict alone.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn anchored_move(
     (old, new): (&Results, &Results),
@@ -101,8 +107,8 @@ pub(super) fn anchored_move(
     floor_percent: f64,
     noise_percent_raw: f64,
 ) -> Option<DriverWorkJson> {
-    let was = driver_work(old, report, &now.method, now.size_bytes, unit)?;
-    let is = driver_work(new, report, &now.method, now.size_bytes, unit)?;
+    let was = machine_work(old, report, &now.method, now.size_bytes, unit)?;
+    let is = machine_work(new, report, &now.method, now.size_bytes, unit)?;
     let work_ratio = is.sum.median / was.sum.median;
     let anchored_ratio = (now.median / before.median) / work_ratio;
     if !anchored_ratio.is_finite() || anchored_ratio <= 0.0 {
@@ -126,9 +132,9 @@ pub(super) fn anchored_move(
     })
 }
 
-/// The verdict on a figure whose raw move got `raw` and, where it has driver work, whose
+/// The verdict on a figure whose raw move got `raw` and, where it has machine work, whose
 /// anchored move got `anchored`: worse (better) only when both say so; a raw move beyond noise
-/// that the anchored move does not confirm moved with the driver.
+/// that the anchored move does not confirm moved with the machine.
 pub(super) fn combined(raw: Verdict, anchored: Option<Verdict>) -> Verdict {
     match (raw, anchored) {
         (Verdict::Worse | Verdict::Better, Some(a)) if a != raw => Verdict::MovedWithDriver,

@@ -147,7 +147,7 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
-    use crate::bench::compare::anchoring::driver_work;
+    use crate::bench::compare::anchoring::machine_work;
     use crate::bench::compare::baseline::Loaded;
     use crate::bench::compare::noise::spread;
     use crate::bench::compare::results::{
@@ -376,7 +376,7 @@ mod tests {
         let unit = f.unit.as_deref().unwrap_or(&r.unit);
         (
             spec.is_machine(&f.method),
-            driver_work(run, &r.name, &f.method, f.size_bytes, unit).is_some(),
+            machine_work(run, &r.name, &f.method, f.size_bytes, unit).is_some(),
         )
     }
 
@@ -427,8 +427,8 @@ mod tests {
         assert_eq!(verdict("cuMemAlloc"), Verdict::MachineMoved);
         assert_eq!(d.summary.moved_with_driver, 3);
         let text = c.text();
-        assert!(text.contains("vs driver"), "{text}");
-        assert!(text.contains("with driver"), "{text}");
+        assert!(text.contains("vs machine"), "{text}");
+        assert!(text.contains("with machine"), "{text}");
         // The document says it, and reads back (to the last digit serde_json parses).
         let back: ComparisonDocument = serde_json::from_str(&to_text(d)).unwrap();
         assert_eq!(back.summary, d.summary);
@@ -466,7 +466,7 @@ mod tests {
         assert_eq!(c.exit_code(), EXIT_WORSE);
         assert!(
             c.text()
-                .contains("1.40× for the driver, 1.80× for the figure against it"),
+                .contains("1.40× for the machine, 1.80× for the figure against it"),
             "{}",
             c.text()
         );
@@ -497,6 +497,170 @@ mod tests {
             text.contains("apiperf / Pool alloc+free @ 256 B: 58.7 ns → 106 ns (1.80× the time"),
             "{text}"
         );
+    }
+
+    /// A `copybw-write`, a `copylat` and a `fastpath-small` report as a run on one machine writes
+    /// them: each library BAR row beside its raw row (a plain loop of the same stores) at the
+    /// same sizes, thousands of samples each.
+    fn bar_run() -> Results {
+        let f = |method: &str, size: u64, median: f64| sampled(method, size, median, 2000);
+        let mut write = Vec::new();
+        for (size, one, two) in [(4 << 20, 13.0, 27.5), (64 << 20, 9.9, 26.0)] {
+            write.extend([
+                f("BAR 1 thr", size, one),
+                f("raw 1 thr", size, one * 1.05),
+                f("BAR 2 thr", size, two),
+                f("raw 2 thr", size, two * 1.05),
+                f("HtoD pinned", size, 54.0),
+            ]);
+        }
+        let mut lat = Vec::new();
+        for (size, ns) in [(8, 123.0), (64, 124.0), (4096, 360.0)] {
+            lat.extend([
+                f("BAR write", size, ns),
+                f("raw write", size, ns * 0.95),
+                f("BAR write+readback", size, ns + 1100.0),
+                f("raw write+readback", size, ns + 1090.0),
+                f("cuMemcpyHtoD", size, 7200.0),
+            ]);
+        }
+        let small = vec![
+            f("Block::write (default API)", 64, 140.0),
+            f("raw store + sfence, same block (limit)", 64, 135.0),
+            f("RawMemory::write (default API)", 64, 145.0),
+        ];
+        let mut run = results(Some(("G", "u")), "ns", Vec::new());
+        run.benchmarks[0].reports = vec![
+            report("copybw-write", "GB/s", write),
+            report("copylat", "ns", lat),
+            report("fastpath-small", "ns", small),
+        ];
+        run
+    }
+
+    /// Whether `f` is a library row of `bar_run` whose machine work (its raw row) is measured.
+    fn bar_library_row(r: &ReportIn, f: &FigureIn) -> bool {
+        let spec = crate::bench::registry::report_spec(&r.name).unwrap();
+        spec.machine_work_of(&f.method).is_some()
+    }
+
+    /// A factor `k` on the time of `f` of report `r`: the rate divided by it where `r` is in GB/s.
+    fn slower(r: &ReportIn, k: f64) -> f64 {
+        if r.unit == "GB/s" {
+            1.0 / k
+        } else {
+            k
+        }
+    }
+
+    #[test]
+    fn a_machine_whose_bar_is_slower_is_no_regression_and_slower_copy_code_is() {
+        let old = bar_run();
+        // Every BAR store and load, the library's and the raw loops', 1.6 times as slow; the
+        // driver's copies as before.
+        let machine = |run: &Results| {
+            scaled(run, |r, f| {
+                let raw = crate::bench::registry::report_spec(&r.name)
+                    .unwrap()
+                    .is_machine(&f.method)
+                    && (f.method.starts_with("raw") || r.name == "fastpath-small");
+                if raw || bar_library_row(r, f) {
+                    slower(r, 1.6)
+                } else {
+                    1.0
+                }
+            })
+        };
+        let new = machine(&old);
+        let c = judge(old.clone(), &new);
+        let s = c.doc.summary;
+        assert_eq!(s.worse, 0, "{}", c.text());
+        assert!(!c.doc.regressed);
+        for f in &c.doc.figures {
+            let is_library = c
+                .doc
+                .figures
+                .iter()
+                .any(|g| g.method == f.method && g.driver_work.is_some());
+            if is_library {
+                assert_eq!(f.verdict, Verdict::MovedWithDriver, "{}", f.method);
+                let w = f.driver_work.as_ref().unwrap();
+                assert!((w.anchored_ratio - 1.0).abs() < 1e-9, "{}", f.method);
+                assert_eq!(w.methods.len(), 1);
+            } else if f.method.starts_with("raw") {
+                assert_eq!(f.verdict, Verdict::MachineMoved, "{}", f.method);
+            }
+        }
+        // 4 copybw-write, 6 copylat and 2 fastpath-small library rows.
+        assert_eq!(s.moved_with_driver, 12, "{}", c.text());
+        let text = c.text();
+        assert!(text.contains("with machine"), "{text}");
+        assert!(text.contains("vs machine"), "{text}");
+
+        // The library's copies 1.5 times as slow with the raw rows unchanged: every one is a
+        // regression, its raw move and its move against the raw row both beyond noise.
+        let code = scaled(&old, |r, f| {
+            if bar_library_row(r, f) {
+                slower(r, 1.5)
+            } else {
+                1.0
+            }
+        });
+        let c = judge(old.clone(), &code);
+        let worse: Vec<(&str, &str)> = c
+            .doc
+            .figures
+            .iter()
+            .filter(|f| f.verdict == Verdict::Worse)
+            .map(|f| (f.report.as_str(), f.method.as_str()))
+            .collect();
+        assert_eq!(worse.len(), 12, "{}", c.text());
+        for f in c.doc.figures.iter().filter(|f| f.verdict == Verdict::Worse) {
+            let w = f.driver_work.as_ref().unwrap();
+            assert!((w.ratio - 1.0).abs() < 1e-9, "{}", f.method);
+            assert_eq!(w.verdict, Verdict::Worse);
+        }
+        assert!(worse.contains(&("fastpath-small", "Block::write (default API)")));
+        assert!(worse.contains(&("copylat", "BAR write")));
+        assert!(worse.contains(&("copybw-write", "BAR 2 thr")));
+        assert_eq!(c.exit_code(), EXIT_WORSE);
+        let text = c.text();
+        assert!(
+            text.contains(
+                "against its machine work (raw write): 1.00× for the machine, 1.50× for the \
+                 figure against it"
+            ),
+            "{text}"
+        );
+
+        // The same slower code on the slower machine: still caught, by its move against the raw
+        // rows, and only the library's rows.
+        let c = judge(old.clone(), &machine(&code));
+        assert_eq!(c.doc.summary.worse, 12, "{}", c.text());
+        assert!(c
+            .doc
+            .figures
+            .iter()
+            .filter(|f| f.verdict == Verdict::Worse)
+            .all(|f| {
+                // 1.5 times the time, or two thirds of the rate.
+                let k = f.driver_work.as_ref().unwrap().anchored_ratio;
+                (k - 1.5).abs() < 1e-9 || (k - 1.0 / 1.5).abs() < 1e-9
+            }));
+
+        // A baseline recorded before the raw rows: nothing to anchor on, the rows stand alone
+        // and a slower BAR counts (as it did before the raw rows existed).
+        let mut without_raw = old.clone();
+        for r in without_raw
+            .benchmarks
+            .iter_mut()
+            .flat_map(|b| b.reports.iter_mut())
+        {
+            r.figures.retain(|f| !f.method.starts_with("raw"));
+        }
+        let c = judge(without_raw, &new);
+        assert!(c.doc.figures.iter().all(|f| f.driver_work.is_none()));
+        assert_eq!(c.doc.summary.worse, 12, "{}", c.text());
     }
 
     #[test]

@@ -95,13 +95,16 @@ pub struct FigureComparisonJson {
     pub tolerance_percent: f64,
     /// `worse`, `better`, `within_noise`, `machine_moved` (a driver or hardware figure that moved
     /// beyond its noise: never a regression), `moved_with_driver` (a library figure that moved
-    /// beyond its noise with the driver work it is made of, not against it: never a regression),
+    /// beyond its noise with the machine work it is made of, driver calls or raw BAR copies, not
+    /// against it: never a regression),
     /// `only_in_baseline`, `only_in_current` or `not_comparable` (units differ, or a median is not
     /// positive).
     pub verdict: Verdict,
-    /// The driver work this figure is made of, measured in both runs, and its move against it
-    /// (`null`: the registry names none for it, or a run lacks it). With it, the figure is worse
-    /// (better) only when both `ratio` and `driver_work.anchored_ratio` are beyond their noise.
+    /// The machine work this figure is made of (driver calls, or the same copy as a plain loop of
+    /// BAR stores or loads; the key's name is older than the BAR rows), measured in both runs, and
+    /// its move against it (`null`: the registry names none for it, or a run lacks it). With it,
+    /// the figure is worse (better) only when both `ratio` and `driver_work.anchored_ratio` are
+    /// beyond their noise.
     #[serde(default)]
     pub driver_work: Option<DriverWorkJson>,
     /// The method of the figure's anchor in this run (the baseline's where this run lacks the
@@ -113,7 +116,7 @@ pub struct FigureComparisonJson {
     pub anchor_ratio_current: Option<f64>,
 }
 
-/// The driver work a library figure is made of (the machine rows the registry names, at the
+/// The machine work a library figure is made of (the machine rows the registry names, at the
 /// figure's size, added up), in both runs, and the figure's move against it: its *anchored* move.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DriverWorkJson {
@@ -123,12 +126,12 @@ pub struct DriverWorkJson {
     pub baseline: f64,
     /// Their medians added up, in this run.
     pub current: f64,
-    /// `current / baseline`: how much the driver work moved.
+    /// `current / baseline`: how much the machine work moved.
     pub ratio: f64,
-    /// The figure's `ratio` divided by the driver work's: its move with the machine's driver taken
-    /// out.
+    /// The figure's `ratio` divided by the machine work's: its move with the machine's driver or
+    /// BAR taken out.
     pub anchored_ratio: f64,
-    /// The anchored move's noise in percent: the figure's or the driver work's (its rows' spread
+    /// The anchored move's noise in percent: the figure's or the machine work's (its rows' spread
     /// and samples), whichever is larger.
     pub tolerance_percent: f64,
     /// The anchored move alone: `worse`, `better` or `within_noise`.
@@ -150,7 +153,7 @@ pub struct SummaryJson {
     /// Figures of the driver or the hardware alone that moved beyond their noise.
     #[serde(default)]
     pub machine_moved: usize,
-    /// Library figures that moved beyond their noise with the driver work they are made of.
+    /// Library figures that moved beyond their noise with the machine work they are made of.
     #[serde(default)]
     pub moved_with_driver: usize,
     /// In the baseline only (a benchmark that failed or was not run, a method renamed).

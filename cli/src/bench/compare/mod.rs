@@ -14,9 +14,10 @@
 //! alone (origin `machine`: `cuMemAlloc`, a DMA copy, a raw driver call; the registry names them,
 //! which also covers documents recorded before the mark) that moved are `machine_moved`, never a
 //! regression: lent machines of one model differ by a quarter and more on driver calls, which
-//! says nothing of this library. Figures of this library that are mostly driver work are also
-//! judged against the driver rows they are made of in the same run ([`anchoring`]): worse only
-//! when that anchored move is worse too, else `moved_with_driver`.
+//! says nothing of this library. Figures of this library that are mostly the machine's work
+//! (driver calls; stores and loads through the BAR) are also judged against the machine rows they
+//! are made of in the same run ([`anchoring`]: the driver calls, or the same copy as a plain
+//! loop): worse only when that anchored move is worse too, else `moved_with_driver`.
 //!
 //! Only documents of the same GPU model (CUDA device 0's name; the UUID says whether it is the
 //! same card) are judged: with different or unknown GPUs the figures are shown as information and
@@ -32,7 +33,7 @@
 //! - [`baseline`]: the baseline, one file or the one of the new run's GPU in a directory;
 //! - [`pairing`]: the figures of both runs paired;
 //! - [`noise`]: when a figure has moved;
-//! - [`anchoring`]: a library figure against the driver work it is made of;
+//! - [`anchoring`]: a library figure against the machine work it is made of;
 //! - [`comparison`]: the whole judgement, and [`text`], the same as text;
 //! - [`document`]: the comparison's JSON document;
 //! - [`command_line`] and [`error`]: the command's options, and what keeps it from starting.

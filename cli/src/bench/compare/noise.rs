@@ -27,9 +27,9 @@ pub enum Verdict {
     /// A figure of the driver or the hardware alone (origin `machine`) that moved beyond its
     /// noise, either way: the machine moved, not this library; never a regression.
     MachineMoved,
-    /// A figure of this library that moved beyond its noise together with the driver work it is
-    /// made of (measured in the same run), not against it: the machine's driver moved; never a
-    /// regression.
+    /// A figure of this library that moved beyond its noise together with the machine work it is
+    /// made of (driver calls or raw BAR copies, measured in the same run), not against it: the
+    /// machine's driver or BAR moved; never a regression.
     MovedWithDriver,
     /// Only in the baseline.
     OnlyInBaseline,

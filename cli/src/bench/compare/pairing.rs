@@ -1,5 +1,5 @@
 //! The figures of two runs paired by report, method and size ([`pair_up`]), each pair judged
-//! against its noise (and, where the registry names the driver work it is made of, against that
+//! against its noise (and, where the registry names the machine work it is made of, against that
 //! too: [`anchoring`](super::anchoring)); a figure of one run alone is listed as such.
 
 use std::collections::HashMap;

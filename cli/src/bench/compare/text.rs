@@ -1,6 +1,7 @@
 //! A comparison as text ([`Comparison::text`]): a header naming both runs, a table per report
-//! with each figure's ratio, its ratio against the driver work it is made of (where the registry
-//! names some) and its noise, and a summary naming every figure that got worse.
+//! with each figure's ratio, its ratio against the machine work it is made of (driver calls or raw
+//! BAR copies, where the registry names some) and its noise, and a summary naming every figure
+//! that got worse.
 
 use super::comparison::Comparison;
 use super::document::GpuMatch;
@@ -44,8 +45,8 @@ impl Comparison {
             Some(b) => {
                 out += &format!(
                     "Comparison with {} (noise: the larger of {} % and a figure's own spread, \
-                     wider with fewer than {ENOUGH_SAMPLES} samples; driver-heavy figures also \
-                     against their driver work)\n",
+                     wider with fewer than {ENOUGH_SAMPLES} samples; figures that are mostly \
+                     driver calls or BAR copies also against that machine work)\n",
                     b.file,
                     percent(d.tolerance_percent)
                 );
@@ -99,7 +100,7 @@ impl Comparison {
                         "before",
                         "now",
                         "now/before",
-                        "vs driver",
+                        "vs machine",
                         "noise",
                         "",
                     ]
@@ -112,7 +113,7 @@ impl Comparison {
                 Verdict::Better => "better",
                 Verdict::WithinNoise => "",
                 Verdict::MachineMoved => "machine",
-                Verdict::MovedWithDriver => "with driver",
+                Verdict::MovedWithDriver => "with machine",
                 Verdict::OnlyInBaseline => "only before",
                 Verdict::OnlyInCurrent => "new",
                 Verdict::NotComparable => "not comparable",
@@ -136,7 +137,7 @@ impl Comparison {
         out += &format!(
             "\n{} figure(s) compared: {} worse beyond noise, {} better, {} within noise, {} of the \
              driver or hardware alone moved (the machine's, not counted), {} of the library moved \
-             with the driver work they are made of (not counted)",
+             with the machine work they are made of (not counted)",
             s.compared,
             s.worse,
             s.better,
@@ -173,10 +174,10 @@ impl Comparison {
                     percent(f.tolerance_percent)
                 );
                 if let Some(w) = &f.driver_work {
-                    // Worse against the driver work too: the library's share got slower.
+                    // Worse against the machine work too: the library's share got slower.
                     out += &format!(
-                        "    against its driver work ({}): {}× for the driver, {}× for the figure \
-                         against it (noise ±{} %)\n",
+                        "    against its machine work ({}): {}× for the machine, {}× for the \
+                         figure against it (noise ±{} %)\n",
                         w.methods.join(" + "),
                         sig3(w.ratio),
                         sig3(w.anchored_ratio),

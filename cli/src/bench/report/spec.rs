@@ -1,6 +1,6 @@
 //! What the registry says about each report a benchmark writes ([`ReportSpec`]): its title, its
-//! table [`Layout`], the [`Anchor`] its figures are compared with, and the [`DriverWork`] that
-//! driver-heavy rows of this library are made of.
+//! table [`Layout`], the [`Anchor`] its figures are compared with, and the [`MachineWork`] that
+//! rows of this library are made of (driver calls, BAR stores and loads).
 
 /// How a report is laid out as a table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,12 +29,13 @@ pub struct ReportSpec {
     /// results, and a comparison reports their moves as the machine's, never as a regression
     /// (lent machines of one model differ by a quarter and more on driver calls).
     pub machine: &'static [&'static str],
-    /// Rows of this library that are mostly driver work (an allocation of whole chunks, a drop
-    /// that gives them back, a module load), each with the machine rows that time that work in
-    /// the same run: a comparison judges such a row's move against theirs as well as on its own,
-    /// so a machine whose driver is slower does not make the library look worse. The first entry
-    /// whose pattern matches a method applies.
-    pub driver_work: &'static [DriverWork],
+    /// Rows of this library that are mostly the machine's work (driver calls: an allocation of
+    /// whole chunks, a drop that gives them back, a module load; or the CPU's stores and loads
+    /// through the BAR), each with the machine rows that time that work in the same run: a
+    /// comparison judges such a row's move against theirs as well as on its own, so a machine
+    /// whose driver or BAR is slower does not make the library look worse. The first entry whose
+    /// pattern matches a method applies.
+    pub machine_work: &'static [MachineWork],
 }
 
 impl ReportSpec {
@@ -43,25 +44,27 @@ impl ReportSpec {
         self.machine.iter().any(|p| method_matches(p, method))
     }
 
-    /// The driver work that rows of `method` are made of, if the registry names it.
-    pub fn driver_work_of(&self, method: &str) -> Option<&'static DriverWork> {
-        self.driver_work
+    /// The machine work that rows of `method` are made of, if the registry names it.
+    pub fn machine_work_of(&self, method: &str) -> Option<&'static MachineWork> {
+        self.machine_work
             .iter()
             .find(|w| method_matches(w.rows, method))
     }
 }
 
-/// The driver work a library row is made of: machine rows (origin `machine`) of the same report,
-/// measured beside it in the same run at the row's size, whose medians add up to the driver calls the library's call makes. A
-/// comparison divides the row's move by the move of that sum (its *anchored* move): a machine
-/// whose driver is 40 % slower moves both alike, and the library's own share stays put.
+/// The machine work a library row is made of: machine rows (origin `machine`) of the same report,
+/// measured beside it in the same run at the row's size, whose medians add up to what the
+/// library's call leaves to the machine (the driver calls it makes, or the same bytes stored or
+/// loaded through the BAR by a plain loop). A comparison divides the row's move by the move of
+/// that sum (its *anchored* move): a machine whose driver or BAR is 40 % slower moves both alike,
+/// and the library's own share stays put.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DriverWork {
+pub struct MachineWork {
     /// Method pattern of the library's rows (see [`method_matches`]).
     pub rows: &'static str,
     /// Method patterns of the machine rows of the same report, one per driver call (or group of
-    /// calls timed together); every one must be found at the row's size, else the row stands
-    /// alone.
+    /// calls timed together, or raw copy); every one must be found at the row's size, else the
+    /// row stands alone.
     pub made_of: &'static [&'static str],
 }
 
@@ -144,12 +147,12 @@ mod tests {
             layout: Layout::Long,
             anchor: Anchor::None,
             machine: &["step: *", "cuMemAlloc"],
-            driver_work: &[
-                DriverWork {
+            machine_work: &[
+                MachineWork {
                     rows: "pool chunk alloc*",
                     made_of: &["step: vkAllocateMemory*", "step: cuMemMap*"],
                 },
-                DriverWork {
+                MachineWork {
                     rows: "pool chunk *",
                     made_of: &["step: cuMemUnmap"],
                 },
@@ -158,13 +161,13 @@ mod tests {
         assert!(spec.is_machine("step: cuMemMap + cuMemSetAccess"));
         assert!(spec.is_machine("cuMemAlloc"));
         assert!(!spec.is_machine("pool chunk alloc (library, whole)"));
-        // The first driver-work entry that matches applies.
+        // The first machine-work entry that matches applies.
         let alloc = spec
-            .driver_work_of("pool chunk alloc (library, whole)")
+            .machine_work_of("pool chunk alloc (library, whole)")
             .unwrap();
         assert_eq!(alloc.made_of.len(), 2);
-        let free = spec.driver_work_of("pool chunk free").unwrap();
+        let free = spec.machine_work_of("pool chunk free").unwrap();
         assert_eq!(free.made_of, ["step: cuMemUnmap"]);
-        assert!(spec.driver_work_of("cuMemAlloc").is_none());
+        assert!(spec.machine_work_of("cuMemAlloc").is_none());
     }
 }
