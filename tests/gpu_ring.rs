@@ -936,3 +936,167 @@ fn owned_producers_move_into_threads() {
         assert_eq!(res[layout::RESULT_POS], end);
     }
 }
+
+/// A ring image of `capacity` bytes with records from `from` up to about nine tenths of the
+/// capacity: short bodies, bodies around the consumer's window (4 KiB ones among them), bodies
+/// longer than the window, abandoned PADs, wrap PADs where a padded ring's record would cross the
+/// end (a mirrored one's runs on over it); then one kind of damage, or none: a byte flipped
+/// anywhere, a header's kind or length broken, a seq changed, or the range cut inside a record.
+/// Returns the image and `to`.
+fn damaged_image(rng: &mut impl Rng, capacity: u64, from: u64, wrap: WrapMode) -> (Vec<u8>, u64) {
+    let mask = capacity - 1;
+    let mut image = vec![0u8; capacity as usize];
+    let put = |image: &mut Vec<u8>, pos: u64, bytes: &[u8]| {
+        for (i, b) in bytes.iter().enumerate() {
+            image[((pos + i as u64) & mask) as usize] = *b;
+        }
+    };
+    let header = |len: u32, kind: u32, seq: u64| {
+        let mut h = [0u8; 16];
+        h[..4].copy_from_slice(&len.to_le_bytes());
+        h[4..8].copy_from_slice(&kind.to_le_bytes());
+        h[8..].copy_from_slice(&seq.to_le_bytes());
+        h
+    };
+    let mut headers = Vec::new();
+    let (mut pos, mut seq) = (from, 7u64);
+    loop {
+        let len: u32 = match rng.gen_range(0..100) {
+            0..=39 => rng.gen_range(16..200),
+            40..=69 => rng.gen_range(200..5000),
+            70..=84 => 4096,
+            85..=94 => rng.gen_range(16..20_000),
+            _ => rng.gen_range(20_000..70_000),
+        };
+        let size = (16 + len as u64).next_multiple_of(16);
+        let offset = pos & mask;
+        if wrap == WrapMode::Padded && offset + size > capacity {
+            if pos + (capacity - offset) - from > capacity * 9 / 10 {
+                break;
+            }
+            let pad = (capacity - offset - 16) as u32;
+            put(
+                &mut image,
+                pos,
+                &header(pad, layout::KIND_PAD, layout::WRAP_PAD_SEQ),
+            );
+            pos += capacity - offset;
+            continue;
+        }
+        if pos + size - from > capacity * 9 / 10 {
+            break;
+        }
+        let mut payload: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+        let kind = if rng.gen_range(0..20) == 0 {
+            layout::KIND_PAD
+        } else {
+            seal_test_payload(&mut payload, seq).unwrap();
+            layout::KIND_DATA
+        };
+        headers.push(pos);
+        put(&mut image, pos, &header(len, kind, seq));
+        put(&mut image, pos + 16, &payload);
+        pos += size;
+        seq += 1;
+    }
+    let mut to = pos;
+    let at = |rng: &mut dyn rand::RngCore| headers[rng.gen_range(0..headers.len())];
+    match rng.gen_range(0..6) {
+        0 => {}
+        1 => {
+            let byte = (from + rng.gen_range(0..to - from)) & mask;
+            image[byte as usize] ^= 1 << rng.gen_range(0..8);
+        }
+        2 => {
+            let h = at(rng);
+            put(&mut image, h + 4, &9u32.to_le_bytes());
+        }
+        3 => {
+            let h = at(rng);
+            put(
+                &mut image,
+                h,
+                &rng.gen_range(70_000u32..u32::MAX).to_le_bytes(),
+            );
+        }
+        4 => {
+            let h = at(rng);
+            put(&mut image, h + 8, &rng.gen::<u64>().to_le_bytes());
+        }
+        _ => {
+            // The range ends inside a record (a tail no producer publishes).
+            let h = at(rng);
+            to = h + 16 * rng.gen_range(1..4);
+        }
+    }
+    (image, to)
+}
+
+/// The batch kernels agree with the CPU's walk (`verify_records_in`) word for word on damaged
+/// rings: where a broken chain stops them, how many records and errors they count, the checksum
+/// sum and the next seq — windows starting anywhere in the region, wrapping and mirrored.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn batch_kernels_agree_with_the_cpu_walk_on_damaged_rings() {
+    let gpu = open(false);
+    let module = Module::load_ptx(&gpu, RING_PTX).unwrap();
+    let stream = Stream::new(&gpu).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed_7e57);
+    let trials = if under_sanitizer() { 6 } else { 120 };
+    for (wrap, ring, name) in [
+        (
+            WrapMode::Padded,
+            LaunchRing::new(&gpu, 1 << 20),
+            "ring_consume_batch",
+        ),
+        (
+            WrapMode::Mirrored,
+            LaunchRing::new_mirrored(&gpu, 2 << 20),
+            "ring_consume_batch_mirrored",
+        ),
+    ] {
+        let ring = ring.unwrap();
+        let kernel = module.function(name).unwrap();
+        let v = ring.ring().device_view();
+        let mut damaged = 0;
+        for trial in 0..trials {
+            let from = rng.gen_range(0..4 * v.capacity / 16) * 16;
+            let (image, to) = damaged_image(&mut rng, v.capacity, from, wrap);
+            // SAFETY: the image is the ring's whole data region; no kernel is running and no
+            // producer writes this ring.
+            unsafe {
+                gpu.memcpy_htod(v.data, &image).unwrap();
+                gpu.memset_d32(v.result, 0, 2 * layout::RESULT_WORDS)
+                    .unwrap();
+            }
+            gpu.synchronize().unwrap();
+            launch_batch(&kernel, &v, (from, to), 7, &stream).unwrap();
+            stream.synchronize().unwrap();
+            let got = ring.ring().results();
+            let want = layout::verify_records_in(&image[..], from, to, 7, wrap);
+            damaged += u64::from(want.errors != 0);
+            assert_eq!(
+                [
+                    got[layout::RESULT_RECORDS],
+                    got[layout::RESULT_CHECKSUM_SUM],
+                    got[layout::RESULT_ERRORS],
+                    got[layout::RESULT_NEXT_SEQ],
+                    got[layout::RESULT_POS],
+                ],
+                [
+                    want.records,
+                    want.checksum_sum,
+                    want.errors,
+                    want.next_seq,
+                    want.pos
+                ],
+                "{name}, trial {trial}: [{from}, {to})"
+            );
+        }
+        println!("{name}: {trials} ranges, {damaged} with errors, every result word as the CPU's");
+        assert!(
+            damaged > 0 && damaged < trials,
+            "both kinds of range were checked"
+        );
+    }
+}
