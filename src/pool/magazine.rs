@@ -178,9 +178,12 @@ impl PoolSlot {
         // Usually the last entry fits; one of the same bucket may be too small or misaligned only
         // for odd size/alignment mixes, which then take the slow path. `align` is a power of two
         // (checked by `Pool::alloc`): a mask, not a division. Checked in place, moved once.
-        let buckets = self.buckets.as_mut()?;
-        let h = buckets[bucket]
-            .pop_if(|h| h.allocation.size() >= size && h.allocation.offset() & (align - 1) == 0)?;
+        let entries = &mut self.buckets.as_mut()?[bucket];
+        let last = entries.last()?;
+        if last.allocation.size() < size || last.allocation.offset() & (align - 1) != 0 {
+            return None;
+        }
+        let h = entries.pop()?;
         self.bytes -= h.allocation.size();
         self.count(false, h.allocation.requested_size());
         Some(h)
@@ -356,8 +359,11 @@ fn release(entries: Vec<Hold>) -> usize {
 /// (the slow path's [`serve`] makes it), or a visitor holds it right now (a trim or a pool's
 /// drop, which is emptying it anyway: the allocation goes to its shard rather than wait). One
 /// path in and one out, so the entry moves from the bucket to the block in registers.
-#[inline]
-pub(super) fn take(pool: u64, size: u64, align: u64) -> Option<Hold> {
+///
+/// `FAST` only looks at the most recently used slot: a path with no call in it, which keeps the
+/// caller's frame small. Otherwise a slot found further back becomes the most recently used.
+#[inline(always)]
+pub(super) fn take<const FAST: bool>(pool: u64, size: u64, align: u64) -> Option<Hold> {
     debug_assert!(size > 0 && size <= MAX_CACHED_SIZE && align.is_power_of_two());
     let p = current(false);
     if p.is_null() {
@@ -366,7 +372,15 @@ pub(super) fn take(pool: u64, size: u64, align: u64) -> Option<Hold> {
     // SAFETY: `p` is this thread's live magazine (see `with_magazine`), and this thread is its
     // only owner; the access below only moves values and ends before we return.
     let mut m = unsafe { (*p).cell.try_enter() }?;
-    m.find_and_use(pool)?.pop_fitting(bucket(size), size, align)
+    let slot = if FAST {
+        &mut m.slots[0]
+    } else {
+        m.find_and_use(pool)?
+    };
+    if slot.pool != pool {
+        return None;
+    }
+    slot.pop_fitting(bucket(size), size, align)
 }
 
 /// Makes this thread's magazine (created if needed) serve `pool`, evicting its least recently
@@ -416,8 +430,17 @@ fn serve_in(m: &mut Slots, pool: PoolKey) -> Vec<Hold> {
 /// called, once, inside the owner's access (so it must only move values), and what it returns
 /// is kept. Returns whether `entry` was called; when not, the caller still owns the block's
 /// memory. Moved in place from the block to the bucket: a refused block is never copied.
-#[inline]
-pub(super) fn offer(pool: u64, requested: u64, size: u64, entry: impl FnOnce() -> Hold) -> bool {
+///
+/// `FAST` only looks at the most recently used slot and refuses a bucket that would need its
+/// storage reserved: a path with no call in it, which keeps the caller's frame small. A caller
+/// refused by it asks again without `FAST` before freeing to the shard.
+#[inline(always)]
+pub(super) fn offer<const FAST: bool>(
+    pool: u64,
+    requested: u64,
+    size: u64,
+    entry: impl FnOnce() -> Hold,
+) -> bool {
     // `requested` in 1..=MAX_CACHED_SIZE, in one comparison (0 wraps to the largest value).
     if requested.wrapping_sub(1) >= MAX_CACHED_SIZE {
         return false;
@@ -433,9 +456,17 @@ pub(super) fn offer(pool: u64, requested: u64, size: u64, entry: impl FnOnce() -
     let Some(mut m) = (unsafe { (*p).cell.try_enter() }) else {
         return false;
     };
-    let Some(slot) = m.find(pool) else {
-        return false;
+    let slot = if FAST {
+        &mut m.slots[0]
+    } else {
+        let Some(slot) = m.find(pool) else {
+            return false;
+        };
+        slot
     };
+    if slot.pool != pool {
+        return false;
+    }
     let Some(buckets) = slot.buckets.as_mut() else {
         return false;
     };
@@ -446,6 +477,9 @@ pub(super) fn offer(pool: u64, requested: u64, size: u64, entry: impl FnOnce() -
     // The same test as `push`'s own, so the hot path makes it once; a bucket's storage is
     // reserved whole (`depth` entries) the first time, so it never grows after.
     if entries.len() == entries.capacity() {
+        if FAST {
+            return false;
+        }
         reserve_bucket(entries, slot.depth);
     }
     entries.push(entry());
