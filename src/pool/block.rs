@@ -329,16 +329,19 @@ impl Drop for Block {
             if self.len == a.requested_size() {
                 // SAFETY: our reference keeps the cell alive; `pool` is never changed.
                 let pool = unsafe { &hold.cell.as_ref().pool };
+                if !pool.cache_open.load(Ordering::Relaxed) {
+                    // SAFETY: `drop` runs once and `kind` is never used after it (nor dropped:
+                    // `ManuallyDrop`), so the hold is consumed here, once.
+                    unsafe { ShardCell::free_in_place(hold) };
+                    return;
+                }
                 // The hold is moved out of the block where it lies, straight into the thread
                 // cache, rather than first out of the block and then again. The read happens
                 // only when `offer` returns `true`, and then the block is never used again.
-                if pool.cache_open.load(Ordering::Relaxed)
-                    && magazine::offer::<true>(pool.id, a.requested_size(), a.size(), || {
-                        // SAFETY: `drop` runs once and `kind` is never used after it (nor
-                        // dropped: `ManuallyDrop`), so the bits left behind are never used again.
-                        unsafe { std::ptr::read(hold) }
-                    })
-                {
+                if magazine::offer::<true>(pool.id, a.requested_size(), a.size(), || {
+                    // SAFETY: as above.
+                    unsafe { std::ptr::read(hold) }
+                }) {
                     return;
                 }
             }
@@ -377,7 +380,7 @@ impl Block {
         if !cached {
             // SAFETY: as for the read above; the block's reference on its cell is used here for
             // the last time.
-            unsafe { ShardCell::free(std::ptr::read(hold)) };
+            unsafe { ShardCell::free_in_place(hold) };
         }
     }
 }
