@@ -44,6 +44,10 @@ fn main() -> vkgdr::Result<()> {
         _ => PoolConfig::default(),
     };
     let pool = Pool::new(HostMemorySource, config)?;
+    if let Some(cache) = pool.thread_cache() {
+        // Which barrier pair the thread caches pay for: it decides their cost per access.
+        println!("thread cache handshake: {}", cache.handshake.name());
+    }
     // One block kept alive, so the chunk stays: the steady state the benchmark measures.
     let _keep = pool.alloc(size, 16)?;
     if threads > 1 {
