@@ -355,13 +355,15 @@ fn release(entries: Vec<Hold>) -> usize {
 }
 
 /// Takes a cached allocation of `pool` (its `PoolKey::id`) that fits `size` bytes at `align`
-/// from this thread's magazine. `None`: no fit, no magazine, the magazine does not serve `pool`
-/// (the slow path's [`serve`] makes it), or a visitor holds it right now (a trim or a pool's
-/// drop, which is emptying it anyway: the allocation goes to its shard rather than wait). One
-/// path in and one out, so the entry moves from the bucket to the block in registers.
+/// from this thread's magazine. `None`: no fit, no magazine, or the magazine does not serve
+/// `pool` (the slow path's [`serve`] makes it). One path in and one out, so the entry moves from
+/// the bucket to the block in registers.
 ///
-/// `FAST` only looks at the most recently used slot: a path with no call in it, which keeps the
-/// caller's frame small. Otherwise a slot found further back becomes the most recently used.
+/// `FAST` only looks at the most recently used slot and never waits: a path with no call in it,
+/// which keeps the caller's frame small; while a visitor (a trim, a pool's drop) holds the
+/// magazine it says `None`. Otherwise a slot found further back becomes the most recently used,
+/// and a visitor is waited for (it holds the magazine for a few moves), so whether a block is
+/// cached never depends on another thread's timing.
 #[inline(always)]
 pub(super) fn take<const FAST: bool>(pool: u64, size: u64, align: u64) -> Option<Hold> {
     debug_assert!(size > 0 && size <= MAX_CACHED_SIZE && align.is_power_of_two());
@@ -369,14 +371,23 @@ pub(super) fn take<const FAST: bool>(pool: u64, size: u64, align: u64) -> Option
     if p.is_null() {
         return None;
     }
-    // SAFETY: `p` is this thread's live magazine (see `with_magazine`), and this thread is its
-    // only owner; the access below only moves values and ends before we return.
-    let mut m = unsafe { (*p).cell.try_enter() }?;
-    let slot = if FAST {
-        &mut m.slots[0]
+    if FAST {
+        // SAFETY: `p` is this thread's live magazine (see `with_magazine`), and this thread is
+        // its only owner; the access below only moves values and ends before we return.
+        let mut m = unsafe { (*p).cell.try_enter() }?;
+        take_in(&mut m.slots[0], pool, size, align)
     } else {
-        m.find_and_use(pool)?
-    };
+        // SAFETY: as above; the closure only moves values.
+        unsafe {
+            (*p).cell
+                .with_owner(|m| take_in(m.find_and_use(pool)?, pool, size, align))
+        }
+    }
+}
+
+/// [`take`] from `slot`, if it serves `pool`.
+#[inline(always)]
+fn take_in(slot: &mut PoolSlot, pool: u64, size: u64, align: u64) -> Option<Hold> {
     if slot.pool != pool {
         return None;
     }
@@ -431,9 +442,10 @@ fn serve_in(m: &mut Slots, pool: PoolKey) -> Vec<Hold> {
 /// is kept. Returns whether `entry` was called; when not, the caller still owns the block's
 /// memory. Moved in place from the block to the bucket: a refused block is never copied.
 ///
-/// `FAST` only looks at the most recently used slot and refuses a bucket that would need its
-/// storage reserved: a path with no call in it, which keeps the caller's frame small. A caller
-/// refused by it asks again without `FAST` before freeing to the shard.
+/// `FAST` only looks at the most recently used slot, refuses a bucket that would need its
+/// storage reserved and never waits (a visitor holding the magazine: refused): a path with no
+/// call in it, which keeps the caller's frame small. A caller refused by it asks again without
+/// `FAST` before freeing to the shard; that one waits for a visitor, as [`take`] does.
 #[inline(always)]
 pub(super) fn offer<const FAST: bool>(
     pool: u64,
@@ -449,21 +461,34 @@ pub(super) fn offer<const FAST: bool>(
     if p.is_null() {
         return false;
     }
-    // SAFETY: `p` is this thread's live magazine (see `with_magazine`), and this thread is its
-    // only owner; the access below only moves values (reserving a bucket's storage at most) and
-    // ends before we return. While a visitor (a trim, a pool's drop) holds the magazine, the
-    // block goes to its shard rather than wait: the visitor is emptying the magazine anyway.
-    let Some(mut m) = (unsafe { (*p).cell.try_enter() }) else {
-        return false;
-    };
-    let slot = if FAST {
-        &mut m.slots[0]
-    } else {
-        let Some(slot) = m.find(pool) else {
+    if FAST {
+        // SAFETY: `p` is this thread's live magazine (see `with_magazine`), and this thread is
+        // its only owner; the access below only moves values and ends before we return.
+        let Some(mut m) = (unsafe { (*p).cell.try_enter() }) else {
             return false;
         };
-        slot
-    };
+        offer_in::<true>(&mut m.slots[0], pool, requested, size, entry)
+    } else {
+        // SAFETY: as above; the closure only moves values (reserving a bucket's storage at
+        // most).
+        unsafe {
+            (*p).cell.with_owner(|m| match m.find(pool) {
+                Some(slot) => offer_in::<false>(slot, pool, requested, size, entry),
+                None => false,
+            })
+        }
+    }
+}
+
+/// [`offer`] to `slot`, if it serves `pool`.
+#[inline(always)]
+fn offer_in<const FAST: bool>(
+    slot: &mut PoolSlot,
+    pool: u64,
+    requested: u64,
+    size: u64,
+    entry: impl FnOnce() -> Hold,
+) -> bool {
     if slot.pool != pool {
         return false;
     }
