@@ -1,5 +1,9 @@
-//! The pool's cached alloc+free pair in a loop, alone: the program to profile the thread-cache
-//! fast path with (the criterion benchmark's harness adds its own instructions around it).
+//! The pool's alloc+free pair in a loop, alone: the program to profile the pool's hot paths with
+//! (the criterion benchmark's harness adds its own instructions around it).
+//!
+//! `pool_pair [COUNT] [SIZE] [MODE]`, MODE one of `cached` (the default: `PoolConfig::default()`,
+//! thread cache on), `nocache` (`thread_cache: 0`: every pair goes to the shard) or `threads=N`
+//! (N threads each doing COUNT cached pairs; prints wall time per pair of the whole machine).
 //!
 //! `cargo build --release --example pool_pair`, then for instructions per pair:
 //! `valgrind --tool=callgrind --toggle-collect='pool_pair::pairs' target/release/examples/pool_pair 1000000`
@@ -27,14 +31,47 @@ fn main() -> vkgdr::Result<()> {
         .and_then(|a| a.parse().ok())
         .unwrap_or(10_000_000);
     let size: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(256);
-    let pool = Pool::new(HostMemorySource, PoolConfig::default())?;
+    let mode = args.next().unwrap_or_else(|| "cached".into());
+    let threads: usize = mode
+        .strip_prefix("threads=")
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(1);
+    let config = match mode.as_str() {
+        "nocache" => PoolConfig {
+            thread_cache: 0,
+            ..PoolConfig::default()
+        },
+        _ => PoolConfig::default(),
+    };
+    let pool = Pool::new(HostMemorySource, config)?;
+    if let Some(cache) = pool.thread_cache() {
+        // Which barrier pair the thread caches pay for: it decides their cost per access.
+        println!("thread cache handshake: {}", cache.handshake.name());
+    }
     // One block kept alive, so the chunk stays: the steady state the benchmark measures.
     let _keep = pool.alloc(size, 16)?;
+    if threads > 1 {
+        let start = std::sync::Barrier::new(threads + 1);
+        let t = std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| {
+                    pairs(&pool, 2, size)?;
+                    start.wait();
+                    pairs(&pool, n, size)
+                });
+            }
+            start.wait();
+            std::time::Instant::now()
+        });
+        let ns = t.elapsed().as_nanos() as f64 / (n * threads as u64) as f64;
+        println!("{threads} threads x {n} pairs of {size} bytes: {ns:.2} ns per pair (wall)");
+        return Ok(());
+    }
     // Warm the thread cache (first use creates it and makes it serve the pool).
     pairs(&pool, 2, size)?;
     let t = std::time::Instant::now();
     pairs(&pool, n, size)?;
     let ns = t.elapsed().as_nanos() as f64 / n as f64;
-    println!("{n} pairs of {size} bytes: {ns:.2} ns per pair");
+    println!("{n} pairs of {size} bytes ({mode}): {ns:.2} ns per pair");
     Ok(())
 }

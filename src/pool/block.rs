@@ -40,11 +40,9 @@ pub(super) enum BlockKind {
 pub struct Block {
     /// Taken out by `drop` only (to move the memory it holds back), so never seen taken.
     kind: ManuallyDrop<BlockKind>,
+    /// Kept (unlike the device address, read from the chunk when asked for): every access
+    /// through [`Mapping`] uses it. A smaller block is less to build and move per allocation.
     host_ptr: *mut u8,
-    /// Device address, when `has_device_ptr` (two fields rather than an `Option`: the flag fits
-    /// beside the other flags, 8 bytes less to move per block).
-    device_ptr: u64,
-    has_device_ptr: bool,
     len: u64,
     non_coherent: bool,
     /// Whether the pool's registry holds a label for this block (removed when it drops).
@@ -82,8 +80,6 @@ impl Block {
             // SAFETY: the allocator guarantees offset + len <= chunk size, so the pointer stays
             // inside the chunk's mapping.
             host_ptr: unsafe { chunk.host_base.get().add(offset as usize) },
-            device_ptr: chunk.device_base.map_or(0, |p| p + offset),
-            has_device_ptr: chunk.device_base.is_some(),
             len,
             non_coherent,
             labeled: false,
@@ -141,7 +137,8 @@ impl Block {
 
     /// Device address of the block (`None` for pools over Vulkan-only or host chunks).
     pub fn device_ptr(&self) -> Option<u64> {
-        self.has_device_ptr.then_some(self.device_ptr)
+        let offset = self.offset();
+        self.chunk().device_base.map(|base| base + offset)
     }
 
     /// Offset of the block inside its chunk.
@@ -325,6 +322,39 @@ unsafe impl Mapping for Block {
 impl Drop for Block {
     #[inline]
     fn drop(&mut self) {
+        // The common case inline (an unlabeled shared block whose size its shard recorded goes
+        // to this thread's cache), everything else out of line, so the fast path stays small.
+        if let (false, BlockKind::Shared(hold)) = (self.labeled, &*self.kind) {
+            let a = &hold.allocation;
+            if self.len == a.requested_size() {
+                // SAFETY: our reference keeps the cell alive; `pool` is never changed.
+                let pool = unsafe { &hold.cell.as_ref().pool };
+                if !pool.cache_open.load(Ordering::Relaxed) {
+                    // SAFETY: `drop` runs once and `kind` is never used after it (nor dropped:
+                    // `ManuallyDrop`), so the hold is consumed here, once.
+                    unsafe { ShardCell::free_in_place(hold) };
+                    return;
+                }
+                // The hold is moved out of the block where it lies, straight into the thread
+                // cache, rather than first out of the block and then again. The read happens
+                // only when `offer` returns `true`, and then the block is never used again.
+                if magazine::offer::<true>(pool.id, a.requested_size(), a.size(), || {
+                    // SAFETY: as above.
+                    unsafe { std::ptr::read(hold) }
+                }) {
+                    return;
+                }
+            }
+        }
+        self.drop_slow();
+    }
+}
+
+impl Block {
+    /// Everything `drop` does not do inline: labels, size accounting, dedicated and gpu-alloc
+    /// blocks, and frees that the thread cache refuses.
+    #[inline(never)]
+    fn drop_slow(&mut self) {
         if self.labeled {
             self.forget_label();
         }
@@ -340,19 +370,17 @@ impl Drop for Block {
         if self.len != a.requested_size() {
             pool.adjust_size_delta(self.len, a, -1);
         }
-        // The hold is moved out of the block where it lies, straight into the thread cache or to
-        // the shard, rather than first out of the block and then again. Exactly one of the two
-        // reads below happens: `offer` returns `true` exactly when it called its `entry`.
+        // Exactly one of the two reads below happens: `offer` returns `true` exactly when it
+        // called its `entry`.
         let cached = pool.cache_open.load(Ordering::Relaxed)
-            && magazine::offer(pool.id, a.requested_size(), a.size(), || {
-                // SAFETY: `drop` runs once and `kind` is never used after it (nor dropped:
-                // `ManuallyDrop`), so the bits left behind are never used again.
+            && magazine::offer::<false>(pool.id, a.requested_size(), a.size(), || {
+                // SAFETY: as in `drop`.
                 unsafe { std::ptr::read(hold) }
             });
         if !cached {
             // SAFETY: as for the read above; the block's reference on its cell is used here for
             // the last time.
-            unsafe { ShardCell::free(std::ptr::read(hold)) };
+            unsafe { ShardCell::free_in_place(hold) };
         }
     }
 }

@@ -91,16 +91,34 @@ pub(super) struct PoolKey {
 
 /// One slot's figures as other threads read them ([`Pool::stats`](super::Pool::stats)): stored
 /// (relaxed) by whoever holds the slot after each change, read without the handshake. A reader
-/// racing with a change may see a mix of the figures before and after it, never torn numbers.
+/// racing with a change may see the figures before or after it, never torn numbers: blocks and
+/// requested bytes share one word, so the owner publishes both with one load and one store.
 /// On cache lines of its own: the owner stores to it on every cached allocation and free, and
 /// another thread's figures next to it would make both threads' stores contend.
 #[derive(Default)]
 #[repr(align(128))]
 struct Published {
     pool: AtomicU64,
-    blocks: AtomicU64,
-    requested: AtomicU64,
+    /// `blocks << 32 | requested bytes`: a slot holds at most `MAX_DEPTH * BUCKETS` blocks of at
+    /// most `MAX_CACHED_SIZE` bytes, 2^30 bytes in all, so neither half overflows into the other.
+    counts: AtomicU64,
 }
+
+const _: () = assert!((MAX_DEPTH as u64) * (BUCKETS as u64) * MAX_CACHED_SIZE < 1 << 32);
+
+/// One block in `Published::counts`.
+const ONE_BLOCK: u64 = 1 << 32;
+
+impl Published {
+    /// Blocks and requested bytes.
+    fn counts(&self) -> (u64, u64) {
+        let c = self.counts.load(Ordering::Relaxed);
+        (c >> 32, c & (ONE_BLOCK - 1))
+    }
+}
+
+/// A slot's buckets, indexed by `bucket(size)`: a fixed array, so indexing needs no bounds check.
+type Buckets = [Vec<Hold>; BUCKETS];
 
 /// One pool's part of a magazine.
 struct PoolSlot {
@@ -111,11 +129,9 @@ struct PoolSlot {
     /// Rounded sizes of the entries held. (Their number and requested sizes are kept only in
     /// `published`: one copy to update per take and push.)
     bytes: u64,
-    /// The magazine's clock when this pool last allocated through it (least recent is evicted).
-    last_use: u64,
-    /// `BUCKETS` buckets once the slot has served a pool.
-    buckets: Vec<Vec<Hold>>,
-    /// `pool`, `blocks` and `requested` for readers on other threads.
+    /// Allocated when the slot first serves a pool (so `Some` whenever `pool != 0`).
+    buckets: Option<Box<Buckets>>,
+    /// `pool` and the counts for readers on other threads.
     published: Arc<Published>,
 }
 
@@ -126,8 +142,7 @@ impl PoolSlot {
             depth: 0,
             max_bytes: 0,
             bytes: 0,
-            last_use: 0,
-            buckets: Vec::new(),
+            buckets: None,
             published: Arc::default(),
         }
     }
@@ -137,42 +152,38 @@ impl PoolSlot {
     fn publish_empty(&self) {
         let p = &*self.published;
         p.pool.store(self.pool, Ordering::Relaxed);
-        p.blocks.store(0, Ordering::Relaxed);
-        p.requested.store(0, Ordering::Relaxed);
+        p.counts.store(0, Ordering::Relaxed);
     }
 
     /// Counts one more entry (`add`) or one less, of `requested` bytes, where other threads read
     /// the counts. Only the slot's holder (its owner, or a visitor with exclusive access) stores
-    /// them, so a plain load and store each, no read-modify-write.
+    /// them, so a plain load and store, no read-modify-write.
     #[inline(always)]
     fn count(&self, add: bool, requested: u64) {
         let p = &*self.published;
-        let (blocks, bytes) = (
-            p.blocks.load(Ordering::Relaxed),
-            p.requested.load(Ordering::Relaxed),
-        );
-        let (blocks, bytes) = if add {
-            (blocks + 1, bytes + requested)
-        } else {
-            (blocks - 1, bytes - requested)
-        };
-        p.blocks.store(blocks, Ordering::Relaxed);
-        p.requested.store(bytes, Ordering::Relaxed);
+        let c = p.counts.load(Ordering::Relaxed);
+        let one = ONE_BLOCK | requested;
+        p.counts
+            .store(if add { c + one } else { c - one }, Ordering::Relaxed);
     }
 
     /// Entries held.
     fn blocks(&self) -> u64 {
-        self.published.blocks.load(Ordering::Relaxed)
+        self.published.counts().0
     }
 
     /// Takes the last entry of `bucket` if it holds `size` bytes at `align`.
-    #[inline]
+    #[inline(always)]
     fn pop_fitting(&mut self, bucket: usize, size: u64, align: u64) -> Option<Hold> {
         // Usually the last entry fits; one of the same bucket may be too small or misaligned only
         // for odd size/alignment mixes, which then take the slow path. `align` is a power of two
         // (checked by `Pool::alloc`): a mask, not a division. Checked in place, moved once.
-        let h = self.buckets[bucket]
-            .pop_if(|h| h.allocation.size() >= size && h.allocation.offset() & (align - 1) == 0)?;
+        let entries = &mut self.buckets.as_mut()?[bucket];
+        let last = entries.last()?;
+        if last.allocation.size() < size || last.allocation.offset() & (align - 1) != 0 {
+            return None;
+        }
+        let h = entries.pop()?;
         self.bytes -= h.allocation.size();
         self.count(false, h.allocation.requested_size());
         Some(h)
@@ -180,7 +191,7 @@ impl PoolSlot {
 
     /// Empties the slot into `out` and forgets its pool.
     fn drain_into(&mut self, out: &mut Vec<Hold>) {
-        for b in &mut self.buckets {
+        for b in self.buckets.iter_mut().flat_map(|b| b.iter_mut()) {
             out.append(b);
         }
         self.pool = 0;
@@ -189,15 +200,44 @@ impl PoolSlot {
     }
 }
 
-/// What a magazine holds: its pools' slots and a use clock.
+/// What a magazine holds: its pools' slots, most recently used first (slot 0 serves the pool
+/// this thread allocated from last, so the hot paths look there only; the last slot is the one
+/// evicted).
 struct Slots {
-    clock: u64,
     slots: [PoolSlot; POOLS_PER_THREAD],
 }
 
 impl Slots {
+    /// The slot serving `pool`, without changing the order (for frees).
+    #[inline(always)]
     fn find(&mut self, pool: u64) -> Option<&mut PoolSlot> {
-        self.slots.iter_mut().find(|s| s.pool == pool)
+        if self.slots[0].pool == pool {
+            return Some(&mut self.slots[0]);
+        }
+        self.find_other(pool)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn find_other(&mut self, pool: u64) -> Option<&mut PoolSlot> {
+        self.slots[1..].iter_mut().find(|s| s.pool == pool)
+    }
+
+    /// The slot serving `pool`, moved to the front as the most recently used (for allocations).
+    #[inline(always)]
+    fn find_and_use(&mut self, pool: u64) -> Option<&mut PoolSlot> {
+        if self.slots[0].pool == pool {
+            return Some(&mut self.slots[0]);
+        }
+        self.promote(pool)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn promote(&mut self, pool: u64) -> Option<&mut PoolSlot> {
+        let i = self.slots.iter().position(|s| s.pool == pool)?;
+        self.slots[..=i].rotate_right(1);
+        Some(&mut self.slots[0])
     }
 
     fn take_all(&mut self) -> Vec<Hold> {
@@ -255,7 +295,7 @@ fn create() -> Option<*const Magazine> {
             let slots: [PoolSlot; POOLS_PER_THREAD] = std::array::from_fn(|_| PoolSlot::new());
             let published = std::array::from_fn(|i| slots[i].published.clone());
             let m = Arc::new(Magazine {
-                cell: OwnerCell::new(Slots { clock: 0, slots }),
+                cell: OwnerCell::new(Slots { slots }),
                 published,
             });
             REGISTRY.lock().push(m.clone());
@@ -296,8 +336,11 @@ fn with_magazine<R: Default>(create_if_missing: bool, f: impl FnOnce(&mut Slots)
     unsafe { (*p).cell.with_owner(f) }
 }
 
+/// The bucket of a size in `1..=MAX_CACHED_SIZE`. (The mask changes nothing for those; it lets
+/// the compiler drop the bounds check.)
+#[inline(always)]
 fn bucket(size: u64) -> usize {
-    ((size - 1) / BUCKET_BYTES) as usize
+    ((size - 1) / BUCKET_BYTES) as usize & (BUCKETS - 1)
 }
 
 /// Frees entries to their shards (never inside `with_magazine`: freeing may drop chunks).
@@ -312,24 +355,42 @@ fn release(entries: Vec<Hold>) -> usize {
 }
 
 /// Takes a cached allocation of `pool` (its `PoolKey::id`) that fits `size` bytes at `align`
-/// from this thread's magazine. `None`: no fit, no magazine, the magazine does not serve `pool`
-/// (the slow path's [`serve`] makes it), or a visitor holds it right now (a trim or a pool's
-/// drop, which is emptying it anyway: the allocation goes to its shard rather than wait). One
-/// path in and one out, so the entry moves from the bucket to the block in registers.
-#[inline]
-pub(super) fn take(pool: u64, size: u64, align: u64) -> Option<Hold> {
+/// from this thread's magazine. `None`: no fit, no magazine, or the magazine does not serve
+/// `pool` (the slow path's [`serve`] makes it). One path in and one out, so the entry moves from
+/// the bucket to the block in registers.
+///
+/// `FAST` only looks at the most recently used slot and never waits: a path with no call in it,
+/// which keeps the caller's frame small; while a visitor (a trim, a pool's drop) holds the
+/// magazine it says `None`. Otherwise a slot found further back becomes the most recently used,
+/// and a visitor is waited for (it holds the magazine for a few moves), so whether a block is
+/// cached never depends on another thread's timing.
+#[inline(always)]
+pub(super) fn take<const FAST: bool>(pool: u64, size: u64, align: u64) -> Option<Hold> {
     debug_assert!(size > 0 && size <= MAX_CACHED_SIZE && align.is_power_of_two());
     let p = current(false);
     if p.is_null() {
         return None;
     }
-    // SAFETY: `p` is this thread's live magazine (see `with_magazine`), and this thread is its
-    // only owner; the access below only moves values and ends before we return.
-    let mut m = unsafe { (*p).cell.try_enter() }?;
-    m.clock += 1;
-    let clock = m.clock;
-    let slot = m.find(pool)?;
-    slot.last_use = clock;
+    if FAST {
+        // SAFETY: `p` is this thread's live magazine (see `with_magazine`), and this thread is
+        // its only owner; the access below only moves values and ends before we return.
+        let mut m = unsafe { (*p).cell.try_enter() }?;
+        take_in(&mut m.slots[0], pool, size, align)
+    } else {
+        // SAFETY: as above; the closure only moves values.
+        unsafe {
+            (*p).cell
+                .with_owner(|m| take_in(m.find_and_use(pool)?, pool, size, align))
+        }
+    }
+}
+
+/// [`take`] from `slot`, if it serves `pool`.
+#[inline(always)]
+fn take_in(slot: &mut PoolSlot, pool: u64, size: u64, align: u64) -> Option<Hold> {
+    if slot.pool != pool {
+        return None;
+    }
     slot.pop_fitting(bucket(size), size, align)
 }
 
@@ -341,13 +402,10 @@ pub(super) fn take(pool: u64, size: u64, align: u64) -> Option<Hold> {
 #[inline(never)]
 pub(super) fn serve(pool: PoolKey, serving: &AtomicBool) {
     let evicted: Option<Vec<Hold>> = with_magazine(true, |m| {
-        m.clock += 1;
-        let clock = m.clock;
-        if let Some(slot) = m.find(pool.id) {
-            slot.last_use = clock;
+        if m.find_and_use(pool.id).is_some() {
             return None;
         }
-        Some(serve_in(m, pool, clock))
+        Some(serve_in(m, pool))
     });
     if let Some(evicted) = evicted {
         serving.store(true, Ordering::Relaxed);
@@ -355,24 +413,25 @@ pub(super) fn serve(pool: PoolKey, serving: &AtomicBool) {
     }
 }
 
-/// Makes `m` serve `pool` in a free slot or in its least recently used one; returns the evicted
-/// entries (freed by the caller, outside the magazine).
+/// Makes `m` serve `pool` in a free slot or in its least recently used one, moved to the front;
+/// returns the evicted entries (freed by the caller, outside the magazine).
 #[cold]
-fn serve_in(m: &mut Slots, pool: PoolKey, clock: u64) -> Vec<Hold> {
-    let slot = m
+fn serve_in(m: &mut Slots, pool: PoolKey) -> Vec<Hold> {
+    let i = m
         .slots
-        .iter_mut()
-        .min_by_key(|s| (s.pool != 0, s.last_use))
-        .expect("POOLS_PER_THREAD > 0");
+        .iter()
+        .position(|s| s.pool == 0)
+        .unwrap_or(POOLS_PER_THREAD - 1);
+    m.slots[..=i].rotate_right(1);
+    let slot = &mut m.slots[0];
     let mut evicted = Vec::new();
     slot.drain_into(&mut evicted);
-    if slot.buckets.is_empty() {
-        slot.buckets.resize_with(BUCKETS, Vec::new);
+    if slot.buckets.is_none() {
+        slot.buckets = Some(Box::new(std::array::from_fn(|_| Vec::new())));
     }
     slot.pool = pool.id;
     slot.depth = pool.depth;
     slot.max_bytes = pool.max_bytes;
-    slot.last_use = clock;
     slot.publish_empty();
     evicted
 }
@@ -382,8 +441,18 @@ fn serve_in(m: &mut Slots, pool: PoolKey, clock: u64) -> Vec<Hold> {
 /// called, once, inside the owner's access (so it must only move values), and what it returns
 /// is kept. Returns whether `entry` was called; when not, the caller still owns the block's
 /// memory. Moved in place from the block to the bucket: a refused block is never copied.
-#[inline]
-pub(super) fn offer(pool: u64, requested: u64, size: u64, entry: impl FnOnce() -> Hold) -> bool {
+///
+/// `FAST` only looks at the most recently used slot, refuses a bucket that would need its
+/// storage reserved and never waits (a visitor holding the magazine: refused): a path with no
+/// call in it, which keeps the caller's frame small. A caller refused by it asks again without
+/// `FAST` before freeing to the shard; that one waits for a visitor, as [`take`] does.
+#[inline(always)]
+pub(super) fn offer<const FAST: bool>(
+    pool: u64,
+    requested: u64,
+    size: u64,
+    entry: impl FnOnce() -> Hold,
+) -> bool {
     // `requested` in 1..=MAX_CACHED_SIZE, in one comparison (0 wraps to the largest value).
     if requested.wrapping_sub(1) >= MAX_CACHED_SIZE {
         return false;
@@ -392,23 +461,50 @@ pub(super) fn offer(pool: u64, requested: u64, size: u64, entry: impl FnOnce() -
     if p.is_null() {
         return false;
     }
-    // SAFETY: `p` is this thread's live magazine (see `with_magazine`), and this thread is its
-    // only owner; the access below only moves values (reserving a bucket's storage at most) and
-    // ends before we return. While a visitor (a trim, a pool's drop) holds the magazine, the
-    // block goes to its shard rather than wait: the visitor is emptying the magazine anyway.
-    let Some(mut m) = (unsafe { (*p).cell.try_enter() }) else {
+    if FAST {
+        // SAFETY: `p` is this thread's live magazine (see `with_magazine`), and this thread is
+        // its only owner; the access below only moves values and ends before we return.
+        let Some(mut m) = (unsafe { (*p).cell.try_enter() }) else {
+            return false;
+        };
+        offer_in::<true>(&mut m.slots[0], pool, requested, size, entry)
+    } else {
+        // SAFETY: as above; the closure only moves values (reserving a bucket's storage at
+        // most).
+        unsafe {
+            (*p).cell.with_owner(|m| match m.find(pool) {
+                Some(slot) => offer_in::<false>(slot, pool, requested, size, entry),
+                None => false,
+            })
+        }
+    }
+}
+
+/// [`offer`] to `slot`, if it serves `pool`.
+#[inline(always)]
+fn offer_in<const FAST: bool>(
+    slot: &mut PoolSlot,
+    pool: u64,
+    requested: u64,
+    size: u64,
+    entry: impl FnOnce() -> Hold,
+) -> bool {
+    if slot.pool != pool {
+        return false;
+    }
+    let Some(buckets) = slot.buckets.as_mut() else {
         return false;
     };
-    let Some(slot) = m.find(pool) else {
-        return false;
-    };
-    let entries = &mut slot.buckets[bucket(requested)];
+    let entries = &mut buckets[bucket(requested)];
     if slot.bytes + size > slot.max_bytes || entries.len() >= slot.depth {
         return false;
     }
     // The same test as `push`'s own, so the hot path makes it once; a bucket's storage is
     // reserved whole (`depth` entries) the first time, so it never grows after.
     if entries.len() == entries.capacity() {
+        if FAST {
+            return false;
+        }
         reserve_bucket(entries, slot.depth);
     }
     entries.push(entry());
@@ -447,8 +543,9 @@ pub(super) fn cached(pool: u64) -> (u64, u64) {
     let (mut blocks, mut bytes) = (0, 0);
     for p in registry.iter().flat_map(|m| &m.published) {
         if p.pool.load(Ordering::Relaxed) == pool {
-            blocks += p.blocks.load(Ordering::Relaxed);
-            bytes += p.requested.load(Ordering::Relaxed);
+            let (b, r) = p.counts();
+            blocks += b;
+            bytes += r;
         }
     }
     (blocks, bytes)

@@ -254,7 +254,7 @@ impl Pool {
             && align.is_power_of_two()
             && align <= inner.config.heap.max_align
         {
-            if let Some(hold) = magazine::take(inner.id, size, align) {
+            if let Some(hold) = magazine::take::<true>(inner.id, size, align) {
                 return Ok(Block::shared(hold, size, false));
             }
         }
@@ -294,15 +294,13 @@ impl Pool {
                 },
             ));
         }
-        // Coherent requests already tried the thread cache in `alloc`; non-coherent ones do here,
-        // with their atom-rounded size and alignment. Either way a request the cache could serve
-        // makes this thread's cache serve the pool (if it does not yet), so that the block is
-        // kept when it is freed here.
+        // Coherent requests tried the thread cache's most recently used pool in `alloc`; here
+        // every request the cache could serve tries all its pools (non-coherent ones with their
+        // atom-rounded size and alignment). Either way such a request makes this thread's cache
+        // serve the pool (if it does not yet), so that the block is kept when it is freed here.
         if self.inner.cache_enabled && alloc_size <= magazine::MAX_CACHED_SIZE {
-            if self.inner.non_coherent {
-                if let Some(hold) = magazine::take(self.inner.id, alloc_size, align) {
-                    return Ok(Block::shared(hold, size, true));
-                }
+            if let Some(hold) = magazine::take::<false>(self.inner.id, alloc_size, align) {
+                return Ok(Block::shared(hold, size, self.inner.non_coherent));
             }
             magazine::serve(self.inner.cache_key, &self.inner.cache_used);
         }

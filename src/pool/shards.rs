@@ -254,11 +254,23 @@ impl ShardCell {
     /// # Safety
     /// - `hold` must come from [`ShardSet::alloc`] (moved, never duplicated, since): its cell is
     ///   then alive and its reference is used here for the last time.
-    #[inline(never)]
     pub(super) unsafe fn free(hold: Hold) {
-        let Hold {
-            cell, allocation, ..
-        } = hold;
+        let hold = std::mem::ManuallyDrop::new(hold);
+        // SAFETY: forwarded to our caller; `hold` is forgotten, so it is consumed once.
+        unsafe { ShardCell::free_in_place(&hold) }
+    }
+
+    /// [`free`](Self::free) of a hold where it lies (in a dropping block), so it is not copied
+    /// first.
+    ///
+    /// # Safety
+    /// - As for [`free`](Self::free), and the hold is never used again after the call (not
+    ///   even dropped: its bits are left behind, consumed).
+    #[inline(never)]
+    pub(super) unsafe fn free_in_place(hold: &Hold) {
+        let cell = hold.cell;
+        // SAFETY: the caller gives up the hold, so its allocation is read out once.
+        let allocation = unsafe { std::ptr::read(&hold.allocation) };
         // SAFETY: the block's reference keeps the cell alive until the end of the locked section.
         let this = unsafe { cell.as_ref() };
         let chunk_id = allocation.chunk();
@@ -270,11 +282,11 @@ impl ShardCell {
             // out of the block), so this only fails on an allocator bug.
             let freed = shard.heap.free(allocation);
             debug_assert!(freed.is_ok(), "pool free failed: {freed:?}");
-            let released = if shard.heap.chunk_allocations(chunk_id) == Some(0) {
+            // Only a chunk left empty has anything to release (built only then: no vector to
+            // drop on every free).
+            let released = (shard.heap.chunk_allocations(chunk_id) == Some(0)).then(|| {
                 shard.take_empty_chunks(this.pool.config.keep_empty_chunks, &this.pool.reserved)
-            } else {
-                Vec::new()
-            };
+            });
             (released, destroy)
         };
         drop(released);
@@ -288,17 +300,35 @@ impl ShardCell {
 
 thread_local! {
     static THREAD_SHARD: Cell<usize> = const { Cell::new(usize::MAX) };
+    /// `(n, thread_shard(n))` for the last `n` asked (0: none yet).
+    static THREAD_SHARD_OF: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
 }
 static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
 
 /// The shard this thread allocates from among `n` (assigned round-robin on first use).
+#[inline]
 pub(super) fn thread_shard(n: usize) -> usize {
-    THREAD_SHARD.with(|s| {
+    // The last answer, for the last `n` asked (a thread mostly uses pools of one shard count):
+    // a division saved per allocation.
+    let (last_n, last) = THREAD_SHARD_OF.with(Cell::get);
+    if last_n == n {
+        return last;
+    }
+    thread_shard_slow(n)
+}
+
+#[cold]
+#[inline(never)]
+fn thread_shard_slow(n: usize) -> usize {
+    let v = THREAD_SHARD.with(|s| {
         let mut v = s.get();
         if v == usize::MAX {
             v = NEXT_SHARD.fetch_add(1, Ordering::Relaxed);
             s.set(v);
         }
-        v % n
-    })
+        v
+    });
+    let shard = v % n;
+    THREAD_SHARD_OF.with(|c| c.set((n, shard)));
+    shard
 }

@@ -176,7 +176,7 @@ impl Slabs {
     }
 
     /// Takes an object from the class's first partial page, or `None` when it has none.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn alloc(&mut self, class: u32) -> Option<SlabObject> {
         let page = self.classes[class as usize].head;
         if page == NIL {
@@ -186,7 +186,7 @@ impl Slabs {
     }
 
     /// Takes the first free object of `page` (which has one).
-    #[inline]
+    #[inline(always)]
     fn take(&mut self, class: u32, page: u32) -> SlabObject {
         let cls = &mut self.classes[class as usize];
         if cls.empty == page {
@@ -285,6 +285,7 @@ impl Slabs {
     }
 
     /// Returns an object. `Err(())` (nothing changed) when the handle does not name a live object.
+    #[inline(always)]
     pub(crate) fn free(
         &mut self,
         page: u32,
