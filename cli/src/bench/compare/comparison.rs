@@ -217,6 +217,13 @@ mod tests {
         Comparison::new(&baseline, new, Path::new("new"), 10)
     }
 
+    /// The figures `c` marks worse.
+    fn worse_figures(
+        c: &Comparison,
+    ) -> impl Iterator<Item = &crate::bench::compare::document::FigureComparisonJson> {
+        c.doc.figures.iter().filter(|f| f.verdict == Verdict::Worse)
+    }
+
     #[test]
     fn a_figure_s_own_spread_widens_its_noise() {
         assert!((spread(&fig("a", 8, 100.0, 0.3)) - 0.3).abs() < 1e-12);
@@ -483,13 +490,7 @@ mod tests {
             }
         });
         let c = judge(driver_heavy_run(), &new);
-        let worse: Vec<&str> = c
-            .doc
-            .figures
-            .iter()
-            .filter(|f| f.verdict == Verdict::Worse)
-            .map(|f| f.method.as_str())
-            .collect();
+        let worse: Vec<&str> = worse_figures(&c).map(|f| f.method.as_str()).collect();
         assert_eq!(worse, ["Pool alloc+free"]);
         assert!(c.doc.regressed);
         let text = c.text();
@@ -607,15 +608,11 @@ mod tests {
             }
         });
         let c = judge(old.clone(), &code);
-        let worse: Vec<(&str, &str)> = c
-            .doc
-            .figures
-            .iter()
-            .filter(|f| f.verdict == Verdict::Worse)
+        let worse: Vec<(&str, &str)> = worse_figures(&c)
             .map(|f| (f.report.as_str(), f.method.as_str()))
             .collect();
         assert_eq!(worse.len(), 12, "{}", c.text());
-        for f in c.doc.figures.iter().filter(|f| f.verdict == Verdict::Worse) {
+        for f in worse_figures(&c) {
             let w = f.driver_work.as_ref().unwrap();
             assert!((w.ratio - 1.0).abs() < 1e-9, "{}", f.method);
             assert_eq!(w.verdict, Verdict::Worse);
@@ -637,16 +634,11 @@ mod tests {
         // rows, and only the library's rows.
         let c = judge(old.clone(), &machine(&code));
         assert_eq!(c.doc.summary.worse, 12, "{}", c.text());
-        assert!(c
-            .doc
-            .figures
-            .iter()
-            .filter(|f| f.verdict == Verdict::Worse)
-            .all(|f| {
-                // 1.5 times the time, or two thirds of the rate.
-                let k = f.driver_work.as_ref().unwrap().anchored_ratio;
-                (k - 1.5).abs() < 1e-9 || (k - 1.0 / 1.5).abs() < 1e-9
-            }));
+        assert!(worse_figures(&c).all(|f| {
+            // 1.5 times the time, or two thirds of the rate.
+            let k = f.driver_work.as_ref().unwrap().anchored_ratio;
+            (k - 1.5).abs() < 1e-9 || (k - 1.0 / 1.5).abs() < 1e-9
+        }));
 
         // A baseline recorded before the raw rows: nothing to anchor on, the rows stand alone
         // and a slower BAR counts (as it did before the raw rows existed).
@@ -728,11 +720,7 @@ mod tests {
             }
         });
         let c = judge(base, &regressed);
-        let worse: Vec<(&str, &str)> = c
-            .doc
-            .figures
-            .iter()
-            .filter(|f| f.verdict == Verdict::Worse)
+        let worse: Vec<(&str, &str)> = worse_figures(&c)
             .map(|f| (f.report.as_str(), f.method.as_str()))
             .collect();
         assert_eq!(worse.len(), 13, "{worse:?}");
