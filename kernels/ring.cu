@@ -9,20 +9,22 @@
 // (after a mismatch counting resumes from the seq found). Result words: see RING_RESULT_*, the
 // same numbers as layout::verify_records computes on the CPU.
 //
-//   ring_check_lanes(view)                      persistent, one block of 544 threads per lane
-//   ring_consume_persistent[_mirrored](...)     persistent, lane 0 only (one block of 544)
-//   ring_consume_batch[_mirrored](...)          one launch per published range (one block of 544)
+//   ring_check_lanes(view)                      persistent, one block of 512 threads per lane
+//   ring_consume_persistent[_mirrored](...)     persistent, lane 0 only (one block of 512)
+//   ring_consume_batch[_mirrored](...)          one launch per published range (one block of 512)
 //   ring_ack(...), ring_ack_lanes(view)         benchmark consumers: head = tail, reading nothing
 //   ring_pingpong(...)                          round-trip latency probe
 //
-// The checking kernels need blockDim.x == 544 (RING_THREADS; another size counts one error and does
-// nothing): 17 warps and a 17 KiB window, which holds four records of 4 KiB payloads (see
-// WindowReader in ring.cuh).
+// The checking kernels need blockDim.x == 512 (RING_THREADS; another size counts one error and does
+// nothing): 16 warps, four per scheduler partition, so each thread may hold 128 registers and the
+// persistent kernels keep their read-ahead in registers (at 544 threads, 17 warps, a partition
+// holds five and the limit is 96: the persistent kernels spilled and checked 4 KiB records 12 %
+// slower on an H200, although a 17 KiB window holds four of them where 16 KiB holds three).
 
 #include "../include/vkgdr/ring.cuh"
 
-#define RING_THREADS 544u
-#define RING_CPT 2u // chunks per thread: a 17 KiB window
+#define RING_THREADS 512u
+#define RING_CPT 2u // chunks per thread: a 16 KiB window
 #define RING_TEST_PREFIX_LEN 16ull
 #define RING_CHECKSUM_MUL 0x9E3779B97F4A7C15ull
 #define RING_CHECKSUM_SHIFT 29
@@ -404,7 +406,7 @@ __device__ void ring_check_lane(const vkgdr::RingLane& lane, RingCheckShared* sh
     ring_store_result(lane.result, &c, rd.position(), sh);
 }
 
-// Persistent checking consumer of every lane: launch view.lanes blocks of 544 threads.
+// Persistent checking consumer of every lane: launch view.lanes blocks of 512 threads.
 extern "C" __global__ void __launch_bounds__(RING_THREADS)
 ring_check_lanes(vkgdr_ring_view view)
 {
@@ -536,13 +538,15 @@ __device__ void ring_ack_lane(volatile ull* tail, volatile unsigned int* stop,
 {
     ull last = *head_out;
     for (;;) {
+        // Both loads in flight at once: a poll costs one memory round trip, not two.
         ull t = *tail;
+        const unsigned int stopped = *stop;
         if (t != last) {
             last = t;
             *head_out = t;
             continue;
         }
-        if (*stop) {
+        if (stopped) {
             t = *tail;
             if (t == last) {
                 return;

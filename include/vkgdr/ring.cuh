@@ -56,7 +56,7 @@
 //   then gets record i; payloads are read from global memory by whoever processes them
 //   (`record(k)` gives any record of the group to every thread).
 // - WindowReader (the fast one; see its comment for an example): a window of CPT chunks per
-//   thread (17 KiB for 544 threads and 2 chunks each), the chain resolved in parallel, every
+//   thread (16 KiB for 512 threads and 2 chunks each), the chain resolved in parallel, every
 //   record that lies wholly in the window handed out with its payload in shared memory, a record
 //   longer than the window as a group of its own, and the next window loaded while the caller
 //   works on this one. The checking consumers of kernels/ring.cu are built on it: a header per
@@ -213,11 +213,13 @@ __device__ __forceinline__ bool poll_tail(const RingLane& lane, u64 pos, u64& wo
         int done = 0;
         u64 t;
         for (;;) {
+            // Both loads in flight at once: a poll costs one memory round trip, not two.
             t = *lane.tail;
+            const unsigned int stopped = *lane.stop;
             if (t != pos) {
                 break;
             }
-            if (*lane.stop != 0u) {
+            if (stopped != 0u) {
                 // The CPU stores stop after its last tail: fence, then look at the tail again.
                 __threadfence_system();
                 t = *lane.tail;
@@ -418,8 +420,8 @@ template <unsigned int THREADS> class BlockReader {
     int err_;
 };
 
-// Shared memory of one WindowReader; declare it __shared__ in the kernel (about 26 KiB for a
-// 17 KiB window).
+// Shared memory of one WindowReader; declare it __shared__ in the kernel (about 24 KiB for a
+// 16 KiB window).
 template <unsigned int THREADS, unsigned int CPT> struct WindowShared {
     uint4 window[THREADS * CPT];                 // the lane from the current position
     unsigned int path[THREADS * CPT];            // chain chunks from chunk c to its segment's end
@@ -438,10 +440,11 @@ template <unsigned int THREADS, unsigned int CPT> struct WindowShared {
 
 // Consumes one lane in order with a block of THREADS threads, a window of 16 * CPT * THREADS
 // bytes at a time. Every call is made by all threads of the block with the same arguments.
-// Choosing the size: a window slightly over a power of two holds whole records of power-of-two
-// payloads (each has a 16-byte header): 544 threads with CPT 2 make a 17 KiB window, which holds
-// four 4 KiB records or two 8 KiB ones where 16 KiB holds three or one; more threads hide more
-// latency (17 warps where registers allow, ~120 per thread: use __launch_bounds__). Per window:
+// Choosing the size: registers first. Keep the read-ahead (CPT uint4 per thread) and the caller's
+// own state in registers: 512 threads (four warps per scheduler partition) may use 128 registers
+// each; 544 (17 warps: one partition holds five) only 96, and there a persistent consumer spilled
+// and checked 4 KiB records 12 % slower on an H200, although its 17 KiB window holds four of them
+// where 16 KiB holds three. Use __launch_bounds__(THREADS). Per window:
 // - each thread loads CPT 16-byte chunks (coalesced) into shared memory and decodes each as if it
 //   were a header: the chunk of the next header, or "bad", or "ends beyond the window";
 // - the chain from chunk 0 is resolved per segment of 32 chunks (one warp's chunks of a slice):
@@ -457,15 +460,15 @@ template <unsigned int THREADS, unsigned int CPT> struct WindowShared {
 // wait() polls the tail only once everything below the last tail seen is consumed; release()
 // publishes the head when caught up or every quarter ring, as BlockReader does.
 //
-//   extern "C" __global__ void __launch_bounds__(544)
-//   my_consumer(vkgdr_ring_view view)                              // one block of 544 per lane
+//   extern "C" __global__ void __launch_bounds__(512)
+//   my_consumer(vkgdr_ring_view view)                              // one block of 512 per lane
 //   {
-//       __shared__ vkgdr::WindowShared<544, 2> smem;
+//       __shared__ vkgdr::WindowShared<512, 2> smem;
 //       if (blockIdx.x >= view.lanes) return;
-//       vkgdr::WindowReader<544, 2> reader(vkgdr::ring_lane(view, blockIdx.x), smem);
+//       vkgdr::WindowReader<512, 2> reader(vkgdr::ring_lane(view, blockIdx.x), smem);
 //       while (reader.wait()) {
-//           const unsigned n = reader.next();                      // up to 1088 records
-//           for (unsigned k = threadIdx.x; k < n; k += 544) {
+//           const unsigned n = reader.next();                      // up to 1024 records
+//           for (unsigned k = threadIdx.x; k < n; k += 512) {
 //               const vkgdr::Record rec = reader.record(k);
 //               const uint4* p = reader.shared_payload(k);         // null when reader.large()
 //               /* rec.len payload bytes at p (shared) or rec.payload (global) */

@@ -15,7 +15,7 @@ from conftest import KERNELS_DIR, run_workers
 
 MUL = np.uint64(0x9E3779B97F4A7C15)
 # Threads per block of the checking kernels of kernels/ring.cu (RING_THREADS there).
-CHECK_THREADS = 544
+CHECK_THREADS = 512
 RESULT_RECORDS, RESULT_CHECKSUM_SUM, RESULT_ERRORS, RESULT_NEXT_SEQ, RESULT_POS = range(5)
 
 

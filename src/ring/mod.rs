@@ -60,7 +60,7 @@
 //! before anything reads records: the fence keeps later loads from being satisfied before the
 //! tail load. Records are read with `ld.global.cg` (L2, bypassing L1) so no line cached on an
 //! earlier lap of the ring is reused. `WindowReader` (the checking kernels' reader) loads a
-//! window of the lane (17 KiB for the checking kernels' 544 threads) into shared memory with
+//! window of the lane (16 KiB for the checking kernels' 512 threads) into shared memory with
 //! coalesced loads, decodes every 16-byte chunk as if it were a header, resolves the chain from
 //! the window's first record (each warp finds where the chain from each of its 32 chunks leaves
 //! them, by pointer jumping over shuffles; one thread then hops from segment to segment) and

@@ -23,7 +23,7 @@
 
 #define PRODUCERS 4
 /* Threads per block of the checking kernels of kernels/ring.cu (RING_THREADS there). */
-#define CHECK_THREADS 544
+#define CHECK_THREADS 512
 #define CANCEL_EVERY 997
 
 typedef struct {

@@ -56,9 +56,10 @@ pub const RESULT_WORDS: usize = 8;
 /// `expected_seq_start` value telling `ring_consume_batch` to continue from `result[3]`.
 pub const SEQ_FROM_RESULT: u64 = u64::MAX;
 /// Threads per block of the checking kernels of `kernels/ring.cu` (`ring_check_lanes`,
-/// `ring_consume_persistent`, `ring_consume_batch`): 17 warps, whose 17 KiB window holds four
-/// records of 4 KiB payloads. A block of another size counts one error and checks nothing.
-pub const CHECK_THREADS: u32 = 544;
+/// `ring_consume_persistent`, `ring_consume_batch`): 16 warps, four per scheduler partition, so
+/// each thread may use 128 registers (17 warps leave 96, and the persistent kernels spilled); a
+/// 16 KiB window. A block of another size counts one error and checks nothing.
+pub const CHECK_THREADS: u32 = 512;
 
 /// How records meet the end of the data region. `#[repr(u32)]`: it is a field of the
 /// [`RingDeviceView`](crate::ring::RingDeviceView) kernels take (`VKGDR_RING_PADDED` = 0,
