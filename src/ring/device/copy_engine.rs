@@ -1,9 +1,9 @@
 //! The copy-engine path of a ring lane: large records are written into a pinned host copy of the
-//! lane's region (cached stores, no PCIe on the CPU's side), and a copy engine moves each
-//! publication's staged span into the region, followed by the tail, on a stream of the lane's
-//! own. The host copy is `cuMemHostAlloc` memory kept by the [`Gpu`] for reuse
-//! ([`HostStaging`]): the GPU reads Vulkan host memory mapped through VMM stale after the CPU
-//! rewrote it.
+//! lane's region (streaming stores into host memory, no PCIe on the CPU's side), and a copy
+//! engine moves each publication's staged span into the region, followed by the tail, on a
+//! stream of the lane's own. The host copy is `cuMemHostAlloc` memory kept by the [`Gpu`] for
+//! reuse ([`HostStaging`]): the GPU reads Vulkan host memory mapped through VMM stale after the
+//! CPU rewrote it.
 //!
 //! Why: CPU stores through the BAR top out near 33 GB/s on an H100 however many threads write,
 //! while a copy engine moves 48–54 GB/s from pinned memory; small records keep the BAR path (a
@@ -70,10 +70,10 @@ pub enum CopyEngine {
 }
 
 impl Default for CopyEngine {
-    /// [`CopyEngine::Off`]: the copy engine pays when several producers stream large records in
-    /// large batches (on an H100: eight producers, 4 KiB records, 39.6 GB/s against 30.1 through
-    /// the BAR), and costs a lone producer half its rate (5.8 against 13.3 GB/s: its own copy
-    /// into pinned memory and the driver calls), so it is asked for, not assumed.
+    /// [`CopyEngine::Off`]: the copy engine pays most when several producers stream large
+    /// records in large batches (on an H100: eight producers, 4 KiB records, 40.1 against 30.3
+    /// GB/s through the BAR); a lone producer gains less (4 KiB: 14.9 against 14.0 GB/s) and at
+    /// other sizes was 0.83–0.98× the BAR's rate, so it is asked for, not assumed.
     fn default() -> Self {
         CopyEngine::Off
     }
@@ -209,14 +209,13 @@ impl LaneCopy {
     /// `offset + bytes.len() <= capacity`, and no one else writes these bytes or has a copy of
     /// them queued (the ring's reclaim rule: they lie below no unconsumed record).
     pub(super) unsafe fn stage(&self, offset: u64, bytes: &[u8]) {
+        // Streaming stores: the copy engine, not this CPU, reads the bytes next, so they go to
+        // memory without first reading each line into the cache, and leave the cache alone.
+        // The publication's `sfence` orders them before the copy is queued.
         // SAFETY: in range and owned (the caller's contract); the staging copy lives as long as
         // `self`, and host memory never overlaps the caller's slice.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                bytes.as_ptr(),
-                self.staging.get().add(offset as usize),
-                bytes.len(),
-            )
+            crate::copy::copy_to_mapping_unfenced(self.staging.get().add(offset as usize), bytes)
         };
     }
 
