@@ -531,6 +531,9 @@ VKGDR_API char *vkgdr_last_error(void);
  * use `vkgdr_memory_get_device_ptr`. Costs a Vulkan allocation and a CUDA import (hundreds of
  * microseconds): for many small buffers use a pool (`vkgdr_pool_create`).
  *
+ * The contents are unspecified, except that the first 16 bytes are zero: they are written when
+ * the memory is made, which warms the write path so that the first write is as fast as later ones.
+ *
  * - `flags`: for future expansion; pass 0 (other values are ignored, as vkgdr 0.1 ignores them).
  *
  * Clears the calling thread's last error first (as vkgdr 0.1 does), so after this call

