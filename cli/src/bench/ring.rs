@@ -18,8 +18,9 @@ use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
 use vkgdr::cuda_objects::{LaunchConfig, Module, Stream};
+use vkgdr::ring::core::Producer;
 use vkgdr::ring::layout::{self, seal_test_payload, WrapMode, HEADER_LEN};
-use vkgdr::ring::{CopyEngine, DeviceRing, RingDeviceView, RingOptions};
+use vkgdr::ring::{BarSink, CopyEngine, DeviceRing, RingDeviceView, RingOptions};
 use vkgdr::{Gpu, OpenOptions};
 
 use super::error::{BenchError, BenchResult};
@@ -151,50 +152,26 @@ fn stream_records(
         }
     }
     let t0 = Instant::now();
-    let failed = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..producers)
-            .map(|_| {
-                s.spawn(|| -> vkgdr::Result<()> {
-                    let mut payload = Payload::new(size);
-                    if how == Produce::Shared {
-                        for _ in 0..per_thread {
-                            let mut r = ring.reserve(payload.buf.len() as u32, limit)?;
-                            r.write(0, payload.stamped(r.seq()))?;
-                            r.commit();
-                        }
-                        return Ok(());
-                    }
-                    let mut p = ring.producer()?;
-                    if how == Produce::Push {
-                        for _ in 0..per_thread {
-                            let seq = p.next_seq();
-                            p.push(payload.stamped(seq), limit)?;
-                        }
-                        return Ok(());
-                    }
-                    let batch = batch_records(size);
-                    let mut bufs: Vec<Payload> = (0..batch).map(|_| Payload::new(size)).collect();
-                    let mut left = per_thread;
-                    while left > 0 {
-                        let k = left.min(batch) as usize;
-                        let first = p.next_seq();
-                        for (i, b) in bufs[..k].iter_mut().enumerate() {
-                            b.stamped(first + i as u64);
-                        }
-                        p.push_batch(bufs[..k].iter().map(|b| b.buf.as_slice()), limit)?;
-                        left -= k as u64;
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("producer"))
-            .find_map(|r| r.err())
-    });
-    if let Some(e) = failed {
-        return Err(e.into());
-    }
+    on_threads(producers, || {
+        let mut payload = Payload::new(size);
+        if how == Produce::Shared {
+            for _ in 0..per_thread {
+                let mut r = ring.reserve(payload.buf.len() as u32, limit)?;
+                r.write(0, payload.stamped(r.seq()))?;
+                r.commit();
+            }
+            return Ok(());
+        }
+        let mut p = ring.producer()?;
+        if how == Produce::Push {
+            for _ in 0..per_thread {
+                let seq = p.next_seq();
+                p.push(payload.stamped(seq), limit)?;
+            }
+            return Ok(());
+        }
+        push_batches(&mut p, size, per_thread, limit)
+    })?;
     // Wait until the consumer has everything (so the time covers delivery, not just commits).
     for lane in 0..ring.lanes() {
         let end = ring.lane(lane).expect("lane").committed();
@@ -204,6 +181,78 @@ fn stream_records(
     }
     let secs = t0.elapsed().as_secs_f64();
     Ok((size * per_thread * producers as u64) as f64 / secs / 1e9)
+}
+
+/// Runs `work` on `n` threads at once; the first error any of them returned.
+fn on_threads(n: usize, work: impl Fn() -> vkgdr::Result<()> + Sync) -> BenchResult<()> {
+    let failed = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n).map(|_| s.spawn(&work)).collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("producer"))
+            .find_map(|r| r.err())
+    });
+    failed.map_or(Ok(()), |e| Err(e.into()))
+}
+
+/// Pushes `records` records of `size` bytes through `p` in batches of [`batch_records`].
+fn push_batches(
+    p: &mut Producer<'_, BarSink>,
+    size: u64,
+    records: u64,
+    limit: Option<Duration>,
+) -> vkgdr::Result<()> {
+    let batch = batch_records(size);
+    let mut bufs: Vec<Payload> = (0..batch).map(|_| Payload::new(size)).collect();
+    let mut left = records;
+    while left > 0 {
+        let k = left.min(batch) as usize;
+        let first = p.next_seq();
+        for (i, b) in bufs[..k].iter_mut().enumerate() {
+            b.stamped(first + i as u64);
+        }
+        p.push_batch(bufs[..k].iter().map(|b| b.buf.as_slice()), limit)?;
+        left -= k as u64;
+    }
+    Ok(())
+}
+
+/// The checking kernel on its own: every lane filled to three quarters first (no consumer
+/// running, so no producer waits), the ring stopped, then `ring_check_lanes` launched; GB/s of
+/// record bytes from the launch to the kernel's end. Beside the streaming rows it separates the
+/// consumer's own cost from what sharing the ring with producers adds.
+fn consumer_alone(
+    gpu: &Gpu,
+    module: &Module,
+    stream: &Stream,
+    size: u64,
+    lanes: u32,
+) -> BenchResult<f64> {
+    let options = RingOptions {
+        lanes,
+        wrap: WrapMode::Padded,
+        copy_engine: CopyEngine::Off,
+    };
+    let ring = DeviceRing::with_options(gpu, LANE_BYTES, options)?;
+    let per_lane = LANE_BYTES * 3 / 4 / size;
+    let limit = Some(Duration::from_secs(10));
+    on_threads(lanes as usize, || {
+        push_batches(&mut ring.producer()?, size, per_lane, limit)
+    })?;
+    ring.stop();
+    let t0 = Instant::now();
+    launch_consumer(module, &ring, stream, Consumer::Check)?;
+    stream.synchronize()?;
+    let secs = t0.elapsed().as_secs_f64();
+    for lane in 0..ring.lanes() {
+        let res = ring.results_of(lane);
+        if res[layout::RESULT_ERRORS] != 0 || res[layout::RESULT_RECORDS] != per_lane {
+            return Err(BenchError::Check(format!(
+                "checking kernel alone, lane {lane} of {lanes}: {} records expected, {res:?}",
+                per_lane
+            )));
+        }
+    }
+    Ok((size * per_lane * lanes as u64) as f64 / secs / 1e9)
 }
 
 /// Round trips of one record: published alone (through a lane's producer, or the shared path),
@@ -550,6 +599,25 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
             ));
         }
     }
+    ui::phase("checking kernel alone", 2 * ALL_SIZES.len() as u64);
+    for lanes in [1u32, 8] {
+        for &size in ALL_SIZES {
+            let name = if lanes == 1 {
+                "checking kernel alone, 1 lane filled first"
+            } else {
+                "checking kernel alone, 8 lanes filled first"
+            };
+            ui::step(format!("{name} · {}", fmt_size(size)));
+            let samples: Vec<f64> = (0..reps)
+                .map(|_| consumer_alone(&gpu, &module, &stream, size, lanes))
+                .collect::<BenchResult<_>>()?;
+            bw.rows.push(Row::measured(
+                name,
+                size,
+                &Stats::of(&samples).expect("samples"),
+            ));
+        }
+    }
     ui::phase("round trips", 3);
     for (consumer, shared, name) in [
         (Consumer::AckLanes, false, "ring push → ack kernel → CPU"),
@@ -618,7 +686,8 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
         RING_BYTES >> 20
     ));
     bw.notes.push(format!("batches: Producer::push_batch of {} KiB or {BATCH_RECORDS} records, whichever is more (at most {} MiB), one publication each; push per record: one publication per record; sharing 1 lane: reserve/write/commit through &DeviceRing (commit combining)", BATCH_BYTES >> 10, LANE_BYTES >> 22));
-    bw.notes.push("ack kernel: publishes head = tail without reading the records (transport rate); checking kernel: ring_check_lanes, the device API's window reader (one block of 544 threads per lane) verifying every record's seq and checksum".into());
+    bw.notes.push("ack kernel: publishes head = tail without reading the records (transport rate); checking kernel: ring_check_lanes, the device API's window reader (one block of 512 threads per lane) verifying every record's seq and checksum".into());
+    bw.notes.push(format!("checking kernel alone: each lane filled to {} MiB by its producer with no consumer running, the ring stopped, then ring_check_lanes launched; GB/s from the launch to the kernel's end (the consumer's own rate, without producers beside it)", (LANE_BYTES * 3 / 4) >> 20));
     bw.notes.push("cuMemcpyHtoDAsync: the same bytes from pinned memory into cuMemAlloc memory, back to back on one stream".into());
     bw.notes.push(format!("copy engine (off by default, so the plain rows and the 'BAR only' rows take the BAR): with RingOptions::copy_engine = FromRecord({}) a producer's records of that size and more (header included), once a batch has {} KiB pending before them, are written into a pinned host copy of the lane and moved by cuMemcpyHtoDAsync on the lane's stream, which then stores the tail; 'copy engine only' rows stage records of every size (after the same {} KiB)", vkgdr::ring::device::DEFAULT_COPY_ENGINE_RECORD, vkgdr::ring::device::STAGE_AFTER_PENDING >> 10, vkgdr::ring::device::STAGE_AFTER_PENDING >> 10));
     lat.notes.push("round trip of one 64-byte record: published alone (Producer::push, or the shared reserve/commit) → kernel publishes head into pinned memory → CPU sees it; commit→seen is below this".into());
