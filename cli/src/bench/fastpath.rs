@@ -444,7 +444,8 @@ pub fn child_main() -> BenchResult<()> {
 
 /// Page faults this process has taken so far (minor and major).
 fn page_faults() -> u64 {
-    // SAFETY: `getrusage` fills the zeroed struct it is given and keeps no pointer to it.
+    // SAFETY: `rusage` is plain integers, so all zeros is a valid value; `getrusage` fills the
+    // struct it is given and keeps no pointer to it (for RUSAGE_SELF it cannot fail).
     let usage = unsafe {
         let mut usage: libc::rusage = std::mem::zeroed();
         libc::getrusage(libc::RUSAGE_SELF, &mut usage);

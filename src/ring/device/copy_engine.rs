@@ -30,6 +30,7 @@ use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::copy::WriteKernel;
 use crate::core::handle::{assert_send_sync, SendSyncPtr};
 use crate::driver::cuda::CuStream;
 use crate::error::{Error, Result};
@@ -202,21 +203,18 @@ impl LaneCopy {
         self.landed_word().load(Ordering::Acquire) < self.queued.load(Ordering::Relaxed)
     }
 
-    /// Copies `bytes` to `offset` of the staging copy (pinned, cached host memory: plain stores,
-    /// which the copy engine's reads snoop).
+    /// Copies `bytes` to `offset` of the staging copy (pinned host memory) with `kernel`'s
+    /// streaming stores: the copy engine, not this CPU, reads the bytes next, so they go to
+    /// memory without first reading each line into the cache, and leave the cache alone. The
+    /// publication's `sfence` orders them before the copy is queued.
     ///
     /// # Safety
     /// `offset + bytes.len() <= capacity`, and no one else writes these bytes or has a copy of
     /// them queued (the ring's reclaim rule: they lie below no unconsumed record).
-    pub(super) unsafe fn stage(&self, offset: u64, bytes: &[u8]) {
-        // Streaming stores: the copy engine, not this CPU, reads the bytes next, so they go to
-        // memory without first reading each line into the cache, and leave the cache alone.
-        // The publication's `sfence` orders them before the copy is queued.
+    pub(super) unsafe fn stage(&self, kernel: WriteKernel, offset: u64, bytes: &[u8]) {
         // SAFETY: in range and owned (the caller's contract); the staging copy lives as long as
-        // `self`, and host memory never overlaps the caller's slice.
-        unsafe {
-            crate::copy::copy_to_mapping_unfenced(self.staging.get().add(offset as usize), bytes)
-        };
+        // `self`, and host memory never overlaps the caller's slice; the publication fences.
+        unsafe { kernel.write_unfenced(self.staging.get().add(offset as usize), bytes) };
     }
 
     /// The staged bytes at `offset` (for the fallback through the BAR).

@@ -210,7 +210,7 @@ impl RingSink for BarSink {
         match self.copy.get() {
             // SAFETY: in range and owned (the trait's contract, which the staging copy shares
             // with the region).
-            Some(copy) => unsafe { copy.stage(offset, bytes) },
+            Some(copy) => unsafe { copy.stage(self.kernel, offset, bytes) },
             // SAFETY: forwarded; without a staging copy nothing is staged (no threshold).
             None => unsafe { self.write(offset, bytes) },
         }
