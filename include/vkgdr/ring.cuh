@@ -78,7 +78,7 @@
 #define VKGDR_RING_PADDED 0u
 #define VKGDR_RING_MIRRORED 1u
 
-// BlockReader::error() values.
+// The readers' error() values.
 #define VKGDR_RING_OK 0
 #define VKGDR_RING_BROKEN 1   // a record header is invalid (kind, size, crossing the end/tail)
 #define VKGDR_RING_BAD_TAIL 2 // the tail went backwards, ran more than a capacity ahead, or is
@@ -250,58 +250,112 @@ __device__ __forceinline__ bool poll_tail(const RingLane& lane, u64 pos, u64& wo
     return true;
 }
 
-// Consumes one lane in order with a block of THREADS threads (a multiple of 32, at most 1024;
-// every call is made by all threads of the block with the same arguments).
-template <unsigned int THREADS> class BlockReader {
+// What both readers do with their lane's position, tail, head and error: the start, waiting for
+// the tail, publishing the head, skipping to the tail. A base of the reader (Reader: the reader
+// itself, which befriends it) without fields of its own: the fields stay in the reader, in its
+// order, because the generated code follows that order (a base holding them renumbered the
+// checking kernels' registers). For the same reason each method casts `this` itself: a helper
+// that did so changed ring_stream's code.
+template <class Reader> class LaneCursor {
   public:
-    // Starts at the head the lane's head word holds (0 for a new ring; where the last consumer
-    // stopped otherwise).
-    __device__ BlockReader(const RingLane& lane, ReaderShared<THREADS>& s)
-        : lane_(lane), s_(s), mask_(lane.capacity - 1ull), err_(VKGDR_RING_OK)
-    {
-        static_assert(THREADS % 32 == 0 && THREADS <= 1024, "THREADS: a multiple of 32");
-        if (threadIdx.x == 0) {
-            s_.word = *lane_.head;
-        }
-        block_sync();
-        pos_ = s_.word;
-        block_sync();
-        tail_ = pos_;
-        released_ = pos_;
-    }
-
-    // A reader over the fixed range [from, to) (batch mode: no tail, head or stop words).
-    __device__ BlockReader(const unsigned char* data, u64 capacity, int mirrored, u64 from, u64 to,
-                           ReaderShared<THREADS>& s)
-        : s_(s), mask_(capacity - 1ull), err_(VKGDR_RING_OK)
-    {
-        lane_.data = data;
-        lane_.capacity = capacity;
-        lane_.mirrored = mirrored;
-        lane_.tail = 0;
-        lane_.stop = 0;
-        lane_.head = 0;
-        lane_.result = 0;
-        pos_ = from;
-        tail_ = to;
-        released_ = from;
-        if (capacity < VKGDR_RING_MIN_CAPACITY || (capacity & mask_) != 0ull || to < from
-            || to - from > capacity || (from & (VKGDR_RING_RECORD_ALIGN - 1ull)) != 0ull) {
-            err_ = VKGDR_RING_BAD_TAIL;
-            tail_ = from;
-        }
-    }
-
     // Waits until records are published past the current position (true), or until the ring is
     // stopped with everything consumed, or the tail is invalid (false: leave the loop). Publishes
     // the head first if the reader has caught up.
     __device__ bool wait()
     {
-        if (pos_ != tail_) {
+        Reader& r = static_cast<Reader&>(*this);
+        if (r.pos_ != r.tail_) {
             return true;
         }
         release(true);
-        return poll_tail(lane_, pos_, s_.word, s_.flag, tail_, err_);
+        return poll_tail(r.lane_, r.pos_, r.s_.word, r.s_.flag, r.tail_, r.err_);
+    }
+
+    // Call after the block has finished with the current group (every thread, also those without
+    // a record): publishes the head when the reader has caught up with the tail, when a quarter
+    // of the ring was consumed since the last publication, or when `force` is set.
+    __device__ void release(bool force = false)
+    {
+        Reader& r = static_cast<Reader&>(*this);
+        publish_head(r.lane_, r.pos_, r.tail_, r.released_, force);
+    }
+
+    // After a broken chain: counts as handled and moves to the tail (always a record boundary).
+    __device__ void skip_to_tail()
+    {
+        Reader& r = static_cast<Reader&>(*this);
+        r.pos_ = r.tail_;
+        if (r.err_ == VKGDR_RING_BROKEN) {
+            r.err_ = VKGDR_RING_OK;
+        }
+    }
+
+    __device__ u64 position() const { return static_cast<const Reader&>(*this).pos_; }
+    __device__ u64 tail() const { return static_cast<const Reader&>(*this).tail_; }
+    __device__ int error() const { return static_cast<const Reader&>(*this).err_; }
+    __device__ const RingLane& lane() const { return static_cast<const Reader&>(*this).lane_; }
+
+  protected:
+    // Starts at the head the lane's head word holds (0 for a new ring; where the last consumer
+    // stopped otherwise).
+    __device__ void start(const RingLane& lane)
+    {
+        Reader& r = static_cast<Reader&>(*this);
+        r.lane_ = lane;
+        r.mask_ = lane.capacity - 1ull;
+        r.err_ = VKGDR_RING_OK;
+        if (threadIdx.x == 0) {
+            r.s_.word = *r.lane_.head;
+        }
+        block_sync();
+        r.pos_ = r.s_.word;
+        block_sync();
+        r.tail_ = r.pos_;
+        r.released_ = r.pos_;
+    }
+
+    // The fixed range [from, to) (batch mode: no tail, head or stop words).
+    __device__ void start(const unsigned char* data, u64 capacity, int mirrored, u64 from, u64 to)
+    {
+        Reader& r = static_cast<Reader&>(*this);
+        r.mask_ = capacity - 1ull;
+        r.err_ = VKGDR_RING_OK;
+        r.lane_.data = data;
+        r.lane_.capacity = capacity;
+        r.lane_.mirrored = mirrored;
+        r.lane_.tail = 0;
+        r.lane_.stop = 0;
+        r.lane_.head = 0;
+        r.lane_.result = 0;
+        r.pos_ = from;
+        r.tail_ = to;
+        r.released_ = from;
+        if (capacity < VKGDR_RING_MIN_CAPACITY || (capacity & r.mask_) != 0ull || to < from
+            || to - from > capacity || (from & (VKGDR_RING_RECORD_ALIGN - 1ull)) != 0ull) {
+            r.err_ = VKGDR_RING_BAD_TAIL;
+            r.tail_ = from;
+        }
+    }
+};
+
+// Consumes one lane in order with a block of THREADS threads (a multiple of 32, at most 1024;
+// every call is made by all threads of the block with the same arguments).
+template <unsigned int THREADS> class BlockReader : public LaneCursor<BlockReader<THREADS>> {
+  public:
+    // Starts at the head the lane's head word holds (0 for a new ring; where the last consumer
+    // stopped otherwise).
+    __device__ BlockReader(const RingLane& lane, ReaderShared<THREADS>& s) : s_(s)
+    {
+        static_assert(THREADS % 32 == 0 && THREADS <= 1024, "THREADS: a multiple of 32");
+        this->start(lane);
+    }
+
+    // A reader over the fixed range [from, to) (batch mode: no tail, head or stop words).
+    __device__ BlockReader(const unsigned char* data, u64 capacity, int mirrored, u64 from, u64 to,
+                           ReaderShared<THREADS>& s)
+        : s_(s)
+    {
+        this->start(data, capacity, mirrored, from, to);
     }
 
     // The next group of records in order, at most THREADS: thread i < count gets record i in
@@ -390,26 +444,9 @@ template <unsigned int THREADS> class BlockReader {
         return r;
     }
 
-    // Call after the block has finished with the current group (every thread, also those without
-    // a record): publishes the head when the reader has caught up with the tail, when a quarter
-    // of the ring was consumed since the last publication, or when `force` is set.
-    __device__ void release(bool force = false) { publish_head(lane_, pos_, tail_, released_, force); }
-
-    // After a broken chain: counts as handled and moves to the tail (always a record boundary).
-    __device__ void skip_to_tail()
-    {
-        pos_ = tail_;
-        if (err_ == VKGDR_RING_BROKEN) {
-            err_ = VKGDR_RING_OK;
-        }
-    }
-
-    __device__ u64 position() const { return pos_; }
-    __device__ u64 tail() const { return tail_; }
-    __device__ int error() const { return err_; }
-    __device__ const RingLane& lane() const { return lane_; }
-
   private:
+    friend class LaneCursor<BlockReader>;
+
     RingLane lane_;
     ReaderShared<THREADS>& s_;
     u64 mask_;
@@ -477,59 +514,28 @@ template <unsigned int THREADS, unsigned int CPT> struct WindowShared {
 //           reader.release();
 //       }
 //   }
-template <unsigned int THREADS, unsigned int CPT = 4> class WindowReader {
+template <unsigned int THREADS, unsigned int CPT = 4>
+class WindowReader : public LaneCursor<WindowReader<THREADS, CPT>> {
   public:
     static constexpr unsigned int CHUNKS = THREADS * CPT;
     static constexpr u64 WINDOW = 16ull * CHUNKS;
 
     // Starts at the head the lane's head word holds (0 for a new ring).
-    __device__ WindowReader(const RingLane& lane, WindowShared<THREADS, CPT>& s)
-        : lane_(lane), s_(s), mask_(lane.capacity - 1ull), err_(VKGDR_RING_OK)
+    __device__ WindowReader(const RingLane& lane, WindowShared<THREADS, CPT>& s) : s_(s)
     {
         check_shape();
-        if (threadIdx.x == 0) {
-            s_.word = *lane_.head;
-        }
-        block_sync();
-        pos_ = s_.word;
-        block_sync();
-        tail_ = pos_;
-        released_ = pos_;
+        this->start(lane);
         init();
     }
 
     // A reader over the fixed range [from, to) (batch mode: no tail, head or stop words).
     __device__ WindowReader(const unsigned char* data, u64 capacity, int mirrored, u64 from,
                             u64 to, WindowShared<THREADS, CPT>& s)
-        : s_(s), mask_(capacity - 1ull), err_(VKGDR_RING_OK)
+        : s_(s)
     {
         check_shape();
-        lane_.data = data;
-        lane_.capacity = capacity;
-        lane_.mirrored = mirrored;
-        lane_.tail = 0;
-        lane_.stop = 0;
-        lane_.head = 0;
-        lane_.result = 0;
-        pos_ = from;
-        tail_ = to;
-        released_ = from;
-        if (capacity < VKGDR_RING_MIN_CAPACITY || (capacity & mask_) != 0ull || to < from
-            || to - from > capacity || (from & (VKGDR_RING_RECORD_ALIGN - 1ull)) != 0ull) {
-            err_ = VKGDR_RING_BAD_TAIL;
-            tail_ = from;
-        }
+        this->start(data, capacity, mirrored, from, to);
         init();
-    }
-
-    // As BlockReader::wait().
-    __device__ bool wait()
-    {
-        if (pos_ != tail_) {
-            return true;
-        }
-        release(true);
-        return poll_tail(lane_, pos_, s_.word, s_.flag, tail_, err_);
     }
 
     // The next group in order; returns its record count (the same in every thread). 0 with the
@@ -706,24 +712,9 @@ template <unsigned int THREADS, unsigned int CPT = 4> class WindowReader {
     // Whether the current group is one record longer than the window (payload in global memory).
     __device__ bool large() const { return large_; }
 
-    // As BlockReader::release().
-    __device__ void release(bool force = false) { publish_head(lane_, pos_, tail_, released_, force); }
-
-    // After a broken chain: counts as handled and moves to the tail (always a record boundary).
-    __device__ void skip_to_tail()
-    {
-        pos_ = tail_;
-        if (err_ == VKGDR_RING_BROKEN) {
-            err_ = VKGDR_RING_OK;
-        }
-    }
-
-    __device__ u64 position() const { return pos_; }
-    __device__ u64 tail() const { return tail_; }
-    __device__ int error() const { return err_; }
-    __device__ const RingLane& lane() const { return lane_; }
-
   private:
+    friend class LaneCursor<WindowReader>;
+
     static constexpr unsigned int SLOTS = CPT * (THREADS / 32u); // segments of 32 chunks
     static constexpr unsigned int PER = (SLOTS + 31u) / 32u;      // slots per lane of the scan
     static constexpr u64 NO_PREFETCH = 0xFFFFFFFFFFFFFFFFull; // never a 16-aligned position
