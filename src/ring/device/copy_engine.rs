@@ -13,12 +13,17 @@
 //! 1. the producer's stores (BAR below the staged span, staging inside it) are fenced (`sfence`)
 //!    before the copy is queued, so both are in memory before the engine reads or the kernel
 //!    looks;
-//! 2. the stream runs the copy, then stores the tail into GPU memory, then stores the same value
-//!    into the lane's *landed* word in pinned host memory (stream memory operations carry a
-//!    system-scope fence before each store);
-//! 3. while a tail queued on the stream has not landed, a publication of records written through
-//!    the BAR queues its tail on the stream too, so the tail never goes backwards. Once it has
-//!    landed, the CPU stores tails itself again.
+//! 2. the stream runs the copy, then stores the tail into GPU memory (a stream memory operation
+//!    carries a system-scope fence before its store);
+//! 3. while a tail queued on the stream may not have landed, a publication of records written
+//!    through the BAR queues its tail on the stream too, so the tail never goes backwards. Whether
+//!    it has landed is read from the tail word itself, through the BAR, by the next BAR
+//!    publication only (one uncached load, about a microsecond): while the stream's tails are
+//!    in flight the CPU stores none, so the word holds the last queued tail exactly when every
+//!    queued store has run. Once it has, the CPU stores tails itself again. (A second stream store
+//!    per publication into a pinned host word would save that load, but on an H100 it cost eight
+//!    lanes of 1 MiB copies 41.5 against 44.6 GB/s: every publication would pay it, where the
+//!    load is paid only by a BAR publication right after a staged one.)
 //!
 //! The staging copy is reused as the region is: bytes below the consumer's head were copied
 //! (the consumer saw them only after the tail that followed their copy), so reclaiming by the
@@ -38,9 +43,10 @@ use crate::mapping::cuda_objects::Stream;
 use crate::mapping::gpu::Gpu;
 use crate::mapping::host_staging::HostStaging;
 
-/// Offset of a lane's *landed* word from its `head` word in pinned host memory: the last tail
-/// the lane's copy stream has stored.
-pub const LANDED_OFFSET: u64 = 192;
+/// Offset of a lane's stream check word from its `head` word in pinned host memory: where a
+/// lane's new copy stream stores a zero to find out that the driver can store words from a
+/// stream before any publication relies on it.
+pub const STREAM_CHECK_OFFSET: u64 = 192;
 
 /// The record size (header and padding included) to pass to [`CopyEngine::FromRecord`] when
 /// turning the copy engine on: on an H100 with eight producers in batches of 256 records, 1 KiB
@@ -112,9 +118,8 @@ pub(super) struct LaneWords {
     pub(super) region_dev: u64,
     /// Device address of the lane's tail word (GPU memory).
     pub(super) tail_dev: u64,
-    /// Device and host address of the lane's landed word (pinned host memory).
-    pub(super) landed_dev: u64,
-    pub(super) landed: SendSyncPtr<u8>,
+    /// Device address of the lane's stream check word (pinned host memory).
+    pub(super) check_dev: u64,
 }
 
 /// One lane's staging copy, stream and counters.
@@ -123,14 +128,14 @@ pub(super) struct LaneCopy {
     stream: SendSyncPtr<std::ffi::c_void>,
     /// Host address of the staging copy (`capacity` bytes of pinned memory, inside `keep`).
     staging: SendSyncPtr<u8>,
-    /// Device addresses of the lane's region, tail word and landed word.
+    /// Device addresses of the lane's region and tail word.
     region_dev: u64,
     tail_dev: u64,
-    landed_dev: u64,
-    /// Host address of the landed word (inside the ring's pinned host words).
-    landed: SendSyncPtr<u8>,
-    /// The last tail queued on the stream (0: none); only the lane's publisher changes it.
+    /// The last tail queued on the stream (0: none), and the last one known to have landed in
+    /// the tail word; only the lane's publisher reads or changes them (atomics only so that the
+    /// copy can be shared with the ring's other lanes' threads).
     queued: AtomicU64,
+    landed: AtomicU64,
     copies: AtomicU64,
     bytes: AtomicU64,
     fallbacks: AtomicU64,
@@ -145,9 +150,8 @@ impl LaneCopy {
     /// Makes a lane's staging copy (`capacity` bytes of pinned host memory from the `Gpu`'s
     /// cache, so that dropping the ring never frees it under a kernel) and its non-blocking
     /// stream, and checks that the stream can store 64-bit words (stream memory operations).
-    /// `words` are the device addresses of the lane's region, tail word and landed word and the
-    /// host address of the landed word, all inside `memory`, which is kept until the copies
-    /// queued on the stream have run.
+    /// `words` are the device addresses of the lane's region, tail word and stream check word,
+    /// all inside `memory`, which is kept until the copies queued on the stream have run.
     pub(super) fn new(
         gpu: &Gpu,
         memory: Arc<dyn Any + Send + Sync>,
@@ -164,9 +168,8 @@ impl LaneCopy {
             staging: SendSyncPtr::new(staging.as_ptr()),
             region_dev: words.region_dev,
             tail_dev: words.tail_dev,
-            landed_dev: words.landed_dev,
-            landed: words.landed,
             queued: AtomicU64::new(0),
+            landed: AtomicU64::new(0),
             copies: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             fallbacks: AtomicU64::new(0),
@@ -176,11 +179,12 @@ impl LaneCopy {
         // where the driver lacks `cuStreamWriteValue64`.
         {
             let _ctx = gpu.bind()?;
-            // SAFETY: our live stream; an aligned word of the pinned host words, mapped for the
-            // device and kept alive by `keep` until the stream's work has run.
+            // SAFETY: our live stream; an aligned word of the pinned host words that nothing
+            // else uses, mapped for the device and kept alive by `keep` until the stream's work
+            // has run.
             unsafe {
                 gpu.driver()
-                    .cu_stream_write_value64(copy.raw_stream(), copy.landed_dev, 0, 0)
+                    .cu_stream_write_value64(copy.raw_stream(), words.check_dev, 0, 0)
             }?;
         }
         Ok(copy)
@@ -190,17 +194,22 @@ impl LaneCopy {
         self.stream.get()
     }
 
-    /// The landed word (pinned host memory, stored by the stream).
-    fn landed_word(&self) -> &AtomicU64 {
-        // SAFETY: an aligned u64 inside the pinned host words, which `keep` holds; the host
-        // touches it only through atomics and the GPU with aligned 8-byte stores.
-        unsafe { AtomicU64::from_ptr(self.landed.get().cast()) }
-    }
-
     /// Whether a tail queued on the stream may still be stored after now: a publication through
-    /// the BAR must then queue its tail behind it.
-    pub(super) fn tail_in_flight(&self) -> bool {
-        self.landed_word().load(Ordering::Acquire) < self.queued.load(Ordering::Relaxed)
+    /// the BAR must then queue its tail behind it. `read_tail` loads the lane's tail word (through
+    /// the BAR); it is called only while the last queued tail is not yet known to have landed.
+    /// For the lane's publisher only.
+    pub(super) fn tail_in_flight(&self, read_tail: impl FnOnce() -> u64) -> bool {
+        let queued = self.queued.load(Ordering::Relaxed);
+        if self.landed.load(Ordering::Relaxed) >= queued {
+            return false;
+        }
+        // While tails are in flight every tail goes through the stream, whose stores run in
+        // order: the word holds the last one queued only once all of them have run.
+        if read_tail() >= queued {
+            self.landed.store(queued, Ordering::Relaxed);
+            return false;
+        }
+        true
     }
 
     /// Copies `bytes` to `offset` of the staging copy (pinned host memory) with `kernel`'s
@@ -227,8 +236,8 @@ impl LaneCopy {
     }
 
     /// Queues the copy of positions `[from, tail)` from the staging copy into the region (none
-    /// when `from == tail`), then the stores of `tail` into the tail word and the landed word.
-    /// The caller has fenced its stores.
+    /// when `from == tail`), then the store of `tail` into the tail word. The caller has fenced
+    /// its stores.
     ///
     /// # Safety
     /// The caller is the lane's publisher (calls serialised, `tail` growing), every byte of
@@ -256,13 +265,9 @@ impl LaneCopy {
                 }?;
             }
         }
-        // SAFETY: aligned words inside the control allocation and the pinned host words, kept by
-        // `keep`; flags 0 put a memory barrier before each store, so the tail follows the copy
-        // and the landed word follows the tail.
-        unsafe {
-            driver.cu_stream_write_value64(self.raw_stream(), self.tail_dev, tail, 0)?;
-            driver.cu_stream_write_value64(self.raw_stream(), self.landed_dev, tail, 0)?;
-        }
+        // SAFETY: an aligned word inside the control allocation, kept by `keep`; flags 0 put a
+        // memory barrier before the store, so the tail follows the copy.
+        unsafe { driver.cu_stream_write_value64(self.raw_stream(), self.tail_dev, tail, 0) }?;
         self.queued.store(tail, Ordering::Relaxed);
         if len > 0 {
             self.copies.fetch_add(1, Ordering::Relaxed);

@@ -12,7 +12,7 @@
 //! | `lane_data` table (u64 each) | control allocation, after `stop` | `lane_data + 8 * i` |
 //! | `head` words (u64) | pinned host memory | `head + i * 256` |
 //! | result words (8 × u64) | pinned host memory | `result + i * 256` |
-//! | landed word (u64) | pinned host memory | `head + i * 256 + 192` (the copy stream's last tail) |
+//! | stream check word (u64) | pinned host memory | `head + i * 256 + 192` (the copy stream's first store) |
 //! | staging copy | pinned host memory, one per lane | made when a producer first claims the lane |
 
 mod copy_engine;
@@ -22,7 +22,8 @@ mod persistent;
 mod sink;
 
 pub use copy_engine::{
-    CopyEngine, CopyEngineStats, DEFAULT_COPY_ENGINE_RECORD, LANDED_OFFSET, STAGE_AFTER_PENDING,
+    CopyEngine, CopyEngineStats, DEFAULT_COPY_ENGINE_RECORD, STAGE_AFTER_PENDING,
+    STREAM_CHECK_OFFSET,
 };
 pub use launch::LaunchRing;
 pub use owned::OwnedProducer;

@@ -17,7 +17,7 @@ use crate::mapping::arena::Arena;
 use crate::mapping::cuda_objects::{Event, PinnedBuffer, Stream};
 use crate::mapping::gpu::Gpu;
 
-use super::copy_engine::{CopyEngine, CopyEngineStats, LaneCopy, LaneWords, LANDED_OFFSET};
+use super::copy_engine::{CopyEngine, CopyEngineStats, LaneCopy, LaneWords, STREAM_CHECK_OFFSET};
 use super::sink::{BarSink, RingData, RingMemory};
 
 /// Bytes between two lanes' `tail` words in the control allocation (own 128-byte line each).
@@ -321,18 +321,12 @@ impl DeviceRing {
         {
             return;
         }
-        let landed_at = lane as u64 * HOST_STRIDE + LANDED_OFFSET;
+        // In range: the host words hold `lanes * HOST_STRIDE` bytes or more.
+        let check_at = lane as u64 * HOST_STRIDE + STREAM_CHECK_OFFSET;
         let words = LaneWords {
             region_dev: sink.region_device_ptr(),
             tail_dev: self.memory.control.device_ptr() + lane as u64 * TAIL_STRIDE,
-            landed_dev: self.memory.host_words.device_ptr() + landed_at,
-            // In range: the host words hold `lanes * HOST_STRIDE` bytes or more.
-            landed: SendSyncPtr::new(
-                self.memory
-                    .host_words
-                    .as_ptr()
-                    .wrapping_add(landed_at as usize),
-            ),
+            check_dev: self.memory.host_words.device_ptr() + check_at,
         };
         let memory = Arc::clone(&self.memory);
         match LaneCopy::new(&self.gpu, memory, words, sink.capacity) {

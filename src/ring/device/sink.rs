@@ -12,6 +12,7 @@ use crate::error::{InvalidArgument, Result};
 use crate::mapping::arena::Arena;
 use crate::mapping::cuda_objects::PinnedBuffer;
 use crate::mapping::memory::RawMemory;
+use crate::mapping::Mapping;
 
 use super::copy_engine::LaneCopy;
 
@@ -121,6 +122,24 @@ impl BarSink {
         store_fence();
     }
 
+    /// Loads the tail word through the BAR (uncached: about a microsecond), after an
+    /// invalidate on non-coherent memory. On an invalidate error (a lost device) it says 0,
+    /// which keeps later tails on the copy stream, as if the last one had not landed.
+    fn load_tail(&self) -> u64 {
+        if self
+            .memory
+            .control
+            .before_read(self.tail_offset, 8)
+            .is_err()
+        {
+            return 0;
+        }
+        // SAFETY: as in `store_tail`: an aligned word inside the control allocation, touched by
+        // the host only through atomics.
+        let word = unsafe { AtomicU64::from_ptr(self.tail.get().cast::<u64>()) };
+        word.load(Ordering::Acquire)
+    }
+
     /// Writes staged bytes `[from, tail)` through the BAR (when their copy could not be queued).
     ///
     /// # Safety
@@ -189,9 +208,11 @@ impl RingSink for BarSink {
         if let Some(copy) = self.copy.get() {
             // A tail still queued on the copy stream would land after ours: queue ours behind
             // it (no copy). If that fails the context is lost and nothing queued will run.
-            // SAFETY: the caller is the publisher; an empty staged span.
-            if copy.tail_in_flight() && unsafe { copy.queue(self.capacity, tail, tail) }.is_ok() {
-                return;
+            if copy.tail_in_flight(|| self.load_tail()) {
+                // SAFETY: the caller is the publisher; an empty staged span.
+                if unsafe { copy.queue(self.capacity, tail, tail) }.is_ok() {
+                    return;
+                }
             }
         }
         self.store_tail(tail);
