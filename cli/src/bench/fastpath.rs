@@ -11,7 +11,8 @@
 //!   write), 64-byte `Block::write` against the raw store + `sfence` on the same block, and
 //!   sixteen 64-byte writes with sixteen fences against one `WriteBatch`;
 //! - `fastpath-pool`: 256-byte alloc+free pairs with the default `PoolConfig` (thread cache on)
-//!   and with `thread_cache = 0`, on one thread and on eight.
+//!   and with `thread_cache = 0`, on one thread and on eight, beside the C library's `malloc`+`free`
+//!   (this CPU's scale).
 
 use std::process::Command;
 use std::sync::Barrier;
@@ -30,6 +31,9 @@ use crate::ui;
 
 /// The hidden argument that makes `vkgdr bench` the child of the first-write row.
 pub const CHILD_ARG: &str = "--first-write-child";
+
+/// The `fastpath-pool` row of the C library's allocator (a machine row in the registry).
+pub const MALLOC_PAIR: &str = "malloc+free, 1 thread, the C library";
 
 /// The message `examples/hello` writes.
 const HELLO: &[u8] = b"hello from the CPU, through the BAR";
@@ -462,7 +466,7 @@ fn pool(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
         Budget::new(Duration::from_millis(300), 1_000, 100_000)
     };
     let pairs_per_thread: u64 = if opts.quick { 20_000 } else { 200_000 };
-    ui::phase("pool", 4);
+    ui::phase("pool", 5);
     for (name, thread_cache) in [
         ("default PoolConfig", PoolConfig::default().thread_cache),
         ("thread_cache = 0 (opt-out)", 0),
@@ -520,10 +524,25 @@ fn pool(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
             &ns,
         );
     }
+    // This CPU's scale: the same pair through the C library's allocator (its per-thread cache
+    // serves it with a few dozen instructions), so a pool figure that moved between two lent
+    // machines can be told apart from a machine whose cores are slower.
+    ui::step(MALLOC_PAIR);
+    let ns = measure(&budget, || {
+        let size = std::hint::black_box(256);
+        // SAFETY: a plain malloc/free pair; the pointer is freed once and never dereferenced.
+        unsafe { libc::free(std::hint::black_box(libc::malloc(size))) };
+        Ok(())
+    })?;
+    push(&mut report, MALLOC_PAIR, 256, &ns);
     report.notes.push(
         "pool over CUDA-imported chunks; one pool.alloc(256, 16) and its drop per pair; 8 threads: \
          wall time / all pairs (1-thread time / this = the throughput gain)"
             .into(),
     );
+    report.notes.push(format!(
+        "{MALLOC_PAIR}: malloc(256) and free in the same loop, this CPU's scale (the machine's \
+         figure, not the library's)"
+    ));
     Ok(report)
 }

@@ -356,7 +356,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                         "alloc+free, 8 threads, per pair, thread_cache = 0 (opt-out)",
                     ),
                 ]),
-                machine: &[],
+                machine: &[fastpath::MALLOC_PAIR],
                 machine_work: &[],
             },
         ],

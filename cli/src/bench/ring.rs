@@ -323,6 +323,72 @@ fn memcpy_batches(
     Ok((bytes * copies) as f64 / t0.elapsed().as_secs_f64() / 1e9)
 }
 
+/// Streams of the copy-engine lane pattern: one per producer of the eight-producer rows.
+const PATTERN_STREAMS: usize = 8;
+/// Record sizes of the pattern rows: those the copy engine serves in the ring rows.
+const PATTERN_SIZES: [u64; 2] = [4096, 64 << 10];
+const PATTERN_COPIES: &str = "cuMemcpyHtoDAsync on 8 streams, one copy per publication";
+const PATTERN_TAIL: &str = "cuMemcpyHtoDAsync on 8 streams, one copy per publication + tail store";
+
+/// Where the lane pattern copies and stores: `PATTERN_STREAMS` regions of `dst` and `staging`
+/// (one per stream), and a tail word per stream at `tails` (GPU memory).
+struct PatternTargets<'a> {
+    dst: u64,
+    staging: &'a HostPinned,
+    tails: u64,
+}
+
+/// The copy-engine lanes' queue work for `records` records of `size` bytes: publications of
+/// [`batch_records`] records, each one `cuMemcpyHtoDAsync` from stream `i`'s region of the
+/// staging buffer into its region of `dst`, issued on the streams in turn, followed (when
+/// `tail`) by the lane's `cuStreamWriteValue64` of its tail (flags 0: a memory barrier before
+/// it). Synchronised at the end. Returns GB/s.
+fn lane_pattern(
+    gpu: &Gpu,
+    to: &PatternTargets,
+    streams: &[Stream],
+    size: u64,
+    records: u64,
+    tail: bool,
+) -> BenchResult<f64> {
+    let driver = gpu.driver();
+    let bytes = size * batch_records(size);
+    let region = (to.staging.len() / streams.len()) as u64;
+    let per_region = region / bytes;
+    if per_region == 0 {
+        return Err(BenchError::Check(format!(
+            "a {bytes}-byte publication does not fit a {region}-byte region"
+        )));
+    }
+    let copies = records * size / bytes;
+    let _ctx = gpu.bind()?;
+    let t0 = Instant::now();
+    for k in 0..copies {
+        let lane = (k % streams.len() as u64) as usize;
+        let slot = (k / streams.len() as u64) % per_region;
+        let off = lane as u64 * region + slot * bytes;
+        let stream = streams[lane].raw();
+        // SAFETY: `off + bytes <= streams.len() * region <= staging.len() == dst's length`; the
+        // staging buffer, `dst` and both word buffers outlive the synchronisation below; the
+        // words are aligned u64s inside their buffers (8 bytes per stream).
+        unsafe {
+            driver.cu_memcpy_htod_async(
+                to.dst + off,
+                to.staging.as_ptr().add(off as usize).cast(),
+                bytes as usize,
+                stream,
+            )?;
+            if tail {
+                driver.cu_stream_write_value64(stream, to.tails + 8 * lane as u64, k + 1, 0)?;
+            }
+        }
+    }
+    for s in streams {
+        s.synchronize()?;
+    }
+    Ok((bytes * copies) as f64 / t0.elapsed().as_secs_f64() / 1e9)
+}
+
 fn memcpy_latency(
     gpu: &Gpu,
     dst: u64,
@@ -670,6 +736,30 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
             ));
         }
     }
+    // The copy-engine lanes' own pattern with nothing else running: their ceiling.
+    let streams: Vec<Stream> = (0..PATTERN_STREAMS)
+        .map(|_| Stream::new(&gpu))
+        .collect::<vkgdr::Result<_>>()?;
+    let words = vkgdr::cuda_objects::DeviceBuffer::new(&gpu, 8 * PATTERN_STREAMS)?;
+    let targets = PatternTargets {
+        dst: dev.device_ptr(),
+        staging: &staging,
+        tails: words.device_ptr(),
+    };
+    ui::phase("copy-engine lane pattern", 2 * PATTERN_SIZES.len() as u64);
+    for size in PATTERN_SIZES {
+        for (tail, name) in [(false, PATTERN_COPIES), (true, PATTERN_TAIL)] {
+            ui::step(format!("{name} · {}", fmt_size(size)));
+            let samples: Vec<f64> = (0..reps)
+                .map(|_| lane_pattern(&gpu, &targets, &streams, size, bytes_per_run / size, tail))
+                .collect::<BenchResult<_>>()?;
+            bw.rows.push(Row::measured(
+                name,
+                size,
+                &Stats::of(&samples).expect("samples"),
+            ));
+        }
+    }
     let n = if opts.quick { 2_000 } else { 20_000 };
     ui::step("round trip");
     let mut t = memcpy_latency(&gpu, dev.device_ptr(), 64, &staging, &copy_stream, n)?;
@@ -689,6 +779,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     bw.notes.push("ack kernel: publishes head = tail without reading the records (transport rate); checking kernel: ring_check_lanes, the device API's window reader (one block of 512 threads per lane) verifying every record's seq and checksum".into());
     bw.notes.push(format!("checking kernel alone: each lane filled to {} MiB by its producer with no consumer running, the ring stopped, then ring_check_lanes launched; GB/s from the launch to the kernel's end (the consumer's own rate, without producers beside it)", (LANE_BYTES * 3 / 4) >> 20));
     bw.notes.push("cuMemcpyHtoDAsync: the same bytes from pinned memory into cuMemAlloc memory, back to back on one stream".into());
+    bw.notes.push(format!("{PATTERN_COPIES} / {PATTERN_TAIL}: the copy-engine lanes' work without producers, the ceiling of the 'copy engine' rows: one copy per publication (the producers' batch of records, from pinned memory filled beforehand) on each of {PATTERN_STREAMS} streams in turn, and with the stream store a lane queues after each copy (its tail into GPU memory, behind a memory barrier); the producers' own writes into the staging copy are what the ring rows add"));
     bw.notes.push(format!("copy engine (off by default, so the plain rows and the 'BAR only' rows take the BAR): with RingOptions::copy_engine = FromRecord({}) a producer's records of that size and more (header included), once a batch has {} KiB pending before them, are written into a pinned host copy of the lane and moved by cuMemcpyHtoDAsync on the lane's stream, which then stores the tail; 'copy engine only' rows stage records of every size (after the same {} KiB)", vkgdr::ring::device::DEFAULT_COPY_ENGINE_RECORD, vkgdr::ring::device::STAGE_AFTER_PENDING >> 10, vkgdr::ring::device::STAGE_AFTER_PENDING >> 10));
     lat.notes.push("round trip of one 64-byte record: published alone (Producer::push, or the shared reserve/commit) → kernel publishes head into pinned memory → CPU sees it; commit→seen is below this".into());
     Ok(vec![bw, lat, wrap])
