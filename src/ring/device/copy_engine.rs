@@ -56,7 +56,7 @@ pub const DEFAULT_COPY_ENGINE_RECORD: u32 = 4096;
 
 /// A producer's large record takes the copy engine only once this many bytes are pending before
 /// it in the batch: a staged publication of 64 KiB took about 14 µs on an H100 host (the
-/// producer's copy into pinned memory, then a copy and two stream stores queued with the driver),
+/// producer's copy into pinned memory, then a copy and its stream stores queued with the driver),
 /// which a lone record or a short batch would not earn back (a 4 KiB record through the BAR
 /// takes under a microsecond).
 pub const STAGE_AFTER_PENDING: u64 = 64 << 10;
@@ -122,6 +122,39 @@ pub(super) struct LaneWords {
     pub(super) check_dev: u64,
 }
 
+/// The tails a lane's copy stream stores: the last one queued (0: none) and the last one known to
+/// have landed in the tail word. Only the lane's publisher uses them (atomics only so that the
+/// lane can be shared with other threads).
+#[derive(Default)]
+struct StreamTails {
+    queued: AtomicU64,
+    landed: AtomicU64,
+}
+
+impl StreamTails {
+    /// Records `tail` as queued on the stream (after the driver accepted its store).
+    fn queue(&self, tail: u64) {
+        self.queued.store(tail, Ordering::Relaxed);
+    }
+
+    /// Whether a queued tail may still be stored after now. `read_tail` loads the tail word; it
+    /// is called only while the last queued tail is not known to have landed, and once it shows
+    /// that tail, never again for it.
+    fn in_flight(&self, read_tail: impl FnOnce() -> u64) -> bool {
+        let queued = self.queued.load(Ordering::Relaxed);
+        if self.landed.load(Ordering::Relaxed) >= queued {
+            return false;
+        }
+        // While tails are in flight every tail goes through the stream, whose stores run in
+        // order: the word holds the last one queued only once all of them have run.
+        if read_tail() >= queued {
+            self.landed.store(queued, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+}
+
 /// One lane's staging copy, stream and counters.
 pub(super) struct LaneCopy {
     gpu: Gpu,
@@ -131,11 +164,8 @@ pub(super) struct LaneCopy {
     /// Device addresses of the lane's region and tail word.
     region_dev: u64,
     tail_dev: u64,
-    /// The last tail queued on the stream (0: none), and the last one known to have landed in
-    /// the tail word; only the lane's publisher reads or changes them (atomics only so that the
-    /// copy can be shared with the ring's other lanes' threads).
-    queued: AtomicU64,
-    landed: AtomicU64,
+    /// Which tails the stream stores and which of them have landed.
+    tails: StreamTails,
     copies: AtomicU64,
     bytes: AtomicU64,
     fallbacks: AtomicU64,
@@ -168,8 +198,7 @@ impl LaneCopy {
             staging: SendSyncPtr::new(staging.as_ptr()),
             region_dev: words.region_dev,
             tail_dev: words.tail_dev,
-            queued: AtomicU64::new(0),
-            landed: AtomicU64::new(0),
+            tails: StreamTails::default(),
             copies: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             fallbacks: AtomicU64::new(0),
@@ -199,17 +228,7 @@ impl LaneCopy {
     /// the BAR); it is called only while the last queued tail is not yet known to have landed.
     /// For the lane's publisher only.
     pub(super) fn tail_in_flight(&self, read_tail: impl FnOnce() -> u64) -> bool {
-        let queued = self.queued.load(Ordering::Relaxed);
-        if self.landed.load(Ordering::Relaxed) >= queued {
-            return false;
-        }
-        // While tails are in flight every tail goes through the stream, whose stores run in
-        // order: the word holds the last one queued only once all of them have run.
-        if read_tail() >= queued {
-            self.landed.store(queued, Ordering::Relaxed);
-            return false;
-        }
-        true
+        self.tails.in_flight(read_tail)
     }
 
     /// Copies `bytes` to `offset` of the staging copy (pinned host memory) with `kernel`'s
@@ -268,7 +287,7 @@ impl LaneCopy {
         // SAFETY: an aligned word inside the control allocation, kept by `keep`; flags 0 put a
         // memory barrier before the store, so the tail follows the copy.
         unsafe { driver.cu_stream_write_value64(self.raw_stream(), self.tail_dev, tail, 0) }?;
-        self.queued.store(tail, Ordering::Relaxed);
+        self.tails.queue(tail);
         if len > 0 {
             self.copies.fetch_add(1, Ordering::Relaxed);
             self.bytes.fetch_add(len, Ordering::Relaxed);
@@ -302,5 +321,40 @@ impl Drop for LaneCopy {
             // No fence in a dead context: no copy of it runs any more.
             Err(_) => drop(keep),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StreamTails;
+    use std::cell::Cell;
+
+    #[test]
+    fn nothing_queued_is_never_in_flight_and_reads_nothing() {
+        let tails = StreamTails::default();
+        assert!(!tails.in_flight(|| unreachable!("no tail queued: nothing to read")));
+    }
+
+    #[test]
+    fn a_queued_tail_is_in_flight_until_the_word_shows_it_then_read_no_more() {
+        let tails = StreamTails::default();
+        tails.queue(4096);
+        let reads = Cell::new(0);
+        let read = |word: u64| {
+            reads.set(reads.get() + 1);
+            word
+        };
+        // The word still holds an older tail (the stream's store has not run).
+        assert!(tails.in_flight(|| read(0)));
+        assert!(tails.in_flight(|| read(1024)));
+        // It has run: landed, and known from now on without a load.
+        assert!(!tails.in_flight(|| read(4096)));
+        assert!(!tails.in_flight(|| read(0)));
+        assert_eq!(reads.get(), 3);
+        // A later tail queued behind it is in flight again until it shows.
+        tails.queue(8192);
+        assert!(tails.in_flight(|| read(4096)));
+        assert!(!tails.in_flight(|| read(8192)));
+        assert_eq!(reads.get(), 5);
     }
 }
