@@ -77,10 +77,12 @@ pub enum CopyEngine {
 }
 
 impl Default for CopyEngine {
-    /// [`CopyEngine::Off`]: the copy engine pays most when several producers stream large
-    /// records in large batches (on an H100: eight producers, 4 KiB records, 40.1 against 30.3
-    /// GB/s through the BAR); a lone producer gains less (4 KiB: 14.9 against 14.0 GB/s) and at
-    /// other sizes was 0.83–0.98× the BAR's rate, so it is asked for, not assumed.
+    /// [`CopyEngine::Off`]: each lane that uses the copy engine holds pinned host memory as
+    /// large as the lane (its staging copy) and a stream, so that is asked for, not assumed.
+    /// It pays most when several producers stream large records in large batches (on an H100:
+    /// eight producers, 4 KiB records, 40.4 against 28.9 GB/s through the BAR); a lone producer
+    /// gains less (4 KiB: 13.2 against 12.0 GB/s; in other runs 0.83–0.98× the BAR's rate at
+    /// 1, 2 and 64 KiB).
     fn default() -> Self {
         CopyEngine::Off
     }
