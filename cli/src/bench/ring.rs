@@ -369,8 +369,8 @@ fn lane_pattern(
         let off = lane as u64 * region + slot * bytes;
         let stream = streams[lane].raw();
         // SAFETY: `off + bytes <= streams.len() * region <= staging.len() == dst's length`; the
-        // staging buffer, `dst` and both word buffers outlive the synchronisation below; the
-        // words are aligned u64s inside their buffers (8 bytes per stream).
+        // staging buffer, `dst` and the tail words outlive the synchronisation below; each tail
+        // word is an aligned u64 of their buffer (8 bytes per stream).
         unsafe {
             driver.cu_memcpy_htod_async(
                 to.dst + off,
