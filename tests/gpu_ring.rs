@@ -828,6 +828,72 @@ fn an_exited_consumer_ends_producer_waits() {
     ));
 }
 
+/// A small record pushed right after a staged batch is published through the BAR while the
+/// batch's copy may still run: its tail must follow the copy's tail on the lane's stream (else
+/// the tail would go backwards when the copy's tail lands). Every record is checked by the
+/// kernel, and the path is seen taken.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn bar_publications_right_after_staged_ones_follow_their_copy() {
+    staged_then_small(false);
+}
+
+/// The same on forced non-coherent memory: the tail word is read back after an invalidate.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn bar_publications_right_after_staged_ones_follow_their_copy_forced_non_coherent() {
+    staged_then_small(true);
+}
+
+fn staged_then_small(force_non_coherent: bool) {
+    let gpu = open(force_non_coherent);
+    let module = Module::load_ptx(&gpu, RING_PTX).unwrap();
+    let stream = Stream::new(&gpu).unwrap();
+    let options = RingOptions {
+        lanes: 1,
+        copy_engine: LARGE_ON_COPY_ENGINE,
+        ..Default::default()
+    };
+    let ring = DeviceRing::with_options(&gpu, 4 << 20, options).unwrap();
+    launch_check_lanes(&module, &ring, &stream);
+    let limit = Some(Duration::from_secs(30));
+    let (mut p, mut sum, mut records) = (ring.producer().unwrap(), 0u64, 0u64);
+    for round in 0..500u64 {
+        // 24 records of 4 KiB: the ones after the first 64 KiB are staged and copied.
+        let first = p.next_seq();
+        let batch: Vec<Vec<u8>> = (0..24)
+            .map(|i| {
+                let mut body = vec![(round % 251) as u8; 4080];
+                sum = sum.wrapping_add(seal_test_payload(&mut body, first + i).unwrap());
+                body
+            })
+            .collect();
+        p.push_batch(batch.iter().map(Vec::as_slice), limit)
+            .unwrap();
+        // At once a small record through the BAR, while that copy is queued.
+        let mut small = vec![7u8; 48];
+        sum = sum.wrapping_add(seal_test_payload(&mut small, p.next_seq()).unwrap());
+        p.push(&small, limit).unwrap();
+        records += 25;
+    }
+    drop(p);
+    let end = ring.lane(0).unwrap().committed();
+    let copies = ring.copy_engine_stats();
+    ring.stop_and_wait(Duration::from_secs(60)).unwrap();
+    println!("staged then small (non-coherent {force_non_coherent}): {copies:?}");
+    assert_eq!(copies.fallbacks, 0);
+    assert!(copies.copies > 0, "{copies:?}");
+    assert!(
+        copies.stream_tails > 0,
+        "no tail followed a copy: {copies:?}"
+    );
+    let res = ring.results_of(0);
+    assert_eq!(res[layout::RESULT_ERRORS], 0, "{res:?}");
+    assert_eq!(res[layout::RESULT_RECORDS], records);
+    assert_eq!(res[layout::RESULT_CHECKSUM_SUM], sum);
+    assert_eq!(res[layout::RESULT_POS], end);
+}
+
 /// Dropping a ring whose watched consumer still runs tells the kernel to stop and returns without
 /// waiting for it; the ring's memory is released only once the consumer has exited.
 #[test]

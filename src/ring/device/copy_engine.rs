@@ -110,6 +110,11 @@ pub struct CopyEngineStats {
     /// Publications whose copy could not be queued (a driver error): their staged bytes went
     /// through the BAR instead.
     pub fallbacks: u64,
+    /// Publications of records written through the BAR whose tail went through the lane's
+    /// stream, behind a staged publication's tail that had not landed yet (each one a driver
+    /// call instead of a store: many of them mean small records keep following large ones
+    /// closely).
+    pub stream_tails: u64,
     /// Why the path is not available, where making it failed (the lanes then use the BAR).
     pub unavailable: Option<String>,
 }
@@ -171,6 +176,7 @@ pub(super) struct LaneCopy {
     copies: AtomicU64,
     bytes: AtomicU64,
     fallbacks: AtomicU64,
+    stream_tails: AtomicU64,
     /// What the queued copies read and write, kept until they have run; `None` only while
     /// dropping.
     keep: Option<(HostStaging, Stream, Arc<dyn Any + Send + Sync>)>,
@@ -204,6 +210,7 @@ impl LaneCopy {
             copies: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             fallbacks: AtomicU64::new(0),
+            stream_tails: AtomicU64::new(0),
             keep: Some((staging, stream, memory)),
         };
         // Stores 0 (what the word holds) through the stream: fails here, not in a publication,
@@ -293,6 +300,8 @@ impl LaneCopy {
         if len > 0 {
             self.copies.fetch_add(1, Ordering::Relaxed);
             self.bytes.fetch_add(len, Ordering::Relaxed);
+        } else {
+            self.stream_tails.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -308,6 +317,7 @@ impl LaneCopy {
         stats.copies += self.copies.load(Ordering::Relaxed);
         stats.bytes += self.bytes.load(Ordering::Relaxed);
         stats.fallbacks += self.fallbacks.load(Ordering::Relaxed);
+        stats.stream_tails += self.stream_tails.load(Ordering::Relaxed);
     }
 }
 
