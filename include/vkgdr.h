@@ -374,6 +374,11 @@ typedef struct vkgdr_ring_copy_engine_stats {
    * through the BAR instead.
    */
   uint64_t fallbacks;
+  /**
+   * Publications of records written through the BAR whose tail went through a lane's copy
+   * stream, behind a staged publication's tail that had not landed yet.
+   */
+  uint64_t stream_tails;
 } vkgdr_ring_copy_engine_stats;
 
 #ifdef __cplusplus

@@ -184,6 +184,9 @@ pub struct vkgdr_ring_copy_engine_stats {
     /// Publications whose copy could not be queued (a driver error): their staged bytes went
     /// through the BAR instead.
     pub fallbacks: u64,
+    /// Publications of records written through the BAR whose tail went through a lane's copy
+    /// stream, behind a staged publication's tail that had not landed yet.
+    pub stream_tails: u64,
 }
 
 // SAFETY: integers only; `struct_size` first.
@@ -839,6 +842,7 @@ pub unsafe extern "C" fn vkgdr_ring_get_copy_engine_stats(
             copies: s.copies,
             bytes: s.bytes,
             fallbacks: s.fallbacks,
+            stream_tails: s.stream_tails,
         };
         // SAFETY: writable for its struct_size (caller).
         unsafe { versioned::write(stats, &out) }?;

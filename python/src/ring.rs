@@ -301,8 +301,9 @@ impl DeviceRing {
     /// What the copy-engine path has done so far, over every lane: a dict of ``lanes_ready``
     /// (lanes whose staging copy and stream exist), ``copies`` (staged publications queued),
     /// ``bytes`` (bytes they copied), ``fallbacks`` (publications that went through the BAR
-    /// because a copy could not be queued) and ``unavailable`` (why the path could not be made,
-    /// or None).
+    /// because a copy could not be queued), ``stream_tails`` (publications through the BAR whose
+    /// tail followed a copy's on the lane's stream) and ``unavailable`` (why the path could not
+    /// be made, or None).
     fn copy_engine_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.ring.copy_engine_stats();
         let d = PyDict::new(py);
@@ -310,6 +311,7 @@ impl DeviceRing {
         d.set_item("copies", s.copies)?;
         d.set_item("bytes", s.bytes)?;
         d.set_item("fallbacks", s.fallbacks)?;
+        d.set_item("stream_tails", s.stream_tails)?;
         d.set_item("unavailable", s.unavailable)?;
         Ok(d)
     }

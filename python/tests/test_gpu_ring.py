@@ -266,6 +266,7 @@ def test_producer_lifetime_closing_and_context_manager(cupy):
         "copies": 0,
         "bytes": 0,
         "fallbacks": 0,
+        "stream_tails": 0,
         "unavailable": None,
     }
 

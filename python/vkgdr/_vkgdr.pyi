@@ -255,8 +255,8 @@ class DeviceRing:
     def head_of(self, lane: int) -> int: ...
     def results_of(self, lane: int) -> List[int]: ...
     def copy_engine_stats(self) -> Dict[str, Any]:
-        """``lanes_ready``, ``copies``, ``bytes``, ``fallbacks`` (ints) and ``unavailable``
-        (why the copy engine could not be used, or None)."""
+        """``lanes_ready``, ``copies``, ``bytes``, ``fallbacks``, ``stream_tails`` (ints) and
+        ``unavailable`` (why the copy engine could not be used, or None)."""
     def stop(self) -> None: ...
     def watch_consumer(self, stream: _CudaStream) -> None:
         """Registers the consumer just launched on ``stream``: dropping the ring then stops it
