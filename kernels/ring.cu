@@ -44,45 +44,37 @@
 typedef unsigned long long ull;
 typedef vkgdr::WindowReader<RING_THREADS, RING_CPT> RingReader;
 
-// Checksum terms of body chunk `cu` (bytes 16*cu .. 16*cu+15 of an `n`-byte body, cu*16 < n).
-// A term is mix((i << 8) | byte) with i = 16*cu + k: the multiplication
-// ((i << 8 | byte) + 1) * MUL = (4096*cu + 1) * MUL + (256*k + byte) * MUL (mod 2^64) leaves one
-// 32-by-64-bit multiply-add per byte. 256*k + byte is one byte permutation (prmt): byte 0 the
-// body byte, byte 1 the low byte of k, bytes 2 and 3 a zero byte of k. A whole chunk has no
-// per-byte test and sums its terms as a tree (short carry chains); only a body's last chunk may
-// be partial.
-__device__ __forceinline__ ull ring_term(unsigned int word, unsigned int k, ull base)
+// Checksum term of a body's 32-bit word `w` (little-endian), `base` = ((i << 32) + 1) * MUL for
+// its index i: mix((i << 32 | w) + 1) = x ^ (x >> 29) with x = base + w * MUL, one 32-by-64-bit
+// multiply-add per word.
+__device__ __forceinline__ ull ring_word_term(unsigned int w, ull base)
 {
-    const unsigned int u = __byte_perm(word, k, (k & 3u) | 0x5540u);
-    const ull x = base + (ull)u * RING_CHECKSUM_MUL;
+    const ull x = base + (ull)w * RING_CHECKSUM_MUL;
     return x ^ (x >> RING_CHECKSUM_SHIFT);
 }
 
+// Checksum terms of body chunk `cu` (bytes 16*cu .. 16*cu+15 of an `n`-byte body, cu*16 < n):
+// words 4*cu .. 4*cu+3. Only a body's last chunk may be partial: its words past the body are
+// left out, the bytes past the body of its last word count as zero.
 __device__ __forceinline__ ull ring_chunk_terms(uint4 v, ull cu, ull n)
 {
-    const unsigned int words[4] = { v.x, v.y, v.z, v.w };
-    const ull base = (cu * 4096ull + 1ull) * RING_CHECKSUM_MUL;
+    const ull base = ((cu << 34) | 1ull) * RING_CHECKSUM_MUL;
+    const ull step = RING_CHECKSUM_MUL << 32; // the next word's index
     const ull left = n - cu * 16ull;
     if (left >= 16ull) {
-        ull t[16];
-#pragma unroll
-        for (unsigned int k = 0; k < 16u; ++k) {
-            t[k] = ring_term(words[k >> 2], k, base);
-        }
-#pragma unroll
-        for (unsigned int w = 1; w < 16u; w <<= 1) {
-#pragma unroll
-            for (unsigned int k = 0; k < 16u; k += 2u * w) {
-                t[k] += t[k + w];
-            }
-        }
-        return t[0];
+        return (ring_word_term(v.x, base) + ring_word_term(v.y, base + step))
+               + (ring_word_term(v.z, base + 2ull * step) + ring_word_term(v.w, base + 3ull * step));
     }
+    const unsigned int words[4] = { v.x, v.y, v.z, v.w };
     ull part = 0ull;
 #pragma unroll
-    for (unsigned int k = 0; k < 16u; ++k) {
-        const ull x = ring_term(words[k >> 2], k, base);
-        part += (ull)k < left ? x : 0ull;
+    for (unsigned int j = 0; j < 4u; ++j) {
+        const ull at = 4ull * j;
+        if (at < left) {
+            const unsigned int keep =
+                left - at >= 4ull ? 0xFFFFFFFFu : (1u << (8u * (unsigned int)(left - at))) - 1u;
+            part += ring_word_term(words[j] & keep, base + (ull)j * step);
+        }
     }
     return part;
 }

@@ -20,9 +20,13 @@ RESULT_RECORDS, RESULT_CHECKSUM_SUM, RESULT_ERRORS, RESULT_NEXT_SEQ, RESULT_POS 
 
 
 def checksum(body: np.ndarray) -> int:
-    """layout::test_checksum: sum over i of mix(((i << 8) | body[i]) + 1), wrapping."""
-    i = np.arange(len(body), dtype=np.uint64)
-    x = ((i << np.uint64(8)) | body.astype(np.uint64)) + np.uint64(1)
+    """layout::test_checksum: sum over the body's little-endian 32-bit words w[i] (the last one
+    zero-filled) of mix(((i << 32) | w[i]) + 1), wrapping."""
+    padded = np.zeros((len(body) + 3) // 4 * 4, dtype=np.uint8)
+    padded[: len(body)] = body
+    w = padded.view("<u4").astype(np.uint64)
+    i = np.arange(len(w), dtype=np.uint64)
+    x = ((i << np.uint64(32)) | w) + np.uint64(1)
     with np.errstate(over="ignore"):
         x = x * MUL
         x ^= x >> np.uint64(29)

@@ -32,21 +32,30 @@ typedef struct {
     unsigned long long data, sum, errors;
 } producer;
 
-static uint64_t term(uint64_t i, unsigned char b)
+/* One term of the test checksum: the body's 32-bit little-endian word `w` at word index `i`. */
+static uint64_t term(uint64_t i, uint32_t w)
 {
-    uint64_t x = ((i << 8) | b) + 1;
+    uint64_t x = ((i << 32) | w) + 1;
     x *= 0x9E3779B97F4A7C15ull;
     return x ^ (x >> 29);
 }
 
-/* Fills a test payload of `len` bytes for record `seq`; returns its checksum. */
+/* Fills a test payload of `len` bytes for record `seq`; returns its checksum (a term per 32-bit
+ * word of the body, the last word zero-filled). */
 static uint64_t make_payload(unsigned char *p, size_t len, uint64_t seq)
 {
     uint64_t sum = 0;
     size_t j;
     for (j = 16; j < len; j++) {
         p[j] = (unsigned char)(seq * 31u + j);
-        sum += term(j - 16, p[j]);
+    }
+    for (j = 16; j < len; j += 4) {
+        uint32_t w = 0;
+        size_t k;
+        for (k = 0; k < 4 && j + k < len; k++) {
+            w |= (uint32_t)p[j + k] << (8 * k);
+        }
+        sum += term((j - 16) / 4, w);
     }
     memcpy(p, &seq, 8); /* little-endian, as the format says (x86-64) */
     memcpy(p + 8, &sum, 8);
