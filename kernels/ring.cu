@@ -172,7 +172,7 @@ __device__ __forceinline__ void ring_flush_big(unsigned int key, ull part, ull* 
 // - A record longer than the window: the whole block, from global memory.
 // The totals are sums, so the order does not matter; seqs are compared with the previous record
 // of the group (or the last group's).
-__device__ __forceinline__ void ring_check_window(const RingReader& rd, unsigned int n,
+__device__ __forceinline__ void ring_check_window(RingReader& rd, unsigned int n,
                                                   RingCheck* c, RingCheckShared* sh)
 {
     const unsigned int tid = threadIdx.x;
@@ -214,6 +214,9 @@ __device__ __forceinline__ void ring_check_window(const RingReader& rd, unsigned
         sh->big_count[c->parity ^ 1u] = 0u; // last read a window ago, next counted in the next
     }
     vkgdr::block_sync();
+    // The headers are read: the next window's loads go out now (the reader defers them), so they
+    // overlap the work below without delaying the shared-memory reads above.
+    rd.read_ahead();
     const unsigned int big = *big_count;
     if (big != 0u) {
         const uint4* window = rd.shared_payload(0u) - 1u; // the group's window: record 0 at 0
@@ -381,6 +384,7 @@ __device__ void ring_check_lane(const vkgdr::RingLane& lane, RingCheckShared* sh
 {
     ring_check_init(sh);
     RingReader rd(lane, sh->reader);
+    rd.defer_read_ahead(); // ring_check_window reads ahead after its header pass
     RingCheck c = { 0ull, 0ull, 0ull, lane.result[RING_RESULT_NEXT_SEQ], 0u };
     while (rd.wait()) {
         const unsigned int n = rd.next();
@@ -473,6 +477,8 @@ __device__ void ring_consume_batch_impl(const unsigned char* data, ull capacity,
     }
     ring_check_init(&sh);
     vkgdr::block_sync();
+    // The reader's default read-ahead (in next(); ring_check_window's read_ahead() is then a
+    // no-op): the batch kernels keep that path under test, the persistent ones the deferred one.
     RingReader rd(data, capacity, mirrored, from, to, sh.reader);
     RingCheck c = { 0ull, 0ull, 0ull,
                     expected_seq_start == RING_SEQ_FROM_RESULT ? result[RING_RESULT_NEXT_SEQ]
