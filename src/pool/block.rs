@@ -5,9 +5,8 @@ use std::mem::ManuallyDrop;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-#[cfg(feature = "gpu-alloc")]
-use super::gpu_alloc::MemoryBlock;
-use super::shards::{Chunk, Hold, ShardCell};
+use super::chunk::Chunk;
+use super::shards::{BlockKind, BlockRecord, ShardCell};
 use super::{magazine, PoolInner};
 use crate::core::range::check_range;
 use crate::error::Result;
@@ -15,42 +14,25 @@ use crate::error::Result;
 use crate::mapping::chunk::ChunkMemory;
 use crate::mapping::Mapping;
 
-/// What a block holds to keep its memory alive, and how it gives it back.
-pub(super) enum BlockKind {
-    /// A shard allocation: the hold moves to a thread cache (or back to its shard) when the block
-    /// drops, and a cached one moves back into a block as is.
-    Shared(Hold),
-    Dedicated {
-        pool: Arc<PoolInner>,
-        chunk: Arc<Chunk>,
-    },
-    #[cfg(feature = "gpu-alloc")]
-    GpuAlloc {
-        pool: Arc<PoolInner>,
-        block: MemoryBlock<Arc<Chunk>>,
-    },
-}
-
 /// A block of pool memory: host pointer, device pointer, size. Freed when dropped.
 ///
 /// A block keeps the memory behind it alive (its shard and chunk, or its dedicated chunk), so it can
 /// never dangle, even if the [`Pool`](super::Pool) handle is dropped first. Safe writes ([`Mapping::write`] and
 /// friends) record dirty ranges on non-coherent memory; [`Block::flush`] pushes them. Safe reads
 /// invalidate first.
+///
+/// A block is one pointer wide: returning it, moving it and keeping it in a `Vec` move eight bytes.
 pub struct Block {
-    /// Taken out by `drop` only (to move the memory it holds back), so never seen taken.
-    kind: ManuallyDrop<BlockKind>,
-    /// Kept (unlike the device address, read from the chunk when asked for): every access
-    /// through [`Mapping`] uses it. A smaller block is less to build and move per allocation.
-    host_ptr: *mut u8,
-    len: u64,
-    non_coherent: bool,
-    /// Whether the pool's registry holds a label for this block (removed when it drops).
-    labeled: bool,
+    /// Taken out by `drop` only, so never seen taken.
+    record: ManuallyDrop<Box<BlockRecord>>,
 }
 
+// The hot paths rely on it: a wider block is copied by the caller's code in pieces that need not
+// match the stores that built it, and such a copy waits for those stores to reach the cache.
+const _: () = assert!(std::mem::size_of::<Block>() == std::mem::size_of::<usize>());
+
 // SAFETY: a block exclusively owns its byte range of the chunk; the chunk, shard and pool are
-// Sync (the raw chunk pointer refers to a chunk kept alive as described in `BlockKind`).
+// Sync (the record's raw pointers refer to memory kept alive as described in `BlockKind`).
 unsafe impl Send for Block {}
 // SAFETY: `&self` methods only read the range (after an invalidate) or return addresses.
 unsafe impl Sync for Block {}
@@ -58,8 +40,8 @@ unsafe impl Sync for Block {}
 impl fmt::Debug for Block {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Block")
-            .field("len", &self.len)
-            .field("host_ptr", &self.host_ptr)
+            .field("len", &self.record.len)
+            .field("host_ptr", &self.record.host_ptr)
             .field("device_ptr", &self.device_ptr().map(|p| format!("{p:#x}")))
             .field("dedicated", &self.is_dedicated())
             .field("label", &self.label())
@@ -68,7 +50,8 @@ impl fmt::Debug for Block {
 }
 
 impl Block {
-    #[inline]
+    /// A block over `[offset, offset + len)` of `chunk`, kept alive by `kind` (dedicated and
+    /// gpu-alloc blocks; shared ones come recorded from their shard or a thread cache).
     pub(super) fn new(
         chunk: &Chunk,
         offset: u64,
@@ -77,62 +60,59 @@ impl Block {
         kind: BlockKind,
     ) -> Block {
         Block {
-            // SAFETY: the allocator guarantees offset + len <= chunk size, so the pointer stays
-            // inside the chunk's mapping.
-            host_ptr: unsafe { chunk.host_base.get().add(offset as usize) },
-            len,
-            non_coherent,
-            labeled: false,
-            kind: ManuallyDrop::new(kind),
+            record: ManuallyDrop::new(Box::new(BlockRecord {
+                // SAFETY: the allocator guarantees offset + len <= chunk size, so the pointer
+                // stays inside the chunk's mapping.
+                host_ptr: unsafe { chunk.host_base.get().add(offset as usize) },
+                len,
+                non_coherent,
+                labeled: false,
+                kind: ManuallyDrop::new(kind),
+            })),
         }
     }
 
-    /// A block of `len` requested bytes over a shard allocation and the reference it counts on
-    /// its cell (from [`ShardSet::alloc`](super::shards::ShardSet::alloc), or a thread cache).
-    #[inline]
-    pub(super) fn shared(hold: Hold, len: u64, non_coherent: bool) -> Block {
-        if len != hold.allocation.requested_size() {
-            // SAFETY: the counted reference keeps the cell alive; `pool` is never changed.
-            let pool = unsafe { &hold.cell.as_ref().pool };
-            pool.adjust_size_delta(len, &hold.allocation, 1);
+    /// A block of `len` requested bytes over a shared record: one from
+    /// [`ShardSet::alloc`](super::shards::ShardSet::alloc), or one a thread cache kept (which
+    /// may have served a neighbour size of its bucket).
+    #[inline(always)]
+    pub(super) fn shared(mut record: Box<BlockRecord>, len: u64) -> Block {
+        if let Some(hold) = record.hold() {
+            if len != hold.allocation.requested_size() {
+                // SAFETY: the counted reference keeps the cell alive; `pool` is never changed.
+                let pool = unsafe { &hold.cell.as_ref().pool };
+                pool.adjust_size_delta(len, &hold.allocation, 1);
+            }
         }
-        // SAFETY: the chunk stays in its shard's table while it holds a live allocation (chunks
-        // are removed only when empty), and the counted reference on the cell keeps the shard,
-        // and so the table, alive.
-        let chunk = unsafe { &*hold.chunk };
-        let offset = hold.allocation.offset();
-        Block::new(chunk, offset, len, non_coherent, BlockKind::Shared(hold))
+        if record.len != len {
+            // Stored only when it changes: a record reused for its own size (the steady state
+            // of a thread cache) is not written at all, so it never costs a cache line's
+            // ownership, even one shared with another thread's record.
+            record.len = len;
+        }
+        Block {
+            record: ManuallyDrop::new(record),
+        }
     }
 
+    /// The chunk the block lies in.
     fn chunk(&self) -> &Chunk {
-        match &*self.kind {
-            // SAFETY: see `Hold`: the chunk outlives the live allocation we hold.
-            BlockKind::Shared(h) => unsafe { &*h.chunk },
-            BlockKind::Dedicated { chunk, .. } => chunk,
-            #[cfg(feature = "gpu-alloc")]
-            BlockKind::GpuAlloc { block, .. } => block.memory(),
-        }
+        self.record.chunk()
     }
 
-    /// Offset of the block inside its chunk (kept where the block's memory is described, not
-    /// copied into every block).
+    /// Offset of the block inside its chunk.
     fn offset(&self) -> u64 {
-        match &*self.kind {
-            BlockKind::Shared(h) => h.allocation.offset(),
-            BlockKind::Dedicated { .. } => 0,
-            #[cfg(feature = "gpu-alloc")]
-            BlockKind::GpuAlloc { block, .. } => block.offset(),
-        }
+        self.record.offset()
     }
 
     /// The requested size in bytes.
     pub fn size(&self) -> u64 {
-        self.len
+        self.record.len
     }
 
     /// Host address of the block.
     pub fn host_ptr(&self) -> *mut u8 {
-        self.host_ptr
+        self.record.host_ptr
     }
 
     /// Device address of the block (`None` for pools over Vulkan-only or host chunks).
@@ -148,23 +128,17 @@ impl Block {
 
     /// Whether this block has a chunk of its own (large requests).
     pub fn is_dedicated(&self) -> bool {
-        matches!(*self.kind, BlockKind::Dedicated { .. })
+        matches!(*self.record.kind, BlockKind::Dedicated { .. })
     }
 
     /// The pool state this block belongs to.
     fn pool(&self) -> &PoolInner {
-        match &*self.kind {
-            // SAFETY: the block's counted reference keeps its cell, and so `pool`, alive.
-            BlockKind::Shared(h) => unsafe { &h.cell.as_ref().pool },
-            BlockKind::Dedicated { pool, .. } => pool,
-            #[cfg(feature = "gpu-alloc")]
-            BlockKind::GpuAlloc { pool, .. } => pool,
-        }
+        self.record.pool()
     }
 
-    /// The block's key in the pool's label registry: its chunk and offset.
+    /// The block's key in the pool's label registry.
     fn label_key(&self) -> (super::report::ChunkKey, u64) {
-        (self.chunk() as *const Chunk as usize, self.offset())
+        self.record.label_key()
     }
 
     /// Labels the block for [`Pool::report`](super::Pool::report) (and the leak warning of the
@@ -173,16 +147,16 @@ impl Block {
     pub fn set_label(&mut self, label: &str) {
         let entry = super::report::LabelEntry {
             label: label.into(),
-            size: self.len,
+            size: self.record.len,
         };
         let key = self.label_key();
         self.pool().registry.labels.lock().insert(key, entry);
-        self.labeled = true;
+        self.record.labeled = true;
     }
 
     /// The block's label, if it has one.
     pub fn label(&self) -> Option<Arc<str>> {
-        if !self.labeled {
+        if !self.record.labeled {
             return None;
         }
         let key = self.label_key();
@@ -190,19 +164,10 @@ impl Block {
         labels.get(&key).map(|e| e.label.clone())
     }
 
-    /// Removes the block's label from the registry (before the block is freed, so that another
-    /// block at the same place cannot be given this one's label).
-    #[cold]
-    fn forget_label(&mut self) {
-        let key = self.label_key();
-        self.pool().registry.labels.lock().remove(&key);
-        self.labeled = false;
-    }
-
     /// Pushes the chunk's recorded dirty ranges (this block's and its neighbours') to the device in
     /// one call. A no-op on coherent memory.
     pub fn flush(&self) -> Result<()> {
-        if !self.non_coherent {
+        if !self.record.non_coherent {
             return Ok(());
         }
         self.chunk().flush(&mut Vec::new())
@@ -214,8 +179,8 @@ impl Block {
     /// it. For raw-pointer writers such as the C library; on coherent memory only the bounds
     /// check.
     pub fn mark_written(&self, offset: u64, len: u64) -> Result<()> {
-        check_range(offset, len, self.len)?;
-        if self.non_coherent && len > 0 {
+        check_range(offset, len, self.record.len)?;
+        if self.record.non_coherent && len > 0 {
             self.chunk()
                 .dirty
                 .lock()
@@ -245,7 +210,7 @@ impl Block {
     pub unsafe fn write_shared(&self, offset: u64, src: &[u8]) -> Result<()> {
         // SAFETY: the block's `len` bytes stay mapped while it lives; the range is the caller's
         // alone for the call.
-        unsafe { crate::mapping::store(self.host_ptr, self.len, offset, src) }?;
+        unsafe { crate::mapping::store(self.record.host_ptr, self.record.len, offset, src) }?;
         // Recorded after the copy: a concurrent pool flush must not clear it before the bytes
         // are there.
         self.mark_written(offset, src.len() as u64)
@@ -253,12 +218,59 @@ impl Block {
 
     /// Whether writes to this block are waiting for a flush.
     pub fn has_pending_writes(&self) -> bool {
-        self.non_coherent
+        self.record.non_coherent
             && self
                 .chunk()
                 .dirty
                 .lock()
-                .intersects(self.offset(), self.len)
+                .intersects(self.offset(), self.record.len)
+    }
+}
+
+impl BlockRecord {
+    fn chunk(&self) -> &Chunk {
+        match &*self.kind {
+            // SAFETY: see `Hold`: the chunk outlives the live allocation we hold.
+            BlockKind::Shared(h) => unsafe { &*h.chunk },
+            BlockKind::Dedicated { chunk, .. } => chunk,
+            #[cfg(feature = "gpu-alloc")]
+            BlockKind::GpuAlloc { block, .. } => block.memory(),
+        }
+    }
+
+    /// Offset of the block inside its chunk (kept where the block's memory is described, not
+    /// copied into the record).
+    fn offset(&self) -> u64 {
+        match &*self.kind {
+            BlockKind::Shared(h) => h.allocation.offset(),
+            BlockKind::Dedicated { .. } => 0,
+            #[cfg(feature = "gpu-alloc")]
+            BlockKind::GpuAlloc { block, .. } => block.offset(),
+        }
+    }
+
+    fn pool(&self) -> &PoolInner {
+        match &*self.kind {
+            // SAFETY: the record's counted reference keeps its cell, and so `pool`, alive.
+            BlockKind::Shared(h) => unsafe { &h.cell.as_ref().pool },
+            BlockKind::Dedicated { pool, .. } => pool,
+            #[cfg(feature = "gpu-alloc")]
+            BlockKind::GpuAlloc { pool, .. } => pool,
+        }
+    }
+
+    /// The block's key in the pool's label registry: its chunk and offset.
+    fn label_key(&self) -> (super::report::ChunkKey, u64) {
+        (self.chunk() as *const Chunk as usize, self.offset())
+    }
+
+    /// Removes the block's label from the registry (before the block is freed, so that another
+    /// block at the same place cannot be given this one's label).
+    #[cold]
+    fn forget_label(&mut self) {
+        let key = self.label_key();
+        self.pool().registry.labels.lock().remove(&key);
+        self.labeled = false;
     }
 }
 
@@ -270,11 +282,11 @@ unsafe impl Mapping for Block {
     /// ([`ChunkMemory::read_dma`]: CUDA chunks use `cuMemcpyDtoH` for large reads), otherwise CPU
     /// loads after an invalidate.
     fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
-        check_range(offset, dst.len() as u64, self.len)?;
+        check_range(offset, dst.len() as u64, self.record.len)?;
         let chunk = self.chunk();
         // Pending CPU writes must reach the device before a copy engine reads them (the CPU path
         // would push them before its invalidate anyway).
-        if self.non_coherent
+        if self.record.non_coherent
             && chunk
                 .dirty
                 .lock()
@@ -288,14 +300,14 @@ unsafe impl Mapping for Block {
         crate::mapping::read_with_cpu(self, offset, dst)
     }
     fn host_ptr(&self) -> *mut u8 {
-        self.host_ptr
+        self.record.host_ptr
     }
     fn len(&self) -> u64 {
-        self.len
+        self.record.len
     }
     fn after_write(&mut self, offset: u64, len: u64) -> Result<()> {
         // The safe writes checked the range already: on coherent memory there is nothing to do.
-        if self.non_coherent && len > 0 {
+        if self.record.non_coherent && len > 0 {
             self.mark_written(offset, len)?;
         }
         Ok(())
@@ -304,11 +316,15 @@ unsafe impl Mapping for Block {
     /// The range is checked against the block first (an error, not a stray invalidate of a
     /// neighbour's atoms), as in [`after_write`](Mapping::after_write).
     fn before_read(&self, offset: u64, len: u64) -> Result<()> {
-        check_range(offset, len, self.len)?;
-        if self.non_coherent && len > 0 {
+        check_range(offset, len, self.record.len)?;
+        if self.record.non_coherent && len > 0 {
             let chunk = self.chunk();
             // Invalidating would discard this block's own unflushed writes: push them first.
-            if chunk.dirty.lock().intersects(self.offset(), self.len) {
+            if chunk
+                .dirty
+                .lock()
+                .intersects(self.offset(), self.record.len)
+            {
                 chunk.flush(&mut Vec::new())?;
             }
             chunk
@@ -322,73 +338,69 @@ unsafe impl Mapping for Block {
 impl Drop for Block {
     #[inline]
     fn drop(&mut self) {
+        // SAFETY: `drop` runs once and the record is never used after it (nor dropped:
+        // `ManuallyDrop`), so it is taken here, once.
+        let record = unsafe { ManuallyDrop::take(&mut self.record) };
         // The common case inline (an unlabeled shared block whose size its shard recorded goes
-        // to this thread's cache), everything else out of line, so the fast path stays small.
-        if let (false, BlockKind::Shared(hold)) = (self.labeled, &*self.kind) {
+        // to this thread's cache, record and all), everything else out of line, so the fast path
+        // stays small.
+        if let (false, Some(hold)) = (record.labeled, record.hold()) {
             let a = &hold.allocation;
-            if self.len == a.requested_size() {
-                // SAFETY: our reference keeps the cell alive; `pool` is never changed.
-                let pool = unsafe { &hold.cell.as_ref().pool };
+            let (requested, size) = (a.requested_size(), a.size());
+            if record.len == requested {
+                // SAFETY: the record's reference keeps the cell alive; `pool` is never changed.
+                let pool = unsafe { hold.cell.as_ref() }.pool.as_ref();
                 if !pool.cache_open.load(Ordering::Relaxed) {
-                    // SAFETY: `drop` runs once and `kind` is never used after it (nor dropped:
-                    // `ManuallyDrop`), so the hold is consumed here, once.
-                    unsafe { ShardCell::free_in_place(hold) };
-                    return;
+                    // SAFETY: a shared record from its shard, given up here, once.
+                    return unsafe { ShardCell::free(record) };
                 }
-                // The hold is moved out of the block where it lies, straight into the thread
-                // cache, rather than first out of the block and then again. The read happens
-                // only when `offer` returns `true`, and then the block is never used again.
-                if magazine::offer::<true>(pool.id, a.requested_size(), a.size(), || {
-                    // SAFETY: as above.
-                    unsafe { std::ptr::read(hold) }
-                }) {
+                let Some(refused) = magazine::offer::<true>(pool.id, requested, size, record)
+                else {
                     return;
-                }
+                };
+                return drop_slow(refused);
             }
         }
-        self.drop_slow();
+        drop_slow(record);
     }
 }
 
-impl Block {
-    /// Everything `drop` does not do inline: labels, size accounting, dedicated and gpu-alloc
-    /// blocks, and frees that the thread cache refuses.
-    #[inline(never)]
-    fn drop_slow(&mut self) {
-        if self.labeled {
-            self.forget_label();
-        }
-        let BlockKind::Shared(hold) = &*self.kind else {
-            // SAFETY: `drop` runs once, and nothing reads `kind` after it (its own drop glue is
-            // none: `ManuallyDrop`).
-            drop_unshared(unsafe { ManuallyDrop::take(&mut self.kind) });
-            return;
-        };
-        // SAFETY: our reference keeps the cell alive; `pool` is never changed.
-        let pool = unsafe { &hold.cell.as_ref().pool };
+/// Everything `Block::drop` does not do inline: labels, size accounting, dedicated and gpu-alloc
+/// blocks, and frees that the thread cache refuses.
+#[inline(never)]
+fn drop_slow(mut record: Box<BlockRecord>) {
+    if record.labeled {
+        record.forget_label();
+    }
+    if let Some(hold) = record.hold() {
+        // SAFETY: the record's reference keeps the cell alive while the record lives; `pool` is
+        // never changed. Not used once the record is gone.
+        let pool = unsafe { hold.cell.as_ref() }.pool.as_ref();
         let a = &hold.allocation;
-        if self.len != a.requested_size() {
-            pool.adjust_size_delta(self.len, a, -1);
+        let (requested, size) = (a.requested_size(), a.size());
+        if record.len != requested {
+            pool.adjust_size_delta(record.len, a, -1);
+            record.len = requested;
         }
-        // Exactly one of the two reads below happens: `offer` returns `true` exactly when it
-        // called its `entry`.
-        let cached = pool.cache_open.load(Ordering::Relaxed)
-            && magazine::offer::<false>(pool.id, a.requested_size(), a.size(), || {
-                // SAFETY: as in `drop`.
-                unsafe { std::ptr::read(hold) }
-            });
-        if !cached {
-            // SAFETY: as for the read above; the block's reference on its cell is used here for
-            // the last time.
-            unsafe { ShardCell::free_in_place(hold) };
+        if pool.cache_open.load(Ordering::Relaxed) {
+            match magazine::offer::<false>(pool.id, requested, size, record) {
+                None => return,
+                Some(refused) => record = refused,
+            }
         }
+    }
+    if record.hold().is_some() {
+        // SAFETY: a shared record from its shard, given up here, once.
+        unsafe { ShardCell::free(record) };
+    } else {
+        drop_unshared(record.into_parts().0);
     }
 }
 
 #[cold]
 fn drop_unshared(kind: BlockKind) {
     match kind {
-        // Given back by `Block::drop` itself (never passed here).
+        // Given back to its shard by `drop_slow` (never passed here).
         BlockKind::Shared(_) => {}
         #[cfg(feature = "gpu-alloc")]
         BlockKind::GpuAlloc { pool, block } => {

@@ -20,7 +20,7 @@ use gpu_alloc_types::{
     MemoryPropertyFlags, MemoryType, OutOfMemory,
 };
 
-use super::shards::Chunk;
+use super::chunk::Chunk;
 use crate::error::{Error, MemorySide, Result};
 use crate::mapping::chunk::ChunkSource;
 

@@ -4,7 +4,8 @@
 //! A block of at most [`MAX_CACHED_SIZE`] bytes dropped on a thread whose magazine serves the
 //! block's pool is kept there instead of going back to its shard; the next allocation of a size in
 //! the same 16-byte bucket on that thread takes it back. Both steps touch only this thread's data:
-//! no lock, no atomic read-modify-write, no allocator work. A cached allocation stays counted as
+//! no lock, no atomic read-modify-write, no allocator work, and what moves is the block's record
+//! pointer (the record itself stays where it is). A cached allocation stays counted as
 //! outstanding in its shard, so its shard cell and chunk stay alive exactly as for a live block.
 //!
 //! **Bounded.** A magazine serves up to [`POOLS_PER_THREAD`] pools at once (the ones its thread
@@ -56,7 +57,7 @@ use std::sync::Arc;
 
 use crate::core::sync::lock::Mutex;
 
-use super::shards::{Hold, ShardCell};
+use super::shards::{BlockRecord, ShardCell};
 use crate::core::sync::OwnerCell;
 
 /// Largest request served from a magazine (the slab range of the default allocator).
@@ -117,8 +118,11 @@ impl Published {
     }
 }
 
+/// A cached block: its record, as the block held it (a shared one).
+type Entry = Box<BlockRecord>;
+
 /// A slot's buckets, indexed by `bucket(size)`: a fixed array, so indexing needs no bounds check.
-type Buckets = [Vec<Hold>; BUCKETS];
+type Buckets = [Vec<Entry>; BUCKETS];
 
 /// One pool's part of a magazine.
 struct PoolSlot {
@@ -174,23 +178,24 @@ impl PoolSlot {
 
     /// Takes the last entry of `bucket` if it holds `size` bytes at `align`.
     #[inline(always)]
-    fn pop_fitting(&mut self, bucket: usize, size: u64, align: u64) -> Option<Hold> {
+    fn pop_fitting(&mut self, bucket: usize, size: u64, align: u64) -> Option<Entry> {
         // Usually the last entry fits; one of the same bucket may be too small or misaligned only
         // for odd size/alignment mixes, which then take the slow path. `align` is a power of two
-        // (checked by `Pool::alloc`): a mask, not a division. Checked in place, moved once.
+        // (checked by `Pool::alloc`): a mask, not a division.
         let entries = &mut self.buckets.as_mut()?[bucket];
-        let last = entries.last()?;
-        if last.allocation.size() < size || last.allocation.offset() & (align - 1) != 0 {
+        let a = &entries.last()?.hold()?.allocation;
+        if a.size() < size || a.offset() & (align - 1) != 0 {
             return None;
         }
-        let h = entries.pop()?;
-        self.bytes -= h.allocation.size();
-        self.count(false, h.allocation.requested_size());
-        Some(h)
+        let (rounded, requested) = (a.size(), a.requested_size());
+        let entry = entries.pop();
+        self.bytes -= rounded;
+        self.count(false, requested);
+        entry
     }
 
     /// Empties the slot into `out` and forgets its pool.
-    fn drain_into(&mut self, out: &mut Vec<Hold>) {
+    fn drain_into(&mut self, out: &mut Vec<Entry>) {
         for b in self.buckets.iter_mut().flat_map(|b| b.iter_mut()) {
             out.append(b);
         }
@@ -240,7 +245,7 @@ impl Slots {
         Some(&mut self.slots[0])
     }
 
-    fn take_all(&mut self) -> Vec<Hold> {
+    fn take_all(&mut self) -> Vec<Entry> {
         let mut out = Vec::new();
         for s in &mut self.slots {
             s.drain_into(&mut out);
@@ -344,12 +349,13 @@ fn bucket(size: u64) -> usize {
 }
 
 /// Frees entries to their shards (never inside `with_magazine`: freeing may drop chunks).
-fn release(entries: Vec<Hold>) -> usize {
+fn release(entries: Vec<Entry>) -> usize {
     let n = entries.len();
-    for h in entries {
-        // SAFETY: each entry came from a block (moved, never copied), so its cell is alive and its
-        // reference is used here for the last time (the entry is consumed).
-        unsafe { ShardCell::free(h) };
+    for record in entries {
+        // SAFETY: each entry is a shared block's record (only those are offered), moved here
+        // from the block, never copied: its cell is alive and its reference is used here for
+        // the last time (the entry is consumed).
+        unsafe { ShardCell::free(record) };
     }
     n
 }
@@ -365,7 +371,7 @@ fn release(entries: Vec<Hold>) -> usize {
 /// and a visitor is waited for (it holds the magazine for a few moves), so whether a block is
 /// cached never depends on another thread's timing.
 #[inline(always)]
-pub(super) fn take<const FAST: bool>(pool: u64, size: u64, align: u64) -> Option<Hold> {
+pub(super) fn take<const FAST: bool>(pool: u64, size: u64, align: u64) -> Option<Entry> {
     debug_assert!(size > 0 && size <= MAX_CACHED_SIZE && align.is_power_of_two());
     let p = current(false);
     if p.is_null() {
@@ -387,7 +393,7 @@ pub(super) fn take<const FAST: bool>(pool: u64, size: u64, align: u64) -> Option
 
 /// [`take`] from `slot`, if it serves `pool`.
 #[inline(always)]
-fn take_in(slot: &mut PoolSlot, pool: u64, size: u64, align: u64) -> Option<Hold> {
+fn take_in(slot: &mut PoolSlot, pool: u64, size: u64, align: u64) -> Option<Entry> {
     if slot.pool != pool {
         return None;
     }
@@ -401,7 +407,7 @@ fn take_in(slot: &mut PoolSlot, pool: u64, size: u64, align: u64) -> Option<Hold
 #[cold]
 #[inline(never)]
 pub(super) fn serve(pool: PoolKey, serving: &AtomicBool) {
-    let evicted: Option<Vec<Hold>> = with_magazine(true, |m| {
+    let evicted: Option<Vec<Entry>> = with_magazine(true, |m| {
         if m.find_and_use(pool.id).is_some() {
             return None;
         }
@@ -416,7 +422,7 @@ pub(super) fn serve(pool: PoolKey, serving: &AtomicBool) {
 /// Makes `m` serve `pool` in a free slot or in its least recently used one, moved to the front;
 /// returns the evicted entries (freed by the caller, outside the magazine).
 #[cold]
-fn serve_in(m: &mut Slots, pool: PoolKey) -> Vec<Hold> {
+fn serve_in(m: &mut Slots, pool: PoolKey) -> Vec<Entry> {
     let i = m
         .slots
         .iter()
@@ -436,11 +442,9 @@ fn serve_in(m: &mut Slots, pool: PoolKey) -> Vec<Hold> {
     evicted
 }
 
-/// Offers a freed block of pool `pool` (`requested` and rounded `size` bytes) to this thread's
-/// magazine: if it serves the pool and the bucket and the byte budget have room, `entry` is
-/// called, once, inside the owner's access (so it must only move values), and what it returns
-/// is kept. Returns whether `entry` was called; when not, the caller still owns the block's
-/// memory. Moved in place from the block to the bucket: a refused block is never copied.
+/// Offers a freed block's record of pool `pool` (`requested` and rounded `size` bytes) to this
+/// thread's magazine, which keeps it if it serves the pool and the bucket and the byte budget
+/// have room. Returns the record when refused: the caller still owns it.
 ///
 /// `FAST` only looks at the most recently used slot, refuses a bucket that would need its
 /// storage reserved and never waits (a visitor holding the magazine: refused): a path with no
@@ -451,21 +455,21 @@ pub(super) fn offer<const FAST: bool>(
     pool: u64,
     requested: u64,
     size: u64,
-    entry: impl FnOnce() -> Hold,
-) -> bool {
+    entry: Entry,
+) -> Option<Entry> {
     // `requested` in 1..=MAX_CACHED_SIZE, in one comparison (0 wraps to the largest value).
     if requested.wrapping_sub(1) >= MAX_CACHED_SIZE {
-        return false;
+        return Some(entry);
     }
     let p = current(false);
     if p.is_null() {
-        return false;
+        return Some(entry);
     }
     if FAST {
         // SAFETY: `p` is this thread's live magazine (see `with_magazine`), and this thread is
         // its only owner; the access below only moves values and ends before we return.
         let Some(mut m) = (unsafe { (*p).cell.try_enter() }) else {
-            return false;
+            return Some(entry);
         };
         offer_in::<true>(&mut m.slots[0], pool, requested, size, entry)
     } else {
@@ -474,7 +478,7 @@ pub(super) fn offer<const FAST: bool>(
         unsafe {
             (*p).cell.with_owner(|m| match m.find(pool) {
                 Some(slot) => offer_in::<false>(slot, pool, requested, size, entry),
-                None => false,
+                None => Some(entry),
             })
         }
     }
@@ -487,36 +491,42 @@ fn offer_in<const FAST: bool>(
     pool: u64,
     requested: u64,
     size: u64,
-    entry: impl FnOnce() -> Hold,
-) -> bool {
+    entry: Entry,
+) -> Option<Entry> {
     if slot.pool != pool {
-        return false;
+        return Some(entry);
     }
     let Some(buckets) = slot.buckets.as_mut() else {
-        return false;
+        return Some(entry);
     };
     let entries = &mut buckets[bucket(requested)];
     if slot.bytes + size > slot.max_bytes || entries.len() >= slot.depth {
-        return false;
+        return Some(entry);
     }
     // The same test as `push`'s own, so the hot path makes it once; a bucket's storage is
     // reserved whole (`depth` entries) the first time, so it never grows after.
     if entries.len() == entries.capacity() {
         if FAST {
-            return false;
+            return Some(entry);
         }
         reserve_bucket(entries, slot.depth);
     }
-    entries.push(entry());
+    // SAFETY: `len < depth <= capacity` (the tests above, or the reservation of `depth`
+    // entries), so the slot at `len` is allocated and unused, and the new length covers only
+    // initialised entries. (`Vec::push` tests the capacity again, in a call of its own.)
+    unsafe {
+        entries.as_mut_ptr().add(entries.len()).write(entry);
+        entries.set_len(entries.len() + 1);
+    }
     slot.bytes += size;
     slot.count(true, requested);
-    true
+    None
 }
 
 /// Reserves room for `depth` entries in a bucket holding fewer.
 #[cold]
 #[inline(never)]
-fn reserve_bucket(entries: &mut Vec<Hold>, depth: usize) {
+fn reserve_bucket(entries: &mut Vec<Entry>, depth: usize) {
     entries.reserve_exact(depth - entries.len());
 }
 

@@ -29,6 +29,7 @@ use crate::mapping::chunk::{ChunkMemory, ChunkSource};
 use crate::mapping::gpu::Gpu;
 
 mod block;
+mod chunk;
 mod config;
 #[cfg(feature = "gpu-alloc")]
 mod gpu_alloc;
@@ -40,7 +41,7 @@ mod spin;
 mod tests;
 
 pub use block::Block;
-use block::BlockKind;
+use chunk::Chunk;
 pub use config::{Backend, PoolConfig, MAX_SHARDS};
 #[cfg(feature = "gpu-alloc")]
 pub use gpu_alloc::GpuAllocStrategy;
@@ -49,7 +50,7 @@ use gpu_alloc::{ChunkDevice, GpuAllocBackend};
 pub use report::{
     BlockReport, ChunkPlace, ChunkReport, LabelReport, PoolReport, ThreadCacheReport,
 };
-use shards::{thread_shard, Chunk, Shard, ShardSet};
+use shards::{thread_shard, BlockKind, Shard, ShardSet};
 
 /// Pool identities for the thread caches (never reused, unlike addresses).
 static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
@@ -254,8 +255,8 @@ impl Pool {
             && align.is_power_of_two()
             && align <= inner.config.heap.max_align
         {
-            if let Some(hold) = magazine::take::<true>(inner.id, size, align) {
-                return Ok(Block::shared(hold, size, false));
+            if let Some(record) = magazine::take::<true>(inner.id, size, align) {
+                return Ok(Block::shared(record, size));
             }
         }
         self.alloc_slow(size, align)
@@ -299,18 +300,20 @@ impl Pool {
         // atom-rounded size and alignment). Either way such a request makes this thread's cache
         // serve the pool (if it does not yet), so that the block is kept when it is freed here.
         if self.inner.cache_enabled && alloc_size <= magazine::MAX_CACHED_SIZE {
-            if let Some(hold) = magazine::take::<false>(self.inner.id, alloc_size, align) {
-                return Ok(Block::shared(hold, size, self.inner.non_coherent));
+            if let Some(record) = magazine::take::<false>(self.inner.id, alloc_size, align) {
+                return Ok(Block::shared(record, size));
             }
             magazine::serve(self.inner.cache_key, &self.inner.cache_used);
         }
         let shard_index = thread_shard(self.shards.len());
-        let hold = self
-            .shards
-            .alloc(shard_index, alloc_size, align, |shard, needed| {
-                self.grow(shard, shard_index, needed)
-            })?;
-        Ok(Block::shared(hold, size, self.inner.non_coherent))
+        let record = self.shards.alloc(
+            shard_index,
+            alloc_size,
+            align,
+            (alloc_size, self.inner.non_coherent),
+            |shard, needed| self.grow(shard, shard_index, needed),
+        )?;
+        Ok(Block::shared(record, size))
     }
 
     fn reserve_bytes(&self, size: u64) -> Result<()> {

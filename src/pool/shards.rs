@@ -5,68 +5,34 @@
 //! [`ShardSet`]) or a block's (counted in `Shard::outstanding`, handed back by
 //! [`ShardCell::free`]). Both are counted under the shard's lock, which alloc and free take
 //! anyway; this is where most of the pool's `unsafe` lives.
+//!
+//! A block is one pointer to its [`BlockRecord`], which a thread cache keeps as is when the block
+//! is freed and hands to the next block: the hot paths move eight bytes, never the record. Every
+//! move of a wider value through memory is a chance for the CPU to fail forwarding a store to
+//! the load that reads it back (a load spanning two stores waits for both to reach the cache:
+//! 8–10 ns on the Xeon hosts of the H100s), and what a free stores is what the next allocation
+//! loads first. A shard keeps a few freed records' memory for its next allocations.
 
 use std::cell::Cell;
-use std::fmt;
+use std::mem::{ManuallyDrop, MaybeUninit};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use crate::core::sync::lock::Mutex;
-
+use super::chunk::Chunk;
+#[cfg(feature = "gpu-alloc")]
+use super::gpu_alloc::MemoryBlock;
 use super::spin::SpinMutex;
 use super::PoolInner;
 use crate::core::alloc::{AllocError, Allocation, ChunkId, Heap};
-use crate::core::dirty::DirtyRanges;
-use crate::core::handle::SendSyncPtr;
 use crate::error::{Error, Result};
-use crate::mapping::chunk::ChunkMemory;
 
-/// One chunk with its dirty-range tracker. Blocks hold an `Arc`, so the memory outlives them.
-pub(super) struct Chunk {
-    pub(super) memory: Box<dyn ChunkMemory>,
-    /// `memory.host_ptr()` and `memory.device_ptr()`, read once: every block creation needs them.
-    /// The host base keeps its provenance; it is only used to compute block addresses inside the
-    /// chunk, which the chunk outlives, and is never written through here.
-    pub(super) host_base: SendSyncPtr<u8>,
-    pub(super) device_base: Option<u64>,
-    pub(super) dirty: Mutex<DirtyRanges>,
-}
+/// Freed records' memory a shard keeps for its next allocations (beyond it, freed ones go back
+/// to the C library's allocator).
+const SPARE_RECORDS: usize = 64;
 
-impl fmt::Debug for Chunk {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Chunk")
-            .field("size", &self.memory.size())
-            .field("host_ptr", &self.memory.host_ptr())
-            .finish()
-    }
-}
-
-impl Chunk {
-    /// Wraps a freshly allocated chunk with an empty dirty-range tracker of `atom` granularity.
-    pub(super) fn new(memory: Box<dyn ChunkMemory>, atom: u64) -> Result<Arc<Chunk>> {
-        let dirty = DirtyRanges::new(memory.size(), atom)?;
-        Ok(Arc::new(Chunk {
-            host_base: SendSyncPtr::new(memory.host_ptr()),
-            device_base: memory.device_ptr(),
-            memory,
-            dirty: Mutex::new(dirty),
-        }))
-    }
-
-    /// Pushes every recorded dirty range to the device in one call and forgets them.
-    pub(super) fn flush(&self, scratch: &mut Vec<(u64, u64)>) -> Result<()> {
-        let mut dirty = self.dirty.lock();
-        if dirty.is_empty() {
-            return Ok(());
-        }
-        scratch.clear();
-        scratch.extend(dirty.ranges());
-        self.memory.flush_ranges(scratch)?;
-        dirty.clear();
-        Ok(())
-    }
-}
+/// A record's memory without a record in it.
+pub(super) type SpareRecord = Box<MaybeUninit<BlockRecord>>;
 
 /// One independent heap with its chunks; lives in a [`ShardCell`].
 pub(super) struct Shard {
@@ -78,6 +44,8 @@ pub(super) struct Shard {
     outstanding: u64,
     /// Set when the last `Pool` handle is gone.
     pool_dropped: bool,
+    /// Memory of freed records, for the next allocations' records (at most `SPARE_RECORDS`).
+    spare_records: Vec<SpareRecord>,
 }
 
 impl Shard {
@@ -114,8 +82,8 @@ pub(super) struct ShardCell {
 }
 
 /// A live shard allocation with the counted reference on its cell that keeps the cell (and so
-/// the chunk table) alive: what a shared [`Block`](super::Block) holds, and what a thread cache
-/// keeps of a freed one (moved as is between the two, nothing rebuilt). Handed back through
+/// the chunk table) alive: what a shared block's record holds, and goes on holding in a thread
+/// cache (the record moves between the two, nothing rebuilt). Handed back through
 /// [`ShardCell::free`].
 pub(super) struct Hold {
     pub(super) cell: NonNull<ShardCell>,
@@ -129,6 +97,78 @@ pub(super) struct Hold {
 // and chunk it points to are shared, lock-protected (or immutable) state that any thread may free
 // into (`ShardCell::free`) or read.
 unsafe impl Send for Hold {}
+
+/// What keeps a block's memory alive, and how it is given back.
+pub(super) enum BlockKind {
+    /// A shard allocation: goes to a thread cache (or back to its shard) with its record when the
+    /// block drops, and a cached one serves the next block as is.
+    Shared(Hold),
+    /// A chunk of its own (requests at or above the dedicated threshold).
+    Dedicated {
+        pool: Arc<PoolInner>,
+        chunk: Arc<Chunk>,
+    },
+    /// An allocation of gpu-alloc's allocators.
+    #[cfg(feature = "gpu-alloc")]
+    GpuAlloc {
+        pool: Arc<PoolInner>,
+        block: MemoryBlock<Arc<Chunk>>,
+    },
+}
+
+/// Everything a [`Block`](super::Block) is, behind the one pointer the block holds: what keeps
+/// its memory alive and the figures every access reads. A freed shared block's record moves
+/// (as a pointer) into a thread cache and out into the next block of its bucket.
+pub(super) struct BlockRecord {
+    /// Taken out only when the record is given up ([`BlockRecord::into_parts`]).
+    pub(super) kind: ManuallyDrop<BlockKind>,
+    /// The block's first byte in the chunk's host mapping: every access through
+    /// [`Mapping`](crate::mapping::Mapping) uses it.
+    pub(super) host_ptr: *mut u8,
+    /// Requested size.
+    pub(super) len: u64,
+    pub(super) non_coherent: bool,
+    /// Whether the pool's registry holds a label for this block (removed when it drops).
+    pub(super) labeled: bool,
+}
+
+// SAFETY: a record exclusively owns its block's byte range of the chunk (`host_ptr` points into
+// it) and what `kind` holds, which any thread may free (see `Hold`); moving it between threads
+// moves that ownership.
+unsafe impl Send for BlockRecord {}
+
+impl BlockRecord {
+    /// The shard allocation of a shared block's record (every record a thread cache holds).
+    #[inline(always)]
+    pub(super) fn hold(&self) -> Option<&Hold> {
+        match &*self.kind {
+            BlockKind::Shared(h) => Some(h),
+            _ => None,
+        }
+    }
+
+    /// The memory of a record whose contents are gone, as room for another record.
+    ///
+    /// # Safety
+    /// - What `kind` held has been moved out (or needs no drop) and is not used through `self`
+    ///   again.
+    unsafe fn into_room(self: Box<Self>) -> SpareRecord {
+        // SAFETY: `MaybeUninit<T>` has `T`'s layout; the contents are the caller's to forget.
+        unsafe { Box::from_raw(Box::into_raw(self).cast::<MaybeUninit<BlockRecord>>()) }
+    }
+
+    /// Gives the record up: what it holds, and its memory as room for another record.
+    pub(super) fn into_parts(self: Box<Self>) -> (BlockKind, SpareRecord) {
+        let raw = Box::into_raw(self);
+        // SAFETY: `raw` is a live record we own. Its kind is read out once; its other fields are
+        // plain values (no drop). The memory then holds no record and is handed on as room of the
+        // same layout (`MaybeUninit<T>` has `T`'s), so nothing is dropped or freed twice.
+        unsafe {
+            let kind = ManuallyDrop::into_inner(std::ptr::read(&(*raw).kind));
+            (kind, Box::from_raw(raw).into_room())
+        }
+    }
+}
 
 /// The pool's references to its shards. When the last `Pool` clone drops, each shard is marked;
 /// a shard with no live block is freed at once, otherwise by its last block.
@@ -155,6 +195,8 @@ impl ShardSet {
                         next_chunk_size: first_chunk,
                         outstanding: 0,
                         pool_dropped: false,
+                        // Reserved whole: a free never allocates under the shard's lock.
+                        spare_records: Vec::with_capacity(SPARE_RECORDS),
                     }),
                     pool: pool.clone(),
                 })))
@@ -175,16 +217,17 @@ impl ShardSet {
     }
 
     /// Allocates `size` bytes aligned to `align` from shard `i`, calling `grow` (with the shard
-    /// locked) to add a chunk of at least the given size when its heap is full. The allocation
-    /// counts as one reference on the cell, which the block (or a thread cache after it) hands
-    /// back through [`ShardCell::free`].
+    /// locked) to add a chunk of at least the given size when its heap is full, and records it for
+    /// a block of `len` requested bytes. The allocation counts as one reference on the cell, which
+    /// the block (or a thread cache after it) hands back through [`ShardCell::free`].
     pub(super) fn alloc(
         &self,
         i: usize,
         size: u64,
         align: u64,
+        (len, non_coherent): (u64, bool),
         grow: impl FnOnce(&mut Shard, u64) -> Result<()>,
-    ) -> Result<Hold> {
+    ) -> Result<Box<BlockRecord>> {
         let mut shard = self.get(i).state.lock();
         let allocation = match shard.heap.alloc(size, align) {
             Ok(a) => a,
@@ -206,14 +249,29 @@ impl ShardSet {
                 "the allocator returned a block in an unknown chunk",
             ));
         };
+        // SAFETY: the allocator keeps `offset + size` within the chunk, so the pointer stays
+        // inside the chunk's mapping.
+        let host_ptr = unsafe { chunk.host_base.get().add(allocation.offset() as usize) };
         // The chunk stays in the shard's table while it holds a live allocation (chunks are
         // removed only when empty), and the counted reference keeps the cell alive.
         let chunk: *const Chunk = Arc::as_ptr(chunk);
         shard.outstanding += 1;
-        Ok(Hold {
-            cell: self.cells[i],
-            chunk,
-            allocation,
+        let room = shard.spare_records.pop();
+        drop(shard);
+        let record = BlockRecord {
+            kind: ManuallyDrop::new(BlockKind::Shared(Hold {
+                cell: self.cells[i],
+                chunk,
+                allocation,
+            })),
+            host_ptr,
+            len,
+            non_coherent,
+            labeled: false,
+        };
+        Ok(match room {
+            Some(room) => Box::write(room, record),
+            None => Box::new(record),
         })
     }
 }
@@ -248,33 +306,32 @@ impl Drop for ShardSet {
 }
 
 impl ShardCell {
-    /// Frees a hold's allocation and drops its reference on the cell. Out of line: the lock and
-    /// the heap's free are far larger than a call, and callers' fast paths stay small.
+    /// Frees a shared block's allocation and drops its reference on the cell, keeping the
+    /// record's memory for the shard's next allocation if the shard has few. Reads what it needs
+    /// where the record lies (no copy of it). Out of line: the lock and the heap's free are far
+    /// larger than a call, and callers' fast paths stay small.
     ///
     /// # Safety
-    /// - `hold` must come from [`ShardSet::alloc`] (moved, never duplicated, since): its cell is
-    ///   then alive and its reference is used here for the last time.
-    pub(super) unsafe fn free(hold: Hold) {
-        let hold = std::mem::ManuallyDrop::new(hold);
-        // SAFETY: forwarded to our caller; `hold` is forgotten, so it is consumed once.
-        unsafe { ShardCell::free_in_place(&hold) }
-    }
-
-    /// [`free`](Self::free) of a hold where it lies (in a dropping block), so it is not copied
-    /// first.
-    ///
-    /// # Safety
-    /// - As for [`free`](Self::free), and the hold is never used again after the call (not
-    ///   even dropped: its bits are left behind, consumed).
+    /// - `record` must hold a [`BlockKind::Shared`] allocation from [`ShardSet::alloc`] (moved,
+    ///   never duplicated, since): its cell is then alive and its reference is used here for the
+    ///   last time.
     #[inline(never)]
-    pub(super) unsafe fn free_in_place(hold: &Hold) {
+    pub(super) unsafe fn free(record: Box<BlockRecord>) {
+        let Some(hold) = record.hold() else {
+            debug_assert!(false, "ShardCell::free of an unshared block");
+            return;
+        };
         let cell = hold.cell;
-        // SAFETY: the caller gives up the hold, so its allocation is read out once.
+        // SAFETY: the record gives its allocation up here, once: its memory becomes room below,
+        // never read as a record again.
         let allocation = unsafe { std::ptr::read(&hold.allocation) };
-        // SAFETY: the block's reference keeps the cell alive until the end of the locked section.
+        // SAFETY: what the record held is consumed (the allocation above; the cell reference is
+        // handed back below; the chunk pointer needs nothing).
+        let room = unsafe { BlockRecord::into_room(record) };
+        // SAFETY: the hold's reference keeps the cell alive until the end of the locked section.
         let this = unsafe { cell.as_ref() };
         let chunk_id = allocation.chunk();
-        let (released, destroy) = {
+        let (released, destroy, room) = {
             let mut shard = this.state.lock();
             shard.outstanding -= 1;
             let destroy = shard.pool_dropped && shard.outstanding == 0;
@@ -287,9 +344,15 @@ impl ShardCell {
             let released = (shard.heap.chunk_allocations(chunk_id) == Some(0)).then(|| {
                 shard.take_empty_chunks(this.pool.config.keep_empty_chunks, &this.pool.reserved)
             });
-            (released, destroy)
+            let room = if shard.spare_records.len() < SPARE_RECORDS && !destroy {
+                shard.spare_records.push(room);
+                None
+            } else {
+                Some(room)
+            };
+            (released, destroy, room)
         };
-        drop(released);
+        drop((released, room));
         if destroy {
             // SAFETY: the pool is gone and this was the last block (checked under the lock), so
             // nothing else can reach the cell; the guard was dropped above.
