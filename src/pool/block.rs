@@ -393,7 +393,7 @@ fn drop_slow(mut record: Box<BlockRecord>) {
         // SAFETY: a shared record from its shard, given up here, once.
         unsafe { ShardCell::free(record) };
     } else {
-        drop_unshared(record.into_parts().0);
+        drop_unshared(record.into_kind());
     }
 }
 

@@ -32,7 +32,7 @@ use crate::error::{Error, Result};
 const SPARE_RECORDS: usize = 64;
 
 /// A record's memory without a record in it.
-pub(super) type SpareRecord = Box<MaybeUninit<BlockRecord>>;
+type SpareRecord = Box<MaybeUninit<BlockRecord>>;
 
 /// One independent heap with its chunks; lives in a [`ShardCell`].
 pub(super) struct Shard {
@@ -120,7 +120,8 @@ pub(super) enum BlockKind {
 /// its memory alive and the figures every access reads. A freed shared block's record moves
 /// (as a pointer) into a thread cache and out into the next block of its bucket.
 pub(super) struct BlockRecord {
-    /// Taken out only when the record is given up ([`BlockRecord::into_parts`]).
+    /// Taken out only when the record is given up ([`BlockRecord::into_kind`],
+    /// [`ShardCell::free`]).
     pub(super) kind: ManuallyDrop<BlockKind>,
     /// The block's first byte in the chunk's host mapping: every access through
     /// [`Mapping`](crate::mapping::Mapping) uses it.
@@ -157,15 +158,16 @@ impl BlockRecord {
         unsafe { Box::from_raw(Box::into_raw(self).cast::<MaybeUninit<BlockRecord>>()) }
     }
 
-    /// Gives the record up: what it holds, and its memory as room for another record.
-    pub(super) fn into_parts(self: Box<Self>) -> (BlockKind, SpareRecord) {
+    /// Gives the record up: what it holds (its memory is freed).
+    pub(super) fn into_kind(self: Box<Self>) -> BlockKind {
         let raw = Box::into_raw(self);
         // SAFETY: `raw` is a live record we own. Its kind is read out once; its other fields are
-        // plain values (no drop). The memory then holds no record and is handed on as room of the
+        // plain values (no drop). The memory then holds no record and is freed as room of the
         // same layout (`MaybeUninit<T>` has `T`'s), so nothing is dropped or freed twice.
         unsafe {
             let kind = ManuallyDrop::into_inner(std::ptr::read(&(*raw).kind));
-            (kind, Box::from_raw(raw).into_room())
+            drop(Box::from_raw(raw).into_room());
+            kind
         }
     }
 }
