@@ -36,7 +36,6 @@ mod gpu_alloc;
 pub mod magazine;
 mod report;
 mod shards;
-mod spin;
 #[cfg(test)]
 mod tests;
 
@@ -50,7 +49,7 @@ use gpu_alloc::{ChunkDevice, GpuAllocBackend};
 pub use report::{
     BlockReport, ChunkPlace, ChunkReport, LabelReport, PoolReport, ThreadCacheReport,
 };
-use shards::{thread_shard, BlockKind, Shard, ShardSet};
+use shards::{thread_shard, BlockKind, BlockRecord, Shard, ShardSet};
 
 /// Pool identities for the thread caches (never reused, unlike addresses).
 static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
@@ -281,29 +280,13 @@ impl Pool {
             (size, align)
         };
         #[cfg(feature = "gpu-alloc")]
-        if let Some(ga) = &self.inner.gpu_alloc {
-            let block = ga.alloc(&self.inner.chunk_device(), alloc_size, align)?;
-            let (offset, chunk) = (block.offset(), block.memory().clone());
-            return Ok(Block::new(
-                &chunk,
-                offset,
-                size,
-                self.inner.non_coherent,
-                BlockKind::GpuAlloc {
-                    pool: self.inner.clone(),
-                    block,
-                },
-            ));
+        if self.inner.gpu_alloc.is_some() {
+            return self.alloc_gpu_alloc(size, alloc_size, align);
         }
-        // Coherent requests tried the thread cache's most recently used pool in `alloc`; here
-        // every request the cache could serve tries all its pools (non-coherent ones with their
-        // atom-rounded size and alignment). Either way such a request makes this thread's cache
-        // serve the pool (if it does not yet), so that the block is kept when it is freed here.
         if self.inner.cache_enabled && alloc_size <= magazine::MAX_CACHED_SIZE {
-            if let Some(record) = magazine::take::<false>(self.inner.id, alloc_size, align) {
+            if let Some(record) = self.take_cached(alloc_size, align) {
                 return Ok(Block::shared(record, size));
             }
-            magazine::serve(self.inner.cache_key, &self.inner.cache_used);
         }
         let shard_index = thread_shard(self.shards.len());
         let record = self.shards.alloc(
@@ -314,6 +297,42 @@ impl Pool {
             |shard, needed| self.grow(shard, shard_index, needed),
         )?;
         Ok(Block::shared(record, size))
+    }
+
+    /// The thread cache's part of [`alloc_slow`](Self::alloc_slow), out of line so that the
+    /// shard path's frame stays small. Coherent requests tried the cache's most recently used
+    /// pool in `alloc`; here every request the cache could serve tries all its pools
+    /// (non-coherent ones with their atom-rounded size and alignment). Either way such a request
+    /// makes this thread's cache serve the pool (if it does not yet), so that the block is kept
+    /// when it is freed here.
+    #[inline(never)]
+    fn take_cached(&self, alloc_size: u64, align: u64) -> Option<Box<BlockRecord>> {
+        if let Some(record) = magazine::take::<false>(self.inner.id, alloc_size, align) {
+            return Some(record);
+        }
+        magazine::serve(self.inner.cache_key, &self.inner.cache_used);
+        None
+    }
+
+    /// A block of gpu-alloc's allocators ([`Backend::GpuAlloc`]).
+    #[cfg(feature = "gpu-alloc")]
+    #[inline(never)]
+    fn alloc_gpu_alloc(&self, size: u64, alloc_size: u64, align: u64) -> Result<Block> {
+        let Some(ga) = &self.inner.gpu_alloc else {
+            return Err(Error::internal("the gpu-alloc backend is not set up"));
+        };
+        let block = ga.alloc(&self.inner.chunk_device(), alloc_size, align)?;
+        let (offset, chunk) = (block.offset(), block.memory().clone());
+        Ok(Block::new(
+            &chunk,
+            offset,
+            size,
+            self.inner.non_coherent,
+            BlockKind::GpuAlloc {
+                pool: self.inner.clone(),
+                block,
+            },
+        ))
     }
 
     fn reserve_bytes(&self, size: u64) -> Result<()> {
@@ -369,6 +388,9 @@ impl Pool {
         result
     }
 
+    // Out of line: it runs once per chunk, and inlined it would bloat every allocation's frame.
+    #[cold]
+    #[inline(never)]
     fn grow(&self, shard: &mut Shard, shard_index: usize, needed: u64) -> Result<()> {
         let max_align = self.inner.config.heap.max_align;
         let size = shard
@@ -403,6 +425,7 @@ impl Pool {
         Ok(())
     }
 
+    #[inline(never)]
     fn alloc_dedicated(&self, size: u64, align: u64) -> Result<Block> {
         let memory = self.allocate_chunk(size, None)?;
         // A dedicated block starts at its chunk's base: the base must honour `align`, as pool

@@ -22,9 +22,9 @@ use std::sync::Arc;
 use super::chunk::Chunk;
 #[cfg(feature = "gpu-alloc")]
 use super::gpu_alloc::MemoryBlock;
-use super::spin::SpinMutex;
 use super::PoolInner;
 use crate::core::alloc::{AllocError, Allocation, ChunkId, Heap};
+use crate::core::sync::BiasedLock;
 use crate::error::{Error, Result};
 
 /// Freed records' memory a shard keeps for its next allocations (beyond it, freed ones go back
@@ -77,7 +77,7 @@ impl Shard {
 /// fewer atomic read-modify-writes per alloc+free pair is a third of the pool's overhead.
 #[repr(align(128))] // its own cache lines: shards of different threads must not share one
 pub(super) struct ShardCell {
-    pub(super) state: SpinMutex<Shard>,
+    pub(super) state: BiasedLock<Shard>,
     pub(super) pool: Arc<PoolInner>,
 }
 
@@ -191,7 +191,7 @@ impl ShardSet {
             .into_iter()
             .map(|heap| {
                 NonNull::from(Box::leak(Box::new(ShardCell {
-                    state: SpinMutex::new(Shard {
+                    state: BiasedLock::new(Shard {
                         heap,
                         chunks: Vec::new(),
                         next_chunk_size: first_chunk,
@@ -330,29 +330,52 @@ impl ShardCell {
         // SAFETY: what the record held is consumed (the allocation above; the cell reference is
         // handed back below; the chunk pointer needs nothing).
         let room = unsafe { BlockRecord::into_room(record) };
-        // SAFETY: the hold's reference keeps the cell alive until the end of the locked section.
+        // SAFETY: the hold's reference keeps the cell alive until it is handed back.
         let this = unsafe { cell.as_ref() };
         let chunk_id = allocation.chunk();
-        let (released, destroy, room) = {
+        let mut shard = this.state.lock();
+        // The allocation came from this shard's heap and cannot be freed twice (it is moved
+        // out of the block), so this only fails on an allocator bug.
+        let freed = shard.heap.free(allocation);
+        debug_assert!(freed.is_ok(), "pool free failed: {freed:?}");
+        if shard.pool_dropped || shard.heap.chunk_allocations(chunk_id) == Some(0) {
+            drop(shard);
+            // SAFETY: our reference is still counted, so the cell is alive; handed back there.
+            return unsafe { Self::free_rare(cell, room) };
+        }
+        shard.outstanding -= 1;
+        let spare = &mut shard.spare_records;
+        // Within the capacity reserved at the start: the push never allocates under the lock.
+        let room = if spare.len() < spare.capacity() {
+            spare.push(room);
+            None
+        } else {
+            Some(room)
+        };
+        drop(shard);
+        drop(room);
+    }
+
+    /// The end of a free that left its chunk empty or came after the pool's drop: hands the
+    /// chunks now empty (beyond the ones kept) back, and the reference on the cell, freeing the
+    /// cell with the last one after the pool's drop. Apart from [`free`](Self::free), which it
+    /// would only slow down.
+    ///
+    /// # Safety
+    /// - `cell` is alive, and the caller's counted reference on it (used for the last time here)
+    ///   keeps it so.
+    #[cold]
+    #[inline(never)]
+    unsafe fn free_rare(cell: NonNull<ShardCell>, room: SpareRecord) {
+        // SAFETY: the caller's reference keeps the cell alive until the end of the locked section.
+        let this = unsafe { cell.as_ref() };
+        let (released, destroy) = {
             let mut shard = this.state.lock();
             shard.outstanding -= 1;
             let destroy = shard.pool_dropped && shard.outstanding == 0;
-            // The allocation came from this shard's heap and cannot be freed twice (it is moved
-            // out of the block), so this only fails on an allocator bug.
-            let freed = shard.heap.free(allocation);
-            debug_assert!(freed.is_ok(), "pool free failed: {freed:?}");
-            // Only a chunk left empty has anything to release (built only then: no vector to
-            // drop on every free).
-            let released = (shard.heap.chunk_allocations(chunk_id) == Some(0)).then(|| {
-                shard.take_empty_chunks(this.pool.config.keep_empty_chunks, &this.pool.reserved)
-            });
-            let room = if shard.spare_records.len() < SPARE_RECORDS && !destroy {
-                shard.spare_records.push(room);
-                None
-            } else {
-                Some(room)
-            };
-            (released, destroy, room)
+            let released =
+                shard.take_empty_chunks(this.pool.config.keep_empty_chunks, &this.pool.reserved);
+            (released, destroy)
         };
         drop((released, room));
         if destroy {

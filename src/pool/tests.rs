@@ -1059,3 +1059,59 @@ fn dedicated_blocks_honour_the_alignment() {
         "nothing leaked"
     );
 }
+
+/// A shard lock biased to the thread that allocates from it (after `BIAS_AFTER` locks in a row)
+/// is revoked by frees from another thread (which may then earn the bias itself), stats and
+/// trims: blocks stay whole and the counts exact throughout.
+#[test]
+fn shard_bias_moves_between_threads_without_losing_blocks() {
+    let pool = Pool::new(
+        HostMemorySource,
+        PoolConfig {
+            thread_cache: 0,
+            shards: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let rounds = if cfg!(miri) { 2 } else { 20 };
+    let per_round = if cfg!(miri) { 80 } else { 300 };
+    let shard = pool.shards.iter().next().unwrap();
+    for round in 0..rounds {
+        // This thread's locks in a row bias the shard to it (alloc and free alike)...
+        let blocks: Vec<Block> = (0..per_round)
+            .map(|i| {
+                let mut b = pool.alloc(64, 16).unwrap();
+                b.fill(0, 64, (i % 251) as u8).unwrap();
+                b
+            })
+            .collect();
+        if round == 0 {
+            assert!(
+                shard.state.is_biased_to_me(),
+                "{per_round} locks in a row bias the shard"
+            );
+        }
+        assert_eq!(pool.stats().bytes_in_use, per_round as u64 * 64);
+        // ...another thread's frees revoke it; every block is whole when it goes.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for (i, b) in blocks.into_iter().enumerate() {
+                    assert!(b
+                        .read_vec(0, 64)
+                        .unwrap()
+                        .iter()
+                        .all(|&x| x == (i % 251) as u8));
+                }
+            });
+        });
+        assert!(
+            !shard.state.is_biased_to_me(),
+            "the other thread's frees revoked the bias"
+        );
+        assert_eq!(pool.stats().bytes_in_use, 0);
+        pool.trim();
+    }
+    let s = pool.stats();
+    assert_eq!((s.bytes_in_use, s.bytes_allocated), (0, 0));
+}

@@ -346,8 +346,10 @@ pub struct Heap {
     chunk_count: u32,
     bytes_reserved: u64,
     bytes_in_use: u64,
-    bytes_allocated: u64,
-    allocation_count: u64,
+    /// Usable bytes and number of the live TLSF blocks; slab objects are counted by their
+    /// classes (so the slab paths move one counter fewer each way).
+    block_bytes: u64,
+    block_count: u64,
 }
 
 impl fmt::Debug for Heap {
@@ -357,8 +359,8 @@ impl fmt::Debug for Heap {
             .field("id", &self.id)
             .field("chunks", &self.chunk_count)
             .field("bytes_reserved", &self.bytes_reserved)
-            .field("bytes_allocated", &self.bytes_allocated)
-            .field("allocations", &self.allocation_count)
+            .field("bytes_allocated", &self.bytes_allocated())
+            .field("allocations", &self.allocation_count())
             .finish_non_exhaustive()
     }
 }
@@ -385,8 +387,8 @@ impl Heap {
             chunk_count: 0,
             bytes_reserved: 0,
             bytes_in_use: 0,
-            bytes_allocated: 0,
-            allocation_count: 0,
+            block_bytes: 0,
+            block_count: 0,
         })
     }
 
@@ -510,6 +512,8 @@ impl Heap {
                     .tlsf
                     .block(index)
                     .ok_or(AllocError::Inconsistent("fresh block missing"))?;
+                self.block_bytes += b.size;
+                self.block_count += 1;
                 return Ok(self.record(b.chunk, b.offset, b.size, size, index, b.generation, NIL));
             }
         }
@@ -533,7 +537,8 @@ impl Heap {
         )
     }
 
-    /// Updates the counters for a new allocation and builds its handle.
+    /// Counts a new allocation in its chunk and in the bytes in use (a TLSF block also in
+    /// `block_bytes`/`block_count`, by the caller) and builds its handle.
     #[allow(clippy::too_many_arguments)]
     #[inline]
     fn record(
@@ -548,8 +553,6 @@ impl Heap {
     ) -> Allocation {
         self.chunks[chunk as usize].live += 1;
         self.bytes_in_use += requested;
-        self.bytes_allocated += size;
-        self.allocation_count += 1;
         Allocation {
             offset,
             size,
@@ -624,11 +627,11 @@ impl Heap {
                 return Err(AllocError::StaleAllocation);
             }
             self.tlsf.free(a.handle);
+            self.block_bytes -= a.size;
+            self.block_count -= 1;
         }
         self.chunks[a.chunk.0 as usize].live -= 1;
         self.bytes_in_use -= a.requested;
-        self.bytes_allocated -= a.size;
-        self.allocation_count -= 1;
         Ok(())
     }
 
@@ -674,6 +677,18 @@ impl Heap {
         self.release_cached_pages(None)
     }
 
+    /// Usable bytes of the live allocations: TLSF blocks and slab objects.
+    fn bytes_allocated(&self) -> u64 {
+        let slab: u64 = self.slabs.classes().iter().map(|c| c.in_use * c.size).sum();
+        self.block_bytes + slab
+    }
+
+    /// Number of live allocations: TLSF blocks and slab objects.
+    fn allocation_count(&self) -> u64 {
+        let slab: u64 = self.slabs.classes().iter().map(|c| c.in_use).sum();
+        self.block_count + slab
+    }
+
     /// A usage snapshot (allocates the per-class vector; not for hot paths).
     pub fn stats(&self) -> HeapStats {
         let bytes_free = self.tlsf.free_bytes();
@@ -681,14 +696,14 @@ impl Heap {
         let slab_pages = self.slabs.page_count();
         HeapStats {
             bytes_in_use: self.bytes_in_use,
-            bytes_allocated: self.bytes_allocated,
+            bytes_allocated: self.bytes_allocated(),
             bytes_reserved: self.bytes_reserved,
             bytes_free,
             slab_page_bytes: slab_pages * self.config.slab_page_size,
             largest_free_block,
             free_blocks: self.tlsf.free_count(),
             chunk_count: self.chunk_count,
-            allocation_count: self.allocation_count,
+            allocation_count: self.allocation_count(),
             fragmentation: if bytes_free == 0 {
                 0.0
             } else {
@@ -768,10 +783,12 @@ impl Heap {
         let used = user_bytes + page_blocks.len() as u64 * self.config.slab_page_size;
         if reserved != self.bytes_reserved
             || count != self.chunk_count
-            || user_blocks + slab_objects != self.allocation_count
-            || user_bytes + slab_bytes != self.bytes_allocated
+            || user_blocks != self.block_count
+            || user_bytes != self.block_bytes
+            || user_blocks + slab_objects != self.allocation_count()
+            || user_bytes + slab_bytes != self.bytes_allocated()
             || used + self.tlsf.free_bytes() != reserved
-            || self.bytes_in_use > self.bytes_allocated
+            || self.bytes_in_use > self.bytes_allocated()
         {
             return Err("heap counters disagree with the blocks".into());
         }

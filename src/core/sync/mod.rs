@@ -1,18 +1,20 @@
 //! The crate's synchronisation primitives in one place: cache-line padding, spin-then-yield
 //! backoff, the write-combining store fence, the owner/visitor handshake of the pool's thread
-//! caches ([`OwnerCell`]), and a shim over the atomics, the mutex and `UnsafeCell` so the ring
-//! core and the handshake can be model-checked with loom (the `loom` feature; see
-//! `tests/loom_ring.rs` and `owner_cell`'s `loom_model`).
+//! caches ([`OwnerCell`]), the shard lock biased to the thread that takes it most
+//! ([`BiasedLock`]), the barrier pair both stand on, and a shim over the atomics, the mutex and
+//! `UnsafeCell` so the ring core and the handshakes can be model-checked with loom (the `loom`
+//! feature; see `tests/loom_ring.rs` and the `loom_model`s of `owner_cell` and `biased_lock`).
 //!
 //! With the `loom` feature [`atomic`], [`Mutex`] and [`Backoff`] come from loom, whose scheduler then
-//! explores every interleaving of the code that uses them. Code whose atomics must be built in a
-//! `const` (the pool's spin lock: `lock_api` asks for a `const INIT`) keeps `std`'s, since loom's
-//! constructors are not `const`.
+//! explores every interleaving of the code that uses them.
 
 use std::ops::{Deref, DerefMut};
 
+mod barrier;
+mod biased_lock;
 pub(crate) mod lock;
 mod owner_cell;
+pub(crate) use biased_lock::BiasedLock;
 pub(crate) use owner_cell::OwnerCell;
 #[cfg(test)]
 pub(crate) use owner_cell::VISITS_BY_THIS_THREAD;

@@ -36,6 +36,7 @@ use std::fmt;
 use std::ops::{Deref, DerefMut};
 
 use crate::core::sync::atomic::{AtomicBool, Ordering};
+use crate::core::sync::barrier;
 use crate::core::sync::cell::{MutPtr, UnsafeCell};
 use crate::core::sync::{Backoff, Mutex};
 
@@ -269,81 +270,6 @@ struct Busy<'a>(&'a AtomicBool);
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
         self.0.store(false, Ordering::Release);
-    }
-}
-
-/// The two barriers of the handshake.
-mod barrier {
-    use crate::core::sync::atomic::{fence, Ordering};
-
-    /// Whether this process uses `membarrier` (decided once, before any owner relies on it).
-    pub(super) fn asymmetric() -> bool {
-        #[cfg(all(target_os = "linux", not(miri), not(feature = "loom")))]
-        return super::membarrier::available();
-        #[cfg(not(all(target_os = "linux", not(miri), not(feature = "loom"))))]
-        false
-    }
-
-    /// The owner's side: a compiler fence that the visitor's `membarrier` turns into a full
-    /// barrier, or a full barrier of its own.
-    #[inline(always)]
-    pub(super) fn light(asymmetric: bool) {
-        if asymmetric {
-            std::sync::atomic::compiler_fence(Ordering::SeqCst);
-        } else {
-            fence(Ordering::SeqCst);
-        }
-    }
-
-    /// The visitor's side; `false` if `membarrier` failed.
-    pub(super) fn heavy(asymmetric: bool) -> bool {
-        fence(Ordering::SeqCst);
-        #[cfg(all(target_os = "linux", not(miri), not(feature = "loom")))]
-        if asymmetric {
-            return super::membarrier::private_expedited();
-        }
-        let _ = asymmetric;
-        true
-    }
-}
-
-/// Linux's `membarrier(2)`, private expedited flavour (Linux 4.14+).
-#[cfg(all(target_os = "linux", not(miri), not(feature = "loom")))]
-mod membarrier {
-    use std::sync::OnceLock;
-
-    const CMD_QUERY: libc::c_int = 0;
-    const CMD_PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
-    const CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
-
-    fn call(cmd: libc::c_int) -> libc::c_long {
-        // SAFETY: membarrier takes (int cmd, unsigned flags, int cpu_id) by value and touches no
-        // memory of ours; an unknown command or kernel gives an error code, nothing else.
-        unsafe {
-            libc::syscall(
-                libc::SYS_membarrier,
-                cmd,
-                0 as libc::c_uint,
-                0 as libc::c_int,
-            )
-        }
-    }
-
-    /// Whether the kernel offers the private expedited command and registered this process for
-    /// it (once per process; registration is required before the first use).
-    pub(super) fn available() -> bool {
-        static AVAILABLE: OnceLock<bool> = OnceLock::new();
-        *AVAILABLE.get_or_init(|| {
-            let supported = call(CMD_QUERY);
-            supported >= 0
-                && supported & libc::c_long::from(CMD_PRIVATE_EXPEDITED) != 0
-                && call(CMD_REGISTER_PRIVATE_EXPEDITED) == 0
-        })
-    }
-
-    /// A full memory barrier on every running thread of this process.
-    pub(super) fn private_expedited() -> bool {
-        call(CMD_PRIVATE_EXPEDITED) == 0
     }
 }
 
