@@ -131,7 +131,7 @@ impl<T> BiasedLock<T> {
     }
 
     /// Whether the lock is biased to some thread now (a snapshot, for tests).
-    #[cfg(test)]
+    #[cfg(all(test, not(feature = "loom")))]
     pub(crate) fn is_biased(&self) -> bool {
         self.owner.load(Ordering::Relaxed) != 0
     }
