@@ -23,9 +23,9 @@ pub use owner_cell::{handshake, Handshake};
 /// Atomics: `std`'s, or loom's with the `loom` feature.
 pub(crate) mod atomic {
     #[cfg(feature = "loom")]
-    pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8};
+    pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8};
     #[cfg(not(feature = "loom"))]
-    pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8};
+    pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8};
 
     pub(crate) use std::sync::atomic::Ordering;
 }
