@@ -83,8 +83,8 @@ pub(crate) struct BiasedLock<T> {
     /// Heavy revocations so far (tests tell them from handoffs).
     #[cfg(all(test, not(feature = "loom")))]
     revocations: std::sync::atomic::AtomicU32,
-    /// The owner's token ([`Sections::token`]), 0 when unbiased; set and revoked under `locked`, and cleared by
-    /// the owner itself when asked.
+    /// The owner's token ([`Sections::token`]), 0 when unbiased; set and revoked under
+    /// `locked`, and cleared by the owner itself when asked.
     owner: AtomicU64,
     /// Under `locked`: the bias's bookkeeping.
     bias: UnsafeCell<Bias>,
@@ -195,7 +195,7 @@ impl<T> BiasedLock<T> {
         // reach us through `locked` after a revocation.
         if self.owner.load(Ordering::Relaxed) == me {
             if !watch(&self.handoff, Ordering::Relaxed) {
-                return Some(self.guard(Release::Owned(sections, depth)));
+                return Some(self.guard(Release::Owned(sections)));
             }
             // A holder of `locked` asks for the bias: give it up. Our count goes back first
             // (release), then `owner` (release, and only if still ours: a revoker may have
@@ -253,9 +253,11 @@ impl<T> BiasedLock<T> {
                 bias.count = 0;
             }
             // A revoked owner (now or by an earlier holder that could not wait) may still be in
-            // its section: every holder waits for its count to fall first. Acquire: the owner's
-            // sections (released with its count) happen before ours.
-            if let Some(sections) = bias.owner_sections {
+            // its section: every other holder waits for its count to fall first (the former
+            // owner itself is in none of this lock's sections now, whatever its count says of
+            // other locks'). Acquire: the owner's sections (released with its count) happen
+            // before ours.
+            if let Some(sections) = bias.owner_sections.filter(|s| s.token() != me) {
                 let mut backoff = Backoff::new();
                 while watch_depth(sections) != 0 {
                     if !wait {
@@ -452,6 +454,20 @@ fn set_depth(sections: &Sections, depth: u32) {
     sections.depth.store(depth, Ordering::Release);
 }
 
+/// Lowers this thread's section count by one (release). Only this thread writes it: a load and
+/// a store, no read-modify-write — but under loom a `fetch_sub`, whose read is always the latest
+/// (loom may serve a plain load an older value, and does once a model panicked).
+#[inline(always)]
+fn leave(sections: &Sections) {
+    #[cfg(feature = "loom")]
+    sections.depth.fetch_sub(1, Ordering::Release);
+    #[cfg(not(feature = "loom"))]
+    sections.depth.store(
+        sections.depth.load(Ordering::Relaxed) - 1,
+        Ordering::Release,
+    );
+}
+
 /// Exclusive access to a [`BiasedLock`]'s data; unlocks when dropped.
 pub(crate) struct BiasedGuard<'a, T> {
     // Declared first, so dropped first: loom's record of the access ends before the lock is
@@ -478,10 +494,11 @@ impl<T> DerefMut for BiasedGuard<'_, T> {
 }
 
 /// How a guard holds its lock, undone when it drops (also on unwind): the spin lock, or a
-/// section of the owner (its thread's count back to what it was).
+/// section of the owner (its thread's count one lower: guards of several locks may drop in any
+/// order).
 enum Release<'a> {
     Spin(&'a AtomicBool),
-    Owned(&'static Sections, u32),
+    Owned(&'static Sections),
 }
 
 impl Drop for Release<'_> {
@@ -489,7 +506,7 @@ impl Drop for Release<'_> {
     fn drop(&mut self) {
         match *self {
             Release::Spin(locked) => clear(locked),
-            Release::Owned(sections, depth) => set_depth(sections, depth),
+            Release::Owned(sections) => leave(sections),
         }
     }
 }
@@ -553,7 +570,11 @@ mod tests {
         ignore = "spins on another thread's progress: minutes under Miri"
     )]
     fn a_locking_owner_hands_the_bias_over_an_idle_one_is_revoked() {
-        let lock = Arc::new(BiasedLock::with_bias_after(0u64, 1));
+        let mut lock = BiasedLock::with_bias_after(0u64, 1);
+        // Long enough for an owner descheduled on a loaded machine to run again and answer
+        // (about a second at most), so that the test does not depend on the machine's load.
+        lock.handoff_waits = 10_000_000;
+        let lock = Arc::new(lock);
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let owner = {
             let (lock, stop) = (lock.clone(), stop.clone());
@@ -567,9 +588,9 @@ mod tests {
         while !lock.is_biased() {
             std::hint::spin_loop();
         }
-        // Ask until the owner answered at least once (a descheduled owner may not in time).
+        // Ask until the owner answered (one ask is enough unless it stays descheduled).
         let mut handed_over = false;
-        for _ in 0..100 {
+        for _ in 0..10 {
             while !lock.is_biased() {
                 std::hint::spin_loop(); // the owner earns it back (twice the streak each time)
             }
