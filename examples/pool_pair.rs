@@ -4,6 +4,8 @@
 //! `pool_pair [COUNT] [SIZE] [MODE]`, MODE one of `cached` (the default: `PoolConfig::default()`,
 //! thread cache on), `nocache` (`thread_cache: 0`: every pair goes to the shard) or `threads=N`
 //! (N threads each doing COUNT cached pairs; prints wall time per pair of the whole machine).
+//! The pool's chunks are host memory; `gpu-cached` and `gpu-nocache` put it on GPU 0's BAR
+//! instead, as `vkgdr bench fastpath` does (the pair itself never touches the chunk's bytes).
 //!
 //! `cargo build --release --example pool_pair`, then for instructions per pair:
 //! `valgrind --tool=callgrind --toggle-collect='pool_pair::pairs' target/release/examples/pool_pair 1000000`
@@ -12,7 +14,7 @@
 use std::hint::black_box;
 
 use vkgdr::chunk::HostMemorySource;
-use vkgdr::{Pool, PoolConfig};
+use vkgdr::{Gpu, Pool, PoolConfig};
 
 /// `n` alloc+free pairs of `size` bytes; apart so a profiler can count it alone.
 #[inline(never)]
@@ -37,13 +39,17 @@ fn main() -> vkgdr::Result<()> {
         .and_then(|t| t.parse().ok())
         .unwrap_or(1);
     let config = match mode.as_str() {
-        "nocache" => PoolConfig {
+        "nocache" | "gpu-nocache" => PoolConfig {
             thread_cache: 0,
             ..PoolConfig::default()
         },
         _ => PoolConfig::default(),
     };
-    let pool = Pool::new(HostMemorySource, config)?;
+    let pool = if mode.starts_with("gpu-") {
+        Pool::new(Gpu::open(0)?, config)?
+    } else {
+        Pool::new(HostMemorySource, config)?
+    };
     if let Some(cache) = pool.thread_cache() {
         // Which barrier pair the thread caches pay for: it decides their cost per access.
         println!("thread cache handshake: {}", cache.handshake.name());
