@@ -6,6 +6,8 @@
 //! (N threads each doing COUNT cached pairs; prints wall time per pair of the whole machine).
 //! The pool's chunks are host memory; `gpu-cached` and `gpu-nocache` put it on GPU 0's BAR
 //! instead, as `vkgdr bench fastpath` does (the pair itself never touches the chunk's bytes).
+//! `handoff=B` (no thread cache) allocates on this thread and frees on another, in batches of B
+//! blocks sent over a channel: the shard's lock moves between the two threads every batch.
 //!
 //! `cargo build --release --example pool_pair`, then for instructions per pair:
 //! `valgrind --tool=callgrind --toggle-collect='pool_pair::pairs' target/release/examples/pool_pair 1000000`
@@ -39,7 +41,7 @@ fn main() -> vkgdr::Result<()> {
         .and_then(|t| t.parse().ok())
         .unwrap_or(1);
     let config = match mode.as_str() {
-        "nocache" | "gpu-nocache" => PoolConfig {
+        m if m == "nocache" || m == "gpu-nocache" || m.starts_with("handoff=") => PoolConfig {
             thread_cache: 0,
             ..PoolConfig::default()
         },
@@ -71,6 +73,31 @@ fn main() -> vkgdr::Result<()> {
         });
         let ns = t.elapsed().as_nanos() as f64 / (n * threads as u64) as f64;
         println!("{threads} threads x {n} pairs of {size} bytes: {ns:.2} ns per pair (wall)");
+        return Ok(());
+    }
+    if let Some(batch) = mode
+        .strip_prefix("handoff=")
+        .and_then(|b| b.parse::<usize>().ok())
+    {
+        let batch = batch.max(1);
+        let (send, receive) = std::sync::mpsc::sync_channel::<Vec<vkgdr::Block>>(2);
+        let t = std::time::Instant::now();
+        std::thread::scope(|s| -> vkgdr::Result<()> {
+            s.spawn(move || receive.iter().for_each(drop));
+            let mut left = n as usize;
+            while left > 0 {
+                let k = batch.min(left);
+                let blocks = (0..k)
+                    .map(|_| pool.alloc(black_box(size), 16))
+                    .collect::<vkgdr::Result<Vec<_>>>()?;
+                send.send(blocks).expect("the freeing thread is alive");
+                left -= k;
+            }
+            drop(send);
+            Ok(())
+        })?;
+        let ns = t.elapsed().as_nanos() as f64 / n as f64;
+        println!("{n} blocks of {size} bytes, freed on another thread in batches of {batch}: {ns:.2} ns per block");
         return Ok(());
     }
     // Warm the thread cache (first use creates it and makes it serve the pool).
