@@ -235,12 +235,9 @@ impl<T> BiasedLock<T> {
         self.bias.with_mut(|bias| {
             // SAFETY: `bias` is only used with `locked` held, as now.
             let bias = unsafe { &mut *bias };
-            if owner == me {
-                // Our own bias, which our fast path gives up only by clearing it: not met in
-                // practice, handled all the same (we are inside none of this lock's sections).
-                self.owner.store(0, Ordering::Relaxed);
-                bias.owner_sections = None;
-            } else if owner != 0 {
+            // Never ours: our fast path takes our own bias, and gives it up only by clearing it.
+            debug_assert_ne!(owner, me);
+            if owner != 0 {
                 // An owner that is locking gives the bias up on its next lock (no barrier, no
                 // other thread interrupted): its sections are then over. One that is idle or
                 // slow to answer is revoked, and may still be inside.
