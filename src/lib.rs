@@ -34,6 +34,7 @@ mod interop;
 mod mapping;
 pub mod pool;
 pub mod ring;
+pub mod share;
 
 // The modules keep the public paths they had before the crate was grouped into layers.
 pub use crate::core::{alloc, dirty, range};

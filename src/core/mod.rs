@@ -3,7 +3,8 @@
 //!
 //! [`alloc`] decides offsets inside chunks, [`dirty`] tracks the byte ranges to flush, [`range`]
 //! is the bounds and atom arithmetic every mapping shares, [`ring`] is the ring buffers' producer
-//! protocol and wire format, `sync` holds the synchronisation primitives (loom's under the `loom`
+//! protocol and wire format, [`share`] the messages and rules of sharing with other processes,
+//! `sync` holds the synchronisation primitives (loom's under the `loom`
 //! feature) and `handle` the `Send + Sync` raw-pointer wrapper. Nothing here imports any other
 //! layer of the crate: each module reports its own error type, which the crate's
 //! [`Error`](crate::Error) converts.
@@ -13,4 +14,5 @@ pub mod dirty;
 pub(crate) mod handle;
 pub mod range;
 pub mod ring;
+pub mod share;
 pub(crate) mod sync;

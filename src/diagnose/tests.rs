@@ -19,6 +19,7 @@ fn vulkan_device(name: &str, vendor_id: u32, uuid: [u8; 16]) -> PhysicalDeviceIn
         name: name.into(),
         vendor_id,
         uuid,
+        driver_uuid: [7; 16],
         driver: "test".into(),
         api_version: "1.3.0".into(),
         device_type: vk::PhysicalDeviceType::DISCRETE_GPU,

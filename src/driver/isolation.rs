@@ -12,8 +12,13 @@ use crate::error::{Error, Result};
 
 /// The name and text of the calling thread's last `errno`, e.g. `EINVAL (Invalid argument)`.
 fn last_errno() -> String {
-    let e = std::io::Error::last_os_error();
-    let code = e.raw_os_error().unwrap_or(0);
+    errno_text(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+}
+
+/// The name and text of `errno` value `code`, e.g. `EINVAL (Invalid argument)`: how every
+/// [`Error::System`] names what the kernel answered.
+pub(crate) fn errno_text(code: i32) -> String {
+    let e = std::io::Error::from_raw_os_error(code);
     let name = match code {
         libc::EINVAL => "EINVAL",
         libc::ENOMEM => "ENOMEM",
@@ -22,6 +27,14 @@ fn last_errno() -> String {
         libc::EAGAIN => "EAGAIN",
         libc::EBADF => "EBADF",
         libc::EFAULT => "EFAULT",
+        libc::ENOENT => "ENOENT",
+        libc::ECONNREFUSED => "ECONNREFUSED",
+        libc::EADDRINUSE => "EADDRINUSE",
+        libc::EPIPE => "EPIPE",
+        libc::ENOTSOCK => "ENOTSOCK",
+        libc::EMFILE => "EMFILE",
+        libc::ENAMETOOLONG => "ENAMETOOLONG",
+        libc::ESRCH => "ESRCH",
         _ => return format!("errno {code} ({e})"),
     };
     let text = e.to_string();

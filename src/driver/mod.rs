@@ -10,6 +10,7 @@ pub mod cuda;
 pub mod dynlib;
 pub mod failpoint;
 pub(crate) mod isolation;
+pub(crate) use isolation::errno_text;
 pub mod nvml;
 pub(crate) mod uuid;
 pub mod vulkan;

@@ -37,6 +37,13 @@ pub enum InvalidArgument {
         /// The size asked for.
         size: u64,
     },
+    /// An import of memory from an fd whose size is zero or not a multiple of 4 KiB (exported
+    /// memory always is).
+    #[error("an imported allocation of {size} bytes (not a non-zero multiple of 4096)")]
+    ImportSize {
+        /// The size given.
+        size: u64,
+    },
     /// An offset not aligned for the plain-old-data type read or written there.
     #[error("offset {offset} is not aligned for {type_name} (align {align})")]
     MisalignedOffset {
@@ -323,6 +330,10 @@ mod tests {
                 "allocation of 7 bytes overflows",
             ),
             (I::HostChunkSize { size: 0 }, "host chunk of 0 bytes"),
+            (
+                I::ImportSize { size: 100 },
+                "an imported allocation of 100 bytes (not a non-zero multiple of 4096)",
+            ),
             (
                 I::MisalignedOffset { offset: 1, type_name: "u32", align: 4 },
                 "offset 1 is not aligned for u32 (align 4)",

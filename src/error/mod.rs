@@ -140,6 +140,10 @@ pub enum Error {
     /// A ring buffer error (record too large, full, timeout, bad capacity).
     #[error(transparent)]
     Ring(#[from] crate::core::ring::RingError),
+    /// Sharing with another process failed: a message, descriptor, fd or peer refused by name
+    /// (see [`ShareError`](crate::share::ShareError)).
+    #[error(transparent)]
+    Share(#[from] crate::core::share::ShareError),
     /// A feature the driver or device does not support (e.g. CUDA VMM).
     #[error("not supported: {0}")]
     Unsupported(String),

@@ -10,6 +10,7 @@
 //! for allocator benchmarks and tests.
 
 use std::alloc::Layout;
+use std::os::fd::OwnedFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -48,6 +49,12 @@ pub unsafe trait ChunkMemory: Send + Sync {
     ///
     /// The caller has bounds-checked the range and pushed pending CPU writes in it to the device.
     fn read_dma(&self, _offset: u64, _dst: &mut [u8]) -> Option<Result<()>> {
+        None
+    }
+    /// A new opaque fd of the chunk's memory and the size of the allocation behind it, for
+    /// another process to import (the [`share`](crate::share) layer); `None` (the default) for
+    /// memory that cannot be exported (plain host memory, an arena's chunks).
+    fn export_fd(&self) -> Option<Result<(OwnedFd, u64)>> {
         None
     }
 }
@@ -167,6 +174,9 @@ unsafe impl ChunkMemory for VulkanMemory {
     }
     fn invalidate_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
         VulkanMemory::invalidate_ranges(self, ranges.iter().copied())
+    }
+    fn export_fd(&self) -> Option<Result<(OwnedFd, u64)>> {
+        Some(VulkanMemory::export_fd(self).map(|fd| (fd, VulkanMemory::size(self))))
     }
 }
 

@@ -9,7 +9,7 @@
 //! polled by the `vkgdr-release` thread).
 
 use std::ffi::c_void;
-use std::os::fd::{AsRawFd, IntoRawFd};
+use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
 use std::sync::Arc;
 
 use crate::core::handle::{assert_send_sync, SendSyncPtr};
@@ -111,6 +111,14 @@ impl Gpu {
     /// them warms the write path, so the first write of the caller is as fast as later ones.
     pub fn alloc(&self, size: u64) -> Result<RawMemory> {
         RawMemory::new(self, size)
+    }
+
+    /// Allocates `size` bytes that can be shared with another process
+    /// ([`RawMemory::export_fd`], the [`share`](crate::share) layer): an allocation of its own,
+    /// never carved out of a granule other allocations share, so its fd reaches these bytes and
+    /// no others. Rounded up to the VMM granularity (2 MiB on the H100) where the device has VMM.
+    pub fn alloc_shareable(&self, size: u64) -> Result<RawMemory> {
+        RawMemory::new_unshared(self, size)
     }
 
     /// Allocates like [`Gpu::alloc`], but imports the memory into the calling thread's *current*
@@ -218,6 +226,32 @@ impl RawMemory {
             )?)),
             None => Imported::new(gpu, alloc_size, context).map(Backing::Imported),
         }
+    }
+
+    /// A new opaque fd of the Vulkan allocation behind these bytes, with the allocation's size:
+    /// what another process imports to map the same memory (the [`share`](crate::share) layer
+    /// sends it). Only for allocations of their own ([`Gpu::alloc_shareable`], a pool's chunks):
+    /// a small allocation carved out of a shared granule is refused with
+    /// [`Error::Unsupported`], since its fd would reach its neighbours' bytes too.
+    pub fn export_fd(&self) -> Result<(OwnedFd, u64)> {
+        let memory = match self.backing.as_ref() {
+            Some(Backing::Mapped(m)) => m.memory(),
+            Some(Backing::Imported(i)) => &i.vulkan,
+            Some(Backing::Carved(_)) => {
+                return Err(Error::Unsupported(
+                    "this allocation is carved out of a granule other allocations share; \
+                     allocate memory to share with Gpu::alloc_shareable"
+                        .into(),
+                ))
+            }
+            None => return Err(Error::internal("raw memory without backing")),
+        };
+        Ok((memory.export_fd()?, memory.size()))
+    }
+
+    /// The Vulkan memory type index of the allocation behind these bytes.
+    pub fn memory_type_index(&self) -> u32 {
+        self.gpu.vulkan().memory_type().index
     }
 
     /// Labels the allocation: [`Gpu::allocations`] lists it under `label`, and `Debug` shows it.
@@ -469,6 +503,9 @@ unsafe impl ChunkMemory for RawMemory {
     fn read_dma(&self, offset: u64, dst: &mut [u8]) -> Option<Result<()>> {
         // SAFETY: the caller bounds-checked the range inside this chunk, alive for the call.
         unsafe { self.gpu.read_by_size(dst, self.device_ptr + offset) }
+    }
+    fn export_fd(&self) -> Option<Result<(OwnedFd, u64)>> {
+        Some(RawMemory::export_fd(self))
     }
 }
 

@@ -126,6 +126,30 @@ impl Block {
         self.offset()
     }
 
+    /// The number of the chunk the block lies in: unique among every chunk this process has
+    /// had, so two blocks with the same number share a chunk (the sharing layer sends a chunk's
+    /// fd once per peer).
+    pub fn chunk_serial(&self) -> u64 {
+        self.chunk().serial
+    }
+
+    /// Size of the chunk the block lies in.
+    pub fn chunk_size(&self) -> u64 {
+        self.chunk().memory.size()
+    }
+
+    /// A new opaque fd of the chunk the block lies in, and the size of the allocation behind it,
+    /// for another process to import ([`ChunkMemory::export_fd`]; the [`share`](crate::share)
+    /// layer sends it). The fd reaches the whole chunk, this block's neighbours included.
+    /// [`Error::Unsupported`](crate::Error::Unsupported) for chunks that cannot be exported.
+    pub fn export_chunk_fd(&self) -> Result<(std::os::fd::OwnedFd, u64)> {
+        self.chunk().memory.export_fd().unwrap_or_else(|| {
+            Err(crate::error::Error::Unsupported(
+                "this pool's chunks cannot be exported (host memory or an arena)".into(),
+            ))
+        })
+    }
+
     /// Whether this block has a chunk of its own (large requests).
     pub fn is_dedicated(&self) -> bool {
         matches!(*self.record.kind, BlockKind::Dedicated { .. })

@@ -19,6 +19,9 @@ pub(super) struct Chunk {
     pub(super) host_base: SendSyncPtr<u8>,
     pub(super) device_base: Option<u64>,
     pub(super) dirty: Mutex<DirtyRanges>,
+    /// A number no other chunk of this process has had or will have: how the sharing layer
+    /// tells chunks apart (an address can be reused once a chunk is gone).
+    pub(super) serial: u64,
 }
 
 impl fmt::Debug for Chunk {
@@ -34,11 +37,13 @@ impl Chunk {
     /// Wraps a freshly allocated chunk with an empty dirty-range tracker of `atom` granularity.
     pub(super) fn new(memory: Box<dyn ChunkMemory>, atom: u64) -> Result<Arc<Chunk>> {
         let dirty = DirtyRanges::new(memory.size(), atom)?;
+        static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Ok(Arc::new(Chunk {
             host_base: SendSyncPtr::new(memory.host_ptr()),
             device_base: memory.device_ptr(),
             memory,
             dirty: Mutex::new(dirty),
+            serial: SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }))
     }
 

@@ -277,7 +277,10 @@ fn trim_takes_back_an_idle_threads_cached_blocks() {
     let pool = cached_pool(8);
     let (go, t, ready) = idle_thread_with_cached_blocks(pool.clone(), 5);
     ready.recv().unwrap();
-    assert_eq!(pool.stats().bytes_cached, (0..5).map(|i| 32 + 16 * i).sum());
+    assert_eq!(
+        pool.stats().bytes_cached,
+        (0..5u64).map(|i| 32 + 16 * i).sum::<u64>()
+    );
     // From this thread, while the other one sleeps: its blocks come back, the chunk goes.
     assert_eq!(pool.trim(), 1);
     let s = pool.stats();

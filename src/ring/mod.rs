@@ -108,8 +108,8 @@ pub use crate::core::ring as core;
 pub use crate::core::ring::layout;
 
 pub use device::{
-    BarSink, CopyEngine, CopyEngineStats, DeviceRing, LaunchRing, OwnedProducer, RingDeviceView,
-    RingOptions,
+    BarSink, CopyEngine, CopyEngineStats, DeviceRing, LaunchRing, LentLane, OwnedProducer,
+    RingDeviceView, RingOptions,
 };
 
 /// The device API's header (`include/vkgdr/ring.cuh`), for build scripts that compile consumers

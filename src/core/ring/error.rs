@@ -70,6 +70,18 @@ pub enum RingError {
         /// The committed position when it was checked.
         committed: u64,
     },
+    /// A loan call on a ring that is not lent ([`RingCore::lend`](super::RingCore::lend)).
+    #[error("the ring is not lent")]
+    NotLent,
+    /// A lent producer's published end that breaks the ring's rules (backwards, misaligned,
+    /// beyond the capacity, a sequence number going back).
+    #[error("lent producer's tail {pos} refused (published {published})")]
+    BadLentTail {
+        /// The position reported.
+        pos: u64,
+        /// The ring's published end.
+        published: u64,
+    },
     /// The consumer reported a head that is not a record boundary.
     #[error("consumer head {0} is not 16-byte aligned")]
     MisalignedHead(u64),

@@ -38,6 +38,7 @@
 
 mod error;
 pub mod layout;
+mod lend;
 mod producer;
 mod shared;
 mod sink;

@@ -252,7 +252,7 @@ impl<'a, S: RingSink> Producer<'a, S> {
         // every byte was staged (see `staging`).
         match self.staged_from.take() {
             Some(from) => core.publish_staged_owned(from, self.pos),
-            None => core.publish_owned(self.pos),
+            None => core.publish_owned(self.pos, self.seq),
         }
         core.published.store(self.pos, Ordering::Release);
         core.published_seq.store(self.seq, Ordering::Release);

@@ -214,16 +214,17 @@ impl<S: RingSink> RingCore<S> {
         };
     }
 
-    /// Publishes `tail` through the sink. Callers hold the publisher role (so calls are
-    /// serialised and `tail` grows) and every record below `tail` is finished and fenced.
-    pub(super) fn publish_owned(&self, tail: u64) {
+    /// Publishes `tail` (with `next_seq`, the number of the first record after it) through the
+    /// sink. Callers hold the publisher role (so calls are serialised and `tail` grows) and every
+    /// record below `tail` is finished and fenced.
+    pub(super) fn publish_owned(&self, tail: u64, next_seq: u64) {
         // SAFETY: the caller holds the publisher role (one publication at a time, strictly
         // increasing tails, never past `reserved`, which stays within the capacity of the
         // consumer's head); the records below `tail` were finished and handed over as the
         // callers document.
         #[allow(unsafe_code)]
         unsafe {
-            self.sink.publish(tail)
+            self.sink.publish_seq(tail, next_seq)
         };
     }
 
@@ -369,7 +370,8 @@ impl<S: RingSink> RingCore<S> {
                 self.write_owned(offset, &RecordHeader::wrap_pad(pad_bytes).to_bytes());
                 self.sink.writes_done();
                 self.committed.store(pos, Ordering::Release);
-                self.publish_owned(pos);
+                // A wrap PAD takes no sequence number: every record before it is published.
+                self.publish_owned(pos, self.published_seq.load(Ordering::Acquire));
                 self.published.store(pos, Ordering::Release);
                 self.reserved.store(pos, Ordering::Release);
             }
@@ -507,7 +509,7 @@ impl<S: RingSink> RingCore<S> {
                 self.committed.store(pos, Ordering::Release);
                 // Every record in [from, pos) was committed (its writer fenced it, then marked
                 // its slot, which the loads above acquired) and the role is held.
-                self.publish_owned(pos);
+                self.publish_owned(pos, seq);
                 self.published.store(pos, Ordering::Release);
                 self.published_seq.store(seq, Ordering::Release);
             }

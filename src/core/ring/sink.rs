@@ -40,6 +40,20 @@ pub trait RingSink {
     ///   over with release/acquire ordering, so fencing this thread's stores is enough.
     unsafe fn publish(&self, tail: u64);
 
+    /// [`publish`](Self::publish), told also `next_seq`, the sequence number of the first record
+    /// after `tail`: the core calls this one. The default forgets the number; a sink whose
+    /// consumer learns the pair (a producer in another process, whose owner checks both before
+    /// passing the tail on) overrides it.
+    ///
+    /// # Safety
+    /// As for [`publish`](Self::publish); `next_seq` is the number of DATA and abandoned records
+    /// below `tail` since the ring's sequence numbers began.
+    unsafe fn publish_seq(&self, tail: u64, next_seq: u64) {
+        let _ = next_seq;
+        // SAFETY: the caller keeps `publish`'s contract.
+        unsafe { self.publish(tail) }
+    }
+
     /// Called by the committing thread after its last write of a record and before the record
     /// can be published, possibly by another thread: a sink over write-combined memory must drain
     /// this thread's stores here (`sfence`). The default does nothing (enough for sinks whose

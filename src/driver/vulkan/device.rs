@@ -1,7 +1,7 @@
 //! [`VulkanContext`]: an opened device with its chosen memory type, and [`VulkanMemory`], one
 //! exportable, host-mapped allocation of it.
 
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -240,6 +240,92 @@ impl VulkanContext {
             size: alloc_size,
             ptr: ptr.into(),
             non_coherent,
+            exportable: true,
+        })
+    }
+
+    /// Imports memory that another process (or this one) exported as an opaque fd, `size` bytes
+    /// of memory type `type_index`, and maps it whole, as [`allocate`](Self::allocate) maps its
+    /// own (kept out of forked children). On success the driver owns the fd; on failure it is
+    /// closed.
+    ///
+    /// The Vulkan specification allows the import only where the exporting device has the same
+    /// device and driver UUIDs as this one, and with the exact size and memory type the memory
+    /// was allocated with; callers check both against what the exporter declared (the driver is
+    /// not required to detect a mismatch). A type that is not this device's BAR type nor its
+    /// pinned host type is refused with [`Error::NoSuitableMemoryType`]; an fd the driver does not
+    /// take is `VK_ERROR_INVALID_EXTERNAL_HANDLE`. Imported memory cannot be exported again.
+    pub fn import_fd(
+        self: &Arc<Self>,
+        fd: OwnedFd,
+        size: u64,
+        type_index: u32,
+    ) -> Result<VulkanMemory> {
+        let non_coherent = if type_index == self.memory_type.index {
+            self.non_coherent
+        } else if self
+            .host_type
+            .as_ref()
+            .is_some_and(|t| t.index == type_index)
+        {
+            false
+        } else {
+            return Err(Error::NoSuitableMemoryType(format!(
+                "memory type {type_index} is neither the BAR type ({}) nor the host type of {}",
+                self.memory_type.index, self.info.name
+            )));
+        };
+        let alloc_size = round_alloc_size(size)?;
+        if alloc_size != size {
+            return Err(crate::error::InvalidArgument::ImportSize { size }.into());
+        }
+        let mut import = vk::ImportMemoryFdInfoKHR::default()
+            .handle_type(vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD)
+            .fd(fd.as_raw_fd());
+        let info = vk::MemoryAllocateInfo::default()
+            .allocation_size(size)
+            .memory_type_index(type_index)
+            .push_next(&mut import);
+        crate::driver::failpoint::inject("vkAllocateMemory", || {
+            vk_err("vkAllocateMemory")(vk::Result::ERROR_INVALID_EXTERNAL_HANDLE)
+        })?;
+        // SAFETY: the device is live; the info chain and the fd it names outlive the call. On
+        // success the driver owns the fd (released below), on failure it is still ours.
+        let memory = match unsafe { self.device.allocate_memory(&info, None) } {
+            Ok(m) => {
+                let _ = fd.into_raw_fd();
+                m
+            }
+            Err(r) => {
+                return Err(match r {
+                    vk::Result::ERROR_OUT_OF_DEVICE_MEMORY
+                    | vk::Result::ERROR_OUT_OF_HOST_MEMORY => Error::OutOfDeviceMemory {
+                        side: MemorySide::Vulkan,
+                        call: "vkAllocateMemory",
+                        size,
+                        result: result_name(r),
+                    },
+                    r => vk_err("vkAllocateMemory")(r),
+                })
+            }
+        };
+        let ptr = match self.map_whole(memory, size) {
+            Ok(p) => p,
+            Err(e) => {
+                // SAFETY: imported just above, unmapped (`map_whole` undoes its own mapping on
+                // failure) and unused.
+                unsafe { self.device.free_memory(memory, None) };
+                return Err(e);
+            }
+        };
+        let _ = crate::copy::simd_level();
+        Ok(VulkanMemory {
+            ctx: self.clone(),
+            memory,
+            size,
+            ptr: ptr.into(),
+            non_coherent,
+            exportable: false,
         })
     }
 
@@ -325,6 +411,8 @@ pub struct VulkanMemory {
     /// Whether flushes and invalidates are issued (the context's BAR memory when it is
     /// non-coherent or forced to be treated so; never for coherent host memory).
     non_coherent: bool,
+    /// Allocated here with export enabled (an import cannot be exported again).
+    exportable: bool,
 }
 // `Send + Sync` by its fields, as the compiler checks here.
 const _: () = assert_send_sync::<VulkanMemory>();
@@ -359,9 +447,25 @@ impl VulkanMemory {
         self.memory
     }
 
+    /// Whether flushes and invalidates are issued for this memory.
+    pub fn is_non_coherent(&self) -> bool {
+        self.non_coherent
+    }
+
+    /// Whether this memory was imported from an fd ([`VulkanContext::import_fd`]) rather than
+    /// allocated here.
+    pub fn is_imported(&self) -> bool {
+        !self.exportable
+    }
+
     /// Exports a new opaque POSIX fd referring to this memory (`vkGetMemoryFdKHR`), close-on-exec
     /// so that programs this process `exec`s do not inherit it.
     pub fn export_fd(&self) -> Result<OwnedFd> {
+        if !self.exportable {
+            return Err(Error::Unsupported(
+                "memory imported from an fd cannot be exported again".into(),
+            ));
+        }
         let info = vk::MemoryGetFdInfoKHR::default()
             .memory(self.memory)
             .handle_type(vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD);

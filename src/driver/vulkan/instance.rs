@@ -90,6 +90,9 @@ pub struct PhysicalDeviceInfo {
     pub vendor_id: u32,
     /// `deviceUUID` (matches CUDA's `cuDeviceGetUuid` on NVIDIA).
     pub uuid: [u8; 16],
+    /// `driverUUID`: memory exported as an opaque fd can be imported only by a device with the
+    /// same device and driver UUIDs (the Vulkan specification's rule for external memory).
+    pub driver_uuid: [u8; 16],
     /// Driver name and info, when the device reports them (Vulkan 1.2).
     pub driver: String,
     /// The device's Vulkan API version, as `major.minor.patch`.
@@ -275,6 +278,7 @@ pub(super) fn describe(
         name: cstr(props.device_name_as_c_str()),
         vendor_id: props.vendor_id,
         uuid: id.device_uuid,
+        driver_uuid: id.driver_uuid,
         driver: driver_text,
         api_version: format!(
             "{}.{}.{}",

@@ -6,7 +6,7 @@
 //!
 //! | what | where | lane `i` |
 //! |------|-------|----------|
-//! | data regions | GPU memory (BAR) | `lane_data[i]` (padded rings: `data + i * capacity`) |
+//! | data regions | GPU memory (BAR) | `lane_data[i]` (padded rings: `data + i * capacity`; shareable rings: an allocation per lane) |
 //! | `tail` words (u64) | control allocation, GPU memory | `tail + i * 128` |
 //! | `stop` word (u32) | control allocation, after the tails | one for all lanes |
 //! | `lane_data` table (u64 each) | control allocation, after `stop` | `lane_data + 8 * i` |
@@ -17,6 +17,7 @@
 
 mod copy_engine;
 mod launch;
+mod lend;
 mod owned;
 mod persistent;
 mod sink;
@@ -26,6 +27,7 @@ pub use copy_engine::{
     STREAM_CHECK_OFFSET,
 };
 pub use launch::LaunchRing;
+pub use lend::LentLane;
 pub use owned::OwnedProducer;
 pub use persistent::{
     DeviceRing, RingDeviceView, RingOptions, HOST_STRIDE, MAX_LANES, RESULT_OFFSET, TAIL_STRIDE,

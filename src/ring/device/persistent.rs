@@ -16,6 +16,7 @@ use crate::error::{InvalidArgument, Result};
 use crate::mapping::arena::Arena;
 use crate::mapping::cuda_objects::{Event, PinnedBuffer, Stream};
 use crate::mapping::gpu::Gpu;
+use crate::mapping::memory::RawMemory;
 
 use super::copy_engine::{CopyEngine, CopyEngineStats, LaneCopy, LaneWords, STREAM_CHECK_OFFSET};
 use super::sink::{BarSink, RingData, RingMemory};
@@ -159,6 +160,8 @@ pub struct DeviceRing {
     /// Why the copy-engine path could not be made, if it could not.
     copy_unavailable: std::sync::OnceLock<String>,
     pub(super) gpu: Gpu,
+    /// Made by [`new_shareable`](Self::new_shareable): every lane's region is its own allocation.
+    pub(super) shareable: bool,
 }
 // `Send + Sync` by its fields, as the compiler checks here.
 const _: () = assert_send_sync::<DeviceRing>();
@@ -209,6 +212,30 @@ impl DeviceRing {
 
     /// A ring of `capacity` bytes per lane, made as `options` say.
     pub fn with_options(gpu: &Gpu, capacity: u64, options: RingOptions) -> Result<DeviceRing> {
+        Self::build(gpu, capacity, options, false)
+    }
+
+    /// A padded ring of `lanes` lanes whose lanes can be lent to producers in other processes
+    /// ([`lend_lane`](Self::lend_lane), the [`share`](crate::share) layer): each lane's region
+    /// is an allocation of its own ([`Gpu::alloc_shareable`](crate::Gpu::alloc_shareable),
+    /// rounded up to the VMM granularity), so a producer sent one lane's memory reaches no other
+    /// lane's records. The control words (tails, stop, the lane table) and the consumer's heads
+    /// are never sent: the owner passes each lent lane's tail on after checking it. Consumers
+    /// are the same kernels as for [`with_lanes`](Self::with_lanes).
+    pub fn new_shareable(gpu: &Gpu, capacity: u64, lanes: u32) -> Result<DeviceRing> {
+        let options = RingOptions {
+            lanes,
+            ..Default::default()
+        };
+        Self::build(gpu, capacity, options, true)
+    }
+
+    fn build(
+        gpu: &Gpu,
+        capacity: u64,
+        options: RingOptions,
+        shareable: bool,
+    ) -> Result<DeviceRing> {
         let RingOptions {
             lanes,
             wrap,
@@ -226,6 +253,13 @@ impl DeviceRing {
         }
         let n = u64::from(lanes);
         let data = match wrap {
+            WrapMode::Padded if shareable => (0..lanes)
+                .map(|_| {
+                    let mut data = RawMemory::new_unshared(gpu, capacity)?;
+                    data.set_label("vkgdr ring lane (shareable)");
+                    Ok(RingData::Raw(data))
+                })
+                .collect::<Result<Vec<_>>>()?,
             WrapMode::Padded => {
                 let total = capacity
                     .checked_mul(n)
@@ -245,6 +279,7 @@ impl DeviceRing {
                 .collect::<Result<Vec<_>>>()?,
         };
         let lane_region = |i: u64| match wrap {
+            WrapMode::Padded if shareable => (i as usize, 0),
             WrapMode::Padded => (0usize, i * capacity),
             WrapMode::Mirrored => (i as usize, 0),
         };
@@ -307,6 +342,7 @@ impl DeviceRing {
             next_lane: AtomicUsize::new(0),
             copy_unavailable: std::sync::OnceLock::new(),
             gpu: gpu.clone(),
+            shareable,
         })
     }
 
@@ -460,7 +496,7 @@ impl DeviceRing {
 
     /// Whether the ring was stopped or its watched consumer has exited (or died), asking the
     /// driver at most every 200 µs.
-    fn consumer_gone(&self) -> bool {
+    pub(super) fn consumer_gone(&self) -> bool {
         if self.stopping.load(Ordering::Acquire) {
             return true;
         }
@@ -486,7 +522,7 @@ impl DeviceRing {
         Ok(head)
     }
 
-    fn check_running(&self) -> std::result::Result<(), RingError> {
+    pub(super) fn check_running(&self) -> std::result::Result<(), RingError> {
         if self.stopping.load(Ordering::Acquire) {
             Err(RingError::Stopped)
         } else {
