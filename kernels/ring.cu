@@ -18,8 +18,9 @@
 // The checking kernels need blockDim.x == 512 (RING_THREADS; another size counts one error and does
 // nothing): 16 warps, four per scheduler partition, so each thread may hold 128 registers and the
 // persistent kernels keep their read-ahead in registers (at 544 threads, 17 warps, a partition
-// holds five and the limit is 96: the persistent kernels spilled and checked 4 KiB records 12 %
-// slower on an H200, although a 17 KiB window holds four of them where 16 KiB holds three).
+// holds five and the limit is 96: the persistent kernels spilled and checked 4 KiB records
+// slower, although a 17 KiB window holds four of them where 16 KiB holds three; figures:
+// BENCHMARKS.md, 'The checking kernels' block size').
 
 #include "../include/vkgdr/ring.cuh"
 

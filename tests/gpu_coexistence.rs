@@ -168,8 +168,8 @@ fn eight_threads_and_bar_exhaustion_beside_a_persistent_kernel() {
         println!("coexistence: BAR1 used {before} bytes before, {after} after");
     }
     if under_sanitizer() {
-        // compute-sanitizer maps device memory of its own as the run goes on (2 MiB more of
-        // both in a run on an H200): the library's leaks are the plain run's to find.
+        // compute-sanitizer maps device memory of its own as the run goes on (figures:
+        // docs/RELIABILITY.md): the library's leaks are the plain run's to find.
         println!(
             "coexistence: free VRAM {free_before} -> {free_after} bytes (BAR1 and VRAM not \
              compared under compute-sanitizer)"

@@ -2,8 +2,8 @@
 //! inherited host pointer — raw allocations, pool chunks (shared and dedicated), arena chunks,
 //! pools on an arena, rings (data and control) — and an `exec`'d program inherits no fd of them.
 //!
-//! Measured on the H100 before the fix: the child's store changed the parent's GPU memory and
-//! the child exited normally. Now every mapping is `MADV_DONTFORK`, so the child dies with
+//! Without `MADV_DONTFORK` (as measured on the H100) the child's store changes the parent's GPU
+//! memory and the child exits normally. Every mapping is `MADV_DONTFORK`, so the child dies with
 //! SIGSEGV; the parent checks by DMA (`cuMemcpyDtoH`, not its own mapping) that its memory still
 //! holds what it wrote. Own binary: it forks and counts fds.
 

@@ -172,7 +172,8 @@ template <unsigned int THREADS> struct ReaderShared {
 // `released`, or when `force` is set. The block's reads (ordered by the barrier) come before the
 // head store; loads a reader made ahead lie at or above the new head. The barrier is taken only
 // when the head is published (the condition is the same in every thread): between two groups
-// the readers' next() has its own, and a barrier per group cost the checking consumers 2 %.
+// the readers' next() has its own, and a barrier per group slowed the checking consumers
+// (figures: BENCHMARKS.md, 'The checking consumer').
 __device__ __forceinline__ void publish_head(const RingLane& lane, u64 pos, u64 tail,
                                              u64& released, bool force)
 {
@@ -484,8 +485,9 @@ template <unsigned int THREADS, unsigned int CPT> struct WindowShared {
 // Choosing the size: registers first. Keep the read-ahead (CPT uint4 per thread) and the caller's
 // own state in registers: 512 threads (four warps per scheduler partition) may use 128 registers
 // each; 544 (17 warps: one partition holds five) only 96, and there a persistent consumer spilled
-// and checked 4 KiB records 12 % slower on an H200, although its 17 KiB window holds four of them
-// where 16 KiB holds three. Use __launch_bounds__(THREADS). Per window:
+// and checked 4 KiB records slower, although its 17 KiB window holds four of them where 16 KiB
+// holds three (figures: BENCHMARKS.md, 'The checking kernels' block size'). Use
+// __launch_bounds__(THREADS). Per window:
 // - each thread loads CPT 16-byte chunks (coalesced) into shared memory and decodes each as if it
 //   were a header: the chunk of the next header, or "bad", or "ends beyond the window";
 // - the chain from chunk 0 is resolved per segment of 32 chunks (one warp's chunks of a slice):
@@ -500,8 +502,8 @@ template <unsigned int THREADS, unsigned int CPT> struct WindowShared {
 //   already seen), so its latency overlaps the caller's work on this group. A caller that reads
 //   the group's headers first calls defer_read_ahead() once and read_ahead() (every thread)
 //   after that pass: the window's global loads then no longer queue ahead of the pass's
-//   shared-memory reads (the checking consumers of kernels/ring.cu: 4 KiB records 11 % faster,
-//   512 B 9 %, 64 KiB 7 %). A reader whose read_ahead() was not called loads the window in
+//   shared-memory reads (figures for the checking consumers of kernels/ring.cu: BENCHMARKS.md,
+//   'The checking consumer'). A reader whose read_ahead() was not called loads the window in
 //   next(), as one without read-ahead.
 // wait() polls the tail only once everything below the last tail seen is consumed; release()
 // publishes the head when caught up or every quarter ring, as BlockReader does.

@@ -476,8 +476,8 @@ pub(super) unsafe fn write(level: SimdLevel, m: *mut u8, h: *const u8, len: usiz
     unsafe {
         match level {
             // Writes shorter than one wide vector take 16-byte stores: the first 256- or 512-bit
-            // instruction after a while costs the core a warm-up (1.4–1.9 µs for a 64-byte copy
-            // in a fresh process on the H100 host), which a 35-byte write would pay for nothing.
+            // instruction after a while costs the core a warm-up of microseconds, which a
+            // 35-byte write would pay for nothing (figures: BENCHMARKS.md, 'First write').
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx512 if len < 64 => x86::write_sse(m, h, len, fence),
             #[cfg(target_arch = "x86_64")]

@@ -8,16 +8,18 @@
 //!   so the data has left the WC buffers before the caller publishes a "ready" flag.
 //! * **Reads** ([`copy_from_mapping`]) are uncached: a plain load is a full PCIe round trip
 //!   (about 0.03 GB/s). Streaming loads (`movntdqa`) fetch a whole line into a streaming-load
-//!   buffer and serve the rest of the line from it (0.44–0.7 GB/s per thread measured on an
-//!   H100 host), so the bulk uses them, four blocks in flight per loop iteration.
+//!   buffer and serve the rest of the line from it, an order of magnitude faster, so the bulk
+//!   uses them, four blocks in flight per loop iteration (figures: BENCHMARKS.md, 'CPU copies
+//!   through the BAR').
 //!
 //! The instruction set is picked at run time ([`simd_level`], detected once and cached). Every
 //! kernel touches each byte of the mapping range exactly once, with naturally aligned accesses
 //! only, and never a byte outside the range — not even inside the same aligned block, so the
 //! functions are also sound on ordinary host memory of any length and alignment.
 //!
-//! Large copies can be spread over a persistent [`CopyPool`] of worker threads: one thread
-//! writes about 10 GB/s into the BAR and eight about 32 GB/s; reads scale per thread as well.
+//! Large copies can be spread over a persistent [`CopyPool`] of worker threads: eight threads
+//! write about three times what one writes into the BAR; reads scale per thread as well
+//! (figures: BENCHMARKS.md, 'CPU copies through the BAR').
 //!
 //! On targets other than x86_64 the portable kernel (aligned 8-byte volatile accesses) is used,
 //! followed (writes) or preceded (reads) by `fence(SeqCst)`. It is the same kernel that
@@ -237,7 +239,7 @@ pub(crate) unsafe fn write_batched(dst: *mut u8, src: &[u8]) {
 
 /// The crate's default CPU read from a mapping: streaming loads on the calling thread for a
 /// short copy, split over [`CopyPool::global`] for a long one (uncached BAR reads scale with
-/// threads: ~0.7 GB/s on one, ~5 GB/s on eight on the H100).
+/// threads; figures: BENCHMARKS.md, 'CPU copies through the BAR').
 ///
 /// # Safety
 ///

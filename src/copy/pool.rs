@@ -556,8 +556,9 @@ impl std::fmt::Debug for CopyPool {
 }
 
 /// Thread count of the global pool: [`THREADS_ENV`]'s value when it is a number in
-/// `1..=MAX_THREADS`, else the available parallelism, at most 8 (eight threads saturate an
-/// H100's BAR writes, ~33 GB/s, and more compete with the application).
+/// `1..=MAX_THREADS`, else the available parallelism, at most 8 (eight threads saturate the
+/// BAR's writes, and more compete with the application; figures: BENCHMARKS.md, 'CPU copies
+/// through the BAR').
 pub(super) fn global_threads(env: Option<String>) -> usize {
     env.and_then(|v| v.trim().parse::<usize>().ok())
         .filter(|n| (1..=MAX_THREADS).contains(n))

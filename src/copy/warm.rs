@@ -2,11 +2,11 @@
 //! small-write and small-read routines over stack buffers, and the page tables of the code that
 //! holds them.
 //!
-//! Why: a process's first write into a fresh mapping measured 7.6 µs on an H100 host where a
-//! later write costs 0.2 µs and a raw store into a fresh page of a mapping 0.5 µs. What the
-//! first write pays beyond that is first-use work: `cpuid` (a trap to the hypervisor in a VM)
-//! and a page fault for each page of code it runs for the first time. Contexts are made once
-//! and take a tenth of a second; a few microseconds there cost nothing.
+//! Why: a process's first write into a fresh mapping costs many times a later write, and more
+//! than a raw store into a fresh page of the mapping (figures: BENCHMARKS.md, 'First write').
+//! What the first write pays beyond that is first-use work: `cpuid` (a trap to the hypervisor
+//! in a VM) and a page fault for each page of code it runs for the first time. Contexts are made
+//! once and take a tenth of a second; a few microseconds there cost nothing.
 #![allow(unsafe_code)] // the copy routines over stack buffers, and `madvise` on our own code
 
 use std::sync::Once;

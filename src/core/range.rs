@@ -130,8 +130,8 @@ mod tests {
 
     #[test]
     fn atom_range_refuses_what_the_driver_must_not_see() {
-        // These used to panic in debug builds (`end - start`) and reach the driver as
-        // ~2^64-byte ranges in release builds.
+        // Unchecked arithmetic would panic on these in debug builds (`end - start`) and hand
+        // the driver ~2^64-byte ranges in release builds.
         for (offset, len, atom, size) in [
             (4096, 1, 64, 4096),
             (0, 4097, 64, 4096),

@@ -1,8 +1,8 @@
 //! [`InvalidArgument`]: what a caller got wrong, as fields a program can match on.
 //!
 //! Each variant names one check and carries the values it refused; its `Display` is the sentence
-//! the C and Python faces show (`vkgdr_last_error`, the exception's message), unchanged from the
-//! days these errors were strings. The pure core reports its own errors ([`RangeError`],
+//! the C and Python faces show (`vkgdr_last_error`, the exception's message), which programs
+//! may match on, so it stays as it is. The pure core reports its own errors ([`RangeError`],
 //! [`AllocError`]); they arrive here as the [`Range`](InvalidArgument::Range) and
 //! [`Alloc`](InvalidArgument::Alloc) variants, with their own texts.
 

@@ -1,9 +1,9 @@
 //! [`WriteBatch`]: many small writes into mappings with one store fence at the end.
 //!
-//! A safe write ([`Mapping::write`]) ends with `sfence`, which waits for the core's
-//! write-combining buffers to drain into the PCIe fabric: about 100 ns of the ~120 ns a 64-byte
-//! update costs on the H100. A program that updates many small blocks before telling the GPU
-//! (one flag, one kernel launch) needs that wait once, after the last of them.
+//! A safe write ([`Mapping::write`]) ends with `sfence`, which waits for the core's write-combining
+//! buffers to drain into the PCIe fabric: most of what a 64-byte update costs (figures:
+//! BENCHMARKS.md, 'CPU copies through the BAR'). A program that updates many small blocks before
+//! telling the GPU (one flag, one kernel launch) needs that wait once, after the last of them.
 
 use std::marker::PhantomData;
 

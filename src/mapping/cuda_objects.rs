@@ -275,8 +275,8 @@ impl Drop for Event {
 
 /// Page-locked host memory mapped into the device's address space: the GPU can write progress
 /// words here that the CPU reads cheaply (from its caches), and kernels and copies reach it at
-/// the speed of `cuMemHostAlloc` memory (measured on the H100: 52 GB/s device to host, 47 GB/s
-/// host to device).
+/// about the speed of `cuMemHostAlloc` memory (figures: BENCHMARKS.md, 'Reads through the copy
+/// engine').
 ///
 /// It is allocated through Vulkan (a `HOST_VISIBLE | HOST_COHERENT` system-memory type) and mapped
 /// with CUDA VMM, so dropping it never waits for a running kernel (`cuMemFreeHost` does, until

@@ -1,15 +1,15 @@
 //! [`HostStaging`]: pinned host memory from `cuMemHostAlloc` that the GPU *reads* by DMA after
 //! the CPU has rewritten it, kept per [`Gpu`] and reused instead of freed.
 //!
-//! Why not [`PinnedBuffer`](crate::cuda_objects::PinnedBuffer)'s Vulkan host memory mapped
-//! through VMM (which frees without waiting): measured on an H100 (driver 580), copies *from*
-//! such memory see the bytes of their first copy again after the CPU rewrote them — 99.6 % of a
-//! rewritten 4 MiB buffer came out stale in a later `cuMemcpyDtoDAsync`, with or without
-//! `clflush` on the CPU side: the GPU keeps what it read. Copies into it, which the staged reads
-//! use, are not affected. `cuMemHostAlloc` memory is read fresh on every copy, but
+//! Why not [`PinnedBuffer`](crate::cuda_objects::PinnedBuffer)'s Vulkan host memory mapped through
+//! VMM (which frees without waiting): measured on an H100 (driver 580), copies *from* such memory
+//! see the bytes of their first copy again after the CPU rewrote them — nearly all of a rewritten
+//! 4 MiB buffer came out stale in a later `cuMemcpyDtoDAsync`, with or without `clflush` on the CPU
+//! side (figures: docs/RELIABILITY.md): the GPU keeps what it read. Copies into it, which the
+//! staged reads use, are not affected. `cuMemHostAlloc` memory is read fresh on every copy, but
 //! `cuMemFreeHost` waits for every running kernel; so these buffers are never freed while the
-//! handle lives: a dropped buffer goes back to its [`Gpu`](crate::Gpu)'s cache for the next one
-//! of its size, and the cache is freed with the last handle of the `Gpu`.
+//! handle lives: a dropped buffer goes back to its [`Gpu`](crate::Gpu)'s cache for the next one of
+//! its size, and the cache is freed with the last handle of the `Gpu`.
 #![allow(unsafe_code)] // raw pinned host memory and its driver calls
 
 use std::sync::Arc;

@@ -198,9 +198,8 @@ impl RawMemory {
     /// Runs the write path once over the allocation's first bytes, writing zeros (a fresh
     /// allocation's contents are unspecified), so that the first write of the caller costs what
     /// later ones do: the allocation's driver calls leave the write path's code, its TLB entries
-    /// and the mapping's page cold. In fresh processes on an H100 host the first write after an
-    /// allocation took 1.6 µs without this and 0.4–0.7 µs after a write elsewhere; a store into
-    /// a new chunk 584 ns without it, 128–187 ns with it.
+    /// and the mapping's page cold; without this the caller's first write, and a store into a
+    /// new chunk, cost several times a later one (figures: BENCHMARKS.md, 'First write').
     fn warm_write_path(&mut self) {
         const WARM: [u8; 16] = [0; 16];
         let n = WARM.len().min(self.requested as usize);
@@ -393,9 +392,9 @@ impl RawMemory {
 /// Reads of at least this many bytes go through the copy engine instead of CPU loads from the
 /// BAR.
 ///
-/// Measured on the H100 (`vkgdr bench copybw`): streaming loads read 0.7–0.9 GB/s on one thread,
-/// `cuMemcpyDtoH` into pageable memory 0.46 GB/s at 4 KiB but 1.6 GB/s at 16 KiB and 7–10 GB/s
-/// from 1 MiB (into pinned memory 55 GB/s).
+/// `vkgdr bench copybw` places it: below it, streaming loads on one thread beat `cuMemcpyDtoH`
+/// into pageable memory; from it on, the copy engine wins, by more with every size (figures:
+/// BENCHMARKS.md, 'Reads through the copy engine').
 pub const DMA_READ_THRESHOLD: usize = 16 << 10;
 
 impl Gpu {
@@ -424,9 +423,9 @@ impl Gpu {
 
 impl RawMemory {
     /// Reads with the GPU's copy engine instead of CPU loads: the fast path for large reads
-    /// (7–10 GB/s into pageable memory, against under 1 GB/s for CPU loads from the BAR), on a
-    /// stream of the library's own, so a kernel on the legacy stream does not hold it up.
-    /// Bounds-checked.
+    /// (several times CPU loads from the BAR, under 1 GB/s per thread; figures: BENCHMARKS.md,
+    /// 'Reads through the copy engine'), on a stream of the library's own, so a kernel on the
+    /// legacy stream does not hold it up. Bounds-checked.
     pub fn read_dma(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         check_range(offset, dst.len() as u64, self.size())?;
         // SAFETY: the device range lies inside this allocation (checked above), alive for the call.

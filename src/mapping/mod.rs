@@ -66,10 +66,10 @@ pub unsafe trait Mapping {
     /// fences (`sfence`), so a flag stored afterwards cannot overtake the data.
     ///
     /// Short copies run on the calling thread and never start a thread; copies of at least
-    /// [`DEFAULT_PARALLEL_THRESHOLD`](crate::copy::DEFAULT_PARALLEL_THRESHOLD) bytes are split
-    /// over the global [`CopyPool`](crate::copy::CopyPool)'s threads (one thread tops out near
-    /// 10–16 GB/s on the H100, eight reach 32 GB/s). To write many small pieces with one fence,
-    /// use a [`WriteBatch`](crate::WriteBatch).
+    /// [`DEFAULT_PARALLEL_THRESHOLD`](crate::copy::DEFAULT_PARALLEL_THRESHOLD) bytes are split over
+    /// the global [`CopyPool`](crate::copy::CopyPool)'s threads (eight write about three times what
+    /// one does; figures: BENCHMARKS.md, 'CPU copies through the BAR'). To write many small pieces
+    /// with one fence, use a [`WriteBatch`](crate::WriteBatch).
     fn write(&mut self, offset: u64, src: &[u8]) -> Result<()> {
         // SAFETY: the mapping is valid for `len()` bytes while `self` is borrowed (the trait's
         // contract), and `&mut self` excludes other safe writers and readers.

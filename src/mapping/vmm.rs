@@ -1,13 +1,13 @@
 //! CUDA virtual memory management (VMM): how every allocation of the library reaches the device's
 //! address space, because its teardown never waits for a running kernel.
 //!
-//! Measured on the H100 with a persistent kernel running on a stream of its own (`vkgdr bench
-//! waits`, docs/RELIABILITY.md): `cuMemFree` of an imported external-memory buffer, like
-//! `cuMemFreeHost` and `cuMemHostUnregister`, returns only once the kernel ends; `cuMemUnmap`,
-//! `cuMemRelease` and `cuMemAddressFree` return in 5–120 µs, and none of these calls needs a
-//! current context. So a Vulkan allocation's opaque fd is imported as a VMM handle
-//! (`cuMemImportFromShareableHandle`) and mapped into a reserved range, for BAR memory and for
-//! pinned host memory alike.
+//! With a persistent kernel running on a stream of its own (`vkgdr bench waits`; figures:
+//! docs/RELIABILITY.md, 'How: the measurements that decided the design'): `cuMemFree` of an
+//! imported external-memory buffer, like `cuMemFreeHost` and `cuMemHostUnregister`, returns only
+//! once the kernel ends; `cuMemUnmap`, `cuMemRelease` and `cuMemAddressFree` return without waiting
+//! for it, and none of these calls needs a current context. So a Vulkan allocation's opaque fd is
+//! imported as a VMM handle (`cuMemImportFromShareableHandle`) and mapped into a reserved range,
+//! for BAR memory and for pinned host memory alike.
 //!
 //! The pieces, bottom up: [`VmmDevice`] (the device's ordinal and granularity, checked once),
 //! [`VmmHandle`] (an allocation handle, released on drop), [`AddressRange`] (a reservation, freed

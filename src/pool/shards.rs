@@ -9,8 +9,8 @@
 //! A block is one pointer to its [`BlockRecord`], which a thread cache keeps as is when the block
 //! is freed and hands to the next block: the hot paths move eight bytes, never the record. Every
 //! move of a wider value through memory is a chance for the CPU to fail forwarding a store to
-//! the load that reads it back (a load spanning two stores waits for both to reach the cache:
-//! 8–10 ns on the Xeon hosts of the H100s), and what a free stores is what the next allocation
+//! the load that reads it back (a load spanning two stores waits for both to reach the cache;
+//! figures: BENCHMARKS.md, 'The pool pair'), and what a free stores is what the next allocation
 //! loads first. A shard keeps a few freed records' memory for its next allocations.
 
 use std::cell::Cell;

@@ -5,8 +5,9 @@
 //! - BAR reads with streaming loads on 1 thread and through an 8-thread [`CopyPool`];
 //! - beside each of those, at every size, the same copy as a plain loop of non-temporal stores
 //!   or streaming loads on as many plain threads ([`raw_bar`]): the machine's own BAR rate; a
-//!   comparison judges the library's writes against it (lent machines differ by up to 1.9× on
-//!   it), the reads' plain loops scatter too much for that and are shown only;
+//!   comparison judges the library's writes against it (lent machines differ widely on it:
+//!   BENCHMARKS.md, 'Machines differ more than the code moved'), the reads' plain loops scatter
+//!   too much for that and are shown only;
 //! - `cuMemcpyHtoD` / `cuMemcpyDtoH` from and to pinned and pageable host memory (DMA);
 //! - "DMA read": `cuMemcpyDtoH` into a pinned bounce buffer, then `memcpy` to the destination
 //!   — how large reads should be done if it beats streaming loads; the crossover size is

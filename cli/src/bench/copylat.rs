@@ -6,8 +6,8 @@
 //!   read is not reordered ahead of the posted writes, so its return proves they arrived;
 //! - `raw write` and `raw write+readback`: the same two as plain loops of non-temporal stores
 //!   and a plain read ([`raw_bar`]), measured beside them at each size: the machine's own BAR
-//!   latency, which a comparison judges the library's rows against (lent machines differ by up
-//!   to 1.9× on it);
+//!   latency, which a comparison judges the library's rows against (lent machines differ widely
+//!   on it: BENCHMARKS.md, 'Machines differ more than the code moved');
 //! - `cuMemcpyHtoD`: synchronous, from pinned memory;
 //! - `HtoDAsync+sync`: `cuMemcpyHtoDAsync` on a stream, then `cuStreamSynchronize`.
 //!

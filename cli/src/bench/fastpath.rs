@@ -406,8 +406,8 @@ pub fn child_main() -> BenchResult<()> {
     let gpu = Gpu::open(0)?;
     let mut mem = gpu.alloc(1 << 20)?;
     // The bytes come from this process's heap, as a program's data would: a constant of this
-    // large executable lies in a page nothing touched yet, whose fault (6 µs on an H200 host)
-    // is the source's, not the write's.
+    // large executable lies in a page nothing touched yet, whose fault (microseconds; figures:
+    // BENCHMARKS.md, 'First write') is the source's, not the write's.
     let hello = HELLO.to_vec();
     let faults = page_faults();
     let t = Instant::now();

@@ -5,8 +5,8 @@
 //! The library's own [`PinnedBuffer`](vkgdr::cuda_objects::PinnedBuffer) is not that: it is
 //! Vulkan host memory mapped through CUDA VMM (so that dropping it never waits for a running
 //! kernel), and CUDA does not know its host pointer as pinned. `cuMemcpyHtoD` from that pointer
-//! is a pageable copy, staged through the driver's own buffers: on the H100, 6–13 GB/s instead of
-//! the 54 GB/s of a copy from `cuMemHostAlloc` memory.
+//! is a pageable copy, staged through the driver's own buffers, at a fraction of the rate of a
+//! copy from `cuMemHostAlloc` memory (figures: BENCHMARKS.md, 'Reads through the copy engine').
 
 use std::ptr::NonNull;
 

@@ -2,12 +2,13 @@
 //! stores ending with `sfence` ([`store`]) and of streaming loads ([`load`]), on one thread or
 //! split over a [`Gang`] of plain threads.
 //!
-//! `copybw` and `copylat` time them into and out of the same mapping as the library's copies,
-//! side by side at every size, as `machine` rows: lent machines of one GPU model differ by up to
-//! 1.9× on BAR stores, and a comparison judges each library write's move against its raw row's
-//! (the registry's `machine_work`), so a slower BAR is the machine's and slower copy code is
-//! still a regression. The plain read loops are shown beside the library's reads, not anchored
-//! on: they scatter far more than the library's reads from run to run.
+//! `copybw` and `copylat` time them into and out of the same mapping as the library's copies, side
+//! by side at every size, as `machine` rows: lent machines of one GPU model differ widely on BAR
+//! stores (BENCHMARKS.md, 'Machines differ more than the code moved'), and a comparison judges each
+//! library write's move against its raw row's (the registry's `machine_work`), so a slower BAR is
+//! the machine's and slower copy code is still a regression. The plain read loops are shown beside
+//! the library's reads, not anchored on: they scatter far more than the library's reads from run to
+//! run.
 //!
 //! The loops are the simplest every x86-64 runs: 16-byte `movntdq` stores (SSE2) and 16-byte
 //! `movntdqa` loads (SSE4.1, plain loads without it), 8-byte and single-byte accesses for a tail.

@@ -186,7 +186,8 @@ const WAITS_MACHINE_WORK: &[MachineWork] = &{
 const WAITS_LEGACY_MACHINE_WORK: &[MachineWork] = &WAITS_ALLOC_WORK;
 
 /// `copybw-write`: each pool's BAR write is the same bytes stored by as many threads; the raw
-/// rows time those stores in a plain loop beside it (lent machines differ by up to 1.9× on them).
+/// rows time those stores in a plain loop beside it (lent machines differ widely on them:
+/// BENCHMARKS.md, 'Machines differ more than the code moved').
 /// Below about 1 MiB the raw rows of 2 and more threads also time the threads' wake-up (the pool's
 /// caller takes parts itself meanwhile); the spread there is wide, and so is the noise.
 const COPYBW_WRITE_MACHINE_WORK: &[MachineWork] = &[
@@ -275,9 +276,9 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                 // `DtoH+memcpy` is a driver copy and a `memcpy` between host buffers: no code
                 // of this library.
                 machine: &["DtoH pinned", "DtoH pageable", "DtoH+memcpy", "raw *"],
-                // The raw reads are shown, not anchored on: two runs on one H200 moved the plain
-                // 1-thread loop by 0.42-1.46x and the 8-thread one by 0.24-3.7x while the
-                // library's reads held, so against them a slower read would pass as the machine's.
+                // The raw reads are shown, not anchored on: they scatter from run to run on one
+                // machine far more than the library's reads, so against them a slower read would
+                // pass as the machine's (figures: BENCHMARKS.md, 'Against the machine work').
                 machine_work: &[],
             },
         ],
@@ -423,7 +424,8 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                 ]),
                 machine: &[],
                 // Not anchored on `apiperf`'s steps: measured at another point of the run, these
-                // rows stayed put on a machine where the steps moved by 1.37×.
+                // rows need not move with them (figures: BENCHMARKS.md, 'Against the machine
+                // work').
                 machine_work: &[],
             },
             ReportSpec {

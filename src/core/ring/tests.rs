@@ -266,7 +266,7 @@ fn reserve_polls_the_consumer_and_times_out() {
 }
 
 /// A zero timeout is a `try_reserve` that also asks the consumer once: the space it freed
-/// since the ring last heard of it is taken (the call used to time out without asking).
+/// since the ring last heard of it is taken, rather than the call timing out without asking.
 #[test]
 fn a_zero_timeout_takes_the_space_the_consumer_freed() {
     let r = ring();
@@ -546,9 +546,10 @@ fn reservations_wait_for_a_slot_behind_an_open_reservation() {
     );
 }
 
-/// A thread waiting on itself, first case: one thread committing 256+ records past a reservation
-/// it holds open itself used to wait forever in `commit`. Commits never wait now; the reservation
-/// that would need the open one's slot fails at once instead of waiting for this thread.
+/// A thread waiting on itself, first case: one thread commits 256+ records past a reservation it
+/// holds open itself, where a `commit` that waited for the open one would wait forever. Commits
+/// never wait; the reservation that would need the open one's slot fails at once instead of
+/// waiting for this thread.
 #[test]
 #[cfg_attr(miri, ignore = "hundreds of records: too slow under Miri")]
 fn a_thread_cannot_wait_on_its_own_open_reservation() {

@@ -4,9 +4,9 @@
 //! by the thread that allocates from its shard.
 //!
 //! Why: an uncontended spin lock still pays an atomic read-modify-write per lock (`xchg`, a full
-//! barrier on x86 that waits for every earlier store to reach the cache). On the H100 hosts two
-//! such sections cost 21–30 ns, a third of the pool's allocation and free pair without a thread
-//! cache.
+//! barrier on x86 that waits for every earlier store to reach the cache). The pool's allocation
+//! and free pair without a thread cache takes two such sections, about a third of its time
+//! (figures: BENCHMARKS.md, 'The no-cache pair before the biased locks').
 //!
 //! # The protocol
 //!

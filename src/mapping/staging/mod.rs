@@ -3,9 +3,10 @@
 //! the first large read.
 //!
 //! The buffers are pinned host memory allocated through Vulkan and mapped with VMM, filled by
-//! device-to-device copies into their device address (as fast as copies into `cuMemHostAlloc`
-//! memory: 52 against 54 GB/s on the H100), so that freeing a set never waits for running kernels
-//! as `cuMemFreeHost` does. Where the device lacks VMM, `cuMemHostAlloc` it is.
+//! device-to-device copies into their device address (about as fast as copies into `cuMemHostAlloc`
+//! memory; figures: BENCHMARKS.md, 'Reads through the copy engine'), so that freeing a set never
+//! waits for running kernels as `cuMemFreeHost` does. Where the device lacks VMM, `cuMemHostAlloc`
+//! it is.
 
 pub(crate) mod pipeline;
 

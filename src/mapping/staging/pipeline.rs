@@ -2,7 +2,8 @@
 //! while CPU threads copy the filled ones out, so neither waits for the other.
 //!
 //! `cuMemcpyDtoH` into pageable memory stages through the driver's own pinned buffers with one
-//! CPU thread copying out: 7–13 GB/s on the H100, against 55 GB/s into pinned memory. The
+//! CPU thread copying out, a fraction of the copy engine's rate into pinned memory (figures:
+//! BENCHMARKS.md, 'Reads through the copy engine'). The
 //! pipeline here keeps the engine busy with the next chunks while [`copy_host_default`]
 //! (split over the global copy pool for long chunks) moves the current one out:
 //!

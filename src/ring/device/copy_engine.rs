@@ -5,9 +5,9 @@
 //! reuse ([`HostStaging`]): the GPU reads Vulkan host memory mapped through VMM stale after the
 //! CPU rewrote it.
 //!
-//! Why: CPU stores through the BAR top out near 33 GB/s on an H100 however many threads write,
-//! while a copy engine moves 48–54 GB/s from pinned memory; small records keep the BAR path (a
-//! lone record is seen in about 2 µs, a copy takes longer to set up than that).
+//! Why: CPU stores through the BAR top out however many threads write, below what a copy engine
+//! moves from pinned memory; small records keep the BAR path (a lone record is seen in about
+//! 2 µs, a copy takes longer to set up than that). Figures: BENCHMARKS.md, 'Copy-engine lanes'.
 //!
 //! Ordering, per lane (one publisher at a time):
 //! 1. the producer's stores (BAR below the staged span, staging inside it) are fenced (`sfence`)
@@ -21,9 +21,10 @@
 //!    publication only (one uncached load, about a microsecond): while the stream's tails are
 //!    in flight the CPU stores none, so the word holds the last queued tail exactly when every
 //!    queued store has run. Once it has, the CPU stores tails itself again. (A second stream store
-//!    per publication into a pinned host word would save that load, but on an H100 it cost eight
-//!    lanes of 1 MiB copies 41.5 against 44.6 GB/s: every publication would pay it, where the
-//!    load is paid only by a BAR publication right after a staged one.)
+//!    per publication into a pinned host word would save that load, but it costs the copy engine
+//!    a measurable share of its rate (figures: BENCHMARKS.md, 'Copy-engine lanes'): every
+//!    publication would pay it, where the load is paid only by a BAR publication right after a
+//!    staged one.)
 //!
 //! The staging copy is reused as the region is: bytes below the consumer's head were copied
 //! (the consumer saw them only after the tail that followed their copy), so reclaiming by the
@@ -49,16 +50,16 @@ use crate::mapping::host_staging::HostStaging;
 pub const STREAM_CHECK_OFFSET: u64 = 192;
 
 /// The record size (header and padding included) to pass to [`CopyEngine::FromRecord`] when
-/// turning the copy engine on: on an H100 with eight producers in batches of 256 records, 1 KiB
-/// records moved faster through the BAR (31.5 against 26.5 GB/s) and 2 KiB and more faster
-/// through the copy engine (4 KiB: 39.6 against 30.1 GB/s).
+/// turning the copy engine on: with eight producers in batches of 256 records, 1 KiB records
+/// moved faster through the BAR and 2 KiB and more faster through the copy engine (figures:
+/// BENCHMARKS.md, 'Copy-engine lanes').
 pub const DEFAULT_COPY_ENGINE_RECORD: u32 = 4096;
 
 /// A producer's large record takes the copy engine only once this many bytes are pending before
-/// it in the batch: a staged publication of 64 KiB took about 14 µs on an H100 host (the
-/// producer's copy into pinned memory, then a copy and its stream stores queued with the driver),
-/// which a lone record or a short batch would not earn back (a 4 KiB record through the BAR
-/// takes under a microsecond).
+/// it in the batch: a staged publication costs microseconds (the producer's copy into pinned
+/// memory, then a copy and its stream stores queued with the driver), which a lone record or a
+/// short batch would not earn back (a 4 KiB record through the BAR takes under a microsecond;
+/// figures: BENCHMARKS.md, 'Copy-engine lanes').
 pub const STAGE_AFTER_PENDING: u64 = 64 << 10;
 
 /// How a ring's lanes carry the records an exclusive [`Producer`](crate::ring::core::Producer)
@@ -79,10 +80,8 @@ pub enum CopyEngine {
 impl Default for CopyEngine {
     /// [`CopyEngine::Off`]: each lane that uses the copy engine holds pinned host memory as
     /// large as the lane (its staging copy) and a stream, so that is asked for, not assumed.
-    /// It pays most when several producers stream large records in large batches (on an H100:
-    /// eight producers, 4 KiB records, 40.4 against 28.9 GB/s through the BAR); a lone producer
-    /// gains less (4 KiB: 13.2 against 12.0 GB/s; in other runs 0.83–0.98× the BAR's rate at
-    /// 1, 2 and 64 KiB).
+    /// It pays most when several producers stream large records in large batches; a lone
+    /// producer gains little or loses (figures: BENCHMARKS.md, 'Copy-engine lanes').
     fn default() -> Self {
         CopyEngine::Off
     }

@@ -4,9 +4,9 @@
 //! whole chunks is a Vulkan allocation, an fd export, a CUDA import and a mapping; a chunk's drop
 //! is their reverse. BAR work: a write or read through the mapping is the CPU's stores or loads
 //! crossing PCIe, with little of the library around them. Lent machines of one GPU model differ
-//! by 25–60 % on driver calls and by up to 1.9× on BAR stores, so on another machine these
-//! figures move by as much without a line of this library changing. Where the registry names the
-//! machine rows a figure is made of
+//! widely on driver calls and on BAR stores (BENCHMARKS.md, 'Machines differ more than the code
+//! moved'), so on another machine these figures move by as much without a line of this library
+//! changing. Where the registry names the machine rows a figure is made of
 //! ([`MachineWork`](crate::bench::report::spec::MachineWork), per report, by method pattern: driver
 //! calls, or the same copy as a plain loop of stores or loads) and both runs have every one of
 //! them at the figure's size, the comparison also judges the figure's *anchored* move: its ratio

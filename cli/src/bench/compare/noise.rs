@@ -6,8 +6,9 @@
 //! either run, plus an allowance for few samples, `100 × (1/√n − 1/√50)` for the smaller sample
 //! count `n` of the two runs below 50 (1 sample: +86, 2: +57, 5: +31, 10: +17.5, 16: +11, 30: +4).
 //! A median of a handful of samples, each of them a driver call that lent machines of one model
-//! time 25–60 % apart, says little about a quarter; it still says something about a factor of 2
-//! or 3, and a figure with thousands of samples (a cached 50 ns path) keeps the bare floor.
+//! time far apart (BENCHMARKS.md, 'Machines differ more than the code moved'), says little about a
+//! quarter; it still says something about a factor of 2 or 3, and a figure with thousands of
+//! samples (a cached 50 ns path) keeps the bare floor.
 
 use serde::{Deserialize, Serialize};
 
