@@ -35,8 +35,17 @@ extern "C" __global__ void count_mismatches(const unsigned int* p, unsigned long
     if (bad) atomicAdd(errors, bad);
 }
 
+// Byte 0 of a block tagged `tag` (byte j is tag_base(tag) + j, mod 256; also written by the Rust,
+// C and Python tests): the top byte of tag * 2654435761 (Fibonacci hashing), which every bit of
+// the tag moves. Flipping any one bit of a tag changes every byte of its block, consecutive tags
+// differ in every byte, and so do tags (r << 28) + k for different r < 16 (their first bytes
+// differ by 16 * r): what the two-GPU tests' rounds use.
+__device__ __forceinline__ unsigned int tag_base(unsigned int tag) {
+    return (tag * 2654435761u) >> 24;
+}
+
 // Pool test: block k (device pointer ptrs[k], lens[k] bytes) must hold bytes
-// (tags[k] * 131 + j) & 0xff. One thread per block; counts blocks with any wrong byte.
+// (tag_base(tags[k]) + j) & 0xff. One thread per block; counts blocks with any wrong byte.
 extern "C" __global__ void check_tagged_blocks(const unsigned long long* ptrs, const unsigned int* lens,
                                                const unsigned int* tags, unsigned long long n,
                                                unsigned long long* bad_blocks) {
@@ -44,7 +53,7 @@ extern "C" __global__ void check_tagged_blocks(const unsigned long long* ptrs, c
     for (unsigned long long k = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += stride) {
         const unsigned char* p = (const unsigned char*)ptrs[k];
         unsigned int len = lens[k];
-        unsigned int base = tags[k] * 131u;
+        unsigned int base = tag_base(tags[k]);
         int ok = 1;
         for (unsigned int j = 0; j < len; j++) {
             if (p[j] != (unsigned char)((base + j) & 0xffu)) { ok = 0; break; }

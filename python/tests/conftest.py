@@ -199,6 +199,22 @@ def double_kernel(cupy: Any, tag: str = "") -> Callable[[int, int], None]:
     return launch
 
 
+def tag_base(tag: int) -> int:
+    """Byte 0 of a block tagged ``tag``: the top byte of ``tag * 2654435761`` (mod 2**32), which
+    every bit of the tag moves (``tag_base`` in kernels/mapping.cu)."""
+    return ((tag * 2654435761) & 0xFFFFFFFF) >> 24
+
+
+def tag_bytes(tag: int, n: int) -> Any:
+    """What ``check_tagged_blocks`` (kernels/mapping.cu) expects of a block tagged ``tag``: byte j
+    is ``(tag_base(tag) + j) & 0xff``, as a NumPy ``uint8`` array of ``n`` bytes."""
+    import numpy as np
+
+    return ((np.arange(n, dtype=np.uint64) + np.uint64(tag_base(tag))) & np.uint64(0xFF)).astype(
+        np.uint8
+    )
+
+
 def run_in_thread(fn: Callable[[], Any]) -> Any:
     """Runs ``fn`` on a fresh thread (no current CUDA context there) and returns its result or
     raises its exception."""

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 import vkgdr
-from conftest import KERNELS_DIR
+from conftest import KERNELS_DIR, tag_bytes
 
 #: How long the workers churn in the measured pass (a 3 s pass comes first).
 CHURN = 15.0
@@ -131,14 +131,6 @@ class Spinner:
 def settle(gpu: vkgdr.Vkgdr) -> None:
     gc.collect()
     assert gpu.wait_for_releases(30), f"{gpu.pending_releases()} releases still waiting after 30 s"
-
-
-def tag_bytes(tag: int, n: int) -> np.ndarray:
-    """What check_tagged_blocks expects of a block tagged ``tag``: byte j is
-    (tag * 131 + j) & 0xff."""
-    return ((np.arange(n, dtype=np.uint64) + np.uint64(tag * 131)) & np.uint64(0xFF)).astype(
-        np.uint8
-    )
 
 
 class Pass:

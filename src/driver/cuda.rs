@@ -64,8 +64,20 @@ pub const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_uint = 1;
 pub const CU_MEM_LOCATION_TYPE_DEVICE: c_uint = 1;
 /// `CU_MEM_ALLOC_GRANULARITY_MINIMUM`.
 pub const CU_MEM_ALLOC_GRANULARITY_MINIMUM: c_uint = 0;
+/// `CU_MEM_ACCESS_FLAGS_PROT_NONE`: no access, what `cuMemGetAccess` reports for a device never
+/// granted any on a VMM mapping.
+pub const CU_MEM_ACCESS_FLAGS_PROT_NONE: c_uint = 0;
+/// `CU_MEM_ACCESS_FLAGS_PROT_READ`.
+pub const CU_MEM_ACCESS_FLAGS_PROT_READ: c_uint = 1;
 /// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
 pub const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: c_uint = 3;
+/// `CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK`, a `CUdevice_P2PAttribute`: the link's relative
+/// performance (lower is better).
+pub const CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK: c_int = 1;
+/// `CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED`: 1 if peer access over the link is possible.
+pub const CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED: c_int = 2;
+/// `CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED`: 1 if every CUDA atomic works over the link.
+pub const CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED: c_int = 3;
 
 /// `CUDA_EXTERNAL_MEMORY_HANDLE_DESC` (104 bytes on x86-64).
 #[repr(C)]
@@ -292,6 +304,8 @@ driver_table! {
         safe cu_device_get_uuid: "cuDeviceGetUuid" => fn(dev: CuDevice) -> out [u8; 16];
         safe cu_device_total_mem: "cuDeviceTotalMem_v2" => fn(dev: CuDevice) -> out usize;
         safe cu_device_get_attribute: "cuDeviceGetAttribute" => fn(attrib: c_int, dev: CuDevice) -> out c_int;
+        safe cu_device_can_access_peer: "cuDeviceCanAccessPeer" => fn(dev: CuDevice, peer_dev: CuDevice) -> out c_int;
+        safe cu_device_get_p2p_attribute: "cuDeviceGetP2PAttribute" => fn(attrib: c_int, src_device: CuDevice, dst_device: CuDevice) -> out c_int;
         safe cu_device_primary_ctx_retain: "cuDevicePrimaryCtxRetain" => fn(dev: CuDevice) -> out CuContext;
         unsafe cu_device_primary_ctx_release: "cuDevicePrimaryCtxRelease_v2" => fn(dev: CuDevice);
         unsafe cu_device_primary_ctx_get_state: "cuDevicePrimaryCtxGetState" => fn(dev: CuDevice, flags: *mut c_uint, active: *mut c_int);
@@ -340,6 +354,7 @@ driver_table! {
         unsafe cu_mem_map: "cuMemMap" => fn(ptr: CuDevicePtr, size: usize, offset: usize, handle: CuMemHandle, flags: u64);
         unsafe cu_mem_unmap: "cuMemUnmap" => fn(ptr: CuDevicePtr, size: usize);
         unsafe cu_mem_set_access: "cuMemSetAccess" => fn(ptr: CuDevicePtr, size: usize, desc: *const MemAccessDesc, count: usize);
+        unsafe cu_mem_get_access: "cuMemGetAccess" => fn(location: *const MemLocation, ptr: CuDevicePtr) -> out u64;
         unsafe cu_mem_release: "cuMemRelease" => fn(handle: CuMemHandle);
         unsafe cu_mem_create: "cuMemCreate" => fn(size: usize, prop: *const MemAllocationProp, flags: u64) -> out CuMemHandle;
         unsafe cu_mem_get_allocation_granularity: "cuMemGetAllocationGranularity" => fn(prop: *const MemAllocationProp, option: c_uint) -> out usize;
@@ -458,6 +473,30 @@ impl Driver {
     /// A `CU_DEVICE_ATTRIBUTE_*` value.
     pub fn device_attribute(&self, dev: CuDevice, attribute: c_int) -> Result<i32> {
         self.cu_device_get_attribute(attribute, dev)
+    }
+
+    /// Whether kernels on `dev` can reach memory of `peer` at all (`cuDeviceCanAccessPeer`): a
+    /// peer-to-peer path (NVLink, or PCIe where the platform allows it) between two different
+    /// devices. Not a question for a device and itself (`Gpu::can_access_peer` answers `true`
+    /// there without asking).
+    pub fn can_access_peer(&self, dev: CuDevice, peer: CuDevice) -> Result<bool> {
+        Ok(self.cu_device_can_access_peer(dev, peer)? != 0)
+    }
+
+    /// A `CU_DEVICE_P2P_ATTRIBUTE_*` value of the link from `src` to `dst`
+    /// (`cuDeviceGetP2PAttribute`).
+    pub fn p2p_attribute(&self, attribute: c_int, src: CuDevice, dst: CuDevice) -> Result<i32> {
+        self.cu_device_get_p2p_attribute(attribute, src, dst)
+    }
+
+    /// The access device `ordinal` has to the VMM mapping at `ptr` (`cuMemGetAccess`): one of the
+    /// `CU_MEM_ACCESS_FLAGS_PROT_*` values, [`CU_MEM_ACCESS_FLAGS_PROT_NONE`] for a device never
+    /// granted any. An address no VMM mapping covers is the driver's `CUDA_ERROR_INVALID_VALUE`.
+    pub fn mem_access(&self, ptr: CuDevicePtr, ordinal: c_int) -> Result<u64> {
+        let location = MemLocation::device(ordinal);
+        // SAFETY: `location` is a valid CUmemLocation that outlives the call; the driver only
+        // looks `ptr` up in its own tables (an unknown address is an error, not an access).
+        unsafe { self.cu_mem_get_access(&location, ptr) }
     }
 }
 

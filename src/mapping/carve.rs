@@ -158,6 +158,12 @@ impl Piece {
         self.chunk.device_ptr() + self.offset()
     }
 
+    /// Gives device `ordinal` access to the whole granule the piece lies in (access is set per
+    /// mapping): to its neighbours too, now and later.
+    pub(crate) fn grant_access(&self, ordinal: std::ffi::c_int) -> Result<()> {
+        self.chunk.grant_access(ordinal)
+    }
+
     /// The chunk's Vulkan memory and where in it the piece starts (for flushes).
     pub(crate) fn memory(&self) -> (&crate::driver::vulkan::VulkanMemory, u64) {
         (self.chunk.memory(), self.offset())

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use crate::core::handle::SendSyncPtr;
 use crate::driver::vulkan::{VulkanContext, VulkanMemory};
 use crate::error::{Error, InvalidArgument, MemorySide, Result};
+use crate::mapping::gpu::Gpu;
 
 /// A mapped chunk of memory owned by a pool. Freed when dropped.
 ///
@@ -56,6 +57,17 @@ pub unsafe trait ChunkMemory: Send + Sync {
     /// memory that cannot be exported (plain host memory, an arena's chunks).
     fn export_fd(&self) -> Option<Result<(OwnedFd, u64)>> {
         None
+    }
+
+    /// Lets kernels on `peer`, another GPU, read and write the whole chunk through its device
+    /// address ([`RawMemory::grant_peer_access`](crate::RawMemory::grant_peer_access) for the
+    /// chunks a [`Gpu`] allocates). The default: [`Error::Unsupported`], for chunks that cannot be
+    /// shared so (Vulkan-only and host chunks, an arena's).
+    fn grant_peer_access(&self, _peer: &Gpu) -> Result<()> {
+        Err(Error::Unsupported(
+            "this pool's chunks cannot be shared with another GPU (chunks a Gpu allocates can)"
+                .into(),
+        ))
     }
 }
 

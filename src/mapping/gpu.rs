@@ -528,6 +528,45 @@ impl Gpu {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
+    /// The device's CUDA ordinal (what VMM access descriptors and `cuDeviceGet` name it by).
+    pub fn ordinal(&self) -> Result<i32> {
+        match self.vmm() {
+            Some(v) => Ok(v.ordinal()),
+            None => crate::mapping::vmm::ordinal_of(self.driver(), self.inner.device),
+        }
+    }
+
+    /// Whether kernels on this device can reach `peer`'s memory at all: `cuDeviceCanAccessPeer`,
+    /// a peer-to-peer path between the two (NVLink, or PCIe where the platform allows it); `true`
+    /// for the same device. What it takes for kernels here to use memory of `peer` through
+    /// vkgdr: [`RawMemory::grant_peer_access`](crate::RawMemory::grant_peer_access).
+    pub fn can_access_peer(&self, peer: &Gpu) -> Result<bool> {
+        if self.inner.device == peer.inner.device {
+            return Ok(true);
+        }
+        self.driver()
+            .can_access_peer(self.inner.device, peer.inner.device)
+    }
+
+    /// For a grant of this device's memory to `peer`: `None` for the same device (it has access
+    /// already), else `peer`'s ordinal, or [`Error::Unsupported`] saying that `peer` cannot reach
+    /// this device's memory.
+    pub(crate) fn peer_ordinal(&self, peer: &Gpu) -> Result<Option<i32>> {
+        if self.inner.device == peer.inner.device {
+            return Ok(None);
+        }
+        let (mine, theirs) = (self.ordinal()?, peer.ordinal()?);
+        if !peer.can_access_peer(self)? {
+            return Err(Error::Unsupported(format!(
+                "{} (CUDA device {theirs}) cannot access the memory of {} (CUDA device {mine}): \
+                 cuDeviceCanAccessPeer({theirs}, {mine}) = 0, no peer-to-peer path between them",
+                peer.name(),
+                self.name()
+            )));
+        }
+        Ok(Some(theirs))
+    }
+
     /// Whether memory is mapped into CUDA through VMM (every free then returns at once), or,
     /// where the device or driver lacks it (or [`OpenOptions::external_memory_import`] asked
     /// for it), imported with `cuImportExternalMemory`, whose frees wait for running kernels.

@@ -288,6 +288,52 @@ impl RawMemory {
         self.device_ptr
     }
 
+    /// Lets kernels on `peer`, another GPU of this process, read and write this memory through the
+    /// same [`device_ptr`](Self::device_ptr): the bytes stay in this device's memory and the peer
+    /// reaches them over its peer-to-peer link (NVLink or PCIe).
+    ///
+    /// Device pointers come from CUDA VMM mappings, which `cuCtxEnablePeerAccess` does not cover:
+    /// access is granted per mapping, with `cuMemSetAccess`. So the grant covers the whole
+    /// mapping this memory lies in: an allocation above 1 MiB has one of its own; a smaller one
+    /// shares a 2 MiB granule with other small allocations of this `Gpu`, which `peer` can then
+    /// reach too (and allocations carved from that granule later). A grant lasts as long as the
+    /// mapping; granting again is harmless, and `peer` being this device is a no-op.
+    ///
+    /// Fails with [`Error::Unsupported`] when `peer` has no peer-to-peer path to this device
+    /// ([`Gpu::can_access_peer`] is false: the message says so) or when the memory is imported
+    /// with `cuImportExternalMemory` instead of VMM (enable peer access between the contexts with
+    /// `cuCtxEnablePeerAccess` there); a refusal of the driver is its [`Error::Cuda`] from
+    /// `cuMemSetAccess`.
+    ///
+    /// Freeing the memory waits for the work queued on this device only, never for `peer`'s: a
+    /// kernel on `peer` that may still use the memory must have completed before it is dropped.
+    ///
+    /// ```no_run
+    /// use vkgdr::{Gpu, Mapping};
+    /// # fn main() -> vkgdr::Result<()> {
+    /// let (gpu0, gpu1) = (Gpu::open(0)?, Gpu::open(1)?);
+    /// let mut mem = gpu0.alloc(4 << 20)?; // in GPU 0's memory
+    /// mem.write(0, b"for GPU 1")?;
+    /// mem.grant_peer_access(&gpu1)?;
+    /// // a kernel on GPU 1 may now read and write mem.device_ptr()
+    /// # Ok(()) }
+    /// ```
+    pub fn grant_peer_access(&self, peer: &Gpu) -> Result<()> {
+        let Some(ordinal) = self.gpu.peer_ordinal(peer)? else {
+            return Ok(());
+        };
+        match self.backing()? {
+            Backing::Mapped(m) => m.grant_access(ordinal),
+            Backing::Carved(p) => p.grant_access(ordinal),
+            Backing::Imported(_) => Err(Error::Unsupported(
+                "peer access is granted per CUDA VMM mapping, and this memory is imported with \
+                 cuImportExternalMemory (no VMM here): enable peer access between the two \
+                 contexts with cuCtxEnablePeerAccess instead"
+                    .into(),
+            )),
+        }
+    }
+
     /// Whether the memory is treated as coherent (no flush/invalidate needed).
     pub fn is_coherent(&self) -> bool {
         !self.gpu.is_non_coherent()
@@ -505,6 +551,10 @@ unsafe impl ChunkMemory for RawMemory {
     }
     fn export_fd(&self) -> Option<Result<(OwnedFd, u64)>> {
         Some(RawMemory::export_fd(self))
+    }
+
+    fn grant_peer_access(&self, peer: &Gpu) -> Result<()> {
+        RawMemory::grant_peer_access(self, peer)
     }
 }
 

@@ -15,6 +15,13 @@
 //! and [`MappedMemory`] (a Vulkan allocation together with its device mapping). Dropping any of
 //! them releases at once; waiting for the GPU's queued work first is the job of the release
 //! queue.
+//!
+//! **Other devices.** A VMM mapping starts with access for no device; [`VmmDevice::map_at`] gives
+//! its own device read-write access, and nothing else does: `cuCtxEnablePeerAccess` covers
+//! `cuMemAlloc` memory but not VMM ranges, so a kernel on another GPU faults on these addresses
+//! even with peer access enabled between the contexts. [`VmmMapping::grant_access`] gives another
+//! device access to one whole mapping (`cuMemSetAccess` with that device's location), which
+//! `RawMemory::grant_peer_access` and `Block::grant_peer_access` build on.
 
 use std::ffi::{c_int, c_void};
 use std::os::fd::AsRawFd;
@@ -287,6 +294,26 @@ impl VmmMapping {
         self.range.va
     }
 
+    /// Gives the device with CUDA ordinal `ordinal` read-write access to the whole mapping
+    /// (`cuMemSetAccess`, which only takes whole mappings), in addition to the devices that have
+    /// it already. The access ends with the mapping; nothing here takes access away. Whether
+    /// the device can reach this memory at all is the caller's question
+    /// (`cuDeviceCanAccessPeer`): the driver refuses a device without a path to it.
+    pub fn grant_access(&self, ordinal: c_int) -> Result<()> {
+        let access = MemAccessDesc {
+            location: MemLocation::device(ordinal),
+            flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: exactly the live mapping made in `VmmDevice::map` (this size at this address);
+        // one valid descriptor, alive for the call. Granting a device read-write access takes
+        // no access away from any other.
+        unsafe {
+            self.range
+                .driver
+                .cu_mem_set_access(self.range.va, self.size as usize, &access, 1)
+        }
+    }
+
     /// Bytes mapped.
     pub fn size(&self) -> u64 {
         self.size
@@ -365,5 +392,11 @@ impl MappedMemory {
     /// The Vulkan allocation (flushes and invalidates).
     pub fn memory(&self) -> &VulkanMemory {
         &self.memory
+    }
+
+    /// Gives device `ordinal` read-write access to the whole device mapping
+    /// ([`VmmMapping::grant_access`]).
+    pub fn grant_access(&self, ordinal: c_int) -> Result<()> {
+        self.mapping.grant_access(ordinal)
     }
 }

@@ -150,6 +150,17 @@ impl Block {
         })
     }
 
+    /// Lets kernels on `peer`, another GPU of this process, read and write this block through
+    /// [`device_ptr`](Self::device_ptr). Access is granted per mapping, so it covers the whole
+    /// chunk the block lies in (its neighbours too), for as long as the chunk lives; a block in a
+    /// chunk the pool makes later needs a grant of its own (granting again is harmless). See
+    /// [`RawMemory::grant_peer_access`](crate::RawMemory::grant_peer_access) for the errors, and
+    /// for what freeing waits for (this device's work, not `peer`'s). Chunks that cannot be
+    /// shared (a Vulkan-only pool's, an arena's) are [`Error::Unsupported`](crate::Error).
+    pub fn grant_peer_access(&self, peer: &crate::mapping::gpu::Gpu) -> Result<()> {
+        self.chunk().memory.grant_peer_access(peer)
+    }
+
     /// Whether this block has a chunk of its own (large requests).
     pub fn is_dedicated(&self) -> bool {
         matches!(*self.record.kind, BlockKind::Dedicated { .. })

@@ -16,12 +16,19 @@ pub fn under_sanitizer() -> bool {
     std::env::var_os("VKGDR_UNDER_SANITIZER").is_some_and(|v| !v.is_empty() && v != "0")
 }
 
-/// The byte pattern of tagged memory: byte `j` of the block tagged `tag` is `tag * 131 + j`
-/// (mod 256), what the `check_tagged_blocks` kernel in `kernels/mapping.cu` expects.
+/// Byte 0 of the block tagged `tag`: the top byte of `tag * 2654435761` (`tag_base` in
+/// `kernels/mapping.cu`), which every bit of the tag moves.
+pub fn tag_base(tag: u32) -> u8 {
+    (tag.wrapping_mul(2654435761) >> 24) as u8
+}
+
+/// The byte pattern of tagged memory: byte `j` of the block tagged `tag` is `tag_base(tag) + j`
+/// (mod 256), what the `check_tagged_blocks` kernel in `kernels/mapping.cu` expects. Two tags
+/// write either the same bytes or different bytes at every index (their bases differ); flipping
+/// any one bit of a tag changes its base.
 pub fn tag_bytes(tag: u32, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|j| (tag.wrapping_mul(131).wrapping_add(j as u32) & 0xff) as u8)
-        .collect()
+    let base = tag_base(tag);
+    (0..len).map(|j| base.wrapping_add(j as u8)).collect()
 }
 
 /// A Vulkan context on the first device with exportable host-visible memory (lavapipe on CI, the

@@ -392,7 +392,7 @@ static void tag_bytes(unsigned char *p, unsigned int tag, size_t len)
 {
     size_t j;
     for (j = 0; j < len; j++) {
-        p[j] = (unsigned char)((tag * 131u + (unsigned int)j) & 0xffu);
+        p[j] = tag_byte(tag, j);
     }
 }
 

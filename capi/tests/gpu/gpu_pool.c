@@ -1,5 +1,5 @@
 /* 100,000 pool blocks allocated and written from C threads, checked by a kernel
- * (check_tagged_blocks of kernels/mapping.ptx: block k must hold (tag*131 + j) & 0xff), on coherent
+ * (check_tagged_blocks of kernels/mapping.ptx: block k must hold tag_byte(tag, j)), on coherent
  * memory and with FORCE_NON_COHERENT (writes recorded per block, one pool flush per thread), with
  * and without the per-thread block cache. A corrupted byte must be found (the check can fail).
  *
@@ -33,7 +33,7 @@ static void *produce(void *arg)
         }
         tags[k] = (unsigned int)k * 7u + 3u;
         for (j = 0; j < n; j++) {
-            p[j] = (unsigned char)((tags[k] * 131u + (unsigned int)j) & 0xffu);
+            p[j] = tag_byte(tags[k], j);
         }
         errors += vkgdr_block_mark_written(b, 0, n) != VKGDR_SUCCESS;
         ptrs[k] = vkgdr_block_get_device_ptr(b);

@@ -88,6 +88,13 @@ static inline CUresult create_context(CUcontext *ctx, CUdevice dev)
 #endif
 }
 
+/* Byte j of a block tagged `tag`, what check_tagged_blocks of kernels/mapping.cu expects: the top
+ * byte of tag * 2654435761 (which every bit of the tag moves) plus j, mod 256. */
+static inline unsigned char tag_byte(unsigned int tag, size_t j)
+{
+    return (unsigned char)(((tag * 2654435761u) >> 24) + (unsigned int)j);
+}
+
 /* The word kernels/mapping.cu's check_and_transform expects at index i. */
 static inline unsigned int pattern(unsigned long long i, unsigned int seed)
 {
