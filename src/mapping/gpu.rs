@@ -17,7 +17,10 @@ use crate::driver::uuid::{format_uuid, parse_uuid};
 use crate::driver::vulkan::{DeviceSelector, MemoryOptions, VulkanContext};
 use crate::error::{Error, InvalidArgument, Result};
 use crate::mapping::carve::Carver;
-use crate::mapping::release::{EventFence, Fence, FenceWords, PendingCount, ReleaseQueue};
+use crate::mapping::release::{
+    EventFence, EventFenceCount, Fence, FenceWords, PendingCount, ReleaseQueue,
+};
+use crate::mapping::retained::{names, Retained, RetainedItem, RetainedKind};
 use crate::mapping::vmm::VmmDevice;
 
 /// How to open a [`Gpu`].
@@ -89,6 +92,8 @@ struct GpuInner {
     /// Completion words for release fences, made with the first release (`None` inside: not
     /// available here, and releases record events instead).
     fence_words: OnceLock<Option<Arc<FenceWords>>>,
+    /// The event fences this handle's releases made, where no completion word could be had.
+    event_fences: EventFenceCount,
     /// Releases of this handle's memory still waiting for GPU work.
     pending: PendingCount,
     /// The shared granules small raw allocations are carved from, made with the first one.
@@ -321,6 +326,7 @@ impl Gpu {
                 allocations: Mutex::new(BTreeMap::new()),
                 vmm,
                 fence_words: OnceLock::new(),
+                event_fences: EventFenceCount::default(),
                 pending: PendingCount::default(),
                 carver: Mutex::new(None),
                 copy_stream: OnceLock::new(),
@@ -575,6 +581,69 @@ impl Gpu {
         carver.map_or(0, |c| c.trim())
     }
 
+    /// What this handle (and its clones) holds now, item by item ([`Retained`]): its live raw
+    /// allocations, the caches it keeps for later allocations and copies (carved granules,
+    /// staged-read sets, host staging buffers), the objects it made on first use (completion
+    /// words, its copy stream), the releases still waiting and the event fences alive. A
+    /// snapshot; takes a few locks. What the driver keeps for the process is not in it: compare
+    /// two reports with the device's figures to tell the two apart.
+    pub fn retained(&self) -> Retained {
+        let item = |name, kind, (count, bytes): (u64, u64)| RetainedItem {
+            name,
+            kind,
+            count,
+            bytes,
+        };
+        let raw = {
+            let allocations = self.inner.allocations.lock();
+            (
+                allocations.len() as u64,
+                allocations.values().map(|a| a.size).sum(),
+            )
+        };
+        let carved = self
+            .inner
+            .carver
+            .lock()
+            .clone()
+            .map_or((0, 0), |c| c.held());
+        let words = match self.inner.fence_words.get() {
+            Some(Some(w)) => (1, w.size()),
+            _ => (0, 0),
+        };
+        let copy_stream = (u64::from(self.inner.copy_stream.get().is_some()), 0);
+        Retained {
+            items: vec![
+                item(names::RAW_ALLOCATIONS, RetainedKind::Bar, raw),
+                item(names::CARVED_GRANULES, RetainedKind::Bar, carved),
+                item(names::COMPLETION_WORDS, RetainedKind::Host, words),
+                item(names::COPY_STREAM, RetainedKind::DriverObjects, copy_stream),
+                item(
+                    names::STAGED_READ_SETS,
+                    RetainedKind::Host,
+                    self.inner.staging.held(),
+                ),
+                item(
+                    names::HOST_STAGING_BUFFERS,
+                    RetainedKind::Host,
+                    self.inner.host_staging.held(),
+                ),
+                item(
+                    names::RELEASES_WAITING,
+                    RetainedKind::Releases,
+                    (self.pending_releases() as u64, 0),
+                ),
+                item(
+                    names::EVENT_FENCES,
+                    RetainedKind::DriverObjects,
+                    (self.inner.event_fences.alive() as u64, 0),
+                ),
+            ],
+            event_fences_made: self.inner.event_fences.made(),
+            event_fences_peak: self.inner.event_fences.peak() as u64,
+        }
+    }
+
     /// Releases of memory allocated through this handle (and its clones) that still wait for GPU
     /// work queued before them. That memory still counts as in use.
     pub fn pending_releases(&self) -> usize {
@@ -655,6 +724,7 @@ impl Gpu {
             context,
             std::ptr::null_mut(),
             owner,
+            &self.inner.event_fences,
         )?))
     }
 
@@ -704,6 +774,7 @@ impl Gpu {
             context,
             stream,
             owner,
+            &self.inner.event_fences,
         )?))
     }
 
