@@ -23,6 +23,10 @@ use crate::mapping::release::{
 use crate::mapping::retained::{names, Retained, RetainedItem, RetainedKind};
 use crate::mapping::vmm::VmmDevice;
 
+/// How long a handle that ran out of memory making its completion words waits before it tries
+/// again (its releases record events meanwhile).
+const FENCE_WORDS_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// How to open a [`Gpu`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OpenOptions {
@@ -92,6 +96,9 @@ struct GpuInner {
     /// Completion words for release fences, made with the first release (`None` inside: not
     /// available here, and releases record events instead).
     fence_words: OnceLock<Option<Arc<FenceWords>>>,
+    /// When to try making the completion words again after running out of memory (`None`:
+    /// no failure yet); serialises the attempts.
+    fence_words_retry: Mutex<Option<std::time::Instant>>,
     /// The event fences this handle's releases made, where no completion word could be had.
     event_fences: EventFenceCount,
     /// Releases of this handle's memory still waiting for GPU work.
@@ -326,6 +333,7 @@ impl Gpu {
                 allocations: Mutex::new(BTreeMap::new()),
                 vmm,
                 fence_words: OnceLock::new(),
+                fence_words_retry: Mutex::new(None),
                 event_fences: EventFenceCount::default(),
                 pending: PendingCount::default(),
                 carver: Mutex::new(None),
@@ -690,15 +698,34 @@ impl Gpu {
         }
     }
 
-    /// The completion words of release fences, made on first use (`None`: not available).
+    /// The completion words of release fences, made on first use (`None`: not available, and
+    /// releases record events instead). Running out of memory making them is passing: they are
+    /// tried again a little later ([`FENCE_WORDS_RETRY`]) rather than given up for good, which
+    /// would leave every later release of the handle to an event of its own.
     fn fence_words(&self) -> Option<&Arc<FenceWords>> {
-        self.inner
-            .fence_words
-            .get_or_init(|| {
-                self.vmm()
-                    .and_then(|v| FenceWords::new(v, self.vulkan()).ok())
-            })
-            .as_ref()
+        if let Some(words) = self.inner.fence_words.get() {
+            return words.as_ref();
+        }
+        let mut retry = self.inner.fence_words_retry.lock();
+        if let Some(words) = self.inner.fence_words.get() {
+            return words.as_ref();
+        }
+        if retry.is_some_and(|at| std::time::Instant::now() < at) {
+            return None;
+        }
+        let made = match self.vmm() {
+            Some(v) => FenceWords::new(v, self.vulkan()).map(Some),
+            None => Ok(None),
+        };
+        match made {
+            Ok(words) => drop(self.inner.fence_words.set(words)),
+            Err(e) if e.is_out_of_memory() => {
+                *retry = Some(std::time::Instant::now() + FENCE_WORDS_RETRY);
+                return None;
+            }
+            Err(_) => drop(self.inner.fence_words.set(None)),
+        }
+        self.inner.fence_words.get().and_then(Option::as_ref)
     }
 
     /// A fence for the work queued so far in `context` (the handle's own when `None`).
