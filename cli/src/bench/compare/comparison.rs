@@ -156,7 +156,7 @@ mod tests {
     use crate::bench::options::Options;
     use crate::bench::outputs::tests::made_up_run;
     use crate::bench::outputs::{document, write_results};
-    use crate::bench::testutil::TempDir;
+    use crate::bench::testutil::{repo_path, TempDir};
     use crate::json::document::{to_text, FORMAT_VERSION};
     use crate::json::machine::tests::bare_machine;
 
@@ -692,8 +692,7 @@ mod tests {
     #[test]
     fn the_committed_baseline_as_a_slower_machine_would_run_it() {
         // The recorded baseline still reads, and compared with itself nothing moved.
-        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../benches/baselines/nvidia-h100-80gb-hbm3.json");
+        let path = repo_path("benches/baselines/nvidia-h100-80gb-hbm3.json");
         let base = Results::load(&path).unwrap();
         let c = judge(base.clone(), &base);
         assert_eq!(c.doc.summary.within_noise, c.doc.summary.compared);
