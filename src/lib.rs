@@ -44,7 +44,7 @@ pub use driver::{cuda, dynlib, nvml, vulkan};
 pub use interop::compat;
 #[cfg(feature = "cudarc")]
 pub use interop::cudarc;
-pub use mapping::{arena, bar, chunk, cuda_objects, memory, vmm};
+pub use mapping::{arena, bar, chunk, cuda_objects, memory, retained, vmm};
 
 pub use error::{Error, InvalidArgument, MemorySide, Result};
 pub use mapping::arena::Arena;
@@ -52,6 +52,7 @@ pub use mapping::bar::BarInfo;
 pub use mapping::batch::WriteBatch;
 pub use mapping::gpu::{AllocationReport, Gpu, OpenOptions};
 pub use mapping::memory::RawMemory;
+pub use mapping::retained::{Retained, RetainedItem, RetainedKind};
 pub use mapping::Mapping;
 #[cfg(feature = "gpu-alloc")]
 pub use pool::GpuAllocStrategy;

@@ -1,16 +1,19 @@
 //! `vkgdr`: the command-line tool (options parsed by clap; `vkgdr help` and `--help` on every
 //! command tell the rest).
 //!
-//! - `vkgdr info [--check] [--json]` shows what the library sees on this machine (Vulkan and CUDA
-//!   devices, BAR figures, NVML) and diagnoses what keeps it from working, naming the fix. With
-//!   `--check` it exits 1 when a problem keeps vkgdr from opening a device (for scripts); without,
-//!   a report that could be printed is a success.
-//! - `vkgdr bench BENCHMARK [--out DIR] [--quick] [--json]` measures copies, latencies and API
-//!   costs on the GPU and writes tables, CSVs, PNG charts and `results.json` (see [`mod@bench`]);
-//!   `vkgdr bench plot DIR` redraws the charts from the CSVs in `DIR`.
-//! - `vkgdr soak [--seconds N] [--threads N] [--exhaust-every S] [--json]` runs pool churn, rings,
-//!   arena grow/shrink and BAR exhaustion together (10 minutes by default) and checks that fds,
-//!   BAR1 used and free VRAM come back (see [`mod@soak`]).
+//! - `vkgdr info [--check] [--device N|UUID | --devices all|LIST] [--json]` shows what the
+//!   library sees on this machine (Vulkan and CUDA devices, BAR figures, NVML) and diagnoses what
+//!   keeps it from working, naming the fix. With `--check` it exits 1 when a problem keeps vkgdr
+//!   from opening a device checked (every CUDA device, or those named); without, a report that
+//!   could be printed is a success.
+//! - `vkgdr bench BENCHMARK [--device N|UUID] [--out DIR] [--quick] [--json]` measures copies,
+//!   latencies and API costs on one GPU (CUDA device 0 by default) and writes tables, CSVs, PNG
+//!   charts and `results.json` (see [`mod@bench`]); `vkgdr bench plot DIR` redraws the charts from
+//!   the CSVs in `DIR`.
+//! - `vkgdr soak [--device N|UUID | --devices all|LIST] [--seconds N] [--threads N]
+//!   [--exhaust-every S] [--json]` runs pool churn, rings, arena grow/shrink and BAR exhaustion
+//!   together on each device named (10 minutes by default) and checks that nothing of ours stayed
+//!   behind (see [`mod@soak`]).
 //! - `vkgdr completions SHELL` prints a completion script.
 //!
 //! `--json` prints one document on stdout ([`mod@json`]); progress is drawn on a terminal only
@@ -19,6 +22,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod bench;
+mod device;
 mod json;
 mod soak;
 mod ui;
@@ -27,12 +31,14 @@ use std::ffi::OsString;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
-use vkgdr::diagnose::{diagnose, CudaProbe, Machine, NvmlProbe, Severity, VulkanProbe};
+use vkgdr::diagnose::{diagnose, CudaProbe, Finding, Machine, NvmlProbe, Severity, VulkanProbe};
 use vkgdr::vulkan::{self, MemoryOptions, PhysicalDeviceInfo};
 
 use crate::json::document::{to_text, About};
-use crate::json::machine::{memory_flag_names, InfoDocument, MachineJson};
-use crate::ui::say;
+use crate::json::machine::{
+    finding_ordinal, memory_flag_names, CheckedJson, InfoDocument, MachineJson,
+};
+use crate::ui::{alert, say};
 
 /// CPU access to NVIDIA GPU memory through a BAR mapping: what this machine offers (`info`), how
 /// fast it is (`bench`) and whether it holds up (`soak`).
@@ -62,18 +68,20 @@ pub enum Command {
     /// Lists the Vulkan and CUDA devices, their BAR figures (NVML's BAR1, VRAM in use, an estimate
     /// of what this process can still map) and NVML, then names each problem found with its fix.
     Info(InfoArgs),
-    /// Measure copies, latencies, API costs and rings on GPU 0
+    /// Measure copies, latencies, API costs and rings on one GPU (--device, 0 by default)
     ///
     /// Each benchmark prints its tables and writes a CSV and a PNG chart per table into the output
-    /// directory, with results.json: every figure with its unit and the anchor it is compared
-    /// with, measured in the same run.
+    /// directory, with results.json: the device measured (ordinal, UUID, name), every figure with
+    /// its unit and the anchor it is compared with, measured in the same run.
     Bench(bench::command_line::BenchArgs),
     /// Run everything at once for a long time, then check that nothing stayed behind
     ///
     /// Pool churn from many threads, a ring fed by four producers into its checking kernel, an
     /// arena grown and shrunk, raw allocations freed every way, and the BAR exhausted now and then,
-    /// all on GPU 0. Open fds, BAR1 used and free VRAM must come back to their values after the
-    /// warm-up.
+    /// on each device named (--device, --devices; CUDA device 0 by default), all at once in this
+    /// process. Open fds, the library's own holdings and this process's device memory must come
+    /// back to their values after the warm-up; what other processes and the driver did meanwhile
+    /// is reported, not failed on.
     Soak(soak::command_line::SoakArgs),
     /// Print a completion script for a shell
     ///
@@ -92,17 +100,29 @@ pub enum Command {
 /// Exit codes, for `--help`.
 const INFO_EXIT_CODES: &str = "\
 Exit status:
-  0  vkgdr can open every CUDA device here; without --check, also any report that was printed
-  1  with --check: a problem keeps vkgdr from opening a device (an `error:` finding)
+  0  vkgdr can open every CUDA device checked; without --check, also any report that was printed
+  1  with --check: a problem keeps vkgdr from opening a device checked (an `error:` finding of the
+     machine or of that device); --device/--devices named a device that is not here
   2  the command line is wrong";
 
 /// `vkgdr info`'s options.
 #[derive(Debug, Default, clap::Args)]
 #[command(display_name = "vkgdr", after_help = INFO_EXIT_CODES)]
 pub struct InfoArgs {
-    /// Exit 1 when a problem keeps vkgdr from opening a device (for scripts)
+    /// Exit 1 when a problem keeps vkgdr from opening a device checked (for scripts): every CUDA
+    /// device here, or those --device/--devices name
     #[arg(long)]
     pub check: bool,
+
+    /// Check and list only this device: a CUDA ordinal or a GPU UUID (GPU-..., as `nvidia-smi -L`
+    /// prints it; the prefix may be left out)
+    #[arg(long, value_name = "N|UUID", conflicts_with = "devices")]
+    pub device: Option<device::DeviceArg>,
+
+    /// Check and list these devices: `all` (what info does without it) or a list of ordinals
+    /// and UUIDs such as 0,2
+    #[arg(long, value_name = "all|LIST")]
+    pub devices: Option<device::Devices>,
 
     /// Print one JSON document on stdout (devices, BAR figures, diagnosis) instead of the report
     #[arg(long)]
@@ -112,8 +132,9 @@ pub struct InfoArgs {
 fn main() -> ExitCode {
     let args: Vec<OsString> = std::env::args_os().collect();
     // `fastpath` runs this program as a child to time a process's first write; not a user command.
-    if args.len() == 3 && args[1] == "bench" && args[2] == bench::fastpath::CHILD_ARG {
-        return bench::first_write_child();
+    if (3..=4).contains(&args.len()) && args[1] == "bench" && args[2] == bench::fastpath::CHILD_ARG
+    {
+        return bench::first_write_child(args.get(3).map(OsString::as_os_str));
     }
     let cli = Cli::parse_from(args);
     let json = match &cli.command {
@@ -187,27 +208,91 @@ fn print_vulkan(devs: &[PhysicalDeviceInfo]) {
     }
 }
 
-/// `vkgdr info`: what the library sees, then the diagnosis (or both as JSON). With `--check`,
-/// exits 1 when a problem keeps vkgdr from opening a device (an error finding).
+/// The CUDA ordinals `info` checks: those `--device`/`--devices` name, or every device the probe
+/// found. `Err`: a device named is not here (the message lists those that are).
+fn checked_devices(args: &InfoArgs, machine: &Machine) -> Result<Vec<i32>, String> {
+    let present: Vec<device::Present> = machine
+        .cuda_devices()
+        .iter()
+        .map(|d| device::Present {
+            ordinal: d.ordinal,
+            uuid: d.uuid,
+            name: d.name.clone(),
+        })
+        .collect();
+    let wanted = match (&args.device, &args.devices) {
+        (Some(d), _) => device::Devices::one(*d),
+        // Every device there is, none included: what info does by default.
+        (None, Some(device::Devices::All)) | (None, None) => {
+            return Ok(present.iter().map(|p| p.ordinal).collect())
+        }
+        (None, Some(d)) => d.clone(),
+    };
+    device::resolve(&wanted, &present)
+        .map(|chosen| chosen.iter().map(|p| p.ordinal).collect())
+        .map_err(|e| match &machine.cuda {
+            CudaProbe::DriverMissing(why) | CudaProbe::Failed(why) => format!("{e} (CUDA: {why})"),
+            CudaProbe::Devices { .. } => e,
+        })
+}
+
+/// Whether a finding counts for `devices`: the machine's, or one of theirs.
+fn concerns(f: &Finding, devices: &[i32]) -> bool {
+    finding_ordinal(f).is_none_or(|o| devices.contains(&o))
+}
+
+/// `vkgdr info`: what the library sees, then the diagnosis (or both as JSON), for every CUDA
+/// device or those `--device`/`--devices` name. With `--check`, exits 1 when a problem keeps
+/// vkgdr from opening a device checked (an error finding of the machine or of the device); a
+/// device named that is not here is exit 1 too.
 fn info(args: &InfoArgs) -> ExitCode {
     let check = args.check;
+    let machine = Machine::probe();
+    let checked = checked_devices(args, &machine);
+    let findings = diagnose(&machine);
+    let errors = |devices: &[i32]| {
+        findings
+            .iter()
+            .filter(|f| f.severity == Severity::Error && concerns(f, devices))
+            .count()
+    };
     if args.json {
-        let machine = MachineJson::probe();
-        let usable = machine.usable;
+        let (checked_json, error) = match &checked {
+            Ok(devices) => (
+                Some(CheckedJson {
+                    devices: devices.clone(),
+                    usable: errors(devices) == 0,
+                }),
+                None,
+            ),
+            Err(e) => (None, Some(e.clone())),
+        };
+        let usable = checked_json.as_ref().is_some_and(|c| c.usable);
         ui::document(&to_text(&InfoDocument {
             about: About::new("vkgdr-info"),
-            machine,
+            machine: MachineJson::from_machine(&machine),
+            checked: checked_json,
+            error,
         }));
-        return if usable || !check {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
+        return match &checked {
+            Err(e) => {
+                alert!("vkgdr info: {e}");
+                ExitCode::FAILURE
+            }
+            Ok(_) if usable || !check => ExitCode::SUCCESS,
+            Ok(_) => ExitCode::FAILURE,
         };
     }
+    let devices = match checked {
+        Ok(d) => d,
+        Err(e) => {
+            alert!("vkgdr info: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     say!("vkgdr {}", env!("CARGO_PKG_VERSION"));
     say!("CPU copy routines: {}", vkgdr::copy::simd_level());
     say!("Pool thread caches: {}", vkgdr::pool::magazine::handshake());
-    let machine = Machine::probe();
     say!("Vulkan:");
     match &machine.vulkan {
         VulkanProbe::Devices(d) if d.is_empty() => say!("  no Vulkan physical devices"),
@@ -217,7 +302,7 @@ fn info(args: &InfoArgs) -> ExitCode {
         }
     }
     say!("CUDA:");
-    print_cuda(&machine);
+    print_cuda(&machine, &devices);
     say!("NVML:");
     match &machine.nvml {
         NvmlProbe::Devices {
@@ -227,19 +312,19 @@ fn info(args: &InfoArgs) -> ExitCode {
         NvmlProbe::Unavailable(why) => say!("  not available: {why}"),
     }
     say!("Diagnosis:");
-    let findings = diagnose(&machine);
-    for f in &findings {
+    for f in findings.iter().filter(|f| concerns(f, &devices)) {
         say!("  {}", f.to_string().replace('\n', "\n  "));
     }
-    let errors = findings
-        .iter()
-        .filter(|f| f.severity == Severity::Error)
-        .count();
-    if errors == 0 {
-        say!(
-            "  ok: vkgdr can open every CUDA device here ({})",
-            machine.cuda_devices().len()
-        );
+    let all = machine.cuda_devices().len();
+    if errors(&devices) == 0 {
+        if devices.len() == all {
+            say!("  ok: vkgdr can open every CUDA device here ({all})");
+        } else {
+            say!(
+                "  ok: vkgdr can open every CUDA device checked ({} of {all})",
+                devices.len()
+            );
+        }
         ExitCode::SUCCESS
     } else if check {
         ExitCode::FAILURE
@@ -248,7 +333,9 @@ fn info(args: &InfoArgs) -> ExitCode {
     }
 }
 
-fn print_cuda(machine: &Machine) {
+/// The CUDA side: the driver, then each device of `only` with its Vulkan twin, VMM and BAR
+/// figures.
+fn print_cuda(machine: &Machine, only: &[i32]) {
     let devices = match &machine.cuda {
         CudaProbe::DriverMissing(why) | CudaProbe::Failed(why) => {
             say!("  not available: {why}");
@@ -264,7 +351,11 @@ fn print_cuda(machine: &Machine) {
             devices
         }
     };
-    for d in devices {
+    if only.len() < devices.len() {
+        let listed: Vec<String> = only.iter().map(i32::to_string).collect();
+        say!("  checking {} only (--device/--devices)", listed.join(", "));
+    }
+    for d in devices.iter().filter(|d| only.contains(&d.ordinal)) {
         let pci = d.pci.map(|p| format!(", PCI {p}")).unwrap_or_default();
         say!(
             "  [{}] {}, {} total, uuid {}{pci}",

@@ -86,6 +86,40 @@ fn bad_values_are_named() {
         (&["bench", "copybw", "pplat"], "'pplat'"),
         (&["bench", "--quick", "copybw"], "'--quick'"),
         (&["completions"], "<SHELL>"),
+        // Devices: an ordinal or a UUID; a list or `all` where several make sense.
+        (
+            &["soak", "--device", "GPU-12"],
+            "invalid value 'GPU-12' for '--device <N|UUID>': \"GPU-12\" is neither a CUDA \
+             ordinal (0, 1, ...) nor a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx",
+        ),
+        (
+            &["soak", "--device", "all"],
+            "--device names one device; `--devices all` (info, soak) names every one",
+        ),
+        (
+            &["bench", "copylat", "--device", "-1"],
+            "unexpected argument '-1'",
+        ),
+        (
+            &["bench", "copylat", "--device", "0,1"],
+            "invalid value '0,1' for '--device <N|UUID>'",
+        ),
+        (
+            &["bench", "all", "--devices", "all"],
+            "unexpected argument '--devices'",
+        ),
+        (
+            &["soak", "--devices", "0,,1"],
+            "invalid value '0,,1' for '--devices <all|LIST>': \"0,,1\" has an empty item",
+        ),
+        (
+            &["soak", "--device", "0", "--devices", "all"],
+            "the argument '--device <N|UUID>' cannot be used with '--devices <all|LIST>'",
+        ),
+        (
+            &["info", "--device", "1", "--devices", "0"],
+            "cannot be used with '--devices <all|LIST>'",
+        ),
     ] {
         let r = run(args, &[]);
         assert_eq!(r.code, 2, "{args:?}\n{}", r.all());
@@ -402,6 +436,101 @@ fn soak_json_without_a_gpu_fails_with_the_reason() {
     assert_eq!(doc["options"]["exhaust_every_seconds"], 30);
     assert!(doc["before"].is_null() && doc["checks"] == Value::Array(vec![]));
     assert!(r.stderr.contains("SOAK FAILED"), "{}", r.all());
+}
+
+#[test]
+fn device_options_parse_and_meet_a_machine_without_cuda() {
+    let uuid = "GPU-00000000-0000-0000-0000-000000000001";
+    // Every device of a soak in one process: `--devices all` parses; without CUDA it cannot
+    // start, and says why in its document.
+    let r = run(
+        &["soak", "--devices", "all", "--seconds", "1", "--json"],
+        &[NO_CUDA],
+    );
+    assert_eq!(r.code, 1, "{}", r.all());
+    let doc = r.json();
+    assert_eq!(doc["options"]["devices"], "all");
+    assert!(
+        doc["error"].as_str().unwrap().contains("libcuda.so.1"),
+        "{doc:#}"
+    );
+    assert_eq!(doc["devices"], Value::Array(vec![]));
+    // One device by UUID, with or without its prefix; a list.
+    for device in [uuid, &uuid[4..]] {
+        let r = run(&["soak", "--device", device, "--json"], &[NO_CUDA]);
+        assert_eq!(r.code, 1, "{}", r.all());
+        assert_eq!(r.json()["options"]["devices"], uuid);
+    }
+    let r = run(
+        &["soak", "--devices", &format!("1,{uuid}"), "--json"],
+        &[NO_CUDA],
+    );
+    assert_eq!(r.json()["options"]["devices"], format!("1,{uuid}"));
+    // The benchmarks' device: named in their document once one is opened; without CUDA none is.
+    let out = TempDir::new("bench-device");
+    let r = run(
+        &[
+            "bench",
+            "copylat",
+            "--device",
+            uuid,
+            "--json",
+            "--out",
+            out.path(),
+        ],
+        &[NO_CUDA],
+    );
+    assert_eq!(r.code, 1, "{}", r.all());
+    let doc = r.json();
+    assert!(doc["device"].is_null(), "{doc:#}");
+    assert!(doc["benchmarks"][0]["error"]
+        .as_str()
+        .unwrap()
+        .contains("libcuda.so.1"));
+}
+
+#[test]
+fn info_names_a_device_that_is_not_here_and_the_devices_that_are() {
+    let manifest = lavapipe_manifest();
+    let env = [("VK_DRIVER_FILES", manifest.as_str()), NO_CUDA];
+    let uuid = "GPU-00000000-0000-0000-0000-000000000001";
+    for args in [
+        &["info", "--device", uuid][..],
+        &["info", "--check", "--devices", &format!("0,{uuid}")],
+    ] {
+        let r = run(args, &env);
+        assert_eq!(
+            r.code,
+            1,
+            "{args:?}
+{}",
+            r.all()
+        );
+        assert!(
+            r.stderr.contains("vkgdr info: no CUDA device ")
+                && r.stderr
+                    .contains(" here; no CUDA device is present (CUDA: ")
+                && r.stderr.contains("/nonexistent/libcuda.so.1"),
+            "{args:?}
+{}",
+            r.all()
+        );
+        assert!(r.stdout.is_empty(), "{}", r.all());
+    }
+    // The document says so too, and which devices it would have checked is left empty.
+    let r = run(&["info", "--device", "3", "--json"], &env);
+    assert_eq!(r.code, 1, "{}", r.all());
+    let doc = r.json();
+    assert!(doc["checked"].is_null());
+    assert!(doc["error"]
+        .as_str()
+        .unwrap()
+        .starts_with("no CUDA device 3 here; no CUDA device is present"));
+    // `--devices all` is what info does anyway: every device there is, none here.
+    let r = run(&["info", "--devices", "all", "--json"], &env);
+    assert_eq!(r.code, 0, "{}", r.all());
+    assert_eq!(r.json()["checked"]["devices"], Value::Array(vec![]));
+    assert_eq!(r.json()["checked"]["usable"], false);
 }
 
 #[test]

@@ -5,9 +5,11 @@
 //! CUDA and Vulkan but no NVML. [`Nvml::get`] then returns [`Error::LibraryNotFound`] and callers
 //! report the figures as unavailable; nothing else depends on it.
 //!
-//! Only the handful of functions the crate reads are resolved, all present since NVML 10 (2018).
-//! Devices are matched to CUDA devices by UUID (`GPU-…`, the same 16 bytes as `cuDeviceGetUuid`)
-//! and, failing that, by PCI address ([`match_device`], pure).
+//! Only the handful of functions the crate reads are resolved: the required ones all present since
+//! NVML 10 (2018); the per-process lists ([`Nvml::processes`]) optional, each in its newest form
+//! (`_v3`, R510) or else the first (`nvmlDeviceGetComputeRunningProcesses`), whose records are
+//! shorter. Devices are matched to CUDA devices by UUID (`GPU-…`, the same 16 bytes as
+//! `cuDeviceGetUuid`) and, failing that, by PCI address ([`match_device`], pure).
 
 use std::ffi::{c_char, c_int, c_uint};
 use std::fmt;
@@ -53,7 +55,33 @@ struct RawMemory {
     used: u64,
 }
 
+/// `nvmlProcessInfo_t` (`_v3` calls): pid, device memory used, MIG instance ids.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct RawProcessInfo {
+    pid: c_uint,
+    used_gpu_memory: u64,
+    gpu_instance_id: c_uint,
+    compute_instance_id: c_uint,
+}
+
+/// `nvmlProcessInfo_v1_t` (the unversioned calls): pid, device memory used.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct RawProcessInfoV1 {
+    pid: c_uint,
+    used_gpu_memory: u64,
+}
+
+/// `NVML_VALUE_NOT_AVAILABLE`: what `usedGpuMemory` holds where NVML cannot tell (Windows WDDM,
+/// some virtual machines).
+const NVML_VALUE_NOT_AVAILABLE: u64 = u64::MAX;
+/// `NVML_ERROR_INSUFFICIENT_SIZE`: the process list is longer than the buffer passed.
+const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
+
 const _: () = assert!(std::mem::size_of::<RawPciInfo>() == 68);
+const _: () = assert!(std::mem::size_of::<RawProcessInfo>() == 24);
+const _: () = assert!(std::mem::size_of::<RawProcessInfoV1>() == 16);
 const _: () = assert!(std::mem::size_of::<RawBar1>() == 24);
 const _: () = assert!(std::mem::size_of::<RawMemory>() == 24);
 
@@ -166,6 +194,51 @@ pub struct NvmlDevice {
     pub vram: std::result::Result<VramMemory, String>,
 }
 
+/// One process with a context on a device, as NVML lists it: its compute (CUDA) and graphics
+/// (Vulkan, OpenGL) entries merged ([`Nvml::processes`]). A process that uses vkgdr has both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuProcess {
+    /// Its process id, as the host's kernel numbers it: a process in a container (its own PID
+    /// namespace) finds another number for itself in `getpid()`.
+    pub pid: u32,
+    /// Device memory it uses, in bytes (`None`: NVML cannot tell here).
+    pub used_bytes: Option<u64>,
+    /// Listed among compute processes (a CUDA context).
+    pub compute: bool,
+    /// Listed among graphics processes (a Vulkan or OpenGL device).
+    pub graphics: bool,
+}
+
+/// Merges NVML's compute and graphics lists of `(pid, used bytes)` into one entry per process,
+/// by pid. A process in both lists is one process: NVML gives it one figure in each, and the
+/// larger is kept (never their sum).
+pub fn merge_processes(
+    compute: &[(u32, Option<u64>)],
+    graphics: &[(u32, Option<u64>)],
+) -> Vec<GpuProcess> {
+    let mut merged: std::collections::BTreeMap<u32, GpuProcess> = Default::default();
+    for (list, is_compute) in [(compute, true), (graphics, false)] {
+        for &(pid, used) in list {
+            let entry = merged.entry(pid).or_insert(GpuProcess {
+                pid,
+                used_bytes: used,
+                compute: false,
+                graphics: false,
+            });
+            entry.used_bytes = match (entry.used_bytes, used) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+            if is_compute {
+                entry.compute = true;
+            } else {
+                entry.graphics = true;
+            }
+        }
+    }
+    merged.into_values().collect()
+}
+
 /// The NVML device that is the CUDA device with `uuid` and PCI address `pci`: the one with the same
 /// UUID, or else (NVML and CUDA UUIDs are the same bytes, but a MIG setup or an old NVML may
 /// differ) the one at the same PCI address.
@@ -182,12 +255,17 @@ pub fn match_device<'a>(
 }
 
 macro_rules! nvml_table {
-    ($( $field:ident : $sym:literal => fn($($arg:ty),*) -> $ret:ty ; )*) => {
+    (
+        required { $( $field:ident : $sym:literal => fn($($arg:ty),*) -> $ret:ty ; )* }
+        optional { $( $ofield:ident : $osym:literal => fn($($oarg:ty),*) -> $oret:ty ; )* }
+    ) => {
         /// NVML's function table, resolved once from `libnvidia-ml.so.1` and initialised
-        /// (`nvmlInit_v2`).
+        /// (`nvmlInit_v2`). An optional symbol the library lacks is `None`; calls that need it
+        /// fail with [`Error::MissingSymbol`] naming it.
         struct Table {
             _lib: libloading::Library,
             $( $field: unsafe extern "C" fn($($arg),*) -> $ret, )*
+            $( $ofield: Option<unsafe extern "C" fn($($oarg),*) -> $oret>, )*
         }
 
         impl Table {
@@ -203,22 +281,134 @@ macro_rules! nvml_table {
                         .map_err(|_| Error::MissingSymbol { library: LIBRARY, symbol: $sym })?
                     };
                 )*
-                Ok(Table { _lib: lib, $( $field, )* })
+                $(
+                    // SAFETY: as above; a missing optional symbol is recorded as `None`.
+                    let $ofield = unsafe {
+                        lib.get::<unsafe extern "C" fn($($oarg),*) -> $oret>(
+                            concat!($osym, "\0").as_bytes(),
+                        )
+                        .ok()
+                        .map(|s| *s)
+                    };
+                )*
+                Ok(Table { _lib: lib, $( $field, )* $( $ofield, )* })
             }
         }
     };
 }
 
 nvml_table! {
-    init: "nvmlInit_v2" => fn() -> NvmlReturn;
-    driver_version: "nvmlSystemGetDriverVersion" => fn(*mut c_char, c_uint) -> NvmlReturn;
-    device_count: "nvmlDeviceGetCount_v2" => fn(*mut c_uint) -> NvmlReturn;
-    device_by_index: "nvmlDeviceGetHandleByIndex_v2" => fn(c_uint, *mut DeviceHandle) -> NvmlReturn;
-    device_name: "nvmlDeviceGetName" => fn(DeviceHandle, *mut c_char, c_uint) -> NvmlReturn;
-    device_uuid: "nvmlDeviceGetUUID" => fn(DeviceHandle, *mut c_char, c_uint) -> NvmlReturn;
-    device_pci: "nvmlDeviceGetPciInfo_v3" => fn(DeviceHandle, *mut RawPciInfo) -> NvmlReturn;
-    device_bar1: "nvmlDeviceGetBAR1MemoryInfo" => fn(DeviceHandle, *mut RawBar1) -> NvmlReturn;
-    device_memory: "nvmlDeviceGetMemoryInfo" => fn(DeviceHandle, *mut RawMemory) -> NvmlReturn;
+    required {
+        init: "nvmlInit_v2" => fn() -> NvmlReturn;
+        driver_version: "nvmlSystemGetDriverVersion" => fn(*mut c_char, c_uint) -> NvmlReturn;
+        device_count: "nvmlDeviceGetCount_v2" => fn(*mut c_uint) -> NvmlReturn;
+        device_by_index: "nvmlDeviceGetHandleByIndex_v2" => fn(c_uint, *mut DeviceHandle) -> NvmlReturn;
+        device_name: "nvmlDeviceGetName" => fn(DeviceHandle, *mut c_char, c_uint) -> NvmlReturn;
+        device_uuid: "nvmlDeviceGetUUID" => fn(DeviceHandle, *mut c_char, c_uint) -> NvmlReturn;
+        device_pci: "nvmlDeviceGetPciInfo_v3" => fn(DeviceHandle, *mut RawPciInfo) -> NvmlReturn;
+        device_bar1: "nvmlDeviceGetBAR1MemoryInfo" => fn(DeviceHandle, *mut RawBar1) -> NvmlReturn;
+        device_memory: "nvmlDeviceGetMemoryInfo" => fn(DeviceHandle, *mut RawMemory) -> NvmlReturn;
+    }
+    optional {
+        compute_processes_v3: "nvmlDeviceGetComputeRunningProcesses_v3" => fn(DeviceHandle, *mut c_uint, *mut RawProcessInfo) -> NvmlReturn;
+        compute_processes_v1: "nvmlDeviceGetComputeRunningProcesses" => fn(DeviceHandle, *mut c_uint, *mut RawProcessInfoV1) -> NvmlReturn;
+        graphics_processes_v3: "nvmlDeviceGetGraphicsRunningProcesses_v3" => fn(DeviceHandle, *mut c_uint, *mut RawProcessInfo) -> NvmlReturn;
+        graphics_processes_v1: "nvmlDeviceGetGraphicsRunningProcesses" => fn(DeviceHandle, *mut c_uint, *mut RawProcessInfoV1) -> NvmlReturn;
+    }
+}
+
+/// One of NVML's process-list calls, in whichever form the library has.
+#[derive(Clone, Copy)]
+enum ProcessList {
+    V3(
+        &'static str,
+        unsafe extern "C" fn(DeviceHandle, *mut c_uint, *mut RawProcessInfo) -> NvmlReturn,
+    ),
+    V1(
+        &'static str,
+        unsafe extern "C" fn(DeviceHandle, *mut c_uint, *mut RawProcessInfoV1) -> NvmlReturn,
+    ),
+}
+
+impl ProcessList {
+    /// `v3` where the library has it, else `v1`, else the error naming the newer symbol.
+    fn pick(
+        v3: Option<
+            unsafe extern "C" fn(DeviceHandle, *mut c_uint, *mut RawProcessInfo) -> NvmlReturn,
+        >,
+        v1: Option<
+            unsafe extern "C" fn(DeviceHandle, *mut c_uint, *mut RawProcessInfoV1) -> NvmlReturn,
+        >,
+        names: (&'static str, &'static str),
+    ) -> Result<ProcessList> {
+        match (v3, v1) {
+            (Some(f), _) => Ok(ProcessList::V3(names.0, f)),
+            (None, Some(f)) => Ok(ProcessList::V1(names.1, f)),
+            (None, None) => Err(Error::MissingSymbol {
+                library: LIBRARY,
+                symbol: names.0,
+            }),
+        }
+    }
+
+    /// The processes on `handle`: `(pid, used bytes)`. The list is asked for with the room the
+    /// last answer said it needs (processes may come between two calls), a few times at most.
+    fn read(self, handle: DeviceHandle) -> Result<Vec<(u32, Option<u64>)>> {
+        let used = |b: u64| (b != NVML_VALUE_NOT_AVAILABLE).then_some(b);
+        let mut room: c_uint = 0;
+        for _ in 0..4 {
+            let mut count = room;
+            let (call, code, got) = match self {
+                ProcessList::V3(call, f) => {
+                    let mut buf = vec![RawProcessInfo::default(); room as usize];
+                    let ptr = if buf.is_empty() {
+                        std::ptr::null_mut()
+                    } else {
+                        buf.as_mut_ptr()
+                    };
+                    // SAFETY: a live device handle; `buf` holds `count` records of the layout
+                    // this symbol writes (null with a count of 0, which NVML answers with the
+                    // count it needs).
+                    let code = unsafe { f(handle, &mut count, ptr) };
+                    let got = buf
+                        .iter()
+                        .take(count as usize)
+                        .map(|p| (p.pid, used(p.used_gpu_memory)))
+                        .collect::<Vec<_>>();
+                    (call, code, got)
+                }
+                ProcessList::V1(call, f) => {
+                    let mut buf = vec![RawProcessInfoV1::default(); room as usize];
+                    let ptr = if buf.is_empty() {
+                        std::ptr::null_mut()
+                    } else {
+                        buf.as_mut_ptr()
+                    };
+                    // SAFETY: as above, with the records of the first version.
+                    let code = unsafe { f(handle, &mut count, ptr) };
+                    let got = buf
+                        .iter()
+                        .take(count as usize)
+                        .map(|p| (p.pid, used(p.used_gpu_memory)))
+                        .collect::<Vec<_>>();
+                    (call, code, got)
+                }
+            };
+            match code {
+                NVML_SUCCESS => return Ok(got),
+                // Room for the processes there now, and a few that may start meanwhile.
+                NVML_ERROR_INSUFFICIENT_SIZE => room = count.saturating_add(8),
+                code => return check(call, code).map(|()| got),
+            }
+        }
+        check(self.name(), NVML_ERROR_INSUFFICIENT_SIZE).map(|()| Vec::new())
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            ProcessList::V3(n, _) | ProcessList::V1(n, _) => n,
+        }
+    }
 }
 
 /// A loaded, initialised NVML. Shared process-wide through [`Nvml::get`]; never shut down (NVML's
@@ -299,13 +489,48 @@ impl Nvml {
         (0..count).map(|i| self.device(i)).collect()
     }
 
+    /// The processes with a context on device `index` (NVML's index, [`NvmlDevice::index`]):
+    /// `nvmlDeviceGetComputeRunningProcesses` and `nvmlDeviceGetGraphicsRunningProcesses`
+    /// (`_v3` where the library has it), merged by pid ([`merge_processes`]). A library without
+    /// either call is [`Error::MissingSymbol`]; a device that does not report them, the call's
+    /// [`Error::Nvml`] (`NVML_ERROR_NOT_SUPPORTED`, `NVML_ERROR_NO_PERMISSION`).
+    pub fn processes(&self, index: u32) -> Result<Vec<GpuProcess>> {
+        let t = &self.table;
+        let compute = ProcessList::pick(
+            t.compute_processes_v3,
+            t.compute_processes_v1,
+            (
+                "nvmlDeviceGetComputeRunningProcesses_v3",
+                "nvmlDeviceGetComputeRunningProcesses",
+            ),
+        )?;
+        let graphics = ProcessList::pick(
+            t.graphics_processes_v3,
+            t.graphics_processes_v1,
+            (
+                "nvmlDeviceGetGraphicsRunningProcesses_v3",
+                "nvmlDeviceGetGraphicsRunningProcesses",
+            ),
+        )?;
+        let handle = self.handle(index)?;
+        Ok(merge_processes(
+            &compute.read(handle)?,
+            &graphics.read(handle)?,
+        ))
+    }
+
+    fn handle(&self, index: u32) -> Result<DeviceHandle> {
+        let mut handle: DeviceHandle = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; NVML checks the index itself.
+        check("nvmlDeviceGetHandleByIndex_v2", unsafe {
+            (self.table.device_by_index)(index, &mut handle)
+        })?;
+        Ok(handle)
+    }
+
     fn device(&self, index: u32) -> Result<NvmlDevice> {
         let t = &self.table;
-        let mut handle: DeviceHandle = std::ptr::null_mut();
-        // SAFETY: index below the count NVML reported; valid out-pointer.
-        check("nvmlDeviceGetHandleByIndex_v2", unsafe {
-            (t.device_by_index)(index, &mut handle)
-        })?;
+        let handle = self.handle(index)?;
         let string = |call: &'static str,
                       f: unsafe extern "C" fn(DeviceHandle, *mut c_char, c_uint) -> NvmlReturn|
          -> Result<String> {
@@ -402,6 +627,33 @@ mod tests {
         assert!(match_device(&devices, &other, at(0x99)).is_none());
         assert!(match_device(&devices, &other, None).is_none());
         assert!(match_device(&[], &UUID, at(0x41)).is_none());
+    }
+
+    #[test]
+    fn a_process_in_both_lists_is_one_process_with_one_figure() {
+        let mib = |n: u64| Some(n << 20);
+        let compute = [(300, mib(600)), (100, mib(500))];
+        // The vkgdr process (100) is a graphics process too (its Vulkan device), with the same
+        // figure or a smaller one: never counted twice. 200 is Vulkan only; 400 cannot be told.
+        let graphics = [(100, mib(480)), (200, mib(17)), (400, None)];
+        let merged = merge_processes(&compute, &graphics);
+        let by_pid: Vec<_> = merged
+            .iter()
+            .map(|p| (p.pid, p.used_bytes, p.compute, p.graphics))
+            .collect();
+        assert_eq!(
+            by_pid,
+            [
+                (100, mib(500), true, true),
+                (200, mib(17), false, true),
+                (300, mib(600), true, false),
+                (400, None, false, true),
+            ]
+        );
+        // A figure NVML cannot give in one list is taken from the other.
+        let merged = merge_processes(&[(7, None)], &[(7, mib(3))]);
+        assert_eq!(merged[0].used_bytes, mib(3));
+        assert!(merge_processes(&[], &[]).is_empty());
     }
 
     #[test]

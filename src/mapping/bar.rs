@@ -18,8 +18,8 @@
 use std::fmt;
 
 use crate::driver::cuda::{ContextGuard, CuDevice, Driver, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID};
-use crate::driver::nvml::{self, Bar1Memory, Nvml, PciAddress};
-use crate::error::{InvalidArgument, Result};
+use crate::driver::nvml::{self, Bar1Memory, GpuProcess, Nvml, PciAddress};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::mapping::gpu::Gpu;
 
 /// `CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID`.
@@ -259,6 +259,29 @@ impl Gpu {
             },
             true,
         )
+    }
+
+    /// The processes with a context on this device, as NVML lists them
+    /// ([`Nvml::processes`]): each one's pid and the device memory it uses, this process among
+    /// them. NVML numbers processes as the host's kernel does, so inside a container (a PID
+    /// namespace of its own) this process's `getpid()` is not in the list.
+    ///
+    /// Without NVML: [`Error::LibraryNotFound`]; without a matching NVML device:
+    /// [`Error::NoMatchingDevice`]; a driver without the calls or a device that does not report
+    /// them: NVML's error.
+    pub fn processes(&self) -> Result<Vec<GpuProcess>> {
+        let nvml = Nvml::get()?;
+        let pci = cuda_pci_address(self.driver(), self.cu_device()).ok();
+        let devices = nvml.devices()?;
+        let index = nvml::match_device(&devices, &self.uuid(), pci)
+            .ok_or_else(|| {
+                Error::NoMatchingDevice(format!(
+                    "no NVML device with the UUID or PCI address of {}",
+                    self.name()
+                ))
+            })?
+            .index;
+        nvml.processes(index)
     }
 }
 

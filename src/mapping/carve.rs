@@ -115,6 +115,16 @@ impl Carver {
         drop(released);
     }
 
+    /// The chunks held now (empty ones included) and their bytes.
+    pub(crate) fn held(&self) -> (u64, u64) {
+        let state = self.state.lock();
+        state
+            .chunks
+            .iter()
+            .flatten()
+            .fold((0, 0), |(n, bytes), c| (n + 1, bytes + c.size()))
+    }
+
     /// Gives every empty chunk back to the driver; returns how many.
     pub(crate) fn trim(&self) -> usize {
         let released: Vec<_> = {

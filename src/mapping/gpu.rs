@@ -17,8 +17,15 @@ use crate::driver::uuid::{format_uuid, parse_uuid};
 use crate::driver::vulkan::{DeviceSelector, MemoryOptions, VulkanContext};
 use crate::error::{Error, InvalidArgument, Result};
 use crate::mapping::carve::Carver;
-use crate::mapping::release::{EventFence, Fence, FenceWords, PendingCount, ReleaseQueue};
+use crate::mapping::release::{
+    EventFence, EventFenceCount, Fence, FenceWords, PendingCount, ReleaseQueue,
+};
+use crate::mapping::retained::{names, Retained, RetainedItem, RetainedKind};
 use crate::mapping::vmm::VmmDevice;
+
+/// How long a handle that ran out of memory making its completion words waits before it tries
+/// again (its releases record events meanwhile).
+const FENCE_WORDS_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// How to open a [`Gpu`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -89,6 +96,11 @@ struct GpuInner {
     /// Completion words for release fences, made with the first release (`None` inside: not
     /// available here, and releases record events instead).
     fence_words: OnceLock<Option<Arc<FenceWords>>>,
+    /// When to try making the completion words again after running out of memory (`None`:
+    /// no failure yet); serialises the attempts.
+    fence_words_retry: Mutex<Option<std::time::Instant>>,
+    /// The event fences this handle's releases made, where no completion word could be had.
+    event_fences: EventFenceCount,
     /// Releases of this handle's memory still waiting for GPU work.
     pending: PendingCount,
     /// The shared granules small raw allocations are carved from, made with the first one.
@@ -321,6 +333,8 @@ impl Gpu {
                 allocations: Mutex::new(BTreeMap::new()),
                 vmm,
                 fence_words: OnceLock::new(),
+                fence_words_retry: Mutex::new(None),
+                event_fences: EventFenceCount::default(),
                 pending: PendingCount::default(),
                 carver: Mutex::new(None),
                 copy_stream: OnceLock::new(),
@@ -614,6 +628,69 @@ impl Gpu {
         carver.map_or(0, |c| c.trim())
     }
 
+    /// What this handle (and its clones) holds now, item by item ([`Retained`]): its live raw
+    /// allocations, the caches it keeps for later allocations and copies (carved granules,
+    /// staged-read sets, host staging buffers), the objects it made on first use (completion
+    /// words, its copy stream), the releases still waiting and the event fences alive. A
+    /// snapshot; takes a few locks. What the driver keeps for the process is not in it: compare
+    /// two reports with the device's figures to tell the two apart.
+    pub fn retained(&self) -> Retained {
+        let item = |name, kind, (count, bytes): (u64, u64)| RetainedItem {
+            name,
+            kind,
+            count,
+            bytes,
+        };
+        let raw = {
+            let allocations = self.inner.allocations.lock();
+            (
+                allocations.len() as u64,
+                allocations.values().map(|a| a.size).sum(),
+            )
+        };
+        let carved = self
+            .inner
+            .carver
+            .lock()
+            .clone()
+            .map_or((0, 0), |c| c.held());
+        let words = match self.inner.fence_words.get() {
+            Some(Some(w)) => (1, w.size()),
+            _ => (0, 0),
+        };
+        let copy_stream = (u64::from(self.inner.copy_stream.get().is_some()), 0);
+        Retained {
+            items: vec![
+                item(names::RAW_ALLOCATIONS, RetainedKind::Bar, raw),
+                item(names::CARVED_GRANULES, RetainedKind::Bar, carved),
+                item(names::COMPLETION_WORDS, RetainedKind::Host, words),
+                item(names::COPY_STREAM, RetainedKind::DriverObjects, copy_stream),
+                item(
+                    names::STAGED_READ_SETS,
+                    RetainedKind::Host,
+                    self.inner.staging.held(),
+                ),
+                item(
+                    names::HOST_STAGING_BUFFERS,
+                    RetainedKind::Host,
+                    self.inner.host_staging.held(),
+                ),
+                item(
+                    names::RELEASES_WAITING,
+                    RetainedKind::Releases,
+                    (self.pending_releases() as u64, 0),
+                ),
+                item(
+                    names::EVENT_FENCES,
+                    RetainedKind::DriverObjects,
+                    (self.inner.event_fences.alive() as u64, 0),
+                ),
+            ],
+            event_fences_made: self.inner.event_fences.made(),
+            event_fences_peak: self.inner.event_fences.peak() as u64,
+        }
+    }
+
     /// Releases of memory allocated through this handle (and its clones) that still wait for GPU
     /// work queued before them. That memory still counts as in use.
     pub fn pending_releases(&self) -> usize {
@@ -660,15 +737,34 @@ impl Gpu {
         }
     }
 
-    /// The completion words of release fences, made on first use (`None`: not available).
+    /// The completion words of release fences, made on first use (`None`: not available, and
+    /// releases record events instead). Running out of memory making them is passing: they are
+    /// tried again a little later ([`FENCE_WORDS_RETRY`]) rather than given up for good, which
+    /// would leave every later release of the handle to an event of its own.
     fn fence_words(&self) -> Option<&Arc<FenceWords>> {
-        self.inner
-            .fence_words
-            .get_or_init(|| {
-                self.vmm()
-                    .and_then(|v| FenceWords::new(v, self.vulkan()).ok())
-            })
-            .as_ref()
+        if let Some(words) = self.inner.fence_words.get() {
+            return words.as_ref();
+        }
+        let mut retry = self.inner.fence_words_retry.lock();
+        if let Some(words) = self.inner.fence_words.get() {
+            return words.as_ref();
+        }
+        if retry.is_some_and(|at| std::time::Instant::now() < at) {
+            return None;
+        }
+        let made = match self.vmm() {
+            Some(v) => FenceWords::new(v, self.vulkan()).map(Some),
+            None => Ok(None),
+        };
+        match made {
+            Ok(words) => drop(self.inner.fence_words.set(words)),
+            Err(e) if e.is_out_of_memory() => {
+                *retry = Some(std::time::Instant::now() + FENCE_WORDS_RETRY);
+                return None;
+            }
+            Err(_) => drop(self.inner.fence_words.set(None)),
+        }
+        self.inner.fence_words.get().and_then(Option::as_ref)
     }
 
     /// A fence for the work queued so far in `context` (the handle's own when `None`).
@@ -694,6 +790,7 @@ impl Gpu {
             context,
             std::ptr::null_mut(),
             owner,
+            &self.inner.event_fences,
         )?))
     }
 
@@ -743,6 +840,7 @@ impl Gpu {
             context,
             stream,
             owner,
+            &self.inner.event_fences,
         )?))
     }
 

@@ -34,6 +34,15 @@ impl HostStagingCache {
         self.0.lock().push((len, ptr));
     }
 
+    /// The buffers kept now and their bytes (buffers in use are their users').
+    pub(crate) fn held(&self) -> (u64, u64) {
+        let cached = self.0.lock();
+        (
+            cached.len() as u64,
+            cached.iter().map(|&(n, _)| n as u64).sum(),
+        )
+    }
+
     /// Frees every cached buffer (the owning handle is going away; `context` is still alive).
     pub(crate) fn free_all(&self, driver: &Driver, context: Option<CuContext>) {
         let cached = std::mem::take(&mut *self.0.lock());

@@ -5,8 +5,9 @@
 //! granules, `release` gives memory back once the GPU work queued before its free has completed,
 //! `staging` reads large ranges through pinned buffers; [`RawMemory`](memory::RawMemory) is one
 //! allocation, [`Arena`](arena::Arena) a growable contiguous range, [`chunk`] the seam the pool
-//! draws its chunks through, [`bar`] the BAR figures, `batch` many writes with one fence and
-//! [`cuda_objects`] the CUDA objects (streams, events, modules) the layers above use.
+//! draws its chunks through, [`bar`] the BAR figures, `batch` many writes with one fence,
+//! [`cuda_objects`] the CUDA objects (streams, events, modules) the layers above use and
+//! [`retained`] what a `Gpu` holds between allocations, by name.
 //!
 //! [`Mapping`], here: safe, bounds-checked access to any CPU-mapped range of device memory.
 //! Raw allocations, Vulkan-only allocations and pool blocks all implement it, so they share one
@@ -23,6 +24,7 @@ pub(crate) mod gpu;
 pub(crate) mod host_staging;
 pub mod memory;
 pub(crate) mod release;
+pub mod retained;
 pub(crate) mod staging;
 pub mod vmm;
 

@@ -26,7 +26,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -67,6 +67,36 @@ impl PendingCount {
     /// Releases waiting now.
     pub(crate) fn get(&self) -> usize {
         self.0.load(Ordering::Acquire)
+    }
+}
+
+/// How many [`EventFence`]s of one owner (a [`Gpu`](crate::Gpu)) exist, and how many it has
+/// made: each one is a `cuEventCreate`, the path taken where no completion word can be had.
+#[derive(Clone, Default)]
+pub(crate) struct EventFenceCount(Arc<EventFenceCounters>);
+
+#[derive(Default)]
+struct EventFenceCounters {
+    alive: AtomicUsize,
+    made: AtomicU64,
+    /// The most alive at once.
+    peak: AtomicUsize,
+}
+
+impl EventFenceCount {
+    /// Event fences alive now.
+    pub(crate) fn alive(&self) -> usize {
+        self.0.alive.load(Ordering::Acquire)
+    }
+
+    /// Event fences made so far.
+    pub(crate) fn made(&self) -> u64 {
+        self.0.made.load(Ordering::Relaxed)
+    }
+
+    /// The most event fences alive at once so far.
+    pub(crate) fn peak(&self) -> usize {
+        self.0.peak.load(Ordering::Relaxed)
     }
 }
 
@@ -238,6 +268,11 @@ impl FenceWords {
         }))
     }
 
+    /// Bytes of pinned host memory the words take.
+    pub(crate) fn size(&self) -> u64 {
+        self.memory.size()
+    }
+
     fn word(&self, slot: usize) -> &AtomicU32 {
         // SAFETY: `slot` < size / WORD_STRIDE (checked where slots are made), so the aligned u32
         // lies inside the live mapping; the CPU touches it only through this atomic, the GPU
@@ -318,24 +353,31 @@ pub(crate) struct EventFence {
     event: SendSyncPtr<c_void>,
     /// Whatever keeps `context` alive (a `Gpu`), dropped after the event.
     _owner: Option<Box<dyn std::any::Any + Send + Sync>>,
+    /// The owner's count of event fences, one less once this one is gone.
+    count: EventFenceCount,
 }
 
 impl EventFence {
     /// Records a new event on `stream` (the null stream: the legacy stream) of `context`, which
     /// must be current on this thread and stay alive until the fence is dropped: `owner`, kept
-    /// until then, may see to that.
+    /// until then, may see to that. `count` counts it while it lives.
     pub(crate) fn record(
         driver: &Arc<Driver>,
         context: CuContext,
         stream: CuStream,
         owner: Option<Box<dyn std::any::Any + Send + Sync>>,
+        count: &EventFenceCount,
     ) -> Result<EventFence> {
         let event = driver.cu_event_create(CU_EVENT_DISABLE_TIMING)?;
+        count.0.made.fetch_add(1, Ordering::Relaxed);
+        let alive = count.0.alive.fetch_add(1, Ordering::AcqRel) + 1;
+        count.0.peak.fetch_max(alive, Ordering::Relaxed);
         let fence = EventFence {
             driver: driver.clone(),
             context: SendSyncPtr::new(context),
             event: SendSyncPtr::new(event),
             _owner: owner,
+            count: count.clone(),
         };
         // SAFETY: a live event of the current context, and a stream of it (or the null stream).
         unsafe { driver.cu_event_record(event, stream) }?;
@@ -361,6 +403,7 @@ impl Drop for EventFence {
             // SAFETY: our event; destroying a recorded event is allowed at any time.
             let _ = unsafe { self.driver.cu_event_destroy(self.event.get()) };
         }
+        self.count.0.alive.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

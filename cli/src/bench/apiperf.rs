@@ -12,7 +12,9 @@ use vkgdr::{Gpu, OpenOptions, Pool, PoolConfig};
 use crate::ui;
 
 use super::error::{BenchError, BenchResult};
-use super::measure::{gpu_opened_before, ladder, measure, measure_pair, open_gpu, Budget, Stats};
+use super::measure::{
+    device_ordinal, gpu_opened_before, ladder, measure, measure_pair, open_gpu, Budget, Stats,
+};
 use super::options::Options;
 use super::report::format::fmt_size;
 use super::report::model::{Report, Row, Unit};
@@ -71,13 +73,14 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     };
     push(&mut report, first_name, 0, &[first]);
     ui::step("Gpu::open, another handle");
+    let ordinal = device_ordinal()?;
     let again = measure(
         &Budget {
             warmup: Duration::ZERO,
             ..Budget::new(if q { ms(200) } else { ms(1000) }, 3, 20)
         },
         || {
-            drop(Gpu::open(0)?);
+            drop(Gpu::open(ordinal)?);
             Ok(())
         },
     )?;

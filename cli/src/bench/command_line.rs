@@ -10,6 +10,7 @@ use clap::Args as _;
 use super::compare::command_line as compare;
 use super::registry::{Which, BENCHMARKS};
 use super::report::spec::{Anchor, ReportSpec};
+use crate::device::DeviceArg;
 
 /// Where results go when `--out` is not given.
 pub const DEFAULT_OUT: &str = "bench-out";
@@ -98,6 +99,12 @@ pub struct RunArgs {
         display_order = 3
     )]
     pub tolerance: u32,
+
+    /// The GPU to measure: a CUDA ordinal or a GPU UUID (GPU-..., as `nvidia-smi -L` prints it;
+    /// the prefix may be left out); results.json names it
+    // Listed first (clap orders ties by name).
+    #[arg(long, value_name = "N|UUID", default_value = "0", display_order = 0)]
+    pub device: DeviceArg,
 }
 
 /// A parsed `vkgdr bench` subcommand.
@@ -239,6 +246,7 @@ mod tests {
     #[test]
     fn command_line_parses() {
         let x = RunArgs {
+            device: DeviceArg::Ordinal(0),
             out: PathBuf::from("x"),
             quick: true,
             json: false,
@@ -263,6 +271,7 @@ mod tests {
             BenchCommand::Run(
                 Which::All,
                 RunArgs {
+                    device: DeviceArg::Ordinal(0),
                     out: PathBuf::from(DEFAULT_OUT),
                     quick: false,
                     json: true,
@@ -283,6 +292,18 @@ mod tests {
             BenchCommand::Run(Which::All, RunArgs { compare: Some(ref p), tolerance: 25, .. })
                 if p == Path::new("base")
         ));
+        // One chosen device, by ordinal or UUID (with or without its prefix).
+        let uuid = "GPU-5fd4a7f7-1a2b-3c4d-5e6f-708192a3b4c5";
+        for (line, want) in [
+            ("bench copylat --device 1".to_string(), "1"),
+            (format!("bench all --device {uuid}"), uuid),
+            (format!("bench ring --device={}", &uuid[4..]), uuid),
+        ] {
+            match parse(&line).unwrap().command {
+                BenchCommand::Run(_, a) => assert_eq!(a.device.to_string(), want, "{line}"),
+                other => panic!("{line}: {other:?}"),
+            }
+        }
         let b = parse("bench compare old new --json").unwrap();
         assert!(b.json());
         assert_eq!(
@@ -320,6 +341,12 @@ mod tests {
             "bench all --tolerance 5",
             "bench all --compare",
             "bench all --compare=",
+            "bench all --device",
+            "bench all --device GPU-1234",
+            "bench all --device -1",
+            "bench all --device 0,1",
+            "bench all --devices all",
+            "bench plot d --device 0",
         ] {
             let e = parse(bad)
                 .err()

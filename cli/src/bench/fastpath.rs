@@ -23,7 +23,7 @@ use vkgdr::{Gpu, Mapping, OpenOptions, Pool, PoolConfig, RawMemory, WriteBatch};
 
 use super::error::{BenchError, BenchResult};
 use super::host_pinned::HostPinned;
-use super::measure::{measure, open_gpu, to_bandwidth, Budget, Stats};
+use super::measure::{device_ordinal, measure, open_gpu, to_bandwidth, Budget, Stats};
 use super::options::Options;
 use super::report::format::fmt_size;
 use super::report::model::{Report, Row, Unit};
@@ -344,7 +344,7 @@ fn small(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
     })?;
     push(&mut report, "16 blocks: one WriteBatch", 16 * 64, &ns);
     report.notes.push(format!(
-        "first write: {children} child processes each open GPU 0, allocate 1 MiB and time \
+        "first write: {children} child processes each open the same GPU, allocate 1 MiB and time \
          RawMemory::write of examples/hello's {} bytes (from a heap copy), then the same write again; page faults \
          during the first write: {}",
         HELLO.len(),
@@ -367,8 +367,9 @@ fn small(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
 /// chunk, in ns, and the page faults the first write took.
 fn first_write_child() -> BenchResult<([f64; 5], u64)> {
     let exe = std::env::current_exe().map_err(|e| BenchError::io(std::path::Path::new("."), e))?;
+    let ordinal = device_ordinal()?.to_string();
     let out = Command::new(&exe)
-        .args(["bench", CHILD_ARG])
+        .args(["bench", CHILD_ARG, &ordinal])
         .output()
         .map_err(|e| BenchError::io(&exe, e))?;
     let text = String::from_utf8_lossy(&out.stdout);
@@ -401,9 +402,9 @@ fn first_write_child() -> BenchResult<([f64; 5], u64)> {
 /// of the mapping costs on its own: one raw store + `sfence` into a page no one touched, a write
 /// into another such page, and a raw store into a new allocation of its own chunk. Prints
 /// `first-write-ns FIRST SECOND RAW_PAGE NEW_PAGE NEW_CHUNK`; fails if the write started a
-/// thread.
-pub fn child_main() -> BenchResult<()> {
-    let gpu = Gpu::open(0)?;
+/// thread. `ordinal` is the CUDA device the parent measures.
+pub fn child_main(ordinal: i32) -> BenchResult<()> {
+    let gpu = Gpu::open(ordinal)?;
     let mut mem = gpu.alloc(1 << 20)?;
     // The bytes come from this process's heap, as a program's data would: a constant of this
     // large executable lies in a page nothing touched yet, whose fault (microseconds; figures:

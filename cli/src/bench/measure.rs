@@ -1,6 +1,6 @@
-//! What every benchmark measures with: GPU 0 opened ([`open_gpu`]), timing ([`Budget`],
-//! [`measure`], [`measure_pair`]), sample statistics ([`Stats`], [`percentile`]), size ladders
-//! ([`ladder`]) and bandwidth ([`to_bandwidth`]).
+//! What every benchmark measures with: the GPU `--device` chose, opened ([`open_gpu`]); timing
+//! ([`Budget`], [`measure`], [`measure_pair`]), sample statistics ([`Stats`], [`percentile`]),
+//! size ladders ([`ladder`]) and bandwidth ([`to_bandwidth`]).
 //!
 //! Timing: [`std::time::Instant`] around each sample after a warm-up. Operations shorter than
 //! [`Budget::min_sample`] are repeated back to back inside one sample (the sample is then the mean
@@ -8,19 +8,91 @@
 //! samples.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use vkgdr::vulkan::format_uuid;
 use vkgdr::{Gpu, OpenOptions};
 
 use super::error::BenchResult;
+use crate::device::{self, DeviceArg, Devices, Present};
 
 static GPU_OPENED: AtomicBool = AtomicBool::new(false);
 
-/// Opens GPU 0 for a benchmark (and remembers that the process has opened one).
+/// The device this run measures (`--device`), and what it turned out to be once opened.
+struct Chosen {
+    wanted: DeviceArg,
+    opened: Option<Present>,
+}
+
+static DEVICE: Mutex<Chosen> = Mutex::new(Chosen {
+    wanted: DeviceArg::Ordinal(0),
+    opened: None,
+});
+
+fn chosen() -> std::sync::MutexGuard<'static, Chosen> {
+    DEVICE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Makes `d` the device every benchmark of this process opens (`--device`; CUDA device 0
+/// unless called).
+pub fn choose_device(d: DeviceArg) {
+    *chosen() = Chosen {
+        wanted: d,
+        opened: None,
+    };
+}
+
+/// Opens the chosen device for a benchmark (and remembers that the process has opened one, and
+/// which device it was). The first open in the process is what `apiperf` times, so nothing is
+/// asked of the driver before it; a device that is not here is named with those that are.
 pub fn open_gpu(options: OpenOptions) -> BenchResult<Gpu> {
-    let gpu = Gpu::open_with(0, options)?;
+    let wanted = chosen().wanted;
+    let opened = match wanted {
+        DeviceArg::Ordinal(n) => Gpu::open_with(n, options),
+        DeviceArg::Uuid(u) => Gpu::open_uuid_with(&format_uuid(&u), options),
+    };
+    let gpu = match opened {
+        Ok(gpu) => gpu,
+        // Said with the devices that are here, where the driver can list them.
+        Err(e) => {
+            return Err(match device::select(&Devices::one(wanted)) {
+                Err(missing @ vkgdr::Error::NoMatchingDevice(_)) => missing,
+                _ => e,
+            }
+            .into())
+        }
+    };
     GPU_OPENED.store(true, Ordering::Relaxed);
+    let mut c = chosen();
+    if c.opened.is_none() {
+        c.opened = Some(Present {
+            ordinal: vkgdr::vmm::ordinal_of(gpu.driver(), gpu.cu_device())?,
+            uuid: gpu.uuid(),
+            name: gpu.name().to_string(),
+        });
+    }
     Ok(gpu)
+}
+
+/// The CUDA ordinal of the chosen device, for another handle to the same GPU
+/// (`Gpu::open(ordinal)`): known once a benchmark opened it, else looked up.
+pub fn device_ordinal() -> BenchResult<i32> {
+    let c = chosen();
+    if let Some(p) = &c.opened {
+        return Ok(p.ordinal);
+    }
+    let wanted = c.wanted;
+    drop(c);
+    match wanted {
+        DeviceArg::Ordinal(n) => Ok(n),
+        DeviceArg::Uuid(_) => Ok(device::select(&Devices::one(wanted))?[0].ordinal),
+    }
+}
+
+/// The device the benchmarks opened (`None`: none opened yet).
+pub fn opened_device() -> Option<Present> {
+    chosen().opened.clone()
 }
 
 /// Whether a benchmark opened a GPU earlier in this process (driver already loaded).

@@ -79,6 +79,7 @@ pub fn main(args: &BenchArgs) -> ExitCode {
                 out: a.out.clone(),
                 quick: a.quick,
             };
+            measure::choose_device(a.device);
             match run::run(*which, &opts, baseline.as_ref()) {
                 Ok(code) => return ExitCode::from(code),
                 Err(e) => Err(e),
@@ -98,9 +99,21 @@ pub fn main(args: &BenchArgs) -> ExitCode {
 }
 
 /// The child process of `fastpath`'s first-write row (not a user command): `vkgdr bench
-/// --first-write-child`, recognised before the command line is parsed.
-pub fn first_write_child() -> ExitCode {
-    match fastpath::child_main() {
+/// --first-write-child [ORDINAL]` (the parent's device; 0 when not given), recognised before the
+/// command line is parsed.
+pub fn first_write_child(ordinal: Option<&std::ffi::OsStr>) -> ExitCode {
+    let ordinal = match ordinal.map(|o| o.to_str().and_then(|o| o.parse::<i32>().ok())) {
+        None => 0,
+        Some(Some(n)) => n,
+        Some(None) => {
+            eprintln!(
+                "vkgdr bench {}: not an ordinal: {ordinal:?}",
+                fastpath::CHILD_ARG
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    match fastpath::child_main(ordinal) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("vkgdr bench {}: {e}", fastpath::CHILD_ARG);

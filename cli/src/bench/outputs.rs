@@ -16,7 +16,7 @@ use super::report::model::Report;
 use super::report::table::summary_markdown;
 use crate::json::bench::{BenchDocument, BenchRunJson, ReportJson};
 use crate::json::document::{to_text, About};
-use crate::json::machine::{cpu_model, MachineJson};
+use crate::json::machine::{cpu_model, DeviceJson, MachineJson};
 use crate::ui::{self, say, status};
 
 /// One benchmark as it ran: for the summary and the JSON document.
@@ -32,11 +32,12 @@ pub struct Ran {
     pub reports: Vec<Report>,
 }
 
-/// The JSON document of a run: `ran` in order, the machine it ran on, what stopped the run
-/// outside a benchmark.
+/// The JSON document of a run: `ran` in order, the machine it ran on and the device measured,
+/// what stopped the run outside a benchmark.
 pub fn document(
     opts: &Options,
     machine: Option<MachineJson>,
+    device: Option<DeviceJson>,
     ran: &[Ran],
     error: Option<String>,
 ) -> BenchDocument {
@@ -45,6 +46,7 @@ pub fn document(
         about: About::new("vkgdr-bench"),
         mode: if opts.quick { "quick" } else { "full" }.to_string(),
         out_dir: opts.out.display().to_string(),
+        device,
         machine,
         benchmarks: ran
             .iter()
@@ -104,7 +106,7 @@ pub fn write_summary(
 /// Facts about the machine for the summary header; best effort (a missing GPU is a line too).
 pub fn machine_lines(opts: &Options) -> Vec<String> {
     let mut lines = Vec::new();
-    match Gpu::open(0) {
+    match super::measure::device_ordinal().and_then(|n| Ok(Gpu::open(n)?)) {
         Ok(gpu) => {
             let driver = gpu
                 .driver()
@@ -113,7 +115,8 @@ pub fn machine_lines(opts: &Options) -> Vec<String> {
                 .unwrap_or_else(|e| format!("driver version unknown ({e})"));
             lines.push(format!(
                 "GPU: {} ({driver}; BAR memory {})",
-                gpu.name(),
+                super::measure::opened_device()
+                    .map_or_else(|| gpu.name().to_string(), |d| d.to_string()),
                 if gpu.is_non_coherent() {
                     "non-coherent"
                 } else {
@@ -238,7 +241,12 @@ pub(crate) mod tests {
             quick: true,
         };
         let ran = made_up_run();
-        let doc = document(&opts, Some(bare_machine()), &ran, None);
+        let device = DeviceJson {
+            ordinal: 1,
+            uuid: "5fd4a7f7-1a2b-3c4d-5e6f-708192a3b4c5".into(),
+            name: "NVIDIA H200".into(),
+        };
+        let doc = document(&opts, Some(bare_machine()), Some(device), &ran, None);
         let text = to_text(&doc);
         let back: BenchDocument = serde_json::from_str(&text).unwrap();
         assert_eq!(back, doc);
@@ -254,6 +262,10 @@ pub(crate) mod tests {
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["format"], "vkgdr-bench");
         assert_eq!(v["mode"], "quick");
+        // The device measured, by ordinal, UUID and name.
+        assert_eq!(v["device"]["ordinal"], 1);
+        assert_eq!(v["device"]["uuid"], "5fd4a7f7-1a2b-3c4d-5e6f-708192a3b4c5");
+        assert_eq!(v["device"]["name"], "NVIDIA H200");
         assert_eq!(v["ok"], false, "pplat failed");
         assert_eq!(
             v["benchmarks"][2]["error"],

@@ -19,7 +19,7 @@ use super::outputs::{
 use super::registry::{Benchmark, Which};
 use super::report::model::Report;
 use crate::json::document::to_text;
-use crate::json::machine::MachineJson;
+use crate::json::machine::{DeviceJson, MachineJson};
 use crate::ui::{self, alert, say, status};
 
 /// What a run has done so far: enough for the JSON document whatever stops it.
@@ -29,6 +29,8 @@ struct Session {
     /// `benchmark: error` for each failure.
     failures: Vec<String>,
     machine: Option<MachineJson>,
+    /// The device the benchmarks opened.
+    device: Option<DeviceJson>,
 }
 
 /// Runs `which`, then compares with `baseline` (and its noise floor in percent) when given: the
@@ -38,7 +40,13 @@ pub fn run(which: Which, opts: &Options, baseline: Option<&(Baseline, u32)>) -> 
     let mut session = Session::default();
     let outcome = run_into(which, opts, &mut session);
     let error = outcome.as_ref().err().map(|e| e.to_string());
-    let doc = document(opts, session.machine.clone(), &session.ran, error);
+    let doc = document(
+        opts,
+        session.machine.clone(),
+        session.device.clone(),
+        &session.ran,
+        error,
+    );
     // Only a run whose results were written is compared: its figures are in results.json.
     let comparison = match (baseline, &outcome) {
         (Some((b, tolerance)), Ok(())) => {
@@ -145,13 +153,19 @@ fn run_into(which: Which, opts: &Options, session: &mut Session) -> BenchResult<
                 stop = match &e {
                     // A kernel may still be running on the device: stop here.
                     BenchError::KernelStuck(_) => true,
-                    // No driver on this machine: every other benchmark would fail the same way.
-                    BenchError::Vkgdr(vkgdr::Error::LibraryNotFound { .. }) => true,
+                    // No driver on this machine, or no such device (`--device`): every other
+                    // benchmark would fail the same way.
+                    BenchError::Vkgdr(
+                        vkgdr::Error::LibraryNotFound { .. } | vkgdr::Error::NoMatchingDevice(_),
+                    ) => true,
                     _ => false,
                 };
             }
         }
         this.seconds = started.elapsed().as_secs_f64();
+        if session.device.is_none() {
+            session.device = super::measure::opened_device().map(|d| DeviceJson::of(&d));
+        }
         status!("({name} took {:.1} s)\n", this.seconds);
         session.ran.push(this);
         if session.machine.is_none() && !stuck {
@@ -167,7 +181,13 @@ fn run_into(which: Which, opts: &Options, session: &mut Session) -> BenchResult<
         // Likewise the JSON results.
         write_results(
             &opts.out,
-            &document(opts, session.machine.clone(), &session.ran, None),
+            &document(
+                opts,
+                session.machine.clone(),
+                session.device.clone(),
+                &session.ran,
+                None,
+            ),
         )?;
         if stop {
             break;

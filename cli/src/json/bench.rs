@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::document::About;
-use super::machine::MachineJson;
+use super::machine::{DeviceJson, MachineJson};
 use crate::bench::registry::report_spec;
 use crate::bench::report::model::{Report, Row, Unit};
 use crate::bench::report::spec::{method_matches, Anchor};
@@ -20,6 +20,10 @@ pub struct BenchDocument {
     pub mode: String,
     /// Where the CSVs, charts and summary went.
     pub out_dir: String,
+    /// The device measured (`--device`): its CUDA ordinal, UUID and name; `null` if no
+    /// benchmark opened one (documents of earlier versions lack it: they measured device 0).
+    #[serde(default)]
+    pub device: Option<DeviceJson>,
     /// The machine, looked at after the first benchmark (so `apiperf` still meets a cold
     /// process); `null` if no benchmark ran.
     pub machine: Option<MachineJson>,

@@ -19,6 +19,46 @@ pub struct InfoDocument {
     pub about: About,
     /// What was found.
     pub machine: MachineJson,
+    /// The devices `--check` judges and its verdict (`null`: `--device`/`--devices` named a
+    /// device that is not here, see `error`).
+    #[serde(default)]
+    pub checked: Option<CheckedJson>,
+    /// Why the devices asked for could not be checked.
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// What `vkgdr info --check` judges: the devices `--device`/`--devices` name (every CUDA
+/// device present by default) and the machine-wide findings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckedJson {
+    /// Their CUDA ordinals.
+    pub devices: Vec<i32>,
+    /// Whether vkgdr can open each of them (no `error` finding of the machine or of one of
+    /// them): what `--check` exits 0 for.
+    pub usable: bool,
+}
+
+/// One CUDA device a command worked on: its ordinal, UUID and name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceJson {
+    /// CUDA ordinal (in the process that ran: `CUDA_VISIBLE_DEVICES` may renumber).
+    pub ordinal: i32,
+    /// `cuDeviceGetUuid`, as the machine section writes UUIDs.
+    pub uuid: String,
+    /// `cuDeviceGetName`.
+    pub name: String,
+}
+
+impl DeviceJson {
+    /// A device present here.
+    pub fn of(p: &crate::device::Present) -> DeviceJson {
+        DeviceJson {
+            ordinal: p.ordinal,
+            uuid: vulkan::format_uuid(&p.uuid),
+            name: p.name.clone(),
+        }
+    }
 }
 
 /// The machine: what `vkgdr info` shows.
@@ -304,8 +344,14 @@ fn vulkan_device(d: &PhysicalDeviceInfo) -> VulkanDeviceJson {
     }
 }
 
-fn finding(f: &Finding) -> FindingJson {
-    let (problem, ordinal) = match f.problem {
+/// The CUDA device a finding concerns (`None`: the machine as a whole).
+pub fn finding_ordinal(f: &Finding) -> Option<i32> {
+    problem_name(f).1
+}
+
+/// A finding's problem in snake case, and the device it concerns.
+fn problem_name(f: &Finding) -> (&'static str, Option<i32>) {
+    match f.problem {
         Problem::NoVulkanLoader => ("no_vulkan_loader", None),
         Problem::NoNvidiaVulkanDevice => ("no_nvidia_vulkan_device", None),
         Problem::VulkanFailed => ("vulkan_failed", None),
@@ -320,7 +366,11 @@ fn finding(f: &Finding) -> FindingJson {
         Problem::NoNvml => ("no_nvml", None),
         // A problem this program does not know by name yet: its debug form still says which.
         _ => ("other", None),
-    };
+    }
+}
+
+fn finding(f: &Finding) -> FindingJson {
+    let (problem, ordinal) = problem_name(f);
     FindingJson {
         severity: match f.severity {
             Severity::Error => "error",
@@ -477,6 +527,11 @@ pub(crate) mod tests {
         let doc = InfoDocument {
             about: About::new("vkgdr-info"),
             machine: m,
+            checked: Some(CheckedJson {
+                devices: Vec::new(),
+                usable: false,
+            }),
+            error: None,
         };
         let text = to_text(&doc);
         let back: InfoDocument = serde_json::from_str(&text).unwrap();

@@ -1,10 +1,10 @@
-//! `vkgdr soak --json` ([`SoakDocument`]): the options, the figures before and after, the
-//! counters and the verdict.
+//! `vkgdr soak --json` ([`SoakDocument`]): the options, per device the figures before and after
+//! with what ours, other processes and the driver account for, the counters and the verdict.
 
 use serde::{Deserialize, Serialize};
 
 use super::document::About;
-use super::machine::MachineJson;
+use super::machine::{DeviceJson, MachineJson};
 
 /// `vkgdr soak --json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -17,19 +17,26 @@ pub struct SoakDocument {
     /// Whether the soak passed: every figure came back, no check found wrong data, no worker
     /// failed (what exit code 0 says).
     pub passed: bool,
-    /// What kept the soak from running or finishing (no GPU, a driver call that failed).
+    /// What kept the soak from running or finishing (no GPU, a device named that is not here, a
+    /// driver call that failed).
     pub error: Option<String>,
-    /// The GPU's name.
+    /// The first device's name (the one device of a soak of one).
     pub gpu: Option<String>,
     /// How long the measured part ran (after the warm-up).
     pub seconds: f64,
-    /// The figures after the warm-up.
+    /// The process's fds and the first device's figures after the warm-up (`devices` has
+    /// each device's).
     pub before: Option<SoakFiguresJson>,
-    /// The figures at the end.
+    /// The same at the end.
     pub after: Option<SoakFiguresJson>,
-    /// Each figure that must come back: before, after, change.
+    /// Each figure held before against after: the process's fds (`device` null), then each
+    /// device's BAR1 used and free VRAM.
     pub checks: Vec<SoakCheckJson>,
-    /// What the workers did.
+    /// Each device soaked: its figures before and after, what ours, other processes and the
+    /// driver account for, its counters and its verdict.
+    #[serde(default)]
+    pub devices: Vec<SoakDeviceJson>,
+    /// What the workers of every device did, added up.
     pub counters: SoakCountersJson,
     /// The errors the workers met (wrong data, unexpected failures), the first 100.
     pub errors: Vec<String>,
@@ -46,6 +53,9 @@ pub struct SoakOptionsJson {
     pub threads: usize,
     /// `--exhaust-every`, in seconds.
     pub exhaust_every_seconds: u64,
+    /// `--devices` (or `--device`) as given: `all`, or ordinals and UUIDs (`0` by default).
+    #[serde(default)]
+    pub devices: String,
 }
 
 /// The figures the soak takes before and after.
@@ -59,9 +69,12 @@ pub struct SoakFiguresJson {
     pub vram_free_bytes: u64,
 }
 
-/// One figure that must come back.
+/// One figure held before against after.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SoakCheckJson {
+    /// The CUDA ordinal of the device it is a figure of (`null`: the process's, `open_fds`).
+    #[serde(default)]
+    pub device: Option<i32>,
     /// `open_fds`, `bar1_used` or `vram_free`.
     pub figure: String,
     /// `fds` or `bytes`.
@@ -72,8 +85,154 @@ pub struct SoakCheckJson {
     pub after: Option<u64>,
     /// After minus before (0 when either is unknown).
     pub change: i64,
-    /// Whether it came back (`change` is 0).
+    /// Whether the use it measures came back to its start or below (fds and BAR1 used at or
+    /// below, free VRAM at or above). A device-wide figure that did not is not a failure by
+    /// itself: the device's `classification` says whose the growth is.
     pub came_back: bool,
+}
+
+/// One device of a soak.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SoakDeviceJson {
+    /// Which device: CUDA ordinal, UUID, name.
+    pub device: DeviceJson,
+    /// Whether nothing of ours stayed behind on it and its workers met no error.
+    pub passed: bool,
+    /// The smallest device memory the library maps on it (a VMM granule, or a 4 KiB page
+    /// without VMM): growth below it with nothing of ours grown is the driver's.
+    pub granule_bytes: u64,
+    /// Its figures after the warm-up.
+    pub before: Option<SoakDeviceFiguresJson>,
+    /// Its figures at the end.
+    pub after: Option<SoakDeviceFiguresJson>,
+    /// What ours, other processes and the driver account for (`null`: the soak did not get to
+    /// the end).
+    pub classification: Option<ClassificationJson>,
+    /// Why it failed (empty: it passed): what of ours stayed, growth nothing accounts for, the
+    /// workers' errors.
+    pub failures: Vec<String>,
+    /// What its workers did.
+    pub counters: SoakCountersJson,
+}
+
+/// One device's figures at one moment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SoakDeviceFiguresJson {
+    /// NVML's BAR1 used, every process's (`null`: no NVML).
+    pub bar1_used_bytes: Option<u64>,
+    /// Free device memory (`cuMemGetInfo`).
+    pub vram_free_bytes: u64,
+    /// NVML's processes on the device, compute and graphics merged (`null`: see
+    /// `processes_error`).
+    pub processes: Option<Vec<ProcessJson>>,
+    /// Why there is no process list.
+    pub processes_error: Option<String>,
+    /// What the library holds for the device, item by item (`vkgdr::Retained`).
+    pub retained: Vec<RetainedJson>,
+    /// Event fences the device's releases made since it was opened.
+    pub event_fences_made: u64,
+    /// The most of them alive at once since it was opened.
+    pub event_fences_peak: u64,
+}
+
+/// A process NVML lists on a device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessJson {
+    /// The host's pid.
+    pub pid: u32,
+    /// Its device memory (`null`: NVML cannot tell).
+    pub used_bytes: Option<u64>,
+    /// A compute (CUDA) process.
+    pub compute: bool,
+    /// A graphics (Vulkan) process.
+    pub graphics: bool,
+}
+
+/// One item the library holds for a device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetainedJson {
+    /// Its name (`raw allocations`, `carved granules`, ...).
+    pub name: String,
+    /// How it shows in the device's figures: `bar` (VRAM once, BAR1 twice), `host` (neither),
+    /// `driver_objects`, `releases`.
+    pub kind: String,
+    /// How many.
+    pub count: u64,
+    /// How many bytes.
+    pub bytes: u64,
+}
+
+/// Whose the change of a device's figures is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClassificationJson {
+    /// Whether BAR1 used and the VRAM in use are at or below their start.
+    pub came_back: bool,
+    /// BAR1 used, after minus before (`null`: no NVML).
+    pub bar1_used_change_bytes: Option<i64>,
+    /// VRAM in use, after minus before.
+    pub vram_used_change_bytes: i64,
+    /// The library's items that hold more than at the start (each one a failure).
+    pub ours_grown: Vec<RetainedChangeJson>,
+    /// This process's device memory per NVML, after minus before (`null`: no per-process
+    /// figures, see `per_process_error`).
+    pub ours_nvml_change_bytes: Option<i64>,
+    /// Why there are no per-process figures (no NVML; a container, whose PID namespace hides
+    /// this process from NVML's list).
+    pub per_process_error: Option<String>,
+    /// Other processes that came, went or changed.
+    pub other_processes: Vec<ProcessChangeJson>,
+    /// The device-wide growth left after other processes' (`null`: none).
+    pub residual: Option<ResidualJson>,
+    /// Event fences made during the run (releases without a completion word).
+    pub event_fences_made: u64,
+    /// The most event fences alive at once by the end of the warm-up, and by the end: a new
+    /// peak late in the run is where a driver's pool of events would grow.
+    pub event_fences_peak_before: u64,
+    /// See `event_fences_peak_before`.
+    pub event_fences_peak_after: u64,
+    /// The same, as the text says it.
+    pub lines: Vec<String>,
+}
+
+/// An item of the library's that grew.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetainedChangeJson {
+    /// Its name.
+    pub name: String,
+    /// How many before.
+    pub count_before: u64,
+    /// How many after.
+    pub count_after: u64,
+    /// Bytes before.
+    pub bytes_before: u64,
+    /// Bytes after.
+    pub bytes_after: u64,
+}
+
+/// Another process whose device memory changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessChangeJson {
+    /// Its pid.
+    pub pid: u32,
+    /// Its device memory before (`null`: it came).
+    pub before_bytes: Option<u64>,
+    /// After (`null`: it went).
+    pub after_bytes: Option<u64>,
+    /// After minus before.
+    pub change_bytes: i64,
+}
+
+/// Growth left after other processes'.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResidualJson {
+    /// `driver` (below a granule, nothing of ours grown), `unattributed` (more, but NVML says this
+    /// process did not grow), `ours` (something of ours grew too) or `unexplained` (more, with no
+    /// per-process figures: a failure).
+    pub whose: String,
+    /// BAR1 used, in bytes.
+    pub bar1_bytes: u64,
+    /// VRAM in use, in bytes.
+    pub vram_bytes: u64,
 }
 
 /// What the soak's workers did.
@@ -99,6 +258,10 @@ pub struct SoakCountersJson {
     pub bar_exhaustions: u64,
     /// The most bytes raw allocations held when the BAR refused the next one.
     pub most_held_at_exhaustion_bytes: u64,
+    /// Which driver call refused each exhaustion's last allocation, and how often
+    /// (`vkAllocateMemory`, `cuMemImportFromShareableHandle`, `cuMemMap`, ...).
+    #[serde(default)]
+    pub exhaustions_refused_by: std::collections::BTreeMap<String, u64>,
     /// Errors (wrong data, unexpected failures) in the measured part.
     pub errors: u64,
     /// Errors during the warm-up.

@@ -1,12 +1,16 @@
 //! `vkgdr soak`'s command line ([`SoakArgs`]) and what it asks for ([`Options`]).
 
+use crate::device::{DeviceArg, Devices};
+
 /// Exit codes, for `--help`.
 const EXIT_CODES: &str = "\
 Exit status:
-  0  SOAK PASSED: fds, BAR1 used and free VRAM came back, every check found the right data, no
-     worker failed
+  0  SOAK PASSED: on every device nothing of ours stayed behind (fds, the library's holdings,
+     this process's device memory per NVML; device-wide BAR1 used and free VRAM back at or below
+     their start, or their growth another process's or the driver's), every check found the right
+     data, no worker failed
   1  SOAK FAILED: one of those did not hold, or the soak could not start or finish (no GPU, a
-     driver call that failed)
+     device named that is not here, a driver call that failed)
   2  the command line is wrong";
 
 /// `vkgdr soak`'s command line.
@@ -17,7 +21,7 @@ pub struct SoakArgs {
     #[arg(long, value_name = "N", default_value_t = 600)]
     pub seconds: u64,
 
-    /// Threads churning the pool
+    /// Threads churning the pool, on each device
     #[arg(long, value_name = "N", default_value_t = 8, value_parser = at_least_one::<usize>)]
     pub threads: usize,
 
@@ -25,10 +29,27 @@ pub struct SoakArgs {
     #[arg(long, value_name = "S", default_value_t = 30, value_parser = at_least_one::<u64>)]
     pub exhaust_every: u64,
 
-    /// Print one JSON document on stdout: the figures before and after, the counters, pass or
-    /// fail (the status lines go to stderr)
+    /// Print one JSON document on stdout: per device the figures before and after, what ours,
+    /// other processes and the driver account for, the counters; pass or fail (the status lines
+    /// go to stderr)
     #[arg(long)]
     pub json: bool,
+
+    // Listed first (clap orders ties by name).
+    /// The GPU to soak: a CUDA ordinal or a GPU UUID (GPU-..., as `nvidia-smi -L` prints it; the
+    /// prefix may be left out) [default: 0]
+    #[arg(
+        long,
+        value_name = "N|UUID",
+        conflicts_with = "devices",
+        display_order = 0
+    )]
+    pub device: Option<DeviceArg>,
+
+    /// Soak several GPUs at once in this process: `all`, or a list of ordinals and UUIDs such as
+    /// 0,2. Each device gets its own workers, figures and checks; one verdict for all
+    #[arg(long, value_name = "all|LIST", display_order = 0)]
+    pub devices: Option<Devices>,
 }
 
 /// A whole number of at least 1.
@@ -43,7 +64,10 @@ fn at_least_one<T: std::str::FromStr<Err = std::num::ParseIntError> + From<u8> +
 }
 
 /// What the soak was asked for.
+#[derive(Clone)]
 pub(super) struct Options {
+    /// The devices to soak (CUDA device 0 unless `--device`/`--devices` say otherwise).
+    pub(super) devices: Devices,
     pub(super) seconds: u64,
     pub(super) threads: usize,
     pub(super) exhaust_every: u64,
@@ -52,6 +76,11 @@ pub(super) struct Options {
 impl From<&SoakArgs> for Options {
     fn from(a: &SoakArgs) -> Options {
         Options {
+            devices: match (&a.device, &a.devices) {
+                (Some(d), _) => Devices::one(*d),
+                (None, Some(d)) => d.clone(),
+                (None, None) => Devices::one(DeviceArg::Ordinal(0)),
+            },
             seconds: a.seconds,
             threads: a.threads,
             exhaust_every: a.exhaust_every,
@@ -76,16 +105,36 @@ mod tests {
     fn options_parse() {
         let o = parse("").unwrap();
         assert_eq!((o.seconds, o.threads, o.exhaust_every), (600, 8, 30));
+        assert_eq!(o.devices.to_string(), "0", "device 0 unless told");
         let o = parse("--seconds 60 --threads 4 --exhaust-every 10").unwrap();
         assert_eq!((o.seconds, o.threads, o.exhaust_every), (60, 4, 10));
         // The warm-up alone is a valid soak.
         assert_eq!(parse("--seconds 0").unwrap().seconds, 0);
+        // One device, several, or every one.
+        let uuid = crate::device::tests::UUID_1;
+        assert_eq!(parse("--device 1").unwrap().devices.to_string(), "1");
+        assert_eq!(
+            parse(&format!("--device {}", &uuid[4..]))
+                .unwrap()
+                .devices
+                .to_string(),
+            uuid
+        );
+        assert_eq!(parse("--devices all").unwrap().devices, Devices::All);
+        assert_eq!(parse("--devices=0,1").unwrap().devices.to_string(), "0,1");
         for bad in [
             "--seconds",
             "--minutes 3",
             "--threads 0",
             "--exhaust-every 0",
             "--seconds -1",
+            "--device",
+            "--device all",
+            "--device GPU-12",
+            "--devices",
+            "--devices 0,,1",
+            "--devices none",
+            "--device 0 --devices all",
         ] {
             let e = parse(bad)
                 .err()

@@ -11,9 +11,11 @@ use crate::ui::alert;
 /// The most worker errors kept for the JSON document (all are printed).
 pub(super) const ERRORS_KEPT: usize = 100;
 
-/// What the workers did.
+/// What the workers of one device did.
 #[derive(Default)]
 pub(super) struct Counters {
+    /// The device's tag in messages (`[1]`; empty when the soak has one device).
+    pub(super) tag: String,
     pub(super) pool_ops: AtomicU64,
     pub(super) pool_oom: AtomicU64,
     pub(super) ring_records: AtomicU64,
@@ -25,6 +27,9 @@ pub(super) struct Counters {
     pub(super) exhaustions: AtomicU64,
     /// The most bytes raw allocations held when the BAR refused the next one.
     pub(super) exhausted_at: AtomicU64,
+    /// Which driver call refused each exhaustion's last allocation (Vulkan's allocation or
+    /// CUDA's import or mapping of it), and how often.
+    pub(super) refused_by: Mutex<std::collections::BTreeMap<String, u64>>,
     /// Wrong data found, or a worker's unexpected error: each one is printed.
     pub(super) failures: AtomicU64,
     /// The first [`ERRORS_KEPT`] of them, for the JSON document.
@@ -34,12 +39,69 @@ pub(super) struct Counters {
 impl Counters {
     /// Prints an error and counts it (wrong data, or a worker's unexpected error).
     pub(super) fn fail(&self, what: String) {
+        let what = match self.tag.as_str() {
+            "" => what,
+            tag => format!("{tag} {what}"),
+        };
         alert!("SOAK ERROR: {what}");
         self.failures.fetch_add(1, Ordering::Relaxed);
         let mut kept = self.messages.lock().unwrap_or_else(|p| p.into_inner());
         if kept.len() < ERRORS_KEPT {
             kept.push(what);
         }
+    }
+
+    /// `soak`, or `soak [1]` on a soak of several devices: how its lines start.
+    pub(super) fn soak(&self) -> String {
+        match self.tag.as_str() {
+            "" => "soak".into(),
+            tag => format!("soak {tag}"),
+        }
+    }
+
+    /// Counters for the device tagged `tag`.
+    pub(super) fn tagged(tag: &str) -> Counters {
+        Counters {
+            tag: tag.to_string(),
+            ..Default::default()
+        }
+    }
+
+    /// The errors kept so far.
+    pub(super) fn kept(&self) -> Vec<String> {
+        self.messages
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Several devices' counters added up, as the JSON document has them (the most held at an
+    /// exhaustion: the most on any device).
+    pub(super) fn total(each: &[SoakCountersJson]) -> SoakCountersJson {
+        each.iter()
+            .fold(SoakCountersJson::default(), |t, c| SoakCountersJson {
+                pool_ops: t.pool_ops + c.pool_ops,
+                pool_out_of_memory: t.pool_out_of_memory + c.pool_out_of_memory,
+                ring_records: t.ring_records + c.ring_records,
+                ring_full_waits: t.ring_full_waits + c.ring_full_waits,
+                arena_cycles: t.arena_cycles + c.arena_cycles,
+                arena_out_of_memory: t.arena_out_of_memory + c.arena_out_of_memory,
+                raw_allocations: t.raw_allocations + c.raw_allocations,
+                raw_out_of_memory: t.raw_out_of_memory + c.raw_out_of_memory,
+                bar_exhaustions: t.bar_exhaustions + c.bar_exhaustions,
+                most_held_at_exhaustion_bytes: t
+                    .most_held_at_exhaustion_bytes
+                    .max(c.most_held_at_exhaustion_bytes),
+                exhaustions_refused_by: {
+                    let mut by = t.exhaustions_refused_by;
+                    for (call, n) in &c.exhaustions_refused_by {
+                        *by.entry(call.clone()).or_default() += n;
+                    }
+                    by
+                },
+                errors: t.errors + c.errors,
+                warm_up_errors: t.warm_up_errors + c.warm_up_errors,
+            })
     }
 
     /// The counters as the JSON document has them.
@@ -56,6 +118,11 @@ impl Counters {
             raw_out_of_memory: n(&self.raw_oom),
             bar_exhaustions: n(&self.exhaustions),
             most_held_at_exhaustion_bytes: n(&self.exhausted_at),
+            exhaustions_refused_by: self
+                .refused_by
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
             errors: n(&self.failures),
             warm_up_errors,
         }

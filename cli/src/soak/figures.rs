@@ -1,25 +1,39 @@
-//! The figures that must come back ([`Figures`]): this process's open fds, BAR1 used (NVML) and
-//! free VRAM (`cuMemGetInfo`); each held before against after ([`checks`]).
+//! The figures a soak takes before and after: of each device a [`Snapshot`] (NVML's BAR1 used,
+//! the free VRAM from `cuMemGetInfo`, the processes NVML lists on it with their memory, and what
+//! the library holds for the device, [`vkgdr::Retained`]), and of the process its open fds
+//! ([`open_fds`]); each device-wide figure held before against after ([`checks`]); sizes for
+//! humans ([`size`], [`signed_size`]).
 
-use vkgdr::Gpu;
+use vkgdr::nvml::GpuProcess;
+use vkgdr::{Gpu, Retained};
 
-/// The figures that must come back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Figures {
-    pub(super) fds: usize,
-    /// NVML's BAR1 used, in bytes (`None`: no NVML).
+/// What one device looks like at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Snapshot {
+    /// NVML's BAR1 used, in bytes, every process's (`None`: no NVML).
     pub(super) bar1_used: Option<u64>,
+    /// Free device memory (`cuMemGetInfo`), with every process's use taken off.
     pub(super) vram_free: u64,
+    /// The processes NVML lists on the device, with their memory, or why there is no list.
+    pub(super) processes: Result<Vec<GpuProcess>, String>,
+    /// What the library holds for the device, item by item.
+    pub(super) retained: Retained,
 }
 
-/// Takes the figures now.
-pub(super) fn figures(gpu: &Gpu) -> vkgdr::Result<Figures> {
+/// Takes the device's figures now.
+pub(super) fn snapshot(gpu: &Gpu) -> vkgdr::Result<Snapshot> {
     let bar = gpu.bar_info()?;
-    Ok(Figures {
-        fds: std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count()),
+    Ok(Snapshot {
         bar1_used: bar.bar1.ok().map(|b| b.used),
         vram_free: gpu.mem_info()?.0,
+        processes: gpu.processes().map_err(|e| e.to_string()),
+        retained: gpu.retained(),
     })
+}
+
+/// This process's open file descriptors.
+pub(super) fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
 }
 
 /// One figure held before against after.
@@ -27,8 +41,6 @@ pub(super) fn figures(gpu: &Gpu) -> vkgdr::Result<Figures> {
 pub(super) struct Check {
     /// Its name in the JSON document (`open_fds`, `bar1_used`, `vram_free`).
     pub(super) figure: &'static str,
-    /// What the text calls it.
-    pub(super) what: &'static str,
     /// `fds` or `bytes`.
     pub(super) unit: &'static str,
     /// Before (`None`: not known).
@@ -37,51 +49,90 @@ pub(super) struct Check {
     pub(super) after: Option<u64>,
     /// After minus before (0 when either is unknown: no NVML is not a failure).
     pub(super) change: i64,
+    /// Whether a larger figure is more use (fds, BAR1 used) or less (free VRAM).
+    pub(super) more_is_use: bool,
 }
 
 impl Check {
-    /// Whether it came back.
+    fn new(
+        figure: &'static str,
+        unit: &'static str,
+        before: Option<u64>,
+        after: Option<u64>,
+        more_is_use: bool,
+    ) -> Check {
+        Check {
+            figure,
+            unit,
+            before,
+            after,
+            change: match (before, after) {
+                (Some(b), Some(a)) => a as i64 - b as i64,
+                _ => 0,
+            },
+            more_is_use,
+        }
+    }
+
+    /// Whether the use it measures came back to its start or below: fewer fds or less BAR1
+    /// used is another process's (or a cache's) going, not ours staying.
     pub(super) fn came_back(&self) -> bool {
-        self.change == 0
+        if self.more_is_use {
+            self.change <= 0
+        } else {
+            self.change >= 0
+        }
     }
 }
 
-/// Each figure held before against after.
-pub(super) fn checks(before: &Figures, after: &Figures) -> [Check; 3] {
-    let check = |figure, what, unit, before: Option<u64>, after: Option<u64>| Check {
-        figure,
-        what,
-        unit,
-        before,
-        after,
-        change: match (before, after) {
-            (Some(b), Some(a)) => a as i64 - b as i64,
-            _ => 0,
-        },
-    };
+/// The process's open fds held before against after.
+pub(super) fn fds_check(before: usize, after: usize) -> Check {
+    Check::new(
+        "open_fds",
+        "fds",
+        Some(before as u64),
+        Some(after as u64),
+        true,
+    )
+}
+
+/// A device's BAR1 used and free VRAM held before against after.
+pub(super) fn checks(before: &Snapshot, after: &Snapshot) -> [Check; 2] {
     [
-        check(
-            "open_fds",
-            "fds",
-            "fds",
-            Some(before.fds as u64),
-            Some(after.fds as u64),
-        ),
-        check(
+        Check::new(
             "bar1_used",
-            "BAR1 used (bytes)",
             "bytes",
             before.bar1_used,
             after.bar1_used,
+            true,
         ),
-        check(
+        Check::new(
             "vram_free",
-            "free VRAM (bytes)",
             "bytes",
             Some(before.vram_free),
             Some(after.vram_free),
+            false,
         ),
     ]
+}
+
+/// What the library holds, item by item, on one line: `raw allocations 0, carved granules 1
+/// (2.0 MiB), ...; event fences made so far 0 (at most 0 alive at once)`.
+pub(super) fn holdings(r: &Retained) -> String {
+    let items: Vec<String> = r
+        .items
+        .iter()
+        .map(|i| match i.bytes {
+            0 => format!("{} {}", i.name, i.count),
+            b => format!("{} {} ({})", i.name, i.count, size(b)),
+        })
+        .collect();
+    format!(
+        "{}; event fences made so far {} (at most {} alive at once)",
+        items.join(", "),
+        r.event_fences_made,
+        r.event_fences_peak
+    )
 }
 
 /// Bytes in MiB, to a tenth.
@@ -89,12 +140,34 @@ pub(super) fn mib(b: u64) -> String {
     format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
 }
 
-impl std::fmt::Display for Figures {
+/// Bytes as a person reads them: `512 B`, `64 KiB`, `1.5 KiB`, `17.0 MiB`, `2.00 GiB`.
+pub(super) fn size(b: u64) -> String {
+    const KIB: u64 = 1 << 10;
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+    match b {
+        _ if b < KIB => format!("{b} B"),
+        _ if b < MIB && b.is_multiple_of(KIB) => format!("{} KiB", b / KIB),
+        _ if b < MIB => format!("{:.1} KiB", b as f64 / KIB as f64),
+        _ if b < GIB => mib(b),
+        _ => format!("{:.2} GiB", b as f64 / GIB as f64),
+    }
+}
+
+/// A change in bytes with its sign: `+64 KiB`, `-17.0 MiB`, `0 B`.
+pub(super) fn signed_size(change: i64) -> String {
+    match change {
+        0 => "0 B".into(),
+        c if c > 0 => format!("+{}", size(c as u64)),
+        c => format!("-{}", size(c.unsigned_abs())),
+    }
+}
+
+impl std::fmt::Display for Snapshot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "fds {}, BAR1 used {}, free VRAM {}",
-            self.fds,
+            "BAR1 used {}, free VRAM {}",
             self.bar1_used.map_or("n/a (no NVML)".into(), mib),
             mib(self.vram_free)
         )
@@ -102,48 +175,68 @@ impl std::fmt::Display for Figures {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
+    /// A snapshot of made-up figures: no processes known, the library holding nothing.
+    pub(crate) fn snap(bar1_used: Option<u64>, vram_free: u64) -> Snapshot {
+        Snapshot {
+            bar1_used,
+            vram_free,
+            processes: Err("NVML not available".into()),
+            retained: Retained {
+                items: Vec::new(),
+                event_fences_made: 0,
+                event_fences_peak: 0,
+            },
+        }
+    }
+
     #[test]
-    fn each_figure_is_held_before_against_after() {
-        let before = Figures {
-            fds: 41,
-            bar1_used: Some(4 << 20),
-            vram_free: 10_000,
-        };
+    fn each_figure_is_held_before_against_after_and_comes_back_at_or_below() {
+        let before = snap(Some(4 << 20), 10_000);
         let same = checks(&before, &before);
-        assert_eq!(
-            same.map(|c| c.figure),
-            ["open_fds", "bar1_used", "vram_free"]
-        );
+        assert_eq!(same.map(|c| c.figure), ["bar1_used", "vram_free"]);
         assert!(same.iter().all(|c| c.came_back() && c.change == 0));
 
-        let after = Figures {
-            fds: 43,
-            bar1_used: Some(2 << 20),
-            vram_free: 10_000 - 2048,
-        };
-        let [fds, bar1, vram] = checks(&before, &after);
-        assert_eq!((fds.before, fds.after, fds.change), (Some(41), Some(43), 2));
-        assert_eq!((fds.what, fds.unit), ("fds", "fds"));
-        assert!(!fds.came_back());
-        assert_eq!(bar1.change, -(2 << 20));
-        assert_eq!(bar1.what, "BAR1 used (bytes)");
-        assert!(!bar1.came_back());
-        assert_eq!((vram.change, vram.unit), (-2048, "bytes"));
-        assert!(!vram.came_back());
+        // Less BAR1 used and more free VRAM: another process went away. Came back.
+        let lower = snap(Some(2 << 20), 12_000);
+        let [bar1, vram] = checks(&before, &lower);
+        assert_eq!((bar1.change, vram.change), (-(2 << 20), 2000));
+        assert!(bar1.came_back() && vram.came_back());
+
+        // More used, less free: not back.
+        let higher = snap(Some(6 << 20), 10_000 - 2048);
+        let [bar1, vram] = checks(&before, &higher);
+        assert_eq!((bar1.change, vram.change), (2 << 20, -2048));
+        assert!(!bar1.came_back() && !vram.came_back());
+        assert_eq!((bar1.unit, vram.unit), ("bytes", "bytes"));
 
         // No NVML on either side: BAR1 is unknown, which is not a failure.
-        let unknown = Figures {
-            bar1_used: None,
-            ..after
-        };
-        let [_, bar1, _] = checks(&unknown, &unknown);
+        let unknown = snap(None, 10_000);
+        let [bar1, _] = checks(&unknown, &unknown);
         assert_eq!((bar1.before, bar1.after, bar1.change), (None, None, 0));
         assert!(bar1.came_back());
-        let [_, bar1, _] = checks(&before, &unknown);
+        let [bar1, _] = checks(&before, &unknown);
         assert_eq!((bar1.before, bar1.after), (Some(4 << 20), None));
         assert!(bar1.came_back());
+
+        // Fds: fewer is back, more is not.
+        assert!(fds_check(41, 41).came_back() && fds_check(41, 40).came_back());
+        let more = fds_check(41, 43);
+        assert_eq!((more.change, more.came_back()), (2, false));
+    }
+
+    #[test]
+    fn sizes_read_as_people_write_them() {
+        assert_eq!(size(512), "512 B");
+        assert_eq!(size(64 << 10), "64 KiB");
+        assert_eq!(size(1536), "1.5 KiB");
+        assert_eq!(size(17 << 20), "17.0 MiB");
+        assert_eq!(size(3 << 30), "3.00 GiB");
+        assert_eq!(signed_size(64 << 10), "+64 KiB");
+        assert_eq!(signed_size(-(17 << 20)), "-17.0 MiB");
+        assert_eq!(signed_size(0), "0 B");
+        assert_eq!(mib(574 << 20), "574.0 MiB");
     }
 }

@@ -1,7 +1,10 @@
-//! `vkgdr soak [--seconds N] [--threads N] [--exhaust-every S] [--json]`: everything at once for
-//! a long time, then proof that nothing stayed behind (no leaked fds, BAR space or VRAM).
+//! `vkgdr soak [--device N|UUID | --devices all|LIST] [--seconds N] [--threads N]
+//! [--exhaust-every S] [--json]`: everything at once for a long time, then proof that nothing of
+//! ours stayed behind (no leaked fds, BAR space, VRAM or cached objects).
 //!
-//! For `--seconds` (default 600), side by side on GPU 0:
+//! On CUDA device 0, the device `--device` names, or every device `--devices` names at once in
+//! this process (each with workers, figures and checks of its own, one verdict for all), for
+//! `--seconds` (default 600), side by side on each device:
 //! - **pool churn**: `--threads` threads (default 8) allocate, fill, verify and free blocks of
 //!   1 B to 16 MiB (shared, thread-cached and dedicated) in one pool;
 //! - **rings**: a 4-lane ring consumed by the checking kernel `ring_check_lanes` (every record
@@ -19,21 +22,27 @@
 //! worker happens while a kernel runs.
 //!
 //! Before (after a warm-up that lets the driver set up what it keeps for the process) and after, it
-//! takes three figures: this process's open fds, BAR1 used (NVML) and free VRAM (`cuMemGetInfo`).
-//! It prints them, a status line every 30 s and the totals, and fails (exit 1) when a figure did
-//! not come back, a check found wrong data, or a worker failed. On a terminal a progress line shows
-//! the elapsed time and the counters between the status lines; `--json` prints the figures,
-//! counters and the verdict as one document ([`SoakDocument`](crate::json::soak::SoakDocument)).
+//! takes this process's open fds and, of each device, BAR1 used (NVML), free VRAM
+//! (`cuMemGetInfo`), NVML's processes on it with their memory and the library's own holdings
+//! ([`vkgdr::Retained`], printed by name and size). It prints them, a status line every 30 s and
+//! the totals, and judges each device ([`verdict`]: what of the change is ours, other processes'
+//! or the driver's): it fails (exit 1) when something of ours stayed behind (fds, an item of the
+//! library's holdings, this process's memory per NVML), growth cannot be told from ours, a check
+//! found wrong data, or a worker failed; another process coming or going is reported by pid. On a
+//! terminal a progress line per device shows the elapsed time and the counters between the status
+//! lines; `--json` prints the figures, the classification, the counters and the verdict as one
+//! document ([`SoakDocument`](crate::json::soak::SoakDocument)).
 //!
 //! The parts: [`command_line`] (the options), [`run`] (the soak), [`workers`] (what runs side by
-//! side), [`counters`] (what they did), [`figures`] (what must come back) and
-//! [`document`](mod@document) (the JSON document).
+//! side), [`counters`] (what they did), [`figures`] (what is taken before and after),
+//! [`verdict`] (whose a change is) and [`document`](mod@document) (the JSON document).
 
 pub mod command_line;
 pub mod counters;
 pub mod document;
 pub mod figures;
 pub mod run;
+pub mod verdict;
 pub mod workers;
 
 use std::process::ExitCode;

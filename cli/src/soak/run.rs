@@ -1,5 +1,7 @@
-//! The soak itself ([`run`]): a warm-up, then every worker together for `--seconds` ([`soak`])
-//! with a status line every 30 s, then the figures taken before and after held side by side.
+//! The soak itself ([`run`]): on every device named at once, a warm-up, then every worker
+//! together for `--seconds` ([`soak`]) with a status line every 30 s; then each device's figures
+//! taken before and after judged ([`judge`]), the process's fds held side by side, and one
+//! verdict.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -11,10 +13,12 @@ use vkgdr::{Gpu, Pool, PoolConfig};
 
 use super::command_line::Options;
 use super::counters::{Counters, ERRORS_KEPT};
-use super::document::Record;
-use super::figures::{checks, figures, mib};
+use super::document::{DeviceRecord, Record};
+use super::figures::{fds_check, holdings, mib, open_fds, snapshot};
+use super::verdict::judge;
 use super::workers::{arena_cycles, exhaust, launch_checker, pool_churn, raw_churn, ring_producer};
-use crate::ui::{self, say, status};
+use crate::device::{self, Present};
+use crate::ui::{self, alert, say, status};
 
 const RING_PTX: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels/ring.ptx"));
 const RING_LANES: u32 = 4;
@@ -23,14 +27,14 @@ const STATUS_EVERY: Duration = Duration::from_secs(30);
 /// Seconds of the warm-up before the figures are first taken.
 const WARM_UP_SECONDS: u64 = 8;
 
-/// Everything together for `seconds` (0: one short pass of each, the warm-up); `label` names the
-/// part on the progress bar.
+/// Everything together on one device for `seconds` (0: one short pass of each, the warm-up);
+/// `label` names the part on the progress bar.
 pub(super) fn soak(
     gpu: &Gpu,
     options: &Options,
     seconds: u64,
     c: &Counters,
-    label: &'static str,
+    label: String,
 ) -> vkgdr::Result<()> {
     let t0 = Instant::now();
     let until = t0 + Duration::from_secs(seconds.max(2));
@@ -73,10 +77,11 @@ pub(super) fn soak(
             }
             if Instant::now() >= next_status && seconds > 0 {
                 next_status += STATUS_EVERY;
-                let now = figures(gpu).map_or_else(|e| e.to_string(), |f| f.to_string());
+                let now = snapshot(gpu).map_or_else(|e| e.to_string(), |f| f.to_string());
                 status!(
-                    "soak {:>4} s: {} pool ops ({} OOM), {} ring records, {} arena cycles, \
+                    "{} {:>4} s: {} pool ops ({} OOM), {} ring records, {} arena cycles, \
                      {} raw allocations, {} exhaustions, {} releases waiting; {now}",
+                    c.soak(),
                     t0.elapsed().as_secs(),
                     c.pool_ops.load(Ordering::Relaxed),
                     c.pool_oom.load(Ordering::Relaxed),
@@ -131,83 +136,173 @@ pub(super) fn soak(
     Ok(())
 }
 
+/// The smallest device memory the library maps on `gpu`: a VMM granule, or a 4 KiB page where
+/// memory is imported without VMM.
+fn granule(gpu: &Gpu) -> u64 {
+    gpu.vmm_status().unwrap_or(4096)
+}
+
+/// Runs `each` on every device at once, one thread per device (on this thread when there is
+/// one); returns the first error once every device is done.
+fn on_every_device(
+    gpus: &[Gpu],
+    counters: &[Counters],
+    each: impl Fn(&Gpu, &Counters) -> vkgdr::Result<()> + Sync,
+) -> vkgdr::Result<()> {
+    if let ([gpu], [c]) = (gpus, counters) {
+        return each(gpu, c);
+    }
+    let each = &each;
+    let results: Vec<vkgdr::Result<()>> = std::thread::scope(|s| {
+        let running: Vec<_> = gpus
+            .iter()
+            .zip(counters)
+            .map(|(gpu, c)| s.spawn(move || each(gpu, c)))
+            .collect();
+        running
+            .into_iter()
+            .map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    results.into_iter().collect()
+}
+
 /// The soak, printing as it goes; what the JSON document needs is left in `record`.
 pub(super) fn run(options: &Options, record: &mut Record) -> vkgdr::Result<bool> {
-    let gpu = Gpu::open(0)?;
-    record.gpu = Some(gpu.name().to_string());
+    let targets: Vec<Present> = device::select(&options.devices)?;
+    let gpus = targets
+        .iter()
+        .map(|t| Gpu::open(t.ordinal))
+        .collect::<vkgdr::Result<Vec<_>>>()?;
+    let several = targets.len() > 1;
+    let tag = |t: &Present| {
+        if several {
+            format!("[{}]", t.ordinal)
+        } else {
+            String::new()
+        }
+    };
+    record.devices = targets
+        .iter()
+        .zip(&gpus)
+        .map(|(t, g)| DeviceRecord::new(t.clone(), granule(g)))
+        .collect();
     say!(
-        "soak: {} for {} s: pool churn from {} threads, a {RING_LANES}-lane ring with its \
-         checking kernel, arena grow/shrink, BAR exhaustion every {} s",
-        gpu.name(),
+        "soak: {} for {} s, each with pool churn from {} threads, a {RING_LANES}-lane ring with \
+         its checking kernel, arena grow/shrink, raw allocations, BAR exhaustion every {} s",
+        if several {
+            format!("{} devices at once", targets.len())
+        } else {
+            targets[0].to_string()
+        },
         options.seconds,
         options.threads,
         options.exhaust_every
     );
+    if several {
+        for t in &targets {
+            say!("soak {}: {t}", tag(t));
+        }
+    }
     // The warm-up, every worker at full strength with a BAR exhaustion: what the driver sets up
     // once per process (and keeps) is not a leak.
-    let warm = Counters::default();
-    soak(
-        &gpu,
-        &Options {
-            exhaust_every: 2,
-            ..*options
-        },
-        WARM_UP_SECONDS.min(options.seconds),
-        &warm,
-        "soak warm-up",
-    )?;
-    let before = figures(&gpu)?;
-    record.before = Some(before);
-    say!("soak: before: {before}");
-    let c = Counters::default();
+    let warm: Vec<Counters> = targets.iter().map(|t| Counters::tagged(&tag(t))).collect();
+    let warm_options = Options {
+        exhaust_every: 2,
+        ..options.clone()
+    };
+    on_every_device(&gpus, &warm, |gpu, c| {
+        soak(
+            gpu,
+            &warm_options,
+            WARM_UP_SECONDS.min(options.seconds),
+            c,
+            format!("{} warm-up", c.soak()),
+        )
+    })?;
+    let fds_before = open_fds();
+    record.fds_before = Some(fds_before);
+    for ((d, gpu), c) in record.devices.iter_mut().zip(&gpus).zip(&warm) {
+        let before = snapshot(gpu)?;
+        say!("{}: before: {before}", c.soak());
+        say!(
+            "{}: the library holds: {}",
+            c.soak(),
+            holdings(&before.retained)
+        );
+        d.before = Some(before);
+    }
+    say!("soak: before: {fds_before} fds open");
+    let counters: Vec<Counters> = targets.iter().map(|t| Counters::tagged(&tag(t))).collect();
     let t0 = Instant::now();
-    let result = soak(&gpu, options, options.seconds, &c, "soak");
+    let result = on_every_device(&gpus, &counters, |gpu, c| {
+        soak(gpu, options, options.seconds, c, c.soak())
+    });
     record.seconds = t0.elapsed().as_secs_f64();
-    record.counters = c.json(warm.failures.load(Ordering::Relaxed));
+    for ((d, c), w) in record.devices.iter_mut().zip(&counters).zip(&warm) {
+        d.counters = c.json(w.failures.load(Ordering::Relaxed));
+    }
     record.errors = warm
-        .messages
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
-    record.errors.extend(
-        c.messages
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .cloned(),
-    );
-    record.errors.truncate(ERRORS_KEPT);
+        .iter()
+        .chain(&counters)
+        .flat_map(Counters::kept)
+        .take(ERRORS_KEPT)
+        .collect();
     result?;
-    let after = figures(&gpu)?;
-    record.after = Some(after);
-    say!("soak: after {} s: {after}", t0.elapsed().as_secs());
-    say!(
-        "soak: {} pool ops ({} out of memory), {} ring records checked by the kernel ({} waits \
-         for space), {} arena cycles ({} out of memory), {} raw allocations ({} out of memory), \
-         {} BAR exhaustions (at most {} held), {} errors",
-        c.pool_ops.load(Ordering::Relaxed),
-        c.pool_oom.load(Ordering::Relaxed),
-        c.ring_records.load(Ordering::Relaxed),
-        c.ring_full_waits.load(Ordering::Relaxed),
-        c.arena_cycles.load(Ordering::Relaxed),
-        c.arena_oom.load(Ordering::Relaxed),
-        c.raw_ops.load(Ordering::Relaxed),
-        c.raw_oom.load(Ordering::Relaxed),
-        c.exhaustions.load(Ordering::Relaxed),
-        mib(c.exhausted_at.load(Ordering::Relaxed)),
-        c.failures.load(Ordering::Relaxed)
-    );
-    let mut ok =
-        c.failures.load(Ordering::Relaxed) == 0 && warm.failures.load(Ordering::Relaxed) == 0;
-    for c in checks(&before, &after) {
-        if !c.came_back() {
-            say!(
-                "SOAK: {} did not come back: changed by {} ({before} before, {after} after)",
-                c.what,
-                c.change
-            );
-            ok = false;
+    let fds_after = open_fds();
+    record.fds_after = Some(fds_after);
+    let our_pid = std::process::id();
+    let mut ok = true;
+    for ((d, gpu), c) in record.devices.iter_mut().zip(&gpus).zip(&counters) {
+        let after = snapshot(gpu)?;
+        let soak = c.soak();
+        say!("{soak}: after {} s: {after}", t0.elapsed().as_secs());
+        say!("{soak}: the library holds: {}", holdings(&after.retained));
+        say!(
+            "{soak}: {} pool ops ({} out of memory), {} ring records checked by the kernel ({} \
+             waits for space), {} arena cycles ({} out of memory), {} raw allocations ({} out of \
+             memory), {} BAR exhaustions (at most {} held), {} errors",
+            c.pool_ops.load(Ordering::Relaxed),
+            c.pool_oom.load(Ordering::Relaxed),
+            c.ring_records.load(Ordering::Relaxed),
+            c.ring_full_waits.load(Ordering::Relaxed),
+            c.arena_cycles.load(Ordering::Relaxed),
+            c.arena_oom.load(Ordering::Relaxed),
+            c.raw_ops.load(Ordering::Relaxed),
+            c.raw_oom.load(Ordering::Relaxed),
+            c.exhaustions.load(Ordering::Relaxed),
+            mib(c.exhausted_at.load(Ordering::Relaxed)),
+            c.failures.load(Ordering::Relaxed)
+        );
+        let before = d.before.as_ref().expect("taken after the warm-up");
+        let judgement = judge(before, &after, our_pid, d.granule);
+        for line in judgement.lines() {
+            say!("{soak}: {line}");
         }
+        d.after = Some(after);
+        d.judgement = Some(judgement);
+        let failures = d.failures();
+        if several {
+            say!(
+                "{soak}: {}",
+                if failures.is_empty() {
+                    "passed"
+                } else {
+                    "FAILED"
+                }
+            );
+        }
+        ok &= failures.is_empty();
+    }
+    let fds = fds_check(fds_before, fds_after);
+    if fds.came_back() {
+        say!("soak: fds {fds_before} -> {fds_after}: came back");
+    } else {
+        alert!(
+            "SOAK: ours: {} more fds open than after the warm-up ({fds_before} -> {fds_after})",
+            fds.change
+        );
+        ok = false;
     }
     say!("SOAK {}", if ok { "PASSED" } else { "FAILED" });
     Ok(ok)

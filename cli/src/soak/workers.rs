@@ -157,7 +157,7 @@ pub(super) fn arena_cycles(gpu: &Gpu, until: Instant, stop: &AtomicBool, c: &Cou
     let mut arena = match Arena::new(gpu, ARENA_CHUNKS * chunk, chunk) {
         Ok(a) => a,
         Err(Error::Unsupported(why)) => {
-            status!("soak: arena skipped: {why}");
+            status!("{}: arena skipped: {why}", c.soak());
             return;
         }
         Err(e) => return c.fail(format!("arena: {e}")),
@@ -262,6 +262,11 @@ pub(super) fn exhaust(gpu: &Gpu, c: &Counters) {
     };
     let bytes = held.len() as u64 * EXHAUST_STEP;
     c.exhaustions.fetch_add(1, Ordering::Relaxed);
+    *c.refused_by
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(refusal.driver_call().unwrap_or("a limit").to_string())
+        .or_default() += 1;
     c.exhausted_at.fetch_max(bytes, Ordering::Relaxed);
     let bar1 = gpu
         .bar_info()
@@ -269,7 +274,8 @@ pub(super) fn exhaust(gpu: &Gpu, c: &Counters) {
         .and_then(|b| b.bar1.ok())
         .map_or("n/a".into(), |b| mib(b.used));
     status!(
-        "soak: BAR exhausted after {} of raw allocations (BAR1 used {bar1}): {refusal}",
+        "{}: BAR exhausted after {} of raw allocations (BAR1 used {bar1}): {refusal}",
+        c.soak(),
         mib(bytes)
     );
     std::thread::sleep(Duration::from_secs(1));

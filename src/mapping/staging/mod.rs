@@ -273,6 +273,13 @@ impl StagingCache {
         result
     }
 
+    /// The idle sets kept now and their bytes of pinned memory (each also holds a stream and
+    /// [`STAGING_BUFFERS`] events).
+    pub(crate) fn held(&self) -> (u64, u64) {
+        let n = self.idle.lock().len() as u64;
+        (n, n * (STAGING_BUFFERS * STAGING_BUFFER_BYTES) as u64)
+    }
+
     /// Frees every idle set (before the context they belong to goes).
     pub(crate) fn clear(&self) {
         let sets = std::mem::take(&mut *self.idle.lock());

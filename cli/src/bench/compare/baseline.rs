@@ -99,8 +99,8 @@ impl Baseline {
         };
         let Some(gpu) = gpu else {
             return Choice::None(format!(
-                "the new results name no GPU (no CUDA device 0 in their machine section): no \
-                 baseline in {} chosen",
+                "the new results name no GPU (no device measured, no CUDA device 0 in their \
+                 machine section): no baseline in {} chosen",
                 dir.display()
             ));
         };

@@ -30,7 +30,7 @@ moved beyond its noise: the larger of --tolerance and its own spread in either r
 p10-p90 range, relative to its median), wider with fewer than 50 samples. Times are better lower, \
 GB/s higher. Library figures that are mostly driver calls or BAR copies are also judged against the \
 machine rows they are made of in the same run (the driver calls, or the same copy as a plain loop): \
-worse only if worse against those too. Only runs on the same GPU model (CUDA device 0's name) are \
+worse only if worse against those too. Only runs on the same GPU model (the device measured) are \
 judged; other pairs are shown as information.";
 
 /// `vkgdr bench compare`'s command line.

@@ -81,8 +81,9 @@ impl Comparison {
                     _ => "this run",
                 };
                 notes.push(format!(
-                    "the GPU of {which} is unknown (no CUDA device 0 in its machine section): \
-                     figures shown as information only, nothing counts as a regression"
+                    "the GPU of {which} is unknown (no device measured, no CUDA device 0 in its \
+                     machine section): figures shown as information only, nothing counts as a \
+                     regression"
                 ));
                 GpuMatch::UnknownGpu
             }
@@ -151,12 +152,12 @@ mod tests {
     use crate::bench::compare::baseline::Loaded;
     use crate::bench::compare::noise::spread;
     use crate::bench::compare::results::{
-        BenchmarkIn, CudaDeviceIn, CudaIn, FigureIn, MachineIn, ReportIn,
+        BenchmarkIn, CudaDeviceIn, CudaIn, DeviceIn, FigureIn, GpuJson, MachineIn, ReportIn,
     };
     use crate::bench::options::Options;
     use crate::bench::outputs::tests::made_up_run;
     use crate::bench::outputs::{document, write_results};
-    use crate::bench::testutil::TempDir;
+    use crate::bench::testutil::{repo_path, TempDir};
     use crate::json::document::{to_text, FORMAT_VERSION};
     use crate::json::machine::tests::bare_machine;
 
@@ -179,6 +180,7 @@ mod tests {
             format_version: FORMAT_VERSION,
             vkgdr_version: Some("0.1.0".into()),
             mode: Some("full".into()),
+            device: None,
             machine: Some(MachineIn {
                 cpu: None,
                 cuda: Some(CudaIn {
@@ -690,10 +692,31 @@ mod tests {
     }
 
     #[test]
+    fn the_device_measured_names_the_gpu_before_device_0() {
+        // Earlier documents name no device: they measured CUDA device 0.
+        let old = results(Some(("NVIDIA H100", "u0")), "ns", vec![]);
+        assert_eq!(old.gpu().unwrap().name, "NVIDIA H100");
+        // `--device 1` on a machine whose device 0 is another model: device 1 is the one.
+        let new = Results {
+            device: Some(DeviceIn {
+                name: "NVIDIA H200".into(),
+                uuid: Some("u1".into()),
+            }),
+            ..old.clone()
+        };
+        assert_eq!(
+            new.gpu(),
+            Some(GpuJson {
+                name: "NVIDIA H200".into(),
+                uuid: Some("u1".into())
+            })
+        );
+    }
+
+    #[test]
     fn the_committed_baseline_as_a_slower_machine_would_run_it() {
         // The recorded baseline still reads, and compared with itself nothing moved.
-        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../benches/baselines/nvidia-h100-80gb-hbm3.json");
+        let path = repo_path("benches/baselines/nvidia-h100-80gb-hbm3.json");
         let base = Results::load(&path).unwrap();
         let c = judge(base.clone(), &base);
         assert_eq!(c.doc.summary.within_noise, c.doc.summary.compared);
@@ -836,7 +859,7 @@ mod tests {
             out: PathBuf::from("out"),
             quick: false,
         };
-        let doc = document(&opts, Some(bare_machine()), &made_up_run(), None);
+        let doc = document(&opts, Some(bare_machine()), None, &made_up_run(), None);
         // What the run writes into its directory is what `--compare` judges (from the document
         // it holds) and what `vkgdr bench compare BASELINE DIR` reads back.
         let dir = TempDir::new("own-document");

@@ -19,9 +19,10 @@
 //! are made of in the same run ([`anchoring`]: the driver calls, or the same copy as a plain
 //! loop): worse only when that anchored move is worse too, else `moved_with_driver`.
 //!
-//! Only documents of the same GPU model (CUDA device 0's name; the UUID says whether it is the
-//! same card) are judged: with different or unknown GPUs the figures are shown as information and
-//! nothing counts as a regression. A baseline may be a directory (`benches/baselines`): the
+//! Only documents of the same GPU model (the name of the device measured, `device`, or in
+//! documents without it CUDA device 0's; the UUID says whether it is the same card) are judged:
+//! with different or unknown GPUs the figures are shown as information and nothing counts as a
+//! regression. A baseline may be a directory (`benches/baselines`): the
 //! `vkgdr-bench` document in it recorded on the new run's GPU model is chosen.
 //!
 //! Exit codes: 0 nothing got worse beyond its noise (or nothing could be judged), 2 the command

@@ -23,6 +23,9 @@ pub struct Results {
     /// `full` or `quick`.
     #[serde(default)]
     pub mode: Option<String>,
+    /// The device measured (absent from documents of earlier versions: device 0).
+    #[serde(default)]
+    pub device: Option<DeviceIn>,
     /// The machine it ran on.
     #[serde(default)]
     pub machine: Option<MachineIn>,
@@ -66,8 +69,18 @@ pub struct CudaIn {
 /// One CUDA device.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct CudaDeviceIn {
-    /// CUDA ordinal (the benchmarks run on 0).
+    /// CUDA ordinal (documents without a `device` measured 0).
     pub ordinal: i32,
+    /// Its name.
+    pub name: String,
+    /// Its UUID.
+    #[serde(default)]
+    pub uuid: Option<String>,
+}
+
+/// The device a run measured.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct DeviceIn {
     /// Its name.
     pub name: String,
     /// Its UUID.
@@ -193,8 +206,15 @@ impl Results {
         Results::parse(path, &to_text(doc))
     }
 
-    /// The GPU the benchmarks ran on: CUDA device 0.
+    /// The GPU the benchmarks ran on: the document's `device`, or (documents of earlier
+    /// versions, which measured it) CUDA device 0 of its machine section.
     pub fn gpu(&self) -> Option<GpuJson> {
+        if let Some(d) = &self.device {
+            return Some(GpuJson {
+                name: d.name.clone(),
+                uuid: d.uuid.clone(),
+            });
+        }
         let d = self
             .machine
             .as_ref()?
@@ -284,7 +304,7 @@ fn check_format(path: &Path, value: &serde_json::Value) -> Result<(), CompareErr
 pub struct SideJson {
     /// The file it was read from.
     pub file: String,
-    /// CUDA device 0 (`null`: the document names none).
+    /// The GPU measured (`null`: the document names none).
     pub gpu: Option<GpuJson>,
     /// The NVIDIA driver's version.
     pub driver_version: Option<String>,

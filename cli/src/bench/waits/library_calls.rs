@@ -88,7 +88,8 @@ pub(super) fn library_scenarios(p: &mut Probe<'_>, gpu: &Gpu) -> BenchResult<()>
         drop(stream);
         Ok(())
     })?;
-    let other = p.call("Gpu::open (another handle)", || Gpu::open(0))?;
+    let ordinal = crate::bench::measure::device_ordinal()?;
+    let other = p.call("Gpu::open (another handle)", || Gpu::open(ordinal))?;
     p.call("Gpu drop (another handle)", || {
         drop(other);
         Ok(())
