@@ -15,6 +15,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple};
+use vkgdr::compat::Face;
 
 use crate::device::gpu_of;
 use crate::errors::{invalid_argument, to_py, vkgdr_error};
@@ -243,9 +244,9 @@ impl RawMemory {
         let gpu = gpu_of(owner)?;
         // SAFETY: vkgdr 0.1's contract, documented on `vkgdr.RawMemory`: the current context
         // outlives the memory. `detach` runs the closure on this thread, so "current" is
-        // unchanged.
+        // unchanged. With none current the library's error says how to make one current.
         let memory = py
-            .detach(|| unsafe { vkgdr::compat::alloc(&gpu, size, flags) })
+            .detach(|| unsafe { vkgdr::compat::alloc(&gpu, size, flags, Face::Python) })
             .map_err(to_py)?;
         Ok(RawMemory {
             size: memory.size(),

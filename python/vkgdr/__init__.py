@@ -213,7 +213,8 @@ class RawMemory:
     ------
     VkgdrError
         if the allocation fails (``OutOfDeviceMemoryError`` when BAR memory is exhausted), or no
-        CUDA context is current (``CUDA_ERROR_INVALID_CONTEXT``)
+        CUDA context is current on the calling thread (the message says how to make one current;
+        ``result_name`` is ``CUDA_ERROR_INVALID_CONTEXT``)
     TypeError
         if ``owner`` is not a :class:`Vkgdr`
     """

@@ -1,0 +1,76 @@
+"""Clear errors instead of crashes, on a GPU: ``RawMemory`` on a thread with no current CUDA
+context raises an error that names vkgdr 0.1's rule and the ways to satisfy it (and those ways
+work)."""
+
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+import vkgdr
+from conftest import run_in_thread
+
+NO_CONTEXT_START = (
+    "RawMemory needs a current CUDA context on the calling thread (vkgdr 0.1's rule: the memory "
+    "is allocated in that context), and this thread has none. Make one current first"
+)
+NO_CONTEXT_END = ". cuCtxGetDevice failed (CUDA_ERROR_INVALID_CONTEXT)"
+
+
+# --- A thread with no current context ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("opened", ["device", "current-context"])
+def test_raw_memory_on_a_thread_without_a_context_says_what_is_missing(cupy, opened) -> None:
+    # vkgdr 0.1's rule holds for both kinds of handle: the calling thread's context is used.
+    g = vkgdr.Vkgdr(0) if opened == "device" else vkgdr.Vkgdr.open_current_context()
+    with pytest.raises(vkgdr.VkgdrError) as e:
+        run_in_thread(lambda: vkgdr.RawMemory(g, 65536))
+    assert type(e.value) is vkgdr.VkgdrError, "vkgdr 0.1's class, not a subclass"
+    text = str(e.value)
+    assert text.startswith(NO_CONTEXT_START), text
+    for fix in ("cupy.cuda.runtime.setDevice(n)", "torch.cuda.synchronize(n)", "ctx.push()"):
+        assert fix in text, fix
+    assert "allocate from a vkgdr.Pool(vkgdr.Vkgdr(n)), which needs none" in text
+    assert text.endswith(NO_CONTEXT_END), text
+    assert e.value.call == "cuCtxGetDevice"
+    assert e.value.result_name == "CUDA_ERROR_INVALID_CONTEXT"
+    assert g.pending_releases() == 0
+
+
+def test_the_fixes_the_message_names_work(cuda, cupy) -> None:
+    g = vkgdr.Vkgdr(0)
+    primary = cuda.ctx_get_current()  # the cupy fixture made device 0's primary one current
+    assert primary is not None
+
+    def allocate_after(make_current: Callable[[], None], undo: Callable[[], Any] = lambda: None):
+        def body() -> int:
+            assert cuda.ctx_get_current() is None, "a fresh thread has no context"
+            make_current()
+            try:
+                mem = vkgdr.RawMemory(g, 65536)
+                np.asarray(mem).view(np.uint8)[:] = 1
+                size = len(mem)
+                mem.free()
+                return size
+            finally:
+                undo()
+
+        assert run_in_thread(body) == 65536
+
+    allocate_after(lambda: cupy.cuda.runtime.setDevice(0))
+    allocate_after(lambda: cuda.ctx_push(primary), cuda.ctx_pop)  # what PyCUDA's ctx.push() does
+
+    def pool_without_a_context() -> int:
+        assert cuda.ctx_get_current() is None
+        pool = vkgdr.Pool(vkgdr.Vkgdr(0))
+        block = pool.alloc(64)
+        block.view(np.uint8)[:] = 2
+        size = len(block)
+        block.free()
+        return size
+
+    assert run_in_thread(pool_without_a_context) == 64
+    torch = pytest.importorskip("torch")
+    allocate_after(lambda: torch.cuda.synchronize(0))
+    assert g.wait_for_releases(10)
