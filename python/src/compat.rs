@@ -78,7 +78,7 @@ impl Held {
                     // SAFETY: `release_after_stream` wants a live stream of the memory's device,
                     // whose context, where the driver lacks stream memory operations (an event
                     // then fences the release), stays alive until the release. A stream object
-                    // is alive while `how` holds it (it drops after the call); an int handle's
+                    // is alive while `how` holds it (it drops after the call); a `RawStream`'s
                     // stream, and the context of either, are the program's promise, documented
                     // on `vkgdr.RawMemory`.
                     Release::After(stream) => unsafe { memory.release_after_stream(stream.raw()) },
@@ -154,7 +154,7 @@ impl RawMemory {
             ));
         }
         // The arguments first: reading a stream object may run Python code.
-        let how = match optional_stream_arg(after)? {
+        let how = match optional_stream_arg(after, "free(after=...)")? {
             Some(stream) => Release::After(stream),
             None if now => Release::Now,
             None => Release::Default,

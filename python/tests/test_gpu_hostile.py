@@ -1,7 +1,10 @@
-"""Clear errors instead of crashes, on a GPU: ``RawMemory`` on a thread with no current CUDA
-context raises an error that names vkgdr 0.1's rule and the ways to satisfy it (and those ways
-work)."""
+"""No Python call sequence may crash the interpreter, on a GPU (the part test_vulkan_hostile.py
+cannot reach without CUDA): ``RawMemory`` on a thread with no current CUDA context raises an
+error that names vkgdr 0.1's rule and the ways to satisfy it (and those ways work); a bare int
+is refused as a stream by every call that takes one (``free(after=12345)`` crashed the process
+inside the driver), while a real stream's handle passes as ``vkgdr.RawStream``."""
 
+import gc
 from typing import Any, Callable
 
 import numpy as np
@@ -73,4 +76,60 @@ def test_the_fixes_the_message_names_work(cuda, cupy) -> None:
     assert run_in_thread(pool_without_a_context) == 64
     torch = pytest.importorskip("torch")
     allocate_after(lambda: torch.cuda.synchronize(0))
+    assert g.wait_for_releases(10)
+
+
+# --- Streams -------------------------------------------------------------------------------------
+
+
+def assert_bare_int_refused(call: Callable[[], Any], param: str, value: int) -> None:
+    with pytest.raises(TypeError) as e:
+        call()
+    assert type(e.value) is TypeError
+    text = str(e.value)
+    assert text.startswith(f"{param} takes a CUDA stream object, not the int {value}:"), text
+    assert "vkgdr.RawStream(handle)" in text
+
+
+def test_a_bare_int_is_refused_and_a_raw_stream_works_for_raw_memory(cupy) -> None:
+    g = vkgdr.Vkgdr.open_current_context()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    mem = vkgdr.RawMemory(g, 65536)
+    for value in (12345, 0, stream.ptr):  # no int passes, not even one that names a stream
+        assert_bare_int_refused(lambda v=value: mem.free(after=v), "free(after=...)", value)
+    assert not mem.is_freed
+    np.asarray(mem).view(np.uint8)[:] = 3  # still usable
+    mem.free(after=vkgdr.RawStream(stream.ptr))  # the handle of a live stream, explicitly
+    assert mem.is_freed
+    stream.synchronize()
+    assert g.wait_for_releases(10)
+
+
+def test_a_bare_int_is_refused_and_a_raw_stream_works_for_a_block(cupy) -> None:
+    g = vkgdr.Vkgdr(0)
+    pool = vkgdr.Pool(g, thread_cache=0)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    block = pool.alloc(64)
+    # The reviewer's call: it killed the process with SIGSEGV inside the CUDA driver.
+    assert_bare_int_refused(lambda: block.free(after=12345), "free(after=...)", 12345)
+    assert_bare_int_refused(lambda: block.free(after=0), "free(after=...)", 0)
+    assert not block.is_freed and pool.stats()["bytes_in_use"] == 64
+    block.free(after=vkgdr.RawStream(stream.ptr))
+    stream.synchronize()
+    assert g.wait_for_releases(10)
+    assert pool.stats()["bytes_in_use"] == 0
+
+
+def test_a_bare_int_is_refused_and_a_raw_stream_works_for_a_ring_consumer(cupy) -> None:
+    g = vkgdr.Vkgdr(0)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    ring = vkgdr.DeviceRing(g, 64 << 10)
+    for value in (12345, 0):
+        watch = lambda v=value: ring.watch_consumer(v)  # noqa: E731
+        assert_bare_int_refused(watch, "watch_consumer(stream)", value)
+    # No consumer runs: the event recorded on the stream completes at once, as if it had exited.
+    ring.watch_consumer(vkgdr.RawStream(stream.ptr))
+    stream.synchronize()
+    del ring
+    gc.collect()
     assert g.wait_for_releases(10)

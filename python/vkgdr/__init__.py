@@ -32,6 +32,7 @@ from ._vkgdr import (
     LibraryNotFoundError,
     OutOfDeviceMemoryError,
     Pool,
+    RawStream,
     RingDeviceView,
     RingFullError,
     RingProducer,
@@ -51,6 +52,7 @@ __all__ = [
     "OutOfDeviceMemoryError",
     "Pool",
     "RawMemory",
+    "RawStream",
     "RingDeviceView",
     "RingFullError",
     "RingProducer",
@@ -185,12 +187,14 @@ class RawMemory:
     it too). It never waits for a kernel: the memory goes back once the GPU work queued before
     the free on the legacy default stream, and so on every blocking stream (the default of CUDA
     C, CuPy, PyTorch and PyCUDA), has completed. ``after=stream`` waits for the work queued on
-    that stream instead (a CUDA stream: an int ``CUstream``, or a CuPy, PyTorch, PyCUDA or Numba
-    stream object, which is kept alive until then): use it for memory a kernel on a non-blocking
-    stream may still use. ``now=True`` releases without waiting for any GPU work, for callers
-    who know none uses the memory. An int handle must name a live stream of this memory's device;
-    where the driver lacks stream memory operations (an event then fences the release), the
-    stream's context must stay alive until the memory is released, as in C.
+    that stream instead (a CuPy, PyTorch, PyCUDA or Numba stream object, or one with
+    ``__cuda_stream__``, which is kept alive until then; or a raw ``CUstream`` handle wrapped as
+    :class:`RawStream`): use it for memory a kernel on a non-blocking stream may still use.
+    ``now=True`` releases without waiting for any GPU work, for callers who know none uses the
+    memory. A bare int raises ``TypeError`` (an int that names no stream would crash the CUDA
+    driver): a ``RawStream``'s handle is the program's promise that it names a live stream of
+    this memory's device; where the driver lacks stream memory operations (an event then fences
+    the release), the stream's context must stay alive until the memory is released, as in C.
 
     **Views keep the memory.** Once ``__array_interface__`` or ``__cuda_array_interface__`` has
     been read (``np.asarray(mem)``, ``cupy.asarray(mem)``, Numba, PyTorch), ``free()`` releases
@@ -199,10 +203,10 @@ class RawMemory:
     reference), the object is marked freed at once (its attributes raise ``VkgdrError``, as
     after any free) and the memory is released when the object is deallocated, i.e. when the
     last view (and the caller's last reference) is gone, fenced then on the stream named by
-    ``after`` (which must still be alive: objects are kept, int handles are the caller's) or on
-    the legacy stream (``now=True`` then gets that default fence). Views therefore never touch
-    memory that was handed back, and kernels launched through them before the release on a
-    blocking stream, or on the ``after`` stream, are waited for. Memory whose interfaces were
+    ``after`` (which must still be alive: objects are kept, ``RawStream`` handles are the
+    caller's) or on the legacy stream (``now=True`` then gets that default fence). Views
+    therefore never touch memory that was handed back, and kernels launched through them before
+    the release on a blocking stream, or on the ``after`` stream, are waited for. Memory whose interfaces were
     never read is released at once, as in vkgdr 0.1. A ``free()`` of a derived class that calls
     this one (``super().free()``) is counted from inside that method, and a call through the class
     (``RawMemory.free(mem)``) conservatively: exported memory may then wait until the object is
