@@ -12,6 +12,10 @@
 //! - [`stream`]: CUDA streams named by Python arguments, and `RawStream`, the one way a raw
 //!   handle is passed (a bare int is refused).
 //!
+//! Every class here (and `vkgdr.Vkgdr`, `vkgdr.RawMemory`) refuses `copy.copy`,
+//! `copy.deepcopy` and pickling with a `TypeError`: python/vkgdr/__init__.py installs the same
+//! four methods on each (`_refuse_copies`), as they are handles to GPU memory and driver state.
+//!
 //! Calls that may take long (driver calls, waits, large copies) release the GIL. No Rust panic
 //! can cross into Python: PyO3 turns one into a `PanicException`, and the DLPack deleters, which C
 //! code calls, catch them.

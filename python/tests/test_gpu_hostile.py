@@ -2,10 +2,13 @@
 cannot reach without CUDA): ``RawMemory`` on a thread with no current CUDA context raises an
 error that names vkgdr 0.1's rule and the ways to satisfy it (and those ways work); a bare int
 is refused as a stream by every call that takes one (``free(after=12345)`` crashed the process
-inside the driver), while a real stream's handle passes as ``vkgdr.RawStream``."""
+inside the driver), while a real stream's handle passes as ``vkgdr.RawStream``; and the objects
+only a GPU makes refuse copies and pickles as every other does."""
 
+import copy
 import gc
-from typing import Any, Callable
+import pickle
+from typing import Any, Callable, List
 
 import numpy as np
 import pytest
@@ -133,3 +136,46 @@ def test_a_bare_int_is_refused_and_a_raw_stream_works_for_a_ring_consumer(cupy) 
     del ring
     gc.collect()
     assert g.wait_for_releases(10)
+
+
+# --- Copies and pickles --------------------------------------------------------------------------
+
+
+def assert_uncopyable(obj: Any, name: str) -> None:
+    expected = f"cannot copy or pickle a {name}: it is a handle to GPU memory or driver state"
+    attempts: List[Callable[[], Any]] = [
+        lambda: copy.copy(obj),
+        lambda: copy.deepcopy(obj),
+        lambda: pickle.dumps(obj),
+        lambda: pickle.dumps(obj, protocol=0),
+    ]
+    for attempt in attempts:
+        with pytest.raises(TypeError) as e:
+            attempt()
+        assert type(e.value) is TypeError
+        assert str(e.value).startswith(expected), str(e.value)
+
+
+def test_gpu_objects_refuse_copies_and_pickles(cupy) -> None:
+    g = vkgdr.Vkgdr.open_current_context()
+    mem = vkgdr.RawMemory(g, 65536)
+    ring = vkgdr.DeviceRing(g, 64 << 10)
+    producer = ring.producer()
+    for obj, name in [
+        (g, "vkgdr.Vkgdr"),
+        (g._impl, "vkgdr._vkgdr._Vkgdr"),
+        (mem, "vkgdr.RawMemory"),  # copy.copy gave a second RawMemory over the same allocation
+        (mem._impl, "vkgdr._vkgdr._RawMemory"),
+        (ring, "vkgdr.DeviceRing"),
+        (ring.device_view, "vkgdr.RingDeviceView"),
+        (producer, "vkgdr.RingProducer"),
+    ]:
+        assert_uncopyable(obj, name)
+    # Nothing was duplicated: the memory is still usable and goes back once.
+    np.asarray(mem).view(np.uint8)[:] = 4
+    mem.free()
+    producer.close()
+    del producer, ring
+    gc.collect()
+    assert g.wait_for_releases(10)
+    assert g.pending_releases() == 0

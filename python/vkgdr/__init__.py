@@ -18,8 +18,9 @@ device pointer kernels use. Host writes are seen by kernels launched after them 
 """
 
 import enum
-from typing import Any, Dict, Optional, Type, TypeVar
+from typing import Any, Dict, NoReturn, Optional, Type, TypeVar
 
+from . import _vkgdr
 from ._vkgdr import (
     DLPACK_DEVICE_CPU,
     DLPACK_DEVICE_CUDA,
@@ -75,6 +76,34 @@ class OpenFlags(enum.IntEnum):
     REQUIRE_COHERENT_BIT = OPEN_REQUIRE_COHERENT_BIT
 
 
+def _no_copies(self: Any, *args: Any) -> NoReturn:
+    """``copy.copy``, ``copy.deepcopy`` and pickling of a vkgdr object: refused."""
+    cls = type(self)
+    raise TypeError(
+        f"cannot copy or pickle a {cls.__module__}.{cls.__qualname__}: it is a handle to GPU "
+        f"memory or driver state, which exists once and only in this process (share the object "
+        f"itself instead)"
+    )
+
+
+def _refuse_copies(cls: type) -> type:
+    """Makes ``copy.copy``, ``copy.deepcopy`` and ``pickle`` of ``cls``'s objects raise
+    ``TypeError``, the same for every class of this package: each is a handle to GPU memory or
+    driver state, which a copy would alias (a second owner of one allocation) and a pickle cannot
+    carry to another process. Returns ``cls``, so it serves as a class decorator."""
+    for name in ("__copy__", "__deepcopy__", "__reduce__", "__reduce_ex__"):
+        setattr(cls, name, _no_copies)
+    return cls
+
+
+# Every class of the extension module (exceptions aside: they are values, copied and pickled as
+# Python's own are).
+for _cls in vars(_vkgdr).values():
+    if isinstance(_cls, type) and not issubclass(_cls, BaseException):
+        _refuse_copies(_cls)
+del _cls
+
+
 # Vkgdr and RawMemory are plain Python classes, as in vkgdr 0.1, so that programs can derive
 # classes from them whose __init__ takes other arguments (and calls this one), and combine them
 # with other bases (vkgdr.pycuda.Memory is a PyCUDA PointerHolderBase too). Each holds the
@@ -83,6 +112,7 @@ class OpenFlags(enum.IntEnum):
 _V = TypeVar("_V", bound="Vkgdr")
 
 
+@_refuse_copies
 class Vkgdr:
     """Handle to a CUDA device opened for BAR mappings (vkgdr 0.1's ``Vkgdr``).
 
@@ -94,6 +124,7 @@ class Vkgdr:
 
     Classes derived from it may take other ``__init__`` arguments; their ``__init__`` must call
     ``Vkgdr.__init__`` (``super().__init__(device, flags)``) before the handle is used.
+    ``copy.copy``, ``copy.deepcopy`` and pickling raise ``TypeError``, as for every class here.
 
     Raises
     ------
@@ -167,6 +198,7 @@ class Vkgdr:
         return f"<{cls.__module__}.{cls.__qualname__} {state}>"
 
 
+@_refuse_copies
 class RawMemory:
     """One raw allocation in the calling thread's current CUDA context (vkgdr 0.1's
     ``RawMemory``).
@@ -212,6 +244,9 @@ class RawMemory:
     (``RawMemory.free(mem)``) conservatively: exported memory may then wait until the object is
     collected. Addresses taken as integers (``host_ptr``, ``device_ptr``,
     the interfaces' ``data``) are the caller's to stop using, as in C.
+
+    ``copy.copy``, ``copy.deepcopy`` and pickling raise ``TypeError``: a copy would be a second
+    owner of the same allocation.
 
     Raises
     ------

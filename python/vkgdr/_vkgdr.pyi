@@ -1,4 +1,8 @@
-"""Type stubs of the extension module vkgdr._vkgdr (re-exported by vkgdr)."""
+"""Type stubs of the extension module vkgdr._vkgdr (re-exported by vkgdr).
+
+Every class here refuses ``copy.copy``, ``copy.deepcopy`` and pickling with ``TypeError`` (they
+are handles to GPU memory and driver state); the exceptions copy and pickle as Python's own do.
+"""
 
 from typing import (
     Any,
