@@ -546,7 +546,8 @@ VKGDR_API char *vkgdr_last_error(void);
  *
  * Returns a handle, or `NULL` on error (`vkgdr_last_error()`: e.g.
  * `vkAllocateMemory failed (VK_ERROR_OUT_OF_DEVICE_MEMORY)` when the BAR-mappable memory is
- * exhausted, `cuCtxGetDevice failed (CUDA_ERROR_INVALID_CONTEXT)` with no current context).
+ * exhausted; with no current context, how to make one current (or to use a pool), ending
+ * `cuCtxGetDevice failed (CUDA_ERROR_INVALID_CONTEXT)`).
  *
  * Thread safety: any thread, concurrently with other calls on the same `g`.
  * Free the memory with `vkgdr_memory_free`.

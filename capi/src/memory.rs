@@ -58,7 +58,8 @@ fn sync_range(offset: usize, size: usize, len: u64) -> vkgdr::Result<(u64, u64)>
 ///
 /// Returns a handle, or `NULL` on error (`vkgdr_last_error()`: e.g.
 /// `vkAllocateMemory failed (VK_ERROR_OUT_OF_DEVICE_MEMORY)` when the BAR-mappable memory is
-/// exhausted, `cuCtxGetDevice failed (CUDA_ERROR_INVALID_CONTEXT)` with no current context).
+/// exhausted; with no current context, how to make one current (or to use a pool), ending
+/// `cuCtxGetDevice failed (CUDA_ERROR_INVALID_CONTEXT)`).
 ///
 /// Thread safety: any thread, concurrently with other calls on the same `g`.
 /// Free the memory with `vkgdr_memory_free`.
@@ -73,7 +74,7 @@ pub unsafe extern "C" fn vkgdr_memory_alloc(g: vkgdr_t, size: usize, flags: u32)
         // SAFETY: the caller does not close `g` during the call.
         let gpu = unsafe { device(g) }?.gpu()?;
         // SAFETY: the context-lifetime obligation is forwarded to our caller.
-        let mem = unsafe { compat::alloc(gpu, size as u64, flags) }?;
+        let mem = unsafe { compat::alloc(gpu, size as u64, flags, compat::Face::C) }?;
         register(&MEMORIES, mem)
     })
 }

@@ -15,6 +15,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple};
+use vkgdr::compat::Face;
 
 use crate::device::gpu_of;
 use crate::errors::{invalid_argument, to_py, vkgdr_error};
@@ -77,7 +78,7 @@ impl Held {
                     // SAFETY: `release_after_stream` wants a live stream of the memory's device,
                     // whose context, where the driver lacks stream memory operations (an event
                     // then fences the release), stays alive until the release. A stream object
-                    // is alive while `how` holds it (it drops after the call); an int handle's
+                    // is alive while `how` holds it (it drops after the call); a `RawStream`'s
                     // stream, and the context of either, are the program's promise, documented
                     // on `vkgdr.RawMemory`.
                     Release::After(stream) => unsafe { memory.release_after_stream(stream.raw()) },
@@ -153,7 +154,7 @@ impl RawMemory {
             ));
         }
         // The arguments first: reading a stream object may run Python code.
-        let how = match optional_stream_arg(after)? {
+        let how = match optional_stream_arg(after, "free(after=...)")? {
             Some(stream) => Release::After(stream),
             None if now => Release::Now,
             None => Release::Default,
@@ -243,9 +244,9 @@ impl RawMemory {
         let gpu = gpu_of(owner)?;
         // SAFETY: vkgdr 0.1's contract, documented on `vkgdr.RawMemory`: the current context
         // outlives the memory. `detach` runs the closure on this thread, so "current" is
-        // unchanged.
+        // unchanged. With none current the library's error says how to make one current.
         let memory = py
-            .detach(|| unsafe { vkgdr::compat::alloc(&gpu, size, flags) })
+            .detach(|| unsafe { vkgdr::compat::alloc(&gpu, size, flags, Face::Python) })
             .map_err(to_py)?;
         Ok(RawMemory {
             size: memory.size(),

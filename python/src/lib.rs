@@ -9,7 +9,12 @@
 //! - [`errors`]: `VkgdrError` and its subclasses, the one conversion of library errors;
 //! - [`dlpack`], [`interface`]: the array protocols;
 //! - [`lifetime`]: when `free()` may release memory at once (no view can still use it);
-//! - [`stream`]: CUDA streams named by Python arguments.
+//! - [`stream`]: CUDA streams named by Python arguments, and `RawStream`, the one way a raw
+//!   handle is passed (a bare int is refused).
+//!
+//! Every class here (and `vkgdr.Vkgdr`, `vkgdr.RawMemory`) refuses `copy.copy`,
+//! `copy.deepcopy` and pickling with a `TypeError`: python/vkgdr/__init__.py installs the same
+//! four methods on each (`_refuse_copies`), as they are handles to GPU memory and driver state.
 //!
 //! Calls that may take long (driver calls, waits, large copies) release the GIL. No Rust panic
 //! can cross into Python: PyO3 turns one into a `PanicException`, and the DLPack deleters, which C
@@ -41,6 +46,7 @@ fn _vkgdr(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ring::DeviceRing>()?;
     m.add_class::<ring::RingDeviceView>()?;
     m.add_class::<ring::RingProducer>()?;
+    m.add_class::<stream::RawStream>()?;
     m.add_class::<lifetime::RefProbe>()?;
     m.add_function(wrap_pyfunction!(lifetime::calibrate, m)?)?;
     lifetime::init(m.py())?;

@@ -281,7 +281,7 @@ fn release_parts(
             // SAFETY: `release_after_stream` wants a live stream of the block's device, whose
             // context, where the driver lacks stream memory operations (an event then fences
             // the release), stays alive until the release. A stream object is alive while
-            // `stream` holds it (it drops after the call); an int handle's stream, and the
+            // `stream` holds it (it drops after the call); a `RawStream`'s stream, and the
             // context of either, are the program's promise, documented on `Block.free`.
             let done = unsafe { block.release_after_stream(gpu, stream.raw()) };
             drop(stream);
@@ -318,10 +318,11 @@ impl Drop for BlockState {
 /// raise ``VkgdrError``), and the block goes back at once if no view or export can exist (none
 /// was made, or nothing but the caller's variables refers to the object and no DLPack export
 /// lives), else when the last one (and the caller's last reference) is gone. ``after=stream``
-/// (an int ``CUstream``, or a CuPy, PyTorch, PyCUDA or Numba stream object, kept alive until
-/// then) holds it back further, never waiting: it goes back once the work queued on that stream
-/// has completed (the stream's state when the block is given back, views' kernels included).
-/// Free blocks that a kernel on a non-blocking stream may still use that way.
+/// (a CuPy, PyTorch, PyCUDA or Numba stream object, kept alive until then, or a raw handle as
+/// ``vkgdr.RawStream(handle)``; a bare int raises ``TypeError``) holds it back further, never
+/// waiting: it goes back once the work queued on that stream has completed (the stream's state
+/// when the block is given back, views' kernels included). Free blocks that a kernel on a
+/// non-blocking stream may still use that way.
 ///
 /// Host writes reach kernels launched afterwards; on non-coherent memory call ``flush()`` first
 /// (and ``invalidate()`` before host reads of device writes).
@@ -423,15 +424,16 @@ impl Block {
     /// view or export of it can exist, otherwise when the last one is gone; with
     /// ``after=stream``, only once the work queued on that stream has completed as well (see
     /// the class docs). The object is marked freed either way. Safe to call twice; a second call
-    /// changes nothing. An int ``after`` must name a live stream of the block's device; where
-    /// the driver lacks stream memory operations (an event then fences the release), the
-    /// stream's context must stay alive until the block has gone back, as in C.
+    /// changes nothing. A ``vkgdr.RawStream`` ``after`` must name a live stream of the block's
+    /// device; where the driver lacks stream memory operations (an event then fences the
+    /// release), the stream's context must stay alive until the block has gone back, as in C.
+    /// A bare int raises ``TypeError``: wrap a handle in ``vkgdr.RawStream``.
     #[pyo3(signature = (*, after = None))]
     fn free(slf: &Bound<'_, Self>, after: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let py = slf.py();
         let this = slf.get();
         // The arguments first: reading a stream object may run Python code.
-        let after = optional_stream_arg(after)?;
+        let after = optional_stream_arg(after, "free(after=...)")?;
         if after.is_some() && this.state.gpu.is_none() {
             return Err(invalid_argument(
                 "a Vulkan-only block has no CUDA stream to wait for (after= needs a GPU pool)",

@@ -321,16 +321,18 @@ impl DeviceRing {
         self.ring.stop()
     }
 
-    /// Registers the consumer kernel just launched on ``stream`` (an int ``CUstream``, 0 for the
-    /// legacy default stream, or a CuPy, PyTorch, PyCUDA or Numba stream object; an int must
-    /// name a live stream of the ring's device). Call it right after the launch: the ring
-    /// records an event there, and its completion means the consumer has exited. Producers
-    /// waiting for space then fail instead of waiting forever, and dropping the ring stops the
-    /// kernel and keeps the ring's memory until it has exited, without waiting.
+    /// Registers the consumer kernel just launched on ``stream`` (a CuPy, PyTorch, PyCUDA or
+    /// Numba stream object, one with ``__cuda_stream__``, or a raw handle the program vouches
+    /// for, ``vkgdr.RawStream(handle)``, which must name a live stream of the ring's device;
+    /// ``RawStream(0)`` is the legacy default stream; a bare int raises ``TypeError``). Call it
+    /// right after the launch: the ring records an event there, and its completion means the
+    /// consumer has exited. Producers waiting for space then fail instead of waiting forever,
+    /// and dropping the ring stops the kernel and keeps the ring's memory until it has exited,
+    /// without waiting.
     fn watch_consumer(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
-        let stream = stream_arg(stream)?;
-        // SAFETY: a stream object is alive while `stream` holds it, until after the call; an
-        // int handle is the caller's promise (documented above); null is the legacy stream.
+        let stream = stream_arg(stream, "watch_consumer(stream)")?;
+        // SAFETY: a stream object is alive while `stream` holds it, until after the call; a
+        // `RawStream` is the caller's promise (documented above); null is the legacy stream.
         py.detach(|| unsafe { self.ring.watch_consumer_stream(stream.raw()) })
             .map_err(to_py)
     }

@@ -445,7 +445,7 @@ def test_releases_wait_for_the_stream_they_name_and_rings_for_their_consumer(
         t = time.monotonic()
         m.free(after=spinner.stream)
         small = vkgdr.RawMemory(gpu, 64 << 10)
-        small.free(after=spinner.stream.ptr)  # the stream as an int CUstream
+        small.free(after=vkgdr.RawStream(spinner.stream.ptr))  # the stream as a raw CUstream
         block = pool.alloc(4096)
         block.free(after=spinner.stream)
         assert time.monotonic() - t < 1.0, "a free waited"

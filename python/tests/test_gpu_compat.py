@@ -657,7 +657,8 @@ def test_a_cupy_array_keeps_freed_memory_and_kernels_on_it_work(cupy) -> None:
 def test_free_without_views_is_at_once_every_way(cupy) -> None:
     g = vkgdr.Vkgdr.open_current_context()
     stream = cupy.cuda.Stream(non_blocking=True)
-    for how in ({}, {"now": True}, {"after": stream}, {"after": stream.ptr}, {"after": 0}):
+    raw, legacy = vkgdr.RawStream(stream.ptr), vkgdr.RawStream(0)
+    for how in ({}, {"now": True}, {"after": stream}, {"after": raw}, {"after": legacy}):
         mem = vkgdr.RawMemory(g, 2 << 20)  # mapped on its own
         np.asarray(mem).view(np.uint8)[:] = 1  # exported, but the array is gone
         small = vkgdr.RawMemory(g, 1000)  # carved from a shared granule

@@ -19,7 +19,7 @@ def test_vkgdr_0_1_names_and_values() -> None:
     assert vkgdr.OpenFlags.REQUIRE_COHERENT_BIT == 4
     assert issubclass(vkgdr.OpenFlags, int)
     assert issubclass(vkgdr.VkgdrError, RuntimeError)
-    for name in ("Vkgdr", "RawMemory", "Pool", "Block", "DeviceRing", "RingProducer"):
+    for name in ("Vkgdr", "RawMemory", "Pool", "Block", "DeviceRing", "RingProducer", "RawStream"):
         assert getattr(vkgdr, name).__module__ == "vkgdr"
         assert getattr(vkgdr, name).__doc__, f"{name} has no docstring"
     assert vkgdr.__version__

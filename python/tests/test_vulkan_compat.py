@@ -3,7 +3,8 @@ stand-in memory, blocks of a Vulkan-only pool (Mesa's lavapipe on CI) that the e
 ``_RawMemory._over_pool`` puts where a raw allocation would be. What runs is the real
 ``RawMemory`` (Python half and extension) and the real ``free()`` rule; only the allocation and
 the release are the pool's, and each release is recorded with how it was asked for: ``"default"``
-(the legacy stream's fence), ``"now"``, or the ``after=`` stream's handle.
+(the legacy stream's fence), ``"now"``, or the ``after=`` stream's handle (given as
+``vkgdr.RawStream``: the stand-in never uses it).
 
 Covered: classes derived from ``RawMemory`` whose ``__init__`` takes other arguments, as vkgdr
 0.1's plain Python class allows; ``free()`` with and without views, in every call shape the
@@ -117,7 +118,7 @@ def test_a_derived_class_with_its_own_init_is_a_raw_memory(stand_in) -> None:
 def test_a_view_keeps_the_memory_of_a_derived_class(stand_in) -> None:
     mem = Labelled(OWNER, 256, "phases")
     view = np.asarray(mem).view(np.uint8)
-    mem.free(after=0x3000)
+    mem.free(after=vkgdr.RawStream(0x3000))
     assert mem.is_freed and "views" in repr(mem)
     assert stand_in.releases == [] and stand_in.in_use() == 256
     view[:] = 5  # still the allocation's memory
@@ -202,8 +203,9 @@ def test_free_without_views_hands_back_at_once_each_way(stand_in) -> None:
     for how, released in (
         ({}, "default"),
         ({"now": True}, "now"),
-        ({"after": 0x1000}, 0x1000),
-        ({"after": 0}, "default"),  # the legacy stream: what every release waits for anyway
+        ({"after": vkgdr.RawStream(0x1000)}, 0x1000),
+        # The legacy stream: what every release waits for anyway.
+        ({"after": vkgdr.RawStream(0)}, "default"),
         ({"after": None}, "default"),
     ):
         stand_in.releases.clear()
@@ -250,7 +252,7 @@ def test_a_cuda_array_interface_read_counts_as_a_view(stand_in) -> None:
 
     mem = vkgdr.RawMemory(OWNER, 64)
     consumer = Consumer(mem)
-    mem.free(after=0x2000)
+    mem.free(after=vkgdr.RawStream(0x2000))
     assert stand_in.releases == []
     del mem, consumer
     gc.collect()
@@ -261,7 +263,7 @@ def test_argument_errors_come_first_and_change_nothing(stand_in) -> None:
     mem = vkgdr.RawMemory(OWNER, 64)
     view = np.asarray(mem)  # the release would wait for it: the arguments are checked anyway
     with pytest.raises(vkgdr.InvalidArgumentError, match="not both"):
-        mem.free(after=1, now=True)
+        mem.free(after=vkgdr.RawStream(1), now=True)
     with pytest.raises(vkgdr.InvalidArgumentError, match="expected a CUDA stream"):
         mem.free(after="default")
     assert not mem.is_freed and stand_in.releases == []
@@ -578,7 +580,7 @@ def test_pycuda_memory_with_views_is_freed_when_the_last_goes(shim, stand_in) ->
     view = np.asarray(mem).view(np.uint8)  # its base's base is the Memory object
     holder = {"gpudata": mem}  # what a GPUArray holds
     mem.get_pointer()
-    mem.free(after=0x2000)
+    mem.free(after=vkgdr.RawStream(0x2000))
     assert stand_in.releases == [], "kept for its views"
     with pytest.raises(vkgdr.VkgdrError, match="freed"):
         mem.get_pointer()  # PyCUDA cannot launch on it any more
@@ -607,7 +609,7 @@ def test_get_pointer_counts_as_an_export(shim, stand_in) -> None:
 def test_pycuda_memory_refuses_after_and_now_together_and_what_is_no_stream(shim, stand_in):
     mem = shim.Memory(OWNER, 64)
     with pytest.raises(vkgdr.InvalidArgumentError, match="not both"):
-        mem.free(after=1, now=True)
+        mem.free(after=vkgdr.RawStream(1), now=True)
     view = np.asarray(mem)
     with pytest.raises(vkgdr.InvalidArgumentError, match="expected a CUDA stream"):
         mem.free(after="default")  # checked even though the release would wait for the view

@@ -296,8 +296,15 @@ class Protocol:
 
 @pytest.mark.parametrize(
     "stream",
-    [0x1000, CupyLike(0x2000), TorchLike(), PycudaLike(), NumbaLike(), Protocol()],
-    ids=["int", "cupy", "torch", "pycuda", "numba", "protocol"],
+    [
+        vkgdr.RawStream(0x1000),
+        CupyLike(0x2000),
+        TorchLike(),
+        PycudaLike(),
+        NumbaLike(),
+        Protocol(),
+    ],
+    ids=["raw", "cupy", "torch", "pycuda", "numba", "protocol"],
 )
 def test_stream_arguments_are_read_before_anything_changes(stream, pool) -> None:
     b = pool.alloc(64)
@@ -308,7 +315,7 @@ def test_stream_arguments_are_read_before_anything_changes(stream, pool) -> None
 
 
 @pytest.mark.parametrize(
-    "bad", [-1, True, "stream", 1.5, CupyLike("x"), object()], ids=repr
+    "bad", [True, "stream", 1.5, CupyLike("x"), CupyLike(-1), object()], ids=repr
 )
 def test_what_is_not_a_stream_is_an_invalid_argument(bad, pool) -> None:
     b = pool.alloc(64)
@@ -317,7 +324,9 @@ def test_what_is_not_a_stream_is_an_invalid_argument(bad, pool) -> None:
     assert not b.is_freed
 
 
-@pytest.mark.parametrize("null", [0, CupyLike(0), NullNumbaLike()], ids=["int", "cupy", "numba"])
+@pytest.mark.parametrize(
+    "null", [vkgdr.RawStream(0), CupyLike(0), NullNumbaLike()], ids=["raw", "cupy", "numba"]
+)
 def test_the_null_stream_is_the_default_release(null, pool) -> None:
     b = pool.alloc(64)
     b.free(after=null)

@@ -18,8 +18,9 @@ device pointer kernels use. Host writes are seen by kernels launched after them 
 """
 
 import enum
-from typing import Any, Dict, Optional, Type, TypeVar
+from typing import Any, Dict, NoReturn, Optional, Type, TypeVar
 
+from . import _vkgdr
 from ._vkgdr import (
     DLPACK_DEVICE_CPU,
     DLPACK_DEVICE_CUDA,
@@ -32,6 +33,7 @@ from ._vkgdr import (
     LibraryNotFoundError,
     OutOfDeviceMemoryError,
     Pool,
+    RawStream,
     RingDeviceView,
     RingFullError,
     RingProducer,
@@ -51,6 +53,7 @@ __all__ = [
     "OutOfDeviceMemoryError",
     "Pool",
     "RawMemory",
+    "RawStream",
     "RingDeviceView",
     "RingFullError",
     "RingProducer",
@@ -73,6 +76,34 @@ class OpenFlags(enum.IntEnum):
     REQUIRE_COHERENT_BIT = OPEN_REQUIRE_COHERENT_BIT
 
 
+def _no_copies(self: Any, *args: Any) -> NoReturn:
+    """``copy.copy``, ``copy.deepcopy`` and pickling of a vkgdr object: refused."""
+    cls = type(self)
+    raise TypeError(
+        f"cannot copy or pickle a {cls.__module__}.{cls.__qualname__}: it is a handle to GPU "
+        f"memory or driver state, which exists once and only in this process (share the object "
+        f"itself instead)"
+    )
+
+
+def _refuse_copies(cls: type) -> type:
+    """Makes ``copy.copy``, ``copy.deepcopy`` and ``pickle`` of ``cls``'s objects raise
+    ``TypeError``, the same for every class of this package: each is a handle to GPU memory or
+    driver state, which a copy would alias (a second owner of one allocation) and a pickle cannot
+    carry to another process. Returns ``cls``, so it serves as a class decorator."""
+    for name in ("__copy__", "__deepcopy__", "__reduce__", "__reduce_ex__"):
+        setattr(cls, name, _no_copies)
+    return cls
+
+
+# Every class of the extension module (exceptions aside: they are values, copied and pickled as
+# Python's own are).
+for _cls in vars(_vkgdr).values():
+    if isinstance(_cls, type) and not issubclass(_cls, BaseException):
+        _refuse_copies(_cls)
+del _cls
+
+
 # Vkgdr and RawMemory are plain Python classes, as in vkgdr 0.1, so that programs can derive
 # classes from them whose __init__ takes other arguments (and calls this one), and combine them
 # with other bases (vkgdr.pycuda.Memory is a PyCUDA PointerHolderBase too). Each holds the
@@ -81,6 +112,7 @@ class OpenFlags(enum.IntEnum):
 _V = TypeVar("_V", bound="Vkgdr")
 
 
+@_refuse_copies
 class Vkgdr:
     """Handle to a CUDA device opened for BAR mappings (vkgdr 0.1's ``Vkgdr``).
 
@@ -92,6 +124,7 @@ class Vkgdr:
 
     Classes derived from it may take other ``__init__`` arguments; their ``__init__`` must call
     ``Vkgdr.__init__`` (``super().__init__(device, flags)``) before the handle is used.
+    ``copy.copy``, ``copy.deepcopy`` and pickling raise ``TypeError``, as for every class here.
 
     Raises
     ------
@@ -165,6 +198,7 @@ class Vkgdr:
         return f"<{cls.__module__}.{cls.__qualname__} {state}>"
 
 
+@_refuse_copies
 class RawMemory:
     """One raw allocation in the calling thread's current CUDA context (vkgdr 0.1's
     ``RawMemory``).
@@ -185,12 +219,14 @@ class RawMemory:
     it too). It never waits for a kernel: the memory goes back once the GPU work queued before
     the free on the legacy default stream, and so on every blocking stream (the default of CUDA
     C, CuPy, PyTorch and PyCUDA), has completed. ``after=stream`` waits for the work queued on
-    that stream instead (a CUDA stream: an int ``CUstream``, or a CuPy, PyTorch, PyCUDA or Numba
-    stream object, which is kept alive until then): use it for memory a kernel on a non-blocking
-    stream may still use. ``now=True`` releases without waiting for any GPU work, for callers
-    who know none uses the memory. An int handle must name a live stream of this memory's device;
-    where the driver lacks stream memory operations (an event then fences the release), the
-    stream's context must stay alive until the memory is released, as in C.
+    that stream instead (a CuPy, PyTorch, PyCUDA or Numba stream object, or one with
+    ``__cuda_stream__``, which is kept alive until then; or a raw ``CUstream`` handle wrapped as
+    :class:`RawStream`): use it for memory a kernel on a non-blocking stream may still use.
+    ``now=True`` releases without waiting for any GPU work, for callers who know none uses the
+    memory. A bare int raises ``TypeError`` (an int that names no stream would crash the CUDA
+    driver): a ``RawStream``'s handle is the program's promise that it names a live stream of
+    this memory's device; where the driver lacks stream memory operations (an event then fences
+    the release), the stream's context must stay alive until the memory is released, as in C.
 
     **Views keep the memory.** Once ``__array_interface__`` or ``__cuda_array_interface__`` has
     been read (``np.asarray(mem)``, ``cupy.asarray(mem)``, Numba, PyTorch), ``free()`` releases
@@ -199,21 +235,25 @@ class RawMemory:
     reference), the object is marked freed at once (its attributes raise ``VkgdrError``, as
     after any free) and the memory is released when the object is deallocated, i.e. when the
     last view (and the caller's last reference) is gone, fenced then on the stream named by
-    ``after`` (which must still be alive: objects are kept, int handles are the caller's) or on
-    the legacy stream (``now=True`` then gets that default fence). Views therefore never touch
-    memory that was handed back, and kernels launched through them before the release on a
-    blocking stream, or on the ``after`` stream, are waited for. Memory whose interfaces were
+    ``after`` (which must still be alive: objects are kept, ``RawStream`` handles are the
+    caller's) or on the legacy stream (``now=True`` then gets that default fence). Views
+    therefore never touch memory that was handed back, and kernels launched through them before
+    the release on a blocking stream, or on the ``after`` stream, are waited for. Memory whose interfaces were
     never read is released at once, as in vkgdr 0.1. A ``free()`` of a derived class that calls
     this one (``super().free()``) is counted from inside that method, and a call through the class
     (``RawMemory.free(mem)``) conservatively: exported memory may then wait until the object is
     collected. Addresses taken as integers (``host_ptr``, ``device_ptr``,
     the interfaces' ``data``) are the caller's to stop using, as in C.
 
+    ``copy.copy``, ``copy.deepcopy`` and pickling raise ``TypeError``: a copy would be a second
+    owner of the same allocation.
+
     Raises
     ------
     VkgdrError
         if the allocation fails (``OutOfDeviceMemoryError`` when BAR memory is exhausted), or no
-        CUDA context is current (``CUDA_ERROR_INVALID_CONTEXT``)
+        CUDA context is current on the calling thread (the message says how to make one current;
+        ``result_name`` is ``CUDA_ERROR_INVALID_CONTEXT``)
     TypeError
         if ``owner`` is not a :class:`Vkgdr`
     """

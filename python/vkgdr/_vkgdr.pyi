@@ -1,4 +1,8 @@
-"""Type stubs of the extension module vkgdr._vkgdr (re-exported by vkgdr)."""
+"""Type stubs of the extension module vkgdr._vkgdr (re-exported by vkgdr).
+
+Every class here refuses ``copy.copy``, ``copy.deepcopy`` and pickling with ``TypeError`` (they
+are handles to GPU memory and driver state); the exceptions copy and pickle as Python's own do.
+"""
 
 from typing import (
     Any,
@@ -48,10 +52,23 @@ class _TorchStream(Protocol):
 class _PycudaStream(Protocol):
     handle: Any
 
-#: A CUDA stream: an int ``CUstream`` (0: the legacy default stream), a CuPy (``.ptr``),
-#: PyTorch (``.cuda_stream``), PyCUDA or Numba (``.handle``) stream, or an object with
-#: ``__cuda_stream__``.
-_CudaStream = Union[int, _CupyStream, _TorchStream, _PycudaStream, Any]
+class _CudaStreamProtocol(Protocol):
+    def __cuda_stream__(self) -> Tuple[int, int]: ...
+
+class RawStream:
+    """A raw ``CUstream`` handle the program vouches for (0: the legacy default stream), for the
+    arguments that take a CUDA stream and refuse a bare int. It must name a live stream of the
+    device of the memory or ring it is passed for (a handle that names none crashes the process
+    inside the CUDA driver); pass the stream object itself where there is one."""
+
+    def __init__(self, handle: int) -> None: ...
+    @property
+    def handle(self) -> int: ...
+
+#: A CUDA stream: a CuPy (``.ptr``), PyTorch (``.cuda_stream``), PyCUDA or Numba (``.handle``)
+#: stream, an object with ``__cuda_stream__``, or a raw handle as ``RawStream(handle)``. A bare
+#: int raises ``TypeError``.
+_CudaStream = Union[RawStream, _CupyStream, _TorchStream, _PycudaStream, _CudaStreamProtocol]
 
 class _Vkgdr:
     """Internal: the open device a ``vkgdr.Vkgdr`` holds."""
@@ -76,7 +93,8 @@ class _BoundFree:
     __self__: Any
     def __call__(self, *, after: Optional[_CudaStream] = None, now: bool = False) -> None:
         """Frees without waiting: after the work queued on the legacy stream (default), on
-        ``after``, or none (``now=True``); with live views, when the last one is gone."""
+        ``after`` (a stream object, or ``RawStream(handle)``; a bare int raises ``TypeError``),
+        or none (``now=True``); with live views, when the last one is gone."""
 
 class _FreeMethod:
     """Internal: ``vkgdr.RawMemory.free``, a descriptor."""
@@ -178,7 +196,9 @@ class Block:
 
     def __len__(self) -> int: ...
     def free(self, *, after: Optional[_CudaStream] = None) -> None:
-        """Gives the block back (once no view or export is left, and ``after`` has passed)."""
+        """Gives the block back (once no view or export is left, and ``after`` has passed: a
+        stream object, or a raw handle as ``RawStream(handle)``; a bare int raises
+        ``TypeError``)."""
     @property
     def is_freed(self) -> bool: ...
     @property
@@ -259,8 +279,9 @@ class DeviceRing:
         ``unavailable`` (why the copy engine could not be used, or None)."""
     def stop(self) -> None: ...
     def watch_consumer(self, stream: _CudaStream) -> None:
-        """Registers the consumer just launched on ``stream``: dropping the ring then stops it
-        and keeps the ring's memory until it has exited."""
+        """Registers the consumer just launched on ``stream`` (a stream object, or a raw handle
+        as ``RawStream(handle)``; a bare int raises ``TypeError``): dropping the ring then stops
+        it and keeps the ring's memory until it has exited."""
     @property
     def capacity(self) -> int: ...
     @property

@@ -7,9 +7,11 @@ from typing import Any
 
 import pycuda.driver
 
-from . import RawMemory, Vkgdr, VkgdrError
+from . import RawMemory, Vkgdr, VkgdrError, _refuse_copies
 
 
+# Refused here as well as on RawMemory: PyCUDA's base comes first in the method order.
+@_refuse_copies
 class Memory(pycuda.driver.PointerHolderBase, RawMemory):
     """Memory in the current PyCUDA context, freed with that context pushed.
 

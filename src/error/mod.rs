@@ -147,6 +147,22 @@ pub enum Error {
     /// A feature the driver or device does not support (e.g. CUDA VMM).
     #[error("not supported: {0}")]
     Unsupported(String),
+    /// A call that works in the calling thread's current CUDA context found none current: the
+    /// driver's failure (`cuCtxGetDevice`, `CUDA_ERROR_INVALID_CONTEXT`), with what needed the
+    /// context and how to make one current. Made by the drop-ins' allocation
+    /// ([`crate::compat::alloc`]), which word the explanation for their own callers; the message
+    /// ends with the driver's failure in vkgdr 0.1's form.
+    #[error("{explanation}. {call} failed ({name})")]
+    NoCurrentContext {
+        /// What needed a current context, and how to make one current.
+        explanation: &'static str,
+        /// The CUDA driver function that found none.
+        call: &'static str,
+        /// The numeric `CUresult`.
+        code: i32,
+        /// Its name, `CUDA_ERROR_INVALID_CONTEXT`.
+        name: String,
+    },
 }
 
 impl Error {
@@ -163,7 +179,8 @@ impl Error {
             | Error::Cuda { call, .. }
             | Error::Nvml { call, .. }
             | Error::System { call, .. }
-            | Error::OutOfDeviceMemory { call, .. } => Some(call),
+            | Error::OutOfDeviceMemory { call, .. }
+            | Error::NoCurrentContext { call, .. } => Some(call),
             _ => None,
         }
     }
@@ -174,7 +191,9 @@ impl Error {
     pub fn result_name(&self) -> Option<&str> {
         match self {
             Error::Vulkan { result, .. } => Some(result),
-            Error::Cuda { name, .. } | Error::Nvml { name, .. } => Some(name),
+            Error::Cuda { name, .. }
+            | Error::Nvml { name, .. }
+            | Error::NoCurrentContext { name, .. } => Some(name),
             Error::System { errno, .. } => errno.split(' ').next(),
             Error::OutOfDeviceMemory { side, result, .. } if *side != MemorySide::Limit => {
                 Some(result.split(' ').next().unwrap_or(result))

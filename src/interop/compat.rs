@@ -11,9 +11,12 @@
 //! - [`alloc`] imports into the calling thread's *current* context, reports the size asked for,
 //!   and ignores its flags (vkgdr 0.1 defines none);
 //! - error texts in vkgdr 0.1's form, `"<call> failed (<RESULT_NAME>)"` ([`message`]): an
-//!   invalid device gives `cuDeviceGetUuid failed (CUDA_ERROR_INVALID_DEVICE)`, no current
-//!   context `cuCtxGetDevice failed (CUDA_ERROR_INVALID_CONTEXT)`, a 10^15-byte allocation
-//!   `vkAllocateMemory failed (VK_ERROR_OUT_OF_DEVICE_MEMORY)`.
+//!   invalid device gives `cuDeviceGetUuid failed (CUDA_ERROR_INVALID_DEVICE)`, opening the
+//!   current context with none current `cuCtxGetDevice failed (CUDA_ERROR_INVALID_CONTEXT)`, a
+//!   10^15-byte allocation `vkAllocateMemory failed (VK_ERROR_OUT_OF_DEVICE_MEMORY)`. An
+//!   allocation with no current context says more ([`Error::NoCurrentContext`]): the rule it
+//!   broke and how to make a context current, worded for the [`Face`] that asked, before the
+//!   driver's failure in that form.
 //!
 //! Where this library does better than vkgdr 0.1 and no correct program can tell: memory
 //! remembers the context it was imported into and makes it current to free itself (vkgdr 0.1
@@ -71,23 +74,81 @@ pub unsafe fn open(device: CuDevice, flags: u32) -> Result<Gpu> {
     }
 }
 
+/// The drop-in a call comes from: an error that tells its caller what to do names that face's
+/// own calls and remedies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Face {
+    /// The C library (`vkgdr.h`).
+    C,
+    /// The Python package (`import vkgdr`).
+    Python,
+}
+
+impl Face {
+    /// What [`alloc`] with no current context tells this face's caller: the rule, and how to
+    /// make a context current (or to use a pool, whose blocks need none).
+    fn no_current_context(self) -> &'static str {
+        match self {
+            Face::C => {
+                "vkgdr_memory_alloc needs a current CUDA context on the calling thread (vkgdr \
+                 0.1's rule: the memory is allocated in that context), and this thread has \
+                 none. Make one current first (the runtime's cudaSetDevice(n), or \
+                 cuCtxSetCurrent / cuCtxPushCurrent), or allocate from a pool \
+                 (vkgdr_pool_create on a handle from vkgdr_open(n, 0)), which needs none"
+            }
+            Face::Python => {
+                "RawMemory needs a current CUDA context on the calling thread (vkgdr 0.1's \
+                 rule: the memory is allocated in that context), and this thread has none. \
+                 Make one current first (CuPy: cupy.cuda.runtime.setDevice(n); PyTorch: \
+                 torch.cuda.synchronize(n); PyCUDA: ctx.push()), or allocate from a \
+                 vkgdr.Pool(vkgdr.Vkgdr(n)), which needs none"
+            }
+        }
+    }
+}
+
 /// `vkgdr_memory_alloc(g, size, flags)`: `size` bytes imported into the calling thread's current
 /// context ([`Gpu::alloc_in_current_context`]). `flags` is ignored: vkgdr 0.1 defines no
 /// allocation flag and ignores the argument.
 ///
+/// With no context current the error is [`Error::NoCurrentContext`], which tells `face`'s
+/// caller how to make one current; its driver call and result name are the driver's
+/// (`cuCtxGetDevice`, `CUDA_ERROR_INVALID_CONTEXT`), and its message ends with them in vkgdr
+/// 0.1's form.
+///
 /// # Safety
 /// - The current context must stay alive until the memory is dropped.
-pub unsafe fn alloc(gpu: &Gpu, size: u64, flags: u32) -> Result<RawMemory> {
+pub unsafe fn alloc(gpu: &Gpu, size: u64, flags: u32, face: Face) -> Result<RawMemory> {
     let _ = flags;
     // SAFETY: forwarded to our caller.
-    unsafe { gpu.alloc_in_current_context(size) }
+    unsafe { gpu.alloc_in_current_context(size) }.map_err(|e| explain_no_context(e, face))
+}
+
+/// [`Error::NoCurrentContext`] for the driver's answer to a thread with no current context
+/// (`cuCtxGetDevice` failing with `CUDA_ERROR_INVALID_CONTEXT`); any other error unchanged.
+fn explain_no_context(e: Error, face: Face) -> Error {
+    match e {
+        Error::Cuda { call, code, name }
+            if call == "cuCtxGetDevice" && name == "CUDA_ERROR_INVALID_CONTEXT" =>
+        {
+            Error::NoCurrentContext {
+                explanation: face.no_current_context(),
+                call,
+                code,
+                name,
+            }
+        }
+        e => e,
+    }
 }
 
 /// An error as vkgdr 0.1 words it: `"<call> failed (<RESULT_NAME>)"` for what a driver returned,
-/// this library's own message otherwise.
+/// this library's own message otherwise. [`Error::NoCurrentContext`] explains itself first and
+/// ends with that text.
 pub fn message(e: &Error) -> String {
-    match (e.driver_call(), e.result_name()) {
-        (Some(call), Some(name)) => format!("{call} failed ({name})"),
+    match (e, e.driver_call(), e.result_name()) {
+        (Error::NoCurrentContext { .. }, ..) => e.to_string(),
+        (_, Some(call), Some(name)) => format!("{call} failed ({name})"),
         _ => e.to_string(),
     }
 }
@@ -160,5 +221,74 @@ mod tests {
             reason: "libcuda.so.1: cannot open shared object file".into(),
         };
         assert!(message(&missing).contains("libcuda.so.1: cannot open shared object file"));
+    }
+
+    fn no_context() -> Error {
+        Error::Cuda {
+            call: "cuCtxGetDevice",
+            code: 201,
+            name: "CUDA_ERROR_INVALID_CONTEXT".into(),
+        }
+    }
+
+    #[test]
+    fn an_allocation_with_no_current_context_says_what_is_missing_and_how_to_fix_it() {
+        for (face, starts, fixes) in [
+            (
+                Face::Python,
+                "RawMemory needs a current CUDA context on the calling thread (vkgdr 0.1's rule",
+                &[
+                    "cupy.cuda.runtime.setDevice(n)",
+                    "ctx.push()",
+                    "vkgdr.Pool(",
+                ][..],
+            ),
+            (
+                Face::C,
+                "vkgdr_memory_alloc needs a current CUDA context on the calling thread (vkgdr \
+                 0.1's rule",
+                &["cudaSetDevice(n)", "cuCtxSetCurrent", "vkgdr_pool_create"][..],
+            ),
+        ] {
+            let e = explain_no_context(no_context(), face);
+            let text = message(&e);
+            assert!(text.starts_with(starts), "{text}");
+            assert!(text.contains("and this thread has none"), "{text}");
+            for fix in fixes {
+                assert!(text.contains(fix), "{fix}: {text}");
+            }
+            // 0.1's text for the driver's failure ends it; the parts stay the driver's.
+            assert!(
+                text.ends_with(". cuCtxGetDevice failed (CUDA_ERROR_INVALID_CONTEXT)"),
+                "{text}"
+            );
+            assert_eq!(text, e.to_string());
+            assert_eq!(e.driver_call(), Some("cuCtxGetDevice"));
+            assert_eq!(e.result_name(), Some("CUDA_ERROR_INVALID_CONTEXT"));
+        }
+    }
+
+    #[test]
+    fn other_allocation_errors_are_not_explained() {
+        let elsewhere = Error::Cuda {
+            call: "cuImportExternalMemory",
+            code: 201,
+            name: "CUDA_ERROR_INVALID_CONTEXT".into(),
+        };
+        let e = explain_no_context(elsewhere, Face::Python);
+        assert_eq!(
+            message(&e),
+            "cuImportExternalMemory failed (CUDA_ERROR_INVALID_CONTEXT)"
+        );
+        let device = Error::Cuda {
+            call: "cuCtxGetDevice",
+            code: 101,
+            name: "CUDA_ERROR_INVALID_DEVICE".into(),
+        };
+        let e = explain_no_context(device, Face::C);
+        assert_eq!(
+            message(&e),
+            "cuCtxGetDevice failed (CUDA_ERROR_INVALID_DEVICE)"
+        );
     }
 }
