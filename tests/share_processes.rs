@@ -13,9 +13,9 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vkgdr::ring::layout::{seal_test_payload, verify_records, RingSource, WrapMode};
@@ -28,80 +28,7 @@ use vkgdr::share::{
 use vkgdr::vulkan::{VulkanContext, VulkanMemory};
 use vkgdr::{Error, Mapping, Pool, PoolConfig};
 
-const ROLE: &str = "VKGDR_SHARE_CHILD";
-const SOCKET: &str = "VKGDR_SHARE_SOCKET";
-
-/// The role this process plays, if it is a child.
-fn child_role() -> Option<String> {
-    std::env::var(ROLE).ok()
-}
-
-fn socket_path() -> PathBuf {
-    PathBuf::from(std::env::var(SOCKET).expect("the parent names the socket"))
-}
-
-/// A socket path of this test's own.
-fn new_socket(test: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("vkgdr-{}-{test}.sock", std::process::id()))
-}
-
-/// Runs this binary's test `test` as a child in `role`, connected to `socket`, with no CUDA
-/// library to be found.
-fn spawn(test: &str, role: &str, socket: &Path) -> Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args([
-            test,
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-            "--include-ignored",
-        ])
-        .env(ROLE, role)
-        .env(SOCKET, socket)
-        .env("VKGDR_CUDA_LIBRARY", "/nonexistent/libcuda.so.1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn a child of this test binary")
-}
-
-/// Waits for `child` (at most `limit`), killing it on a hang; returns its exit code.
-fn finish(mut child: Child, limit: Duration) -> i32 {
-    let t = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status.code().unwrap_or(-1);
-        }
-        if t.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("a child hung for {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// The child's end: exit with `code` (0 = its checks passed).
-fn exit(code: i32) -> ! {
-    std::process::exit(code)
-}
-
-/// Waits for an event that `want` accepts, failing after `limit`.
-fn wait_event(
-    server: &ShareServer,
-    limit: Duration,
-    want: impl Fn(&ShareEvent) -> bool,
-) -> ShareEvent {
-    let t = Instant::now();
-    while t.elapsed() < limit {
-        if let Some(e) = server.next_event(Duration::from_millis(50)) {
-            if want(&e) {
-                return e;
-            }
-        }
-    }
-    panic!("no such event within {limit:?}");
-}
+use common::share::*;
 
 fn word_pattern(i: usize, seed: u32) -> u32 {
     common::pattern(i as u64, seed)
@@ -1079,10 +1006,4 @@ fn a_producer_that_publishes_a_bad_tail_loses_its_lane_and_the_consumer_sees_not
         rustix::mm::munmap(page.cast(), 4096).unwrap();
         rustix::mm::munmap(owner.cast(), 4096).unwrap();
     }
-}
-
-/// The tests of this binary one at a time: two of them count the process's fds.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static SERIAL: Mutex<()> = Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -2,6 +2,8 @@
 //! it cannot be had, and the GPU tests' kernels and launch helpers.
 #![allow(dead_code)]
 
+pub mod share;
+
 use std::ffi::c_void;
 use std::sync::Arc;
 
