@@ -9,8 +9,8 @@
 //! [`alloc`], [`dirty`], [`range`] and the rings' protocol [`ring::core`] — with no driver and no
 //! FFI; [`copy`], the fast CPU copies; the crate's [`Error`]; the drivers [`cuda`], [`vulkan`] and
 //! [`nvml`], loaded at run time; the mapping layer ([`Gpu`], [`RawMemory`], [`Mapping`],
-//! [`Arena`], [`chunk`]); then [`Pool`], [`ring`], [`diagnose`], and the interop faces [`compat`]
-//! and `cudarc`. Each layer imports only those below it; the pool meets the drivers only through
+//! [`Arena`], [`chunk`]); then [`Pool`], [`ring`], [`diagnose`]; [`share`], which shares memory,
+//! pool blocks and ring lanes with other processes; and the interop faces [`compat`] and `cudarc`. Each layer imports only those below it; the pool meets the drivers only through
 //! [`chunk::ChunkSource`].
 //!
 //! ```no_run
@@ -62,3 +62,8 @@ pub use pool::{Backend, Block, Pool, PoolConfig, PoolStats};
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
+
+/// docs/SHARING.md's examples, compiled as doc tests.
+#[doc = include_str!("../docs/SHARING.md")]
+#[cfg(doctest)]
+pub struct SharingDoctests;

@@ -27,6 +27,7 @@
 //!   it held; a producer killed in the middle of a record never makes the consumer see it (its
 //!   tail was not published, or not checked), and never blocks other lanes.
 
+mod event;
 mod owner;
 mod page;
 mod peer;
@@ -34,12 +35,11 @@ mod relay;
 mod sys;
 
 pub use crate::core::share::{lane, wire, RefusalCode, ShareError};
-pub use owner::{
-    LaneSource, LaneTarget, PeerId, PeerInfo, PeerPolicy, ShareEvent, ShareOptions, ShareServer,
-    ShareStats,
-};
+pub use event::{PeerId, ShareEvent};
+pub use owner::{PeerInfo, PeerPolicy, ShareOptions, ShareServer, ShareStats};
 pub use peer::{
     AttachedLane, AttachedMemory, AttachedPool, Peer, PeerSink, SharedBlock, DEFAULT_TIMEOUT,
 };
+pub use relay::{LaneSource, LaneTarget};
 pub use relay::{ACTIVE, CONSUMER_GONE, FAULTED, REVOKED};
 pub use sys::PeerCredentials;

@@ -11,22 +11,18 @@ use std::time::Duration;
 
 use rustix::event::{PollFd, PollFlags};
 
-use crate::core::ring::layout::WrapMode;
-use crate::core::share::lane::LanePosition;
 use crate::core::share::wire::{check_name, LaneDescriptor, Message, Region, RegionDescriptor};
 use crate::core::share::{RefusalCode, ShareError};
 use crate::driver::vulkan::{VulkanContext, VulkanMemory};
 use crate::error::{Error, Result};
 use crate::mapping::memory::RawMemory;
 use crate::pool::{Block, Pool};
-use crate::ring::{DeviceRing, LentLane};
+use crate::ring::DeviceRing;
 
+use super::event::{PeerId, ShareEvent};
 use super::page::SharedPage;
-use super::relay::{Relay, RelayLane};
+use super::relay::{LaneSource, Relay, RelayLane};
 use super::sys::{self, sys, Connection, PeerCredentials};
-
-/// A connected peer's number, unique for the server's life.
-pub type PeerId = u64;
 
 /// Who may attach.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -86,85 +82,6 @@ impl Default for ShareOptions {
     }
 }
 
-/// What happened between the owner and its peers, in order ([`ShareServer::next_event`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ShareEvent {
-    /// A peer connected and was let in.
-    Connected {
-        /// Its number.
-        peer: PeerId,
-        /// Its pid and uid.
-        pid: i32,
-        /// Its uid.
-        uid: u32,
-    },
-    /// A process was turned away by the [`PeerPolicy`].
-    Refused {
-        /// Its pid.
-        pid: i32,
-        /// Its uid.
-        uid: u32,
-        /// The rule.
-        why: String,
-    },
-    /// A peer attached a region.
-    Attached {
-        /// The peer.
-        peer: PeerId,
-        /// The region's name.
-        region: String,
-        /// The attachment's number.
-        attachment: u32,
-    },
-    /// A peer's request was refused.
-    RequestRefused {
-        /// The peer.
-        peer: PeerId,
-        /// The owner's words.
-        why: String,
-    },
-    /// A peer detached an attachment.
-    Detached {
-        /// The peer.
-        peer: PeerId,
-        /// The attachment.
-        attachment: u32,
-    },
-    /// A peer gave a block back.
-    Released {
-        /// The peer.
-        peer: PeerId,
-        /// The block's token.
-        token: u64,
-    },
-    /// A remote producer published a tail the owner refused: its lane is out of service until
-    /// it detaches or dies.
-    LaneFault {
-        /// The peer.
-        peer: PeerId,
-        /// The ring lane.
-        lane: u32,
-        /// What was wrong.
-        error: String,
-    },
-    /// A peer sent something the protocol does not allow, and was disconnected.
-    Misbehaved {
-        /// The peer.
-        peer: PeerId,
-        /// What it sent.
-        error: String,
-    },
-    /// A peer is gone (hung up, died, or disconnected by the owner); everything it held went
-    /// back.
-    Gone {
-        /// The peer.
-        peer: PeerId,
-        /// Its pid.
-        pid: i32,
-    },
-}
-
 /// A peer as [`ShareServer::peers`] lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerInfo {
@@ -195,69 +112,6 @@ pub struct ShareStats {
     pub lane_faults: u64,
     /// Peers connected now.
     pub peers: usize,
-}
-
-/// A lane that a remote producer may borrow: what the relay needs of it. The share layer
-/// implements it for a lane of a [`DeviceRing::new_shareable`] ring ([`LentLane`]); tests and
-/// other consumers can implement it over any memory a peer can import.
-pub trait LaneTarget: Send {
-    /// The lane's number in its ring.
-    fn lane(&self) -> u32;
-    /// Its region size (a power of two).
-    fn capacity(&self) -> u64;
-    /// How records meet the end of the region.
-    fn wrap(&self) -> WrapMode;
-    /// Where the borrower starts.
-    fn start(&self) -> LanePosition;
-    /// The consumer's head (cheap: called on every poll).
-    fn head(&self) -> u64;
-    /// Whether the consumer stopped for good.
-    fn consumer_gone(&self) -> bool;
-    /// Publishes the borrower's records up to `to` (already checked by
-    /// [`check_advance`](crate::share::lane::check_advance)).
-    fn publish(&self, to: LanePosition) -> Result<()>;
-    /// A new fd of the lane's data allocation, its size and the region's offset in it.
-    fn export_data(&self) -> Result<(OwnedFd, u64, u64)>;
-}
-
-/// Where lanes come from: a ring shared under a name.
-pub trait LaneSource: Send + Sync {
-    /// Lends a free lane ([`RefusalCode::Busy`] to the peer when none is).
-    fn lend(&self) -> Result<Box<dyn LaneTarget>>;
-}
-
-impl LaneTarget for LentLane {
-    fn lane(&self) -> u32 {
-        LentLane::lane(self) as u32
-    }
-    fn capacity(&self) -> u64 {
-        LentLane::capacity(self)
-    }
-    fn wrap(&self) -> WrapMode {
-        LentLane::wrap(self)
-    }
-    fn start(&self) -> LanePosition {
-        let (tail, seq) = LentLane::start(self);
-        LanePosition { tail, seq }
-    }
-    fn head(&self) -> u64 {
-        LentLane::head(self)
-    }
-    fn consumer_gone(&self) -> bool {
-        LentLane::consumer_gone(self)
-    }
-    fn publish(&self, to: LanePosition) -> Result<()> {
-        LentLane::publish(self, to.tail, to.seq)
-    }
-    fn export_data(&self) -> Result<(OwnedFd, u64, u64)> {
-        LentLane::export_data(self)
-    }
-}
-
-impl LaneSource for Arc<DeviceRing> {
-    fn lend(&self) -> Result<Box<dyn LaneTarget>> {
-        Ok(Box::new(self.lend_lane()?))
-    }
 }
 
 /// The device every region of a server lives on, as its descriptors name it.

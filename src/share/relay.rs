@@ -22,10 +22,78 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::core::share::lane::{check_advance, LanePosition};
+use std::os::fd::OwnedFd;
 
-use super::owner::{LaneTarget, PeerId, ShareEvent};
+use crate::core::ring::layout::WrapMode;
+use crate::core::share::lane::{check_advance, LanePosition};
+use crate::error::Result;
+use crate::ring::{DeviceRing, LentLane};
+
+use super::event::{PeerId, ShareEvent};
 use super::page::SharedPage;
+
+/// A lane that a remote producer may borrow: what the relay needs of it. The share layer
+/// implements it for a lane of a [`DeviceRing::new_shareable`] ring ([`LentLane`]); tests and
+/// other consumers can implement it over any memory a peer can import.
+pub trait LaneTarget: Send {
+    /// The lane's number in its ring.
+    fn lane(&self) -> u32;
+    /// Its region size (a power of two).
+    fn capacity(&self) -> u64;
+    /// How records meet the end of the region.
+    fn wrap(&self) -> WrapMode;
+    /// Where the borrower starts.
+    fn start(&self) -> LanePosition;
+    /// The consumer's head (cheap: called on every poll).
+    fn head(&self) -> u64;
+    /// Whether the consumer stopped for good.
+    fn consumer_gone(&self) -> bool;
+    /// Publishes the borrower's records up to `to` (already checked by
+    /// [`check_advance`](crate::share::lane::check_advance)).
+    fn publish(&self, to: LanePosition) -> Result<()>;
+    /// A new fd of the lane's data allocation, its size and the region's offset in it.
+    fn export_data(&self) -> Result<(OwnedFd, u64, u64)>;
+}
+
+/// Where lanes come from: a ring shared under a name.
+pub trait LaneSource: Send + Sync {
+    /// Lends a free lane ([`RefusalCode::Busy`](super::RefusalCode::Busy) to the peer when none is).
+    fn lend(&self) -> Result<Box<dyn LaneTarget>>;
+}
+
+impl LaneTarget for LentLane {
+    fn lane(&self) -> u32 {
+        LentLane::lane(self) as u32
+    }
+    fn capacity(&self) -> u64 {
+        LentLane::capacity(self)
+    }
+    fn wrap(&self) -> WrapMode {
+        LentLane::wrap(self)
+    }
+    fn start(&self) -> LanePosition {
+        let (tail, seq) = LentLane::start(self);
+        LanePosition { tail, seq }
+    }
+    fn head(&self) -> u64 {
+        LentLane::head(self)
+    }
+    fn consumer_gone(&self) -> bool {
+        LentLane::consumer_gone(self)
+    }
+    fn publish(&self, to: LanePosition) -> Result<()> {
+        LentLane::publish(self, to.tail, to.seq)
+    }
+    fn export_data(&self) -> Result<(OwnedFd, u64, u64)> {
+        LentLane::export_data(self)
+    }
+}
+
+impl LaneSource for Arc<DeviceRing> {
+    fn lend(&self) -> Result<Box<dyn LaneTarget>> {
+        Ok(Box::new(self.lend_lane()?))
+    }
+}
 
 /// Producer page words.
 pub(crate) const P_VERSION: usize = 0;
