@@ -1043,9 +1043,21 @@ impl Inner {
                 return self.refuse(p, id, request, code, e.to_string());
             }
         };
-        hand_block(p, attachment, block, token, request, true)?;
-        state.next_token += 1;
-        Ok(())
+        match hand_block(p, attachment, block, token, request, true) {
+            Ok(()) => {
+                state.next_token += 1;
+                Ok(())
+            }
+            // The peer is gone or not reading: its end of the protocol.
+            Err(e @ Error::Share(ShareError::Disconnected)) => Err(e),
+            Err(
+                e @ Error::System {
+                    call: "sendmsg", ..
+                },
+            ) => Err(e),
+            // The owner's side failed (the chunk could not be exported): the peer hears why.
+            Err(e) => self.refuse(p, id, request, RefusalCode::Internal, e.to_string()),
+        }
     }
 
     /// What an attachment held goes back: a lane to its ring (after the relay's last look),

@@ -69,8 +69,9 @@ struct PeerInner {
 /// What arrived and is not yet taken.
 #[derive(Default)]
 struct Io {
-    /// Answers (regions, refusals, requested blocks) by request number.
-    answers: HashMap<u64, (Message, Vec<OwnedFd>)>,
+    /// Answers (regions, refusals, requested blocks) by request number; 0 is the owner's
+    /// refusal of the connection itself.
+    answers: HashMap<u64, Answer>,
     /// Chunks of pool attachments: (attachment, chunk number) → the imported memory.
     chunks: HashMap<(u32, u32), Arc<VulkanMemory>>,
     /// Blocks the owner sent unasked, per attachment.
@@ -81,6 +82,9 @@ struct Io {
     /// Set when the owner hung up.
     gone: bool,
 }
+
+/// An answer: the message, its fds, and for a block the block.
+type Answer = (Message, Vec<OwnedFd>, Option<BlockParts>);
 
 struct BlockParts {
     chunk: Arc<VulkanMemory>,
@@ -209,10 +213,10 @@ impl PeerInner {
         let mut io = lock(&self.io);
         match m {
             Message::Region(ref d) => {
-                io.answers.insert(d.request, (m, fds));
+                io.answers.insert(d.request, (m, fds, None));
             }
             Message::Refused { request, .. } => {
-                io.answers.insert(request, (m, fds));
+                io.answers.insert(request, (m, fds, None));
             }
             Message::Chunk {
                 attachment,
@@ -261,8 +265,7 @@ impl PeerInner {
                 if request == 0 {
                     io.pushed.entry(attachment).or_default().push_back(parts);
                 } else {
-                    io.answers.insert(request, (m, Vec::new()));
-                    io.pushed.entry(u32::MAX).or_default().push_back(parts);
+                    io.answers.insert(request, (m, Vec::new(), Some(parts)));
                 }
             }
             Message::Revoke { attachment, token } => {
@@ -286,11 +289,16 @@ impl PeerInner {
         Ok(true)
     }
 
-    /// Waits for the answer to `request`.
-    fn answer(&self, request: u64) -> Result<(Message, Vec<OwnedFd>)> {
+    /// Waits for the answer to `request` (or the owner's refusal of the connection).
+    fn answer(&self, request: u64) -> Result<Answer> {
         let deadline = Instant::now() + self.timeout;
         loop {
-            let answered = lock(&self.io).answers.remove(&request);
+            let answered = {
+                let mut io = lock(&self.io);
+                io.answers
+                    .remove(&request)
+                    .or_else(|| io.answers.remove(&0))
+            };
             if let Some(a) = answered {
                 return Ok(a);
             }
@@ -321,11 +329,13 @@ impl PeerInner {
             true,
         )?;
         match self.answer(request)? {
-            (Message::Region(d), fds) => Ok((d, fds)),
-            (Message::Refused { code, text, .. }, _) => {
+            (Message::Region(d), fds, _) => Ok((d, fds)),
+            (Message::Refused { code, text, .. }, _, _) => {
                 Err(ShareError::Refused { code, text }.into())
             }
-            (m, _) => Err(ShareError::Protocol(format!("{} answering an attach", m.name())).into()),
+            (m, _, _) => {
+                Err(ShareError::Protocol(format!("{} answering an attach", m.name())).into())
+            }
         }
     }
 
@@ -538,21 +548,17 @@ impl AttachedPool {
             true,
         )?;
         match self.peer.answer(request)? {
-            (Message::Block { token, .. }, _) => {
-                let parts = {
-                    let mut io = lock(&self.peer.io);
-                    let queue = io.pushed.entry(u32::MAX).or_default();
-                    let i = queue.iter().position(|b| b.token == token).ok_or_else(|| {
-                        ShareError::Protocol("an answer without its block".into())
-                    })?;
-                    queue.remove(i).expect("found above")
-                };
+            (Message::Block { attachment, .. }, _, Some(parts))
+                if attachment == self.attachment =>
+            {
                 Ok(self.block(parts))
             }
-            (Message::Refused { code, text, .. }, _) => {
+            (Message::Refused { code, text, .. }, _, _) => {
                 Err(ShareError::Refused { code, text }.into())
             }
-            (m, _) => Err(ShareError::Protocol(format!("{} answering a request", m.name())).into()),
+            (m, _, _) => {
+                Err(ShareError::Protocol(format!("{} answering a request", m.name())).into())
+            }
         }
     }
 

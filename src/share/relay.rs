@@ -15,8 +15,11 @@
 //! under another producer's records.
 //!
 //! The relay polls: it spins while tails or heads move (a lone record costs the hand-over
-//! between two cores, not a wake-up), and sleeps between polls once nothing has moved for
-//! [`ShareOptions::relay_spin`](super::ShareOptions::relay_spin).
+//! between two cores, not a wake-up), sleeps
+//! [`ShareOptions::relay_idle_poll`](super::ShareOptions::relay_idle_poll) between polls once
+//! nothing has moved for [`ShareOptions::relay_spin`](super::ShareOptions::relay_spin), and a
+//! millisecond once nothing has moved for a second (a lane that starts again after a pause then
+//! waits up to that long for its first tail to pass).
 
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -94,6 +97,12 @@ impl LaneSource for Arc<DeviceRing> {
         Ok(Box::new(self.lend_lane()?))
     }
 }
+
+/// After this long with nothing moving, the relay polls every [`IDLE_POLL`] instead of every
+/// `relay_idle_poll`.
+const IDLE_AFTER: Duration = Duration::from_secs(1);
+/// The relay's poll interval once idle for [`IDLE_AFTER`].
+const IDLE_POLL: Duration = Duration::from_millis(1);
 
 /// Producer page words.
 pub(crate) const P_VERSION: usize = 0;
@@ -281,8 +290,11 @@ impl Relay {
                 for _ in 0..32 {
                     std::hint::spin_loop();
                 }
-            } else {
+            } else if last_moved.elapsed() < IDLE_AFTER {
                 std::thread::sleep(self.idle_poll);
+            } else {
+                // Long idle: a lane that starts again waits at most this long for its first tail.
+                std::thread::sleep(IDLE_POLL);
             }
         }
     }
