@@ -4,9 +4,11 @@
  *
  * A drop-in for vkgdr 0.1's vkgdr.h (same names, values, signatures and error texts), plus pools
  * (vkgdr_pool_*, vkgdr_block_*), copies (vkgdr_copy_*), rings (vkgdr_ring_*) with their
- * exclusive producers (vkgdr_ring_producer_*), and frees that never wait for a running kernel
+ * exclusive producers (vkgdr_ring_producer_*), frees that never wait for a running kernel
  * (vkgdr_memory_free_after, vkgdr_memory_free_now, vkgdr_block_free_after,
- * vkgdr_ring_watch_consumer, vkgdr_wait_for_releases).
+ * vkgdr_ring_watch_consumer, vkgdr_wait_for_releases), and sharing memory, pool blocks and ring
+ * lanes with other processes over a Unix socket: the owner's side (vkgdr_share_*) and the side
+ * that attaches (vkgdr_peer_*, vkgdr_attached_*, vkgdr_shared_block_*), which needs no CUDA.
  *
  * Conventions: a failing call returns NULL, 0, false or VKGDR_ERROR (each function says which)
  * and sets the calling thread's last error, vkgdr_last_error(). As in vkgdr 0.1, a successful
@@ -46,6 +48,18 @@
 #define VKGDR_RING_FULL 1
 
 /**
+ * Nothing there (yet): no event before the timeout (`vkgdr_share_next_event`), no block given
+ * back under that token (`vkgdr_share_take_returned`), no block sent before the timeout
+ * (`vkgdr_attached_pool_next_block`). Not an error: the last error is left alone.
+ */
+#define VKGDR_SHARE_NONE 1
+
+/**
+ * Bytes of `vkgdr_share_event.text`, its NUL included.
+ */
+#define VKGDR_SHARE_EVENT_TEXT 512
+
+/**
  * Valid flags to pass to `vkgdr_open` (and, except `VKGDR_OPEN_CURRENT_CONTEXT_BIT`, to
  * `vkgdr_open_vulkan`). Other bits are ignored, as in vkgdr 0.1.
  */
@@ -74,6 +88,15 @@ typedef enum vkgdr_ring_flags {
    * `kernels/ring.cu`). `capacity` must then be a multiple of the VMM granularity (2 MiB).
    */
   VKGDR_RING_MIRRORED_BIT = 1,
+  /**
+   * Give each lane an allocation of its own, so that lanes can be lent to producers in other
+   * processes (`vkgdr_share_ring`): a peer sent one lane's memory reaches no other lane's
+   * records, and never the ring's control words. Padded rings only (not with
+   * `VKGDR_RING_MIRRORED_BIT`), without the copy engine; `capacity` is rounded up to the VMM
+   * granularity (2 MiB on the H100) in memory, not in the ring's size. Consumers are the same
+   * kernels as for other rings.
+   */
+  VKGDR_RING_SHAREABLE_BIT = 2,
 } vkgdr_ring_flags;
 
 /**
@@ -98,6 +121,75 @@ typedef enum vkgdr_thread_cache_handshake {
 } vkgdr_thread_cache_handshake;
 
 /**
+ * `vkgdr_share_options.peers`: who may attach.
+ */
+typedef enum vkgdr_share_peers {
+  /**
+   * Processes of this process's effective uid (checked with `SO_PEERCRED`): the default.
+   */
+  VKGDR_SHARE_PEERS_SAME_USER = 0,
+  /**
+   * Anyone who can open the socket: its file mode (`socket_mode`) is the only gate.
+   */
+  VKGDR_SHARE_PEERS_ANY_USER = 1,
+  /**
+   * Processes of the uids in `vkgdr_share_options.uids`.
+   */
+  VKGDR_SHARE_PEERS_UIDS = 2,
+} vkgdr_share_peers;
+
+/**
+ * `vkgdr_share_event.kind`: what happened.
+ */
+typedef enum vkgdr_share_event_kind {
+  /**
+   * A peer connected and was let in: `peer`, `pid`, `uid`.
+   */
+  VKGDR_SHARE_EVENT_CONNECTED = 1,
+  /**
+   * A process was turned away by the policy (`vkgdr_share_options.peers`): `pid`, `uid`, and
+   * the rule in `text`.
+   */
+  VKGDR_SHARE_EVENT_REFUSED = 2,
+  /**
+   * A peer attached a region: `peer`, `attachment`, the region's name in `text`.
+   */
+  VKGDR_SHARE_EVENT_ATTACHED = 3,
+  /**
+   * A peer's request was refused (a name nothing is shared under, a pool's quota, every lane
+   * taken): `peer`, the owner's words in `text`.
+   */
+  VKGDR_SHARE_EVENT_REQUEST_REFUSED = 4,
+  /**
+   * A peer detached an attachment: `peer`, `attachment`.
+   */
+  VKGDR_SHARE_EVENT_DETACHED = 5,
+  /**
+   * A peer gave a pool block back: `peer`, `token` (for `vkgdr_share_take_returned`).
+   */
+  VKGDR_SHARE_EVENT_RELEASED = 6,
+  /**
+   * A remote producer published a tail the owner refused: its lane is out of service until
+   * it detaches or dies. `peer`, `lane`, what was wrong in `text`.
+   */
+  VKGDR_SHARE_EVENT_LANE_FAULT = 7,
+  /**
+   * A peer sent something the protocol does not allow and was disconnected: `peer`, what it
+   * sent in `text`.
+   */
+  VKGDR_SHARE_EVENT_MISBEHAVED = 8,
+  /**
+   * A peer is gone (hung up, died, revoked or disconnected); everything it held went back:
+   * `peer`, `pid`.
+   */
+  VKGDR_SHARE_EVENT_GONE = 9,
+  /**
+   * An event this version of the header does not name; `text` describes it.
+   */
+  VKGDR_SHARE_EVENT_OTHER = 255,
+} vkgdr_share_event_kind;
+
+/**
  * Opaque handle to the library, from `vkgdr_open` or `vkgdr_open_vulkan`; freed with
  * `vkgdr_close`.
  */
@@ -108,6 +200,37 @@ typedef struct vkgdr *vkgdr_t;
  * `vkgdr_memory_free`.
  */
 typedef struct vkgdr_memory *vkgdr_memory_t;
+
+/**
+ * Opaque handle to a connection to an owner's share server, from `vkgdr_peer_connect`; freed
+ * with `vkgdr_peer_destroy`.
+ */
+typedef struct vkgdr_peer *vkgdr_peer_t;
+
+/**
+ * Opaque handle to raw memory an owner shares, from `vkgdr_peer_attach_memory`; freed with
+ * `vkgdr_attached_memory_detach`.
+ */
+typedef struct vkgdr_attached_memory *vkgdr_attached_memory_t;
+
+/**
+ * Opaque handle to a pool an owner shares, from `vkgdr_peer_attach_pool`; freed with
+ * `vkgdr_attached_pool_detach`.
+ */
+typedef struct vkgdr_attached_pool *vkgdr_attached_pool_t;
+
+/**
+ * Opaque handle to a block of an owner's pool lent to this process, from
+ * `vkgdr_attached_pool_request` or `vkgdr_attached_pool_next_block`; given back with
+ * `vkgdr_shared_block_release`.
+ */
+typedef struct vkgdr_shared_block *vkgdr_shared_block_t;
+
+/**
+ * Opaque handle to a lane of an owner's ring that this process produces into, from
+ * `vkgdr_peer_attach_lane`; freed with `vkgdr_attached_lane_detach`.
+ */
+typedef struct vkgdr_attached_lane *vkgdr_attached_lane_t;
 
 /**
  * How a pool sizes, grows and trims its chunks. Fill it with `vkgdr_pool_config_init`, then
@@ -263,7 +386,9 @@ typedef struct vkgdr_ring_options {
    */
   uint32_t lanes;
   /**
-   * 0 or `VKGDR_RING_MIRRORED_BIT` (each lane then gets a region of its own mapped twice).
+   * 0, `VKGDR_RING_MIRRORED_BIT` (each lane then gets a region of its own mapped twice) or
+   * `VKGDR_RING_SHAREABLE_BIT` (each lane an allocation of its own, to lend to other
+   * processes with `vkgdr_share_ring`).
    */
   uint32_t flags;
   /**
@@ -380,6 +505,148 @@ typedef struct vkgdr_ring_copy_engine_stats {
    */
   uint64_t stream_tails;
 } vkgdr_ring_copy_engine_stats;
+
+/**
+ * How `vkgdr_share_server_create` runs a server. Fill it with `vkgdr_share_options_init`, then
+ * change what you need. Later versions may add fields at the end: `struct_size` tells the
+ * library which ones the caller knows.
+ */
+typedef struct vkgdr_share_options {
+  /**
+   * `sizeof(vkgdr_share_options)` as the caller was compiled (set by
+   * `vkgdr_share_options_init`).
+   */
+  size_t struct_size;
+  /**
+   * Who may attach, a `vkgdr_share_peers` (default `VKGDR_SHARE_PEERS_SAME_USER`).
+   */
+  uint32_t peers;
+  /**
+   * The socket file's permission bits, set before anyone is let in (default 0600).
+   */
+  uint32_t socket_mode;
+  /**
+   * With `VKGDR_SHARE_PEERS_UIDS`: the uids that may attach (`uid_count` of them, read
+   * during `vkgdr_share_server_create` only). Ignored otherwise.
+   */
+  const uint32_t *uids;
+  /**
+   * Number of `uids`.
+   */
+  size_t uid_count;
+  /**
+   * How long the relay (which checks each remote producer's tail and passes it on to the
+   * ring's consumer) keeps polling without a pause after a lane last moved (default
+   * 2,000,000 ns).
+   */
+  uint64_t relay_spin_ns;
+  /**
+   * The relay's pause between polls once nothing moved for `relay_spin_ns` (default
+   * 20,000 ns).
+   */
+  uint64_t relay_idle_poll_ns;
+  /**
+   * 1 (the default): a block a peer gives back waits for the owner
+   * (`VKGDR_SHARE_EVENT_RELEASED`, then `vkgdr_share_take_returned`), with what the peer
+   * wrote into it; 0: it goes straight back to its pool.
+   */
+  uint32_t return_blocks;
+  /**
+   * Must be 0.
+   */
+  uint32_t flags;
+} vkgdr_share_options;
+
+/**
+ * Opaque handle to the owner's side of sharing, from `vkgdr_share_server_create`; freed with
+ * `vkgdr_share_server_destroy`.
+ */
+typedef struct vkgdr_share_server *vkgdr_share_server_t;
+
+/**
+ * One event of a server (`vkgdr_share_next_event`). Set `struct_size` to
+ * `sizeof(vkgdr_share_event)` before the call. Fields an event kind does not name are 0.
+ */
+typedef struct vkgdr_share_event {
+  /**
+   * `sizeof(vkgdr_share_event)` as the caller was compiled.
+   */
+  size_t struct_size;
+  /**
+   * A `vkgdr_share_event_kind`.
+   */
+  uint32_t kind;
+  /**
+   * The peer's process ID.
+   */
+  int32_t pid;
+  /**
+   * The peer's number, unique for the server's life (what `vkgdr_share_send_block` and
+   * `vkgdr_share_revoke` take).
+   */
+  uint64_t peer;
+  /**
+   * A block's token.
+   */
+  uint64_t token;
+  /**
+   * The peer's effective uid.
+   */
+  uint32_t uid;
+  /**
+   * The attachment's number (the peer's end knows it too).
+   */
+  uint32_t attachment;
+  /**
+   * The lane of the ring.
+   */
+  uint32_t lane;
+  /**
+   * Bytes of the event's text, without the NUL: when it is `VKGDR_SHARE_EVENT_TEXT` or more,
+   * `text` holds its first `VKGDR_SHARE_EVENT_TEXT - 1` bytes (cut at a UTF-8 character).
+   */
+  uint32_t text_len;
+  /**
+   * The event's text (a region name, a reason), UTF-8, NUL-terminated; empty for kinds
+   * without one.
+   */
+  char text[VKGDR_SHARE_EVENT_TEXT];
+} vkgdr_share_event;
+
+/**
+ * Counters over a server's life (`vkgdr_share_get_stats`). Set `struct_size` to
+ * `sizeof(vkgdr_share_stats)` before the call.
+ */
+typedef struct vkgdr_share_stats {
+  /**
+   * `sizeof(vkgdr_share_stats)` as the caller was compiled.
+   */
+  size_t struct_size;
+  /**
+   * Peers let in.
+   */
+  uint64_t connected;
+  /**
+   * Processes turned away by the policy.
+   */
+  uint64_t refused;
+  /**
+   * Peers gone (hung up, died, revoked or disconnected).
+   */
+  uint64_t gone;
+  /**
+   * Peers disconnected for breaking the protocol.
+   */
+  uint64_t misbehaved;
+  /**
+   * Tails a remote producer published that the relay refused.
+   */
+  uint64_t lane_faults;
+  /**
+   * Peers connected now.
+   */
+  uint64_t peers;
+} vkgdr_share_stats;
 
 #ifdef __cplusplus
 extern "C" {
@@ -559,9 +826,35 @@ VKGDR_API char *vkgdr_last_error(void);
 VKGDR_API vkgdr_memory_t vkgdr_memory_alloc(vkgdr_t g, size_t size, uint32_t flags);
 
 /**
- * Frees memory from `vkgdr_memory_alloc`. `NULL` is ignored. Unlike vkgdr 0.1 any thread may
- * call it with any (or no) context current: the memory makes its own context current to free
- * itself.
+ * Allocates `size` bytes of memory of its own, for sharing with other processes
+ * (`vkgdr_share_memory`): never carved out of a larger allocation that other memory shares,
+ * so the fd a peer receives reaches these bytes and no others. `vkgdr_memory_alloc`'s small
+ * allocations are carved, and cannot be shared.
+ *
+ * - `g`: a `vkgdr_open` handle: GPU memory like `vkgdr_memory_alloc`'s, but imported into the
+ *   handle's context (the one current at `vkgdr_open` with `VKGDR_OPEN_CURRENT_CONTEXT_BIT`,
+ *   else the device's primary context) and rounded up to the VMM granularity (2 MiB on the
+ *   H100). Or a `vkgdr_open_vulkan` handle: Vulkan memory with a host pointer alone
+ *   (`vkgdr_memory_get_device_ptr` is 0), for an owner without CUDA; every memory call takes
+ *   it, and the frees release it at once.
+ * - `flags`: must be 0.
+ *
+ * The contents are unspecified. `vkgdr_memory_get_size` reports `size`.
+ *
+ * Returns a handle, or `NULL` on error (a zero size, unknown flags, an invalid handle, the
+ * driver's out-of-memory `vkAllocateMemory failed (VK_ERROR_OUT_OF_DEVICE_MEMORY)`).
+ *
+ * Thread safety: any thread. Free the memory with `vkgdr_memory_free`.
+ *
+ * # Safety
+ * - No thread closes `g` during the call.
+ */
+VKGDR_API vkgdr_memory_t vkgdr_memory_alloc_shareable(vkgdr_t g, size_t size, uint32_t flags);
+
+/**
+ * Frees memory from `vkgdr_memory_alloc` or `vkgdr_memory_alloc_shareable`. `NULL` is ignored.
+ * Unlike vkgdr 0.1 any thread may call it with any (or no) context current: the memory makes its
+ * own context current to free itself.
  *
  * Never waits for a running kernel: it returns at once, and the memory goes back to the driver
  * once the GPU work queued before this call on the legacy default stream of the memory's
@@ -582,16 +875,17 @@ VKGDR_API vkgdr_memory_t vkgdr_memory_alloc(vkgdr_t g, size_t size, uint32_t fla
 VKGDR_API void vkgdr_memory_free(vkgdr_memory_t mem);
 
 /**
- * Frees memory from `vkgdr_memory_alloc` once the GPU work queued on `stream` so far has
- * completed, without waiting for it: for memory a kernel on a stream created non-blocking
- * (`CU_STREAM_NON_BLOCKING`, such as a persistent kernel's) may still use, which
- * `vkgdr_memory_free` does not wait for. Returns at once; the memory counts as in use
+ * Frees memory from `vkgdr_memory_alloc` (or `vkgdr_memory_alloc_shareable`) once the GPU work
+ * queued on `stream` so far has completed, without waiting for it: for memory a kernel on a stream
+ * created non-blocking (`CU_STREAM_NON_BLOCKING`, such as a persistent kernel's) may still use,
+ * which `vkgdr_memory_free` does not wait for. Returns at once; the memory counts as in use
  * (`vkgdr_wait_for_releases`) until the stream gets there.
  *
  * - `mem`: `NULL` is ignored (`VKGDR_SUCCESS`).
  * - `stream`: a live stream of the memory's device (a `CUstream`, or the runtime's
  *   `cudaStream_t`). `NULL` and `CU_STREAM_LEGACY` mean the legacy default stream: this is then
- *   `vkgdr_memory_free`. `CU_STREAM_PER_THREAD` needs the memory's context current.
+ *   `vkgdr_memory_free`. `CU_STREAM_PER_THREAD` needs the memory's context current. Ignored for
+ *   memory of a `vkgdr_open_vulkan` handle, which no GPU work uses: it is released at once.
  *
  * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR`: for a handle already freed or not a
  * `vkgdr_memory_t` (nothing happens), or for a stream the driver refuses (e.g.
@@ -637,7 +931,8 @@ VKGDR_API void *vkgdr_memory_get_host_ptr(vkgdr_memory_t mem);
 
 /**
  * The CUDA device pointer to the allocation (valid in the context that was current at
- * `vkgdr_memory_alloc`), or 0 on error (an invalid handle).
+ * `vkgdr_memory_alloc`), or 0: on error (an invalid handle; `vkgdr_last_error()` is set) and
+ * for `vkgdr_memory_alloc_shareable` memory of a `vkgdr_open_vulkan` handle (no error).
  *
  * Thread safety: any thread.
  *
@@ -732,6 +1027,7 @@ VKGDR_API int vkgdr_memory_write(vkgdr_memory_t mem, size_t offset, const void *
  * the BAR are far slower than writes); larger ones use the GPU's copy engine (on a stream of the
  * library's own, in the handle's context: the device's primary context unless the handle was
  * opened with `VKGDR_OPEN_CURRENT_CONTEXT_BIT`), from 1 MiB through pinned staging buffers.
+ * Memory of a `vkgdr_open_vulkan` handle is read with CPU loads, whatever the size.
  *
  * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, a range outside the allocation's
  * requested size, `dst` NULL with `size` > 0, or a driver failure).
@@ -743,6 +1039,608 @@ VKGDR_API int vkgdr_memory_write(vkgdr_memory_t mem, size_t offset, const void *
  * - No thread frees `mem` during the call.
  */
 VKGDR_API int vkgdr_memory_read(vkgdr_memory_t mem, size_t offset, void *dst, size_t size);
+
+/**
+ * Connects to the owner listening at `path` (its `vkgdr_share_server_create`). Nothing is
+ * mapped yet: the Vulkan device is opened when the first region arrives, by the UUID of the
+ * GPU the owner names (no CUDA in this process: it runs without libcuda, with any driver that
+ * has Vulkan's external-memory fds).
+ *
+ * - `timeout_ns`: how long each call that waits for the owner's answer waits (attach,
+ *   request); 0 for the default, 10 s.
+ * - `out`: where to store the handle (NULL unless `VKGDR_SUCCESS`).
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (a NULL pointer; no server at `path`, e.g.
+ * `connect failed (ENOENT)`, or one that refuses this process's uid, the path named).
+ *
+ * Thread safety: any thread; the connection may be used from many threads. Free it with
+ * `vkgdr_peer_destroy`; what was attached through it keeps it alive until detached.
+ *
+ * # Safety
+ * - `path` is a NUL-terminated string; `out` is writable.
+ */
+VKGDR_API int vkgdr_peer_connect(const char *path, uint64_t timeout_ns, vkgdr_peer_t *out);
+
+/**
+ * Closes this handle of the connection. `NULL` is ignored. Regions attached through it stay
+ * attached (and the connection open) until they are detached; then the owner sees the peer
+ * go.
+ *
+ * Errors (reported through `vkgdr_last_error()` only): a handle already destroyed or not a
+ * `vkgdr_peer_t`.
+ *
+ * Thread safety: any thread, but not while another thread is using the same handle.
+ *
+ * # Safety
+ * - No other thread uses `peer` during or after the call.
+ */
+VKGDR_API void vkgdr_peer_destroy(vkgdr_peer_t peer);
+
+/**
+ * Reads everything the owner sent meanwhile, without waiting: revocations (after which
+ * `vkgdr_attached_memory_is_revoked` and the others say so, and writes are refused) and
+ * blocks sent unasked. Every call that waits for the owner does this too.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle; an owner that sent something
+ * the protocol does not allow; an owner that hung up, from the first call that finds nothing
+ * it sent before the hang-up: `the other side of the share connection hung up`).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread destroys `peer` during the call.
+ */
+VKGDR_API int vkgdr_peer_poll(vkgdr_peer_t peer);
+
+/**
+ * Attaches the raw memory the owner shares as `name` (`vkgdr_share_memory`) and maps all of
+ * it.
+ *
+ * - `out`: where to store the handle (NULL unless `VKGDR_SUCCESS`).
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, a NULL pointer; the owner's
+ * refusal, e.g. `the owner refused: no such region: nothing is shared as "params"`; a region
+ * that is no raw memory; a region of a GPU or driver this process's Vulkan cannot import; an
+ * owner that hung up or did not answer in time).
+ *
+ * Thread safety: any thread. Detach it with `vkgdr_attached_memory_detach`.
+ *
+ * # Safety
+ * - `name` is a NUL-terminated string; `out` is writable.
+ * - No thread destroys `peer` during the call.
+ */
+VKGDR_API
+int vkgdr_peer_attach_memory(vkgdr_peer_t peer,
+                             const char *name,
+                             vkgdr_attached_memory_t *out);
+
+/**
+ * The host address of the attached memory (all `vkgdr_attached_memory_get_size` bytes are
+ * mapped), or `NULL` on error (an invalid handle). Stores through it are not checked for
+ * revocation: `vkgdr_attached_memory_write` is; on non-coherent memory
+ * `vkgdr_attached_memory_flush` makes them visible to the GPU.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread detaches `mem` during the call.
+ */
+VKGDR_API void *vkgdr_attached_memory_get_host_ptr(vkgdr_attached_memory_t mem);
+
+/**
+ * The size of the attached memory, as the owner shared it, or 0 on error (an invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread detaches `mem` during the call.
+ */
+VKGDR_API size_t vkgdr_attached_memory_get_size(vkgdr_attached_memory_t mem);
+
+/**
+ * Whether the attached memory is coherent for this process (flushes and invalidates are then
+ * no-ops): as the owner's is. `false` also on error.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread detaches `mem` during the call.
+ */
+VKGDR_API bool vkgdr_attached_memory_is_coherent(vkgdr_attached_memory_t mem);
+
+/**
+ * Makes stores through the host pointer to `[offset, offset + size)` visible to the GPU
+ * (`SIZE_MAX`: to the end), widened to whole atoms. A no-op on coherent memory, apart from the
+ * range check.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, a range outside the memory,
+ * `vkFlushMappedMemoryRanges failed (...)`).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread detaches `mem` during the call.
+ */
+VKGDR_API int vkgdr_attached_memory_flush(vkgdr_attached_memory_t mem, size_t offset, size_t size);
+
+/**
+ * Makes the GPU's writes to `[offset, offset + size)` visible to loads through the host
+ * pointer (`SIZE_MAX`: to the end), widened to whole atoms. A no-op on coherent memory, apart
+ * from the range check.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, a range outside the memory,
+ * `vkInvalidateMappedMemoryRanges failed (...)`).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread detaches `mem` during the call.
+ */
+VKGDR_API
+int vkgdr_attached_memory_invalidate(vkgdr_attached_memory_t mem,
+                                     size_t offset,
+                                     size_t size);
+
+/**
+ * Copies `size` bytes from `src` to `offset` of the attached memory (the fast write-combining
+ * copy), then flushes them: the owner's GPU sees them once this returns.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle; memory the owner revoked,
+ * `revoked by the owner`, nothing written; a range outside the memory; `src` NULL with
+ * `size` > 0; a flush failure).
+ *
+ * Thread safety: any thread; concurrent writes to disjoint ranges are fine.
+ *
+ * # Safety
+ * - `src` is readable for `size` bytes and does not overlap the destination range.
+ * - No other thread of this process accesses the destination range during the call, or
+ *   detaches `mem`.
+ */
+VKGDR_API
+int vkgdr_attached_memory_write(vkgdr_attached_memory_t mem,
+                                size_t offset,
+                                const void *src,
+                                size_t size);
+
+/**
+ * Copies `size` bytes of the attached memory at `offset` into `dst`, invalidating first
+ * (CPU loads: slow through a PCIe BAR, well under 1 GB/s).
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, a range outside the memory,
+ * `dst` NULL with `size` > 0, an invalidate failure).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `dst` is writable for `size` bytes and does not overlap the memory.
+ * - No thread detaches `mem` during the call.
+ */
+VKGDR_API
+int vkgdr_attached_memory_read(vkgdr_attached_memory_t mem,
+                               size_t offset,
+                               void *dst,
+                               size_t size);
+
+/**
+ * Whether the owner revoked the memory (as far as this process has read: `vkgdr_peer_poll`).
+ * `false` also on error.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread detaches `mem` during the call.
+ */
+VKGDR_API bool vkgdr_attached_memory_is_revoked(vkgdr_attached_memory_t mem);
+
+/**
+ * Unmaps the memory and tells the owner. `NULL` is ignored.
+ *
+ * Errors (reported through `vkgdr_last_error()` only): a handle already detached or not a
+ * `vkgdr_attached_memory_t`.
+ *
+ * Thread safety: any thread, but not while another thread is using the same handle.
+ *
+ * # Safety
+ * - No other thread uses `mem` during or after the call, and nothing uses its host pointer
+ *   any more.
+ */
+VKGDR_API void vkgdr_attached_memory_detach(vkgdr_attached_memory_t mem);
+
+/**
+ * Attaches the pool the owner shares as `name` (`vkgdr_share_pool`): its blocks then come
+ * with `vkgdr_attached_pool_request` or from the owner (`vkgdr_attached_pool_next_block`).
+ *
+ * - `out`: where to store the handle (NULL unless `VKGDR_SUCCESS`).
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (as `vkgdr_peer_attach_memory`; a region that is
+ * no pool).
+ *
+ * Thread safety: any thread. Detach it with `vkgdr_attached_pool_detach`.
+ *
+ * # Safety
+ * - `name` is a NUL-terminated string; `out` is writable.
+ * - No thread destroys `peer` during the call.
+ */
+VKGDR_API
+int vkgdr_peer_attach_pool(vkgdr_peer_t peer,
+                           const char *name,
+                           vkgdr_attached_pool_t *out);
+
+/**
+ * The most bytes of blocks asked for (`vkgdr_attached_pool_request`) this process may hold
+ * at once, or 0 on error (an invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread detaches `pool` during the call.
+ */
+VKGDR_API uint64_t vkgdr_attached_pool_get_quota(vkgdr_attached_pool_t pool);
+
+/**
+ * Asks the owner for a block of `size` bytes aligned to `align` (a power of two) and waits for
+ * it (up to the connection's timeout).
+ *
+ * - `out`: where to store the block handle (NULL unless `VKGDR_SUCCESS`).
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, `out` NULL; a revoked pool; the
+ * owner's refusal: `over quota`, `out of memory`, `bad request` for a size or alignment its
+ * pool does not take; an owner that hung up or did not answer in time).
+ *
+ * Thread safety: any thread. Give the block back with `vkgdr_shared_block_release`.
+ *
+ * # Safety
+ * - `out` is writable.
+ * - No thread detaches `pool` during the call.
+ */
+VKGDR_API
+int vkgdr_attached_pool_request(vkgdr_attached_pool_t pool,
+                                size_t size,
+                                size_t align,
+                                vkgdr_shared_block_t *out);
+
+/**
+ * The next block the owner sent this process unasked (`vkgdr_share_send_block`), in the order
+ * sent.
+ *
+ * - `timeout_ns`: how long to wait for one: 0 only looks, negative waits until one comes.
+ * - `out`: where to store the block handle (NULL unless `VKGDR_SUCCESS`).
+ *
+ * Returns `VKGDR_SUCCESS`; `VKGDR_SHARE_NONE` if none came in time; or `VKGDR_ERROR` (an
+ * invalid handle, `out` NULL, a revoked pool, an owner that hung up).
+ *
+ * Thread safety: any thread. Give the block back with `vkgdr_shared_block_release`.
+ *
+ * # Safety
+ * - `out` is writable.
+ * - No thread detaches `pool` during the call.
+ */
+VKGDR_API
+int vkgdr_attached_pool_next_block(vkgdr_attached_pool_t pool,
+                                   int64_t timeout_ns,
+                                   vkgdr_shared_block_t *out);
+
+/**
+ * Detaches the pool. `NULL` is ignored. Refused (nothing happens) while blocks of the pool are
+ * still held by live handles: give them back first (`vkgdr_shared_block_release`), since the
+ * owner frees what a detached pool held and this process still maps those blocks' chunks.
+ *
+ * Errors (reported through `vkgdr_last_error()` only): a handle already detached or not a
+ * `vkgdr_attached_pool_t`; blocks still held.
+ *
+ * Thread safety: any thread, but not while another thread is using the same handle.
+ *
+ * # Safety
+ * - No other thread uses `pool` during or after the call.
+ */
+VKGDR_API void vkgdr_attached_pool_detach(vkgdr_attached_pool_t pool);
+
+/**
+ * The block's host address (its `vkgdr_shared_block_get_size` bytes are this process's to
+ * write), or `NULL` on error (an invalid handle). Stores through it are not checked for
+ * revocation: `vkgdr_shared_block_write` is; on non-coherent memory `vkgdr_shared_block_flush`
+ * makes them visible to the GPU.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread releases `block` during the call.
+ */
+VKGDR_API void *vkgdr_shared_block_get_host_ptr(vkgdr_shared_block_t block);
+
+/**
+ * The block's size as asked for (or as the owner allocated it), or 0 on error.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread releases `block` during the call.
+ */
+VKGDR_API size_t vkgdr_shared_block_get_size(vkgdr_shared_block_t block);
+
+/**
+ * The owner's token for the block (what its `VKGDR_SHARE_EVENT_RELEASED` and
+ * `vkgdr_share_take_returned` name), or 0 on error.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread releases `block` during the call.
+ */
+VKGDR_API uint64_t vkgdr_shared_block_get_token(vkgdr_shared_block_t block);
+
+/**
+ * Whether the owner took the block (or its pool) back, as far as this process has read
+ * (`vkgdr_peer_poll`). `false` also on error.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread releases `block` during the call.
+ */
+VKGDR_API bool vkgdr_shared_block_is_revoked(vkgdr_shared_block_t block);
+
+/**
+ * Copies `size` bytes from `src` into the block at `offset`, then flushes them.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle; a revoked block or pool,
+ * nothing written; a range outside the block; `src` NULL with `size` > 0; a flush failure).
+ *
+ * Thread safety: any thread; concurrent writes to disjoint ranges are fine.
+ *
+ * # Safety
+ * - `src` is readable for `size` bytes and does not overlap the block.
+ * - No other thread of this process accesses the destination range during the call, or
+ *   releases `block`.
+ */
+VKGDR_API
+int vkgdr_shared_block_write(vkgdr_shared_block_t block,
+                             size_t offset,
+                             const void *src,
+                             size_t size);
+
+/**
+ * Copies `size` bytes of the block at `offset` into `dst`, invalidating first.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, a range outside the block,
+ * `dst` NULL with `size` > 0, an invalidate failure).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `dst` is writable for `size` bytes and does not overlap the block.
+ * - No thread releases `block` during the call.
+ */
+VKGDR_API
+int vkgdr_shared_block_read(vkgdr_shared_block_t block,
+                            size_t offset,
+                            void *dst,
+                            size_t size);
+
+/**
+ * Makes stores through the block's host pointer to `[offset, offset + size)` visible to the
+ * GPU (`SIZE_MAX`: to the block's end). A no-op on coherent memory, apart from the range check.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, a range outside the block,
+ * `vkFlushMappedMemoryRanges failed (...)`).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread releases `block` during the call.
+ */
+VKGDR_API int vkgdr_shared_block_flush(vkgdr_shared_block_t block, size_t offset, size_t size);
+
+/**
+ * Makes the GPU's writes to `[offset, offset + size)` of the block visible to loads through
+ * its host pointer (`SIZE_MAX`: to the block's end). A no-op on coherent memory, apart from the
+ * range check.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, a range outside the block,
+ * `vkInvalidateMappedMemoryRanges failed (...)`).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread releases `block` during the call.
+ */
+VKGDR_API int vkgdr_shared_block_invalidate(vkgdr_shared_block_t block, size_t offset, size_t size);
+
+/**
+ * Gives the block back to the owner (who frees it to its pool then, or takes it with what
+ * was written: `vkgdr_share_take_returned`). `NULL` is ignored.
+ *
+ * Errors (reported through `vkgdr_last_error()` only): a handle already released or not a
+ * `vkgdr_shared_block_t`.
+ *
+ * Thread safety: any thread, but not while another thread is using the same block.
+ *
+ * # Safety
+ * - No other thread uses `block` during or after the call, and nothing uses its host pointer
+ *   any more.
+ */
+VKGDR_API void vkgdr_shared_block_release(vkgdr_shared_block_t block);
+
+/**
+ * Attaches a lane of the ring the owner shares as `name` (`vkgdr_share_ring`): this process
+ * becomes its producer (`vkgdr_attached_lane_push`), starting where the lane's last producer
+ * stopped (`vkgdr_attached_lane_get_start`). Attaching the same name again borrows another
+ * lane.
+ *
+ * - `out`: where to store the handle (NULL unless `VKGDR_SUCCESS`).
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (as `vkgdr_peer_attach_memory`; a region that is no
+ * ring; `the owner refused: busy: ...` when every lane is taken).
+ *
+ * Thread safety: any thread. Detach it with `vkgdr_attached_lane_detach`.
+ *
+ * # Safety
+ * - `name` is a NUL-terminated string; `out` is writable.
+ * - No thread destroys `peer` during the call.
+ */
+VKGDR_API
+int vkgdr_peer_attach_lane(vkgdr_peer_t peer,
+                           const char *name,
+                           vkgdr_attached_lane_t *out);
+
+/**
+ * Appends one record with the `size`-byte payload at `payload` to the lane and publishes it:
+ * the bytes go straight into the owner's GPU memory, the tail to the owner, who checks it and
+ * passes it on to the ring's consumer.
+ *
+ * - `timeout_ns`: how long to wait for the consumer to free space: negative waits forever, 0
+ *   tries once.
+ * - `seq`: NULL, or where to store the record's sequence number (numbered on from
+ *   `vkgdr_attached_lane_get_start`'s, one per record of the lane).
+ *
+ * Returns `VKGDR_SUCCESS`; `VKGDR_RING_FULL` if no room appeared in time (nothing written);
+ * or `VKGDR_ERROR` (an invalid handle, `payload` NULL, a zero size or one larger than the lane
+ * takes; a lane the owner stopped serving, with why: revoked, a tail it refused, its consumer
+ * gone).
+ *
+ * Thread safety: any thread, concurrently (records reach the consumer in the order their
+ * space was reserved).
+ *
+ * # Safety
+ * - `payload` is readable for `size` bytes; `seq` is NULL or writable.
+ * - No thread detaches `lane` during the call.
+ */
+VKGDR_API
+int vkgdr_attached_lane_push(vkgdr_attached_lane_t lane,
+                             const void *payload,
+                             size_t size,
+                             int64_t timeout_ns,
+                             uint64_t *seq);
+
+/**
+ * Appends `count` records (`payloads[i]`, `sizes[i]` bytes each) and publishes them all with
+ * one fence and one tail (a batch larger than the free space is published in pieces while
+ * waiting for more). They are numbered on from the lane's last record: with one thread
+ * pushing, from `vkgdr_attached_lane_get_start`'s sequence number plus the records pushed
+ * before.
+ *
+ * - `timeout_ns`: as for `vkgdr_attached_lane_push`, for each wait.
+ * - `written`: NULL, or where to store how many records were written (and published), also on
+ *   `VKGDR_RING_FULL` and `VKGDR_ERROR`.
+ *
+ * Returns `VKGDR_SUCCESS`; `VKGDR_RING_FULL` if no room appeared in time for a record (the ones
+ * before it are published); or `VKGDR_ERROR` (as `vkgdr_attached_lane_push`; `payloads` or
+ * `sizes` NULL with `count` > 0, a NULL payload or a bad size, checked before anything is
+ * written; another thread's batch on the lane in flight).
+ *
+ * Thread safety: any thread; one batch at a time per lane (`vkgdr_attached_lane_push` of other
+ * threads waits for it).
+ *
+ * # Safety
+ * - `payloads` and `sizes` are readable for `count` entries; each `payloads[i]` is readable
+ *   for `sizes[i]` bytes; `written` is NULL or writable.
+ * - No thread detaches `lane` during the call.
+ */
+VKGDR_API
+int vkgdr_attached_lane_push_batch(vkgdr_attached_lane_t lane,
+                                   const void *const *payloads,
+                                   const size_t *sizes,
+                                   size_t count,
+                                   int64_t timeout_ns,
+                                   size_t *written);
+
+/**
+ * Whether the owner stopped serving the lane: revoked, refused a tail this process published,
+ * or its consumer is gone. Records pushed from then on reach no consumer
+ * (`vkgdr_attached_lane_get_stop_reason` says why). `false` also on error.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread detaches `lane` during the call.
+ */
+VKGDR_API bool vkgdr_attached_lane_is_stopped(vkgdr_attached_lane_t lane);
+
+/**
+ * Why the owner stopped serving the lane: a copy the caller releases with `free()`, or `NULL`
+ * while it serves it (and on error: an invalid handle, reported through `vkgdr_last_error()`).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread detaches `lane` during the call.
+ */
+VKGDR_API char *vkgdr_attached_lane_get_stop_reason(vkgdr_attached_lane_t lane);
+
+/**
+ * What the owner has accepted from this lane and passed on to its consumer so far: the end of
+ * the last accepted record (`tail`, bytes since the lane began) and the sequence number after
+ * it (`seq`). Once `seq` reaches the number after the last record pushed, every record is on
+ * its way to the consumer.
+ *
+ * - `tail`, `seq`: NULL, or where to store each.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `tail` and `seq` are NULL or writable.
+ * - No thread detaches `lane` during the call.
+ */
+VKGDR_API
+int vkgdr_attached_lane_get_accepted(vkgdr_attached_lane_t lane,
+                                     uint64_t *tail,
+                                     uint64_t *seq);
+
+/**
+ * Where this producer started: the lane's position (`tail`) and the sequence number of its
+ * first record (`seq`), where the lane's previous producer stopped (0 and 0 for a new ring).
+ *
+ * - `tail`, `seq`: NULL, or where to store each.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `tail` and `seq` are NULL or writable.
+ * - No thread detaches `lane` during the call.
+ */
+VKGDR_API
+int vkgdr_attached_lane_get_start(vkgdr_attached_lane_t lane,
+                                  uint64_t *tail,
+                                  uint64_t *seq);
+
+/**
+ * The lane's number in the owner's ring (what the owner's consumer and
+ * `vkgdr_ring_get_lane_results` know it by), or `UINT32_MAX` on error (an invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread detaches `lane` during the call.
+ */
+VKGDR_API uint32_t vkgdr_attached_lane_get_lane(vkgdr_attached_lane_t lane);
+
+/**
+ * The lane's capacity in bytes (the owner's ring's, per lane), or 0 on error.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread detaches `lane` during the call.
+ */
+VKGDR_API uint64_t vkgdr_attached_lane_get_capacity(vkgdr_attached_lane_t lane);
+
+/**
+ * Detaches the lane: the owner takes a last look at what it published (passing on what it
+ * accepts) and takes the lane back there, for its next producer. `NULL` is ignored.
+ *
+ * Errors (reported through `vkgdr_last_error()` only): a handle already detached or not a
+ * `vkgdr_attached_lane_t`.
+ *
+ * Thread safety: any thread, but not while another thread is using the same handle.
+ *
+ * # Safety
+ * - No other thread uses `lane` during or after the call.
+ */
+VKGDR_API void vkgdr_attached_lane_detach(vkgdr_attached_lane_t lane);
 
 /**
  * Fills `*config` with the default configuration and sets `config->struct_size` to
@@ -1203,7 +2101,8 @@ VKGDR_API uint32_t vkgdr_ring_producer_get_lane(vkgdr_ring_producer_t producer);
  * Creates a ring of `capacity` bytes (a power of two, at least 4096) in BAR-mapped memory of
  * `g`'s device, in the handle's context (see `vkgdr_pool_create`).
  *
- * - `flags`: 0 or `VKGDR_RING_MIRRORED_BIT`.
+ * - `flags`: 0, `VKGDR_RING_MIRRORED_BIT` or `VKGDR_RING_SHAREABLE_BIT` (its one lane can then
+ *   be lent to another process: `vkgdr_share_ring`).
  *
  * Returns a handle, or `NULL` on error (a bad capacity or flag, a `vkgdr_open_vulkan` handle, a
  * driver failure).
@@ -1537,6 +2436,270 @@ int vkgdr_ring_get_copy_engine_stats(vkgdr_ring_t ring,
  * - No thread destroys `ring` during the call.
  */
 VKGDR_API char *vkgdr_ring_get_copy_engine_error(vkgdr_ring_t ring);
+
+/**
+ * Fills `*options` with the defaults (same-user peers, socket mode 0600, blocks given back to
+ * the owner) and sets `options->struct_size` to `struct_size`, which must be
+ * `sizeof(vkgdr_share_options)` as the caller sees it (only that many bytes are written).
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` if `options` is NULL or `struct_size` too small.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `options` is NULL or writable for `struct_size` bytes.
+ */
+VKGDR_API int vkgdr_share_options_init(struct vkgdr_share_options *options, size_t struct_size);
+
+/**
+ * Starts sharing with other processes of this host: listens on a Unix socket at `path` (a
+ * file there from an earlier server that is gone is replaced; a live server's is an error)
+ * for peers (`vkgdr_peer_connect`, from any process: no CUDA needed there) that map memory of
+ * `g`'s GPU. Two threads of the library serve them: one answers peers, one passes the records
+ * of remote ring producers on (after checking every tail).
+ *
+ * - `g`: a `vkgdr_open` handle, or a `vkgdr_open_vulkan` one (an owner without CUDA: it shares
+ *   `vkgdr_memory_alloc_shareable` memory and pools of that handle). What is shared must be
+ *   memory of this device.
+ * - `path`: the socket's path (at most 107 bytes, as Unix sockets go).
+ * - `options`: NULL for the defaults, or options from `vkgdr_share_options_init`.
+ * - `out`: where to store the handle (NULL unless `VKGDR_SUCCESS`).
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle or option, a NULL pointer, the
+ * socket's failure, e.g. `bind failed (EADDRINUSE)`).
+ *
+ * Thread safety: any thread; every `vkgdr_share_*` call on the server may come from any thread,
+ * concurrently. Free it with `vkgdr_share_server_destroy`.
+ *
+ * # Safety
+ * - `path` is a NUL-terminated string; `options` is NULL or readable for
+ *   `options->struct_size` bytes (and its `uids` as it says); `out` is writable.
+ * - No thread closes `g` during the call.
+ */
+VKGDR_API
+int vkgdr_share_server_create(vkgdr_t g,
+                              const char *path,
+                              const struct vkgdr_share_options *options,
+                              vkgdr_share_server_t *out);
+
+/**
+ * Stops sharing: disconnects every peer, gives every lent ring lane back to its ring, frees
+ * the blocks peers held or gave back and no one took (their pools stay), removes the socket
+ * file. Memory a peer mapped stays mapped in that peer (and so allocated) until it detaches or
+ * exits. Waits for the server's two threads to end (a few milliseconds). `NULL` is ignored.
+ *
+ * Errors (reported through `vkgdr_last_error()` only): a handle already destroyed or not a
+ * `vkgdr_share_server_t`.
+ *
+ * Thread safety: any thread, but not while another thread is using the same server.
+ *
+ * # Safety
+ * - No other thread uses `server` during or after the call.
+ */
+VKGDR_API void vkgdr_share_server_destroy(vkgdr_share_server_t server);
+
+/**
+ * Shares `mem` under `name` (1 to 64 bytes of UTF-8, no control characters): a peer that
+ * attaches it (`vkgdr_peer_attach_memory`) maps all of it and writes it with CPU stores. The
+ * server keeps an fd of the memory, so its bytes stay allocated while they are shared (and
+ * while a peer maps them), even after `vkgdr_memory_free`.
+ *
+ * - `mem`: memory from `vkgdr_memory_alloc_shareable` on this server's device
+ *   (`vkgdr_memory_alloc`'s small allocations are carved out of memory other allocations
+ *   share, and are refused).
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, a bad or taken name, carved
+ * memory, the driver's failure to export it).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `name` is a NUL-terminated string.
+ * - No thread destroys `server` or frees `mem` during the call.
+ */
+VKGDR_API int vkgdr_share_memory(vkgdr_share_server_t server, const char *name, vkgdr_memory_t mem);
+
+/**
+ * Shares `pool` under `name`: a peer that attaches it (`vkgdr_peer_attach_pool`) receives
+ * blocks, sent by the owner (`vkgdr_share_send_block`) or asked for by the peer
+ * (`vkgdr_attached_pool_request`, up to `quota` bytes held at once). A peer maps every chunk it
+ * receives a block of whole, so it can reach the other blocks of those chunks: share a pool of
+ * its own, holding only what peers may see.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, a bad or taken name).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `name` is a NUL-terminated string.
+ * - No thread destroys `server` or `pool` during the call.
+ */
+VKGDR_API
+int vkgdr_share_pool(vkgdr_share_server_t server,
+                     const char *name,
+                     vkgdr_pool_t pool,
+                     uint64_t quota);
+
+/**
+ * Shares the lanes of `ring` under `name`: each attachment (`vkgdr_peer_attach_lane`) borrows
+ * one free lane (the first that no producer owns and no peer has) and becomes its producer;
+ * its records go straight into the lane's GPU memory, and the server checks each tail it
+ * publishes before passing it on to the ring's consumer. When every lane is taken, a peer's
+ * attach is refused (busy). A lane comes back when its peer detaches, dies or is revoked, and
+ * its next producer starts where the last accepted record ends.
+ *
+ * - `ring`: made with `VKGDR_RING_SHAREABLE_BIT` (`vkgdr_ring_create` or the options'
+ *   `flags`).
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, a ring made without
+ * `VKGDR_RING_SHAREABLE_BIT`, a bad or taken name).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `name` is a NUL-terminated string.
+ * - No thread destroys `server` or `ring` during the call.
+ */
+VKGDR_API int vkgdr_share_ring(vkgdr_share_server_t server, const char *name, vkgdr_ring_t ring);
+
+/**
+ * Stops sharing `name`: no new attachment; existing ones stay until detached, revoked or gone.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, nothing shared under `name`).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `name` is a NUL-terminated string.
+ * - No thread destroys `server` during the call.
+ */
+VKGDR_API int vkgdr_share_unshare(vkgdr_share_server_t server, const char *name);
+
+/**
+ * Sends a block to `peer`, which attached the pool shared as `name`, and takes the block
+ * handle: the peer receives it (`vkgdr_attached_pool_next_block`), writes and reads it, and
+ * gives it back; the server keeps the block allocated until then (or until the peer is gone),
+ * and with `return_blocks` (the default) it comes back to the owner
+ * (`VKGDR_SHARE_EVENT_RELEASED`, then `vkgdr_share_take_returned` with the token) with what
+ * the peer wrote.
+ *
+ * - `peer`: the peer's number (`vkgdr_share_event.peer` of its `VKGDR_SHARE_EVENT_CONNECTED`
+ *   or `_ATTACHED`).
+ * - `block`: a block of the shared pool.
+ * - `token`: NULL, or where to store the block's token.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR`. The block handle is gone after the call, unless
+ * the call failed on an invalid or NULL argument (an invalid server or block handle, a NULL or
+ * non-UTF-8 name): then nothing happened and the block is still the caller's. Once the
+ * server tried to send it (no such peer, a peer that did not attach the pool, a peer that does
+ * not read its messages, which is then disconnected), a failure frees the block back to its
+ * pool.
+ *
+ * Thread safety: any thread, but not while another thread is using the same block.
+ *
+ * # Safety
+ * - `name` is a NUL-terminated string; `token` is NULL or writable.
+ * - No thread destroys `server` during the call; no other thread uses `block` during or after
+ *   it.
+ */
+VKGDR_API
+int vkgdr_share_send_block(vkgdr_share_server_t server,
+                           uint64_t peer,
+                           const char *name,
+                           vkgdr_block_t block,
+                           uint64_t *token);
+
+/**
+ * Takes the block `token` that a peer gave back (`VKGDR_SHARE_EVENT_RELEASED`), with what the
+ * peer wrote into it, as a new block handle of its pool: read it, send it again, free it.
+ * Blocks given back wait in the server until taken or the server is destroyed.
+ *
+ * - `out`: where to store the block handle (NULL unless `VKGDR_SUCCESS`).
+ *
+ * Returns `VKGDR_SUCCESS`; `VKGDR_SHARE_NONE` when no block was given back under `token` (not
+ * yet, taken already, revoked, or the server runs with `return_blocks` 0); or `VKGDR_ERROR` (an
+ * invalid handle, `out` NULL).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `out` is writable.
+ * - No thread destroys `server` during the call.
+ */
+VKGDR_API
+int vkgdr_share_take_returned(vkgdr_share_server_t server,
+                              uint64_t token,
+                              vkgdr_block_t *out);
+
+/**
+ * Revokes everything `peer` holds and disconnects it: its ring lanes stop at once (nothing it
+ * publishes from now on reaches a consumer), its writes through the handles of its attached
+ * memory and blocks are refused once it has read the revocation (`vkgdr_peer_poll`, or any
+ * call that waits for the owner). Its blocks and lanes go back when the peer has exited or
+ * closed its end (its mappings live until then, so nothing it may still write lands in memory
+ * handed to someone else).
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, no such peer).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread destroys `server` during the call.
+ */
+VKGDR_API int vkgdr_share_revoke(vkgdr_share_server_t server, uint64_t peer);
+
+/**
+ * Takes one block back from `peer`: the peer is told, and its writes through that block are
+ * refused once it has read that (`vkgdr_peer_poll`); the block is freed to its pool once the
+ * peer gives it back or is gone, never before. A revoked block does not come back to the
+ * owner (`vkgdr_share_take_returned`).
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, no such peer, a token the peer
+ * does not hold).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread destroys `server` during the call.
+ */
+VKGDR_API int vkgdr_share_revoke_block(vkgdr_share_server_t server, uint64_t peer, uint64_t token);
+
+/**
+ * The server's next event, in order: peers connecting, attaching, giving blocks back,
+ * detaching, misbehaving, going. The server keeps the last 4096 events unread; older ones
+ * are dropped.
+ *
+ * - `timeout_ns`: how long to wait for one: 0 only looks, negative waits until one comes.
+ * - `event`: filled (as far as its `struct_size` reaches) when one came.
+ *
+ * Returns `VKGDR_SUCCESS` with `*event` filled; `VKGDR_SHARE_NONE` if none came in time
+ * (`*event` untouched); or `VKGDR_ERROR` (an invalid handle, `event` NULL or its
+ * `struct_size` unset).
+ *
+ * Thread safety: any thread; each event goes to one caller.
+ *
+ * # Safety
+ * - `event` is NULL or writable for `event->struct_size` bytes.
+ * - No thread destroys `server` during the call.
+ */
+VKGDR_API
+int vkgdr_share_next_event(vkgdr_share_server_t server,
+                           int64_t timeout_ns,
+                           struct vkgdr_share_event *event);
+
+/**
+ * Fills `*stats` (whose `struct_size` the caller sets) with the server's counters.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, `stats` NULL or its
+ * `struct_size` unset).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `stats` is NULL or writable for `stats->struct_size` bytes.
+ * - No thread destroys `server` during the call.
+ */
+VKGDR_API int vkgdr_share_get_stats(vkgdr_share_server_t server, struct vkgdr_share_stats *stats);
 
 #ifdef __cplusplus
 }  // extern "C"

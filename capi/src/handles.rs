@@ -53,7 +53,7 @@ const _: () = assert!(
     "handles are 64-bit tokens dressed as pointers"
 );
 
-/// The handle types, one tag each (4 bits, never 0).
+/// The handle types, one tag each (4 bits, never 0; 14 is the last one free, 15 is the tests').
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Tag {
@@ -71,6 +71,18 @@ pub enum Tag {
     Reservation = 6,
     /// `vkgdr_ring_producer_t`.
     Producer = 7,
+    /// `vkgdr_share_server_t`.
+    ShareServer = 8,
+    /// `vkgdr_peer_t`.
+    Peer = 9,
+    /// `vkgdr_attached_memory_t`.
+    AttachedMemory = 10,
+    /// `vkgdr_attached_pool_t`.
+    AttachedPool = 11,
+    /// `vkgdr_shared_block_t`.
+    SharedBlock = 12,
+    /// `vkgdr_attached_lane_t`.
+    AttachedLane = 13,
     /// Tables made by tests.
     #[cfg(test)]
     Test = 15,
@@ -87,6 +99,12 @@ impl Tag {
             Tag::Ring => "vkgdr_ring_t",
             Tag::Reservation => "vkgdr_ring_reservation_t",
             Tag::Producer => "vkgdr_ring_producer_t",
+            Tag::ShareServer => "vkgdr_share_server_t",
+            Tag::Peer => "vkgdr_peer_t",
+            Tag::AttachedMemory => "vkgdr_attached_memory_t",
+            Tag::AttachedPool => "vkgdr_attached_pool_t",
+            Tag::SharedBlock => "vkgdr_shared_block_t",
+            Tag::AttachedLane => "vkgdr_attached_lane_t",
             #[cfg(test)]
             Tag::Test => "test handle",
         }

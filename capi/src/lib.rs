@@ -3,8 +3,9 @@
 //! `libvkgdr.so` / `libvkgdr.a` with the header `include/vkgdr.h` (generated from this crate by
 //! cbindgen; `tests/header.rs` fails when the committed copy differs). It is a drop-in for
 //! vkgdr 0.1's C API — same names, values, signatures and error texts, built on
-//! [`vkgdr::compat`] — and adds the pool ([`pool`]), copies ([`copy`]), rings ([`ring`]) and
-//! their exclusive producers ([`producer`]) in the same style.
+//! [`vkgdr::compat`] — and adds the pool ([`pool`]), copies ([`copy`]), rings ([`ring`]),
+//! their exclusive producers ([`producer`]) and sharing with other processes (the owner's
+//! side in [`share`], the attaching side in [`peer`]) in the same style.
 //!
 //! Conventions every function follows:
 //! - it never lets a Rust panic unwind into C ([`error::guard`]);
@@ -24,9 +25,11 @@ pub mod device;
 pub mod error;
 pub mod handles;
 pub mod memory;
+pub mod peer;
 pub mod pool;
 pub mod producer;
 pub mod ring;
+pub mod share;
 mod versioned;
 
 use std::ffi::{c_int, c_ulonglong};

@@ -1,14 +1,16 @@
 //! vkgdr 0.1's raw allocations (`vkgdr_memory_*`), plus bounds-checked `vkgdr_memory_write` /
-//! `vkgdr_memory_read` and the frees that name a stream (`vkgdr_memory_free_after`) or none
-//! (`vkgdr_memory_free_now`).
+//! `vkgdr_memory_read`, the frees that name a stream (`vkgdr_memory_free_after`) or none
+//! (`vkgdr_memory_free_now`), and allocations of their own for sharing with other processes
+//! (`vkgdr_memory_alloc_shareable`, on a `vkgdr_open_vulkan` handle too).
 
 use std::ffi::{c_int, c_void};
 use std::sync::LazyLock;
 
 use vkgdr::compat;
+use vkgdr::vulkan::VulkanMemory;
 use vkgdr::{Mapping, RawMemory};
 
-use crate::device::{device, vkgdr_t};
+use crate::device::{device, vkgdr_t, Device};
 use crate::error::{clear_last_error, guard, CResult, Failure};
 use crate::handles::{BadHandle, HandleTable, Tag};
 use crate::{
@@ -25,12 +27,120 @@ pub struct vkgdr_memory {
 /// `vkgdr_memory_free`.
 pub type vkgdr_memory_t = *mut vkgdr_memory;
 
+/// What a `vkgdr_memory_t` holds.
+pub(crate) enum Memory {
+    /// GPU memory with a host and a device pointer (a `vkgdr_open` handle's).
+    Cuda(RawMemory),
+    /// Vulkan memory alone (`vkgdr_memory_alloc_shareable` on a `vkgdr_open_vulkan` handle):
+    /// a host pointer, device pointer 0, nothing on any stream.
+    Vulkan {
+        /// The allocation (the request rounded up to 4 KiB).
+        memory: VulkanMemory,
+        /// The size asked for.
+        size: u64,
+    },
+}
+
+impl Memory {
+    fn host_ptr(&self) -> *mut u8 {
+        match self {
+            Memory::Cuda(m) => m.host_ptr(),
+            Memory::Vulkan { memory, .. } => memory.as_ptr(),
+        }
+    }
+
+    fn device_ptr(&self) -> CUdeviceptr {
+        match self {
+            Memory::Cuda(m) => m.device_ptr(),
+            Memory::Vulkan { .. } => 0,
+        }
+    }
+
+    /// The size asked for.
+    fn size(&self) -> u64 {
+        match self {
+            Memory::Cuda(m) => m.size(),
+            Memory::Vulkan { size, .. } => *size,
+        }
+    }
+
+    /// The bytes flushes and invalidates may cover (the request rounded up to 4 KiB).
+    fn allocation_size(&self) -> u64 {
+        match self {
+            Memory::Cuda(m) => m.allocation_size(),
+            Memory::Vulkan { memory, .. } => memory.size(),
+        }
+    }
+
+    fn is_coherent(&self) -> bool {
+        match self {
+            Memory::Cuda(m) => m.is_coherent(),
+            Memory::Vulkan { memory, .. } => !memory.is_non_coherent(),
+        }
+    }
+
+    fn non_coherent_atom_size(&self) -> u64 {
+        match self {
+            Memory::Cuda(m) => m.non_coherent_atom_size(),
+            Memory::Vulkan { memory, .. } if memory.is_non_coherent() => {
+                memory.context().atom_size()
+            }
+            Memory::Vulkan { .. } => 1,
+        }
+    }
+
+    fn flush(&self, offset: u64, len: u64) -> vkgdr::Result<()> {
+        match self {
+            Memory::Cuda(m) => m.flush(offset, len),
+            Memory::Vulkan { memory, .. } => memory.flush(offset, len),
+        }
+    }
+
+    fn invalidate(&self, offset: u64, len: u64) -> vkgdr::Result<()> {
+        match self {
+            Memory::Cuda(m) => m.invalidate(offset, len),
+            Memory::Vulkan { memory, .. } => memory.invalidate(offset, len),
+        }
+    }
+
+    /// Bounds-checked write, flushed.
+    ///
+    /// # Safety
+    /// - No other thread accesses `[offset, offset + src.len())` during the call, and `src`
+    ///   does not overlap it.
+    unsafe fn write_shared(&self, offset: u64, src: &[u8]) -> vkgdr::Result<()> {
+        match self {
+            // SAFETY: forwarded to our caller.
+            Memory::Cuda(m) => unsafe { m.write_shared(offset, src) },
+            Memory::Vulkan { memory, size } => {
+                vkgdr::range::range_to_end(offset, Some(src.len() as u64), *size)?;
+                // SAFETY: inside the mapping (checked above: `size` <= the allocation), the
+                // range is the caller's alone for the call and does not overlap `src`.
+                unsafe { vkgdr::copy::copy_to_mapping(memory.as_ptr().add(offset as usize), src) };
+                memory.flush(offset, src.len() as u64)
+            }
+        }
+    }
+
+    /// Bounds-checked read.
+    fn read(&self, offset: u64, dst: &mut [u8]) -> vkgdr::Result<()> {
+        match self {
+            Memory::Cuda(m) => m.read(offset, dst),
+            Memory::Vulkan { memory, size } => {
+                vkgdr::range::range_to_end(offset, Some(dst.len() as u64), *size)?;
+                memory.read(offset, dst)
+            }
+        }
+    }
+}
+
 /// Live `vkgdr_memory_t` handles.
-static MEMORIES: LazyLock<HandleTable<RawMemory>> = LazyLock::new(|| HandleTable::new(Tag::Memory));
+pub(crate) static MEMORIES: LazyLock<HandleTable<Memory>> =
+    LazyLock::new(|| HandleTable::new(Tag::Memory));
 
 /// # Safety
 /// - No thread frees `mem` while the reference is in use.
-unsafe fn memory<'a>(mem: vkgdr_memory_t) -> CResult<&'a RawMemory> {
+pub(crate) unsafe fn memory<'a>(mem: vkgdr_memory_t) -> CResult<&'a Memory> {
     // SAFETY: forwarded to our caller.
     unsafe { lookup(&MEMORIES, mem) }
 }
@@ -75,13 +185,60 @@ pub unsafe extern "C" fn vkgdr_memory_alloc(g: vkgdr_t, size: usize, flags: u32)
         let gpu = unsafe { device(g) }?.gpu()?;
         // SAFETY: the context-lifetime obligation is forwarded to our caller.
         let mem = unsafe { compat::alloc(gpu, size as u64, flags, compat::Face::C) }?;
+        register(&MEMORIES, Memory::Cuda(mem))
+    })
+}
+
+/// Allocates `size` bytes of memory of its own, for sharing with other processes
+/// (`vkgdr_share_memory`): never carved out of a larger allocation that other memory shares,
+/// so the fd a peer receives reaches these bytes and no others. `vkgdr_memory_alloc`'s small
+/// allocations are carved, and cannot be shared.
+///
+/// - `g`: a `vkgdr_open` handle: GPU memory like `vkgdr_memory_alloc`'s, but imported into the
+///   handle's context (the one current at `vkgdr_open` with `VKGDR_OPEN_CURRENT_CONTEXT_BIT`,
+///   else the device's primary context) and rounded up to the VMM granularity (2 MiB on the
+///   H100). Or a `vkgdr_open_vulkan` handle: Vulkan memory with a host pointer alone
+///   (`vkgdr_memory_get_device_ptr` is 0), for an owner without CUDA; every memory call takes
+///   it, and the frees release it at once.
+/// - `flags`: must be 0.
+///
+/// The contents are unspecified. `vkgdr_memory_get_size` reports `size`.
+///
+/// Returns a handle, or `NULL` on error (a zero size, unknown flags, an invalid handle, the
+/// driver's out-of-memory `vkAllocateMemory failed (VK_ERROR_OUT_OF_DEVICE_MEMORY)`).
+///
+/// Thread safety: any thread. Free the memory with `vkgdr_memory_free`.
+///
+/// # Safety
+/// - No thread closes `g` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_memory_alloc_shareable(
+    g: vkgdr_t,
+    size: usize,
+    flags: u32,
+) -> vkgdr_memory_t {
+    guard("vkgdr_memory_alloc_shareable", std::ptr::null_mut(), || {
+        if flags != 0 {
+            return Err(Failure::Api(format!("flags must be 0 (got {flags:#x})")));
+        }
+        if size == 0 {
+            return Err(vkgdr::Error::from(vkgdr::range::RangeError::ZeroSize).into());
+        }
+        // SAFETY: the caller does not close `g` during the call.
+        let mem = match unsafe { device(g) }? {
+            Device::Cuda(gpu) => Memory::Cuda(gpu.alloc_shareable(size as u64)?),
+            Device::Vulkan(vulkan) => Memory::Vulkan {
+                memory: vulkan.allocate(size as u64)?,
+                size: size as u64,
+            },
+        };
         register(&MEMORIES, mem)
     })
 }
 
-/// Frees memory from `vkgdr_memory_alloc`. `NULL` is ignored. Unlike vkgdr 0.1 any thread may
-/// call it with any (or no) context current: the memory makes its own context current to free
-/// itself.
+/// Frees memory from `vkgdr_memory_alloc` or `vkgdr_memory_alloc_shareable`. `NULL` is ignored.
+/// Unlike vkgdr 0.1 any thread may call it with any (or no) context current: the memory makes its
+/// own context current to free itself.
 ///
 /// Never waits for a running kernel: it returns at once, and the memory goes back to the driver
 /// once the GPU work queued before this call on the legacy default stream of the memory's
@@ -103,16 +260,17 @@ pub unsafe extern "C" fn vkgdr_memory_free(mem: vkgdr_memory_t) {
     guard("vkgdr_memory_free", (), || release(&MEMORIES, mem))
 }
 
-/// Frees memory from `vkgdr_memory_alloc` once the GPU work queued on `stream` so far has
-/// completed, without waiting for it: for memory a kernel on a stream created non-blocking
-/// (`CU_STREAM_NON_BLOCKING`, such as a persistent kernel's) may still use, which
-/// `vkgdr_memory_free` does not wait for. Returns at once; the memory counts as in use
+/// Frees memory from `vkgdr_memory_alloc` (or `vkgdr_memory_alloc_shareable`) once the GPU work
+/// queued on `stream` so far has completed, without waiting for it: for memory a kernel on a stream
+/// created non-blocking (`CU_STREAM_NON_BLOCKING`, such as a persistent kernel's) may still use,
+/// which `vkgdr_memory_free` does not wait for. Returns at once; the memory counts as in use
 /// (`vkgdr_wait_for_releases`) until the stream gets there.
 ///
 /// - `mem`: `NULL` is ignored (`VKGDR_SUCCESS`).
 /// - `stream`: a live stream of the memory's device (a `CUstream`, or the runtime's
 ///   `cudaStream_t`). `NULL` and `CU_STREAM_LEGACY` mean the legacy default stream: this is then
-///   `vkgdr_memory_free`. `CU_STREAM_PER_THREAD` needs the memory's context current.
+///   `vkgdr_memory_free`. `CU_STREAM_PER_THREAD` needs the memory's context current. Ignored for
+///   memory of a `vkgdr_open_vulkan` handle, which no GPU work uses: it is released at once.
 ///
 /// Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR`: for a handle already freed or not a
 /// `vkgdr_memory_t` (nothing happens), or for a stream the driver refuses (e.g.
@@ -134,13 +292,14 @@ pub unsafe extern "C" fn vkgdr_memory_free_after(mem: vkgdr_memory_t, stream: CU
             Err(BadHandle::Null) => return Ok(VKGDR_SUCCESS),
             Err(why) => return Err(Failure::handle(Tag::Memory, why)),
         };
-        if is_legacy_stream(stream) {
+        match m {
+            // No GPU work uses Vulkan memory alone: it goes at once.
+            Memory::Vulkan { .. } => drop(m),
             // What a plain free fences on.
-            drop(m);
-        } else {
+            Memory::Cuda(m) if is_legacy_stream(stream) => drop(m),
             // SAFETY: a live stream (the caller's contract); on an error the memory is
             // released as a plain drop would release it.
-            unsafe { m.release_after_stream(stream.cast()) }?;
+            Memory::Cuda(m) => unsafe { m.release_after_stream(stream.cast()) }?,
         }
         Ok(VKGDR_SUCCESS)
     })
@@ -163,7 +322,8 @@ pub unsafe extern "C" fn vkgdr_memory_free_after(mem: vkgdr_memory_t, stream: CU
 pub unsafe extern "C" fn vkgdr_memory_free_now(mem: vkgdr_memory_t) {
     guard("vkgdr_memory_free_now", (), || {
         match MEMORIES.remove(mem.token()) {
-            Ok(m) => m.release_now(),
+            Ok(Memory::Cuda(m)) => m.release_now(),
+            Ok(vulkan @ Memory::Vulkan { .. }) => drop(vulkan),
             Err(BadHandle::Null) => {}
             Err(why) => return Err(Failure::handle(Tag::Memory, why)),
         }
@@ -187,7 +347,8 @@ pub unsafe extern "C" fn vkgdr_memory_get_host_ptr(mem: vkgdr_memory_t) -> *mut 
 }
 
 /// The CUDA device pointer to the allocation (valid in the context that was current at
-/// `vkgdr_memory_alloc`), or 0 on error (an invalid handle).
+/// `vkgdr_memory_alloc`), or 0: on error (an invalid handle; `vkgdr_last_error()` is set) and
+/// for `vkgdr_memory_alloc_shareable` memory of a `vkgdr_open_vulkan` handle (no error).
 ///
 /// Thread safety: any thread.
 ///
@@ -329,6 +490,7 @@ pub unsafe extern "C" fn vkgdr_memory_write(
 /// the BAR are far slower than writes); larger ones use the GPU's copy engine (on a stream of the
 /// library's own, in the handle's context: the device's primary context unless the handle was
 /// opened with `VKGDR_OPEN_CURRENT_CONTEXT_BIT`), from 1 MiB through pinned staging buffers.
+/// Memory of a `vkgdr_open_vulkan` handle is read with CPU loads, whatever the size.
 ///
 /// Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, a range outside the allocation's
 /// requested size, `dst` NULL with `size` > 0, or a driver failure).

@@ -205,11 +205,12 @@ struct PoolEntry {
 /// Live `vkgdr_pool_t` handles.
 static POOLS: LazyLock<HandleTable<PoolEntry>> = LazyLock::new(|| HandleTable::new(Tag::Pool));
 /// Live `vkgdr_block_t` handles.
-static BLOCKS: LazyLock<HandleTable<Block>> = LazyLock::new(|| HandleTable::new(Tag::Block));
+pub(crate) static BLOCKS: LazyLock<HandleTable<Block>> =
+    LazyLock::new(|| HandleTable::new(Tag::Block));
 
 /// # Safety
 /// - No thread destroys `pool` while the reference is in use.
-unsafe fn pool<'a>(pool: vkgdr_pool_t) -> CResult<&'a Pool> {
+pub(crate) unsafe fn pool<'a>(pool: vkgdr_pool_t) -> CResult<&'a Pool> {
     // SAFETY: forwarded to our caller.
     unsafe { lookup(&POOLS, pool) }.map(|e| &e.pool)
 }

@@ -39,6 +39,56 @@ pub enum vkgdr_ring_flags {
     /// padding and a consumer reads each one contiguously (the `_mirrored` consumers of
     /// `kernels/ring.cu`). `capacity` must then be a multiple of the VMM granularity (2 MiB).
     VKGDR_RING_MIRRORED_BIT = 1,
+    /// Give each lane an allocation of its own, so that lanes can be lent to producers in other
+    /// processes (`vkgdr_share_ring`): a peer sent one lane's memory reaches no other lane's
+    /// records, and never the ring's control words. Padded rings only (not with
+    /// `VKGDR_RING_MIRRORED_BIT`), without the copy engine; `capacity` is rounded up to the VMM
+    /// granularity (2 MiB on the H100) in memory, not in the ring's size. Consumers are the same
+    /// kernels as for other rings.
+    VKGDR_RING_SHAREABLE_BIT = 2,
+}
+
+/// The flag bits a ring knows.
+const RING_FLAGS: u32 = 3;
+const MIRRORED: u32 = vkgdr_ring_flags::VKGDR_RING_MIRRORED_BIT as u32;
+const SHAREABLE: u32 = vkgdr_ring_flags::VKGDR_RING_SHAREABLE_BIT as u32;
+
+/// Makes a ring as `flags` say: mirrored, shareable (padded lanes of their own) or plain.
+fn make_ring(
+    gpu: &vkgdr::Gpu,
+    capacity: u64,
+    options: RingOptions,
+    flags: u32,
+) -> CResult<DeviceRing> {
+    if flags & SHAREABLE == 0 {
+        return Ok(DeviceRing::with_options(gpu, capacity, options)?);
+    }
+    Ok(DeviceRing::new_shareable(gpu, capacity, options.lanes)?)
+}
+
+/// Unknown flag bits, and the combinations a shareable ring does not take.
+fn check_flags(flags: u32, copy_engine_record: u64) -> CResult<()> {
+    if flags & !RING_FLAGS != 0 {
+        return Err(Failure::Api(format!(
+            "unknown ring flag bits {:#x}",
+            flags & !RING_FLAGS
+        )));
+    }
+    if flags & SHAREABLE != 0 && flags & MIRRORED != 0 {
+        return Err(Failure::Api(
+            "a shareable ring is padded: VKGDR_RING_SHAREABLE_BIT does not go with \
+             VKGDR_RING_MIRRORED_BIT"
+                .into(),
+        ));
+    }
+    if flags & SHAREABLE != 0 && copy_engine_record != 0 {
+        return Err(Failure::Api(
+            "a shareable ring has no copy engine: leave copy_engine_record 0 with \
+             VKGDR_RING_SHAREABLE_BIT"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// `vkgdr_ring_push` found no room before its timeout: nothing was written, try again later.
@@ -101,7 +151,9 @@ pub struct vkgdr_ring_options {
     /// (`vkgdr_ring_producer_create`); a consumer reads each lane in order (one thread block
     /// per lane, say). Records of different lanes are not ordered with each other.
     pub lanes: u32,
-    /// 0 or `VKGDR_RING_MIRRORED_BIT` (each lane then gets a region of its own mapped twice).
+    /// 0, `VKGDR_RING_MIRRORED_BIT` (each lane then gets a region of its own mapped twice) or
+    /// `VKGDR_RING_SHAREABLE_BIT` (each lane an allocation of its own, to lend to other
+    /// processes with `vkgdr_share_ring`).
     pub flags: u32,
     /// Records of at least this many bytes in the ring (16-byte header and padding to 16
     /// included) that a `vkgdr_ring_producer_t` writes, once its batch has 64 KiB pending before
@@ -130,12 +182,7 @@ impl vkgdr_ring_options {
     /// The library's options. Everything that needs no device is checked here, so a bad
     /// configuration is reported before the device handle is looked at (as for pools).
     fn to_options(self) -> CResult<RingOptions> {
-        if self.flags & !1 != 0 {
-            return Err(Failure::Api(format!(
-                "unknown ring flag bits {:#x}",
-                self.flags & !1
-            )));
-        }
+        check_flags(self.flags, self.copy_engine_record)?;
         if self.lanes == 0 || self.lanes > MAX_LANES {
             return Err(vkgdr::Error::from(vkgdr::InvalidArgument::RingLanes {
                 lanes: self.lanes,
@@ -153,7 +200,7 @@ impl vkgdr_ring_options {
         };
         Ok(RingOptions {
             lanes: self.lanes,
-            wrap: if self.flags & 1 != 0 {
+            wrap: if self.flags & MIRRORED != 0 {
                 WrapMode::Mirrored
             } else {
                 WrapMode::Padded
@@ -254,7 +301,8 @@ pub(crate) fn payload_len(size: usize) -> CResult<u32> {
 /// Creates a ring of `capacity` bytes (a power of two, at least 4096) in BAR-mapped memory of
 /// `g`'s device, in the handle's context (see `vkgdr_pool_create`).
 ///
-/// - `flags`: 0 or `VKGDR_RING_MIRRORED_BIT`.
+/// - `flags`: 0, `VKGDR_RING_MIRRORED_BIT` or `VKGDR_RING_SHAREABLE_BIT` (its one lane can then
+///   be lent to another process: `vkgdr_share_ring`).
 ///
 /// Returns a handle, or `NULL` on error (a bad capacity or flag, a `vkgdr_open_vulkan` handle, a
 /// driver failure).
@@ -267,17 +315,12 @@ pub(crate) fn payload_len(size: usize) -> CResult<u32> {
 #[no_mangle]
 pub unsafe extern "C" fn vkgdr_ring_create(g: vkgdr_t, capacity: u64, flags: u32) -> vkgdr_ring_t {
     guard("vkgdr_ring_create", std::ptr::null_mut(), || {
+        check_flags(flags, 0)?;
         // SAFETY: the caller does not close `g` during the call.
         let gpu = unsafe { device(g) }?.gpu()?;
         let r = match flags {
-            0 => DeviceRing::new(gpu, capacity)?,
-            1 => DeviceRing::new_mirrored(gpu, capacity)?,
-            _ => {
-                return Err(Failure::Api(format!(
-                    "unknown ring flag bits {:#x}",
-                    flags & !1
-                )))
-            }
+            MIRRORED => DeviceRing::new_mirrored(gpu, capacity)?,
+            flags => make_ring(gpu, capacity, RingOptions::default(), flags)?,
         };
         register(&RINGS, Arc::new(r))
     })
@@ -355,7 +398,7 @@ pub unsafe extern "C" fn vkgdr_ring_create_with_options(
         let options = o.to_options()?;
         // SAFETY: the caller does not close `g` during the call.
         let gpu = unsafe { device(g) }?.gpu()?;
-        let r = DeviceRing::with_options(gpu, capacity, options)?;
+        let r = make_ring(gpu, capacity, options, o.flags)?;
         register(&RINGS, Arc::new(r))
     })
 }

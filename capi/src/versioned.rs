@@ -31,6 +31,15 @@ fn size_field<T: Versioned>(p: *const T) -> CResult<usize> {
     Ok(size)
 }
 
+/// Checks a caller's struct without reading or writing more than its size: NULL and an unset
+/// `struct_size` are errors, as [`read`] and [`write`] find them.
+///
+/// # Safety
+/// - `p` is NULL or points to a readable `struct_size`.
+pub unsafe fn check<T: Versioned>(p: *const T) -> CResult<()> {
+    size_field(p).map(|_| ())
+}
+
 /// Reads a caller's struct over `defaults`: fields beyond a smaller caller's struct keep their
 /// defaults; a larger caller's extra bytes (fields this version does not know) must be zero.
 ///

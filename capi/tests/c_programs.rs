@@ -6,8 +6,8 @@
 //! names `/usr`.
 //!
 //! Needs `cc`, `c++`, `make`, `pkg-config` and NVIDIA's `<cuda.h>` (`scripts/cuda-header`
-//! fetches it; `scripts/test` runs it), and for the pool test a Vulkan driver with exportable
-//! memory (lavapipe on CI). The GPU programs of `tests/gpu/` run in `scripts/gpu-check` instead.
+//! fetches it; `scripts/test` runs it), and for the pool and sharing tests a Vulkan driver with
+//! exportable memory (lavapipe on CI). The GPU programs of `tests/gpu/` run in `scripts/gpu-check` instead.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -427,6 +427,19 @@ fn without_a_driver_open_names_libcuda_and_bad_handles_are_errors() {
 fn pools_work_from_c_threads_over_a_vulkan_only_device() {
     for link in [Link::Shared, Link::Static] {
         run(&build("pool_vulkan.c", link), &[], " 0 failed");
+    }
+}
+
+#[test]
+fn a_peer_process_without_cuda_attaches_what_a_vulkan_only_owner_shares() {
+    // The program forks and execs itself as the peer (tests/c/peer_process.h), pointing it at
+    // a CUDA library that does not exist.
+    for link in [Link::Shared, Link::Static] {
+        let out = run(&build("share_vulkan.c", link), &[], "share_vulkan: ");
+        assert!(
+            out.contains("share_vulkan (peer): ") && !out.contains("FAIL"),
+            "{out}"
+        );
     }
 }
 

@@ -67,6 +67,12 @@ fn header_keeps_vkgdr_0_1_names_and_takes_cuda_types_from_cuda_h() {
         // The extensions that take CUDA streams use <cuda.h>'s CUstream.
         "int vkgdr_memory_free_after(vkgdr_memory_t mem, CUstream stream);",
         "int vkgdr_ring_watch_consumer(vkgdr_ring_t ring, CUstream stream);",
+        // Sharing: the handles are opaque like the others; a peer's calls name no CUDA type.
+        "typedef struct vkgdr_share_server *vkgdr_share_server_t;",
+        "typedef struct vkgdr_peer *vkgdr_peer_t;",
+        "int vkgdr_peer_connect(const char *path, uint64_t timeout_ns, vkgdr_peer_t *out);",
+        "char text[VKGDR_SHARE_EVENT_TEXT];",
+        "VKGDR_RING_SHAREABLE_BIT = 2,",
     ] {
         assert!(h.contains(needle), "header lacks `{needle}`");
     }
@@ -83,6 +89,8 @@ fn header_keeps_vkgdr_0_1_names_and_takes_cuda_types_from_cuda_h() {
         "typedef struct vkgdr_pool vkgdr_pool;",
         "typedef struct vkgdr_block vkgdr_block;",
         "typedef struct vkgdr_ring vkgdr_ring;",
+        "typedef struct vkgdr_peer vkgdr_peer;",
+        "typedef struct vkgdr_share_server vkgdr_share_server;",
     ] {
         assert!(!h.contains(clash), "header defines `{clash}`");
     }

@@ -185,10 +185,20 @@ impl Peer {
             .inspect_err(|_| self.inner.detach(d.attachment))
     }
 
-    /// Reads what the owner sent meanwhile (revocations, blocks sent unasked) without waiting.
-    /// Every call that waits for the owner does this too.
+    /// Reads everything the owner sent meanwhile (revocations, blocks sent unasked) without
+    /// waiting. Every call that waits for the owner does this too. An owner that hung up is
+    /// [`ShareError::Disconnected`] from the first call that finds nothing before the hang-up:
+    /// what it sent before counts first.
     pub fn poll(&self) -> Result<()> {
-        self.inner.pump(Some(Duration::ZERO)).map(|_| ())
+        let mut read = false;
+        loop {
+            match self.inner.pump(Some(Duration::ZERO)) {
+                Ok(true) => read = true,
+                Ok(false) => return Ok(()),
+                Err(Error::Share(ShareError::Disconnected)) if read => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
     }
 }
 
@@ -474,6 +484,23 @@ impl AttachedMemory {
     pub fn memory(&self) -> &VulkanMemory {
         &self.memory
     }
+
+    /// [`Mapping::write`] through a shared reference: refused once revoked, then the same
+    /// bounds check, copy and flush. For callers that keep writers of the same bytes apart
+    /// themselves, as the C library's callers promise to.
+    ///
+    /// # Safety
+    /// - No other thread of this process reads or writes `[offset, offset + src.len())` of the
+    ///   mapping during the call, and `src` does not overlap it.
+    pub unsafe fn write_shared(&self, offset: u64, src: &[u8]) -> Result<()> {
+        if self.is_revoked() {
+            return Err(ShareError::Revoked.into());
+        }
+        // SAFETY: the mapping holds `len()` bytes while `self` lives; the range is the caller's
+        // alone for the call.
+        unsafe { crate::mapping::store(self.host_ptr(), self.len(), offset, src) }?;
+        self.memory.flush(offset, src.len() as u64)
+    }
 }
 
 // SAFETY: the imported allocation is mapped whole for as long as `self.memory` lives, at least
@@ -642,6 +669,31 @@ impl SharedBlock {
     /// Whether the owner took it (or its pool) back: writes are refused from then on.
     pub fn is_revoked(&self) -> bool {
         self.revoked.load(Ordering::Acquire) || self.pool_revoked.load(Ordering::Acquire)
+    }
+
+    /// Makes CPU writes to `[offset, offset + len)` of the block (through
+    /// [`host_ptr`](Mapping::host_ptr)) visible to the device: a flush of that range of its
+    /// chunk, a no-op on coherent memory. Checked against the block.
+    pub fn flush(&self, offset: u64, len: u64) -> Result<()> {
+        check_range(offset, len, self.parts.len)?;
+        self.parts.chunk.flush(self.parts.offset + offset, len)
+    }
+
+    /// [`Mapping::write`] through a shared reference: refused once revoked, then the same
+    /// bounds check, copy and flush. For callers that keep writers of the same bytes apart
+    /// themselves, as the C library's callers promise to.
+    ///
+    /// # Safety
+    /// - No other thread of this process reads or writes `[offset, offset + src.len())` of the
+    ///   block during the call, and `src` does not overlap it.
+    pub unsafe fn write_shared(&self, offset: u64, src: &[u8]) -> Result<()> {
+        if self.is_revoked() {
+            return Err(ShareError::Revoked.into());
+        }
+        // SAFETY: the block's `len()` bytes lie inside the live chunk mapping; the range is the
+        // caller's alone for the call.
+        unsafe { crate::mapping::store(self.host_ptr(), self.len(), offset, src) }?;
+        self.flush(offset, src.len() as u64)
     }
 }
 

@@ -8,8 +8,8 @@
  *   vkgdr_open or vkgdr_memory_alloc replaces it;
  * - the copy helpers, on host memory at odd offsets and lengths;
  * - versioned structs: unset or unknown-field sizes are refused;
- * - ring options are checked before the device handle (bad flags, lanes, copy-engine sizes),
- *   and the producer and lane calls check their handles. */
+ * - ring options are checked before the device handle (bad flags and combinations of them,
+ *   lanes, copy-engine sizes), and the producer and lane calls check their handles. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -325,9 +325,21 @@ static void ring_options_and_producers(void)
     CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "65 lanes");
     CHECK(last_error_contains("1 to 64 lanes, not 65"), "explains");
     opts.lanes = 2;
-    opts.flags = 6;
+    opts.flags = 0xC | VKGDR_RING_SHAREABLE_BIT;
     CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "unknown flags");
-    CHECK(last_error_contains("unknown ring flag bits 0x6"), "explains");
+    CHECK(last_error_contains("unknown ring flag bits 0xc"), "explains");
+    opts.flags = VKGDR_RING_SHAREABLE_BIT | VKGDR_RING_MIRRORED_BIT;
+    CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "shareable and mirrored");
+    CHECK(last_error_contains("a shareable ring is padded"), "explains");
+    CHECK(vkgdr_ring_create(NULL, 4096, 3) == NULL, "shareable and mirrored, no options");
+    CHECK(last_error_contains("vkgdr_ring_create: a shareable ring is padded"), "explains");
+    opts.flags = VKGDR_RING_SHAREABLE_BIT;
+    opts.copy_engine_record = 4096;
+    CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "shareable, copy engine");
+    CHECK(last_error_contains("a shareable ring has no copy engine"), "explains");
+    opts.copy_engine_record = 0;
+    CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "shareable");
+    CHECK(last_error_contains("the vkgdr_t handle is NULL"), "got past the options");
     opts.flags = 0;
     opts.copy_engine_record = 1ull << 32;
     CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "copy engine size");

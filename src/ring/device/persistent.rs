@@ -401,6 +401,12 @@ impl DeviceRing {
         self.lanes.len()
     }
 
+    /// Whether the ring was made with [`new_shareable`](Self::new_shareable), so that its lanes
+    /// can be lent ([`lend_lane`](Self::lend_lane)).
+    pub fn is_shareable(&self) -> bool {
+        self.shareable
+    }
+
     /// The addresses a consumer kernel needs.
     pub fn device_view(&self) -> RingDeviceView {
         let control = self.memory.control.device_ptr();
