@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::copy::WriteKernel;
+use crate::core::alloc::AllocError;
 use crate::core::handle::SendSyncPtr;
 use crate::core::range::check_range;
 use crate::core::ring::{Producer, RingCore, RingError, RingSink};
@@ -181,10 +182,12 @@ impl Peer {
             .inspect_err(|_| self.inner.detach(d.attachment))
     }
 
-    /// Reads what the owner sent meanwhile (revocations, blocks sent unasked) without waiting.
-    /// Every call that waits for the owner does this too.
+    /// Reads everything the owner sent meanwhile (revocations, blocks sent unasked) without
+    /// waiting. Every call that waits for the owner does this too. Once the owner has hung up,
+    /// what it sent before is read first, then [`ShareError::Disconnected`] says so.
     pub fn poll(&self) -> Result<()> {
-        self.inner.pump(Some(Duration::ZERO)).map(|_| ())
+        while self.inner.pump(Some(Duration::ZERO))? {}
+        Ok(())
     }
 }
 
@@ -521,8 +524,23 @@ impl AttachedPool {
         self.quota
     }
 
-    /// Asks the owner for a block of `size` bytes aligned to `align`.
+    /// Whether the owner revoked the pool (seen at the last [`Peer::poll`] or wait): requests
+    /// are then refused with [`ShareError::Revoked`], and so are writes through its blocks.
+    pub fn is_revoked(&self) -> bool {
+        self.revoked.load(Ordering::Acquire)
+    }
+
+    /// Asks the owner for a block of `size` bytes aligned to `align` (a power of two). A zero
+    /// size or another alignment is refused here, as the pool would refuse it
+    /// ([`Error::InvalidArgument`]): the owner takes such a request for a broken peer's, and
+    /// disconnects it.
     pub fn request(&self, size: u64, align: u64) -> Result<SharedBlock> {
+        if size == 0 {
+            return Err(AllocError::ZeroSize.into());
+        }
+        if !align.is_power_of_two() {
+            return Err(AllocError::BadAlignment { align }.into());
+        }
         if self.revoked.load(Ordering::Acquire) {
             return Err(ShareError::Revoked.into());
         }
