@@ -125,6 +125,31 @@ def driver_double_kernel(cuda: CudaDriver) -> Iterator[Callable[[int, int], None
         cuda.module_unload(module)
 
 
+# Threads per block of the checking kernels of kernels/ring.cu (RING_THREADS there).
+CHECK_THREADS = 512
+
+
+def launch_check_lanes(cuda, view, stream) -> int:
+    """ring_check_lanes(vkgdr_ring_view) on ``stream``: one block of CHECK_THREADS per lane, the
+    64-byte view passed by value as one kernel parameter (through the driver API, loaded into
+    the current context, device 0's primary one). Returns the module, to unload once the kernel
+    has exited."""
+    if KERNELS_DIR is None:
+        pytest.fail("kernels/ring.ptx not found: set VKGDR_KERNELS_DIR")
+    module, fn = cuda.load_function(KERNELS_DIR / "ring.ptx", "ring_check_lanes")
+    arg = ctypes.create_string_buffer(view.to_bytes(), 64)
+    params = (ctypes.c_void_p * 1)(ctypes.cast(arg, ctypes.c_void_p))
+    cuda.check(
+        "cuLaunchKernel",
+        cuda.lib.cuLaunchKernel(
+            ctypes.c_void_p(fn),
+            view.lanes, 1, 1, CHECK_THREADS, 1, 1, 0,
+            ctypes.c_void_p(stream.ptr), params, None,
+        ),
+    )
+    return module
+
+
 def _probe_gpu() -> "tuple[Optional[CudaDriver], str]":
     try:
         driver = CudaDriver()
