@@ -198,6 +198,16 @@ impl RawMemory {
         Ok(())
     }
 
+    /// The raw allocation, for `ShareServer.share_memory`.
+    pub(crate) fn raw(&self) -> PyResult<&vkgdr::RawMemory> {
+        match self.live()? {
+            Held::Raw(memory) => Ok(memory),
+            Held::StandIn { .. } => Err(invalid_argument(
+                "this RawMemory stands on a pool block (the tests' stand-in): it cannot be shared",
+            )),
+        }
+    }
+
     /// [`live`](Self::live), noting that a view may be made.
     fn export(&self) -> PyResult<&Held> {
         let held = self.live()?;
@@ -239,15 +249,26 @@ impl Drop for RawMemory {
 #[pymethods]
 impl RawMemory {
     #[new]
-    #[pyo3(signature = (owner, size, flags = 0))]
-    fn new(py: Python<'_>, owner: &Bound<'_, PyAny>, size: u64, flags: u32) -> PyResult<Self> {
+    #[pyo3(signature = (owner, size, flags = 0, *, shareable = false))]
+    fn new(
+        py: Python<'_>,
+        owner: &Bound<'_, PyAny>,
+        size: u64,
+        flags: u32,
+        shareable: bool,
+    ) -> PyResult<Self> {
         let gpu = gpu_of(owner)?;
-        // SAFETY: vkgdr 0.1's contract, documented on `vkgdr.RawMemory`: the current context
-        // outlives the memory. `detach` runs the closure on this thread, so "current" is
-        // unchanged. With none current the library's error says how to make one current.
-        let memory = py
-            .detach(|| unsafe { vkgdr::compat::alloc(&gpu, size, flags, Face::Python) })
-            .map_err(to_py)?;
+        let memory = if shareable {
+            // An allocation of its own in the handle's context (no current one needed), so
+            // that its fd reaches these bytes and no others.
+            py.detach(|| gpu.alloc_shareable(size)).map_err(to_py)?
+        } else {
+            // SAFETY: vkgdr 0.1's contract, documented on `vkgdr.RawMemory`: the current context
+            // outlives the memory. `detach` runs the closure on this thread, so "current" is
+            // unchanged. With none current the library's error says how to make one current.
+            py.detach(|| unsafe { vkgdr::compat::alloc(&gpu, size, flags, Face::Python) })
+                .map_err(to_py)?
+        };
         Ok(RawMemory {
             size: memory.size(),
             host_ptr: memory.host_ptr() as usize,

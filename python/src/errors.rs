@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
 use vkgdr::ring::core::RingError;
+use vkgdr::share::{RefusalCode, ShareError as LibShareError};
 
 create_exception!(
     vkgdr,
@@ -36,6 +37,17 @@ create_exception!(
     RingFullError,
     VkgdrError,
     "The ring had no room for the record within the timeout."
+);
+create_exception!(
+    vkgdr,
+    ShareError,
+    VkgdrError,
+    "Sharing with another process failed: the owner refused a request (no such region, busy, \
+     over quota, not allowed), revoked what was attached, hung up or did not answer in time, or \
+     a message, descriptor or fd was refused by name. The message says which; the attribute \
+     `reason` names the outcomes a program acts on ('no_such_region', 'not_allowed', 'revoked', \
+     'busy', 'out_of_memory', 'quota', 'bad_request', 'internal', 'disconnected', 'timeout', \
+     'name_taken'), None for the others."
 );
 
 /// `InvalidArgumentError(VkgdrError, ValueError)`: made at import time because an exception with
@@ -75,6 +87,7 @@ enum Kind {
     LibraryNotFound,
     RingFull,
     InvalidArgument,
+    Share,
 }
 
 fn kind(e: &vkgdr::Error) -> Kind {
@@ -89,19 +102,58 @@ fn kind(e: &vkgdr::Error) -> Kind {
             | RingError::RecordTooLarge { .. }
             | RingError::OutOfRange { .. },
         ) => Kind::InvalidArgument,
+        vkgdr::Error::Share(LibShareError::BadName(_)) => Kind::InvalidArgument,
+        vkgdr::Error::Share(_) => Kind::Share,
         _ => Kind::Base,
     }
 }
 
+/// The `reason` attribute of a `ShareError`: the outcomes a program acts on, by a stable name.
+fn share_reason(e: &vkgdr::Error) -> Option<&'static str> {
+    let vkgdr::Error::Share(e) = e else {
+        return None;
+    };
+    Some(match e {
+        LibShareError::Refused { code, .. } => match code {
+            RefusalCode::NoSuchRegion => "no_such_region",
+            RefusalCode::NotAllowed => "not_allowed",
+            RefusalCode::Revoked => "revoked",
+            RefusalCode::Busy => "busy",
+            RefusalCode::OutOfMemory => "out_of_memory",
+            RefusalCode::Quota => "quota",
+            RefusalCode::BadRequest => "bad_request",
+            _ => "internal",
+        },
+        LibShareError::PeerNotAllowed { .. } => "not_allowed",
+        LibShareError::Revoked => "revoked",
+        LibShareError::Disconnected => "disconnected",
+        LibShareError::Timeout { .. } => "timeout",
+        LibShareError::NameTaken(_) => "name_taken",
+        _ => return None,
+    })
+}
+
 /// Converts a library error into the matching exception, with `call` and `result_name` set.
 pub fn to_py(e: vkgdr::Error) -> PyErr {
+    let message = vkgdr::compat::message(&e);
+    made(e, message)
+}
+
+/// [`to_py`] with `context` before the library's message (`"<context>: <message>"`).
+pub fn to_py_in(e: vkgdr::Error, context: &str) -> PyErr {
+    let message = format!("{context}: {}", vkgdr::compat::message(&e));
+    made(e, message)
+}
+
+/// The exception for `e`, with `message` and the attributes of `e`.
+fn made(e: vkgdr::Error, message: String) -> PyErr {
     Python::attach(|py| {
-        let message = vkgdr::compat::message(&e);
         let made = match kind(&e) {
             Kind::Base => Ok(VkgdrError::new_err(message)),
             Kind::OutOfMemory => Ok(OutOfDeviceMemoryError::new_err(message)),
             Kind::LibraryNotFound => Ok(LibraryNotFoundError::new_err(message)),
             Kind::RingFull => Ok(RingFullError::new_err(message)),
+            Kind::Share => Ok(ShareError::new_err(message)),
             Kind::InvalidArgument => {
                 invalid_argument_type(py).map(|t| PyErr::from_type(t.clone(), message))
             }
@@ -114,6 +166,35 @@ pub fn to_py(e: vkgdr::Error) -> PyErr {
         // Attributes are a convenience: a failure to set them must not hide the real error.
         let _ = value.setattr("call", e.driver_call());
         let _ = value.setattr("result_name", e.result_name());
+        if let Kind::Share = kind(&e) {
+            let _ = value.setattr("reason", share_reason(&e));
+        }
+        err
+    })
+}
+
+/// A `ShareError` for any library error `e` (a failure to reach an owner is one, whatever the
+/// system call said), with `context` before its message.
+pub fn share_error_in(e: vkgdr::Error, context: &str) -> PyErr {
+    let message = format!("{context}: {}", vkgdr::compat::message(&e));
+    Python::attach(|py| {
+        let err = ShareError::new_err(message);
+        let value = err.value(py);
+        let _ = value.setattr("call", e.driver_call());
+        let _ = value.setattr("result_name", e.result_name());
+        let _ = value.setattr("reason", share_reason(&e));
+        err
+    })
+}
+
+/// A `ShareError` with a message of this package's own and `reason` (see the class docs).
+pub fn share_error(message: impl Into<String>, reason: Option<&str>) -> PyErr {
+    Python::attach(|py| {
+        let err = ShareError::new_err(message.into());
+        let value = err.value(py);
+        let _ = value.setattr("reason", reason);
+        let _ = value.setattr("call", py.None());
+        let _ = value.setattr("result_name", py.None());
         err
     })
 }
@@ -141,6 +222,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         py.get_type::<LibraryNotFoundError>(),
     )?;
     m.add("RingFullError", py.get_type::<RingFullError>())?;
+    let share = py.get_type::<ShareError>();
+    share.setattr("reason", py.None())?;
+    m.add("ShareError", share)?;
     m.add("InvalidArgumentError", invalid_argument_type(py)?)?;
     Ok(())
 }

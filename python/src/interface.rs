@@ -2,7 +2,10 @@
 //! array interface v3) and reading bytes-like arguments.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes, PyDict};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyByteArray, PyBytes, PyDict, PyTuple};
+
+use crate::errors::invalid_argument;
 
 /// `__array_interface__` (version 3) of `len` writable bytes at host address `address`.
 pub fn array_interface<'py>(
@@ -95,4 +98,83 @@ pub fn range(offset: u64, size: Option<u64>, len: u64) -> PyResult<(u64, u64)> {
 /// fence promises it.
 pub fn drain_host_writes() {
     std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+}
+
+static NUMPY: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+
+/// NumPy, imported once.
+pub fn numpy(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    NUMPY
+        .get_or_try_init(py, || Ok::<_, PyErr>(py.import("numpy")?.unbind()))
+        .map(|m| m.bind(py))
+}
+
+/// A typed NumPy view of the `size` bytes `obj` exports through `__array_interface__` (a
+/// `what`, for the errors): `dtype` (default `uint8`) and `shape` (default: as many elements as
+/// fit). The view's base is `obj`, which it keeps alive.
+pub fn typed_view<'py>(
+    obj: &Bound<'py, PyAny>,
+    size: u64,
+    what: &str,
+    dtype: Option<&Bound<'py, PyAny>>,
+    shape: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = obj.py();
+    let np = numpy(py)?;
+    let dtype = np.call_method1(
+        "dtype",
+        (dtype.map_or("u1".into_pyobject(py)?.into_any(), |d| d.clone()),),
+    )?;
+    let itemsize: u64 = dtype.getattr("itemsize")?.extract()?;
+    if itemsize == 0 {
+        return Err(invalid_argument("dtype has no size"));
+    }
+    let bytes = np.call_method1("asarray", (obj,))?;
+    let shape: Bound<'py, PyTuple> = match shape {
+        None => {
+            if !size.is_multiple_of(itemsize) {
+                return Err(invalid_argument(format!(
+                    "a {size}-byte {what} is not a whole number of {itemsize}-byte items; \
+                     give a shape"
+                )));
+            }
+            PyTuple::new(py, [size / itemsize])?
+        }
+        Some(s) => match s.extract::<u64>() {
+            Ok(n) => PyTuple::new(py, [n])?,
+            Err(_) => PyTuple::new(py, s.try_iter()?.collect::<PyResult<Vec<_>>>()?)?,
+        },
+    };
+    let mut count: u64 = 1;
+    for d in shape.iter() {
+        let d: u64 = d.extract()?;
+        count = count
+            .checked_mul(d)
+            .ok_or_else(|| invalid_argument("shape too large"))?;
+    }
+    let needed = count
+        .checked_mul(itemsize)
+        .ok_or_else(|| invalid_argument("shape too large"))?;
+    if needed > size {
+        return Err(invalid_argument(format!(
+            "shape {} of {itemsize}-byte items needs {needed} bytes; the {what} has {size}",
+            shape.str()?
+        )));
+    }
+    let prefix = bytes.get_item(pyo3::types::PySlice::new(py, 0, needed as isize, 1))?;
+    prefix
+        .call_method1("view", (dtype,))?
+        .call_method1("reshape", (shape,))
+}
+
+/// Copies of at least this many bytes release the GIL (they take microseconds or more).
+pub const LARGE_COPY: usize = 64 << 10;
+
+/// Runs `f` with the GIL released when `len` bytes make it worth it ([`LARGE_COPY`]).
+pub fn maybe_detached<R: Send>(py: Python<'_>, len: usize, f: impl FnOnce() -> R + Send) -> R {
+    if len >= LARGE_COPY {
+        py.detach(f)
+    } else {
+        f()
+    }
 }

@@ -6,6 +6,11 @@
 //! - [`pool`]: `Pool` and `Block` (NumPy, CUDA array interface, DLPack);
 //! - [`ring`]: `DeviceRing` and `RingProducer`, thin wrappers of [`vkgdr::ring::DeviceRing`] and
 //!   [`vkgdr::ring::OwnedProducer`];
+//! - [`share`]: `ShareServer` and `ShareEvent`, the owner's side of sharing with other processes
+//!   ([`vkgdr::share`]); [`peer`]: `Peer` and what it attaches (`AttachedMemory`,
+//!   `AttachedPool`, `SharedBlock`, `AttachedLane`), the side that needs no CUDA; [`vulkan`]:
+//!   `VulkanDevice`, `VulkanMemory` and `CheckingRing`, a Vulkan-only owner (CPU-only owners, and
+//!   the sharing tests on lavapipe); [`fork`]: what those classes do in a forked child;
 //! - [`errors`]: `VkgdrError` and its subclasses, the one conversion of library errors;
 //! - [`dlpack`], [`interface`]: the array protocols;
 //! - [`lifetime`]: when `free()` may release memory at once (no view can still use it);
@@ -28,11 +33,15 @@ mod compat;
 mod device;
 mod dlpack;
 mod errors;
+mod fork;
 mod interface;
 mod lifetime;
+mod peer;
 mod pool;
 mod ring;
+mod share;
 mod stream;
+mod vulkan;
 
 #[pymodule]
 fn _vkgdr(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -47,8 +56,19 @@ fn _vkgdr(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ring::RingDeviceView>()?;
     m.add_class::<ring::RingProducer>()?;
     m.add_class::<stream::RawStream>()?;
+    m.add_class::<share::ShareServer>()?;
+    m.add_class::<share::ShareEvent>()?;
+    m.add_class::<peer::Peer>()?;
+    m.add_class::<peer::AttachedMemory>()?;
+    m.add_class::<peer::AttachedPool>()?;
+    m.add_class::<peer::SharedBlock>()?;
+    m.add_class::<peer::AttachedLane>()?;
+    m.add_class::<vulkan::VulkanDevice>()?;
+    m.add_class::<vulkan::VulkanMemory>()?;
+    m.add_class::<vulkan::CheckingRing>()?;
     m.add_class::<lifetime::RefProbe>()?;
     m.add_function(wrap_pyfunction!(lifetime::calibrate, m)?)?;
+    m.add_function(wrap_pyfunction!(fork::after_fork_in_child, m)?)?;
     lifetime::init(m.py())?;
     compat::init(m.py())?;
     m.add(

@@ -31,6 +31,13 @@
 //! different count for each call shape (`m.free(**kw)` and `f = m.free; f()` hold one more than
 //! `m.free()` from Python 3.11 on), so that `free` is a descriptor written in Rust
 //! ([`crate::compat`]) whose bound object holds the receiver exactly once, whatever the shape.
+//! The sharing classes' `AttachedMemory.detach` and `SharedBlock.release` ([`crate::peer`]) are
+//! methods of native classes too, and use `Block.free`'s baseline.
+//!
+//! The rule counts references of a method's receiver, which a caller holds at least as often as
+//! a plain call does. It cannot count those of an argument (`ShareServer.send_block`'s block):
+//! a call with `*args`, or through `functools.partial`, holds an argument fewer times than a
+//! plain call, and a view would pass unseen. So a block whose memory was exported is never sent.
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::ffi;

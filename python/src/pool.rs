@@ -6,16 +6,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyDict, PyTuple};
+use pyo3::types::{PyBytes, PyDict};
 use vkgdr::vulkan::{DeviceSelector, MemoryOptions, VulkanContext};
 use vkgdr::{Mapping, PoolConfig};
 
 use crate::device::gpu_of;
 use crate::dlpack;
 use crate::errors::{invalid_argument, to_py};
-use crate::interface;
+use crate::interface::{self, LARGE_COPY};
 use crate::lifetime;
+use crate::share::Identity;
 use crate::stream::{optional_stream_arg, StreamArg};
 
 /// Sets the [`PoolConfig`] setting called `key` to `value`; `false` for a name that is none.
@@ -38,8 +38,9 @@ macro_rules! set_pool_option {
 vkgdr::pool_options!(set_pool_option);
 
 /// The pool's configuration from keyword arguments (`Pool(owner, **config)`,
-/// `Pool.vulkan_only(..., **config)`); a missing or `None` value keeps [`PoolConfig`]'s default.
-fn config(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<PoolConfig> {
+/// `Pool.vulkan_only(..., **config)`, `VulkanDevice.pool(**config)`); a missing or `None` value
+/// keeps [`PoolConfig`]'s default.
+pub(crate) fn config(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<PoolConfig> {
     let mut c = PoolConfig::default();
     let Some(kwargs) = kwargs else {
         return Ok(c);
@@ -84,6 +85,22 @@ pub struct Pool {
     /// The device handle of the chunks, for stream-ordered releases of blocks and their DLPack
     /// device; `None` for a Vulkan-only pool.
     gpu: Option<vkgdr::Gpu>,
+    /// The device the chunks are allocated on (what a `ShareServer` checks the pool and its
+    /// blocks against).
+    pub(crate) identity: Identity,
+}
+
+impl Pool {
+    /// A Vulkan-only pool over `context` (no CUDA import), configured by `config`'s keywords.
+    pub(crate) fn on_vulkan(context: Arc<VulkanContext>, cfg: PoolConfig) -> PyResult<Pool> {
+        let identity = Identity::of(&context);
+        let pool = vkgdr::Pool::new(context, cfg).map_err(to_py)?;
+        Ok(Pool {
+            pool,
+            gpu: None,
+            identity,
+        })
+    }
 }
 
 #[pymethods]
@@ -96,6 +113,7 @@ impl Pool {
         let pool = vkgdr::Pool::new(gpu.clone(), cfg).map_err(to_py)?;
         Ok(Pool {
             pool,
+            identity: Identity::of(gpu.vulkan()),
             gpu: Some(gpu),
         })
     }
@@ -125,8 +143,7 @@ impl Pool {
         let context = py
             .detach(|| VulkanContext::new(selector, options))
             .map_err(to_py)?;
-        let pool = vkgdr::Pool::new(context, cfg).map_err(to_py)?;
-        Ok(Pool { pool, gpu: None })
+        Pool::on_vulkan(context, cfg)
     }
 
     /// Allocates ``size`` bytes aligned to ``align`` (a power of two, at most ``max_align``).
@@ -134,11 +151,7 @@ impl Pool {
     fn alloc(&self, py: Python<'_>, size: u64, align: u64) -> PyResult<Block> {
         // Usually nanoseconds, but a new chunk costs a driver round trip: let other threads run.
         let block = py.detach(|| self.pool.alloc(size, align)).map_err(to_py)?;
-        Ok(Block::new(
-            block,
-            self.pool.is_non_coherent(),
-            self.gpu.clone(),
-        ))
+        Ok(Block::new(block, self.identity, self.gpu.clone()))
     }
 
     /// Flushes every write recorded through ``Block.write`` (one driver call per chunk); a no-op
@@ -221,11 +234,21 @@ struct BlockState {
     host_ptr: usize,
     device_ptr: Option<u64>,
     non_coherent: bool,
+    /// The device of the block's pool.
+    identity: Identity,
 }
 
 /// The error of every use of a freed block.
 fn freed() -> PyErr {
     crate::errors::vkgdr_error("the block has been freed")
+}
+
+/// The error of every use of a block sent to another process.
+fn sent() -> PyErr {
+    crate::errors::vkgdr_error(
+        "the block was sent to another process (ShareServer.send_block): this object is spent; \
+         ShareServer.take_returned(token) gives the block back once the peer has",
+    )
 }
 
 /// Why an operation on a block failed. Turned into an exception only once the block's lock is
@@ -329,35 +352,83 @@ impl Drop for BlockState {
 #[pyclass(module = "vkgdr", name = "Block", frozen)]
 pub struct Block {
     state: Arc<BlockState>,
-    /// Set by `free()`.
+    /// Set by `free()`, and by `ShareServer.send_block` (with `sent`).
     freed: AtomicBool,
+    /// Set when `ShareServer.send_block` took the block for another process.
+    sent: AtomicBool,
     /// Whether an interface was read or a DLPack capsule made (views may exist).
     exported: AtomicBool,
 }
 
 impl Block {
-    fn new(block: vkgdr::Block, non_coherent: bool, gpu: Option<vkgdr::Gpu>) -> Block {
+    pub(crate) fn new(block: vkgdr::Block, identity: Identity, gpu: Option<vkgdr::Gpu>) -> Block {
         Block {
             state: Arc::new(BlockState {
                 size: block.size(),
                 host_ptr: block.host_ptr() as usize,
                 device_ptr: block.device_ptr(),
-                non_coherent,
+                non_coherent: identity.non_coherent(),
+                identity,
                 block: Mutex::new(Some(block)),
                 after: Mutex::new(None),
                 gpu,
             }),
             freed: AtomicBool::new(false),
+            sent: AtomicBool::new(false),
             exported: AtomicBool::new(false),
         }
     }
 
-    /// The state of a block that has not been freed.
+    /// The state of a block that has not been freed (nor sent to another process).
     fn live(&self) -> PyResult<&BlockState> {
         if self.freed.load(Ordering::Acquire) {
-            return Err(freed());
+            return Err(if self.sent.load(Ordering::Acquire) {
+                sent()
+            } else {
+                freed()
+            });
         }
         Ok(&self.state)
+    }
+
+    /// The device of the block's pool.
+    pub(crate) fn identity(&self) -> Identity {
+        self.state.identity
+    }
+
+    /// Takes the library's block out of this object for `ShareServer.send_block`, which hands
+    /// it to another process: the object is spent from then on (its methods raise, `free()`
+    /// does nothing).
+    ///
+    /// Refused (the object unchanged) once an interface was read or a DLPack capsule made: a
+    /// view may still use the block's memory, which the other process then owns and the pool
+    /// may later hand out again (or give back to the driver, and a store through the view would
+    /// fault). The reference count cannot rule views out here as `free()` does: a caller's
+    /// stack holds its arguments in ways that differ by call shape, and a miscount would
+    /// let a view outlive the memory.
+    pub(crate) fn take_for_send(&self) -> PyResult<vkgdr::Block> {
+        self.check_sendable()?;
+        // Marked first: no view or export can be made from here on.
+        if self.freed.swap(true, Ordering::AcqRel) {
+            return Err(freed());
+        }
+        self.sent.store(true, Ordering::Release);
+        let block = self.state.block.lock().take();
+        block.ok_or_else(freed)
+    }
+
+    /// Why [`take_for_send`](Self::take_for_send) would refuse the block, if it would.
+    pub(crate) fn check_sendable(&self) -> PyResult<()> {
+        self.live()?;
+        if self.exported.load(Ordering::Acquire) {
+            return Err(crate::errors::invalid_argument(
+                "the block cannot be sent: its memory was exported (np.asarray, view(), an \
+                 array interface or DLPack), and a view could go on writing memory that is then \
+                 another process's. Fill blocks to send with block.write(data) (any bytes-like \
+                 object, a NumPy array too), and free this one",
+            ));
+        }
+        Ok(())
     }
 
     /// [`live`](Self::live), noting that a view or export may be made.
@@ -374,14 +445,6 @@ impl Block {
             _ => (dlpack::DEVICE_CPU, 0),
         }
     }
-}
-
-static NUMPY: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
-
-fn numpy(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
-    NUMPY
-        .get_or_try_init(py, || Ok::<_, PyErr>(py.import("numpy")?.unbind()))
-        .map(|m| m.bind(py))
 }
 
 #[pymethods]
@@ -414,10 +477,17 @@ impl Block {
         Ok(self.live()?.with(|b| Ok(b.is_dedicated()))?)
     }
 
-    /// Whether ``free()`` was called.
+    /// Whether ``free()`` was called (or the block was sent to another process).
     #[getter]
     fn is_freed(&self) -> bool {
         self.freed.load(Ordering::Acquire)
+    }
+
+    /// Whether ``ShareServer.send_block`` handed the block to another process (the object is
+    /// spent; ``ShareServer.take_returned`` gives a new one once the peer gives it back).
+    #[getter]
+    fn is_sent(&self) -> bool {
+        self.sent.load(Ordering::Acquire)
     }
 
     /// Frees the block without waiting for the GPU: it goes back to its pool at once if no
@@ -489,53 +559,8 @@ impl Block {
         dtype: Option<&Bound<'py, PyAny>>,
         shape: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let py = slf.py();
-        let np = numpy(py)?;
-        let dtype = np.call_method1(
-            "dtype",
-            (dtype.map_or("u1".into_pyobject(py)?.into_any(), |d| d.clone()),),
-        )?;
-        let itemsize: u64 = dtype.getattr("itemsize")?.extract()?;
         let size = slf.get().live()?.size;
-        if itemsize == 0 {
-            return Err(invalid_argument("dtype has no size"));
-        }
-        let bytes = np.call_method1("asarray", (slf,))?;
-        let shape: Bound<'py, PyTuple> = match shape {
-            None => {
-                if !size.is_multiple_of(itemsize) {
-                    return Err(invalid_argument(format!(
-                        "a {size}-byte block is not a whole number of {itemsize}-byte items; \
-                         give a shape"
-                    )));
-                }
-                PyTuple::new(py, [size / itemsize])?
-            }
-            Some(s) => match s.extract::<u64>() {
-                Ok(n) => PyTuple::new(py, [n])?,
-                Err(_) => PyTuple::new(py, s.try_iter()?.collect::<PyResult<Vec<_>>>()?)?,
-            },
-        };
-        let mut count: u64 = 1;
-        for d in shape.iter() {
-            let d: u64 = d.extract()?;
-            count = count
-                .checked_mul(d)
-                .ok_or_else(|| invalid_argument("shape too large"))?;
-        }
-        let needed = count
-            .checked_mul(itemsize)
-            .ok_or_else(|| invalid_argument("shape too large"))?;
-        if needed > size {
-            return Err(invalid_argument(format!(
-                "shape {} of {itemsize}-byte items needs {needed} bytes; the block has {size}",
-                shape.str()?
-            )));
-        }
-        let prefix = bytes.get_item(pyo3::types::PySlice::new(py, 0, needed as isize, 1))?;
-        prefix
-            .call_method1("view", (dtype,))?
-            .call_method1("reshape", (shape,))
+        interface::typed_view(slf.as_any(), size, "block", dtype, shape)
     }
 
     /// Copies a bytes-like object to ``offset`` (bounds-checked; recorded for ``Pool.flush`` on
@@ -659,6 +684,9 @@ impl Block {
     }
 
     fn __repr__(&self) -> String {
+        if self.sent.load(Ordering::Acquire) {
+            return format!("<vkgdr.Block {} bytes, sent>", self.state.size);
+        }
         if self.freed.load(Ordering::Acquire) {
             return format!("<vkgdr.Block {} bytes, freed>", self.state.size);
         }
@@ -671,6 +699,3 @@ impl Block {
         }
     }
 }
-
-/// Copies of at least this many bytes release the GIL (they take microseconds or more).
-const LARGE_COPY: usize = 64 << 10;

@@ -22,9 +22,9 @@ const WAIT_SLICE: Duration = Duration::from_millis(50);
 /// A ring buffer in BAR-mapped GPU memory that streams records to a running kernel (the
 /// consumers of ``kernels/ring.cu``, or your own on its wire format).
 ///
-/// ``DeviceRing(owner, capacity, *, mirrored=False, lanes=1, copy_engine=None)``: ``capacity``
-/// is a power of two of at least 4096 bytes per lane (for ``mirrored``, a multiple of the VMM
-/// granularity, 2 MiB on the H100). ``lanes`` (1 to 64) are independent sub-rings, each with
+/// ``DeviceRing(owner, capacity, *, mirrored=False, lanes=1, copy_engine=None,
+/// shareable=False)``: ``capacity`` is a power of two of at least 4096 bytes per lane (for
+/// ``mirrored``, a multiple of the VMM granularity, 2 MiB on the H100). ``lanes`` (1 to 64) are independent sub-rings, each with
 /// its own tail, head and sequence numbers. ``push(data)`` appends one record from any thread
 /// (on the calling thread's lane); ``producer()`` claims a lane for one thread (the fast path:
 /// no locks, batches published at once, large records by a copy engine: those of at least
@@ -38,10 +38,20 @@ const WAIT_SLICE: Duration = Duration::from_millis(50);
 /// without waiting for it. Without that, the memory goes back once the work queued on the
 /// legacy default stream (every blocking stream's too) has completed, which does not include a
 /// consumer on a non-blocking stream: keep the ring until such a kernel has exited.
+///
+/// ``shareable=True`` makes a ring whose lanes ``ShareServer.share_ring`` lends to producers
+/// in other processes (``vkgdr.Peer(path).attach_lane(name)``), one lane each: every lane's
+/// region is an allocation of its own (rounded up to the VMM granularity), so a producer
+/// reaches no other lane's records. Such a ring is padded and has no copy-engine path
+/// (``mirrored`` and ``copy_engine`` are refused); its consumers are the same kernels, and this
+/// process's own producers take the lanes no peer holds. A ``ShareServer`` that shares the
+/// ring keeps it alive until the server is closed.
 #[pyclass(module = "vkgdr", name = "DeviceRing", frozen)]
 pub struct DeviceRing {
     /// Shared with the ring's producers, which keep it alive.
-    ring: Arc<vkgdr::ring::DeviceRing>,
+    pub(crate) ring: Arc<vkgdr::ring::DeviceRing>,
+    /// Made with `shareable=True` (its lanes can be lent).
+    pub(crate) shareable: bool,
 }
 
 /// The device addresses a consumer kernel takes (``DeviceRing.device_view``). It keeps its ring
@@ -171,7 +181,9 @@ impl DeviceRing {
 #[pymethods]
 impl DeviceRing {
     #[new]
-    #[pyo3(signature = (owner, capacity, *, mirrored = false, lanes = 1, copy_engine = None))]
+    #[pyo3(signature = (
+        owner, capacity, *, mirrored = false, lanes = 1, copy_engine = None, shareable = false
+    ))]
     fn new(
         py: Python<'_>,
         owner: &Bound<'_, PyAny>,
@@ -179,8 +191,28 @@ impl DeviceRing {
         mirrored: bool,
         lanes: u32,
         copy_engine: Option<i64>,
+        shareable: bool,
     ) -> PyResult<Self> {
         let gpu = gpu_of(owner)?;
+        if shareable {
+            if mirrored {
+                return Err(invalid_argument(
+                    "a shareable ring is padded: mirrored=True is not available for it",
+                ));
+            }
+            if copy_engine.is_some_and(|n| n != 0) {
+                return Err(invalid_argument(
+                    "a shareable ring has no copy-engine path: leave copy_engine out",
+                ));
+            }
+            let ring = py
+                .detach(|| vkgdr::ring::DeviceRing::new_shareable(&gpu, capacity, lanes))
+                .map_err(to_py)?;
+            return Ok(DeviceRing {
+                ring: Arc::new(ring),
+                shareable: true,
+            });
+        }
         let options = RingOptions {
             lanes,
             wrap: if mirrored {
@@ -202,6 +234,7 @@ impl DeviceRing {
             .map_err(to_py)?;
         Ok(DeviceRing {
             ring: Arc::new(ring),
+            shareable: false,
         })
     }
 
@@ -361,13 +394,21 @@ impl DeviceRing {
         self.ring.core().free_space()
     }
 
+    /// Whether the ring was made with ``shareable=True`` (``ShareServer.share_ring`` lends
+    /// its lanes).
+    #[getter]
+    fn is_shareable(&self) -> bool {
+        self.shareable
+    }
+
     fn __repr__(&self) -> String {
         format!(
-            "<vkgdr.DeviceRing {} bytes x {} lanes, published {}, head {}>",
+            "<vkgdr.DeviceRing {} bytes x {} lanes, published {}, head {}{}>",
             self.ring.core().capacity(),
             self.ring.lanes(),
             self.ring.core().published(),
-            self.ring.head()
+            self.ring.head(),
+            if self.shareable { ", shareable" } else { "" }
         )
     }
 }

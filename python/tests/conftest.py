@@ -8,10 +8,16 @@ instead, so a broken GPU machine cannot pass by skipping.
 import contextlib
 import ctypes
 import importlib
+import itertools
+import multiprocessing
 import os
 import pathlib
+import selectors
+import subprocess
 import sys
+import tempfile
 import threading
+import time
 import types
 from typing import Any, Callable, Iterator, Optional
 
@@ -123,6 +129,31 @@ def driver_double_kernel(cuda: CudaDriver) -> Iterator[Callable[[int, int], None
         yield lambda ptr, n: cuda.launch(fn, n, ctypes.c_uint64(ptr), ctypes.c_uint32(n))
     finally:
         cuda.module_unload(module)
+
+
+# Threads per block of the checking kernels of kernels/ring.cu (RING_THREADS there).
+CHECK_THREADS = 512
+
+
+def launch_check_lanes(cuda, view, stream) -> int:
+    """ring_check_lanes(vkgdr_ring_view) on ``stream``: one block of CHECK_THREADS per lane, the
+    64-byte view passed by value as one kernel parameter (through the driver API, loaded into
+    the current context, device 0's primary one). Returns the module, to unload once the kernel
+    has exited."""
+    if KERNELS_DIR is None:
+        pytest.fail("kernels/ring.ptx not found: set VKGDR_KERNELS_DIR")
+    module, fn = cuda.load_function(KERNELS_DIR / "ring.ptx", "ring_check_lanes")
+    arg = ctypes.create_string_buffer(view.to_bytes(), 64)
+    params = (ctypes.c_void_p * 1)(ctypes.cast(arg, ctypes.c_void_p))
+    cuda.check(
+        "cuLaunchKernel",
+        cuda.lib.cuLaunchKernel(
+            ctypes.c_void_p(fn),
+            view.lanes, 1, 1, CHECK_THREADS, 1, 1, 0,
+            ctypes.c_void_p(stream.ptr), params, None,
+        ),
+    )
+    return module
 
 
 def _probe_gpu() -> "tuple[Optional[CudaDriver], str]":
@@ -303,3 +334,87 @@ class FakeContext:
     @staticmethod
     def pop() -> None:
         FakeContext.pops += 1
+
+
+# --- Sharing with other processes (test_vulkan_share.py, test_gpu_share.py) ---------------------
+
+CHILDREN = pathlib.Path(__file__).with_name("share_children.py")
+#: A child's environment: no CUDA library to be found (a peer must not need one).
+NO_CUDA = {"VKGDR_CUDA_LIBRARY": "/nonexistent/libcuda.so.1"}
+_sockets = itertools.count()
+
+
+@pytest.fixture()
+def sock() -> Any:
+    """A socket path of the test's own (short: a Unix socket path has at most 107 bytes)."""
+    path = os.path.join(tempfile.gettempdir(), f"vkgdr-py-{os.getpid()}-{next(_sockets)}.sock")
+    yield path
+    if os.path.exists(path):
+        os.unlink(path)
+
+
+def spawn_peer(role: str, path: str, *args: Any) -> subprocess.Popen:
+    """share_children.py ROLE PATH ARGS in a new process with no CUDA library to be found."""
+    return subprocess.Popen(
+        [sys.executable, str(CHILDREN), role, path, *map(str, args)],
+        env={**os.environ, **NO_CUDA},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(child: subprocess.Popen, timeout: float = 120) -> str:
+    """Waits for ``child`` (killing it on a hang) and checks that its checks passed."""
+    try:
+        out, _ = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        pytest.fail(f"a child hung for {timeout} s")
+    assert child.returncode == 0, f"the child's checks failed (exit {child.returncode}): {out}"
+    return out
+
+
+def read_line(child: subprocess.Popen, word: str, timeout: float = 60) -> str:
+    """Reads ``child``'s output up to a line that starts with ``word``, and returns it."""
+    assert child.stdout is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(child.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not sel.select(left):
+                child.kill()
+                pytest.fail(f"no {word} from the child within {timeout} s")
+            line = child.stdout.readline()
+            if not line:
+                pytest.fail(f"the child ended before saying {word} (exit {child.wait()})")
+            if line.startswith(word):
+                return line
+
+
+def wait_event(server: Any, kind: str, timeout: float = 30, **fields: Any) -> Any:
+    """The next event of ``kind`` (a ``vkgdr.ShareEvent`` of ``server``) whose attributes have the
+    values of ``fields``."""
+    deadline = time.monotonic() + timeout
+    seen = []
+    while True:
+        e = server.next_event(timeout=max(0.0, deadline - time.monotonic()))
+        if e is None:
+            pytest.fail(f"no {kind} event {fields} within {timeout} s; saw {seen}")
+        if e.kind == kind and all(getattr(e, k) == v for k, v in fields.items()):
+            return e
+        seen.append(e)
+
+
+def run_process(method: str, target: Any, *args: Any, timeout: float = 120) -> None:
+    """Runs ``target(*args)`` in a ``multiprocessing`` process started by ``method`` and checks
+    that it exited 0."""
+    p = multiprocessing.get_context(method).Process(target=target, args=args)
+    p.start()
+    p.join(timeout)
+    if p.exitcode is None:
+        p.kill()
+        p.join()
+        pytest.fail(f"a {method} child hung for {timeout} s")
+    assert p.exitcode == 0, f"the {method} child's checks failed (exit {p.exitcode})"

@@ -3,7 +3,6 @@ persistent consumers of kernels/ring.cu (its PTX, loaded through CuPy), across m
 with a RingProducer each, large records carried by the copy engine, checked by ring_check_lanes;
 the producers' lifetime, closing and context manager."""
 
-import ctypes
 import gc
 import threading
 
@@ -11,35 +10,15 @@ import numpy as np
 import pytest
 
 import vkgdr
-from conftest import KERNELS_DIR, run_workers
-
-MUL = np.uint64(0x9E3779B97F4A7C15)
-# Threads per block of the checking kernels of kernels/ring.cu (RING_THREADS there).
-CHECK_THREADS = 512
-RESULT_RECORDS, RESULT_CHECKSUM_SUM, RESULT_ERRORS, RESULT_NEXT_SEQ, RESULT_POS = range(5)
-
-
-def checksum(body: np.ndarray) -> int:
-    """layout::test_checksum: sum over the body's little-endian 32-bit words w[i] (the last one
-    zero-filled) of mix(((i << 32) | w[i]) + 1), wrapping."""
-    padded = np.zeros((len(body) + 3) // 4 * 4, dtype=np.uint8)
-    padded[: len(body)] = body
-    w = padded.view("<u4").astype(np.uint64)
-    i = np.arange(len(w), dtype=np.uint64)
-    x = ((i << np.uint64(32)) | w) + np.uint64(1)
-    with np.errstate(over="ignore"):
-        x = x * MUL
-        x ^= x >> np.uint64(29)
-        return int(x.sum(dtype=np.uint64))
-
-
-def test_payload(seq: int, body: np.ndarray) -> "tuple[bytes, int]":
-    """A test payload (seq, checksum of the body, body) and its checksum."""
-    s = checksum(body)
-    return seq.to_bytes(8, "little") + s.to_bytes(8, "little") + body.tobytes(), s
-
-
-test_payload.__test__ = False  # a helper, not a test
+from conftest import CHECK_THREADS, KERNELS_DIR, launch_check_lanes, run_workers
+from ring_records import (
+    RESULT_CHECKSUM_SUM,
+    RESULT_ERRORS,
+    RESULT_NEXT_SEQ,
+    RESULT_POS,
+    RESULT_RECORDS,
+    sealed_payload,
+)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +55,7 @@ def test_persistent_consumer_verifies_records_from_python_threads(cupy, ring_mod
     def producer(part: int) -> None:
         for body in bodies[part::4]:
             with lock:
-                payload, s = test_payload(state["seq"], body)
+                payload, s = sealed_payload(state["seq"], body)
                 seq = ring.push(payload, timeout=30)
                 assert seq == state["seq"]
                 state["seq"] += 1
@@ -115,27 +94,6 @@ def test_ring_errors(cupy) -> None:
     assert 0 < pushed < 4096 // 100
     with pytest.raises(vkgdr.RingFullError):
         ring.push(b"y" * 100, timeout=0.05)
-
-
-def launch_check_lanes(cuda, view, stream) -> int:
-    """ring_check_lanes(vkgdr_ring_view) on ``stream``: one block of CHECK_THREADS per lane, the
-    64-byte view passed by value as one kernel parameter (through the driver API, loaded into
-    the current context, device 0's primary one). Returns the module, to unload once the kernel
-    has exited."""
-    if KERNELS_DIR is None:
-        pytest.fail("kernels/ring.ptx not found: set VKGDR_KERNELS_DIR")
-    module, fn = cuda.load_function(KERNELS_DIR / "ring.ptx", "ring_check_lanes")
-    arg = ctypes.create_string_buffer(view.to_bytes(), 64)
-    params = (ctypes.c_void_p * 1)(ctypes.cast(arg, ctypes.c_void_p))
-    cuda.check(
-        "cuLaunchKernel",
-        cuda.lib.cuLaunchKernel(
-            ctypes.c_void_p(fn),
-            view.lanes, 1, 1, CHECK_THREADS, 1, 1, 0,
-            ctypes.c_void_p(stream.ptr), params, None,
-        ),
-    )
-    return module
 
 
 def lane_record_len(k: int, salt: int) -> int:
@@ -178,7 +136,7 @@ def test_lanes_with_producers_and_the_copy_engine_verified_by_the_kernel(cupy, c
                     size = lane_record_len(k + j, 17 * t + 3)
                     large += size >= 8192
                     body = rng.integers(0, 256, size - 16, dtype=np.uint8)
-                    payload, s = test_payload(k + j, body)
+                    payload, s = sealed_payload(k + j, body)
                     total = (total + s) % (1 << 64)
                     batch.append(payload)
                 if mode == 0:

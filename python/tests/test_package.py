@@ -1,6 +1,8 @@
 """The package without a GPU: imports, vkgdr 0.1's names, errors, the PyCUDA shim's own logic."""
 
 import importlib
+import os
+import subprocess
 import sys
 
 import pytest
@@ -35,12 +37,38 @@ def test_ring_producers_come_only_from_a_ring() -> None:
         assert callable(getattr(vkgdr.DeviceRing, name)), name
 
 
+def test_the_sharing_names() -> None:
+    for name in (
+        "ShareServer", "ShareEvent", "Peer", "AttachedMemory", "AttachedPool", "SharedBlock",
+        "AttachedLane", "VulkanDevice", "VulkanMemory", "CheckingRing",
+    ):
+        cls = getattr(vkgdr, name)
+        assert cls.__module__ == "vkgdr" and cls.__doc__, name
+    # What a peer gets comes from a Peer (and a ShareEvent from a server): nothing to make one of.
+    for cls in (vkgdr.AttachedMemory, vkgdr.AttachedPool, vkgdr.SharedBlock, vkgdr.AttachedLane):
+        with pytest.raises(TypeError):
+            cls()
+    assert vkgdr.attach.__doc__ and "attach" in vkgdr.__all__
+
+
+def test_importing_the_package_loads_no_cuda() -> None:
+    """A peer imports vkgdr in a process that must not load CUDA: the driver is loaded when a
+    device is opened, not before."""
+    code = (
+        "import vkgdr, sys; maps = open('/proc/self/maps').read(); "
+        "sys.exit('libcuda' in maps)"
+    )
+    env = {**os.environ, "VKGDR_CUDA_LIBRARY": "/nonexistent/libcuda.so.1"}
+    assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0
+
+
 def test_error_hierarchy() -> None:
     for sub in (
         vkgdr.OutOfDeviceMemoryError,
         vkgdr.LibraryNotFoundError,
         vkgdr.RingFullError,
         vkgdr.InvalidArgumentError,
+        vkgdr.ShareError,
     ):
         assert issubclass(sub, vkgdr.VkgdrError)
     assert issubclass(vkgdr.InvalidArgumentError, ValueError)

@@ -2,9 +2,10 @@
 
 A drop-in for vkgdr 0.1 (``Vkgdr``, ``RawMemory``, ``OpenFlags``, ``VkgdrError``,
 ``vkgdr.pycuda.Memory``: same names and behaviour), plus a pool of small blocks (``Pool``,
-``Block``) usable from NumPy, CuPy, PyTorch and Numba without copies, and ring buffers that
+``Block``) usable from NumPy, CuPy, PyTorch and Numba without copies, ring buffers that
 stream records to a running kernel (``DeviceRing``, with ``RingProducer`` for one thread's own
-lane).
+lane), and sharing them with other processes of the host (``ShareServer`` in the owner;
+``Peer``, or ``attach(path)``, in processes that need no CUDA).
 
 Memory is allocated through Vulkan as ``DEVICE_LOCAL | HOST_VISIBLE``, exported and imported into
 CUDA, so the same bytes have a host mapping (a CPU store lands in GPU memory in ~0.1 µs) and a
@@ -18,7 +19,8 @@ device pointer kernels use. Host writes are seen by kernels launched after them 
 """
 
 import enum
-from typing import Any, Dict, NoReturn, Optional, Type, TypeVar
+import os
+from typing import Any, Dict, NoReturn, Optional, Type, TypeVar, Union
 
 from . import _vkgdr
 from ._vkgdr import (
@@ -27,17 +29,28 @@ from ._vkgdr import (
     OPEN_CURRENT_CONTEXT_BIT,
     OPEN_FORCE_NON_COHERENT_BIT,
     OPEN_REQUIRE_COHERENT_BIT,
+    AttachedLane,
+    AttachedMemory,
+    AttachedPool,
     Block,
+    CheckingRing,
     DeviceRing,
     InvalidArgumentError,
     LibraryNotFoundError,
     OutOfDeviceMemoryError,
+    Peer,
     Pool,
     RawStream,
     RingDeviceView,
     RingFullError,
     RingProducer,
+    ShareError,
+    ShareEvent,
+    SharedBlock,
+    ShareServer,
     VkgdrError,
+    VulkanDevice,
+    VulkanMemory,
     _FreeMethod,
     _RawMemory,
     _Vkgdr,
@@ -45,20 +58,32 @@ from ._vkgdr import (
 )
 
 __all__ = [
+    "AttachedLane",
+    "AttachedMemory",
+    "AttachedPool",
     "Block",
+    "CheckingRing",
     "DeviceRing",
     "InvalidArgumentError",
     "LibraryNotFoundError",
     "OpenFlags",
     "OutOfDeviceMemoryError",
+    "Peer",
     "Pool",
     "RawMemory",
     "RawStream",
     "RingDeviceView",
     "RingFullError",
     "RingProducer",
+    "ShareError",
+    "ShareEvent",
+    "ShareServer",
+    "SharedBlock",
     "Vkgdr",
     "VkgdrError",
+    "VulkanDevice",
+    "VulkanMemory",
+    "attach",
     "DLPACK_DEVICE_CPU",
     "DLPACK_DEVICE_CUDA",
     "__version__",
@@ -102,6 +127,25 @@ for _cls in vars(_vkgdr).values():
     if isinstance(_cls, type) and not issubclass(_cls, BaseException):
         _refuse_copies(_cls)
 del _cls
+
+# A child forked from this process (os.fork, multiprocessing's fork start method) inherits the
+# sharing objects but not their mappings, threads or connections: they refuse to be used there,
+# and leak instead of detaching the parent's (python/src/fork.rs). The hook tells them apart.
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_vkgdr._after_fork_in_child)
+
+
+def attach(path: "Union[str, os.PathLike[str]]", *, timeout: float = 10.0) -> Peer:
+    """Connects to the ``ShareServer`` listening at ``path``: ``Peer(path, timeout=timeout)``.
+
+    Needs no CUDA (neither CuPy nor PyTorch nor ``libcuda.so.1``): the memory it attaches is
+    mapped through a Vulkan device of this process, opened by the GPU's UUID.
+
+    >>> with vkgdr.attach("/tmp/frames.sock") as peer:          # doctest: +SKIP
+    ...     params = peer.attach_memory("params")
+    ...     params.write(bytes([1, 2, 3, 4]))  # lands in the owner's GPU memory
+    """
+    return Peer(path, timeout=timeout)
 
 
 # Vkgdr and RawMemory are plain Python classes, as in vkgdr 0.1, so that programs can derive
@@ -248,6 +292,12 @@ class RawMemory:
     ``copy.copy``, ``copy.deepcopy`` and pickling raise ``TypeError``: a copy would be a second
     owner of the same allocation.
 
+    ``shareable=True`` (beyond vkgdr 0.1) makes an allocation of its own, in ``owner``'s context
+    rather than the current one (none need be current), which :meth:`ShareServer.share_memory`
+    shares with other processes: a small allocation made without it is carved out of a granule
+    other allocations share, and a peer that mapped it would reach them too. It is rounded up to
+    the VMM granularity (2 MiB on the H100).
+
     Raises
     ------
     VkgdrError
@@ -260,10 +310,15 @@ class RawMemory:
 
     _impl: Optional[_RawMemory] = None
 
-    def __init__(self, owner: Vkgdr, size: int, flags: int = 0) -> None:
+    def __init__(
+        self, owner: Vkgdr, size: int, flags: int = 0, *, shareable: bool = False
+    ) -> None:
         if self._impl is not None:
             raise VkgdrError(f"this {type(self).__name__} is allocated already")
-        self._impl = _RawMemory(owner, size, flags)
+        if shareable:
+            self._impl = _RawMemory(owner, size, flags, shareable=True)
+        else:
+            self._impl = _RawMemory(owner, size, flags)
 
     def _memory(self) -> _RawMemory:
         memory = self._impl

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::copy::WriteKernel;
+use crate::core::alloc::AllocError;
 use crate::core::handle::SendSyncPtr;
 use crate::core::range::check_range;
 use crate::core::ring::{Producer, RingCore, RingError, RingSink};
@@ -62,6 +63,10 @@ struct PeerInner {
     /// The device the regions are mapped through: given, or opened by the first region's UUID.
     device: Mutex<Option<Arc<VulkanContext>>>,
     io: Mutex<Io>,
+    /// Held while one thread receives a message and files it: a message is filed before the
+    /// next is read (a chunk is imported before the block in it arrives), whichever thread
+    /// reads them.
+    reading: Mutex<()>,
     next_request: AtomicU64,
     timeout: Duration,
 }
@@ -119,6 +124,7 @@ impl Peer {
                 owner,
                 device: Mutex::new(device),
                 io: Mutex::new(Io::default()),
+                reading: Mutex::new(()),
                 next_request: AtomicU64::new(1),
                 timeout,
             }),
@@ -209,6 +215,7 @@ impl PeerInner {
 
     /// Receives one message (waiting up to `wait`) and files it; false if none came.
     fn pump(&self, wait: Option<Duration>) -> Result<bool> {
+        let _reading = lock(&self.reading);
         let got = match wait {
             Some(Duration::ZERO) => self.conn.try_recv()?,
             w => match self.conn.recv(w) {
@@ -558,8 +565,23 @@ impl AttachedPool {
         self.quota
     }
 
-    /// Asks the owner for a block of `size` bytes aligned to `align`.
+    /// Whether the owner revoked the pool (seen at the last [`Peer::poll`] or wait): requests
+    /// are then refused with [`ShareError::Revoked`], and so are writes through its blocks.
+    pub fn is_revoked(&self) -> bool {
+        self.revoked.load(Ordering::Acquire)
+    }
+
+    /// Asks the owner for a block of `size` bytes aligned to `align` (a power of two). A zero
+    /// size or another alignment is refused here, as the pool would refuse it
+    /// ([`Error::InvalidArgument`]): the owner takes such a request for a broken peer's, and
+    /// disconnects it.
     pub fn request(&self, size: u64, align: u64) -> Result<SharedBlock> {
+        if size == 0 {
+            return Err(AllocError::ZeroSize.into());
+        }
+        if !align.is_power_of_two() {
+            return Err(AllocError::BadAlignment { align }.into());
+        }
         if self.revoked.load(Ordering::Acquire) {
             return Err(ShareError::Revoked.into());
         }

@@ -196,14 +196,20 @@ struct SharedInstance {
     instance: ash::Instance,
 }
 
-/// The shared instance of the loader `VKGDR_VULKAN_LIBRARY` names now (see [`SharedInstance`]).
+/// The shared instance of the loader `VKGDR_VULKAN_LIBRARY` names now (see [`SharedInstance`]),
+/// made by this process: a child forked after its parent made one (a peer started by
+/// `fork()`, Python's `multiprocessing` included) opens an instance of its own, since Vulkan
+/// objects are not shared between processes and the parent's was made with driver state the
+/// child does not have (its threads, for one). The parent's stays leaked in the child.
 /// Failures are not kept: a later call tries again (another loader, a driver installed since).
 pub(super) fn shared_instance() -> Result<&'static ash::Instance> {
-    static INSTANCES: crate::core::sync::lock::Mutex<Vec<(String, &'static SharedInstance)>> =
+    type Made = (String, u32, &'static SharedInstance);
+    static INSTANCES: crate::core::sync::lock::Mutex<Vec<Made>> =
         crate::core::sync::lock::Mutex::new(Vec::new());
     let name = crate::driver::dynlib::library_name(LOADER, crate::driver::dynlib::VULKAN_ENV);
+    let pid = std::process::id();
     let mut instances = INSTANCES.lock();
-    if let Some((_, shared)) = instances.iter().find(|(n, _)| *n == name) {
+    if let Some((_, _, shared)) = instances.iter().find(|(n, p, _)| *n == name && *p == pid) {
         return Ok(&shared.instance);
     }
     let entry = load_entry()?;
@@ -213,7 +219,7 @@ pub(super) fn shared_instance() -> Result<&'static ash::Instance> {
         _entry: entry,
         instance,
     }));
-    instances.push((name, shared));
+    instances.push((name, pid, shared));
     Ok(&shared.instance)
 }
 
