@@ -86,8 +86,10 @@ fn worth_retrying(e: &vkgdr::Error) -> bool {
         || e.to_string().contains("OUT_OF_DEVICE_MEMORY")
 }
 
-/// Connects and attaches a lane of `ring`, trying again for a while when that may help.
-fn attach(socket: &std::path::Path, ring: &str) -> Outcome<AttachedLane> {
+/// Connects and attaches a lane of `ring`, trying again for a while when that may help (with
+/// `any_error`, whatever failed: a soak's BAR exhaustion can make a Vulkan device or an import
+/// fail in ways other than running out of memory, for the second or two it lasts).
+fn attach(socket: &std::path::Path, ring: &str, any_error: bool) -> Outcome<AttachedLane> {
     let t = Instant::now();
     // The Vulkan device a failed attempt opened serves the next one.
     let mut device = None;
@@ -99,7 +101,7 @@ fn attach(socket: &std::path::Path, ring: &str) -> Outcome<AttachedLane> {
         });
         match attempt {
             Ok(lane) => return Ok(lane),
-            Err(e) if worth_retrying(&e) && t.elapsed() < ATTACH_TIMEOUT => {
+            Err(e) if (any_error || worth_retrying(&e)) && t.elapsed() < ATTACH_TIMEOUT => {
                 std::thread::sleep(Duration::from_millis(50));
             }
             Err(e) => {
@@ -179,7 +181,7 @@ fn wait_head(lane: &AttachedLane, end: u64) -> Outcome {
 /// warm-up); then waits for `quit`.
 pub fn producer(a: &ProducerArgs) -> Outcome {
     let commands = Commands::start()?;
-    let lane = attach(&a.socket, &a.ring)?;
+    let lane = attach(&a.socket, &a.ring, false)?;
     ready(&lane);
     let mut p = lane.producer().ctx("claiming the lane")?;
     let limit = Some(RECORD_TIMEOUT);
@@ -235,7 +237,7 @@ pub fn producer(a: &ProducerArgs) -> Outcome {
 /// publishes what it wrote, waits until the owner accepted all of it and says `done`.
 pub fn soak_producer(a: &SoakProducerArgs) -> Outcome {
     let commands = Commands::start()?;
-    let lane = attach(&a.socket, &a.ring)?;
+    let lane = attach(&a.socket, &a.ring, true)?;
     ready(&lane);
     let mut p = lane.producer().ctx("claiming the lane")?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
