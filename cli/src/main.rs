@@ -15,6 +15,8 @@
 //!   together on each device named (10 minutes by default) and checks that nothing of ours stayed
 //!   behind (see [`mod@soak`]).
 //! - `vkgdr completions SHELL` prints a completion script.
+//! - `vkgdr bench-child ROLE ...` (hidden) is this program as a child process of
+//!   `vkgdr bench xproc` and `vkgdr soak --xproc` (see [`mod@child`]).
 //!
 //! `--json` prints one document on stdout ([`mod@json`]); progress is drawn on a terminal only
 //! and never under `--quiet` ([`mod@ui`]).
@@ -22,6 +24,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod bench;
+mod child;
 mod device;
 mod json;
 mod soak;
@@ -95,6 +98,9 @@ pub enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+    /// A child process of `bench xproc` and `soak --xproc` (not a user command)
+    #[command(hide = true, name = "bench-child", display_name = "vkgdr")]
+    BenchChild(child::ChildArgs),
 }
 
 /// Exit codes, for `--help`.
@@ -137,8 +143,16 @@ fn main() -> ExitCode {
         return bench::first_write_child(args.get(3).map(OsString::as_os_str));
     }
     let cli = Cli::parse_from(args);
+    if let Some(Command::BenchChild(a)) = &cli.command {
+        // Its stdout is the protocol: no progress, no status lines.
+        ui::init(ui::Settings {
+            json: false,
+            quiet: true,
+        });
+        return child::main(a);
+    }
     let json = match &cli.command {
-        None | Some(Command::Completions { .. }) => false,
+        None | Some(Command::Completions { .. }) | Some(Command::BenchChild(_)) => false,
         Some(Command::Info(a)) => a.json,
         Some(Command::Bench(a)) => a.json(),
         Some(Command::Soak(a)) => a.json,
@@ -152,6 +166,7 @@ fn main() -> ExitCode {
         Some(Command::Info(a)) => info(&a),
         Some(Command::Bench(a)) => bench::main(&a),
         Some(Command::Soak(a)) => soak::main(&a),
+        Some(Command::BenchChild(a)) => child::main(&a),
         Some(Command::Completions { shell }) => {
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "vkgdr", &mut script);

@@ -79,6 +79,23 @@ pub const CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED: c_int = 2;
 /// `CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED`: 1 if every CUDA atomic works over the link.
 pub const CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED: c_int = 3;
 
+/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`: the flag `cuIpcOpenMemHandle` takes (peer access
+/// enabled when it is first needed).
+pub const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
+
+/// `CUipcMemHandle` (64 bytes): names a `cuMemAlloc` allocation to another process of the host,
+/// which maps it into its own context with `cuIpcOpenMemHandle`. Passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IpcMemHandle {
+    /// The driver's opaque bytes.
+    pub reserved: [u8; 64],
+}
+
+// SAFETY: a plain byte array, for which all-zero bytes are a valid value (what the driver
+// overwrites).
+unsafe impl bytemuck::Zeroable for IpcMemHandle {}
+
 /// `CUDA_EXTERNAL_MEMORY_HANDLE_DESC` (104 bytes on x86-64).
 #[repr(C)]
 pub struct ExternalMemoryHandleDesc {
@@ -168,6 +185,7 @@ pub struct MemAccessDesc {
 const _: () = assert!(std::mem::size_of::<ExternalMemoryHandleDesc>() == 104);
 const _: () = assert!(std::mem::size_of::<ExternalMemoryBufferDesc>() == 88);
 const _: () = assert!(std::mem::size_of::<MemAllocationProp>() == 32);
+const _: () = assert!(std::mem::size_of::<IpcMemHandle>() == 64);
 
 const LIBRARY: &str = "libcuda.so.1";
 
@@ -269,7 +287,8 @@ macro_rules! checked_call {
     };
     (@doc required) => { "." };
     (@doc optional) => {
-        "; [`Error::Unsupported`] where the driver lacks the symbol (too old for CUDA VMM)."
+        "; [`Error::Unsupported`] where the driver lacks the symbol (too old for CUDA VMM, or \
+         built without CUDA IPC)."
     };
     (@ret) => { () };
     (@ret out $out:ty) => { $out };
@@ -277,7 +296,7 @@ macro_rules! checked_call {
     (@get $s:tt required $field:ident $sym:literal) => { $s.$field };
     (@get $s:tt optional $field:ident $sym:literal) => {
         $s.$field.ok_or_else(|| {
-            Error::Unsupported(concat!($sym, " missing from libcuda (driver too old for VMM)").into())
+            Error::Unsupported(concat!($sym, " missing from libcuda (a driver too old for it)").into())
         })?
     };
     (@call $s:tt $f:ident $sym:literal ($($arg:ident),*) []) => { $s.check($sym, $f($($arg),*)) };
@@ -361,6 +380,9 @@ driver_table! {
         unsafe cu_stream_write_value32: "cuStreamWriteValue32_v2" => fn(stream: CuStream, addr: CuDevicePtr, value: c_uint, flags: c_uint);
         unsafe cu_stream_write_value64: "cuStreamWriteValue64_v2" => fn(stream: CuStream, addr: CuDevicePtr, value: u64, flags: c_uint);
         unsafe cu_stream_get_ctx: "cuStreamGetCtx" => fn(stream: CuStream, ctx: *mut CuContext);
+        unsafe cu_ipc_get_mem_handle: "cuIpcGetMemHandle" => fn(dptr: CuDevicePtr) -> out IpcMemHandle;
+        unsafe cu_ipc_open_mem_handle: "cuIpcOpenMemHandle_v2" => fn(handle: IpcMemHandle, flags: c_uint) -> out CuDevicePtr;
+        unsafe cu_ipc_close_mem_handle: "cuIpcCloseMemHandle" => fn(dptr: CuDevicePtr);
     }
 }
 
@@ -606,5 +628,8 @@ mod tests {
         assert_eq!(prop.location.id, 3);
         assert_eq!(std::mem::size_of::<MemAccessDesc>(), 12);
         assert_eq!(std::mem::size_of::<MemLocation>(), 8);
+        let handle: IpcMemHandle = bytemuck::Zeroable::zeroed();
+        assert_eq!(handle.reserved, [0; 64]);
+        assert_eq!(std::mem::align_of::<IpcMemHandle>(), 1);
     }
 }

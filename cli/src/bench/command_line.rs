@@ -8,7 +8,7 @@ use clap::builder::{NonEmptyStringValueParser, TypedValueParser};
 use clap::Args as _;
 
 use super::compare::command_line as compare;
-use super::registry::{Which, BENCHMARKS};
+use super::registry::{all_count, Which, BENCHMARKS};
 use super::report::spec::{Anchor, ReportSpec};
 use crate::device::DeviceArg;
 
@@ -157,8 +157,14 @@ impl clap::Subcommand for BenchCommand {
         cmd.subcommand(run_command(
             "all",
             format!(
-                "all {} in turn ({} first), then DIR/summary.md",
-                BENCHMARKS.len(),
+                "all {} but {} in turn ({} first), then DIR/summary.md",
+                all_count(),
+                BENCHMARKS
+                    .iter()
+                    .filter(|b| !b.in_all)
+                    .map(|b| b.name)
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 BENCHMARKS[0].name
             ),
             EXIT_CODES.to_string(),

@@ -42,6 +42,19 @@ pub enum BenchError {
     /// The command line is wrong.
     #[error("{0}")]
     Usage(String),
+    /// A child process of a benchmark failed, hung or said something unexpected (named in the
+    /// message).
+    #[error(transparent)]
+    Child(#[from] crate::child::process::ChildError),
+    /// Part of a benchmark failed: what it measured still counts (its reports are written),
+    /// and the run fails.
+    #[error("{error}")]
+    Partial {
+        /// What was measured.
+        reports: Vec<crate::bench::report::model::Report>,
+        /// What failed, each part named.
+        error: String,
+    },
     /// Some of the benchmarks run by one command failed (each reported as it happened).
     #[error("{0}")]
     Failed(String),

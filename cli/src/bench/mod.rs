@@ -23,7 +23,7 @@
 //! - [`report`]: results and their forms (tables, CSV, charts);
 //! - [`compare`]: two runs side by side;
 //! - the benchmarks: [`apiperf`], [`arena`], [`copybw`], [`copylat`], [`fastpath`], [`pplat`],
-//!   [`ring`], [`waits`].
+//!   [`ring`], [`waits`]; and, run by name only, [`xproc`].
 
 pub mod apiperf;
 pub mod arena;
@@ -47,6 +47,7 @@ pub mod run;
 #[cfg(test)]
 pub(crate) mod testutil;
 pub mod waits;
+pub mod xproc;
 
 use std::process::ExitCode;
 

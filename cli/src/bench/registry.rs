@@ -8,7 +8,7 @@ use super::options::Options;
 use super::raw_steps::{ALLOC_STEPS, FREE_STEPS};
 use super::report::model::Report;
 use super::report::spec::{Anchor, Layout, MachineWork, ReportSpec};
-use super::{apiperf, arena, copybw, copylat, fastpath, pplat, ring, waits};
+use super::{apiperf, arena, copybw, copylat, fastpath, pplat, ring, waits, xproc};
 
 /// What a benchmark runs: its reports, or the error that stopped it.
 pub type BenchFn = fn(&Options) -> BenchResult<Vec<Report>>;
@@ -26,6 +26,8 @@ pub struct Benchmark {
     pub run: BenchFn,
     /// The reports it writes, by file stem.
     pub reports: &'static [ReportSpec],
+    /// Whether `all` runs it (a benchmark that starts other processes is run by name only).
+    pub in_all: bool,
 }
 
 /// The `waits` reports' rows that call the driver directly (the others are the library's calls).
@@ -236,9 +238,9 @@ const FASTPATH_SMALL_MACHINE_WORK: &[MachineWork] = &[
     },
 ];
 
-/// The benchmarks, in the order `all` runs them: `apiperf` first so that its "first
-/// `Gpu::open`" really is the first in the process.
-pub const BENCHMARKS: [Benchmark; 8] = [
+/// The benchmarks, in the order `all` runs them (those it runs: [`Benchmark::in_all`]): `apiperf`
+/// first so that its "first `Gpu::open`" really is the first in the process.
+pub const BENCHMARKS: [Benchmark; 9] = [
     Benchmark {
         name: "apiperf",
         help: "cost of open, alloc/free, pool alloc/free, flush/invalidate",
@@ -254,6 +256,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
             machine: &["cuMemAlloc", "cuMemFree", "step: *"],
             machine_work: APIPERF_MACHINE_WORK,
         }],
+        in_all: true,
     },
     Benchmark {
         name: "copybw",
@@ -282,6 +285,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                 machine_work: &[],
             },
         ],
+        in_all: true,
     },
     Benchmark {
         name: "copylat",
@@ -295,6 +299,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
             machine: &["cuMemcpyHtoD", "HtoDAsync+sync", "raw *"],
             machine_work: COPYLAT_MACHINE_WORK,
         }],
+        in_all: true,
     },
     Benchmark {
         name: "fastpath",
@@ -361,6 +366,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                 machine_work: &[],
             },
         ],
+        in_all: true,
     },
     Benchmark {
         name: "pplat",
@@ -374,6 +380,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
             machine: &["HtoDAsync+sync"],
             machine_work: &[],
         }],
+        in_all: true,
     },
     Benchmark {
         name: "ring",
@@ -408,6 +415,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                 machine_work: &[],
             },
         ],
+        in_all: true,
     },
     Benchmark {
         name: "arena",
@@ -440,6 +448,7 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                 machine_work: &[],
             },
         ],
+        in_all: true,
     },
     Benchmark {
         name: "waits",
@@ -471,8 +480,65 @@ pub const BENCHMARKS: [Benchmark; 8] = [
                 machine_work: WAITS_LEGACY_MACHINE_WORK,
             },
         ],
+        in_all: true,
+    },
+    Benchmark {
+        name: "xproc",
+        help: "other processes writing GPU memory: ring lanes, attach, vs CUDA IPC and a shm queue",
+        run: xproc::run,
+        reports: &[
+            ReportSpec {
+                name: "xproc-throughput",
+                title: "Ring throughput: producer processes versus threads",
+                layout: Layout::Wide,
+                anchor: Anchor::Pairs(&[
+                    (xproc::T_PROCESSES, xproc::T_THREADS),
+                    (xproc::T_SHM, xproc::T_PROCESSES),
+                ]),
+                machine: &[xproc::T_SHM],
+                machine_work: &[],
+            },
+            ReportSpec {
+                name: "xproc-latency",
+                title: "Round trips and small writes from another process",
+                layout: Layout::Long,
+                anchor: Anchor::Pairs(&[
+                    (xproc::L_PROCESS, xproc::L_THREAD),
+                    (xproc::L_SHM, xproc::L_PROCESS),
+                    (xproc::U_ATTACHED, xproc::U_IPC),
+                ]),
+                machine: &[xproc::L_SHM, xproc::U_IPC],
+                machine_work: &[],
+            },
+            ReportSpec {
+                name: "xproc-attach",
+                title: "Attaching from another process: Vulkan versus CUDA IPC",
+                layout: Layout::Long,
+                anchor: Anchor::Pairs(&[
+                    (xproc::A_DEVICE, xproc::A_CONTEXT),
+                    (xproc::A_ATTACH, xproc::A_OPEN),
+                    (xproc::A_FIRST, xproc::A_FIRST_IPC),
+                ]),
+                machine: &[xproc::A_CONTEXT, xproc::A_OPEN, xproc::A_FIRST_IPC],
+                machine_work: &[],
+            },
+            ReportSpec {
+                name: "xproc-memory",
+                title: "GPU memory of an attached process: Vulkan versus CUDA IPC",
+                layout: Layout::Long,
+                anchor: Anchor::Pairs(&[(xproc::M_ATTACHED, xproc::M_IPC)]),
+                machine: &[xproc::M_IPC],
+                machine_work: &[],
+            },
+        ],
+        in_all: false,
     },
 ];
+
+/// How many benchmarks `all` runs.
+pub fn all_count() -> usize {
+    BENCHMARKS.iter().filter(|b| b.in_all).count()
+}
 
 /// The registered benchmark called `name`.
 pub fn benchmark(name: &str) -> Option<&'static Benchmark> {
@@ -507,7 +573,8 @@ impl Report {
 pub enum Which {
     /// The registered benchmark of this name (see [`BENCHMARKS`]).
     One(&'static str),
-    /// Every registered benchmark in registry order, then `summary.md`.
+    /// Every registered benchmark `all` runs ([`Benchmark::in_all`]), in registry order, then
+    /// `summary.md`.
     All,
 }
 
@@ -525,7 +592,7 @@ impl Which {
         BENCHMARKS
             .iter()
             .filter(|b| match self {
-                Which::All => true,
+                Which::All => b.in_all,
                 Which::One(name) => b.name == name,
             })
             .collect()
@@ -569,9 +636,16 @@ mod tests {
     #[test]
     fn all_runs_the_registry_in_order_with_apiperf_first() {
         let all: Vec<&str> = Which::All.selected().iter().map(|b| b.name).collect();
-        let registry: Vec<&str> = BENCHMARKS.iter().map(|b| b.name).collect();
+        let registry: Vec<&str> = BENCHMARKS
+            .iter()
+            .filter(|b| b.in_all)
+            .map(|b| b.name)
+            .collect();
         assert_eq!(all, registry);
         assert_eq!(all[0], "apiperf", "apiperf must see a cold process");
+        // The benchmark of other processes runs by name only.
+        assert!(!all.contains(&"xproc"));
+        assert_eq!(all.len(), all_count());
     }
 
     #[test]

@@ -18,9 +18,9 @@ use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
 use vkgdr::cuda_objects::{LaunchConfig, Module, Stream};
-use vkgdr::ring::core::Producer;
+use vkgdr::ring::core::{Producer, RingSink};
 use vkgdr::ring::layout::{self, seal_test_payload, WrapMode, HEADER_LEN};
-use vkgdr::ring::{BarSink, CopyEngine, DeviceRing, RingDeviceView, RingOptions};
+use vkgdr::ring::{CopyEngine, DeviceRing, RingDeviceView, RingOptions};
 use vkgdr::{Gpu, OpenOptions};
 
 use super::error::{BenchError, BenchResult};
@@ -31,7 +31,9 @@ use super::report::format::fmt_size;
 use super::report::model::{Report, Row, Unit};
 use crate::ui;
 
-const PTX: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels/ring.ptx"));
+/// The ring kernels (`ring_ack`, `ring_ack_lanes`, `ring_check_lanes`).
+pub(super) const PTX: &str =
+    include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels/ring.ptx"));
 const PRODUCERS: usize = 4;
 const RING_BYTES: u64 = 64 << 20;
 /// Each lane of a multi-lane ring.
@@ -45,7 +47,7 @@ const BATCH_BYTES: u64 = 64 << 10;
 const BATCH_RECORDS: u64 = 256;
 
 /// Records per `push_batch` of `size`-byte records.
-fn batch_records(size: u64) -> u64 {
+pub(crate) fn batch_records(size: u64) -> u64 {
     (BATCH_BYTES / size)
         .max(BATCH_RECORDS)
         .min(LANE_BYTES / 4 / size)
@@ -58,7 +60,7 @@ const WRAP_SIZES: [u64; 4] = [4096, 192 << 10, 768 << 10, 1536 << 10];
 
 /// Which kernel consumes the ring.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Consumer {
+pub(super) enum Consumer {
     /// `ring_ack` on lane 0: head = tail, reading nothing.
     Ack,
     /// `ring_ack_lanes`: the same on every lane.
@@ -69,7 +71,7 @@ enum Consumer {
 
 /// How producers write.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Produce {
+pub(super) enum Produce {
     /// `reserve`/`commit` through `&DeviceRing` (one shared lane).
     Shared,
     /// Each thread owns a lane, one publication per record.
@@ -79,7 +81,7 @@ enum Produce {
 }
 
 /// Launches `consumer` on `ring` and watches it.
-fn launch_consumer(
+pub(super) fn launch_consumer(
     module: &Module,
     ring: &DeviceRing,
     stream: &Stream,
@@ -108,25 +110,28 @@ fn launch_consumer(
     Ok(())
 }
 
-fn finish(ring: &DeviceRing) -> BenchResult<()> {
+/// Stops the ring's consumer and waits for it (20 s at most).
+pub(super) fn finish(ring: &DeviceRing) -> BenchResult<()> {
     ring.stop_and_wait(Duration::from_secs(20))
         .map_err(|e| BenchError::KernelStuck(format!("ring consumer did not stop: {e}")))
 }
 
 /// A payload of `size - 16` bytes whose test prefix the checking kernel accepts for any seq: the
 /// body is fixed, so its checksum is computed once and each record only stamps its seq.
-struct Payload {
+pub(crate) struct Payload {
     buf: Vec<u8>,
 }
 
 impl Payload {
-    fn new(size: u64) -> Self {
+    /// A record of `size` bytes, header included.
+    pub(crate) fn new(size: u64) -> Self {
         let mut buf = vec![0x5au8; (size - HEADER_LEN) as usize];
         seal_test_payload(&mut buf, 0);
         Payload { buf }
     }
 
-    fn stamped(&mut self, seq: u64) -> &[u8] {
+    /// The payload with `seq` stamped into it.
+    pub(crate) fn stamped(&mut self, seq: u64) -> &[u8] {
         if self.buf.len() >= layout::TEST_PREFIX_LEN {
             self.buf[..8].copy_from_slice(&seq.to_le_bytes());
         }
@@ -136,7 +141,7 @@ impl Payload {
 
 /// Streams `per_thread` records of `size` bytes from each of `producers` threads; returns GB/s
 /// of record bytes delivered (every lane's head past its records).
-fn stream_records(
+pub(super) fn stream_records(
     ring: &DeviceRing,
     size: u64,
     producers: usize,
@@ -195,8 +200,8 @@ fn on_threads(n: usize, work: impl Fn() -> vkgdr::Result<()> + Sync) -> BenchRes
 }
 
 /// Pushes `records` records of `size` bytes through `p` in batches of [`batch_records`].
-fn push_batches(
-    p: &mut Producer<'_, BarSink>,
+pub(crate) fn push_batches<S: RingSink>(
+    p: &mut Producer<'_, S>,
     size: u64,
     records: u64,
     limit: Option<Duration>,
@@ -257,7 +262,12 @@ fn consumer_alone(
 
 /// Round trips of one record: published alone (through a lane's producer, or the shared path),
 /// then waited for until the kernel's head passes it.
-fn round_trips(ring: &DeviceRing, size: u64, n: usize, shared: bool) -> BenchResult<Vec<f64>> {
+pub(super) fn round_trips(
+    ring: &DeviceRing,
+    size: u64,
+    n: usize,
+    shared: bool,
+) -> BenchResult<Vec<f64>> {
     let mut payload = Payload::new(size);
     let mut out = Vec::with_capacity(n);
     let mut producer = if shared { None } else { Some(ring.producer()?) };

@@ -2,8 +2,9 @@
 //! order, each under a progress line, its outputs written as it ends
 //! ([`outputs`](super::outputs)); `results.json` (and, for `all`, `summary.md`) is rewritten after
 //! each, so a run cut short still leaves what it measured. A failure is reported and the run goes
-//! on, unless a kernel does not answer or there is no driver. With `--compare`, the run is then
-//! set beside a baseline.
+//! on, unless a kernel does not answer or there is no driver; a benchmark that failed in part
+//! ([`BenchError::Partial`]) leaves the reports of the rest and counts as failed. With
+//! `--compare`, the run is then set beside a baseline.
 
 use std::time::Instant;
 
@@ -132,9 +133,19 @@ fn run_into(which: Which, opts: &Options, session: &mut Session) -> BenchResult<
             error: None,
             reports: Vec::new(),
         };
+        // A benchmark that measured part of what it measures leaves that part, then fails.
+        let (outcome, partial) = match outcome {
+            Err(BenchError::Partial { reports, error }) => (Ok(reports), Some(error)),
+            other => (other, None),
+        };
         match outcome {
             Ok(rs) => {
                 let mut errors = Vec::new();
+                if let Some(e) = partial {
+                    alert!("{name} failed in part: {e}");
+                    errors.push(e.clone());
+                    session.failures.push(format!("{name}: {e}"));
+                }
                 for r in &rs {
                     if let Err(e) = emit(r, &opts.out) {
                         alert!("{name}: {e}");

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::document::About;
 use super::machine::{DeviceJson, MachineJson};
 use crate::bench::registry::report_spec;
-use crate::bench::report::model::{Report, Row, Unit};
+use crate::bench::report::model::{Report, Row};
 use crate::bench::report::spec::{method_matches, Anchor};
 
 /// `vkgdr bench --json` (also written to `DIR/results.json`).
@@ -134,7 +134,7 @@ impl ReportJson {
             name: report.name.clone(),
             title: report.title(),
             unit,
-            higher_is_better: report.unit == Unit::GigabytesPerSecond,
+            higher_is_better: report.unit.higher_is_better(),
             notes: report.notes.clone(),
             figures,
         }
@@ -167,6 +167,7 @@ fn anchor(spec: Anchor, report: &Report, row: &Row, run: &[&Report]) -> Option<A
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::bench::report::model::Unit;
 
     /// A report read back from its JSON form: what a comparison with an earlier run reads.
     pub(crate) fn to_report(j: &ReportJson) -> Option<Report> {

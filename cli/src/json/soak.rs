@@ -56,6 +56,12 @@ pub struct SoakOptionsJson {
     /// `--devices` (or `--device`) as given: `all`, or ordinals and UUIDs (`0` by default).
     #[serde(default)]
     pub devices: String,
+    /// `--xproc`: producer processes per device (`null`: no producer processes).
+    #[serde(default)]
+    pub xproc_producers: Option<u32>,
+    /// `--kill-every`, in seconds (`null` without `--xproc`).
+    #[serde(default)]
+    pub kill_every_seconds: Option<u64>,
 }
 
 /// The figures the soak takes before and after.
@@ -262,6 +268,22 @@ pub struct SoakCountersJson {
     /// (`vkAllocateMemory`, `cuMemImportFromShareableHandle`, `cuMemMap`, ...).
     #[serde(default)]
     pub exhaustions_refused_by: std::collections::BTreeMap<String, u64>,
+    /// With `--xproc`: producer processes started (the killed ones' successors included).
+    #[serde(default)]
+    pub xproc_producers_started: u64,
+    /// With `--xproc`: producer processes killed with SIGKILL.
+    #[serde(default)]
+    pub xproc_producers_killed: u64,
+    /// With `--xproc`: records the owner accepted from them (the producers' reports).
+    #[serde(default)]
+    pub xproc_records_accepted: u64,
+    /// With `--xproc`: records the shared ring's checking kernel checked (equal to those
+    /// accepted when the soak passes).
+    #[serde(default)]
+    pub xproc_records_checked: u64,
+    /// With `--xproc`: tails a producer published that the owner refused.
+    #[serde(default)]
+    pub xproc_lane_faults: u64,
     /// Errors (wrong data, unexpected failures) in the measured part.
     pub errors: u64,
     /// Errors during the warm-up.

@@ -1,5 +1,6 @@
 //! `vkgdr soak`'s command line ([`SoakArgs`]) and what it asks for ([`Options`]).
 
+use super::xproc::XprocOptions;
 use crate::device::{DeviceArg, Devices};
 
 /// Exit codes, for `--help`.
@@ -32,8 +33,39 @@ pub struct SoakArgs {
     /// Print one JSON document on stdout: per device the figures before and after, what ours,
     /// other processes and the driver account for, the counters; pass or fail (the status lines
     /// go to stderr)
-    #[arg(long)]
+    // After the --xproc options, before the global --quiet (clap orders ties by name).
+    #[arg(long, display_order = 5)]
     pub json: bool,
+
+    /// Also feed a second ring on each device from producer processes (this program started
+    /// again, attached through vkgdr::share, no CUDA in them), killing one with SIGKILL every
+    /// --kill-every seconds and starting another in its place; off by default
+    // Beside --exhaust-every.
+    #[arg(long, display_order = 3)]
+    pub xproc: bool,
+
+    /// With --xproc: producer processes on each device, a lane each
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 4,
+        requires = "xproc",
+        display_order = 4,
+        value_parser = clap::value_parser!(u32).range(1..=64)
+    )]
+    pub xproc_producers: u32,
+
+    /// With --xproc: seconds between kills of a producer process (at a random moment of each
+    /// period)
+    #[arg(
+        long,
+        value_name = "S",
+        default_value_t = 3,
+        requires = "xproc",
+        display_order = 4,
+        value_parser = at_least_one::<u64>
+    )]
+    pub kill_every: u64,
 
     // Listed first (clap orders ties by name).
     /// The GPU to soak: a CUDA ordinal or a GPU UUID (GPU-..., as `nvidia-smi -L` prints it; the
@@ -71,6 +103,8 @@ pub(super) struct Options {
     pub(super) seconds: u64,
     pub(super) threads: usize,
     pub(super) exhaust_every: u64,
+    /// Producer processes and their kills (`--xproc`).
+    pub(super) xproc: Option<XprocOptions>,
 }
 
 impl From<&SoakArgs> for Options {
@@ -84,6 +118,10 @@ impl From<&SoakArgs> for Options {
             seconds: a.seconds,
             threads: a.threads,
             exhaust_every: a.exhaust_every,
+            xproc: a.xproc.then_some(XprocOptions {
+                producers: a.xproc_producers,
+                kill_every: a.kill_every,
+            }),
         }
     }
 }
@@ -122,6 +160,24 @@ mod tests {
         );
         assert_eq!(parse("--devices all").unwrap().devices, Devices::All);
         assert_eq!(parse("--devices=0,1").unwrap().devices.to_string(), "0,1");
+        // Producer processes: off unless asked for.
+        assert_eq!(parse("").unwrap().xproc, None);
+        assert_eq!(
+            parse("--xproc").unwrap().xproc,
+            Some(XprocOptions {
+                producers: 4,
+                kill_every: 3
+            })
+        );
+        assert_eq!(
+            parse("--xproc --xproc-producers 8 --kill-every 10")
+                .unwrap()
+                .xproc,
+            Some(XprocOptions {
+                producers: 8,
+                kill_every: 10
+            })
+        );
         for bad in [
             "--seconds",
             "--minutes 3",
@@ -135,6 +191,11 @@ mod tests {
             "--devices 0,,1",
             "--devices none",
             "--device 0 --devices all",
+            "--kill-every 5",
+            "--xproc-producers 2",
+            "--xproc --kill-every 0",
+            "--xproc --xproc-producers 0",
+            "--xproc --xproc-producers 65",
         ] {
             let e = parse(bad)
                 .err()

@@ -30,6 +30,14 @@ pub(super) struct Counters {
     /// Which driver call refused each exhaustion's last allocation (Vulkan's allocation or
     /// CUDA's import or mapping of it), and how often.
     pub(super) refused_by: Mutex<std::collections::BTreeMap<String, u64>>,
+    /// With `--xproc`: producer processes started, and killed.
+    pub(super) xproc_started: AtomicU64,
+    pub(super) xproc_killed: AtomicU64,
+    /// Records the owner accepted from them (their reports), and records the kernel checked.
+    pub(super) xproc_accepted: AtomicU64,
+    pub(super) xproc_checked: AtomicU64,
+    /// Tails of theirs the owner refused.
+    pub(super) xproc_lane_faults: AtomicU64,
     /// Wrong data found, or a worker's unexpected error: each one is printed.
     pub(super) failures: AtomicU64,
     /// The first [`ERRORS_KEPT`] of them, for the JSON document.
@@ -99,6 +107,11 @@ impl Counters {
                     }
                     by
                 },
+                xproc_producers_started: t.xproc_producers_started + c.xproc_producers_started,
+                xproc_producers_killed: t.xproc_producers_killed + c.xproc_producers_killed,
+                xproc_records_accepted: t.xproc_records_accepted + c.xproc_records_accepted,
+                xproc_records_checked: t.xproc_records_checked + c.xproc_records_checked,
+                xproc_lane_faults: t.xproc_lane_faults + c.xproc_lane_faults,
                 errors: t.errors + c.errors,
                 warm_up_errors: t.warm_up_errors + c.warm_up_errors,
             })
@@ -123,6 +136,11 @@ impl Counters {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
+            xproc_producers_started: n(&self.xproc_started),
+            xproc_producers_killed: n(&self.xproc_killed),
+            xproc_records_accepted: n(&self.xproc_accepted),
+            xproc_records_checked: n(&self.xproc_checked),
+            xproc_lane_faults: n(&self.xproc_lane_faults),
             errors: n(&self.failures),
             warm_up_errors,
         }
@@ -131,14 +149,37 @@ impl Counters {
     /// One line for the progress bar.
     pub(super) fn progress_line(&self) -> String {
         let n = |a: &AtomicU64| HumanCount(a.load(Ordering::Relaxed));
+        let xproc = if self.xproc_started.load(Ordering::Relaxed) > 0 {
+            format!(
+                " · xproc {} started {} killed {} records",
+                n(&self.xproc_started),
+                n(&self.xproc_killed),
+                n(&self.xproc_accepted)
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "pool {} ops · ring {} records · arena {} cycles · raw {} · {} exhaustions · {} errors",
+            "pool {} ops · ring {} records · arena {} cycles · raw {} · {} exhaustions{xproc} · {} errors",
             n(&self.pool_ops),
             n(&self.ring_records),
             n(&self.arena_cycles),
             n(&self.raw_ops),
             n(&self.exhaustions),
             n(&self.failures),
+        )
+    }
+
+    /// With `--xproc`: what the producer processes did, for the status lines.
+    pub(super) fn xproc_line(&self) -> String {
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        format!(
+            "{} producer processes started, {} killed, {} records accepted, {} checked by the kernel, {} lane faults",
+            n(&self.xproc_started),
+            n(&self.xproc_killed),
+            n(&self.xproc_accepted),
+            n(&self.xproc_checked),
+            n(&self.xproc_lane_faults)
         )
     }
 }

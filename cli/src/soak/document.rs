@@ -208,6 +208,8 @@ pub(super) fn document(
             threads: options.threads,
             exhaust_every_seconds: options.exhaust_every,
             devices: options.devices.to_string(),
+            xproc_producers: options.xproc.map(|x| x.producers),
+            kill_every_seconds: options.xproc.map(|x| x.kill_every),
         },
         passed,
         error,
@@ -261,6 +263,10 @@ mod tests {
             seconds: 60,
             threads: 4,
             exhaust_every: 10,
+            xproc: Some(crate::soak::xproc::XprocOptions {
+                producers: 4,
+                kill_every: 3,
+            }),
         }
     }
 
@@ -306,6 +312,10 @@ mod tests {
                 bar_exhaustions: 6,
                 most_held_at_exhaustion_bytes: (39 + ordinal as u64) << 30,
                 exhaustions_refused_by: [("vkAllocateMemory".to_string(), 6)].into(),
+                xproc_producers_started: 12,
+                xproc_producers_killed: 8,
+                xproc_records_accepted: 700_000,
+                xproc_records_checked: 700_000,
                 ..Default::default()
             },
             ..DeviceRecord::new(two_gpus()[ordinal].clone(), 2 << 20)
@@ -353,6 +363,11 @@ mod tests {
         assert_eq!(checks[3]["came_back"], false);
         // The totals add the devices up.
         assert_eq!(v["counters"]["pool_ops"], 2_000_000);
+        assert_eq!(v["options"]["xproc_producers"], 4);
+        assert_eq!(v["options"]["kill_every_seconds"], 3);
+        assert_eq!(v["counters"]["xproc_producers_killed"], 16);
+        assert_eq!(v["counters"]["xproc_records_checked"], 1_400_000);
+        assert_eq!(v["counters"]["xproc_lane_faults"], 0);
         assert_eq!(v["counters"]["most_held_at_exhaustion_bytes"], 40u64 << 30);
         assert_eq!(
             v["counters"]["exhaustions_refused_by"]["vkAllocateMemory"],

@@ -1,6 +1,7 @@
 //! `vkgdr soak [--device N|UUID | --devices all|LIST] [--seconds N] [--threads N]
-//! [--exhaust-every S] [--json]`: everything at once for a long time, then proof that nothing of
-//! ours stayed behind (no leaked fds, BAR space, VRAM or cached objects).
+//! [--exhaust-every S] [--xproc [--xproc-producers N] [--kill-every S]] [--json]`: everything at
+//! once for a long time, then proof that nothing of ours stayed behind (no leaked fds, BAR space,
+//! VRAM or cached objects).
 //!
 //! On CUDA device 0, the device `--device` names, or every device `--devices` names at once in
 //! this process (each with workers, figures and checks of its own, one verdict for all), for
@@ -18,6 +19,12 @@
 //!   the BAR refuses one, held for a second, then freed; the other workers meet
 //!   `OutOfDeviceMemory` meanwhile and must carry on.
 //!
+//! - **producer processes** (`--xproc`, off by default): a second ring, shared through
+//!   `vkgdr::share`, fed by `--xproc-producers` processes (default 4) of sealed records, one of
+//!   which is killed with SIGKILL every `--kill-every` seconds (default 3) and replaced
+//!   ([`xproc`]): its checking kernel must have checked exactly the records accepted, with no
+//!   error, and the owner must have refused no tail.
+//!
 //! The ring's checking kernel runs from the first second to the last: every free of every other
 //! worker happens while a kernel runs.
 //!
@@ -34,7 +41,7 @@
 //! document ([`SoakDocument`](crate::json::soak::SoakDocument)).
 //!
 //! The parts: [`command_line`] (the options), [`run`] (the soak), [`workers`] (what runs side by
-//! side), [`counters`] (what they did), [`figures`] (what is taken before and after),
+//! side), [`xproc`] (the producer processes), [`counters`] (what they did), [`figures`] (what is taken before and after),
 //! [`verdict`] (whose a change is) and [`document`](mod@document) (the JSON document).
 
 pub mod command_line;
@@ -44,6 +51,7 @@ pub mod figures;
 pub mod run;
 pub mod verdict;
 pub mod workers;
+pub mod xproc;
 
 use std::process::ExitCode;
 

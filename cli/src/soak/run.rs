@@ -17,6 +17,7 @@ use super::document::{DeviceRecord, Record};
 use super::figures::{fds_check, holdings, mib, open_fds, snapshot};
 use super::verdict::judge;
 use super::workers::{arena_cycles, exhaust, launch_checker, pool_churn, raw_churn, ring_producer};
+use super::xproc::XprocSoak;
 use crate::device::{self, Present};
 use crate::ui::{self, alert, say, status};
 
@@ -55,8 +56,13 @@ pub(super) fn soak(
     let stream = Stream::new(gpu)?;
     let ring = DeviceRing::with_lanes(gpu, RING_LANE_BYTES, RING_LANES, WrapMode::Padded)?;
     launch_checker(&module, &ring, &stream)?;
+    // The shared ring and its producer processes (`--xproc`).
+    let xproc = match options.xproc {
+        Some(x) => Some(XprocSoak::start(gpu, &module, x)?),
+        None => None,
+    };
     let records_before = c.ring_records.load(Ordering::Relaxed);
-    std::thread::scope(|s| {
+    let driven = std::thread::scope(|s| {
         for t in 0..options.threads {
             let (pool, stop) = (&pool, &stop);
             s.spawn(move || pool_churn(pool, t as u64 + 1, until, stop, c));
@@ -67,6 +73,11 @@ pub(super) fn soak(
         }
         s.spawn(|| arena_cycles(gpu, until, &stop, c));
         s.spawn(|| raw_churn(gpu, until, &stop, c));
+        // The processes it starts die with this thread (PR_SET_PDEATHSIG): it outlives them.
+        let producers = xproc.as_ref().map(|x| {
+            let stop = &stop;
+            s.spawn(move || x.drive(until, stop, c))
+        });
         let mut next_exhaustion =
             t0 + Duration::from_secs(options.exhaust_every.min(seconds / 2).max(1));
         let mut next_status = t0 + STATUS_EVERY;
@@ -91,6 +102,14 @@ pub(super) fn soak(
                     c.exhaustions.load(Ordering::Relaxed),
                     gpu.pending_releases(),
                 );
+                if xproc.is_some() {
+                    status!(
+                        "{} {:>4} s: xproc: {}",
+                        c.soak(),
+                        t0.elapsed().as_secs(),
+                        c.xproc_line()
+                    );
+                }
             }
             bar.set_position(t0.elapsed().as_secs().min(seconds.max(2)));
             bar.set_message(c.progress_line());
@@ -100,7 +119,12 @@ pub(super) fn soak(
                 break;
             }
         }
+        producers.map(|p| p.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
     });
+    if let (Some(x), Some(driven)) = (xproc, driven) {
+        bar.set_message("stopping the shared ring's kernel, checking its producers' records");
+        x.finish(driven, gpu, c);
+    }
     bar.set_message("stopping the ring's kernel, then the last releases");
     ring.stop_and_wait(Duration::from_secs(30))?;
     let produced = c.ring_records.load(Ordering::Relaxed) - records_before;
@@ -189,7 +213,7 @@ pub(super) fn run(options: &Options, record: &mut Record) -> vkgdr::Result<bool>
         .collect();
     say!(
         "soak: {} for {} s, each with pool churn from {} threads, a {RING_LANES}-lane ring with \
-         its checking kernel, arena grow/shrink, raw allocations, BAR exhaustion every {} s",
+         its checking kernel, arena grow/shrink, raw allocations, BAR exhaustion every {} s{}",
         if several {
             format!("{} devices at once", targets.len())
         } else {
@@ -197,7 +221,14 @@ pub(super) fn run(options: &Options, record: &mut Record) -> vkgdr::Result<bool>
         },
         options.seconds,
         options.threads,
-        options.exhaust_every
+        options.exhaust_every,
+        match options.xproc {
+            Some(x) => format!(
+                ", a shared {}-lane ring fed by as many producer processes, one killed every {} s",
+                x.producers, x.kill_every
+            ),
+            None => String::new(),
+        }
     );
     if several {
         for t in &targets {
@@ -274,6 +305,9 @@ pub(super) fn run(options: &Options, record: &mut Record) -> vkgdr::Result<bool>
             mib(c.exhausted_at.load(Ordering::Relaxed)),
             c.failures.load(Ordering::Relaxed)
         );
+        if options.xproc.is_some() {
+            say!("{soak}: xproc: {}", c.xproc_line());
+        }
         let before = d.before.as_ref().expect("taken after the warm-up");
         let judgement = judge(before, &after, our_pid, d.granule);
         for line in judgement.lines() {

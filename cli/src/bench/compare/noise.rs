@@ -112,7 +112,7 @@ pub fn judge(before: f64, now: f64, higher_is_better: bool, tolerance: f64) -> V
 /// Whether a figure in `unit` (of a report saying `higher_is_better`) is better higher.
 pub(super) fn higher_is_better(unit: &str, report_says: Option<bool>) -> bool {
     match Unit::parse(unit) {
-        Some(u) => u == Unit::GigabytesPerSecond,
+        Some(u) => u.higher_is_better(),
         None => report_says.unwrap_or(false),
     }
 }

@@ -229,6 +229,7 @@ fn fmt(unit: &str, v: f64) -> String {
     match Unit::parse(unit) {
         Some(Unit::Nanoseconds) => Unit::Nanoseconds.format(v),
         Some(Unit::GigabytesPerSecond) => format!("{} GB/s", sig3(v)),
+        Some(Unit::Bytes) => Unit::Bytes.format(v),
         None => format!("{} {unit}", sig3(v)),
     }
 }

@@ -26,6 +26,7 @@ impl Unit {
         match self {
             Unit::Nanoseconds => "time (median)",
             Unit::GigabytesPerSecond => "bandwidth, GB/s (median)",
+            Unit::Bytes => "memory held (median)",
         }
     }
 }
@@ -157,7 +158,7 @@ fn draw(report: &Report, pts: &[&Row], path: &Path) -> Result<(), String> {
         // right (upper left is free).
         .position(match unit {
             Unit::GigabytesPerSecond => SeriesLabelPosition::LowerRight,
-            Unit::Nanoseconds => SeriesLabelPosition::UpperLeft,
+            Unit::Nanoseconds | Unit::Bytes => SeriesLabelPosition::UpperLeft,
         })
         .label_font((FAMILY, 15))
         .background_style(WHITE.mix(0.85))

@@ -77,6 +77,19 @@ pub fn fmt_size(bytes: u64) -> String {
     format!("{bytes} B")
 }
 
+/// An amount of memory with a binary unit and three significant digits (`512 B`, `4.00 KiB`,
+/// `57.3 MiB`, `1.50 GiB`); `0 B` for nothing.
+pub fn fmt_bytes(bytes: f64) -> String {
+    let a = bytes.abs();
+    for (shift, unit) in [(30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        let scale = (1u64 << shift) as f64;
+        if a >= scale {
+            return format!("{} {unit}", sig3(bytes / scale));
+        }
+    }
+    format!("{} B", sig3(bytes))
+}
+
 /// The width of each column of `rows`: its widest cell, in characters.
 pub fn column_widths<R: AsRef<[String]>>(rows: &[R]) -> Vec<usize> {
     let mut widths = Vec::new();
@@ -138,6 +151,11 @@ mod tests {
         assert_eq!(fmt_ns(1.5e9), "1.50 s");
         assert_eq!(sig3(0.1234), "0.123");
         assert_eq!(sig3(0.0), "0");
+        assert_eq!(fmt_bytes(0.0), "0 B");
+        assert_eq!(fmt_bytes(512.0), "512 B");
+        assert_eq!(fmt_bytes(4096.0), "4.00 KiB");
+        assert_eq!(fmt_bytes(60_083_814.0), "57.3 MiB");
+        assert_eq!(fmt_bytes(1.5 * (1u64 << 30) as f64), "1.50 GiB");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use super::format::{fmt_ns, sig3};
+use super::format::{fmt_bytes, fmt_ns, sig3};
 use crate::bench::measure::Stats;
 
 /// What a report's values measure.
@@ -13,6 +13,8 @@ pub enum Unit {
     Nanoseconds,
     /// Bandwidth, 10⁹ bytes per second (higher is better).
     GigabytesPerSecond,
+    /// Memory held, bytes (lower is better).
+    Bytes,
 }
 
 impl Unit {
@@ -21,7 +23,13 @@ impl Unit {
         match self {
             Unit::Nanoseconds => "ns",
             Unit::GigabytesPerSecond => "GB/s",
+            Unit::Bytes => "bytes",
         }
+    }
+
+    /// Whether a larger value is better (rates), or a smaller one (times, memory).
+    pub fn higher_is_better(self) -> bool {
+        self == Unit::GigabytesPerSecond
     }
 
     /// The unit of a CSV or JSON unit name (`ns`, `GB/s`).
@@ -29,6 +37,7 @@ impl Unit {
         match s {
             "ns" => Some(Unit::Nanoseconds),
             "GB/s" => Some(Unit::GigabytesPerSecond),
+            "bytes" => Some(Unit::Bytes),
             _ => None,
         }
     }
@@ -38,6 +47,7 @@ impl Unit {
         match self {
             Unit::Nanoseconds => fmt_ns(v),
             Unit::GigabytesPerSecond => sig3(v),
+            Unit::Bytes => fmt_bytes(v),
         }
     }
 }
@@ -141,6 +151,18 @@ impl Report {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn units_read_back_and_say_which_way_is_better() {
+        for u in [Unit::Nanoseconds, Unit::GigabytesPerSecond, Unit::Bytes] {
+            assert_eq!(Unit::parse(u.csv_name()), Some(u));
+        }
+        assert_eq!(Unit::parse("records/s"), None);
+        assert!(Unit::GigabytesPerSecond.higher_is_better());
+        assert!(!Unit::Nanoseconds.higher_is_better());
+        assert!(!Unit::Bytes.higher_is_better());
+        assert_eq!(Unit::Bytes.format(50e6), "47.7 MiB");
+    }
 
     /// A `copylat` report: two methods at three sizes (one with a comma and quotes in its
     /// name) and a reference value at one size.

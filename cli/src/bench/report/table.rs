@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use super::format::{align, column_widths, fmt_ns, fmt_ns_range, fmt_size, sig3};
+use super::format::{align, column_widths, fmt_bytes, fmt_ns, fmt_ns_range, fmt_size, sig3};
 use super::model::{Report, Row, Unit};
 use super::spec::Layout;
 
@@ -73,6 +73,7 @@ impl Report {
     fn wide_cell(&self, r: &Row) -> String {
         match self.unit {
             Unit::GigabytesPerSecond => sig3(r.median),
+            Unit::Bytes => fmt_bytes(r.median),
             Unit::Nanoseconds if r.reference => fmt_ns(r.median),
             Unit::Nanoseconds => fmt_ns_range(r.median, r.p10, r.p90),
         }
@@ -81,6 +82,7 @@ impl Report {
     fn legend(&self) -> String {
         match (self.unit, self.layout()) {
             (Unit::GigabytesPerSecond, _) => "GB/s (10⁹ bytes/s), median over samples".into(),
+            (Unit::Bytes, _) => "memory held, median over samples".into(),
             (Unit::Nanoseconds, Layout::Wide) => "median (p10–p90) per operation".into(),
             (Unit::Nanoseconds, Layout::Long) => "time per call".into(),
         }
