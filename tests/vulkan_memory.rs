@@ -198,7 +198,7 @@ fn missing_cuda_is_an_error_value() {
     }
 }
 
-/// One process opens and drops many contexts one after another (a test suite, a Python session
+/// One process opens and drops many contexts one after another (a test suite, a Python program
 /// making pools): NVIDIA's driver failed `vkCreateInstance` after about 30 such cycles until the
 /// contexts shared one instance for the process (on lavapipe this only checks the cycles work).
 #[test]

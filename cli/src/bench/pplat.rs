@@ -81,7 +81,7 @@ enum Via {
     Memcpy,
 }
 
-/// Everything one ping-pong session needs.
+/// Everything one run of ping-pongs needs.
 struct Kit<'a> {
     gpu: &'a Gpu,
     func: Function<'a>,
@@ -168,7 +168,7 @@ impl Kit<'_> {
 
     /// One kernel launch of `iters` round trips of `size`-byte messages; returns their times
     /// in ns (warm-up included).
-    fn session(&mut self, via: Via, size: u64, iters: u64) -> BenchResult<Vec<f64>> {
+    fn round_trips(&mut self, via: Via, size: u64, iters: u64) -> BenchResult<Vec<f64>> {
         // Nothing runs on the device now: reset the words the kernel compares.
         match via {
             Via::Bar | Via::BarLean => {
@@ -308,7 +308,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
         for &size in &sizes {
             let iters = iterations(base, size);
             ui::step(format!("{name} · {} × {iters}", fmt_size(size)));
-            match kit.session(via, size, iters) {
+            match kit.round_trips(via, size, iters) {
                 Ok(times) => {
                     let s = Stats::of(&times[warmup(iters) as usize..]).expect("samples");
                     report.rows.push(Row::measured(name, size, &s));

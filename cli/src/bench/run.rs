@@ -25,7 +25,7 @@ use crate::ui::{self, alert, say, status};
 
 /// What a run has done so far: enough for the JSON document whatever stops it.
 #[derive(Default)]
-struct Session {
+struct RunLog {
     ran: Vec<Ran>,
     /// `benchmark: error` for each failure.
     failures: Vec<String>,
@@ -38,14 +38,14 @@ struct Session {
 /// exit code when every benchmark ran (0, or
 /// [`EXIT_WORSE`](super::compare::comparison::EXIT_WORSE)).
 pub fn run(which: Which, opts: &Options, baseline: Option<&(Baseline, u32)>) -> BenchResult<u8> {
-    let mut session = Session::default();
-    let outcome = run_into(which, opts, &mut session);
+    let mut log = RunLog::default();
+    let outcome = run_into(which, opts, &mut log);
     let error = outcome.as_ref().err().map(|e| e.to_string());
     let doc = document(
         opts,
-        session.machine.clone(),
-        session.device.clone(),
-        &session.ran,
+        log.machine.clone(),
+        log.device.clone(),
+        &log.ran,
         error,
     );
     // Only a run whose results were written is compared: its figures are in results.json.
@@ -63,14 +63,14 @@ pub fn run(which: Which, opts: &Options, baseline: Option<&(Baseline, u32)>) -> 
                         Err(e) => {
                             let e = BenchError::io(&path, e);
                             alert!("{e}");
-                            session.failures.push(format!("compare: {e}"));
+                            log.failures.push(format!("compare: {e}"));
                         }
                     }
                     Some(c)
                 }
                 Err(e) => {
                     alert!("compare: {e}");
-                    session.failures.push(format!("compare: {e}"));
+                    log.failures.push(format!("compare: {e}"));
                     None
                 }
             }
@@ -88,10 +88,10 @@ pub fn run(which: Which, opts: &Options, baseline: Option<&(Baseline, u32)>) -> 
         }
     }
     outcome?;
-    if session.failures.is_empty() {
+    if log.failures.is_empty() {
         Ok(comparison.map_or(0, |c| c.exit_code()))
     } else {
-        let names: Vec<&str> = session
+        let names: Vec<&str> = log
             .failures
             .iter()
             .map(|f| f.split_once(':').map_or(f.as_str(), |(n, _)| n))
@@ -103,7 +103,7 @@ pub fn run(which: Which, opts: &Options, baseline: Option<&(Baseline, u32)>) -> 
     }
 }
 
-fn run_into(which: Which, opts: &Options, session: &mut Session) -> BenchResult<()> {
+fn run_into(which: Which, opts: &Options, log: &mut RunLog) -> BenchResult<()> {
     std::fs::create_dir_all(&opts.out).map_err(|e| BenchError::io(&opts.out, e))?;
     let selected = which.selected();
     // Gathered once, after the first benchmark (so `apiperf` still sees a cold process).
@@ -144,13 +144,13 @@ fn run_into(which: Which, opts: &Options, session: &mut Session) -> BenchResult<
                 if let Some(e) = partial {
                     alert!("{name} failed in part: {e}");
                     errors.push(e.clone());
-                    session.failures.push(format!("{name}: {e}"));
+                    log.failures.push(format!("{name}: {e}"));
                 }
                 for r in &rs {
                     if let Err(e) = emit(r, &opts.out) {
                         alert!("{name}: {e}");
                         errors.push(e.to_string());
-                        session.failures.push(format!("{name}: {e}"));
+                        log.failures.push(format!("{name}: {e}"));
                     }
                 }
                 this.reports = rs;
@@ -158,7 +158,7 @@ fn run_into(which: Which, opts: &Options, session: &mut Session) -> BenchResult<
             }
             Err(e) => {
                 alert!("{name} failed: {e}");
-                session.failures.push(format!("{name}: {e}"));
+                log.failures.push(format!("{name}: {e}"));
                 this.error = Some(e.to_string());
                 stuck = matches!(e, BenchError::KernelStuck(_));
                 stop = match &e {
@@ -174,29 +174,29 @@ fn run_into(which: Which, opts: &Options, session: &mut Session) -> BenchResult<
             }
         }
         this.seconds = started.elapsed().as_secs_f64();
-        if session.device.is_none() {
-            session.device = super::measure::opened_device().map(|d| DeviceJson::of(&d));
+        if log.device.is_none() {
+            log.device = super::measure::opened_device().map(|d| DeviceJson::of(&d));
         }
         status!("({name} took {:.1} s)\n", this.seconds);
-        session.ran.push(this);
-        if session.machine.is_none() && !stuck {
+        log.ran.push(this);
+        if log.machine.is_none() && !stuck {
             // Not beside a kernel that may still run: the probe makes driver calls.
-            session.machine = Some(MachineJson::probe());
+            log.machine = Some(MachineJson::probe());
         }
         if which == Which::All {
             // Rewritten after every benchmark so a run cut short still leaves a summary.
             let machine = machine.get_or_insert_with(|| machine_lines(opts));
-            let reports: Vec<Report> = session.ran.iter().flat_map(|r| r.reports.clone()).collect();
-            write_summary(&opts.out, machine, &reports, &session.failures)?;
+            let reports: Vec<Report> = log.ran.iter().flat_map(|r| r.reports.clone()).collect();
+            write_summary(&opts.out, machine, &reports, &log.failures)?;
         }
         // Likewise the JSON results.
         write_results(
             &opts.out,
             &document(
                 opts,
-                session.machine.clone(),
-                session.device.clone(),
-                &session.ran,
+                log.machine.clone(),
+                log.device.clone(),
+                &log.ran,
                 None,
             ),
         )?;
