@@ -5,6 +5,7 @@
 
 use std::os::fd::AsRawFd;
 
+use vkgdr::vulkan::{DeviceSelector, VulkanContext};
 use vkgdr::{Mapping, Pool, PoolConfig};
 
 mod common;
@@ -88,6 +89,23 @@ fn the_fork_check_sees_shared_memory() {
 /// Exported fds carry `FD_CLOEXEC`, and a spawned program holds none of them. (The child's fds
 /// are compared by what they refer to, not counted: the other tests of this binary open files
 /// of their own meanwhile, such as the Vulkan loader's, which a count would see.)
+/// A child forked after its parent opened the Vulkan driver is refused the driver, by name: with
+/// NVIDIA's driver its `vkCreateDevice` lost the device, and then so did its parent's.
+#[test]
+fn a_forked_child_is_refused_the_vulkan_driver_its_parent_opened() {
+    let _ctx = common::vulkan(false);
+    let end = common::in_child(|| {
+        let e = VulkanContext::new(DeviceSelector::FirstSuitable, Default::default()).unwrap_err();
+        assert!(
+            matches!(&e, vkgdr::Error::Unsupported(m) if m.contains("forked") && m.contains("spawn")),
+            "{e}"
+        );
+    });
+    assert_eq!(end, ChildEnd::Exited(0), "the child's check");
+    // The parent's own driver is untouched: it opens another device.
+    VulkanContext::new(DeviceSelector::FirstSuitable, Default::default()).unwrap();
+}
+
 #[test]
 fn exported_fds_are_close_on_exec() {
     let ctx = common::vulkan(false);

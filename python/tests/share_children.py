@@ -232,7 +232,19 @@ def inherited(path: str, objects: List[Any]) -> None:
                 assert "inherited through fork" in str(e), e
             else:
                 raise AssertionError(f"{obj!r}: a use in a forked child was not refused")
-    memory_writer(path, seed="3", expect="1", cuda="yes")
+    fork_refused(path)
+
+
+def fork_refused(path: str) -> None:
+    """In a child forked after its parent opened the Vulkan driver: attaching is refused by
+    name (the driver's calls in a forked child break the parent's devices), before any of them."""
+    try:
+        with vkgdr.attach(path) as peer:
+            peer.attach_memory("m")
+    except vkgdr.VkgdrError as e:
+        assert "forked" in str(e) and "spawn" in str(e), e
+    else:
+        raise AssertionError("a forked child was let open the Vulkan driver")
 
 
 # --- The script ----------------------------------------------------------------------------------

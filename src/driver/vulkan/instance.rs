@@ -197,10 +197,12 @@ struct SharedInstance {
 }
 
 /// The shared instance of the loader `VKGDR_VULKAN_LIBRARY` names now (see [`SharedInstance`]),
-/// made by this process: a child forked after its parent made one (a peer started by
-/// `fork()`, Python's `multiprocessing` included) opens an instance of its own, since Vulkan
-/// objects are not shared between processes and the parent's was made with driver state the
-/// child does not have (its threads, for one). The parent's stays leaked in the child.
+/// made by this process. A child forked after its parent made one (a peer started by `fork()`,
+/// Python's `multiprocessing` with its `fork` start method) is refused with
+/// [`Error::Unsupported`] instead: with NVIDIA's driver (580) a forked child's `vkCreateDevice` failed
+/// with `VK_ERROR_DEVICE_LOST`, and so did every one of its parent's afterwards (the driver's
+/// state is shared through the inherited fds). Children that start with `exec` (`subprocess`,
+/// `multiprocessing`'s `spawn` and `forkserver`) open the driver afresh.
 /// Failures are not kept: a later call tries again (another loader, a driver installed since).
 pub(super) fn shared_instance() -> Result<&'static ash::Instance> {
     type Made = (String, u32, &'static SharedInstance);
@@ -211,6 +213,14 @@ pub(super) fn shared_instance() -> Result<&'static ash::Instance> {
     let mut instances = INSTANCES.lock();
     if let Some((_, _, shared)) = instances.iter().find(|(n, p, _)| *n == name && *p == pid) {
         return Ok(&shared.instance);
+    }
+    if let Some((_, parent, _)) = instances.iter().find(|(_, p, _)| *p != pid) {
+        return Err(Error::Unsupported(format!(
+            "this process was forked from process {parent} after it opened the Vulkan driver, \
+             and a forked child's driver calls break its parent's devices: start the child \
+             with exec instead (subprocess, or multiprocessing's spawn or forkserver start \
+             method)"
+        )));
     }
     let entry = load_entry()?;
     let instance = create_instance(&entry)?;
