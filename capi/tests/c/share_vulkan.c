@@ -242,7 +242,7 @@ static void revoke_and_refuse(vkgdr_share_server_t server, vkgdr_pool_t pool, co
     vkgdr_block_t blk;
     uint64_t id = 0, token = 0;
     unsigned char byte = 5, buf[64];
-    char strict_path[128];
+    char strict_path[160];
     uint32_t other_uid = (uint32_t)getuid() + 1;
 
     CHECK(vkgdr_peer_connect(path, 0, &me) == VKGDR_SUCCESS, "connect in-process");
