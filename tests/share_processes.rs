@@ -14,18 +14,18 @@ use std::io::{BufRead, BufReader};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Child;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vkgdr::ring::layout::{seal_test_payload, verify_records, RingSource, WrapMode};
-use vkgdr::share::lane::LanePosition;
+use vkgdr::ring::layout::{
+    seal_test_payload, WrapMode, RESULT_ERRORS, RESULT_NEXT_SEQ, RESULT_RECORDS,
+};
 use vkgdr::share::wire::{self, LaneDescriptor, Message, Region, RegionDescriptor};
 use vkgdr::share::{
-    LaneSource, LaneTarget, Peer, PeerPolicy, RefusalCode, ShareError, ShareEvent, ShareOptions,
-    ShareServer,
+    CheckingLanes, Peer, PeerPolicy, RefusalCode, ShareError, ShareEvent, ShareOptions, ShareServer,
 };
-use vkgdr::vulkan::{VulkanContext, VulkanMemory};
+use vkgdr::vulkan::VulkanContext;
 use vkgdr::{Error, Mapping, Pool, PoolConfig};
 
 use common::share::*;
@@ -306,89 +306,13 @@ fn revoked_memory_and_blocks_refuse_the_peers_writes() {
 
 // --- Ring lanes over Vulkan memory, consumed by the owner's CPU ---------------------------------
 
-/// A lane whose consumer is a thread of the owner: the region is Vulkan memory the producer maps,
-/// the tail a host word.
-struct CpuLane {
-    index: u32,
-    memory: Arc<VulkanMemory>,
-    tail: AtomicU64,
-    seq: AtomicU64,
-    head: AtomicU64,
-    lent: AtomicBool,
+/// Lanes consumed by a thread of the owner that checks every record (the library's
+/// `CheckingLanes`, the CPU's `ring_check_lanes`).
+fn cpu_lanes(ctx: &Arc<VulkanContext>, n: u32, capacity: u64) -> Arc<CheckingLanes> {
+    CheckingLanes::new(ctx, capacity, n).expect("checking lanes")
 }
 
-struct CpuLanes {
-    lanes: Vec<Arc<CpuLane>>,
-}
-
-struct Lent(Arc<CpuLane>);
-
-impl LaneTarget for Lent {
-    fn lane(&self) -> u32 {
-        self.0.index
-    }
-    fn capacity(&self) -> u64 {
-        self.0.memory.size()
-    }
-    fn wrap(&self) -> WrapMode {
-        WrapMode::Padded
-    }
-    fn start(&self) -> LanePosition {
-        LanePosition {
-            tail: self.0.tail.load(Ordering::Acquire),
-            seq: self.0.seq.load(Ordering::Acquire),
-        }
-    }
-    fn head(&self) -> u64 {
-        self.0.head.load(Ordering::Acquire)
-    }
-    fn consumer_gone(&self) -> bool {
-        false
-    }
-    fn publish(&self, to: LanePosition) -> vkgdr::Result<()> {
-        self.0.seq.store(to.seq, Ordering::Release);
-        self.0.tail.store(to.tail, Ordering::Release);
-        Ok(())
-    }
-    fn export_data(&self) -> vkgdr::Result<(OwnedFd, u64, u64)> {
-        Ok((self.0.memory.export_fd()?, self.0.memory.size(), 0))
-    }
-}
-
-impl Drop for Lent {
-    fn drop(&mut self) {
-        self.0.lent.store(false, Ordering::Release);
-    }
-}
-
-impl LaneSource for CpuLanes {
-    fn lend(&self) -> vkgdr::Result<Box<dyn LaneTarget>> {
-        for lane in &self.lanes {
-            if lane
-                .lent
-                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                return Ok(Box::new(Lent(Arc::clone(lane))));
-            }
-        }
-        Err(vkgdr::ring::core::RingError::Claimed.into())
-    }
-}
-
-/// The region of a lane, as the consumer reads it (invalidated first).
-struct Region_<'a>(&'a VulkanMemory);
-
-impl RingSource for Region_<'_> {
-    fn capacity(&self) -> u64 {
-        self.0.size()
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) {
-        self.0.read(offset, out).expect("read the lane");
-    }
-}
-
-/// What a consumer of one lane has seen.
+/// What the consumer saw of one lane.
 #[derive(Default, Debug, Clone, Copy)]
 struct Consumed {
     records: u64,
@@ -396,47 +320,19 @@ struct Consumed {
     next_seq: u64,
 }
 
-/// Consumes every lane until `stop`: walks `[head, tail)` with the test-payload checks and
-/// releases it.
-fn consume(lanes: Arc<CpuLanes>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<Consumed>> {
-    std::thread::spawn(move || {
-        let mut seen = vec![Consumed::default(); lanes.lanes.len()];
-        loop {
-            let last = stop.load(Ordering::Acquire);
-            for (lane, c) in lanes.lanes.iter().zip(seen.iter_mut()) {
-                let tail = lane.tail.load(Ordering::Acquire);
-                let head = lane.head.load(Ordering::Acquire);
-                if tail > head {
-                    let r = verify_records(&Region_(&lane.memory), head, tail, c.next_seq);
-                    c.records += r.records;
-                    c.errors += r.errors;
-                    c.next_seq = r.next_seq;
-                    lane.head.store(r.pos, Ordering::Release);
-                }
+/// Stops the lanes' consumer after a last pass over what was published, and says what it saw.
+fn consumed(lanes: &CheckingLanes) -> Vec<Consumed> {
+    lanes.stop();
+    (0..lanes.lanes())
+        .map(|i| {
+            let r = lanes.results_of(i).expect("a lane");
+            Consumed {
+                records: r[RESULT_RECORDS],
+                errors: r[RESULT_ERRORS],
+                next_seq: r[RESULT_NEXT_SEQ],
             }
-            if last {
-                return seen;
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-    })
-}
-
-fn cpu_lanes(ctx: &Arc<VulkanContext>, n: u32, capacity: u64) -> Arc<CpuLanes> {
-    Arc::new(CpuLanes {
-        lanes: (0..n)
-            .map(|index| {
-                Arc::new(CpuLane {
-                    index,
-                    memory: Arc::new(ctx.allocate(capacity).unwrap()),
-                    tail: AtomicU64::new(0),
-                    seq: AtomicU64::new(0),
-                    head: AtomicU64::new(0),
-                    lent: AtomicBool::new(false),
-                })
-            })
-            .collect(),
-    })
+        })
+        .collect()
 }
 
 /// A producer child: `records` sealed records of 24 to 1,000 bytes, in batches; then, with
@@ -498,8 +394,6 @@ fn lanes_fed_by_producer_processes_reach_the_consumer_in_order() {
     let lanes = cpu_lanes(&ctx, 3, 64 << 10);
     let (server, path) = server(&ctx, "lanes");
     server.share_lanes("in", lanes.clone()).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let consumer = consume(lanes.clone(), stop.clone());
     let name = "lanes_fed_by_producer_processes_reach_the_consumer_in_order";
     let children: Vec<Child> = (0..3).map(|_| spawn(name, "produce", &path)).collect();
     // Once the three hold a lane each, a fourth finds every lane taken.
@@ -525,8 +419,7 @@ fn lanes_fed_by_producer_processes_reach_the_consumer_in_order() {
     }
     drop(peer);
     std::thread::sleep(Duration::from_millis(100));
-    stop.store(true, Ordering::Release);
-    let seen = consumer.join().unwrap();
+    let seen = consumed(&lanes);
     for (i, c) in seen.iter().enumerate() {
         assert_eq!(c.errors, 0, "lane {i}: {c:?}");
     }
@@ -546,8 +439,6 @@ fn a_producer_killed_mid_record_shows_no_torn_record_and_its_lane_is_reclaimed()
     let lanes = cpu_lanes(&ctx, 2, 64 << 10);
     let (server, path) = server(&ctx, "kill");
     server.share_lanes("in", lanes.clone()).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let consumer = consume(lanes.clone(), stop.clone());
     // The victim takes lane 0, then a bystander streams on lane 1 while it dies.
     let mut victim = spawn(name, "tear", &path);
     let mut out = BufReader::new(victim.stdout.take().unwrap());
@@ -574,24 +465,17 @@ fn a_producer_killed_mid_record_shows_no_torn_record_and_its_lane_is_reclaimed()
     });
     // The lane is free again: a new producer continues where the victim's last accepted
     // record ended (the torn record was never accepted, so it is overwritten).
-    let after = {
-        let lane0 = &lanes.lanes[0];
-        assert!(!lane0.lent.load(Ordering::Acquire), "lane 0 is back");
-        (
-            lane0.tail.load(Ordering::Acquire),
-            lane0.seq.load(Ordering::Acquire),
-        )
-    };
+    assert!(!lanes.is_lent(0), "lane 0 is back");
     assert_eq!(
-        after.1, 300,
+        lanes.published(0).unwrap().seq,
+        300,
         "every whole record of the victim was accepted, the torn one not"
     );
     let heir = spawn(name, "stream", &path);
     assert_eq!(finish(bystander, Duration::from_secs(120)), 0);
     assert_eq!(finish(heir, Duration::from_secs(120)), 0);
     std::thread::sleep(Duration::from_millis(100));
-    stop.store(true, Ordering::Release);
-    let seen = consumer.join().unwrap();
+    let seen = consumed(&lanes);
     assert_eq!(
         seen[0].errors, 0,
         "lane 0 (victim, then heir): {:?}",
@@ -966,7 +850,7 @@ fn a_producer_that_publishes_a_bad_tail_loses_its_lane_and_the_consumer_sees_not
     });
     println!("{e:?}");
     assert_eq!(
-        lanes.lanes[0].tail.load(Ordering::Acquire),
+        lanes.published(0).unwrap().tail,
         0,
         "nothing reached the consumer"
     );
@@ -991,16 +875,13 @@ fn a_producer_that_publishes_a_bad_tail_loses_its_lane_and_the_consumer_sees_not
         vkgdr::share::FAULTED
     );
     // Still lent while the faulty producer lives; back once it hangs up.
-    assert!(lanes.lanes[0].lent.load(Ordering::Acquire));
+    assert!(lanes.is_lent(0));
     drop(fds);
     drop(s);
     wait_event(&server, Duration::from_secs(5), |e| {
         matches!(e, ShareEvent::Gone { .. })
     });
-    assert!(
-        !lanes.lanes[0].lent.load(Ordering::Acquire),
-        "the lane went back"
-    );
+    assert!(!lanes.is_lent(0), "the lane went back");
     // SAFETY: the two probe mappings, unmapped once.
     unsafe {
         rustix::mm::munmap(page.cast(), 4096).unwrap();

@@ -17,10 +17,9 @@ use std::sync::mpsc::{channel, Receiver};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vkgdr::ring::layout::{verify_records, RingSource, WrapMode};
-use vkgdr::share::lane::LanePosition;
-use vkgdr::share::{LaneSource, LaneTarget, ShareEvent, ShareOptions, ShareServer};
-use vkgdr::vulkan::{DeviceSelector, MemoryOptions, VulkanContext, VulkanMemory};
+use vkgdr::ring::layout::{RESULT_ERRORS, RESULT_NEXT_SEQ, RESULT_RECORDS};
+use vkgdr::share::{CheckingLanes, ShareEvent, ShareOptions, ShareServer};
+use vkgdr::vulkan::{DeviceSelector, MemoryOptions, VulkanContext};
 use vkgdr::Mapping;
 
 use common::{lavapipe_manifest, INHERITED, NO_CUDA};
@@ -152,124 +151,23 @@ fn socket(test: &str) -> std::path::PathBuf {
 
 // --- Lanes consumed by a thread of the test --------------------------------------------------
 
-struct CpuLane {
-    index: u32,
-    memory: VulkanMemory,
-    tail: AtomicU64,
-    seq: AtomicU64,
-    head: AtomicU64,
-    lent: AtomicBool,
-}
-
-struct CpuLanes(Vec<Arc<CpuLane>>);
-
-struct Lent(Arc<CpuLane>);
-
-impl LaneTarget for Lent {
-    fn lane(&self) -> u32 {
-        self.0.index
-    }
-    fn capacity(&self) -> u64 {
-        self.0.memory.size()
-    }
-    fn wrap(&self) -> WrapMode {
-        WrapMode::Padded
-    }
-    fn start(&self) -> LanePosition {
-        LanePosition {
-            tail: self.0.tail.load(Ordering::Acquire),
-            seq: self.0.seq.load(Ordering::Acquire),
-        }
-    }
-    fn head(&self) -> u64 {
-        self.0.head.load(Ordering::Acquire)
-    }
-    fn consumer_gone(&self) -> bool {
-        false
-    }
-    fn publish(&self, to: LanePosition) -> vkgdr::Result<()> {
-        self.0.seq.store(to.seq, Ordering::Release);
-        self.0.tail.store(to.tail, Ordering::Release);
-        Ok(())
-    }
-    fn export_data(&self) -> vkgdr::Result<(OwnedFd, u64, u64)> {
-        Ok((self.0.memory.export_fd()?, self.0.memory.size(), 0))
-    }
-}
-
-impl Drop for Lent {
-    fn drop(&mut self) {
-        self.0.lent.store(false, Ordering::Release);
-    }
-}
-
-impl LaneSource for CpuLanes {
-    fn lend(&self) -> vkgdr::Result<Box<dyn LaneTarget>> {
-        for lane in &self.0 {
-            if lane
-                .lent
-                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                return Ok(Box::new(Lent(Arc::clone(lane))));
-            }
-        }
-        Err(vkgdr::ring::core::RingError::Claimed.into())
-    }
-}
-
-struct Region<'a>(&'a VulkanMemory);
-
-impl RingSource for Region<'_> {
-    fn capacity(&self) -> u64 {
-        self.0.size()
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) {
-        self.0.read(offset, out).expect("read the lane");
-    }
-}
-
 /// What the consumer saw of one lane: records, errors, the next seq.
 type Seen = (u64, u64, u64);
 
-/// Consumes every lane (the test-payload checks) until `stop`.
-fn consume(lanes: Arc<CpuLanes>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<Seen>> {
-    std::thread::spawn(move || {
-        let mut seen = vec![(0, 0, 0); lanes.0.len()];
-        loop {
-            let last = stop.load(Ordering::Acquire);
-            for (lane, s) in lanes.0.iter().zip(seen.iter_mut()) {
-                let tail = lane.tail.load(Ordering::Acquire);
-                let head = lane.head.load(Ordering::Acquire);
-                if tail > head {
-                    let r = verify_records(&Region(&lane.memory), head, tail, s.2);
-                    *s = (s.0 + r.records, s.1 + r.errors, r.next_seq);
-                    lane.head.store(r.pos, Ordering::Release);
-                }
-            }
-            if last {
-                return seen;
-            }
-            std::thread::sleep(Duration::from_micros(100));
-        }
-    })
+/// `n` lanes of 256 KiB checked by a thread of the test (the library's `CheckingLanes`).
+fn lanes(ctx: &Arc<VulkanContext>, n: u32) -> Arc<CheckingLanes> {
+    CheckingLanes::new(ctx, 256 << 10, n).unwrap()
 }
 
-fn lanes(ctx: &Arc<VulkanContext>, n: u32) -> Arc<CpuLanes> {
-    Arc::new(CpuLanes(
-        (0..n)
-            .map(|index| {
-                Arc::new(CpuLane {
-                    index,
-                    memory: ctx.allocate(256 << 10).unwrap(),
-                    tail: AtomicU64::new(0),
-                    seq: AtomicU64::new(0),
-                    head: AtomicU64::new(0),
-                    lent: AtomicBool::new(false),
-                })
-            })
-            .collect(),
-    ))
+/// Stops the lanes' consumer after a last pass and says what it saw of each lane.
+fn seen(lanes: &CheckingLanes) -> Vec<Seen> {
+    lanes.stop();
+    (0..lanes.lanes())
+        .map(|i| {
+            let r = lanes.results_of(i).unwrap();
+            (r[RESULT_RECORDS], r[RESULT_ERRORS], r[RESULT_NEXT_SEQ])
+        })
+        .collect()
 }
 
 fn wait_gone(server: &ShareServer, pid: u32) {
@@ -292,8 +190,6 @@ fn producer_processes_answer_go_with_done_and_their_records_arrive_in_order() {
     let path = socket("producers");
     let server = ShareServer::bind(&path, &ctx, ShareOptions::default()).unwrap();
     server.share_lanes("in", lanes.clone()).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let consumer = consume(lanes.clone(), stop.clone());
     let args = |extra: &[&str]| -> Vec<String> {
         [
             "xproc-producer",
@@ -343,8 +239,7 @@ fn producer_processes_answer_go_with_done_and_their_records_arrive_in_order() {
         assert_eq!(k.finish(), 0);
     }
     std::thread::sleep(Duration::from_millis(100));
-    stop.store(true, Ordering::Release);
-    let seen = consumer.join().unwrap();
+    let seen = seen(&lanes);
     let mut counts: Vec<u64> = seen.iter().map(|s| s.0).collect();
     counts.sort();
     assert_eq!(counts, [200, 6000, 6000], "{seen:?}");
@@ -362,8 +257,6 @@ fn a_killed_soak_producer_s_lane_goes_on_with_the_next_one() {
     let path = socket("soak");
     let server = ShareServer::bind(&path, &ctx, ShareOptions::default()).unwrap();
     server.share_lanes("soak", lanes.clone()).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let consumer = consume(lanes.clone(), stop.clone());
     let args = |seed: u64| -> Vec<String> {
         vec![
             "soak-producer".into(),
@@ -414,8 +307,7 @@ fn a_killed_soak_producer_s_lane_goes_on_with_the_next_one() {
         assert_eq!(k.finish(), 0);
     }
     std::thread::sleep(Duration::from_millis(100));
-    stop.store(true, Ordering::Release);
-    let seen = consumer.join().unwrap();
+    let seen = seen(&lanes);
     assert!(
         seen.iter().all(|s| s.1 == 0),
         "no torn or wrong record: {seen:?}"

@@ -4,18 +4,13 @@
 //! and a CPU thread of this process consumes, checking every record as the GPU's checking
 //! consumers do.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::Duration;
 
 use parking_lot::Mutex;
+
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
-use vkgdr::ring::core::RingError;
-use vkgdr::ring::layout::{verify_records, RingSource, WrapMode, MIN_CAPACITY};
-use vkgdr::share::lane::LanePosition;
-use vkgdr::share::{LaneSource, LaneTarget};
+use vkgdr::share::{CheckingLanes, LaneSource};
 use vkgdr::vulkan::{DeviceSelector, MemoryOptions, VulkanContext};
 use vkgdr::Mapping;
 
@@ -285,149 +280,21 @@ impl VulkanMemory {
 
 // --- CheckingRing -------------------------------------------------------------------------------
 
-/// The result words of a lane, as `DeviceRing.results_of` numbers them (`kernels/ring.cu`).
-const RESULT_RECORDS: usize = 0;
-const RESULT_CHECKSUM_SUM: usize = 1;
-const RESULT_ERRORS: usize = 2;
-const RESULT_NEXT_SEQ: usize = 3;
-const RESULT_POS: usize = 4;
-
-/// One lane: its own allocation (a borrower maps it and nothing else), the tail the relay
-/// publishes, the head the consumer thread moves.
-struct CpuLane {
-    index: u32,
-    memory: Arc<vkgdr::vulkan::VulkanMemory>,
-    tail: AtomicU64,
-    seq: AtomicU64,
-    head: AtomicU64,
-    lent: AtomicBool,
-    results: Mutex<[u64; 8]>,
-}
-
-/// The lanes and the consumer's stop flag: what the `ShareServer` lends from.
-struct CpuLanes {
-    lanes: Vec<Arc<CpuLane>>,
-    stopped: Arc<AtomicBool>,
-}
-
-/// A lane lent to a remote producer until dropped.
-struct Lent {
-    lane: Arc<CpuLane>,
-    stopped: Arc<AtomicBool>,
-}
-
-impl LaneTarget for Lent {
-    fn lane(&self) -> u32 {
-        self.lane.index
-    }
-    fn capacity(&self) -> u64 {
-        self.lane.memory.size()
-    }
-    fn wrap(&self) -> WrapMode {
-        WrapMode::Padded
-    }
-    fn start(&self) -> LanePosition {
-        LanePosition {
-            tail: self.lane.tail.load(Ordering::Acquire),
-            seq: self.lane.seq.load(Ordering::Acquire),
-        }
-    }
-    fn head(&self) -> u64 {
-        self.lane.head.load(Ordering::Acquire)
-    }
-    fn consumer_gone(&self) -> bool {
-        self.stopped.load(Ordering::Acquire)
-    }
-    fn publish(&self, to: LanePosition) -> vkgdr::Result<()> {
-        self.lane.seq.store(to.seq, Ordering::Release);
-        self.lane.tail.store(to.tail, Ordering::Release);
-        Ok(())
-    }
-    fn export_data(&self) -> vkgdr::Result<(std::os::fd::OwnedFd, u64, u64)> {
-        Ok((self.lane.memory.export_fd()?, self.lane.memory.size(), 0))
-    }
-}
-
-impl Drop for Lent {
-    fn drop(&mut self) {
-        self.lane.lent.store(false, Ordering::Release);
-    }
-}
-
-impl LaneSource for CpuLanes {
-    fn lend(&self) -> vkgdr::Result<Box<dyn LaneTarget>> {
-        if self.stopped.load(Ordering::Acquire) {
-            return Err(RingError::Stopped.into());
-        }
-        for lane in &self.lanes {
-            if lane
-                .lent
-                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                return Ok(Box::new(Lent {
-                    lane: Arc::clone(lane),
-                    stopped: Arc::clone(&self.stopped),
-                }));
-            }
-        }
-        Err(RingError::Claimed.into())
-    }
-}
-
-/// A lane's region as the consumer reads it (invalidated first on non-coherent memory).
-struct Region<'a>(&'a vkgdr::vulkan::VulkanMemory);
-
-impl RingSource for Region<'_> {
-    fn capacity(&self) -> u64 {
-        self.0.size()
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) {
-        // A failed read (a lost device) leaves zeros, which the checks count as errors.
-        if self.0.read(offset, out).is_err() {
-            out.fill(0);
-        }
-    }
-}
-
-impl CpuLanes {
-    /// Checks and consumes what was published in each lane since the last pass.
-    fn consume(&self) {
-        for lane in &self.lanes {
-            let tail = lane.tail.load(Ordering::Acquire);
-            let head = lane.head.load(Ordering::Acquire);
-            if tail <= head {
-                continue;
-            }
-            let mut results = lane.results.lock();
-            let r = verify_records(&Region(&lane.memory), head, tail, results[RESULT_NEXT_SEQ]);
-            results[RESULT_RECORDS] += r.records;
-            results[RESULT_CHECKSUM_SUM] =
-                results[RESULT_CHECKSUM_SUM].wrapping_add(r.checksum_sum);
-            results[RESULT_ERRORS] += r.errors;
-            results[RESULT_NEXT_SEQ] = r.next_seq;
-            results[RESULT_POS] = r.pos;
-            // A broken chain stops short of the tail: skip to it, as nothing after it can be
-            // walked, so that the producer is not stuck (the errors are counted).
-            let to = if r.errors > 0 { tail } else { r.pos };
-            lane.head.store(to, Ordering::Release);
-        }
-    }
-}
-
 /// For tests and CPU-only owners (``VulkanDevice.checking_ring(capacity, lanes=1)``): a ring
 /// whose lanes ``ShareServer.share_ring`` lends to producers in other processes (a lane each),
 /// and whose consumer is a thread of this process that checks every record as
-/// ``ring_check_lanes`` of ``kernels/ring.cu`` does: records carry sealed test payloads (an
-/// 8-byte sequence number, the 8-byte checksum of the body, the body), numbered from 0 in each
-/// lane. ``results_of(lane)`` are its result words (``DeviceRing.results_of``'s numbering:
-/// records, checksum sum, errors, next sequence number, position). ``stop()`` lets the consumer
-/// finish what was published and exit; producers then see their lane stopped.
+/// ``ring_check_lanes`` of ``kernels/ring.cu`` does (the library's ``CheckingLanes``): records
+/// carry sealed test payloads (an 8-byte sequence number, the 8-byte checksum of the body, the
+/// body), numbered from 0 in each lane. ``results_of(lane)`` are its result words
+/// (``DeviceRing.results_of``'s numbering: records, checksum sum, errors, next sequence number,
+/// position). ``stop()`` lets the consumer finish what was published and exit; producers then
+/// see their lane stopped.
 #[pyclass(module = "vkgdr", name = "CheckingRing", frozen)]
 pub struct CheckingRing {
-    lanes: Arc<CpuLanes>,
+    /// `ManuallyDrop` so that a child forked from the owner leaks it instead of stopping (and
+    /// joining) the parent's consumer thread, which does not exist there.
+    lanes: std::mem::ManuallyDrop<Arc<CheckingLanes>>,
     capacity: u64,
-    consumer: Mutex<Option<JoinHandle<()>>>,
     home: Home,
 }
 
@@ -438,57 +305,12 @@ impl CheckingRing {
         capacity: u64,
         lanes: u32,
     ) -> PyResult<CheckingRing> {
-        if !capacity.is_power_of_two() || capacity < MIN_CAPACITY {
-            return Err(to_py(RingError::InvalidCapacity(capacity).into()));
-        }
-        if lanes == 0 || lanes > 64 {
-            return Err(invalid_argument(format!(
-                "a checking ring has 1 to 64 lanes, not {lanes}"
-            )));
-        }
-        let made = py.detach(|| {
-            (0..lanes)
-                .map(|index| {
-                    Ok(Arc::new(CpuLane {
-                        index,
-                        memory: Arc::new(context.allocate(capacity)?),
-                        tail: AtomicU64::new(0),
-                        seq: AtomicU64::new(0),
-                        head: AtomicU64::new(0),
-                        lent: AtomicBool::new(false),
-                        results: Mutex::new([0; 8]),
-                    }))
-                })
-                .collect::<vkgdr::Result<Vec<_>>>()
-        });
-        let lanes = Arc::new(CpuLanes {
-            lanes: made.map_err(to_py)?,
-            stopped: Arc::new(AtomicBool::new(false)),
-        });
-        let consumer = {
-            let lanes = Arc::clone(&lanes);
-            std::thread::Builder::new()
-                .name("vkgdr-checking-ring".into())
-                .spawn(move || loop {
-                    // The flag first: a pass after it sees everything published before the stop.
-                    let last = lanes.stopped.load(Ordering::Acquire);
-                    lanes.consume();
-                    if last {
-                        return;
-                    }
-                    std::thread::sleep(Duration::from_micros(200));
-                })
-                .map_err(|e| {
-                    to_py(vkgdr::Error::System {
-                        call: "pthread_create",
-                        errno: e.to_string(),
-                    })
-                })?
-        };
+        let lanes = py
+            .detach(|| CheckingLanes::new(context, capacity, lanes))
+            .map_err(to_py)?;
         Ok(CheckingRing {
-            lanes,
+            lanes: std::mem::ManuallyDrop::new(lanes),
             capacity,
-            consumer: Mutex::new(Some(consumer)),
             home: Home::here(),
         })
     }
@@ -496,21 +318,18 @@ impl CheckingRing {
     /// What `ShareServer.share_ring` lends lanes from.
     pub(crate) fn source(&self) -> PyResult<Arc<dyn LaneSource>> {
         self.home.check("CheckingRing")?;
-        Ok(Arc::clone(&self.lanes) as Arc<dyn LaneSource>)
+        Ok(Arc::clone(&*self.lanes) as Arc<dyn LaneSource>)
     }
 
-    fn lane(&self, lane: usize) -> PyResult<&CpuLane> {
-        let n = self.lanes.lanes.len();
-        self.lanes.lanes.get(lane).map(|l| &**l).ok_or_else(|| {
-            invalid_argument(format!("lane {lane} does not exist (the ring has {n})"))
-        })
-    }
-
-    /// Stops the consumer after a last pass, and waits for it.
-    fn stop_and_join(&self) {
-        self.lanes.stopped.store(true, Ordering::Release);
-        if let Some(t) = self.consumer.lock().take() {
-            let _ = t.join();
+    /// `lane`, if the ring has it.
+    fn lane(&self, lane: usize) -> PyResult<usize> {
+        let n = self.lanes.lanes();
+        if lane < n {
+            Ok(lane)
+        } else {
+            Err(invalid_argument(format!(
+                "lane {lane} does not exist (the ring has {n})"
+            )))
         }
     }
 }
@@ -518,13 +337,11 @@ impl CheckingRing {
 impl Drop for CheckingRing {
     fn drop(&mut self) {
         if self.home.is_here() {
-            self.stop_and_join();
-        } else {
-            // A forked child: the consumer thread is the parent's, not this process's, and so
-            // are the lanes' mappings (a reference leaked keeps them from being freed here).
-            std::mem::forget(self.consumer.lock().take());
-            std::mem::forget(Arc::clone(&self.lanes));
+            // SAFETY: dropped once, here, and never used again.
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.lanes) };
         }
+        // A forked child: the consumer thread is the parent's, not this process's, and so are
+        // the lanes' mappings: leaked.
     }
 }
 
@@ -533,7 +350,7 @@ impl CheckingRing {
     /// Number of lanes.
     #[getter]
     fn lanes(&self) -> usize {
-        self.lanes.lanes.len()
+        self.lanes.lanes()
     }
 
     /// Capacity of each lane in bytes.
@@ -544,46 +361,54 @@ impl CheckingRing {
 
     /// How far the consumer has consumed lane ``lane``.
     fn head_of(&self, lane: usize) -> PyResult<u64> {
-        Ok(self.lane(lane)?.head.load(Ordering::Acquire))
+        Ok(self.lanes.head(self.lane(lane)?).unwrap_or(0))
     }
 
     /// Where the records published in lane ``lane`` end (what the owner accepted from its
     /// producers).
     fn published_of(&self, lane: usize) -> PyResult<u64> {
-        Ok(self.lane(lane)?.tail.load(Ordering::Acquire))
+        Ok(self
+            .lanes
+            .published(self.lane(lane)?)
+            .map(|p| p.tail)
+            .unwrap_or(0))
     }
 
     /// Whether lane ``lane`` is lent to a producer now.
     fn is_lent(&self, lane: usize) -> PyResult<bool> {
-        Ok(self.lane(lane)?.lent.load(Ordering::Acquire))
+        Ok(self.lanes.is_lent(self.lane(lane)?))
     }
 
     /// Lane ``lane``'s 8 result words: records, checksum sum, errors, next sequence number,
     /// position, then zeros.
     fn results_of(&self, lane: usize) -> PyResult<Vec<u64>> {
-        Ok(self.lane(lane)?.results.lock().to_vec())
+        Ok(self
+            .lanes
+            .results_of(self.lane(lane)?)
+            .map(|r| r.to_vec())
+            .unwrap_or_default())
     }
 
     /// Lets the consumer consume what was published and exit, and waits for it (without the
     /// GIL). Producers see their lanes stopped from then on. Stopping twice does nothing.
     fn stop(&self, py: Python<'_>) -> PyResult<()> {
         self.home.check("CheckingRing")?;
-        py.detach(|| self.stop_and_join());
+        py.detach(|| self.lanes.stop());
         Ok(())
     }
 
     /// Whether ``stop()`` was called.
     #[getter]
     fn is_stopped(&self) -> bool {
-        self.lanes.stopped.load(Ordering::Acquire)
+        self.lanes.is_stopped()
     }
 
     fn __repr__(&self) -> String {
         format!(
             "<vkgdr.CheckingRing {} bytes x {} lanes{}>",
             self.capacity,
-            self.lanes.lanes.len(),
-            if self.lanes.stopped.load(Ordering::Acquire) {
+            self.lanes.lanes(),
+            if self.lanes.is_stopped() {
                 ", stopped"
             } else {
                 ""

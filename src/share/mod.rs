@@ -27,6 +27,7 @@
 //!   it held; a producer killed in the middle of a record never makes the consumer see it (its
 //!   tail was not published, or not checked), and never blocks other lanes.
 
+mod checking;
 mod event;
 mod owner;
 mod page;
@@ -35,6 +36,7 @@ mod relay;
 mod sys;
 
 pub use crate::core::share::{lane, wire, RefusalCode, ShareError};
+pub use checking::CheckingLanes;
 pub use event::{PeerId, ShareEvent};
 pub use owner::{PeerInfo, PeerPolicy, ShareOptions, ShareServer, ShareStats};
 pub use peer::{
