@@ -232,3 +232,52 @@ def test_vkgdr_pycuda_needs_pycuda() -> None:
     sys.modules.pop("vkgdr.pycuda", None)
     with pytest.raises(ImportError):
         importlib.import_module("vkgdr.pycuda")
+
+
+def _stub_names(path: str):
+    """The stub's module-level names and, per class, the members it declares."""
+    import ast
+
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    classes, names = {}, set()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            classes[node.name] = {
+                n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            } | {
+                n.target.id
+                for n in node.body
+                if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+            }
+        elif isinstance(node, ast.FunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return classes, names
+
+
+def test_the_stubs_match_the_module() -> None:
+    """python/vkgdr/_vkgdr.pyi, installed beside the extension, declares every public class,
+    function and constant of vkgdr._vkgdr and every public member of its classes, and nothing
+    the module lacks (its private helper protocols aside)."""
+    from vkgdr import _vkgdr
+
+    stub = os.path.join(os.path.dirname(vkgdr.__file__), "_vkgdr.pyi")
+    classes, names = _stub_names(stub)
+    public = {n for n in dir(_vkgdr) if not n.startswith("_")}
+    declared = {n for n in set(classes) | names if not n.startswith("_")}
+    assert public - declared == set(), "in the module, not in the stub"
+    assert declared - public == set(), "in the stub, not in the module"
+    for name, members in classes.items():
+        cls = getattr(_vkgdr, name, None)
+        if cls is None:
+            continue
+        have = {n for n in dir(cls) if not n.startswith("_")}
+        if issubclass(cls, BaseException):
+            # Exceptions: BaseException's own members aside; `call` and `result_name` are set
+            # on each instance.
+            have -= set(dir(BaseException))
+            members = members - {"call", "result_name"}
+        declared_members = {n for n in members if not n.startswith("_")}
+        assert have - declared_members == set(), f"{name}: members missing from the stub"
+        assert declared_members - have == set(), f"{name}: stub members the class lacks"
