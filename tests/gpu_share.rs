@@ -238,7 +238,16 @@ fn a_producer_killed_mid_record_shows_the_kernel_nothing_torn() {
     let mut victim = spawn(name, "tear", &o.path);
     let first = read_report(&mut victim, true);
     let mut bystander = spawn(name, "stream", &o.path);
-    std::thread::sleep(Duration::from_millis(20));
+    // The bystander holds the other lane before the victim dies (else it could take the
+    // victim's).
+    let t = Instant::now();
+    while !o.ring.lane(1 - first.lane as usize).unwrap().is_lent() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the bystander never took its lane"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     victim.kill().unwrap();
     let _ = victim.wait();
     wait_event(&o.server, Duration::from_secs(10), |e| {

@@ -457,7 +457,15 @@ fn a_producer_killed_mid_record_shows_no_torn_record_and_its_lane_is_reclaimed()
     }
     assert!(start_line.starts_with("LANE 0 START 0 0"), "{start_line}");
     let bystander = spawn(name, "stream", &path);
-    std::thread::sleep(Duration::from_millis(50));
+    // The bystander holds lane 1 before the victim dies (else it could take the victim's).
+    let t = Instant::now();
+    while !lanes.is_lent(1) {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the bystander never took lane 1"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     victim.kill().unwrap();
     let _ = victim.wait();
     wait_event(&server, Duration::from_secs(10), |e| {
