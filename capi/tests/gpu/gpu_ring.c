@@ -32,36 +32,6 @@ typedef struct {
     unsigned long long data, sum, errors;
 } producer;
 
-/* One term of the test checksum: the body's 32-bit little-endian word `w` at word index `i`. */
-static uint64_t term(uint64_t i, uint32_t w)
-{
-    uint64_t x = ((i << 32) | w) + 1;
-    x *= 0x9E3779B97F4A7C15ull;
-    return x ^ (x >> 29);
-}
-
-/* Fills a test payload of `len` bytes for record `seq`; returns its checksum (a term per 32-bit
- * word of the body, the last word zero-filled). */
-static uint64_t make_payload(unsigned char *p, size_t len, uint64_t seq)
-{
-    uint64_t sum = 0;
-    size_t j;
-    for (j = 16; j < len; j++) {
-        p[j] = (unsigned char)(seq * 31u + j);
-    }
-    for (j = 16; j < len; j += 4) {
-        uint32_t w = 0;
-        size_t k;
-        for (k = 0; k < 4 && j + k < len; k++) {
-            w |= (uint32_t)p[j + k] << (8 * k);
-        }
-        sum += term((j - 16) / 4, w);
-    }
-    memcpy(p, &seq, 8); /* little-endian, as the format says (x86-64) */
-    memcpy(p + 8, &sum, 8);
-    return sum;
-}
-
 static void *produce(void *arg)
 {
     producer *w = arg;
@@ -80,7 +50,7 @@ static void *produce(void *arg)
             vkgdr_ring_cancel(r);
             continue;
         }
-        sum = make_payload(buf, len, seq);
+        sum = make_test_payload(buf, len, seq);
         /* In two pieces, to exercise offsets. */
         w->errors += vkgdr_ring_reservation_write(r, 0, buf, 16) != VKGDR_SUCCESS;
         w->errors += vkgdr_ring_reservation_write(r, 16, buf + 16, len - 16) != VKGDR_SUCCESS;
@@ -135,7 +105,7 @@ static void run(CUmodule module, uint32_t open_flags, int mirrored, unsigned lon
     /* No consumer yet: fill the ring from one thread (its numbers are predictable). */
     if (!mirrored) {
         for (;;) {
-            uint64_t sum1 = make_payload(payload, sizeof payload, seqs);
+            uint64_t sum1 = make_test_payload(payload, sizeof payload, seqs);
             r = vkgdr_ring_push(ring, payload, sizeof payload, 0, &seq);
             if (r != VKGDR_SUCCESS) {
                 break;
@@ -173,7 +143,7 @@ static void run(CUmodule module, uint32_t open_flags, int mirrored, unsigned lon
     }
     /* After the threads: a few more pushes, numbered on from every reservation so far. */
     for (i = 0; i < 50; i++, seqs++) {
-        sum += make_payload(payload, sizeof payload, seqs);
+        sum += make_test_payload(payload, sizeof payload, seqs);
         errors += vkgdr_ring_push(ring, payload, sizeof payload, -1, &seq) != VKGDR_SUCCESS;
         errors += seq != seqs;
         data++;
@@ -247,14 +217,14 @@ static void *produce_lane(void *arg)
         int mode = (int)(k % 7);
         size_t len = lane_record_len(k, w->salt);
         if (mode == 0) {
-            w->sum += make_payload(bufs[0], len, expect);
+            w->sum += make_test_payload(bufs[0], len, expect);
             w->errors += vkgdr_ring_producer_push(w->producer, bufs[0], len, 30000000000ll,
                                                   &seq) != VKGDR_SUCCESS;
             w->errors += seq != expect;
             w->large += len >= LARGE_MIN;
             expect++, k++;
         } else if (mode <= 2) {
-            w->sum += make_payload(bufs[0], len, expect);
+            w->sum += make_test_payload(bufs[0], len, expect);
             w->errors += vkgdr_ring_producer_write(w->producer, bufs[0], len, 30000000000ll,
                                                    &seq) != VKGDR_SUCCESS;
             w->errors += seq != expect;
@@ -265,7 +235,7 @@ static void *produce_lane(void *arg)
             int n = LANE_RECORDS - k < BATCH ? (int)(LANE_RECORDS - k) : BATCH;
             for (i = 0; i < n; i++) {
                 sizes[i] = lane_record_len(k + (unsigned)i, w->salt);
-                w->sum += make_payload(bufs[i], sizes[i], expect + (unsigned)i);
+                w->sum += make_test_payload(bufs[i], sizes[i], expect + (unsigned)i);
                 w->large += sizes[i] >= LARGE_MIN;
                 ptrs[i] = bufs[i];
             }
@@ -424,7 +394,7 @@ static void producer_outlives_ring_handle(void)
     uint64_t seq = 99;
     CHECK(g != NULL && ring != NULL && p != NULL, "%s: made", what);
     vkgdr_ring_destroy(ring);
-    make_payload(payload, sizeof payload, 0);
+    make_test_payload(payload, sizeof payload, 0);
     CHECK(vkgdr_ring_producer_push(p, payload, sizeof payload, 0, &seq) == VKGDR_SUCCESS &&
               seq == 0,
           "%s: push", what);

@@ -4,6 +4,7 @@
 #define VKGDR_TEST_GPU_UTIL_H
 
 #include <cuda.h>
+#include <stdint.h>
 
 #include "check.h"
 
@@ -99,6 +100,38 @@ static inline unsigned char tag_byte(unsigned int tag, size_t j)
 static inline unsigned int pattern(unsigned long long i, unsigned int seed)
 {
     return (unsigned int)(i * 2654435761ull) ^ seed;
+}
+
+/* One term of the test checksum (ring::layout::test_checksum): the body's 32-bit little-endian
+ * word `w` at word index `i`. */
+static inline uint64_t test_term(uint64_t i, uint32_t w)
+{
+    uint64_t x = ((i << 32) | w) + 1;
+    x *= 0x9E3779B97F4A7C15ull;
+    return x ^ (x >> 29);
+}
+
+/* Fills a test payload of `len` bytes (at least 16) for record `seq`, as the checking kernels of
+ * kernels/ring.cu verify it (ring::layout::seal_test_payload); returns its checksum (a term per
+ * 32-bit word of the body, the last word zero-filled). */
+static inline uint64_t make_test_payload(unsigned char *p, size_t len, uint64_t seq)
+{
+    uint64_t sum = 0;
+    size_t j;
+    for (j = 16; j < len; j++) {
+        p[j] = (unsigned char)(seq * 31u + j);
+    }
+    for (j = 16; j < len; j += 4) {
+        uint32_t w = 0;
+        size_t k;
+        for (k = 0; k < 4 && j + k < len; k++) {
+            w |= (uint32_t)p[j + k] << (8 * k);
+        }
+        sum += test_term((j - 16) / 4, w);
+    }
+    memcpy(p, &seq, 8); /* little-endian, as the format says (x86-64) */
+    memcpy(p + 8, &sum, 8);
+    return sum;
 }
 
 #endif

@@ -26,36 +26,6 @@
 #define MEM_SIZE (2u << 20)
 #define WAIT_NS 30000000000ll
 
-/* One term of the test checksum: the body's 32-bit little-endian word `w` at word index `i`. */
-static uint64_t term(uint64_t i, uint32_t w)
-{
-    uint64_t x = ((i << 32) | w) + 1;
-    x *= 0x9E3779B97F4A7C15ull;
-    return x ^ (x >> 29);
-}
-
-/* Fills a test payload of `len` bytes for record `seq` (as gpu_ring.c does); returns its
- * checksum (a term per 32-bit word of the body, the last word zero-filled). */
-static uint64_t make_payload(unsigned char *p, size_t len, uint64_t seq)
-{
-    uint64_t sum = 0;
-    size_t j;
-    for (j = 16; j < len; j++) {
-        p[j] = (unsigned char)(seq * 31u + j);
-    }
-    for (j = 16; j < len; j += 4) {
-        uint32_t w = 0;
-        size_t k;
-        for (k = 0; k < 4 && j + k < len; k++) {
-            w |= (uint32_t)p[j + k] << (8 * k);
-        }
-        sum += term((j - 16) / 4, w);
-    }
-    memcpy(p, &seq, 8); /* little-endian, as the format says (x86-64) */
-    memcpy(p + 8, &sum, 8);
-    return sum;
-}
-
 /* Payload length of record `k` of lane `lane`: 16 to ~1 KiB, every 16th one up to ~20 KiB. */
 static size_t record_len(uint64_t k, uint32_t lane)
 {
@@ -72,7 +42,7 @@ static uint64_t lane_sum(uint32_t lane, unsigned char *buf)
 {
     uint64_t k, sum = 0;
     for (k = 0; k < RECORDS; k++) {
-        sum += make_payload(buf, record_len(k, lane), k);
+        sum += make_test_payload(buf, record_len(k, lane), k);
     }
     return sum;
 }
@@ -117,7 +87,7 @@ static void produce(vkgdr_attached_lane_t lane, int batched, unsigned char *bufs
     while (k < RECORDS) {
         if (!batched) {
             size_t len = record_len(k, n);
-            make_payload(bufs[0], len, k);
+            make_test_payload(bufs[0], len, k);
             errors += vkgdr_attached_lane_push(lane, bufs[0], len, WAIT_NS, &seq) != VKGDR_SUCCESS;
             errors += seq != k;
             k++;
@@ -126,7 +96,7 @@ static void produce(vkgdr_attached_lane_t lane, int batched, unsigned char *bufs
             int i, m = RECORDS - k < BATCH ? (int)(RECORDS - k) : BATCH;
             for (i = 0; i < m; i++) {
                 sizes[i] = record_len(k + (unsigned)i, n);
-                make_payload(bufs[i], sizes[i], k + (unsigned)i);
+                make_test_payload(bufs[i], sizes[i], k + (unsigned)i);
                 ptrs[i] = bufs[i];
             }
             errors += vkgdr_attached_lane_push_batch(lane, ptrs, sizes, (size_t)m, WAIT_NS,
