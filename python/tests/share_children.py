@@ -179,13 +179,18 @@ def produce(lane: vkgdr.AttachedLane, records: int, salt: int) -> Dict[str, int]
     return {"lane": lane.lane, "start": start_seq, "records": records, "sum": total}
 
 
-def lane_producer(path: str, records: str = "2000", salt: str = "0", out: Any = None) -> None:
+def lane_producer(
+    path: str, records: str = "2000", salt: str = "0", out: Any = None, hold: Any = None
+) -> None:
     """Attaches a lane of "in", pushes ``records`` records, and reports what it pushed (a line
-    ``PUSHED lane start records sum``, and into the queue ``out`` when given)."""
+    ``PUSHED lane start records sum``, and into the queue ``out`` when given). With ``hold`` (a
+    ``multiprocessing`` event) it keeps its lane until the event is set."""
     check_no_cuda()
     with vkgdr.attach(path) as peer:
         lane = peer.attach_lane("in")
         done = produce(lane, int(records), int(salt))
+        if hold is not None and not hold.wait(120):
+            raise RuntimeError("the test never let the lane go")
         lane.detach()
     say("PUSHED", done["lane"], done["start"], done["records"], done["sum"])
     if out is not None:

@@ -205,10 +205,15 @@ def test_lanes_fed_by_producer_processes_reach_the_consumer_checked(device, serv
     server.share_ring("in", ring)
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
+    # The producers keep their lanes until the fourth one has been refused: one done early would
+    # otherwise give its lane back first.
+    hold = ctx.Event()
     os.environ.update(NO_CUDA)
     try:
         producers = [
-            ctx.Process(target=share_children.lane_producer, args=(sock, "1500", str(t), out))
+            ctx.Process(
+                target=share_children.lane_producer, args=(sock, "1500", str(t), out, hold)
+            )
             for t in range(3)
         ]
         for p in producers:
@@ -223,6 +228,7 @@ def test_lanes_fed_by_producer_processes_reach_the_consumer_checked(device, serv
         with pytest.raises(vkgdr.ShareError, match="busy") as e:
             extra.attach_lane("in")
         assert e.value.reason == "busy"
+    hold.set()
     done = [out.get(timeout=120) for _ in producers]
     for p in producers:
         p.join(60)

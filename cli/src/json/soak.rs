@@ -268,6 +268,11 @@ pub struct SoakCountersJson {
     /// (`vkAllocateMemory`, `cuMemImportFromShareableHandle`, `cuMemMap`, ...).
     #[serde(default)]
     pub exhaustions_refused_by: std::collections::BTreeMap<String, u64>,
+    /// What refused each arena growth counted in `arena_out_of_memory`, and how often: the
+    /// driver call (`vkAllocateMemory`, `cuMemMap`, ...) or `Arena::grow` (a slot whose previous
+    /// chunk is still being released).
+    #[serde(default)]
+    pub arena_refused_by: std::collections::BTreeMap<String, u64>,
     /// With `--xproc`: producer processes started (the killed ones' successors included).
     #[serde(default)]
     pub xproc_producers_started: u64,

@@ -22,6 +22,9 @@ pub(super) struct Counters {
     pub(super) ring_full_waits: AtomicU64,
     pub(super) arena_cycles: AtomicU64,
     pub(super) arena_oom: AtomicU64,
+    /// What refused each of those growths (the driver call, or `Arena::grow` for the arena's
+    /// own limits: a slot whose previous chunk is still being released), and how often.
+    pub(super) arena_refused_by: Mutex<std::collections::BTreeMap<String, u64>>,
     pub(super) raw_ops: AtomicU64,
     pub(super) raw_oom: AtomicU64,
     pub(super) exhaustions: AtomicU64,
@@ -100,13 +103,8 @@ impl Counters {
                 most_held_at_exhaustion_bytes: t
                     .most_held_at_exhaustion_bytes
                     .max(c.most_held_at_exhaustion_bytes),
-                exhaustions_refused_by: {
-                    let mut by = t.exhaustions_refused_by;
-                    for (call, n) in &c.exhaustions_refused_by {
-                        *by.entry(call.clone()).or_default() += n;
-                    }
-                    by
-                },
+                exhaustions_refused_by: merged(t.exhaustions_refused_by, &c.exhaustions_refused_by),
+                arena_refused_by: merged(t.arena_refused_by, &c.arena_refused_by),
                 xproc_producers_started: t.xproc_producers_started + c.xproc_producers_started,
                 xproc_producers_killed: t.xproc_producers_killed + c.xproc_producers_killed,
                 xproc_records_accepted: t.xproc_records_accepted + c.xproc_records_accepted,
@@ -133,6 +131,11 @@ impl Counters {
             most_held_at_exhaustion_bytes: n(&self.exhausted_at),
             exhaustions_refused_by: self
                 .refused_by
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+            arena_refused_by: self
+                .arena_refused_by
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
@@ -182,4 +185,15 @@ impl Counters {
             n(&self.xproc_lane_faults)
         )
     }
+}
+
+/// `into` with `from`'s counts added, key by key.
+fn merged(
+    mut into: std::collections::BTreeMap<String, u64>,
+    from: &std::collections::BTreeMap<String, u64>,
+) -> std::collections::BTreeMap<String, u64> {
+    for (key, n) in from {
+        *into.entry(key.clone()).or_default() += n;
+    }
+    into
 }

@@ -312,6 +312,11 @@ mod tests {
                 bar_exhaustions: 6,
                 most_held_at_exhaustion_bytes: (39 + ordinal as u64) << 30,
                 exhaustions_refused_by: [("vkAllocateMemory".to_string(), 6)].into(),
+                arena_refused_by: [
+                    ("Arena::grow".to_string(), 3 + ordinal as u64),
+                    ("vkAllocateMemory".to_string(), 5),
+                ]
+                .into(),
                 xproc_producers_started: 12,
                 xproc_producers_killed: 8,
                 xproc_records_accepted: 700_000,
@@ -373,6 +378,8 @@ mod tests {
             v["counters"]["exhaustions_refused_by"]["vkAllocateMemory"],
             12
         );
+        assert_eq!(v["counters"]["arena_refused_by"]["Arena::grow"], 7);
+        assert_eq!(v["counters"]["arena_refused_by"]["vkAllocateMemory"], 10);
         let devices = v["devices"].as_array().unwrap();
         assert_eq!(devices.len(), 2);
         assert_eq!(devices[1]["device"]["ordinal"], 1);

@@ -305,6 +305,18 @@ pub(super) fn run(options: &Options, record: &mut Record) -> vkgdr::Result<bool>
             mib(c.exhausted_at.load(Ordering::Relaxed)),
             c.failures.load(Ordering::Relaxed)
         );
+        let arena_refusals = c
+            .arena_refused_by
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if !arena_refusals.is_empty() {
+            let by: Vec<String> = arena_refusals
+                .iter()
+                .map(|(call, n)| format!("{call} {n}"))
+                .collect();
+            say!("{soak}: arena growths refused by: {}", by.join(", "));
+        }
         if options.xproc.is_some() {
             say!("{soak}: xproc: {}", c.xproc_line());
         }

@@ -185,6 +185,11 @@ pub(super) fn arena_cycles(gpu: &Gpu, until: Instant, stop: &AtomicBool, c: &Cou
                 }
                 Err(e) if e.is_out_of_memory() => {
                     c.arena_oom.fetch_add(1, Ordering::Relaxed);
+                    *c.arena_refused_by
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .entry(e.driver_call().unwrap_or("a limit").to_string())
+                        .or_default() += 1;
                     break;
                 }
                 Err(e) => return c.fail(format!("arena grow: {e}")),
