@@ -5,7 +5,7 @@
 use crate::core::handle::SendSyncPtr;
 use crate::driver::cuda::{CuStream, CU_STREAM_NON_BLOCKING};
 use crate::error::Result;
-use crate::mapping::host_staging::HostStaging;
+use crate::mapping::pinned::copy_sources::CopySource;
 
 use super::Gpu;
 
@@ -45,7 +45,7 @@ impl Gpu {
 
     /// Reads `dst.len()` bytes at device address `src` into `dst` (pageable memory) through pinned
     /// staging buffers: the copy engine fills some while CPU threads copy others out
-    /// ([`crate::mapping::staging::pipeline`]). The fast path of
+    /// ([`crate::mapping::pinned::read_staging::pipeline`]). The fast path of
     /// [`Mapping::read`](crate::Mapping::read) for large reads.
     ///
     /// # Safety
@@ -55,7 +55,7 @@ impl Gpu {
         // SAFETY: the caller guarantees the device range; the context lives as long as
         // `self.inner`, which owns the cache (and clears it before releasing the context).
         unsafe {
-            self.inner.staging.read(
+            self.inner.read_staging.read(
                 &self.inner.driver,
                 context,
                 self.vmm().map(|v| (v, self.vulkan())),
@@ -101,10 +101,10 @@ impl Gpu {
     }
 
     /// `len` bytes of pinned host memory for copies to read from, reused from this handle's
-    /// cache where one of that length was dropped ([`HostStaging`]).
-    pub(crate) fn host_staging(&self, len: usize) -> Result<HostStaging> {
+    /// cache where one of that length was dropped ([`CopySource`]).
+    pub(crate) fn copy_source(&self, len: usize) -> Result<CopySource> {
         let context = self.context()?;
         // SAFETY: our live context, and the cache is ours.
-        unsafe { HostStaging::new(self.driver(), context, &self.inner.host_staging, len) }
+        unsafe { CopySource::new(self.driver(), context, &self.inner.copy_sources, len) }
     }
 }

@@ -3,7 +3,7 @@
 
 mod copies;
 
-use crate::mapping::host_staging::HostStagingCache;
+use crate::mapping::pinned::copy_sources::CopySourceCache;
 use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -84,7 +84,7 @@ struct GpuInner {
     name: String,
     uuid: [u8; 16],
     /// Pinned staging buffers of large reads into pageable memory, made on the first one.
-    staging: crate::mapping::staging::StagingCache,
+    read_staging: crate::mapping::pinned::read_staging::StagingCache,
     /// Whoever owns a borrowed `context` (a cudarc `CudaContext`), kept alive as long as this
     /// handle, so the context outlives every allocation made through it.
     _context_owner: Option<Arc<dyn std::any::Any + Send + Sync>>,
@@ -110,7 +110,7 @@ struct GpuInner {
     copy_stream: OnceLock<SendSyncPtr<c_void>>,
     /// `cuMemHostAlloc` buffers that copies read from, kept for reuse (freeing one would wait
     /// for running kernels).
-    host_staging: Arc<HostStagingCache>,
+    copy_sources: Arc<CopySourceCache>,
 }
 
 /// One live raw allocation of a [`Gpu`] ([`Gpu::allocations`]).
@@ -129,8 +129,8 @@ impl Drop for GpuInner {
     fn drop(&mut self) {
         // The staging buffers and the copy stream belong to the context: free them while it is
         // alive.
-        self.staging.clear();
-        self.host_staging
+        self.read_staging.clear();
+        self.copy_sources
             .free_all(&self.driver, self.context.get().map(|c| c.get()));
         if let (Some(stream), Some(context)) = (self.copy_stream.get(), self.context.get()) {
             // SAFETY: the context is alive until the release below; the stream is ours, idle
@@ -327,8 +327,8 @@ impl Gpu {
                 retained_primary: AtomicBool::new(false),
                 name,
                 uuid,
-                staging: Default::default(),
-                host_staging: Default::default(),
+                read_staging: Default::default(),
+                copy_sources: Default::default(),
                 _context_owner: context_owner,
                 allocations: Mutex::new(BTreeMap::new()),
                 vmm,
@@ -570,12 +570,12 @@ impl Gpu {
                 item(
                     names::STAGED_READ_SETS,
                     RetainedKind::Host,
-                    self.inner.staging.held(),
+                    self.inner.read_staging.held(),
                 ),
                 item(
                     names::HOST_STAGING_BUFFERS,
                     RetainedKind::Host,
-                    self.inner.host_staging.held(),
+                    self.inner.copy_sources.held(),
                 ),
                 item(
                     names::RELEASES_WAITING,
