@@ -25,7 +25,9 @@ use crate::mapping::carve::{Piece, CARVE_MAX};
 use crate::mapping::chunk::{ChunkMemory, ChunkSource};
 use crate::mapping::cuda_objects::Stream;
 use crate::mapping::gpu::Gpu;
-pub use crate::mapping::staging::{STAGED_READ_THRESHOLD, STAGING_BUFFERS, STAGING_BUFFER_BYTES};
+pub use crate::mapping::pinned::read_staging::{
+    STAGED_READ_THRESHOLD, STAGING_BUFFERS, STAGING_BUFFER_BYTES,
+};
 use crate::mapping::vmm::MappedMemory;
 use crate::mapping::Mapping;
 

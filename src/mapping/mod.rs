@@ -1,9 +1,11 @@
 //! The mapping layer: GPU memory with a host pointer and a device pointer to the same bytes.
 //!
-//! [`Gpu`](gpu::Gpu) opens a CUDA device with its matching Vulkan device; `vmm` maps Vulkan
-//! allocations into the device's address space, `carve` cuts small allocations out of shared
-//! granules, `release` gives memory back once the GPU work queued before its free has completed,
-//! `staging` reads large ranges through pinned buffers; [`RawMemory`](memory::RawMemory) is one
+//! [`Gpu`](gpu::Gpu) opens a CUDA device with its matching Vulkan device (its copies through the
+//! copy engine in `gpu/copies.rs`); `vmm` maps Vulkan allocations into the device's address
+//! space, `carve` cuts small allocations out of shared granules, `release` gives memory back once
+//! the GPU work queued before its free has completed, `pinned` holds the pinned host buffers a
+//! `Gpu` keeps for its copies (the staged-read sets, the buffers copies read from);
+//! [`RawMemory`](memory::RawMemory) is one
 //! allocation, [`Arena`](arena::Arena) a growable contiguous range, [`chunk`] the seam the pool
 //! draws its chunks through, [`bar`] the BAR figures, `batch` many writes with one fence,
 //! [`cuda_objects`] the CUDA objects (streams, events, modules) the layers above use and
@@ -21,11 +23,10 @@ pub(crate) mod carve;
 pub mod chunk;
 pub mod cuda_objects;
 pub(crate) mod gpu;
-pub(crate) mod host_staging;
 pub mod memory;
+pub(crate) mod pinned;
 pub(crate) mod release;
 pub mod retained;
-pub(crate) mod staging;
 pub mod vmm;
 
 use crate::core::range::check_range;

@@ -6,8 +6,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::chunk::Chunk;
+use super::inner::PoolInner;
+use super::magazine;
 use super::shards::{BlockKind, BlockRecord, ShardCell};
-use super::{magazine, PoolInner};
 use crate::core::range::check_range;
 use crate::error::Result;
 #[cfg(doc)]
@@ -172,7 +173,7 @@ impl Block {
     }
 
     /// The block's key in the pool's label registry.
-    fn label_key(&self) -> (super::report::ChunkKey, u64) {
+    fn label_key(&self) -> (super::registry::ChunkKey, u64) {
         self.record.label_key()
     }
 
@@ -180,7 +181,7 @@ impl Block {
     /// `log` feature), replacing any earlier label. The label lives in the pool, not in the
     /// block: unlabeled blocks pay nothing for the feature.
     pub fn set_label(&mut self, label: &str) {
-        let entry = super::report::LabelEntry {
+        let entry = super::registry::LabelEntry {
             label: label.into(),
             size: self.record.len,
         };
@@ -295,7 +296,7 @@ impl BlockRecord {
     }
 
     /// The block's key in the pool's label registry: its chunk and offset.
-    fn label_key(&self) -> (super::report::ChunkKey, u64) {
+    fn label_key(&self) -> (super::registry::ChunkKey, u64) {
         (self.chunk() as *const Chunk as usize, self.offset())
     }
 
@@ -448,7 +449,7 @@ fn drop_unshared(kind: BlockKind) {
             pool.registry
                 .dedicated
                 .lock()
-                .remove(&(Arc::as_ptr(&chunk) as super::report::ChunkKey));
+                .remove(&(Arc::as_ptr(&chunk) as super::registry::ChunkKey));
             pool.reserved
                 .fetch_sub(chunk.memory.size(), Ordering::AcqRel);
             // The chunk memory itself is freed when `chunk` (its only Arc) drops.

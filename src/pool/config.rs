@@ -5,7 +5,6 @@ use std::sync::OnceLock;
 
 #[cfg(feature = "gpu-alloc")]
 use super::gpu_alloc::GpuAllocStrategy;
-use super::magazine;
 use crate::core::alloc::{HeapConfig, MAX_CHUNK_SIZE};
 use crate::error::{InvalidArgument, Result};
 use crate::mapping::gpu::Gpu;
@@ -22,6 +21,14 @@ pub enum Backend {
     #[cfg(feature = "gpu-alloc")]
     GpuAlloc(GpuAllocStrategy),
 }
+
+/// Largest [`PoolConfig::thread_cache`] (blocks per bucket and thread; each bucket's storage is
+/// reserved whole on first use).
+pub const MAX_DEPTH: usize = 1024;
+/// Default [`PoolConfig::thread_cache`]: blocks per bucket.
+pub const DEFAULT_DEPTH: usize = 32;
+/// Default [`PoolConfig::thread_cache_bytes`]: bytes one thread keeps cached for one pool.
+pub const DEFAULT_BYTES: u64 = 256 << 10;
 
 /// How a [`Pool`](super::Pool) sizes, grows and trims its chunks.
 #[derive(Debug, Clone)]
@@ -47,17 +54,20 @@ pub struct PoolConfig {
     pub backend: Backend,
     /// Freed blocks of up to 4 KiB each thread keeps per 16-byte size bucket for reuse by its
     /// next allocations from this pool, with no lock and no atomic read-modify-write on either
-    /// side ([`magazine`]): the pool's fast path. Default [`magazine::DEFAULT_DEPTH`] (32); at
-    /// most [`magazine::MAX_DEPTH`]; 0 turns the thread caches off.
+    /// side ([`magazine`](super::magazine)): the pool's fast path. Default
+    /// [`magazine::DEFAULT_DEPTH`](DEFAULT_DEPTH) (32); at most
+    /// [`MAX_DEPTH`](MAX_DEPTH); 0 turns the thread caches off.
     ///
     /// Cached blocks count as in use in [`Pool::stats`](super::Pool::stats) and keep their chunk
     /// until they are reused or given back: [`Pool::trim`](super::Pool::trim) and dropping the
     /// pool's last handle take them back from every thread (idle ones included); a thread also
-    /// gives them back when it exits, calls [`magazine::release_thread_cache`], or has
-    /// allocated from [`magazine::POOLS_PER_THREAD`] other pools since. Native backend only.
+    /// gives them back when it exits, calls
+    /// [`magazine::release_thread_cache`](super::magazine::release_thread_cache), or has
+    /// allocated from [`magazine::POOLS_PER_THREAD`](super::magazine::POOLS_PER_THREAD) other
+    /// pools since. Native backend only.
     pub thread_cache: usize,
     /// Bytes (rounded block sizes) each thread keeps cached for this pool at most. Default
-    /// [`magazine::DEFAULT_BYTES`] (256 KiB).
+    /// [`magazine::DEFAULT_BYTES`](DEFAULT_BYTES) (256 KiB).
     pub thread_cache_bytes: u64,
 }
 
@@ -83,8 +93,8 @@ impl Default for PoolConfig {
             keep_empty_chunks: 1,
             heap: HeapConfig::default(),
             backend: Backend::Native,
-            thread_cache: magazine::DEFAULT_DEPTH,
-            thread_cache_bytes: magazine::DEFAULT_BYTES,
+            thread_cache: DEFAULT_DEPTH,
+            thread_cache_bytes: DEFAULT_BYTES,
         }
     }
 }
@@ -226,10 +236,10 @@ impl PoolConfig {
         if self.dedicated_threshold == 0 {
             return Err(InvalidArgument::ZeroDedicatedThreshold.into());
         }
-        if self.thread_cache > magazine::MAX_DEPTH {
+        if self.thread_cache > MAX_DEPTH {
             return Err(InvalidArgument::ThreadCacheDepth {
                 depth: self.thread_cache,
-                max: magazine::MAX_DEPTH,
+                max: MAX_DEPTH,
             }
             .into());
         }

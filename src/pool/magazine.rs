@@ -57,19 +57,14 @@ use std::sync::Arc;
 
 use crate::core::sync::lock::Mutex;
 
+use super::inner::{PoolInner, PoolKey};
 use super::shards::{BlockRecord, ShardCell};
 use crate::core::sync::OwnerCell;
 
 /// Largest request served from a magazine (the slab range of the default allocator).
 pub const MAX_CACHED_SIZE: u64 = 4096;
-/// Largest [`PoolConfig::thread_cache`](super::PoolConfig::thread_cache) (blocks per bucket and
-/// thread; each bucket's storage is reserved whole on first use).
-pub const MAX_DEPTH: usize = 1024;
-/// Default [`PoolConfig::thread_cache`](super::PoolConfig::thread_cache): blocks per bucket.
-pub const DEFAULT_DEPTH: usize = 32;
-/// Default [`PoolConfig::thread_cache_bytes`](super::PoolConfig::thread_cache_bytes): bytes one
-/// thread keeps cached for one pool.
-pub const DEFAULT_BYTES: u64 = 256 << 10;
+// The thread-cache settings' limits and defaults, beside the settings they bound.
+pub use super::config::{DEFAULT_BYTES, DEFAULT_DEPTH, MAX_DEPTH};
 /// Pools one thread's magazine serves at once; allocating from one more evicts (returns the
 /// blocks of) the pool it used least recently.
 pub const POOLS_PER_THREAD: usize = 4;
@@ -78,17 +73,6 @@ const BUCKET_BYTES: u64 = 16;
 const BUCKETS: usize = (MAX_CACHED_SIZE / BUCKET_BYTES) as usize;
 
 pub use crate::core::sync::{handshake, Handshake};
-
-/// How a pool asks to be cached: its identity and bounds.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct PoolKey {
-    /// `PoolInner::id` (never 0).
-    pub(super) id: u64,
-    /// Entries per bucket at most.
-    pub(super) depth: usize,
-    /// Cached bytes (rounded allocation sizes) at most.
-    pub(super) max_bytes: u64,
-}
 
 /// One slot's figures as other threads read them ([`Pool::stats`](super::Pool::stats)): stored
 /// (relaxed) by whoever holds the slot after each change, read without the handshake. A reader
@@ -528,6 +512,16 @@ fn offer_in<const FAST: bool>(
 #[inline(never)]
 fn reserve_bucket(entries: &mut Vec<Entry>, depth: usize) {
     entries.reserve_exact(depth - entries.len());
+}
+
+/// Takes `pool`'s blocks back from every thread's cache.
+pub(super) fn reclaim_cached(pool: &PoolInner) {
+    // Relaxed is enough: a thread that started serving the pool did so in an allocation
+    // that happens before this call (trim: the caller's own, or none it could wait for;
+    // drop: every handle's release is ordered before the last one's drop).
+    if pool.cache_enabled && pool.cache_used.load(Ordering::Relaxed) {
+        reclaim_pool(pool.id);
+    }
 }
 
 /// Takes `pool`'s cached blocks out of every thread's magazine (idle threads' too) and frees

@@ -19,10 +19,11 @@
 //! one `vkFlushMappedMemoryRanges` per chunk. On coherent memory none of this costs anything.
 
 use std::fmt;
+use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::core::alloc::{AllocError, Heap, HeapStats};
+use crate::core::alloc::{AllocError, Heap};
 use crate::error::{Error, InvalidArgument, MemorySide, Result};
 use crate::mapping::arena::{Arena, ArenaSource};
 use crate::mapping::chunk::{ChunkMemory, ChunkSource};
@@ -33,7 +34,9 @@ mod chunk;
 mod config;
 #[cfg(feature = "gpu-alloc")]
 mod gpu_alloc;
+mod inner;
 pub mod magazine;
+mod registry;
 mod report;
 mod shards;
 #[cfg(test)]
@@ -43,53 +46,17 @@ pub use block::Block;
 use chunk::Chunk;
 pub use config::{Backend, PoolConfig, MAX_SHARDS};
 #[cfg(feature = "gpu-alloc")]
-pub use gpu_alloc::GpuAllocStrategy;
+use gpu_alloc::GpuAllocBackend;
 #[cfg(feature = "gpu-alloc")]
-use gpu_alloc::{ChunkDevice, GpuAllocBackend};
+pub use gpu_alloc::GpuAllocStrategy;
+use inner::{PoolInner, PoolKey};
 pub use report::{
-    BlockReport, ChunkPlace, ChunkReport, LabelReport, PoolReport, ThreadCacheReport,
+    BlockReport, ChunkPlace, ChunkReport, LabelReport, PoolReport, PoolStats, ThreadCacheReport,
 };
 use shards::{thread_shard, BlockKind, BlockRecord, Shard, ShardSet};
 
 /// Pool identities for the thread caches (never reused, unlike addresses).
 static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
-
-/// Pool state shared by every shard and block.
-struct PoolInner {
-    /// Unique id: which pool a thread cache serves.
-    id: u64,
-    /// Whether freed blocks may go into thread caches: the cache is on and the last `Pool`
-    /// handle is not gone yet (cleared then: later frees go straight back to their shards). One
-    /// load on every free.
-    cache_open: AtomicBool,
-    /// `thread_cache > 0` on the native backend.
-    cache_enabled: bool,
-    /// Largest request `Pool::alloc` tries its thread cache for inline: 0 when the cache is off
-    /// or the memory is non-coherent (atom-rounded requests take the slow path), else the
-    /// smaller of the cache's limit and the largest request that is not dedicated.
-    inline_cache_max: u64,
-    /// The pool's identity and bounds for the thread caches.
-    cache_key: magazine::PoolKey,
-    /// Set when some thread's cache started serving this pool: only then do `trim` and the
-    /// pool's drop visit the other threads' caches.
-    cache_used: AtomicBool,
-    /// Sum over live shared blocks of (size the block accounts for − size its shard recorded):
-    /// non-zero only for cached blocks reused for a neighbour size in their 16-byte bucket, so
-    /// that `bytes_in_use` stays exact. Touched only when the two sizes differ.
-    size_delta: AtomicI64,
-    source: Box<dyn ChunkSource>,
-    config: PoolConfig,
-    /// Bytes of all chunks currently held (shared and dedicated), for the byte limit.
-    reserved: AtomicU64,
-    /// Chunks handed to dedicated blocks, for statistics.
-    dedicated: AtomicU64,
-    non_coherent: bool,
-    atom: u64,
-    /// Labels and dedicated chunks, for reports.
-    registry: report::Registry,
-    #[cfg(feature = "gpu-alloc")]
-    gpu_alloc: Option<GpuAllocBackend>,
-}
 
 /// A pool of small aligned blocks over BAR-mapped chunks. Cheap to clone, `Send + Sync`.
 ///
@@ -106,7 +73,35 @@ struct PoolInner {
 #[derive(Clone)]
 pub struct Pool {
     inner: Arc<PoolInner>,
-    shards: Arc<ShardSet>,
+    shards: Arc<Shards>,
+}
+
+/// The pool's shards as its handles share them. The last handle's drop closes the pool before
+/// the set itself drops (and frees each shard without live blocks): blocks freed from then on go
+/// straight back to their shards, every thread's cached ones go back now, and with the `log`
+/// feature blocks still alive are worth a warning.
+struct Shards(ShardSet);
+
+impl Deref for Shards {
+    type Target = ShardSet;
+    fn deref(&self) -> &ShardSet {
+        &self.0
+    }
+}
+
+impl Drop for Shards {
+    fn drop(&mut self) {
+        // Blocks dropped from now on go straight back to their shards, and every thread's cached
+        // ones go back now.
+        if let Some(pool) = self.0.pool() {
+            pool.cache_open.store(false, Ordering::Release);
+            magazine::reclaim_cached(pool);
+            // With the `log` feature: blocks still alive now (cached ones went back just above)
+            // are worth a warning.
+            #[cfg(feature = "log")]
+            report::report_leaks(pool, &self.0);
+        }
+    }
 }
 
 impl fmt::Debug for Pool {
@@ -117,31 +112,6 @@ impl fmt::Debug for Pool {
             .field("non_coherent", &self.inner.non_coherent)
             .finish()
     }
-}
-
-/// A usage snapshot of a pool.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct PoolStats {
-    /// Bytes of all chunks held, including dedicated ones.
-    pub bytes_reserved: u64,
-    /// Bytes requested by live blocks in shared chunks (blocks kept in thread caches excluded).
-    pub bytes_in_use: u64,
-    /// Bytes requested by freed blocks that thread caches keep for reuse ([`magazine`]): still
-    /// allocated in their chunks (counted in `bytes_allocated`), given back by [`Pool::trim`].
-    pub bytes_cached: u64,
-    /// Blocks that thread caches keep for reuse (the blocks behind `bytes_cached`; counted in
-    /// the shards' `allocation_count`).
-    pub blocks_cached: u64,
-    /// Bytes handed out (rounded sizes) in shared chunks.
-    pub bytes_allocated: u64,
-    /// Shared chunks held.
-    pub chunks: u64,
-    /// Dedicated chunks held (one per large block).
-    pub dedicated_chunks: u64,
-    /// Largest free block in any shard.
-    pub largest_free_block: u64,
-    /// Per-shard allocator statistics.
-    pub shards: Vec<HeapStats>,
 }
 
 impl Pool {
@@ -180,7 +150,7 @@ impl Pool {
             } else {
                 0
             },
-            cache_key: magazine::PoolKey {
+            cache_key: PoolKey {
                 id,
                 depth: config.thread_cache,
                 max_bytes: config.thread_cache_bytes,
@@ -195,9 +165,9 @@ impl Pool {
             config,
             reserved: AtomicU64::new(0),
             dedicated: AtomicU64::new(0),
-            registry: report::Registry::default(),
+            registry: registry::Registry::default(),
         });
-        let shards = Arc::new(ShardSet::new(heaps, &inner, first_chunk));
+        let shards = Arc::new(Shards(ShardSet::new(heaps, &inner, first_chunk)));
         Ok(Pool { inner, shards })
     }
 
@@ -451,7 +421,7 @@ impl Pool {
             .registry
             .dedicated
             .lock()
-            .insert(Arc::as_ptr(&chunk) as report::ChunkKey, (reserved, size));
+            .insert(Arc::as_ptr(&chunk) as registry::ChunkKey, (reserved, size));
         Ok(Block::new(
             &chunk.clone(),
             0,
@@ -493,7 +463,7 @@ impl Pool {
     /// of chunks released. Blocks in use are never moved.
     pub fn trim(&self) -> usize {
         // Cached blocks keep their chunks: take them back from every thread's cache first.
-        self.inner.reclaim_cached();
+        magazine::reclaim_cached(&self.inner);
         #[cfg(feature = "gpu-alloc")]
         if let Some(ga) = &self.inner.gpu_alloc {
             ga.cleanup(&self.inner.chunk_device());
@@ -586,59 +556,5 @@ impl Pool {
         s.bytes_in_use -= s.bytes_cached;
         s.blocks_cached = cached.0;
         s
-    }
-}
-
-impl PoolInner {
-    /// Records (`sign` 1) or forgets (`sign` -1) a live block of `len` bytes whose shard
-    /// allocation recorded another requested size. A block accounts for its size rounded to
-    /// whole atoms on non-coherent memory (what its shard allocation is made for), its size
-    /// otherwise.
-    #[cold]
-    fn adjust_size_delta(&self, len: u64, allocation: &crate::core::alloc::Allocation, sign: i64) {
-        let accounted = if self.non_coherent {
-            // `len` passed `check_request`, so it is far below u64::MAX: no overflow.
-            len.next_multiple_of(self.atom)
-        } else {
-            len
-        };
-        let delta = accounted.wrapping_sub(allocation.requested_size()) as i64;
-        if delta != 0 {
-            self.size_delta.fetch_add(sign * delta, Ordering::Relaxed);
-        }
-    }
-
-    /// Takes this pool's blocks back from every thread's cache.
-    fn reclaim_cached(&self) {
-        // Relaxed is enough: a thread that started serving the pool did so in an allocation
-        // that happens before this call (trim: the caller's own, or none it could wait for;
-        // drop: every handle's release is ordered before the last one's drop).
-        if self.cache_enabled && self.cache_used.load(Ordering::Relaxed) {
-            magazine::reclaim_pool(self.id);
-        }
-    }
-}
-
-#[cfg(feature = "gpu-alloc")]
-impl Drop for PoolInner {
-    fn drop(&mut self) {
-        // Every gpu-alloc block holds the pool state alive, so none is live now: hand gpu-alloc's
-        // cached chunks back (it warns if dropped with any).
-        if let Some(ga) = &self.gpu_alloc {
-            ga.cleanup(&self.chunk_device());
-        }
-    }
-}
-
-#[cfg(feature = "gpu-alloc")]
-impl PoolInner {
-    fn chunk_device(&self) -> ChunkDevice<'_> {
-        ChunkDevice {
-            source: &*self.source,
-            atom: self.atom,
-            reserved: &self.reserved,
-            limit: self.config.max_bytes,
-            limit_hit: std::cell::Cell::new(false),
-        }
     }
 }

@@ -10,29 +10,37 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
-use crate::core::sync::lock::Mutex;
+use crate::core::alloc::{ChunkId, HeapStats};
 use crate::core::sync::Handshake;
 
-use super::{PoolInner, PoolStats, ShardSet};
-use crate::core::alloc::ChunkId;
+use super::inner::PoolInner;
+use super::registry::ChunkKey;
+use super::shards::ShardSet;
 
-/// Which chunk a block lies in: its address identifies it while the block is alive.
-pub(super) type ChunkKey = usize;
-
-/// A labeled block in the registry.
-#[derive(Clone)]
-pub(super) struct LabelEntry {
-    pub(super) label: Arc<str>,
-    pub(super) size: u64,
-}
-
-/// The pool's labels and dedicated chunks, off the allocation fast path.
-#[derive(Default)]
-pub(super) struct Registry {
-    /// Live labeled blocks by (chunk, offset in the chunk).
-    pub(super) labels: Mutex<HashMap<(ChunkKey, u64), LabelEntry>>,
-    /// Live dedicated chunks by address: their size and the size their block requested.
-    pub(super) dedicated: Mutex<HashMap<ChunkKey, (u64, u64)>>,
+/// A usage snapshot of a pool.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PoolStats {
+    /// Bytes of all chunks held, including dedicated ones.
+    pub bytes_reserved: u64,
+    /// Bytes requested by live blocks in shared chunks (blocks kept in thread caches excluded).
+    pub bytes_in_use: u64,
+    /// Bytes requested by freed blocks that thread caches keep for reuse
+    /// ([`magazine`](super::magazine)): still allocated in their chunks (counted in
+    /// `bytes_allocated`), given back by [`Pool::trim`](super::Pool::trim).
+    pub bytes_cached: u64,
+    /// Blocks that thread caches keep for reuse (the blocks behind `bytes_cached`; counted in
+    /// the shards' `allocation_count`).
+    pub blocks_cached: u64,
+    /// Bytes handed out (rounded sizes) in shared chunks.
+    pub bytes_allocated: u64,
+    /// Shared chunks held.
+    pub chunks: u64,
+    /// Dedicated chunks held (one per large block).
+    pub dedicated_chunks: u64,
+    /// Largest free block in any shard.
+    pub largest_free_block: u64,
+    /// Per-shard allocator statistics.
+    pub shards: Vec<HeapStats>,
 }
 
 /// Where a chunk of a report lies.

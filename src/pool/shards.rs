@@ -22,7 +22,7 @@ use std::sync::Arc;
 use super::chunk::Chunk;
 #[cfg(feature = "gpu-alloc")]
 use super::gpu_alloc::MemoryBlock;
-use super::PoolInner;
+use super::inner::PoolInner;
 use crate::core::alloc::{AllocError, Allocation, ChunkId, Heap};
 use crate::core::sync::BiasedLock;
 use crate::error::{Error, Result};
@@ -218,6 +218,12 @@ impl ShardSet {
         (0..self.len()).map(|i| self.get(i))
     }
 
+    /// The pool state every cell holds (`None` for a set of no shard).
+    pub(super) fn pool(&self) -> Option<&PoolInner> {
+        // SAFETY: the cells are alive: we still hold the pool's reference on each.
+        self.cells.first().map(|c| unsafe { &*c.as_ref().pool })
+    }
+
     /// Allocates `size` bytes aligned to `align` from shard `i`, calling `grow` (with the shard
     /// locked) to add a chunk of at least the given size when its heap is full, and records it for
     /// a block of `len` requested bytes. The allocation counts as one reference on the cell, which
@@ -280,17 +286,8 @@ impl ShardSet {
 
 impl Drop for ShardSet {
     fn drop(&mut self) {
-        // Blocks dropped from now on go straight back to their shards, and every thread's cached
-        // ones go back now.
-        // SAFETY: the cells are alive: we still hold the pool's reference on each.
-        if let Some(pool) = self.cells.first().map(|c| unsafe { &c.as_ref().pool }) {
-            pool.cache_open.store(false, Ordering::Release);
-            pool.reclaim_cached();
-            // With the `log` feature: blocks still alive now (cached ones went back just above)
-            // are worth a warning.
-            #[cfg(feature = "log")]
-            super::report::report_leaks(pool, self);
-        }
+        // The pool was closed just before (the thread caches' blocks are back: `Shards` in
+        // `pool/mod.rs`).
         for &cell in self.cells.iter() {
             // SAFETY: the cell is alive: we still hold the pool's reference on it.
             let free = unsafe {

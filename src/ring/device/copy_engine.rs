@@ -2,7 +2,7 @@
 //! lane's region (streaming stores into host memory, no PCIe on the CPU's side), and a copy
 //! engine moves each publication's staged span into the region, followed by the tail, on a
 //! stream of the lane's own. The host copy is `cuMemHostAlloc` memory kept by the [`Gpu`] for
-//! reuse ([`HostStaging`]): the GPU reads Vulkan host memory mapped through VMM stale after the
+//! reuse ([`CopySource`]): the GPU reads Vulkan host memory mapped through VMM stale after the
 //! CPU rewrote it.
 //!
 //! Why: CPU stores through the BAR top out however many threads write, below what a copy engine
@@ -42,7 +42,7 @@ use crate::driver::cuda::CuStream;
 use crate::error::{Error, Result};
 use crate::mapping::cuda_objects::Stream;
 use crate::mapping::gpu::Gpu;
-use crate::mapping::host_staging::HostStaging;
+use crate::mapping::pinned::copy_sources::CopySource;
 
 /// Offset of a lane's stream check word from its `head` word in pinned host memory: where a
 /// lane's new copy stream stores a zero to find out that the driver can store words from a
@@ -178,7 +178,7 @@ pub(super) struct LaneCopy {
     stream_tails: AtomicU64,
     /// What the queued copies read and write, kept until they have run; `None` only while
     /// dropping.
-    keep: Option<(HostStaging, Stream, Arc<dyn Any + Send + Sync>)>,
+    keep: Option<(CopySource, Stream, Arc<dyn Any + Send + Sync>)>,
 }
 // `Send + Sync` by its fields, as the compiler checks here.
 const _: () = assert_send_sync::<LaneCopy>();
@@ -197,7 +197,7 @@ impl LaneCopy {
     ) -> Result<LaneCopy> {
         let len = usize::try_from(capacity)
             .map_err(|_| Error::internal("ring capacity beyond the address space"))?;
-        let staging = gpu.host_staging(len)?;
+        let staging = gpu.copy_source(len)?;
         let stream = Stream::new(gpu)?;
         let copy = LaneCopy {
             gpu: gpu.clone(),

@@ -1,4 +1,4 @@
-//! The CUDA side of staged reads ([`crate::mapping::staging::pipeline`]): sets of pinned staging
+//! The CUDA side of staged reads ([`pipeline`]): sets of pinned staging
 //! buffers with a stream and one event per buffer, cached per [`Gpu`](crate::Gpu) and created on
 //! the first large read.
 //!
@@ -22,7 +22,7 @@ use crate::driver::cuda::{
 };
 use crate::driver::vulkan::VulkanContext;
 use crate::error::{Error, Result};
-use crate::mapping::staging::pipeline::{read_staged, StagingEngine};
+use crate::mapping::pinned::read_staging::pipeline::{read_staged, StagingEngine};
 use crate::mapping::vmm::{MappedMemory, VmmDevice};
 
 /// Reads of at least this many bytes into pageable memory take the staged pipeline; shorter DMA

@@ -1,7 +1,9 @@
 //! [`Gpu`]: the handle everything else hangs from — one CUDA device with its matching Vulkan
-//! device.
+//! device. Its copies through the copy engine are in `copies.rs`.
 
-use crate::mapping::host_staging::{HostStaging, HostStagingCache};
+mod copies;
+
+use crate::mapping::pinned::copy_sources::CopySourceCache;
 use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,9 +12,7 @@ use std::sync::{Arc, OnceLock};
 use crate::core::sync::lock::Mutex;
 
 use crate::core::handle::{assert_send_sync, SendSyncPtr};
-use crate::driver::cuda::{
-    ContextGuard, CuContext, CuDevice, CuStream, Driver, CU_STREAM_NON_BLOCKING,
-};
+use crate::driver::cuda::{ContextGuard, CuContext, CuDevice, CuStream, Driver};
 use crate::driver::uuid::{format_uuid, parse_uuid};
 use crate::driver::vulkan::{DeviceSelector, MemoryOptions, VulkanContext};
 use crate::error::{Error, InvalidArgument, Result};
@@ -84,7 +84,7 @@ struct GpuInner {
     name: String,
     uuid: [u8; 16],
     /// Pinned staging buffers of large reads into pageable memory, made on the first one.
-    staging: crate::mapping::staging::StagingCache,
+    read_staging: crate::mapping::pinned::read_staging::StagingCache,
     /// Whoever owns a borrowed `context` (a cudarc `CudaContext`), kept alive as long as this
     /// handle, so the context outlives every allocation made through it.
     _context_owner: Option<Arc<dyn std::any::Any + Send + Sync>>,
@@ -110,7 +110,7 @@ struct GpuInner {
     copy_stream: OnceLock<SendSyncPtr<c_void>>,
     /// `cuMemHostAlloc` buffers that copies read from, kept for reuse (freeing one would wait
     /// for running kernels).
-    host_staging: Arc<HostStagingCache>,
+    copy_sources: Arc<CopySourceCache>,
 }
 
 /// One live raw allocation of a [`Gpu`] ([`Gpu::allocations`]).
@@ -129,8 +129,8 @@ impl Drop for GpuInner {
     fn drop(&mut self) {
         // The staging buffers and the copy stream belong to the context: free them while it is
         // alive.
-        self.staging.clear();
-        self.host_staging
+        self.read_staging.clear();
+        self.copy_sources
             .free_all(&self.driver, self.context.get().map(|c| c.get()));
         if let (Some(stream), Some(context)) = (self.copy_stream.get(), self.context.get()) {
             // SAFETY: the context is alive until the release below; the stream is ours, idle
@@ -327,8 +327,8 @@ impl Gpu {
                 retained_primary: AtomicBool::new(false),
                 name,
                 uuid,
-                staging: Default::default(),
-                host_staging: Default::default(),
+                read_staging: Default::default(),
+                copy_sources: Default::default(),
                 _context_owner: context_owner,
                 allocations: Mutex::new(BTreeMap::new()),
                 vmm,
@@ -413,96 +413,6 @@ impl Gpu {
         // SAFETY: a context is current (guard); two valid out-pointers.
         unsafe { self.driver().cu_mem_get_info(&mut free, &mut total) }?;
         Ok((free as u64, total as u64))
-    }
-
-    /// The library's own non-blocking stream for synchronous copies, made on first use; the
-    /// context must be current.
-    fn copy_stream(&self) -> Result<CuStream> {
-        if let Some(s) = self.inner.copy_stream.get() {
-            return Ok(s.get());
-        }
-        let _one_at_a_time = self.inner.context_init.lock();
-        if let Some(s) = self.inner.copy_stream.get() {
-            return Ok(s.get());
-        }
-        let s = self.driver().cu_stream_create(CU_STREAM_NON_BLOCKING)?;
-        let _ = self.inner.copy_stream.set(SendSyncPtr::new(s));
-        Ok(s)
-    }
-
-    /// Copies `dst.len()` bytes from device address `src` with the copy engine and returns when
-    /// they have arrived. The copy runs on a stream of the library's own, so it waits for no
-    /// other work (a kernel on the legacy stream included).
-    ///
-    /// # Safety
-    /// - `[src, src + dst.len())` must be valid device memory reachable from this GPU's context.
-    pub unsafe fn memcpy_dtoh(&self, dst: &mut [u8], src: u64) -> Result<()> {
-        let _ctx = self.bind()?;
-        let stream = self.copy_stream()?;
-        // SAFETY: the caller guarantees the device range; `dst` is a valid host buffer, alive
-        // until the stream is synchronised below; our stream, context current.
-        unsafe {
-            self.driver()
-                .cu_memcpy_dtoh_async(dst.as_mut_ptr().cast(), src, dst.len(), stream)?;
-            self.driver().cu_stream_synchronize(stream)
-        }
-    }
-
-    /// Reads `dst.len()` bytes at device address `src` into `dst` (pageable memory) through pinned
-    /// staging buffers: the copy engine fills some while CPU threads copy others out
-    /// ([`crate::mapping::staging::pipeline`]). The fast path of
-    /// [`Mapping::read`](crate::Mapping::read) for large reads.
-    ///
-    /// # Safety
-    /// - `[src, src + dst.len())` must be valid device memory of this GPU's context.
-    pub(crate) unsafe fn read_staged(&self, dst: &mut [u8], src: u64) -> Result<()> {
-        let context = self.context()?;
-        // SAFETY: the caller guarantees the device range; the context lives as long as
-        // `self.inner`, which owns the cache (and clears it before releasing the context).
-        unsafe {
-            self.inner.staging.read(
-                &self.inner.driver,
-                context,
-                self.vmm().map(|v| (v, self.vulkan())),
-                src,
-                dst,
-            )
-        }
-    }
-
-    /// Copies `src` to device address `dst` with the copy engine; when this returns the bytes
-    /// are in device memory. Like [`Gpu::memcpy_dtoh`], it runs on a stream of the library's
-    /// own and waits for nothing else.
-    ///
-    /// # Safety
-    /// - `[dst, dst + src.len())` must be valid device memory reachable from this GPU's context.
-    pub unsafe fn memcpy_htod(&self, dst: u64, src: &[u8]) -> Result<()> {
-        let _ctx = self.bind()?;
-        let stream = self.copy_stream()?;
-        // SAFETY: the caller guarantees the device range; `src` is a valid host buffer, alive
-        // until the stream is synchronised below; our stream, context current.
-        unsafe {
-            self.driver()
-                .cu_memcpy_htod_async(dst, src.as_ptr().cast(), src.len(), stream)?;
-            self.driver().cu_stream_synchronize(stream)
-        }
-    }
-
-    /// Sets `count` 32-bit words at `dst` to `value` (`cuMemsetD32Async` on the library's own
-    /// stream); the words are set when this returns, and nothing else is waited for.
-    ///
-    /// # Safety
-    /// - `[dst, dst + 4 * count)` must be valid device memory reachable from this GPU's context,
-    ///   4-aligned.
-    pub unsafe fn memset_d32(&self, dst: u64, value: u32, count: usize) -> Result<()> {
-        let _ctx = self.bind()?;
-        let stream = self.copy_stream()?;
-        // SAFETY: the caller guarantees the range; our stream, context current.
-        unsafe {
-            self.driver()
-                .cu_memset_d32_async(dst, value, count, stream)?;
-            self.driver().cu_stream_synchronize(stream)
-        }
     }
 
     /// Waits for all work in the context: a persistent kernel's too, so this is the one call
@@ -592,14 +502,6 @@ impl Gpu {
         }
     }
 
-    /// `len` bytes of pinned host memory for copies to read from, reused from this handle's
-    /// cache where one of that length was dropped ([`HostStaging`]).
-    pub(crate) fn host_staging(&self, len: usize) -> Result<HostStaging> {
-        let context = self.context()?;
-        // SAFETY: our live context, and the cache is ours.
-        unsafe { HostStaging::new(self.driver(), context, &self.inner.host_staging, len) }
-    }
-
     /// The device's VMM facts, where memory is mapped through VMM.
     pub(crate) fn vmm(&self) -> Option<&VmmDevice> {
         self.inner.vmm.as_ref().ok()
@@ -668,12 +570,12 @@ impl Gpu {
                 item(
                     names::STAGED_READ_SETS,
                     RetainedKind::Host,
-                    self.inner.staging.held(),
+                    self.inner.read_staging.held(),
                 ),
                 item(
                     names::HOST_STAGING_BUFFERS,
                     RetainedKind::Host,
-                    self.inner.host_staging.held(),
+                    self.inner.copy_sources.held(),
                 ),
                 item(
                     names::RELEASES_WAITING,

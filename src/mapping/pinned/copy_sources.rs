@@ -1,4 +1,4 @@
-//! [`HostStaging`]: pinned host memory from `cuMemHostAlloc` that the GPU *reads* by DMA after
+//! [`CopySource`]: pinned host memory from `cuMemHostAlloc` that the GPU *reads* by DMA after
 //! the CPU has rewritten it, kept per [`Gpu`] and reused instead of freed.
 //!
 //! Why not [`PinnedBuffer`](crate::cuda_objects::PinnedBuffer)'s Vulkan host memory mapped through
@@ -20,9 +20,9 @@ use crate::error::{Error, Result};
 
 /// Buffers a [`Gpu`](crate::Gpu) keeps for reuse: `(length, host pointer)`.
 #[derive(Default)]
-pub(crate) struct HostStagingCache(crate::core::sync::lock::Mutex<Vec<(usize, SendSyncPtr<u8>)>>);
+pub(crate) struct CopySourceCache(crate::core::sync::lock::Mutex<Vec<(usize, SendSyncPtr<u8>)>>);
 
-impl HostStagingCache {
+impl CopySourceCache {
     /// A buffer of exactly `len` bytes from the cache, if one is there.
     fn take(&self, len: usize) -> Option<SendSyncPtr<u8>> {
         let mut cached = self.0.lock();
@@ -69,15 +69,15 @@ impl HostStagingCache {
 /// `len` bytes of pinned host memory that copies read with `cuMemcpyHtoDAsync`; on drop it
 /// returns to its cache (drop it only once the copies that read it have run, and while the
 /// cache's [`Gpu`](crate::Gpu) lives: the cache is freed with it).
-pub(crate) struct HostStaging {
-    cache: Arc<HostStagingCache>,
+pub(crate) struct CopySource {
+    cache: Arc<CopySourceCache>,
     ptr: SendSyncPtr<u8>,
     len: usize,
 }
 // `Send + Sync` by its fields, as the compiler checks here.
-const _: () = assert_send_sync::<HostStaging>();
+const _: () = assert_send_sync::<CopySource>();
 
-impl HostStaging {
+impl CopySource {
     /// A buffer of `len` bytes: a cached one of that length, or a new `cuMemHostAlloc` in
     /// `context` (the cache owner's, current on this thread after the call as before it).
     ///
@@ -86,12 +86,12 @@ impl HostStaging {
     pub(crate) unsafe fn new(
         driver: &Driver,
         context: CuContext,
-        cache: &Arc<HostStagingCache>,
+        cache: &Arc<CopySourceCache>,
         len: usize,
-    ) -> Result<HostStaging> {
+    ) -> Result<CopySource> {
         let cache = Arc::clone(cache);
         if let Some(ptr) = cache.take(len) {
-            return Ok(HostStaging { cache, ptr, len });
+            return Ok(CopySource { cache, ptr, len });
         }
         // SAFETY: a live context (the caller's contract).
         let _ctx = unsafe { ContextGuard::push(driver, context) }?;
@@ -102,7 +102,7 @@ impl HostStaging {
         if p.is_null() {
             return Err(Error::internal("cuMemHostAlloc returned a null pointer"));
         }
-        Ok(HostStaging {
+        Ok(CopySource {
             cache,
             ptr: SendSyncPtr::new(p.cast::<u8>()),
             len,
@@ -115,7 +115,7 @@ impl HostStaging {
     }
 }
 
-impl Drop for HostStaging {
+impl Drop for CopySource {
     fn drop(&mut self) {
         self.cache.put(self.len, self.ptr);
     }

@@ -13,7 +13,7 @@
 //! ```
 //!
 //! The scheduling is pure (no driver): [`StagingEngine`] is the seam, implemented with CUDA streams
-//! and events in `crate::mapping::staging` and with plain memory in the tests (Miri runs them).
+//! and events in `crate::mapping::pinned::read_staging` and with plain memory in the tests (Miri runs them).
 //!
 //! [`copy_host_default`]: super::copy_host_default
 
