@@ -5,13 +5,15 @@
 //! Ownership follows the DLPack protocol: the capsule owns the managed tensor until a consumer
 //! renames it (`"used_dltensor"`, `"used_dltensor_versioned"`) and later calls the tensor's
 //! deleter, from any thread and possibly without the GIL. The tensor therefore keeps the memory
-//! alive through an `Arc` of Rust state, never through a Python object.
+//! alive through an [`ExportRef`] (an `Arc` of Rust state, counted as an export of the memory),
+//! never through a Python object.
 
 use std::ffi::{c_void, CStr};
-use std::sync::Arc;
 
 use pyo3::ffi;
 use pyo3::prelude::*;
+
+use crate::exports::ExportRef;
 
 /// `kDLCPU`.
 pub const DEVICE_CPU: i32 = 1;
@@ -78,11 +80,11 @@ const _: () = assert!(std::mem::size_of::<DlTensor>() == 48);
 const _: () = assert!(std::mem::size_of::<DlManagedTensor>() == 64);
 const _: () = assert!(std::mem::size_of::<DlManagedTensorVersioned>() == 80);
 
-/// What a tensor's `manager_ctx` owns: its shape and strides, and a reference on the memory.
+/// What a tensor's `manager_ctx` owns: its shape and strides, and an export of the memory.
 struct Keep {
     shape: [i64; 1],
     strides: [i64; 1],
-    _owner: Arc<dyn Send + Sync>,
+    _owner: ExportRef,
 }
 
 /// Where the exported bytes are: an address on a DLPack device.
@@ -117,7 +119,7 @@ fn tensor(target: Target, keep: &mut Keep) -> DlTensor {
     }
 }
 
-fn new_keep(target: Target, owner: Arc<dyn Send + Sync>) -> PyResult<*mut Keep> {
+fn new_keep(target: Target, owner: ExportRef) -> PyResult<*mut Keep> {
     let len = i64::try_from(target.len)
         .map_err(|_| crate::errors::invalid_argument("block too large for DLPack"))?;
     Ok(Box::into_raw(Box::new(Keep {
@@ -196,7 +198,7 @@ unsafe extern "C" fn capsule_destructor(capsule: *mut ffi::PyObject) {
 pub fn export<'py>(
     py: Python<'py>,
     target: Target,
-    owner: Arc<dyn Send + Sync>,
+    owner: ExportRef,
     versioned: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let keep = new_keep(target, owner)?;

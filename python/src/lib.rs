@@ -13,7 +13,10 @@
 //!   the sharing tests on lavapipe); [`fork`]: what those classes do in a forked child;
 //! - [`errors`]: `VkgdrError` and its subclasses, the one conversion of library errors;
 //! - [`dlpack`], [`interface`]: the array protocols;
-//! - [`lifetime`]: when `free()` may release memory at once (no view can still use it);
+//! - [`exports`]: the exact rule of `Block.free()`: memory goes back when it was freed and no
+//!   export of it (a NumPy array, a DLPack tensor, a pin of the CUDA array interface) is alive;
+//! - [`lifetime`]: the reference-count rule that `vkgdr.RawMemory.free` and the sharing classes
+//!   still use (when `free()` may release memory at once: no view can still use it);
 //! - [`stream`]: CUDA streams named by Python arguments, and `RawStream`, the one way a raw
 //!   handle is passed (a bare int is refused).
 //!
@@ -33,6 +36,7 @@ mod compat;
 mod device;
 mod dlpack;
 mod errors;
+mod exports;
 mod fork;
 mod interface;
 mod lifetime;

@@ -25,7 +25,8 @@
 //! afterwards so that it keeps neither the object nor its views alive (it is rebuilt whenever it
 //! is read again).
 //!
-//! Two kinds of `free` use the rule: `Block.free`, a method of a native class (its baseline
+//! `Block.free` no longer uses this rule: its exports are counted exactly ([`crate::exports`]).
+//! Two kinds of `free` still use it: the methods of native classes below (their baseline
 //! measured with [`RefProbe`]), and `vkgdr.RawMemory.free`, whose class is plain Python so that
 //! programs may derive classes from it as in vkgdr 0.1. A Python function as `free` would see a
 //! different count for each call shape (`m.free(**kw)` and `f = m.free; f()` hold one more than

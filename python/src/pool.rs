@@ -13,8 +13,8 @@ use vkgdr::{Mapping, PoolConfig};
 use crate::device::gpu_of;
 use crate::dlpack;
 use crate::errors::{invalid_argument, to_py};
+use crate::exports::{self, ExportRef, Exported, Exports};
 use crate::interface::{self, LARGE_COPY};
-use crate::lifetime;
 use crate::share::Identity;
 use crate::stream::{optional_stream_arg, StreamArg};
 
@@ -236,6 +236,21 @@ struct BlockState {
     non_coherent: bool,
     /// The device of the block's pool.
     identity: Identity,
+    /// The block's live exports (NumPy arrays, DLPack tensors, the pin of the CUDA array
+    /// interface) and whether it was freed: the exact rule of `free()` ([`crate::exports`]).
+    exports: Exports,
+}
+
+impl Exported for BlockState {
+    fn exports(&self) -> &Exports {
+        &self.exports
+    }
+
+    fn release_last(&self) {
+        // No one to report an error to (perhaps a DLPack deleter in C code); on an error the
+        // block went back as a plain drop gives it back.
+        let _ = self.release();
+    }
 }
 
 /// The error of every use of a freed block.
@@ -338,9 +353,11 @@ impl Drop for BlockState {
 /// The block goes back to its pool when the block object and every view and DLPack export of
 /// it are gone, and is handed out again at once: the pool cannot know which kernels still read
 /// it. ``free(*, after=None)`` says so explicitly: the object is marked freed (its attributes
-/// raise ``VkgdrError``), and the block goes back at once if no view or export can exist (none
-/// was made, or nothing but the caller's variables refers to the object and no DLPack export
-/// lives), else when the last one (and the caller's last reference) is gone. ``after=stream``
+/// raise ``VkgdrError``), and the block goes back at once if no export of it is alive (a NumPy
+/// array or view, a DLPack tensor or capsule), else when the last one is gone. Reading
+/// ``__cuda_array_interface__`` (``cupy.asarray(block)``, ``torch.as_tensor(block)``) makes an
+/// export the object itself holds, as its consumers hold the object: the block then goes back
+/// when the object is collected. ``after=stream``
 /// (a CuPy, PyTorch, PyCUDA or Numba stream object, kept alive until then, or a raw handle as
 /// ``vkgdr.RawStream(handle)``; a bare int raises ``TypeError``) holds it back further, never
 /// waiting: it goes back once the work queued on that stream has completed (the stream's state
@@ -356,8 +373,12 @@ pub struct Block {
     freed: AtomicBool,
     /// Set when `ShareServer.send_block` took the block for another process.
     sent: AtomicBool,
-    /// Whether an interface was read or a DLPack capsule made (views may exist).
+    /// Whether an interface was read or a DLPack capsule made (views may have existed: the
+    /// block is not sent then).
     exported: AtomicBool,
+    /// The export the block itself holds once its CUDA array interface was read: its consumers
+    /// hold this object, so the memory waits for the object (see [`crate::exports`]).
+    pin: Mutex<Option<ExportRef>>,
 }
 
 impl Block {
@@ -372,10 +393,12 @@ impl Block {
                 block: Mutex::new(Some(block)),
                 after: Mutex::new(None),
                 gpu,
+                exports: Exports::new(),
             }),
             freed: AtomicBool::new(false),
             sent: AtomicBool::new(false),
             exported: AtomicBool::new(false),
+            pin: Mutex::new(None),
         }
     }
 
@@ -403,9 +426,7 @@ impl Block {
     /// Refused (the object unchanged) once an interface was read or a DLPack capsule made: a
     /// view may still use the block's memory, which the other process then owns and the pool
     /// may later hand out again (or give back to the driver, and a store through the view would
-    /// fault). The reference count cannot rule views out here as `free()` does: a caller's
-    /// stack holds its arguments in ways that differ by call shape, and a miscount would
-    /// let a view outlive the memory.
+    /// fault).
     pub(crate) fn take_for_send(&self) -> PyResult<vkgdr::Block> {
         self.check_sendable()?;
         // Marked first: no view or export can be made from here on.
@@ -431,11 +452,13 @@ impl Block {
         Ok(())
     }
 
-    /// [`live`](Self::live), noting that a view or export may be made.
-    fn export(&self) -> PyResult<&BlockState> {
-        let state = self.live()?;
+    /// A new export of the block's memory ([`crate::exports`]), noting that a view may be
+    /// made; the block's error once it is freed (or sent).
+    fn export(&self) -> PyResult<ExportRef> {
+        self.live()?;
         self.exported.store(true, Ordering::Release);
-        Ok(state)
+        let state: Arc<dyn Exported> = self.state.clone();
+        ExportRef::new(state).ok_or_else(|| self.live().err().unwrap_or_else(freed))
     }
 
     /// The DLPack device of the block's natural export.
@@ -491,7 +514,7 @@ impl Block {
     }
 
     /// Frees the block without waiting for the GPU: it goes back to its pool at once if no
-    /// view or export of it can exist, otherwise when the last one is gone; with
+    /// export of it is alive, otherwise when the last one is gone; with
     /// ``after=stream``, only once the work queued on that stream has completed as well (see
     /// the class docs). The object is marked freed either way. Safe to call twice; a second call
     /// changes nothing. A ``vkgdr.RawStream`` ``after`` must name a live stream of the block's
@@ -514,13 +537,8 @@ impl Block {
             return Ok(());
         }
         *this.state.after.lock() = after;
-        // What the caller and the views hold; no reference of ours is taken now. A failure to
-        // inspect the caller leaves the views' possibility open.
-        let refs = lifetime::refcount(slf.as_any());
-        let views = this.exported.load(Ordering::Acquire)
-            && !lifetime::only_callers_of_rust_free(slf.as_any(), refs).unwrap_or(false);
-        // DLPack exports hold the state (only they do, besides this object).
-        if views || Arc::strong_count(&this.state) > 1 {
+        // Released now if no export is alive, else by the last one to end.
+        if !this.state.exports.free() {
             return Ok(());
         }
         py.detach(|| this.state.release()).map_err(to_py)
@@ -534,9 +552,10 @@ impl Block {
 
     /// NumPy's array interface: ``size`` writable bytes (``uint8``) of the host mapping.
     #[getter]
+    /// Arrays made from it keep the memory, not the block object ([`crate::exports`]).
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let state = self.export()?;
-        interface::array_interface(py, state.host_ptr, state.size, "|u1")
+        let export = self.export()?;
+        exports::host_interface(py, export, self.state.host_ptr, self.state.size, "|u1")
     }
 
     /// The CUDA array interface (v3): ``size`` bytes of ``uint8`` at ``device_ptr``. Missing
@@ -544,7 +563,15 @@ impl Block {
     #[getter]
     fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         match self.state.device_ptr {
-            Some(p) => interface::cuda_array_interface(py, p, self.export()?.size),
+            Some(p) => {
+                // Its consumers hold this object: it keeps the memory until it is collected.
+                let export = self.export()?;
+                let mut pin = self.pin.lock();
+                if pin.is_none() {
+                    *pin = Some(export);
+                }
+                interface::cuda_array_interface(py, p, self.state.size)
+            }
             None => Err(pyo3::exceptions::PyAttributeError::new_err(
                 "a Vulkan-only block has no device pointer",
             )),
@@ -648,7 +675,7 @@ impl Block {
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let _ = stream;
-        self.export()?;
+        let export = self.export()?;
         if copy == Some(true) {
             return Err(pyo3::exceptions::PyBufferError::new_err(
                 "vkgdr blocks are exported without copying (copy=True is not supported)",
@@ -678,7 +705,7 @@ impl Block {
                 device_id: target.1,
                 len: self.state.size,
             },
-            self.state.clone(),
+            export,
             dlpack::wants_versioned(max_version)?,
         )
     }

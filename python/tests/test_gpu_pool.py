@@ -195,3 +195,45 @@ def test_a_freed_block_waits_for_its_views_exports_and_stream(cupy, gpu) -> None
     assert pool.stats()["bytes_in_use"] == 0
     with pytest.raises(vkgdr.InvalidArgumentError, match="expected a CUDA stream"):
         pool.alloc(64).free(after=3.5)
+
+
+def test_free_is_exact_for_each_export_of_a_block(cupy, gpu) -> None:
+    """NumPy arrays and DLPack tensors count as exports while they live and not after; a CUDA
+    array interface consumer (CuPy, PyTorch) holds the block object, which pins the memory until
+    the object is collected (python/src/exports.rs)."""
+    pool = vkgdr.Pool(gpu, thread_cache=0)
+
+    def in_use() -> int:
+        return pool.stats()["bytes_in_use"]
+
+    torch = pytest.importorskip("torch")
+    for export in (
+        lambda b: cupy.from_dlpack(b),
+        lambda b: torch.from_dlpack(b),
+        lambda b: np.asarray(b),
+        lambda b: memoryview(np.asarray(b)),
+    ):
+        kept = pool.alloc(256)
+        view = export(kept)
+        kept.free()
+        assert in_use() == 256, "a live export keeps the block"
+        del view
+        gc.collect()
+        assert gpu.wait_for_releases(10) and in_use() == 0, "the export gone: back"
+        again = pool.alloc(256)
+        dropped = export(again)
+        del dropped
+        gc.collect()
+        again.free()  # the object is still referenced: no export is, back at once
+        assert gpu.wait_for_releases(10) and in_use() == 0
+    for consumer in (cupy.asarray, lambda b: torch.as_tensor(b, device="cuda")):
+        block = pool.alloc(256)
+        d = consumer(block)
+        d[:] = 5
+        block.free()
+        del d
+        gc.collect()
+        assert in_use() == 256, "the object still lives, and such a consumer holds the object"
+        del block
+        gc.collect()
+        assert gpu.wait_for_releases(10) and in_use() == 0
