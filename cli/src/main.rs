@@ -9,7 +9,7 @@
 //! - `vkgdr bench BENCHMARK [--device N|UUID] [--out DIR] [--quick] [--json]` measures copies,
 //!   latencies and API costs on one GPU (CUDA device 0 by default) and writes tables, CSVs, PNG
 //!   charts and `results.json` (see [`mod@bench`]); `vkgdr bench plot DIR` redraws the charts from
-//!   the CSVs in `DIR`.
+//!   `DIR/results.json`.
 //! - `vkgdr soak [--device N|UUID | --devices all|LIST] [--seconds N] [--threads N]
 //!   [--exhaust-every S] [--json]` runs pool churn, rings, arena grow/shrink and BAR exhaustion
 //!   together on each device named (10 minutes by default) and checks that nothing of ours stayed

@@ -199,8 +199,8 @@ fn help_shows_defaults_and_exit_codes() {
     let plot = run(&["bench", "plot", "--help"], &[]).stdout;
     for text in [
         "Exit status:",
-        "1  DIR or a CSV in it could not be read",
-        "2  the command line is wrong, or DIR holds no .csv files",
+        "1  DIR/results.json could not be read, or a chart could not be drawn",
+        "2  the command line is wrong, or DIR holds no results.json",
     ] {
         assert!(
             plot.contains(text),
@@ -543,24 +543,43 @@ fn soak_without_a_gpu_exits_1() {
 
 // --- Progress --------------------------------------------------------------------------------------
 
-/// A directory holding two of the published result CSVs, for `vkgdr bench plot` (which shows
+/// A directory holding the published results.json, for `vkgdr bench plot` (which shows
 /// progress and needs no GPU).
 fn plot_dir() -> TempDir {
     let dir = TempDir::new("plot");
-    for name in ["copylat.csv", "pplat.csv"] {
-        std::fs::copy(repo().join("docs/bench").join(name), dir.0.join(name)).unwrap();
-    }
+    let results = repo().join("docs/bench/results.json");
+    std::fs::copy(results, dir.0.join("results.json")).unwrap();
     dir
 }
 
 #[test]
-fn plot_without_csvs_is_a_usage_error() {
+fn plot_redraws_every_chart_of_results_json() {
+    let dir = plot_dir();
+    let r = run(&["bench", "plot", dir.path()], &[]);
+    assert_eq!(r.code, 0, "{}", r.all());
+    for name in ["copylat", "waits-idle", "ring-wrap"] {
+        let png = std::fs::read(dir.0.join(format!("{name}.png"))).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "{name}");
+    }
+}
+
+#[test]
+fn plot_without_results_is_a_usage_error() {
     let dir = TempDir::new("plot-empty");
     let r = run(&["bench", "plot", dir.path()], &[]);
     assert_eq!(r.code, 2, "{}", r.all());
     assert!(
         r.stderr
-            .contains(&format!("vkgdr bench: no .csv files in {}", dir.path())),
+            .contains(&format!("vkgdr bench: no results.json in {}", dir.path())),
+        "{}",
+        r.all()
+    );
+    // A file that is no results of `vkgdr bench` is named.
+    std::fs::write(dir.0.join("results.json"), "{\"format\": \"vkgdr-soak\"}").unwrap();
+    let r = run(&["bench", "plot", dir.path()], &[]);
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(
+        r.stderr.contains("not results of `vkgdr bench`"),
         "{}",
         r.all()
     );

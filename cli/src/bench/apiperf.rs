@@ -17,7 +17,7 @@ use super::measure::{
 };
 use super::options::Options;
 use super::report::format::fmt_size;
-use super::report::model::{Report, Row, Unit};
+use super::report::model::{Figure, Report, Unit};
 
 /// The C `vkgdr` library's documented cost of a 64 KiB allocation, ns.
 pub const C_ALLOC_64K_NS: f64 = 200_000.0;
@@ -39,7 +39,7 @@ const POOL_ALIGN: u64 = 16;
 
 fn push(report: &mut Report, method: &str, size: u64, samples: &[f64]) {
     let s = Stats::of(samples).expect("at least one sample");
-    report.rows.push(Row::measured(method, size, &s));
+    report.figures.push(Figure::measured(method, size, &s));
 }
 
 /// Runs the benchmark: one `apiperf` report.
@@ -101,12 +101,12 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
             Err(e) => return Err(e),
         }
     }
-    report.rows.push(Row::reference(
+    report.figures.push(Figure::reference(
         "C vkgdr alloc (docs)",
         64 << 10,
         C_ALLOC_64K_NS,
     ));
-    report.rows.push(Row::reference(
+    report.figures.push(Figure::reference(
         "C vkgdr free (docs)",
         64 << 10,
         C_FREE_64K_NS,

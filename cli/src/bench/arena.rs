@@ -11,7 +11,7 @@ use super::error::BenchResult;
 use super::measure::{open_gpu, Stats};
 use super::options::Options;
 use super::report::format::fmt_size;
-use super::report::model::{Report, Row, Unit};
+use super::report::model::{Figure, Report, Unit};
 use crate::ui;
 
 const PTX: &str = include_str!(concat!(
@@ -58,8 +58,11 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
             ("separate chunk alloc", &alloc),
             ("separate chunk free", &free),
         ] {
-            cost.rows
-                .push(Row::measured(name, chunk, &Stats::of(v).expect("samples")));
+            cost.figures.push(Figure::measured(
+                name,
+                chunk,
+                &Stats::of(v).expect("samples"),
+            ));
         }
     }
     cost.notes.push("arena grow: Vulkan allocation + fd export + cuMemImportFromShareableHandle + cuMemMap + cuMemSetAccess; separate chunk: Vulkan allocation + export + cuImportExternalMemory + cuExternalMemoryGetMappedBuffer".into());
@@ -99,12 +102,12 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
         gpu.synchronize()?;
         many.push(total as f64 / t.elapsed().as_secs_f64() / 1e9);
     }
-    read.rows.push(Row::measured(
+    read.figures.push(Figure::measured(
         "one kernel over the arena",
         total,
         &Stats::of(&one).expect("samples"),
     ));
-    read.rows.push(Row::measured(
+    read.figures.push(Figure::measured(
         format!("{chunks} kernels over separate chunks"),
         total,
         &Stats::of(&many).expect("samples"),

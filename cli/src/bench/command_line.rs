@@ -27,8 +27,8 @@ Exit status:
 const PLOT_EXIT_CODES: &str = "\
 Exit status:
   0  every table printed and every chart drawn
-  1  DIR or a CSV in it could not be read, or a chart could not be drawn
-  2  the command line is wrong, or DIR holds no .csv files";
+  1  DIR/results.json could not be read, or a chart could not be drawn
+  2  the command line is wrong, or DIR holds no results.json";
 
 /// `vkgdr bench`'s command line: one subcommand per registered benchmark, `all`, `plot` and
 /// `compare`.
@@ -171,7 +171,7 @@ impl clap::Subcommand for BenchCommand {
         ))
         .subcommand(
             clap::Command::new("plot")
-                .about("Redraw DIR/*.png from the CSVs in DIR and print their tables")
+                .about("Redraw the charts of DIR/results.json into DIR and print their tables")
                 .display_name("vkgdr")
                 .after_help(PLOT_EXIT_CODES)
                 .arg(
@@ -179,7 +179,9 @@ impl clap::Subcommand for BenchCommand {
                         .value_name("DIR")
                         .required(true)
                         .value_parser(clap::value_parser!(PathBuf))
-                        .help("A directory `vkgdr bench --out DIR` wrote (or any with CSVs in its format)"),
+                        .help(
+                            "A directory `vkgdr bench --out DIR` wrote (its results.json is read)",
+                        ),
                 ),
         )
         .subcommand(

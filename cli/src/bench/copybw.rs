@@ -26,7 +26,7 @@ use super::measure::{ladder, measure, open_gpu, to_bandwidth, Budget, Stats};
 use super::options::Options;
 use super::raw_bar::Gang;
 use super::report::format::fmt_size;
-use super::report::model::{Report, Row, Unit};
+use super::report::model::{Figure, Report, Unit};
 
 /// Thread counts of the write pools; the last one also serves the pooled read.
 const WRITE_THREADS: [usize; 4] = [1, 2, 4, 8];
@@ -342,7 +342,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
                     let ns = measure(&budget, || kit.exec(op, size as usize))?;
                     let bw = Stats::of(&to_bandwidth(size, &ns)).expect("at least one sample");
                     ns_per_byte[k] = Some(1.0 / bw.median);
-                    report.rows.push(Row::measured(op.name(), size, &bw));
+                    report.figures.push(Figure::measured(op.name(), size, &bw));
                 }
             }
         }
@@ -404,7 +404,7 @@ mod tests {
     fn bw(rows: &[(&str, u64, f64)]) -> Report {
         let mut r = Report::new("copybw-read", Unit::GigabytesPerSecond);
         for &(m, s, v) in rows {
-            r.rows.push(Row::reference(m, s, v));
+            r.figures.push(Figure::reference(m, s, v));
         }
         r
     }

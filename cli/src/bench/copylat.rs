@@ -25,7 +25,7 @@ use super::measure::{ladder, measure, open_gpu, Budget, Stats};
 use super::options::Options;
 use super::raw_bar;
 use super::report::format::fmt_size;
-use super::report::model::{Report, Row, Unit};
+use super::report::model::{Figure, Report, Unit};
 use crate::ui;
 
 /// Method names, in column order.
@@ -133,7 +133,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
                     Ok(())
                 })?;
                 let s = Stats::of(&samples).expect("at least one sample");
-                report.rows.push(Row::measured(name, size, &s));
+                report.figures.push(Figure::measured(name, size, &s));
             }
         }
     }

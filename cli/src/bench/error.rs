@@ -16,12 +16,12 @@ pub enum BenchError {
         /// What the OS said.
         source: std::io::Error,
     },
-    /// A CSV file could not be parsed back into a report.
-    #[error("{path}: {msg}")]
-    Csv {
+    /// A `results.json` given to `vkgdr bench plot` is no `vkgdr bench` document.
+    #[error("{}: not results of `vkgdr bench`: {msg}", path.display())]
+    Results {
         /// The file.
         path: PathBuf,
-        /// What is wrong with it.
+        /// What the JSON parser said.
         msg: String,
     },
     /// Drawing a chart failed.

@@ -26,7 +26,7 @@ use super::host_pinned::HostPinned;
 use super::measure::{device_ordinal, measure, open_gpu, to_bandwidth, Budget, Stats};
 use super::options::Options;
 use super::report::format::fmt_size;
-use super::report::model::{Report, Row, Unit};
+use super::report::model::{Figure, Report, Unit};
 use crate::ui;
 
 /// The hidden argument that makes `vkgdr bench` the child of the first-write row.
@@ -40,7 +40,7 @@ const HELLO: &[u8] = b"hello from the CPU, through the BAR";
 
 fn push(report: &mut Report, method: &str, size: u64, samples: &[f64]) {
     let s = Stats::of(samples).expect("at least one sample");
-    report.rows.push(Row::measured(method, size, &s));
+    report.figures.push(Figure::measured(method, size, &s));
 }
 
 fn push_bw(report: &mut Report, method: &str, size: u64, ns: &[f64]) {

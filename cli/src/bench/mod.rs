@@ -59,7 +59,7 @@ use error::BenchError;
 use options::Options;
 
 /// Entry point of `vkgdr bench`: exit code 0 on success, 1 if a benchmark failed, 2 for a
-/// `--compare` baseline that cannot be read or a `plot` directory without CSVs (other usage
+/// `--compare` baseline that cannot be read or a `plot` directory without results.json (other usage
 /// errors are clap's), 3 if a figure got worse than the baseline's beyond its noise.
 pub fn main(args: &BenchArgs) -> ExitCode {
     let result = match &args.command {

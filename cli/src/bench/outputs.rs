@@ -1,7 +1,7 @@
 //! What a run leaves behind: each report printed as a table and written as a CSV and a PNG chart
 //! ([`emit`]), `summary.md` under the machine's facts ([`write_summary`], [`machine_lines`]) and
 //! `results.json`, the document `--json` prints ([`document`], [`write_results`]); and `vkgdr bench
-//! plot DIR`, which redraws the charts from the CSVs ([`replot`]).
+//! plot DIR`, which redraws the charts from `results.json` ([`replot`]).
 
 use std::path::{Path, PathBuf};
 
@@ -11,26 +11,12 @@ use super::error::{BenchError, BenchResult};
 use super::options::Options;
 use super::report;
 use super::report::chart::plot_png;
-use super::report::csv::read_csv;
 use super::report::model::Report;
 use super::report::table::summary_markdown;
-use crate::json::bench::{BenchDocument, BenchRunJson, ReportJson};
+use crate::json::bench::{BenchDocument, BenchRun};
 use crate::json::document::{to_text, About};
 use crate::json::machine::{cpu_model, DeviceJson, MachineJson};
 use crate::ui::{self, say, status};
-
-/// One benchmark as it ran: for the summary and the JSON document.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Ran {
-    /// Its name.
-    pub name: &'static str,
-    /// How long it took.
-    pub seconds: f64,
-    /// What stopped it.
-    pub error: Option<String>,
-    /// Its reports (none when it failed).
-    pub reports: Vec<Report>,
-}
 
 /// The JSON document of a run: `ran` in order, the machine it ran on and the device measured,
 /// what stopped the run outside a benchmark.
@@ -38,29 +24,16 @@ pub fn document(
     opts: &Options,
     machine: Option<MachineJson>,
     device: Option<DeviceJson>,
-    ran: &[Ran],
+    ran: &[BenchRun],
     error: Option<String>,
 ) -> BenchDocument {
-    let all: Vec<&Report> = ran.iter().flat_map(|r| &r.reports).collect();
     BenchDocument {
         about: About::new("vkgdr-bench"),
         mode: if opts.quick { "quick" } else { "full" }.to_string(),
         out_dir: opts.out.display().to_string(),
         device,
         machine,
-        benchmarks: ran
-            .iter()
-            .map(|r| BenchRunJson {
-                name: r.name.to_string(),
-                seconds: r.seconds,
-                error: r.error.clone(),
-                reports: r
-                    .reports
-                    .iter()
-                    .map(|rep| ReportJson::new(rep, &all))
-                    .collect(),
-            })
-            .collect(),
+        benchmarks: ran.to_vec(),
         ok: error.is_none() && ran.iter().all(|r| r.error.is_none()),
         error,
     }
@@ -141,29 +114,34 @@ pub fn machine_lines(opts: &Options) -> Vec<String> {
     lines
 }
 
-/// `vkgdr bench plot DIR`: reads every `*.csv` in `dir`, prints its table and redraws its PNG.
+/// `vkgdr bench plot DIR`: reads `DIR/results.json`, prints every report's table and redraws
+/// its PNG beside it.
 pub fn replot(dir: &Path) -> BenchResult<()> {
-    let mut csvs: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| BenchError::io(dir, e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "csv"))
-        .collect();
-    csvs.sort();
-    if csvs.is_empty() {
-        return Err(BenchError::Usage(format!(
-            "no .csv files in {}",
-            dir.display()
-        )));
-    }
+    let path = dir.join(RESULTS_JSON);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(BenchError::Usage(format!(
+                "no {RESULTS_JSON} in {}",
+                dir.display()
+            )))
+        }
+        Err(e) => return Err(BenchError::io(&path, e)),
+    };
+    let doc: BenchDocument = serde_json::from_str(&text).map_err(|e| BenchError::Results {
+        path: path.clone(),
+        msg: e.to_string(),
+    })?;
+    let reports: Vec<&Report> = doc.benchmarks.iter().flat_map(|b| &b.reports).collect();
     let _task = ui::task("plot");
-    ui::phase("charts", csvs.len() as u64);
-    for csv in csvs {
-        ui::step(csv.display().to_string());
-        let report = read_csv(&csv)?;
+    ui::phase("charts", reports.len() as u64);
+    for report in reports {
+        ui::step(report.name.clone());
         ui::out(&report.text_table());
-        match plot_png(&report, &csv.with_extension("png"))? {
-            true => status!("  wrote {}\n", csv.with_extension("png").display()),
-            false => status!("  {}: nothing to plot\n", csv.display()),
+        let png = dir.join(format!("{}.png", report.name));
+        match plot_png(report, &png)? {
+            true => status!("  wrote {}\n", png.display()),
+            false => status!("  {}: nothing to plot\n", report.name),
         }
     }
     Ok(())
@@ -173,13 +151,13 @@ pub fn replot(dir: &Path) -> BenchResult<()> {
 pub(crate) mod tests {
     use super::*;
     use crate::bench::measure::Stats;
-    use crate::bench::report::model::{Row, Unit};
-    use crate::json::bench::tests::to_report;
+    use crate::bench::registry::resolve;
+    use crate::bench::report::model::{Figure, Unit};
     use crate::json::document::to_text;
     use crate::json::machine::tests::bare_machine;
 
     /// A made-up `copylat` run: two methods at two sizes, the driver's copy the anchor.
-    pub(crate) fn made_up_run() -> Vec<Ran> {
+    pub(crate) fn made_up_run() -> Vec<BenchRun> {
         let mut lat = Report::new("copylat", Unit::Nanoseconds);
         for (size, bar, memcpy) in [(8, 150.0, 6000.0), (4096, 450.0, 9000.0)] {
             let s = |m: f64| Stats {
@@ -188,45 +166,52 @@ pub(crate) mod tests {
                 p90: m * 1.2,
                 n: 100,
             };
-            lat.rows.push(Row::measured("BAR write", size, &s(bar)));
-            lat.rows
-                .push(Row::measured("cuMemcpyHtoD", size, &s(memcpy)));
+            lat.figures
+                .push(Figure::measured("BAR write", size, &s(bar)));
+            lat.figures
+                .push(Figure::measured("cuMemcpyHtoD", size, &s(memcpy)));
         }
         // A size the anchor lacks: no anchor there.
-        lat.rows.push(Row::measured(
+        lat.figures.push(Figure::measured(
             "BAR write",
             1 << 20,
             &Stats::of(&[1e5]).unwrap(),
         ));
         lat.notes.push("made up".into());
         let mut api = Report::new("apiperf", Unit::Nanoseconds);
-        api.rows.push(Row::measured(
+        api.figures.push(Figure::measured(
             "RawMemory alloc",
             64 << 10,
             &Stats::of(&[200_000.0]).unwrap(),
         ));
-        api.rows.push(Row::measured(
+        api.figures.push(Figure::measured(
             "cuMemAlloc",
             64 << 10,
             &Stats::of(&[50_000.0]).unwrap(),
         ));
-        api.rows
-            .push(Row::reference("C vkgdr alloc (docs)", 64 << 10, 200_000.0));
+        api.figures.push(Figure::reference(
+            "C vkgdr alloc (docs)",
+            64 << 10,
+            200_000.0,
+        ));
+        let (mut api, mut lat) = (vec![api], vec![lat]);
+        resolve(&mut api);
+        resolve(&mut lat);
         vec![
-            Ran {
-                name: "apiperf",
+            BenchRun {
+                name: "apiperf".into(),
                 seconds: 1.5,
                 error: None,
-                reports: vec![api],
+                reports: api,
             },
-            Ran {
-                name: "copylat",
+            BenchRun {
+                name: "copylat".into(),
                 seconds: 2.5,
                 error: None,
-                reports: vec![lat],
+                reports: lat,
             },
-            Ran {
-                name: "pplat",
+            BenchRun {
+                name: "pplat".into(),
                 seconds: 0.1,
                 error: Some("kernel did not respond: made up".into()),
                 reports: Vec::new(),
@@ -250,15 +235,6 @@ pub(crate) mod tests {
         let text = to_text(&doc);
         let back: BenchDocument = serde_json::from_str(&text).unwrap();
         assert_eq!(back, doc);
-        // Every report reads back into the report it was made from.
-        for (r, j) in ran
-            .iter()
-            .flat_map(|r| &r.reports)
-            .zip(back.benchmarks.iter().flat_map(|b| &b.reports))
-        {
-            assert_eq!(&to_report(j).unwrap(), r);
-        }
-
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["format"], "vkgdr-bench");
         assert_eq!(v["mode"], "quick");
@@ -278,13 +254,8 @@ pub(crate) mod tests {
         assert_eq!(lat["title"], "Write latency, host to GPU memory");
         let f = &lat["figures"][0];
         assert_eq!(
-            (&f["method"], &f["size_bytes"], &f["unit"], &f["origin"]),
-            (
-                &"BAR write".into(),
-                &8.into(),
-                &"ns".into(),
-                &"measured".into()
-            )
+            (&f["method"], &f["size_bytes"], &f["origin"]),
+            (&"BAR write".into(), &8.into(), &"measured".into())
         );
         assert_eq!(f["anchor"]["method"], "cuMemcpyHtoD");
         assert_eq!(f["anchor"]["report"], "copylat");

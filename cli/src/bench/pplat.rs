@@ -30,7 +30,7 @@ use super::host_pinned::HostPinned;
 use super::measure::{open_gpu, Stats};
 use super::options::Options;
 use super::report::format::fmt_size;
-use super::report::model::{Report, Row, Unit};
+use super::report::model::{Figure, Report, Unit};
 use crate::ui;
 
 /// The PTX holding `pingpong`.
@@ -311,7 +311,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
             match kit.round_trips(via, size, iters) {
                 Ok(times) => {
                     let s = Stats::of(&times[warmup(iters) as usize..]).expect("samples");
-                    report.rows.push(Row::measured(name, size, &s));
+                    report.figures.push(Figure::measured(name, size, &s));
                 }
                 Err(e) => {
                     outcome = Err(e);

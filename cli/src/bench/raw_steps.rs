@@ -16,7 +16,7 @@ use vkgdr::Gpu;
 use super::error::BenchResult;
 use super::measure::Stats;
 use super::report::format::fmt_size;
-use super::report::model::{Report, Row};
+use super::report::model::{Figure, Report};
 use crate::ui;
 
 /// Sizes taken apart: whole VMM granules (2 MiB on the H100), as pool chunks are.
@@ -127,7 +127,7 @@ pub fn push_rows(report: &mut Report, gpu: &Gpu, samples: usize) -> BenchResult<
         // One row per figure; its median, for the library's share below.
         let mut row = |name: &str, v: &[f64]| {
             let s = Stats::of(v)?;
-            report.rows.push(Row::measured(name, size, &s));
+            report.figures.push(Figure::measured(name, size, &s));
             Some(s.median)
         };
         let mut driver_alloc = 0.0;

@@ -6,8 +6,8 @@
 use super::error::BenchResult;
 use super::options::Options;
 use super::raw_steps::{ALLOC_STEPS, FREE_STEPS};
-use super::report::model::Report;
-use super::report::spec::{Anchor, Layout, MachineWork, ReportSpec};
+use super::report::model::{Anchored, Origin, Report};
+use super::report::spec::{method_matches, Anchor, Layout, MachineWork, ReportSpec};
 use super::{apiperf, arena, copybw, copylat, fastpath, pplat, ring, waits, xproc};
 
 /// What a benchmark runs: its reports, or the error that stopped it.
@@ -553,19 +553,51 @@ pub fn report_spec(name: &str) -> Option<&'static ReportSpec> {
         .find(|r| r.name == name)
 }
 
-// Beside the registry rather than the report model: every benchmark builds reports, and only
-// the registry, which names the benchmarks, knows their titles.
-impl Report {
-    /// Human title: the registry's, or the name itself for a report no benchmark registers (a
-    /// foreign CSV given to `vkgdr bench plot`).
-    pub fn title(&self) -> String {
-        report_spec(&self.name).map_or_else(|| self.name.clone(), |k| k.title.to_string())
+/// Marks the figures of `reports` (every report of one benchmark) that time the machine alone
+/// ([`ReportSpec::machine`]) and gives each measured figure its anchor ([`ReportSpec::anchor`]):
+/// the measured figure of the same run at the same size that the anchor rule names.
+pub fn resolve(reports: &mut [Report]) {
+    for i in 0..reports.len() {
+        let Some(spec) = report_spec(&reports[i].name) else {
+            continue;
+        };
+        for j in 0..reports[i].figures.len() {
+            let f = &reports[i].figures[j];
+            if f.is_reference() {
+                continue;
+            }
+            let origin = if spec.is_machine(&f.method) {
+                Origin::Machine
+            } else {
+                Origin::Measured
+            };
+            let anchor = anchor_of(spec.anchor, &reports[i], j, reports);
+            let f = &mut reports[i].figures[j];
+            f.origin = origin;
+            f.anchor = anchor;
+        }
     }
+}
 
-    /// Table layout: the registry's, or [`Layout::Long`] for a foreign report.
-    pub fn layout(&self) -> Layout {
-        report_spec(&self.name).map_or(Layout::Long, |k| k.layout)
-    }
+/// The anchor of figure `j` of `report`: the measured figure that [`Anchor::of`] names, at the
+/// same size, among `run`.
+fn anchor_of(rule: Anchor, report: &Report, j: usize, run: &[Report]) -> Option<Anchored> {
+    let f = &report.figures[j];
+    let (in_report, pattern) = rule.of(&report.name, &f.method)?;
+    let other = run.iter().find(|r| r.name == in_report)?;
+    let a = other.figures.iter().enumerate().find(|&(k, a)| {
+        !a.is_reference()
+            && a.size == f.size
+            && method_matches(pattern, &a.method)
+            && !(other.name == report.name && k == j)
+    })?;
+    let ratio = f.median / a.1.median;
+    Some(Anchored {
+        report: other.name.clone(),
+        method: a.1.method.clone(),
+        median: a.1.median,
+        ratio: ratio.is_finite().then_some(ratio),
+    })
 }
 
 /// Which benchmark(s) to run.
@@ -602,10 +634,36 @@ impl Which {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::report::csv::read_csv;
     use crate::bench::report::model::Unit;
-    use crate::bench::report::spec::method_matches;
     use crate::bench::testutil::repo_path;
+    use crate::json::bench::BenchDocument;
+
+    /// The reports of the last full run, `docs/bench/results.json` (a missing or unreadable file
+    /// fails the test that reads it).
+    fn published() -> Vec<Report> {
+        let path = repo_path("docs/bench/results.json");
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let doc: BenchDocument =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        doc.benchmarks.into_iter().flat_map(|b| b.reports).collect()
+    }
+
+    /// The published report of `spec`: every report of a benchmark `all` runs is among them;
+    /// `None` only for a benchmark run by name only (`xproc`), which a full run leaves out.
+    fn published_report<'a>(published: &'a [Report], spec: &ReportSpec) -> Option<&'a Report> {
+        let found = published.iter().find(|r| r.name == spec.name);
+        let bench = BENCHMARKS
+            .iter()
+            .find(|b| b.reports.iter().any(|r| r.name == spec.name))
+            .unwrap();
+        assert!(
+            found.is_some() || !bench.in_all,
+            "{} is missing from docs/bench/results.json",
+            spec.name
+        );
+        found
+    }
 
     #[test]
     fn every_benchmark_and_report_is_registered_once() {
@@ -650,27 +708,19 @@ mod tests {
 
     #[test]
     fn the_published_results_are_all_registered_reports() {
-        // docs/bench holds the CSVs of the last full run: each must be one of our reports, shown
-        // with its registered title and layout, not as a foreign CSV.
-        let dir = repo_path("docs/bench");
-        let mut seen = 0;
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.extension().is_none_or(|x| x != "csv") {
-                continue;
-            }
-            let report = read_csv(&path).unwrap();
-            assert_eq!(
-                path.file_stem().unwrap().to_str(),
-                Some(report.name.as_str())
-            );
+        // docs/bench/results.json holds the last full run: each report must be one of ours, with
+        // its registered title, and its chart and CSV beside it.
+        let published = published();
+        for report in &published {
             let spec = report_spec(&report.name)
-                .unwrap_or_else(|| panic!("{} is no registered report", path.display()));
-            assert_eq!(report.title(), spec.title);
-            assert_eq!(report.layout(), spec.layout);
-            seen += 1;
+                .unwrap_or_else(|| panic!("{} is no registered report", report.name));
+            assert_eq!(report.title, spec.title);
+            for ext in ["csv", "png"] {
+                let file = repo_path(&format!("docs/bench/{}.{ext}", report.name));
+                assert!(file.is_file(), "{}", file.display());
+            }
         }
-        assert!(seen >= 10, "only {seen} CSVs in {}", dir.display());
+        assert!(published.len() >= 10, "only {} reports", published.len());
     }
 
     /// The methods that report `name`'s code measures, where its benchmark lists them: rows that
@@ -689,15 +739,12 @@ mod tests {
         // published results, and every row it is made of is a machine row of those results or of
         // the benchmark's code (a raw row newer than the published run); the library's rows are
         // not machine rows.
-        let dir = repo_path("docs/bench");
+        let published = published();
         let mut checked = 0;
         for spec in BENCHMARKS.iter().flat_map(|b| b.reports) {
-            // Not every report is among the published results; one that is must read.
-            let path = dir.join(format!("{}.csv", spec.name));
-            if !path.exists() {
+            let Some(report) = published_report(&published, spec) else {
                 continue;
-            }
-            let report = read_csv(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            };
             let published = report.methods();
             let code = measured_by_code(spec.name);
             // The code's list is the code's: it names every published method.
@@ -747,14 +794,12 @@ mod tests {
     fn anchors_name_methods_the_benchmarks_measure() {
         // Every anchor pattern matches a method of the published results (where the report is
         // among them), so no figure loses its anchor to a typo.
-        let dir = repo_path("docs/bench");
+        let published = published();
         let mut checked = 0;
         for spec in BENCHMARKS.iter().flat_map(|b| b.reports) {
-            let path = dir.join(format!("{}.csv", spec.name));
-            if !path.exists() {
+            let Some(report) = published_report(&published, spec) else {
                 continue;
-            }
-            let report = read_csv(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            };
             let methods = report.methods();
             let patterns: Vec<&str> = match spec.anchor {
                 Anchor::None | Anchor::SameMethodIn(_) => continue,

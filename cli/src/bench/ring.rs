@@ -28,7 +28,7 @@ use super::host_pinned::HostPinned;
 use super::measure::{open_gpu, Stats};
 use super::options::Options;
 use super::report::format::fmt_size;
-use super::report::model::{Report, Row, Unit};
+use super::report::model::{Figure, Report, Unit};
 use crate::ui;
 
 /// The ring kernels (`ring_ack`, `ring_ack_lanes`, `ring_check_lanes`).
@@ -668,7 +668,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
                     }
                 }
             }
-            bw.rows.push(Row::measured(
+            bw.figures.push(Figure::measured(
                 row.name,
                 size,
                 &Stats::of(&samples).expect("samples"),
@@ -687,7 +687,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
             let samples: Vec<f64> = (0..reps)
                 .map(|_| consumer_alone(&gpu, &module, &stream, size, lanes))
                 .collect::<BenchResult<_>>()?;
-            bw.rows.push(Row::measured(
+            bw.figures.push(Figure::measured(
                 name,
                 size,
                 &Stats::of(&samples).expect("samples"),
@@ -712,8 +712,8 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
         finish(&ring)?;
         let mut t = r?;
         t.drain(..n / 10);
-        lat.rows
-            .push(Row::measured(name, 64, &Stats::of(&t).expect("samples")));
+        lat.figures
+            .push(Figure::measured(name, 64, &Stats::of(&t).expect("samples")));
     }
 
     let wrap = wrap_modes(&gpu, &module, &stream, reps, bytes_per_run)?;
@@ -739,7 +739,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
                     )
                 })
                 .collect::<BenchResult<_>>()?;
-            bw.rows.push(Row::measured(
+            bw.figures.push(Figure::measured(
                 format!("cuMemcpyHtoDAsync, {batch} per copy"),
                 size,
                 &Stats::of(&samples).expect("samples"),
@@ -763,7 +763,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
             let samples: Vec<f64> = (0..reps)
                 .map(|_| lane_pattern(&gpu, &targets, &streams, size, bytes_per_run / size, tail))
                 .collect::<BenchResult<_>>()?;
-            bw.rows.push(Row::measured(
+            bw.figures.push(Figure::measured(
                 name,
                 size,
                 &Stats::of(&samples).expect("samples"),
@@ -774,7 +774,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     ui::step("round trip");
     let mut t = memcpy_latency(&gpu, dev.device_ptr(), 64, &staging, &copy_stream, n)?;
     t.drain(..n / 10);
-    lat.rows.push(Row::measured(
+    lat.figures.push(Figure::measured(
         "cuMemcpyHtoDAsync + sync",
         64,
         &Stats::of(&t).expect("samples"),
@@ -835,7 +835,7 @@ fn wrap_modes(
                 finish(&ring)?;
                 samples.push(r?);
             }
-            report.rows.push(Row::measured(
+            report.figures.push(Figure::measured(
                 name,
                 size,
                 &Stats::of(&samples).expect("samples"),

@@ -14,11 +14,10 @@ use super::compare::document::{WithComparison, COMPARISON_JSON};
 use super::compare::results::Results;
 use super::error::{BenchError, BenchResult};
 use super::options::Options;
-use super::outputs::{
-    document, emit, machine_lines, write_results, write_summary, Ran, RESULTS_JSON,
-};
-use super::registry::{Benchmark, Which};
+use super::outputs::{document, emit, machine_lines, write_results, write_summary, RESULTS_JSON};
+use super::registry::{resolve, Benchmark, Which};
 use super::report::model::Report;
+use crate::json::bench::BenchRun;
 use crate::json::document::to_text;
 use crate::json::machine::{DeviceJson, MachineJson};
 use crate::ui::{self, alert, say, status};
@@ -26,7 +25,7 @@ use crate::ui::{self, alert, say, status};
 /// What a run has done so far: enough for the JSON document whatever stops it.
 #[derive(Default)]
 struct RunLog {
-    ran: Vec<Ran>,
+    ran: Vec<BenchRun>,
     /// `benchmark: error` for each failure.
     failures: Vec<String>,
     machine: Option<MachineJson>,
@@ -127,8 +126,8 @@ fn run_into(which: Which, opts: &Options, log: &mut RunLog) -> BenchResult<()> {
         let outcome = bench(opts);
         drop(task);
         let (mut stop, mut stuck) = (false, false);
-        let mut this = Ran {
-            name,
+        let mut this = BenchRun {
+            name: name.to_string(),
             seconds: 0.0,
             error: None,
             reports: Vec::new(),
@@ -139,7 +138,8 @@ fn run_into(which: Which, opts: &Options, log: &mut RunLog) -> BenchResult<()> {
             other => (other, None),
         };
         match outcome {
-            Ok(rs) => {
+            Ok(mut rs) => {
+                resolve(&mut rs);
                 let mut errors = Vec::new();
                 if let Some(e) = partial {
                     alert!("{name} failed in part: {e}");

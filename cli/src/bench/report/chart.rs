@@ -8,7 +8,7 @@ use plotters::prelude::*;
 use plotters::style::FontStyle;
 
 use super::format::{fmt_size, trim_zeros};
-use super::model::{Report, Row, Unit};
+use super::model::{Figure, Report, Unit};
 use crate::bench::error::{BenchError, BenchResult};
 
 /// The embedded chart font (the GPU machine has no system fonts). DejaVu Sans, see
@@ -54,8 +54,8 @@ const COLORS: [RGBColor; 10] = [
 /// (reference values as crosses). Rows with size 0 or a non-positive value are left out;
 /// returns `false` (and writes nothing) when no row remains.
 pub fn plot_png(report: &Report, path: &Path) -> BenchResult<bool> {
-    let pts: Vec<&Row> = report
-        .rows
+    let pts: Vec<&Figure> = report
+        .figures
         .iter()
         .filter(|r| r.size > 0 && r.median > 0.0 && r.median.is_finite())
         .collect();
@@ -76,9 +76,9 @@ pub fn plot_png(report: &Report, path: &Path) -> BenchResult<bool> {
         })
 }
 
-fn draw(report: &Report, pts: &[&Row], path: &Path) -> Result<(), String> {
+fn draw(report: &Report, pts: &[&Figure], path: &Path) -> Result<(), String> {
     let e = |e: &dyn std::fmt::Display| e.to_string();
-    let fold = |f: fn(f64, f64) -> f64, init: f64, g: fn(&Row) -> f64| {
+    let fold = |f: fn(f64, f64) -> f64, init: f64, g: fn(&Figure) -> f64| {
         pts.iter().map(|r| g(r)).fold(init, f)
     };
     let (x0, x1) = (
@@ -97,7 +97,7 @@ fn draw(report: &Report, pts: &[&Row], path: &Path) -> Result<(), String> {
     let root = BitMapBackend::new(path, (1100, 700)).into_drawing_area();
     root.fill(&WHITE).map_err(|x| e(&x))?;
     let mut chart = ChartBuilder::on(&root)
-        .caption(report.title(), (FAMILY, 24))
+        .caption(&report.title, (FAMILY, 24))
         .margin(20)
         .x_label_area_size(50)
         .y_label_area_size(90)
@@ -126,7 +126,7 @@ fn draw(report: &Report, pts: &[&Row], path: &Path) -> Result<(), String> {
 
     let mut drawn = 0;
     for method in report.methods() {
-        let mut series: Vec<&Row> = pts.iter().copied().filter(|r| r.method == method).collect();
+        let mut series: Vec<&Figure> = pts.iter().copied().filter(|r| r.method == method).collect();
         if series.is_empty() {
             continue;
         }
@@ -135,7 +135,7 @@ fn draw(report: &Report, pts: &[&Row], path: &Path) -> Result<(), String> {
         series.sort_by_key(|r| r.size);
         let xy: Vec<(f64, f64)> = series.iter().map(|r| (r.size as f64, r.median)).collect();
         let style = color.stroke_width(2);
-        if series.iter().all(|r| r.reference) {
+        if series.iter().all(|r| r.is_reference()) {
             chart
                 .draw_series(xy.iter().map(|p| Cross::new(*p, 8, style)))
                 .map_err(|x| e(&x))?

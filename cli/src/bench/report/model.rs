@@ -1,19 +1,28 @@
-//! What a benchmark measured: a [`Report`] (of one benchmark, or one half of one) of [`Row`]s,
-//! each a method at a size with its median and percentiles, in one [`Unit`].
+//! What a benchmark measured: a [`Report`] (of one benchmark, or one half of one) of
+//! [`Figure`]s, each a method at a size with its median and percentiles, in one [`Unit`]. The
+//! same types are the tables, the CSVs, the charts and `results.json` (serde), and what
+//! `vkgdr bench plot` reads back.
 
 use std::collections::BTreeSet;
 
+use serde::{Deserialize, Serialize};
+
 use super::format::{fmt_bytes, fmt_ns, sig3};
+use super::spec::Layout;
 use crate::bench::measure::Stats;
+use crate::bench::registry::report_spec;
 
 /// What a report's values measure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Unit {
     /// Time per operation, nanoseconds (lower is better).
+    #[serde(rename = "ns")]
     Nanoseconds,
     /// Bandwidth, 10⁹ bytes per second (higher is better).
+    #[serde(rename = "GB/s")]
     GigabytesPerSecond,
     /// Memory held, bytes (lower is better).
+    #[serde(rename = "bytes")]
     Bytes,
 }
 
@@ -52,81 +61,146 @@ impl Unit {
     }
 }
 
-/// One measured (or quoted) value: a method at a size.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Row {
+/// Where a figure comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Origin {
+    /// Measured here, of this library's code.
+    Measured,
+    /// Measured here, of the driver or the hardware alone (no code of this library: its moves are
+    /// the machine's); the registry names these rows ([`ReportSpec::machine`]).
+    Machine,
+    /// Quoted from elsewhere (e.g. the C library's documentation), not measured here.
+    Reference,
+}
+
+impl Origin {
+    /// Its name in CSV files and results.json.
+    pub fn name(self) -> &'static str {
+        match self {
+            Origin::Measured => "measured",
+            Origin::Machine => "machine",
+            Origin::Reference => "reference",
+        }
+    }
+}
+
+/// The figure a figure is compared with, measured in the same run at the same size.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Anchored {
+    /// The report it is in.
+    pub report: String,
+    /// Its method.
+    pub method: String,
+    /// Its median, in the same unit.
+    pub median: f64,
+    /// This figure's median divided by the anchor's (`null` when the anchor's is 0).
+    pub ratio: Option<f64>,
+}
+
+/// One figure: a method at a size, from the measurement to every output (table, CSV, chart,
+/// results.json, and the comparison of two runs, which reads results.json back).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Figure {
     /// What was measured, e.g. `BAR write 4 thr`.
     pub method: String,
     /// Bytes per operation; 0 where size does not apply (e.g. `Gpu::open`).
+    #[serde(rename = "size_bytes")]
     pub size: u64,
-    /// Median over the samples.
+    /// Median over the samples (`null` in a document reads as NaN: JSON has no NaN, and
+    /// serde_json writes a non-finite number as `null`).
+    #[serde(deserialize_with = "null_is_nan")]
     pub median: f64,
     /// 10th percentile.
+    #[serde(deserialize_with = "null_is_nan")]
     pub p10: f64,
     /// 90th percentile.
+    #[serde(deserialize_with = "null_is_nan")]
     pub p90: f64,
     /// Number of samples (0 for reference values).
     pub samples: usize,
-    /// A value quoted from elsewhere (e.g. the C library's documentation), not measured here.
-    pub reference: bool,
+    /// Where it comes from.
+    pub origin: Origin,
+    /// What it is compared with, measured in the same run (`null`: nothing); set by
+    /// [`resolve`](crate::bench::registry::resolve) when its benchmark ends.
+    #[serde(default)]
+    pub anchor: Option<Anchored>,
 }
 
-impl Row {
-    /// A measured row from sample statistics.
-    pub fn measured(method: impl Into<String>, size: u64, s: &Stats) -> Row {
-        Row {
+/// A number, or `null` read as NaN.
+fn null_is_nan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+impl Figure {
+    /// A measured figure from sample statistics.
+    pub fn measured(method: impl Into<String>, size: u64, s: &Stats) -> Figure {
+        Figure {
             method: method.into(),
             size,
             median: s.median,
             p10: s.p10,
             p90: s.p90,
             samples: s.n,
-            reference: false,
+            origin: Origin::Measured,
+            anchor: None,
         }
     }
 
     /// A reference value quoted from elsewhere.
-    pub fn reference(method: impl Into<String>, size: u64, value: f64) -> Row {
-        Row {
+    pub fn reference(method: impl Into<String>, size: u64, value: f64) -> Figure {
+        Figure {
             method: method.into(),
             size,
             median: value,
             p10: value,
             p90: value,
             samples: 0,
-            reference: true,
+            origin: Origin::Reference,
+            anchor: None,
         }
+    }
+
+    /// Whether it is quoted rather than measured.
+    pub fn is_reference(&self) -> bool {
+        self.origin == Origin::Reference
     }
 }
 
-/// The results of one benchmark (or one half of one, e.g. `copybw-read`).
-#[derive(Debug, Clone, PartialEq)]
+/// The results of one benchmark (or one half of one, e.g. `copybw-read`): a table of figures.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
     /// Short name: file stem of the CSV and PNG (`copylat`, `copybw-write`, …).
     pub name: String,
-    /// What the values are.
+    /// Human title of tables and charts: the registry's.
+    pub title: String,
+    /// What the figures are.
     pub unit: Unit,
-    /// The rows, in measurement order (methods keep their first-appearance order).
-    pub rows: Vec<Row>,
-    /// Remarks printed under the table and in the summary (not stored in the CSV).
+    /// Whether a higher figure is better (bandwidth) or a lower one (time, memory).
+    pub higher_is_better: bool,
+    /// Remarks: what each method does, what was skipped and why (not stored in the CSV).
     pub notes: Vec<String>,
+    /// The figures, in measurement order (methods keep their first-appearance order).
+    pub figures: Vec<Figure>,
 }
 
 impl Report {
-    /// An empty report.
+    /// An empty report, titled as the registry says.
     pub fn new(name: &str, unit: Unit) -> Report {
         Report {
             name: name.to_string(),
+            title: report_spec(name).map_or_else(|| name.to_string(), |s| s.title.to_string()),
             unit,
-            rows: Vec::new(),
+            higher_is_better: unit.higher_is_better(),
             notes: Vec::new(),
+            figures: Vec::new(),
         }
     }
 
     /// Method names in first-appearance order.
     pub fn methods(&self) -> Vec<&str> {
         let mut v: Vec<&str> = Vec::new();
-        for r in &self.rows {
+        for r in &self.figures {
             if !v.contains(&r.method.as_str()) {
                 v.push(&r.method);
             }
@@ -136,15 +210,20 @@ impl Report {
 
     /// Distinct sizes, ascending.
     pub fn sizes(&self) -> Vec<u64> {
-        let set: BTreeSet<u64> = self.rows.iter().map(|r| r.size).collect();
+        let set: BTreeSet<u64> = self.figures.iter().map(|r| r.size).collect();
         set.into_iter().collect()
     }
 
-    /// The row of `method` at `size`.
-    pub fn get(&self, method: &str, size: u64) -> Option<&Row> {
-        self.rows
+    /// The figure of `method` at `size`.
+    pub fn get(&self, method: &str, size: u64) -> Option<&Figure> {
+        self.figures
             .iter()
             .find(|r| r.method == method && r.size == size)
+    }
+
+    /// Table layout: the registry's, or [`Layout::Long`] for a report no benchmark registers.
+    pub fn layout(&self) -> Layout {
+        report_spec(&self.name).map_or(Layout::Long, |k| k.layout)
     }
 }
 
@@ -170,27 +249,25 @@ pub(crate) mod tests {
         let mut r = Report::new("copylat", Unit::Nanoseconds);
         for (i, size) in [8u64, 64, 4096].into_iter().enumerate() {
             let base = 100.0 * (i + 1) as f64;
-            r.rows.push(Row {
-                method: "BAR write".into(),
+            let stats = |median, p10, p90, n| Stats {
+                median,
+                p10,
+                p90,
+                n,
+            };
+            r.figures.push(Figure::measured(
+                "BAR write",
                 size,
-                median: base,
-                p10: base * 0.9,
-                p90: base * 1.3,
-                samples: 1000,
-                reference: false,
-            });
-            r.rows.push(Row {
-                method: "cuMemcpyHtoD, \"sync\"".into(),
+                &stats(base, base * 0.9, base * 1.3, 1000),
+            ));
+            r.figures.push(Figure::measured(
+                "cuMemcpyHtoD, \"sync\"",
                 size,
-                median: 7000.0 + 0.1 / 3.0 + size as f64,
-                p10: 6900.0,
-                p90: 8000.0,
-                samples: 200,
-                reference: false,
-            });
+                &stats(7000.0 + 0.1 / 3.0 + size as f64, 6900.0, 8000.0, 200),
+            ));
         }
-        r.rows
-            .push(Row::reference("C library (docs)", 64, 200_000.0));
+        r.figures
+            .push(Figure::reference("C library (docs)", 64, 200_000.0));
         r
     }
 }

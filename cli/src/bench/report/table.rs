@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use super::format::{align, column_widths, fmt_bytes, fmt_ns, fmt_ns_range, fmt_size, sig3};
-use super::model::{Report, Row, Unit};
+use super::model::{Figure, Report, Unit};
 use super::spec::Layout;
 
 impl Report {
@@ -40,11 +40,11 @@ impl Report {
                     "samples".to_string(),
                 ];
                 let body = self
-                    .rows
+                    .figures
                     .iter()
                     .map(|r| {
                         let f = |v| self.unit.format(v);
-                        if r.reference {
+                        if r.is_reference() {
                             vec![
                                 r.method.clone(),
                                 fmt_size(r.size),
@@ -70,11 +70,11 @@ impl Report {
         }
     }
 
-    fn wide_cell(&self, r: &Row) -> String {
+    fn wide_cell(&self, r: &Figure) -> String {
         match self.unit {
             Unit::GigabytesPerSecond => sig3(r.median),
             Unit::Bytes => fmt_bytes(r.median),
-            Unit::Nanoseconds if r.reference => fmt_ns(r.median),
+            Unit::Nanoseconds if r.is_reference() => fmt_ns(r.median),
             Unit::Nanoseconds => fmt_ns_range(r.median, r.p10, r.p90),
         }
     }
@@ -93,7 +93,7 @@ impl Report {
         let (header, body) = self.cells();
         let rows: Vec<Vec<String>> = std::iter::once(header).chain(body).collect();
         let widths = column_widths(&rows);
-        let mut out = format!("{} [{}]\n", self.title(), self.legend());
+        let mut out = format!("{} [{}]\n", self.title, self.legend());
         for (i, line) in align(&rows, &[0]).iter().enumerate() {
             out += line;
             out.push('\n');
@@ -110,7 +110,7 @@ impl Report {
     pub fn markdown(&self) -> String {
         let (header, body) = self.cells();
         let esc = |s: &str| s.replace('|', "\\|");
-        let mut out = format!("## {} (`{}`)\n\n{}.\n\n", self.title(), self.name, {
+        let mut out = format!("## {} (`{}`)\n\n{}.\n\n", self.title, self.name, {
             let l = self.legend();
             let mut c = l.chars();
             c.next()
@@ -191,19 +191,21 @@ mod tests {
 
     #[test]
     fn long_table_and_markdown_list_every_row() {
-        let mut r = sample();
-        r.name = "apiperf".into();
+        let mut r = Report {
+            figures: sample().figures,
+            ..Report::new("apiperf", Unit::Nanoseconds)
+        };
         r.notes.push("a note".into());
         let t = r.text_table();
-        assert_eq!(t.lines().count(), 3 + r.rows.len());
+        assert_eq!(t.lines().count(), 3 + r.figures.len());
         assert!(t.contains("reference"));
         let md = r.markdown();
         assert!(md.starts_with("## API call cost (`apiperf`)"));
         let table_lines = md.lines().filter(|l| l.starts_with('|')).count();
-        assert_eq!(table_lines, 2 + r.rows.len());
+        assert_eq!(table_lines, 2 + r.figures.len());
         assert!(md.contains("\n- a note\n"));
         // A pipe in a method name is escaped.
-        r.rows[0].method = "a|b".into();
+        r.figures[0].method = "a|b".into();
         assert!(r.markdown().contains("a\\|b"));
 
         let s = summary_markdown(&["GPU: test".into()], &[r], &["pplat: boom".into()]);

@@ -26,7 +26,7 @@ use vkgdr::OpenOptions;
 use crate::bench::error::{BenchError, BenchResult};
 use crate::bench::measure::{open_gpu, Stats};
 use crate::bench::options::Options;
-use crate::bench::report::model::{Report, Row, Unit};
+use crate::bench::report::model::{Figure, Report, Unit};
 use crate::ui;
 use driver_calls::driver_scenarios;
 use library_calls::library_scenarios;
@@ -95,7 +95,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
         let mut waited = Vec::new();
         for s in &probe_samples {
             let stats = Stats::of(&s.ns).expect("at least one sample");
-            report.rows.push(Row::measured(&s.call, SIZE, &stats));
+            report.figures.push(Figure::measured(&s.call, SIZE, &stats));
             if s.waited {
                 waited.push(s.call.clone());
             }

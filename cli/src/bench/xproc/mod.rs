@@ -33,7 +33,7 @@ use super::error::{BenchError, BenchResult};
 use super::measure::{open_gpu, percentile, Stats};
 use super::options::Options;
 use super::report::format::{fmt_bytes, fmt_ns, fmt_size, sig3};
-use super::report::model::{Report, Row, Unit};
+use super::report::model::{Figure, Report, Unit};
 use crate::child::process::{ChildError, ChildProcess};
 use crate::child::protocol::Line;
 use crate::ui::{self, alert};
@@ -171,16 +171,14 @@ impl Rtt {
         })
     }
 
-    fn row(&self, method: &str, size: u64) -> Row {
-        Row {
-            method: method.into(),
-            size,
+    fn row(&self, method: &str, size: u64) -> Figure {
+        let s = Stats {
             median: self.median,
             p10: self.p10,
             p90: self.p90,
-            samples: self.n,
-            reference: false,
-        }
+            n: self.n,
+        };
+        Figure::measured(method, size, &s)
     }
 }
 
@@ -277,7 +275,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
             .and_then(|v| stats(T_THREADS, &v));
         let threads = part(&mut failed, &cell(T_THREADS), threads)?;
         if let Some(t) = &threads {
-            tput.rows.push(Row::measured(T_THREADS, size, t));
+            tput.figures.push(Figure::measured(T_THREADS, size, t));
         }
         ui::step(cell(T_PROCESSES));
         let procs = lanes::processes(
@@ -286,7 +284,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
         .and_then(|(v, clocks)| Ok((stats(T_PROCESSES, &v)?, clocks)));
         let procs = part(&mut failed, &cell(T_PROCESSES), procs)?;
         if let Some((p, clocks)) = &procs {
-            tput.rows.push(Row::measured(T_PROCESSES, size, p));
+            tput.figures.push(Figure::measured(T_PROCESSES, size, p));
             clocks_note.push(format!(
                 "{}: the owner's round {} (median), the slowest child's own push {} and push until accepted {}",
                 fmt_size(size),
@@ -304,7 +302,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
         );
         let shm = part(&mut failed, &cell(T_SHM), shm)?;
         if let Some((s, path)) = &shm {
-            tput.rows.push(Row::measured(T_SHM, size, s));
+            tput.figures.push(Figure::measured(T_SHM, size, s));
             shm_path.clone_from(path);
         }
         rates.push((
@@ -336,7 +334,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
         (&shm_lat, L_SHM),
     ] {
         if let Some(r) = r {
-            lat.rows.push(r.row(method, 64));
+            lat.figures.push(r.row(method, 64));
         }
     }
 
@@ -363,25 +361,25 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
             Ok::<_, BenchError>([
                 (
                     true,
-                    Row::measured(U_ATTACHED, 64, &stats(U_ATTACHED, &vk.write_ns)?),
+                    Figure::measured(U_ATTACHED, 64, &stats(U_ATTACHED, &vk.write_ns)?),
                 ),
                 (
                     false,
-                    Row::measured(A_DEVICE, 0, &stats(A_DEVICE, &vk.device_ns)?),
+                    Figure::measured(A_DEVICE, 0, &stats(A_DEVICE, &vk.device_ns)?),
                 ),
-                (false, Row::measured(A_ATTACH, region, &attach)),
+                (false, Figure::measured(A_ATTACH, region, &attach)),
                 (
                     false,
-                    Row::measured(A_FIRST, region, &stats(A_FIRST, &vk.first_ns)?),
+                    Figure::measured(A_FIRST, region, &stats(A_FIRST, &vk.first_ns)?),
                 ),
             ])
         })();
         if let Some(rows) = part(&mut failed, "the Vulkan side's figures", rows)? {
             for (latency, row) in rows {
                 if latency {
-                    lat.rows.push(row)
+                    lat.figures.push(row)
                 } else {
-                    att.rows.push(row)
+                    att.figures.push(row)
                 }
             }
         }
@@ -392,19 +390,19 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
             Ok::<_, BenchError>([
                 (
                     true,
-                    Row::measured(U_IPC, 64, &stats(U_IPC, &cu.update_ns)?),
+                    Figure::measured(U_IPC, 64, &stats(U_IPC, &cu.update_ns)?),
                 ),
                 (
                     false,
-                    Row::measured(A_CONTEXT, 0, &stats(A_CONTEXT, &context)?),
+                    Figure::measured(A_CONTEXT, 0, &stats(A_CONTEXT, &context)?),
                 ),
                 (
                     false,
-                    Row::measured(A_OPEN, region, &stats(A_OPEN, &cu.open_ns)?),
+                    Figure::measured(A_OPEN, region, &stats(A_OPEN, &cu.open_ns)?),
                 ),
                 (
                     false,
-                    Row::measured(
+                    Figure::measured(
                         A_FIRST_IPC,
                         region,
                         &stats(A_FIRST_IPC, &sum(&context, &cu.open_ns))?,
@@ -415,9 +413,9 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
         if let Some(rows) = part(&mut failed, "the CUDA IPC side's figures", rows)? {
             for (latency, row) in rows {
                 if latency {
-                    lat.rows.push(row)
+                    lat.figures.push(row)
                 } else {
-                    att.rows.push(row)
+                    att.figures.push(row)
                 }
             }
         }
@@ -442,7 +440,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
         if let Some(side) = side {
             let v: Vec<f64> = side.iter().map(figure).collect();
             if let Some(s) = part(&mut failed, method, stats(method, &v))? {
-                mem.rows.push(Row::measured(method, region, &s));
+                mem.figures.push(Figure::measured(method, region, &s));
                 memory[i] = Some(s.median);
             }
         }
