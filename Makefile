@@ -1,7 +1,7 @@
 # vkgdr's C library (libvkgdr.so.1, libvkgdr.a, vkgdr.h, vkgdr.pc), built and installed the way
 # vkgdr 0.1's documentation tells its users to:
 #
-#   make                                         the library, in release mode (cargo)
+#   make                                         the library, optimised (cargo's `dist` profile: fat LTO)
 #   make install                                 under /usr/local: lib/, include/, lib/pkgconfig/
 #   make install PREFIX=$HOME/.local             elsewhere
 #   make install PREFIX=/usr DESTDIR=/tmp/stage  staged for a package: files under
@@ -23,11 +23,11 @@ ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
 .PHONY: all install clean
 
 all:
-	$(CARGO) build --manifest-path '$(ROOT)/Cargo.toml' --release -p vkgdr-capi
+	$(CARGO) build --manifest-path '$(ROOT)/Cargo.toml' --profile dist -p vkgdr-capi
 
 install:
 	PREFIX='$(PREFIX)' DESTDIR='$(DESTDIR)' CUDA_INCLUDE='$(CUDA_INCLUDE)' \
 	    VKGDR_LIB_DIR='$(VKGDR_LIB_DIR)' CARGO='$(CARGO)' '$(ROOT)/scripts/install-c'
 
 clean:
-	$(CARGO) clean --manifest-path '$(ROOT)/Cargo.toml' --release -p vkgdr-capi
+	$(CARGO) clean --manifest-path '$(ROOT)/Cargo.toml' --profile dist -p vkgdr-capi

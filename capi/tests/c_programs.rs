@@ -47,14 +47,15 @@ fn cuda_include() -> PathBuf {
 fn built_lib_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    let profile = if dir.ends_with("release") {
-        ["--release", ""]
-    } else {
-        ["--profile", "test"]
+    // The profile's output directory is named after it, except the dev profile's (`debug`),
+    // which tests build with the test profile.
+    let profile = match dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") | None => "test",
+        Some(name) => name,
     };
     let out = Command::new(env!("CARGO"))
         .args(["build", "--quiet", "-p", "vkgdr-capi", "--lib"])
-        .args(profile.iter().filter(|a| !a.is_empty()))
+        .args(["--profile", profile])
         .current_dir(crate_dir())
         .output()
         .expect("run cargo");
