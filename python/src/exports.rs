@@ -15,6 +15,11 @@
 //! freed, and it goes back when the object is collected (when neither the program nor any such
 //! view can reach it any more), or at once from a later `free()` of memory never so read.
 //!
+//! `Block` ([`crate::pool`]) counts all three. The sharing classes `AttachedMemory` and
+//! `SharedBlock` ([`crate::peer`]) offer only the first, and count it the same way: their
+//! `detach()` and `release()` are this rule's `free()`. vkgdr 0.1's `RawMemory` cannot use it
+//! ([`crate::lifetime`] says why).
+//!
 //! The count and the freed mark share one atomic word, so `free()` and the last export's end
 //! agree on who releases, from any thread (a DLPack deleter may run on a thread without the
 //! GIL): exactly one of them sees "freed and no export left", and no export can begin once the

@@ -13,10 +13,12 @@
 //!   the sharing tests on lavapipe); [`fork`]: what those classes do in a forked child;
 //! - [`errors`]: `VkgdrError` and its subclasses, the one conversion of library errors;
 //! - [`dlpack`], [`interface`]: the array protocols;
-//! - [`exports`]: the exact rule of `Block.free()`: memory goes back when it was freed and no
-//!   export of it (a NumPy array, a DLPack tensor, a pin of the CUDA array interface) is alive;
-//! - [`lifetime`]: the reference-count rule that `vkgdr.RawMemory.free` and the sharing classes
-//!   still use (when `free()` may release memory at once: no view can still use it);
+//! - [`exports`]: the exact rule of `Block.free()`, `AttachedMemory.detach()` and
+//!   `SharedBlock.release()`: memory goes back when its use ended and no export of it (a NumPy
+//!   array, a DLPack tensor, a pin of the CUDA array interface) is alive;
+//! - [`lifetime`]: the reference-count rule of vkgdr 0.1's `vkgdr.RawMemory.free` (and so
+//!   `vkgdr.pycuda.Memory`'s), whose consumers hold the object itself, which no export count can
+//!   see (the module says why);
 //! - [`stream`]: CUDA streams named by Python arguments, and `RawStream`, the one way a raw
 //!   handle is passed (a bare int is refused).
 //!
@@ -70,10 +72,7 @@ fn _vkgdr(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<vulkan::VulkanDevice>()?;
     m.add_class::<vulkan::VulkanMemory>()?;
     m.add_class::<vulkan::CheckingRing>()?;
-    m.add_class::<lifetime::RefProbe>()?;
-    m.add_function(wrap_pyfunction!(lifetime::calibrate, m)?)?;
     m.add_function(wrap_pyfunction!(fork::after_fork_in_child, m)?)?;
-    lifetime::init(m.py())?;
     compat::init(m.py())?;
     m.add(
         "OPEN_CURRENT_CONTEXT_BIT",

@@ -1,19 +1,54 @@
-//! When may `free()` hand memory back at once? When nothing but the caller refers to the object.
+//! When may vkgdr 0.1's `free()` hand memory back at once? When nothing but the caller refers to
+//! the object.
 //!
-//! Views made through the array protocols (a NumPy array's `base`, a CuPy array's
-//! `UnownedMemory`, Numba's and PyTorch's owners) hold a reference to the object whose interface
-//! they read, and keep using its address. So `free()` on memory whose interfaces were read
-//! releases it at once only when its reference count is fully explained by the caller: the
-//! caller's own local variables holding it, and the reference the call itself holds (on the
-//! caller's stack, or in a bound method). Otherwise the memory is marked freed and released when
-//! the object is deallocated: when the last view (and the caller's last reference) is gone.
+//! This rule serves vkgdr 0.1's two classes only: `vkgdr.RawMemory` and `vkgdr.pycuda.Memory`
+//! ([`crate::compat`]). The package's own classes count their exports exactly
+//! ([`crate::exports`]): `Block.free()`, and the sharing classes' `AttachedMemory.detach()` and
+//! `SharedBlock.release()` ([`crate::peer`]). (`VulkanMemory` has no `free()`: its memory goes
+//! with the object, which its views hold.)
+//!
+//! ## Why 0.1's classes cannot count their exports
+//!
+//! An exact count needs every consumer to hold something the allocation hands out per export (an
+//! owner object, a buffer export, a DLPack context), so that its end is seen. Every consumer of
+//! vkgdr 0.1's classes holds the very object the program holds instead:
+//!
+//! - NumPy. vkgdr 0.1 sets `__array_interface__ = dict(shape=(size,), typestr="|V1",
+//!   data=(host_ptr, False), version=3)`, and 0.1 programs may read `['data'][0]` for the
+//!   address, so `data` stays that tuple. With a tuple `data`, NumPy makes the array's `base`
+//!   the object whose interface it read (only a buffer `data` becomes the base itself: what
+//!   `Block` uses); NumPy 1.24 on Python 3.8 and NumPy 2.4 on Python 3.11 both do, as does a
+//!   tuple subclass. NumPy asks for the buffer protocol before the interface, but a plain
+//!   Python class (which `RawMemory` must be, so that programs derive from it and
+//!   `vkgdr.pycuda.Memory` combines it with PyCUDA's `PointerHolderBase`) can offer that only
+//!   from Python 3.12 (`__buffer__`), not on the 3.8 to 3.11 the package supports.
+//! - The CUDA array interface (`cupy.asarray(mem)`, Numba, `torch.as_tensor(mem)`): its `data`
+//!   is an integer, and consumers keep the object (CuPy's `UnownedMemory` owner).
+//! - PyCUDA: `GPUArray(gpudata=mem)` holds `mem`, and every kernel call with `mem` as an
+//!   argument reads `get_pointer()`.
+//!
+//! So whether a view is alive is whether anything but the caller refers to the object, and its
+//! reference count is the only witness. Pinning, as `Block` does once its CUDA array interface
+//! was read (the memory waits for the object's collection), would be exact but would break the
+//! drop-in: a `mem.free()` after any PyCUDA kernel launch over `mem`, or after a
+//! `cupy.asarray(mem)` long gone, would no longer give the memory back at once, as vkgdr 0.1
+//! does and this rule does when no view is left.
+//!
+//! ## The rule
+//!
+//! Views made through the array protocols hold a reference to the object whose interface they
+//! read, and keep using its address. So `free()` on memory whose interfaces were read releases
+//! it at once only when its reference count is fully explained by the caller: the caller's own
+//! local variables holding it, and the reference the call itself holds (on the caller's stack,
+//! or in a bound method). Otherwise the memory is marked freed and released when the object is
+//! deallocated: when the last view (and the caller's last reference) is gone.
 //!
 //! What a call itself holds differs between Python versions (3.14 borrows references of local
 //! variables on the stack) and between a function's locals and module-level names, so it is
-//! measured at import with a probe object: `baseline` = the count a method sees on entry when
-//! exactly one local variable (or one module-level name) refers to its object, which is
-//! `1 + probe_stack + fixed` (`probe_stack`: what the cheapest call shape keeps on the caller's
-//! stack; `fixed`: what the method call itself adds). A call then sees
+//! measured at import with a probe object ([`measure`]): `baseline` = the count a method sees on
+//! entry when exactly one local variable (or one module-level name) refers to its object, which
+//! is `1 + probe_stack + fixed` (`probe_stack`: what the cheapest call shape keeps on the
+//! caller's stack; `fixed`: what the method call itself adds). A call then sees
 //! `refs = held + others + views + stack + fixed`, where `held` counts the caller's variables
 //! referring to the object (read from its frame) and `stack >= probe_stack`. So
 //! `refs < held + baseline` proves `others + views = 0`. Anything unexplained, references that
@@ -25,20 +60,12 @@
 //! afterwards so that it keeps neither the object nor its views alive (it is rebuilt whenever it
 //! is read again).
 //!
-//! `Block.free` no longer uses this rule: its exports are counted exactly ([`crate::exports`]).
-//! Two kinds of `free` still use it: the methods of native classes below (their baseline
-//! measured with [`RefProbe`]), and `vkgdr.RawMemory.free`, whose class is plain Python so that
-//! programs may derive classes from it as in vkgdr 0.1. A Python function as `free` would see a
-//! different count for each call shape (`m.free(**kw)` and `f = m.free; f()` hold one more than
-//! `m.free()` from Python 3.11 on), so that `free` is a descriptor written in Rust
-//! ([`crate::compat`]) whose bound object holds the receiver exactly once, whatever the shape.
-//! The sharing classes' `AttachedMemory.detach` and `SharedBlock.release` ([`crate::peer`]) are
-//! methods of native classes too, and use `Block.free`'s baseline.
-//!
-//! The rule counts references of a method's receiver, which a caller holds at least as often as
-//! a plain call does. It cannot count those of an argument (`ShareServer.send_block`'s block):
-//! a call with `*args`, or through `functools.partial`, holds an argument fewer times than a
-//! plain call, and a view would pass unseen. So a block whose memory was exported is never sent.
+//! `vkgdr.RawMemory` is a plain Python class, so that programs may derive classes from it as in
+//! vkgdr 0.1. A Python function as `free` would see a different count for each call shape
+//! (`m.free(**kw)` and `f = m.free; f()` hold one more than `m.free()` from Python 3.11 on), so
+//! that `free` is a descriptor written in Rust ([`crate::compat`]) whose bound object holds the
+//! receiver exactly once, whatever the shape; its baselines are measured on a class whose `free`
+//! is that descriptor, probing.
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::ffi;
@@ -58,30 +85,6 @@ pub fn refcount(obj: &Bound<'_, PyAny>) -> isize {
 pub struct Baseline {
     pub function: isize,
     pub module: isize,
-}
-
-/// The baseline of the `free` methods written in Rust, measured with [`RefProbe`].
-static BASELINE: PyOnceLock<Baseline> = PyOnceLock::new();
-
-/// A probe whose `free` is a method of a native class, as `Block.free` is, takes the keywords of
-/// `vkgdr.RawMemory.free` (`after`, and `now`, which `Block.free` lacks and the calibration
-/// passes), and returns the receiver's reference count on entry: what [`calibrate`] measures.
-#[pyclass(module = "vkgdr._vkgdr", name = "_RefProbe")]
-pub struct RefProbe;
-
-#[pymethods]
-impl RefProbe {
-    #[new]
-    fn new() -> Self {
-        RefProbe
-    }
-
-    /// The receiver's reference count on entry.
-    #[pyo3(signature = (*, after = None, now = false))]
-    fn free(slf: &Bound<'_, Self>, after: Option<&Bound<'_, PyAny>>, now: bool) -> isize {
-        let _ = (after, now);
-        refcount(slf.as_any())
-    }
 }
 
 /// Runs every call shape of `free` on an instance of `cls` (whose `free(*, after=None,
@@ -138,40 +141,6 @@ pub fn measure(cls: &Bound<'_, PyType>) -> PyResult<Calibration> {
             module: get("unbound_module")?,
         },
     })
-}
-
-/// [`measure`] for the tests: `(function, module, unbound_function, unbound_module)`.
-#[pyfunction]
-#[pyo3(name = "_calibrate")]
-pub fn calibrate(cls: &Bound<'_, PyType>) -> PyResult<(isize, isize, isize, isize)> {
-    let c = measure(cls)?;
-    Ok((
-        c.bound.function,
-        c.bound.module,
-        c.unbound.function,
-        c.unbound.module,
-    ))
-}
-
-/// Measures the baseline of the Rust `free` methods once (at import). A method of a native class
-/// cannot tell whether it was called through the instance or the class: the smaller count holds.
-pub fn init(py: Python<'_>) -> PyResult<()> {
-    let c = measure(&py.get_type::<RefProbe>())?;
-    let baseline = Baseline {
-        function: c.bound.function.min(c.unbound.function),
-        module: c.bound.module.min(c.unbound.module),
-    };
-    let _ = BASELINE.set(py, baseline);
-    Ok(())
-}
-
-/// [`only_callers`] for the `free` methods written in Rust, called from Python directly (the
-/// caller is the innermost Python frame).
-pub fn only_callers_of_rust_free(obj: &Bound<'_, PyAny>, refs: isize) -> PyResult<bool> {
-    match BASELINE.get(obj.py()) {
-        Some(&baseline) => only_callers(obj, refs, baseline),
-        None => Ok(false), // not calibrated: assume views
-    }
 }
 
 /// `CO_OPTIMIZED`: a function's code, whose locals live in fast slots.

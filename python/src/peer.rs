@@ -4,15 +4,17 @@
 //! here loads CUDA.
 //!
 //! Every attachment's Python object holds a [`Slot`]: the library's object while it is usable,
-//! and after `detach()` (or `release()`, or the `Peer`'s `close()`) either nothing, or, when a
-//! NumPy view may still use its memory, the library's object kept until the Python object is
-//! collected (views hold it), by the rule `free()` uses ([`crate::lifetime`]). So no view ever
-//! writes through an unmapped page, and the owner takes nothing back while one may still write.
+//! and after `detach()` (or `release()`, or the `Peer`'s `close()`) either nothing, or, while an
+//! export of its memory is alive, the library's object kept until the last export ends. The
+//! exports are counted exactly, as `Block.free()` counts its own ([`crate::exports`]): a NumPy
+//! array made through `__array_interface__` (`np.asarray(m)`, `m.view(...)`, a `memoryview` of
+//! either) holds an export in the interface's `data` array, never the attachment's object. So no
+//! view ever writes through an unmapped page, the owner takes nothing back while one may still
+//! write, and an attachment with no view alive ends at once, whatever else refers to its object.
 //! The slot holds the connection too (a [`vkgdr::share::Peer`]), so that it closes once the
 //! `Peer` is closed and no attachment holds it any more.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -23,9 +25,9 @@ use vkgdr::ring::core::RingError;
 use vkgdr::Mapping;
 
 use crate::errors::{share_error_in, to_py, vkgdr_error};
+use crate::exports::{self, ExportRef, Exported, Exports};
 use crate::fork::{Home, HomeBound};
 use crate::interface::{self, maybe_detached};
-use crate::lifetime;
 use crate::share::{deadline, passed, slice};
 
 /// How an attachment's use ended.
@@ -53,11 +55,12 @@ impl From<vkgdr::Error> for Failure {
     }
 }
 
-/// What an attachment's Python object holds (see the module docs).
+/// What an attachment's Python object holds (see the module docs); what its exports hold too.
 struct Slot<T> {
     state: Mutex<State<T>>,
-    /// Whether an array interface was read (views may exist).
-    exported: AtomicBool,
+    /// The live exports of its memory and whether its use ended ([`crate::exports`]): marked
+    /// ended under the state's lock, when the state leaves `Live`.
+    exports: Exports,
     home: Home,
     /// The class, for the errors.
     what: &'static str,
@@ -65,7 +68,7 @@ struct Slot<T> {
 
 enum State<T> {
     Live(T),
-    /// Ended while views may use its memory: dropped with the Python object.
+    /// Ended while an export of its memory is alive: dropped when the last one ends.
     Kept(T, End),
     Ended(End),
 }
@@ -74,7 +77,7 @@ impl<T> Slot<T> {
     fn new(value: T, what: &'static str) -> Arc<Slot<T>> {
         Arc::new(Slot {
             state: Mutex::new(State::Live(value)),
-            exported: AtomicBool::new(false),
+            exports: Exports::new(),
             home: Home::here(),
             what,
         })
@@ -116,25 +119,86 @@ impl<T> Slot<T> {
         self.with(f).map_err(|e| self.error(e))
     }
 
-    /// Marks the slot ended as `how` and hands back the live object (None if it had ended).
+    /// Ends the use of the slot as `how`. Hands back the live object when no export of its
+    /// memory is alive (the caller drops it, without the GIL); keeps it for the last export to
+    /// drop otherwise. None as well once the use had ended: a second end changes nothing.
     fn end(&self, how: End) -> Option<T> {
         let mut state = self.state.lock();
-        match std::mem::replace(&mut *state, State::Ended(how)) {
-            State::Live(t) => Some(t),
+        let t = match std::mem::replace(&mut *state, State::Ended(how)) {
+            State::Live(t) => t,
             other => {
                 *state = other;
-                None
+                return None;
             }
+        };
+        // Under the lock: an export ending meanwhile waits for it in `release_last`, and then
+        // finds the object kept.
+        if self.exports.free() {
+            Some(t)
+        } else {
+            *state = State::Kept(t, how);
+            None
         }
-    }
-
-    /// Keeps `value` (ended as `how`) until the slot is dropped: views may use its memory.
-    fn keep(&self, value: T, how: End) {
-        *self.state.lock() = State::Kept(value, how);
     }
 
     fn is_ended(&self) -> bool {
         !matches!(*self.state.lock(), State::Live(_))
+    }
+}
+
+impl<T: Send + 'static> Slot<T> {
+    /// A new export of the slot's memory, for an array interface; the slot's error once its
+    /// use ended.
+    fn export(self: &Arc<Self>) -> PyResult<ExportRef> {
+        self.here()?;
+        let state = self.state.lock();
+        if let State::Kept(_, end) | State::Ended(end) = &*state {
+            let end = *end;
+            drop(state);
+            return Err(self.error(Failure::Ended(end)));
+        }
+        // Live, under the lock that `end` marks the exports freed under: this cannot fail.
+        let slot: Arc<dyn Exported> = self.clone();
+        let export = ExportRef::new(slot);
+        drop(state);
+        export.ok_or_else(|| vkgdr_error(format!("the {} has ended", self.what)))
+    }
+
+    /// `__array_interface__` of the slot's `len` bytes at `host_ptr`, through an export.
+    fn array_interface<'py>(
+        self: &Arc<Self>,
+        py: Python<'py>,
+        host_ptr: usize,
+        len: u64,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let export = self.export()?;
+        exports::host_interface(py, export, host_ptr, len, "|u1")
+    }
+}
+
+impl<T: Send + 'static> Exported for Slot<T> {
+    fn exports(&self) -> &Exports {
+        &self.exports
+    }
+
+    fn release_last(&self) {
+        if !self.home.is_here() {
+            return; // a forked child: the parent's object is leaked with the slot
+        }
+        let kept = {
+            let mut state = self.state.lock();
+            match std::mem::replace(&mut *state, State::Ended(End::Detached)) {
+                State::Kept(t, how) => {
+                    *state = State::Ended(how);
+                    Some(t)
+                }
+                other => {
+                    *state = other;
+                    None
+                }
+            }
+        };
+        drop(kept);
     }
 }
 
@@ -156,13 +220,7 @@ trait Close: Send + Sync {
 
 impl<T: Send> Close for Slot<T> {
     fn close_by_peer(&self) {
-        if let Some(t) = self.end(End::PeerClosed) {
-            if self.exported.load(Ordering::Acquire) {
-                self.keep(t, End::PeerClosed);
-            } else {
-                drop(t);
-            }
-        }
+        drop(self.end(End::PeerClosed));
     }
 }
 
@@ -187,23 +245,14 @@ fn register(registry: &Attachments, slot: Arc<dyn Close>) -> PyResult<()> {
     Ok(())
 }
 
-/// Ends an attachment's use on behalf of its Python object `obj` (a `detach()` or `release()`
-/// called from Python, `refs` its reference count on entry): the library's object goes at once
-/// unless views may use its memory (the rule of `free()`), else when `obj` is collected.
-/// Calling it again changes nothing.
-fn end_for<T: Send>(obj: &Bound<'_, PyAny>, slot: &Slot<T>, refs: isize, how: End) -> PyResult<()> {
+/// Ends an attachment's use (a `detach()` or `release()` called from Python): the library's
+/// object goes at once unless an export of its memory is alive, else with the last export
+/// ([`Slot::end`]). Calling it again changes nothing.
+fn end_for<T: Send>(py: Python<'_>, slot: &Slot<T>, how: End) -> PyResult<()> {
     slot.here()?;
-    let Some(t) = slot.end(how) else {
-        return Ok(());
-    };
-    let views = slot.exported.load(Ordering::Acquire)
-        && !lifetime::only_callers_of_rust_free(obj, refs).unwrap_or(false);
-    if views {
-        slot.keep(t, how);
-    } else {
-        // Detaching sends a message to the owner: no GIL needed.
-        obj.py().detach(|| drop(t));
-    }
+    let ended = slot.end(how);
+    // Detaching sends a message to the owner: no GIL needed.
+    py.detach(|| drop(ended));
     Ok(())
 }
 
@@ -426,7 +475,8 @@ impl Peer {
 /// ``is_revoked`` says whether the owner revoked it (it reads what the owner sent first); then
 /// ``write`` raises ``ShareError`` (reason ``"revoked"``). Stores through NumPy views are the
 /// program's to stop. ``detach()`` (or the end of a ``with`` block, or collection) detaches it:
-/// at once unless views may use it (then when the last is gone, as ``RawMemory.free`` does).
+/// at once when no NumPy array made from it is alive, whatever else refers to the object, else
+/// when the last is gone (arrays hold the mapping, not the object: ``Block.free``'s exact rule).
 #[pyclass(module = "vkgdr", name = "AttachedMemory", frozen)]
 pub struct AttachedMemory {
     slot: Arc<Slot<(vkgdr::share::AttachedMemory, Conn)>>,
@@ -482,13 +532,12 @@ impl AttachedMemory {
         self.slot.is_ended()
     }
 
-    /// NumPy's array interface: ``size`` writable bytes (``uint8``) of the mapping. Views made
-    /// from it keep the mapping (see the class docs).
+    /// NumPy's array interface: ``size`` writable bytes (``uint8``) of the mapping. Its
+    /// ``data`` is a NumPy array that holds the mapping (an export, counted): arrays made from it
+    /// keep the mapping, not this object (see the class docs).
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        self.slot.call(|_| Ok(()))?;
-        self.slot.exported.store(true, Ordering::Release);
-        interface::array_interface(py, self.host_ptr, self.size, "|u1")
+        self.slot.array_interface(py, self.host_ptr, self.size)
     }
 
     /// A typed NumPy view: ``dtype`` (default ``uint8``) and ``shape`` (default: as many
@@ -564,11 +613,10 @@ impl AttachedMemory {
             .map_err(|e| self.slot.error(e))
     }
 
-    /// Detaches it: at once, or, when NumPy views may still use it, once the last is gone (see
-    /// the class docs). Detaching twice does nothing; other methods raise ``VkgdrError`` after.
-    fn detach(slf: &Bound<'_, Self>) -> PyResult<()> {
-        let refs = lifetime::refcount(slf.as_any());
-        end_for(slf.as_any(), &slf.get().slot, refs, End::Detached)
+    /// Detaches it: at once, or, when a NumPy array made from it is alive, once the last is gone
+    /// (see the class docs). Detaching twice does nothing; other methods raise ``VkgdrError`` after.
+    fn detach(&self, py: Python<'_>) -> PyResult<()> {
+        end_for(py, &self.slot, End::Detached)
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -576,9 +624,8 @@ impl AttachedMemory {
     }
 
     #[pyo3(signature = (*_exc))]
-    fn __exit__(slf: &Bound<'_, Self>, _exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
-        let refs = lifetime::refcount(slf.as_any());
-        end_for(slf.as_any(), &slf.get().slot, refs, End::Detached)?;
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        end_for(py, &self.slot, End::Detached)?;
         Ok(false)
     }
 
@@ -733,12 +780,13 @@ impl AttachedPool {
 /// ``next_block``): the same buffer API as ``AttachedMemory`` (``len()``, ``np.asarray``,
 /// ``view``, ``write``, ``read``, ``flush``, ``invalidate``), its ``token`` (the owner's name
 /// for it), ``is_revoked``. ``release()`` (or the end of a ``with`` block, or collection) gives
-/// it back to the owner: at once unless NumPy views may still use it (then when the last is
-/// gone). Releasing twice does nothing; other methods raise ``VkgdrError`` after.
+/// it back to the owner: at once when no NumPy array made from it is alive, whatever else refers
+/// to the object, else when the last is gone. Releasing twice does nothing; other methods raise
+/// ``VkgdrError`` after.
 #[pyclass(module = "vkgdr", name = "SharedBlock", frozen)]
 pub struct SharedBlock {
     /// The block, its pool's attachment (which lasts while any of its blocks is held), and the
-    /// connection (which keeps the chunks mapped while the block is kept for views).
+    /// connection (which keeps the chunks mapped while the block is kept for an export).
     slot: Arc<
         Slot<(
             vkgdr::share::SharedBlock,
@@ -799,13 +847,11 @@ impl SharedBlock {
         self.slot.is_ended()
     }
 
-    /// NumPy's array interface: ``size`` writable bytes (``uint8``). Views made from it keep
-    /// the block (see the class docs).
+    /// NumPy's array interface: ``size`` writable bytes (``uint8``). Arrays made from it keep
+    /// the block, not this object (see the class docs).
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        self.slot.call(|_| Ok(()))?;
-        self.slot.exported.store(true, Ordering::Release);
-        interface::array_interface(py, self.host_ptr, self.size, "|u1")
+        self.slot.array_interface(py, self.host_ptr, self.size)
     }
 
     /// A typed NumPy view: ``dtype`` (default ``uint8``) and ``shape`` (default: as many
@@ -880,11 +926,10 @@ impl SharedBlock {
             .map_err(|e| self.slot.error(e))
     }
 
-    /// Gives the block back to the owner: at once, or, when NumPy views may still use it, once
-    /// the last is gone (see the class docs). Releasing twice does nothing.
-    fn release(slf: &Bound<'_, Self>) -> PyResult<()> {
-        let refs = lifetime::refcount(slf.as_any());
-        end_for(slf.as_any(), &slf.get().slot, refs, End::Released)
+    /// Gives the block back to the owner: at once, or, when a NumPy array made from it is
+    /// alive, once the last is gone (see the class docs). Releasing twice does nothing.
+    fn release(&self, py: Python<'_>) -> PyResult<()> {
+        end_for(py, &self.slot, End::Released)
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -892,9 +937,8 @@ impl SharedBlock {
     }
 
     #[pyo3(signature = (*_exc))]
-    fn __exit__(slf: &Bound<'_, Self>, _exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
-        let refs = lifetime::refcount(slf.as_any());
-        end_for(slf.as_any(), &slf.get().slot, refs, End::Released)?;
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        end_for(py, &self.slot, End::Released)?;
         Ok(false)
     }
 

@@ -330,17 +330,3 @@ def test_the_null_stream_is_the_default_release(null, pool) -> None:
     b = pool.alloc(64)
     b.free(after=null)
     assert b.is_freed and in_use(pool) == 0
-
-
-def test_calibration_is_what_a_plain_call_sees() -> None:
-    from vkgdr import _vkgdr
-
-    function, module, unbound_function, unbound_module = _vkgdr._calibrate(_vkgdr._RefProbe)
-    probe = _vkgdr._RefProbe()
-    # Each call on a line of its own: pytest rewrites the calls inside an assert into other shapes.
-    bound = probe.free()
-    unbound = _vkgdr._RefProbe.free(probe)
-    assert (bound, unbound) == (function, unbound_function)
-    names = {"P": _vkgdr._RefProbe}
-    exec("p = P()\nm = p.free()\nu = P.free(p)", names)
-    assert (names["m"], names["u"]) == (module, unbound_module)

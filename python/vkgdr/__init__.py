@@ -287,7 +287,10 @@ class RawMemory:
     this one (``super().free()``) is counted from inside that method, and a call through the class
     (``RawMemory.free(mem)``) conservatively: exported memory may then wait until the object is
     collected. Addresses taken as integers (``host_ptr``, ``device_ptr``,
-    the interfaces' ``data``) are the caller's to stop using, as in C.
+    the interfaces' ``data``) are the caller's to stop using, as in C. (Pool blocks count their
+    views exactly instead; vkgdr 0.1's interfaces cannot: NumPy, given 0.1's tuple ``data``, and
+    CuPy, Numba, PyTorch and PyCUDA all hold this object itself, so only its reference count
+    shows a view. The package's README says more.)
 
     ``copy.copy``, ``copy.deepcopy`` and pickling raise ``TypeError``: a copy would be a second
     owner of the same allocation.

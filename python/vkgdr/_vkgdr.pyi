@@ -594,12 +594,3 @@ class AttachedLane:
 def _after_fork_in_child() -> None:
     """Internal: run in every forked child (``os.register_at_fork``)."""
 
-class _RefProbe:
-    """Internal: measures the reference count a ``free`` call sees (see ``_calibrate``)."""
-
-    def __init__(self) -> None: ...
-    def free(self, *, after: Any = None, now: bool = False) -> int: ...
-
-def _calibrate(cls: type) -> Tuple[int, int, int, int]:
-    """Internal: the receiver counts ``cls().free()`` sees in a function and at module level,
-    then ``cls.free(p)``'s."""
