@@ -25,7 +25,6 @@ use super::document::DriverWorkJson;
 use super::noise::{judge, noise_percent, Verdict};
 use super::results::{FigureIn, ReportIn, Results};
 use crate::bench::registry::report_spec;
-use crate::bench::report::spec::method_matches;
 
 /// The machine work of one figure in one run: the machine rows the registry names, at the
 /// figure's size, added up.
@@ -62,11 +61,11 @@ pub(super) fn machine_work(
         .flat_map(|b| &b.reports)
         .find(|r| r.name == report)?;
     let mut rows = Vec::with_capacity(work.made_of.len());
-    for pattern in work.made_of {
+    for &row in work.made_of {
         let f = r.figures.iter().find(|f| {
             f.origin.as_deref() != Some("reference")
                 && f.size_bytes == size
-                && method_matches(pattern, &f.method)
+                && f.method == row
                 && f.method != method
         })?;
         if !(f.median > 0.0 && f.median.is_finite()) || unit_of(r, f) != unit {
