@@ -24,6 +24,18 @@ pub const C_ALLOC_64K_NS: f64 = 200_000.0;
 /// The C `vkgdr` library's documented cost of freeing a 64 KiB allocation, ns.
 pub const C_FREE_64K_NS: f64 = 108_000.0;
 
+/// The rows the registry names ([`registry`](super::registry)).
+pub mod rows {
+    /// A raw allocation (`Gpu::alloc`, whole chunks from 2 MiB).
+    pub const RAW_ALLOC: &str = "RawMemory alloc";
+    /// Its drop.
+    pub const RAW_FREE: &str = "RawMemory free";
+    /// `cuMemAlloc`, the driver's own allocation.
+    pub const CU_MEM_ALLOC: &str = "cuMemAlloc";
+    /// `cuMemFree`.
+    pub const CU_MEM_FREE: &str = "cuMemFree";
+}
+
 /// Raw allocation sizes.
 pub const RAW_SIZES: [u64; 5] = [4 << 10, 64 << 10, 2 << 20, 64 << 20, 1 << 30];
 
@@ -91,8 +103,8 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
         ui::step(format!("RawMemory alloc/free · {}", fmt_size(size)));
         match measure_pair(&slow, || Ok(gpu.alloc(size)?), drop) {
             Ok((alloc, free)) => {
-                push(&mut report, "RawMemory alloc", size, &alloc);
-                push(&mut report, "RawMemory free", size, &free);
+                push(&mut report, rows::RAW_ALLOC, size, &alloc);
+                push(&mut report, rows::RAW_FREE, size, &free);
             }
             // The BAR may be smaller than the largest size: a normal outcome, not a failure.
             Err(BenchError::Vkgdr(e @ vkgdr::Error::OutOfDeviceMemory { .. })) => report
@@ -119,8 +131,8 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
         ui::step(format!("cuMemAlloc/cuMemFree · {}", fmt_size(size)));
         let (alloc, free) =
             measure_pair(&slow, || Ok(DeviceBuffer::new(&gpu, size as usize)?), drop)?;
-        push(&mut report, "cuMemAlloc", size, &alloc);
-        push(&mut report, "cuMemFree", size, &free);
+        push(&mut report, rows::CU_MEM_ALLOC, size, &alloc);
+        push(&mut report, rows::CU_MEM_FREE, size, &free);
     }
 
     let pool = Pool::new(gpu.clone(), PoolConfig::default())?;

@@ -19,6 +19,22 @@ const PTX: &str = include_str!(concat!(
     "/../kernels/mapping.ptx"
 ));
 
+/// The rows (the registry names them by these).
+pub mod rows {
+    /// `Arena::grow` by one chunk.
+    pub const GROW: &str = "arena grow by one chunk";
+    /// `Arena::shrink` by one chunk.
+    pub const SHRINK: &str = "arena shrink by one chunk";
+    /// A separate chunk of the same size (`Gpu::alloc`).
+    pub const SEPARATE_ALLOC: &str = "separate chunk alloc";
+    /// Its drop.
+    pub const SEPARATE_FREE: &str = "separate chunk free";
+    /// One kernel reading the whole arena.
+    pub const ONE_KERNEL: &str = "one kernel over the arena";
+    /// One kernel per separate chunk: the row's name is their count, then this.
+    pub const KERNELS_OVER_CHUNKS: &str = " kernels over separate chunks";
+}
+
 /// Runs the arena benchmark.
 pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     let gpu = open_gpu(OpenOptions::new())?;
@@ -53,10 +69,10 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
             free.push(t.elapsed().as_nanos() as f64);
         }
         for (name, v) in [
-            ("arena grow by one chunk", &grow),
-            ("arena shrink by one chunk", &shrink),
-            ("separate chunk alloc", &alloc),
-            ("separate chunk free", &free),
+            (rows::GROW, &grow),
+            (rows::SHRINK, &shrink),
+            (rows::SEPARATE_ALLOC, &alloc),
+            (rows::SEPARATE_FREE, &free),
         ] {
             cost.figures.push(Figure::measured(
                 name,
@@ -103,12 +119,12 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
         many.push(total as f64 / t.elapsed().as_secs_f64() / 1e9);
     }
     read.figures.push(Figure::measured(
-        "one kernel over the arena",
+        rows::ONE_KERNEL,
         total,
         &Stats::of(&one).expect("samples"),
     ));
     read.figures.push(Figure::measured(
-        format!("{chunks} kernels over separate chunks"),
+        format!("{chunks}{}", rows::KERNELS_OVER_CHUNKS),
         total,
         &Stats::of(&many).expect("samples"),
     ));

@@ -128,7 +128,7 @@ fn writes(reports: &[ReportSpec]) -> String {
             Anchor::Method(m) => text += &format!("\n    each figure against {m:?}"),
             Anchor::Pairs(pairs) => {
                 for (m, a) in pairs {
-                    text += &format!("\n    {m:?} against {a:?}");
+                    text += &format!("\n    {m} against {a}");
                 }
             }
             Anchor::SameMethodIn(other) => {

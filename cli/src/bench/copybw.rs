@@ -55,21 +55,40 @@ enum Op {
 }
 
 impl Op {
-    fn name(self) -> String {
+    fn name(self) -> &'static str {
+        let last = WRITE_THREADS.len() - 1;
         match self {
-            Op::BarWrite(i) => format!("BAR {} thr", WRITE_THREADS[i]),
-            Op::RawWrite(i) => format!("raw {} thr", WRITE_THREADS[i]),
-            Op::HtodPinned => "HtoD pinned".into(),
-            Op::HtodPageable => "HtoD pageable".into(),
-            Op::BarRead1 => "BAR 1 thr".into(),
-            Op::RawRead1 => "raw 1 thr".into(),
-            Op::BarReadPool => format!("BAR {} thr", WRITE_THREADS[WRITE_THREADS.len() - 1]),
-            Op::RawReadPool => format!("raw {} thr", WRITE_THREADS[WRITE_THREADS.len() - 1]),
-            Op::DtohPinned => "DtoH pinned".into(),
-            Op::DtohPageable => "DtoH pageable".into(),
-            Op::DmaRead => "DtoH+memcpy".into(),
+            Op::BarWrite(i) => rows::BAR[i],
+            Op::RawWrite(i) => rows::RAW[i],
+            Op::HtodPinned => rows::HTOD_PINNED,
+            Op::HtodPageable => rows::HTOD_PAGEABLE,
+            Op::BarRead1 => rows::BAR[0],
+            Op::RawRead1 => rows::RAW[0],
+            Op::BarReadPool => rows::BAR[last],
+            Op::RawReadPool => rows::RAW[last],
+            Op::DtohPinned => rows::DTOH_PINNED,
+            Op::DtohPageable => rows::DTOH_PAGEABLE,
+            Op::DmaRead => rows::DMA_READ,
         }
     }
+}
+
+/// The rows of both reports (the registry names them by these).
+pub mod rows {
+    /// The library's BAR copies through pools of [`WRITE_THREADS`](super::WRITE_THREADS) threads.
+    pub const BAR: [&str; 4] = ["BAR 1 thr", "BAR 2 thr", "BAR 4 thr", "BAR 8 thr"];
+    /// The same bytes as a plain loop on as many threads.
+    pub const RAW: [&str; 4] = ["raw 1 thr", "raw 2 thr", "raw 4 thr", "raw 8 thr"];
+    /// `cuMemcpyHtoD` from pinned memory.
+    pub const HTOD_PINNED: &str = "HtoD pinned";
+    /// `cuMemcpyHtoD` from pageable memory.
+    pub const HTOD_PAGEABLE: &str = "HtoD pageable";
+    /// `cuMemcpyDtoH` into pinned memory.
+    pub const DTOH_PINNED: &str = "DtoH pinned";
+    /// `cuMemcpyDtoH` into pageable memory.
+    pub const DTOH_PAGEABLE: &str = "DtoH pageable";
+    /// `cuMemcpyDtoH` into a pinned bounce buffer, then `memcpy`.
+    pub const DMA_READ: &str = "DtoH+memcpy";
 }
 
 /// The write report's methods, in groups measured side by side: each library copy with its raw
@@ -103,7 +122,7 @@ pub fn methods(name: &str) -> Vec<String> {
     };
     groups
         .iter()
-        .flat_map(|g| g.iter().map(|o| o.name()))
+        .flat_map(|g| g.iter().map(|o| o.name().to_string()))
         .collect()
 }
 
@@ -373,13 +392,13 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
         Op::BarWrite(0).name(),
         Op::BarWrite(WRITE_THREADS.len() - 1).name(),
     );
-    let mut pairs: Vec<(String, String)> = (1..WRITE_THREADS.len())
-        .map(|t| (one.clone(), Op::BarWrite(t).name()))
+    let mut pairs: Vec<(&str, &str)> = (1..WRITE_THREADS.len())
+        .map(|t| (one, Op::BarWrite(t).name()))
         .collect();
     pairs.push((one, Op::HtodPinned.name()));
     pairs.push((all, Op::HtodPinned.name()));
     for (a, b) in pairs {
-        let note = crossover_note(write, &a, &b);
+        let note = crossover_note(write, a, b);
         write.notes.push(note);
     }
     read.notes.push(format!(
@@ -391,7 +410,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     ));
     let dma = Op::DmaRead.name();
     for streaming in [Op::BarRead1, Op::BarReadPool] {
-        let note = crossover_note(read, &streaming.name(), &dma);
+        let note = crossover_note(read, streaming.name(), dma);
         read.notes.push(note);
     }
     Ok(reports)
@@ -462,10 +481,18 @@ mod tests {
     }
 
     #[test]
+    fn row_names_say_their_thread_counts() {
+        for (i, t) in WRITE_THREADS.into_iter().enumerate() {
+            assert_eq!(rows::BAR[i], format!("BAR {t} thr"));
+            assert_eq!(rows::RAW[i], format!("raw {t} thr"));
+        }
+    }
+
+    #[test]
     fn method_names_are_distinct_within_each_report() {
         for groups in [&WRITE_OPS[..], &READ_OPS[..]] {
             let ops: Vec<Op> = groups.iter().flat_map(|g| g.iter().copied()).collect();
-            let mut names: Vec<String> = ops.iter().map(|o| o.name()).collect();
+            let mut names: Vec<&str> = ops.iter().map(|o| o.name()).collect();
             names.sort();
             names.dedup();
             assert_eq!(names.len(), ops.len());

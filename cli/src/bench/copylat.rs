@@ -28,14 +28,30 @@ use super::report::format::fmt_size;
 use super::report::model::{Figure, Report, Unit};
 use crate::ui;
 
+/// The rows (the registry names them by these).
+pub mod rows {
+    /// `copy_to_mapping` and a flush.
+    pub const BAR_WRITE: &str = "BAR write";
+    /// The same bytes as plain stores.
+    pub const RAW_WRITE: &str = "raw write";
+    /// The library's write, then an 8-byte read through the BAR that confirms it.
+    pub const BAR_WRITE_READBACK: &str = "BAR write+readback";
+    /// The same as plain stores and a plain load.
+    pub const RAW_WRITE_READBACK: &str = "raw write+readback";
+    /// `cuMemcpyHtoD` from pinned memory.
+    pub const CU_MEMCPY_HTOD: &str = "cuMemcpyHtoD";
+    /// `cuMemcpyHtoDAsync` and a stream synchronisation.
+    pub const HTOD_ASYNC_SYNC: &str = "HtoDAsync+sync";
+}
+
 /// Method names, in column order.
 pub const METHODS: [&str; 6] = [
-    "BAR write",
-    "raw write",
-    "BAR write+readback",
-    "raw write+readback",
-    "cuMemcpyHtoD",
-    "HtoDAsync+sync",
+    rows::BAR_WRITE,
+    rows::RAW_WRITE,
+    rows::BAR_WRITE_READBACK,
+    rows::RAW_WRITE_READBACK,
+    rows::CU_MEMCPY_HTOD,
+    rows::HTOD_ASYNC_SYNC,
 ];
 
 /// Indices into [`METHODS`] measured side by side: a library write with its raw write at one

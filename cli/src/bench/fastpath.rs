@@ -32,8 +32,42 @@ use crate::ui;
 /// The hidden argument that makes `vkgdr bench` the child of the first-write row.
 pub const CHILD_ARG: &str = "--first-write-child";
 
-/// The `fastpath-pool` row of the C library's allocator (a machine row in the registry).
-pub const MALLOC_PAIR: &str = "malloc+free, 1 thread, the C library";
+/// The rows the registry names.
+pub mod rows {
+    /// `fastpath-write`: the driver's copy from pinned memory, the limit.
+    pub const HTOD_PINNED: &str = "cuMemcpyHtoD pinned (DMA limit)";
+    /// `fastpath-read`: the driver's copy into pinned memory, the limit.
+    pub const DTOH_PINNED: &str = "cuMemcpyDtoH pinned (DMA limit)";
+    /// `fastpath-read`: the driver's copy into pageable memory.
+    pub const DTOH_PAGEABLE: &str = "cuMemcpyDtoH pageable";
+    /// `fastpath-read`: registering the destination for one driver copy.
+    pub const DTOH_REGISTERED: &str = "cuMemHostRegister + DtoH + unregister";
+    /// `fastpath-small`: the first write of a fresh process.
+    pub const FIRST_WRITE: &str = "first write in a process (fresh child)";
+    /// `fastpath-small`: the next write of that process.
+    pub const SECOND_WRITE: &str = "second write, same process";
+    /// `fastpath-small`: `Block::write` of 64 bytes.
+    pub const BLOCK_WRITE: &str = "Block::write (default API)";
+    /// `fastpath-small`: the same 64-byte store and `sfence`, without the library.
+    pub const RAW_STORE: &str = "raw store + sfence, same block (limit)";
+    /// `fastpath-small`: `RawMemory::write` of 64 bytes.
+    pub const RAW_MEMORY_WRITE: &str = "RawMemory::write (default API)";
+    /// `fastpath-small`: 16 blocks written each on its own.
+    pub const BLOCKS_EACH: &str = "16 blocks: Block::write each";
+    /// `fastpath-small`: 16 blocks written in one `WriteBatch`.
+    pub const BLOCKS_BATCH: &str = "16 blocks: one WriteBatch";
+    /// `fastpath-pool`: a pair on one thread with the default thread cache.
+    pub const POOL_1_DEFAULT: &str = "alloc+free, 1 thread, default PoolConfig";
+    /// `fastpath-pool`: a pair on one thread without it.
+    pub const POOL_1_NO_CACHE: &str = "alloc+free, 1 thread, thread_cache = 0 (opt-out)";
+    /// `fastpath-pool`: per pair, 8 threads, with the default thread cache.
+    pub const POOL_8_DEFAULT: &str = "alloc+free, 8 threads, per pair, default PoolConfig";
+    /// `fastpath-pool`: per pair, 8 threads, without it.
+    pub const POOL_8_NO_CACHE: &str = "alloc+free, 8 threads, per pair, thread_cache = 0 (opt-out)";
+    /// `fastpath-pool`: the C library's allocator (a machine row).
+    pub const MALLOC_PAIR: &str = "malloc+free, 1 thread, the C library";
+}
+use rows::MALLOC_PAIR;
 
 /// The message `examples/hello` writes.
 const HELLO: &[u8] = b"hello from the CPU, through the BAR";
@@ -130,7 +164,7 @@ fn write(
             }?;
             Ok(())
         })?;
-        push_bw(&mut report, "cuMemcpyHtoD pinned (DMA limit)", size, &ns);
+        push_bw(&mut report, rows::HTOD_PINNED, size, &ns);
         // A source no one has touched: every 4 KiB page faults in during the copy.
         ui::step(format!("RawMemory::write, untouched source · {at}"));
         let samples = budget.min_samples.max(3);
@@ -205,7 +239,7 @@ fn read(
             unsafe { driver.cu_memcpy_dtoh(dst.as_mut_ptr().cast(), mem.device_ptr(), n) }?;
             Ok(())
         })?;
-        push_bw(&mut report, "cuMemcpyDtoH pageable", size, &ns);
+        push_bw(&mut report, rows::DTOH_PAGEABLE, size, &ns);
         ui::step(format!("cuMemHostRegister + DtoH · {at}"));
         let ns = measure(&budget, || {
             let p = dst.as_mut_ptr().cast();
@@ -219,19 +253,14 @@ fn read(
             }
             Ok(())
         })?;
-        push_bw(
-            &mut report,
-            "cuMemHostRegister + DtoH + unregister",
-            size,
-            &ns,
-        );
+        push_bw(&mut report, rows::DTOH_REGISTERED, size, &ns);
         ui::step(format!("cuMemcpyDtoH pinned · {at}"));
         let ns = measure(&budget, || {
             // SAFETY: the context is current; `pinned` and `mem` hold at least `n` bytes.
             unsafe { driver.cu_memcpy_dtoh(pinned.as_ptr().cast(), mem.device_ptr(), n) }?;
             Ok(())
         })?;
-        push_bw(&mut report, "cuMemcpyDtoH pinned (DMA limit)", size, &ns);
+        push_bw(&mut report, rows::DTOH_PINNED, size, &ns);
     }
     report.notes.push(format!(
         "default API: RawMemory's Mapping::read into a Vec written before (no page faults): \
@@ -262,18 +291,8 @@ fn small(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
         new_page.push(n);
         new_chunk.push(c);
     }
-    push(
-        &mut report,
-        "first write in a process (fresh child)",
-        HELLO.len() as u64,
-        &first,
-    );
-    push(
-        &mut report,
-        "second write, same process",
-        HELLO.len() as u64,
-        &second,
-    );
+    push(&mut report, rows::FIRST_WRITE, HELLO.len() as u64, &first);
+    push(&mut report, rows::SECOND_WRITE, HELLO.len() as u64, &second);
     push(
         &mut report,
         "raw store + sfence into an untouched page, same process",
@@ -303,7 +322,7 @@ fn small(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
     let data = [0x5au8; 64];
     ui::step("Block::write · 64 B");
     let ns = measure(&budget, || Ok(block.write(0, &data)?))?;
-    push(&mut report, "Block::write (default API)", 64, &ns);
+    push(&mut report, rows::BLOCK_WRITE, 64, &ns);
     let host = block.host_ptr();
     ui::step("raw store + sfence · 64 B");
     let ns = measure(&budget, || {
@@ -311,16 +330,11 @@ fn small(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
         unsafe { copy_to_mapping(host, &data) };
         Ok(())
     })?;
-    push(
-        &mut report,
-        "raw store + sfence, same block (limit)",
-        64,
-        &ns,
-    );
+    push(&mut report, rows::RAW_STORE, 64, &ns);
     let mut mem = gpu.alloc(1 << 20)?;
     ui::step("RawMemory::write · 64 B");
     let ns = measure(&budget, || Ok(mem.write(4096, &data)?))?;
-    push(&mut report, "RawMemory::write (default API)", 64, &ns);
+    push(&mut report, rows::RAW_MEMORY_WRITE, 64, &ns);
 
     let mut blocks: Vec<_> = (0..16)
         .map(|_| pool.alloc(64, 64))
@@ -332,7 +346,7 @@ fn small(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
         }
         Ok(())
     })?;
-    push(&mut report, "16 blocks: Block::write each", 16 * 64, &ns);
+    push(&mut report, rows::BLOCKS_EACH, 16 * 64, &ns);
     ui::step("16 blocks: one WriteBatch");
     let ns = measure(&budget, || {
         let mut batch = WriteBatch::new();
@@ -342,7 +356,7 @@ fn small(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
         batch.finish();
         Ok(())
     })?;
-    push(&mut report, "16 blocks: one WriteBatch", 16 * 64, &ns);
+    push(&mut report, rows::BLOCKS_BATCH, 16 * 64, &ns);
     report.notes.push(format!(
         "first write: {children} child processes each open the same GPU, allocate 1 MiB and time \
          RawMemory::write of examples/hello's {} bytes (from a heap copy), then the same write again; page faults \
@@ -468,9 +482,19 @@ fn pool(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
     };
     let pairs_per_thread: u64 = if opts.quick { 20_000 } else { 200_000 };
     ui::phase("pool", 5);
-    for (name, thread_cache) in [
-        ("default PoolConfig", PoolConfig::default().thread_cache),
-        ("thread_cache = 0 (opt-out)", 0),
+    for (name, one, eight, thread_cache) in [
+        (
+            "default PoolConfig",
+            rows::POOL_1_DEFAULT,
+            rows::POOL_8_DEFAULT,
+            PoolConfig::default().thread_cache,
+        ),
+        (
+            "thread_cache = 0 (opt-out)",
+            rows::POOL_1_NO_CACHE,
+            rows::POOL_8_NO_CACHE,
+            0,
+        ),
     ] {
         let pool = Pool::new(
             gpu.clone(),
@@ -485,12 +509,7 @@ fn pool(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
             drop(pool.alloc(256, 16)?);
             Ok(())
         })?;
-        push(
-            &mut report,
-            &format!("alloc+free, 1 thread, {name}"),
-            256,
-            &ns,
-        );
+        push(&mut report, one, 256, &ns);
         // Eight threads, each `pairs_per_thread` pairs; per pair of the whole machine.
         ui::step(format!("alloc+free, 8 threads, {name}"));
         let samples = if opts.quick { 3 } else { 7 };
@@ -518,12 +537,7 @@ fn pool(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
             })?;
             ns.push(wall.as_nanos() as f64 / (8 * pairs_per_thread) as f64);
         }
-        push(
-            &mut report,
-            &format!("alloc+free, 8 threads, per pair, {name}"),
-            256,
-            &ns,
-        );
+        push(&mut report, eight, 256, &ns);
     }
     // This CPU's scale: the same pair through the C library's allocator (its per-thread cache
     // serves it with a few dozen instructions), so a pool figure that moved between two lent

@@ -45,7 +45,10 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
 const END_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Method names, in column order.
-pub const METHODS: [&str; 3] = ["BAR write", "BAR write, lean kernel", "HtoDAsync+sync"];
+pub const METHODS: [&str; 3] = ["BAR write", "BAR write, lean kernel", HTOD_ASYNC_SYNC];
+
+/// The driver's round trip (`cuMemcpyHtoDAsync` and a synchronisation), the anchor of the others.
+pub const HTOD_ASYNC_SYNC: &str = "HtoDAsync+sync";
 
 /// Message sizes of the full and the quick run; the 8-byte one is the classic ping-pong.
 pub fn sizes(quick: bool) -> Vec<u64> {

@@ -39,6 +39,12 @@ pub const FREE_STEPS: [&str; 4] = [
     "step: vkUnmapMemory + vkFreeMemory",
 ];
 
+/// The library's whole allocation of a pool chunk, beside its steps.
+pub const CHUNK_ALLOC: &str = "pool chunk alloc (library, whole)";
+
+/// The library's free of a pool chunk.
+pub const CHUNK_FREE: &str = "pool chunk free (library: queued, released off the caller's thread)";
+
 /// One sample of every step: nanoseconds, allocation steps then free steps.
 type Sample = ([f64; ALLOC_STEPS.len()], [f64; FREE_STEPS.len()]);
 
@@ -139,11 +145,8 @@ pub fn push_rows(report: &mut Report, gpu: &Gpu, samples: usize) -> BenchResult<
             let v: Vec<f64> = steps.iter().map(|s| s.1[k]).collect();
             row(name, &v);
         }
-        let whole = row("pool chunk alloc (library, whole)", &chunk_alloc).unwrap_or(0.0);
-        row(
-            "pool chunk free (library: queued, released off the caller's thread)",
-            &chunk_free,
-        );
+        let whole = row(CHUNK_ALLOC, &chunk_alloc).unwrap_or(0.0);
+        row(CHUNK_FREE, &chunk_free);
         report.notes.push(format!(
             "chunk of {}: the driver steps' medians add up to {:.1} µs, the library's whole \
              allocation takes {:.1} µs: its own work is {:.1} µs ({:.1} % of the driver's)",

@@ -2,12 +2,17 @@
 //! function that runs it and the reports it writes; what the registry says about a report (its
 //! title, [`Report::title`], and its table layout, [`Report::layout`]); and which benchmarks a
 //! command selects ([`Which`]).
+//!
+//! The registry names rows only by the constants their benchmark writes them with (each
+//! benchmark's `rows`), so renaming a row is a compile error here, not a silent miss.
 
 use super::error::BenchResult;
 use super::options::Options;
-use super::raw_steps::{ALLOC_STEPS, FREE_STEPS};
+use super::raw_steps::{ALLOC_STEPS, CHUNK_ALLOC, CHUNK_FREE, FREE_STEPS};
 use super::report::model::{Anchored, Origin, Report};
-use super::report::spec::{method_matches, Anchor, Layout, MachineWork, ReportSpec};
+use super::report::spec::{Anchor, Layout, MachineWork, ReportSpec, Rows};
+use super::waits::driver_calls::rows as drv;
+use super::waits::library_calls::rows as lib;
 use super::{apiperf, arena, copybw, copylat, fastpath, pplat, ring, waits, xproc};
 
 /// What a benchmark runs: its reports, or the error that stopped it.
@@ -30,27 +35,32 @@ pub struct Benchmark {
     pub in_all: bool,
 }
 
-/// The `waits` reports' rows that call the driver directly (the others are the library's calls).
-const DRIVER_CALLS: &[&str] = &["cu*", "vk*", "legacy-stream completion word arrives"];
+/// The `waits` reports' rows that call the driver directly (the others are the library's calls):
+/// the CUDA and Vulkan APIs' calls, by their prefixes, and the wait for the legacy stream's word.
+const DRIVER_CALLS: &[Rows] = &[
+    Rows::StartingWith("cu"),
+    Rows::StartingWith("vk"),
+    Rows::Is(drv::COMPLETION_WORD),
+];
 
 /// `apiperf`: a raw allocation of whole chunks (2 MiB and up; smaller ones are carved and have no
 /// step rows at their size, so they stand alone) and a pool chunk are the `step:` rows' driver
 /// calls, and so are their frees.
 const APIPERF_MACHINE_WORK: &[MachineWork] = &[
     MachineWork {
-        rows: "RawMemory alloc",
+        row: apiperf::rows::RAW_ALLOC,
         made_of: &ALLOC_STEPS,
     },
     MachineWork {
-        rows: "RawMemory free",
+        row: apiperf::rows::RAW_FREE,
         made_of: &FREE_STEPS,
     },
     MachineWork {
-        rows: "pool chunk alloc*",
+        row: CHUNK_ALLOC,
         made_of: &ALLOC_STEPS,
     },
     MachineWork {
-        rows: "pool chunk free*",
+        row: CHUNK_FREE,
         made_of: &FREE_STEPS,
     },
 ];
@@ -58,72 +68,72 @@ const APIPERF_MACHINE_WORK: &[MachineWork] = &[
 /// The `waits` reports' driver calls that make one chunk of device memory (a Vulkan allocation
 /// exported, imported, reserved, mapped).
 const WAITS_CHUNK_ALLOC: &[&str] = &[
-    "vkAllocateMemory + vkMapMemory",
-    "vkGetMemoryFdKHR",
-    "cuMemImportFromShareableHandle",
-    "cuMemAddressReserve",
-    "cuMemMap",
-    "cuMemSetAccess",
+    drv::VK_ALLOCATE,
+    drv::VK_EXPORT_FD,
+    drv::CU_IMPORT,
+    drv::CU_RESERVE,
+    drv::CU_MAP,
+    drv::CU_SET_ACCESS,
 ];
 
 /// The `waits` reports' driver calls that give such a chunk back.
 const WAITS_CHUNK_FREE: &[&str] = &[
-    "cuMemUnmap",
-    "cuMemRelease",
-    "cuMemAddressFree",
-    "vkUnmapMemory + vkFreeMemory",
+    drv::CU_UNMAP,
+    drv::CU_RELEASE,
+    drv::CU_ADDRESS_FREE,
+    drv::VK_FREE,
 ];
 
 /// The library calls of `waits` that make something (memory, a module, a stream) and are mostly
 /// the driver calls beside them.
 const WAITS_ALLOC_WORK: [MachineWork; 9] = [
     MachineWork {
-        rows: "Gpu::alloc",
+        row: lib::GPU_ALLOC,
         made_of: WAITS_CHUNK_ALLOC,
     },
     MachineWork {
-        rows: "Pool::alloc 256 B (first chunk)",
+        row: lib::POOL_FIRST_CHUNK,
         made_of: WAITS_CHUNK_ALLOC,
     },
     MachineWork {
-        rows: "Pool::alloc 16 MiB (own chunk)",
+        row: lib::POOL_OWN_CHUNK,
         made_of: WAITS_CHUNK_ALLOC,
     },
     MachineWork {
-        rows: "Arena::grow",
+        row: lib::ARENA_GROW,
         made_of: &[
-            "vkAllocateMemory + vkMapMemory",
-            "vkGetMemoryFdKHR",
-            "cuMemImportFromShareableHandle",
-            "cuMemMap",
-            "cuMemSetAccess",
+            drv::VK_ALLOCATE,
+            drv::VK_EXPORT_FD,
+            drv::CU_IMPORT,
+            drv::CU_MAP,
+            drv::CU_SET_ACCESS,
         ],
     },
     MachineWork {
-        rows: "DeviceRing::new*",
+        row: lib::RING_NEW,
         made_of: WAITS_CHUNK_ALLOC,
     },
     MachineWork {
-        rows: "PinnedBuffer::new*",
+        row: lib::PINNED_NEW,
         made_of: &[
-            "vkAllocateMemory (host memory)",
-            "vkGetMemoryFdKHR (host memory)",
-            "cuMemImportFromShareableHandle (host memory)",
-            "cuMemMap (host memory)",
-            "cuMemSetAccess (host memory)",
+            drv::VK_ALLOCATE_HOST,
+            drv::VK_EXPORT_FD_HOST,
+            drv::CU_IMPORT_HOST,
+            drv::CU_MAP_HOST,
+            drv::CU_SET_ACCESS_HOST,
         ],
     },
     MachineWork {
-        rows: "Module::load_ptx",
-        made_of: &["cuModuleLoadData"],
+        row: lib::MODULE_LOAD,
+        made_of: &[drv::CU_MODULE_LOAD],
     },
     MachineWork {
-        rows: "Stream::new",
-        made_of: &["cuStreamCreate"],
+        row: lib::STREAM_NEW,
+        made_of: &[drv::CU_STREAM_CREATE],
     },
     MachineWork {
-        rows: "Gpu::memcpy_htod 64 KiB",
-        made_of: &["cuMemcpyHtoD_v2 (64 KiB pageable)"],
+        row: lib::MEMCPY_HTOD,
+        made_of: &[drv::CU_MEMCPY_HTOD],
     },
 ];
 
@@ -131,40 +141,36 @@ const WAITS_ALLOC_WORK: [MachineWork; 9] = [
 /// kernel running, or one on its own stream; on the legacy stream the library defers them).
 const WAITS_FREE_WORK: [MachineWork; 8] = [
     MachineWork {
-        rows: "RawMemory drop",
+        row: lib::RAW_DROP,
         made_of: WAITS_CHUNK_FREE,
     },
     MachineWork {
-        rows: "Block drop (own chunk)",
+        row: lib::BLOCK_DROP_OWN,
         made_of: WAITS_CHUNK_FREE,
     },
     MachineWork {
-        rows: "Pool::trim",
+        row: lib::POOL_TRIM,
         made_of: WAITS_CHUNK_FREE,
     },
     MachineWork {
-        rows: "Arena::shrink",
-        made_of: &["cuMemUnmap", "cuMemRelease", "vkUnmapMemory + vkFreeMemory"],
+        row: lib::ARENA_SHRINK,
+        made_of: &[drv::CU_UNMAP, drv::CU_RELEASE, drv::VK_FREE],
     },
     MachineWork {
-        rows: "DeviceRing drop",
+        row: lib::RING_DROP,
         made_of: WAITS_CHUNK_FREE,
     },
     MachineWork {
-        rows: "PinnedBuffer drop",
-        made_of: &[
-            "cuMemUnmap (host memory)",
-            "cuMemRelease (host memory)",
-            "vkFreeMemory (host memory)",
-        ],
+        row: lib::PINNED_DROP,
+        made_of: &[drv::CU_UNMAP_HOST, drv::CU_RELEASE_HOST, drv::VK_FREE_HOST],
     },
     MachineWork {
-        rows: "Module drop",
-        made_of: &["cuModuleUnload"],
+        row: lib::MODULE_DROP,
+        made_of: &[drv::CU_MODULE_UNLOAD],
     },
     MachineWork {
-        rows: "Stream drop",
-        made_of: &["cuStreamDestroy_v2"],
+        row: lib::STREAM_DROP,
+        made_of: &[drv::CU_STREAM_DESTROY],
     },
 ];
 
@@ -194,20 +200,20 @@ const WAITS_LEGACY_MACHINE_WORK: &[MachineWork] = &WAITS_ALLOC_WORK;
 /// caller takes parts itself meanwhile); the spread there is wide, and so is the noise.
 const COPYBW_WRITE_MACHINE_WORK: &[MachineWork] = &[
     MachineWork {
-        rows: "BAR 1 thr",
-        made_of: &["raw 1 thr"],
+        row: copybw::rows::BAR[0],
+        made_of: &[copybw::rows::RAW[0]],
     },
     MachineWork {
-        rows: "BAR 2 thr",
-        made_of: &["raw 2 thr"],
+        row: copybw::rows::BAR[1],
+        made_of: &[copybw::rows::RAW[1]],
     },
     MachineWork {
-        rows: "BAR 4 thr",
-        made_of: &["raw 4 thr"],
+        row: copybw::rows::BAR[2],
+        made_of: &[copybw::rows::RAW[2]],
     },
     MachineWork {
-        rows: "BAR 8 thr",
-        made_of: &["raw 8 thr"],
+        row: copybw::rows::BAR[3],
+        made_of: &[copybw::rows::RAW[3]],
     },
 ];
 
@@ -215,12 +221,12 @@ const COPYBW_WRITE_MACHINE_WORK: &[MachineWork] = &[
 /// same as plain stores and a plain read.
 const COPYLAT_MACHINE_WORK: &[MachineWork] = &[
     MachineWork {
-        rows: "BAR write",
-        made_of: &["raw write"],
+        row: copylat::rows::BAR_WRITE,
+        made_of: &[copylat::rows::RAW_WRITE],
     },
     MachineWork {
-        rows: "BAR write+readback",
-        made_of: &["raw write+readback"],
+        row: copylat::rows::BAR_WRITE_READBACK,
+        made_of: &[copylat::rows::RAW_WRITE_READBACK],
     },
 ];
 
@@ -229,12 +235,12 @@ const COPYLAT_MACHINE_WORK: &[MachineWork] = &[
 /// alone, beside them (it is the copy kernel's, which `copylat`'s raw rows judge in turn).
 const FASTPATH_SMALL_MACHINE_WORK: &[MachineWork] = &[
     MachineWork {
-        rows: "Block::write (default API)",
-        made_of: &["raw store + sfence, same block (limit)"],
+        row: fastpath::rows::BLOCK_WRITE,
+        made_of: &[fastpath::rows::RAW_STORE],
     },
     MachineWork {
-        rows: "RawMemory::write (default API)",
-        made_of: &["raw store + sfence, same block (limit)"],
+        row: fastpath::rows::RAW_MEMORY_WRITE,
+        made_of: &[fastpath::rows::RAW_STORE],
     },
 ];
 
@@ -250,10 +256,21 @@ pub const BENCHMARKS: [Benchmark; 9] = [
             title: "API call cost",
             layout: Layout::Long,
             anchor: Anchor::Pairs(&[
-                ("RawMemory alloc", "cuMemAlloc"),
-                ("RawMemory free", "cuMemFree"),
+                (
+                    Rows::Is(apiperf::rows::RAW_ALLOC),
+                    Rows::Is(apiperf::rows::CU_MEM_ALLOC),
+                ),
+                (
+                    Rows::Is(apiperf::rows::RAW_FREE),
+                    Rows::Is(apiperf::rows::CU_MEM_FREE),
+                ),
             ]),
-            machine: &["cuMemAlloc", "cuMemFree", "step: *"],
+            machine: &[
+                Rows::Is(apiperf::rows::CU_MEM_ALLOC),
+                Rows::Is(apiperf::rows::CU_MEM_FREE),
+                Rows::AnyOf(&ALLOC_STEPS),
+                Rows::AnyOf(&FREE_STEPS),
+            ],
             machine_work: APIPERF_MACHINE_WORK,
         }],
         in_all: true,
@@ -267,18 +284,28 @@ pub const BENCHMARKS: [Benchmark; 9] = [
                 name: "copybw-write",
                 title: "Write bandwidth, host to GPU memory",
                 layout: Layout::Wide,
-                anchor: Anchor::Method("HtoD pinned"),
-                machine: &["HtoD pinned", "HtoD pageable", "raw *"],
+                anchor: Anchor::Method(copybw::rows::HTOD_PINNED),
+                machine: &[
+                    Rows::Is(copybw::rows::HTOD_PINNED),
+                    Rows::Is(copybw::rows::HTOD_PAGEABLE),
+                    Rows::AnyOf(&copybw::rows::RAW),
+                ],
                 machine_work: COPYBW_WRITE_MACHINE_WORK,
             },
             ReportSpec {
                 name: "copybw-read",
                 title: "Read bandwidth, GPU memory to host",
                 layout: Layout::Wide,
-                anchor: Anchor::Method("DtoH pinned"),
+                anchor: Anchor::Method(copybw::rows::DTOH_PINNED),
                 // `DtoH+memcpy` is a driver copy and a `memcpy` between host buffers: no code
                 // of this library.
-                machine: &["DtoH pinned", "DtoH pageable", "DtoH+memcpy", "raw *"],
+                machine: &[
+                    Rows::Is(copybw::rows::DTOH_PINNED),
+                    Rows::Is(copybw::rows::DTOH_PAGEABLE),
+                    Rows::Is(copybw::rows::DMA_READ),
+                    Rows::Is(copybw::rows::RAW[0]),
+                    Rows::Is(copybw::rows::RAW[3]),
+                ],
                 // The raw reads are shown, not anchored on: they scatter from run to run on one
                 // machine far more than the library's reads, so against them a slower read would
                 // pass as the machine's (figures: BENCHMARKS.md, 'Against the machine work').
@@ -295,8 +322,13 @@ pub const BENCHMARKS: [Benchmark; 9] = [
             name: "copylat",
             title: "Write latency, host to GPU memory",
             layout: Layout::Wide,
-            anchor: Anchor::Method("cuMemcpyHtoD"),
-            machine: &["cuMemcpyHtoD", "HtoDAsync+sync", "raw *"],
+            anchor: Anchor::Method(copylat::rows::CU_MEMCPY_HTOD),
+            machine: &[
+                Rows::Is(copylat::rows::CU_MEMCPY_HTOD),
+                Rows::Is(copylat::rows::HTOD_ASYNC_SYNC),
+                Rows::Is(copylat::rows::RAW_WRITE),
+                Rows::Is(copylat::rows::RAW_WRITE_READBACK),
+            ],
             machine_work: COPYLAT_MACHINE_WORK,
         }],
         in_all: true,
@@ -310,20 +342,20 @@ pub const BENCHMARKS: [Benchmark; 9] = [
                 name: "fastpath-write",
                 title: "Large writes: RawMemory::write (default API) versus explicit pools and DMA",
                 layout: Layout::Long,
-                anchor: Anchor::Method("cuMemcpyHtoD pinned (DMA limit)"),
-                machine: &["cuMemcpyHtoD pinned (DMA limit)"],
+                anchor: Anchor::Method(fastpath::rows::HTOD_PINNED),
+                machine: &[Rows::Is(fastpath::rows::HTOD_PINNED)],
                 machine_work: &[],
             },
             ReportSpec {
                 name: "fastpath-read",
                 title: "Large reads into pageable memory: Mapping::read versus cuMemcpyDtoH",
                 layout: Layout::Long,
-                anchor: Anchor::Method("cuMemcpyDtoH pinned (DMA limit)"),
-                machine: &[
-                    "cuMemcpyDtoH pinned (DMA limit)",
-                    "cuMemcpyDtoH pageable",
-                    "cuMemHostRegister + DtoH + unregister",
-                ],
+                anchor: Anchor::Method(fastpath::rows::DTOH_PINNED),
+                machine: &[Rows::AnyOf(&[
+                    fastpath::rows::DTOH_PINNED,
+                    fastpath::rows::DTOH_PAGEABLE,
+                    fastpath::rows::DTOH_REGISTERED,
+                ])],
                 machine_work: &[],
             },
             ReportSpec {
@@ -332,20 +364,23 @@ pub const BENCHMARKS: [Benchmark; 9] = [
                 layout: Layout::Long,
                 anchor: Anchor::Pairs(&[
                     (
-                        "first write in a process (fresh child)",
-                        "second write, same process",
+                        Rows::Is(fastpath::rows::FIRST_WRITE),
+                        Rows::Is(fastpath::rows::SECOND_WRITE),
                     ),
                     (
-                        "Block::write (default API)",
-                        "raw store + sfence, same block (limit)",
+                        Rows::Is(fastpath::rows::BLOCK_WRITE),
+                        Rows::Is(fastpath::rows::RAW_STORE),
                     ),
                     (
-                        "RawMemory::write (default API)",
-                        "raw store + sfence, same block (limit)",
+                        Rows::Is(fastpath::rows::RAW_MEMORY_WRITE),
+                        Rows::Is(fastpath::rows::RAW_STORE),
                     ),
-                    ("16 blocks: one WriteBatch", "16 blocks: Block::write each"),
+                    (
+                        Rows::Is(fastpath::rows::BLOCKS_BATCH),
+                        Rows::Is(fastpath::rows::BLOCKS_EACH),
+                    ),
                 ]),
-                machine: &["raw store + sfence, same block (limit)"],
+                machine: &[Rows::Is(fastpath::rows::RAW_STORE)],
                 machine_work: FASTPATH_SMALL_MACHINE_WORK,
             },
             ReportSpec {
@@ -354,15 +389,15 @@ pub const BENCHMARKS: [Benchmark; 9] = [
                 layout: Layout::Long,
                 anchor: Anchor::Pairs(&[
                     (
-                        "alloc+free, 1 thread, default PoolConfig",
-                        "alloc+free, 1 thread, thread_cache = 0 (opt-out)",
+                        Rows::Is(fastpath::rows::POOL_1_DEFAULT),
+                        Rows::Is(fastpath::rows::POOL_1_NO_CACHE),
                     ),
                     (
-                        "alloc+free, 8 threads, per pair, default PoolConfig",
-                        "alloc+free, 8 threads, per pair, thread_cache = 0 (opt-out)",
+                        Rows::Is(fastpath::rows::POOL_8_DEFAULT),
+                        Rows::Is(fastpath::rows::POOL_8_NO_CACHE),
                     ),
                 ]),
-                machine: &[fastpath::MALLOC_PAIR],
+                machine: &[Rows::Is(fastpath::rows::MALLOC_PAIR)],
                 machine_work: &[],
             },
         ],
@@ -376,8 +411,8 @@ pub const BENCHMARKS: [Benchmark; 9] = [
             name: "pplat",
             title: "Round trip: CPU writes, running kernel answers in pinned memory",
             layout: Layout::Wide,
-            anchor: Anchor::Method("HtoDAsync+sync"),
-            machine: &["HtoDAsync+sync"],
+            anchor: Anchor::Method(pplat::HTOD_ASYNC_SYNC),
+            machine: &[Rows::Is(pplat::HTOD_ASYNC_SYNC)],
             machine_work: &[],
         }],
         in_all: true,
@@ -391,16 +426,16 @@ pub const BENCHMARKS: [Benchmark; 9] = [
                 name: "ring-throughput",
                 title: "Ring throughput: producer threads into a resident kernel",
                 layout: Layout::Wide,
-                anchor: Anchor::Method("cuMemcpyHtoDAsync, 256 per copy"),
-                machine: &["cuMemcpyHtoDAsync*"],
+                anchor: Anchor::Method(ring::rows::COPY_256),
+                machine: &[Rows::AnyOf(&ring::rows::DRIVER_COPIES)],
                 machine_work: &[],
             },
             ReportSpec {
                 name: "ring-latency",
                 title: "Ring round trip: one record to a resident kernel and back",
                 layout: Layout::Long,
-                anchor: Anchor::Method("cuMemcpyHtoDAsync + sync"),
-                machine: &["cuMemcpyHtoDAsync + sync"],
+                anchor: Anchor::Method(ring::rows::COPY_SYNC),
+                machine: &[Rows::Is(ring::rows::COPY_SYNC)],
                 machine_work: &[],
             },
             ReportSpec {
@@ -408,8 +443,8 @@ pub const BENCHMARKS: [Benchmark; 9] = [
                 title: "Ring throughput: padded versus mirrored wrap",
                 layout: Layout::Wide,
                 anchor: Anchor::Pairs(&[(
-                    "mirrored ring (records run over the end)",
-                    "padded ring (wrap PAD at the end)",
+                    Rows::Is(ring::rows::MIRRORED),
+                    Rows::Is(ring::rows::PADDED),
                 )]),
                 machine: &[],
                 machine_work: &[],
@@ -427,8 +462,14 @@ pub const BENCHMARKS: [Benchmark; 9] = [
                 title: "Arena growth by one chunk versus a separate chunk",
                 layout: Layout::Wide,
                 anchor: Anchor::Pairs(&[
-                    ("arena grow by one chunk", "separate chunk alloc"),
-                    ("arena shrink by one chunk", "separate chunk free"),
+                    (
+                        Rows::Is(arena::rows::GROW),
+                        Rows::Is(arena::rows::SEPARATE_ALLOC),
+                    ),
+                    (
+                        Rows::Is(arena::rows::SHRINK),
+                        Rows::Is(arena::rows::SEPARATE_FREE),
+                    ),
                 ]),
                 machine: &[],
                 // Not anchored on `apiperf`'s steps: measured at another point of the run, these
@@ -441,8 +482,8 @@ pub const BENCHMARKS: [Benchmark; 9] = [
                 title: "Kernel reads: one contiguous arena versus separate chunks",
                 layout: Layout::Long,
                 anchor: Anchor::Pairs(&[(
-                    "one kernel over the arena",
-                    "* kernels over separate chunks",
+                    Rows::Is(arena::rows::ONE_KERNEL),
+                    Rows::EndingWith(arena::rows::KERNELS_OVER_CHUNKS),
                 )]),
                 machine: &[],
                 machine_work: &[],
@@ -492,10 +533,10 @@ pub const BENCHMARKS: [Benchmark; 9] = [
                 title: "Ring throughput: producer processes versus threads",
                 layout: Layout::Wide,
                 anchor: Anchor::Pairs(&[
-                    (xproc::T_PROCESSES, xproc::T_THREADS),
-                    (xproc::T_SHM, xproc::T_PROCESSES),
+                    (Rows::Is(xproc::T_PROCESSES), Rows::Is(xproc::T_THREADS)),
+                    (Rows::Is(xproc::T_SHM), Rows::Is(xproc::T_PROCESSES)),
                 ]),
-                machine: &[xproc::T_SHM],
+                machine: &[Rows::Is(xproc::T_SHM)],
                 machine_work: &[],
             },
             ReportSpec {
@@ -503,11 +544,11 @@ pub const BENCHMARKS: [Benchmark; 9] = [
                 title: "Round trips and small writes from another process",
                 layout: Layout::Long,
                 anchor: Anchor::Pairs(&[
-                    (xproc::L_PROCESS, xproc::L_THREAD),
-                    (xproc::L_SHM, xproc::L_PROCESS),
-                    (xproc::U_ATTACHED, xproc::U_IPC),
+                    (Rows::Is(xproc::L_PROCESS), Rows::Is(xproc::L_THREAD)),
+                    (Rows::Is(xproc::L_SHM), Rows::Is(xproc::L_PROCESS)),
+                    (Rows::Is(xproc::U_ATTACHED), Rows::Is(xproc::U_IPC)),
                 ]),
-                machine: &[xproc::L_SHM, xproc::U_IPC],
+                machine: &[Rows::Is(xproc::L_SHM), Rows::Is(xproc::U_IPC)],
                 machine_work: &[],
             },
             ReportSpec {
@@ -515,19 +556,23 @@ pub const BENCHMARKS: [Benchmark; 9] = [
                 title: "Attaching from another process: Vulkan versus CUDA IPC",
                 layout: Layout::Long,
                 anchor: Anchor::Pairs(&[
-                    (xproc::A_DEVICE, xproc::A_CONTEXT),
-                    (xproc::A_ATTACH, xproc::A_OPEN),
-                    (xproc::A_FIRST, xproc::A_FIRST_IPC),
+                    (Rows::Is(xproc::A_DEVICE), Rows::Is(xproc::A_CONTEXT)),
+                    (Rows::Is(xproc::A_ATTACH), Rows::Is(xproc::A_OPEN)),
+                    (Rows::Is(xproc::A_FIRST), Rows::Is(xproc::A_FIRST_IPC)),
                 ]),
-                machine: &[xproc::A_CONTEXT, xproc::A_OPEN, xproc::A_FIRST_IPC],
+                machine: &[
+                    Rows::Is(xproc::A_CONTEXT),
+                    Rows::Is(xproc::A_OPEN),
+                    Rows::Is(xproc::A_FIRST_IPC),
+                ],
                 machine_work: &[],
             },
             ReportSpec {
                 name: "xproc-memory",
                 title: "GPU memory of an attached process: Vulkan versus CUDA IPC",
                 layout: Layout::Long,
-                anchor: Anchor::Pairs(&[(xproc::M_ATTACHED, xproc::M_IPC)]),
-                machine: &[xproc::M_IPC],
+                anchor: Anchor::Pairs(&[(Rows::Is(xproc::M_ATTACHED), Rows::Is(xproc::M_IPC))]),
+                machine: &[Rows::Is(xproc::M_IPC)],
                 machine_work: &[],
             },
         ],
@@ -588,7 +633,7 @@ fn anchor_of(rule: Anchor, report: &Report, j: usize, run: &[Report]) -> Option<
     let a = other.figures.iter().enumerate().find(|&(k, a)| {
         !a.is_reference()
             && a.size == f.size
-            && method_matches(pattern, &a.method)
+            && pattern.matches(&a.method)
             && !(other.name == report.name && k == j)
     })?;
     let ratio = f.median / a.1.median;
@@ -759,30 +804,19 @@ mod tests {
                 .chain(code.iter().map(String::as_str))
                 .collect();
             for w in spec.machine_work {
-                let rows: Vec<&str> = published
-                    .iter()
-                    .copied()
-                    .filter(|m| method_matches(w.rows, m))
-                    .collect();
-                assert!(
-                    !rows.is_empty(),
-                    "{}: no method matches {:?}",
-                    spec.name,
-                    w.rows
-                );
+                let rows: Vec<&str> = published.iter().copied().filter(|&m| m == w.row).collect();
+                assert!(!rows.is_empty(), "{}: no row {:?}", spec.name, w.row);
                 assert!(rows.iter().all(|m| !spec.is_machine(m)), "{}", spec.name);
                 for p in w.made_of {
                     assert!(
-                        methods
-                            .iter()
-                            .any(|m| method_matches(p, m) && spec.is_machine(m)),
-                        "{}: no machine row matches {p:?}",
+                        methods.iter().any(|m| m == p && spec.is_machine(m)),
+                        "{}: no machine row {p:?}",
                         spec.name
                     );
                 }
                 // Rates do not add up: a rate's machine work is one row.
                 if report.unit == Unit::GigabytesPerSecond {
-                    assert_eq!(w.made_of.len(), 1, "{}: {:?}", spec.name, w.rows);
+                    assert_eq!(w.made_of.len(), 1, "{}: {:?}", spec.name, w.row);
                 }
                 checked += 1;
             }
@@ -791,30 +825,43 @@ mod tests {
     }
 
     #[test]
-    fn anchors_name_methods_the_benchmarks_measure() {
-        // Every anchor pattern matches a method of the published results (where the report is
-        // among them), so no figure loses its anchor to a typo.
+    fn anchors_and_machine_rows_name_rows_the_benchmarks_write() {
+        // Every anchor and machine entry matches a row of the published results (where the
+        // report is among them), so no figure loses its anchor or its origin to a row the
+        // benchmark no longer writes (the names are the constants the benchmarks write with, so
+        // a rename in one place is a compile error; this catches a constant left unused).
         let published = published();
         let mut checked = 0;
         for spec in BENCHMARKS.iter().flat_map(|b| b.reports) {
             let Some(report) = published_report(&published, spec) else {
                 continue;
             };
-            let methods = report.methods();
-            let patterns: Vec<&str> = match spec.anchor {
-                Anchor::None | Anchor::SameMethodIn(_) => continue,
-                Anchor::Method(m) => vec![m],
-                Anchor::Pairs(p) => p.iter().flat_map(|&(a, b)| [a, b]).collect(),
-            };
-            for p in patterns {
+            let code = measured_by_code(spec.name);
+            let mut methods = report.methods();
+            methods.extend(code.iter().map(String::as_str));
+            let mut entries: Vec<Rows> = spec.machine.to_vec();
+            match spec.anchor {
+                Anchor::None | Anchor::SameMethodIn(_) => {}
+                Anchor::Method(m) => entries.push(Rows::Is(m)),
+                Anchor::Pairs(p) => entries.extend(p.iter().flat_map(|&(a, b)| [a, b])),
+            }
+            for rows in entries {
+                let names: &[&str] = match rows {
+                    Rows::AnyOf(names) => names,
+                    _ => &[],
+                };
+                // Each name of a list is written, not only one of them.
+                for name in names {
+                    assert!(methods.contains(name), "{}: no row {name:?}", spec.name);
+                }
                 assert!(
-                    methods.iter().any(|m| method_matches(p, m)),
-                    "{}: no method matches {p:?} (methods: {methods:?})",
+                    methods.iter().any(|m| rows.matches(m)),
+                    "{}: no row matches {rows} (rows: {methods:?})",
                     spec.name
                 );
+                checked += 1;
             }
-            checked += 1;
         }
-        assert!(checked >= 10, "only {checked} reports checked");
+        assert!(checked >= 30, "only {checked} entries checked");
     }
 }

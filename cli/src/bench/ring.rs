@@ -337,8 +337,28 @@ fn memcpy_batches(
 const PATTERN_STREAMS: usize = 8;
 /// Record sizes of the pattern rows: those the copy engine serves in the ring rows.
 const PATTERN_SIZES: [u64; 2] = [4096, 64 << 10];
-const PATTERN_COPIES: &str = "cuMemcpyHtoDAsync on 8 streams, one copy per publication";
-const PATTERN_TAIL: &str = "cuMemcpyHtoDAsync on 8 streams, one copy per publication + tail store";
+
+/// The rows the registry names.
+pub mod rows {
+    /// `ring-throughput`: the same records by `cuMemcpyHtoDAsync`, one per copy.
+    pub const COPY_1: &str = "cuMemcpyHtoDAsync, 1 per copy";
+    /// `ring-throughput`: 256 records per copy.
+    pub const COPY_256: &str = "cuMemcpyHtoDAsync, 256 per copy";
+    /// `ring-throughput`: the copy-engine lanes' pattern alone.
+    pub const PATTERN_COPIES: &str = "cuMemcpyHtoDAsync on 8 streams, one copy per publication";
+    /// `ring-throughput`: the same with the tail store after each copy.
+    pub const PATTERN_TAIL: &str =
+        "cuMemcpyHtoDAsync on 8 streams, one copy per publication + tail store";
+    /// `ring-throughput`: every row of the driver's copies alone.
+    pub const DRIVER_COPIES: [&str; 4] = [COPY_1, COPY_256, PATTERN_COPIES, PATTERN_TAIL];
+    /// `ring-latency`: one record by `cuMemcpyHtoDAsync` and a synchronisation.
+    pub const COPY_SYNC: &str = "cuMemcpyHtoDAsync + sync";
+    /// `ring-wrap`: a padded ring.
+    pub const PADDED: &str = "padded ring (wrap PAD at the end)";
+    /// `ring-wrap`: a mirrored ring.
+    pub const MIRRORED: &str = "mirrored ring (records run over the end)";
+}
+use rows::{PATTERN_COPIES, PATTERN_TAIL};
 
 /// Where the lane pattern copies and stores: `PATTERN_STREAMS` regions of `dst` and `staging`
 /// (one per stream), and a tail word per stream at `tails` (GPU memory).
@@ -722,7 +742,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     let staging = HostPinned::new(&gpu, RING_BYTES as usize)?;
     ui::phase("cuMemcpyHtoDAsync", (SIZES.len() * 2 + 1) as u64);
     for size in SIZES {
-        for batch in [1u64, 256] {
+        for (batch, name) in [(1u64, rows::COPY_1), (256, rows::COPY_256)] {
             ui::step(format!("{batch} per copy · {}", fmt_size(size)));
             let records = (bytes_per_run / size).min(if batch == 1 { 50_000 } else { u64::MAX });
             let records = records / batch * batch;
@@ -740,7 +760,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
                 })
                 .collect::<BenchResult<_>>()?;
             bw.figures.push(Figure::measured(
-                format!("cuMemcpyHtoDAsync, {batch} per copy"),
+                name,
                 size,
                 &Stats::of(&samples).expect("samples"),
             ));
@@ -775,7 +795,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     let mut t = memcpy_latency(&gpu, dev.device_ptr(), 64, &staging, &copy_stream, n)?;
     t.drain(..n / 10);
     lat.figures.push(Figure::measured(
-        "cuMemcpyHtoDAsync + sync",
+        rows::COPY_SYNC,
         64,
         &Stats::of(&t).expect("samples"),
     ));
@@ -806,11 +826,8 @@ fn wrap_modes(
     let mut report = Report::new("ring-wrap", Unit::GigabytesPerSecond);
     ui::phase("wrap", 2 * WRAP_SIZES.len() as u64);
     for (mode, name) in [
-        (WrapMode::Padded, "padded ring (wrap PAD at the end)"),
-        (
-            WrapMode::Mirrored,
-            "mirrored ring (records run over the end)",
-        ),
+        (WrapMode::Padded, rows::PADDED),
+        (WrapMode::Mirrored, rows::MIRRORED),
     ] {
         for size in WRAP_SIZES {
             ui::step(format!("{name} · {}", fmt_size(size)));

@@ -6,14 +6,14 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use vkgdr::ring::core::RingError;
-use vkgdr::ring::layout::seal_test_payload;
 use vkgdr::share::{AttachedLane, Peer, RefusalCode, ShareError};
 
 use super::protocol::{say, Line};
-use super::{summary, Commands, Context, Outcome};
+use super::{spin_until, summary, Commands, Context, Outcome};
 use crate::bench::ring::{push_batches, Payload};
+use crate::soak::workers::random_batch;
 
 /// How long a peer waits for each answer of the owner.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(20);
@@ -155,24 +155,19 @@ fn wait_accepted(lane: &AttachedLane, end: u64) -> Outcome {
 
 /// Waits (spinning) until the consumer's head, as the owner mirrors it, reaches `end`.
 fn wait_head(lane: &AttachedLane, end: u64) -> Outcome {
-    let t = Instant::now();
-    let mut spins = 0u32;
-    while lane.head() < end {
-        spins = spins.wrapping_add(1);
-        if spins.is_multiple_of(4096) {
-            stopped(lane)?;
-            if t.elapsed() > RECORD_TIMEOUT {
-                return Err(format!(
-                    "lane {}: the consumer's head stayed at {} below {end} for {} s",
-                    lane.lane(),
-                    lane.head(),
-                    RECORD_TIMEOUT.as_secs()
-                ));
-            }
-        }
-        std::hint::spin_loop();
-    }
-    Ok(())
+    spin_until(
+        || lane.head() >= end,
+        RECORD_TIMEOUT,
+        || stopped(lane),
+        || {
+            format!(
+                "lane {}: the consumer's head stayed at {} below {end} for {} s",
+                lane.lane(),
+                lane.head(),
+                RECORD_TIMEOUT.as_secs()
+            )
+        },
+    )
 }
 
 /// `xproc-producer`: attaches, says `ready`, then per `go` pushes `--records` records in batches
@@ -244,15 +239,8 @@ pub fn soak_producer(a: &SoakProducerArgs) -> Outcome {
     let mut last_report = Instant::now();
     let mut full_waits = 0u64;
     while !commands.quit_requested() {
-        let n = rng.gen_range(1..=64);
         let first = p.next_seq();
-        let records: Vec<Vec<u8>> = (0..n)
-            .map(|k| {
-                let mut r = vec![0u8; rng.gen_range(16..=4080)];
-                seal_test_payload(&mut r, first + k);
-                r
-            })
-            .collect();
+        let records = random_batch(&mut rng, first);
         match p.push_batch(records.iter().map(|r| &r[..]), Some(Duration::from_secs(2))) {
             Ok(_) => {}
             Err(RingError::Timeout) => full_waits += 1,

@@ -168,6 +168,30 @@ impl Commands {
     }
 }
 
+/// Spins until `reached()`, for a producer waiting on a word another process moves: every 4096
+/// spins `check` may end the wait with its error, and after `timeout` the wait ends with
+/// `late()`'s message.
+fn spin_until(
+    mut reached: impl FnMut() -> bool,
+    timeout: Duration,
+    mut check: impl FnMut() -> Outcome,
+    late: impl FnOnce() -> String,
+) -> Outcome {
+    let t = std::time::Instant::now();
+    let mut spins = 0u32;
+    while !reached() {
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(4096) {
+            check()?;
+            if t.elapsed() > timeout {
+                return Err(late());
+            }
+        }
+        std::hint::spin_loop();
+    }
+    Ok(())
+}
+
 /// Median, p10, p90 and p99 of `samples` (ns), after dropping the first tenth as warm-up:
 /// `(median, p10, p90, p99, n)`.
 fn summary(mut samples: Vec<f64>) -> Option<(f64, f64, f64, f64, usize)> {

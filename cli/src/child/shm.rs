@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::protocol::{say, Line};
-use super::{summary, Commands, Outcome};
+use super::{spin_until, summary, Commands, Outcome};
 use crate::bench::ring::batch_records;
 
 /// Bytes of each lane's control page.
@@ -218,20 +218,19 @@ pub struct ShmArgs {
 
 /// Spins until `word` reaches `at_least`.
 fn wait_for(word: &AtomicU64, at_least: u64, what: &str) -> Outcome {
-    let t = Instant::now();
-    let mut spins = 0u32;
-    while word.load(Ordering::Acquire) < at_least {
-        spins = spins.wrapping_add(1);
-        if spins.is_multiple_of(4096) && t.elapsed() > WAIT_TIMEOUT {
-            return Err(format!(
+    let head = || word.load(Ordering::Acquire);
+    spin_until(
+        || head() >= at_least,
+        WAIT_TIMEOUT,
+        || Ok(()),
+        || {
+            format!(
                 "{what}: the owner's head stayed at {} below {at_least} for {} s",
-                word.load(Ordering::Acquire),
+                head(),
                 WAIT_TIMEOUT.as_secs()
-            ));
-        }
-        std::hint::spin_loop();
-    }
-    Ok(())
+            )
+        },
+    )
 }
 
 /// The producer: per `go`, `--records` records in batches as the ring producers make them

@@ -38,7 +38,8 @@ pub struct BenchDocument {
 pub struct BenchRun {
     /// Its name (`copybw`, ...).
     pub name: String,
-    /// How long it took.
+    /// How long it took (0 where a document does not say).
+    #[serde(default)]
     pub seconds: f64,
     /// What stopped it (`null`: it ran to the end).
     pub error: Option<String>,

@@ -17,6 +17,20 @@ use super::counters::Counters;
 use super::figures::mib;
 use crate::ui::status;
 
+/// A batch of 1 to 64 records of 16 to 4080 payload bytes, sealed from `first` on (the checking
+/// kernel verifies each one's seq and checksum): what a soak's ring producers push, in threads
+/// and in other processes alike.
+pub fn random_batch(rng: &mut impl Rng, first: u64) -> Vec<Vec<u8>> {
+    let n = rng.gen_range(1..=64);
+    (0..n)
+        .map(|k| {
+            let mut r = vec![0u8; rng.gen_range(16..=4080)];
+            seal_test_payload(&mut r, first + k);
+            r
+        })
+        .collect()
+}
+
 const ARENA_CHUNKS: u64 = 32;
 const EXHAUST_STEP: u64 = 1 << 30;
 
@@ -124,15 +138,8 @@ pub(super) fn ring_producer(
         Err(e) => return c.fail(format!("claiming a ring lane: {e}")),
     };
     while Instant::now() < until && !stop.load(Ordering::Relaxed) {
-        let n = rng.gen_range(1..=64);
         let first = p.next_seq();
-        let records: Vec<Vec<u8>> = (0..n)
-            .map(|k| {
-                let mut r = vec![0u8; rng.gen_range(16..=4080)];
-                seal_test_payload(&mut r, first + k);
-                r
-            })
-            .collect();
+        let records = random_batch(&mut rng, first);
         let result = p.push_batch(records.iter().map(|r| &r[..]), Some(Duration::from_secs(2)));
         // Records written before an error are published too.
         c.ring_records

@@ -372,6 +372,25 @@ impl XprocSoak {
         true
     }
 
+    /// Hears every producer ([`Self::hear`]) and retires those that went.
+    fn hear_all(
+        &self,
+        producers: &mut Vec<Producer>,
+        ledger: &mut Ledger,
+        gone: &mut BTreeSet<u32>,
+        c: &Counters,
+    ) {
+        let mut i = 0;
+        while i < producers.len() {
+            if Self::hear(&mut producers[i], ledger, c) {
+                i += 1;
+            } else {
+                let p = producers.swap_remove(i);
+                self.retire(p, ledger, gone, c);
+            }
+        }
+    }
+
     /// Takes a producer out (killed already, or failed): what it said last is filed, its lane is
     /// free once the owner saw it go.
     fn retire(&self, mut p: Producer, ledger: &mut Ledger, gone: &mut BTreeSet<u32>, c: &Counters) {
@@ -403,15 +422,7 @@ impl XprocSoak {
         while Instant::now() < until && !stop.load(Ordering::Relaxed) {
             self.top_up(&mut producers, &mut pids, &mut gone, &mut spawn_failures, c);
             self.events(&mut gone, c);
-            let mut i = 0;
-            while i < producers.len() {
-                if Self::hear(&mut producers[i], &mut ledger, c) {
-                    i += 1;
-                } else {
-                    let p = producers.swap_remove(i);
-                    self.retire(p, &mut ledger, &mut gone, c);
-                }
-            }
+            self.hear_all(&mut producers, &mut ledger, &mut gone, c);
             c.xproc_accepted.store(ledger.total(), Ordering::Relaxed);
             if Instant::now() >= kill_at {
                 let ready: Vec<usize> = (0..producers.len())
@@ -433,15 +444,7 @@ impl XprocSoak {
         self.top_up(&mut producers, &mut pids, &mut gone, &mut spawn_failures, c);
         let t = Instant::now();
         while producers.iter().any(|p| !p.ready) && t.elapsed() < READY_TIMEOUT {
-            let mut i = 0;
-            while i < producers.len() {
-                if Self::hear(&mut producers[i], &mut ledger, c) {
-                    i += 1;
-                } else {
-                    let p = producers.swap_remove(i);
-                    self.retire(p, &mut ledger, &mut gone, c);
-                }
-            }
+            self.hear_all(&mut producers, &mut ledger, &mut gone, c);
             std::thread::sleep(Duration::from_millis(5));
         }
         for p in &mut producers {

@@ -7,7 +7,7 @@
 //! widely on driver calls and on BAR stores (BENCHMARKS.md, 'Machines differ more than the code
 //! moved'), so on another machine these figures move by as much without a line of this library
 //! changing. Where the registry names the machine rows a figure is made of
-//! ([`MachineWork`](crate::bench::report::spec::MachineWork), per report, by method pattern: driver
+//! ([`MachineWork`](crate::bench::report::spec::MachineWork), per report, by row: driver
 //! calls, or the same copy as a plain loop of stores or loads) and both runs have every one of
 //! them at the figure's size, the comparison also judges the figure's *anchored* move: its ratio
 //! now/before divided by the ratio of the sum of those rows. A machine whose driver or BAR is 40 %
@@ -23,9 +23,9 @@
 
 use super::document::DriverWorkJson;
 use super::noise::{judge, noise_percent, Verdict};
-use super::results::{FigureIn, ReportIn, Results};
+use super::results::Results;
 use crate::bench::registry::report_spec;
-use crate::bench::report::spec::method_matches;
+use crate::bench::report::model::{Figure, Origin};
 
 /// The machine work of one figure in one run: the machine rows the registry names, at the
 /// figure's size, added up.
@@ -34,24 +34,13 @@ pub(super) struct Work {
     /// Their methods, in the registry's order.
     pub methods: Vec<String>,
     /// Their sum: medians, p10s and p90s added up, the fewest samples among them.
-    pub sum: FigureIn,
+    pub sum: Figure,
 }
 
-/// The unit of a figure: its own, or its report's.
-pub(super) fn unit_of(r: &ReportIn, f: &FigureIn) -> String {
-    f.unit.clone().unwrap_or_else(|| r.unit.clone())
-}
-
-/// The machine work that the figure `method` at `size` bytes of report `report` (in `unit`) is
-/// made of in `run`: `None` where the registry names none, or `run` lacks one of its rows at that
-/// size, or a row's median is not positive or its unit differs.
-pub(super) fn machine_work(
-    run: &Results,
-    report: &str,
-    method: &str,
-    size: u64,
-    unit: &str,
-) -> Option<Work> {
+/// The machine work that the figure `method` at `size` bytes of report `report` is made of in
+/// `run`: `None` where the registry names none, or `run` lacks one of its rows at that size, or a
+/// row's median is not positive.
+pub(super) fn machine_work(run: &Results, report: &str, method: &str, size: u64) -> Option<Work> {
     let work = report_spec(report)?.machine_work_of(method)?;
     if work.made_of.is_empty() {
         return None;
@@ -62,32 +51,34 @@ pub(super) fn machine_work(
         .flat_map(|b| &b.reports)
         .find(|r| r.name == report)?;
     let mut rows = Vec::with_capacity(work.made_of.len());
-    for pattern in work.made_of {
+    for &row in work.made_of {
         let f = r.figures.iter().find(|f| {
-            f.origin.as_deref() != Some("reference")
-                && f.size_bytes == size
-                && method_matches(pattern, &f.method)
-                && f.method != method
+            !f.is_reference() && f.size == size && f.method == row && f.method != method
         })?;
-        if !(f.median > 0.0 && f.median.is_finite()) || unit_of(r, f) != unit {
+        if !(f.median > 0.0 && f.median.is_finite()) {
             return None;
         }
         rows.push(f);
     }
     // Times add up; rates do not, but a rate's machine work is one row (a plain copy of the same
     // bytes), whose sum is itself.
-    let add = |part: fn(&FigureIn) -> Option<f64>| rows.iter().map(|f| part(f)).sum();
+    // A part a row lacks (NaN) leaves the sum without it, and so without a spread.
+    let add = |part: fn(&Figure) -> f64| rows.iter().map(|f| part(f)).sum();
     Some(Work {
         methods: rows.iter().map(|f| f.method.clone()).collect(),
-        sum: FigureIn {
+        sum: Figure {
             method: format!("machine work of {method}"),
-            size_bytes: size,
-            unit: Some(unit.to_string()),
-            median: rows.iter().map(|f| f.median).sum(),
+            size,
+            median: add(|f| f.median),
             p10: add(|f| f.p10),
             p90: add(|f| f.p90),
-            samples: rows.iter().filter_map(|f| f.samples).min(),
-            origin: Some("machine".into()),
+            samples: rows
+                .iter()
+                .map(|f| f.samples)
+                .filter(|&n| n > 0)
+                .min()
+                .unwrap_or(0),
+            origin: Origin::Machine,
             anchor: None,
         },
     })
@@ -100,15 +91,14 @@ pub(super) fn machine_work(
 pub(super) fn anchored_move(
     (old, new): (&Results, &Results),
     report: &str,
-    before: &FigureIn,
-    now: &FigureIn,
-    unit: &str,
+    before: &Figure,
+    now: &Figure,
     higher_is_better: bool,
     floor_percent: f64,
     noise_percent_raw: f64,
 ) -> Option<DriverWorkJson> {
-    let was = machine_work(old, report, &now.method, now.size_bytes, unit)?;
-    let is = machine_work(new, report, &now.method, now.size_bytes, unit)?;
+    let was = machine_work(old, report, &now.method, now.size)?;
+    let is = machine_work(new, report, &now.method, now.size)?;
     let work_ratio = is.sum.median / was.sum.median;
     let anchored_ratio = (now.median / before.median) / work_ratio;
     if !anchored_ratio.is_finite() || anchored_ratio <= 0.0 {

@@ -151,31 +151,30 @@ mod tests {
     use crate::bench::compare::anchoring::machine_work;
     use crate::bench::compare::baseline::Loaded;
     use crate::bench::compare::noise::spread;
-    use crate::bench::compare::results::{
-        BenchmarkIn, CudaDeviceIn, CudaIn, DeviceIn, FigureIn, GpuJson, MachineIn, ReportIn,
-    };
+    use crate::bench::compare::results::{CudaDeviceIn, CudaIn, DeviceIn, GpuJson, MachineIn};
     use crate::bench::options::Options;
     use crate::bench::outputs::tests::made_up_run;
     use crate::bench::outputs::{document, write_results};
+    use crate::bench::report::model::{Figure, Origin, Report, Unit};
     use crate::bench::testutil::{repo_path, TempDir};
+    use crate::json::bench::BenchRun;
     use crate::json::document::{to_text, FORMAT_VERSION};
     use crate::json::machine::tests::bare_machine;
 
-    fn fig(method: &str, size: u64, median: f64, spread: f64) -> FigureIn {
-        FigureIn {
+    fn fig(method: &str, size: u64, median: f64, spread: f64) -> Figure {
+        Figure {
             method: method.into(),
-            size_bytes: size,
-            unit: None,
+            size,
             median,
-            p10: Some(median * (1.0 - spread)),
-            p90: Some(median * (1.0 + spread)),
-            samples: Some(100),
-            origin: Some("measured".into()),
+            p10: median * (1.0 - spread),
+            p90: median * (1.0 + spread),
+            samples: 100,
+            origin: Origin::Measured,
             anchor: None,
         }
     }
 
-    fn results(gpu: Option<(&str, &str)>, unit: &str, figures: Vec<FigureIn>) -> Results {
+    fn results(gpu: Option<(&str, &str)>, unit: Unit, figures: Vec<Figure>) -> Results {
         Results {
             format_version: FORMAT_VERSION,
             vkgdr_version: Some("0.1.0".into()),
@@ -196,16 +195,11 @@ mod tests {
                 }),
                 nvml: None,
             }),
-            benchmarks: vec![BenchmarkIn {
+            benchmarks: vec![BenchRun {
                 name: "b".into(),
+                seconds: 1.0,
                 error: None,
-                reports: vec![ReportIn {
-                    name: "r".into(),
-                    title: None,
-                    unit: unit.into(),
-                    higher_is_better: None,
-                    figures,
-                }],
+                reports: vec![report("r", unit, figures)],
             }],
         }
     }
@@ -230,10 +224,10 @@ mod tests {
     fn a_figure_s_own_spread_widens_its_noise() {
         assert!((spread(&fig("a", 8, 100.0, 0.3)) - 0.3).abs() < 1e-12);
         let mut one = fig("a", 8, 100.0, 0.3);
-        one.samples = Some(1);
+        one.samples = 1;
         assert_eq!(spread(&one), 0.0, "one sample has no spread");
-        one.samples = Some(5);
-        one.p10 = None;
+        one.samples = 5;
+        one.p10 = f64::NAN;
         assert_eq!(spread(&one), 0.0, "no percentiles, no spread");
 
         // 1.25× slower: a regression with tight samples, noise with wide ones.
@@ -242,8 +236,8 @@ mod tests {
             (0.02, Verdict::Worse, 10.0),
             (0.3, Verdict::WithinNoise, 30.0),
         ] {
-            let old = results(gpu, "ns", vec![fig("m", 8, 100.0, spread)]);
-            let new = results(gpu, "ns", vec![fig("m", 8, 125.0, 0.01)]);
+            let old = results(gpu, Unit::Nanoseconds, vec![fig("m", 8, 100.0, spread)]);
+            let new = results(gpu, Unit::Nanoseconds, vec![fig("m", 8, 125.0, 0.01)]);
             let c = judge(old, &new);
             assert_eq!(c.doc.figures[0].verdict, verdict);
             assert!((c.doc.figures[0].tolerance_percent - noise).abs() < 1e-9);
@@ -257,17 +251,17 @@ mod tests {
         // The baseline predates the origin `machine`: this run's mark is enough.
         let old = results(
             gpu,
-            "ns",
+            Unit::Nanoseconds,
             vec![
                 fig("cuMemAlloc", 8, 100.0, 0.0),
                 fig("RawMemory alloc", 8, 100.0, 0.0),
             ],
         );
         let mut slower_driver = fig("cuMemAlloc", 8, 160.0, 0.0);
-        slower_driver.origin = Some("machine".into());
+        slower_driver.origin = Origin::Machine;
         let new = results(
             gpu,
-            "ns",
+            Unit::Nanoseconds,
             vec![slower_driver, fig("RawMemory alloc", 8, 105.0, 0.0)],
         );
         let c = judge(old, &new);
@@ -280,41 +274,46 @@ mod tests {
         assert!(c.text().contains("machine"), "{}", c.text());
 
         // The library's own figure moving the same way still is a regression.
-        let old = results(gpu, "ns", vec![fig("RawMemory alloc", 8, 100.0, 0.0)]);
-        let new = results(gpu, "ns", vec![fig("RawMemory alloc", 8, 160.0, 0.0)]);
+        let old = results(
+            gpu,
+            Unit::Nanoseconds,
+            vec![fig("RawMemory alloc", 8, 100.0, 0.0)],
+        );
+        let new = results(
+            gpu,
+            Unit::Nanoseconds,
+            vec![fig("RawMemory alloc", 8, 160.0, 0.0)],
+        );
         assert_eq!(judge(old, &new).exit_code(), EXIT_WORSE);
     }
 
     /// A report called `name` (a registered one, so the registry's machine rows and driver work
     /// apply) holding `figures`.
-    fn report(name: &str, unit: &str, figures: Vec<FigureIn>) -> ReportIn {
-        ReportIn {
-            name: name.into(),
-            title: None,
-            unit: unit.into(),
-            higher_is_better: None,
+    fn report(name: &str, unit: Unit, figures: Vec<Figure>) -> Report {
+        Report {
             figures,
+            ..Report::new(name, unit)
         }
     }
 
     /// A figure with `samples` samples.
-    fn sampled(method: &str, size: u64, median: f64, samples: u64) -> FigureIn {
-        FigureIn {
-            samples: Some(samples),
+    fn sampled(method: &str, size: u64, median: f64, samples: usize) -> Figure {
+        Figure {
+            samples,
             ..fig(method, size, median, 0.05)
         }
     }
 
     /// `run` with every figure's median and percentiles multiplied by what `factor` says for it.
-    fn scaled(run: &Results, factor: impl Fn(&ReportIn, &FigureIn) -> f64) -> Results {
+    fn scaled(run: &Results, factor: impl Fn(&Report, &Figure) -> f64) -> Results {
         let mut out = run.clone();
         for r in out.benchmarks.iter_mut().flat_map(|b| b.reports.iter_mut()) {
             let unscaled = r.clone();
             for (f, was) in r.figures.iter_mut().zip(&unscaled.figures) {
                 let k = factor(&unscaled, was);
                 f.median *= k;
-                f.p10 = f.p10.map(|v| v * k);
-                f.p90 = f.p90.map(|v| v * k);
+                f.p10 *= k;
+                f.p90 *= k;
             }
         }
         out
@@ -326,11 +325,11 @@ mod tests {
     /// pair (100 000 samples).
     fn driver_heavy_run() -> Results {
         let mb2 = 2 << 20;
-        let machine = |method: &str, median: f64, samples: u64| FigureIn {
-            origin: Some("machine".into()),
+        let machine = |method: &str, median: f64, samples: usize| Figure {
+            origin: Origin::Machine,
             ..sampled(method, mb2, median, samples)
         };
-        let mut apiperf: Vec<FigureIn> = crate::bench::raw_steps::ALLOC_STEPS
+        let mut apiperf: Vec<Figure> = crate::bench::raw_steps::ALLOC_STEPS
             .iter()
             .zip([91_000.0, 30_000.0, 50_000.0, 1_000.0, 35_000.0])
             .chain(
@@ -351,7 +350,7 @@ mod tests {
             machine("cuMemAlloc", 44_000.0, 2000),
             sampled("Pool alloc+free", 256, 58.7, 100_000),
         ]);
-        let mut waits: Vec<FigureIn> = [
+        let mut waits: Vec<Figure> = [
             ("vkAllocateMemory + vkMapMemory", 231_000.0),
             ("vkGetMemoryFdKHR", 65_000.0),
             ("cuMemImportFromShareableHandle", 41_000.0),
@@ -370,22 +369,21 @@ mod tests {
             sampled("Gpu::alloc", mb2, 489_000.0, 10),
             sampled("RawMemory drop", mb2, 314_000.0, 5),
         ]);
-        let mut run = results(Some(("G", "u")), "ns", Vec::new());
+        let mut run = results(Some(("G", "u")), Unit::Nanoseconds, Vec::new());
         run.benchmarks[0].reports = vec![
-            report("apiperf", "ns", apiperf),
-            report("waits-idle", "ns", waits),
+            report("apiperf", Unit::Nanoseconds, apiperf),
+            report("waits-idle", Unit::Nanoseconds, waits),
         ];
         run
     }
 
     /// Whether `f` of report `r` in `run` times the driver alone (the registry names it a
     /// machine row), and whether it is a library row made of driver work measured beside it.
-    fn driver_heavy(run: &Results, r: &ReportIn, f: &FigureIn) -> (bool, bool) {
+    fn driver_heavy(run: &Results, r: &Report, f: &Figure) -> (bool, bool) {
         let spec = crate::bench::registry::report_spec(&r.name).unwrap();
-        let unit = f.unit.as_deref().unwrap_or(&r.unit);
         (
             spec.is_machine(&f.method),
-            machine_work(run, &r.name, &f.method, f.size_bytes, unit).is_some(),
+            machine_work(run, &r.name, &f.method, f.size).is_some(),
         )
     }
 
@@ -532,24 +530,24 @@ mod tests {
             f("raw store + sfence, same block (limit)", 64, 135.0),
             f("RawMemory::write (default API)", 64, 145.0),
         ];
-        let mut run = results(Some(("G", "u")), "ns", Vec::new());
+        let mut run = results(Some(("G", "u")), Unit::Nanoseconds, Vec::new());
         run.benchmarks[0].reports = vec![
-            report("copybw-write", "GB/s", write),
-            report("copylat", "ns", lat),
-            report("fastpath-small", "ns", small),
+            report("copybw-write", Unit::GigabytesPerSecond, write),
+            report("copylat", Unit::Nanoseconds, lat),
+            report("fastpath-small", Unit::Nanoseconds, small),
         ];
         run
     }
 
     /// Whether `f` is a library row of `bar_run` whose machine work (its raw row) is measured.
-    fn bar_library_row(r: &ReportIn, f: &FigureIn) -> bool {
+    fn bar_library_row(r: &Report, f: &Figure) -> bool {
         let spec = crate::bench::registry::report_spec(&r.name).unwrap();
         spec.machine_work_of(&f.method).is_some()
     }
 
     /// A factor `k` on the time of `f` of report `r`: the rate divided by it where `r` is in GB/s.
-    fn slower(r: &ReportIn, k: f64) -> f64 {
-        if r.unit == "GB/s" {
+    fn slower(r: &Report, k: f64) -> f64 {
+        if r.unit == Unit::GigabytesPerSecond {
             1.0 / k
         } else {
             k
@@ -672,10 +670,14 @@ mod tests {
             // Thousands of samples: the floor alone.
             (2000, 1.25, Verdict::Worse),
         ] {
-            let old = results(gpu, "ns", vec![sampled("m", 8, 400_000.0, samples)]);
+            let old = results(
+                gpu,
+                Unit::Nanoseconds,
+                vec![sampled("m", 8, 400_000.0, samples)],
+            );
             let new = results(
                 gpu,
-                "ns",
+                Unit::Nanoseconds,
                 vec![sampled("m", 8, 400_000.0 * factor, samples)],
             );
             let c = judge(old, &new);
@@ -684,8 +686,12 @@ mod tests {
             assert!(f.driver_work.is_none());
         }
         // The fewer samples of the two runs count.
-        let old = results(gpu, "ns", vec![sampled("m", 8, 100.0, 5)]);
-        let new = results(gpu, "ns", vec![sampled("m", 8, 125.0, 100_000)]);
+        let old = results(gpu, Unit::Nanoseconds, vec![sampled("m", 8, 100.0, 5)]);
+        let new = results(
+            gpu,
+            Unit::Nanoseconds,
+            vec![sampled("m", 8, 125.0, 100_000)],
+        );
         let c = judge(old, &new);
         assert_eq!(c.doc.figures[0].verdict, Verdict::WithinNoise);
         assert!(c.doc.figures[0].tolerance_percent > 40.0);
@@ -694,7 +700,7 @@ mod tests {
     #[test]
     fn the_device_measured_names_the_gpu_before_device_0() {
         // Earlier documents name no device: they measured CUDA device 0.
-        let old = results(Some(("NVIDIA H100", "u0")), "ns", vec![]);
+        let old = results(Some(("NVIDIA H100", "u0")), Unit::Nanoseconds, vec![]);
         assert_eq!(old.gpu().unwrap().name, "NVIDIA H100");
         // `--device 1` on a machine whose device 0 is another model: device 1 is the one.
         let new = Results {
@@ -723,7 +729,7 @@ mod tests {
         // Its driver and hardware rows (named by the registry: the baseline predates the mark)
         // and the library rows made of driver work 40 % slower (rates 40 % lower): nothing counts.
         let slower = scaled(&base, |r, f| match driver_heavy(&base, r, f) {
-            (true, _) if r.unit == "GB/s" => 1.0 / 1.4,
+            (true, _) if r.unit == Unit::GigabytesPerSecond => 1.0 / 1.4,
             (false, false) => 1.0,
             _ => 1.4,
         });
@@ -758,7 +764,7 @@ mod tests {
         let gpu = Some(("G", "u"));
         let old = results(
             gpu,
-            "GB/s",
+            Unit::GigabytesPerSecond,
             vec![
                 fig("a", 8, 10.0, 0.0),
                 fig("gone", 8, 1.0, 0.0),
@@ -767,7 +773,7 @@ mod tests {
         );
         let mut new = results(
             gpu,
-            "GB/s",
+            Unit::GigabytesPerSecond,
             vec![
                 fig("a", 16, 10.0, 0.0),
                 fig("a", 8, 10.5, 0.0),
@@ -776,7 +782,7 @@ mod tests {
         );
         // A reference figure is quoted, not measured: never compared.
         let mut reference = fig("quoted", 8, 1.0, 0.0);
-        reference.origin = Some("reference".into());
+        reference.origin = Origin::Reference;
         new.benchmarks[0].reports[0].figures.push(reference);
         let c = judge(old, &new);
         let got: Vec<(&str, u64, Verdict)> = c

@@ -1,5 +1,4 @@
-//! When a figure has moved ([`judge`]): beyond its noise, in the unit's direction
-//! ([`higher_is_better`]); how much a figure scatters by itself ([`spread`]) and how few samples
+//! When a figure has moved ([`judge`]): beyond its noise, in the unit's direction; how much a figure scatters by itself ([`spread`]) and how few samples
 //! it has ([`few_samples_percent`]), which widen its noise ([`noise_percent`]).
 //!
 //! The noise of a figure, in percent: the larger of the floor (`--tolerance`) and its spread in
@@ -12,8 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::results::FigureIn;
-use crate::bench::report::model::Unit;
+use crate::bench::report::model::Figure;
 
 /// A verdict on one figure, named in the JSON document in snake case (`within_noise`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,22 +40,20 @@ pub enum Verdict {
 
 /// How much a figure scatters in one run: half its p10–p90 range relative to its median (0 with
 /// fewer than two samples or no percentiles).
-pub fn spread(f: &FigureIn) -> f64 {
-    match (f.p10, f.p90, f.samples) {
-        (Some(p10), Some(p90), Some(n)) if n >= 2 && f.median > 0.0 => {
-            let s = (p90 - p10) / (2.0 * f.median);
-            if s.is_finite() {
-                s.max(0.0)
-            } else {
-                0.0
-            }
-        }
-        _ => 0.0,
+pub fn spread(f: &Figure) -> f64 {
+    if f.samples < 2 || f.median <= 0.0 {
+        return 0.0;
+    }
+    let s = (f.p90 - f.p10) / (2.0 * f.median);
+    if s.is_finite() {
+        s.max(0.0)
+    } else {
+        0.0
     }
 }
 
 /// The sample count from which a figure gets no allowance for few samples.
-pub const ENOUGH_SAMPLES: u64 = 50;
+pub const ENOUGH_SAMPLES: usize = 50;
 
 /// The allowance for few samples at one sample, in percent (it falls as 1/√n and reaches 0 at
 /// [`ENOUGH_SAMPLES`]).
@@ -65,11 +61,12 @@ pub const FEW_SAMPLES_PERCENT: f64 = 100.0;
 
 /// How much wider, in percent, the noise of a figure with `samples` samples is:
 /// `FEW_SAMPLES_PERCENT × (1/√n − 1/√ENOUGH_SAMPLES)` below [`ENOUGH_SAMPLES`], else 0 (0 also
-/// where the count is unknown, as in documents that did not record it; 0 samples count as 1).
-pub fn few_samples_percent(samples: Option<u64>) -> f64 {
+/// where the count is unknown, 0: documents that did not record it; a measured figure has at
+/// least one sample).
+pub fn few_samples_percent(samples: usize) -> f64 {
     match samples {
-        Some(n) if n < ENOUGH_SAMPLES => {
-            let root = |n: u64| (n.max(1) as f64).sqrt();
+        n @ 1.. if n < ENOUGH_SAMPLES => {
+            let root = |n: usize| (n as f64).sqrt();
             FEW_SAMPLES_PERCENT * (1.0 / root(n) - 1.0 / root(ENOUGH_SAMPLES))
         }
         _ => 0.0,
@@ -80,11 +77,16 @@ pub fn few_samples_percent(samples: Option<u64>) -> f64 {
 /// `figures` (the figure in either run), whichever is larger, plus the allowance for the fewest
 /// samples among them ([`few_samples_percent`]); to a thousandth of a percent, so that the
 /// comparison document reads back as written.
-pub fn noise_percent(floor_percent: f64, figures: &[&FigureIn]) -> f64 {
+pub fn noise_percent(floor_percent: f64, figures: &[&Figure]) -> f64 {
     let widest = figures
         .iter()
         .fold(floor_percent, |noise, f| noise.max(spread(f) * 100.0));
-    let fewest = figures.iter().filter_map(|f| f.samples).min();
+    let fewest = figures
+        .iter()
+        .map(|f| f.samples)
+        .filter(|&n| n > 0)
+        .min()
+        .unwrap_or(0);
     ((widest + few_samples_percent(fewest)) * 1000.0).round() / 1000.0
 }
 
@@ -106,14 +108,6 @@ pub fn judge(before: f64, now: f64, higher_is_better: bool, tolerance: f64) -> V
         Verdict::Better
     } else {
         Verdict::WithinNoise
-    }
-}
-
-/// Whether a figure in `unit` (of a report saying `higher_is_better`) is better higher.
-pub(super) fn higher_is_better(unit: &str, report_says: Option<bool>) -> bool {
-    match Unit::parse(unit) {
-        Some(u) => u.higher_is_better(),
-        None => report_says.unwrap_or(false),
     }
 }
 
@@ -142,19 +136,18 @@ mod tests {
     fn few_samples_widen_the_noise_and_many_do_not() {
         let close = |a: f64, b: f64| (a - b).abs() < 0.05;
         assert!(
-            close(few_samples_percent(Some(1)), 85.9),
+            close(few_samples_percent(1), 85.9),
             "{}",
-            few_samples_percent(Some(1))
+            few_samples_percent(1)
         );
-        assert_eq!(few_samples_percent(Some(0)), few_samples_percent(Some(1)));
-        assert!(close(few_samples_percent(Some(5)), 30.6));
-        assert!(close(few_samples_percent(Some(10)), 17.5));
-        assert_eq!(few_samples_percent(Some(ENOUGH_SAMPLES)), 0.0);
-        assert_eq!(few_samples_percent(Some(100_000)), 0.0);
-        assert_eq!(few_samples_percent(None), 0.0, "older documents: as before");
+        assert!(close(few_samples_percent(5), 30.6));
+        assert!(close(few_samples_percent(10), 17.5));
+        assert_eq!(few_samples_percent(ENOUGH_SAMPLES), 0.0);
+        assert_eq!(few_samples_percent(100_000), 0.0);
+        assert_eq!(few_samples_percent(0), 0.0, "older documents: as before");
         // It falls with every sample.
         for n in 1..ENOUGH_SAMPLES {
-            assert!(few_samples_percent(Some(n)) > few_samples_percent(Some(n + 1)));
+            assert!(few_samples_percent(n) > few_samples_percent(n + 1));
         }
     }
 

@@ -4,11 +4,12 @@
 
 use std::collections::HashMap;
 
-use super::anchoring::{anchored_move, combined, unit_of};
+use super::anchoring::{anchored_move, combined};
 use super::document::FigureComparisonJson;
-use super::noise::{higher_is_better, judge, noise_percent, Verdict};
-use super::results::{FigureIn, ReportIn, Results};
+use super::noise::{judge, noise_percent, Verdict};
+use super::results::Results;
 use crate::bench::registry::report_spec;
+use crate::bench::report::model::{Figure, Origin, Report};
 
 type Key<'a> = (&'a str, &'a str, u64);
 
@@ -25,7 +26,7 @@ pub(super) fn pair_up(
     let mut index: HashMap<Key<'_>, Vec<usize>> = HashMap::new();
     for (i, (r, f)) in before.iter().enumerate() {
         index
-            .entry((r.name.as_str(), f.method.as_str(), f.size_bytes))
+            .entry((r.name.as_str(), f.method.as_str(), f.size))
             .or_default()
             .push(i);
     }
@@ -40,7 +41,7 @@ pub(super) fn pair_up(
     };
     let after = new.figures();
     for (k, &(r, f)) in after.iter().enumerate() {
-        let key = (r.name.as_str(), f.method.as_str(), f.size_bytes);
+        let key = (r.name.as_str(), f.method.as_str(), f.size);
         let matched = index
             .get_mut(&key)
             .and_then(|v| (!v.is_empty()).then(|| v.remove(0)));
@@ -61,13 +62,7 @@ pub(super) fn pair_up(
 }
 
 /// A figure of one run alone: the baseline's when `in_baseline`, else this run's.
-fn one_side(
-    r: &ReportIn,
-    f: &FigureIn,
-    floor_percent: f64,
-    in_baseline: bool,
-) -> FigureComparisonJson {
-    let unit = unit_of(r, f);
+fn one_side(r: &Report, f: &Figure, floor_percent: f64, in_baseline: bool) -> FigureComparisonJson {
     let (verdict, baseline, current) = if in_baseline {
         (Verdict::OnlyInBaseline, Some(f.median), None)
     } else {
@@ -77,9 +72,9 @@ fn one_side(
     FigureComparisonJson {
         report: r.name.clone(),
         method: f.method.clone(),
-        size_bytes: f.size_bytes,
-        higher_is_better: higher_is_better(&unit, r.higher_is_better),
-        unit,
+        size_bytes: f.size,
+        higher_is_better: r.unit.higher_is_better(),
+        unit: r.unit.csv_name().to_string(),
         baseline,
         current,
         ratio: None,
@@ -95,14 +90,13 @@ fn one_side(
 /// A figure of both runs (`runs`: the baseline and this run), judged.
 fn both(
     runs: (&Results, &Results),
-    (ro, fo): (&ReportIn, &FigureIn),
-    (rn, fn_): (&ReportIn, &FigureIn),
+    (ro, fo): (&Report, &Figure),
+    (rn, fn_): (&Report, &Figure),
     floor_percent: f64,
 ) -> FigureComparisonJson {
-    let (uo, un) = (unit_of(ro, fo), unit_of(rn, fn_));
-    let hib = higher_is_better(&un, rn.higher_is_better);
+    let hib = rn.unit.higher_is_better();
     let tolerance_percent = noise_percent(floor_percent, &[fo, fn_]);
-    let raw = if uo == un {
+    let raw = if ro.unit == rn.unit {
         judge(fo.median, fn_.median, hib, tolerance_percent / 100.0)
     } else {
         Verdict::NotComparable
@@ -114,7 +108,6 @@ fn both(
                 &rn.name,
                 fo,
                 fn_,
-                &un,
                 hib,
                 floor_percent,
                 tolerance_percent,
@@ -124,9 +117,7 @@ fn both(
     let verdict = combined(raw, driver_work.as_ref().map(|w| w.verdict));
     // A driver or hardware figure: marked so in either run, or named so by the registry (older
     // documents did not mark them).
-    let machine = [fo, fn_]
-        .iter()
-        .any(|f| f.origin.as_deref() == Some("machine"))
+    let machine = [fo, fn_].iter().any(|f| f.origin == Origin::Machine)
         || report_spec(&rn.name).is_some_and(|s| s.is_machine(&fn_.method));
     let verdict = match verdict {
         Verdict::Worse | Verdict::Better | Verdict::MovedWithDriver if machine => {
@@ -138,8 +129,8 @@ fn both(
     FigureComparisonJson {
         report: rn.name.clone(),
         method: fn_.method.clone(),
-        size_bytes: fn_.size_bytes,
-        unit: un,
+        size_bytes: fn_.size,
+        unit: rn.unit.csv_name().to_string(),
         higher_is_better: hib,
         baseline: Some(fo.median),
         current: Some(fn_.median),

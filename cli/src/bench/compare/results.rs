@@ -1,7 +1,8 @@
-//! A `vkgdr-bench` document as a comparison reads it ([`Results`]): only the fields a comparison
-//! needs, each optional where it can be, so that baselines recorded by older programs stay
-//! readable when the machine section grows; a file that is no such document is named with what
-//! it is instead.
+//! A `vkgdr-bench` document as a comparison reads it ([`Results`]): the benchmarks' own
+//! [`BenchRun`]s of [`Report`]s and [`Figure`](crate::bench::report::model::Figure)s, and of the
+//! rest only what a comparison shows, each optional where it can be, so that baselines recorded by
+//! older programs stay readable when the machine section grows; a file that is no such document
+//! is named with what it is instead.
 
 use std::path::Path;
 
@@ -9,7 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use super::error::CompareError;
 use crate::bench::outputs::RESULTS_JSON;
-use crate::json::bench::BenchDocument;
+use crate::bench::report::model::{Figure, Report};
+use crate::json::bench::{BenchDocument, BenchRun};
 use crate::json::document::{to_text, FORMAT_VERSION};
 
 /// A `vkgdr-bench` document, as a comparison reads it.
@@ -30,7 +32,7 @@ pub struct Results {
     #[serde(default)]
     pub machine: Option<MachineIn>,
     /// The benchmarks, with their reports.
-    pub benchmarks: Vec<BenchmarkIn>,
+    pub benchmarks: Vec<BenchRun>,
 }
 
 /// The parts of the machine section a comparison shows.
@@ -94,77 +96,6 @@ pub struct NvmlIn {
     /// The driver version.
     #[serde(default)]
     pub driver_version: Option<String>,
-}
-
-/// One benchmark of a run.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct BenchmarkIn {
-    /// Its name.
-    pub name: String,
-    /// What stopped it.
-    #[serde(default)]
-    pub error: Option<String>,
-    /// Its reports.
-    #[serde(default)]
-    pub reports: Vec<ReportIn>,
-}
-
-/// One report.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct ReportIn {
-    /// Its file stem.
-    pub name: String,
-    /// Its title.
-    #[serde(default)]
-    pub title: Option<String>,
-    /// The unit of its figures.
-    pub unit: String,
-    /// Whether a higher figure is better (used only for a unit this program does not know).
-    #[serde(default)]
-    pub higher_is_better: Option<bool>,
-    /// The figures.
-    pub figures: Vec<FigureIn>,
-}
-
-/// One figure.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct FigureIn {
-    /// What was measured.
-    pub method: String,
-    /// Bytes per operation (0: no size).
-    pub size_bytes: u64,
-    /// Its unit (the report's when absent).
-    #[serde(default)]
-    pub unit: Option<String>,
-    /// Median over the samples (NaN where the document has `null`: JSON has no NaN, and
-    /// serde_json writes a non-finite number as `null`).
-    #[serde(deserialize_with = "null_is_nan")]
-    pub median: f64,
-    /// 10th percentile.
-    #[serde(default)]
-    pub p10: Option<f64>,
-    /// 90th percentile.
-    #[serde(default)]
-    pub p90: Option<f64>,
-    /// Number of samples.
-    #[serde(default)]
-    pub samples: Option<u64>,
-    /// `measured`, `machine` (the driver or the hardware alone) or `reference`.
-    #[serde(default)]
-    pub origin: Option<String>,
-    /// What it was compared with in its own run.
-    #[serde(default)]
-    pub anchor: Option<AnchorIn>,
-}
-
-/// A figure's anchor: the figure of the same run it is compared with.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct AnchorIn {
-    /// The anchor's method.
-    pub method: String,
-    /// The figure's median divided by the anchor's.
-    #[serde(default)]
-    pub ratio: Option<f64>,
 }
 
 impl Results {
@@ -254,20 +185,14 @@ impl Results {
     }
 
     /// Every measured figure with its report, in document order.
-    pub(super) fn figures(&self) -> Vec<(&ReportIn, &FigureIn)> {
+    pub(super) fn figures(&self) -> Vec<(&Report, &Figure)> {
         self.benchmarks
             .iter()
             .flat_map(|b| &b.reports)
             .flat_map(|r| r.figures.iter().map(move |f| (r, f)))
-            .filter(|(_, f)| f.origin.as_deref() != Some("reference"))
+            .filter(|(_, f)| !f.is_reference())
             .collect()
     }
-}
-
-/// A number, or `null` read as NaN (such a figure is not comparable, and the rest of the
-/// document still is).
-fn null_is_nan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 /// The text of the file `path`.
@@ -327,4 +252,32 @@ pub struct GpuJson {
     pub name: String,
     /// Its UUID.
     pub uuid: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::report::model::Origin;
+    use crate::bench::testutil::repo_path;
+
+    #[test]
+    fn every_committed_baseline_reads_as_the_benchmarks_figures() {
+        let dir = repo_path("benches/baselines");
+        let mut read = 0;
+        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "json") {
+                continue;
+            }
+            let results = Results::load(&path).unwrap_or_else(|e| panic!("{e}"));
+            let figures = results.figures();
+            assert!(figures.len() > 100, "{}: {}", path.display(), figures.len());
+            assert!(figures.iter().all(|(r, f)| {
+                !r.name.is_empty() && f.median.is_finite() && f.origin != Origin::Reference
+            }));
+            assert!(results.gpu().is_some(), "{}", path.display());
+            read += 1;
+        }
+        assert!(read >= 1, "no baseline in {}", dir.display());
+    }
 }

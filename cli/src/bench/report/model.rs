@@ -62,10 +62,11 @@ impl Unit {
 }
 
 /// Where a figure comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Origin {
     /// Measured here, of this library's code.
+    #[default]
     Measured,
     /// Measured here, of the driver or the hardware alone (no code of this library: its moves are
     /// the machine's); the registry names these rows ([`ReportSpec::machine`]).
@@ -99,7 +100,9 @@ pub struct Anchored {
 }
 
 /// One figure: a method at a size, from the measurement to every output (table, CSV, chart,
-/// results.json, and the comparison of two runs, which reads results.json back).
+/// results.json, and the comparison of two runs, which reads results.json back). What a
+/// document may lack reads as its default (no percentiles: NaN; no sample count: 0, unknown; no
+/// origin: measured), so results written by earlier versions and by hand still read.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Figure {
     /// What was measured, e.g. `BAR write 4 thr`.
@@ -112,19 +115,26 @@ pub struct Figure {
     #[serde(deserialize_with = "null_is_nan")]
     pub median: f64,
     /// 10th percentile.
-    #[serde(deserialize_with = "null_is_nan")]
+    #[serde(default = "nan", deserialize_with = "null_is_nan")]
     pub p10: f64,
     /// 90th percentile.
-    #[serde(deserialize_with = "null_is_nan")]
+    #[serde(default = "nan", deserialize_with = "null_is_nan")]
     pub p90: f64,
-    /// Number of samples (0 for reference values).
+    /// Number of samples (0 for reference values, and where a document does not say).
+    #[serde(default)]
     pub samples: usize,
     /// Where it comes from.
+    #[serde(default)]
     pub origin: Origin,
     /// What it is compared with, measured in the same run (`null`: nothing); set by
     /// [`resolve`](crate::bench::registry::resolve) when its benchmark ends.
     #[serde(default)]
     pub anchor: Option<Anchored>,
+}
+
+/// A missing number.
+fn nan() -> f64 {
+    f64::NAN
 }
 
 /// A number, or `null` read as NaN.
@@ -173,12 +183,16 @@ pub struct Report {
     /// Short name: file stem of the CSV and PNG (`copylat`, `copybw-write`, …).
     pub name: String,
     /// Human title of tables and charts: the registry's.
+    #[serde(default)]
     pub title: String,
     /// What the figures are.
     pub unit: Unit,
-    /// Whether a higher figure is better (bandwidth) or a lower one (time, memory).
+    /// Whether a higher figure is better (bandwidth) or a lower one (time, memory): the unit's
+    /// ([`Unit::higher_is_better`]), written for readers of the document.
+    #[serde(default)]
     pub higher_is_better: bool,
     /// Remarks: what each method does, what was skipped and why (not stored in the CSV).
+    #[serde(default)]
     pub notes: Vec<String>,
     /// The figures, in measurement order (methods keep their first-appearance order).
     pub figures: Vec<Figure>,

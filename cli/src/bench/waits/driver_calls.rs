@@ -16,6 +16,58 @@ use super::probe::{import_fd, rw_access, Condition, Handle, Probe, SIZE};
 use super::spinner::PTX;
 use crate::bench::error::BenchResult;
 
+/// The rows the registry names.
+pub mod rows {
+    /// `vkAllocateMemory` and `vkMapMemory` of device memory.
+    pub const VK_ALLOCATE: &str = "vkAllocateMemory + vkMapMemory";
+    /// Its opaque fd.
+    pub const VK_EXPORT_FD: &str = "vkGetMemoryFdKHR";
+    /// The fd imported as a VMM allocation handle.
+    pub const CU_IMPORT: &str = "cuMemImportFromShareableHandle";
+    /// A device address range.
+    pub const CU_RESERVE: &str = "cuMemAddressReserve";
+    /// The handle mapped there.
+    pub const CU_MAP: &str = "cuMemMap";
+    /// Access to the mapping.
+    pub const CU_SET_ACCESS: &str = "cuMemSetAccess";
+    /// The unmap.
+    pub const CU_UNMAP: &str = "cuMemUnmap";
+    /// The handle's release.
+    pub const CU_RELEASE: &str = "cuMemRelease";
+    /// The address range's release.
+    pub const CU_ADDRESS_FREE: &str = "cuMemAddressFree";
+    /// `vkUnmapMemory` and `vkFreeMemory`.
+    pub const VK_FREE: &str = "vkUnmapMemory + vkFreeMemory";
+    /// Host memory: the Vulkan allocation.
+    pub const VK_ALLOCATE_HOST: &str = "vkAllocateMemory (host memory)";
+    /// Host memory: its fd.
+    pub const VK_EXPORT_FD_HOST: &str = "vkGetMemoryFdKHR (host memory)";
+    /// Host memory: the import.
+    pub const CU_IMPORT_HOST: &str = "cuMemImportFromShareableHandle (host memory)";
+    /// Host memory: the map.
+    pub const CU_MAP_HOST: &str = "cuMemMap (host memory)";
+    /// Host memory: the access.
+    pub const CU_SET_ACCESS_HOST: &str = "cuMemSetAccess (host memory)";
+    /// Host memory: the unmap.
+    pub const CU_UNMAP_HOST: &str = "cuMemUnmap (host memory)";
+    /// Host memory: the release.
+    pub const CU_RELEASE_HOST: &str = "cuMemRelease (host memory)";
+    /// Host memory: the Vulkan free.
+    pub const VK_FREE_HOST: &str = "vkFreeMemory (host memory)";
+    /// The wait for a word the legacy stream writes (a driver row though no call of its own).
+    pub const COMPLETION_WORD: &str = "legacy-stream completion word arrives";
+    /// A module's load.
+    pub const CU_MODULE_LOAD: &str = "cuModuleLoadData";
+    /// Its unload.
+    pub const CU_MODULE_UNLOAD: &str = "cuModuleUnload";
+    /// A stream.
+    pub const CU_STREAM_CREATE: &str = "cuStreamCreate";
+    /// Its destruction.
+    pub const CU_STREAM_DESTROY: &str = "cuStreamDestroy_v2";
+    /// A synchronous 64 KiB copy from pageable memory.
+    pub const CU_MEMCPY_HTOD: &str = "cuMemcpyHtoD_v2 (64 KiB pageable)";
+}
+
 /// Every driver call, in the order a user of the driver makes them; `scratch` is a device
 /// buffer of [`SIZE`] bytes for the synchronous copies.
 pub(super) fn driver_scenarios(p: &mut Probe<'_>, gpu: &Gpu, scratch: u64) -> BenchResult<()> {
@@ -35,8 +87,8 @@ pub(super) fn driver_scenarios(p: &mut Probe<'_>, gpu: &Gpu, scratch: u64) -> Be
     })?;
 
     // External memory: the mapping layer's import path.
-    let mem = p.call("vkAllocateMemory + vkMapMemory", || vk.allocate(SIZE))?;
-    let fd: OwnedFd = p.call("vkGetMemoryFdKHR", || mem.export_fd())?;
+    let mem = p.call(rows::VK_ALLOCATE, || vk.allocate(SIZE))?;
+    let fd: OwnedFd = p.call(rows::VK_EXPORT_FD, || mem.export_fd())?;
     let raw_fd = fd.as_raw_fd();
     let ext = p.call("cuImportExternalMemory", || {
         let _c = gpu.bind()?;
@@ -76,42 +128,42 @@ pub(super) fn driver_scenarios(p: &mut Probe<'_>, gpu: &Gpu, scratch: u64) -> Be
 
     // The same Vulkan memory through VMM: the non-waiting candidate.
     let fd = p.call("vkGetMemoryFdKHR (again)", || mem.export_fd())?;
-    let handle = p.call("cuMemImportFromShareableHandle", || {
+    let handle = p.call(rows::CU_IMPORT, || {
         let _c = gpu.bind()?;
         import_fd(d, &fd)
     })?;
     drop(fd);
-    let va = p.call("cuMemAddressReserve", || {
+    let va = p.call(rows::CU_RESERVE, || {
         let _c = gpu.bind()?;
         d.cu_mem_address_reserve(SIZE as usize, SIZE as usize, 0, 0)
     })?;
-    p.call("cuMemMap", || {
+    p.call(rows::CU_MAP, || {
         let _c = gpu.bind()?;
         // SAFETY: a fresh reservation of exactly the handle's size.
         unsafe { d.cu_mem_map(va, SIZE as usize, 0, handle, 0) }
     })?;
-    p.call("cuMemSetAccess", || {
+    p.call(rows::CU_SET_ACCESS, || {
         let _c = gpu.bind()?;
         let access = rw_access(ordinal);
         // SAFETY: the range was just mapped; one descriptor alive for the call.
         unsafe { d.cu_mem_set_access(va, SIZE as usize, &access, 1) }
     })?;
-    p.call("cuMemUnmap", || {
+    p.call(rows::CU_UNMAP, || {
         let _c = gpu.bind()?;
         // SAFETY: mapped above with this size, unused.
         unsafe { d.cu_mem_unmap(va, SIZE as usize) }
     })?;
-    p.call("cuMemRelease", || {
+    p.call(rows::CU_RELEASE, || {
         let _c = gpu.bind()?;
         // SAFETY: the handle is ours and unmapped.
         unsafe { d.cu_mem_release(handle) }
     })?;
-    p.call("cuMemAddressFree", || {
+    p.call(rows::CU_ADDRESS_FREE, || {
         let _c = gpu.bind()?;
         // SAFETY: the reservation is ours and unmapped.
         unsafe { d.cu_mem_address_free(va, SIZE as usize) }
     })?;
-    p.call("vkUnmapMemory + vkFreeMemory", || {
+    p.call(rows::VK_FREE, || {
         drop(mem);
         Ok(())
     })?;
@@ -148,9 +200,9 @@ pub(super) fn driver_scenarios(p: &mut Probe<'_>, gpu: &Gpu, scratch: u64) -> Be
     unsafe { std::alloc::dealloc(buf.ptr().cast(), layout) };
 
     // Pinned host memory through Vulkan and VMM: freed by unmapping, like the BAR chunks.
-    let host_mem = p.call("vkAllocateMemory (host memory)", || vk.allocate_host(SIZE))?;
-    let fd = p.call("vkGetMemoryFdKHR (host memory)", || host_mem.export_fd())?;
-    let handle = p.call("cuMemImportFromShareableHandle (host memory)", || {
+    let host_mem = p.call(rows::VK_ALLOCATE_HOST, || vk.allocate_host(SIZE))?;
+    let fd = p.call(rows::VK_EXPORT_FD_HOST, || host_mem.export_fd())?;
+    let handle = p.call(rows::CU_IMPORT_HOST, || {
         let _c = gpu.bind()?;
         import_fd(d, &fd)
     })?;
@@ -159,12 +211,12 @@ pub(super) fn driver_scenarios(p: &mut Probe<'_>, gpu: &Gpu, scratch: u64) -> Be
         let _c = gpu.bind()?;
         d.cu_mem_address_reserve(SIZE as usize, SIZE as usize, 0, 0)?
     };
-    p.call("cuMemMap (host memory)", || {
+    p.call(rows::CU_MAP_HOST, || {
         let _c = gpu.bind()?;
         // SAFETY: a fresh reservation of exactly the handle's size.
         unsafe { d.cu_mem_map(va, SIZE as usize, 0, handle, 0) }
     })?;
-    p.call("cuMemSetAccess (host memory)", || {
+    p.call(rows::CU_SET_ACCESS_HOST, || {
         let _c = gpu.bind()?;
         let access = rw_access(ordinal);
         // SAFETY: the range was just mapped; one descriptor alive for the call.
@@ -189,12 +241,12 @@ pub(super) fn driver_scenarios(p: &mut Probe<'_>, gpu: &Gpu, scratch: u64) -> Be
             first == 0x5a5a_5a5a && last == 0x5a5a_5a5a
         ));
     }
-    p.call("cuMemUnmap (host memory)", || {
+    p.call(rows::CU_UNMAP_HOST, || {
         let _c = gpu.bind()?;
         // SAFETY: mapped above with this size.
         unsafe { d.cu_mem_unmap(va, SIZE as usize) }
     })?;
-    p.call("cuMemRelease (host memory)", || {
+    p.call(rows::CU_RELEASE_HOST, || {
         let _c = gpu.bind()?;
         // SAFETY: ours and unmapped.
         unsafe { d.cu_mem_release(handle) }
@@ -204,7 +256,7 @@ pub(super) fn driver_scenarios(p: &mut Probe<'_>, gpu: &Gpu, scratch: u64) -> Be
         // SAFETY: ours and unmapped.
         unsafe { d.cu_mem_address_free(va, SIZE as usize) }?;
     }
-    p.call("vkFreeMemory (host memory)", || {
+    p.call(rows::VK_FREE_HOST, || {
         drop(host_mem);
         Ok(())
     })?;
@@ -218,7 +270,7 @@ pub(super) fn driver_scenarios(p: &mut Probe<'_>, gpu: &Gpu, scratch: u64) -> Be
         // SAFETY: an aligned word inside the probe's live BAR allocation.
         unsafe { d.cu_stream_write_value32(std::ptr::null_mut(), word_dev, ticket, 0) }
     })?;
-    p.call("legacy-stream completion word arrives", || {
+    p.call(rows::COMPLETION_WORD, || {
         let t = Instant::now();
         // SAFETY: an aligned u32 in the live BAR allocation, read with volatile loads.
         while unsafe { std::ptr::read_volatile(word_host.ptr().cast::<u32>()) } != ticket {
@@ -234,21 +286,21 @@ pub(super) fn driver_scenarios(p: &mut Probe<'_>, gpu: &Gpu, scratch: u64) -> Be
 
     // Modules, streams, events.
     let text = std::ffi::CString::new(PTX).expect("no NUL in the PTX");
-    let module = p.call("cuModuleLoadData", || {
+    let module = p.call(rows::CU_MODULE_LOAD, || {
         let _c = gpu.bind()?;
         // SAFETY: NUL-terminated PTX alive for the call.
         unsafe { d.cu_module_load_data(text.as_ptr().cast()) }.map(Handle::of)
     })?;
-    p.call("cuModuleUnload", || {
+    p.call(rows::CU_MODULE_UNLOAD, || {
         let _c = gpu.bind()?;
         // SAFETY: loaded above, no function of it in use.
         unsafe { d.cu_module_unload(module.ptr()) }
     })?;
-    let stream = p.call("cuStreamCreate", || {
+    let stream = p.call(rows::CU_STREAM_CREATE, || {
         let _c = gpu.bind()?;
         d.cu_stream_create(CU_STREAM_NON_BLOCKING).map(Handle::of)
     })?;
-    p.call("cuStreamDestroy_v2", || {
+    p.call(rows::CU_STREAM_DESTROY, || {
         let _c = gpu.bind()?;
         // SAFETY: created above, idle.
         unsafe { d.cu_stream_destroy(stream.ptr()) }
@@ -279,7 +331,7 @@ pub(super) fn driver_scenarios(p: &mut Probe<'_>, gpu: &Gpu, scratch: u64) -> Be
 
     // Synchronous copies on the legacy stream, and context-wide calls.
     let mut host_bytes = vec![0u8; 64 << 10];
-    p.call("cuMemcpyHtoD_v2 (64 KiB pageable)", || {
+    p.call(rows::CU_MEMCPY_HTOD, || {
         let _c = gpu.bind()?;
         // SAFETY: `scratch` is a live device buffer of SIZE bytes; the source is 64 KiB.
         unsafe { d.cu_memcpy_htod(scratch, host_bytes.as_ptr().cast(), host_bytes.len()) }

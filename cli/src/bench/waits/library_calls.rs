@@ -9,6 +9,44 @@ use super::probe::{Probe, SIZE};
 use super::spinner::PTX;
 use crate::bench::error::BenchResult;
 
+/// The rows the registry names.
+pub mod rows {
+    /// `Gpu::alloc` of a whole chunk.
+    pub const GPU_ALLOC: &str = "Gpu::alloc";
+    /// Its drop.
+    pub const RAW_DROP: &str = "RawMemory drop";
+    /// A pool's first allocation, which makes its chunk.
+    pub const POOL_FIRST_CHUNK: &str = "Pool::alloc 256 B (first chunk)";
+    /// A pool allocation with a chunk of its own.
+    pub const POOL_OWN_CHUNK: &str = "Pool::alloc 16 MiB (own chunk)";
+    /// Its drop.
+    pub const BLOCK_DROP_OWN: &str = "Block drop (own chunk)";
+    /// `Pool::trim`.
+    pub const POOL_TRIM: &str = "Pool::trim";
+    /// `Arena::grow`.
+    pub const ARENA_GROW: &str = "Arena::grow";
+    /// `Arena::shrink`.
+    pub const ARENA_SHRINK: &str = "Arena::shrink";
+    /// `DeviceRing::new`.
+    pub const RING_NEW: &str = "DeviceRing::new 1 MiB";
+    /// Its drop.
+    pub const RING_DROP: &str = "DeviceRing drop";
+    /// `PinnedBuffer::new`.
+    pub const PINNED_NEW: &str = "PinnedBuffer::new 2 MiB";
+    /// Its drop.
+    pub const PINNED_DROP: &str = "PinnedBuffer drop";
+    /// `Module::load_ptx`.
+    pub const MODULE_LOAD: &str = "Module::load_ptx";
+    /// Its drop.
+    pub const MODULE_DROP: &str = "Module drop";
+    /// `Stream::new`.
+    pub const STREAM_NEW: &str = "Stream::new";
+    /// Its drop.
+    pub const STREAM_DROP: &str = "Stream drop";
+    /// `Gpu::memcpy_htod` of 64 KiB.
+    pub const MEMCPY_HTOD: &str = "Gpu::memcpy_htod 64 KiB";
+}
+
 /// Every library call, made and dropped in turn.
 pub(super) fn library_scenarios(p: &mut Probe<'_>, gpu: &Gpu) -> BenchResult<()> {
     let small = p.call("Gpu::alloc 64 KiB (carved)", || gpu.alloc(64 << 10))?;
@@ -17,17 +55,17 @@ pub(super) fn library_scenarios(p: &mut Probe<'_>, gpu: &Gpu) -> BenchResult<()>
         Ok(())
     })?;
     let stream = p.spinner.stream.raw() as usize;
-    let after = p.call("Gpu::alloc", || gpu.alloc(SIZE))?;
+    let after = p.call(rows::GPU_ALLOC, || gpu.alloc(SIZE))?;
     p.call("RawMemory::release_after (the kernel's stream)", || {
         // SAFETY: the spinner's live stream, of this GPU.
         unsafe { after.release_after_stream(stream as vkgdr::cuda::CuStream) }
     })?;
-    let mem = p.call("Gpu::alloc", || gpu.alloc(SIZE))?;
+    let mem = p.call(rows::GPU_ALLOC, || gpu.alloc(SIZE))?;
     let mut buf = vec![0u8; 1 << 20];
     p.call("RawMemory::read 1 MiB (copy engine)", || {
         mem.read(0, &mut buf)
     })?;
-    p.call("RawMemory drop", || {
+    p.call(rows::RAW_DROP, || {
         drop(mem);
         Ok(())
     })?;
@@ -35,11 +73,9 @@ pub(super) fn library_scenarios(p: &mut Probe<'_>, gpu: &Gpu) -> BenchResult<()>
     let pool = p.call("Pool::new", || {
         Pool::new(gpu.clone(), PoolConfig::default())
     })?;
-    let small = p.call("Pool::alloc 256 B (first chunk)", || pool.alloc(256, 64))?;
-    let big = p.call("Pool::alloc 16 MiB (own chunk)", || {
-        pool.alloc(16 << 20, 256)
-    })?;
-    p.call("Block drop (own chunk)", || {
+    let small = p.call(rows::POOL_FIRST_CHUNK, || pool.alloc(256, 64))?;
+    let big = p.call(rows::POOL_OWN_CHUNK, || pool.alloc(16 << 20, 256))?;
+    p.call(rows::BLOCK_DROP_OWN, || {
         drop(big);
         Ok(())
     })?;
@@ -47,7 +83,7 @@ pub(super) fn library_scenarios(p: &mut Probe<'_>, gpu: &Gpu) -> BenchResult<()>
         drop(small);
         Ok(())
     })?;
-    p.call("Pool::trim", || {
+    p.call(rows::POOL_TRIM, || {
         pool.trim();
         Ok(())
     })?;
@@ -59,32 +95,30 @@ pub(super) fn library_scenarios(p: &mut Probe<'_>, gpu: &Gpu) -> BenchResult<()>
     let mut arena = p.call("Arena::new (64 MiB reserved)", || {
         Arena::new(gpu, 64 << 20, SIZE)
     })?;
-    p.call("Arena::grow", || arena.grow())?;
-    p.call("Arena::shrink", || arena.shrink(1))?;
+    p.call(rows::ARENA_GROW, || arena.grow())?;
+    p.call(rows::ARENA_SHRINK, || arena.shrink(1))?;
     p.call("Arena drop", || {
         drop(arena);
         Ok(())
     })?;
 
-    let ring = p.call("DeviceRing::new 1 MiB", || DeviceRing::new(gpu, 1 << 20))?;
-    p.call("DeviceRing drop", || {
+    let ring = p.call(rows::RING_NEW, || DeviceRing::new(gpu, 1 << 20))?;
+    p.call(rows::RING_DROP, || {
         drop(ring);
         Ok(())
     })?;
-    let pinned = p.call("PinnedBuffer::new 2 MiB", || {
-        PinnedBuffer::new(gpu, SIZE as usize)
-    })?;
-    p.call("PinnedBuffer drop", || {
+    let pinned = p.call(rows::PINNED_NEW, || PinnedBuffer::new(gpu, SIZE as usize))?;
+    p.call(rows::PINNED_DROP, || {
         drop(pinned);
         Ok(())
     })?;
-    let module = p.call("Module::load_ptx", || Module::load_ptx(gpu, PTX))?;
-    p.call("Module drop", || {
+    let module = p.call(rows::MODULE_LOAD, || Module::load_ptx(gpu, PTX))?;
+    p.call(rows::MODULE_DROP, || {
         drop(module);
         Ok(())
     })?;
-    let stream = p.call("Stream::new", || Stream::new(gpu))?;
-    p.call("Stream drop", || {
+    let stream = p.call(rows::STREAM_NEW, || Stream::new(gpu))?;
+    p.call(rows::STREAM_DROP, || {
         drop(stream);
         Ok(())
     })?;
@@ -96,7 +130,7 @@ pub(super) fn library_scenarios(p: &mut Probe<'_>, gpu: &Gpu) -> BenchResult<()>
     })?;
     let scratch = vec![7u8; 64 << 10];
     let target = gpu.alloc(SIZE)?;
-    p.call("Gpu::memcpy_htod 64 KiB", || {
+    p.call(rows::MEMCPY_HTOD, || {
         // SAFETY: the target is a live allocation of SIZE bytes.
         unsafe { gpu.memcpy_htod(target.device_ptr(), &scratch) }
     })?;
