@@ -28,6 +28,14 @@
 //! | `closed` | host memory, beside `head` | CPU: the consumer is gone | device, when the lane looks full |
 //! | `reserve` | device memory ([`DEVICE_STRIDE`] per lane, with `head_cache` and `gave_up`) | device producers | device producers |
 //!
+//! The core sees the control words only through [`LaneMemory`], so where they live is the ring
+//! layer's choice: host memory as above (the device pays a PCIe read only when the lane looks
+//! full), or GPU memory the CPU stores to through the BAR, as the host → device rings keep their
+//! `tail` (the device's look then costs no PCIe read). Which is faster is to be measured, and
+//! pinned memory that CUDA maps through VMM may keep serving the GPU a word the CPU has
+//! rewritten (seen with copies: [`PinnedBuffer`](crate::cuda_objects::PinnedBuffer)), so `head` must come
+//! from memory the GPU reads afresh each time.
+//!
 //! # Memory ordering
 //!
 //! **Producer (device, [`ProducerModel`]).** Any number of warps of any number of blocks
