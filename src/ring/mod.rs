@@ -99,6 +99,8 @@
 //! Positions are `u64` byte counters that are never reduced; they would wrap after 2^64 bytes
 //! (over five years at 100 GB/s), which the ring does not handle.
 
+#[cfg(not(feature = "loom"))]
+mod d2h;
 pub mod device;
 
 /// The pure ring core (positions, sequence numbers, space, publication), from the crate's pure
@@ -107,6 +109,8 @@ pub use crate::core::ring as core;
 /// The ring's wire format, from the pure core.
 pub use crate::core::ring::layout;
 
+#[cfg(not(feature = "loom"))]
+pub use d2h::{D2hLane, DeviceToHostRing, MAX_D2H_LANES};
 pub use device::{
     BarSink, CopyEngine, CopyEngineStats, DeviceRing, LaunchRing, LentLane, OwnedProducer,
     RingDeviceView, RingOptions,

@@ -18,6 +18,10 @@ pub trait LaneMemory {
     fn head_word(&self) -> &AtomicU64;
     /// `closed`: non-zero once the consumer is gone.
     fn closed_word(&self) -> &AtomicU64;
+    /// Called after each store to `head` or `closed`: control words in write-combined memory
+    /// (a BAR mapping) are pushed out here (`sfence`, and a flush where the memory is not
+    /// coherent). The default does nothing (enough for ordinary memory).
+    fn control_stored(&self) {}
 }
 
 impl<T: LaneMemory + ?Sized> LaneMemory for &T {
@@ -30,6 +34,9 @@ impl<T: LaneMemory + ?Sized> LaneMemory for &T {
     fn closed_word(&self) -> &AtomicU64 {
         (**self).closed_word()
     }
+    fn control_stored(&self) {
+        (**self).control_stored()
+    }
 }
 
 impl<T: LaneMemory + ?Sized> LaneMemory for std::sync::Arc<T> {
@@ -41,6 +48,9 @@ impl<T: LaneMemory + ?Sized> LaneMemory for std::sync::Arc<T> {
     }
     fn closed_word(&self) -> &AtomicU64 {
         (**self).closed_word()
+    }
+    fn control_stored(&self) {
+        (**self).control_stored()
     }
 }
 
@@ -144,6 +154,7 @@ impl<M: LaneMemory> LaneConsumer<M> {
         }
         let next = mem.head_word().load(Ordering::Acquire);
         mem.closed_word().store(0, Ordering::Release);
+        mem.control_stored();
         Ok(LaneConsumer {
             mem,
             shape,
@@ -225,12 +236,14 @@ impl<M: LaneMemory> LaneConsumer<M> {
     /// does it too.
     pub fn close(&self) {
         self.mem.closed_word().store(1, Ordering::Release);
+        self.mem.control_stored();
     }
 
     /// Stores the head (release: every read of the slots below it happens before the device's
     /// acquire of it, hence before any overwrite).
     fn publish_head(&self) {
         self.mem.head_word().store(self.next, Ordering::Release);
+        self.mem.control_stored();
     }
 
     /// Copies the next record into `buf` and moves past it (without publishing the head):

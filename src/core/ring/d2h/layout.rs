@@ -204,6 +204,20 @@ pub enum D2hError {
         /// Stride asked for.
         stride: u32,
     },
+    /// A lane index beyond the ring's lanes.
+    #[error("lane {lane} of a ring of {lanes} lanes")]
+    NoSuchLane {
+        /// The lane asked for.
+        lane: u32,
+        /// The ring's lanes.
+        lanes: u32,
+    },
+    /// The lane has a consumer already (one at a time per lane).
+    #[error("lane {lane} has a consumer already")]
+    LaneTaken {
+        /// The lane asked for.
+        lane: u32,
+    },
     /// The lane's memory does not have the shape's size.
     #[error("lane memory of {found} words, the shape needs {expected}")]
     MemoryMismatch {
