@@ -24,14 +24,15 @@
 //   word 0  commit   seq + 1 once the record is complete (0: never written), stored last
 //   word 1  meta     payload length (low 32 bits) | kind (high 32 bits)
 //   16..    payload  up to stride - 16 bytes
-// Per lane, in host memory (VKGDR_D2H_CONTROL_STRIDE apart): `head` (u64, records the CPU has
-// taken) and `closed` (u64, non-zero once the consumer is gone); in device memory
+// Per lane, in a control block the CPU writes (VKGDR_D2H_CONTROL_STRIDE apart; DeviceToHostRing
+// keeps them in GPU memory it stores to through the BAR): `head` (u64, records the CPU has taken)
+// and `closed` (u64, non-zero once the consumer is gone); in device memory
 // (VKGDR_D2H_DEVICE_STRIDE apart, zeroed at creation): `reserve` (records reserved), `head_cache`
 // (the highest head a producer read) and `gave_up` (publications refused).
 //
 // Protocol. Reserve n slots with one compare-and-swap of `reserve`, taken only when
 // reserve + n <= head_cache + slots; when the lane looks full, read `closed` (set: give up,
-// VKGDR_D2H_CLOSED) and the host's `head` over PCIe (moved: raise head_cache, retry), and after
+// VKGDR_D2H_CLOSED) and the consumer's `head` (moved: raise head_cache, retry), and after
 // view.spin_limit looks at a head that did not move give up (VKGDR_D2H_STALLED). A refusal
 // reserves nothing, so no slot is owed and the consumer never waits for a producer that gave up.
 // Then write meta and payload, __threadfence_system() in every writing thread, and store the
@@ -145,7 +146,7 @@ __device__ __forceinline__ int d2h_reserve(const D2hLane& l, unsigned int n, u64
             }
             continue;
         }
-        // Both loads over PCIe in flight at once.
+        // Both loads in flight at once (over PCIe, where the control block is in host memory).
         const u64 closed = *l.closed;
         const u64 host = *l.head;
         __threadfence_system();

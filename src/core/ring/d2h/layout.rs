@@ -161,14 +161,15 @@ pub const fn meta_word(len: u32, kind: u32) -> u64 {
 }
 
 /// What a kernel needs to publish into a device → host ring, passed by value (`vkgdr_d2h_view`
-/// in `ring_d2h.cuh`, 48 bytes). Addresses are device addresses; the slots and control blocks
-/// lie in host memory the device reaches over PCIe, the lanes' states in device memory.
+/// in `ring_d2h.cuh`, 48 bytes). Addresses are device addresses: the slots lie in host memory
+/// the device writes over PCIe, the control blocks where the CPU stores to (host memory, or GPU
+/// memory through the BAR), the lanes' states in device memory.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct D2hDeviceView {
     /// Lane 0's slot region; lane `i`'s is `i * slots * stride` bytes further.
     pub slots_addr: u64,
-    /// Lane 0's control block (host memory); lane `i`'s is `i * CONTROL_STRIDE` bytes further.
+    /// Lane 0's control block (`head`, `closed`); lane `i`'s is `i * CONTROL_STRIDE` bytes further.
     pub control_addr: u64,
     /// Lane 0's device state (device memory: `reserve`, `head_cache`, `gave_up`, zeroed at
     /// creation); lane `i`'s is `i * DEVICE_STRIDE` bytes further.

@@ -24,25 +24,26 @@
 //!
 //! | word | lives in | written by | read by |
 //! |:--|:--|:--|:--|
-//! | `head` | host memory ([`CONTROL_STRIDE`] per lane) | CPU consumer: records taken | device, when the lane looks full |
-//! | `closed` | host memory, beside `head` | CPU: the consumer is gone | device, when the lane looks full |
+//! | `head` | a control block ([`CONTROL_STRIDE`] per lane) | CPU consumer: records taken | device, when the lane looks full |
+//! | `closed` | the control block, beside `head` | CPU: the consumer is gone | device, when the lane looks full |
 //! | `reserve` | device memory ([`DEVICE_STRIDE`] per lane, with `head_cache` and `gave_up`) | device producers | device producers |
 //!
-//! The core sees the control words only through [`LaneMemory`], so where they live is the ring
-//! layer's choice: host memory as above (the device pays a PCIe read only when the lane looks
-//! full), or GPU memory the CPU stores to through the BAR, as the host → device rings keep their
-//! `tail` (the device's look then costs no PCIe read). Which is faster is to be measured, and
-//! pinned memory that CUDA maps through VMM may keep serving the GPU a word the CPU has
-//! rewritten (seen with copies: [`PinnedBuffer`](crate::cuda_objects::PinnedBuffer)), so `head` must come
-//! from memory the GPU reads afresh each time.
+//! The core sees the control blocks only through [`LaneMemory`], so where they live is the ring
+//! layer's choice: host memory (the device pays a PCIe read only when the lane looks full), or
+//! GPU memory the CPU stores to through the BAR, as the host → device rings keep their `tail`
+//! (the device's look costs no PCIe read; [`DeviceToHostRing`](crate::ring::DeviceToHostRing)
+//! does this). Pinned memory that CUDA maps through VMM may keep serving the GPU a word the CPU
+//! has rewritten (seen with copies: [`PinnedBuffer`](crate::cuda_objects::PinnedBuffer)), so
+//! `head` must come from memory the GPU reads afresh each time.
 //!
 //! # Memory ordering
 //!
 //! **Producer (device, [`ProducerModel`]).** Any number of warps of any number of blocks
 //! publish into one lane. A warp **reserves** `n` slots with one compare-and-swap of
 //! `reserve`, taken only if `reserve + n <= head + slots`, where `head` is `head_cache`, a copy
-//! in device memory of the highest consumer head any producer read: the PCIe read of the
-//! host's `head` (about a microsecond) is paid only when the lane looks full. It then **writes**
+//! in device memory of the highest consumer head any producer read: the consumer's `head` (a
+//! PCIe read of about a microsecond if it lives in host memory) is read only when the lane looks
+//! full. It then **writes**
 //! each record's meta word and payload (a record may be written by a whole warp, 16-byte stores
 //! each), runs `__threadfence_system()` in every writing thread, and after the warp's barrier
 //! **commits**: one aligned 8-byte store of `seq + 1` (a single PCIe write, never torn). PCIe
@@ -50,7 +51,7 @@
 //! payload is in host memory before the commit word is.
 //!
 //! **Back-pressure.** When the lane looks full the producer reads `closed` (set: give up with
-//! [`STATUS_CLOSED`]) and the host's `head` (moved: raise `head_cache`, try again), and after
+//! [`STATUS_CLOSED`]) and the consumer's `head` (moved: raise `head_cache`, try again), and after
 //! `spin_limit` looks at a `head` that did not move, gives up with [`STATUS_STALLED`] and counts
 //! it in `gave_up`. A refusal reserves nothing: the reservation is a compare-and-swap taken
 //! only when there is room, never an add to be undone, so no slot is ever owed. Between a

@@ -15,8 +15,8 @@ pub struct DeviceLaneState {
     /// Records reserved so far; a reservation moves it with a compare-and-swap, only when the
     /// lane has room for it.
     reserve: CachePadded<AtomicU64>,
-    /// The highest consumer head a producer has read from host memory: producers read it
-    /// instead of the host's word while it shows room.
+    /// The highest consumer head a producer has read: producers read it
+    /// instead of the consumer's `head` while it shows room.
     head_cache: AtomicU64,
     /// Publications that gave up ([`Refusal::Closed`] or [`Refusal::Stalled`]).
     gave_up: AtomicU64,
