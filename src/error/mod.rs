@@ -140,6 +140,10 @@ pub enum Error {
     /// A ring buffer error (record too large, full, timeout, bad capacity).
     #[error(transparent)]
     Ring(#[from] crate::core::ring::RingError),
+    /// A device → host ring's error (a lane's shape or consumer, or a device that broke the
+    /// protocol).
+    #[error(transparent)]
+    D2h(#[from] crate::core::ring::d2h::D2hError),
     /// Sharing with another process failed: a message, descriptor, fd or peer refused by name
     /// (see [`ShareError`](crate::share::ShareError)).
     #[error(transparent)]

@@ -115,3 +115,8 @@ pub use device::{
 /// The device API's header (`include/vkgdr/ring.cuh`), for build scripts that compile consumers
 /// without the repository at hand (write it next to your `.cu` file, or pass it to NVRTC).
 pub const RING_CUH: &str = include_str!("../../include/vkgdr/ring.cuh");
+
+/// The device → host rings' device header (`include/vkgdr/ring_d2h.cuh`: publishing records and
+/// `vkgdr_release_token`), for build scripts as [`RING_CUH`]; its wire format is
+/// [`core::d2h`]'s.
+pub const RING_D2H_CUH: &str = include_str!("../../include/vkgdr/ring_d2h.cuh");

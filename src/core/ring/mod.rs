@@ -31,11 +31,15 @@
 //! # Ok::<(), vkgdr::ring::core::RingError>(())
 //! ```
 //!
+//! The other direction, kernels publishing to CPU threads, is [`d2h`]: its own wire format,
+//! consumer and producer model, and the release tokens of device-side block releases.
+//!
 //! The only `unsafe` here calls the sink's two unsafe methods; each call site says which rule of
 //! the protocol (an in-range span nobody else writes, a tail covering only finished records)
 //! makes it sound.
 #![deny(unsafe_code)]
 
+pub mod d2h;
 mod error;
 pub mod layout;
 mod lend;

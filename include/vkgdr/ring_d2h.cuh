@@ -1,0 +1,351 @@
+// vkgdr device -> host rings: the device side. Include this in a kernel that publishes records
+// to CPU threads (GPU producers, CPU consumers), or that gives pool blocks back with
+// vkgdr_release_token.
+//
+//   #include "vkgdr/ring_d2h.cuh"
+//
+//   extern "C" __global__ void my_producer(vkgdr_d2h_view view, const float* results, int n)
+//   {
+//       const int i = blockIdx.x * blockDim.x + threadIdx.x;
+//       if (i >= n) return;
+//       const vkgdr::D2hLane lane = vkgdr::d2h_lane(view, blockIdx.x % view.lanes);
+//       // Every active thread publishes its own record; one reservation per warp.
+//       const int status = vkgdr::d2h_publish_each(lane, 1u, &results[i], sizeof(float));
+//       if (status != VKGDR_D2H_OK) { /* the consumer closed the lane or stalled */ }
+//   }
+//
+// Everything here mirrors src/core/ring/d2h/ (layout.rs, producer.rs: the same protocol in Rust,
+// model-checked with loom); keep them in sync. The namespace is ring.cuh's (vkgdr_device, short
+// name vkgdr:: unless vkgdr.h came first or VKGDR_RING_NO_SHORT_NAME is defined).
+//
+// Wire format. A lane is `slots` slots (a power of two) of `stride` bytes (a power of two, 32 to
+// 65536) in host memory mapped into the device's address space. Record `seq` (the lane's
+// reservation count) goes to slot seq % slots:
+//   word 0  commit   seq + 1 once the record is complete (0: never written), stored last
+//   word 1  meta     payload length (low 32 bits) | kind (high 32 bits)
+//   16..    payload  up to stride - 16 bytes
+// Per lane, in a control block the CPU writes (VKGDR_D2H_CONTROL_STRIDE apart; DeviceToHostRing
+// keeps them in GPU memory it stores to through the BAR): `head` (u64, records the CPU has taken)
+// and `closed` (u64, non-zero once the consumer is gone); in device memory
+// (VKGDR_D2H_DEVICE_STRIDE apart, zeroed at creation): `reserve` (records reserved), `head_cache`
+// (the highest head a producer read) and `gave_up` (publications refused).
+//
+// Protocol. Reserve n slots with one compare-and-swap of `reserve`, taken only when
+// reserve + n <= head_cache + slots; when the lane looks full, read `closed` (set: give up,
+// VKGDR_D2H_CLOSED) and the consumer's `head` (moved: raise head_cache, retry), and after
+// view.spin_limit looks at a head that did not move give up (VKGDR_D2H_STALLED). A refusal
+// reserves nothing, so no slot is owed and the consumer never waits for a producer that gave up.
+// Then write meta and payload, __threadfence_system() in every writing thread, and store the
+// commit word (one aligned 8-byte store). Between reserving and committing nothing waits.
+// Records of one lane reach the CPU in reservation order; lanes are independent.
+//
+// Warp calls (d2h_publish_each, d2h_publish_warp, release_token) use __activemask() or expect
+// the whole warp, and reserve up to 32 slots at once: give the lane at least 32 slots.
+//
+// Checked with nvcc 13.0 (-arch=compute_75: __nanosleep needs sm_70).
+
+#ifndef VKGDR_RING_D2H_CUH
+#define VKGDR_RING_D2H_CUH
+
+#define VKGDR_D2H_SLOT_HEADER_LEN 16u
+#define VKGDR_D2H_CONTROL_STRIDE 128ull // bytes between two lanes' host control blocks
+#define VKGDR_D2H_CONTROL_HEAD 0ull     // byte offset of `head` in a control block
+#define VKGDR_D2H_CONTROL_CLOSED 8ull   // byte offset of `closed`
+#define VKGDR_D2H_DEVICE_STRIDE 128ull  // bytes between two lanes' device states
+#define VKGDR_D2H_KIND_RESERVED 0x80000000u // kinds from here up are the library's
+#define VKGDR_D2H_KIND_RELEASE 0x80000001u  // payload: u64 release tokens
+
+// Publication status.
+#define VKGDR_D2H_OK 0
+#define VKGDR_D2H_CLOSED 1    // the consumer closed the lane
+#define VKGDR_D2H_STALLED 2   // the lane stayed full and its head did not move for spin_limit looks
+#define VKGDR_D2H_TOO_LARGE 3 // payload beyond the slot, or more records than the lane's slots
+
+// What a producer needs, as the host's D2hDeviceView (48 bytes), passed by value.
+typedef struct vkgdr_d2h_view {
+    unsigned long long slots;   // lane 0's slot region; lane i: + i * slots_per_lane * stride
+    unsigned long long control; // lane 0's control block; lane i: + i * VKGDR_D2H_CONTROL_STRIDE
+    unsigned long long device;  // lane 0's device state; lane i: + i * VKGDR_D2H_DEVICE_STRIDE
+    unsigned int slots_per_lane;
+    unsigned int stride;
+    unsigned int lanes;
+    unsigned int spin_limit;
+    unsigned long long reserved;
+} vkgdr_d2h_view;
+
+static_assert(sizeof(vkgdr_d2h_view) == 48, "vkgdr_d2h_view must match D2hDeviceView");
+
+namespace vkgdr_device {
+
+typedef unsigned long long u64;
+
+// A lane's words in device memory.
+struct D2hLaneState {
+    u64 reserve;
+    u64 head_cache;
+    u64 gave_up;
+};
+
+// One lane, as a producer needs it.
+struct D2hLane {
+    unsigned char* slots;
+    volatile u64* head;
+    volatile u64* closed;
+    D2hLaneState* state;
+    u64 count; // slots
+    unsigned int stride;
+    unsigned int spin_limit;
+};
+
+// Lane `lane` of a ring (lane < view.lanes).
+__device__ __forceinline__ D2hLane d2h_lane(const vkgdr_d2h_view& v, unsigned int lane)
+{
+    D2hLane l;
+    l.count = v.slots_per_lane;
+    l.stride = v.stride;
+    l.spin_limit = v.spin_limit;
+    l.slots = (unsigned char*)(v.slots + (u64)lane * l.count * v.stride);
+    const u64 control = v.control + (u64)lane * VKGDR_D2H_CONTROL_STRIDE;
+    l.head = (volatile u64*)(control + VKGDR_D2H_CONTROL_HEAD);
+    l.closed = (volatile u64*)(control + VKGDR_D2H_CONTROL_CLOSED);
+    l.state = (D2hLaneState*)(v.device + (u64)lane * VKGDR_D2H_DEVICE_STRIDE);
+    return l;
+}
+
+// The largest payload of a lane's records.
+__device__ __forceinline__ unsigned int d2h_max_payload(const D2hLane& l)
+{
+    return l.stride - VKGDR_D2H_SLOT_HEADER_LEN;
+}
+
+// The slot of record `seq`.
+__device__ __forceinline__ unsigned char* d2h_slot(const D2hLane& l, u64 seq)
+{
+    return l.slots + (seq & (l.count - 1ull)) * l.stride;
+}
+
+// Reserves `n` consecutive records (1 <= n <= slots) for the calling thread: VKGDR_D2H_OK with
+// the first one's seq in `first`, or a refusal with nothing reserved (counted in gave_up).
+__device__ __forceinline__ int d2h_reserve(const D2hLane& l, unsigned int n, u64& first)
+{
+    if (n == 0u || n > l.count) {
+        return VKGDR_D2H_TOO_LARGE;
+    }
+    unsigned int spins = 0u;
+    unsigned int nap = 32u;
+    for (;;) {
+        const u64 r = *(volatile u64*)&l.state->reserve;
+        const u64 head = *(volatile u64*)&l.state->head_cache;
+        // Acquire: the slot writes after the reservation come after the head's load (and so
+        // after the consumer's reads of those slots).
+        __threadfence();
+        if (r + n <= head + l.count) {
+            if (atomicCAS(&l.state->reserve, r, r + n) == r) {
+                first = r;
+                return VKGDR_D2H_OK;
+            }
+            continue;
+        }
+        // Both loads in flight at once (over PCIe, where the control block is in host memory).
+        const u64 closed = *l.closed;
+        const u64 host = *l.head;
+        __threadfence_system();
+        if (closed != 0ull) {
+            atomicAdd(&l.state->gave_up, 1ull);
+            return VKGDR_D2H_CLOSED;
+        }
+        if (host > head) {
+            atomicMax(&l.state->head_cache, host);
+            spins = 0u;
+            nap = 32u;
+            continue;
+        }
+        if (++spins > l.spin_limit) {
+            atomicAdd(&l.state->gave_up, 1ull);
+            return VKGDR_D2H_STALLED;
+        }
+        __nanosleep(nap);
+        nap = nap < 4096u ? nap * 2u : nap;
+    }
+}
+
+// Copies `len` bytes into a slot's payload with 8-byte stores (any source alignment).
+__device__ __forceinline__ void d2h_copy(unsigned char* slot, const void* payload, unsigned int len)
+{
+    const unsigned char* src = (const unsigned char*)payload;
+    u64* dst = (u64*)(slot + VKGDR_D2H_SLOT_HEADER_LEN);
+    for (unsigned int i = 0; i < len; i += 8u) {
+        u64 w = 0ull;
+        const unsigned int k = len - i < 8u ? len - i : 8u;
+        for (unsigned int b = 0; b < k; ++b) {
+            w |= (u64)src[i + b] << (8u * b);
+        }
+        dst[i / 8u] = w;
+    }
+}
+
+// The meta word of a slot.
+__device__ __forceinline__ void d2h_write_meta(unsigned char* slot, unsigned int len,
+                                               unsigned int kind)
+{
+    ((volatile u64*)slot)[1] = (u64)len | ((u64)kind << 32);
+}
+
+// Commits record `seq` (after this thread's writes are fenced, or after the warp's barrier that
+// follows its writers' fences).
+__device__ __forceinline__ void d2h_commit(const D2hLane& l, u64 seq)
+{
+    ((volatile u64*)d2h_slot(l, seq))[0] = seq + 1ull;
+}
+
+// One thread publishes one record of `len` bytes. Returns the status; `seq_out` (optional) gets
+// the record's sequence number.
+__device__ __forceinline__ int d2h_publish(const D2hLane& l, unsigned int kind, const void* payload,
+                                           unsigned int len, u64* seq_out = nullptr)
+{
+    if (len > d2h_max_payload(l)) {
+        return VKGDR_D2H_TOO_LARGE;
+    }
+    u64 seq;
+    const int status = d2h_reserve(l, 1u, seq);
+    if (status != VKGDR_D2H_OK) {
+        return status;
+    }
+    unsigned char* slot = d2h_slot(l, seq);
+    d2h_write_meta(slot, len, kind);
+    d2h_copy(slot, payload, len);
+    __threadfence_system();
+    d2h_commit(l, seq);
+    if (seq_out) {
+        *seq_out = seq;
+    }
+    return VKGDR_D2H_OK;
+}
+
+// Every active thread of the warp publishes its own record, with one reservation for the warp
+// (records in lane order). Returns the warp's status in every thread.
+__device__ __forceinline__ int d2h_publish_each(const D2hLane& l, unsigned int kind,
+                                                const void* payload, unsigned int len)
+{
+    const unsigned int active = __activemask();
+    const unsigned int me = threadIdx.x & 31u;
+    const unsigned int leader = __ffs(active) - 1u;
+    const unsigned int rank = __popc(active & ((1u << me) - 1u));
+    const unsigned int too_large = __any_sync(active, len > d2h_max_payload(l));
+    int status = too_large ? VKGDR_D2H_TOO_LARGE : VKGDR_D2H_OK;
+    u64 first = 0ull;
+    if (me == leader && status == VKGDR_D2H_OK) {
+        status = d2h_reserve(l, __popc(active), first);
+    }
+    status = __shfl_sync(active, status, leader);
+    first = __shfl_sync(active, first, leader);
+    if (status != VKGDR_D2H_OK) {
+        return status;
+    }
+    unsigned char* slot = d2h_slot(l, first + rank);
+    d2h_write_meta(slot, len, kind);
+    d2h_copy(slot, payload, len);
+    __threadfence_system();
+    d2h_commit(l, first + rank);
+    return VKGDR_D2H_OK;
+}
+
+// The whole warp (all 32 threads, converged) publishes one record of `len` bytes from a
+// 16-byte aligned `payload`, each thread storing every 32nd 16-byte piece. Returns the status in
+// every thread.
+__device__ __forceinline__ int d2h_publish_warp(const D2hLane& l, unsigned int kind,
+                                                const void* payload, unsigned int len)
+{
+    const unsigned int me = threadIdx.x & 31u;
+    if (len > d2h_max_payload(l)) {
+        return VKGDR_D2H_TOO_LARGE;
+    }
+    int status = VKGDR_D2H_OK;
+    u64 seq = 0ull;
+    if (me == 0u) {
+        status = d2h_reserve(l, 1u, seq);
+    }
+    status = __shfl_sync(0xFFFFFFFFu, status, 0);
+    seq = __shfl_sync(0xFFFFFFFFu, seq, 0);
+    if (status != VKGDR_D2H_OK) {
+        return status;
+    }
+    unsigned char* slot = d2h_slot(l, seq);
+    const uint4* src = (const uint4*)payload;
+    uint4* dst = (uint4*)(slot + VKGDR_D2H_SLOT_HEADER_LEN);
+    const unsigned int whole = len / 16u;
+    for (unsigned int i = me; i < whole; i += 32u) {
+        dst[i] = src[i];
+    }
+    if (me == 0u) {
+        d2h_write_meta(slot, len, kind);
+        // The tail of a payload that is not a multiple of 16.
+        if (len % 16u != 0u) {
+            d2h_copy(slot + whole * 16u, (const unsigned char*)payload + whole * 16u, len % 16u);
+        }
+    }
+    __threadfence_system(); // each writer's stores, before the barrier
+    __syncwarp();
+    if (me == 0u) {
+        d2h_commit(l, seq);
+    }
+    return VKGDR_D2H_OK;
+}
+
+// Gives back the pool block of `token` (Block::release_on_device's): every active thread of the
+// warp releases its own token, the warp's tokens together in as few VKGDR_D2H_KIND_RELEASE
+// records as the slots hold. The block is reusable once the host drained the record. Returns
+// the status in every thread; on a refusal the block stays lent (retry, or let the host take it
+// back), never half-released.
+__device__ __forceinline__ int release_token(const D2hLane& l, u64 token)
+{
+    const unsigned int active = __activemask();
+    const unsigned int me = threadIdx.x & 31u;
+    const unsigned int leader = __ffs(active) - 1u;
+    const unsigned int rank = __popc(active & ((1u << me) - 1u));
+    const unsigned int count = __popc(active);
+    const unsigned int per = d2h_max_payload(l) / 8u; // tokens per record
+    const unsigned int records = (count + per - 1u) / per;
+    int status = VKGDR_D2H_OK;
+    u64 first = 0ull;
+    if (me == leader) {
+        status = d2h_reserve(l, records, first);
+    }
+    status = __shfl_sync(active, status, leader);
+    first = __shfl_sync(active, first, leader);
+    if (status != VKGDR_D2H_OK) {
+        return status;
+    }
+    const u64 seq = first + rank / per;
+    const unsigned int index = rank % per;
+    unsigned char* slot = d2h_slot(l, seq);
+    ((volatile u64*)(slot + VKGDR_D2H_SLOT_HEADER_LEN))[index] = token;
+    if (index == 0u) {
+        const unsigned int left = count - rank; // tokens from this one on
+        d2h_write_meta(slot, (left < per ? left : per) * 8u, VKGDR_D2H_KIND_RELEASE);
+    }
+    __threadfence_system();
+    __syncwarp(active);
+    if (index == 0u) {
+        d2h_commit(l, seq);
+    }
+    return VKGDR_D2H_OK;
+}
+
+} // namespace vkgdr_device
+
+// Gives back the pool block of `token` through the pool's release ring `view` (the lane of the
+// calling block): vkgdr_device::release_token, at global scope for C-style kernels.
+__device__ __forceinline__ int vkgdr_release_token(const vkgdr_d2h_view& view,
+                                                   unsigned long long token)
+{
+    const unsigned int block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    return vkgdr_device::release_token(vkgdr_device::d2h_lane(view, block % view.lanes), token);
+}
+
+// The short name, where it can be had (as in ring.cuh).
+#if !defined(VKGDR_H) && !defined(VKGDR_RING_NO_SHORT_NAME)
+namespace vkgdr = vkgdr_device;
+#endif
+
+#endif // VKGDR_RING_D2H_CUH

@@ -1,0 +1,299 @@
+//! The CPU side of a lane: [`LaneMemory`] (where the slots and control words are),
+//! [`HostLane`] (plain host memory, for tests and models) and [`LaneConsumer`], which takes
+//! records in order and publishes its head.
+
+use super::layout::{D2hError, LaneShape, COMMIT_WORD, META_WORD};
+use crate::core::sync::atomic::{fence, AtomicU64, Ordering};
+use crate::core::sync::CachePadded;
+
+/// A lane's host memory as the consumer sees it: the slot region as `u64` words, and the two
+/// control words the device reads. All of it is memory the CPU reads from its own RAM; the
+/// device writes the slots and reads the control words over PCIe.
+///
+/// Implemented by [`HostLane`] here and by the pinned host buffers of the ring layer.
+pub trait LaneMemory {
+    /// The slot region, `shape.words()` words.
+    fn slot_words(&self) -> &[AtomicU64];
+    /// `head`: records consumed, stored (release) by the consumer.
+    fn head_word(&self) -> &AtomicU64;
+    /// `closed`: non-zero once the consumer is gone.
+    fn closed_word(&self) -> &AtomicU64;
+    /// Called after each store to `head` or `closed`: control words in write-combined memory
+    /// (a BAR mapping) are pushed out here (`sfence`, and a flush where the memory is not
+    /// coherent). The default does nothing (enough for ordinary memory).
+    fn control_stored(&self) {}
+}
+
+impl<T: LaneMemory + ?Sized> LaneMemory for &T {
+    fn slot_words(&self) -> &[AtomicU64] {
+        (**self).slot_words()
+    }
+    fn head_word(&self) -> &AtomicU64 {
+        (**self).head_word()
+    }
+    fn closed_word(&self) -> &AtomicU64 {
+        (**self).closed_word()
+    }
+    fn control_stored(&self) {
+        (**self).control_stored()
+    }
+}
+
+impl<T: LaneMemory + ?Sized> LaneMemory for std::sync::Arc<T> {
+    fn slot_words(&self) -> &[AtomicU64] {
+        (**self).slot_words()
+    }
+    fn head_word(&self) -> &AtomicU64 {
+        (**self).head_word()
+    }
+    fn closed_word(&self) -> &AtomicU64 {
+        (**self).closed_word()
+    }
+    fn control_stored(&self) {
+        (**self).control_stored()
+    }
+}
+
+/// A lane in plain host memory: zeroed slots and control words, for tests, models and the
+/// producer model ([`ProducerModel`](super::ProducerModel)).
+#[derive(Debug)]
+pub struct HostLane {
+    shape: LaneShape,
+    words: Box<[AtomicU64]>,
+    head: CachePadded<AtomicU64>,
+    closed: CachePadded<AtomicU64>,
+}
+
+impl HostLane {
+    /// A zeroed lane of `shape`.
+    pub fn new(shape: LaneShape) -> Self {
+        HostLane {
+            shape,
+            words: (0..shape.words()).map(|_| AtomicU64::new(0)).collect(),
+            head: CachePadded(AtomicU64::new(0)),
+            closed: CachePadded(AtomicU64::new(0)),
+        }
+    }
+
+    /// The lane's shape.
+    pub fn shape(&self) -> LaneShape {
+        self.shape
+    }
+}
+
+impl LaneMemory for HostLane {
+    fn slot_words(&self) -> &[AtomicU64] {
+        &self.words
+    }
+    fn head_word(&self) -> &AtomicU64 {
+        &self.head
+    }
+    fn closed_word(&self) -> &AtomicU64 {
+        &self.closed
+    }
+}
+
+/// One record as the consumer delivers it: a copy, so the slot is free again at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record<'a> {
+    /// Its sequence number in the lane (0, 1, 2, ...: the device's reservation order).
+    pub seq: u64,
+    /// The kind the device gave it (below [`KIND_RESERVED`](super::KIND_RESERVED) for a
+    /// kernel's own records).
+    pub kind: u32,
+    /// The payload.
+    pub payload: &'a [u8],
+}
+
+/// The consumer of one lane: takes its records in sequence order, each checked (commit word,
+/// length, unchanged while read) before it is delivered, and publishes its head so the device
+/// may reuse the slots. One consumer per lane; dropping it closes the lane (the device's
+/// publications then end with [`STATUS_CLOSED`](super::STATUS_CLOSED)).
+///
+/// An error is final: the lane is broken (the device broke the protocol) and every later call
+/// returns the same error, delivering nothing.
+///
+/// ```
+/// use vkgdr::ring::core::d2h::{DeviceLaneState, HostLane, LaneConsumer, LaneShape, ProducerModel};
+///
+/// let shape = LaneShape::new(4, 64)?;
+/// let lane = HostLane::new(shape);
+/// let device = DeviceLaneState::new();
+/// let producer = ProducerModel::new(&lane, &device, shape, 1000);
+/// producer.publish(7, b"hello").unwrap();
+///
+/// let mut consumer = LaneConsumer::new(&lane, shape)?;
+/// let rec = consumer.try_next()?.expect("published");
+/// assert_eq!((rec.seq, rec.kind, rec.payload), (0, 7, &b"hello"[..]));
+/// assert!(consumer.try_next()?.is_none());
+/// # Ok::<(), vkgdr::ring::core::d2h::D2hError>(())
+/// ```
+#[derive(Debug)]
+pub struct LaneConsumer<M: LaneMemory> {
+    mem: M,
+    shape: LaneShape,
+    /// The next record to take; everything below it is consumed (and published as the head
+    /// once `publish_head` ran).
+    next: u64,
+    /// The payload of the last record delivered.
+    buf: Vec<u8>,
+    /// Set by the first protocol error; returned from then on.
+    broken: Option<D2hError>,
+}
+
+impl<M: LaneMemory> LaneConsumer<M> {
+    /// The consumer of the lane in `mem`, starting at the head the memory holds (0 for a new
+    /// lane, or where an earlier consumer stopped) and opening the lane (`closed` = 0).
+    pub fn new(mem: M, shape: LaneShape) -> Result<Self, D2hError> {
+        let found = mem.slot_words().len();
+        if found != shape.words() {
+            return Err(D2hError::MemoryMismatch {
+                expected: shape.words(),
+                found,
+            });
+        }
+        let next = mem.head_word().load(Ordering::Acquire);
+        mem.closed_word().store(0, Ordering::Release);
+        mem.control_stored();
+        Ok(LaneConsumer {
+            mem,
+            shape,
+            next,
+            buf: vec![0; shape.max_payload() as usize],
+            broken: None,
+        })
+    }
+
+    /// The lane's shape.
+    pub fn shape(&self) -> LaneShape {
+        self.shape
+    }
+
+    /// The sequence number of the next record to take (= records consumed).
+    pub fn next_seq(&self) -> u64 {
+        self.next
+    }
+
+    /// The lane's memory.
+    pub fn memory(&self) -> &M {
+        &self.mem
+    }
+
+    /// Whether the next record has arrived (or the lane is broken): one acquire load.
+    pub fn is_ready(&self) -> bool {
+        self.broken.is_some()
+            || self.mem.slot_words()[self.shape.first_word(self.next) + COMMIT_WORD]
+                .load(Ordering::Relaxed)
+                != self.shape.commit_before(self.next)
+    }
+
+    /// The next record, if it has arrived, and the head published past it; `Ok(None)` if it has
+    /// not arrived yet.
+    pub fn try_next(&mut self) -> Result<Option<Record<'_>>, D2hError> {
+        match self.take()? {
+            Some((seq, kind, len)) => {
+                self.publish_head();
+                Ok(Some(Record {
+                    seq,
+                    kind,
+                    payload: &self.buf[..len],
+                }))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Takes up to `max` records that have arrived, in order, calling `f` with each, then
+    /// publishes the head once. Returns how many were taken. On an error the records before it
+    /// were delivered and their slots released.
+    pub fn drain(&mut self, max: usize, mut f: impl FnMut(Record<'_>)) -> Result<usize, D2hError> {
+        let mut taken = 0;
+        let result = loop {
+            if taken == max {
+                break Ok(taken);
+            }
+            match self.take() {
+                Ok(Some((seq, kind, len))) => {
+                    taken += 1;
+                    f(Record {
+                        seq,
+                        kind,
+                        payload: &self.buf[..len],
+                    });
+                }
+                Ok(None) => break Ok(taken),
+                Err(e) => break Err(e),
+            }
+        };
+        if taken > 0 {
+            self.publish_head();
+        }
+        result
+    }
+
+    /// Tells the device that nothing will be taken any more: its waiting and later
+    /// publications end with [`STATUS_CLOSED`](super::STATUS_CLOSED). Dropping the consumer
+    /// does it too.
+    pub fn close(&self) {
+        self.mem.closed_word().store(1, Ordering::Release);
+        self.mem.control_stored();
+    }
+
+    /// Stores the head (release: every read of the slots below it happens before the device's
+    /// acquire of it, hence before any overwrite).
+    fn publish_head(&self) {
+        self.mem.head_word().store(self.next, Ordering::Release);
+        self.mem.control_stored();
+    }
+
+    /// Copies the next record into `buf` and moves past it (without publishing the head):
+    /// `(seq, kind, len)`.
+    fn take(&mut self) -> Result<Option<(u64, u32, usize)>, D2hError> {
+        if let Some(e) = &self.broken {
+            return Err(e.clone());
+        }
+        let seq = self.next;
+        let words = self.mem.slot_words();
+        let first = self.shape.first_word(seq);
+        let commit = words[first + COMMIT_WORD].load(Ordering::Acquire);
+        if commit != LaneShape::commit_of(seq) {
+            if commit == self.shape.commit_before(seq) {
+                return Ok(None);
+            }
+            return Err(self.fail(D2hError::BadCommit { seq, found: commit }));
+        }
+        let meta = words[first + META_WORD].load(Ordering::Relaxed);
+        let (len, kind) = (meta as u32, (meta >> 32) as u32);
+        let max = self.shape.max_payload();
+        if len > max {
+            return Err(self.fail(D2hError::BadLength { seq, len, max }));
+        }
+        let len = len as usize;
+        let body = &words[first + META_WORD + 1..][..len.div_ceil(8)];
+        for (chunk, word) in self.buf[..len.next_multiple_of(8)]
+            .chunks_exact_mut(8)
+            .zip(body)
+        {
+            chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+        }
+        // The payload loads come before the re-check: a slot the device overwrote while we read
+        // it (only a device that ignores the head does) shows a different commit word now.
+        fence(Ordering::Acquire);
+        if words[first + COMMIT_WORD].load(Ordering::Relaxed) != commit {
+            return Err(self.fail(D2hError::Torn { seq }));
+        }
+        self.next = seq + 1;
+        Ok(Some((seq, kind, len)))
+    }
+
+    fn fail(&mut self, e: D2hError) -> D2hError {
+        self.broken = Some(e.clone());
+        e
+    }
+}
+
+impl<M: LaneMemory> Drop for LaneConsumer<M> {
+    fn drop(&mut self) {
+        self.close();
+    }
+}

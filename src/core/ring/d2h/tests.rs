@@ -1,0 +1,242 @@
+//! Unit tests of the device → host core (they run under Miri: `core::ring::` in scripts/test).
+
+use std::sync::Arc;
+use std::thread;
+
+use super::*;
+use crate::core::sync::atomic::Ordering;
+
+fn lane(slots: u32, stride: u32) -> (LaneShape, HostLane, DeviceLaneState) {
+    let shape = LaneShape::new(slots, stride).unwrap();
+    (shape, HostLane::new(shape), DeviceLaneState::new())
+}
+
+/// A payload that names its record: `seq` repeated, cut to `len` bytes.
+fn payload(seq: u64, len: usize) -> Vec<u8> {
+    seq.to_le_bytes()
+        .iter()
+        .copied()
+        .cycle()
+        .take(len)
+        .collect()
+}
+
+#[test]
+fn shapes() {
+    assert!(LaneShape::new(2, 32).is_ok());
+    assert!(LaneShape::new(MAX_SLOTS, MAX_STRIDE).is_ok());
+    for (slots, stride) in [
+        (1, 64),
+        (3, 64),
+        (4, 16),
+        (4, 48),
+        (MAX_SLOTS * 2, 64),
+        (4, MAX_STRIDE * 2),
+    ] {
+        assert_eq!(
+            LaneShape::new(slots, stride),
+            Err(D2hError::InvalidShape { slots, stride })
+        );
+    }
+    let s = LaneShape::new(4, 64).unwrap();
+    assert_eq!(
+        (s.commit_before(3), s.commit_before(4), s.commit_before(9)),
+        (0, 1, 6)
+    );
+    assert_eq!(s.first_word(5), 8);
+    let other = HostLane::new(LaneShape::new(8, 64).unwrap());
+    assert_eq!(
+        LaneConsumer::new(&other, s).err(),
+        Some(D2hError::MemoryMismatch {
+            expected: 32,
+            found: 64
+        })
+    );
+}
+
+#[test]
+fn records_in_order_through_many_wraps() {
+    let (shape, lane, dev) = lane(4, 64);
+    let producer = ProducerModel::new(&lane, &dev, shape, 0);
+    let mut consumer = LaneConsumer::new(&lane, shape).unwrap();
+    for seq in 0..40u64 {
+        let len = (seq as usize * 7) % 49;
+        assert_eq!(producer.publish(seq as u32, &payload(seq, len)), Ok(seq));
+        if seq % 3 == 2 {
+            // Three published, then taken: the lane wraps every fourth record.
+            for want in seq - 2..=seq {
+                let rec = consumer.try_next().unwrap().expect("published");
+                let len = (want as usize * 7) % 49;
+                assert_eq!((rec.seq, rec.kind), (want, want as u32));
+                assert_eq!(rec.payload, &payload(want, len)[..]);
+            }
+            assert_eq!(consumer.try_next(), Ok(None));
+        }
+    }
+    assert_eq!(lane.head_word().load(Ordering::Relaxed), 39);
+}
+
+#[test]
+fn a_full_lane_refuses_without_reserving() {
+    let (shape, lane, dev) = lane(2, 32);
+    let producer = ProducerModel::new(&lane, &dev, shape, 3);
+    let mut consumer = LaneConsumer::new(&lane, shape).unwrap();
+    producer.publish_many(&[(1, b"a"), (1, b"b")]).unwrap();
+    assert_eq!(producer.publish(1, b"c"), Err(Refusal::Stalled));
+    assert_eq!(
+        (dev.reserved(), dev.gave_up()),
+        (2, 1),
+        "nothing reserved by the refusal"
+    );
+    assert_eq!(consumer.try_next().unwrap().unwrap().payload, b"a");
+    assert_eq!(
+        producer.publish(1, b"c"),
+        Ok(2),
+        "room again once the head moved"
+    );
+    assert_eq!(
+        producer.publish(1, &[0; 17]),
+        Err(Refusal::TooLarge { len: 17, max: 16 })
+    );
+    assert_eq!(Refusal::Stalled.status(), STATUS_STALLED);
+    consumer.close();
+    assert_eq!(producer.publish(1, b"d"), Err(Refusal::Closed));
+    assert_eq!(dev.gave_up(), 2);
+    drop(consumer);
+    // A new consumer resumes at the published head and reopens the lane.
+    let mut consumer = LaneConsumer::new(&lane, shape).unwrap();
+    assert_eq!(consumer.next_seq(), 1);
+    let mut got = Vec::new();
+    assert_eq!(consumer.drain(10, |r| got.push(r.payload.to_vec())), Ok(2));
+    assert_eq!(got, [b"b".to_vec(), b"c".to_vec()]);
+    assert_eq!(producer.publish(1, b"d"), Ok(3));
+    drop(consumer);
+    assert_eq!(
+        lane.closed_word().load(Ordering::Relaxed),
+        1,
+        "a dropped consumer closes"
+    );
+}
+
+#[test]
+fn protocol_breaches_are_final_and_deliver_nothing() {
+    let (shape, lane, dev) = lane(4, 32);
+    let producer = ProducerModel::new(&lane, &dev, shape, 0);
+    let mut consumer = LaneConsumer::new(&lane, shape).unwrap();
+    producer.publish(0, b"ok").unwrap();
+    assert!(consumer.try_next().unwrap().is_some());
+    // A commit word from two laps ahead: the device ran past the head.
+    lane.slot_words()[shape.first_word(1)].store(10, Ordering::Relaxed);
+    assert!(consumer.is_ready());
+    let e = D2hError::BadCommit { seq: 1, found: 10 };
+    assert_eq!(consumer.try_next(), Err(e.clone()));
+    assert_eq!(consumer.drain(4, |_| panic!("delivered")), Err(e));
+
+    let (shape, lane) = lane_with_record(0, meta_word(17, 0));
+    let mut consumer = LaneConsumer::new(&lane, shape).unwrap();
+    assert_eq!(
+        consumer.try_next(),
+        Err(D2hError::BadLength {
+            seq: 0,
+            len: 17,
+            max: 16
+        })
+    );
+}
+
+/// A lane whose slot 0 holds a committed record 0 with the given meta word.
+fn lane_with_record(seq: u64, meta: u64) -> (LaneShape, HostLane) {
+    let shape = LaneShape::new(4, 32).unwrap();
+    let lane = HostLane::new(shape);
+    let first = shape.first_word(seq);
+    lane.slot_words()[first + META_WORD].store(meta, Ordering::Relaxed);
+    lane.slot_words()[first + COMMIT_WORD].store(seq + 1, Ordering::Relaxed);
+    (shape, lane)
+}
+
+#[test]
+fn producers_and_a_consumer_on_threads() {
+    // Miri runs this too: a few records per thread keep it short there.
+    let per_thread: u64 = if cfg!(miri) { 6 } else { 2000 };
+    let (shape, lane, dev) = lane(4, 64);
+    let (lane, dev) = (Arc::new(lane), Arc::new(dev));
+    let producers: Vec<_> = (0..3u32)
+        .map(|t| {
+            let (lane, dev) = (lane.clone(), dev.clone());
+            thread::spawn(move || {
+                let p = ProducerModel::new(&*lane, &dev, shape, u32::MAX);
+                for i in 0..per_thread {
+                    let body = payload(u64::from(t) << 32 | i, 32);
+                    p.publish(t, &body).expect("the consumer keeps up");
+                }
+            })
+        })
+        .collect();
+    let mut consumer = LaneConsumer::new(lane.clone(), shape).unwrap();
+    let mut next = [0u64; 3];
+    let mut seq = 0;
+    while seq < 3 * per_thread {
+        if let Some(rec) = consumer.try_next().unwrap() {
+            assert_eq!(rec.seq, seq);
+            let t = rec.kind as usize;
+            assert_eq!(rec.payload, &payload((t as u64) << 32 | next[t], 32)[..]);
+            next[t] += 1;
+            seq += 1;
+        } else {
+            thread::yield_now();
+        }
+    }
+    for p in producers {
+        p.join().unwrap();
+    }
+    assert_eq!(next, [per_thread; 3], "each thread's records in its order");
+    assert_eq!(dev.gave_up(), 0);
+}
+
+#[test]
+fn tokens_give_each_value_back_once() {
+    let mut t = ReleaseTokens::with_tag(7, 2);
+    let a = t.issue('a').unwrap();
+    let b = t.issue('b').unwrap();
+    assert_eq!((a.tag(), a.entry(), a.generation()), (7, 0, 1));
+    assert_eq!((b.entry(), b.generation()), (1, 1));
+    let full = t.issue('c').unwrap_err();
+    assert_eq!((full.value, full.max), ('c', 2));
+    assert_eq!(t.redeem(a.to_bits()), Ok('a'));
+    assert_eq!(
+        t.redeem(a.to_bits()),
+        Err(TokenError::Repeated(a.to_bits()))
+    );
+    let c = t.issue('c').unwrap();
+    assert_eq!(
+        (c.entry(), c.generation()),
+        (0, 2),
+        "entry 0 again, next generation"
+    );
+    assert_eq!(t.redeem(a.to_bits()), Err(TokenError::Stale(a.to_bits())));
+    // Other tables' tokens, unissued entries and generations, and 0.
+    for forged in [
+        ReleaseToken::new(8, 0, 2),
+        ReleaseToken::new(7, 5, 1),
+        ReleaseToken::new(7, 1, 2),
+        ReleaseToken::new(7, 1, 0),
+        ReleaseToken::from_bits(0),
+    ] {
+        let bits = forged.to_bits();
+        assert_eq!(t.redeem(bits), Err(TokenError::Forged(bits)));
+    }
+    assert_eq!(t.revoke(b.to_bits()), Some('b'));
+    assert_eq!(t.revoke(b.to_bits()), None);
+    assert_eq!(t.redeem(b.to_bits()), Err(TokenError::Stale(b.to_bits())));
+    assert_eq!(t.revoke_all(), ['c']);
+    let s = t.stats();
+    assert_eq!(
+        (s.issued, s.redeemed, s.revoked, s.forged, s.stale, s.repeated),
+        (3, 1, 2, 5, 2, 1)
+    );
+    assert_eq!((s.outstanding(), s.refused()), (0, 8));
+    assert_ne!(
+        ReleaseTokens::<()>::new().tag(),
+        ReleaseTokens::<()>::new().tag()
+    );
+}

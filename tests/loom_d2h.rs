@@ -1,0 +1,169 @@
+//! Every interleaving of the device → host lane protocol, explored by loom: device producers
+//! (the Rust model of `ring_d2h.cuh`) against the CPU consumer.
+//!
+//! Run with `cargo test -p vkgdr --features loom --test loom_d2h` (scripts/test does). With the
+//! `loom` feature the core's atomics and fences come from loom.
+//!
+//! What is checked in every interleaving: the consumer delivers every record exactly once, in
+//! reservation order, each complete (a torn record is never delivered), while producers wait for
+//! room on a full lane (two slots, three records: a wrap and back-pressure, the head cache
+//! raised by one producer and used by the other); a producer waiting on a lane whose consumer
+//! closes gives up instead of hanging. A producer that commits before it writes (the bug the
+//! fence-then-commit order prevents) is caught.
+#![cfg(feature = "loom")]
+
+use loom::sync::Arc;
+use loom::thread;
+use vkgdr::ring::core::d2h::{
+    meta_word, DeviceLaneState, HostLane, LaneConsumer, LaneMemory, LaneShape, ProducerModel,
+    Refusal, COMMIT_WORD, META_WORD,
+};
+
+/// Two slots of one header and two payload words.
+fn shape() -> LaneShape {
+    LaneShape::new(2, 32).unwrap()
+}
+
+/// Explores the interleavings of `f` with at most `bound` preemptions.
+fn model(bound: usize, f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(bound);
+    b.check(f);
+}
+
+/// The payload of producer `p`'s `i`-th record: one word that names it (one word keeps the
+/// model small; the consumer's copy and re-check are the same for any length).
+fn payload(p: u32, i: u32) -> [u8; 8] {
+    (u64::from(p + 1) << 32 | u64::from(i + 1)).to_le_bytes()
+}
+
+/// Takes `n` records, checking each is complete and that each producer's come in its order.
+fn consume(lane: &HostLane, n: u64) {
+    let mut consumer = LaneConsumer::new(lane, shape()).unwrap();
+    let mut next = [0u32; 2];
+    let mut seq = 0;
+    while seq < n {
+        match consumer.try_next().unwrap() {
+            Some(rec) => {
+                assert_eq!(rec.seq, seq, "in reservation order");
+                let p = rec.kind as usize;
+                assert_eq!(
+                    rec.payload,
+                    payload(p as u32, next[p]),
+                    "record {seq} complete"
+                );
+                next[p] += 1;
+                seq += 1;
+            }
+            None => thread::yield_now(),
+        }
+    }
+    assert_eq!(
+        consumer.try_next().unwrap(),
+        None,
+        "nothing more than was published"
+    );
+}
+
+/// Publishes producer `p`'s `count` records with the model of the device producer.
+fn produce(lane: &HostLane, dev: &DeviceLaneState, p: u32, count: u32) {
+    let producer = ProducerModel::new(lane, dev, shape(), u32::MAX);
+    for i in 0..count {
+        producer
+            .publish(p, &payload(p, i))
+            .expect("the consumer keeps taking");
+    }
+}
+
+/// Producers `p` publishing `counts[p]` records each against the consumer.
+fn producers_and_consumer(bound: usize, counts: &'static [u32]) {
+    model(bound, move || {
+        let lane = Arc::new(HostLane::new(shape()));
+        let dev = Arc::new(DeviceLaneState::new());
+        let producers: Vec<_> = (0..counts.len() as u32)
+            .map(|p| {
+                let (lane, dev) = (lane.clone(), dev.clone());
+                thread::spawn(move || produce(&lane, &dev, p, counts[p as usize]))
+            })
+            .collect();
+        let total: u32 = counts.iter().sum();
+        consume(&lane, total.into());
+        for p in producers {
+            p.join().unwrap();
+        }
+        assert_eq!((dev.reserved(), dev.gave_up()), (total.into(), 0));
+    });
+}
+
+/// Two producers race for the reservation and commit in either order.
+#[test]
+fn two_producers_and_the_consumer() {
+    producers_and_consumer(3, &[1, 1]);
+}
+
+/// Three records through two slots: the producer waits for the consumer's head and wraps.
+#[test]
+fn a_producer_wraps_and_waits_for_the_consumer() {
+    producers_and_consumer(3, &[3]);
+}
+
+/// Both waits at once: the second producer may find the lane full of the first's records and
+/// use the head cache the first one raised. One preemption: with two, the producers' and the
+/// consumer's waits together run past loom's branch limit.
+#[test]
+fn two_producers_wrap_and_wait_for_the_consumer() {
+    producers_and_consumer(1, &[2, 1]);
+}
+
+#[test]
+fn a_waiting_producer_gives_up_when_the_consumer_closes() {
+    model(3, || {
+        let lane = Arc::new(HostLane::new(shape()));
+        let dev = Arc::new(DeviceLaneState::new());
+        let consumer = LaneConsumer::new(&*lane, shape()).unwrap();
+        let producer = {
+            let (lane, dev) = (lane.clone(), dev.clone());
+            thread::spawn(move || {
+                let p = ProducerModel::new(&*lane, &dev, shape(), u32::MAX);
+                (0..3)
+                    .map(|i| p.publish(0, &payload(0, i)))
+                    .collect::<Vec<_>>()
+            })
+        };
+        drop(consumer); // closes without taking anything
+        let results = producer.join().unwrap();
+        assert_eq!(results, [Ok(0), Ok(1), Err(Refusal::Closed)]);
+        assert_eq!((dev.reserved(), dev.gave_up()), (2, 1));
+    });
+}
+
+/// The bug: the commit word stored before the payload (no fence between them either).
+fn produce_committing_first(lane: &HostLane, dev: &DeviceLaneState, p: u32, count: u32) {
+    let shape = shape();
+    let producer = ProducerModel::new(lane, dev, shape, u32::MAX);
+    let words = lane.slot_words();
+    for i in 0..count {
+        let seq = producer.reserve(1).unwrap();
+        let first = shape.first_word(seq);
+        let release = std::sync::atomic::Ordering::Release;
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        words[first + META_WORD].store(meta_word(8, p), relaxed);
+        words[first + COMMIT_WORD].store(seq + 1, release);
+        words[first + META_WORD + 1].store(u64::from_le_bytes(payload(p, i)), relaxed);
+    }
+}
+
+#[test]
+#[should_panic(expected = "complete")]
+fn committing_before_writing_is_caught() {
+    model(2, || {
+        let lane = Arc::new(HostLane::new(shape()));
+        let dev = Arc::new(DeviceLaneState::new());
+        let producer = {
+            let (lane, dev) = (lane.clone(), dev.clone());
+            thread::spawn(move || produce_committing_first(&lane, &dev, 0, 1))
+        };
+        consume(&lane, 1);
+        producer.join().unwrap();
+    });
+}
