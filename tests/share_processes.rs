@@ -466,11 +466,15 @@ fn a_producer_killed_mid_record_shows_no_torn_record_and_its_lane_is_reclaimed()
         );
         std::thread::sleep(Duration::from_millis(1));
     }
+    let victim_pid = victim.id();
     victim.kill().unwrap();
     let _ = victim.wait();
-    wait_event(&server, Duration::from_secs(10), |e| {
-        matches!(e, ShareEvent::Gone { .. })
-    });
+    // The victim's own departure: the bystander may have finished and gone first.
+    wait_event(
+        &server,
+        Duration::from_secs(10),
+        |e| matches!(e, ShareEvent::Gone { pid, .. } if *pid as u32 == victim_pid),
+    );
     // The lane is free again: a new producer continues where the victim's last accepted
     // record ended (the torn record was never accepted, so it is overwritten).
     assert!(!lanes.is_lent(0), "lane 0 is back");

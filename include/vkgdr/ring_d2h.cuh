@@ -24,8 +24,8 @@
 //   word 0  commit   seq + 1 once the record is complete (0: never written), stored last
 //   word 1  meta     payload length (low 32 bits) | kind (high 32 bits)
 //   16..    payload  up to stride - 16 bytes
-// Per lane, in a control block the CPU writes (VKGDR_D2H_CONTROL_STRIDE apart; DeviceToHostRing
-// keeps them in GPU memory it stores to through the BAR): `head` (u64, records the CPU has taken)
+// Per lane, in a control block the CPU writes (VKGDR_D2H_CONTROL_STRIDE apart; in GPU memory
+// the CPU stores to through the BAR, or in host memory): `head` (u64, records the CPU has taken)
 // and `closed` (u64, non-zero once the consumer is gone); in device memory
 // (VKGDR_D2H_DEVICE_STRIDE apart, zeroed at creation): `reserve` (records reserved), `head_cache`
 // (the highest head a producer read) and `gave_up` (publications refused).

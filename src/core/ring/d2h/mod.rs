@@ -31,8 +31,7 @@
 //! The core sees the control blocks only through [`LaneMemory`], so where they live is the ring
 //! layer's choice: host memory (the device pays a PCIe read only when the lane looks full), or
 //! GPU memory the CPU stores to through the BAR, as the host → device rings keep their `tail`
-//! (the device's look costs no PCIe read; [`DeviceToHostRing`](crate::ring::DeviceToHostRing)
-//! does this). Pinned memory that CUDA maps through VMM may keep serving the GPU a word the CPU
+//! (the device's look costs no PCIe read). Pinned memory that CUDA maps through VMM may keep serving the GPU a word the CPU
 //! has rewritten (seen with copies: [`PinnedBuffer`](crate::cuda_objects::PinnedBuffer)), so
 //! `head` must come from memory the GPU reads afresh each time.
 //!
