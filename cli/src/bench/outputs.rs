@@ -9,6 +9,7 @@ use vkgdr::Gpu;
 
 use super::error::{BenchError, BenchResult};
 use super::options::Options;
+use super::registry::describe;
 use super::report;
 use super::report::chart::plot_png;
 use super::report::model::Report;
@@ -128,14 +129,19 @@ pub fn replot(dir: &Path) -> BenchResult<()> {
         }
         Err(e) => return Err(BenchError::io(&path, e)),
     };
-    let doc: BenchDocument = serde_json::from_str(&text).map_err(|e| BenchError::Results {
+    let mut doc: BenchDocument = serde_json::from_str(&text).map_err(|e| BenchError::Results {
         path: path.clone(),
         msg: e.to_string(),
     })?;
-    let reports: Vec<&Report> = doc.benchmarks.iter().flat_map(|b| &b.reports).collect();
+    let reports: Vec<&mut Report> = doc
+        .benchmarks
+        .iter_mut()
+        .flat_map(|b| &mut b.reports)
+        .collect();
     let _task = ui::task("plot");
     ui::phase("charts", reports.len() as u64);
     for report in reports {
+        describe(report);
         ui::step(report.name.clone());
         ui::out(&report.text_table());
         let png = dir.join(format!("{}.png", report.name));
@@ -233,7 +239,11 @@ pub(crate) mod tests {
         };
         let doc = document(&opts, Some(bare_machine()), Some(device), &ran, None);
         let text = to_text(&doc);
-        let back: BenchDocument = serde_json::from_str(&text).unwrap();
+        let mut back: BenchDocument = serde_json::from_str(&text).unwrap();
+        // Layouts are the registry's, not the document's: read back, each is given again.
+        for r in back.benchmarks.iter_mut().flat_map(|b| &mut b.reports) {
+            describe(r);
+        }
         assert_eq!(back, doc);
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["format"], "vkgdr-bench");

@@ -598,10 +598,21 @@ pub fn report_spec(name: &str) -> Option<&'static ReportSpec> {
         .find(|r| r.name == name)
 }
 
-/// Marks the figures of `reports` (every report of one benchmark) that time the machine alone
+/// Gives `report` the registry's title and table layout (a report no benchmark registers keeps
+/// its name as title and the long layout).
+pub fn describe(report: &mut Report) {
+    if let Some(spec) = report_spec(&report.name) {
+        report.title = spec.title.to_string();
+        report.layout = spec.layout;
+    }
+}
+
+/// Titles and lays out `reports` (every report of one benchmark) as the registry says
+/// ([`describe`]), marks their figures that time the machine alone
 /// ([`ReportSpec::machine`]) and gives each measured figure its anchor ([`ReportSpec::anchor`]):
 /// the measured figure of the same run at the same size that the anchor rule names.
 pub fn resolve(reports: &mut [Report]) {
+    reports.iter_mut().for_each(describe);
     for i in 0..reports.len() {
         let Some(spec) = report_spec(&reports[i].name) else {
             continue;

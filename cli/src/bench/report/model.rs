@@ -10,7 +10,6 @@ use serde::{Deserialize, Serialize};
 use super::format::{fmt_bytes, fmt_ns, sig3};
 use super::spec::Layout;
 use crate::bench::measure::Stats;
-use crate::bench::registry::report_spec;
 
 /// What a report's values measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -196,18 +195,24 @@ pub struct Report {
     pub notes: Vec<String>,
     /// The figures, in measurement order (methods keep their first-appearance order).
     pub figures: Vec<Figure>,
+    /// How its table is laid out: the registry's (not in the document: the registry gives it
+    /// again to a report read back).
+    #[serde(skip)]
+    pub layout: Layout,
 }
 
 impl Report {
-    /// An empty report, titled as the registry says.
+    /// An empty report titled by its name; the registry's title and layout come with
+    /// [`describe`](crate::bench::registry::describe).
     pub fn new(name: &str, unit: Unit) -> Report {
         Report {
             name: name.to_string(),
-            title: report_spec(name).map_or_else(|| name.to_string(), |s| s.title.to_string()),
+            title: name.to_string(),
             unit,
             higher_is_better: unit.higher_is_better(),
             notes: Vec::new(),
             figures: Vec::new(),
+            layout: Layout::Long,
         }
     }
 
@@ -235,9 +240,10 @@ impl Report {
             .find(|r| r.method == method && r.size == size)
     }
 
-    /// Table layout: the registry's, or [`Layout::Long`] for a report no benchmark registers.
+    /// Table layout: the registry's once [`describe`](crate::bench::registry::describe)d, else
+    /// [`Layout::Long`].
     pub fn layout(&self) -> Layout {
-        report_spec(&self.name).map_or(Layout::Long, |k| k.layout)
+        self.layout
     }
 }
 
@@ -261,6 +267,9 @@ pub(crate) mod tests {
     /// name) and a reference value at one size.
     pub(crate) fn sample() -> Report {
         let mut r = Report::new("copylat", Unit::Nanoseconds);
+        // As the registry describes it.
+        r.title = "Write latency, host to GPU memory".into();
+        r.layout = Layout::Wide;
         for (i, size) in [8u64, 64, 4096].into_iter().enumerate() {
             let base = 100.0 * (i + 1) as f64;
             let stats = |median, p10, p90, n| Stats {

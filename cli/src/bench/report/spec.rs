@@ -3,11 +3,12 @@
 //! rows of this library are made of (driver calls, BAR stores and loads).
 
 /// How a report is laid out as a table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Layout {
     /// One row per size, one column per method (medians; latencies with p10–p90).
     Wide,
     /// One row per method and size with median, p10, p90 and sample count.
+    #[default]
     Long,
 }
 

@@ -193,6 +193,7 @@ mod tests {
     fn long_table_and_markdown_list_every_row() {
         let mut r = Report {
             figures: sample().figures,
+            title: "API call cost".into(),
             ..Report::new("apiperf", Unit::Nanoseconds)
         };
         r.notes.push("a note".into());
