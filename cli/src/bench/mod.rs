@@ -44,6 +44,7 @@ pub mod registry;
 pub mod report;
 pub mod ring;
 pub mod run;
+pub mod stats;
 #[cfg(test)]
 pub(crate) mod testutil;
 pub mod waits;

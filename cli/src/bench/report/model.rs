@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::format::{fmt_bytes, fmt_ns, sig3};
 use super::spec::Layout;
-use crate::bench::measure::Stats;
+use crate::bench::stats::Stats;
 
 /// What a report's values measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
