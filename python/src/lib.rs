@@ -40,6 +40,7 @@ mod dlpack;
 mod errors;
 mod exports;
 mod fork;
+mod identity;
 mod interface;
 mod lifetime;
 mod peer;

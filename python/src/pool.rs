@@ -14,8 +14,8 @@ use crate::device::gpu_of;
 use crate::dlpack;
 use crate::errors::{invalid_argument, to_py};
 use crate::exports::{self, ExportRef, Exported, Exports};
+use crate::identity::Identity;
 use crate::interface::{self, LARGE_COPY};
-use crate::share::Identity;
 use crate::stream::{optional_stream_arg, StreamArg};
 
 /// Sets the [`PoolConfig`] setting called `key` to `value`; `false` for a name that is none.

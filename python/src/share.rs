@@ -16,6 +16,7 @@ use crate::compat::RawMemory;
 use crate::device::gpu_of;
 use crate::errors::{invalid_argument, to_py, vkgdr_error};
 use crate::fork::Home;
+use crate::identity::Identity;
 use crate::interface::type_name;
 use crate::pool::{Block, Pool};
 use crate::ring::DeviceRing;
@@ -47,60 +48,6 @@ pub(crate) fn slice(deadline: Option<Instant>) -> Duration {
 /// Whether `deadline` has passed.
 pub(crate) fn passed(deadline: Option<Instant>) -> bool {
     deadline.is_some_and(|d| Instant::now() >= d)
-}
-
-/// What a `ShareServer` checks the memory it shares against: the regions' device, driver and
-/// memory type are named once, in the server's descriptors, so every region must match them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Identity {
-    uuid: [u8; 16],
-    driver_uuid: [u8; 16],
-    memory_type: u32,
-    non_coherent: bool,
-}
-
-impl Identity {
-    pub(crate) fn of(context: &VulkanContext) -> Identity {
-        let info = context.device_info();
-        Identity {
-            uuid: info.uuid,
-            driver_uuid: info.driver_uuid,
-            memory_type: context.memory_type().index,
-            non_coherent: context.is_non_coherent(),
-        }
-    }
-
-    /// Whether memory of the device needs flushes and invalidates.
-    pub(crate) fn non_coherent(&self) -> bool {
-        self.non_coherent
-    }
-
-    fn describe(&self) -> String {
-        format!(
-            "GPU-{} (driver {}), memory type {}, {}",
-            vkgdr::vulkan::format_uuid(&self.uuid),
-            vkgdr::vulkan::format_uuid(&self.driver_uuid),
-            self.memory_type,
-            if self.non_coherent {
-                "non-coherent"
-            } else {
-                "coherent"
-            }
-        )
-    }
-
-    /// `Ok` if memory of `other` (a `what`) may be shared by a server of `self`.
-    fn check(&self, other: Identity, what: &str) -> PyResult<()> {
-        if *self == other {
-            return Ok(());
-        }
-        Err(invalid_argument(format!(
-            "the {what} lives on {}, and the ShareServer's device is {}: share memory of the \
-             owner the server was made with (and its coherence flags)",
-            other.describe(),
-            self.describe()
-        )))
-    }
 }
 
 /// The Vulkan device and (for a `Vkgdr`) the GPU handle behind a server's `owner` argument.
