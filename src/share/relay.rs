@@ -22,13 +22,13 @@
 //! waits up to that long for its first tail to pass).
 //!
 //! While it spins, a poll is two plain loads per lane (the producer page's seqlock version and
-//! the consumer's head, each against the value last seen) and one `pause`: no lock but the
-//! lanes' uncontended one, no clock, no syscall. Only a lane whose version or head moved is
-//! served (the pair read under the seqlock, checked, passed on). Every [`CHECK_EVERY`] polls the
-//! relay reads the clock and serves every lane in full, which also asks whether the consumer is
-//! gone (a mutex and, every 200 µs, a driver call for a ring's lanes). Each poll used to pause 32
-//! times (over a microsecond on the hosts measured) and read the clock: a tail or head that
-//! arrived in that gap waited for its end, twice per round trip (BENCHMARKS.md, "Where the lone
+//! the consumer's head, each against the value last seen) and one `pause`: no lock (the lanes'
+//! is held for [`CHECK_EVERY`] polls at a time), no clock, no syscall. Only a lane whose
+//! version or head moved is served (the pair read under the seqlock, checked, passed on). Every
+//! [`CHECK_EVERY`] polls the relay reads the clock and serves every lane in full, which also
+//! asks whether the consumer is gone (a mutex and, every 200 µs, a driver call for a ring's
+//! lanes). The gap between two polls is what a tail, and then the head, waits for on top of the
+//! hand-overs, twice per round trip: it is kept to one `pause` (BENCHMARKS.md, "Where the lone
 //! record's 0.94 µs go").
 
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
@@ -113,8 +113,8 @@ impl LaneSource for Arc<DeviceRing> {
 const IDLE_AFTER: Duration = Duration::from_secs(1);
 /// The relay's poll interval once idle for [`IDLE_AFTER`].
 const IDLE_POLL: Duration = Duration::from_millis(1);
-/// Spinning polls between two looks at the clock and two full passes (each lane served whole,
-/// its consumer asked whether it is gone): a few microseconds of polls.
+/// Spinning polls in one look: between two looks at the clock and two full passes (each lane
+/// served whole, its consumer asked whether it is gone), a few microseconds of polls.
 pub(crate) const CHECK_EVERY: u32 = 64;
 
 /// Producer page words.
@@ -307,58 +307,49 @@ impl Relay {
     pub(crate) fn run(&self, events: &dyn Fn(ShareEvent)) {
         *self.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::thread::current());
         let mut last_moved = Instant::now();
-        let mut moved_since_check = false;
-        // Polls since the last check; the first pass is a full one.
-        let mut polls = CHECK_EVERY - 1;
+        let mut spinning = true;
         while !self.stop.load(Ordering::Acquire) {
-            polls += 1;
-            let full = polls >= CHECK_EVERY;
-            let (moved, any) = self.pass(full, events);
-            moved_since_check |= moved;
-            if !full {
-                // The hot loop: no clock, no syscall.
-                std::hint::spin_loop();
-                continue;
-            }
-            polls = 0;
+            let polls = if spinning { CHECK_EVERY - 1 } else { 0 };
+            let (moved, any) = self.look(polls, events);
             let now = Instant::now();
-            if std::mem::take(&mut moved_since_check) {
+            if moved {
                 last_moved = now;
             }
             let quiet = now - last_moved;
+            spinning = any && quiet < self.spin;
             if !any {
                 // Nothing to serve: sleep until a lane is added (or the owner stops), then spin
                 // for a while, as a new producer is likely to publish soon.
                 std::thread::park_timeout(Duration::from_millis(100));
                 last_moved = Instant::now();
-                polls = CHECK_EVERY - 1;
-            } else if quiet < self.spin {
+                spinning = true;
+            } else if spinning {
                 std::hint::spin_loop();
+            } else if quiet < IDLE_AFTER {
+                std::thread::sleep(self.idle_poll);
             } else {
-                // Idle: each poll after a sleep is a full one.
-                polls = CHECK_EVERY - 1;
-                if quiet < IDLE_AFTER {
-                    std::thread::sleep(self.idle_poll);
-                } else {
-                    // Long idle: a lane that starts again waits at most this long for its first
-                    // tail.
-                    std::thread::sleep(IDLE_POLL);
-                }
+                // Long idle: a lane that starts again waits at most this long for its first tail.
+                std::thread::sleep(IDLE_POLL);
             }
         }
     }
 
-    /// One look at every lane (served whole with `full`, else only those whose producer page or
-    /// head moved): whether anything moved, and whether there is any lane.
-    fn pass(&self, full: bool, events: &dyn Fn(ShareEvent)) -> (bool, bool) {
+    /// Under the lanes' lock: `polls` quick polls of every lane, a `pause` after each (a lane is
+    /// served only if its producer page or head moved: no clock, no syscall), then one full
+    /// pass (each lane served whole, its consumer asked whether it is gone). Returns whether
+    /// anything moved and whether there is any lane. The owner's other thread, adding, taking
+    /// back or revoking a lane, waits for the end of it: a few microseconds.
+    fn look(&self, polls: u32, events: &dyn Fn(ShareEvent)) -> (bool, bool) {
         let mut lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
         let mut moved = false;
+        for _ in 0..polls {
+            for lane in lanes.iter_mut() {
+                moved |= lane.poll(&self.faults, events);
+            }
+            std::hint::spin_loop();
+        }
         for lane in lanes.iter_mut() {
-            moved |= if full {
-                lane.serve(true, &self.faults, events)
-            } else {
-                lane.poll(&self.faults, events)
-            };
+            moved |= lane.serve(true, &self.faults, events);
         }
         (moved, !lanes.is_empty())
     }
