@@ -334,17 +334,23 @@ impl Relay {
         }
     }
 
-    /// Under the lanes' lock: `polls` quick polls of every lane, a `pause` after each (a lane is
-    /// served only if its producer page or head moved: no clock, no syscall), then one full
-    /// pass (each lane served whole, its consumer asked whether it is gone). Returns whether
-    /// anything moved and whether there is any lane. The owner's other thread, adding, taking
-    /// back or revoking a lane, waits for the end of it: a few microseconds.
+    /// Under the lanes' lock: up to `polls` quick polls of every lane, a `pause` after each (a
+    /// lane is served only if its producer page or head moved: no clock, no syscall), ending
+    /// after the first poll that served one, then one full pass (each lane served whole, its
+    /// consumer asked whether it is gone). Returns whether anything moved and whether there is
+    /// any lane. The owner's other thread, adding, taking back or revoking a lane, waits for the
+    /// end of it: a few microseconds.
     fn look(&self, polls: u32, events: &dyn Fn(ShareEvent)) -> (bool, bool) {
         let mut lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
         let mut moved = false;
         for _ in 0..polls {
             for lane in lanes.iter_mut() {
                 moved |= lane.poll(&self.faults, events);
+            }
+            if moved {
+                // Served lanes cost more than polls: the lock is held no longer than a poll of
+                // them past the quiet ones.
+                break;
             }
             std::hint::spin_loop();
         }
