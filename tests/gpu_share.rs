@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::share::*;
 use common::*;
 use vkgdr::cuda_objects::{LaunchConfig, Module, Stream};
-use vkgdr::ring::layout::{self, seal_test_payload, test_checksum, TEST_PREFIX_LEN};
+use vkgdr::ring::layout::{self, test_checksum, TEST_PREFIX_LEN};
 use vkgdr::ring::{DeviceRing, RingDeviceView};
 use vkgdr::share::{Peer, ShareEvent, ShareOptions, ShareServer};
 use vkgdr::Mapping;
@@ -60,13 +60,7 @@ fn producer_child(records: u64, tear: bool) -> ! {
     let mut p = lane.producer().expect("producer");
     let (mut sum, mut k) = (0u64, 0u64);
     while k < records {
-        let batch: Vec<Vec<u8>> = (0..64.min(records - k))
-            .map(|i| {
-                let mut payload = vec![0u8; 24 + ((k + i) * 37 % 977) as usize];
-                seal_test_payload(&mut payload, p.next_seq() + i);
-                payload
-            })
-            .collect();
+        let batch = sealed_records(k, 64.min(records - k), p.next_seq());
         for r in &batch {
             sum = sum.wrapping_add(test_checksum(&r[TEST_PREFIX_LEN..]));
         }
@@ -75,14 +69,7 @@ fn producer_child(records: u64, tear: bool) -> ! {
         k += batch.len() as u64;
     }
     let seqs = p.next_seq();
-    let t = Instant::now();
-    while lane.accepted().tail < lane.core().published() {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "the owner never accepted the tail"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_accepted(&lane);
     // Seqs count from the lane's start (a lane taken over continues its predecessor's numbers).
     println!(
         "DONE {} {} {} {}",
@@ -92,15 +79,7 @@ fn producer_child(records: u64, tear: bool) -> ! {
         sum
     );
     if tear {
-        let mut payload = vec![0u8; 2000];
-        seal_test_payload(&mut payload, p.next_seq());
-        let mut r = p
-            .reserve(2000, Some(Duration::from_secs(30)))
-            .expect("reserve");
-        r.write(0, &payload[..1000]).unwrap();
-        println!("MID");
-        std::thread::sleep(Duration::from_secs(300));
-        unreachable!("killed by the parent");
+        tear_mid_record(&mut p, Duration::from_secs(300));
     }
     drop(p);
     exit(0)

@@ -18,9 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vkgdr::ring::layout::{
-    seal_test_payload, WrapMode, RESULT_ERRORS, RESULT_NEXT_SEQ, RESULT_RECORDS,
-};
+use vkgdr::ring::layout::{WrapMode, RESULT_ERRORS, RESULT_NEXT_SEQ, RESULT_RECORDS};
 use vkgdr::share::wire::{self, LaneDescriptor, Message, Region, RegionDescriptor};
 use vkgdr::share::{
     CheckingLanes, Peer, PeerPolicy, RefusalCode, ShareError, ShareEvent, ShareOptions, ShareServer,
@@ -349,38 +347,17 @@ fn produce(records: u64, tear: bool) -> ! {
     let mut p = lane.producer().expect("producer");
     let mut k = 0u64;
     while k < records {
-        let batch: Vec<Vec<u8>> = (0..16.min(records - k))
-            .map(|i| {
-                let mut payload = vec![0u8; 24 + ((k + i) * 37 % 977) as usize];
-                seal_test_payload(&mut payload, p.next_seq() + i);
-                payload
-            })
-            .collect();
+        let batch = sealed_records(k, 16.min(records - k), p.next_seq());
         p.push_batch(batch.iter().map(|r| &r[..]), Some(Duration::from_secs(30)))
             .expect("push");
         k += batch.len() as u64;
     }
     if tear {
-        let mut payload = vec![0u8; 2000];
-        seal_test_payload(&mut payload, p.next_seq());
-        let mut r = p
-            .reserve(2000, Some(Duration::from_secs(30)))
-            .expect("reserve");
-        r.write(0, &payload[..1000]).unwrap();
-        println!("MID");
-        std::thread::sleep(Duration::from_secs(120));
-        unreachable!("killed by the parent");
+        tear_mid_record(&mut p, Duration::from_secs(120));
     }
     drop(p);
     // Wait until the owner accepted everything, so the parent's count is exact.
-    let t = Instant::now();
-    while lane.accepted().tail < lane.core().published() {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "the owner never accepted the tail"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_accepted(&lane);
     exit(0)
 }
 

@@ -373,13 +373,15 @@ impl Peer {
             .detach(|| peer.attach_memory(name))
             .map_err(|e| Self::attach_error(e, name))?;
         let made = AttachedMemory {
-            size: memory.len(),
-            host_ptr: memory.host_ptr() as usize,
-            non_coherent: memory.memory().is_non_coherent(),
+            mapped: MappedBytes {
+                size: memory.len(),
+                host_ptr: memory.host_ptr() as usize,
+                non_coherent: memory.memory().is_non_coherent(),
+                slot: Slot::new((memory, peer), "AttachedMemory"),
+            },
             name: name.to_owned(),
-            slot: Slot::new((memory, peer), "AttachedMemory"),
         };
-        register(&self.attachments, made.slot.clone())?;
+        register(&self.attachments, made.mapped.slot.clone())?;
         Ok(made)
     }
 
@@ -466,6 +468,154 @@ impl Peer {
     }
 }
 
+/// What differs between the two attachments of mapped bytes (`AttachedMemory`, `SharedBlock`):
+/// the library's object in their slot. [`MappedBytes`] holds the buffer API they share.
+trait Mapped: Send + 'static {
+    /// The library's mapping.
+    type Memory: Mapping;
+
+    /// The mapping, for a write, read, flush or invalidate.
+    fn mapping(&mut self) -> &mut Self::Memory;
+
+    /// Whether the owner revoked it, after reading what the owner sent meanwhile.
+    fn poll_revoked(&self) -> bool;
+}
+
+/// What an `AttachedMemory`'s slot holds: the memory, and the connection.
+type MemoryParts = (vkgdr::share::AttachedMemory, Conn);
+
+/// What a `SharedBlock`'s slot holds: the block, its pool's attachment (which lasts while any of
+/// its blocks is held), and the connection (which keeps the chunks mapped while the block is kept
+/// for an export).
+type BlockParts = (
+    vkgdr::share::SharedBlock,
+    Arc<vkgdr::share::AttachedPool>,
+    Conn,
+);
+
+impl Mapped for MemoryParts {
+    type Memory = vkgdr::share::AttachedMemory;
+
+    fn mapping(&mut self) -> &mut Self::Memory {
+        &mut self.0
+    }
+
+    fn poll_revoked(&self) -> bool {
+        poll_quietly(&self.1);
+        self.0.is_revoked()
+    }
+}
+
+impl Mapped for BlockParts {
+    type Memory = vkgdr::share::SharedBlock;
+
+    fn mapping(&mut self) -> &mut Self::Memory {
+        &mut self.0
+    }
+
+    fn poll_revoked(&self) -> bool {
+        poll_quietly(&self.2);
+        self.0.is_revoked()
+    }
+}
+
+/// The buffer API that `AttachedMemory` and `SharedBlock` share, written once: the slot with
+/// the library's mapping, and what is known of the mapping without the slot's lock.
+struct MappedBytes<T> {
+    slot: Arc<Slot<T>>,
+    size: u64,
+    host_ptr: usize,
+    non_coherent: bool,
+}
+
+impl<T: Mapped> MappedBytes<T> {
+    /// The host address of the first byte, while the attachment is usable.
+    fn host_ptr(&self) -> PyResult<usize> {
+        self.slot.call(|_| Ok(()))?;
+        Ok(self.host_ptr)
+    }
+
+    /// Whether the owner revoked it (what the owner sent is read first).
+    fn is_revoked(&self) -> PyResult<bool> {
+        self.slot.call(|t| Ok(t.poll_revoked()))
+    }
+
+    /// `__array_interface__` of all its bytes, through an export.
+    fn array_interface<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.slot.array_interface(py, self.host_ptr, self.size)
+    }
+
+    /// A typed NumPy view of `obj` (the Python object holding `self`); `what` names it in errors.
+    fn view<'py>(
+        &self,
+        obj: &Bound<'py, PyAny>,
+        what: &str,
+        dtype: Option<&Bound<'py, PyAny>>,
+        shape: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.slot.call(|_| Ok(()))?;
+        interface::typed_view(obj, self.size, what, dtype, shape)
+    }
+
+    /// Copies a bytes-like object to `offset` (the library's bounds check, flush and refusal
+    /// once revoked), without the GIL when long.
+    fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>, offset: u64) -> PyResult<()> {
+        self.slot.here()?;
+        let slot = &self.slot;
+        interface::with_bytes(data, |bytes| {
+            maybe_detached(py, bytes.len(), || {
+                slot.with(|t| t.mapping().write(offset, bytes))
+            })
+        })?
+        .map_err(|e| self.slot.error(e))
+    }
+
+    /// Reads `size` bytes from `offset` (default: to the end), invalidated first on
+    /// non-coherent memory.
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        offset: u64,
+        size: Option<u64>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        self.slot.here()?;
+        let (offset, size) = interface::range(offset, size, self.size)?;
+        let slot = &self.slot;
+        PyBytes::new_with(py, size as usize, |out| {
+            // No other code can see the new bytes object yet: filling it without the GIL is safe.
+            maybe_detached(py, out.len(), || {
+                slot.with(|t| t.mapping().read(offset, out))
+            })
+            .map_err(|e| self.slot.error(e))
+        })
+    }
+
+    /// Makes host writes in `[offset, offset + size)` visible to the owner: a store fence, and
+    /// on non-coherent memory a flush.
+    fn flush(&self, py: Python<'_>, offset: u64, size: Option<u64>) -> PyResult<()> {
+        self.slot.here()?;
+        let (offset, size) = interface::range(offset, size, self.size)?;
+        interface::drain_host_writes();
+        if !self.non_coherent || size == 0 {
+            return self.slot.call(|_| Ok(()));
+        }
+        py.detach(|| self.slot.with(|t| t.mapping().after_write(offset, size)))
+            .map_err(|e| self.slot.error(e))
+    }
+
+    /// Makes the owner's writes in `[offset, offset + size)` visible to host reads through
+    /// views: an invalidate on non-coherent memory, nothing on coherent memory.
+    fn invalidate(&self, py: Python<'_>, offset: u64, size: Option<u64>) -> PyResult<()> {
+        self.slot.here()?;
+        let (offset, size) = interface::range(offset, size, self.size)?;
+        if !self.non_coherent || size == 0 {
+            return self.slot.call(|_| Ok(()));
+        }
+        py.detach(|| self.slot.with(|t| t.mapping().before_read(offset, size)))
+            .map_err(|e| self.slot.error(e))
+    }
+}
+
 /// Raw memory of an owner, mapped into this process (``Peer.attach_memory``): ``len()`` bytes,
 /// ``np.asarray(mem)`` (``uint8``, through ``__array_interface__``), ``view(dtype, shape)``,
 /// ``write(data, offset=0)``, ``read(offset=0, size=None)``, ``flush`` and ``invalidate``
@@ -479,23 +629,20 @@ impl Peer {
 /// when the last is gone (arrays hold the mapping, not the object: ``Block.free``'s exact rule).
 #[pyclass(module = "vkgdr", name = "AttachedMemory", frozen)]
 pub struct AttachedMemory {
-    slot: Arc<Slot<(vkgdr::share::AttachedMemory, Conn)>>,
+    mapped: MappedBytes<MemoryParts>,
     name: String,
-    size: u64,
-    host_ptr: usize,
-    non_coherent: bool,
 }
 
 #[pymethods]
 impl AttachedMemory {
     fn __len__(&self) -> usize {
-        self.size as usize
+        self.mapped.size as usize
     }
 
     /// The size in bytes.
     #[getter]
     fn size(&self) -> u64 {
-        self.size
+        self.mapped.size
     }
 
     /// The name the owner shares it under.
@@ -507,29 +654,25 @@ impl AttachedMemory {
     /// The host address of the first byte (this process's mapping).
     #[getter]
     fn host_ptr(&self) -> PyResult<usize> {
-        self.slot.call(|_| Ok(()))?;
-        Ok(self.host_ptr)
+        self.mapped.host_ptr()
     }
 
     /// Whether host writes need no ``flush`` (nor the owner's writes an ``invalidate``).
     #[getter]
     fn is_coherent(&self) -> bool {
-        !self.non_coherent
+        !self.mapped.non_coherent
     }
 
     /// Whether the owner revoked it (what the owner sent is read first).
     #[getter]
     fn is_revoked(&self) -> PyResult<bool> {
-        self.slot.call(|(m, peer)| {
-            poll_quietly(peer);
-            Ok(m.is_revoked())
-        })
+        self.mapped.is_revoked()
     }
 
     /// Whether ``detach()`` was called (or the Peer closed).
     #[getter]
     fn is_detached(&self) -> bool {
-        self.slot.is_ended()
+        self.mapped.slot.is_ended()
     }
 
     /// NumPy's array interface: ``size`` writable bytes (``uint8``) of the mapping. Its
@@ -537,7 +680,7 @@ impl AttachedMemory {
     /// keep the mapping, not this object (see the class docs).
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        self.slot.array_interface(py, self.host_ptr, self.size)
+        self.mapped.array_interface(py)
     }
 
     /// A typed NumPy view: ``dtype`` (default ``uint8``) and ``shape`` (default: as many
@@ -548,22 +691,14 @@ impl AttachedMemory {
         dtype: Option<&Bound<'py, PyAny>>,
         shape: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        slf.get().slot.call(|_| Ok(()))?;
-        interface::typed_view(slf.as_any(), slf.get().size, "memory", dtype, shape)
+        slf.get().mapped.view(slf.as_any(), "memory", dtype, shape)
     }
 
     /// Copies a bytes-like object to ``offset`` (bounds-checked, flushed on non-coherent
     /// memory); ``ShareError`` once the owner revoked it.
     #[pyo3(signature = (data, offset = 0))]
     fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>, offset: u64) -> PyResult<()> {
-        self.slot.here()?;
-        let slot = &self.slot;
-        interface::with_bytes(data, |bytes| {
-            maybe_detached(py, bytes.len(), || {
-                slot.with(|(m, _)| m.write(offset, bytes))
-            })
-        })?
-        .map_err(|e| self.slot.error(e))
+        self.mapped.write(py, data, offset)
     }
 
     /// Reads ``size`` bytes from ``offset`` (default: to the end), invalidated first on
@@ -575,14 +710,7 @@ impl AttachedMemory {
         offset: u64,
         size: Option<u64>,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        self.slot.here()?;
-        let (offset, size) = interface::range(offset, size, self.size)?;
-        let slot = &self.slot;
-        PyBytes::new_with(py, size as usize, |out| {
-            // No other code can see the new bytes object yet: filling it without the GIL is safe.
-            maybe_detached(py, out.len(), || slot.with(|(m, _)| m.read(offset, out)))
-                .map_err(|e| self.slot.error(e))
-        })
+        self.mapped.read(py, offset, size)
     }
 
     /// Makes host writes in ``[offset, offset + size)`` (default: all of it) visible to the
@@ -590,33 +718,20 @@ impl AttachedMemory {
     /// fence.
     #[pyo3(signature = (offset = 0, size = None))]
     fn flush(&self, py: Python<'_>, offset: u64, size: Option<u64>) -> PyResult<()> {
-        self.slot.here()?;
-        let (offset, size) = interface::range(offset, size, self.size)?;
-        interface::drain_host_writes();
-        if !self.non_coherent || size == 0 {
-            return self.slot.call(|_| Ok(()));
-        }
-        py.detach(|| self.slot.with(|(m, _)| m.memory().flush(offset, size)))
-            .map_err(|e| self.slot.error(e))
+        self.mapped.flush(py, offset, size)
     }
 
     /// Makes the owner's writes in ``[offset, offset + size)`` (default: all of it) visible to
     /// host reads through views. A no-op on coherent memory.
     #[pyo3(signature = (offset = 0, size = None))]
     fn invalidate(&self, py: Python<'_>, offset: u64, size: Option<u64>) -> PyResult<()> {
-        self.slot.here()?;
-        let (offset, size) = interface::range(offset, size, self.size)?;
-        if !self.non_coherent || size == 0 {
-            return self.slot.call(|_| Ok(()));
-        }
-        py.detach(|| self.slot.with(|(m, _)| m.memory().invalidate(offset, size)))
-            .map_err(|e| self.slot.error(e))
+        self.mapped.invalidate(py, offset, size)
     }
 
     /// Detaches it: at once, or, when a NumPy array made from it is alive, once the last is gone
     /// (see the class docs). Detaching twice does nothing; other methods raise ``VkgdrError`` after.
     fn detach(&self, py: Python<'_>) -> PyResult<()> {
-        end_for(py, &self.slot, End::Detached)
+        end_for(py, &self.mapped.slot, End::Detached)
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -625,7 +740,7 @@ impl AttachedMemory {
 
     #[pyo3(signature = (*_exc))]
     fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
-        end_for(py, &self.slot, End::Detached)?;
+        end_for(py, &self.mapped.slot, End::Detached)?;
         Ok(false)
     }
 
@@ -633,8 +748,8 @@ impl AttachedMemory {
         format!(
             "<vkgdr.AttachedMemory {:?}, {} bytes{}>",
             self.name,
-            self.size,
-            if self.slot.is_ended() {
+            self.mapped.size,
+            if self.mapped.slot.is_ended() {
                 ", detached"
             } else {
                 ""
@@ -671,12 +786,14 @@ impl AttachedPool {
         let non_coherent = peer.device().is_some_and(|d| d.is_non_coherent());
         let made = SharedBlock {
             token: block.token(),
-            size: block.len(),
-            host_ptr: block.host_ptr() as usize,
-            non_coherent,
-            slot: Slot::new((block, pool, peer), "SharedBlock"),
+            mapped: MappedBytes {
+                size: block.len(),
+                host_ptr: block.host_ptr() as usize,
+                non_coherent,
+                slot: Slot::new((block, pool, peer), "SharedBlock"),
+            },
         };
-        register(&self.attachments, made.slot.clone())?;
+        register(&self.attachments, made.mapped.slot.clone())?;
         Ok(made)
     }
 }
@@ -785,31 +902,20 @@ impl AttachedPool {
 /// ``VkgdrError`` after.
 #[pyclass(module = "vkgdr", name = "SharedBlock", frozen)]
 pub struct SharedBlock {
-    /// The block, its pool's attachment (which lasts while any of its blocks is held), and the
-    /// connection (which keeps the chunks mapped while the block is kept for an export).
-    slot: Arc<
-        Slot<(
-            vkgdr::share::SharedBlock,
-            Arc<vkgdr::share::AttachedPool>,
-            Conn,
-        )>,
-    >,
+    mapped: MappedBytes<BlockParts>,
     token: u64,
-    size: u64,
-    host_ptr: usize,
-    non_coherent: bool,
 }
 
 #[pymethods]
 impl SharedBlock {
     fn __len__(&self) -> usize {
-        self.size as usize
+        self.mapped.size as usize
     }
 
     /// The size in bytes.
     #[getter]
     fn size(&self) -> u64 {
-        self.size
+        self.mapped.size
     }
 
     /// The owner's name for the block (``ShareServer.take_returned(token)``).
@@ -821,37 +927,33 @@ impl SharedBlock {
     /// The host address of the first byte (this process's mapping).
     #[getter]
     fn host_ptr(&self) -> PyResult<usize> {
-        self.slot.call(|_| Ok(()))?;
-        Ok(self.host_ptr)
+        self.mapped.host_ptr()
     }
 
     /// Whether host writes need no ``flush``.
     #[getter]
     fn is_coherent(&self) -> bool {
-        !self.non_coherent
+        !self.mapped.non_coherent
     }
 
     /// Whether the owner took the block (or its pool) back (what the owner sent is read
     /// first): ``write`` raises ``ShareError`` then.
     #[getter]
     fn is_revoked(&self) -> PyResult<bool> {
-        self.slot.call(|(b, _, peer)| {
-            poll_quietly(peer);
-            Ok(b.is_revoked())
-        })
+        self.mapped.is_revoked()
     }
 
     /// Whether ``release()`` was called (or the Peer closed).
     #[getter]
     fn is_released(&self) -> bool {
-        self.slot.is_ended()
+        self.mapped.slot.is_ended()
     }
 
     /// NumPy's array interface: ``size`` writable bytes (``uint8``). Arrays made from it keep
     /// the block, not this object (see the class docs).
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        self.slot.array_interface(py, self.host_ptr, self.size)
+        self.mapped.array_interface(py)
     }
 
     /// A typed NumPy view: ``dtype`` (default ``uint8``) and ``shape`` (default: as many
@@ -862,22 +964,14 @@ impl SharedBlock {
         dtype: Option<&Bound<'py, PyAny>>,
         shape: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        slf.get().slot.call(|_| Ok(()))?;
-        interface::typed_view(slf.as_any(), slf.get().size, "block", dtype, shape)
+        slf.get().mapped.view(slf.as_any(), "block", dtype, shape)
     }
 
     /// Copies a bytes-like object to ``offset`` (bounds-checked, flushed on non-coherent
     /// memory); ``ShareError`` once the owner revoked the block.
     #[pyo3(signature = (data, offset = 0))]
     fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>, offset: u64) -> PyResult<()> {
-        self.slot.here()?;
-        let slot = &self.slot;
-        interface::with_bytes(data, |bytes| {
-            maybe_detached(py, bytes.len(), || {
-                slot.with(|(b, _, _)| b.write(offset, bytes))
-            })
-        })?
-        .map_err(|e| self.slot.error(e))
+        self.mapped.write(py, data, offset)
     }
 
     /// Reads ``size`` bytes from ``offset`` (default: to the end), invalidated first on
@@ -889,47 +983,27 @@ impl SharedBlock {
         offset: u64,
         size: Option<u64>,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        self.slot.here()?;
-        let (offset, size) = interface::range(offset, size, self.size)?;
-        let slot = &self.slot;
-        PyBytes::new_with(py, size as usize, |out| {
-            // No other code can see the new bytes object yet: filling it without the GIL is safe.
-            maybe_detached(py, out.len(), || slot.with(|(b, _, _)| b.read(offset, out)))
-                .map_err(|e| self.slot.error(e))
-        })
+        self.mapped.read(py, offset, size)
     }
 
     /// Makes host writes in ``[offset, offset + size)`` (default: the whole block) visible to
     /// the owner, however they were made (NumPy views included).
     #[pyo3(signature = (offset = 0, size = None))]
     fn flush(&self, py: Python<'_>, offset: u64, size: Option<u64>) -> PyResult<()> {
-        self.slot.here()?;
-        let (offset, size) = interface::range(offset, size, self.size)?;
-        interface::drain_host_writes();
-        if !self.non_coherent || size == 0 {
-            return self.slot.call(|_| Ok(()));
-        }
-        py.detach(|| self.slot.with(|(b, _, _)| b.after_write(offset, size)))
-            .map_err(|e| self.slot.error(e))
+        self.mapped.flush(py, offset, size)
     }
 
     /// Makes the owner's writes in ``[offset, offset + size)`` (default: the whole block)
     /// visible to host reads through views. A no-op on coherent memory.
     #[pyo3(signature = (offset = 0, size = None))]
     fn invalidate(&self, py: Python<'_>, offset: u64, size: Option<u64>) -> PyResult<()> {
-        self.slot.here()?;
-        let (offset, size) = interface::range(offset, size, self.size)?;
-        if !self.non_coherent || size == 0 {
-            return self.slot.call(|_| Ok(()));
-        }
-        py.detach(|| self.slot.with(|(b, _, _)| b.before_read(offset, size)))
-            .map_err(|e| self.slot.error(e))
+        self.mapped.invalidate(py, offset, size)
     }
 
     /// Gives the block back to the owner: at once, or, when a NumPy array made from it is
     /// alive, once the last is gone (see the class docs). Releasing twice does nothing.
     fn release(&self, py: Python<'_>) -> PyResult<()> {
-        end_for(py, &self.slot, End::Released)
+        end_for(py, &self.mapped.slot, End::Released)
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -938,7 +1012,7 @@ impl SharedBlock {
 
     #[pyo3(signature = (*_exc))]
     fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
-        end_for(py, &self.slot, End::Released)?;
+        end_for(py, &self.mapped.slot, End::Released)?;
         Ok(false)
     }
 
@@ -946,8 +1020,8 @@ impl SharedBlock {
         format!(
             "<vkgdr.SharedBlock token {}, {} bytes{}>",
             self.token,
-            self.size,
-            if self.slot.is_ended() {
+            self.mapped.size,
+            if self.mapped.slot.is_ended() {
                 ", released"
             } else {
                 ""

@@ -8,7 +8,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use vkgdr::share::{ShareEvent, ShareServer};
+use vkgdr::ring::core::{Producer, RingSink};
+use vkgdr::ring::layout::seal_test_payload;
+use vkgdr::share::{AttachedLane, ShareEvent, ShareServer};
 
 pub const ROLE: &str = "VKGDR_SHARE_CHILD";
 pub const SOCKET: &str = "VKGDR_SHARE_SOCKET";
@@ -89,4 +91,43 @@ pub fn wait_event(
 pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     static SERIAL: Mutex<()> = Mutex::new(());
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Records `k..k + n` of a producer child, sealed with the sequence numbers from `first_seq` on:
+/// record `k` holds 24 to 1,000 bytes (`24 + k * 37 % 977`).
+pub fn sealed_records(k: u64, n: u64, first_seq: u64) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|i| {
+            let mut payload = vec![0u8; 24 + ((k + i) * 37 % 977) as usize];
+            seal_test_payload(&mut payload, first_seq + i);
+            payload
+        })
+        .collect()
+}
+
+/// Waits (at most 30 s) until the owner has accepted every record `lane`'s producer published.
+pub fn wait_accepted(lane: &AttachedLane) {
+    let t = Instant::now();
+    while lane.accepted().tail < lane.core().published() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the owner never accepted the tail"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The end of a producer child that dies in the middle of a record: reserves a sealed record of
+/// 2,000 bytes, writes its first half, says `MID` on stdout and waits up to `wait` to be killed
+/// by the parent.
+pub fn tear_mid_record<S: RingSink>(p: &mut Producer<'_, S>, wait: Duration) -> ! {
+    let mut payload = vec![0u8; 2000];
+    seal_test_payload(&mut payload, p.next_seq());
+    let mut r = p
+        .reserve(2000, Some(Duration::from_secs(30)))
+        .expect("reserve");
+    r.write(0, &payload[..1000]).unwrap();
+    println!("MID");
+    std::thread::sleep(wait);
+    unreachable!("killed by the parent");
 }

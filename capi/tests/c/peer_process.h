@@ -1,5 +1,6 @@
-/* The peer process of the sharing tests (share_vulkan.c on CI, gpu/share.c on the GPU machine):
- * fork, then exec this very program with other arguments, in an environment where
+/* The peer process of the sharing tests (share_vulkan.c on CI, gpu/share.c on the GPU machine),
+ * and the memory patterns the owner and the peer write for each other to check. The peer: fork,
+ * then exec this very program with other arguments, in an environment where
  * VKGDR_CUDA_LIBRARY names a library that does not exist, so the peer shows that attaching and
  * writing need no CUDA. The child calls nothing but execve and _exit between fork and exec
  * (the parent has threads: its share server's), and its environment is made before the fork.
@@ -8,6 +9,7 @@
 #define VKGDR_TEST_PEER_PROCESS_H
 
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,6 +88,38 @@ static inline void sleep_ms(long ms)
     t.tv_sec = ms / 1000;
     t.tv_nsec = (ms % 1000) * 1000000;
     nanosleep(&t, NULL);
+}
+
+/* Word i of the memory pattern `seed`. */
+static inline uint32_t pattern_word(size_t i, uint32_t seed)
+{
+    return (uint32_t)(i * 2654435761u) ^ seed;
+}
+
+/* Writes the pattern `seed` into the whole words of `p[0..n)`. */
+static inline void fill(unsigned char *p, size_t n, uint32_t seed)
+{
+    size_t i;
+    for (i = 0; i + 4 <= n; i += 4) {
+        uint32_t w = pattern_word(i / 4, seed);
+        memcpy(p + i, &w, 4);
+    }
+}
+
+/* Whether the whole words of `p[0..n)` hold the pattern `seed`; names the first that does not. */
+static inline int matches(const unsigned char *p, size_t n, uint32_t seed)
+{
+    size_t i;
+    for (i = 0; i + 4 <= n; i += 4) {
+        uint32_t w;
+        memcpy(&w, p + i, 4);
+        if (w != pattern_word(i / 4, seed)) {
+            fprintf(stderr, "  word %zu is %08x, expected %08x\n", i / 4, w,
+                    pattern_word(i / 4, seed));
+            return 0;
+        }
+    }
+    return 1;
 }
 
 #endif

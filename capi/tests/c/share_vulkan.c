@@ -24,35 +24,6 @@
 #define QUOTA (1u << 20)
 #define WAIT_NS 30000000000ll
 
-/* Word i of a pattern. */
-static uint32_t word(size_t i, uint32_t seed)
-{
-    return (uint32_t)(i * 2654435761u) ^ seed;
-}
-
-static void fill(unsigned char *p, size_t n, uint32_t seed)
-{
-    size_t i;
-    for (i = 0; i + 4 <= n; i += 4) {
-        uint32_t w = word(i / 4, seed);
-        memcpy(p + i, &w, 4);
-    }
-}
-
-static int matches(const unsigned char *p, size_t n, uint32_t seed)
-{
-    size_t i;
-    for (i = 0; i + 4 <= n; i += 4) {
-        uint32_t w;
-        memcpy(&w, p + i, 4);
-        if (w != word(i / 4, seed)) {
-            fprintf(stderr, "  word %zu is %08x, expected %08x\n", i / 4, w, word(i / 4, seed));
-            return 0;
-        }
-    }
-    return 1;
-}
-
 /* --- The peer process ------------------------------------------------------------------------ */
 
 static int peer_main(const char *path, int non_coherent)

@@ -47,30 +47,6 @@ static uint64_t lane_sum(uint32_t lane, unsigned char *buf)
     return sum;
 }
 
-/* Word i of the memory patterns. */
-static void fill(unsigned char *p, size_t n, uint32_t seed)
-{
-    size_t i;
-    for (i = 0; i + 4 <= n; i += 4) {
-        uint32_t w = pattern(i / 4, seed);
-        memcpy(p + i, &w, 4);
-    }
-}
-
-static int matches(const unsigned char *p, size_t n, uint32_t seed)
-{
-    size_t i;
-    for (i = 0; i + 4 <= n; i += 4) {
-        uint32_t w;
-        memcpy(&w, p + i, 4);
-        if (w != pattern(i / 4, seed)) {
-            fprintf(stderr, "  word %zu is %08x, expected %08x\n", i / 4, w, pattern(i / 4, seed));
-            return 0;
-        }
-    }
-    return 1;
-}
-
 /* --- The peer process: no CUDA ---------------------------------------------------------------- */
 
 /* Pushes the lane's records: one per call (`batched` 0) or BATCH per call. */
