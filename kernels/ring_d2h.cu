@@ -26,6 +26,8 @@
 //
 // d2h_lone: one thread publishes one record of 8 bytes (kind 4, payload `value`) into lane 0.
 //
+// d2h_pong_word: see below (a plain word's round trip, the floor under d2h_ping's).
+//
 // d2h_write_word: *dst = value, from one thread (the baseline of a lone record's latency: a
 // kernel's write seen through a stream synchronisation).
 //
@@ -178,5 +180,21 @@ extern "C" __global__ void d2h_write_word(unsigned long long* dst, unsigned long
 {
     if (blockIdx.x == 0u && threadIdx.x == 0u) {
         *(volatile unsigned long long*)dst = value;
+    }
+}
+
+// d2h_pong_word: one thread writes i + 1 into *out (pinned host memory) once *go > i, for i < n:
+// the machine's own CPU store -> kernel -> CPU round trip, beside d2h_ping's. A go of ~0 ends it.
+extern "C" __global__ void d2h_pong_word(const unsigned long long* go, unsigned long long* out,
+                                         unsigned int n)
+{
+    if (blockIdx.x != 0u || threadIdx.x != 0u) {
+        return;
+    }
+    for (unsigned int i = 0; i < n; ++i) {
+        while (*(const volatile unsigned long long*)go <= i) {
+        }
+        *(volatile unsigned long long*)out = i + 1ull;
+        __threadfence_system();
     }
 }

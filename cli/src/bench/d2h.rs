@@ -20,7 +20,7 @@
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
-use vkgdr::cuda_objects::{DeviceBuffer, Event, LaunchConfig, Module, Stream};
+use vkgdr::cuda_objects::{DeviceBuffer, Event, LaunchConfig, Module, PinnedBuffer, Stream};
 use vkgdr::ring::core::d2h::{D2hDeviceView, LaneShape, Poll, STATUS_OK};
 use vkgdr::ring::DeviceToHostRing;
 use vkgdr::{Gpu, Mapping, OpenOptions};
@@ -40,7 +40,7 @@ const PTX: &str = include_str!(concat!(
     "/../kernels/ring_d2h.ptx"
 ));
 /// Lanes, and CPU consumer threads, of the throughput rows.
-const LANES: u32 = 8;
+const LANES: [u32; 2] = [8, 16];
 /// Blocks of 256 threads: two per SM of the largest GPUs we know (132 SMs).
 const BLOCKS: u32 = 264;
 const THREADS: u32 = 256;
@@ -52,11 +52,16 @@ const SPIN_LIMIT: u32 = 20_000_000;
 /// The rows the registry names.
 pub mod rows {
     /// `d2h-throughput`: the ring, 8 lanes drained by 8 CPU threads.
-    pub const RING: &str = "ring: kernel → 8 lanes → 8 CPU consumer threads";
+    pub const RING_8: &str = "ring: kernel → 8 lanes → 8 CPU consumer threads";
+    /// `d2h-throughput`: 16 lanes, 16 CPU threads.
+    pub const RING_16: &str = "ring: kernel → 16 lanes → 16 CPU consumer threads";
     /// `d2h-throughput`: the same bytes by `cuMemcpyDtoHAsync`, device → pinned host memory.
     pub const DTOH_256: &str = "cuMemcpyDtoHAsync device → pinned, 256 records per copy";
     /// `d2h-latency`: CPU store → resident kernel publishes one record → the CPU sees it.
     pub const PING: &str = "ring: CPU store → resident kernel publishes → CPU sees the record";
+    /// `d2h-latency`: the same round trip with a plain word instead of a record: the machine's.
+    pub const PONG_WORD: &str =
+        "CPU store → resident kernel writes a word into pinned memory → CPU sees it";
     /// `d2h-latency`: launch of a kernel that publishes one record → the CPU sees it.
     pub const LAUNCH_LONE: &str = "ring: launch → lone record seen by a polling CPU";
     /// `d2h-latency`: launch of a kernel that writes one word → `cuStreamSynchronize` returns.
@@ -74,11 +79,11 @@ fn shape(size: u64) -> BenchResult<LaneShape> {
 
 /// One throughput run: `records` records of `size`-byte slots from the kernel to the consumer
 /// threads. Returns GB/s.
-fn ring_rate(gpu: &Gpu, module: &Module, size: u64, records: u64) -> BenchResult<f64> {
+fn ring_rate(gpu: &Gpu, module: &Module, size: u64, records: u64, lanes: u32) -> BenchResult<f64> {
     let shape = shape(size)?;
     // A quarter of a lane per head store: the producers refill the rest meanwhile.
     let batch = shape.slots() as usize / 4;
-    let ring = DeviceToHostRing::new(gpu, LANES, shape, SPIN_LIMIT)?;
+    let ring = DeviceToHostRing::new(gpu, lanes, shape, SPIN_LIMIT)?;
     let stream = Stream::new(gpu)?;
     let mut result = gpu.alloc(64)?;
     result.fill(0, 64, 0)?;
@@ -281,6 +286,64 @@ fn ping(gpu: &Gpu, module: &Module, n: u32) -> BenchResult<Vec<f64>> {
     Ok(ns(t))
 }
 
+/// `n` round trips of a plain word: the CPU stores `i + 1` into GPU memory, the resident
+/// `d2h_pong_word` writes `i + 1` into pinned host memory, the CPU sees it.
+fn pong_word(gpu: &Gpu, module: &Module, n: u32) -> BenchResult<Vec<f64>> {
+    let stream = Stream::new(gpu)?;
+    let mut go = gpu.alloc(4096)?;
+    go.fill(0, 64, 0)?;
+    let out = PinnedBuffer::new(gpu, 4096)?;
+    let f = module.function("d2h_pong_word")?;
+    let (mut go_ptr, mut out_ptr, mut count) = (go.device_ptr(), out.device_ptr(), n);
+    // SAFETY: d2h_pong_word takes (const u64*, u64*, u32); `go` and `out` outlive it: it ends
+    // after `n` answers, or at once when `go` reads ~0 (stored below on an early end), and the
+    // stream is synchronised before they drop.
+    unsafe {
+        f.launch(
+            LaunchConfig::linear(1, 32),
+            Some(&stream),
+            &mut [
+                (&mut go_ptr as *mut u64).cast(),
+                (&mut out_ptr as *mut u64).cast(),
+                (&mut count as *mut u32).cast(),
+            ],
+        )?
+    };
+    let word = go.host_ptr().cast::<u64>();
+    let mut t = Vec::with_capacity(n as usize);
+    let mut result = Ok(());
+    'trips: for i in 0..u64::from(n) {
+        let start = Instant::now();
+        // SAFETY: an aligned u64 of the live BAR mapping `go`, which only the kernel reads.
+        unsafe { word.write_volatile(i + 1) };
+        fence(Ordering::SeqCst);
+        loop {
+            match out.load_u64(0) {
+                Ok(v) if v == i + 1 => break,
+                Ok(_) if start.elapsed() > Duration::from_secs(10) => {
+                    result = Err(BenchError::KernelStuck(format!(
+                        "d2h_pong_word's answer {i} never came"
+                    )));
+                    break 'trips;
+                }
+                Ok(_) => std::hint::spin_loop(),
+                Err(e) => {
+                    result = Err(e.into());
+                    break 'trips;
+                }
+            }
+        }
+        t.push(start.elapsed());
+    }
+    if result.is_err() {
+        // SAFETY: as above.
+        unsafe { word.write_volatile(u64::MAX) };
+        fence(Ordering::SeqCst);
+    }
+    stream.synchronize()?;
+    result.map(|()| ns(t))
+}
+
 /// `n` launches of `d2h_lone`, each timed until the CPU sees its record.
 fn launch_lone(gpu: &Gpu, module: &Module, n: u32) -> BenchResult<Vec<f64>> {
     let ring = DeviceToHostRing::new(
@@ -378,33 +441,37 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     let copy_stream = Stream::new(&gpu)?;
     let src = DeviceBuffer::new(&gpu, 64 << 20)?;
     let dst = HostPinned::new(&gpu, 64 << 20)?;
-    ui::phase("throughput", 2 * sizes.len() as u64);
+    ui::phase("throughput", 3 * sizes.len() as u64);
     let mut rates = Vec::new();
     for size in sizes {
         let records = bytes_per_run / size;
-        ui::step(format!("{} · {}", rows::RING, fmt_size(size)));
-        let ring: Vec<f64> = (0..reps)
-            .map(|_| ring_rate(&gpu, &module, size, records))
-            .collect::<BenchResult<_>>()?;
+        let mut ring = Vec::new();
+        for (lanes, name) in LANES.into_iter().zip([rows::RING_8, rows::RING_16]) {
+            ui::step(format!("{name} · {}", fmt_size(size)));
+            let samples: Vec<f64> = (0..reps)
+                .map(|_| ring_rate(&gpu, &module, size, records, lanes))
+                .collect::<BenchResult<_>>()?;
+            let stats = Stats::of(&samples).expect("samples");
+            bw.figures.push(Figure::measured(name, size, &stats));
+            ring.push((lanes, stats.median));
+        }
         ui::step(format!("{} · {}", rows::DTOH_256, fmt_size(size)));
         let copy: Vec<f64> = (0..reps)
             .map(|_| dtoh_rate(&gpu, &src, &dst, &copy_stream, size, records))
             .collect::<BenchResult<_>>()?;
-        let (ring, copy) = (
-            Stats::of(&ring).expect("samples"),
-            Stats::of(&copy).expect("samples"),
-        );
-        rates.push((size, ring.median, copy.median));
-        bw.figures.push(Figure::measured(rows::RING, size, &ring));
+        let copy = Stats::of(&copy).expect("samples");
+        for (lanes, median) in ring {
+            rates.push((size, lanes, median, copy.median));
+        }
         bw.figures
             .push(Figure::measured(rows::DTOH_256, size, &copy));
     }
     bw.notes.push(format!(
-        "GB/s = slot bytes (16-byte header included) per second; records: a grid of {BLOCKS} blocks of {THREADS} threads publishes into {LANES} lanes (1 MiB of 64 B slots or 2 MiB of 4 KiB slots each), 64 B: each thread its own record (one reservation per warp), 4 KiB: a whole warp per record; one CPU thread per lane drains and checks them; from the launch to the last record taken"
+        "GB/s = slot bytes (16-byte header included) per second; records: a grid of {BLOCKS} blocks of {THREADS} threads publishes into 8 or 16 lanes (1 MiB of 64 B slots or 2 MiB of 4 KiB slots each), 64 B: each thread its own record (one reservation per warp), 4 KiB: a whole warp per record; one CPU thread per lane drains and checks them; from the launch to the last record taken"
     ));
-    for (size, ring, copy) in rates {
+    for (size, lanes, ring, copy) in rates {
         bw.notes.push(format!(
-            "{}: ring {:.1} M records/s ({:.2}x the batched copy's {:.1} M records/s)",
+            "{}, {lanes} lanes: ring {:.1} M records/s ({:.2}x the batched copy's {:.1} M records/s)",
             fmt_size(size),
             ring * 1e3 / size as f64,
             ring / copy,
@@ -418,12 +485,16 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
 
     let n = if opts.quick { 2_000 } else { 20_000 };
     let launches = if opts.quick { 1_000 } else { 5_000 };
-    ui::phase("latency", 4);
+    ui::phase("latency", 5);
     let mut p99 = Vec::new();
     for (name, samples) in [
         (rows::PING, {
             ui::step(rows::PING);
             ping(&gpu, &module, n)?
+        }),
+        (rows::PONG_WORD, {
+            ui::step(rows::PONG_WORD);
+            pong_word(&gpu, &module, n)?
         }),
         (rows::LAUNCH_LONE, {
             ui::step(rows::LAUNCH_LONE);
@@ -449,6 +520,8 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     }
     lat.notes.push("one 8-byte record (a 64-byte slot); the ring rows poll the lane with LaneConsumer::poll; the first tenth of each row's samples is left out (warm-up)".into());
     lat.notes.extend(p99);
-    lat.notes.push("target: the resident kernel's record seen within 1.5 µs (median) of the CPU's store, the host → device hop included".into());
+    lat.notes.push("the resident rows are round trips: the CPU's store reaches the kernel first (the host → device hop), then the record or word comes back; the ring row's excess over the plain word's is what a record costs beyond the machine's own write back".into());
+    lat.notes
+        .push("target: a lone record seen within 1.5 µs (median) of its publication".into());
     Ok(vec![bw, lat])
 }

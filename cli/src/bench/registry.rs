@@ -475,9 +475,10 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                         Rows::Is(d2h::rows::LAUNCH_LONE),
                         Rows::Is(d2h::rows::WRITE_EVENT),
                     ),
-                    (Rows::Is(d2h::rows::PING), Rows::Is(d2h::rows::WRITE_EVENT)),
+                    (Rows::Is(d2h::rows::PING), Rows::Is(d2h::rows::PONG_WORD)),
                 ]),
                 machine: &[
+                    Rows::Is(d2h::rows::PONG_WORD),
                     Rows::Is(d2h::rows::WRITE_SYNC),
                     Rows::Is(d2h::rows::WRITE_EVENT),
                 ],
