@@ -292,7 +292,7 @@ fn records_iterator_takes_everything_from_another_thread_then_ends() {
     let producer = {
         let (lane, dev) = (Arc::clone(&lane), Arc::clone(&dev));
         thread::spawn(move || {
-            let p = ProducerModel::new(&*lane, &*dev, shape, u32::MAX);
+            let p = ProducerModel::new(&*lane, &dev, shape, u32::MAX);
             for seq in 0..N {
                 p.publish(1, &payload(seq, 16)).unwrap();
             }
