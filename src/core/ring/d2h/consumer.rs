@@ -330,6 +330,11 @@ impl<M: LaneMemory> LaneConsumer<M> {
     /// Takes up to `max` records that have arrived, in order, calling `f` with each, then
     /// publishes the head once. Returns how many were taken. On an error the records before it
     /// were delivered and their slots released.
+    ///
+    /// The throughput path: the other calls publish the head after every record, which where the
+    /// head lies behind a BAR is a store and a fence each. A `max` of a quarter of the lane lets
+    /// the producers refill the rest while `f` runs (with no limit they would wait for the whole
+    /// lane to be taken).
     pub fn drain(&mut self, max: usize, mut f: impl FnMut(Record<'_>)) -> Result<usize, D2hError> {
         let mut taken = 0;
         let result = loop {
