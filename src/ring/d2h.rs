@@ -184,7 +184,7 @@ impl Drop for D2hMemory {
 }
 
 /// A ring whose records go from kernels to CPU threads: `lanes` lanes of `shape`, each with its
-/// own order and its own consumer. The [module docs](self) say where its words live and why.
+/// own order and its own consumer. The [module docs](crate::ring::d2h) say where its words live and why.
 ///
 /// ```no_run
 /// use std::time::Duration;

@@ -106,7 +106,7 @@
 //! [`core::d2h`]'s, and its own docs say where its words live.
 
 #[cfg(not(feature = "loom"))]
-mod d2h;
+pub mod d2h;
 pub mod device;
 
 /// The pure ring core (positions, sequence numbers, space, publication), from the crate's pure
