@@ -36,7 +36,7 @@
 //!
 //! The only `unsafe` here calls the sink's two unsafe methods; each call site says which rule of
 //! the protocol (an in-range span nobody else writes, a tail covering only finished records)
-//! makes it sound.
+//! makes it sound. (And the device → host consumer's prefetch hint, which touches no memory.)
 #![deny(unsafe_code)]
 
 pub mod d2h;
