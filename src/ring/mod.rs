@@ -98,7 +98,15 @@
 //!
 //! Positions are `u64` byte counters that are never reduced; they would wrap after 2^64 bytes
 //! (over five years at 100 GB/s), which the ring does not handle.
+//!
+//! # The other way: device → host
+//!
+//! [`DeviceToHostRing`] carries fixed-size records from kernels (`include/vkgdr/ring_d2h.cuh`)
+//! to CPU threads, one [`core::d2h::LaneConsumer`] per lane; its protocol is
+//! [`core::d2h`]'s, and its own docs say where its words live.
 
+#[cfg(not(feature = "loom"))]
+mod d2h;
 pub mod device;
 
 /// The pure ring core (positions, sequence numbers, space, publication), from the crate's pure
@@ -107,6 +115,8 @@ pub use crate::core::ring as core;
 /// The ring's wire format, from the pure core.
 pub use crate::core::ring::layout;
 
+#[cfg(not(feature = "loom"))]
+pub use d2h::{D2hLane, D2hLaneStats, DeviceToHostRing, MAX_D2H_LANES};
 pub use device::{
     BarSink, CopyEngine, CopyEngineStats, DeviceRing, LaunchRing, LentLane, OwnedProducer,
     RingDeviceView, RingOptions,

@@ -1,9 +1,13 @@
 //! The CPU side of a lane: [`LaneMemory`] (where the slots and control words are),
 //! [`HostLane`] (plain host memory, for tests and models) and [`LaneConsumer`], which takes
-//! records in order and publishes its head.
+//! records in order and publishes its head: at once ([`LaneConsumer::try_next`],
+//! [`LaneConsumer::poll`], [`LaneConsumer::drain`]), waiting ([`LaneConsumer::next_timeout`])
+//! or as a blocking iterator ([`LaneConsumer::records`]).
+
+use std::time::{Duration, Instant};
 
 use super::layout::{D2hError, LaneShape, COMMIT_WORD, META_WORD};
-use crate::core::sync::atomic::{fence, AtomicU64, Ordering};
+use crate::core::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use crate::core::sync::CachePadded;
 
 /// A lane's host memory as the consumer sees it: the slot region as `u64` words, and the two
@@ -22,6 +26,12 @@ pub trait LaneMemory {
     /// (a BAR mapping) are pushed out here (`sfence`, and a flush where the memory is not
     /// coherent). The default does nothing (enough for ordinary memory).
     fn control_stored(&self) {}
+    /// Whether the lane's producers have finished (their kernels completed, or the caller said
+    /// so): once it returns true, every record they committed is visible to the consumer, so a
+    /// record still missing after it will never come ([`Poll::Ended`]). The default: never.
+    fn producers_done(&self) -> bool {
+        false
+    }
 }
 
 impl<T: LaneMemory + ?Sized> LaneMemory for &T {
@@ -36,6 +46,9 @@ impl<T: LaneMemory + ?Sized> LaneMemory for &T {
     }
     fn control_stored(&self) {
         (**self).control_stored()
+    }
+    fn producers_done(&self) -> bool {
+        (**self).producers_done()
     }
 }
 
@@ -52,6 +65,9 @@ impl<T: LaneMemory + ?Sized> LaneMemory for std::sync::Arc<T> {
     fn control_stored(&self) {
         (**self).control_stored()
     }
+    fn producers_done(&self) -> bool {
+        (**self).producers_done()
+    }
 }
 
 /// A lane in plain host memory: zeroed slots and control words, for tests, models and the
@@ -62,6 +78,7 @@ pub struct HostLane {
     words: Box<[AtomicU64]>,
     head: CachePadded<AtomicU64>,
     closed: CachePadded<AtomicU64>,
+    done: AtomicBool,
 }
 
 impl HostLane {
@@ -72,7 +89,14 @@ impl HostLane {
             words: (0..shape.words()).map(|_| AtomicU64::new(0)).collect(),
             head: CachePadded(AtomicU64::new(0)),
             closed: CachePadded(AtomicU64::new(0)),
+            done: AtomicBool::new(false),
         }
+    }
+
+    /// Marks the lane's producers finished (release: their commits come before it), so that its
+    /// consumer reports [`Poll::Ended`] once it has taken every record.
+    pub fn finish(&self) {
+        self.done.store(true, Ordering::Release);
     }
 
     /// The lane's shape.
@@ -91,6 +115,9 @@ impl LaneMemory for HostLane {
     fn closed_word(&self) -> &AtomicU64 {
         &self.closed
     }
+    fn producers_done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
 }
 
 /// One record as the consumer delivers it: a copy, so the slot is free again at once.
@@ -104,6 +131,55 @@ pub struct Record<'a> {
     /// The payload.
     pub payload: &'a [u8],
 }
+
+/// A record copied out of its lane, owned: what [`LaneConsumer::records`] yields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordBuf {
+    /// Its sequence number in the lane.
+    pub seq: u64,
+    /// The kind the device gave it.
+    pub kind: u32,
+    /// The payload.
+    pub payload: Vec<u8>,
+}
+
+impl From<Record<'_>> for RecordBuf {
+    fn from(r: Record<'_>) -> Self {
+        RecordBuf {
+            seq: r.seq,
+            kind: r.kind,
+            payload: r.payload.to_vec(),
+        }
+    }
+}
+
+/// What a look at a lane found ([`LaneConsumer::poll`], [`LaneConsumer::next_timeout`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Poll<'a> {
+    /// The next record, taken: the head is published past it.
+    Record(Record<'a>),
+    /// No record yet (or none before the timeout); the producers may still publish.
+    Pending,
+    /// No record, and none will come: the producers have finished
+    /// ([`LaneMemory::producers_done`]) and every record they published was taken.
+    Ended,
+}
+
+impl<'a> Poll<'a> {
+    /// The record, if one was taken.
+    pub fn record(self) -> Option<Record<'a>> {
+        match self {
+            Poll::Record(r) => Some(r),
+            Poll::Pending | Poll::Ended => None,
+        }
+    }
+}
+
+/// Spins this many pauses, then yields this many times, then sleeps, while waiting for a record.
+const WAIT_SPINS: u32 = 2048;
+const WAIT_YIELDS: u32 = 64;
+/// The longest sleep between two looks at an empty lane.
+const WAIT_NAP: Duration = Duration::from_micros(50);
 
 /// The consumer of one lane: takes its records in sequence order, each checked (commit word,
 /// length, unchanged while read) before it is delivered, and publishes its head so the device
@@ -203,6 +279,52 @@ impl<M: LaneMemory> LaneConsumer<M> {
         }
     }
 
+    /// The next record if it has arrived ([`Poll::Record`], the head published past it),
+    /// [`Poll::Ended`] if none has and the producers are finished, else [`Poll::Pending`].
+    pub fn poll(&mut self) -> Result<Poll<'_>, D2hError> {
+        Ok(match self.look()? {
+            Look::Taken(seq, kind, len) => self.deliver(seq, kind, len),
+            Look::Pending => Poll::Pending,
+            Look::Ended => Poll::Ended,
+        })
+    }
+
+    /// Waits up to `timeout` for the next record: [`Poll::Record`], [`Poll::Ended`] when the
+    /// producers finished and everything was taken, or [`Poll::Pending`] when the time ran out.
+    /// It spins first (a record that comes within microseconds is seen at once), then yields,
+    /// then naps up to 50 µs between looks. [`Duration::MAX`] waits for as long as it takes.
+    pub fn next_timeout(&mut self, timeout: Duration) -> Result<Poll<'_>, D2hError> {
+        let deadline = Instant::now().checked_add(timeout);
+        let mut waited = 0u32;
+        loop {
+            match self.look()? {
+                Look::Taken(seq, kind, len) => return Ok(self.deliver(seq, kind, len)),
+                Look::Ended => return Ok(Poll::Ended),
+                Look::Pending => {}
+            }
+            let left = match deadline {
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(left) if !left.is_zero() => left,
+                    _ => return Ok(Poll::Pending),
+                },
+                None => WAIT_NAP,
+            };
+            pause(&mut waited, left);
+        }
+    }
+
+    /// A blocking iterator over the lane's records, in order: each one copied out
+    /// ([`RecordBuf`]) and its slot released. It waits as [`next_timeout`](Self::next_timeout)
+    /// does, without a deadline, and ends when the producers have finished and everything was
+    /// taken ([`Poll::Ended`]: give the lane's memory a way to know, e.g.
+    /// `DeviceToHostRing::finish_after`), or after yielding the lane's error.
+    pub fn records(&mut self) -> Records<'_, M> {
+        Records {
+            consumer: self,
+            over: false,
+        }
+    }
+
     /// Takes up to `max` records that have arrived, in order, calling `f` with each, then
     /// publishes the head once. Returns how many were taken. On an error the records before it
     /// were delivered and their slots released.
@@ -244,6 +366,28 @@ impl<M: LaneMemory> LaneConsumer<M> {
     fn publish_head(&self) {
         self.mem.head_word().store(self.next, Ordering::Release);
         self.mem.control_stored();
+    }
+
+    /// Publishes the head past a record [`take`](Self::take) copied out and hands it over.
+    fn deliver(&mut self, seq: u64, kind: u32, len: usize) -> Poll<'_> {
+        self.publish_head();
+        Poll::Record(Record {
+            seq,
+            kind,
+            payload: &self.buf[..len],
+        })
+    }
+
+    /// Takes the next record if it has arrived, else says whether more may come. `done` is read
+    /// before the slot: a record still missing after the producers were seen finished never
+    /// comes.
+    fn look(&mut self) -> Result<Look, D2hError> {
+        let done = self.mem.producers_done();
+        Ok(match self.take()? {
+            Some((seq, kind, len)) => Look::Taken(seq, kind, len),
+            None if done => Look::Ended,
+            None => Look::Pending,
+        })
     }
 
     /// Copies the next record into `buf` and moves past it (without publishing the head):
@@ -291,6 +435,59 @@ impl<M: LaneMemory> LaneConsumer<M> {
         e
     }
 }
+
+/// What [`LaneConsumer::look`] found.
+enum Look {
+    Taken(u64, u32, usize),
+    Pending,
+    Ended,
+}
+
+/// One pause of a wait for a record, at most `left` long; `waited` counts the pauses so far.
+fn pause(waited: &mut u32, left: Duration) {
+    if *waited < WAIT_SPINS {
+        std::hint::spin_loop();
+    } else if *waited < WAIT_SPINS + WAIT_YIELDS {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(left.min(WAIT_NAP));
+    }
+    *waited = waited.saturating_add(1);
+}
+
+/// The blocking iterator of [`LaneConsumer::records`].
+#[derive(Debug)]
+pub struct Records<'c, M: LaneMemory> {
+    consumer: &'c mut LaneConsumer<M>,
+    /// Ended, or the error was yielded.
+    over: bool,
+}
+
+impl<M: LaneMemory> Iterator for Records<'_, M> {
+    type Item = Result<RecordBuf, D2hError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.over {
+            return None;
+        }
+        loop {
+            match self.consumer.next_timeout(Duration::MAX) {
+                Ok(Poll::Record(r)) => return Some(Ok(r.into())),
+                Ok(Poll::Pending) => continue,
+                Ok(Poll::Ended) => {
+                    self.over = true;
+                    return None;
+                }
+                Err(e) => {
+                    self.over = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
+}
+
+impl<M: LaneMemory> std::iter::FusedIterator for Records<'_, M> {}
 
 impl<M: LaneMemory> Drop for LaneConsumer<M> {
     fn drop(&mut self) {

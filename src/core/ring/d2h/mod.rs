@@ -117,7 +117,7 @@ mod layout;
 mod producer;
 mod tokens;
 
-pub use consumer::{HostLane, LaneConsumer, LaneMemory, Record};
+pub use consumer::{HostLane, LaneConsumer, LaneMemory, Poll, Record, RecordBuf, Records};
 pub use layout::{
     meta_word, D2hDeviceView, D2hError, LaneShape, Refusal, COMMIT_WORD, CONTROL_CLOSED_OFFSET,
     CONTROL_HEAD_OFFSET, CONTROL_STRIDE, DEVICE_STRIDE, KIND_RELEASE, KIND_RESERVED, MAX_SLOTS,

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 use std::thread;
+use std::time::Duration;
 
 use super::*;
 use crate::core::sync::atomic::Ordering;
@@ -239,4 +240,84 @@ fn tokens_give_each_value_back_once() {
         ReleaseTokens::<()>::new().tag(),
         ReleaseTokens::<()>::new().tag()
     );
+}
+
+#[test]
+fn poll_says_pending_then_ended_once_producers_finish() {
+    let (shape, lane, dev) = lane(4, 64);
+    let producer = ProducerModel::new(&lane, &dev, shape, 0);
+    let mut consumer = LaneConsumer::new(&lane, shape).unwrap();
+    assert_eq!(consumer.poll().unwrap(), Poll::Pending);
+    producer.publish(3, &payload(0, 9)).unwrap();
+    lane.finish();
+    // A record committed before the finish is still delivered, then the lane ends.
+    let rec = consumer
+        .poll()
+        .unwrap()
+        .record()
+        .expect("published before the finish");
+    assert_eq!((rec.seq, rec.kind, rec.payload), (0, 3, &payload(0, 9)[..]));
+    assert_eq!(consumer.poll().unwrap(), Poll::Ended);
+    assert_eq!(
+        consumer.next_timeout(Duration::from_secs(60)).unwrap(),
+        Poll::Ended,
+        "an ended lane does not wait"
+    );
+}
+
+#[test]
+fn next_timeout_gives_up_when_nothing_comes() {
+    let (shape, lane, _) = lane(4, 64);
+    let mut consumer = LaneConsumer::new(&lane, shape).unwrap();
+    let start = std::time::Instant::now();
+    let wait = Duration::from_millis(5);
+    assert_eq!(consumer.next_timeout(wait).unwrap(), Poll::Pending);
+    assert!(
+        start.elapsed() >= wait,
+        "returned after {:?}",
+        start.elapsed()
+    );
+    assert_eq!(
+        consumer.next_timeout(Duration::ZERO).unwrap(),
+        Poll::Pending
+    );
+}
+
+#[test]
+fn records_iterator_takes_everything_from_another_thread_then_ends() {
+    const N: u64 = 200;
+    let (shape, lane, dev) = lane(8, 32);
+    let (lane, dev) = (Arc::new(lane), Arc::new(dev));
+    let mut consumer = LaneConsumer::new(Arc::clone(&lane), shape).unwrap();
+    let producer = {
+        let (lane, dev) = (Arc::clone(&lane), Arc::clone(&dev));
+        thread::spawn(move || {
+            let p = ProducerModel::new(&*lane, &*dev, shape, u32::MAX);
+            for seq in 0..N {
+                p.publish(1, &payload(seq, 16)).unwrap();
+            }
+            lane.finish();
+        })
+    };
+    let got: Vec<RecordBuf> = consumer.records().collect::<Result<_, _>>().unwrap();
+    producer.join().unwrap();
+    assert_eq!(got.len() as u64, N);
+    for (seq, rec) in (0..N).zip(&got) {
+        assert_eq!((rec.seq, rec.kind), (seq, 1));
+        assert_eq!(rec.payload, payload(seq, 16));
+    }
+}
+
+#[test]
+fn records_iterator_yields_a_broken_lane_once() {
+    let (shape, lane, _) = lane(4, 64);
+    // A commit word of no lap: record 0's slot claims record 7.
+    lane.slot_words()[COMMIT_WORD].store(8, Ordering::Release);
+    let mut consumer = LaneConsumer::new(&lane, shape).unwrap();
+    let mut it = consumer.records();
+    assert_eq!(
+        it.next(),
+        Some(Err(D2hError::BadCommit { seq: 0, found: 8 }))
+    );
+    assert_eq!(it.next(), None);
 }
