@@ -43,7 +43,7 @@ pub struct PoolStats {
     pub shards: Vec<HeapStats>,
     /// Blocks lent to kernels ([`Block::release_on_device`](super::Block::release_on_device))
     /// and the tokens and records their release feed refused.
-    pub device_releases: super::DeviceReleaseStats,
+    pub device_releases: super::lent::DeviceReleaseStats,
 }
 
 /// Where a chunk of a report lies.
