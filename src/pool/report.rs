@@ -41,6 +41,9 @@ pub struct PoolStats {
     pub largest_free_block: u64,
     /// Per-shard allocator statistics.
     pub shards: Vec<HeapStats>,
+    /// Blocks lent to kernels ([`Block::release_on_device`](super::Block::release_on_device))
+    /// and the tokens and records their release feed refused.
+    pub device_releases: super::lent::DeviceReleaseStats,
 }
 
 /// Where a chunk of a report lies.
@@ -295,6 +298,25 @@ impl fmt::Display for PoolReport {
                 t.handshake
             )?,
             None => writeln!(f, "thread caches: off")?,
+        }
+        let d = &s.device_releases;
+        if d.tokens.issued > 0 || d.refused() > 0 {
+            writeln!(
+                f,
+                "device releases: {} blocks lent now, {} given back; refused: {} forged, {} stale, \
+                 {} repeated tokens, {} foreign and {} malformed records{}",
+                d.outstanding,
+                d.tokens.redeemed,
+                d.tokens.forged,
+                d.tokens.stale,
+                d.tokens.repeated,
+                d.foreign_records,
+                d.malformed_records,
+                match &d.lane_error {
+                    Some(e) => format!("; a lane broke: {e}"),
+                    None => String::new(),
+                }
+            )?;
         }
         writeln!(f, "chunks:")?;
         for c in &self.chunks {
