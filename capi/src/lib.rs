@@ -4,7 +4,7 @@
 //! cbindgen; `tests/header.rs` fails when the committed copy differs). It is a drop-in for
 //! vkgdr 0.1's C API — same names, values, signatures and error texts, built on
 //! [`vkgdr::compat`] — and adds the pool ([`pool`]), copies ([`copy`]), rings ([`ring`]),
-//! their exclusive producers ([`producer`]) and sharing with other processes (the owner's
+//! their exclusive producers ([`producer`]), device → host rings ([`d2h`]) and sharing with other processes (the owner's
 //! side in [`share`], the attaching side in [`peer`]) in the same style.
 //!
 //! Conventions every function follows:
@@ -21,6 +21,7 @@
 #![allow(non_camel_case_types)]
 
 pub mod copy;
+pub mod d2h;
 pub mod device;
 pub mod error;
 pub mod handles;

@@ -114,6 +114,9 @@ static void run(int vulkan_device, uint32_t flags)
           "nothing waits for GPU work on a Vulkan-only handle");
     CHECK(last_error_contains("vkgdr_ring_create: this vkgdr_t has no CUDA device"),
           "still the ring's error: success leaves it");
+    CHECK(vkgdr_d2h_ring_create(g, 1, 64, 64, 100) == NULL, "device -> host rings need CUDA");
+    CHECK(last_error_contains("vkgdr_d2h_ring_create: this vkgdr_t has no CUDA device"),
+          "explains");
     {
         /* An unknown flag bit is ignored; a successful open clears the last error. */
         vkgdr_t again = vkgdr_open_vulkan(vulkan_device, flags | 0x100);
