@@ -334,6 +334,91 @@ class RingProducer:
     def __enter__(self) -> "RingProducer": ...
     def __exit__(self, *exc: Any) -> bool: ...
 
+# --- Device -> host rings ---------------------------------------------------------------------
+
+class DeviceToHostView:
+    """What a producing kernel takes: the fields of ``vkgdr_d2h_view``
+    (``include/vkgdr/ring_d2h.cuh``); keeps its ring alive."""
+
+    ring: "DeviceToHostRing"
+    slots: int
+    control: int
+    device: int
+    slots_per_lane: int
+    stride: int
+    lanes: int
+    spin_limit: int
+    def to_bytes(self) -> bytes:
+        """The 48 bytes of ``vkgdr_d2h_view``, for the kernel's by-value parameter."""
+
+class DeviceToHostRing:
+    """A ring whose records go from kernels (``ring_d2h.cuh``) to Python threads, one
+    ``LaneConsumer`` per lane."""
+
+    def __init__(
+        self,
+        owner: _Owner,
+        slots: int,
+        stride: int,
+        *,
+        lanes: int = 1,
+        spin_limit: int = 1000000,
+    ) -> None: ...
+    def consumer(self, lane: int) -> "LaneConsumer":
+        """The lane's consumer; raises ``VkgdrError`` while the lane has one."""
+    @property
+    def device_view(self) -> DeviceToHostView: ...
+    @property
+    def lanes(self) -> int: ...
+    @property
+    def slots(self) -> int: ...
+    @property
+    def stride(self) -> int: ...
+    @property
+    def max_payload(self) -> int: ...
+    @property
+    def spin_limit(self) -> int: ...
+    def finish(self) -> None:
+        """Declares the producing kernels finished (their stream was synchronised)."""
+    def restart(self) -> None: ...
+    @property
+    def is_finished(self) -> bool: ...
+    def close(self) -> None:
+        """Closes every lane: waiting kernels give up with ``VKGDR_D2H_CLOSED``."""
+    def lane_stats(self, lane: int) -> Dict[str, int]:
+        """``reserved``, ``taken`` and ``gave_up`` of lane ``lane``."""
+
+class LaneRecord:
+    """One record taken from a lane."""
+
+    seq: int
+    kind: int
+    payload: bytes
+
+class LaneConsumer:
+    """The consumer of one lane of a ``DeviceToHostRing`` (``ring.consumer(lane)``): an
+    iterator of ``LaneRecord`` that ends once the ring is finished and the lane empty. For one
+    thread at a time."""
+
+    def try_next(self) -> Optional[LaneRecord]: ...
+    def next(self, timeout: Optional[float] = None) -> Optional[LaneRecord]:
+        """None when nothing came within ``timeout`` or the lane ended (``ended``)."""
+    @property
+    def ended(self) -> bool: ...
+    def __iter__(self) -> "LaneConsumer": ...
+    def __next__(self) -> LaneRecord: ...
+    @property
+    def next_seq(self) -> int: ...
+    @property
+    def lane(self) -> int: ...
+    @property
+    def ring(self) -> DeviceToHostRing: ...
+    @property
+    def closed(self) -> bool: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> "LaneConsumer": ...
+    def __exit__(self, *exc: Any) -> bool: ...
+
 # --- Sharing with other processes ----------------------------------------------------------------
 
 _Path = Union[str, "os.PathLike[str]"]
