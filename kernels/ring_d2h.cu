@@ -10,6 +10,25 @@
 // d2h_release_test: thread i releases tokens[i] (i < n) through vkgdr_release_token (the lane of
 // its block); refusals counted in result as above.
 //
+// d2h_produce_check: as d2h_produce_test, but the payload (len <= 64 bytes) is word 0 = the
+// record's id (thread << 32 | round) and word k >= 1 = d2h_test_word(id, k), a 64-bit mix: every
+// byte after the id depends on the whole id, so a record that repeats another, or a slot that
+// still holds an earlier lap's bytes, fails a check of every byte.
+//
+// d2h_produce_warp_check: each warp publishes `per_warp` records of `len` bytes (len <= 4080, a
+// multiple of 16) with d2h_publish_warp, from shared memory, into lane
+// (warp of the grid) % view.lanes, kind 2; payload as above with id = warp << 32 | round. A warp
+// stops at its first refusal (counted once per warp in result).
+//
+// d2h_ping: one thread publishes `n` records of 8 bytes (kind 3, payload i) into lane 0, record i
+// once *go > i (a word in GPU memory the CPU stores to through the BAR): the CPU measures a lone
+// record's trip. It stops when lane 0 is closed, or at its first refusal (counted in result).
+//
+// d2h_lone: one thread publishes one record of 8 bytes (kind 4, payload `value`) into lane 0.
+//
+// d2h_write_word: *dst = value, from one thread (the baseline of a lone record's latency: a
+// kernel's write seen through a stream synchronisation).
+//
 // Build: nvcc -ptx -arch=compute_75 -O3.
 
 #include "../include/vkgdr/ring_d2h.cuh"
@@ -48,5 +67,116 @@ extern "C" __global__ void d2h_release_test(vkgdr_d2h_view view,
     if (status != VKGDR_D2H_OK) {
         atomicAdd(&result[0], 1ull);
         atomicAdd(&result[1 + status], 1ull);
+    }
+}
+
+// Word k of test record `id`'s payload: the id itself for k = 0, else splitmix64's finaliser of
+// id and k (src/ring/d2h tests and the bench compute the same).
+__device__ __forceinline__ unsigned long long d2h_test_word(unsigned long long id, unsigned int k)
+{
+    if (k == 0u) {
+        return id;
+    }
+    unsigned long long z = id * 0x9E3779B97F4A7C15ull + (unsigned long long)k * 0xD1B54A32D192ED03ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+__device__ __forceinline__ void d2h_count_refusal(unsigned long long* result, int status)
+{
+    atomicAdd(&result[0], 1ull);
+    atomicAdd(&result[1 + status], 1ull);
+}
+
+extern "C" __global__ void d2h_produce_check(vkgdr_d2h_view view, unsigned int per_thread,
+                                             unsigned int len, unsigned long long* result)
+{
+    const unsigned int thread = blockIdx.x * blockDim.x + threadIdx.x;
+    const vkgdr::D2hLane lane = vkgdr::d2h_lane(view, blockIdx.x % view.lanes);
+    unsigned long long words[8];
+    const unsigned int n = len < sizeof(words) ? len : (unsigned int)sizeof(words);
+    for (unsigned int round = 0; round < per_thread; ++round) {
+        const unsigned long long id = ((unsigned long long)thread << 32) | round;
+#pragma unroll
+        for (unsigned int k = 0; k < 8u; ++k) {
+            words[k] = d2h_test_word(id, k);
+        }
+        const int status = vkgdr::d2h_publish_each(lane, 1u, words, n);
+        if (status != VKGDR_D2H_OK) {
+            d2h_count_refusal(result, status);
+            return;
+        }
+    }
+}
+
+#define D2H_WARP_WORDS 510u // 4080 bytes: a 4 KiB slot's payload
+#define D2H_MAX_WARPS 8u    // blockDim.x <= 256
+
+extern "C" __global__ void d2h_produce_warp_check(vkgdr_d2h_view view, unsigned int per_warp,
+                                                  unsigned int len, unsigned long long* result)
+{
+    __shared__ __align__(16) unsigned long long buf[D2H_MAX_WARPS][D2H_WARP_WORDS + 2u];
+    const unsigned int me = threadIdx.x & 31u;
+    const unsigned int local = threadIdx.x / 32u;
+    const unsigned int warp = blockIdx.x * (blockDim.x / 32u) + local;
+    const vkgdr::D2hLane lane = vkgdr::d2h_lane(view, warp % view.lanes);
+    const unsigned int words = len / 8u;
+    if (local >= D2H_MAX_WARPS || words > D2H_WARP_WORDS) {
+        if (me == 0u) {
+            d2h_count_refusal(result, VKGDR_D2H_TOO_LARGE);
+        }
+        return;
+    }
+    for (unsigned int round = 0; round < per_warp; ++round) {
+        const unsigned long long id = ((unsigned long long)warp << 32) | round;
+        for (unsigned int k = me; k < words; k += 32u) {
+            buf[local][k] = d2h_test_word(id, k);
+        }
+        __syncwarp();
+        const int status = vkgdr::d2h_publish_warp(lane, 2u, buf[local], len);
+        __syncwarp(); // every thread's reads of buf are done before the next round writes it
+        if (status != VKGDR_D2H_OK) {
+            if (me == 0u) {
+                d2h_count_refusal(result, status);
+            }
+            return;
+        }
+    }
+}
+
+extern "C" __global__ void d2h_ping(vkgdr_d2h_view view, const unsigned long long* go,
+                                    unsigned int n, unsigned long long* result)
+{
+    if (blockIdx.x != 0u || threadIdx.x != 0u) {
+        return;
+    }
+    const vkgdr::D2hLane lane = vkgdr::d2h_lane(view, 0u);
+    for (unsigned int i = 0; i < n; ++i) {
+        while (*(const volatile unsigned long long*)go <= i) {
+            if (*lane.closed != 0ull) {
+                return;
+            }
+        }
+        const unsigned long long value = i;
+        const int status = vkgdr::d2h_publish(lane, 3u, &value, 8u);
+        if (status != VKGDR_D2H_OK) {
+            d2h_count_refusal(result, status);
+            return;
+        }
+    }
+}
+
+extern "C" __global__ void d2h_lone(vkgdr_d2h_view view, unsigned long long value)
+{
+    if (blockIdx.x == 0u && threadIdx.x == 0u) {
+        vkgdr::d2h_publish(vkgdr::d2h_lane(view, 0u), 4u, &value, 8u);
+    }
+}
+
+extern "C" __global__ void d2h_write_word(unsigned long long* dst, unsigned long long value)
+{
+    if (blockIdx.x == 0u && threadIdx.x == 0u) {
+        *(volatile unsigned long long*)dst = value;
     }
 }
