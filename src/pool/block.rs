@@ -7,9 +7,11 @@ use std::sync::Arc;
 
 use super::chunk::Chunk;
 use super::inner::PoolInner;
+use super::lent::{LentBlock, RefusedReason};
 use super::magazine;
 use super::shards::{BlockKind, BlockRecord, ShardCell};
 use crate::core::range::check_range;
+use crate::core::ring::d2h::ReleaseToken;
 use crate::error::Result;
 #[cfg(doc)]
 use crate::mapping::chunk::ChunkMemory;
@@ -453,6 +455,89 @@ fn drop_unshared(kind: BlockKind) {
             pool.reserved
                 .fetch_sub(chunk.memory.size(), Ordering::AcqRel);
             // The chunk memory itself is freed when `chunk` (its only Arc) drops.
+        }
+    }
+}
+
+/// Frees a block whose device release arrived (or that the host took back): to its shard,
+/// never into the calling thread's cache (the drain thread's cache would keep it from every
+/// other thread).
+#[cold]
+pub(super) fn free_lent(block: LentBlock) {
+    let Ok(mut record) = block.downcast::<BlockRecord>() else {
+        debug_assert!(false, "only block records are lent");
+        return;
+    };
+    if record.labeled {
+        record.forget_label();
+    }
+    if let Some(hold) = record.hold() {
+        // SAFETY: as in `drop_slow`: the record's reference keeps the cell alive.
+        let pool = unsafe { hold.cell.as_ref() }.pool.as_ref();
+        let a = &hold.allocation;
+        if record.len != a.requested_size() {
+            pool.adjust_size_delta(record.len, a, -1);
+            record.len = a.requested_size();
+        }
+        // SAFETY: a shared record from its shard, given up here, once (the table gave it out
+        // once).
+        unsafe { ShardCell::free(record) };
+    } else {
+        drop_unshared(record.into_kind());
+    }
+}
+
+/// [`Block::release_on_device`] gave the block back: it was not lent, and is the caller's as
+/// before (dropping it frees it at once, as any block).
+#[derive(Debug, thiserror::Error)]
+#[error("block not released on the device: {reason}")]
+pub struct ReleaseRefused {
+    /// The block, unchanged.
+    pub block: Block,
+    /// Why.
+    pub reason: RefusedReason,
+}
+
+/// Device-side release: a block a kernel uses goes back to its pool when the kernel says so,
+/// through the pool's release feed, with no stream boundary (a persistent kernel has none).
+impl Block {
+    /// Lends the block to a kernel: consumes the handle and returns the token the kernel passes
+    /// to `vkgdr_release_token` (`include/vkgdr/ring_d2h.cuh`) when it is done with the block.
+    /// The block is freed only when that token has come back through the pool's release feed
+    /// ([`Pool::set_release_feed`](super::Pool::set_release_feed)) and a drain took it, so it is
+    /// never handed out again while the kernel may still use it; a token that never comes
+    /// keeps the block (and its chunk) until [`Pool::reclaim_device_releases`](super::Pool).
+    ///
+    /// The token is a [`ReleaseToken`] (`Copy`, 64 bits: the pool's tag, an entry, a
+    /// generation; [`ReleaseToken::to_bits`] for the kernel), single-use: a repeat, a stale or
+    /// a forged token frees nothing and is counted in
+    /// [`PoolStats::device_releases`](super::PoolStats::device_releases).
+    ///
+    /// Refused, with the block back: a pool without a release feed, a pool whose last handle is
+    /// gone, or a full token table ([`RefusedReason`]).
+    pub fn release_on_device(self) -> std::result::Result<ReleaseToken, ReleaseRefused> {
+        let mut this = ManuallyDrop::new(self);
+        // SAFETY: `this` is never dropped (ManuallyDrop) nor used again after the record is
+        // taken out of it, once.
+        let record = unsafe { ManuallyDrop::take(&mut this.record) };
+        // The pool state outlives the call: the record's reference keeps it alive until the
+        // table hands the record out again, which takes the table's lock that `lend` holds
+        // until it returns.
+        let pool: *const PoolInner = record.pool();
+        // SAFETY: see just above.
+        match unsafe { &*pool }.lent.lend(record) {
+            Ok(token) => Ok(token),
+            Err((block, reason)) => {
+                let Ok(record) = block.downcast::<BlockRecord>() else {
+                    unreachable!("the table gives back what it was given")
+                };
+                Err(ReleaseRefused {
+                    block: Block {
+                        record: ManuallyDrop::new(record),
+                    },
+                    reason,
+                })
+            }
         }
     }
 }

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use super::config::PoolConfig;
 #[cfg(feature = "gpu-alloc")]
 use super::gpu_alloc::{ChunkDevice, GpuAllocBackend};
+use super::lent::Lent;
 use super::registry::Registry;
 use crate::mapping::chunk::ChunkSource;
 
@@ -54,6 +55,8 @@ pub(super) struct PoolInner {
     pub(super) atom: u64,
     /// Labels and dedicated chunks, for reports.
     pub(super) registry: Registry,
+    /// Blocks lent to kernels and the feed their device releases arrive on.
+    pub(super) lent: Lent,
     #[cfg(feature = "gpu-alloc")]
     pub(super) gpu_alloc: Option<GpuAllocBackend>,
 }

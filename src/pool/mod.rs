@@ -32,9 +32,11 @@ use crate::mapping::gpu::Gpu;
 mod block;
 mod chunk;
 mod config;
+mod drain;
 #[cfg(feature = "gpu-alloc")]
 mod gpu_alloc;
 mod inner;
+mod lent;
 pub mod magazine;
 mod registry;
 mod report;
@@ -42,7 +44,7 @@ mod shards;
 #[cfg(test)]
 mod tests;
 
-pub use block::Block;
+pub use block::{Block, ReleaseRefused};
 use chunk::Chunk;
 pub use config::{Backend, PoolConfig, MAX_SHARDS};
 #[cfg(feature = "gpu-alloc")]
@@ -50,6 +52,7 @@ use gpu_alloc::GpuAllocBackend;
 #[cfg(feature = "gpu-alloc")]
 pub use gpu_alloc::GpuAllocStrategy;
 use inner::{PoolInner, PoolKey};
+pub use lent::{DeviceReleaseStats, RefusedReason, ReleaseFeed};
 pub use report::{
     BlockReport, ChunkPlace, ChunkReport, LabelReport, PoolReport, PoolStats, ThreadCacheReport,
 };
@@ -96,6 +99,9 @@ impl Drop for Shards {
         if let Some(pool) = self.0.pool() {
             pool.cache_open.store(false, Ordering::Release);
             magazine::reclaim_cached(pool);
+            // No block is lent from now on; blocks lent already come back when their tokens
+            // do (the drain thread goes on until then).
+            drain::close(pool);
             // With the `log` feature: blocks still alive now (cached ones went back just above)
             // are worth a warning.
             #[cfg(feature = "log")]
@@ -166,6 +172,7 @@ impl Pool {
             reserved: AtomicU64::new(0),
             dedicated: AtomicU64::new(0),
             registry: registry::Registry::default(),
+            lent: lent::Lent::new(crate::core::ring::d2h::MAX_ENTRIES),
         });
         let shards = Arc::new(Shards(ShardSet::new(heaps, &inner, first_chunk)));
         Ok(Pool { inner, shards })
@@ -235,6 +242,11 @@ impl Pool {
     fn alloc_slow(&self, size: u64, align: u64) -> Result<Block> {
         // Checked here once for every path (dedicated, cached, gpu-alloc, shared).
         self.inner.config.heap.check_request(size, align)?;
+        // Blocks released on the device come back here first, so that they are allocatable as
+        // soon as an allocation needs them (one load while none is lent).
+        if self.inner.lent.outstanding() > 0 {
+            drain::drain(&self.inner, false);
+        }
         if size >= self.inner.config.dedicated_threshold {
             return self.alloc_dedicated(size, align);
         }
@@ -462,6 +474,11 @@ impl Pool {
     /// this pool's blocks back from every thread's cache (idle threads' too). Returns the number
     /// of chunks released. Blocks in use are never moved.
     pub fn trim(&self) -> usize {
+        // Blocks whose device release arrived are given back first; blocks still lent keep
+        // their chunks (never freed while a kernel may use them).
+        if self.inner.lent.outstanding() > 0 {
+            drain::drain_all(&self.inner);
+        }
         // Cached blocks keep their chunks: take them back from every thread's cache first.
         magazine::reclaim_cached(&self.inner);
         #[cfg(feature = "gpu-alloc")]
@@ -555,6 +572,55 @@ impl Pool {
         s.bytes_cached = cached.1.min(s.bytes_in_use);
         s.bytes_in_use -= s.bytes_cached;
         s.blocks_cached = cached.0;
+        s.device_releases = self.inner.lent.stats();
         s
+    }
+}
+
+/// Device-side releases: blocks lent to kernels with [`Block::release_on_device`], given back
+/// when their kernels send their tokens through the pool's release feed.
+impl Pool {
+    /// Sets the device → host lanes the pool's device releases arrive on (a
+    /// [`LaneConsumer`](crate::ring::core::d2h::LaneConsumer) or a `Vec` of them, over lanes a
+    /// kernel's `vkgdr_release_token` publishes into), once, and starts the pool's drain thread
+    /// (`vkgdr-pool-drain`; where the system refuses a thread, blocks come back on allocations
+    /// and [`drain_device_releases`](Self::drain_device_releases) only). `Err(feed)`: the pool
+    /// has a feed already.
+    ///
+    /// The feed lives as long as blocks are lent: after the last pool handle is gone it is
+    /// dropped only once every lent block came back (a kernel may still write its lanes).
+    pub fn set_release_feed<F: ReleaseFeed>(&self, feed: F) -> std::result::Result<(), F> {
+        self.inner.lent.set_feed(feed)?;
+        drain::spawn(&self.inner);
+        Ok(())
+    }
+
+    /// Takes every device release that has arrived and frees the blocks given back (the slow
+    /// path of [`alloc`](Self::alloc) and the drain thread do it too); returns the blocks
+    /// freed.
+    pub fn drain_device_releases(&self) -> usize {
+        drain::drain_all(&self.inner)
+    }
+
+    /// Blocks lent to kernels now: released on the device, their tokens not arrived.
+    pub fn lent_blocks(&self) -> u64 {
+        self.inner.lent.outstanding()
+    }
+
+    /// Frees every lent block without waiting for its token (their tokens are stale from now
+    /// on: counted, never freeing anything); returns how many. For a host that knows its kernels
+    /// are done: after the kernel ended and its stream or context was synchronised, or when a
+    /// kernel will never release (it failed, or its release lane broke).
+    ///
+    /// # Safety
+    /// - No kernel may still read or write any block lent by
+    ///   [`Block::release_on_device`] whose token has not arrived: the blocks are handed out
+    ///   again at once.
+    pub unsafe fn reclaim_device_releases(&self) -> usize {
+        drain::drain_all(&self.inner);
+        let mut out = Vec::new();
+        let n = self.inner.lent.revoke_all(&mut out);
+        out.into_iter().for_each(block::free_lent);
+        n
     }
 }

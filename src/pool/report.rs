@@ -41,6 +41,9 @@ pub struct PoolStats {
     pub largest_free_block: u64,
     /// Per-shard allocator statistics.
     pub shards: Vec<HeapStats>,
+    /// Blocks lent to kernels ([`Block::release_on_device`](super::Block::release_on_device))
+    /// and the tokens and records their release feed refused.
+    pub device_releases: super::DeviceReleaseStats,
 }
 
 /// Where a chunk of a report lies.

@@ -1,5 +1,7 @@
 //! The pool's unit tests over host memory (Miri runs them: `pool::tests`).
 
+mod release;
+
 use super::*;
 use std::sync::atomic::AtomicUsize;
 

@@ -1,0 +1,289 @@
+//! Device-side releases over host memory: the lent-block table against hostile records, and
+//! the pool's rules for lent blocks (trim, drop, reclaim). Miri runs them (`pool::tests`).
+use super::super::lent::*;
+use crate::core::ring::d2h::{D2hError, LaneConsumer, LaneMemory, ReleaseToken, KIND_RELEASE};
+use crate::core::ring::d2h::{DeviceLaneState, HostLane, LaneShape, ProducerModel};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+fn lane() -> (Arc<HostLane>, LaneShape) {
+    let shape = LaneShape::new(8, 64).unwrap();
+    (Arc::new(HostLane::new(shape)), shape)
+}
+
+fn send(lane: &HostLane, device: &DeviceLaneState, shape: LaneShape, kind: u32, t: &[u64]) {
+    let bytes: Vec<u8> = t.iter().flat_map(|t| t.to_le_bytes()).collect();
+    ProducerModel::new(lane, device, shape, 10)
+        .publish(kind, &bytes)
+        .unwrap();
+}
+
+fn value(b: LentBlock) -> u32 {
+    *b.downcast::<u32>().expect("a u32")
+}
+
+#[test]
+fn a_block_comes_back_once_for_its_own_token_and_hostile_ones_are_counted() {
+    let (l, shape) = lane();
+    let device = DeviceLaneState::new();
+    let lent = Lent::new(16);
+    lent.set_feed(LaneConsumer::new(l.clone(), shape).unwrap())
+        .map_err(|_| ())
+        .unwrap();
+    let a = lent.lend(Box::new(1u32)).map_err(|e| e.1).unwrap();
+    let b = lent.lend(Box::new(2u32)).map_err(|e| e.1).unwrap();
+    assert_eq!(lent.outstanding(), 2);
+    let other = ReleaseToken::new(a.tag().wrapping_add(1).max(1), a.entry(), a.generation());
+    send(
+        &l,
+        &device,
+        shape,
+        KIND_RELEASE,
+        &[b.to_bits(), other.to_bits(), 0],
+    );
+    let mut out = Vec::new();
+    assert_eq!(lent.drain(&mut out, true), 1);
+    assert_eq!(out.drain(..).map(value).collect::<Vec<_>>(), [2]);
+    send(&l, &device, shape, KIND_RELEASE, &[b.to_bits()]);
+    send(&l, &device, shape, 7, &[a.to_bits()]);
+    let mut torn = a.to_bits().to_le_bytes().to_vec();
+    torn.pop();
+    ProducerModel::new(&*l, &device, shape, 10)
+        .publish(KIND_RELEASE, &torn)
+        .unwrap();
+    lent.drain(&mut out, true);
+    assert!(out.is_empty(), "nothing freed by hostile records");
+    let s = lent.stats();
+    assert_eq!(
+        (
+            s.tokens.forged,
+            s.tokens.repeated,
+            s.foreign_records,
+            s.malformed_records
+        ),
+        (2, 1, 1, 1)
+    );
+    assert_eq!((s.outstanding, s.refused()), (1, 5));
+    send(&l, &device, shape, KIND_RELEASE, &[a.to_bits()]);
+    lent.drain(&mut out, true);
+    assert_eq!(out.drain(..).map(value).collect::<Vec<_>>(), [1]);
+    assert_eq!(lent.outstanding(), 0);
+}
+
+#[test]
+fn no_feed_closed_and_full_tables_give_the_block_back() {
+    let lent = Lent::new(1);
+    let (b, why) = lent.lend(Box::new(5u32)).unwrap_err();
+    assert_eq!((value(b), why), (5, RefusedReason::NoFeed));
+    let (l, shape) = lane();
+    lent.set_feed(LaneConsumer::new(l.clone(), shape).unwrap())
+        .map_err(|_| ())
+        .unwrap();
+    assert!(lent.set_feed(Vec::<LaneConsumer<HostLane>>::new()).is_err());
+    lent.lend(Box::new(6u32)).map_err(|e| e.1).unwrap();
+    let (b, why) = lent.lend(Box::new(7u32)).unwrap_err();
+    assert_eq!((value(b), why), (7, RefusedReason::TableFull { max: 1 }));
+    lent.close();
+    let (_, why) = lent.lend(Box::new(8u32)).unwrap_err();
+    assert_eq!(why, RefusedReason::Closed);
+    assert!(lent.take_feed_if_done().is_none(), "a block is still lent");
+    let mut out = Vec::new();
+    assert_eq!(lent.revoke_all(&mut out), 1);
+    assert_eq!(value(out.pop().unwrap()), 6);
+    assert!(lent.take_feed_if_done().is_some());
+}
+
+#[test]
+fn a_broken_lane_is_kept_and_the_other_lanes_still_drain() {
+    let (l0, shape) = lane();
+    let (l1, _) = lane();
+    let (d0, d1) = (DeviceLaneState::new(), DeviceLaneState::new());
+    let lent = Lent::new(16);
+    let feed = vec![
+        LaneConsumer::new(l0.clone(), shape).unwrap(),
+        LaneConsumer::new(l1.clone(), shape).unwrap(),
+    ];
+    lent.set_feed(feed).map_err(|_| ()).unwrap();
+    let a = lent.lend(Box::new(1u32)).map_err(|e| e.1).unwrap();
+    // Lane 0: a commit word from nowhere.
+    l0.slot_words()[0].store(99, Ordering::Release);
+    send(&l1, &d1, shape, KIND_RELEASE, &[a.to_bits()]);
+    let _ = &d0;
+    let mut out = Vec::new();
+    lent.drain(&mut out, true);
+    assert_eq!(out.drain(..).map(value).collect::<Vec<_>>(), [1]);
+    assert!(matches!(
+        lent.stats().lane_error,
+        Some(D2hError::BadCommit { seq: 0, found: 99 })
+    ));
+}
+
+// The pool's rules, end to end over host memory: a lane in plain memory and the producer
+// model stand in for the kernel.
+
+use super::super::{Pool, PoolConfig, RefusedReason as Why};
+use super::CountingSource;
+use crate::mapping::chunk::HostMemorySource;
+use crate::mapping::Mapping;
+use std::sync::atomic::AtomicUsize;
+use std::time::{Duration, Instant};
+
+/// A pool of one shard without thread caches, so that where a freed block goes is certain.
+fn pool_with(source: impl crate::mapping::chunk::ChunkSource + 'static) -> Pool {
+    let cfg = PoolConfig {
+        chunk_size: 64 << 10,
+        max_chunk_size: 64 << 10,
+        dedicated_threshold: 32 << 10,
+        shards: 1,
+        thread_cache: 0,
+        ..Default::default()
+    };
+    Pool::new(source, cfg).unwrap()
+}
+
+/// A pool with a one-lane feed, and the lane's device side.
+fn pool_and_lane(
+    source: impl crate::mapping::chunk::ChunkSource + 'static,
+) -> (Pool, Arc<HostLane>, DeviceLaneState, LaneShape) {
+    let pool = pool_with(source);
+    let (l, shape) = lane();
+    pool.set_release_feed(LaneConsumer::new(l.clone(), shape).unwrap())
+        .map_err(|_| ())
+        .unwrap();
+    (pool, l, DeviceLaneState::new(), shape)
+}
+
+/// Waits (boundedly) until `pool` has `n` blocks lent.
+fn until_lent(pool: &Pool, n: u64) {
+    let start = Instant::now();
+    while pool.lent_blocks() != n && start.elapsed() < Duration::from_secs(10) {
+        pool.drain_device_releases();
+        std::thread::yield_now();
+    }
+    assert_eq!(pool.lent_blocks(), n);
+}
+
+#[test]
+fn a_lent_block_is_reused_only_after_its_token_arrived() {
+    let (pool, l, device, shape) = pool_and_lane(HostMemorySource);
+    let mut a = pool.alloc(256, 64).unwrap();
+    a.fill(0, 256, 0xA5).unwrap();
+    let at = a.host_ptr();
+    let token = a.release_on_device().unwrap();
+    // Every allocation while it is lent lands elsewhere; the lent bytes stay as they were.
+    let others: Vec<_> = (0..200).map(|_| pool.alloc(256, 64).unwrap()).collect();
+    assert!(others.iter().all(|b| b.host_ptr() != at));
+    // SAFETY: the lent block's bytes are still mapped (the block is in the table).
+    let kept = unsafe { std::slice::from_raw_parts(at.cast_const(), 256) };
+    assert!(kept.iter().all(|&x| x == 0xA5), "a lent block was written");
+    assert_eq!(pool.stats().device_releases.outstanding, 1);
+    drop(others);
+    send(&l, &device, shape, KIND_RELEASE, &[token.to_bits()]);
+    until_lent(&pool, 0);
+    let again: Vec<_> = (0..201).map(|_| pool.alloc(256, 64).unwrap()).collect();
+    assert!(again.iter().any(|b| b.host_ptr() == at));
+    let s = pool.stats().device_releases;
+    assert_eq!((s.tokens.issued, s.tokens.redeemed, s.refused()), (1, 1, 0));
+}
+
+#[test]
+fn hostile_tokens_free_nothing_and_are_counted() {
+    let (pool, l, device, shape) = pool_and_lane(HostMemorySource);
+    let (other, ..) = pool_and_lane(HostMemorySource);
+    let a = pool.alloc(64, 64).unwrap().release_on_device().unwrap();
+    let b = pool.alloc(64, 64).unwrap().release_on_device().unwrap();
+    let foreign = other.alloc(64, 64).unwrap().release_on_device().unwrap();
+    let stale = ReleaseToken::new(a.tag(), a.entry(), a.generation() - 1);
+    let ahead = ReleaseToken::new(a.tag(), a.entry(), a.generation() + 1);
+    send(
+        &l,
+        &device,
+        shape,
+        KIND_RELEASE,
+        &[foreign.to_bits(), stale.to_bits()],
+    );
+    send(
+        &l,
+        &device,
+        shape,
+        KIND_RELEASE,
+        &[ahead.to_bits(), b.to_bits(), b.to_bits()],
+    );
+    until_lent(&pool, 1);
+    let s = pool.stats().device_releases;
+    // `stale` names generation 0 of a new entry: never issued, so forged.
+    assert_eq!(
+        (
+            s.tokens.forged,
+            s.tokens.stale,
+            s.tokens.repeated,
+            s.outstanding
+        ),
+        (3, 0, 1, 1)
+    );
+    assert_eq!(other.lent_blocks(), 1, "another pool's block stays lent");
+    // A token of `a`'s entry from before a reclaim is stale afterwards.
+    // SAFETY: no kernel uses these blocks (the lane is the test's).
+    assert_eq!(unsafe { pool.reclaim_device_releases() }, 1);
+    send(&l, &device, shape, KIND_RELEASE, &[a.to_bits()]);
+    pool.drain_device_releases();
+    let s = pool.stats().device_releases;
+    assert_eq!((s.tokens.stale, s.tokens.revoked, s.outstanding), (1, 1, 0));
+    assert_eq!(pool.stats().bytes_in_use, 0);
+    // SAFETY: as above.
+    unsafe { other.reclaim_device_releases() };
+}
+
+#[test]
+fn a_pool_without_a_feed_gives_the_block_back() {
+    let pool = pool_with(HostMemorySource);
+    let block = pool.alloc(64, 64).unwrap();
+    let at = block.host_ptr();
+    let refused = block.release_on_device().unwrap_err();
+    assert_eq!(
+        (refused.reason, refused.block.host_ptr()),
+        (Why::NoFeed, at)
+    );
+    assert_eq!(pool.stats().bytes_in_use, 64);
+    drop(refused);
+    assert_eq!(pool.stats().bytes_in_use, 0);
+}
+
+#[test]
+fn trim_and_drop_keep_the_chunk_of_a_lent_block_until_its_token() {
+    let live = Arc::new(AtomicUsize::new(0));
+    let (pool, l, device, shape) = pool_and_lane(CountingSource(live.clone()));
+    let token = pool.alloc(4096, 64).unwrap().release_on_device().unwrap();
+    let big = pool.alloc(40 << 10, 64).unwrap(); // dedicated
+    let big_token = big.release_on_device().unwrap();
+    assert_eq!(live.load(Ordering::SeqCst), 2);
+    assert_eq!(pool.trim(), 0, "the lent block's chunk is not empty");
+    drop(pool);
+    assert_eq!(
+        live.load(Ordering::SeqCst),
+        2,
+        "lent blocks keep their chunks"
+    );
+    send(
+        &l,
+        &device,
+        shape,
+        KIND_RELEASE,
+        &[token.to_bits(), big_token.to_bits()],
+    );
+    // The drain thread takes them after the pool's drop, and the chunks go with them.
+    let start = Instant::now();
+    while live.load(Ordering::SeqCst) != 0 && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(live.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn a_closed_pool_lends_nothing() {
+    let (pool, ..) = pool_and_lane(HostMemorySource);
+    let keep = pool.alloc(64, 64).unwrap();
+    drop(pool);
+    let refused = keep.release_on_device().unwrap_err();
+    assert_eq!(refused.reason, Why::Closed);
+}
