@@ -5,7 +5,8 @@
  * A drop-in for vkgdr 0.1's vkgdr.h (same names, values, signatures and error texts), plus pools
  * (vkgdr_pool_*, vkgdr_block_*), copies (vkgdr_copy_*), rings (vkgdr_ring_*) with their
  * exclusive producers (vkgdr_ring_producer_*), device -> host rings whose records kernels
- * publish and C threads take (vkgdr_d2h_ring_*), frees that never wait for a running kernel
+ * publish and C threads take (vkgdr_d2h_ring_*) and pool blocks kernels give back
+ * (vkgdr_block_release_on_device), frees that never wait for a running kernel
  * (vkgdr_memory_free_after, vkgdr_memory_free_now, vkgdr_block_free_after,
  * vkgdr_ring_watch_consumer, vkgdr_wait_for_releases), and sharing memory, pool blocks and ring
  * lanes with other processes over a Unix socket: the owner's side (vkgdr_share_*) and the side
@@ -2416,6 +2417,83 @@ VKGDR_API uint64_t vkgdr_ring_producer_get_next_seq(vkgdr_ring_producer_t produc
  * - No thread destroys `producer` during the call.
  */
 VKGDR_API uint32_t vkgdr_ring_producer_get_lane(vkgdr_ring_producer_t producer);
+
+/**
+ * Gives `ring`'s lanes to `pool` as its release feed: the records of `vkgdr_release_token`
+ * that kernels publish into them bring released blocks back. Once per pool; the pool then
+ * drains the lanes itself (on a thread of its own, on allocations and on
+ * `vkgdr_pool_drain_device_releases`), so they are not the C caller's to take from any more
+ * (`vkgdr_d2h_ring_try_next` on them fails: the lane has a consumer). The pool keeps the
+ * ring's memory alive as long as blocks are lent, also after `vkgdr_d2h_ring_destroy`.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR`: an invalid handle, a lane of the ring with a
+ * consumer (close it first), a pool that has a feed already.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread destroys `pool` or `ring` during the call.
+ */
+VKGDR_API int vkgdr_pool_set_release_feed(vkgdr_pool_t pool, vkgdr_d2h_ring_t ring);
+
+/**
+ * Lends `block` to a kernel: stores in `*token` the value the kernel passes to
+ * `vkgdr_release_token` (`include/vkgdr/ring_d2h.cuh`) when it is done with the block. The
+ * block goes back to its pool only when that token has come back through the pool's release
+ * feed (`vkgdr_pool_set_release_feed`), so it is never handed out again while the kernel may
+ * still use it. A token is single-use: a repeated, stale or forged one frees nothing.
+ *
+ * Consumes the handle, also on error: a block that could not be lent (the pool has no release
+ * feed, or has the most blocks lent it can hold) is freed at once.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR`: an invalid handle (nothing consumed), `token`
+ * NULL (nothing consumed), the refusals above.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `token` is NULL or writable.
+ * - No other thread uses `block` during or after the call.
+ */
+VKGDR_API int vkgdr_block_release_on_device(vkgdr_block_t block, uint64_t *token);
+
+/**
+ * Takes every device release that has arrived on the pool's release feed and frees the blocks
+ * given back (the pool's own thread and its allocations do it too). Returns the number of
+ * blocks freed, or `SIZE_MAX` on error (an invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread destroys `pool` during the call.
+ */
+VKGDR_API size_t vkgdr_pool_drain_device_releases(vkgdr_pool_t pool);
+
+/**
+ * Blocks of `pool` lent to kernels now (released on the device, their tokens not arrived), or
+ * `UINT64_MAX` on error (an invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread destroys `pool` during the call.
+ */
+VKGDR_API uint64_t vkgdr_pool_get_lent_blocks(vkgdr_pool_t pool);
+
+/**
+ * Frees every block of `pool` lent to kernels without waiting for its token (their tokens are
+ * stale from then on: they free nothing). For a host that knows its kernels are done (they
+ * exited and their stream was synchronised), or that a kernel will never release (it failed).
+ * Returns how many blocks were freed, or `SIZE_MAX` on error (an invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No kernel reads or writes any lent block of the pool whose token has not arrived: the
+ *   blocks are handed out again at once.
+ * - No thread destroys `pool` during the call.
+ */
+VKGDR_API size_t vkgdr_pool_reclaim_device_releases(vkgdr_pool_t pool);
 
 /**
  * Creates a ring of `capacity` bytes (a power of two, at least 4096) in BAR-mapped memory of

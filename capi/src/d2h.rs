@@ -138,11 +138,11 @@ unsafe impl Versioned for vkgdr_d2h_lane_stats {
 type Lane = Option<LaneConsumer<D2hLane>>;
 
 /// A ring and its lanes' consumers.
-struct CRing {
+pub(crate) struct CRing {
     /// Declared before `ring`: the consumers close their lanes before the ring goes (they keep
     /// its memory alive either way).
     lanes: Box<[Mutex<Lane>]>,
-    ring: DeviceToHostRing,
+    pub(crate) ring: DeviceToHostRing,
 }
 
 impl CRing {
@@ -171,7 +171,7 @@ static D2H_RINGS: LazyLock<HandleTable<CRing>> = LazyLock::new(|| HandleTable::n
 
 /// # Safety
 /// - No thread destroys `ring` while the reference is in use.
-unsafe fn d2h_ring<'a>(ring: vkgdr_d2h_ring_t) -> CResult<&'a CRing> {
+pub(crate) unsafe fn d2h_ring<'a>(ring: vkgdr_d2h_ring_t) -> CResult<&'a CRing> {
     // SAFETY: forwarded to our caller.
     unsafe { lookup(&D2H_RINGS, ring) }
 }

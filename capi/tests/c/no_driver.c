@@ -465,6 +465,30 @@ static void d2h_rings_without_a_device(void)
     vkgdr_d2h_ring_destroy((vkgdr_d2h_ring_t)h2d);
     CHECK(last_error_contains("vkgdr_d2h_ring_destroy: invalid vkgdr_d2h_ring_t handle"),
           "another type's handle is reported, not freed");
+
+    /* Device-side release: every handle checked, naming the call and the type. */
+    {
+        uint64_t token = 5;
+        vkgdr_pool_t pool = (vkgdr_pool_t)(uintptr_t)0x123456789ull;
+        CHECK(vkgdr_block_release_on_device(NULL, &token) == VKGDR_ERROR && token == 5,
+              "release NULL");
+        CHECK(last_error_contains("vkgdr_block_release_on_device: the vkgdr_block_t handle is "
+                                  "NULL"),
+              "named");
+        CHECK(vkgdr_block_release_on_device((vkgdr_block_t)made_up, &token) == VKGDR_ERROR,
+              "a ring as a block");
+        CHECK(last_error_contains("invalid vkgdr_block_t handle"), "type checked");
+        CHECK(vkgdr_pool_set_release_feed(NULL, made_up) == VKGDR_ERROR, "feed of NULL pool");
+        CHECK(last_error_contains("vkgdr_pool_set_release_feed: the vkgdr_pool_t handle is NULL"),
+              "named");
+        CHECK(vkgdr_pool_set_release_feed(pool, NULL) == VKGDR_ERROR, "made-up pool");
+        CHECK(last_error_contains("invalid vkgdr_pool_t handle"), "named");
+        CHECK(vkgdr_pool_drain_device_releases(NULL) == SIZE_MAX, "drain NULL");
+        CHECK(last_error_contains("vkgdr_pool_drain_device_releases"), "named");
+        CHECK(vkgdr_pool_get_lent_blocks((vkgdr_pool_t)made_up) == UINT64_MAX, "a ring as pool");
+        CHECK(last_error_contains("invalid vkgdr_pool_t handle"), "type checked");
+        CHECK(vkgdr_pool_reclaim_device_releases(pool) == SIZE_MAX, "reclaim made-up");
+    }
 }
 
 int main(void)

@@ -178,6 +178,29 @@ static void run(int vulkan_device, uint32_t flags)
     CHECK(last_error_contains("invalid vkgdr_pool_t handle"), "why");
     CHECK(vkgdr_block_get_size(b) == 100, "the block is still there");
 
+    /* Device-side release needs a release feed (a device -> host ring, which needs CUDA): a
+     * block of a pool without one is refused and freed (the handle is consumed), a NULL token
+     * pointer or a bad handle consumes nothing. */
+    {
+        vkgdr_block_t lent = vkgdr_pool_alloc(pool, 64, 16);
+        uint64_t token = 77;
+        CHECK(vkgdr_block_release_on_device(lent, NULL) == VKGDR_ERROR, "NULL token pointer");
+        CHECK(last_error_contains("vkgdr_block_release_on_device: the token pointer is NULL"),
+              "why");
+        CHECK(vkgdr_block_get_size(lent) == 64, "nothing consumed");
+        CHECK(vkgdr_block_release_on_device((vkgdr_block_t)pool, &token) == VKGDR_ERROR,
+              "a pool as a block");
+        CHECK(last_error_contains("invalid vkgdr_block_t handle"), "why");
+        CHECK(vkgdr_block_release_on_device(lent, &token) == VKGDR_ERROR && token == 77,
+              "no release feed");
+        CHECK(last_error_contains("the pool has no release feed"), "why");
+        CHECK(vkgdr_block_get_size(lent) == 0, "the refused block was freed");
+        CHECK(last_error_contains("invalid vkgdr_block_t handle"), "consumed");
+        CHECK(vkgdr_pool_get_lent_blocks(pool) == 0, "nothing lent");
+        CHECK(vkgdr_pool_drain_device_releases(pool) == 0, "nothing to drain");
+        CHECK(vkgdr_pool_reclaim_device_releases(pool) == 0, "nothing to reclaim");
+    }
+
     /* A freed block is an error, not a crash, also after its slot is reused. */
     mark_last_error();
     vkgdr_block_free(b);

@@ -12,6 +12,11 @@
  * other 27 records. Then misuse on a live ring: a lane that does not exist, a buffer too small,
  * an unset struct_size, a lane another thread is inside, a destroyed handle.
  *
+ * Then device-side release: a pool whose release feed is a two-lane ring lends 300 blocks
+ * (vkgdr_block_release_on_device); d2h_release_test hands their tokens back through
+ * vkgdr_release_token, and the pool gets every block back; a second launch with the same
+ * (now stale) tokens frees nothing; the feed's lanes are the pool's, not the C caller's.
+ *
  * Usage: gpu_d2h path/to/kernels/ring_d2h.ptx */
 #define _POSIX_C_SOURCE 199309L /* nanosleep */
 #include <pthread.h>
@@ -300,6 +305,71 @@ static void closing_and_misuse(CUfunction produce)
     vkgdr_close(g);
 }
 
+#define LENT 300
+
+static void device_releases(CUfunction release)
+{
+    vkgdr_t g = vkgdr_open(0, VKGDR_OPEN_CURRENT_CONTEXT_BIT);
+    vkgdr_pool_t pool = vkgdr_pool_create(g, NULL);
+    vkgdr_d2h_ring_t ring = vkgdr_d2h_ring_create(g, 2, 64, 64, 1u << 22);
+    vkgdr_d2h_ring_device_view view;
+    vkgdr_d2h_record rec;
+    uint64_t tokens[LENT], res[5] = {0};
+    unsigned char buf[64];
+    CUdeviceptr dtokens = 0, result = 0;
+    unsigned int n = LENT, i, lent = 0, round;
+    void *args[4];
+    time_t start;
+
+    CHECK(g != NULL && pool != NULL && ring != NULL, "release: open and create");
+    if (ring == NULL || pool == NULL) {
+        return;
+    }
+    CHECK(vkgdr_pool_set_release_feed(pool, ring) == VKGDR_SUCCESS, "release feed");
+    CHECK(vkgdr_pool_set_release_feed(pool, ring) == VKGDR_ERROR, "a second feed");
+    rec.struct_size = sizeof rec;
+    CHECK(vkgdr_d2h_ring_try_next(ring, 0, buf, sizeof buf, &rec) == VKGDR_ERROR,
+          "the feed's lanes are the pool's");
+    CHECK(last_error_contains("lane 0 has a consumer already"), "explains");
+    for (i = 0; i < LENT; i++) {
+        vkgdr_block_t b = vkgdr_pool_alloc(pool, 64 + i, 16);
+        lent += b != NULL && vkgdr_block_release_on_device(b, &tokens[i]) == VKGDR_SUCCESS;
+    }
+    CHECK(lent == LENT && vkgdr_pool_get_lent_blocks(pool) == LENT, "lent %u", lent);
+    CHECK(vkgdr_d2h_ring_get_device_view(ring, &view) == VKGDR_SUCCESS, "release: view");
+    CU_OK(cuMemAlloc(&dtokens, sizeof tokens));
+    CU_OK(cuMemcpyHtoD(dtokens, tokens, sizeof tokens));
+    CU_OK(cuMemAlloc(&result, sizeof res));
+    for (round = 0; round < 2; round++) {
+        CU_OK(cuMemsetD8(result, 0, sizeof res));
+        args[0] = &view;
+        args[1] = &dtokens;
+        args[2] = &n;
+        args[3] = &result;
+        CU_OK(cuLaunchKernel(release, (LENT + 63) / 64, 1, 1, 64, 1, 1, 0, NULL, args, NULL));
+        CU_OK(cuCtxSynchronize());
+        CU_OK(cuMemcpyDtoH(res, result, sizeof res));
+        CHECK(res[0] == 0, "release round %u: %llu refusals", round, (unsigned long long)res[0]);
+        /* The pool's thread drains the lanes; this drains too, so the wait is short. */
+        start = time(NULL);
+        while (vkgdr_pool_get_lent_blocks(pool) != 0 && time(NULL) - start < 30) {
+            struct timespec ms = {0, 1000000};
+            vkgdr_pool_drain_device_releases(pool);
+            nanosleep(&ms, NULL);
+        }
+        CHECK(vkgdr_pool_get_lent_blocks(pool) == 0, "release round %u: %llu blocks still lent",
+              round, (unsigned long long)vkgdr_pool_get_lent_blocks(pool));
+    }
+    CHECK(vkgdr_pool_reclaim_device_releases(pool) == 0, "nothing left to reclaim");
+    cuMemFree(dtokens);
+    cuMemFree(result);
+    vkgdr_d2h_ring_destroy(ring);
+    mark_last_error();
+    vkgdr_pool_destroy(pool);
+    vkgdr_close(g);
+    CHECK(still_marked(), "release: teardown");
+}
+
 int main(int argc, char **argv)
 {
     char *ptx = ptx_argument(argc, argv, "ring_d2h.ptx");
@@ -309,6 +379,11 @@ int main(int argc, char **argv)
     stream_of_records(produce, 0, "device -> host ring");
     stream_of_records(produce, VKGDR_OPEN_FORCE_NON_COHERENT_BIT, "non-coherent");
     closing_and_misuse(produce);
+    {
+        CUfunction release = NULL;
+        CU_OK(cuModuleGetFunction(&release, module, "d2h_release_test"));
+        device_releases(release);
+    }
     cuModuleUnload(module);
     leave_primary_context(dev);
     free(ptx);
