@@ -97,6 +97,13 @@ impl DeviceToHostView {
     }
 }
 
+impl DeviceToHostRing {
+    /// The library's ring (for `Pool.set_release_feed`).
+    pub(crate) fn library(&self) -> &vkgdr::ring::DeviceToHostRing {
+        &self.ring
+    }
+}
+
 #[pymethods]
 impl DeviceToHostRing {
     #[new]

@@ -218,3 +218,65 @@ def test_consumers_of_every_lane_from_threads_at_once(cupy):
     run_workers(churn)
     for lane in range(3):
         ring.consumer(lane).close()
+
+
+def test_blocks_released_by_a_kernel_come_back_to_the_pool(cuda, cupy):
+    # A pool whose release feed is a two-lane ring lends 300 blocks; d2h_release_test sends
+    # their tokens back through vkgdr_release_token and the pool gets every block back; the
+    # same (now spent) tokens once more free nothing.
+    if KERNELS_DIR is None:
+        pytest.fail("kernels/ring_d2h.ptx not found: set VKGDR_KERNELS_DIR")
+    gpu = vkgdr.Vkgdr(0)
+    pool = vkgdr.Pool(gpu)
+    ring = vkgdr.DeviceToHostRing(gpu, 64, 64, lanes=2)
+    pool.set_release_feed(ring)
+    with pytest.raises(vkgdr.VkgdrError, match="the pool has a release feed already"):
+        pool.set_release_feed(ring)
+    with pytest.raises(vkgdr.VkgdrError, match="lane 0 has a consumer already"):
+        ring.consumer(0)  # the feed's lanes are the pool's
+    blocks = [pool.alloc(64 + i) for i in range(300)]
+    pointers = {b.device_ptr for b in blocks}
+    tokens = [b.release_on_device() for b in blocks]
+    assert len(set(tokens)) == 300 and pool.lent_blocks == 300
+    assert all(b.is_released_on_device for b in blocks)
+    with pytest.raises(vkgdr.VkgdrError, match="released on the device"):
+        blocks[0].write(b"x")
+    with pytest.raises(vkgdr.VkgdrError, match="released on the device"):
+        blocks[0].release_on_device()
+    view = ring.device_view
+    module, fn = cuda.load_function(KERNELS_DIR / "ring_d2h.ptx", "d2h_release_test")
+    try:
+        dtokens = cupy.asarray(np.array(tokens, dtype=np.uint64))
+        result = cupy.zeros(5, dtype=cupy.uint64)
+        for attempt in range(2):
+            result[:] = 0
+            arg = ctypes.create_string_buffer(view.to_bytes(), 48)
+            values = [
+                ctypes.c_uint64(dtokens.data.ptr),
+                ctypes.c_uint32(len(tokens)),
+                ctypes.c_uint64(result.data.ptr),
+            ]
+            params = (ctypes.c_void_p * 4)(
+                ctypes.cast(arg, ctypes.c_void_p),
+                *[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values],
+            )
+            cupy.cuda.Device().synchronize()
+            cuda.check(
+                "cuLaunchKernel",
+                cuda.lib.cuLaunchKernel(
+                    ctypes.c_void_p(fn), 5, 1, 1, 64, 1, 1, 0, None, params, None
+                ),
+            )
+            cuda.ctx_synchronize()
+            assert result.get().tolist() == [0] * 5, f"launch {attempt}: refused"
+            end = time.monotonic() + 30
+            while pool.lent_blocks and time.monotonic() < end:
+                pool.drain_device_releases()
+                time.sleep(0.001)
+            assert pool.lent_blocks == 0, f"launch {attempt}: blocks still lent"
+    finally:
+        cuda.module_unload(module)
+    # The blocks are the pool's again: allocations of the same sizes reuse their memory.
+    again = [pool.alloc(64 + i) for i in range(300)]
+    assert {b.device_ptr for b in again} & pointers, "no block came back"
+    assert pool.reclaim_device_releases() == 0

@@ -202,6 +202,14 @@ class Pool:
     def is_coherent(self) -> bool: ...
     @property
     def has_device_memory(self) -> bool: ...
+    def set_release_feed(self, ring: "DeviceToHostRing") -> None:
+        """Gives the ring's lanes to the pool: kernels' ``vkgdr_release_token`` records bring
+        blocks lent with ``Block.release_on_device()`` back."""
+    def drain_device_releases(self) -> int: ...
+    @property
+    def lent_blocks(self) -> int: ...
+    def reclaim_device_releases(self) -> int:
+        """Frees every lent block at once: only once no kernel uses them any more."""
 
 class Block:
     """A block of pool memory, given back when it and every view of it are gone."""
@@ -217,6 +225,12 @@ class Block:
     def is_sent(self) -> bool:
         """Whether ``ShareServer.send_block`` handed it to another process (the object is
         spent)."""
+    def release_on_device(self) -> int:
+        """Lends the block to a kernel: the token it passes to ``vkgdr_release_token`` (the
+        object is spent; the block returns when the token arrives through the pool's release
+        feed)."""
+    @property
+    def is_released_on_device(self) -> bool: ...
     @property
     def size(self) -> int: ...
     @property
