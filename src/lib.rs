@@ -67,3 +67,8 @@ pub struct ReadmeDoctests;
 #[doc = include_str!("../docs/SHARING.md")]
 #[cfg(doctest)]
 pub struct SharingDoctests;
+
+/// docs/DEVICE_TO_HOST.md's examples, compiled as doc tests.
+#[doc = include_str!("../docs/DEVICE_TO_HOST.md")]
+#[cfg(doctest)]
+pub struct DeviceToHostDoctests;

@@ -49,6 +49,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::core::handle::assert_send_sync;
 use crate::core::ring::d2h::{
@@ -89,7 +90,15 @@ struct D2hMemory {
     finish_event: Mutex<Option<Event>>,
     /// Whether `finish_event` holds one (read without the lock).
     finish_pending: AtomicBool,
+    /// When the finish event was last queried, in microseconds since `epoch`: the lanes ask
+    /// the driver at most once per [`QUERY_INTERVAL_US`] between them.
+    last_query_us: AtomicU64,
+    epoch: Instant,
 }
+
+/// The shortest time between two queries of the finish event (a driver call each), in µs: a
+/// lane that ran empty learns that the producers finished this much later at most.
+const QUERY_INTERVAL_US: u64 = 20;
 
 impl D2hMemory {
     /// The u64 at `at` bytes into the control allocation.
@@ -136,6 +145,17 @@ impl D2hMemory {
             return true;
         }
         if !self.finish_pending.load(Ordering::Acquire) {
+            return false;
+        }
+        // One query per interval, by whichever lane claims it; the others say "not yet".
+        let now = self.epoch.elapsed().as_micros() as u64;
+        let last = self.last_query_us.load(Ordering::Relaxed);
+        if now < last + QUERY_INTERVAL_US
+            || self
+                .last_query_us
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
             return false;
         }
         let mut event = self.finish_event.lock();
@@ -267,6 +287,8 @@ impl DeviceToHostRing {
                 finished: AtomicBool::new(false),
                 finish_event: Mutex::new(None),
                 finish_pending: AtomicBool::new(false),
+                last_query_us: AtomicU64::new(0),
+                epoch: Instant::now(),
             }),
             spin_limit,
         })

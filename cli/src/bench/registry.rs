@@ -13,7 +13,7 @@ use super::report::model::{Anchored, Origin, Report};
 use super::report::spec::{Anchor, Layout, MachineWork, ReportSpec, Rows};
 use super::waits::driver_calls::rows as drv;
 use super::waits::library_calls::rows as lib;
-use super::{apiperf, arena, copybw, copylat, fastpath, pplat, ring, waits, xproc};
+use super::{apiperf, arena, copybw, copylat, d2h, fastpath, pplat, ring, waits, xproc};
 
 /// What a benchmark runs: its reports, or the error that stopped it.
 pub type BenchFn = fn(&Options) -> BenchResult<Vec<Report>>;
@@ -246,7 +246,7 @@ const FASTPATH_SMALL_MACHINE_WORK: &[MachineWork] = &[
 
 /// The benchmarks, in the order `all` runs them (those it runs: [`Benchmark::in_all`]): `apiperf`
 /// first so that its "first `Gpu::open`" really is the first in the process.
-pub const BENCHMARKS: [Benchmark; 9] = [
+pub const BENCHMARKS: [Benchmark; 10] = [
     Benchmark {
         name: "apiperf",
         help: "cost of open, alloc/free, pool alloc/free, flush/invalidate",
@@ -451,6 +451,42 @@ pub const BENCHMARKS: [Benchmark; 9] = [
             },
         ],
         in_all: true,
+    },
+    Benchmark {
+        name: "d2h",
+        help:
+            "records from a kernel to CPU threads through device-to-host rings vs cuMemcpyDtoHAsync",
+        run: d2h::run,
+        reports: &[
+            ReportSpec {
+                name: "d2h-throughput",
+                title: "Device-to-host ring throughput: a kernel's records to CPU consumer threads",
+                layout: Layout::Wide,
+                anchor: Anchor::Method(d2h::rows::DTOH_256),
+                machine: &[Rows::Is(d2h::rows::DTOH_256)],
+                machine_work: &[],
+            },
+            ReportSpec {
+                name: "d2h-latency",
+                title: "Device-to-host latency: a lone record versus a kernel's write and a wait",
+                layout: Layout::Long,
+                anchor: Anchor::Pairs(&[
+                    (
+                        Rows::Is(d2h::rows::LAUNCH_LONE),
+                        Rows::Is(d2h::rows::WRITE_EVENT),
+                    ),
+                    (Rows::Is(d2h::rows::PING), Rows::Is(d2h::rows::WRITE_EVENT)),
+                ]),
+                machine: &[
+                    Rows::Is(d2h::rows::WRITE_SYNC),
+                    Rows::Is(d2h::rows::WRITE_EVENT),
+                ],
+                machine_work: &[],
+            },
+        ],
+        // Run by name until docs/bench/results.json holds a run of it (the registry's tests
+        // want every report of `all` there).
+        in_all: false,
     },
     Benchmark {
         name: "arena",

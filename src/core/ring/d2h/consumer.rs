@@ -378,15 +378,20 @@ impl<M: LaneMemory> LaneConsumer<M> {
         })
     }
 
-    /// Takes the next record if it has arrived, else says whether more may come. `done` is read
-    /// before the slot: a record still missing after the producers were seen finished never
-    /// comes.
+    /// Takes the next record if it has arrived, else says whether more may come. The producers
+    /// are asked only when the lane looks empty (the ring layer's answer may cost a driver
+    /// call), and then the slot is looked at again: a record still missing after the producers
+    /// were seen finished never comes.
     fn look(&mut self) -> Result<Look, D2hError> {
-        let done = self.mem.producers_done();
+        if let Some((seq, kind, len)) = self.take()? {
+            return Ok(Look::Taken(seq, kind, len));
+        }
+        if !self.mem.producers_done() {
+            return Ok(Look::Pending);
+        }
         Ok(match self.take()? {
             Some((seq, kind, len)) => Look::Taken(seq, kind, len),
-            None if done => Look::Ended,
-            None => Look::Pending,
+            None => Look::Ended,
         })
     }
 
