@@ -809,8 +809,8 @@ VKGDR_API int vkgdr_copy_from_mapping(void *dst, const void *mapping_src, size_t
  * device; each lane's `head` and `closed` words are GPU memory the CPU stores to through the
  * BAR. A kernel's publication into a full lane gives up (`VKGDR_D2H_STALLED`) after
  * `spin_limit` looks at a head that does not move (each a read of GPU memory and a nap of up
- * to about 4 µs); the warp calls
- * of `ring_d2h.cuh` reserve up to 32 slots at once, so give a lane at least 32 slots.
+ * to about 4 µs); the warp calls of `ring_d2h.cuh` reserve up to 32 slots at once, so give a
+ * lane at least 32 slots.
  *
  * Returns a handle, or `NULL` on error (a bad shape or lane count, a `vkgdr_open_vulkan`
  * handle, a driver failure).

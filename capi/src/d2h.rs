@@ -234,8 +234,9 @@ unsafe fn take_args<'a>(
              bytes (vkgdr_d2h_ring_get_max_payload)"
         )));
     }
-    // SAFETY: writable for `capacity` bytes (caller).
-    unsafe { crate::copy::host_slice_mut(buf, capacity) }
+    // Only the bytes a record can fill: a `capacity` beyond them is never touched.
+    // SAFETY: writable for `capacity >= max` bytes (caller).
+    unsafe { crate::copy::host_slice_mut(buf, max) }
 }
 
 /// Creates a device → host ring on `g`'s device: `lanes` lanes (1 to 1024) of `slots` slots
@@ -244,8 +245,8 @@ unsafe fn take_args<'a>(
 /// device; each lane's `head` and `closed` words are GPU memory the CPU stores to through the
 /// BAR. A kernel's publication into a full lane gives up (`VKGDR_D2H_STALLED`) after
 /// `spin_limit` looks at a head that does not move (each a read of GPU memory and a nap of up
-/// to about 4 µs); the warp calls
-/// of `ring_d2h.cuh` reserve up to 32 slots at once, so give a lane at least 32 slots.
+/// to about 4 µs); the warp calls of `ring_d2h.cuh` reserve up to 32 slots at once, so give a
+/// lane at least 32 slots.
 ///
 /// Returns a handle, or `NULL` on error (a bad shape or lane count, a `vkgdr_open_vulkan`
 /// handle, a driver failure).
