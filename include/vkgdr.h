@@ -467,6 +467,39 @@ typedef struct vkgdr_pool_stats {
    * before this field does not get it.
    */
   uint32_t thread_cache_handshake;
+  /**
+   * 1 once a lane of the pool's release feed broke (a kernel broke the ring's protocol): the
+   * tokens it would carry never arrive, and their blocks stay lent. The fields from here on
+   * count device-side releases (`vkgdr_block_release_on_device`); a caller whose
+   * `struct_size` ends before a field does not get it.
+   */
+  uint32_t release_lane_broken;
+  /**
+   * Blocks lent to kernels now, their tokens not arrived.
+   */
+  uint64_t lent_blocks;
+  /**
+   * Tokens issued (blocks released on the device).
+   */
+  uint64_t tokens_issued;
+  /**
+   * Tokens that came back and freed their blocks.
+   */
+  uint64_t tokens_redeemed;
+  /**
+   * Blocks taken back by `vkgdr_pool_reclaim_device_releases` before their tokens came.
+   */
+  uint64_t tokens_revoked;
+  /**
+   * Tokens refused, freeing nothing: forged, stale (of a block taken back, or an earlier
+   * issue) or repeated.
+   */
+  uint64_t tokens_refused;
+  /**
+   * Records on the release lanes that are not release records, or whose length is not a
+   * multiple of 8 (ignored).
+   */
+  uint64_t release_records_ignored;
 } vkgdr_pool_stats;
 
 /**

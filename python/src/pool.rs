@@ -210,7 +210,11 @@ impl Pool {
     /// ``blocks_cached`` (freed blocks kept by thread caches), ``bytes_allocated``, ``chunks``, ``dedicated_chunks``,
     /// ``largest_free_block``, ``shards``, and ``thread_cache_handshake``: how other threads reach
     /// the thread caches, ``"membarrier"`` (no barrier on the owner's path) or ``"fence"`` (a full
-    /// barrier per cached allocation and free), ``None`` when the pool has no thread cache.
+    /// barrier per cached allocation and free), ``None`` when the pool has no thread cache; and
+    /// ``device_releases``, a dict of the blocks lent to kernels (``lent``), the tokens
+    /// ``issued``, ``redeemed``, ``revoked`` (``reclaim_device_releases``) and refused
+    /// (``forged``, ``stale``, ``repeated``), ``ignored_records`` on the release lanes and
+    /// ``lane_error`` (why a release lane broke, or None).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = py.detach(|| self.pool.stats());
         let d = PyDict::new(py);
@@ -227,6 +231,18 @@ impl Pool {
             "thread_cache_handshake",
             self.pool.thread_cache().map(|t| t.handshake.name()),
         )?;
+        let r = &s.device_releases;
+        let releases = PyDict::new(py);
+        releases.set_item("lent", r.outstanding)?;
+        releases.set_item("issued", r.tokens.issued)?;
+        releases.set_item("redeemed", r.tokens.redeemed)?;
+        releases.set_item("revoked", r.tokens.revoked)?;
+        releases.set_item("forged", r.tokens.forged)?;
+        releases.set_item("stale", r.tokens.stale)?;
+        releases.set_item("repeated", r.tokens.repeated)?;
+        releases.set_item("ignored_records", r.foreign_records + r.malformed_records)?;
+        releases.set_item("lane_error", r.lane_error.as_ref().map(ToString::to_string))?;
+        d.set_item("device_releases", releases)?;
         Ok(d)
     }
 

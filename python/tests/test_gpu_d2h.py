@@ -269,11 +269,20 @@ def test_blocks_released_by_a_kernel_come_back_to_the_pool(cuda, cupy):
             )
             cuda.ctx_synchronize()
             assert result.get().tolist() == [0] * 5, f"launch {attempt}: refused"
+            # The pool's thread drains while blocks are lent; this drains the spent tokens too.
             end = time.monotonic() + 30
-            while pool.lent_blocks and time.monotonic() < end:
+            while time.monotonic() < end:
                 pool.drain_device_releases()
+                releases = pool.stats()["device_releases"]
+                refused = releases["stale"] + releases["repeated"]
+                if releases["lent"] == 0 and refused >= 300 * attempt:
+                    break
                 time.sleep(0.001)
             assert pool.lent_blocks == 0, f"launch {attempt}: blocks still lent"
+            assert releases["issued"] == releases["redeemed"] == 300, releases
+            # The second launch's tokens were spent: each one refused, none freeing anything.
+            assert releases["stale"] + releases["repeated"] == 300 * attempt, releases
+            assert releases["forged"] == 0 and releases["lane_error"] is None, releases
     finally:
         cuda.module_unload(module)
     # The blocks are the pool's again: allocations of the same sizes reuse their memory.

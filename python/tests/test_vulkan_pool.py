@@ -119,6 +119,10 @@ def test_a_block_is_released_on_the_device_only_through_a_release_feed(pool) -> 
     assert block.read(0, 4) == b"kept"
     assert pool.lent_blocks == 0 and pool.drain_device_releases() == 0
     assert pool.reclaim_device_releases() == 0
+    assert pool.stats()["device_releases"] == {
+        "lent": 0, "issued": 0, "redeemed": 0, "revoked": 0, "forged": 0, "stale": 0,
+        "repeated": 0, "ignored_records": 0, "lane_error": None,
+    }
     with pytest.raises(TypeError, match="set_release_feed takes a vkgdr.DeviceToHostRing, not"):
         pool.set_release_feed(object())
     # A block whose memory was exported is refused before the pool is asked.

@@ -199,6 +199,11 @@ static void run(int vulkan_device, uint32_t flags)
         CHECK(vkgdr_pool_get_lent_blocks(pool) == 0, "nothing lent");
         CHECK(vkgdr_pool_drain_device_releases(pool) == 0, "nothing to drain");
         CHECK(vkgdr_pool_reclaim_device_releases(pool) == 0, "nothing to reclaim");
+        stats.struct_size = sizeof stats;
+        CHECK(vkgdr_pool_get_stats(pool, &stats) == VKGDR_SUCCESS && stats.lent_blocks == 0 &&
+                  stats.tokens_issued == 0 && stats.tokens_refused == 0 &&
+                  stats.release_lane_broken == 0,
+              "no release counted");
     }
 
     /* A freed block is an error, not a crash, also after its slot is reused. */

@@ -314,6 +314,7 @@ static void device_releases(CUfunction release)
     vkgdr_d2h_ring_t ring = vkgdr_d2h_ring_create(g, 2, 64, 64, 1u << 22);
     vkgdr_d2h_ring_device_view view;
     vkgdr_d2h_record rec;
+    vkgdr_pool_stats stats;
     uint64_t tokens[LENT], res[5] = {0};
     unsigned char buf[64];
     CUdeviceptr dtokens = 0, result = 0;
@@ -350,15 +351,28 @@ static void device_releases(CUfunction release)
         CU_OK(cuCtxSynchronize());
         CU_OK(cuMemcpyDtoH(res, result, sizeof res));
         CHECK(res[0] == 0, "release round %u: %llu refusals", round, (unsigned long long)res[0]);
-        /* The pool's thread drains the lanes; this drains too, so the wait is short. */
+        /* The pool's thread drains the lanes while blocks are lent; this drains the spent
+         * tokens of the second launch too. */
         start = time(NULL);
-        while (vkgdr_pool_get_lent_blocks(pool) != 0 && time(NULL) - start < 30) {
+        stats.struct_size = sizeof stats;
+        while (time(NULL) - start < 30) {
             struct timespec ms = {0, 1000000};
             vkgdr_pool_drain_device_releases(pool);
+            vkgdr_pool_get_stats(pool, &stats);
+            if (stats.lent_blocks == 0 && stats.tokens_refused >= LENT * round) {
+                break;
+            }
             nanosleep(&ms, NULL);
         }
         CHECK(vkgdr_pool_get_lent_blocks(pool) == 0, "release round %u: %llu blocks still lent",
               round, (unsigned long long)vkgdr_pool_get_lent_blocks(pool));
+        stats.struct_size = sizeof stats;
+        CHECK(vkgdr_pool_get_stats(pool, &stats) == VKGDR_SUCCESS && stats.tokens_issued == LENT &&
+                  stats.tokens_redeemed == LENT && stats.tokens_refused == LENT * round &&
+                  stats.release_lane_broken == 0,
+              "release round %u: issued %llu, redeemed %llu, refused %llu", round,
+              (unsigned long long)stats.tokens_issued, (unsigned long long)stats.tokens_redeemed,
+              (unsigned long long)stats.tokens_refused);
     }
     CHECK(vkgdr_pool_reclaim_device_releases(pool) == 0, "nothing left to reclaim");
     cuMemFree(dtokens);
