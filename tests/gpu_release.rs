@@ -5,6 +5,8 @@
 //! or the CPU finds the block's last kernel not done); and a kernel that sends hostile tokens
 //! (forged, stale, repeated, another pool's) and a record of a foreign kind, which are counted
 //! and free nothing.
+// The loom feature swaps the core's atomics for loom's, which work only inside a model.
+#![cfg(not(feature = "loom"))]
 
 mod common;
 

@@ -9,6 +9,8 @@
 //! token); each genuine token frees its block once (the pool's counts match the model's);
 //! every hostile token or record is refused and counted, and frees nothing; at the end every
 //! block is back and the pool is empty.
+// The loom feature swaps the core's atomics for loom's, which work only inside a model.
+#![cfg(not(feature = "loom"))]
 
 use std::sync::Arc;
 

@@ -299,6 +299,25 @@ impl fmt::Display for PoolReport {
             )?,
             None => writeln!(f, "thread caches: off")?,
         }
+        let d = &s.device_releases;
+        if d.tokens.issued > 0 || d.refused() > 0 {
+            writeln!(
+                f,
+                "device releases: {} blocks lent now, {} given back; refused: {} forged, {} stale, \
+                 {} repeated tokens, {} foreign and {} malformed records{}",
+                d.outstanding,
+                d.tokens.redeemed,
+                d.tokens.forged,
+                d.tokens.stale,
+                d.tokens.repeated,
+                d.foreign_records,
+                d.malformed_records,
+                match &d.lane_error {
+                    Some(e) => format!("; a lane broke: {e}"),
+                    None => String::new(),
+                }
+            )?;
+        }
         writeln!(f, "chunks:")?;
         for c in &self.chunks {
             write!(

@@ -222,6 +222,11 @@ fn hostile_tokens_free_nothing_and_are_counted() {
         (3, 0, 1, 1)
     );
     assert_eq!(other.lent_blocks(), 1, "another pool's block stays lent");
+    let report = pool.report().to_string();
+    assert!(
+        report.contains("1 blocks lent now, 1 given back; refused: 3 forged, 0 stale, 1 repeated"),
+        "{report}"
+    );
     // A token of `a`'s entry from before a reclaim is stale afterwards.
     // SAFETY: no kernel uses these blocks (the lane is the test's).
     assert_eq!(unsafe { pool.reclaim_device_releases() }, 1);
