@@ -952,7 +952,10 @@ int vkgdr_d2h_ring_try_next(vkgdr_d2h_ring_t ring,
  * microseconds is seen at once), then yielding, then napping up to 50 µs between looks.
  *
  * Returns `VKGDR_SUCCESS`, `VKGDR_D2H_RING_EMPTY` (nothing arrived in time),
- * `VKGDR_D2H_RING_ENDED` (none will come) or `VKGDR_ERROR`, as `vkgdr_d2h_ring_try_next`.
+ * `VKGDR_D2H_RING_ENDED` (none will come) or `VKGDR_ERROR`, as `vkgdr_d2h_ring_try_next`. A
+ * wait without limit ends from another thread with `vkgdr_d2h_ring_finish`: the call then
+ * returns `VKGDR_D2H_RING_ENDED` once the lane is empty (the lane itself cannot be closed while
+ * this thread is inside it).
  *
  * Thread safety: as `vkgdr_d2h_ring_try_next`.
  *
