@@ -4,7 +4,9 @@
  *
  * A drop-in for vkgdr 0.1's vkgdr.h (same names, values, signatures and error texts), plus pools
  * (vkgdr_pool_*, vkgdr_block_*), copies (vkgdr_copy_*), rings (vkgdr_ring_*) with their
- * exclusive producers (vkgdr_ring_producer_*), frees that never wait for a running kernel
+ * exclusive producers (vkgdr_ring_producer_*), device -> host rings whose records kernels
+ * publish and C threads take (vkgdr_d2h_ring_*) and pool blocks kernels give back
+ * (vkgdr_block_release_on_device), frees that never wait for a running kernel
  * (vkgdr_memory_free_after, vkgdr_memory_free_now, vkgdr_block_free_after,
  * vkgdr_ring_watch_consumer, vkgdr_wait_for_releases), and sharing memory, pool blocks and ring
  * lanes with other processes over a Unix socket: the owner's side (vkgdr_share_*) and the side
@@ -41,6 +43,19 @@
  * Returned by functions that report failure as an `int`; the reason is in `vkgdr_last_error()`.
  */
 #define VKGDR_ERROR -1
+
+/**
+ * `vkgdr_d2h_ring_try_next` and `vkgdr_d2h_ring_next` found no record (none has arrived yet, or
+ * none within the timeout): nothing was taken, try again later.
+ */
+#define VKGDR_D2H_RING_EMPTY 1
+
+/**
+ * `vkgdr_d2h_ring_try_next` and `vkgdr_d2h_ring_next` found no record, and none will come: the
+ * producers were declared finished (`vkgdr_d2h_ring_finish`) and every record they published
+ * was taken.
+ */
+#define VKGDR_D2H_RING_ENDED 2
 
 /**
  * `vkgdr_ring_push` found no room before its timeout: nothing was written, try again later.
@@ -190,10 +205,108 @@ typedef enum vkgdr_share_event_kind {
 } vkgdr_share_event_kind;
 
 /**
+ * Opaque handle to a device → host ring, from `vkgdr_d2h_ring_create`; freed with
+ * `vkgdr_d2h_ring_destroy`.
+ */
+typedef struct vkgdr_d2h_ring *vkgdr_d2h_ring_t;
+
+/**
  * Opaque handle to the library, from `vkgdr_open` or `vkgdr_open_vulkan`; freed with
  * `vkgdr_close`.
  */
 typedef struct vkgdr *vkgdr_t;
+
+/**
+ * What a producing kernel takes by value: exactly `vkgdr_d2h_view` of
+ * `include/vkgdr/ring_d2h.cuh` (48 bytes, a wire format, so no `struct_size`). Pass a pointer
+ * to it as the kernel's parameter (`cuLaunchKernel`'s `kernelParams` entry).
+ */
+typedef struct vkgdr_d2h_ring_device_view {
+  /**
+   * Device address of lane 0's slots (host memory mapped for the device); lane `i`'s are
+   * `i * slots_per_lane * stride` bytes further.
+   */
+  uint64_t slots;
+  /**
+   * Device address of lane 0's control block (`head`, `closed`); lane `i`'s is
+   * `i * VKGDR_D2H_CONTROL_STRIDE` (128) bytes further.
+   */
+  uint64_t control;
+  /**
+   * Device address of lane 0's device state (`reserve`, `head_cache`, `gave_up`); lane `i`'s
+   * is `i * VKGDR_D2H_DEVICE_STRIDE` (128) bytes further.
+   */
+  uint64_t device;
+  /**
+   * Slots per lane (a power of two).
+   */
+  uint32_t slots_per_lane;
+  /**
+   * Bytes per slot (a power of two): a record carries up to `stride - 16` payload bytes.
+   */
+  uint32_t stride;
+  /**
+   * Number of lanes.
+   */
+  uint32_t lanes;
+  /**
+   * Looks at a full lane's head, with no progress, before a publication gives up
+   * (`VKGDR_D2H_STALLED`).
+   */
+  uint32_t spin_limit;
+  /**
+   * Reserved, zero.
+   */
+  uint64_t reserved;
+} vkgdr_d2h_ring_device_view;
+
+/**
+ * One record taken by `vkgdr_d2h_ring_try_next` or `vkgdr_d2h_ring_next` (its payload is
+ * copied into the caller's buffer). Set `struct_size` to `sizeof(vkgdr_d2h_record)` before the
+ * call.
+ */
+typedef struct vkgdr_d2h_record {
+  /**
+   * `sizeof(vkgdr_d2h_record)` as the caller was compiled.
+   */
+  size_t struct_size;
+  /**
+   * The record's sequence number in its lane: 0, 1, 2, ... in the device's reservation order.
+   */
+  uint64_t seq;
+  /**
+   * The kind the kernel gave it (kinds from `VKGDR_D2H_KIND_RESERVED`, 0x80000000, up are the
+   * library's own).
+   */
+  uint32_t kind;
+  /**
+   * Payload bytes copied into the buffer.
+   */
+  uint32_t len;
+} vkgdr_d2h_record;
+
+/**
+ * A lane's counters (`vkgdr_d2h_ring_get_lane_stats`). Set `struct_size` to
+ * `sizeof(vkgdr_d2h_lane_stats)` before the call.
+ */
+typedef struct vkgdr_d2h_lane_stats {
+  /**
+   * `sizeof(vkgdr_d2h_lane_stats)` as the caller was compiled.
+   */
+  size_t struct_size;
+  /**
+   * Records the kernels reserved in the lane (each is committed with no wait in between).
+   */
+  uint64_t reserved;
+  /**
+   * Records the lane's consumers took (its `head`).
+   */
+  uint64_t taken;
+  /**
+   * Publications that gave up (`VKGDR_D2H_CLOSED` or `VKGDR_D2H_STALLED`).
+   */
+  uint64_t gave_up;
+} vkgdr_d2h_lane_stats;
 
 /**
  * Opaque handle to a memory allocation, from `vkgdr_memory_alloc`; freed with
@@ -354,6 +467,39 @@ typedef struct vkgdr_pool_stats {
    * before this field does not get it.
    */
   uint32_t thread_cache_handshake;
+  /**
+   * 1 once a lane of the pool's release feed broke (a kernel broke the ring's protocol): the
+   * tokens it would carry never arrive, and their blocks stay lent. The fields from here on
+   * count device-side releases (`vkgdr_block_release_on_device`); a caller whose
+   * `struct_size` ends before a field does not get it.
+   */
+  uint32_t release_lane_broken;
+  /**
+   * Blocks lent to kernels now, their tokens not arrived.
+   */
+  uint64_t lent_blocks;
+  /**
+   * Tokens issued (blocks released on the device).
+   */
+  uint64_t tokens_issued;
+  /**
+   * Tokens that came back and freed their blocks.
+   */
+  uint64_t tokens_redeemed;
+  /**
+   * Blocks taken back by `vkgdr_pool_reclaim_device_releases` before their tokens came.
+   */
+  uint64_t tokens_revoked;
+  /**
+   * Tokens refused, freeing nothing: forged, stale (of a block taken back, or an earlier
+   * issue) or repeated.
+   */
+  uint64_t tokens_refused;
+  /**
+   * Records on the release lanes that are not release records, or whose length is not a
+   * multiple of 8 (ignored).
+   */
+  uint64_t release_records_ignored;
 } vkgdr_pool_stats;
 
 /**
@@ -688,6 +834,217 @@ VKGDR_API int vkgdr_copy_to_mapping(void *mapping_dst, const void *src, size_t s
  * - No other thread writes the source range through the CPU during the call.
  */
 VKGDR_API int vkgdr_copy_from_mapping(void *dst, const void *mapping_src, size_t size);
+
+/**
+ * Creates a device → host ring on `g`'s device: `lanes` lanes (1 to 1024) of `slots` slots
+ * (a power of two, 2 to 2^24) of `stride` bytes (a power of two, 32 to 65536: each record
+ * carries up to `stride - 16` payload bytes). The slots are pinned host memory mapped for the
+ * device; each lane's `head` and `closed` words are GPU memory the CPU stores to through the
+ * BAR. A kernel's publication into a full lane gives up (`VKGDR_D2H_STALLED`) after
+ * `spin_limit` looks at a head that does not move (each a read of GPU memory and a nap of up
+ * to about 4 µs); the warp calls of `ring_d2h.cuh` reserve up to 32 slots at once, so give a
+ * lane at least 32 slots.
+ *
+ * Returns a handle, or `NULL` on error (a bad shape or lane count, a `vkgdr_open_vulkan`
+ * handle, a driver failure).
+ *
+ * Thread safety: any thread. Free it with `vkgdr_d2h_ring_destroy` once no kernel publishes
+ * into it any more (synchronise with the producing kernels first: their stores go to the
+ * ring's memory).
+ *
+ * # Safety
+ * - No thread closes `g` during the call.
+ */
+VKGDR_API
+vkgdr_d2h_ring_t vkgdr_d2h_ring_create(vkgdr_t g,
+                                       uint32_t lanes,
+                                       uint32_t slots,
+                                       uint32_t stride,
+                                       uint32_t spin_limit);
+
+/**
+ * Destroys a ring: closes every open lane (a kernel still publishing gets `VKGDR_D2H_CLOSED`
+ * from its next wait for room) and frees the memory. `NULL` is ignored.
+ *
+ * Errors (reported through `vkgdr_last_error()` only): a handle already destroyed, or not a
+ * `vkgdr_d2h_ring_t`.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No other thread uses `ring` during or after the call, and no kernel publishes into it any
+ *   more (the memory goes back).
+ */
+VKGDR_API void vkgdr_d2h_ring_destroy(vkgdr_d2h_ring_t ring);
+
+/**
+ * Fills `*view` with what a producing kernel takes by value (`vkgdr_d2h_view` of
+ * `ring_d2h.cuh`, the same 48 bytes).
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, `view` NULL).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `view` is NULL or writable for `sizeof(vkgdr_d2h_ring_device_view)` bytes.
+ * - No thread destroys `ring` during the call.
+ */
+VKGDR_API
+int vkgdr_d2h_ring_get_device_view(vkgdr_d2h_ring_t ring,
+                                   struct vkgdr_d2h_ring_device_view *view);
+
+/**
+ * Number of lanes of the ring, or 0 on error (an invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread destroys `ring` during the call.
+ */
+VKGDR_API uint32_t vkgdr_d2h_ring_get_lanes(vkgdr_d2h_ring_t ring);
+
+/**
+ * The largest payload a record of the ring carries (`stride - 16`): the least `capacity` of
+ * the buffers `vkgdr_d2h_ring_try_next` and `vkgdr_d2h_ring_next` take. 0 on error (an
+ * invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread destroys `ring` during the call.
+ */
+VKGDR_API uint32_t vkgdr_d2h_ring_get_max_payload(vkgdr_d2h_ring_t ring);
+
+/**
+ * Takes the next record of lane `lane` if it has arrived, without waiting: copies its payload
+ * into `buf` and its number, kind and length into `*rec`, and hands its slot back to the
+ * device. Records of a lane come in the order the device reserved them; the lane's first call
+ * opens it (from where an earlier consumer stopped).
+ *
+ * - `capacity`: bytes of `buf`, at least `vkgdr_d2h_ring_get_max_payload(ring)`.
+ * - `rec`: its `struct_size` set by the caller.
+ *
+ * Returns `VKGDR_SUCCESS` (a record), `VKGDR_D2H_RING_EMPTY` (none has arrived; nothing
+ * taken), `VKGDR_D2H_RING_ENDED` (none will come: `vkgdr_d2h_ring_finish` was called and the
+ * lane is empty), or `VKGDR_ERROR`: an invalid handle, no such lane, the lane closed or in use by
+ * another thread, `buf` too small or NULL, `rec` NULL or its `struct_size` unset, or the
+ * device broke the protocol ("slot of record N holds commit word ...": the lane is broken and
+ * every later call says so).
+ *
+ * Thread safety: any thread, one at a time per lane (a call on a lane another thread is inside
+ * fails); lanes are independent.
+ *
+ * # Safety
+ * - `buf` is writable for `capacity` bytes; `rec` is NULL or writable for `rec->struct_size`
+ *   bytes.
+ * - No thread destroys `ring` during the call.
+ */
+VKGDR_API
+int vkgdr_d2h_ring_try_next(vkgdr_d2h_ring_t ring,
+                            uint32_t lane,
+                            void *buf,
+                            size_t capacity,
+                            struct vkgdr_d2h_record *rec);
+
+/**
+ * `vkgdr_d2h_ring_try_next` that waits up to `timeout_ns` nanoseconds for the record to arrive
+ * (negative: without limit; 0: one look), spinning first (a record that comes within
+ * microseconds is seen at once), then yielding, then napping up to 50 µs between looks.
+ *
+ * Returns `VKGDR_SUCCESS`, `VKGDR_D2H_RING_EMPTY` (nothing arrived in time),
+ * `VKGDR_D2H_RING_ENDED` (none will come) or `VKGDR_ERROR`, as `vkgdr_d2h_ring_try_next`. A
+ * wait without limit ends from another thread with `vkgdr_d2h_ring_finish`: the call then
+ * returns `VKGDR_D2H_RING_ENDED` once the lane is empty (the lane itself cannot be closed while
+ * this thread is inside it).
+ *
+ * Thread safety: as `vkgdr_d2h_ring_try_next`.
+ *
+ * # Safety
+ * - As `vkgdr_d2h_ring_try_next`.
+ */
+VKGDR_API
+int vkgdr_d2h_ring_next(vkgdr_d2h_ring_t ring,
+                        uint32_t lane,
+                        int64_t timeout_ns,
+                        void *buf,
+                        size_t capacity,
+                        struct vkgdr_d2h_record *rec);
+
+/**
+ * Closes lane `lane`: tells the device that nothing will be taken from it any more (its
+ * waiting and later publications end with `VKGDR_D2H_CLOSED`). Records committed before stay;
+ * a later take from the lane opens it again, where this consumer stopped. Closing a lane that
+ * is not open does nothing.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, no such lane, the lane in use
+ * by another thread).
+ *
+ * Thread safety: any thread, one at a time per lane.
+ *
+ * # Safety
+ * - No thread destroys `ring` during the call.
+ */
+VKGDR_API int vkgdr_d2h_ring_close_lane(vkgdr_d2h_ring_t ring, uint32_t lane);
+
+/**
+ * Closes every lane: kernels waiting for room, and later publications, give up with
+ * `VKGDR_D2H_CLOSED`. Records committed before stay; a lane's next take opens it again.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle).
+ *
+ * Thread safety: any thread, also while consumers take.
+ *
+ * # Safety
+ * - No thread destroys `ring` during the call.
+ */
+VKGDR_API int vkgdr_d2h_ring_close(vkgdr_d2h_ring_t ring);
+
+/**
+ * Declares the producing kernels finished: the caller knows they completed (it synchronised
+ * their stream or context), so everything they committed is visible. From then on a lane whose
+ * records were all taken reports `VKGDR_D2H_RING_ENDED` instead of waiting. Call
+ * `vkgdr_d2h_ring_restart` before the next launch publishes into the ring.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread destroys `ring` during the call.
+ */
+VKGDR_API int vkgdr_d2h_ring_finish(vkgdr_d2h_ring_t ring);
+
+/**
+ * Clears `vkgdr_d2h_ring_finish` before a new launch publishes into the ring: its lanes wait
+ * for records again.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread destroys `ring` during the call.
+ */
+VKGDR_API int vkgdr_d2h_ring_restart(vkgdr_d2h_ring_t ring);
+
+/**
+ * Fills `*stats` (whose `struct_size` the caller sets) with lane `lane`'s counters: records
+ * reserved by the kernels, taken by the consumers, and publications that gave up. Read through
+ * the BAR: a few microseconds, not for a hot loop.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, no such lane, `stats` NULL or
+ * its `struct_size` unset).
+ *
+ * Thread safety: any thread, also while the lane's consumer takes.
+ *
+ * # Safety
+ * - `stats` is NULL or writable for `stats->struct_size` bytes.
+ * - No thread destroys `ring` during the call.
+ */
+VKGDR_API
+int vkgdr_d2h_ring_get_lane_stats(vkgdr_d2h_ring_t ring,
+                                  uint32_t lane,
+                                  struct vkgdr_d2h_lane_stats *stats);
 
 /**
  * Obtains a handle to the library.
@@ -2096,6 +2453,83 @@ VKGDR_API uint64_t vkgdr_ring_producer_get_next_seq(vkgdr_ring_producer_t produc
  * - No thread destroys `producer` during the call.
  */
 VKGDR_API uint32_t vkgdr_ring_producer_get_lane(vkgdr_ring_producer_t producer);
+
+/**
+ * Gives `ring`'s lanes to `pool` as its release feed: the records of `vkgdr_release_token`
+ * that kernels publish into them bring released blocks back. Once per pool; the pool then
+ * drains the lanes itself (on a thread of its own, on allocations and on
+ * `vkgdr_pool_drain_device_releases`), so they are not the C caller's to take from any more
+ * (`vkgdr_d2h_ring_try_next` on them fails: the lane has a consumer). The pool keeps the
+ * ring's memory alive as long as blocks are lent, also after `vkgdr_d2h_ring_destroy`.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR`: an invalid handle, a lane of the ring with a
+ * consumer (close it first), a pool that has a feed already.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread destroys `pool` or `ring` during the call.
+ */
+VKGDR_API int vkgdr_pool_set_release_feed(vkgdr_pool_t pool, vkgdr_d2h_ring_t ring);
+
+/**
+ * Lends `block` to a kernel: stores in `*token` the value the kernel passes to
+ * `vkgdr_release_token` (`include/vkgdr/ring_d2h.cuh`) when it is done with the block. The
+ * block goes back to its pool only when that token has come back through the pool's release
+ * feed (`vkgdr_pool_set_release_feed`), so it is never handed out again while the kernel may
+ * still use it. A token is single-use: a repeated, stale or forged one frees nothing.
+ *
+ * Consumes the handle, also on error: a block that could not be lent (the pool has no release
+ * feed, or has the most blocks lent it can hold) is freed at once.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR`: an invalid handle (nothing consumed), `token`
+ * NULL (nothing consumed), the refusals above.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `token` is NULL or writable.
+ * - No other thread uses `block` during or after the call.
+ */
+VKGDR_API int vkgdr_block_release_on_device(vkgdr_block_t block, uint64_t *token);
+
+/**
+ * Takes every device release that has arrived on the pool's release feed and frees the blocks
+ * given back (the pool's own thread and its allocations do it too). Returns the number of
+ * blocks freed, or `SIZE_MAX` on error (an invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread destroys `pool` during the call.
+ */
+VKGDR_API size_t vkgdr_pool_drain_device_releases(vkgdr_pool_t pool);
+
+/**
+ * Blocks of `pool` lent to kernels now (released on the device, their tokens not arrived), or
+ * `UINT64_MAX` on error (an invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread destroys `pool` during the call.
+ */
+VKGDR_API uint64_t vkgdr_pool_get_lent_blocks(vkgdr_pool_t pool);
+
+/**
+ * Frees every block of `pool` lent to kernels without waiting for its token (their tokens are
+ * stale from then on: they free nothing). For a host that knows its kernels are done (they
+ * exited and their stream was synchronised), or that a kernel will never release (it failed).
+ * Returns how many blocks were freed, or `SIZE_MAX` on error (an invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No kernel reads or writes any lent block of the pool whose token has not arrived: the
+ *   blocks are handed out again at once.
+ * - No thread destroys `pool` during the call.
+ */
+VKGDR_API size_t vkgdr_pool_reclaim_device_releases(vkgdr_pool_t pool);
 
 /**
  * Creates a ring of `capacity` bytes (a power of two, at least 4096) in BAR-mapped memory of

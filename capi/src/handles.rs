@@ -53,7 +53,7 @@ const _: () = assert!(
     "handles are 64-bit tokens dressed as pointers"
 );
 
-/// The handle types, one tag each (4 bits, never 0; 14 is the last one free, 15 is the tests').
+/// The handle types, one tag each (4 bits, never 0; 15 is the tests': none is left free).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Tag {
@@ -83,6 +83,8 @@ pub enum Tag {
     SharedBlock = 12,
     /// `vkgdr_attached_lane_t`.
     AttachedLane = 13,
+    /// `vkgdr_d2h_ring_t`.
+    D2hRing = 14,
     /// Tables made by tests.
     #[cfg(test)]
     Test = 15,
@@ -105,6 +107,7 @@ impl Tag {
             Tag::AttachedPool => "vkgdr_attached_pool_t",
             Tag::SharedBlock => "vkgdr_shared_block_t",
             Tag::AttachedLane => "vkgdr_attached_lane_t",
+            Tag::D2hRing => "vkgdr_d2h_ring_t",
             #[cfg(test)]
             Tag::Test => "test handle",
         }

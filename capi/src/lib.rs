@@ -4,7 +4,8 @@
 //! cbindgen; `tests/header.rs` fails when the committed copy differs). It is a drop-in for
 //! vkgdr 0.1's C API — same names, values, signatures and error texts, built on
 //! [`vkgdr::compat`] — and adds the pool ([`pool`]), copies ([`copy`]), rings ([`ring`]),
-//! their exclusive producers ([`producer`]) and sharing with other processes (the owner's
+//! their exclusive producers ([`producer`]), device → host rings ([`d2h`]) with blocks that
+//! kernels release ([`release`]) and sharing with other processes (the owner's
 //! side in [`share`], the attaching side in [`peer`]) in the same style.
 //!
 //! Conventions every function follows:
@@ -21,6 +22,7 @@
 #![allow(non_camel_case_types)]
 
 pub mod copy;
+pub mod d2h;
 pub mod device;
 pub mod error;
 pub mod handles;
@@ -28,6 +30,7 @@ pub mod memory;
 pub mod peer;
 pub mod pool;
 pub mod producer;
+pub mod release;
 pub mod ring;
 pub mod share;
 mod versioned;

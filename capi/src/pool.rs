@@ -172,6 +172,25 @@ pub struct vkgdr_pool_stats {
     /// what each cached allocation and free costs its thread. A caller whose `struct_size` ends
     /// before this field does not get it.
     pub thread_cache_handshake: u32,
+    /// 1 once a lane of the pool's release feed broke (a kernel broke the ring's protocol): the
+    /// tokens it would carry never arrive, and their blocks stay lent. The fields from here on
+    /// count device-side releases (`vkgdr_block_release_on_device`); a caller whose
+    /// `struct_size` ends before a field does not get it.
+    pub release_lane_broken: u32,
+    /// Blocks lent to kernels now, their tokens not arrived.
+    pub lent_blocks: u64,
+    /// Tokens issued (blocks released on the device).
+    pub tokens_issued: u64,
+    /// Tokens that came back and freed their blocks.
+    pub tokens_redeemed: u64,
+    /// Blocks taken back by `vkgdr_pool_reclaim_device_releases` before their tokens came.
+    pub tokens_revoked: u64,
+    /// Tokens refused, freeing nothing: forged, stale (of a block taken back, or an earlier
+    /// issue) or repeated.
+    pub tokens_refused: u64,
+    /// Records on the release lanes that are not release records, or whose length is not a
+    /// multiple of 8 (ignored).
+    pub release_records_ignored: u64,
 }
 
 /// `vkgdr_pool_stats.thread_cache_handshake`: how other threads (a trim, the pool's destruction)
@@ -422,6 +441,7 @@ pub unsafe extern "C" fn vkgdr_pool_get_stats(
         // SAFETY: the caller does not destroy `pool` during the call.
         let pool = unsafe { self::pool(pool) }?;
         let s = pool.stats();
+        let r = &s.device_releases;
         let out = vkgdr_pool_stats {
             struct_size: std::mem::size_of::<vkgdr_pool_stats>(),
             bytes_reserved: s.bytes_reserved,
@@ -439,6 +459,13 @@ pub unsafe extern "C" fn vkgdr_pool_get_stats(
                 }
                 Some(Handshake::Fence) => vkgdr_thread_cache_handshake::VKGDR_THREAD_CACHE_FENCE,
             } as u32,
+            release_lane_broken: u32::from(r.lane_error.is_some()),
+            lent_blocks: r.outstanding,
+            tokens_issued: r.tokens.issued,
+            tokens_redeemed: r.tokens.redeemed,
+            tokens_revoked: r.tokens.revoked,
+            tokens_refused: r.tokens.forged + r.tokens.stale + r.tokens.repeated,
+            release_records_ignored: r.foreign_records + r.malformed_records,
         };
         // SAFETY: writable for its struct_size (caller).
         unsafe { versioned::write(stats, &out) }?;

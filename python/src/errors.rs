@@ -9,6 +9,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
+use vkgdr::ring::core::d2h::D2hError;
 use vkgdr::ring::core::RingError;
 use vkgdr::share::{RefusalCode, ShareError as LibShareError};
 
@@ -102,6 +103,9 @@ fn kind(e: &vkgdr::Error) -> Kind {
             | RingError::RecordTooLarge { .. }
             | RingError::OutOfRange { .. },
         ) => Kind::InvalidArgument,
+        vkgdr::Error::D2h(D2hError::InvalidShape { .. } | D2hError::NoSuchLane { .. }) => {
+            Kind::InvalidArgument
+        }
         vkgdr::Error::Share(LibShareError::BadName(_)) => Kind::InvalidArgument,
         vkgdr::Error::Share(_) => Kind::Share,
         _ => Kind::Base,

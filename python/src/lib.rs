@@ -5,7 +5,8 @@
 //!   and `RawMemory` are plain Python classes in python/vkgdr, which programs may subclass);
 //! - [`pool`]: `Pool` and `Block` (NumPy, CUDA array interface, DLPack);
 //! - [`ring`]: `DeviceRing` and `RingProducer`, thin wrappers of [`vkgdr::ring::DeviceRing`] and
-//!   [`vkgdr::ring::OwnedProducer`];
+//!   [`vkgdr::ring::OwnedProducer`]; [`d2h`]: `DeviceToHostRing` and its `LaneConsumer`, on
+//!   [`vkgdr::ring::DeviceToHostRing`] (records from kernels to Python threads);
 //! - [`share`]: `ShareServer` and `ShareEvent`, the owner's side of sharing with other processes
 //!   ([`vkgdr::share`]); [`peer`]: `Peer` and what it attaches (`AttachedMemory`,
 //!   `AttachedPool`, `SharedBlock`, `AttachedLane`), the side that needs no CUDA; [`vulkan`]:
@@ -35,6 +36,7 @@
 use pyo3::prelude::*;
 
 mod compat;
+mod d2h;
 mod device;
 mod dlpack;
 mod errors;
@@ -62,6 +64,10 @@ fn _vkgdr(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ring::DeviceRing>()?;
     m.add_class::<ring::RingDeviceView>()?;
     m.add_class::<ring::RingProducer>()?;
+    m.add_class::<d2h::DeviceToHostRing>()?;
+    m.add_class::<d2h::DeviceToHostView>()?;
+    m.add_class::<d2h::LaneConsumer>()?;
+    m.add_class::<d2h::LaneRecord>()?;
     m.add_class::<stream::RawStream>()?;
     m.add_class::<share::ShareServer>()?;
     m.add_class::<share::ShareEvent>()?;

@@ -166,11 +166,55 @@ impl Pool {
         py.detach(|| self.pool.trim())
     }
 
+    /// Gives the lanes of ``ring`` (a ``DeviceToHostRing``) to the pool as its release feed:
+    /// the records of ``vkgdr_release_token`` that kernels publish into them bring blocks lent
+    /// with ``Block.release_on_device()`` back. Once per pool; the pool drains the lanes itself
+    /// from then on (``ring.consumer(lane)`` refuses them). Raises ``VkgdrError`` when a lane
+    /// of the ring has a consumer, or the pool has a feed already.
+    fn set_release_feed(&self, ring: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ring = ring.cast::<crate::d2h::DeviceToHostRing>().map_err(|_| {
+            pyo3::exceptions::PyTypeError::new_err(format!(
+                "set_release_feed takes a vkgdr.DeviceToHostRing, not {}",
+                interface::type_name(ring)
+            ))
+        })?;
+        let lanes = ring.get().library().consumers().map_err(to_py)?;
+        self.pool
+            .set_release_feed(lanes)
+            .map_err(|_| crate::errors::vkgdr_error("the pool has a release feed already"))
+    }
+
+    /// Takes every device release that has arrived and frees the blocks given back (the pool's
+    /// own thread and its allocations do it too); returns how many.
+    fn drain_device_releases(&self, py: Python<'_>) -> usize {
+        py.detach(|| self.pool.drain_device_releases())
+    }
+
+    /// Blocks lent to kernels now (released on the device, their tokens not arrived).
+    #[getter]
+    fn lent_blocks(&self) -> u64 {
+        self.pool.lent_blocks()
+    }
+
+    /// Frees every lent block without waiting for its token (later tokens of them free
+    /// nothing); returns how many. Only for a program that knows its kernels are done with
+    /// them (they exited and their stream was synchronised) or will never release them: the
+    /// blocks are handed out again at once, and a kernel still using one would corrupt another
+    /// block's data.
+    fn reclaim_device_releases(&self, py: Python<'_>) -> usize {
+        // SAFETY: the program's promise, documented above (as RawStream's handle is).
+        py.detach(|| unsafe { self.pool.reclaim_device_releases() })
+    }
+
     /// A usage snapshot: ``bytes_reserved``, ``bytes_in_use``, ``bytes_cached`` and
     /// ``blocks_cached`` (freed blocks kept by thread caches), ``bytes_allocated``, ``chunks``, ``dedicated_chunks``,
     /// ``largest_free_block``, ``shards``, and ``thread_cache_handshake``: how other threads reach
     /// the thread caches, ``"membarrier"`` (no barrier on the owner's path) or ``"fence"`` (a full
-    /// barrier per cached allocation and free), ``None`` when the pool has no thread cache.
+    /// barrier per cached allocation and free), ``None`` when the pool has no thread cache; and
+    /// ``device_releases``, a dict of the blocks lent to kernels (``lent``), the tokens
+    /// ``issued``, ``redeemed``, ``revoked`` (``reclaim_device_releases``) and refused
+    /// (``forged``, ``stale``, ``repeated``), ``ignored_records`` on the release lanes and
+    /// ``lane_error`` (why a release lane broke, or None).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = py.detach(|| self.pool.stats());
         let d = PyDict::new(py);
@@ -187,6 +231,18 @@ impl Pool {
             "thread_cache_handshake",
             self.pool.thread_cache().map(|t| t.handshake.name()),
         )?;
+        let r = &s.device_releases;
+        let releases = PyDict::new(py);
+        releases.set_item("lent", r.outstanding)?;
+        releases.set_item("issued", r.tokens.issued)?;
+        releases.set_item("redeemed", r.tokens.redeemed)?;
+        releases.set_item("revoked", r.tokens.revoked)?;
+        releases.set_item("forged", r.tokens.forged)?;
+        releases.set_item("stale", r.tokens.stale)?;
+        releases.set_item("repeated", r.tokens.repeated)?;
+        releases.set_item("ignored_records", r.foreign_records + r.malformed_records)?;
+        releases.set_item("lane_error", r.lane_error.as_ref().map(ToString::to_string))?;
+        d.set_item("device_releases", releases)?;
         Ok(d)
     }
 
@@ -263,6 +319,14 @@ fn sent() -> PyErr {
     crate::errors::vkgdr_error(
         "the block was sent to another process (ShareServer.send_block): this object is spent; \
          ShareServer.take_returned(token) gives the block back once the peer has",
+    )
+}
+
+/// The error of every use of a block released on the device.
+fn lent() -> PyErr {
+    crate::errors::vkgdr_error(
+        "the block was released on the device (Block.release_on_device): this object is spent; \
+         the block goes back to its pool when the kernel's token arrives",
     )
 }
 
@@ -373,6 +437,8 @@ pub struct Block {
     freed: AtomicBool,
     /// Set when `ShareServer.send_block` took the block for another process.
     sent: AtomicBool,
+    /// Set when `release_on_device` lent the block to a kernel.
+    lent: AtomicBool,
     /// Whether an interface was read or a DLPack capsule made (views may have existed: the
     /// block is not sent then).
     exported: AtomicBool,
@@ -397,6 +463,7 @@ impl Block {
             }),
             freed: AtomicBool::new(false),
             sent: AtomicBool::new(false),
+            lent: AtomicBool::new(false),
             exported: AtomicBool::new(false),
             pin: Mutex::new(None),
         }
@@ -407,6 +474,8 @@ impl Block {
         if self.freed.load(Ordering::Acquire) {
             return Err(if self.sent.load(Ordering::Acquire) {
                 sent()
+            } else if self.lent.load(Ordering::Acquire) {
+                lent()
             } else {
                 freed()
             });
@@ -511,6 +580,54 @@ impl Block {
     #[getter]
     fn is_sent(&self) -> bool {
         self.sent.load(Ordering::Acquire)
+    }
+
+    /// Lends the block to a kernel and returns the token (an int) the kernel passes to
+    /// ``vkgdr_release_token`` (``include/vkgdr/ring_d2h.cuh``) when it is done with the block.
+    /// The block goes back to its pool only when that token has come back through the pool's
+    /// release feed (``Pool.set_release_feed``), so it is never handed out again while the
+    /// kernel may still use it; this object is spent from now on (read ``device_ptr`` first).
+    ///
+    /// Raises, the block unchanged: ``VkgdrError`` when the pool has no release feed (or is
+    /// closed, or has the most blocks lent it can hold); ``InvalidArgumentError`` once the
+    /// block's memory was exported (a NumPy, DLPack or CUDA array view could go on using memory
+    /// the pool hands out again). A freed block raises ``VkgdrError``.
+    fn release_on_device(&self) -> PyResult<u64> {
+        self.live()?;
+        if self.exported.load(Ordering::Acquire) {
+            return Err(invalid_argument(
+                "the block cannot be released on the device: its memory was exported \
+                 (np.asarray, view(), an array interface or DLPack), and a view could go on \
+                 using memory the pool hands out again once the kernel's token arrives. Give \
+                 the kernel block.device_ptr and fill the block with block.write(data)",
+            ));
+        }
+        // Marked first: no view or export can be made from here on.
+        if self.freed.swap(true, Ordering::AcqRel) {
+            return Err(self.live().err().unwrap_or_else(freed));
+        }
+        self.lent.store(true, Ordering::Release);
+        let taken = self.state.block.lock().take();
+        let Some(block) = taken else {
+            self.lent.store(false, Ordering::Release);
+            return Err(freed());
+        };
+        match block.release_on_device() {
+            Ok(token) => Ok(token.to_bits()),
+            Err(refused) => {
+                let message = refused.to_string();
+                *self.state.block.lock() = Some(refused.block);
+                self.lent.store(false, Ordering::Release);
+                self.freed.store(false, Ordering::Release);
+                Err(crate::errors::vkgdr_error(message))
+            }
+        }
+    }
+
+    /// Whether ``release_on_device`` lent the block to a kernel (the object is spent).
+    #[getter]
+    fn is_released_on_device(&self) -> bool {
+        self.lent.load(Ordering::Acquire)
     }
 
     /// Frees the block without waiting for the GPU: it goes back to its pool at once if no

@@ -37,6 +37,37 @@ def test_ring_producers_come_only_from_a_ring() -> None:
         assert callable(getattr(vkgdr.DeviceRing, name)), name
 
 
+def test_device_to_host_consumers_come_only_from_a_ring() -> None:
+    # A lane's consumer, its records and the view are handed out by a ring, never made.
+    for cls in (vkgdr.LaneConsumer, vkgdr.LaneRecord, vkgdr.DeviceToHostView):
+        with pytest.raises(TypeError):
+            cls()
+    for name in ("try_next", "next", "close", "__iter__", "__next__", "__enter__", "__exit__"):
+        assert callable(getattr(vkgdr.LaneConsumer, name)), name
+    for name in ("consumer", "finish", "restart", "close", "lane_stats"):
+        assert callable(getattr(vkgdr.DeviceToHostRing, name)), name
+
+
+@pytest.mark.parametrize(
+    "slots, stride, lanes, error",
+    [
+        (1000, 64, 1, "lane shape of 1000 slots of 64 bytes"),
+        (64, 16, 1, "powers of two"),
+        (1, 64, 1, "powers of two"),
+        (64, 1 << 17, 1, "powers of two"),
+    ],
+)
+def test_a_device_to_host_ring_checks_its_shape_before_its_owner(slots, stride, lanes, error):
+    # No device is needed to refuse a bad shape: the owner is not even looked at.
+    with pytest.raises(vkgdr.InvalidArgumentError, match=error):
+        vkgdr.DeviceToHostRing(object(), slots, stride, lanes=lanes)
+    with pytest.raises(OverflowError):
+        vkgdr.DeviceToHostRing(object(), -1, 64)
+    # A good shape gets as far as the owner.
+    with pytest.raises(TypeError, match="the owner must be a vkgdr.Vkgdr, not object"):
+        vkgdr.DeviceToHostRing(object(), 64, 64)
+
+
 def test_the_sharing_names() -> None:
     for name in (
         "ShareServer", "ShareEvent", "Peer", "AttachedMemory", "AttachedPool", "SharedBlock",
@@ -195,6 +226,7 @@ def test_derived_classes_that_skip_the_base_init_say_so() -> None:
         lambda owner: vkgdr.RawMemory(owner, 16),
         vkgdr.Pool,
         lambda owner: vkgdr.DeviceRing(owner, 4096),
+        lambda owner: vkgdr.DeviceToHostRing(owner, 64, 64),
     ):
         with pytest.raises(TypeError, match="has no open device"):
             make(g)

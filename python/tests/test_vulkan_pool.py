@@ -108,6 +108,32 @@ def test_coherence_is_reported(pool) -> None:
     assert pool.has_device_memory is False
 
 
+def test_a_block_is_released_on_the_device_only_through_a_release_feed(pool) -> None:
+    # A Vulkan-only pool has no device -> host ring to drain (those need CUDA): a block is
+    # refused, and stays the caller's, as it was.
+    block = pool.alloc(64)
+    block.write(b"kept")
+    with pytest.raises(vkgdr.VkgdrError, match="the pool has no release feed"):
+        block.release_on_device()
+    assert not block.is_released_on_device and not block.is_freed
+    assert block.read(0, 4) == b"kept"
+    assert pool.lent_blocks == 0 and pool.drain_device_releases() == 0
+    assert pool.reclaim_device_releases() == 0
+    assert pool.stats()["device_releases"] == {
+        "lent": 0, "issued": 0, "redeemed": 0, "revoked": 0, "forged": 0, "stale": 0,
+        "repeated": 0, "ignored_records": 0, "lane_error": None,
+    }
+    with pytest.raises(TypeError, match="set_release_feed takes a vkgdr.DeviceToHostRing, not"):
+        pool.set_release_feed(object())
+    # A block whose memory was exported is refused before the pool is asked.
+    np.asarray(block)[0] = 1
+    with pytest.raises(vkgdr.InvalidArgumentError, match="its memory was exported"):
+        block.release_on_device()
+    block.free()
+    with pytest.raises(vkgdr.VkgdrError, match="the block has been freed"):
+        block.release_on_device()
+
+
 def test_block_outlives_its_pool() -> None:
     pool = vulkan_pool(chunk_size=1 << 20)
     b = pool.alloc(4096, 4096)

@@ -4,7 +4,8 @@ A drop-in for vkgdr 0.1 (``Vkgdr``, ``RawMemory``, ``OpenFlags``, ``VkgdrError``
 ``vkgdr.pycuda.Memory``: same names and behaviour), plus a pool of small blocks (``Pool``,
 ``Block``) usable from NumPy, CuPy, PyTorch and Numba without copies, ring buffers that
 stream records to a running kernel (``DeviceRing``, with ``RingProducer`` for one thread's own
-lane), and sharing them with other processes of the host (``ShareServer`` in the owner;
+lane) and from kernels to Python threads (``DeviceToHostRing``, a ``LaneConsumer`` per lane),
+and sharing them with other processes of the host (``ShareServer`` in the owner;
 ``Peer``, or ``attach(path)``, in processes that need no CUDA).
 
 Memory is allocated through Vulkan as ``DEVICE_LOCAL | HOST_VISIBLE``, exported and imported into
@@ -35,7 +36,11 @@ from ._vkgdr import (
     Block,
     CheckingRing,
     DeviceRing,
+    DeviceToHostRing,
+    DeviceToHostView,
     InvalidArgumentError,
+    LaneConsumer,
+    LaneRecord,
     LibraryNotFoundError,
     OutOfDeviceMemoryError,
     Peer,
@@ -64,7 +69,11 @@ __all__ = [
     "Block",
     "CheckingRing",
     "DeviceRing",
+    "DeviceToHostRing",
+    "DeviceToHostView",
     "InvalidArgumentError",
+    "LaneConsumer",
+    "LaneRecord",
     "LibraryNotFoundError",
     "OpenFlags",
     "OutOfDeviceMemoryError",

@@ -197,11 +197,19 @@ class Pool:
     def alloc(self, size: int, align: int = 64) -> "Block": ...
     def flush(self) -> None: ...
     def trim(self) -> int: ...
-    def stats(self) -> Dict[str, Union[int, str, None]]: ...
+    def stats(self) -> Dict[str, Any]: ...
     @property
     def is_coherent(self) -> bool: ...
     @property
     def has_device_memory(self) -> bool: ...
+    def set_release_feed(self, ring: "DeviceToHostRing") -> None:
+        """Gives the ring's lanes to the pool: kernels' ``vkgdr_release_token`` records bring
+        blocks lent with ``Block.release_on_device()`` back."""
+    def drain_device_releases(self) -> int: ...
+    @property
+    def lent_blocks(self) -> int: ...
+    def reclaim_device_releases(self) -> int:
+        """Frees every lent block at once: only once no kernel uses them any more."""
 
 class Block:
     """A block of pool memory, given back when it and every view of it are gone."""
@@ -217,6 +225,12 @@ class Block:
     def is_sent(self) -> bool:
         """Whether ``ShareServer.send_block`` handed it to another process (the object is
         spent)."""
+    def release_on_device(self) -> int:
+        """Lends the block to a kernel: the token it passes to ``vkgdr_release_token`` (the
+        object is spent; the block returns when the token arrives through the pool's release
+        feed)."""
+    @property
+    def is_released_on_device(self) -> bool: ...
     @property
     def size(self) -> int: ...
     @property
@@ -332,6 +346,91 @@ class RingProducer:
     def closed(self) -> bool: ...
     def close(self) -> None: ...
     def __enter__(self) -> "RingProducer": ...
+    def __exit__(self, *exc: Any) -> bool: ...
+
+# --- Device -> host rings ---------------------------------------------------------------------
+
+class DeviceToHostView:
+    """What a producing kernel takes: the fields of ``vkgdr_d2h_view``
+    (``include/vkgdr/ring_d2h.cuh``); keeps its ring alive."""
+
+    ring: "DeviceToHostRing"
+    slots: int
+    control: int
+    device: int
+    slots_per_lane: int
+    stride: int
+    lanes: int
+    spin_limit: int
+    def to_bytes(self) -> bytes:
+        """The 48 bytes of ``vkgdr_d2h_view``, for the kernel's by-value parameter."""
+
+class DeviceToHostRing:
+    """A ring whose records go from kernels (``ring_d2h.cuh``) to Python threads, one
+    ``LaneConsumer`` per lane."""
+
+    def __init__(
+        self,
+        owner: _Owner,
+        slots: int,
+        stride: int,
+        *,
+        lanes: int = 1,
+        spin_limit: int = 1000000,
+    ) -> None: ...
+    def consumer(self, lane: int) -> "LaneConsumer":
+        """The lane's consumer; raises ``VkgdrError`` while the lane has one."""
+    @property
+    def device_view(self) -> DeviceToHostView: ...
+    @property
+    def lanes(self) -> int: ...
+    @property
+    def slots(self) -> int: ...
+    @property
+    def stride(self) -> int: ...
+    @property
+    def max_payload(self) -> int: ...
+    @property
+    def spin_limit(self) -> int: ...
+    def finish(self) -> None:
+        """Declares the producing kernels finished (their stream was synchronised)."""
+    def restart(self) -> None: ...
+    @property
+    def is_finished(self) -> bool: ...
+    def close(self) -> None:
+        """Closes every lane: waiting kernels give up with ``VKGDR_D2H_CLOSED``."""
+    def lane_stats(self, lane: int) -> Dict[str, int]:
+        """``reserved``, ``taken`` and ``gave_up`` of lane ``lane``."""
+
+class LaneRecord:
+    """One record taken from a lane."""
+
+    seq: int
+    kind: int
+    payload: bytes
+
+class LaneConsumer:
+    """The consumer of one lane of a ``DeviceToHostRing`` (``ring.consumer(lane)``): an
+    iterator of ``LaneRecord`` that ends once the ring is finished and the lane empty. For one
+    thread at a time."""
+
+    def try_next(self) -> Optional[LaneRecord]: ...
+    def next(self, timeout: Optional[float] = None) -> Optional[LaneRecord]:
+        """None when nothing came within ``timeout`` or the lane ended (``ended``)."""
+    @property
+    def ended(self) -> bool: ...
+    def __iter__(self) -> "LaneConsumer": ...
+    def __next__(self) -> LaneRecord: ...
+    @property
+    def next_seq(self) -> int: ...
+    @property
+    def lane(self) -> int: ...
+    @property
+    def ring(self) -> DeviceToHostRing: ...
+    @property
+    def closed(self) -> bool: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> "LaneConsumer": ...
     def __exit__(self, *exc: Any) -> bool: ...
 
 # --- Sharing with other processes ----------------------------------------------------------------

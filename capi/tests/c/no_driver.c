@@ -9,7 +9,8 @@
  * - the copy helpers, on host memory at odd offsets and lengths;
  * - versioned structs: unset or unknown-field sizes are refused;
  * - ring options are checked before the device handle (bad flags and combinations of them,
- *   lanes, copy-engine sizes), and the producer and lane calls check their handles. */
+ *   lanes, copy-engine sizes), and the producer and lane calls check their handles;
+ * - device -> host rings: the shape before the device, every call's handle. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -402,6 +403,94 @@ static void ring_options_and_producers(void)
     CHECK(vkgdr_ring_get_device_view(NULL, &view) == VKGDR_ERROR, "view of NULL");
 }
 
+/* Device -> host rings without a device: the shape and lane count are checked before the device
+ * handle; every consumer call refuses NULL, made-up and other types' handles, naming the call and
+ * the type, and checks its struct and buffer arguments; the destructor ignores NULL. */
+static void d2h_rings_without_a_device(void)
+{
+    vkgdr_d2h_ring_t made_up = (vkgdr_d2h_ring_t)(uintptr_t)0x123456789ull;
+    vkgdr_ring_t h2d = (vkgdr_ring_t)(uintptr_t)0x123456789ull;
+    vkgdr_d2h_ring_device_view view;
+    vkgdr_d2h_record rec;
+    vkgdr_d2h_lane_stats stats;
+    unsigned char buf[64];
+
+    CHECK(sizeof view == 48, "the device view is vkgdr_d2h_view's 48 bytes");
+    CHECK(vkgdr_d2h_ring_create(NULL, 1, 1000, 64, 100) == NULL, "1000 slots");
+    CHECK(last_error_contains("1000 slots"), "the shape is checked before the device");
+    CHECK(vkgdr_d2h_ring_create(NULL, 1, 64, 16, 100) == NULL, "stride 16");
+    CHECK(last_error_contains("powers of two"), "explains");
+    CHECK(vkgdr_d2h_ring_create(NULL, 0, 64, 64, 100) == NULL, "0 lanes");
+    CHECK(last_error_contains("1 to 1024 lanes, not 0"), "the lanes before the device");
+    CHECK(vkgdr_d2h_ring_create(NULL, 1025, 64, 64, 100) == NULL, "1025 lanes");
+    CHECK(last_error_contains("1 to 1024 lanes, not 1025"), "explains");
+    CHECK(vkgdr_d2h_ring_create(NULL, 1, 64, 64, 100) == NULL, "a good shape, no device");
+    CHECK(last_error_contains("vkgdr_d2h_ring_create: the vkgdr_t handle is NULL"), "named");
+    CHECK(vkgdr_d2h_ring_create((vkgdr_t)made_up, 1, 64, 64, 100) == NULL, "a made-up device");
+    CHECK(last_error_contains("invalid vkgdr_t handle"), "named");
+
+    rec.struct_size = sizeof rec;
+    stats.struct_size = sizeof stats;
+    CHECK(vkgdr_d2h_ring_get_device_view(NULL, &view) == VKGDR_ERROR, "view of NULL");
+    CHECK(last_error_contains("vkgdr_d2h_ring_get_device_view: the vkgdr_d2h_ring_t handle is "
+                              "NULL"),
+          "named");
+    CHECK(vkgdr_d2h_ring_get_lanes(made_up) == 0, "lanes of a made-up ring");
+    CHECK(last_error_contains("vkgdr_d2h_ring_get_lanes: invalid vkgdr_d2h_ring_t handle"),
+          "named");
+    CHECK(vkgdr_d2h_ring_get_max_payload(NULL) == 0, "max payload of NULL");
+    CHECK(vkgdr_d2h_ring_try_next(made_up, 0, buf, sizeof buf, &rec) == VKGDR_ERROR,
+          "try_next on a made-up ring");
+    CHECK(last_error_contains("vkgdr_d2h_ring_try_next: invalid vkgdr_d2h_ring_t handle"),
+          "named");
+    /* Handles of other types, cast: refused by type, never read as a ring. */
+    CHECK(vkgdr_d2h_ring_next((vkgdr_d2h_ring_t)h2d, 0, -1, buf, sizeof buf, &rec) == VKGDR_ERROR,
+          "a vkgdr_ring_t as a device -> host ring (no wait, even without limit)");
+    CHECK(last_error_contains("vkgdr_d2h_ring_next: invalid vkgdr_d2h_ring_t handle"), "named");
+    CHECK(vkgdr_ring_get_head((vkgdr_ring_t)made_up) == UINT64_MAX, "and the other way");
+    CHECK(last_error_contains("invalid vkgdr_ring_t handle"), "named");
+    CHECK(vkgdr_d2h_ring_close_lane(NULL, 0) == VKGDR_ERROR, "close a lane of NULL");
+    CHECK(last_error_contains("vkgdr_d2h_ring_close_lane: the vkgdr_d2h_ring_t handle is NULL"),
+          "named");
+    CHECK(vkgdr_d2h_ring_get_lane_stats(made_up, 0, &stats) == VKGDR_ERROR, "stats");
+    CHECK(last_error_contains("vkgdr_d2h_ring_get_lane_stats: invalid vkgdr_d2h_ring_t"),
+          "named");
+
+    mark_last_error();
+    vkgdr_d2h_ring_destroy(NULL);
+    CHECK(still_marked(), "destroying NULL is a no-op");
+    vkgdr_d2h_ring_destroy(made_up);
+    CHECK(last_error_contains("vkgdr_d2h_ring_destroy: invalid vkgdr_d2h_ring_t handle"),
+          "a made-up ring is reported");
+    vkgdr_d2h_ring_destroy((vkgdr_d2h_ring_t)h2d);
+    CHECK(last_error_contains("vkgdr_d2h_ring_destroy: invalid vkgdr_d2h_ring_t handle"),
+          "another type's handle is reported, not freed");
+
+    /* Device-side release: every handle checked, naming the call and the type. */
+    {
+        uint64_t token = 5;
+        vkgdr_pool_t pool = (vkgdr_pool_t)(uintptr_t)0x123456789ull;
+        CHECK(vkgdr_block_release_on_device(NULL, &token) == VKGDR_ERROR && token == 5,
+              "release NULL");
+        CHECK(last_error_contains("vkgdr_block_release_on_device: the vkgdr_block_t handle is "
+                                  "NULL"),
+              "named");
+        CHECK(vkgdr_block_release_on_device((vkgdr_block_t)made_up, &token) == VKGDR_ERROR,
+              "a ring as a block");
+        CHECK(last_error_contains("invalid vkgdr_block_t handle"), "type checked");
+        CHECK(vkgdr_pool_set_release_feed(NULL, made_up) == VKGDR_ERROR, "feed of NULL pool");
+        CHECK(last_error_contains("vkgdr_pool_set_release_feed: the vkgdr_pool_t handle is NULL"),
+              "named");
+        CHECK(vkgdr_pool_set_release_feed(pool, NULL) == VKGDR_ERROR, "made-up pool");
+        CHECK(last_error_contains("invalid vkgdr_pool_t handle"), "named");
+        CHECK(vkgdr_pool_drain_device_releases(NULL) == SIZE_MAX, "drain NULL");
+        CHECK(last_error_contains("vkgdr_pool_drain_device_releases"), "named");
+        CHECK(vkgdr_pool_get_lent_blocks((vkgdr_pool_t)made_up) == UINT64_MAX, "a ring as pool");
+        CHECK(last_error_contains("invalid vkgdr_pool_t handle"), "type checked");
+        CHECK(vkgdr_pool_reclaim_device_releases(pool) == SIZE_MAX, "reclaim made-up");
+    }
+}
+
 int main(void)
 {
     open_without_driver();
@@ -412,5 +501,6 @@ int main(void)
     copies_in_a_fresh_thread();
     versioned_structs();
     ring_options_and_producers();
+    d2h_rings_without_a_device();
     return CHECK_SUMMARY("no_driver");
 }

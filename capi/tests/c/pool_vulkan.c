@@ -114,6 +114,9 @@ static void run(int vulkan_device, uint32_t flags)
           "nothing waits for GPU work on a Vulkan-only handle");
     CHECK(last_error_contains("vkgdr_ring_create: this vkgdr_t has no CUDA device"),
           "still the ring's error: success leaves it");
+    CHECK(vkgdr_d2h_ring_create(g, 1, 64, 64, 100) == NULL, "device -> host rings need CUDA");
+    CHECK(last_error_contains("vkgdr_d2h_ring_create: this vkgdr_t has no CUDA device"),
+          "explains");
     {
         /* An unknown flag bit is ignored; a successful open clears the last error. */
         vkgdr_t again = vkgdr_open_vulkan(vulkan_device, flags | 0x100);
@@ -174,6 +177,34 @@ static void run(int vulkan_device, uint32_t flags)
     CHECK(vkgdr_block_free_after(b, (vkgdr_pool_t)b, NULL) == VKGDR_ERROR, "block as pool");
     CHECK(last_error_contains("invalid vkgdr_pool_t handle"), "why");
     CHECK(vkgdr_block_get_size(b) == 100, "the block is still there");
+
+    /* Device-side release needs a release feed (a device -> host ring, which needs CUDA): a
+     * block of a pool without one is refused and freed (the handle is consumed), a NULL token
+     * pointer or a bad handle consumes nothing. */
+    {
+        vkgdr_block_t lent = vkgdr_pool_alloc(pool, 64, 16);
+        uint64_t token = 77;
+        CHECK(vkgdr_block_release_on_device(lent, NULL) == VKGDR_ERROR, "NULL token pointer");
+        CHECK(last_error_contains("vkgdr_block_release_on_device: the token pointer is NULL"),
+              "why");
+        CHECK(vkgdr_block_get_size(lent) == 64, "nothing consumed");
+        CHECK(vkgdr_block_release_on_device((vkgdr_block_t)pool, &token) == VKGDR_ERROR,
+              "a pool as a block");
+        CHECK(last_error_contains("invalid vkgdr_block_t handle"), "why");
+        CHECK(vkgdr_block_release_on_device(lent, &token) == VKGDR_ERROR && token == 77,
+              "no release feed");
+        CHECK(last_error_contains("the pool has no release feed"), "why");
+        CHECK(vkgdr_block_get_size(lent) == 0, "the refused block was freed");
+        CHECK(last_error_contains("invalid vkgdr_block_t handle"), "consumed");
+        CHECK(vkgdr_pool_get_lent_blocks(pool) == 0, "nothing lent");
+        CHECK(vkgdr_pool_drain_device_releases(pool) == 0, "nothing to drain");
+        CHECK(vkgdr_pool_reclaim_device_releases(pool) == 0, "nothing to reclaim");
+        stats.struct_size = sizeof stats;
+        CHECK(vkgdr_pool_get_stats(pool, &stats) == VKGDR_SUCCESS && stats.lent_blocks == 0 &&
+                  stats.tokens_issued == 0 && stats.tokens_refused == 0 &&
+                  stats.release_lane_broken == 0,
+              "no release counted");
+    }
 
     /* A freed block is an error, not a crash, also after its slot is reused. */
     mark_last_error();

@@ -1,0 +1,135 @@
+//! Blocks released on the device (`vkgdr_block_release_on_device`, `vkgdr_pool_*_release*`), a
+//! thin layer over [`vkgdr::Block::release_on_device`] and the pool's release feed: a kernel
+//! gives a block back with `vkgdr_release_token` (`include/vkgdr/ring_d2h.cuh`) through a device
+//! → host ring whose lanes the pool drains, so no stream boundary is needed (a persistent kernel
+//! has none).
+
+use std::ffi::c_int;
+
+use crate::d2h::{d2h_ring, vkgdr_d2h_ring_t};
+use crate::error::{guard, Failure};
+use crate::handles::Tag;
+use crate::pool::{pool, vkgdr_block_t, vkgdr_pool_t, BLOCKS};
+use crate::{Handle, VKGDR_ERROR, VKGDR_SUCCESS};
+
+/// Gives `ring`'s lanes to `pool` as its release feed: the records of `vkgdr_release_token`
+/// that kernels publish into them bring released blocks back. Once per pool; the pool then
+/// drains the lanes itself (on a thread of its own, on allocations and on
+/// `vkgdr_pool_drain_device_releases`), so they are not the C caller's to take from any more
+/// (`vkgdr_d2h_ring_try_next` on them fails: the lane has a consumer). The pool keeps the
+/// ring's memory alive as long as blocks are lent, also after `vkgdr_d2h_ring_destroy`.
+///
+/// Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR`: an invalid handle, a lane of the ring with a
+/// consumer (close it first), a pool that has a feed already.
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// - No thread destroys `pool` or `ring` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_pool_set_release_feed(
+    pool: vkgdr_pool_t,
+    ring: vkgdr_d2h_ring_t,
+) -> c_int {
+    guard("vkgdr_pool_set_release_feed", VKGDR_ERROR, || {
+        // SAFETY: the caller does not destroy `pool` during the call.
+        let p = unsafe { self::pool(pool) }?;
+        // SAFETY: the caller does not destroy `ring` during the call.
+        let r = unsafe { d2h_ring(ring) }?;
+        let lanes = r.ring.consumers()?;
+        p.set_release_feed(lanes)
+            .map_err(|_| Failure::Api("the pool has a release feed already".into()))?;
+        Ok(VKGDR_SUCCESS)
+    })
+}
+
+/// Lends `block` to a kernel: stores in `*token` the value the kernel passes to
+/// `vkgdr_release_token` (`include/vkgdr/ring_d2h.cuh`) when it is done with the block. The
+/// block goes back to its pool only when that token has come back through the pool's release
+/// feed (`vkgdr_pool_set_release_feed`), so it is never handed out again while the kernel may
+/// still use it. A token is single-use: a repeated, stale or forged one frees nothing.
+///
+/// Consumes the handle, also on error: a block that could not be lent (the pool has no release
+/// feed, or has the most blocks lent it can hold) is freed at once.
+///
+/// Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR`: an invalid handle (nothing consumed), `token`
+/// NULL (nothing consumed), the refusals above.
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// - `token` is NULL or writable.
+/// - No other thread uses `block` during or after the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_block_release_on_device(
+    block: vkgdr_block_t,
+    token: *mut u64,
+) -> c_int {
+    guard("vkgdr_block_release_on_device", VKGDR_ERROR, || {
+        if token.is_null() {
+            return Err(Failure::Api("the token pointer is NULL".into()));
+        }
+        let b = BLOCKS
+            .remove(block.token())
+            .map_err(|why| Failure::handle(Tag::Block, why))?;
+        // A refused block is dropped with the error: freed, as documented.
+        let t = b
+            .release_on_device()
+            .map_err(|refused| Failure::Api(refused.to_string()))?;
+        // SAFETY: non-NULL and writable (caller).
+        unsafe { token.write(t.to_bits()) };
+        Ok(VKGDR_SUCCESS)
+    })
+}
+
+/// Takes every device release that has arrived on the pool's release feed and frees the blocks
+/// given back (the pool's own thread and its allocations do it too). Returns the number of
+/// blocks freed, or `SIZE_MAX` on error (an invalid handle).
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// - No thread destroys `pool` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_pool_drain_device_releases(pool: vkgdr_pool_t) -> usize {
+    guard("vkgdr_pool_drain_device_releases", usize::MAX, || {
+        // SAFETY: the caller does not destroy `pool` during the call.
+        Ok(unsafe { self::pool(pool) }?.drain_device_releases())
+    })
+}
+
+/// Blocks of `pool` lent to kernels now (released on the device, their tokens not arrived), or
+/// `UINT64_MAX` on error (an invalid handle).
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// - No thread destroys `pool` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_pool_get_lent_blocks(pool: vkgdr_pool_t) -> u64 {
+    guard("vkgdr_pool_get_lent_blocks", u64::MAX, || {
+        // SAFETY: the caller does not destroy `pool` during the call.
+        Ok(unsafe { self::pool(pool) }?.lent_blocks())
+    })
+}
+
+/// Frees every block of `pool` lent to kernels without waiting for its token (their tokens are
+/// stale from then on: they free nothing). For a host that knows its kernels are done (they
+/// exited and their stream was synchronised), or that a kernel will never release (it failed).
+/// Returns how many blocks were freed, or `SIZE_MAX` on error (an invalid handle).
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// - No kernel reads or writes any lent block of the pool whose token has not arrived: the
+///   blocks are handed out again at once.
+/// - No thread destroys `pool` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_pool_reclaim_device_releases(pool: vkgdr_pool_t) -> usize {
+    guard("vkgdr_pool_reclaim_device_releases", usize::MAX, || {
+        // SAFETY: the caller does not destroy `pool` during the call.
+        let p = unsafe { self::pool(pool) }?;
+        // SAFETY: no kernel uses a lent block any more (the caller's contract above).
+        Ok(unsafe { p.reclaim_device_releases() })
+    })
+}
