@@ -40,7 +40,12 @@
 // Records of one lane reach the CPU in reservation order; lanes are independent.
 //
 // Warp calls (d2h_publish_each, d2h_publish_warp, release_token) use __activemask() or expect
-// the whole warp, and reserve up to 32 slots at once: give the lane at least 32 slots.
+// the whole warp, and reserve up to 32 slots at once: give the lane at least 32 slots. Call them
+// with the calling threads converged (after a __syncwarp(mask) of exactly those threads, as
+// kernels/release.cu does): a test kernel whose threads each left a polling loop at their own
+// time and called release_token while so diverged faulted with CUDA_ERROR_ILLEGAL_ADDRESS on an
+// H200 after 1,000 to 7,000 releases (not under compute-sanitizer); the converged form ran
+// 32,768 releases clean. Until that is understood, treat converged calls as the rule.
 //
 // Checked with nvcc 13.0 (-arch=compute_75: __nanosleep needs sm_70).
 
