@@ -5,14 +5,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use vkgdr::ring::core::d2h::{LaneConsumer as Consumer, LaneShape, Poll};
 use vkgdr::ring::D2hLane;
 
 use crate::device::gpu_of;
-use crate::errors::{invalid_argument, to_py, vkgdr_error};
+use crate::errors::{invalid_argument, to_py};
+use crate::thread_slot::{Peek, ThreadSlot};
 
 /// How long one GIL-free wait for a record lasts before Python signals are checked.
 const WAIT_SLICE: Duration = Duration::from_millis(50);
@@ -141,7 +141,7 @@ impl DeviceToHostRing {
         Ok(LaneConsumer {
             ring: slf.clone().unbind(),
             lane,
-            state: Mutex::new(Some(consumer)),
+            state: ThreadSlot::new("LaneConsumer", consumer),
         })
     }
 
@@ -299,24 +299,13 @@ impl From<Poll<'_>> for Found {
 pub struct LaneConsumer {
     ring: Py<DeviceToHostRing>,
     lane: u32,
-    /// `None` once closed.
-    state: Mutex<Option<Consumer<D2hLane>>>,
+    state: ThreadSlot<Consumer<D2hLane>>,
 }
 
 impl LaneConsumer {
     /// Runs `f` on the open consumer, or raises why it cannot.
     fn with<R>(&self, f: impl FnOnce(&mut Consumer<D2hLane>) -> PyResult<R>) -> PyResult<R> {
-        // Never block here: a thread blocked on the lock while holding the GIL would stop the
-        // holder, whose wait needs the GIL back between slices.
-        let mut guard = self.state.try_lock().ok_or_else(|| {
-            vkgdr_error(
-                "the LaneConsumer is in use by another thread: a lane has one consumer thread",
-            )
-        })?;
-        let c = guard
-            .as_mut()
-            .ok_or_else(|| vkgdr_error("the LaneConsumer is closed"))?;
-        f(c)
+        self.state.with("a lane has one consumer thread", f)
     }
 
     /// Waits for the next record up to `deadline` (None: without limit) in GIL-free slices,
@@ -412,16 +401,12 @@ impl LaneConsumer {
     /// Whether ``close()`` was called.
     #[getter]
     fn closed(&self) -> bool {
-        self.state.try_lock().is_some_and(|g| g.is_none())
+        self.state.is_closed()
     }
 
     /// Closes the lane and frees it for a new consumer. Closing twice does nothing.
     fn close(&self) -> PyResult<()> {
-        let mut guard = self.state.try_lock().ok_or_else(|| {
-            vkgdr_error("the LaneConsumer is in use by another thread: close it there")
-        })?;
-        drop(guard.take());
-        Ok(())
+        self.state.close()
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -435,16 +420,10 @@ impl LaneConsumer {
     }
 
     fn __repr__(&self) -> String {
-        match self.state.try_lock() {
-            Some(g) => match g.as_ref() {
-                Some(c) => format!(
-                    "<vkgdr.LaneConsumer lane {}, next seq {}>",
-                    self.lane,
-                    c.next_seq()
-                ),
-                None => format!("<vkgdr.LaneConsumer lane {} closed>", self.lane),
-            },
-            None => format!("<vkgdr.LaneConsumer lane {} in use>", self.lane),
+        match self.state.peek(|c| c.next_seq()) {
+            Peek::Open(seq) => format!("<vkgdr.LaneConsumer lane {}, next seq {seq}>", self.lane),
+            Peek::Closed => format!("<vkgdr.LaneConsumer lane {} closed>", self.lane),
+            Peek::InUse => format!("<vkgdr.LaneConsumer lane {} in use>", self.lane),
         }
     }
 }

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use vkgdr::ring::core::RingError;
@@ -15,6 +14,7 @@ use crate::device::gpu_of;
 use crate::errors::{invalid_argument, to_py, vkgdr_error};
 use crate::interface;
 use crate::stream::stream_arg;
+use crate::thread_slot::{Peek, ThreadSlot};
 
 /// How long one GIL-free wait for ring space lasts before Python signals are checked.
 const WAIT_SLICE: Duration = Duration::from_millis(50);
@@ -282,7 +282,7 @@ impl DeviceRing {
         };
         Ok(RingProducer {
             ring: slf.clone().unbind(),
-            producer: Mutex::new(Some(producer)),
+            producer: ThreadSlot::new("RingProducer", producer),
         })
     }
 
@@ -438,8 +438,7 @@ impl DeviceRing {
 #[pyclass(module = "vkgdr", name = "RingProducer", frozen)]
 pub struct RingProducer {
     ring: Py<DeviceRing>,
-    /// `None` once closed.
-    producer: Mutex<Option<OwnedProducer>>,
+    producer: ThreadSlot<OwnedProducer>,
 }
 
 /// A producer call that appends one record: [`OwnedProducer::push`] or [`OwnedProducer::write`].
@@ -448,18 +447,8 @@ type RecordOp = fn(&mut OwnedProducer, &[u8], Option<Duration>) -> Result<u64, R
 impl RingProducer {
     /// Runs `f` on the open producer, or raises why it cannot.
     fn with<R>(&self, f: impl FnOnce(&mut OwnedProducer) -> PyResult<R>) -> PyResult<R> {
-        // Never block here: a thread blocked on the lock while holding the GIL would stop the
-        // holder, whose wait needs the GIL back between slices.
-        let mut guard = self.producer.try_lock().ok_or_else(|| {
-            vkgdr_error(
-                "the RingProducer is in use by another thread: give each thread its own \
-                 producer (ring.producer())",
-            )
-        })?;
-        let p = guard
-            .as_mut()
-            .ok_or_else(|| vkgdr_error("the RingProducer is closed"))?;
-        f(p)
+        self.producer
+            .with("give each thread its own producer (ring.producer())", f)
     }
 
     /// One record through `op` (push or write): a try that does not wait, with the GIL held
@@ -610,16 +599,12 @@ impl RingProducer {
     /// Whether ``close()`` was called.
     #[getter]
     fn closed(&self) -> bool {
-        self.producer.try_lock().is_some_and(|g| g.is_none())
+        self.producer.is_closed()
     }
 
     /// Publishes what is left and hands the lane back. Closing twice does nothing.
     fn close(&self) -> PyResult<()> {
-        let mut guard = self.producer.try_lock().ok_or_else(|| {
-            vkgdr_error("the RingProducer is in use by another thread: close it there")
-        })?;
-        drop(guard.take());
-        Ok(())
+        self.producer.close()
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -633,17 +618,15 @@ impl RingProducer {
     }
 
     fn __repr__(&self) -> String {
-        match self.producer.try_lock() {
-            Some(g) => match g.as_ref() {
-                Some(p) => format!(
-                    "<vkgdr.RingProducer lane {}, next seq {}, {} bytes pending>",
-                    p.lane(),
-                    p.next_seq(),
-                    p.pending()
-                ),
-                None => "<vkgdr.RingProducer closed>".to_string(),
-            },
-            None => "<vkgdr.RingProducer in use>".to_string(),
+        match self
+            .producer
+            .peek(|p| (p.lane(), p.next_seq(), p.pending()))
+        {
+            Peek::Open((lane, seq, pending)) => {
+                format!("<vkgdr.RingProducer lane {lane}, next seq {seq}, {pending} bytes pending>")
+            }
+            Peek::Closed => "<vkgdr.RingProducer closed>".to_string(),
+            Peek::InUse => "<vkgdr.RingProducer in use>".to_string(),
         }
     }
 }
