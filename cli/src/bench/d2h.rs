@@ -21,8 +21,8 @@ use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
 use vkgdr::cuda_objects::{DeviceBuffer, Event, LaunchConfig, Module, PinnedBuffer, Stream};
-use vkgdr::ring::core::d2h::{D2hDeviceView, LaneShape, Poll, STATUS_OK};
-use vkgdr::ring::DeviceToHostRing;
+use vkgdr::ring::core::d2h::{D2hDeviceView, LaneConsumer, LaneShape, Poll, STATUS_OK};
+use vkgdr::ring::{D2hLane, DeviceToHostRing};
 use vkgdr::{Gpu, Mapping, OpenOptions};
 
 use super::error::{BenchError, BenchResult};
@@ -263,27 +263,38 @@ fn ping(gpu: &Gpu, module: &Module, n: u32) -> BenchResult<Vec<f64>> {
         unsafe { word.write_volatile(i + 1) };
         // Out of the write-combining buffer now (mfence drains it as sfence does).
         fence(Ordering::SeqCst);
-        loop {
-            match consumer.poll().map_err(vkgdr::Error::from)? {
-                Poll::Record(r) if r.seq == i => break,
-                Poll::Record(r) => {
-                    return Err(BenchError::Check(format!(
-                        "record {} where {i} was due",
-                        r.seq
-                    )))
-                }
-                _ if start.elapsed() > Duration::from_secs(10) => {
-                    return Err(BenchError::KernelStuck(format!(
-                        "d2h_ping's record {i} never came"
-                    )))
-                }
-                _ => std::hint::spin_loop(),
-            }
-        }
+        await_record(&mut consumer, i, start, "d2h_ping")?;
         t.push(start.elapsed());
     }
     stream.synchronize()?;
     Ok(ns(t))
+}
+
+/// Spins on `consumer` until record `i` arrives: another record first is a broken order, and
+/// nothing within 10 s of `start` a stuck `kernel`.
+fn await_record(
+    consumer: &mut LaneConsumer<D2hLane>,
+    i: u64,
+    start: Instant,
+    kernel: &str,
+) -> BenchResult<()> {
+    loop {
+        match consumer.poll().map_err(vkgdr::Error::from)? {
+            Poll::Record(r) if r.seq == i => return Ok(()),
+            Poll::Record(r) => {
+                return Err(BenchError::Check(format!(
+                    "record {} where {i} was due",
+                    r.seq
+                )))
+            }
+            _ if start.elapsed() > Duration::from_secs(10) => {
+                return Err(BenchError::KernelStuck(format!(
+                    "{kernel}'s record {i} never came"
+                )))
+            }
+            _ => std::hint::spin_loop(),
+        }
+    }
 }
 
 /// `n` round trips of a plain word: the CPU stores `i + 1` into GPU memory, the resident
@@ -370,23 +381,7 @@ fn launch_lone(gpu: &Gpu, module: &Module, n: u32) -> BenchResult<Vec<f64>> {
                 ],
             )?
         };
-        loop {
-            match consumer.poll().map_err(vkgdr::Error::from)? {
-                Poll::Record(r) if r.seq == i => break,
-                Poll::Record(r) => {
-                    return Err(BenchError::Check(format!(
-                        "record {} where {i} was due",
-                        r.seq
-                    )))
-                }
-                _ if start.elapsed() > Duration::from_secs(10) => {
-                    return Err(BenchError::KernelStuck(format!(
-                        "d2h_lone's record {i} never came"
-                    )))
-                }
-                _ => std::hint::spin_loop(),
-            }
-        }
+        await_record(&mut consumer, i, start, "d2h_lone")?;
         t.push(start.elapsed());
     }
     stream.synchronize()?;
