@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use vkgdr::cuda_objects::{Event, LaunchConfig, Module, Stream};
+use vkgdr::cuda_objects::{LaunchConfig, Module, Stream};
 use vkgdr::ring::core::d2h::{
     DeviceLaneState, HostLane, LaneConsumer, LaneMemory, LaneShape, Poll, ProducerModel, Record,
     STATUS_CLOSED, STATUS_STALLED,
@@ -263,20 +263,6 @@ fn launch_producer(
         )
         .expect("launch");
     }
-}
-
-/// Waits until `stream`'s work completed, polling an event.
-fn wait_for(gpu: &Gpu, stream: &Stream, limit: Duration) -> bool {
-    let event = Event::new(gpu).unwrap();
-    event.record(stream).unwrap();
-    let t = Instant::now();
-    while !event.is_complete().unwrap() {
-        if t.elapsed() > limit {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    true
 }
 
 /// Waits (up to 30 s: compute-sanitizer slows the kernel down a hundredfold) until lane 0 of

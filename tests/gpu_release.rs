@@ -115,20 +115,6 @@ impl Mailbox {
     }
 }
 
-/// Waits until `stream`'s work completed, polling an event; `false` after `limit`.
-fn wait_for(gpu: &Gpu, stream: &Stream, limit: Duration) -> bool {
-    let event = Event::new(gpu).unwrap();
-    event.record(stream).unwrap();
-    let t = Instant::now();
-    while !event.is_complete().unwrap() {
-        if t.elapsed() > limit {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    true
-}
-
 /// Allocates a test block, draining device releases while the pool is full.
 fn alloc_again(pool: &Pool, deadline: Instant) -> Block {
     loop {

@@ -461,3 +461,22 @@ pub fn watchdog(
         }
     })
 }
+
+/// Waits until `stream`'s work completed, polling an event (never `cuStreamSynchronize`, which
+/// a hung kernel would hold for ever); `false` after `limit`.
+pub fn wait_for(
+    gpu: &Gpu,
+    stream: &vkgdr::cuda_objects::Stream,
+    limit: std::time::Duration,
+) -> bool {
+    let event = vkgdr::cuda_objects::Event::new(gpu).unwrap();
+    event.record(stream).unwrap();
+    let t = std::time::Instant::now();
+    while !event.is_complete().unwrap() {
+        if t.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    true
+}
