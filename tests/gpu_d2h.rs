@@ -8,6 +8,7 @@
 //!
 //! The checker itself is tested without a GPU (the model producer of the core fills a lane in
 //! host memory): it accepts a good lane and refuses a corrupted byte and a repeated record.
+#![cfg(not(feature = "loom"))]
 
 mod common;
 

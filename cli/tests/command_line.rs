@@ -187,7 +187,7 @@ fn help_shows_defaults_and_exit_codes() {
         "Benchmarks:",
         // Each benchmark with its line of help, in words a user reads.
         "fastpath  the default API's writes, reads and pool cache",
-        "all       all 8 but xproc in turn",
+        "all       all 8 but d2h, xproc in turn",
         "plot ",
         "Exit status:",
     ] {
