@@ -1,14 +1,14 @@
 //! Both directions at once: CPU threads send work to a persistent kernel over a [`DeviceRing`],
-//! the kernel sends a result per record back over a [`DeviceToHostRing`], and other CPU threads
-//! check every result.
+//! the kernel sends an answer per record back over a [`DeviceToHostRing`], and other CPU threads
+//! check every answer.
 //!
 //! Four producer threads each claim a lane of the host → device ring (`ring.producer()`) and send
 //! work records: `u32` producer, `u32` index, then 2 to 31 `u32` values. `ring_both_ways`
 //! (kernels/ring_both_ways.cu, one block per lane, reading with ring.cuh's `BlockReader`) sums
-//! each record's values, plain and weighted by position, and publishes a 32-byte result per record
+//! each record's values, plain and weighted by position, and publishes a 32-byte answer per record
 //! into the device → host lane of the same number (ring_d2h.cuh's `d2h_publish_each`, one warp
-//! after another so the results keep the records' order). Four consumer threads, one per device →
-//! host lane, take the results in order and check each against the sums the CPU computes from
+//! after another so the answers keep the records' order). Four consumer threads, one per device →
+//! host lane, take the answers in order and check each against the sums the CPU computes from
 //! the record itself.
 //!
 //! The end: once the producers are done, `stop_and_wait` stops the host → device ring, the kernel
@@ -16,7 +16,7 @@
 //! more records come once the kernel completed, end (`Poll::Ended`) when they are empty. A
 //! watchdog ends the process with a failure if the whole run takes more than two minutes.
 //!
-//! Prints a summary; exits non-zero on any wrong, missing or refused result.
+//! Prints a summary; exits non-zero on any wrong, missing or refused answer.
 //!
 //! Run on a machine with an NVIDIA GPU: `cargo run --release --example ring_both_ways`.
 
@@ -42,10 +42,10 @@ const PTX: &str = include_str!("../kernels/ring_both_ways.ptx");
 /// Lanes each way (and producer and consumer threads).
 const LANES: u32 = 4;
 const RECORDS_PER_PRODUCER: u32 = 200_000;
-/// The result records' kind (`BOTH_WAYS_KIND_RESULT`).
-const KIND_RESULT: u32 = 1;
-/// A result's bytes (`BothWaysResult`).
-const RESULT_LEN: usize = 32;
+/// The answer records' kind (`BOTH_WAYS_KIND_ANSWER`).
+const KIND_ANSWER: u32 = 1;
+/// An answer's bytes (`Answer` in the kernel).
+const ANSWER_LEN: usize = 32;
 /// The whole run's limit, after which the watchdog ends the process.
 const WATCHDOG: Duration = Duration::from_secs(120);
 
@@ -72,7 +72,7 @@ fn work_record(producer: u32, index: u32, out: &mut Vec<u8>) {
     }
 }
 
-/// A result as the kernel sends it (`BothWaysResult`), or as the CPU expects it.
+/// An answer as the kernel sends it (`Answer`), or as the CPU expects it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Answer {
     producer: u32,
@@ -103,9 +103,9 @@ impl Answer {
         }
     }
 
-    /// A result record's payload, or `None` if it is not `RESULT_LEN` bytes.
+    /// An answer record's payload, or `None` if it is not `ANSWER_LEN` bytes.
     fn parse(payload: &[u8]) -> Option<Answer> {
-        let bytes: &[u8; RESULT_LEN] = payload.try_into().ok()?;
+        let bytes: &[u8; ANSWER_LEN] = payload.try_into().ok()?;
         let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
         let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
         Some(Answer {
@@ -122,9 +122,9 @@ impl Answer {
 /// What one consumer thread saw on its lane.
 #[derive(Debug, Default)]
 struct LaneReport {
-    /// Results checked and found right.
+    /// Answers checked and found right.
     good: u64,
-    /// Results that were wrong, out of order, of another kind or size (each counted).
+    /// Answers that were wrong, out of order, of another kind or size (each counted).
     bad: u64,
     /// The first problem, described.
     first_problem: Option<String>,
@@ -138,15 +138,15 @@ impl LaneReport {
         self.first_problem.get_or_insert(what);
     }
 
-    /// Checks result record `seq` of lane `lane` (records come in order: the `seq`-th result
+    /// Checks answer record `seq` of lane `lane` (records come in order: the `seq`-th answer
     /// answers the lane's `seq`-th work record, all from the one producer that claimed the lane).
     fn check(&mut self, lane: u32, seq: u64, kind: u32, payload: &[u8]) {
-        if kind != KIND_RESULT {
-            return self.problem(format!("lane {lane}: result {seq} of kind {kind}"));
+        if kind != KIND_ANSWER {
+            return self.problem(format!("lane {lane}: answer {seq} of kind {kind}"));
         }
         let Some(got) = Answer::parse(payload) else {
             let len = payload.len();
-            return self.problem(format!("lane {lane}: result {seq} of {len} bytes"));
+            return self.problem(format!("lane {lane}: answer {seq} of {len} bytes"));
         };
         let producer = *self.producer.get_or_insert(got.producer);
         let want = Answer::expected(producer, seq as u32);
@@ -154,7 +154,7 @@ impl LaneReport {
             self.good += 1;
         } else {
             self.problem(format!(
-                "lane {lane}: result {seq} is {got:?}, the CPU computed {want:?}"
+                "lane {lane}: answer {seq} is {got:?}, the CPU computed {want:?}"
             ));
         }
     }
@@ -189,7 +189,7 @@ fn run() -> vkgdr::Result<bool> {
     Ok(false)
 }
 
-/// The whole run; `Ok(false)` if any result was wrong, missing or refused.
+/// The whole run; `Ok(false)` if any answer was wrong, missing or refused.
 #[cfg(not(feature = "loom"))]
 fn run() -> vkgdr::Result<bool> {
     let gpu = Gpu::open(0)?;
@@ -200,12 +200,12 @@ fn run() -> vkgdr::Result<bool> {
     // kernel finding its lane full gives up after 5 million looks at a head that did not move
     // (seconds), so a consumer that stopped never leaves it hanging.
     let work = DeviceRing::with_lanes(&gpu, 1 << 20, LANES, Default::default())?;
-    let results = DeviceToHostRing::new(&gpu, LANES, LaneShape::new(4096, 64)?, 5_000_000)?;
-    let consumers = results.consumers()?;
+    let answers = DeviceToHostRing::new(&gpu, LANES, LaneShape::new(4096, 64)?, 5_000_000)?;
+    let consumers = answers.consumers()?;
     let stream = Stream::new(&gpu)?;
 
     let mut in_view: RingDeviceView = work.device_view();
-    let mut out_view: D2hDeviceView = results.device_view();
+    let mut out_view: D2hDeviceView = answers.device_view();
     let mut params = [
         (&mut in_view as *mut RingDeviceView).cast::<c_void>(),
         (&mut out_view as *mut D2hDeviceView).cast::<c_void>(),
@@ -217,7 +217,7 @@ fn run() -> vkgdr::Result<bool> {
     unsafe { kernel.launch(LaunchConfig::linear(LANES, 256), Some(&stream), &mut params)? };
     work.watch_consumer(&stream)?;
     // The device → host lanes end once the kernel has completed and they are empty.
-    results.finish_after(&stream)?;
+    answers.finish_after(&stream)?;
 
     let sent = AtomicU64::new(0);
     let started = Instant::now();
@@ -308,8 +308,8 @@ fn run() -> vkgdr::Result<bool> {
         let k = work.results_of(lane);
         let (processed, published, refused, malformed, broken) = (k[0], k[1], k[2], k[3], k[4]);
         println!(
-            "lane {lane}: {} results right, {} wrong; kernel: {processed} records, \
-             {published} results sent, {refused} refused, {malformed} malformed, {broken} broken",
+            "lane {lane}: {} answers right, {} wrong; kernel: {processed} records, \
+             {published} answers sent, {refused} refused, {malformed} malformed, {broken} broken",
             report.good, report.bad
         );
         if let Some(problem) = &report.first_problem {
@@ -323,24 +323,24 @@ fn run() -> vkgdr::Result<bool> {
     producers_seen.sort_unstable();
     ok &= producers_seen == (0..LANES).collect::<Vec<_>>();
     println!(
-        "{sent} of {total} work records sent, {checked} results checked right, in {elapsed:?} \
+        "{sent} of {total} work records sent, {checked} answers checked right, in {elapsed:?} \
          ({:.1} M round trips/s); every producer answered on one lane: {}",
         checked as f64 / elapsed.as_secs_f64() / 1e6,
         producers_seen == (0..LANES).collect::<Vec<_>>()
     );
-    println!("{}", if ok { "ALL RESULTS RIGHT" } else { "FAILED" });
+    println!("{}", if ok { "ALL ANSWERS RIGHT" } else { "FAILED" });
     Ok(ok)
 }
 
 /// The checker, without a GPU: a model of the kernel's sums over the work record's bytes
-/// (`both_ways_process`) answers right, and a wrong sum, a result out of order, another
-/// producer's result and a short result are each refused.
+/// (`answer`) passes, and a wrong sum, an answer out of order, another producer's answer and a
+/// short answer are each refused.
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// The kernel's answer, computed from the record's bytes as `both_ways_process` does.
-    fn kernel_model(record: &[u8]) -> [u8; RESULT_LEN] {
+    fn kernel_model(record: &[u8]) -> [u8; ANSWER_LEN] {
         let word = |k: usize| u32::from_le_bytes(record[4 * k..4 * k + 4].try_into().unwrap());
         let (mut sum, mut weighted) = (0u64, 0u64);
         for (i, k) in (2..record.len() / 4).enumerate() {
@@ -349,7 +349,7 @@ mod tests {
             weighted = weighted.wrapping_add((i as u64 + 1).wrapping_mul(v));
         }
         let count = (record.len() / 4 - 2) as u32;
-        let mut out = [0u8; RESULT_LEN];
+        let mut out = [0u8; ANSWER_LEN];
         out[0..4].copy_from_slice(&word(0).to_le_bytes());
         out[4..8].copy_from_slice(&word(1).to_le_bytes());
         out[8..12].copy_from_slice(&count.to_le_bytes());
@@ -358,7 +358,7 @@ mod tests {
         out
     }
 
-    fn answer(producer: u32, index: u32) -> [u8; RESULT_LEN] {
+    fn answer(producer: u32, index: u32) -> [u8; ANSWER_LEN] {
         let mut buf = Vec::new();
         work_record(producer, index, &mut buf);
         kernel_model(&buf)
@@ -368,7 +368,7 @@ mod tests {
     fn the_kernel_s_answers_pass_the_check() {
         let mut report = LaneReport::default();
         for index in 0..1000 {
-            report.check(2, u64::from(index), KIND_RESULT, &answer(3, index));
+            report.check(2, u64::from(index), KIND_ANSWER, &answer(3, index));
         }
         assert_eq!(
             (report.good, report.bad, report.producer),
@@ -377,23 +377,23 @@ mod tests {
     }
 
     #[test]
-    fn wrong_missing_foreign_and_short_results_are_refused() {
+    fn wrong_missing_foreign_and_short_answers_are_refused() {
         let mut wrong = answer(1, 1);
         wrong[24] ^= 1; // the weighted sum
         let cases: [(u64, Vec<u8>); 4] = [
             (1, wrong.to_vec()),
-            (1, answer(1, 2).to_vec()), // result 2 where 1 was due: one went missing
+            (1, answer(1, 2).to_vec()), // answer 2 where 1 was due: one went missing
             (1, answer(0, 1).to_vec()), // another producer's
             (1, answer(1, 1)[..24].to_vec()),
         ];
         for (seq, payload) in cases {
             let mut report = LaneReport::default();
-            report.check(0, 0, KIND_RESULT, &answer(1, 0));
-            report.check(0, seq, KIND_RESULT, &payload);
+            report.check(0, 0, KIND_ANSWER, &answer(1, 0));
+            report.check(0, seq, KIND_ANSWER, &payload);
             assert_eq!((report.good, report.bad), (1, 1), "{payload:?}");
         }
         let mut report = LaneReport::default();
-        report.check(0, 0, KIND_RESULT + 1, &answer(1, 0));
-        assert_eq!(report.bad, 1, "a result of another kind");
+        report.check(0, 0, KIND_ANSWER + 1, &answer(1, 0));
+        assert_eq!(report.bad, 1, "an answer of another kind");
     }
 }
