@@ -6,8 +6,10 @@
 //
 //   extern "C" __global__ void my_producer(vkgdr_d2h_view view, const float* results, int n)
 //   {
-//       const int i = blockIdx.x * blockDim.x + threadIdx.x;
+//       const int i = blockIdx.x * blockDim.x + threadIdx.x;   // blockDim.x: a multiple of 32
+//       const unsigned int callers = __ballot_sync(0xFFFFFFFFu, i < n);
 //       if (i >= n) return;
+//       __syncwarp(callers);                   // the callers converged (see "Warp calls" below)
 //       const vkgdr::D2hLane lane = vkgdr::d2h_lane(view, blockIdx.x % view.lanes);
 //       // Every active thread publishes its own record; one reservation per warp.
 //       const int status = vkgdr::d2h_publish_each(lane, 1u, &results[i], sizeof(float));
