@@ -8,7 +8,7 @@
 //!
 //! | event | what happens to the block |
 //! |:--|:--|
-//! | `release_on_device` | moves into the table; its token goes to the kernel |
+//! | `release_on_device` (or a batch: `Pool::release_many_on_device`, one lock) | moves into the table; its token goes to the kernel |
 //! | the token arrives (a drain) | taken out of the table and freed to its shard: allocatable again |
 //! | a forged, stale or repeated token arrives | nothing; counted ([`DeviceReleaseStats`]) |
 //! | a record of another kind, or a length not a multiple of 8 | nothing; counted |
