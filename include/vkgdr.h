@@ -2494,6 +2494,35 @@ VKGDR_API int vkgdr_pool_set_release_feed(vkgdr_pool_t pool, vkgdr_d2h_ring_t ri
 VKGDR_API int vkgdr_block_release_on_device(vkgdr_block_t block, uint64_t *token);
 
 /**
+ * `vkgdr_block_release_on_device` for `count` blocks of `pool` at once, the pool's token table
+ * locked once: lends `blocks[0..count)` in order and stores in `tokens[i]` the token of
+ * `blocks[i]`. `*lent` gets how many were lent (always written once the pointers are checked):
+ * `blocks[0..*lent)` are consumed (set to NULL) and `tokens[0..*lent)` written. A batch
+ * refused part-way (the pool has no release feed, has the most blocks lent it can hold, or
+ * `blocks[*lent]` is another pool's) returns `VKGDR_ERROR` with `*lent` lent; the blocks from
+ * `blocks[*lent]` on are not lent and stay the caller's, each under a new handle written back
+ * into `blocks` (the old ones are invalid; NULL only if the handle table is full).
+ *
+ * Returns `VKGDR_SUCCESS` (every block lent; `count` 0 included), or `VKGDR_ERROR`: an invalid
+ * pool handle, `lent` NULL, `blocks` or `tokens` NULL with `count` > 0, an invalid block
+ * handle or one given twice (nothing consumed, `*lent` 0), the refusals above.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `blocks` holds `count` handles and is writable; `tokens` has room for `count` values;
+ *   `lent` is NULL or writable.
+ * - No other thread uses any of the blocks during or after the call, nor destroys `pool`
+ *   during it.
+ */
+VKGDR_API
+int vkgdr_pool_release_many_on_device(vkgdr_pool_t pool,
+                                      vkgdr_block_t *blocks,
+                                      size_t count,
+                                      uint64_t *tokens,
+                                      size_t *lent);
+
+/**
  * Takes every device release that has arrived on the pool's release feed and frees the blocks
  * given back (the pool's own thread and its allocations do it too). Returns the number of
  * blocks freed, or `SIZE_MAX` on error (an invalid handle).

@@ -1,6 +1,7 @@
 //! Device-side releases against a model (proptest): a pool over host memory whose release feed
 //! is two lanes in plain memory, with the core's producer model as the kernel. Random
-//! allocations, host frees, lends (`Block::release_on_device`), genuine releases on either lane,
+//! allocations, host frees, lends (`Block::release_on_device`, and batches of
+//! `Pool::release_many_on_device`, some with another pool's block that stops them), genuine releases on either lane,
 //! hostile ones (forged, another pool's, repeated, stale after a reclaim, foreign and malformed
 //! records), drains, trims and reclaims interleave, while the pool's drain thread drains too.
 //!
@@ -16,6 +17,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use vkgdr::chunk::HostMemorySource;
+use vkgdr::pool::RefusedReason;
 use vkgdr::ring::core::d2h::{
     DeviceLaneState, HostLane, LaneConsumer, LaneShape, ProducerModel, Refusal, ReleaseToken,
     KIND_RELEASE,
@@ -30,6 +32,9 @@ enum Op {
     Free(u8),
     /// Lends live block `i`.
     Lend(u8),
+    /// Lends up to `n` live blocks from `i` on in one batch, another pool's block at `at`
+    /// (modulo the batch's length + 1) when `foreign`: the batch stops there.
+    LendMany { i: u8, n: u8, foreign: bool, at: u8 },
     /// The kernel of lent block `i` checks its stamp and sends its token on lane `l`.
     Release(u8, u8),
     /// A hostile token or record on lane `l`.
@@ -63,6 +68,8 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0u8..4).prop_map(Op::Alloc),
         1 => any::<u8>().prop_map(Op::Free),
         3 => any::<u8>().prop_map(Op::Lend),
+        2 => (any::<u8>(), 0u8..6, any::<bool>(), any::<u8>())
+            .prop_map(|(i, n, foreign, at)| Op::LendMany { i, n, foreign, at }),
         3 => (any::<u8>(), 0u8..2).prop_map(|(i, l)| Op::Release(i, l)),
         2 => (hostile(), 0u8..2).prop_map(|(h, l)| Op::Hostile(h, l)),
         1 => Just(Op::Drain),
@@ -195,6 +202,56 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     at,
                     len,
                 });
+            }
+            Op::LendMany { i, n, foreign, at } => {
+                let mut batch = Vec::new();
+                for _ in 0..n.min(live.len() as u8) {
+                    batch.push(live.swap_remove(i as usize % live.len()));
+                }
+                let stop = foreign.then(|| at as usize % (batch.len() + 1));
+                if let Some(k) = stop {
+                    batch.insert(k, other.pool.alloc(64, 64).unwrap());
+                }
+                let before: Vec<(*const u8, u64, u64)> = batch
+                    .iter()
+                    .map(|b| {
+                        let mut id = [0u64];
+                        b.read_pod(0, &mut id).unwrap();
+                        (b.host_ptr().cast_const(), b.size(), id[0])
+                    })
+                    .collect();
+                let mut tokens = Vec::new();
+                let verdict = rig.pool.release_many_on_device(&mut batch, &mut tokens);
+                let lent_n = stop.unwrap_or(before.len());
+                prop_assert_eq!(
+                    verdict,
+                    if stop.is_some() {
+                        Err(RefusedReason::OtherPool)
+                    } else {
+                        Ok(())
+                    }
+                );
+                prop_assert_eq!(tokens.len(), lent_n);
+                // The refused block and those after it are back, in order, not lent.
+                let back: Vec<*const u8> =
+                    batch.iter().map(|b| b.host_ptr().cast_const()).collect();
+                let expected: Vec<*const u8> = before[lent_n..].iter().map(|b| b.0).collect();
+                prop_assert_eq!(back, expected);
+                for (token, &(at, len, stamp)) in tokens.into_iter().zip(&before) {
+                    lent.push(Lent {
+                        token,
+                        stamp,
+                        at,
+                        len,
+                    });
+                }
+                if stop.is_some() {
+                    drop(batch.remove(0)); // the other pool's block, freed to it
+                }
+                live.extend(batch);
+                rig.pool.drain_device_releases();
+                prop_assert_eq!(rig.pool.lent_blocks(), lent.len() as u64);
+                prop_assert_eq!(other.pool.lent_blocks(), 1, "only its first block is lent");
             }
             Op::Release(i, l) if !lent.is_empty() => {
                 let b = lent.swap_remove(i as usize % lent.len());

@@ -1,5 +1,7 @@
-//! Blocks released on the device (`vkgdr_block_release_on_device`, `vkgdr_pool_*_release*`), a
-//! thin layer over [`vkgdr::Block::release_on_device`] and the pool's release feed: a kernel
+//! Blocks released on the device (`vkgdr_block_release_on_device`,
+//! `vkgdr_pool_release_many_on_device`, `vkgdr_pool_*_release*`), a thin layer over
+//! [`vkgdr::Block::release_on_device`], [`vkgdr::Pool::release_many_on_device`] and the pool's
+//! release feed: a kernel
 //! gives a block back with `vkgdr_release_token` (`include/vkgdr/ring_d2h.cuh`) through a device
 //! → host ring whose lanes the pool drains, so no stream boundary is needed (a persistent kernel
 //! has none).
@@ -10,7 +12,7 @@ use crate::d2h::{d2h_ring, vkgdr_d2h_ring_t};
 use crate::error::{guard, Failure};
 use crate::handles::Tag;
 use crate::pool::{pool, vkgdr_block_t, vkgdr_pool_t, BLOCKS};
-use crate::{Handle, VKGDR_ERROR, VKGDR_SUCCESS};
+use crate::{lookup, register, Handle, VKGDR_ERROR, VKGDR_SUCCESS};
 
 /// Gives `ring`'s lanes to `pool` as its release feed: the records of `vkgdr_release_token`
 /// that kernels publish into them bring released blocks back. Once per pool; the pool then
@@ -79,6 +81,103 @@ pub unsafe extern "C" fn vkgdr_block_release_on_device(
         // SAFETY: non-NULL and writable (caller).
         unsafe { token.write(t.to_bits()) };
         Ok(VKGDR_SUCCESS)
+    })
+}
+
+/// `vkgdr_block_release_on_device` for `count` blocks of `pool` at once, the pool's token table
+/// locked once: lends `blocks[0..count)` in order and stores in `tokens[i]` the token of
+/// `blocks[i]`. `*lent` gets how many were lent (always written once the pointers are checked):
+/// `blocks[0..*lent)` are consumed (set to NULL) and `tokens[0..*lent)` written. A batch
+/// refused part-way (the pool has no release feed, has the most blocks lent it can hold, or
+/// `blocks[*lent]` is another pool's) returns `VKGDR_ERROR` with `*lent` lent; the blocks from
+/// `blocks[*lent]` on are not lent and stay the caller's, each under a new handle written back
+/// into `blocks` (the old ones are invalid; NULL only if the handle table is full).
+///
+/// Returns `VKGDR_SUCCESS` (every block lent; `count` 0 included), or `VKGDR_ERROR`: an invalid
+/// pool handle, `lent` NULL, `blocks` or `tokens` NULL with `count` > 0, an invalid block
+/// handle or one given twice (nothing consumed, `*lent` 0), the refusals above.
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// - `blocks` holds `count` handles and is writable; `tokens` has room for `count` values;
+///   `lent` is NULL or writable.
+/// - No other thread uses any of the blocks during or after the call, nor destroys `pool`
+///   during it.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_pool_release_many_on_device(
+    pool: vkgdr_pool_t,
+    blocks: *mut vkgdr_block_t,
+    count: usize,
+    tokens: *mut u64,
+    lent: *mut usize,
+) -> c_int {
+    guard("vkgdr_pool_release_many_on_device", VKGDR_ERROR, || {
+        if lent.is_null() {
+            return Err(Failure::Api("the lent pointer is NULL".into()));
+        }
+        // SAFETY: the caller does not destroy `pool` during the call.
+        let p = unsafe { self::pool(pool) }?;
+        // SAFETY: non-NULL and writable (caller).
+        unsafe { lent.write(0) };
+        if count == 0 {
+            return Ok(VKGDR_SUCCESS);
+        }
+        if blocks.is_null() || tokens.is_null() {
+            return Err(Failure::Api("the blocks or tokens pointer is NULL".into()));
+        }
+        // SAFETY: `blocks` holds `count` writable handles and `tokens` has room for `count`
+        // values (caller); neither aliases the other or anything of ours.
+        let (handles, out) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(blocks, count),
+                std::slice::from_raw_parts_mut(tokens, count),
+            )
+        };
+        // Every handle checked before any is taken: a bad one consumes nothing.
+        for (i, &h) in handles.iter().enumerate() {
+            // SAFETY: no other thread frees the blocks during the call (caller).
+            match unsafe { lookup(&BLOCKS, h) } {
+                Ok(_) => {}
+                Err(Failure::Api(why)) => return Err(Failure::Api(format!("blocks[{i}]: {why}"))),
+                Err(e) => return Err(e),
+            }
+        }
+        let mut taken = Vec::with_capacity(count);
+        for (i, &h) in handles.iter().enumerate() {
+            match BLOCKS.remove(h.token()) {
+                Ok(b) => taken.push(b),
+                Err(_) => {
+                    // Checked live above, so given twice: the blocks taken so far go back.
+                    for (h, b) in handles.iter_mut().zip(taken) {
+                        *h = register(&BLOCKS, b).unwrap_or(std::ptr::null_mut());
+                    }
+                    return Err(Failure::Api(format!(
+                        "blocks[{i}] is a handle given twice; nothing lent (blocks[0..{i}] \
+                         have new handles)"
+                    )));
+                }
+            }
+        }
+        let mut lent_tokens = Vec::with_capacity(count);
+        let verdict = p.release_many_on_device(&mut taken, &mut lent_tokens);
+        let n = lent_tokens.len();
+        for ((o, t), h) in out.iter_mut().zip(&lent_tokens).zip(handles.iter_mut()) {
+            *o = t.to_bits();
+            *h = std::ptr::null_mut();
+        }
+        // The blocks not lent (all of `taken` now) go back to the caller, in order.
+        for (h, b) in handles[n..].iter_mut().zip(taken) {
+            *h = register(&BLOCKS, b).unwrap_or(std::ptr::null_mut());
+        }
+        // SAFETY: non-NULL and writable (caller).
+        unsafe { lent.write(n) };
+        match verdict {
+            Ok(()) => Ok(VKGDR_SUCCESS),
+            Err(why) => Err(Failure::Api(format!(
+                "{n} of {count} blocks lent; blocks[{n}] and after not: {why}"
+            ))),
+        }
     })
 }
 

@@ -184,6 +184,67 @@ impl Pool {
             .map_err(|_| crate::errors::vkgdr_error("the pool has a release feed already"))
     }
 
+    /// ``Block.release_on_device()`` for many blocks at once, the pool's token table locked
+    /// once: returns their tokens, in order. Every block is checked first (a ``vkgdr.Block``,
+    /// else ``TypeError``; given once, else ``InvalidArgumentError``; live and its memory never
+    /// exported, else as ``release_on_device`` raises), and nothing is lent when one fails. Refused part-way by the pool (no
+    /// release feed, the most blocks lent it can hold, a block of another pool), raises
+    /// ``VkgdrError`` whose ``tokens`` attribute holds the tokens of the blocks lent before the
+    /// refusal, in order; the blocks from index ``len(e.tokens)`` on are not lent and unchanged.
+    fn release_many_on_device(
+        &self,
+        py: Python<'_>,
+        blocks: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<u64>> {
+        let mut objects: Vec<PyRef<'_, Block>> = Vec::with_capacity(blocks.len());
+        let mut seen = std::collections::HashSet::with_capacity(blocks.len());
+        for (i, b) in blocks.iter().enumerate() {
+            if !seen.insert(b.as_ptr() as usize) {
+                return Err(invalid_argument(format!(
+                    "release_many_on_device: blocks[{i}] is given twice"
+                )));
+            }
+            let b = b.cast::<Block>().map_err(|_| {
+                pyo3::exceptions::PyTypeError::new_err(format!(
+                    "release_many_on_device takes vkgdr.Block objects; blocks[{i}] is {}",
+                    interface::type_name(b)
+                ))
+            })?;
+            objects.push(b.borrow());
+        }
+        let mut taken = Vec::with_capacity(objects.len());
+        for b in &objects {
+            match b.take_for_lending() {
+                Ok(block) => taken.push(block),
+                Err(e) => {
+                    // Nothing lent yet: every block taken goes back as it was.
+                    for (b, block) in objects.iter().zip(taken) {
+                        b.give_back_unlent(block);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let mut tokens = Vec::with_capacity(taken.len());
+        let verdict = self.pool.release_many_on_device(&mut taken, &mut tokens);
+        let bits: Vec<u64> = tokens.iter().map(|t| t.to_bits()).collect();
+        for (b, block) in objects[bits.len()..].iter().zip(taken) {
+            b.give_back_unlent(block);
+        }
+        match verdict {
+            Ok(()) => Ok(bits),
+            Err(why) => {
+                let err = crate::errors::vkgdr_error(format!(
+                    "{} of {} blocks lent; the rest not: {why}",
+                    bits.len(),
+                    objects.len()
+                ));
+                err.value(py).setattr("tokens", bits)?;
+                Err(err)
+            }
+        }
+    }
+
     /// Takes every device release that has arrived and frees the blocks given back (the pool's
     /// own thread and its allocations do it too); returns how many.
     fn drain_device_releases(&self, py: Python<'_>) -> usize {
@@ -470,6 +531,40 @@ impl Block {
     }
 
     /// The state of a block that has not been freed (nor sent to another process).
+    /// Marks the block lent (no view or export can be made from here on) and takes it out,
+    /// for `release_on_device` and `Pool.release_many_on_device`; or why it cannot be lent,
+    /// the block unchanged.
+    fn take_for_lending(&self) -> PyResult<vkgdr::Block> {
+        self.live()?;
+        if self.exported.load(Ordering::Acquire) {
+            return Err(invalid_argument(
+                "the block cannot be released on the device: its memory was exported \
+                 (np.asarray, view(), an array interface or DLPack), and a view could go on \
+                 using memory the pool hands out again once the kernel's token arrives. Give \
+                 the kernel block.device_ptr and fill the block with block.write(data)",
+            ));
+        }
+        // Marked first: no view or export can be made from here on.
+        if self.freed.swap(true, Ordering::AcqRel) {
+            return Err(self.live().err().unwrap_or_else(freed));
+        }
+        self.lent.store(true, Ordering::Release);
+        let taken = self.state.block.lock().take();
+        let Some(block) = taken else {
+            self.lent.store(false, Ordering::Release);
+            return Err(freed());
+        };
+        Ok(block)
+    }
+
+    /// Puts back a block [`take_for_lending`](Self::take_for_lending) took and the pool did not
+    /// lend: the object is as it was.
+    fn give_back_unlent(&self, block: vkgdr::Block) {
+        *self.state.block.lock() = Some(block);
+        self.lent.store(false, Ordering::Release);
+        self.freed.store(false, Ordering::Release);
+    }
+
     fn live(&self) -> PyResult<&BlockState> {
         if self.freed.load(Ordering::Acquire) {
             return Err(if self.sent.load(Ordering::Acquire) {
@@ -593,32 +688,12 @@ impl Block {
     /// block's memory was exported (a NumPy, DLPack or CUDA array view could go on using memory
     /// the pool hands out again). A freed block raises ``VkgdrError``.
     fn release_on_device(&self) -> PyResult<u64> {
-        self.live()?;
-        if self.exported.load(Ordering::Acquire) {
-            return Err(invalid_argument(
-                "the block cannot be released on the device: its memory was exported \
-                 (np.asarray, view(), an array interface or DLPack), and a view could go on \
-                 using memory the pool hands out again once the kernel's token arrives. Give \
-                 the kernel block.device_ptr and fill the block with block.write(data)",
-            ));
-        }
-        // Marked first: no view or export can be made from here on.
-        if self.freed.swap(true, Ordering::AcqRel) {
-            return Err(self.live().err().unwrap_or_else(freed));
-        }
-        self.lent.store(true, Ordering::Release);
-        let taken = self.state.block.lock().take();
-        let Some(block) = taken else {
-            self.lent.store(false, Ordering::Release);
-            return Err(freed());
-        };
+        let block = self.take_for_lending()?;
         match block.release_on_device() {
             Ok(token) => Ok(token.to_bits()),
             Err(refused) => {
                 let message = refused.to_string();
-                *self.state.block.lock() = Some(refused.block);
-                self.lent.store(false, Ordering::Release);
-                self.freed.store(false, Ordering::Release);
+                self.give_back_unlent(refused.block);
                 Err(crate::errors::vkgdr_error(message))
             }
         }

@@ -134,6 +134,33 @@ def test_a_block_is_released_on_the_device_only_through_a_release_feed(pool) -> 
         block.release_on_device()
 
 
+def test_a_batch_is_released_on_the_device_only_through_a_release_feed(pool) -> None:
+    # The batch form checks every block before lending any, and a refused batch leaves every
+    # block the caller's, as it was.
+    blocks = [pool.alloc(64) for _ in range(3)]
+    blocks[1].write(b"kept")
+    assert pool.release_many_on_device([]) == []
+    with pytest.raises(vkgdr.VkgdrError, match="0 of 3 blocks lent; the rest not: the pool "
+                       "has no release feed") as refused:
+        pool.release_many_on_device(blocks)
+    assert refused.value.tokens == []
+    assert not any(b.is_released_on_device or b.is_freed for b in blocks)
+    assert blocks[1].read(0, 4) == b"kept"
+    with pytest.raises(TypeError, match=r"blocks\[1\] is int"):
+        pool.release_many_on_device([blocks[0], 5])
+    with pytest.raises(vkgdr.InvalidArgumentError, match=r"blocks\[2\] is given twice"):
+        pool.release_many_on_device([blocks[0], blocks[1], blocks[0]])
+    np.asarray(blocks[2])[0] = 1
+    with pytest.raises(vkgdr.InvalidArgumentError, match="its memory was exported"):
+        pool.release_many_on_device(blocks)
+    assert not any(b.is_released_on_device or b.is_freed for b in blocks)
+    blocks[0].free()
+    with pytest.raises(vkgdr.VkgdrError, match="the block has been freed"):
+        pool.release_many_on_device(blocks[:2])
+    assert blocks[1].read(0, 4) == b"kept" and not blocks[1].is_freed
+    assert pool.lent_blocks == 0 and pool.stats()["device_releases"]["issued"] == 0
+
+
 def test_block_outlives_its_pool() -> None:
     pool = vulkan_pool(chunk_size=1 << 20)
     b = pool.alloc(4096, 4096)

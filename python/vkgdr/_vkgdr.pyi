@@ -205,6 +205,10 @@ class Pool:
     def set_release_feed(self, ring: "DeviceToHostRing") -> None:
         """Gives the ring's lanes to the pool: kernels' ``vkgdr_release_token`` records bring
         blocks lent with ``Block.release_on_device()`` back."""
+    def release_many_on_device(self, blocks: Sequence["Block"]) -> List[int]:
+        """``Block.release_on_device()`` for many blocks, one lock: their tokens, in order.
+        Refused part-way: ``VkgdrError`` whose ``tokens`` holds the tokens of the blocks lent
+        before; the blocks from ``len(e.tokens)`` on are unchanged."""
     def drain_device_releases(self) -> int: ...
     @property
     def lent_blocks(self) -> int: ...

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::chunk::Chunk;
 use super::inner::PoolInner;
-use super::lent::{LentBlock, RefusedReason};
+use super::lent::{Lender, LentBlock, RefusedReason};
 use super::magazine;
 use super::shards::{BlockKind, BlockRecord, ShardCell};
 use crate::core::range::check_range;
@@ -516,10 +516,7 @@ impl Block {
     /// Refused, with the block back: a pool without a release feed, a pool whose last handle is
     /// gone, or a full token table ([`RefusedReason`]).
     pub fn release_on_device(self) -> std::result::Result<ReleaseToken, ReleaseRefused> {
-        let mut this = ManuallyDrop::new(self);
-        // SAFETY: `this` is never dropped (ManuallyDrop) nor used again after the record is
-        // taken out of it, once.
-        let record = unsafe { ManuallyDrop::take(&mut this.record) };
+        let record = self.into_record();
         // The pool state outlives the call: the record's reference keeps it alive until the
         // table hands the record out again, which takes the table's lock that `lend` holds
         // until it returns.
@@ -527,19 +524,77 @@ impl Block {
         // SAFETY: see just above.
         match unsafe { &*pool }.lent.lend(record) {
             Ok(token) => Ok(token),
-            Err((block, reason)) => {
-                let Ok(record) = block.downcast::<BlockRecord>() else {
-                    unreachable!("the table gives back what it was given")
-                };
-                Err(ReleaseRefused {
-                    block: Block {
-                        record: ManuallyDrop::new(record),
-                    },
-                    reason,
-                })
-            }
+            Err((block, reason)) => Err(ReleaseRefused {
+                block: Block::from_lent(block),
+                reason,
+            }),
         }
     }
+
+    /// The record, the handle given up (nothing freed).
+    fn into_record(self) -> Box<BlockRecord> {
+        let mut this = ManuallyDrop::new(self);
+        // SAFETY: `this` is never dropped (ManuallyDrop) nor used again after the record is
+        // taken out of it, once.
+        unsafe { ManuallyDrop::take(&mut this.record) }
+    }
+
+    /// The block of a record the token table gave back unlent.
+    fn from_lent(block: LentBlock) -> Block {
+        let Ok(record) = block.downcast::<BlockRecord>() else {
+            unreachable!("the table gives back what it was given")
+        };
+        Block {
+            record: ManuallyDrop::new(record),
+        }
+    }
+}
+
+/// Lends `blocks` of `pool` in order under one lock of its table, pushing each token onto
+/// `tokens`, until one is refused; that block and those after it stay in `blocks`, in order
+/// ([`Pool::release_many_on_device`](super::Pool::release_many_on_device)).
+pub(super) fn lend_many(
+    pool: &PoolInner,
+    blocks: &mut Vec<Block>,
+    tokens: &mut Vec<ReleaseToken>,
+) -> std::result::Result<(), RefusedReason> {
+    if blocks.is_empty() {
+        return Ok(());
+    }
+    let mut lender = pool.lent.lender()?;
+    tokens.reserve(blocks.len());
+    let mut rest = blocks.drain(..);
+    let refused = lend_each(pool, &mut lender, &mut rest, tokens);
+    // The pool state outlives the lock (the caller's `&Pool`), so the refused blocks may be
+    // put back after it.
+    drop(lender);
+    let Some((first, why)) = refused else {
+        return Ok(());
+    };
+    // Cold: the blocks not lent go back to the caller, in order (one allocation).
+    let after: Vec<Block> = rest.collect();
+    blocks.push(first);
+    blocks.extend(after);
+    Err(why)
+}
+
+#[inline]
+fn lend_each(
+    pool: &PoolInner,
+    lender: &mut Lender<'_>,
+    blocks: &mut impl Iterator<Item = Block>,
+    tokens: &mut Vec<ReleaseToken>,
+) -> Option<(Block, RefusedReason)> {
+    for block in blocks {
+        if !std::ptr::eq(block.pool(), pool) {
+            return Some((block, RefusedReason::OtherPool));
+        }
+        match lender.lend(block.into_record()) {
+            Ok(token) => tokens.push(token),
+            Err((record, why)) => return Some((Block::from_lent(record), why)),
+        }
+    }
+    None
 }
 
 /// Stream-ordered release: a block a kernel may still use goes back to its pool only after that

@@ -8,7 +8,7 @@
 //!
 //! | event | what happens to the block |
 //! |:--|:--|
-//! | `release_on_device` | moves into the table; its token goes to the kernel |
+//! | `release_on_device` (or a batch: `Pool::release_many_on_device`, one lock) | moves into the table; its token goes to the kernel |
 //! | the token arrives (a drain) | taken out of the table and freed to its shard: allocatable again |
 //! | a forged, stale or repeated token arrives | nothing; counted ([`DeviceReleaseStats`]) |
 //! | a record of another kind, or a length not a multiple of 8 | nothing; counted |
@@ -117,6 +117,11 @@ pub enum RefusedReason {
         /// The table's entries.
         max: u32,
     },
+    /// The block is another pool's
+    /// ([`Pool::release_many_on_device`](super::Pool::release_many_on_device) lends the pool's
+    /// own blocks only).
+    #[error("the block belongs to another pool")]
+    OtherPool,
 }
 
 /// What the lock guards.
@@ -177,6 +182,15 @@ impl Lent {
         Ok(())
     }
 
+    /// Caps the table at `max` entries (tests: a full table without a million blocks); the
+    /// table must be empty.
+    #[cfg(test)]
+    pub(super) fn set_max_entries(&self, max: u32) {
+        let mut s = self.state.lock();
+        assert_eq!(s.tokens.stats().issued, 0, "a table in use");
+        s.tokens = ReleaseTokens::with_tag(s.tokens.tag(), max);
+    }
+
     /// Blocks lent now.
     #[inline]
     pub(super) fn outstanding(&self) -> u64 {
@@ -188,30 +202,35 @@ impl Lent {
         &self,
         block: LentBlock,
     ) -> Result<ReleaseToken, (LentBlock, RefusedReason)> {
-        let mut s = self.state.lock();
-        if s.closed {
-            return Err((block, RefusedReason::Closed));
-        }
-        if s.feed.is_none() {
-            return Err((block, RefusedReason::NoFeed));
-        }
-        match s.tokens.issue(block) {
-            Ok(token) => {
-                // Under the lock: the caller may not touch the pool state once it is released
-                // (a drain may free the block, and with it the last reference to the pool).
-                if self.publish(&s) == 0 {
-                    self.wake.notify_one();
-                }
-                Ok(token)
-            }
-            Err(TableFull { value, max }) => Err((value, RefusedReason::TableFull { max })),
+        match self.lender() {
+            Ok(mut lender) => lender.lend(block),
+            Err(why) => Err((block, why)),
         }
     }
 
-    /// Copies the table's outstanding count out; returns the one before.
+    /// Takes the table's lock for lending one block or many ([`Lender`]), or why no block can
+    /// be lent now (no feed, closed).
+    pub(super) fn lender(&self) -> Result<Lender<'_>, RefusedReason> {
+        let s = self.state.lock();
+        if s.closed {
+            return Err(RefusedReason::Closed);
+        }
+        if s.feed.is_none() {
+            return Err(RefusedReason::NoFeed);
+        }
+        Ok(Lender { lent: self, s })
+    }
+
+    /// Copies the table's outstanding count out; returns the one before. Only holders of the
+    /// lock store it, so a load and a store do (no read-modify-write), and only a change.
+    #[inline]
     fn publish(&self, s: &State) -> u64 {
-        self.outstanding
-            .swap(s.tokens.stats().outstanding(), Ordering::AcqRel)
+        let before = self.outstanding.load(Ordering::Relaxed);
+        let now = s.tokens.stats().outstanding();
+        if now != before {
+            self.outstanding.store(now, Ordering::Release);
+        }
+        before
     }
 
     /// Takes what arrived (up to [`DRAIN_BATCH`] records) and moves the blocks whose tokens
@@ -309,6 +328,38 @@ impl Lent {
             foreign_records: s.foreign_records,
             malformed_records: s.malformed_records,
             lane_error: s.lane_error.clone(),
+        }
+    }
+}
+
+/// The table's lock, held for lending: one [`lend`](Self::lend) per block, the lock taken once
+/// ([`Pool::release_many_on_device`](super::Pool::release_many_on_device) lends a batch so).
+/// Dropping it publishes the outstanding count and wakes the drain thread if it was resting,
+/// both still under the lock: a caller may not touch the pool state once the lock is released
+/// (a drain may free a lent block, and with it the last reference to the pool).
+pub(super) struct Lender<'a> {
+    lent: &'a Lent,
+    s: MutexGuard<'a, State>,
+}
+
+impl Lender<'_> {
+    /// Lends `block`: its token, or the block and why not (the table is full).
+    #[inline]
+    pub(super) fn lend(
+        &mut self,
+        block: LentBlock,
+    ) -> Result<ReleaseToken, (LentBlock, RefusedReason)> {
+        self.s
+            .tokens
+            .issue(block)
+            .map_err(|TableFull { value, max }| (value, RefusedReason::TableFull { max }))
+    }
+}
+
+impl Drop for Lender<'_> {
+    fn drop(&mut self) {
+        if self.lent.publish(&self.s) == 0 && self.s.tokens.stats().outstanding() > 0 {
+            self.lent.wake.notify_one();
         }
     }
 }

@@ -595,6 +595,36 @@ impl Pool {
         Ok(())
     }
 
+    /// [`Block::release_on_device`] for many blocks at once, the token table's lock taken once:
+    /// lends the blocks of `blocks` in order, pushing each one's token onto `tokens` (the
+    /// token of `blocks[i]` at `tokens[len + i]`, `len` being `tokens`' length before), and
+    /// leaves `blocks` empty. Both vectors keep their capacity, so a caller that reuses them
+    /// allocates nothing per batch.
+    ///
+    /// Refused part-way ([`RefusedReason`]: no release feed, the pool's last handle gone, a full
+    /// token table, or a block of another pool): the blocks before the refused one are lent
+    /// (their tokens pushed), the refused block and every block after it stay in `blocks`, in
+    /// their order, not lent and the caller's as before. An empty batch is `Ok`.
+    ///
+    /// ```
+    /// # use vkgdr::{chunk::HostMemorySource, pool::RefusedReason, Pool, PoolConfig};
+    /// let pool = Pool::new(HostMemorySource, PoolConfig::default())?;
+    /// let mut blocks = vec![pool.alloc(64, 64)?, pool.alloc(64, 64)?];
+    /// let mut tokens = Vec::new();
+    /// // No release feed here: nothing is lent, the blocks stay the caller's.
+    /// let refused = pool.release_many_on_device(&mut blocks, &mut tokens);
+    /// assert_eq!(refused, Err(RefusedReason::NoFeed));
+    /// assert_eq!((blocks.len(), tokens.len()), (2, 0));
+    /// # Ok::<(), vkgdr::Error>(())
+    /// ```
+    pub fn release_many_on_device(
+        &self,
+        blocks: &mut Vec<Block>,
+        tokens: &mut Vec<crate::core::ring::d2h::ReleaseToken>,
+    ) -> std::result::Result<(), RefusedReason> {
+        block::lend_many(&self.inner, blocks, tokens)
+    }
+
     /// Takes every device release that has arrived and frees the blocks given back (the slow
     /// path of [`alloc`](Self::alloc) and the drain thread do it too); returns the blocks
     /// freed.

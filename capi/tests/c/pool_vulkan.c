@@ -197,6 +197,48 @@ static void run(int vulkan_device, uint32_t flags)
         CHECK(vkgdr_block_get_size(lent) == 0, "the refused block was freed");
         CHECK(last_error_contains("invalid vkgdr_block_t handle"), "consumed");
         CHECK(vkgdr_pool_get_lent_blocks(pool) == 0, "nothing lent");
+        /* The batch form: a refused batch gives every block back under a new handle. */
+        {
+            vkgdr_block_t many[3];
+            uint64_t toks[3] = {7, 7, 7};
+            size_t lent_n = 99;
+            for (int i = 0; i < 3; i++) {
+                many[i] = vkgdr_pool_alloc(pool, 64, 16);
+            }
+            CHECK(vkgdr_pool_release_many_on_device(pool, many, 3, toks, NULL) == VKGDR_ERROR,
+                  "NULL lent pointer");
+            CHECK(vkgdr_pool_release_many_on_device(pool, many, 0, NULL, &lent_n) ==
+                          VKGDR_SUCCESS &&
+                      lent_n == 0,
+                  "an empty batch");
+            vkgdr_block_t twice[2] = {many[0], many[0]};
+            CHECK(vkgdr_pool_release_many_on_device(pool, twice, 2, toks, &lent_n) ==
+                          VKGDR_ERROR &&
+                      lent_n == 0,
+                  "a handle given twice");
+            CHECK(last_error_contains("blocks[1] is a handle given twice"), "why");
+            many[0] = twice[0]; /* its new handle */
+            CHECK(vkgdr_block_get_size(many[0]) == 64, "given back");
+            vkgdr_block_t bad[2] = {many[1], (vkgdr_block_t)pool};
+            CHECK(vkgdr_pool_release_many_on_device(pool, bad, 2, toks, &lent_n) ==
+                          VKGDR_ERROR &&
+                      lent_n == 0 && bad[0] == many[1],
+                  "a bad handle consumes nothing");
+            CHECK(last_error_contains("blocks[1]: invalid vkgdr_block_t handle"), "why");
+            vkgdr_block_t old0 = many[0];
+            CHECK(vkgdr_pool_release_many_on_device(pool, many, 3, toks, &lent_n) ==
+                          VKGDR_ERROR &&
+                      lent_n == 0 && toks[0] == 7,
+                  "no release feed: nothing lent");
+            CHECK(last_error_contains("0 of 3 blocks lent; blocks[0] and after not: the pool "
+                                      "has no release feed"),
+                  "why");
+            CHECK(vkgdr_block_get_size(old0) == 0, "the old handle is gone");
+            for (int i = 0; i < 3; i++) {
+                CHECK(vkgdr_block_get_size(many[i]) == 64, "each block is the caller's");
+                vkgdr_block_free(many[i]);
+            }
+        }
         CHECK(vkgdr_pool_drain_device_releases(pool) == 0, "nothing to drain");
         CHECK(vkgdr_pool_reclaim_device_releases(pool) == 0, "nothing to reclaim");
         stats.struct_size = sizeof stats;

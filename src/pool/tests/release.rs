@@ -292,3 +292,141 @@ fn a_closed_pool_lends_nothing() {
     let refused = keep.release_on_device().unwrap_err();
     assert_eq!(refused.reason, Why::Closed);
 }
+
+// The batch form: one lock for many blocks, refused part-way with the rest given back.
+
+/// Host addresses, to tell blocks apart.
+fn addrs(blocks: &[crate::pool::Block]) -> Vec<usize> {
+    blocks.iter().map(|b| b.host_ptr() as usize).collect()
+}
+
+#[test]
+fn a_batch_lends_every_block_in_order_and_each_comes_back_once() {
+    let (pool, l, device, shape) = pool_and_lane(HostMemorySource);
+    let mut blocks: Vec<_> = (0..5).map(|_| pool.alloc(64, 64).unwrap()).collect();
+    let at = addrs(&blocks);
+    // A token already there stays first: the batch's are pushed after it.
+    let earlier = pool.alloc(64, 64).unwrap().release_on_device().unwrap();
+    let mut tokens = vec![earlier];
+    assert_eq!(
+        pool.release_many_on_device(&mut blocks, &mut tokens),
+        Ok(())
+    );
+    assert!(blocks.is_empty());
+    assert_eq!(tokens.len(), 6);
+    assert_eq!(tokens[0], earlier);
+    assert_eq!(pool.lent_blocks(), 6);
+    // Issued in order: consecutive fresh entries, generation 1.
+    let entries: Vec<u32> = tokens.iter().map(|t| t.entry()).collect();
+    assert_eq!(entries, [0, 1, 2, 3, 4, 5]);
+    // Every token frees its own block once; sent twice, the repeats free nothing.
+    let bits: Vec<u64> = tokens.iter().rev().map(|t| t.to_bits()).collect();
+    send(&l, &device, shape, KIND_RELEASE, &bits);
+    send(&l, &device, shape, KIND_RELEASE, &bits);
+    until_lent(&pool, 0);
+    pool.drain_device_releases();
+    let s = pool.stats().device_releases;
+    assert_eq!((s.tokens.issued, s.tokens.redeemed), (6, 6));
+    assert_eq!(s.tokens.repeated, 6);
+    assert_eq!(pool.stats().bytes_in_use, 0);
+    // The blocks are allocatable again.
+    let again: Vec<_> = (0..6).map(|_| pool.alloc(64, 64).unwrap()).collect();
+    assert!(at.iter().all(|a| addrs(&again).contains(a)));
+}
+
+#[test]
+fn a_batch_refused_part_way_gives_the_rest_back_in_order() {
+    let (pool, l, device, shape) = pool_and_lane(HostMemorySource);
+    pool.inner.lent.set_max_entries(3);
+    let first = pool.alloc(64, 64).unwrap().release_on_device().unwrap();
+    let mut blocks: Vec<_> = (0..4).map(|_| pool.alloc(64, 64).unwrap()).collect();
+    let at = addrs(&blocks);
+    let mut tokens = Vec::new();
+    assert_eq!(
+        pool.release_many_on_device(&mut blocks, &mut tokens),
+        Err(Why::TableFull { max: 3 })
+    );
+    assert_eq!(tokens.len(), 2, "two entries were free");
+    assert_eq!(
+        addrs(&blocks),
+        at[2..],
+        "the refused block and the one after it"
+    );
+    assert_eq!(pool.lent_blocks(), 3);
+    assert_eq!(pool.stats().bytes_in_use, 6 * 64 - 64);
+    // The blocks given back are the caller's: writable, and freed when dropped.
+    blocks[0].fill(0, 64, 1).unwrap();
+    drop(blocks.pop());
+    assert_eq!(pool.stats().bytes_in_use, 4 * 64);
+    // Once tokens came back, the rest goes in a second batch.
+    send(&l, &device, shape, KIND_RELEASE, &[first.to_bits()]);
+    until_lent(&pool, 2);
+    assert_eq!(
+        pool.release_many_on_device(&mut blocks, &mut tokens),
+        Ok(())
+    );
+    assert_eq!((tokens.len(), pool.lent_blocks()), (3, 3));
+    let mut unique: Vec<_> = tokens.iter().map(|t| t.to_bits()).collect();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), 3, "no token issued twice");
+    let bits: Vec<u64> = tokens.iter().map(|t| t.to_bits()).collect();
+    send(&l, &device, shape, KIND_RELEASE, &bits);
+    until_lent(&pool, 0);
+    let s = pool.stats().device_releases;
+    assert_eq!((s.tokens.issued, s.tokens.redeemed, s.refused()), (4, 4, 0));
+    assert_eq!(pool.stats().bytes_in_use, 0);
+}
+
+#[test]
+fn a_batch_stops_at_another_pools_block() {
+    let (pool, l, device, shape) = pool_and_lane(HostMemorySource);
+    let (other, ..) = pool_and_lane(HostMemorySource);
+    let mut blocks = vec![
+        pool.alloc(64, 64).unwrap(),
+        other.alloc(64, 64).unwrap(),
+        pool.alloc(64, 64).unwrap(),
+    ];
+    let at = addrs(&blocks);
+    let mut tokens = Vec::new();
+    assert_eq!(
+        pool.release_many_on_device(&mut blocks, &mut tokens),
+        Err(Why::OtherPool)
+    );
+    assert_eq!((tokens.len(), addrs(&blocks)), (1, at[1..].to_vec()));
+    assert_eq!((pool.lent_blocks(), other.lent_blocks()), (1, 0));
+    assert_eq!(other.stats().bytes_in_use, 64);
+    drop(blocks);
+    assert_eq!(other.stats().bytes_in_use, 0);
+    send(&l, &device, shape, KIND_RELEASE, &[tokens[0].to_bits()]);
+    until_lent(&pool, 0);
+    assert_eq!(pool.stats().bytes_in_use, 0);
+}
+
+#[test]
+fn a_batch_without_a_feed_or_after_the_close_lends_nothing() {
+    let pool = pool_with(HostMemorySource);
+    let mut tokens = Vec::new();
+    assert_eq!(
+        pool.release_many_on_device(&mut Vec::new(), &mut tokens),
+        Ok(()),
+        "an empty batch"
+    );
+    let mut blocks: Vec<_> = (0..3).map(|_| pool.alloc(64, 64).unwrap()).collect();
+    let at = addrs(&blocks);
+    assert_eq!(
+        pool.release_many_on_device(&mut blocks, &mut tokens),
+        Err(Why::NoFeed)
+    );
+    assert_eq!((addrs(&blocks), tokens.len()), (at, 0));
+    let (pool, ..) = pool_and_lane(HostMemorySource);
+    let mut blocks = vec![pool.alloc(64, 64).unwrap()];
+    // The last handle goes (the pool state is no handle): lend through the state itself.
+    let inner = pool.inner.clone();
+    drop(pool);
+    assert_eq!(
+        super::super::block::lend_many(&inner, &mut blocks, &mut tokens),
+        Err(Why::Closed)
+    );
+    assert_eq!((blocks.len(), tokens.len()), (1, 0));
+}
