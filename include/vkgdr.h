@@ -309,6 +309,16 @@ typedef struct vkgdr_d2h_lane_stats {
 } vkgdr_d2h_lane_stats;
 
 /**
+ * Opaque handle to a pool, from `vkgdr_pool_create`; freed with `vkgdr_pool_destroy`.
+ */
+typedef struct vkgdr_pool *vkgdr_pool_t;
+
+/**
+ * Opaque handle to a block of a pool, from `vkgdr_pool_alloc`; freed with `vkgdr_block_free`.
+ */
+typedef struct vkgdr_block *vkgdr_block_t;
+
+/**
  * Opaque handle to a memory allocation, from `vkgdr_memory_alloc`; freed with
  * `vkgdr_memory_free`.
  */
@@ -404,16 +414,6 @@ typedef struct vkgdr_pool_config {
    */
   uint64_t max_align;
 } vkgdr_pool_config;
-
-/**
- * Opaque handle to a pool, from `vkgdr_pool_create`; freed with `vkgdr_pool_destroy`.
- */
-typedef struct vkgdr_pool *vkgdr_pool_t;
-
-/**
- * Opaque handle to a block of a pool, from `vkgdr_pool_alloc`; freed with `vkgdr_block_free`.
- */
-typedef struct vkgdr_block *vkgdr_block_t;
 
 /**
  * A usage snapshot of a pool (`vkgdr_pool_get_stats`). Set `struct_size` to
@@ -1137,6 +1137,112 @@ VKGDR_API void vkgdr_close(vkgdr_t g);
  * - No thread closes `g` during the call.
  */
 VKGDR_API size_t vkgdr_wait_for_releases(vkgdr_t g, int64_t timeout_ns);
+
+/**
+ * Gives `ring`'s lanes to `pool` as its release feed: the records of `vkgdr_release_token`
+ * that kernels publish into them bring released blocks back. Once per pool; the pool then
+ * drains the lanes itself (on a thread of its own, on allocations and on
+ * `vkgdr_pool_drain_device_releases`), so they are not the C caller's to take from any more
+ * (`vkgdr_d2h_ring_try_next` on them fails: the lane has a consumer). The pool keeps the
+ * ring's memory alive as long as blocks are lent, also after `vkgdr_d2h_ring_destroy`.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR`: an invalid handle, a lane of the ring with a
+ * consumer (close it first), a pool that has a feed already.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread destroys `pool` or `ring` during the call.
+ */
+VKGDR_API int vkgdr_pool_set_release_feed(vkgdr_pool_t pool, vkgdr_d2h_ring_t ring);
+
+/**
+ * Lends `block` to a kernel: stores in `*token` the value the kernel passes to
+ * `vkgdr_release_token` (`include/vkgdr/ring_d2h.cuh`) when it is done with the block. The
+ * block goes back to its pool only when that token has come back through the pool's release
+ * feed (`vkgdr_pool_set_release_feed`), so it is never handed out again while the kernel may
+ * still use it. A token is single-use: a repeated, stale or forged one frees nothing.
+ *
+ * Consumes the handle, also on error: a block that could not be lent (the pool has no release
+ * feed, or has the most blocks lent it can hold) is freed at once.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR`: an invalid handle (nothing consumed), `token`
+ * NULL (nothing consumed), the refusals above.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `token` is NULL or writable.
+ * - No other thread uses `block` during or after the call.
+ */
+VKGDR_API int vkgdr_block_release_on_device(vkgdr_block_t block, uint64_t *token);
+
+/**
+ * `vkgdr_block_release_on_device` for `count` blocks of `pool` at once, the pool's token table
+ * locked once: lends `blocks[0..count)` in order and stores in `tokens[i]` the token of
+ * `blocks[i]`. `*lent` gets how many were lent (always written once the pointers are checked):
+ * `blocks[0..*lent)` are consumed (set to NULL) and `tokens[0..*lent)` written. A batch
+ * refused part-way (the pool has no release feed, has the most blocks lent it can hold, or
+ * `blocks[*lent]` is another pool's) returns `VKGDR_ERROR` with `*lent` lent; the blocks from
+ * `blocks[*lent]` on are not lent and stay the caller's, each under a new handle written back
+ * into `blocks` (the old ones are invalid; NULL only if the handle table is full).
+ *
+ * Returns `VKGDR_SUCCESS` (every block lent; `count` 0 included), or `VKGDR_ERROR`: an invalid
+ * pool handle, `lent` NULL, `blocks` or `tokens` NULL with `count` > 0, an invalid block
+ * handle or one given twice (nothing consumed, `*lent` 0), the refusals above.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `blocks` holds `count` handles and is writable; `tokens` has room for `count` values;
+ *   `lent` is NULL or writable.
+ * - No other thread uses any of the blocks during or after the call, nor destroys `pool`
+ *   during it.
+ */
+VKGDR_API
+int vkgdr_pool_release_many_on_device(vkgdr_pool_t pool,
+                                      vkgdr_block_t *blocks,
+                                      size_t count,
+                                      uint64_t *tokens,
+                                      size_t *lent);
+
+/**
+ * Takes every device release that has arrived on the pool's release feed and frees the blocks
+ * given back (the pool's own thread and its allocations do it too). Returns the number of
+ * blocks freed, or `SIZE_MAX` on error (an invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread destroys `pool` during the call.
+ */
+VKGDR_API size_t vkgdr_pool_drain_device_releases(vkgdr_pool_t pool);
+
+/**
+ * Blocks of `pool` lent to kernels now (released on the device, their tokens not arrived), or
+ * `UINT64_MAX` on error (an invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread destroys `pool` during the call.
+ */
+VKGDR_API uint64_t vkgdr_pool_get_lent_blocks(vkgdr_pool_t pool);
+
+/**
+ * Frees every block of `pool` lent to kernels without waiting for its token (their tokens are
+ * stale from then on: they free nothing). For a host that knows its kernels are done (they
+ * exited and their stream was synchronised), or that a kernel will never release (it failed).
+ * Returns how many blocks were freed, or `SIZE_MAX` on error (an invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No kernel reads or writes any lent block of the pool whose token has not arrived: the
+ *   blocks are handed out again at once.
+ * - No thread destroys `pool` during the call.
+ */
+VKGDR_API size_t vkgdr_pool_reclaim_device_releases(vkgdr_pool_t pool);
 
 /**
  * The calling thread's last error: a copy the caller must release with `free()`, or `NULL` if
@@ -2453,112 +2559,6 @@ VKGDR_API uint64_t vkgdr_ring_producer_get_next_seq(vkgdr_ring_producer_t produc
  * - No thread destroys `producer` during the call.
  */
 VKGDR_API uint32_t vkgdr_ring_producer_get_lane(vkgdr_ring_producer_t producer);
-
-/**
- * Gives `ring`'s lanes to `pool` as its release feed: the records of `vkgdr_release_token`
- * that kernels publish into them bring released blocks back. Once per pool; the pool then
- * drains the lanes itself (on a thread of its own, on allocations and on
- * `vkgdr_pool_drain_device_releases`), so they are not the C caller's to take from any more
- * (`vkgdr_d2h_ring_try_next` on them fails: the lane has a consumer). The pool keeps the
- * ring's memory alive as long as blocks are lent, also after `vkgdr_d2h_ring_destroy`.
- *
- * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR`: an invalid handle, a lane of the ring with a
- * consumer (close it first), a pool that has a feed already.
- *
- * Thread safety: any thread.
- *
- * # Safety
- * - No thread destroys `pool` or `ring` during the call.
- */
-VKGDR_API int vkgdr_pool_set_release_feed(vkgdr_pool_t pool, vkgdr_d2h_ring_t ring);
-
-/**
- * Lends `block` to a kernel: stores in `*token` the value the kernel passes to
- * `vkgdr_release_token` (`include/vkgdr/ring_d2h.cuh`) when it is done with the block. The
- * block goes back to its pool only when that token has come back through the pool's release
- * feed (`vkgdr_pool_set_release_feed`), so it is never handed out again while the kernel may
- * still use it. A token is single-use: a repeated, stale or forged one frees nothing.
- *
- * Consumes the handle, also on error: a block that could not be lent (the pool has no release
- * feed, or has the most blocks lent it can hold) is freed at once.
- *
- * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR`: an invalid handle (nothing consumed), `token`
- * NULL (nothing consumed), the refusals above.
- *
- * Thread safety: any thread.
- *
- * # Safety
- * - `token` is NULL or writable.
- * - No other thread uses `block` during or after the call.
- */
-VKGDR_API int vkgdr_block_release_on_device(vkgdr_block_t block, uint64_t *token);
-
-/**
- * `vkgdr_block_release_on_device` for `count` blocks of `pool` at once, the pool's token table
- * locked once: lends `blocks[0..count)` in order and stores in `tokens[i]` the token of
- * `blocks[i]`. `*lent` gets how many were lent (always written once the pointers are checked):
- * `blocks[0..*lent)` are consumed (set to NULL) and `tokens[0..*lent)` written. A batch
- * refused part-way (the pool has no release feed, has the most blocks lent it can hold, or
- * `blocks[*lent]` is another pool's) returns `VKGDR_ERROR` with `*lent` lent; the blocks from
- * `blocks[*lent]` on are not lent and stay the caller's, each under a new handle written back
- * into `blocks` (the old ones are invalid; NULL only if the handle table is full).
- *
- * Returns `VKGDR_SUCCESS` (every block lent; `count` 0 included), or `VKGDR_ERROR`: an invalid
- * pool handle, `lent` NULL, `blocks` or `tokens` NULL with `count` > 0, an invalid block
- * handle or one given twice (nothing consumed, `*lent` 0), the refusals above.
- *
- * Thread safety: any thread.
- *
- * # Safety
- * - `blocks` holds `count` handles and is writable; `tokens` has room for `count` values;
- *   `lent` is NULL or writable.
- * - No other thread uses any of the blocks during or after the call, nor destroys `pool`
- *   during it.
- */
-VKGDR_API
-int vkgdr_pool_release_many_on_device(vkgdr_pool_t pool,
-                                      vkgdr_block_t *blocks,
-                                      size_t count,
-                                      uint64_t *tokens,
-                                      size_t *lent);
-
-/**
- * Takes every device release that has arrived on the pool's release feed and frees the blocks
- * given back (the pool's own thread and its allocations do it too). Returns the number of
- * blocks freed, or `SIZE_MAX` on error (an invalid handle).
- *
- * Thread safety: any thread.
- *
- * # Safety
- * - No thread destroys `pool` during the call.
- */
-VKGDR_API size_t vkgdr_pool_drain_device_releases(vkgdr_pool_t pool);
-
-/**
- * Blocks of `pool` lent to kernels now (released on the device, their tokens not arrived), or
- * `UINT64_MAX` on error (an invalid handle).
- *
- * Thread safety: any thread.
- *
- * # Safety
- * - No thread destroys `pool` during the call.
- */
-VKGDR_API uint64_t vkgdr_pool_get_lent_blocks(vkgdr_pool_t pool);
-
-/**
- * Frees every block of `pool` lent to kernels without waiting for its token (their tokens are
- * stale from then on: they free nothing). For a host that knows its kernels are done (they
- * exited and their stream was synchronised), or that a kernel will never release (it failed).
- * Returns how many blocks were freed, or `SIZE_MAX` on error (an invalid handle).
- *
- * Thread safety: any thread.
- *
- * # Safety
- * - No kernel reads or writes any lent block of the pool whose token has not arrived: the
- *   blocks are handed out again at once.
- * - No thread destroys `pool` during the call.
- */
-VKGDR_API size_t vkgdr_pool_reclaim_device_releases(vkgdr_pool_t pool);
 
 /**
  * Creates a ring of `capacity` bytes (a power of two, at least 4096) in BAR-mapped memory of

@@ -24,13 +24,13 @@
 pub mod copy;
 pub mod d2h;
 pub mod device;
+pub mod device_release;
 pub mod error;
 pub mod handles;
 pub mod memory;
 pub mod peer;
 pub mod pool;
 pub mod producer;
-pub mod release;
 pub mod ring;
 pub mod share;
 mod versioned;
