@@ -5,7 +5,7 @@
 //! vkgdr 0.1's C API — same names, values, signatures and error texts, built on
 //! [`vkgdr::compat`] — and adds the pool ([`pool`]), copies ([`copy`]), rings ([`ring`]),
 //! their exclusive producers ([`producer`]), device → host rings ([`d2h`]) with blocks that
-//! kernels release ([`release`]) and sharing with other processes (the owner's
+//! kernels release ([`device_release`]) and sharing with other processes (the owner's
 //! side in [`share`], the attaching side in [`peer`]) in the same style.
 //!
 //! Conventions every function follows:
