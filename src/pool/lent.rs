@@ -184,7 +184,7 @@ impl Lent {
 
     /// Caps the table at `max` entries (tests: a full table without a million blocks); the
     /// table must be empty.
-    #[cfg(test)]
+    #[cfg(all(test, not(feature = "loom")))]
     pub(super) fn set_max_entries(&self, max: u32) {
         let mut s = self.state.lock();
         assert_eq!(s.tokens.stats().issued, 0, "a table in use");
