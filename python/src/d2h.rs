@@ -68,24 +68,17 @@ pub struct DeviceToHostView {
 impl DeviceToHostView {
     /// The 48 bytes of ``vkgdr_d2h_view``, for the kernel's by-value parameter.
     fn to_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        let mut out = Vec::with_capacity(48);
-        for word in [self.slots, self.control, self.device] {
-            out.extend_from_slice(&word.to_le_bytes());
-        }
-        for word in [
-            self.slots_per_lane,
-            self.stride,
-            self.lanes,
-            self.spin_limit,
-        ] {
-            out.extend_from_slice(&word.to_le_bytes());
-        }
-        out.extend_from_slice(&0u64.to_le_bytes());
-        debug_assert_eq!(
-            out.len(),
-            std::mem::size_of::<vkgdr::ring::core::d2h::D2hDeviceView>()
-        );
-        PyBytes::new(py, &out)
+        let view = vkgdr::ring::core::d2h::D2hDeviceView {
+            slots_addr: self.slots,
+            control_addr: self.control,
+            device_addr: self.device,
+            slots: self.slots_per_lane,
+            stride: self.stride,
+            lanes: self.lanes,
+            spin_limit: self.spin_limit,
+            reserved: 0,
+        };
+        PyBytes::new(py, &view.to_bytes())
     }
 
     fn __repr__(&self) -> String {

@@ -34,41 +34,29 @@ pub trait LaneMemory {
     }
 }
 
-impl<T: LaneMemory + ?Sized> LaneMemory for &T {
-    fn slot_words(&self) -> &[AtomicU64] {
-        (**self).slot_words()
-    }
-    fn head_word(&self) -> &AtomicU64 {
-        (**self).head_word()
-    }
-    fn closed_word(&self) -> &AtomicU64 {
-        (**self).closed_word()
-    }
-    fn control_stored(&self) {
-        (**self).control_stored()
-    }
-    fn producers_done(&self) -> bool {
-        (**self).producers_done()
-    }
+/// A reference or an `Arc` to lane memory is lane memory: every call forwarded.
+macro_rules! forward_lane_memory {
+    ($($pointer:ty),*) => {$(
+        impl<T: LaneMemory + ?Sized> LaneMemory for $pointer {
+            fn slot_words(&self) -> &[AtomicU64] {
+                (**self).slot_words()
+            }
+            fn head_word(&self) -> &AtomicU64 {
+                (**self).head_word()
+            }
+            fn closed_word(&self) -> &AtomicU64 {
+                (**self).closed_word()
+            }
+            fn control_stored(&self) {
+                (**self).control_stored()
+            }
+            fn producers_done(&self) -> bool {
+                (**self).producers_done()
+            }
+        }
+    )*};
 }
-
-impl<T: LaneMemory + ?Sized> LaneMemory for std::sync::Arc<T> {
-    fn slot_words(&self) -> &[AtomicU64] {
-        (**self).slot_words()
-    }
-    fn head_word(&self) -> &AtomicU64 {
-        (**self).head_word()
-    }
-    fn closed_word(&self) -> &AtomicU64 {
-        (**self).closed_word()
-    }
-    fn control_stored(&self) {
-        (**self).control_stored()
-    }
-    fn producers_done(&self) -> bool {
-        (**self).producers_done()
-    }
-}
+forward_lane_memory!(&T, std::sync::Arc<T>);
 
 /// A lane in plain host memory: zeroed slots and control words, for tests, models and the
 /// producer model ([`ProducerModel`](super::ProducerModel)).

@@ -189,6 +189,23 @@ pub struct D2hDeviceView {
 
 const _: () = assert!(std::mem::size_of::<D2hDeviceView>() == 48);
 
+impl D2hDeviceView {
+    /// The 48 bytes of `vkgdr_d2h_view` as the kernel takes them by value (little-endian, the
+    /// fields in declaration order): for faces that pass kernel parameters as bytes.
+    pub fn to_bytes(&self) -> [u8; 48] {
+        let mut b = [0u8; 48];
+        b[0..8].copy_from_slice(&self.slots_addr.to_le_bytes());
+        b[8..16].copy_from_slice(&self.control_addr.to_le_bytes());
+        b[16..24].copy_from_slice(&self.device_addr.to_le_bytes());
+        b[24..28].copy_from_slice(&self.slots.to_le_bytes());
+        b[28..32].copy_from_slice(&self.stride.to_le_bytes());
+        b[32..36].copy_from_slice(&self.lanes.to_le_bytes());
+        b[36..40].copy_from_slice(&self.spin_limit.to_le_bytes());
+        b[40..48].copy_from_slice(&self.reserved.to_le_bytes());
+        b
+    }
+}
+
 /// Why a lane's consumer stopped. A lane that reported one stays broken: the same error on
 /// every later call, nothing delivered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -321,3 +321,44 @@ fn records_iterator_yields_a_broken_lane_once() {
     );
     assert_eq!(it.next(), None);
 }
+
+#[test]
+fn a_views_bytes_are_its_repr_c_layout() {
+    let v = D2hDeviceView {
+        slots_addr: 0x0102_0304_0506_0708,
+        control_addr: 0x1112_1314_1516_1718,
+        device_addr: 0x2122_2324_2526_2728,
+        slots: 0x3132_3334,
+        stride: 0x4142_4344,
+        lanes: 0x5152_5354,
+        spin_limit: 0x6162_6364,
+        reserved: 0x7172_7374_7576_7778,
+    };
+    // Each field at its repr(C) offset (the kernel's vkgdr_d2h_view), little-endian.
+    use std::mem::offset_of;
+    let b = v.to_bytes();
+    let at = |offset: usize, bytes: &[u8]| assert_eq!(&b[offset..offset + bytes.len()], bytes);
+    at(
+        offset_of!(D2hDeviceView, slots_addr),
+        &v.slots_addr.to_le_bytes(),
+    );
+    at(
+        offset_of!(D2hDeviceView, control_addr),
+        &v.control_addr.to_le_bytes(),
+    );
+    at(
+        offset_of!(D2hDeviceView, device_addr),
+        &v.device_addr.to_le_bytes(),
+    );
+    at(offset_of!(D2hDeviceView, slots), &v.slots.to_le_bytes());
+    at(offset_of!(D2hDeviceView, stride), &v.stride.to_le_bytes());
+    at(offset_of!(D2hDeviceView, lanes), &v.lanes.to_le_bytes());
+    at(
+        offset_of!(D2hDeviceView, spin_limit),
+        &v.spin_limit.to_le_bytes(),
+    );
+    at(
+        offset_of!(D2hDeviceView, reserved),
+        &v.reserved.to_le_bytes(),
+    );
+}
