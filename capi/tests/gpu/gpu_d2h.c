@@ -32,18 +32,6 @@
 #define LEN 64
 #define SEC 1000000000ll
 
-/* Waits up to `seconds` for the stream; returns whether it finished. */
-static int wait_stream(CUstream s, int seconds)
-{
-    time_t start = time(NULL);
-    CUresult r;
-    while ((r = cuStreamQuery(s)) == CUDA_ERROR_NOT_READY && time(NULL) - start < seconds) {
-        struct timespec ms = {0, 1000000};
-        nanosleep(&ms, NULL);
-    }
-    return r == CUDA_SUCCESS;
-}
-
 typedef struct {
     vkgdr_d2h_ring_t ring;
     unsigned int lane;

@@ -62,18 +62,6 @@ static void *produce(void *arg)
     return NULL;
 }
 
-/* Waits up to `seconds` for the stream; returns whether it finished. */
-static int wait_stream(CUstream s, int seconds)
-{
-    time_t start = time(NULL);
-    CUresult r;
-    while ((r = cuStreamQuery(s)) == CUDA_ERROR_NOT_READY && time(NULL) - start < seconds) {
-        struct timespec ms = {0, 1000000};
-        nanosleep(&ms, NULL);
-    }
-    return r == CUDA_SUCCESS;
-}
-
 static void run(CUmodule module, uint32_t open_flags, int mirrored, unsigned long long records,
                 unsigned long long max_body, const char *what)
 {

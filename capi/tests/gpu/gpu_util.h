@@ -134,4 +134,21 @@ static inline uint64_t make_test_payload(unsigned char *p, size_t len, uint64_t 
     return sum;
 }
 
+#if defined(_POSIX_C_SOURCE) && _POSIX_C_SOURCE >= 199309L
+#include <time.h>
+
+/* Waits up to `seconds` for the stream, polling it every millisecond; returns whether it
+ * finished. (For programs that define _POSIX_C_SOURCE, for nanosleep.) */
+static inline int wait_stream(CUstream s, int seconds)
+{
+    time_t start = time(NULL);
+    CUresult r;
+    while ((r = cuStreamQuery(s)) == CUDA_ERROR_NOT_READY && time(NULL) - start < seconds) {
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+    return r == CUDA_SUCCESS;
+}
+#endif
+
 #endif

@@ -167,17 +167,6 @@ static int peer_main(const char *path)
 
 /* --- The owner, with CUDA --------------------------------------------------------------------- */
 
-/* Waits up to `seconds` for the stream; returns whether it finished. */
-static int wait_stream(CUstream s, int seconds)
-{
-    time_t start = time(NULL);
-    CUresult r;
-    while ((r = cuStreamQuery(s)) == CUDA_ERROR_NOT_READY && time(NULL) - start < seconds) {
-        sleep_ms(1);
-    }
-    return r == CUDA_SUCCESS;
-}
-
 static void run_owner(CUmodule module)
 {
     char path[128], *args[4];
