@@ -632,7 +632,10 @@ impl Pool {
         drain::drain_all(&self.inner)
     }
 
-    /// Blocks lent to kernels now: released on the device, their tokens not arrived.
+    /// Blocks lent to kernels now: released on the device, their tokens not arrived. A drain
+    /// counts a token as arrived before it frees the block, so a block whose token another
+    /// thread (the drain thread) just took can still count as in use for a moment after this
+    /// dropped.
     pub fn lent_blocks(&self) -> u64 {
         self.inner.lent.outstanding()
     }
