@@ -230,7 +230,13 @@ def test_blocks_released_by_a_kernel_come_back_to_the_pool(cuda, cupy):
     pool = vkgdr.Pool(gpu)
     ring = vkgdr.DeviceToHostRing(gpu, 64, 64, lanes=2)
     pool.set_release_feed(ring)
+    # Once per pool: a second ring is refused (its lanes stay free for consumers), and the same
+    # ring again is refused at its lanes, which are the pool's now.
+    other = vkgdr.DeviceToHostRing(gpu, 64, 64, lanes=1)
     with pytest.raises(vkgdr.VkgdrError, match="the pool has a release feed already"):
+        pool.set_release_feed(other)
+    other.consumer(0)
+    with pytest.raises(vkgdr.VkgdrError, match="lane 0 has a consumer already"):
         pool.set_release_feed(ring)
     with pytest.raises(vkgdr.VkgdrError, match="lane 0 has a consumer already"):
         ring.consumer(0)  # the feed's lanes are the pool's
