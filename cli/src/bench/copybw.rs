@@ -112,8 +112,7 @@ const READ_OPS: [&[Op]; 5] = [
 ];
 
 /// The methods of report `name` (`copybw-write` or `copybw-read`), in measuring order (the
-/// registry's tests check the rows it names against them).
-#[cfg(test)]
+/// registry's tests, and xtask's machine-work tests, check the rows they name against them).
 pub fn methods(name: &str) -> Vec<String> {
     let groups: &[&[Op]] = match name {
         "copybw-write" => &WRITE_OPS,

@@ -540,8 +540,7 @@ mod tests {
 
     /// Whether `f` is a library row of `bar_run` whose machine work (its raw row) is measured.
     fn bar_library_row(r: &Report, f: &Figure) -> bool {
-        let spec = vkgdr_cli::bench::registry::report_spec(&r.name).unwrap();
-        spec.machine_work_of(&f.method).is_some()
+        crate::compare::machine_work::machine_work_of(&r.name, &f.method).is_some()
     }
 
     /// A factor `k` on the time of `f` of report `r`: the rate divided by it where `r` is in GB/s.

@@ -35,7 +35,8 @@
 //! - [`baseline`]: the baseline, one file or the one of the new run's GPU in a directory;
 //! - [`pairing`]: the figures of both runs paired;
 //! - [`noise`]: when a figure has moved;
-//! - [`anchoring`]: a library figure against the machine work it is made of;
+//! - [`machine_work`]: which machine rows each library row is made of, and [`anchoring`]: a
+//!   library figure judged against them;
 //! - [`comparison`]: the whole judgement, and [`text`], the same as text;
 //! - [`document`]: the comparison's JSON document;
 //! - [`command_line`] and [`error`]: the command's options, and what keeps it from starting.
@@ -46,6 +47,7 @@ pub mod command_line;
 pub mod comparison;
 pub mod document;
 pub mod error;
+pub mod machine_work;
 pub mod noise;
 pub mod pairing;
 pub mod results;
