@@ -9,6 +9,8 @@
 
 mod compare;
 #[cfg(test)]
+mod published;
+#[cfg(test)]
 mod testutil;
 
 use std::process::ExitCode;

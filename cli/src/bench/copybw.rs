@@ -112,7 +112,7 @@ const READ_OPS: [&[Op]; 5] = [
 ];
 
 /// The methods of report `name` (`copybw-write` or `copybw-read`), in measuring order (the
-/// registry's tests, and xtask's machine-work tests, check the rows they name against them).
+/// checks of the published results in xtask/ hold the registry's rows against them).
 pub fn methods(name: &str) -> Vec<String> {
     let groups: &[&[Op]] = match name {
         "copybw-write" => &WRITE_OPS,

@@ -251,30 +251,9 @@ const FASTPATH_SMALL_MACHINE_WORK: &[MachineWork] = &[
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::repo_path;
+    use crate::published::{measured_by_code, published};
     use vkgdr_cli::bench::registry::report_spec;
-    use vkgdr_cli::bench::report::model::{Report, Unit};
-    use vkgdr_cli::json::bench::BenchDocument;
-
-    /// The reports of the last full run, `docs/bench/results.json`.
-    fn published() -> Vec<Report> {
-        let path = repo_path("docs/bench/results.json");
-        let text =
-            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let doc: BenchDocument =
-            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        doc.benchmarks.into_iter().flat_map(|b| b.reports).collect()
-    }
-
-    /// The methods that report `name`'s code measures, where its benchmark lists them: rows that
-    /// a GPU run of this tree writes though the published results may predate them.
-    fn measured_by_code(name: &str) -> Vec<String> {
-        match name {
-            "copybw-write" | "copybw-read" => copybw::methods(name),
-            "copylat" => copylat::METHODS.map(String::from).to_vec(),
-            _ => Vec::new(),
-        }
-    }
+    use vkgdr_cli::bench::report::model::Unit;
 
     #[test]
     fn machine_work_names_machine_rows_the_benchmarks_measure() {
