@@ -65,7 +65,7 @@ pub const EXIT_USAGE: u8 = 2;
 
 /// Entry point of `vkgdr bench`: exit code 0 on success, 1 if a benchmark failed, 2 for a
 /// `--compare` baseline that cannot be read or a `plot` directory without results.json (other usage
-/// errors are clap's), 3 if a figure got worse than the baseline's beyond its noise.
+/// errors are clap's), 3 if a figure got worse than the baseline's beyond `--tolerance`.
 pub fn main(args: &BenchArgs) -> ExitCode {
     let result = match &args.command {
         BenchCommand::Plot(dir) => outputs::replot(dir).map(|()| 0),

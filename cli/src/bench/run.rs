@@ -30,8 +30,8 @@ struct RunLog {
     device: Option<DeviceJson>,
 }
 
-/// Runs `which`, then compares with `baseline` (and its noise floor in percent) when given: the
-/// exit code when every benchmark ran (0, or
+/// Runs `which`, then compares with `baseline` (the runs of an earlier document, and the
+/// tolerance in percent) when given: the exit code when every benchmark ran (0, or
 /// [`EXIT_WORSE`](compare::EXIT_WORSE)).
 pub fn run(
     which: Which,
