@@ -564,6 +564,79 @@ fn plot_redraws_every_chart_of_results_json() {
 }
 
 #[test]
+fn compare_sets_two_runs_side_by_side() {
+    // docs/bench/results.json against itself: every figure paired, nothing moved.
+    let dir = plot_dir();
+    let r = run(&["bench", "compare", dir.path(), dir.path()], &[]);
+    assert_eq!(r.code, 0, "{}", r.all());
+    let last = r.stdout.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("figures compared: 0 worse and 0 better beyond 10 %"),
+        "{}",
+        r.all()
+    );
+    // A run that doubles every median: times worse, rates better; exit 3.
+    let mut doc: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.0.join("results.json")).unwrap())
+            .unwrap();
+    for run in doc["benchmarks"].as_array_mut().unwrap() {
+        for report in run["reports"].as_array_mut().unwrap() {
+            for f in report["figures"].as_array_mut().unwrap() {
+                f["median"] = Value::from(f["median"].as_f64().unwrap_or(0.0) * 2.0);
+            }
+        }
+    }
+    let slower = dir.doc("slower.json", &doc);
+    let r = run(&["bench", "compare", dir.path(), &slower], &[]);
+    assert_eq!(r.code, 3, "{}", r.all());
+    assert!(r.stdout.contains(" worse"), "{}", r.all());
+    assert!(r.stdout.contains(" better"), "{}", r.all());
+    // A file that is no results, or none at all: exit 2, named.
+    let soak = dir.file("soak.json", "{\"format\": \"vkgdr-soak\"}");
+    for bad in [soak.as_str(), "/nonexistent/results.json"] {
+        let r = run(&["bench", "compare", dir.path(), bad], &[]);
+        assert_eq!(r.code, 2, "{}", r.all());
+        assert!(r.stderr.contains(bad), "{}", r.all());
+    }
+    // A run with --compare: the benchmark fails without a driver (exit 1) and the comparison
+    // of what it wrote still comes; a baseline that cannot be read stops it before it runs.
+    let out = dir.0.join("out");
+    let r = run(
+        &[
+            "bench",
+            "copylat",
+            "--out",
+            out.to_str().unwrap(),
+            "--compare",
+            dir.path(),
+        ],
+        &[NO_CUDA],
+    );
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(r.stdout.contains("0 figures compared"), "{}", r.all());
+    assert!(out.join("results.json").is_file());
+    let out2 = dir.0.join("out2");
+    let r = run(
+        &[
+            "bench",
+            "copylat",
+            "--out",
+            out2.to_str().unwrap(),
+            "--compare",
+            &soak,
+        ],
+        &[NO_CUDA],
+    );
+    assert_eq!(r.code, 2, "{}", r.all());
+    assert!(
+        r.stderr.contains(&format!("vkgdr bench: --compare {soak}")),
+        "{}",
+        r.all()
+    );
+    assert!(!out2.exists(), "a benchmark ran");
+}
+
+#[test]
 fn plot_without_results_is_a_usage_error() {
     let dir = TempDir::new("plot-empty");
     let r = run(&["bench", "plot", dir.path()], &[]);

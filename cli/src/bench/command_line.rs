@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::builder::{NonEmptyStringValueParser, TypedValueParser};
 use clap::Args as _;
 
-use super::compare::command_line as compare;
+use super::compare;
 use super::registry::{all_count, Which, BENCHMARKS};
 use super::report::spec::{Anchor, ReportSpec};
 use crate::device::DeviceArg;
@@ -18,10 +18,10 @@ pub const DEFAULT_OUT: &str = "bench-out";
 /// Exit codes, for `--help`.
 const EXIT_CODES: &str = "\
 Exit status:
-  0  every benchmark ran to the end (and, with --compare, no figure got worse beyond its noise)
+  0  every benchmark ran to the end (and, with --compare, no figure got worse beyond --tolerance)
   1  a benchmark failed (each failure is reported as it happens)
   2  the command line is wrong, or --compare names no results of `vkgdr bench`
-  3  with --compare: a figure got worse beyond its noise on the same GPU model";
+  3  with --compare: a figure got worse beyond --tolerance";
 
 /// Exit codes of `vkgdr bench plot`, for its `--help`.
 const PLOT_EXIT_CODES: &str = "\
@@ -29,6 +29,13 @@ Exit status:
   0  every table printed and every chart drawn
   1  DIR/results.json could not be read, or a chart could not be drawn
   2  the command line is wrong, or DIR holds no results.json";
+
+/// Exit codes of `vkgdr bench compare`, for its `--help`.
+const COMPARE_EXIT_CODES: &str = "\
+Exit status:
+  0  no figure got worse beyond --tolerance
+  2  the command line is wrong, or a file is not results of `vkgdr bench`
+  3  a figure got worse beyond --tolerance";
 
 /// `vkgdr bench`'s command line: one subcommand per registered benchmark, `all`, `plot` and
 /// `compare`.
@@ -51,8 +58,7 @@ impl BenchArgs {
     pub fn json(&self) -> bool {
         match &self.command {
             BenchCommand::Run(_, a) => a.json,
-            BenchCommand::Compare(a) => a.json,
-            BenchCommand::Plot(_) => false,
+            BenchCommand::Compare(_) | BenchCommand::Plot(_) => false,
         }
     }
 }
@@ -78,8 +84,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub json: bool,
 
-    /// Then set every figure beside an earlier run's (a results.json, or a directory such as
-    /// benches/baselines: the one of this GPU model); exit 3 if one got worse beyond its noise
+    /// Then set every figure beside an earlier run's (a results.json, or the directory that holds
+    /// one); exit 3 if one got worse beyond --tolerance
     #[arg(
         long,
         value_name = "PATH",
@@ -87,8 +93,7 @@ pub struct RunArgs {
     )]
     pub compare: Option<PathBuf>,
 
-    /// With --compare: the smallest change that counts, in percent (a figure's own spread or
-    /// few samples can widen it)
+    /// With --compare: the smallest change that counts, in percent
     #[arg(
         long,
         value_name = "PCT",
@@ -186,10 +191,9 @@ impl clap::Subcommand for BenchCommand {
         )
         .subcommand(
             compare::CompareArgs::augment_args(clap::Command::new("compare"))
-                .about(compare::ABOUT)
-                .long_about(compare::LONG_ABOUT)
+                .about("Compare two runs' results.json: every figure, its ratio, moves beyond --tolerance")
                 .display_name("vkgdr")
-                .after_help(compare::EXIT_CODES),
+                .after_help(COMPARE_EXIT_CODES),
         )
     }
 
@@ -312,15 +316,14 @@ mod tests {
                 other => panic!("{line}: {other:?}"),
             }
         }
-        let b = parse("bench compare old new --json").unwrap();
-        assert!(b.json());
+        let b = parse("bench compare old new").unwrap();
+        assert!(!b.json());
         assert_eq!(
             b.command,
             BenchCommand::Compare(compare::CompareArgs {
                 baseline: PathBuf::from("old"),
                 current: PathBuf::from("new"),
                 tolerance: compare::DEFAULT_TOLERANCE_PERCENT,
-                json: true,
             })
         );
         for name in BENCHMARKS.iter().map(|b| b.name) {
@@ -346,6 +349,7 @@ mod tests {
             "bench compare old new --tolerance x",
             "bench compare old new --tolerance 1001",
             "bench compare old new --quick",
+            "bench compare old new --json",
             "bench all --tolerance 5",
             "bench all --compare",
             "bench all --compare=",

@@ -112,8 +112,7 @@ const READ_OPS: [&[Op]; 5] = [
 ];
 
 /// The methods of report `name` (`copybw-write` or `copybw-read`), in measuring order (the
-/// registry's tests check the rows it names against them).
-#[cfg(test)]
+/// checks of the published results in xtask/ hold the registry's rows against them).
 pub fn methods(name: &str) -> Vec<String> {
     let groups: &[&[Op]] = match name {
         "copybw-write" => &WRITE_OPS,

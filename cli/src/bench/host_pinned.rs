@@ -50,7 +50,7 @@ impl HostPinned {
     }
 
     /// Size in bytes.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 

@@ -6,9 +6,10 @@
 //! directory, `results.json` (the document `--json` prints: every figure with its unit and its
 //! anchor, see [`crate::json`]) and, for `all`, a `summary.md` with markdown tables. While a
 //! benchmark runs, a progress line shows its phase and the method and size it is measuring
-//! ([`crate::ui`]). With `--compare BASELINE` every figure is then set beside the same figure of
-//! an earlier run on the same GPU model, and `vkgdr bench compare` does the same for two files
-//! ([`mod@compare`]). How samples are timed: [`measure`].
+//! ([`crate::ui`]). With `--compare OLD` every figure is then set beside the same figure of an
+//! earlier run, and `vkgdr bench compare` does the same for two files ([`mod@compare`]; the
+//! project's regression check against benches/baselines is `cargo xtask compare-bench`). How
+//! samples are timed: [`measure`].
 //!
 //! The parts:
 //! - [`registry`]: the benchmarks, each with the function that runs it and the reports it
@@ -21,7 +22,7 @@
 //!   fail with; [`host_pinned`]: the `cuMemHostAlloc` memory the DMA rows copy from and to;
 //!   [`raw_bar`]: the plain BAR stores and loads the copy rows are judged against;
 //! - [`report`]: results and their forms (tables, CSV, charts);
-//! - [`compare`]: two runs side by side;
+//! - [`compare`]: two runs side by side, by `--tolerance`;
 //! - the benchmarks: [`apiperf`], [`arena`], [`copybw`], [`copylat`], [`fastpath`], [`pplat`],
 //!   [`ring`], [`waits`]; and, run by name only, [`xproc`] and [`d2h`] (until its first
 //!   published run: `docs/bench/results.json` holds every report `all` writes).
@@ -56,24 +57,25 @@ use std::process::ExitCode;
 
 use crate::ui::alert;
 use command_line::{BenchArgs, BenchCommand};
-use compare::baseline::Baseline;
-use compare::command_line::EXIT_USAGE;
 use error::BenchError;
 use options::Options;
 
+/// The exit code of a wrong command line or an unreadable file (as clap's usage errors).
+pub const EXIT_USAGE: u8 = 2;
+
 /// Entry point of `vkgdr bench`: exit code 0 on success, 1 if a benchmark failed, 2 for a
 /// `--compare` baseline that cannot be read or a `plot` directory without results.json (other usage
-/// errors are clap's), 3 if a figure got worse than the baseline's beyond its noise.
+/// errors are clap's), 3 if a figure got worse than the baseline's beyond `--tolerance`.
 pub fn main(args: &BenchArgs) -> ExitCode {
     let result = match &args.command {
-        BenchCommand::Plot(dir) => outputs::replot(dir),
-        BenchCommand::Compare(a) => return compare::main(a),
+        BenchCommand::Plot(dir) => outputs::replot(dir).map(|()| 0),
+        BenchCommand::Compare(a) => compare::main(a),
         BenchCommand::Run(which, a) => {
             // Read before the run: a bad file is said at once, and the baseline may be the
             // results.json this run replaces.
-            let baseline = match a.compare.as_deref().map(Baseline::open) {
+            let baseline = match a.compare.as_deref().map(outputs::load_results) {
                 None => None,
-                Some(Ok(b)) => Some((b, a.tolerance)),
+                Some(Ok(b)) => Some((b.benchmarks, a.tolerance)),
                 Some(Err(e)) => {
                     alert!("vkgdr bench: --compare {e}");
                     return ExitCode::from(EXIT_USAGE);
@@ -84,14 +86,11 @@ pub fn main(args: &BenchArgs) -> ExitCode {
                 quick: a.quick,
             };
             measure::choose_device(a.device);
-            match run::run(*which, &opts, baseline.as_ref()) {
-                Ok(code) => return ExitCode::from(code),
-                Err(e) => Err(e),
-            }
+            run::run(*which, &opts, baseline.as_ref())
         }
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             alert!("vkgdr bench: {e}");
             match e {

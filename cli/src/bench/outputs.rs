@@ -115,24 +115,33 @@ pub fn machine_lines(opts: &Options) -> Vec<String> {
     lines
 }
 
+/// The `vkgdr-bench` document of `path`: a results.json, or the `--out` directory that holds
+/// one (none there: a usage error).
+pub fn load_results(path: &Path) -> BenchResult<BenchDocument> {
+    let (file, dir) = match path.is_dir() {
+        true => (path.join(RESULTS_JSON), Some(path)),
+        false => (path.to_path_buf(), None),
+    };
+    let text = match std::fs::read_to_string(&file) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && dir.is_some() => {
+            return Err(BenchError::Usage(format!(
+                "no {RESULTS_JSON} in {}",
+                path.display()
+            )))
+        }
+        Err(e) => return Err(BenchError::io(&file, e)),
+    };
+    serde_json::from_str(&text).map_err(|e| BenchError::Results {
+        path: file,
+        msg: e.to_string(),
+    })
+}
+
 /// `vkgdr bench plot DIR`: reads `DIR/results.json`, prints every report's table and redraws
 /// its PNG beside it.
 pub fn replot(dir: &Path) -> BenchResult<()> {
-    let path = dir.join(RESULTS_JSON);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(BenchError::Usage(format!(
-                "no {RESULTS_JSON} in {}",
-                dir.display()
-            )))
-        }
-        Err(e) => return Err(BenchError::io(&path, e)),
-    };
-    let mut doc: BenchDocument = serde_json::from_str(&text).map_err(|e| BenchError::Results {
-        path: path.clone(),
-        msg: e.to_string(),
-    })?;
+    let mut doc = load_results(dir)?;
     let reports: Vec<&mut Report> = doc
         .benchmarks
         .iter_mut()

@@ -8,11 +8,10 @@
 
 use super::error::BenchResult;
 use super::options::Options;
-use super::raw_steps::{ALLOC_STEPS, CHUNK_ALLOC, CHUNK_FREE, FREE_STEPS};
+use super::raw_steps::{ALLOC_STEPS, FREE_STEPS};
 use super::report::model::{Anchored, Origin, Report};
-use super::report::spec::{Anchor, Layout, MachineWork, ReportSpec, Rows};
+use super::report::spec::{Anchor, Layout, ReportSpec, Rows};
 use super::waits::driver_calls::rows as drv;
-use super::waits::library_calls::rows as lib;
 use super::{apiperf, arena, copybw, copylat, d2h, fastpath, pplat, ring, waits, xproc};
 
 /// What a benchmark runs: its reports, or the error that stopped it.
@@ -43,207 +42,6 @@ const DRIVER_CALLS: &[Rows] = &[
     Rows::Is(drv::COMPLETION_WORD),
 ];
 
-/// `apiperf`: a raw allocation of whole chunks (2 MiB and up; smaller ones are carved and have no
-/// step rows at their size, so they stand alone) and a pool chunk are the `step:` rows' driver
-/// calls, and so are their frees.
-const APIPERF_MACHINE_WORK: &[MachineWork] = &[
-    MachineWork {
-        row: apiperf::rows::RAW_ALLOC,
-        made_of: &ALLOC_STEPS,
-    },
-    MachineWork {
-        row: apiperf::rows::RAW_FREE,
-        made_of: &FREE_STEPS,
-    },
-    MachineWork {
-        row: CHUNK_ALLOC,
-        made_of: &ALLOC_STEPS,
-    },
-    MachineWork {
-        row: CHUNK_FREE,
-        made_of: &FREE_STEPS,
-    },
-];
-
-/// The `waits` reports' driver calls that make one chunk of device memory (a Vulkan allocation
-/// exported, imported, reserved, mapped).
-const WAITS_CHUNK_ALLOC: &[&str] = &[
-    drv::VK_ALLOCATE,
-    drv::VK_EXPORT_FD,
-    drv::CU_IMPORT,
-    drv::CU_RESERVE,
-    drv::CU_MAP,
-    drv::CU_SET_ACCESS,
-];
-
-/// The `waits` reports' driver calls that give such a chunk back.
-const WAITS_CHUNK_FREE: &[&str] = &[
-    drv::CU_UNMAP,
-    drv::CU_RELEASE,
-    drv::CU_ADDRESS_FREE,
-    drv::VK_FREE,
-];
-
-/// The library calls of `waits` that make something (memory, a module, a stream) and are mostly
-/// the driver calls beside them.
-const WAITS_ALLOC_WORK: [MachineWork; 9] = [
-    MachineWork {
-        row: lib::GPU_ALLOC,
-        made_of: WAITS_CHUNK_ALLOC,
-    },
-    MachineWork {
-        row: lib::POOL_FIRST_CHUNK,
-        made_of: WAITS_CHUNK_ALLOC,
-    },
-    MachineWork {
-        row: lib::POOL_OWN_CHUNK,
-        made_of: WAITS_CHUNK_ALLOC,
-    },
-    MachineWork {
-        row: lib::ARENA_GROW,
-        made_of: &[
-            drv::VK_ALLOCATE,
-            drv::VK_EXPORT_FD,
-            drv::CU_IMPORT,
-            drv::CU_MAP,
-            drv::CU_SET_ACCESS,
-        ],
-    },
-    MachineWork {
-        row: lib::RING_NEW,
-        made_of: WAITS_CHUNK_ALLOC,
-    },
-    MachineWork {
-        row: lib::PINNED_NEW,
-        made_of: &[
-            drv::VK_ALLOCATE_HOST,
-            drv::VK_EXPORT_FD_HOST,
-            drv::CU_IMPORT_HOST,
-            drv::CU_MAP_HOST,
-            drv::CU_SET_ACCESS_HOST,
-        ],
-    },
-    MachineWork {
-        row: lib::MODULE_LOAD,
-        made_of: &[drv::CU_MODULE_LOAD],
-    },
-    MachineWork {
-        row: lib::STREAM_NEW,
-        made_of: &[drv::CU_STREAM_CREATE],
-    },
-    MachineWork {
-        row: lib::MEMCPY_HTOD,
-        made_of: &[drv::CU_MEMCPY_HTOD],
-    },
-];
-
-/// The drops and releases of `waits` that give chunks back to the driver there and then (with no
-/// kernel running, or one on its own stream; on the legacy stream the library defers them).
-const WAITS_FREE_WORK: [MachineWork; 8] = [
-    MachineWork {
-        row: lib::RAW_DROP,
-        made_of: WAITS_CHUNK_FREE,
-    },
-    MachineWork {
-        row: lib::BLOCK_DROP_OWN,
-        made_of: WAITS_CHUNK_FREE,
-    },
-    MachineWork {
-        row: lib::POOL_TRIM,
-        made_of: WAITS_CHUNK_FREE,
-    },
-    MachineWork {
-        row: lib::ARENA_SHRINK,
-        made_of: &[drv::CU_UNMAP, drv::CU_RELEASE, drv::VK_FREE],
-    },
-    MachineWork {
-        row: lib::RING_DROP,
-        made_of: WAITS_CHUNK_FREE,
-    },
-    MachineWork {
-        row: lib::PINNED_DROP,
-        made_of: &[drv::CU_UNMAP_HOST, drv::CU_RELEASE_HOST, drv::VK_FREE_HOST],
-    },
-    MachineWork {
-        row: lib::MODULE_DROP,
-        made_of: &[drv::CU_MODULE_UNLOAD],
-    },
-    MachineWork {
-        row: lib::STREAM_DROP,
-        made_of: &[drv::CU_STREAM_DESTROY],
-    },
-];
-
-/// `waits-idle` and `waits-own-stream`: allocations and frees.
-const WAITS_MACHINE_WORK: &[MachineWork] = &{
-    const A: usize = WAITS_ALLOC_WORK.len();
-    let mut all = [WAITS_ALLOC_WORK[0]; A + WAITS_FREE_WORK.len()];
-    let mut i = 0;
-    while i < all.len() {
-        all[i] = if i < A {
-            WAITS_ALLOC_WORK[i]
-        } else {
-            WAITS_FREE_WORK[i - A]
-        };
-        i += 1;
-    }
-    all
-};
-
-/// `waits-legacy-stream`: allocations only (the frees are deferred there).
-const WAITS_LEGACY_MACHINE_WORK: &[MachineWork] = &WAITS_ALLOC_WORK;
-
-/// `copybw-write`: each pool's BAR write is the same bytes stored by as many threads; the raw
-/// rows time those stores in a plain loop beside it (lent machines differ widely on them:
-/// BENCHMARKS.md, 'Machines differ more than the code moved').
-/// Below about 1 MiB the raw rows of 2 and more threads also time the threads' wake-up (the pool's
-/// caller takes parts itself meanwhile); the spread there is wide, and so is the noise.
-const COPYBW_WRITE_MACHINE_WORK: &[MachineWork] = &[
-    MachineWork {
-        row: copybw::rows::BAR[0],
-        made_of: &[copybw::rows::RAW[0]],
-    },
-    MachineWork {
-        row: copybw::rows::BAR[1],
-        made_of: &[copybw::rows::RAW[1]],
-    },
-    MachineWork {
-        row: copybw::rows::BAR[2],
-        made_of: &[copybw::rows::RAW[2]],
-    },
-    MachineWork {
-        row: copybw::rows::BAR[3],
-        made_of: &[copybw::rows::RAW[3]],
-    },
-];
-
-/// `copylat`: a write through the BAR, with and without the read that confirms it, beside the
-/// same as plain stores and a plain read.
-const COPYLAT_MACHINE_WORK: &[MachineWork] = &[
-    MachineWork {
-        row: copylat::rows::BAR_WRITE,
-        made_of: &[copylat::rows::RAW_WRITE],
-    },
-    MachineWork {
-        row: copylat::rows::BAR_WRITE_READBACK,
-        made_of: &[copylat::rows::RAW_WRITE_READBACK],
-    },
-];
-
-/// `fastpath-small`: a 64-byte `Block::write` or `RawMemory::write` is a 64-byte store and
-/// `sfence` with the library's checks around it; the raw store row times the store and fence
-/// alone, beside them (it is the copy kernel's, which `copylat`'s raw rows judge in turn).
-const FASTPATH_SMALL_MACHINE_WORK: &[MachineWork] = &[
-    MachineWork {
-        row: fastpath::rows::BLOCK_WRITE,
-        made_of: &[fastpath::rows::RAW_STORE],
-    },
-    MachineWork {
-        row: fastpath::rows::RAW_MEMORY_WRITE,
-        made_of: &[fastpath::rows::RAW_STORE],
-    },
-];
-
 /// The benchmarks, in the order `all` runs them (those it runs: [`Benchmark::in_all`]): `apiperf`
 /// first so that its "first `Gpu::open`" really is the first in the process.
 pub const BENCHMARKS: [Benchmark; 10] = [
@@ -271,7 +69,6 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                 Rows::AnyOf(&ALLOC_STEPS),
                 Rows::AnyOf(&FREE_STEPS),
             ],
-            machine_work: APIPERF_MACHINE_WORK,
         }],
         in_all: true,
     },
@@ -290,7 +87,6 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                     Rows::Is(copybw::rows::HTOD_PAGEABLE),
                     Rows::AnyOf(&copybw::rows::RAW),
                 ],
-                machine_work: COPYBW_WRITE_MACHINE_WORK,
             },
             ReportSpec {
                 name: "copybw-read",
@@ -306,10 +102,6 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                     Rows::Is(copybw::rows::RAW[0]),
                     Rows::Is(copybw::rows::RAW[3]),
                 ],
-                // The raw reads are shown, not anchored on: they scatter from run to run on one
-                // machine far more than the library's reads, so against them a slower read would
-                // pass as the machine's (figures: BENCHMARKS.md, 'Against the machine work').
-                machine_work: &[],
             },
         ],
         in_all: true,
@@ -329,7 +121,6 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                 Rows::Is(copylat::rows::RAW_WRITE),
                 Rows::Is(copylat::rows::RAW_WRITE_READBACK),
             ],
-            machine_work: COPYLAT_MACHINE_WORK,
         }],
         in_all: true,
     },
@@ -344,7 +135,6 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                 layout: Layout::Long,
                 anchor: Anchor::Method(fastpath::rows::HTOD_PINNED),
                 machine: &[Rows::Is(fastpath::rows::HTOD_PINNED)],
-                machine_work: &[],
             },
             ReportSpec {
                 name: "fastpath-read",
@@ -356,7 +146,6 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                     fastpath::rows::DTOH_PAGEABLE,
                     fastpath::rows::DTOH_REGISTERED,
                 ])],
-                machine_work: &[],
             },
             ReportSpec {
                 name: "fastpath-small",
@@ -381,7 +170,6 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                     ),
                 ]),
                 machine: &[Rows::Is(fastpath::rows::RAW_STORE)],
-                machine_work: FASTPATH_SMALL_MACHINE_WORK,
             },
             ReportSpec {
                 name: "fastpath-pool",
@@ -398,7 +186,6 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                     ),
                 ]),
                 machine: &[Rows::Is(fastpath::rows::MALLOC_PAIR)],
-                machine_work: &[],
             },
         ],
         in_all: true,
@@ -413,7 +200,6 @@ pub const BENCHMARKS: [Benchmark; 10] = [
             layout: Layout::Wide,
             anchor: Anchor::Method(pplat::HTOD_ASYNC_SYNC),
             machine: &[Rows::Is(pplat::HTOD_ASYNC_SYNC)],
-            machine_work: &[],
         }],
         in_all: true,
     },
@@ -428,7 +214,6 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                 layout: Layout::Wide,
                 anchor: Anchor::Method(ring::rows::COPY_256),
                 machine: &[Rows::AnyOf(&ring::rows::DRIVER_COPIES)],
-                machine_work: &[],
             },
             ReportSpec {
                 name: "ring-latency",
@@ -436,7 +221,6 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                 layout: Layout::Long,
                 anchor: Anchor::Method(ring::rows::COPY_SYNC),
                 machine: &[Rows::Is(ring::rows::COPY_SYNC)],
-                machine_work: &[],
             },
             ReportSpec {
                 name: "ring-wrap",
@@ -447,7 +231,6 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                     Rows::Is(ring::rows::PADDED),
                 )]),
                 machine: &[],
-                machine_work: &[],
             },
         ],
         in_all: true,
@@ -464,7 +247,6 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                 layout: Layout::Wide,
                 anchor: Anchor::Method(d2h::rows::DTOH_256),
                 machine: &[Rows::Is(d2h::rows::DTOH_256)],
-                machine_work: &[],
             },
             ReportSpec {
                 name: "d2h-latency",
@@ -482,11 +264,10 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                     Rows::Is(d2h::rows::WRITE_SYNC),
                     Rows::Is(d2h::rows::WRITE_EVENT),
                 ],
-                machine_work: &[],
             },
         ],
-        // Run by name until docs/bench/results.json holds a run of it (the registry's tests
-        // want every report of `all` there).
+        // Run by name until docs/bench/results.json holds a run of it (xtask's checks of the
+        // published results want every report of `all` there).
         in_all: false,
     },
     Benchmark {
@@ -509,10 +290,6 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                     ),
                 ]),
                 machine: &[],
-                // Not anchored on `apiperf`'s steps: measured at another point of the run, these
-                // rows need not move with them (figures: BENCHMARKS.md, 'Against the machine
-                // work').
-                machine_work: &[],
             },
             ReportSpec {
                 name: "arena-read",
@@ -523,7 +300,6 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                     Rows::EndingWith(arena::rows::KERNELS_OVER_CHUNKS),
                 )]),
                 machine: &[],
-                machine_work: &[],
             },
         ],
         in_all: true,
@@ -539,7 +315,6 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                 layout: Layout::Long,
                 anchor: Anchor::None,
                 machine: DRIVER_CALLS,
-                machine_work: WAITS_MACHINE_WORK,
             },
             ReportSpec {
                 name: "waits-own-stream",
@@ -547,7 +322,6 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                 layout: Layout::Long,
                 anchor: Anchor::SameMethodIn("waits-idle"),
                 machine: DRIVER_CALLS,
-                machine_work: WAITS_MACHINE_WORK,
             },
             ReportSpec {
                 name: "waits-legacy-stream",
@@ -555,7 +329,6 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                 layout: Layout::Long,
                 anchor: Anchor::SameMethodIn("waits-idle"),
                 machine: DRIVER_CALLS,
-                machine_work: WAITS_LEGACY_MACHINE_WORK,
             },
         ],
         in_all: true,
@@ -574,7 +347,6 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                     (Rows::Is(xproc::T_SHM), Rows::Is(xproc::T_PROCESSES)),
                 ]),
                 machine: &[Rows::Is(xproc::T_SHM)],
-                machine_work: &[],
             },
             ReportSpec {
                 name: "xproc-latency",
@@ -586,7 +358,6 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                     (Rows::Is(xproc::U_ATTACHED), Rows::Is(xproc::U_IPC)),
                 ]),
                 machine: &[Rows::Is(xproc::L_SHM), Rows::Is(xproc::U_IPC)],
-                machine_work: &[],
             },
             ReportSpec {
                 name: "xproc-attach",
@@ -602,7 +373,6 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                     Rows::Is(xproc::A_OPEN),
                     Rows::Is(xproc::A_FIRST_IPC),
                 ],
-                machine_work: &[],
             },
             ReportSpec {
                 name: "xproc-memory",
@@ -610,7 +380,6 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                 layout: Layout::Long,
                 anchor: Anchor::Pairs(&[(Rows::Is(xproc::M_ATTACHED), Rows::Is(xproc::M_IPC))]),
                 machine: &[Rows::Is(xproc::M_IPC)],
-                machine_work: &[],
             },
         ],
         in_all: false,
@@ -727,36 +496,6 @@ impl Which {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::report::model::Unit;
-    use crate::bench::testutil::repo_path;
-    use crate::json::bench::BenchDocument;
-
-    /// The reports of the last full run, `docs/bench/results.json` (a missing or unreadable file
-    /// fails the test that reads it).
-    fn published() -> Vec<Report> {
-        let path = repo_path("docs/bench/results.json");
-        let text =
-            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let doc: BenchDocument =
-            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        doc.benchmarks.into_iter().flat_map(|b| b.reports).collect()
-    }
-
-    /// The published report of `spec`: every report of a benchmark `all` runs is among them;
-    /// `None` only for a benchmark run by name only (`xproc`), which a full run leaves out.
-    fn published_report<'a>(published: &'a [Report], spec: &ReportSpec) -> Option<&'a Report> {
-        let found = published.iter().find(|r| r.name == spec.name);
-        let bench = BENCHMARKS
-            .iter()
-            .find(|b| b.reports.iter().any(|r| r.name == spec.name))
-            .unwrap();
-        assert!(
-            found.is_some() || !bench.in_all,
-            "{} is missing from docs/bench/results.json",
-            spec.name
-        );
-        found
-    }
 
     #[test]
     fn every_benchmark_and_report_is_registered_once() {
@@ -797,119 +536,5 @@ mod tests {
         // The benchmark of other processes runs by name only.
         assert!(!all.contains(&"xproc"));
         assert_eq!(all.len(), all_count());
-    }
-
-    #[test]
-    fn the_published_results_are_all_registered_reports() {
-        // docs/bench/results.json holds the last full run: each report must be one of ours, with
-        // its registered title, and its chart and CSV beside it.
-        let published = published();
-        for report in &published {
-            let spec = report_spec(&report.name)
-                .unwrap_or_else(|| panic!("{} is no registered report", report.name));
-            assert_eq!(report.title, spec.title);
-            for ext in ["csv", "png"] {
-                let file = repo_path(&format!("docs/bench/{}.{ext}", report.name));
-                assert!(file.is_file(), "{}", file.display());
-            }
-        }
-        assert!(published.len() >= 10, "only {} reports", published.len());
-    }
-
-    /// The methods that report `name`'s code measures, where its benchmark lists them: rows that
-    /// a GPU run of this tree writes though the published results may predate them.
-    fn measured_by_code(name: &str) -> Vec<String> {
-        match name {
-            "copybw-write" | "copybw-read" => copybw::methods(name),
-            "copylat" => copylat::METHODS.map(String::from).to_vec(),
-            _ => Vec::new(),
-        }
-    }
-
-    #[test]
-    fn driver_work_names_machine_rows_the_benchmarks_measure() {
-        // Every library row with machine work (driver calls, raw BAR copies) is a method of the
-        // published results, and every row it is made of is a machine row of those results or of
-        // the benchmark's code (a raw row newer than the published run); the library's rows are
-        // not machine rows.
-        let published = published();
-        let mut checked = 0;
-        for spec in BENCHMARKS.iter().flat_map(|b| b.reports) {
-            let Some(report) = published_report(&published, spec) else {
-                continue;
-            };
-            let published = report.methods();
-            let code = measured_by_code(spec.name);
-            // The code's list is the code's: it names every published method.
-            if !code.is_empty() {
-                for m in &published {
-                    assert!(code.iter().any(|c| c == m), "{}: {m:?}", spec.name);
-                }
-            }
-            let methods: Vec<&str> = published
-                .iter()
-                .copied()
-                .chain(code.iter().map(String::as_str))
-                .collect();
-            for w in spec.machine_work {
-                let rows: Vec<&str> = published.iter().copied().filter(|&m| m == w.row).collect();
-                assert!(!rows.is_empty(), "{}: no row {:?}", spec.name, w.row);
-                assert!(rows.iter().all(|m| !spec.is_machine(m)), "{}", spec.name);
-                for p in w.made_of {
-                    assert!(
-                        methods.iter().any(|m| m == p && spec.is_machine(m)),
-                        "{}: no machine row {p:?}",
-                        spec.name
-                    );
-                }
-                // Rates do not add up: a rate's machine work is one row.
-                if report.unit == Unit::GigabytesPerSecond {
-                    assert_eq!(w.made_of.len(), 1, "{}: {:?}", spec.name, w.row);
-                }
-                checked += 1;
-            }
-        }
-        assert!(checked >= 35, "only {checked} machine-work entries checked");
-    }
-
-    #[test]
-    fn anchors_and_machine_rows_name_rows_the_benchmarks_write() {
-        // Every anchor and machine entry matches a row of the published results (where the
-        // report is among them), so no figure loses its anchor or its origin to a row the
-        // benchmark no longer writes (the names are the constants the benchmarks write with, so
-        // a rename in one place is a compile error; this catches a constant left unused).
-        let published = published();
-        let mut checked = 0;
-        for spec in BENCHMARKS.iter().flat_map(|b| b.reports) {
-            let Some(report) = published_report(&published, spec) else {
-                continue;
-            };
-            let code = measured_by_code(spec.name);
-            let mut methods = report.methods();
-            methods.extend(code.iter().map(String::as_str));
-            let mut entries: Vec<Rows> = spec.machine.to_vec();
-            match spec.anchor {
-                Anchor::None | Anchor::SameMethodIn(_) => {}
-                Anchor::Method(m) => entries.push(Rows::Is(m)),
-                Anchor::Pairs(p) => entries.extend(p.iter().flat_map(|&(a, b)| [a, b])),
-            }
-            for rows in entries {
-                let names: &[&str] = match rows {
-                    Rows::AnyOf(names) => names,
-                    _ => &[],
-                };
-                // Each name of a list is written, not only one of them.
-                for name in names {
-                    assert!(methods.contains(name), "{}: no row {name:?}", spec.name);
-                }
-                assert!(
-                    methods.iter().any(|m| rows.matches(m)),
-                    "{}: no row matches {rows} (rows: {methods:?})",
-                    spec.name
-                );
-                checked += 1;
-            }
-        }
-        assert!(checked >= 30, "only {checked} entries checked");
     }
 }

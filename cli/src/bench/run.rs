@@ -8,10 +8,7 @@
 
 use std::time::Instant;
 
-use super::compare::baseline::Baseline;
-use super::compare::comparison::Comparison;
-use super::compare::document::{WithComparison, COMPARISON_JSON};
-use super::compare::results::Results;
+use super::compare;
 use super::error::{BenchError, BenchResult};
 use super::options::Options;
 use super::outputs::{document, emit, machine_lines, write_results, write_summary, RESULTS_JSON};
@@ -33,10 +30,14 @@ struct RunLog {
     device: Option<DeviceJson>,
 }
 
-/// Runs `which`, then compares with `baseline` (and its noise floor in percent) when given: the
-/// exit code when every benchmark ran (0, or
-/// [`EXIT_WORSE`](super::compare::comparison::EXIT_WORSE)).
-pub fn run(which: Which, opts: &Options, baseline: Option<&(Baseline, u32)>) -> BenchResult<u8> {
+/// Runs `which`, then compares with `baseline` (the runs of an earlier document, and the
+/// tolerance in percent) when given: the exit code when every benchmark ran (0, or
+/// [`EXIT_WORSE`](compare::EXIT_WORSE)).
+pub fn run(
+    which: Which,
+    opts: &Options,
+    baseline: Option<&(Vec<BenchRun>, u32)>,
+) -> BenchResult<u8> {
     let mut log = RunLog::default();
     let outcome = run_into(which, opts, &mut log);
     let error = outcome.as_ref().err().map(|e| e.to_string());
@@ -47,48 +48,18 @@ pub fn run(which: Which, opts: &Options, baseline: Option<&(Baseline, u32)>) -> 
         &log.ran,
         error,
     );
-    // Only a run whose results were written is compared: its figures are in results.json.
-    let comparison = match (baseline, &outcome) {
-        (Some((b, tolerance)), Ok(())) => {
-            let results = opts.out.join(RESULTS_JSON);
-            match Results::of(&doc, &results) {
-                Ok(current) => {
-                    let c = Comparison::new(b, &current, &results, *tolerance);
-                    say!();
-                    ui::out(&c.text());
-                    let path = opts.out.join(COMPARISON_JSON);
-                    match std::fs::write(&path, to_text(&c.doc)) {
-                        Ok(()) => status!("wrote {}", path.display()),
-                        Err(e) => {
-                            let e = BenchError::io(&path, e);
-                            alert!("{e}");
-                            log.failures.push(format!("compare: {e}"));
-                        }
-                    }
-                    Some(c)
-                }
-                Err(e) => {
-                    alert!("compare: {e}");
-                    log.failures.push(format!("compare: {e}"));
-                    None
-                }
-            }
-        }
-        _ => None,
-    };
     // The document comes out even when an output file could not be written.
     if ui::settings().json {
-        match &comparison {
-            Some(c) => ui::document(&to_text(&WithComparison {
-                results: &doc,
-                comparison: &c.doc,
-            })),
-            None => ui::document(&to_text(&doc)),
-        }
+        ui::document(&to_text(&doc));
     }
     outcome?;
+    // Only a run whose results were written is compared.
+    let code = baseline.map_or(0, |(old, tolerance)| {
+        say!();
+        compare::print(old, &log.ran, *tolerance)
+    });
     if log.failures.is_empty() {
-        Ok(comparison.map_or(0, |c| c.exit_code()))
+        Ok(code)
     } else {
         let names: Vec<&str> = log
             .failures

@@ -461,6 +461,20 @@ impl Drop for ChildProcess {
     }
 }
 
+/// A fresh path for the Unix socket an owner shares its rings on (`tag` names the command): in
+/// the temporary directory, or /tmp where that path would be too long for a socket address.
+pub fn socket_path(tag: &str) -> std::path::PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let name = format!("vkgdr-{tag}-{}-{n}.sock", std::process::id());
+    let p = std::env::temp_dir().join(&name);
+    if p.as_os_str().len() < 100 {
+        p
+    } else {
+        std::path::PathBuf::from("/tmp").join(name)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

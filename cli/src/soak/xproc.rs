@@ -14,7 +14,6 @@
 //! lanes ([`Ledger`]) is pure and tested here.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,7 +27,7 @@ use vkgdr::Gpu;
 
 use super::counters::Counters;
 use super::workers::launch_checker;
-use crate::child::process::{ChildProcess, Spawn};
+use crate::child::process::{socket_path, ChildProcess, Spawn};
 use crate::child::protocol::Line;
 
 /// The name the ring is shared under.
@@ -190,21 +189,6 @@ pub(super) struct Driven {
     pids: Vec<u32>,
 }
 
-fn socket_path() -> PathBuf {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let name = format!(
-        "vkgdr-soak-{}-{}.sock",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    );
-    let p = std::env::temp_dir().join(&name);
-    if p.as_os_str().len() < 100 {
-        p
-    } else {
-        PathBuf::from("/tmp").join(name)
-    }
-}
-
 impl XprocSoak {
     /// The shared ring with its checking kernel running, and the server sharing it.
     pub(super) fn start(
@@ -219,7 +203,7 @@ impl XprocSoak {
         )?);
         let stream = Stream::new(gpu)?;
         launch_checker(module, &ring, &stream)?;
-        let server = ShareServer::bind(socket_path(), gpu.vulkan(), ShareOptions::default())?;
+        let server = ShareServer::bind(socket_path("soak"), gpu.vulkan(), ShareOptions::default())?;
         server.share_ring(RING, &ring)?;
         Ok(XprocSoak {
             ring,

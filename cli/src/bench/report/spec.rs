@@ -1,6 +1,6 @@
 //! What the registry says about each report a benchmark writes ([`ReportSpec`]): its title, its
-//! table [`Layout`], the [`Anchor`] its figures are compared with, and the [`MachineWork`] that
-//! rows of this library are made of (driver calls, BAR stores and loads).
+//! table [`Layout`], the [`Anchor`] its figures are compared with and its rows of the machine
+//! alone.
 
 /// How a report is laid out as a table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -31,23 +31,12 @@ pub struct ReportSpec {
     /// comparison reports their moves as the machine's, never as a regression (lent machines of
     /// one model differ by a quarter and more on driver calls).
     pub machine: &'static [Rows<'static>],
-    /// Rows of this library that are mostly the machine's work (driver calls: an allocation of
-    /// whole chunks, a drop that gives them back, a module load; or the CPU's stores and loads
-    /// through the BAR), each with the machine rows that time that work in the same run: a
-    /// comparison judges such a row's move against theirs as well as on its own, so a machine
-    /// whose driver or BAR is slower does not make the library look worse.
-    pub machine_work: &'static [MachineWork],
 }
 
 impl ReportSpec {
     /// Whether rows of `method` time the driver or the hardware alone.
     pub fn is_machine(&self, method: &str) -> bool {
         self.machine.iter().any(|p| p.matches(method))
-    }
-
-    /// The machine work that rows of `method` are made of, if the registry names it.
-    pub fn machine_work_of(&self, method: &str) -> Option<&'static MachineWork> {
-        self.machine_work.iter().find(|w| w.row == method)
     }
 }
 
@@ -88,22 +77,6 @@ impl std::fmt::Display for Rows<'_> {
             Rows::EndingWith(end) => write!(f, "…{end:?}"),
         }
     }
-}
-
-/// The machine work a library row is made of: machine rows (origin `machine`) of the same report,
-/// measured beside it in the same run at the row's size, whose medians add up to what the
-/// library's call leaves to the machine (the driver calls it makes, or the same bytes stored or
-/// loaded through the BAR by a plain loop). A comparison divides the row's move by the move of
-/// that sum (its *anchored* move): a machine whose driver or BAR is 40 % slower moves both alike,
-/// and the library's own share stays put.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MachineWork {
-    /// The library's row.
-    pub row: &'static str,
-    /// The machine rows of the same report, one per driver call (or group of calls timed
-    /// together, or raw copy); every one must be found at the row's size, else the row stands
-    /// alone.
-    pub made_of: &'static [&'static str],
 }
 
 /// The anchor of a figure: the row it is compared with, measured in the same run at the same
@@ -176,16 +149,9 @@ mod tests {
             layout: Layout::Long,
             anchor: Anchor::None,
             machine: &[Rows::AnyOf(&["step: a", "step: b"]), Rows::Is("cuMemAlloc")],
-            machine_work: &[MachineWork {
-                row: "pool chunk alloc",
-                made_of: &["step: a", "step: b"],
-            }],
         };
         assert!(spec.is_machine("step: b"));
         assert!(spec.is_machine("cuMemAlloc"));
         assert!(!spec.is_machine("pool chunk alloc"));
-        let alloc = spec.machine_work_of("pool chunk alloc").unwrap();
-        assert_eq!(alloc.made_of.len(), 2);
-        assert!(spec.machine_work_of("cuMemAlloc").is_none());
     }
 }

@@ -22,7 +22,6 @@ mod attach;
 mod lanes;
 mod shm;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use vkgdr::cuda_objects::{Module, Stream};
@@ -34,7 +33,7 @@ use super::measure::{open_gpu, percentile, Stats};
 use super::options::Options;
 use super::report::format::{fmt_bytes, fmt_ns, fmt_size, sig3};
 use super::report::model::{Figure, Report, Unit};
-use crate::child::process::{ChildError, ChildProcess};
+use crate::child::process::{socket_path, ChildError, ChildProcess};
 use crate::child::protocol::Line;
 use crate::ui::{self, alert};
 
@@ -198,18 +197,6 @@ impl ChildClocks {
     }
 }
 
-/// The socket the owner listens on: in the temporary directory, or /tmp where that path would
-/// be too long for a Unix socket.
-fn socket_path() -> PathBuf {
-    let name = format!("vkgdr-xproc-{}.sock", std::process::id());
-    let p = std::env::temp_dir().join(&name);
-    if p.as_os_str().len() < 100 {
-        p
-    } else {
-        PathBuf::from("/tmp").join(name)
-    }
-}
-
 fn median(v: &[f64]) -> f64 {
     Stats::of(v).map_or(f64::NAN, |s| s.median)
 }
@@ -253,7 +240,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     let module = Module::load_ptx(&gpu, super::ring::PTX)?;
     let stream = Stream::new(&gpu)?;
     let _ctx = gpu.bind()?;
-    let server = ShareServer::bind(socket_path(), gpu.vulkan(), ShareOptions::default())?;
+    let server = ShareServer::bind(socket_path("xproc"), gpu.vulkan(), ShareOptions::default())?;
     let mut failed = Vec::new();
 
     let mut tput = Report::new("xproc-throughput", Unit::GigabytesPerSecond);
@@ -655,6 +642,6 @@ mod tests {
                 assert!(lanes::LANE_BYTES.is_multiple_of(size));
             }
         }
-        assert!(socket_path().as_os_str().len() < 108);
+        assert!(socket_path("xproc").as_os_str().len() < 108);
     }
 }

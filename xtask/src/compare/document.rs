@@ -1,22 +1,16 @@
-//! The comparison as a document ([`ComparisonDocument`]): what `vkgdr bench compare --json`
-//! prints, `vkgdr bench --compare` writes as `DIR/comparison.json` and prints beside the run's
-//! own document under `--json` ([`WithComparison`]).
+//! The comparison as a document ([`ComparisonDocument`]): what `xtask compare-bench --json`
+//! prints.
 
 use serde::{Deserialize, Serialize};
 
 use super::noise::Verdict;
 use super::results::SideJson;
-use crate::json::bench::BenchDocument;
-use crate::json::document::About;
+use vkgdr_cli::json::document::About;
 
 /// `format` of the comparison document.
 pub const FORMAT: &str = "vkgdr-bench-comparison";
 
-/// The file a run with `--compare` writes beside `results.json`.
-pub const COMPARISON_JSON: &str = "comparison.json";
-
-/// `vkgdr bench compare --json` (and the `comparison` of `vkgdr bench --compare --json`, and
-/// `DIR/comparison.json`).
+/// `xtask compare-bench --json` (scripts/gpu-check writes it to `OUT/bench/comparison.json`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ComparisonDocument {
     /// `format: "vkgdr-bench-comparison"`.
@@ -162,14 +156,4 @@ pub struct SummaryJson {
     pub only_in_current: usize,
     /// In both, but not comparable.
     pub not_comparable: usize,
-}
-
-/// A bench document with the comparison of its run: what `vkgdr bench --compare --json` prints.
-#[derive(Debug, Serialize)]
-pub struct WithComparison<'a> {
-    /// The run.
-    #[serde(flatten)]
-    pub results: &'a BenchDocument,
-    /// Its comparison with the baseline.
-    pub comparison: &'a ComparisonDocument,
 }

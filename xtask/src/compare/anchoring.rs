@@ -7,7 +7,7 @@
 //! widely on driver calls and on BAR stores (BENCHMARKS.md, 'Machines differ more than the code
 //! moved'), so on another machine these figures move by as much without a line of this library
 //! changing. Where the registry names the machine rows a figure is made of
-//! ([`MachineWork`](crate::bench::report::spec::MachineWork), per report, by row: driver
+//! ([`MachineWork`](super::machine_work::MachineWork), per report, by row: driver
 //! calls, or the same copy as a plain loop of stores or loads) and both runs have every one of
 //! them at the figure's size, the comparison also judges the figure's *anchored* move: its ratio
 //! now/before divided by the ratio of the sum of those rows. A machine whose driver or BAR is 40 %
@@ -22,10 +22,10 @@
 //! with the machine), never a regression.
 
 use super::document::DriverWorkJson;
+use super::machine_work::machine_work_of;
 use super::noise::{judge, noise_percent, Verdict};
 use super::results::Results;
-use crate::bench::registry::report_spec;
-use crate::bench::report::model::{Figure, Origin};
+use vkgdr_cli::bench::report::model::{Figure, Origin};
 
 /// The machine work of one figure in one run: the machine rows the registry names, at the
 /// figure's size, added up.
@@ -41,7 +41,7 @@ pub(super) struct Work {
 /// `run`: `None` where the registry names none, or `run` lacks one of its rows at that size, or a
 /// row's median is not positive.
 pub(super) fn machine_work(run: &Results, report: &str, method: &str, size: u64) -> Option<Work> {
-    let work = report_spec(report)?.machine_work_of(method)?;
+    let work = machine_work_of(report, method)?;
     if work.made_of.is_empty() {
         return None;
     }

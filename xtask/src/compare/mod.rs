@@ -1,6 +1,7 @@
-//! Regression memory: every figure of a run beside the same figure of an earlier run on the same
-//! GPU model (`vkgdr bench compare BASELINE NEW`, or `vkgdr bench BENCHMARK --compare BASELINE`
-//! after a run).
+//! The project's regression check (`cargo xtask compare-bench BASELINE NEW`): every figure of a
+//! `vkgdr bench` run beside the same figure of an earlier run on the same GPU model, usually the
+//! baseline committed for it in `benches/baselines` (scripts/gpu-check runs it after `vkgdr bench
+//! all`).
 //!
 //! Figures are matched by report, method and size. Each pair gets the ratio of the medians (now /
 //! before) and a verdict in the unit's direction (time: lower is better; GB/s: higher is better). A
@@ -34,7 +35,8 @@
 //! - [`baseline`]: the baseline, one file or the one of the new run's GPU in a directory;
 //! - [`pairing`]: the figures of both runs paired;
 //! - [`noise`]: when a figure has moved;
-//! - [`anchoring`]: a library figure against the machine work it is made of;
+//! - [`machine_work`]: which machine rows each library row is made of, and [`anchoring`]: a
+//!   library figure judged against them;
 //! - [`comparison`]: the whole judgement, and [`text`], the same as text;
 //! - [`document`]: the comparison's JSON document;
 //! - [`command_line`] and [`error`]: the command's options, and what keeps it from starting.
@@ -45,6 +47,7 @@ pub mod command_line;
 pub mod comparison;
 pub mod document;
 pub mod error;
+pub mod machine_work;
 pub mod noise;
 pub mod pairing;
 pub mod results;
@@ -52,15 +55,15 @@ pub mod text;
 
 use std::process::ExitCode;
 
-use crate::bench::outputs::RESULTS_JSON;
-use crate::json::document::to_text;
-use crate::ui::{self, alert};
 use baseline::Baseline;
 use command_line::{CompareArgs, EXIT_USAGE};
 use comparison::Comparison;
 use results::Results;
+use vkgdr_cli::bench::outputs::RESULTS_JSON;
+use vkgdr_cli::json::document::to_text;
 
-/// `vkgdr bench compare BASELINE NEW`.
+/// `cargo xtask compare-bench BASELINE NEW`: the table on stdout (on stderr under `--json`, which
+/// prints the comparison's document on stdout).
 pub fn main(args: &CompareArgs) -> ExitCode {
     let loaded = Baseline::open(&args.baseline).and_then(|b| {
         let file = if args.current.is_dir() {
@@ -73,14 +76,16 @@ pub fn main(args: &CompareArgs) -> ExitCode {
     let (baseline, current, file) = match loaded {
         Ok(l) => l,
         Err(e) => {
-            alert!("vkgdr bench compare: {e}");
+            eprintln!("xtask compare-bench: {e}");
             return ExitCode::from(EXIT_USAGE);
         }
     };
     let c = Comparison::new(&baseline, &current, &file, args.tolerance);
-    ui::out(&c.text());
     if args.json {
-        ui::document(&to_text(&c.doc));
+        eprint!("{}", c.text());
+        print!("{}", to_text(&c.doc));
+    } else {
+        print!("{}", c.text());
     }
     ExitCode::from(c.exit_code())
 }

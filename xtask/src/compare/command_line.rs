@@ -1,4 +1,4 @@
-//! `vkgdr bench compare`'s command line ([`CompareArgs`]), its help and its exit codes.
+//! `xtask compare-bench`'s command line ([`CompareArgs`]), its help and its exit codes.
 
 use std::path::PathBuf;
 
@@ -10,18 +10,14 @@ pub const DEFAULT_TOLERANCE_PERCENT: u32 = 10;
 /// The exit code of a wrong command line or an unreadable file (as clap's usage errors).
 pub const EXIT_USAGE: u8 = 2;
 
-/// Exit codes of `vkgdr bench compare`, for `--help`.
+/// Exit codes of `xtask compare-bench`, for `--help`.
 pub const EXIT_CODES: &str = "\
 Exit status:
   0  no figure got worse beyond its noise (or the GPUs differ: shown as information only)
   2  the command line is wrong, or a file is not results of `vkgdr bench`
   3  a figure got worse beyond its noise on the same GPU model";
 
-/// What `vkgdr bench compare` describes in `--help`.
-pub const ABOUT: &str =
-    "Compare results.json with an earlier one: every figure, its ratio, moves beyond noise";
-
-/// `vkgdr bench compare`'s long help.
+/// `xtask compare-bench`'s long help.
 pub const LONG_ABOUT: &str = "\
 Compare results.json with an earlier one: every figure, its ratio, moves beyond noise
 
@@ -33,7 +29,7 @@ machine rows they are made of in the same run (the driver calls, or the same cop
 worse only if worse against those too. Only runs on the same GPU model (the device measured) are \
 judged; other pairs are shown as information.";
 
-/// `vkgdr bench compare`'s command line.
+/// `xtask compare-bench`'s command line.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct CompareArgs {
     /// The earlier results: a results.json (or `vkgdr bench --json` output), or a directory of

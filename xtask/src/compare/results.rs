@@ -1,5 +1,5 @@
 //! A `vkgdr-bench` document as a comparison reads it ([`Results`]): the benchmarks' own
-//! [`BenchRun`]s of [`Report`]s and [`Figure`](crate::bench::report::model::Figure)s, and of the
+//! [`BenchRun`]s of [`Report`]s and [`Figure`]s, and of the
 //! rest only what a comparison shows, each optional where it can be, so that baselines recorded by
 //! older programs stay readable when the machine section grows; a file that is no such document
 //! is named with what it is instead.
@@ -9,10 +9,10 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::error::CompareError;
-use crate::bench::outputs::RESULTS_JSON;
-use crate::bench::report::model::{Figure, Report};
-use crate::json::bench::{BenchDocument, BenchRun};
-use crate::json::document::{to_text, FORMAT_VERSION};
+use vkgdr_cli::bench::outputs::RESULTS_JSON;
+use vkgdr_cli::bench::report::model::{Figure, Report};
+use vkgdr_cli::json::bench::BenchRun;
+use vkgdr_cli::json::document::FORMAT_VERSION;
 
 /// A `vkgdr-bench` document, as a comparison reads it.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -129,12 +129,6 @@ impl Results {
         };
         let text = read(&file)?;
         Results::parse(&file, &text)
-    }
-
-    /// The document of a run of this program, as it reads back from its JSON form (`path`, where
-    /// it was written, names it in errors).
-    pub fn of(doc: &BenchDocument, path: &Path) -> Result<Results, CompareError> {
-        Results::parse(path, &to_text(doc))
     }
 
     /// The GPU the benchmarks ran on: the document's `device`, or (documents of earlier
@@ -257,8 +251,8 @@ pub struct GpuJson {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::report::model::Origin;
-    use crate::bench::testutil::repo_path;
+    use crate::testutil::repo_path;
+    use vkgdr_cli::bench::report::model::Origin;
 
     #[test]
     fn every_committed_baseline_reads_as_the_benchmarks_figures() {

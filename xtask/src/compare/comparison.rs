@@ -9,7 +9,7 @@ use super::document::{ComparisonDocument, GpuMatch, SummaryJson, FORMAT};
 use super::noise::Verdict;
 use super::pairing::pair_up;
 use super::results::Results;
-use crate::json::document::About;
+use vkgdr_cli::json::document::About;
 
 /// The exit code when a figure got worse beyond its noise on the same GPU model.
 pub const EXIT_WORSE: u8 = 3;
@@ -148,18 +148,17 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
-    use crate::bench::compare::anchoring::machine_work;
-    use crate::bench::compare::baseline::Loaded;
-    use crate::bench::compare::noise::spread;
-    use crate::bench::compare::results::{CudaDeviceIn, CudaIn, DeviceIn, GpuJson, MachineIn};
-    use crate::bench::options::Options;
-    use crate::bench::outputs::tests::made_up_run;
-    use crate::bench::outputs::{document, write_results};
-    use crate::bench::report::model::{Figure, Origin, Report, Unit};
-    use crate::bench::testutil::{repo_path, TempDir};
-    use crate::json::bench::BenchRun;
-    use crate::json::document::{to_text, FORMAT_VERSION};
-    use crate::json::machine::tests::bare_machine;
+    use crate::compare::anchoring::machine_work;
+    use crate::compare::baseline::Loaded;
+    use crate::compare::noise::spread;
+    use crate::compare::results::{CudaDeviceIn, CudaIn, DeviceIn, GpuJson, MachineIn};
+    use crate::testutil::repo_path;
+    use vkgdr_cli::bench::options::Options;
+    use vkgdr_cli::bench::outputs::document;
+    use vkgdr_cli::bench::report::model::{Figure, Origin, Report, Unit};
+    use vkgdr_cli::bench::stats::Stats;
+    use vkgdr_cli::json::bench::BenchRun;
+    use vkgdr_cli::json::document::{to_text, FORMAT_VERSION};
 
     fn fig(method: &str, size: u64, median: f64, spread: f64) -> Figure {
         Figure {
@@ -216,7 +215,7 @@ mod tests {
     /// The figures `c` marks worse.
     fn worse_figures(
         c: &Comparison,
-    ) -> impl Iterator<Item = &crate::bench::compare::document::FigureComparisonJson> {
+    ) -> impl Iterator<Item = &crate::compare::document::FigureComparisonJson> {
         c.doc.figures.iter().filter(|f| f.verdict == Verdict::Worse)
     }
 
@@ -329,11 +328,11 @@ mod tests {
             origin: Origin::Machine,
             ..sampled(method, mb2, median, samples)
         };
-        let mut apiperf: Vec<Figure> = crate::bench::raw_steps::ALLOC_STEPS
+        let mut apiperf: Vec<Figure> = vkgdr_cli::bench::raw_steps::ALLOC_STEPS
             .iter()
             .zip([91_000.0, 30_000.0, 50_000.0, 1_000.0, 35_000.0])
             .chain(
-                crate::bench::raw_steps::FREE_STEPS
+                vkgdr_cli::bench::raw_steps::FREE_STEPS
                     .iter()
                     .zip([23_000.0, 7_000.0, 600.0, 70_000.0]),
             )
@@ -380,7 +379,7 @@ mod tests {
     /// Whether `f` of report `r` in `run` times the driver alone (the registry names it a
     /// machine row), and whether it is a library row made of driver work measured beside it.
     fn driver_heavy(run: &Results, r: &Report, f: &Figure) -> (bool, bool) {
-        let spec = crate::bench::registry::report_spec(&r.name).unwrap();
+        let spec = vkgdr_cli::bench::registry::report_spec(&r.name).unwrap();
         (
             spec.is_machine(&f.method),
             machine_work(run, &r.name, &f.method, f.size).is_some(),
@@ -406,7 +405,7 @@ mod tests {
         assert!(!d.regressed);
         assert_eq!(c.exit_code(), 0);
         for f in &d.figures {
-            let library = !crate::bench::registry::report_spec(&f.report)
+            let library = !vkgdr_cli::bench::registry::report_spec(&f.report)
                 .unwrap()
                 .is_machine(&f.method);
             match f.driver_work.as_ref() {
@@ -541,8 +540,7 @@ mod tests {
 
     /// Whether `f` is a library row of `bar_run` whose machine work (its raw row) is measured.
     fn bar_library_row(r: &Report, f: &Figure) -> bool {
-        let spec = crate::bench::registry::report_spec(&r.name).unwrap();
-        spec.machine_work_of(&f.method).is_some()
+        crate::compare::machine_work::machine_work_of(&r.name, &f.method).is_some()
     }
 
     /// A factor `k` on the time of `f` of report `r`: the rate divided by it where `r` is in GB/s.
@@ -561,7 +559,7 @@ mod tests {
         // driver's copies as before.
         let machine = |run: &Results| {
             scaled(run, |r, f| {
-                let raw = crate::bench::registry::report_spec(&r.name)
+                let raw = vkgdr_cli::bench::registry::report_spec(&r.name)
                     .unwrap()
                     .is_machine(&f.method)
                     && (f.method.starts_with("raw") || r.name == "fastpath-small");
@@ -859,29 +857,41 @@ mod tests {
 
     #[test]
     fn a_run_compares_with_its_own_document() {
-        // The document a run writes reads back as a comparison's baseline: each measured figure
-        // paired with itself, reference values left out.
+        // The document `vkgdr bench` writes reads back as a comparison's side: each measured
+        // figure paired with itself, reference values left out.
+        let mut lat = Report::new("copylat", Unit::Nanoseconds);
+        for (size, bar) in [(8, 150.0), (4096, 450.0)] {
+            lat.figures.push(Figure::measured(
+                "BAR write",
+                size,
+                &Stats::of(&[bar]).unwrap(),
+            ));
+        }
+        lat.figures
+            .push(Figure::reference("C vkgdr (docs)", 8, 1e3));
+        let runs = [
+            ("copylat", None, vec![lat]),
+            ("pplat", Some("stuck".into()), vec![]),
+        ]
+        .map(|(name, error, reports)| BenchRun {
+            name: name.into(),
+            seconds: 1.0,
+            error,
+            reports,
+        });
         let opts = Options {
             out: PathBuf::from("out"),
             quick: false,
         };
-        let doc = document(&opts, Some(bare_machine()), None, &made_up_run(), None);
-        // What the run writes into its directory is what `--compare` judges (from the document
-        // it holds) and what `vkgdr bench compare BASELINE DIR` reads back.
-        let dir = TempDir::new("own-document");
-        let path = write_results(&dir.0, &doc).unwrap();
-        let read = Results::load(&dir.0).unwrap();
-        assert_eq!(read, Results::of(&doc, &path).unwrap());
+        let doc = document(&opts, None, None, &runs, None);
+        let read = Results::parse(Path::new("results.json"), &to_text(&doc)).unwrap();
         assert_eq!(read.mode.as_deref(), Some("full"));
-        assert_eq!(read.benchmarks.len(), 3);
         let c = judge(read.clone(), &read);
         let d = &c.doc;
-        // 5 measured copylat figures and 2 apiperf ones; the quoted C figure is not compared.
-        assert_eq!(d.summary.compared, 7);
-        assert_eq!(d.summary.within_noise, 7);
+        assert_eq!(d.summary.compared, 2);
+        assert_eq!(d.summary.within_noise, 2);
         assert!(d.figures.iter().all(|f| f.ratio == Some(1.0)));
-        assert!(!d.figures.iter().any(|f| f.method.contains("docs")));
-        // The machine without drivers names no GPU: shown, not judged.
+        // No machine section names a GPU: shown, not judged.
         assert_eq!(d.gpu_match, GpuMatch::UnknownGpu);
         assert!(!d.regressed);
         assert_eq!(d.current.failed_benchmarks, ["pplat"]);

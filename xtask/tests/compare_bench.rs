@@ -1,15 +1,14 @@
-//! `vkgdr bench compare` and `vkgdr bench --compare`, end to end on synthetic documents and
+//! `cargo xtask compare-bench`, end to end on synthetic documents and
 //! without a GPU: verdicts in each unit's direction (better, worse beyond noise, within noise),
 //! figures missing on either side, another GPU shown as information only, a baseline chosen from
 //! a directory by GPU, malformed files named with a clear error and exit code 2, and the JSON
 //! document read back.
 //!
-//! Not part of the GPU bundle (scripts/gpu-check leaves it out): it runs the binary of the build
-//! tree. Needs no GPU and no Vulkan driver.
+//! Needs no GPU and no Vulkan driver.
 
 mod common;
 
-use common::{run, Run, TempDir, NO_CUDA};
+use common::{run, Run, TempDir};
 use serde_json::{json, Value};
 
 const H100: &str = "NVIDIA H100 80GB HBM3";
@@ -73,12 +72,12 @@ fn baseline(gpu: &str, uuid: &str) -> Value {
     )
 }
 
-/// `vkgdr bench compare OLD NEW --json`, both documents written to a fresh directory.
+/// `xtask compare-bench OLD NEW --json`, both documents written to a fresh directory.
 fn compare(old: &Value, new: &Value, extra: &[&str]) -> (Run, TempDir) {
     let dir = TempDir::new("pair");
     let old = dir.doc("old.json", old);
     let new = dir.doc("new.json", new);
-    let args: Vec<&str> = ["bench", "compare", &old, &new, "--json"]
+    let args: Vec<&str> = ["compare-bench", &old, &new, "--json"]
         .into_iter()
         .chain(extra.iter().copied())
         .collect();
@@ -104,6 +103,7 @@ fn verdicts(doc: &Value) -> Vec<(String, String, String)> {
 fn check_opening(doc: &Value) {
     assert_eq!(doc["format"], "vkgdr-bench-comparison", "{doc:#}");
     assert_eq!(doc["format_version"], 1);
+    // The version of the vkgdr-cli library that writes every document (the workspace's).
     assert_eq!(doc["vkgdr_version"], env!("CARGO_PKG_VERSION"));
 }
 
@@ -222,8 +222,7 @@ fn worse_beyond_noise_exits_3_and_names_the_figure() {
     let new = dir.0.join("new.json");
     let plain = run(
         &[
-            "bench",
-            "compare",
+            "compare-bench",
             old.to_str().unwrap(),
             new.to_str().unwrap(),
         ],
@@ -236,8 +235,7 @@ fn worse_beyond_noise_exits_3_and_names_the_figure() {
     // A floor of 90 % forgives a 1.8× slowdown but not a halved bandwidth (2×).
     let loose = run(
         &[
-            "bench",
-            "compare",
+            "compare-bench",
             old.to_str().unwrap(),
             new.to_str().unwrap(),
             "--tolerance",
@@ -426,13 +424,7 @@ fn a_baseline_directory_gives_the_one_of_this_gpu_model() {
     runs.doc("out/results.json", &slow);
     let out = runs.0.join("out");
     let r = run(
-        &[
-            "bench",
-            "compare",
-            dir.path(),
-            out.to_str().unwrap(),
-            "--json",
-        ],
+        &["compare-bench", dir.path(), out.to_str().unwrap(), "--json"],
         &[],
     );
     assert_eq!(r.code, 3, "{}", r.all());
@@ -446,7 +438,7 @@ fn a_baseline_directory_gives_the_one_of_this_gpu_model() {
 
     // A GPU without a baseline: nothing compared, the file to record named, exit 0.
     let l40 = runs.doc("l40.json", &baseline("NVIDIA L40S", "GPU-3"));
-    let r = run(&["bench", "compare", dir.path(), &l40, "--json"], &[]);
+    let r = run(&["compare-bench", dir.path(), &l40, "--json"], &[]);
     assert_eq!(r.code, 0, "{}", r.all());
     let d = r.json();
     check_opening(&d);
@@ -507,15 +499,15 @@ fn malformed_files_are_named_with_exit_code_2() {
     ];
     for (bad, says) in &cases {
         for args in [
-            ["bench", "compare", bad.as_str(), good.as_str()],
-            ["bench", "compare", good.as_str(), bad.as_str()],
+            ["compare-bench", bad.as_str(), good.as_str()],
+            ["compare-bench", good.as_str(), bad.as_str()],
         ] {
             let mut args = args.to_vec();
             args.push("--json");
             let r = run(&args, &[]);
             assert_eq!(r.code, 2, "{args:?}\n{}", r.all());
             assert!(r.stdout.is_empty(), "{args:?}\n{}", r.all());
-            let line = format!("vkgdr bench compare: {bad}: ");
+            let line = format!("xtask compare-bench: {bad}: ");
             assert!(
                 r.stderr.contains(&line) && r.stderr.contains(says),
                 "{args:?}: want {line:?} and {says:?}\n{}",
@@ -526,7 +518,7 @@ fn malformed_files_are_named_with_exit_code_2() {
     // A broken document in a baseline directory is an error too, named.
     let baselines = TempDir::new("broken-baselines");
     let broken = baselines.file("nvidia-h100.json", "{");
-    let r = run(&["bench", "compare", baselines.path(), &good], &[]);
+    let r = run(&["compare-bench", baselines.path(), &good], &[]);
     assert_eq!(r.code, 2, "{}", r.all());
     assert!(
         r.stderr.contains(&format!("{broken}: not JSON")),
@@ -534,7 +526,7 @@ fn malformed_files_are_named_with_exit_code_2() {
         r.all()
     );
     // A directory as NEW must hold results.json.
-    let r = run(&["bench", "compare", &good, baselines.path()], &[]);
+    let r = run(&["compare-bench", &good, baselines.path()], &[]);
     assert_eq!(r.code, 2, "{}", r.all());
     assert!(
         r.stderr.contains("no results.json in this directory"),
@@ -546,104 +538,26 @@ fn malformed_files_are_named_with_exit_code_2() {
 #[test]
 fn usage_errors_exit_2() {
     for (args, says) in [
-        (&["bench", "compare"][..], "<BASELINE>"),
-        (&["bench", "compare", "a"], "<NEW>"),
-        (&["bench", "compare", "a", "b", "c"], "'c'"),
+        (&["compare-bench"][..], "<BASELINE>"),
+        (&["compare-bench", "a"], "<NEW>"),
+        (&["compare-bench", "a", "b", "c"], "'c'"),
         (
-            &["bench", "compare", "a", "b", "--tolerance", "x"],
+            &["compare-bench", "a", "b", "--tolerance", "x"],
             "--tolerance <PCT>",
         ),
-        (
-            &["bench", "compare", "a", "b", "--tolerance", "1001"],
-            "1001",
-        ),
-        (&["bench", "all", "--tolerance", "5"], "--compare <PATH>"),
-        (&["bench", "all", "--compare"], "--compare <PATH>"),
+        (&["compare-bench", "a", "b", "--tolerance", "1001"], "1001"),
     ] {
         let r = run(args, &[]);
         assert_eq!(r.code, 2, "{args:?}\n{}", r.all());
         assert!(r.stderr.contains(says), "{args:?}: {says:?}\n{}", r.all());
     }
-    let r = run(&["bench", "compare", "--help"], &[]);
+    let r = run(&["compare-bench", "--help"], &[]);
     assert_eq!(r.code, 0, "{}", r.all());
     for text in [
-        "Usage: vkgdr bench compare [OPTIONS] <BASELINE> <NEW>",
+        "Usage: xtask compare-bench [OPTIONS] <BASELINE> <NEW>",
         "[default: 10]",
         "3  a figure got worse",
     ] {
         assert!(r.stdout.contains(text), "{text:?}\n{}", r.all());
     }
-}
-
-#[test]
-fn a_run_with_compare_without_a_gpu() {
-    let dir = TempDir::new("run");
-    let base = dir.doc("base.json", &baseline(H100, "GPU-1"));
-    let out = dir.0.join("out");
-    let out = out.to_str().unwrap();
-    // The benchmark fails (no driver): exit 1, and the comparison still comes, information only
-    // (the run names no GPU), in the document and in DIR/comparison.json.
-    let r = run(
-        &[
-            "bench",
-            "copylat",
-            "--json",
-            "--out",
-            out,
-            "--compare",
-            &base,
-        ],
-        &[NO_CUDA],
-    );
-    assert_eq!(r.code, 1, "{}", r.all());
-    let d = r.json();
-    assert_eq!(d["format"], "vkgdr-bench");
-    assert_eq!(d["ok"], false);
-    let c = &d["comparison"];
-    check_opening(c);
-    assert_eq!(c["gpu_match"], "unknown_gpu");
-    assert_eq!(c["baseline"]["file"], base.as_str());
-    assert_eq!(c["summary"]["only_in_baseline"], 3);
-    let file: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.0.join("out/comparison.json")).unwrap())
-            .unwrap();
-    assert_eq!(&file, c);
-    // results.json stays the run's own document: the next baseline.
-    let results: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.0.join("out/results.json")).unwrap())
-            .unwrap();
-    assert!(results.get("comparison").is_none());
-    assert_eq!(results["format"], "vkgdr-bench");
-
-    // The results of that run compare with themselves: a real document reads back.
-    let results = dir.0.join("out/results.json");
-    let r = run(
-        &["bench", "compare", results.to_str().unwrap(), out, "--json"],
-        &[],
-    );
-    assert_eq!(r.code, 0, "{}", r.all());
-    assert_eq!(r.json()["gpu_match"], "unknown_gpu");
-
-    // A baseline that cannot be read stops the command before any benchmark runs.
-    let bad = dir.file("bad.json", "[");
-    let out2 = dir.0.join("out2");
-    let r = run(
-        &[
-            "bench",
-            "copylat",
-            "--out",
-            out2.to_str().unwrap(),
-            "--compare",
-            &bad,
-        ],
-        &[NO_CUDA],
-    );
-    assert_eq!(r.code, 2, "{}", r.all());
-    assert!(
-        r.stderr
-            .contains(&format!("vkgdr bench: --compare {bad}: not JSON")),
-        "{}",
-        r.all()
-    );
-    assert!(!out2.exists(), "a benchmark ran");
 }
