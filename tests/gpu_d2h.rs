@@ -19,134 +19,13 @@ use std::time::{Duration, Instant};
 use common::*;
 use vkgdr::cuda_objects::{LaunchConfig, Module, Stream};
 use vkgdr::ring::core::d2h::{
-    DeviceLaneState, HostLane, LaneConsumer, LaneMemory, LaneShape, Poll, ProducerModel, Record,
-    STATUS_CLOSED, STATUS_STALLED,
+    test_payload, DeviceLaneState, HostLane, LaneConsumer, LaneMemory, LaneShape, Poll,
+    ProducerModel, Record, TestLaneChecker, STATUS_CLOSED, STATUS_STALLED,
 };
 use vkgdr::ring::DeviceToHostRing;
 use vkgdr::{Gpu, Mapping, RawMemory};
 
 const D2H_PTX: &str = include_str!("../kernels/ring_d2h.ptx");
-
-/// Word `k` of test record `id`'s payload (`d2h_test_word` in `kernels/ring_d2h.cu`): the id for
-/// k = 0, else splitmix64's finaliser of id and k, so every byte after the id depends on the
-/// whole id.
-fn test_word(id: u64, k: u32) -> u64 {
-    if k == 0 {
-        return id;
-    }
-    let mut z = id
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        .wrapping_add(u64::from(k).wrapping_mul(0xD1B5_4A32_D192_ED03));
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// The payload of test record `id`, `len` bytes.
-fn test_payload(id: u64, len: usize) -> Vec<u8> {
-    (0..len.div_ceil(8) as u32)
-        .flat_map(|k| test_word(id, k).to_le_bytes())
-        .take(len)
-        .collect()
-}
-
-/// Checks one lane's records as they come: sequence numbers 0, 1, 2, ...; the kind; each
-/// producer's records in its order (round 0, 1, 2, ..., each once) and only producers of this
-/// lane; every payload byte.
-struct LaneChecker {
-    lane: u32,
-    kind: u32,
-    len: usize,
-    /// The lane a producer (thread or warp) publishes into.
-    lane_of: Box<dyn Fn(u32) -> u32 + Send>,
-    next_seq: u64,
-    /// Per producer: the next round expected.
-    next_round: std::collections::HashMap<u32, u32>,
-}
-
-impl LaneChecker {
-    fn new(
-        lane: u32,
-        kind: u32,
-        len: usize,
-        lane_of: impl Fn(u32) -> u32 + Send + 'static,
-    ) -> Self {
-        LaneChecker {
-            lane,
-            kind,
-            len,
-            lane_of: Box::new(lane_of),
-            next_seq: 0,
-            next_round: Default::default(),
-        }
-    }
-
-    fn check(&mut self, rec: Record<'_>) -> Result<(), String> {
-        let lane = self.lane;
-        if rec.seq != self.next_seq {
-            return Err(format!(
-                "lane {lane}: record {} where {} was due",
-                rec.seq, self.next_seq
-            ));
-        }
-        if rec.kind != self.kind || rec.payload.len() != self.len {
-            return Err(format!(
-                "lane {lane}: record {} of kind {} and {} bytes, expected kind {} and {} bytes",
-                rec.seq,
-                rec.kind,
-                rec.payload.len(),
-                self.kind,
-                self.len
-            ));
-        }
-        let id = u64::from_le_bytes(rec.payload[..8].try_into().unwrap());
-        let (producer, round) = ((id >> 32) as u32, id as u32);
-        if (self.lane_of)(producer) != lane {
-            return Err(format!(
-                "lane {lane}: record {} of producer {producer} of another lane",
-                rec.seq
-            ));
-        }
-        let want = self.next_round.entry(producer).or_insert(0);
-        if round != *want {
-            return Err(format!(
-                "lane {lane}: record {}: producer {producer}'s round {round} where {} was due \
-                 (repeated or lost)",
-                rec.seq, *want
-            ));
-        }
-        *want += 1;
-        let expected = test_payload(id, self.len);
-        if let Some(at) = (0..self.len).find(|&i| rec.payload[i] != expected[i]) {
-            return Err(format!(
-                "lane {lane}: record {} (producer {producer}, round {round}): byte {at} is {:#04x}, \
-                 expected {:#04x}",
-                rec.seq, rec.payload[at], expected[at]
-            ));
-        }
-        self.next_seq += 1;
-        Ok(())
-    }
-
-    /// Records checked.
-    fn count(&self) -> u64 {
-        self.next_seq
-    }
-
-    /// Every producer of this lane published `rounds` records.
-    fn all_rounds(&self, producers: u32, rounds: u32) -> Result<(), String> {
-        for p in (0..producers).filter(|&p| (self.lane_of)(p) == self.lane) {
-            let got = self.next_round.get(&p).copied().unwrap_or(0);
-            if got != rounds {
-                return Err(format!(
-                    "lane {}: producer {p} delivered {got} of {rounds} rounds",
-                    self.lane
-                ));
-            }
-        }
-        Ok(())
-    }
-}
 
 // ---- The checker, without a GPU: the core's model producer fills a lane in host memory. ----
 
@@ -165,9 +44,9 @@ fn model_publish(lane: &HostLane, shape: LaneShape, producers: u32, rounds: u32,
 /// Runs the checker over everything in `lane`.
 fn check_model_lane(lane: &HostLane, shape: LaneShape, len: usize) -> Result<u64, String> {
     let mut consumer = LaneConsumer::new(lane, shape).unwrap();
-    let mut checker = LaneChecker::new(0, 1, len, |_| 0);
+    let mut checker = TestLaneChecker::new(0, 1, len, |_| 0);
     while let Some(rec) = consumer.try_next().map_err(|e| e.to_string())? {
-        checker.check(rec)?;
+        checker.check(&rec).map_err(|e| e.to_string())?;
     }
     Ok(checker.count())
 }
@@ -327,16 +206,18 @@ fn many_producers(lanes: u32, slots: u32, blocks: u32, threads: u32, per_thread:
         .map(|(lane, mut consumer)| {
             std::thread::spawn(move || {
                 let lane_of = move |thread: u32| (thread / threads) % lanes;
-                let mut checker = LaneChecker::new(lane as u32, 1, LEN as usize, lane_of);
+                let mut checker = TestLaneChecker::new(lane as u32, 1, LEN as usize, lane_of);
                 loop {
                     match consumer.next_timeout(Duration::from_secs(1)) {
-                        Ok(Poll::Record(rec)) => checker.check(rec)?,
+                        Ok(Poll::Record(rec)) => checker.check(&rec).map_err(|e| e.to_string())?,
                         Ok(Poll::Pending) => {}
                         Ok(Poll::Ended) => break,
                         Err(e) => return Err(format!("lane {lane}: {e}")),
                     }
                 }
-                checker.all_rounds(blocks * threads, per_thread)?;
+                checker
+                    .all_rounds(blocks * threads, per_thread)
+                    .map_err(|e| e.to_string())?;
                 Ok::<u64, String>(checker.count())
             })
         })
@@ -424,16 +305,20 @@ fn whole_warps_publish_4_kib_records_checked_byte_for_byte() {
         .map(|(lane, mut consumer)| {
             std::thread::spawn(move || {
                 let mut checker =
-                    LaneChecker::new(lane as u32, 2, LEN as usize, move |w| w % lanes);
+                    TestLaneChecker::new(lane as u32, 2, LEN as usize, move |w| w % lanes);
                 for rec in consumer.records() {
                     let rec = rec.map_err(|e| e.to_string())?;
-                    checker.check(Record {
-                        seq: rec.seq,
-                        kind: rec.kind,
-                        payload: &rec.payload,
-                    })?;
+                    checker
+                        .check(&Record {
+                            seq: rec.seq,
+                            kind: rec.kind,
+                            payload: &rec.payload,
+                        })
+                        .map_err(|e| e.to_string())?;
                 }
-                checker.all_rounds(warps, per_warp)?;
+                checker
+                    .all_rounds(warps, per_warp)
+                    .map_err(|e| e.to_string())?;
                 Ok::<u64, String>(checker.count())
             })
         })
@@ -473,7 +358,7 @@ fn a_slow_consumer_holds_the_kernel_back_and_nothing_is_lost() {
         &result,
     );
     ring.finish_after(&stream).unwrap();
-    let mut checker = LaneChecker::new(0, 1, LEN as usize, |_| 0);
+    let mut checker = TestLaneChecker::new(0, 1, LEN as usize, |_| 0);
     // Multiples of the warps' 32-record reservations, so the lane fills to the last slot.
     let pauses = [0, total / 4, total / 2];
     let mut failure = None;
@@ -481,7 +366,7 @@ fn a_slow_consumer_holds_the_kernel_back_and_nothing_is_lost() {
         // Take records up to the pause, then let the kernel run into the full lane.
         while checker.count() < at {
             match consumer.next_timeout(Duration::from_secs(10)).unwrap() {
-                Poll::Record(rec) => checker.check(rec).unwrap(),
+                Poll::Record(rec) => checker.check(&rec).unwrap(),
                 other => panic!("record {} missing: {other:?}", checker.count()),
             }
         }
@@ -491,7 +376,7 @@ fn a_slow_consumer_holds_the_kernel_back_and_nothing_is_lost() {
         // Everything the lane holds, with one head store at the end: exactly a lane's worth.
         let taken = consumer
             .drain(usize::MAX, |rec| {
-                if let Err(e) = checker.check(rec) {
+                if let Err(e) = checker.check(&rec) {
                     failure.get_or_insert(e);
                 }
             })
@@ -502,7 +387,7 @@ fn a_slow_consumer_holds_the_kernel_back_and_nothing_is_lost() {
     for rec in consumer.records() {
         let rec = rec.unwrap();
         checker
-            .check(Record {
+            .check(&Record {
                 seq: rec.seq,
                 kind: rec.kind,
                 payload: &rec.payload,
@@ -544,11 +429,11 @@ fn closing_a_lane_releases_the_kernel_waiting_on_it() {
         (per_thread, LEN),
         &result,
     );
-    let mut checker = LaneChecker::new(0, 1, LEN as usize, |_| 0);
+    let mut checker = TestLaneChecker::new(0, 1, LEN as usize, |_| 0);
     // A multiple of the warps' 32-record reservations, so the lane fills to the last slot.
     while checker.count() < 96 {
         match consumer.next_timeout(Duration::from_secs(10)).unwrap() {
-            Poll::Record(rec) => checker.check(rec).unwrap(),
+            Poll::Record(rec) => checker.check(&rec).unwrap(),
             other => panic!("record {} missing: {other:?}", checker.count()),
         }
     }
@@ -584,7 +469,7 @@ fn closing_a_lane_releases_the_kernel_waiting_on_it() {
     let mut failure = None;
     let left = consumer
         .drain(usize::MAX, |rec| {
-            if let Err(e) = checker.check(rec) {
+            if let Err(e) = checker.check(&rec) {
                 failure.get_or_insert(e);
             }
         })

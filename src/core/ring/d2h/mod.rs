@@ -112,11 +112,13 @@
 //! # Ok::<(), vkgdr::ring::core::d2h::D2hError>(())
 //! ```
 
+mod check;
 mod consumer;
 mod layout;
 mod producer;
 mod tokens;
 
+pub use check::{test_payload, test_word, TestLaneChecker, TestRecordError};
 pub use consumer::{HostLane, LaneConsumer, LaneMemory, Poll, Record, RecordBuf, Records};
 pub use layout::{
     meta_word, D2hDeviceView, D2hError, LaneShape, Refusal, COMMIT_WORD, CONTROL_CLOSED_OFFSET,
