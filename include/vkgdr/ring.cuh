@@ -41,13 +41,15 @@
 //   tail  u64, GPU memory, written by the CPU: the end of the published records. The CPU writes
 //         the records, sfence, then stores the tail (one 8-byte store), sfence.
 //   head  u64, pinned host memory, written by the GPU: the end of the consumed records; the CPU
-//         reuses space below it. Published after the block's reads are done, with
-//         __threadfence_system() before and after the store.
+//         reuses space below it. Published after the block's reads are done, with a release
+//         store at system scope (st.release.sys).
 //   stop  u32, GPU memory, one per ring: the CPU's request to exit once everything published is
 //         consumed (it stores its last tail first).
-// The reader polls the tail with volatile loads and fences (__threadfence_system) before it
-// reads records, so no record load is satisfied before the tail load. Records are loaded with
-// ld.global.cg (L2, not L1): a line cached on an earlier lap of the ring is never reused.
+// The reader polls the tail with acquire loads at system scope (ld.acquire.sys), so no record
+// load is satisfied before the tail load; the stop word is read relaxed beside it, and a fence
+// (__threadfence_system) comes only once stop is seen, before the tail is read a last time.
+// Records are loaded with ld.global.cg (L2, not L1): a line cached on an earlier lap of the ring
+// is never reused.
 //
 // Block-cooperative, in-order consumption. Two readers, both one block per lane:
 // - BlockReader (the example above): `next()` loads the next 16 * THREADS bytes of the lane into
@@ -62,7 +64,7 @@
 //   works on this one. The checking consumers of kernels/ring.cu are built on it: a header per
 //   thread, and the body chunks of the window's longer records spread over the whole block.
 //
-// Checked with nvcc 13.0 (-arch=compute_75).
+// Checked with nvcc 13.0 (-arch=compute_75; the acquire and release forms need sm_70).
 
 #ifndef VKGDR_RING_CUH
 #define VKGDR_RING_CUH
@@ -102,6 +104,34 @@ static_assert(sizeof(vkgdr_ring_view) == 64, "vkgdr_ring_view must match RingDev
 namespace vkgdr_device {
 
 typedef unsigned long long u64;
+
+// Acquire loads and release stores at system scope (the CPU is the other side), one instruction
+// each. A volatile load followed by __threadfence_system() (fence.sc.sys) is the same acquire,
+// but the sequentially consistent fence waits for every earlier memory operation of the thread
+// to be performed system-wide (on a round trip's path: the last head store, over PCIe); an
+// acquire load orders only what comes after it, and a release store only what came before it.
+// ring_d2h.cuh defines the same functions (whichever header comes first does).
+#ifndef VKGDR_DEVICE_ORDERING
+#define VKGDR_DEVICE_ORDERING
+__device__ __forceinline__ u64 load_acquire_sys(const volatile u64* p)
+{
+    u64 v;
+    asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void store_release_sys(volatile u64* p, u64 v)
+{
+    asm volatile("st.release.sys.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ u64 load_acquire_gpu(const volatile u64* p)
+{
+    u64 v;
+    asm volatile("ld.acquire.gpu.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+#endif
 
 // One lane, as the reader needs it.
 struct RingLane {
@@ -183,9 +213,10 @@ __device__ __forceinline__ void publish_head(const RingLane& lane, u64 pos, u64 
     if (force || pos == tail || pos - released >= lane.capacity / 4ull) {
         block_sync(); // every thread's reads of the group are done
         if (threadIdx.x == 0) {
-            __threadfence_system();
-            *lane.head = pos;
-            __threadfence_system();
+            // Release: the block's reads (ordered before this thread's by the barrier) come
+            // before the head store. No fence after it: the store leaves on its own, and a fence
+            // there kept thread 0 from polling the tail again for a PCIe round trip.
+            store_release_sys(lane.head, pos);
         }
         released = pos;
     }
@@ -216,22 +247,23 @@ __device__ __forceinline__ bool poll_tail(const RingLane& lane, u64 pos, u64& wo
         int done = 0;
         u64 t;
         for (;;) {
-            // Both loads in flight at once: a poll costs one memory round trip, not two.
-            t = *lane.tail;
+            // Both loads in flight at once: a poll costs one memory round trip, not two. The
+            // stop word first (relaxed), then the tail with acquire: no record load below (in
+            // any thread: the barrier orders theirs after this one) may be satisfied before the
+            // tail load, and no fence is paid on the way from the tail to the records.
             const unsigned int stopped = *lane.stop;
+            t = load_acquire_sys(lane.tail);
             if (t != pos) {
                 break;
             }
             if (stopped != 0u) {
                 // The CPU stores stop after its last tail: fence, then look at the tail again.
                 __threadfence_system();
-                t = *lane.tail;
+                t = load_acquire_sys(lane.tail);
                 done = t == pos;
                 break;
             }
         }
-        // Acquire: no record load below may be satisfied before the tail load above.
-        __threadfence_system();
         if (!done && (t < pos || t - pos > lane.capacity
                       || (t & (VKGDR_RING_RECORD_ALIGN - 1ull)) != 0ull)) {
             done = 2;
