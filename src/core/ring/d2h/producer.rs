@@ -1,7 +1,8 @@
 //! The device producer in Rust: [`DeviceLaneState`] (the lane's words in device memory) and
 //! [`ProducerModel`], step for step what `include/vkgdr/ring_d2h.cuh` does on the GPU, so that
-//! proptest, loom and Miri check the protocol the kernels run. A fence here stands for the
-//! kernel's `__threadfence_system()`, an acquire load of `head` for its volatile load and fence.
+//! proptest, loom and Miri check the protocol the kernels run. A release fence here stands for
+//! the kernel's `fence.acq_rel.sys` (or its commit's `st.release.sys`), an acquire load of the
+//! cached head for its `ld.acquire.gpu`.
 
 use super::consumer::LaneMemory;
 use super::layout::{meta_word, LaneShape, Refusal, COMMIT_WORD, META_WORD};
@@ -118,7 +119,8 @@ impl<'a, M: LaneMemory + ?Sized> ProducerModel<'a, M> {
     }
 
     /// Writes record `seq`'s meta word and payload (payload words relaxed, the last one
-    /// zero-filled), not yet visible to the consumer.
+    /// zero-filled) and stores the commit word's present value again (relaxed), not yet visible
+    /// to the consumer.
     ///
     /// # Panics
     /// If the payload is longer than the lane's slots carry.
@@ -126,6 +128,7 @@ impl<'a, M: LaneMemory + ?Sized> ProducerModel<'a, M> {
         assert!(payload.len() <= self.shape.max_payload() as usize);
         let words = self.mem.slot_words();
         let first = self.shape.first_word(seq);
+        words[first + COMMIT_WORD].store(self.shape.commit_before(seq), Ordering::Relaxed);
         words[first + META_WORD].store(meta_word(payload.len() as u32, kind), Ordering::Relaxed);
         for (word, chunk) in words[first + META_WORD + 1..].iter().zip(payload.chunks(8)) {
             let mut bytes = [0u8; 8];
