@@ -511,6 +511,7 @@ template <unsigned int THREADS, unsigned int CPT> struct WindowShared {
     unsigned short start[THREADS * CPT];         // chunk of record k's header in the window
     unsigned char entry[CPT * (THREADS / 32)];   // where the chain enters segment s (or none)
     unsigned int counts[CPT * (THREADS / 32)];   // records per (slice, warp), for the ranks
+                                                 // ([0]: the group's count in next_small)
     u64 word;                                    // a broadcast value
     unsigned int last;                           // the chain's last header
     unsigned int term;                           // where the chain leaves the window
@@ -606,6 +607,9 @@ class WindowReader : public LaneCursor<WindowReader<THREADS, CPT>> {
         const u64 avail = tail_ - pos_;
         const unsigned int n = (unsigned int)((avail < WINDOW ? avail : WINDOW) / 16ull);
         const u64 base = pos_ & mask_;
+        if (n <= 32u) {
+            return next_small(base, avail, n, prefetched);
+        }
         unsigned int link[CPT];
         unsigned int path[CPT];
         unsigned int wrap = 0u; // bit i: chunk i of this thread is a wrap PAD's header
@@ -704,25 +708,7 @@ class WindowReader : public LaneCursor<WindowReader<THREADS, CPT>> {
                     (unsigned short)(tid + i * THREADS);
             }
         }
-        const unsigned int last = s_.last;
-        group_pos_ = pos_;
-        if (term == VKGDR_RING_JUMP_BAD) {
-            err_ = VKGDR_RING_BROKEN;
-            pos_ += 16ull * last;
-        } else if (term == VKGDR_RING_JUMP_BEYOND && last == 0u) {
-            // The first record is longer than the window: the group is that record alone.
-            const uint4 h = s_.window[0];
-            large_ = true;
-            const bool wrap_pad = h.y == VKGDR_RING_KIND_PAD && h.z == 0xFFFFFFFFu
-                                  && h.w == 0xFFFFFFFFu;
-            count = wrap_pad ? 0u : 1u;
-            pos_ += record_size(h.x);
-        } else {
-            pos_ += 16ull * (term == VKGDR_RING_JUMP_BEYOND ? last : n);
-        }
-        if (!defer_) {
-            read_ahead();
-        }
+        count = end_group(term, s_.last, count, n);
         block_sync(); // start[] is complete
         return count;
     }
@@ -783,6 +769,85 @@ class WindowReader : public LaneCursor<WindowReader<THREADS, CPT>> {
     static constexpr unsigned int PER = (SLOTS + 31u) / 32u;      // slots per lane of the scan
     static constexpr u64 NO_PREFETCH = 0xFFFFFFFFFFFFFFFFull; // never a 16-aligned position
     static constexpr unsigned int NO_ENTRY = 0xFFu; // the chain does not enter the segment
+
+    // next() for a window of at most 32 chunks (a lone record, or the last few of a stream):
+    // warp 0 loads and decodes them and resolves the chain in its one segment with its
+    // shuffles, as every warp does in next(), and ranks the records with one ballot. The other
+    // warps only wait at the barrier: two barriers per group where next() takes five, and no
+    // hop from segment to segment. Every thread calls it.
+    __device__ unsigned int next_small(u64 base, u64 avail, unsigned int n, bool prefetched)
+    {
+        const unsigned int tid = threadIdx.x;
+        if (tid < 32u) {
+            unsigned int link = VKGDR_RING_JUMP_BAD;
+            bool wrap = false;
+            if (tid < n) {
+                const uint4 v = prefetched && tid < pre_n_ ? pre_[0] : load(base, tid);
+                s_.window[tid] = v;
+                link = decode(v, base, tid, avail, n);
+                wrap = v.y == VKGDR_RING_KIND_PAD && v.z == 0xFFFFFFFFu && v.w == 0xFFFFFFFFu;
+            }
+            // After round r, `to` is where 2^r steps from chunk tid lead (or where the chain left
+            // the window), `on` the chunks on the way (bit j: chunk j).
+            unsigned int to = link;
+            unsigned int on = 1u << tid;
+#pragma unroll
+            for (unsigned int r = 0; r < 5u; ++r) {
+                const bool inside = to < n;
+                const unsigned int from = inside ? to : tid;
+                const unsigned int to_next = __shfl_sync(0xFFFFFFFFu, to, from);
+                const unsigned int on_next = __shfl_sync(0xFFFFFFFFu, on, from);
+                if (inside) {
+                    to = to_next;
+                    on |= on_next;
+                }
+            }
+            // The chain from chunk 0: where it leaves the window, and the chunks it passes.
+            const unsigned int term = __shfl_sync(0xFFFFFFFFu, to, 0);
+            const unsigned int chain = __shfl_sync(0xFFFFFFFFu, on, 0);
+            const bool rec = ((chain >> tid) & 1u) != 0u && link < VKGDR_RING_JUMP_BEYOND && !wrap;
+            const unsigned int ballot = __ballot_sync(0xFFFFFFFFu, rec);
+            if (rec) {
+                s_.start[__popc(ballot & ((1u << tid) - 1u))] = (unsigned short)tid;
+            }
+            if (tid == 0u) {
+                s_.term = term;
+                s_.last = 31u - __clz(chain);
+                s_.counts[0] = __popc(ballot); // the group's record count
+            }
+        }
+        block_sync(); // window[], start[] and the three words are complete
+        // No barrier after the group's words are read: the next writer of them is the next
+        // call of next(), after its own barrier.
+        return end_group(s_.term, s_.last, s_.counts[0], n);
+    }
+
+    // The end of next(): moves the position past the group (`term`: where the chain left the
+    // window, `last` its last header in the window, `count` its records), and reads ahead.
+    // Returns the group's record count.
+    __device__ __forceinline__ unsigned int end_group(unsigned int term, unsigned int last,
+                                                      unsigned int count, unsigned int n)
+    {
+        group_pos_ = pos_;
+        if (term == VKGDR_RING_JUMP_BAD) {
+            err_ = VKGDR_RING_BROKEN;
+            pos_ += 16ull * last;
+        } else if (term == VKGDR_RING_JUMP_BEYOND && last == 0u) {
+            // The first record is longer than the window: the group is that record alone.
+            const uint4 h = s_.window[0];
+            large_ = true;
+            const bool wrap_pad = h.y == VKGDR_RING_KIND_PAD && h.z == 0xFFFFFFFFu
+                                  && h.w == 0xFFFFFFFFu;
+            count = wrap_pad ? 0u : 1u;
+            pos_ += record_size(h.x);
+        } else {
+            pos_ += 16ull * (term == VKGDR_RING_JUMP_BEYOND ? last : n);
+        }
+        if (!defer_) {
+            read_ahead();
+        }
+        return count;
+    }
 
     __device__ static void check_shape()
     {
