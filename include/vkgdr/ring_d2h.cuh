@@ -33,10 +33,11 @@
 // (the highest head a producer read) and `gave_up` (publications refused).
 //
 // Protocol. Reserve n slots with one compare-and-swap of `reserve`, taken only when
-// reserve + n <= head_cache + slots; when the lane looks full, read `closed` (set: give up,
-// VKGDR_D2H_CLOSED) and the consumer's `head` (moved: raise head_cache, retry), and after
-// view.spin_limit looks at a head that did not move give up (VKGDR_D2H_STALLED). A refusal
-// reserves nothing, so no slot is owed and the consumer never waits for a producer that gave up.
+// reserve + n <= head_cache + slots (a failed one is retried with the value it returned); when
+// the lane looks full, read `closed` (set: give up, VKGDR_D2H_CLOSED) and the consumer's `head`
+// (moved: raise head_cache, retry), and after view.spin_limit looks at a head that did not move
+// give up (VKGDR_D2H_STALLED). A refusal reserves nothing, so no slot is owed and the consumer
+// never waits for a producer that gave up.
 // Then write meta and payload, a release fence at system scope (fence.acq_rel.sys, or the
 // commit's st.release.sys) in every writing thread, and store the commit word (one aligned
 // 8-byte store). A writer may store the commit word's present value (the previous lap's commit,
@@ -184,14 +185,22 @@ __device__ __forceinline__ int d2h_reserve(const D2hLane& l, unsigned int n, u64
         // reservation come after its load (and so after the consumer's reads of those slots),
         // with no fence: a fence.sc.gpu here waited for the thread's last commit store to
         // reach host memory.
-        const u64 r = *(volatile u64*)&l.state->reserve;
+        u64 r = *(volatile u64*)&l.state->reserve;
         const u64 head = load_acquire_gpu(&l.state->head_cache);
-        if (r + n <= head + l.count) {
-            if (atomicCAS(&l.state->reserve, r, r + n) == r) {
+        // While there is room, compare-and-swap; a failed one returns the value to try next
+        // (under contention one round trip per try, where loading `reserve` again made two).
+        bool tried = false;
+        while (r + n <= head + l.count) {
+            const u64 seen = atomicCAS(&l.state->reserve, r, r + n);
+            if (seen == r) {
                 first = r;
                 return VKGDR_D2H_OK;
             }
-            continue;
+            r = seen;
+            tried = true;
+        }
+        if (tried) {
+            continue; // full by the cached head after others reserved: read the cache again
         }
         // Both loads in flight at once (over PCIe, where the control block is in host memory).
         const u64 closed = *l.closed;
