@@ -547,7 +547,11 @@ template <unsigned int THREADS, unsigned int CPT> struct WindowShared {
 //   'The checking consumer'). A reader whose read_ahead() was not called loads the window in
 //   next(), as one without read-ahead.
 // wait() polls the tail only once everything below the last tail seen is consumed; release()
-// publishes the head when caught up or every quarter ring, as BlockReader does.
+// publishes the head when caught up or every quarter ring, as BlockReader does. Unless large(),
+// a group's bytes are all in shared memory once next() returns, so a caller that reads them only
+// through shared_payload() may call release() right after next(): the head then travels to the
+// CPU while the block works on the group (the checking consumers of kernels/ring.cu do; a lone
+// record's round trip no longer waits for its processing).
 //
 //   extern "C" __global__ void __launch_bounds__(512)
 //   my_consumer(vkgdr_ring_view view)                              // one block of 512 per lane
