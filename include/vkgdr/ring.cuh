@@ -280,9 +280,16 @@ __device__ __forceinline__ bool poll_tail(const RingLane& lane, u64 pos, u64& wo
         flag = done;
     }
     block_sync();
+    // No barrier after these reads where the lane has a head word: thread 0 writes `word` and
+    // `flag` again only in a later poll or, for `flag`, in BlockReader::next() after its own
+    // barriers, and wait() polls again only after the position moved: by next(), which begins
+    // with a barrier, or by skip_to_tail(), after which wait()'s publish_head takes one. A lane
+    // without a head word publishes nothing, so it keeps the barrier.
     const u64 t = word;
     const int done = flag;
-    block_sync();
+    if (lane.head == 0) {
+        block_sync();
+    }
     if (done == 2) {
         err = VKGDR_RING_BAD_TAIL;
     }
