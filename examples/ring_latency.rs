@@ -183,7 +183,14 @@ fn one_row(
             }
             let end = lone.core().committed();
             while ring.head_of(lane) < end {
+                if t.elapsed() > LIMIT.unwrap() {
+                    failed = Some(format!("the kernel's head stayed below {end} for 10 s"));
+                    break;
+                }
                 std::hint::spin_loop();
+            }
+            if failed.is_some() {
+                break;
             }
             samples.push(t.elapsed().as_nanos() as f64);
         }
