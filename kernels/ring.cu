@@ -389,6 +389,12 @@ __device__ void ring_check_lane(const vkgdr::RingLane& lane, RingCheckShared* sh
     RingCheck c = { 0ull, 0ull, 0ull, lane.result[RING_RESULT_NEXT_SEQ], 0u };
     while (rd.wait()) {
         const unsigned int n = rd.next();
+        if (!rd.large()) {
+            // The group's bytes are in shared memory (ring_check_window reads global memory only
+            // for a large() group): its space goes back now, and the head's way to the CPU
+            // overlaps the checks.
+            rd.release();
+        }
         ring_check_window(rd, n, &c, sh);
         if (rd.error() == VKGDR_RING_BROKEN) {
             c.errors += threadIdx.x == 0 ? 1ull : 0ull;

@@ -20,6 +20,13 @@
 // (warp of the grid) % view.lanes, kind 2; payload as above with id = warp << 32 | round. A warp
 // stops at its first refusal (counted once per warp in result).
 //
+// d2h_produce_sparse: as d2h_produce_check, but in round r thread t publishes only when
+// d2h_sparse_in(t, r) (so warps publish with every lane, and with changing subsets of their
+// lanes), kind 5, a payload of 8 + id % (max_len - 7) bytes (8 to max_len <= 248, the whole
+// test payload of d2h_test_word's bytes) from a byte buffer at an odd address or an 8-byte
+// aligned one, in turn. The threads stay in the loop to its end (a refusal is counted in result
+// and ends the thread's publishing), so the warp's ballots always see every thread.
+//
 // d2h_ping: one thread publishes `n` records of 8 bytes (kind 3, payload i) into lane 0, record i
 // once *go > i (a word in GPU memory the CPU stores to through the BAR): the CPU measures a lone
 // record's trip. It stops when lane 0 is closed, or at its first refusal (counted in result).
@@ -112,6 +119,49 @@ extern "C" __global__ void d2h_produce_check(vkgdr_d2h_view view, unsigned int p
     }
 }
 
+// Whether thread `thread` publishes in round `round` of d2h_produce_sparse (the tests compute
+// the same): every thread in every fourth round, about four in five otherwise.
+__device__ __forceinline__ bool d2h_sparse_in(unsigned int thread, unsigned int round)
+{
+    return round % 4u == 0u || (thread * 7u + round * 3u) % 5u != 0u;
+}
+
+#define D2H_SPARSE_MAX 248u
+
+extern "C" __global__ void d2h_produce_sparse(vkgdr_d2h_view view, unsigned int per_thread,
+                                              unsigned int max_len, unsigned long long* result)
+{
+    const unsigned int thread = blockIdx.x * blockDim.x + threadIdx.x;
+    const vkgdr::D2hLane lane = vkgdr::d2h_lane(view, blockIdx.x % view.lanes);
+    __align__(16) unsigned char buf[D2H_SPARSE_MAX + 16u];
+    if (max_len < 8u || max_len > D2H_SPARSE_MAX) {
+        if (threadIdx.x == 0u) {
+            d2h_count_refusal(result, VKGDR_D2H_TOO_LARGE);
+        }
+        return;
+    }
+    bool refused = false;
+    for (unsigned int round = 0; round < per_thread; ++round) {
+        const bool in = !refused && d2h_sparse_in(thread, round);
+        const unsigned int callers = __ballot_sync(0xFFFFFFFFu, in);
+        if (in) {
+            __syncwarp(callers); // the callers converged
+            const unsigned long long id = ((unsigned long long)thread << 32) | round;
+            const unsigned int len = 8u + (unsigned int)(id % (unsigned long long)(max_len - 7u));
+            unsigned char* src = buf + ((thread + round) % 2u == 0u ? 8u : 1u);
+            for (unsigned int b = 0; b < len; ++b) {
+                src[b] = (unsigned char)(d2h_test_word(id, b / 8u) >> (8u * (b % 8u)));
+            }
+            const int status = vkgdr::d2h_publish_each(lane, 5u, src, len);
+            if (status != VKGDR_D2H_OK) {
+                d2h_count_refusal(result, status);
+                refused = true;
+            }
+        }
+        __syncwarp();
+    }
+}
+
 #define D2H_WARP_WORDS 510u // 4080 bytes: a 4 KiB slot's payload
 #define D2H_MAX_WARPS 8u    // blockDim.x <= 256
 
@@ -155,8 +205,14 @@ extern "C" __global__ void d2h_ping(vkgdr_d2h_view view, const unsigned long lon
     }
     const vkgdr::D2hLane lane = vkgdr::d2h_lane(view, 0u);
     for (unsigned int i = 0; i < n; ++i) {
-        while (*(const volatile unsigned long long*)go <= i) {
-            if (*lane.closed != 0ull) {
+        for (;;) {
+            // Both loads in flight at once: the go word is seen one load after it lands.
+            const unsigned long long g = *(const volatile unsigned long long*)go;
+            const unsigned long long closed = *lane.closed;
+            if (g > i) {
+                break;
+            }
+            if (closed != 0ull) {
                 return;
             }
         }

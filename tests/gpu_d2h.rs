@@ -1,13 +1,17 @@
 //! Device → host rings on the GPU (`DeviceToHostRing`, `include/vkgdr/ring_d2h.cuh`, the test
 //! kernels of `kernels/ring_d2h.cu`): millions of records from every warp of a grid over eight
 //! lanes, each checked on the CPU (sequence number, producer order, every payload byte), through
-//! many wraps; 4 KiB records written by whole warps; a slow consumer that holds the kernel back
+//! many wraps; 4 KiB records written by whole warps; warps that publish with changing subsets of
+//! their lanes, records of every length from odd and aligned addresses, into slots that the warp
+//! writes together (32 to 128 bytes) or each thread its own (256); a slow consumer that holds the
+//! kernel back
 //! (back-pressure: the kernel waits, nothing is lost); a consumer that closes its lane while the
 //! kernel waits for room (the kernel gives up with `VKGDR_D2H_CLOSED`; a watchdog turns a hang
 //! into a failure); and a lone record's latency, printed, not asserted.
 //!
 //! The checker itself is tested without a GPU (the model producer of the core fills a lane in
-//! host memory): it accepts a good lane and refuses a corrupted byte and a repeated record.
+//! host memory): it accepts a good lane and refuses a corrupted byte and a repeated record; the
+//! sparse warps' checker also refuses a lost record.
 #![cfg(not(feature = "loom"))]
 
 mod common;
@@ -86,6 +90,57 @@ fn checker_refuses_a_repeated_record() {
     }
     let err = check_model_lane(&lane, shape, 48).expect_err("a repeated record");
     assert!(err.contains("round 1 where 2 was due"), "{err}");
+}
+
+/// Publishes `d2h_produce_sparse`'s records of one block of 32 threads into `lane` (lane 0 of
+/// one) with the model producer, round by round, leaving out thread `skip`'s round `skip.1`.
+fn model_publish_sparse(lane: &HostLane, shape: LaneShape, rounds: u32, skip: (u32, u32)) {
+    let device = DeviceLaneState::new();
+    let producer = ProducerModel::new(lane, &device, shape, 0);
+    let max_len = shape.max_payload();
+    for round in 0..rounds {
+        for thread in (0..32).filter(|&t| sparse_in(t, round) && (t, round) != skip) {
+            let id = u64::from(thread) << 32 | u64::from(round);
+            let len = 8 + (id % u64::from(max_len - 7)) as usize;
+            producer.publish(5, &test_payload(id, len)).unwrap();
+        }
+    }
+    lane.finish();
+}
+
+#[test]
+fn sparse_checker_accepts_a_good_lane_and_refuses_a_bad_byte_or_a_lost_record() {
+    let shape = LaneShape::new(512, 64).unwrap();
+    let check = |lane: &HostLane| {
+        let mut consumer = LaneConsumer::new(lane, shape).unwrap();
+        check_sparse_lane(&mut consumer, (0, 1), (1, 32, 8), 48)
+    };
+    let expected = (0..32)
+        .map(|t| (0..8).filter(|&r| sparse_in(t, r)).count() as u64)
+        .sum::<u64>();
+    let lane = HostLane::new(shape);
+    model_publish_sparse(&lane, shape, 8, (u32::MAX, 0));
+    assert_eq!(check(&lane), Ok(expected));
+
+    let lane = HostLane::new(shape);
+    model_publish_sparse(&lane, shape, 8, (u32::MAX, 0));
+    let word = shape.first_word(41) + 2 + 1; // record 41's payload bytes 8..16
+    lane.slot_words()[word].fetch_xor(1 << 16, Ordering::Relaxed);
+    let err = check(&lane).expect_err("a corrupted byte");
+    assert!(
+        err.contains("record 41") && err.contains("byte 10"),
+        "{err}"
+    );
+
+    // Thread 5 publishes in round 1 (5 * 7 + 3 = 38) and in round 2 (41): lose round 1.
+    assert!(sparse_in(5, 1) && sparse_in(5, 2));
+    let lane = HostLane::new(shape);
+    model_publish_sparse(&lane, shape, 8, (5, 1));
+    let err = check(&lane).expect_err("a lost record");
+    assert!(
+        err.contains("thread 5's round 2 where Some(1) was due"),
+        "{err}"
+    );
 }
 
 // ---- On the GPU. ----
@@ -329,6 +384,143 @@ fn whole_warps_publish_4_kib_records_checked_byte_for_byte() {
         .sum();
     assert_eq!(result.read(), [0; 5], "no publication refused");
     assert_eq!(total, u64::from(warps * per_warp));
+    done.store(true, Ordering::Release);
+}
+
+/// Whether thread `thread` publishes in round `round` of `d2h_produce_sparse` (its
+/// `d2h_sparse_in`): every thread in every fourth round, about four in five otherwise.
+fn sparse_in(thread: u32, round: u32) -> bool {
+    round.is_multiple_of(4)
+        || !thread
+            .wrapping_mul(7)
+            .wrapping_add(round.wrapping_mul(3))
+            .is_multiple_of(5)
+}
+
+/// Checks one lane of `d2h_produce_sparse`'s records (`threads` per block, `rounds` rounds,
+/// payloads of 8 to `max_len` bytes): sequence numbers in order, each thread's records in its
+/// rounds' order with none missing, every payload byte. Returns the records taken.
+fn check_sparse_lane<M: LaneMemory>(
+    consumer: &mut LaneConsumer<M>,
+    (lane, lanes): (u32, u32),
+    (blocks, threads, rounds): (u32, u32, u32),
+    max_len: u32,
+) -> Result<u64, String> {
+    let mut next_round = std::collections::HashMap::<u32, u32>::new();
+    let mut n = 0u64;
+    for rec in consumer.records() {
+        let rec = rec.map_err(|e| format!("lane {lane}: {e}"))?;
+        if rec.seq != n || rec.kind != 5 || rec.payload.len() < 8 {
+            return Err(format!(
+                "lane {lane}: record {} of kind {} and {} bytes where record {n} of kind 5 was due",
+                rec.seq,
+                rec.kind,
+                rec.payload.len()
+            ));
+        }
+        let id = u64::from_le_bytes(rec.payload[..8].try_into().unwrap());
+        let (thread, round) = ((id >> 32) as u32, id as u32);
+        if thread / threads % lanes != lane {
+            return Err(format!(
+                "lane {lane}: record {n} of thread {thread} of another lane"
+            ));
+        }
+        let from = next_round.get(&thread).copied().unwrap_or(0);
+        let due = (from..rounds).find(|&r| sparse_in(thread, r));
+        if due != Some(round) {
+            return Err(format!(
+                "lane {lane}: record {n}: thread {thread}'s round {round} where {due:?} was due"
+            ));
+        }
+        next_round.insert(thread, round + 1);
+        let len = 8 + (id % u64::from(max_len - 7)) as usize;
+        let expected = test_payload(id, len);
+        if rec.payload.len() != len {
+            return Err(format!(
+                "lane {lane}: record {n} (thread {thread}, round {round}): {} bytes, expected {len}",
+                rec.payload.len()
+            ));
+        }
+        if let Some(at) = (0..len).find(|&i| rec.payload[i] != expected[i]) {
+            return Err(format!(
+                "lane {lane}: record {n} (thread {thread}, round {round}, {len} bytes): byte {at} \
+                 is {:#04x}, expected {:#04x}",
+                rec.payload[at], expected[at]
+            ));
+        }
+        n += 1;
+    }
+    for t in (0..blocks * threads).filter(|t| t / threads % lanes == lane) {
+        let from = next_round.get(&t).copied().unwrap_or(0);
+        if let Some(r) = (from..rounds).find(|&r| sparse_in(t, r)) {
+            return Err(format!("lane {lane}: thread {t}'s round {r} never came"));
+        }
+    }
+    Ok(n)
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn warps_with_some_lanes_publish_records_of_every_length_intact() {
+    let done = guard("warps with some lanes", Duration::from_secs(300));
+    let gpu = open(false);
+    let module = Module::load_ptx(&gpu, D2H_PTX).unwrap();
+    let (lanes, blocks, threads) = (4u32, 16u32, 128u32);
+    let rounds = if under_sanitizer() { 4 } else { 64 };
+    // Slots of 32 to 128 bytes: a warp writes its records' slots together (shuffled pieces,
+    // payloads from odd and aligned addresses); 256 bytes: each thread writes its own.
+    for stride in [32u32, 64, 128, 256] {
+        let max_len = stride - 16;
+        let shape = LaneShape::new(256, stride).unwrap();
+        let ring = DeviceToHostRing::new(&gpu, lanes, shape, 5_000_000).unwrap();
+        let result = Refusals::new(&gpu);
+        let stream = Stream::new(&gpu).unwrap();
+        let consumers = ring.consumers().unwrap();
+        launch_producer(
+            &module,
+            "d2h_produce_sparse",
+            &ring,
+            &stream,
+            (blocks, threads),
+            (rounds, max_len),
+            &result,
+        );
+        ring.finish_after(&stream).unwrap();
+        let checkers: Vec<_> = consumers
+            .into_iter()
+            .enumerate()
+            .map(|(lane, mut consumer)| {
+                std::thread::spawn(move || {
+                    check_sparse_lane(
+                        &mut consumer,
+                        (lane as u32, lanes),
+                        (blocks, threads, rounds),
+                        max_len,
+                    )
+                })
+            })
+            .collect();
+        let total: u64 = checkers
+            .into_iter()
+            .map(|c| {
+                c.join()
+                    .unwrap()
+                    .unwrap_or_else(|e| panic!("{stride}-byte slots: {e}"))
+            })
+            .sum();
+        assert_eq!(
+            result.read(),
+            [0; 5],
+            "{stride}-byte slots: no publication refused"
+        );
+        let expected: u64 = (0..blocks * threads)
+            .map(|t| (0..rounds).filter(|&r| sparse_in(t, r)).count() as u64)
+            .sum();
+        assert_eq!(
+            total, expected,
+            "{stride}-byte slots: every record delivered"
+        );
+    }
     done.store(true, Ordering::Release);
 }
 

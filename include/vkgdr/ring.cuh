@@ -41,13 +41,15 @@
 //   tail  u64, GPU memory, written by the CPU: the end of the published records. The CPU writes
 //         the records, sfence, then stores the tail (one 8-byte store), sfence.
 //   head  u64, pinned host memory, written by the GPU: the end of the consumed records; the CPU
-//         reuses space below it. Published after the block's reads are done, with
-//         __threadfence_system() before and after the store.
+//         reuses space below it. Published after the block's reads are done, with a release
+//         store at system scope (st.release.sys).
 //   stop  u32, GPU memory, one per ring: the CPU's request to exit once everything published is
 //         consumed (it stores its last tail first).
-// The reader polls the tail with volatile loads and fences (__threadfence_system) before it
-// reads records, so no record load is satisfied before the tail load. Records are loaded with
-// ld.global.cg (L2, not L1): a line cached on an earlier lap of the ring is never reused.
+// The reader polls the tail with acquire loads at system scope (ld.acquire.sys), so no record
+// load is satisfied before the tail load; the stop word is read relaxed beside it, and a fence
+// (__threadfence_system) comes only once stop is seen, before the tail is read a last time.
+// Records are loaded with ld.global.cg (L2, not L1): a line cached on an earlier lap of the ring
+// is never reused.
 //
 // Block-cooperative, in-order consumption. Two readers, both one block per lane:
 // - BlockReader (the example above): `next()` loads the next 16 * THREADS bytes of the lane into
@@ -62,7 +64,7 @@
 //   works on this one. The checking consumers of kernels/ring.cu are built on it: a header per
 //   thread, and the body chunks of the window's longer records spread over the whole block.
 //
-// Checked with nvcc 13.0 (-arch=compute_75).
+// Checked with nvcc 13.0 (-arch=compute_75; the acquire and release forms need sm_70).
 
 #ifndef VKGDR_RING_CUH
 #define VKGDR_RING_CUH
@@ -102,6 +104,42 @@ static_assert(sizeof(vkgdr_ring_view) == 64, "vkgdr_ring_view must match RingDev
 namespace vkgdr_device {
 
 typedef unsigned long long u64;
+
+// Acquire loads, release stores and release fences, one instruction each (the CPU is the other
+// side at system scope). A volatile load followed by __threadfence_system() (fence.sc.sys) is
+// also an acquire, but the sequentially consistent fence waits for every earlier memory
+// operation of the thread to be performed system-wide (on a round trip's path: the last store
+// over PCIe); an acquire load orders only what comes after it, a release store or fence only
+// what came before. ring.cuh and ring_d2h.cuh define the same functions (whichever comes first
+// does). Needs sm_70.
+#ifndef VKGDR_DEVICE_ORDERING
+#define VKGDR_DEVICE_ORDERING
+__device__ __forceinline__ u64 load_acquire_sys(const volatile u64* p)
+{
+    u64 v;
+    asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ u64 load_acquire_gpu(const volatile u64* p)
+{
+    u64 v;
+    asm volatile("ld.acquire.gpu.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void store_release_sys(volatile u64* p, u64 v)
+{
+    asm volatile("st.release.sys.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
+}
+
+// This thread's earlier loads and stores before its later stores, at system scope
+// (fence.acq_rel.sys: MEMBAR.ALL.SYS, not the MEMBAR.SC.SYS of __threadfence_system()).
+__device__ __forceinline__ void fence_release_sys()
+{
+    asm volatile("fence.acq_rel.sys;" : : : "memory");
+}
+#endif
 
 // One lane, as the reader needs it.
 struct RingLane {
@@ -183,9 +221,10 @@ __device__ __forceinline__ void publish_head(const RingLane& lane, u64 pos, u64 
     if (force || pos == tail || pos - released >= lane.capacity / 4ull) {
         block_sync(); // every thread's reads of the group are done
         if (threadIdx.x == 0) {
-            __threadfence_system();
-            *lane.head = pos;
-            __threadfence_system();
+            // Release: the block's reads (ordered before this thread's by the barrier) come
+            // before the head store. No fence after it: the store leaves on its own, and a fence
+            // there kept thread 0 from polling the tail again for a PCIe round trip.
+            store_release_sys(lane.head, pos);
         }
         released = pos;
     }
@@ -216,22 +255,23 @@ __device__ __forceinline__ bool poll_tail(const RingLane& lane, u64 pos, u64& wo
         int done = 0;
         u64 t;
         for (;;) {
-            // Both loads in flight at once: a poll costs one memory round trip, not two.
-            t = *lane.tail;
+            // Both loads in flight at once: a poll costs one memory round trip, not two. The
+            // stop word first (relaxed), then the tail with acquire: no record load below (in
+            // any thread: the barrier orders theirs after this one) may be satisfied before the
+            // tail load, and no fence is paid on the way from the tail to the records.
             const unsigned int stopped = *lane.stop;
+            t = load_acquire_sys(lane.tail);
             if (t != pos) {
                 break;
             }
             if (stopped != 0u) {
                 // The CPU stores stop after its last tail: fence, then look at the tail again.
                 __threadfence_system();
-                t = *lane.tail;
+                t = load_acquire_sys(lane.tail);
                 done = t == pos;
                 break;
             }
         }
-        // Acquire: no record load below may be satisfied before the tail load above.
-        __threadfence_system();
         if (!done && (t < pos || t - pos > lane.capacity
                       || (t & (VKGDR_RING_RECORD_ALIGN - 1ull)) != 0ull)) {
             done = 2;
@@ -240,9 +280,16 @@ __device__ __forceinline__ bool poll_tail(const RingLane& lane, u64 pos, u64& wo
         flag = done;
     }
     block_sync();
+    // No barrier after these reads where the lane has a head word: thread 0 writes `word` and
+    // `flag` again only in a later poll or, for `flag`, in BlockReader::next() after its own
+    // barriers, and wait() polls again only after the position moved: by next(), which begins
+    // with a barrier, or by skip_to_tail(), after which wait()'s publish_head takes one. A lane
+    // without a head word publishes nothing, so it keeps the barrier.
     const u64 t = word;
     const int done = flag;
-    block_sync();
+    if (lane.head == 0) {
+        block_sync();
+    }
     if (done == 2) {
         err = VKGDR_RING_BAD_TAIL;
     }
@@ -471,6 +518,7 @@ template <unsigned int THREADS, unsigned int CPT> struct WindowShared {
     unsigned short start[THREADS * CPT];         // chunk of record k's header in the window
     unsigned char entry[CPT * (THREADS / 32)];   // where the chain enters segment s (or none)
     unsigned int counts[CPT * (THREADS / 32)];   // records per (slice, warp), for the ranks
+                                                 // ([0]: the group's count in next_small)
     u64 word;                                    // a broadcast value
     unsigned int last;                           // the chain's last header
     unsigned int term;                           // where the chain leaves the window
@@ -506,7 +554,11 @@ template <unsigned int THREADS, unsigned int CPT> struct WindowShared {
 //   'The checking consumer'). A reader whose read_ahead() was not called loads the window in
 //   next(), as one without read-ahead.
 // wait() polls the tail only once everything below the last tail seen is consumed; release()
-// publishes the head when caught up or every quarter ring, as BlockReader does.
+// publishes the head when caught up or every quarter ring, as BlockReader does. Unless large(),
+// a group's bytes are all in shared memory once next() returns, so a caller that reads them only
+// through shared_payload() may call release() right after next(): the head then travels to the
+// CPU while the block works on the group (the checking consumers of kernels/ring.cu do; a lone
+// record's round trip no longer waits for its processing).
 //
 //   extern "C" __global__ void __launch_bounds__(512)
 //   my_consumer(vkgdr_ring_view view)                              // one block of 512 per lane
@@ -566,6 +618,9 @@ class WindowReader : public LaneCursor<WindowReader<THREADS, CPT>> {
         const u64 avail = tail_ - pos_;
         const unsigned int n = (unsigned int)((avail < WINDOW ? avail : WINDOW) / 16ull);
         const u64 base = pos_ & mask_;
+        if (n <= 32u) {
+            return next_small(base, avail, n, prefetched);
+        }
         unsigned int link[CPT];
         unsigned int path[CPT];
         unsigned int wrap = 0u; // bit i: chunk i of this thread is a wrap PAD's header
@@ -664,25 +719,7 @@ class WindowReader : public LaneCursor<WindowReader<THREADS, CPT>> {
                     (unsigned short)(tid + i * THREADS);
             }
         }
-        const unsigned int last = s_.last;
-        group_pos_ = pos_;
-        if (term == VKGDR_RING_JUMP_BAD) {
-            err_ = VKGDR_RING_BROKEN;
-            pos_ += 16ull * last;
-        } else if (term == VKGDR_RING_JUMP_BEYOND && last == 0u) {
-            // The first record is longer than the window: the group is that record alone.
-            const uint4 h = s_.window[0];
-            large_ = true;
-            const bool wrap_pad = h.y == VKGDR_RING_KIND_PAD && h.z == 0xFFFFFFFFu
-                                  && h.w == 0xFFFFFFFFu;
-            count = wrap_pad ? 0u : 1u;
-            pos_ += record_size(h.x);
-        } else {
-            pos_ += 16ull * (term == VKGDR_RING_JUMP_BEYOND ? last : n);
-        }
-        if (!defer_) {
-            read_ahead();
-        }
+        count = end_group(term, s_.last, count, n);
         block_sync(); // start[] is complete
         return count;
     }
@@ -743,6 +780,85 @@ class WindowReader : public LaneCursor<WindowReader<THREADS, CPT>> {
     static constexpr unsigned int PER = (SLOTS + 31u) / 32u;      // slots per lane of the scan
     static constexpr u64 NO_PREFETCH = 0xFFFFFFFFFFFFFFFFull; // never a 16-aligned position
     static constexpr unsigned int NO_ENTRY = 0xFFu; // the chain does not enter the segment
+
+    // next() for a window of at most 32 chunks (a lone record, or the last few of a stream):
+    // warp 0 loads and decodes them and resolves the chain in its one segment with its
+    // shuffles, as every warp does in next(), and ranks the records with one ballot. The other
+    // warps only wait at the barrier: two barriers per group where next() takes five, and no
+    // hop from segment to segment. Every thread calls it.
+    __device__ unsigned int next_small(u64 base, u64 avail, unsigned int n, bool prefetched)
+    {
+        const unsigned int tid = threadIdx.x;
+        if (tid < 32u) {
+            unsigned int link = VKGDR_RING_JUMP_BAD;
+            bool wrap = false;
+            if (tid < n) {
+                const uint4 v = prefetched && tid < pre_n_ ? pre_[0] : load(base, tid);
+                s_.window[tid] = v;
+                link = decode(v, base, tid, avail, n);
+                wrap = v.y == VKGDR_RING_KIND_PAD && v.z == 0xFFFFFFFFu && v.w == 0xFFFFFFFFu;
+            }
+            // After round r, `to` is where 2^r steps from chunk tid lead (or where the chain left
+            // the window), `on` the chunks on the way (bit j: chunk j).
+            unsigned int to = link;
+            unsigned int on = 1u << tid;
+#pragma unroll
+            for (unsigned int r = 0; r < 5u; ++r) {
+                const bool inside = to < n;
+                const unsigned int from = inside ? to : tid;
+                const unsigned int to_next = __shfl_sync(0xFFFFFFFFu, to, from);
+                const unsigned int on_next = __shfl_sync(0xFFFFFFFFu, on, from);
+                if (inside) {
+                    to = to_next;
+                    on |= on_next;
+                }
+            }
+            // The chain from chunk 0: where it leaves the window, and the chunks it passes.
+            const unsigned int term = __shfl_sync(0xFFFFFFFFu, to, 0);
+            const unsigned int chain = __shfl_sync(0xFFFFFFFFu, on, 0);
+            const bool rec = ((chain >> tid) & 1u) != 0u && link < VKGDR_RING_JUMP_BEYOND && !wrap;
+            const unsigned int ballot = __ballot_sync(0xFFFFFFFFu, rec);
+            if (rec) {
+                s_.start[__popc(ballot & ((1u << tid) - 1u))] = (unsigned short)tid;
+            }
+            if (tid == 0u) {
+                s_.term = term;
+                s_.last = 31u - __clz(chain);
+                s_.counts[0] = __popc(ballot); // the group's record count
+            }
+        }
+        block_sync(); // window[], start[] and the three words are complete
+        // No barrier after the group's words are read: the next writer of them is the next
+        // call of next(), after its own barrier.
+        return end_group(s_.term, s_.last, s_.counts[0], n);
+    }
+
+    // The end of next(): moves the position past the group (`term`: where the chain left the
+    // window, `last` its last header in the window, `count` its records), and reads ahead.
+    // Returns the group's record count.
+    __device__ __forceinline__ unsigned int end_group(unsigned int term, unsigned int last,
+                                                      unsigned int count, unsigned int n)
+    {
+        group_pos_ = pos_;
+        if (term == VKGDR_RING_JUMP_BAD) {
+            err_ = VKGDR_RING_BROKEN;
+            pos_ += 16ull * last;
+        } else if (term == VKGDR_RING_JUMP_BEYOND && last == 0u) {
+            // The first record is longer than the window: the group is that record alone.
+            const uint4 h = s_.window[0];
+            large_ = true;
+            const bool wrap_pad = h.y == VKGDR_RING_KIND_PAD && h.z == 0xFFFFFFFFu
+                                  && h.w == 0xFFFFFFFFu;
+            count = wrap_pad ? 0u : 1u;
+            pos_ += record_size(h.x);
+        } else {
+            pos_ += 16ull * (term == VKGDR_RING_JUMP_BEYOND ? last : n);
+        }
+        if (!defer_) {
+            read_ahead();
+        }
+        return count;
+    }
 
     __device__ static void check_shape()
     {

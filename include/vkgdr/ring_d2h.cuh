@@ -33,12 +33,16 @@
 // (the highest head a producer read) and `gave_up` (publications refused).
 //
 // Protocol. Reserve n slots with one compare-and-swap of `reserve`, taken only when
-// reserve + n <= head_cache + slots; when the lane looks full, read `closed` (set: give up,
-// VKGDR_D2H_CLOSED) and the consumer's `head` (moved: raise head_cache, retry), and after
-// view.spin_limit looks at a head that did not move give up (VKGDR_D2H_STALLED). A refusal
-// reserves nothing, so no slot is owed and the consumer never waits for a producer that gave up.
-// Then write meta and payload, __threadfence_system() in every writing thread, and store the
-// commit word (one aligned 8-byte store). Between reserving and committing nothing waits.
+// reserve + n <= head_cache + slots (a failed one is retried with the value it returned); when
+// the lane looks full, read `closed` (set: give up, VKGDR_D2H_CLOSED) and the consumer's `head`
+// (moved: raise head_cache, retry), and after view.spin_limit looks at a head that did not move
+// give up (VKGDR_D2H_STALLED). A refusal reserves nothing, so no slot is owed and the consumer
+// never waits for a producer that gave up.
+// Then write meta and payload, a release fence at system scope (fence.acq_rel.sys, or the
+// commit's st.release.sys) in every writing thread, and store the commit word (one aligned
+// 8-byte store). A writer may store the commit word's present value (the previous lap's commit,
+// or 0) with the rest of the slot before that: the consumer sees no change. Between reserving
+// and committing nothing waits.
 // Records of one lane reach the CPU in reservation order; lanes are independent.
 //
 // Warp calls (d2h_publish_each, d2h_publish_warp, release_token) use __activemask() or expect
@@ -85,6 +89,42 @@ static_assert(sizeof(vkgdr_d2h_view) == 48, "vkgdr_d2h_view must match D2hDevice
 namespace vkgdr_device {
 
 typedef unsigned long long u64;
+
+// Acquire loads, release stores and release fences, one instruction each (the CPU is the other
+// side at system scope). A volatile load followed by __threadfence_system() (fence.sc.sys) is
+// also an acquire, but the sequentially consistent fence waits for every earlier memory
+// operation of the thread to be performed system-wide (on a round trip's path: the last store
+// over PCIe); an acquire load orders only what comes after it, a release store or fence only
+// what came before. ring.cuh and ring_d2h.cuh define the same functions (whichever comes first
+// does). Needs sm_70.
+#ifndef VKGDR_DEVICE_ORDERING
+#define VKGDR_DEVICE_ORDERING
+__device__ __forceinline__ u64 load_acquire_sys(const volatile u64* p)
+{
+    u64 v;
+    asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ u64 load_acquire_gpu(const volatile u64* p)
+{
+    u64 v;
+    asm volatile("ld.acquire.gpu.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void store_release_sys(volatile u64* p, u64 v)
+{
+    asm volatile("st.release.sys.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
+}
+
+// This thread's earlier loads and stores before its later stores, at system scope
+// (fence.acq_rel.sys: MEMBAR.ALL.SYS, not the MEMBAR.SC.SYS of __threadfence_system()).
+__device__ __forceinline__ void fence_release_sys()
+{
+    asm volatile("fence.acq_rel.sys;" : : : "memory");
+}
+#endif
 
 // A lane's words in device memory.
 struct D2hLaneState {
@@ -141,17 +181,26 @@ __device__ __forceinline__ int d2h_reserve(const D2hLane& l, unsigned int n, u64
     unsigned int spins = 0u;
     unsigned int nap = 32u;
     for (;;) {
-        const u64 r = *(volatile u64*)&l.state->reserve;
-        const u64 head = *(volatile u64*)&l.state->head_cache;
-        // Acquire: the slot writes after the reservation come after the head's load (and so
-        // after the consumer's reads of those slots).
-        __threadfence();
-        if (r + n <= head + l.count) {
-            if (atomicCAS(&l.state->reserve, r, r + n) == r) {
+        // Both loads in flight at once. Acquire on the cached head: the slot writes after the
+        // reservation come after its load (and so after the consumer's reads of those slots),
+        // with no fence: a fence.sc.gpu here waited for the thread's last commit store to
+        // reach host memory.
+        u64 r = *(volatile u64*)&l.state->reserve;
+        const u64 head = load_acquire_gpu(&l.state->head_cache);
+        // While there is room, compare-and-swap; a failed one returns the value to try next
+        // (under contention one round trip per try, where loading `reserve` again made two).
+        bool tried = false;
+        while (r + n <= head + l.count) {
+            const u64 seen = atomicCAS(&l.state->reserve, r, r + n);
+            if (seen == r) {
                 first = r;
                 return VKGDR_D2H_OK;
             }
-            continue;
+            r = seen;
+            tried = true;
+        }
+        if (tried) {
+            continue; // full by the cached head after others reserved: read the cache again
         }
         // Both loads in flight at once (over PCIe, where the control block is in host memory).
         const u64 closed = *l.closed;
@@ -220,6 +269,55 @@ __device__ __forceinline__ void d2h_commit(const D2hLane& l, u64 seq)
     ((volatile u64*)d2h_slot(l, seq))[0] = seq + 1ull;
 }
 
+// Commits record `seq` with a release store: this thread's writes of the slot come first.
+__device__ __forceinline__ void d2h_commit_release(const D2hLane& l, u64 seq)
+{
+    store_release_sys((volatile u64*)d2h_slot(l, seq), seq + 1ull);
+}
+
+// The commit word a slot holds while record `seq` is not yet committed: the previous lap's
+// commit (0 on the first lap). The consumer takes either this value or seq + 1 as "not yet" and
+// "ready"; storing it again changes nothing it can see.
+__device__ __forceinline__ u64 d2h_commit_before(const D2hLane& l, u64 seq)
+{
+    return seq < l.count ? 0ull : seq + 1ull - l.count;
+}
+
+// 16-byte piece q of record `seq`'s slot as the calling thread would write it: q = 0 the commit
+// word's present value (d2h_commit_before) and the meta word; q >= 1 payload bytes
+// 16 (q - 1) .. 16 q - 1, zero past `len` (only bytes below `len` are read; an 8-byte aligned
+// payload a word at a time).
+__device__ __forceinline__ uint4 d2h_slot_piece(const D2hLane& l, u64 seq, unsigned int kind,
+                                                const void* payload, unsigned int len,
+                                                unsigned int q)
+{
+    u64 w[2];
+    if (q == 0u) {
+        w[0] = d2h_commit_before(l, seq);
+        w[1] = (u64)len | ((u64)kind << 32);
+    } else {
+        const unsigned char* src = (const unsigned char*)payload;
+        const bool aligned = ((unsigned long long)payload & 7ull) == 0ull;
+#pragma unroll
+        for (unsigned int h = 0; h < 2u; ++h) {
+            const unsigned int from = 16u * (q - 1u) + 8u * h;
+            w[h] = 0ull;
+            if (from < len) {
+                const unsigned int k = len - from < 8u ? len - from : 8u;
+                if (k == 8u && aligned) {
+                    w[h] = *(const u64*)(src + from);
+                } else {
+                    for (unsigned int b = 0; b < k; ++b) {
+                        w[h] |= (u64)src[from + b] << (8u * b);
+                    }
+                }
+            }
+        }
+    }
+    return make_uint4((unsigned int)w[0], (unsigned int)(w[0] >> 32), (unsigned int)w[1],
+                      (unsigned int)(w[1] >> 32));
+}
+
 // One thread publishes one record of `len` bytes. Returns the status; `seq_out` (optional) gets
 // the record's sequence number.
 __device__ __forceinline__ int d2h_publish(const D2hLane& l, unsigned int kind, const void* payload,
@@ -236,16 +334,28 @@ __device__ __forceinline__ int d2h_publish(const D2hLane& l, unsigned int kind, 
     unsigned char* slot = d2h_slot(l, seq);
     d2h_write_meta(slot, len, kind);
     d2h_copy(slot, payload, len);
-    __threadfence_system();
-    d2h_commit(l, seq);
+    d2h_commit_release(l, seq); // the writes above first, with no fence.sc.sys
     if (seq_out) {
         *seq_out = seq;
     }
     return VKGDR_D2H_OK;
 }
 
+// The most 16-byte pieces per slot (header included) that d2h_publish_each writes with the
+// warp's coalesced stores (slots up to 128 bytes); longer slots are written by their own thread.
+#define VKGDR_D2H_COALESCED_PIECES 8u
+
 // Every active thread of the warp publishes its own record, with one reservation for the warp
 // (records in lane order). Returns the warp's status in every thread.
+//
+// Slots of up to 128 bytes are written by the warp together: the warp's records lie in
+// consecutive slots, and the thread of rank i (its place among the active threads) writes
+// 16-byte pieces i, i + count, i + 2 count, ... of their run (header piece included), taken
+// from their owners by shuffles. One store instruction of a full warp covers 512 consecutive
+// bytes, whole lines, where each thread writing its own slot stored 8 bytes 64 apart (a PCIe
+// write each). The header piece carries the commit word's present value
+// (d2h_commit_before), so the slot is written whole; the commit itself comes after the warp's
+// release fence and barrier, as d2h_publish_warp's.
 __device__ __forceinline__ int d2h_publish_each(const D2hLane& l, unsigned int kind,
                                                 const void* payload, unsigned int len)
 {
@@ -264,11 +374,53 @@ __device__ __forceinline__ int d2h_publish_each(const D2hLane& l, unsigned int k
     if (status != VKGDR_D2H_OK) {
         return status;
     }
-    unsigned char* slot = d2h_slot(l, first + rank);
-    d2h_write_meta(slot, len, kind);
-    d2h_copy(slot, payload, len);
-    __threadfence_system();
-    d2h_commit(l, first + rank);
+    // The leader's acquire (in d2h_reserve) before every thread's slot stores: a barrier orders
+    // memory, a shuffle does not.
+    __syncwarp(active);
+    const u64 seq = first + rank;
+    const unsigned int pieces = l.stride / 16u; // the same in every thread
+    if (pieces > VKGDR_D2H_COALESCED_PIECES) {
+        unsigned char* slot = d2h_slot(l, seq);
+        d2h_write_meta(slot, len, kind);
+        d2h_copy(slot, payload, len);
+        d2h_commit_release(l, seq);
+        return VKGDR_D2H_OK;
+    }
+    const unsigned int count = __popc(active);
+    uint4 own[VKGDR_D2H_COALESCED_PIECES]; // this thread's slot, piece by piece
+#pragma unroll
+    for (unsigned int q = 0; q < VKGDR_D2H_COALESCED_PIECES; ++q) {
+        if (q < pieces) {
+            own[q] = d2h_slot_piece(l, seq, kind, payload, len, q);
+        }
+    }
+    // Round k: this thread writes piece j = k * count + rank of the run (record j / pieces,
+    // piece j % pieces); every owner offers each of its pieces in turn.
+    for (unsigned int k = 0; k < pieces; ++k) {
+        const unsigned int j = k * count + rank;
+        const unsigned int r = j / pieces;
+        const unsigned int q = j - r * pieces;
+        const unsigned int src = active == 0xFFFFFFFFu ? r : __fns(active, 0u, (int)r + 1);
+        uint4 mine = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (unsigned int p = 0; p < VKGDR_D2H_COALESCED_PIECES; ++p) {
+            if (p < pieces) {
+                uint4 got;
+                got.x = __shfl_sync(active, own[p].x, src);
+                got.y = __shfl_sync(active, own[p].y, src);
+                got.z = __shfl_sync(active, own[p].z, src);
+                got.w = __shfl_sync(active, own[p].w, src);
+                if (p == q) {
+                    mine = got;
+                }
+            }
+        }
+        *(uint4*)(d2h_slot(l, first + r) + 16u * q) = mine;
+    }
+    // Every thread's pieces, then every thread's commit (as d2h_publish_warp's).
+    fence_release_sys();
+    __syncwarp(active);
+    d2h_commit(l, seq);
     return VKGDR_D2H_OK;
 }
 
@@ -306,7 +458,7 @@ __device__ __forceinline__ int d2h_publish_warp(const D2hLane& l, unsigned int k
             d2h_copy(slot + whole * 16u, (const unsigned char*)payload + whole * 16u, len % 16u);
         }
     }
-    __threadfence_system(); // each writer's stores, before the barrier
+    fence_release_sys(); // each writer's stores, before the barrier
     __syncwarp();
     if (me == 0u) {
         d2h_commit(l, seq);
@@ -346,7 +498,7 @@ __device__ __forceinline__ int release_token(const D2hLane& l, u64 token)
         const unsigned int left = count - rank; // tokens from this one on
         d2h_write_meta(slot, (left < per ? left : per) * 8u, VKGDR_D2H_KIND_RELEASE);
     }
-    __threadfence_system();
+    fence_release_sys();
     __syncwarp(active);
     if (index == 0u) {
         d2h_commit(l, seq);

@@ -44,10 +44,14 @@
 //! PCIe read of about a microsecond if it lives in host memory) is read only when the lane looks
 //! full. It then **writes**
 //! each record's meta word and payload (a record may be written by a whole warp, 16-byte stores
-//! each), runs `__threadfence_system()` in every writing thread, and after the warp's barrier
-//! **commits**: one aligned 8-byte store of `seq + 1` (a single PCIe write, never torn). PCIe
-//! keeps one requester's posted writes in order, and the fence orders them inside the GPU, so the
-//! payload is in host memory before the commit word is.
+//! each; a warp whose threads publish a record each writes their slots of up to 128 bytes
+//! together, whole 16-byte pieces of consecutive slots per store, the header piece carrying the
+//! commit word's present value, which the consumer cannot tell from no store), runs a release
+//! fence at system scope (`fence.acq_rel.sys`, or a lone writer's `st.release.sys` commit) in
+//! every writing thread, and after the warp's barrier **commits**: one aligned 8-byte store of
+//! `seq + 1` (a single PCIe write, never torn). PCIe keeps one requester's posted writes in
+//! order, and the fence orders them inside the GPU, so the payload is in host memory before the
+//! commit word is.
 //!
 //! **Back-pressure.** When the lane looks full the producer reads `closed` (set: give up with
 //! [`STATUS_CLOSED`]) and the consumer's `head` (moved: raise `head_cache`, try again), and after

@@ -1,7 +1,8 @@
 //! The device producer in Rust: [`DeviceLaneState`] (the lane's words in device memory) and
 //! [`ProducerModel`], step for step what `include/vkgdr/ring_d2h.cuh` does on the GPU, so that
-//! proptest, loom and Miri check the protocol the kernels run. A fence here stands for the
-//! kernel's `__threadfence_system()`, an acquire load of `head` for its volatile load and fence.
+//! proptest, loom and Miri check the protocol the kernels run. A release fence here stands for
+//! the kernel's `fence.acq_rel.sys` (or its commit's `st.release.sys`), an acquire load of the
+//! cached head for its `ld.acquire.gpu`.
 
 use super::consumer::LaneMemory;
 use super::layout::{meta_word, LaneShape, Refusal, COMMIT_WORD, META_WORD};
@@ -42,16 +43,19 @@ impl DeviceLaneState {
 /// A device producer of one lane, as the kernels run it (any number of them at once, one per
 /// warp or thread on the GPU):
 ///
-/// 1. **Reserve** `n` slots: read `reserve` and the cached head; if `reserve + n <= head +
-///    slots`, compare-and-swap `reserve` forward and own records `[r, r + n)`. Otherwise look at
-///    `closed` (closed: give up) and at the consumer's `head` in host memory (moved: raise the
+/// 1. **Reserve** `n` slots: read `reserve` and the cached head; while `reserve + n <= head +
+///    slots`, compare-and-swap `reserve` forward (a failed one tries again with the value it
+///    found) and own records `[r, r + n)`; full after a failed one: read both again. Otherwise
+///    look at `closed` (closed: give up) and at the consumer's `head` in host memory (moved: raise the
 ///    cache, try again; not moved: count a spin, give up with
 ///    [`Stalled`](Refusal::Stalled) after `spin_limit` of them in a row). A refusal reserves
 ///    nothing, so no slot is ever left owed and the consumer never waits for a producer that
 ///    gave up: no deadlock, whichever side stops.
-/// 2. **Write** each record's meta word and payload into its slot (`seq % slots`).
-/// 3. **Fence** (`__threadfence_system()`), then **commit**: store `seq + 1` into the slot's
-///    commit word. A reserved record is always committed, with no wait in between.
+/// 2. **Write** each record's meta word and payload into its slot (`seq % slots`), and the
+///    commit word's present value (the previous lap's commit, or 0) again, as a warp writing
+///    whole slots does: the consumer must not tell it from no store.
+/// 3. **Fence** (a release fence at system scope), then **commit**: store `seq + 1` into the
+///    slot's commit word. A reserved record is always committed, with no wait in between.
 #[derive(Debug)]
 pub struct ProducerModel<'a, M: ?Sized> {
     mem: &'a M,
@@ -86,17 +90,23 @@ impl<'a, M: LaneMemory + ?Sized> ProducerModel<'a, M> {
         let mut spins = 0u32;
         let mut backoff = Backoff::new();
         loop {
-            let r = self.state.reserve.load(Ordering::Relaxed);
+            let mut r = self.state.reserve.load(Ordering::Relaxed);
             let head = self.state.head_cache.load(Ordering::Acquire);
-            if r + n <= head + slots {
-                if self
-                    .state
-                    .reserve
-                    .compare_exchange(r, r + n, Ordering::Relaxed, Ordering::Relaxed)
-                    .is_ok()
-                {
-                    return Ok(r);
+            // A failed compare-and-swap is retried with the value it found, as the kernels do.
+            let mut tried = false;
+            while r + n <= head + slots {
+                match self.state.reserve.compare_exchange(
+                    r,
+                    r + n,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => return Ok(r),
+                    Err(seen) => r = seen,
                 }
+                tried = true;
+            }
+            if tried {
                 continue;
             }
             if self.mem.closed_word().load(Ordering::Acquire) != 0 {
@@ -118,7 +128,8 @@ impl<'a, M: LaneMemory + ?Sized> ProducerModel<'a, M> {
     }
 
     /// Writes record `seq`'s meta word and payload (payload words relaxed, the last one
-    /// zero-filled), not yet visible to the consumer.
+    /// zero-filled) and stores the commit word's present value again (relaxed), not yet visible
+    /// to the consumer.
     ///
     /// # Panics
     /// If the payload is longer than the lane's slots carry.
@@ -126,6 +137,7 @@ impl<'a, M: LaneMemory + ?Sized> ProducerModel<'a, M> {
         assert!(payload.len() <= self.shape.max_payload() as usize);
         let words = self.mem.slot_words();
         let first = self.shape.first_word(seq);
+        words[first + COMMIT_WORD].store(self.shape.commit_before(seq), Ordering::Relaxed);
         words[first + META_WORD].store(meta_word(payload.len() as u32, kind), Ordering::Relaxed);
         for (word, chunk) in words[first + META_WORD + 1..].iter().zip(payload.chunks(8)) {
             let mut bytes = [0u8; 8];

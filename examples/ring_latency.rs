@@ -1,0 +1,246 @@
+//! A lone record's round trip through a [`DeviceRing`], idle and while other lanes stream.
+//!
+//! One thread pushes a 64-byte record (header included) on its own lane and waits until the
+//! kernel's head passes it; then the next. Each kernel consumes all 8 lanes, one block per lane:
+//! the ack kernel (`ring_ack_lanes`: head = tail, reading nothing) and the checking kernel
+//! (`ring_check_lanes`: the device API's `WindowReader`, every record's seq and checksum
+//! verified). Each runs twice: with the other 7 lanes idle, and with 7 producer threads
+//! streaming 4 KiB records into them in batches (their rate is printed beside the figures). The
+//! first tenth of each row's round trips is left out (warm-up).
+//!
+//! Prints, per row, the median, p99 and p99.9 in nanoseconds and the streams' GB/s; exits
+//! non-zero if the checking kernel reports an error or misses a record, or a push fails.
+//!
+//! Run on a machine with an NVIDIA GPU: `cargo run --release --example ring_latency`
+//! (`-- N` for N round trips per row, 20,000 by default).
+
+use std::ffi::c_void;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use vkgdr::cuda_objects::{LaunchConfig, Module, Stream};
+use vkgdr::ring::layout::{self, seal_test_payload, WrapMode};
+use vkgdr::ring::{CopyEngine, DeviceRing, RingDeviceView, RingOptions};
+use vkgdr::Gpu;
+
+const PTX: &str = include_str!("../kernels/ring.ptx");
+const LANES: u32 = 8;
+const LANE_BYTES: u64 = 4 << 20;
+const LONE_SIZE: usize = 64;
+const STREAM_SIZE: usize = 4096;
+const STREAM_BATCH: usize = 64;
+const HEADER_LEN: usize = 16;
+const LIMIT: Option<Duration> = Some(Duration::from_secs(10));
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kernel {
+    Ack,
+    Check,
+}
+
+impl Kernel {
+    fn name(self) -> &'static str {
+        match self {
+            Kernel::Ack => "ack kernel",
+            Kernel::Check => "checking kernel",
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let n = match std::env::args().nth(1).map(|a| a.parse::<usize>()) {
+        None => 20_000,
+        Some(Ok(n)) if n >= 10 => n,
+        Some(_) => {
+            eprintln!("ring_latency: the argument is the round trips per row (at least 10)");
+            return ExitCode::FAILURE;
+        }
+    };
+    match run(n) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ring_latency: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(n: usize) -> Result<(), String> {
+    let gpu = Gpu::open(0).map_err(|e| e.to_string())?;
+    let module = Module::load_ptx(&gpu, PTX).map_err(|e| e.to_string())?;
+    let stream = Stream::new(&gpu).map_err(|e| e.to_string())?;
+    for kernel in [Kernel::Ack, Kernel::Check] {
+        for streaming in [false, true] {
+            let row = one_row(&gpu, &module, &stream, kernel, streaming, n)?;
+            println!("{row}");
+        }
+    }
+    Ok(())
+}
+
+/// A payload the checking kernel accepts for record `seq` (its body fixed, sealed once).
+struct Payload(Vec<u8>);
+
+impl Payload {
+    fn new(record: usize) -> Self {
+        let mut buf = vec![0x5au8; record - HEADER_LEN];
+        seal_test_payload(&mut buf, 0);
+        Payload(buf)
+    }
+
+    fn stamped(&mut self, seq: u64) -> &[u8] {
+        self.0[..8].copy_from_slice(&seq.to_le_bytes());
+        &self.0
+    }
+}
+
+fn launch(
+    module: &Module,
+    ring: &DeviceRing,
+    stream: &Stream,
+    kernel: Kernel,
+) -> Result<(), String> {
+    let mut view: RingDeviceView = ring.device_view();
+    let mut params = [(&mut view as *mut RingDeviceView).cast::<c_void>()];
+    let (name, threads) = match kernel {
+        Kernel::Ack => ("ring_ack_lanes", 32),
+        Kernel::Check => ("ring_check_lanes", layout::CHECK_THREADS),
+    };
+    let f = module.function(name).map_err(|e| e.to_string())?;
+    // SAFETY: ring_ack_lanes and ring_check_lanes take the 64-byte #[repr(C)] view by value; the
+    // ring is watched right after, so it stops and waits for the kernel before its memory goes.
+    unsafe {
+        f.launch(
+            LaunchConfig::linear(LANES, threads),
+            Some(stream),
+            &mut params,
+        )
+    }
+    .map_err(|e| e.to_string())?;
+    ring.watch_consumer(stream).map_err(|e| e.to_string())
+}
+
+/// One row: `n` lone round trips on one lane, the other lanes idle or streaming.
+fn one_row(
+    gpu: &Gpu,
+    module: &Module,
+    stream: &Stream,
+    kernel: Kernel,
+    streaming: bool,
+    n: usize,
+) -> Result<String, String> {
+    let options = RingOptions {
+        lanes: LANES,
+        wrap: WrapMode::Padded,
+        copy_engine: CopyEngine::Off,
+    };
+    let ring = DeviceRing::with_options(gpu, LANE_BYTES, options).map_err(|e| e.to_string())?;
+    launch(module, &ring, stream, kernel)?;
+    let done = AtomicBool::new(false);
+    let streamed = AtomicU64::new(0);
+    let mut lone = ring.producer().map_err(|e| e.to_string())?;
+    let lane = (0..ring.lanes())
+        .find(|&i| ring.lane(i).is_some_and(|c| std::ptr::eq(c, lone.core())))
+        .ok_or("the lone producer's lane is not among the ring's")?;
+    let (result, secs) = std::thread::scope(|s| {
+        let streamers: Vec<_> = (0..if streaming { LANES - 1 } else { 0 })
+            .map(|_| {
+                let (ring, done, streamed) = (&ring, &done, &streamed);
+                s.spawn(move || -> Result<(), String> {
+                    let mut p = ring.producer().map_err(|e| e.to_string())?;
+                    let mut bufs: Vec<Payload> = (0..STREAM_BATCH)
+                        .map(|_| Payload::new(STREAM_SIZE))
+                        .collect();
+                    while !done.load(Ordering::Relaxed) {
+                        let first = p.next_seq();
+                        for (i, b) in bufs.iter_mut().enumerate() {
+                            b.stamped(first + i as u64);
+                        }
+                        p.push_batch(bufs.iter().map(|b| b.0.as_slice()), LIMIT)
+                            .map_err(|e| e.to_string())?;
+                        streamed.fetch_add((STREAM_SIZE * STREAM_BATCH) as u64, Ordering::Relaxed);
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        // The streams run a moment before the first round trip.
+        if streaming {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let bytes0 = streamed.load(Ordering::Relaxed);
+        let t0 = Instant::now();
+        let mut payload = Payload::new(LONE_SIZE);
+        let mut samples = Vec::with_capacity(n);
+        let mut failed = None;
+        for _ in 0..n {
+            let t = Instant::now();
+            let seq = lone.next_seq();
+            if let Err(e) = lone.push(payload.stamped(seq), LIMIT) {
+                failed = Some(e.to_string());
+                break;
+            }
+            let end = lone.core().committed();
+            while ring.head_of(lane) < end {
+                if t.elapsed() > LIMIT.unwrap() {
+                    failed = Some(format!("the kernel's head stayed below {end} for 10 s"));
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+            if failed.is_some() {
+                break;
+            }
+            samples.push(t.elapsed().as_nanos() as f64);
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let bytes = streamed.load(Ordering::Relaxed) - bytes0;
+        done.store(true, Ordering::Relaxed);
+        let mut result = failed.map_or(Ok(samples), Err);
+        for h in streamers {
+            if let Err(e) = h.join().expect("streaming thread") {
+                result = result.and(Err(e));
+            }
+        }
+        (result.map(|s| (s, bytes)), secs)
+    });
+    let lone_records = lone.next_seq();
+    drop(lone);
+    ring.stop_and_wait(Duration::from_secs(20))
+        .map_err(|e| format!("the {} did not stop: {e}", kernel.name()))?;
+    let (mut samples, bytes) = result?;
+    if kernel == Kernel::Check {
+        for i in 0..ring.lanes() {
+            let res = ring.results_of(i);
+            if res[layout::RESULT_ERRORS] != 0 {
+                return Err(format!("checking kernel: errors on lane {i}: {res:?}"));
+            }
+            if i == lane && res[layout::RESULT_RECORDS] != lone_records {
+                return Err(format!(
+                    "checking kernel: {lone_records} records pushed on lane {i}, {res:?}"
+                ));
+            }
+        }
+    }
+    samples.drain(..samples.len() / 10);
+    samples.sort_by(f64::total_cmp);
+    let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+    let load = if streaming {
+        format!(
+            "7 lanes streaming {STREAM_SIZE} B records at {:.1} GB/s",
+            bytes as f64 / secs / 1e9
+        )
+    } else {
+        "other lanes idle".to_string()
+    };
+    Ok(format!(
+        "lone {LONE_SIZE} B record round trip, {}, {load}: median {:.0} ns, p99 {:.0} ns, \
+         p99.9 {:.0} ns ({} round trips)",
+        kernel.name(),
+        at(0.5),
+        at(0.99),
+        at(0.999),
+        samples.len()
+    ))
+}
