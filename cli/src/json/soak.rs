@@ -273,6 +273,15 @@ pub struct SoakCountersJson {
     /// chunk is still being released).
     #[serde(default)]
     pub arena_refused_by: std::collections::BTreeMap<String, u64>,
+    /// Device → host records (kernels to CPU consumers) checked, every byte.
+    #[serde(default)]
+    pub d2h_records_checked: u64,
+    /// Pool blocks kernels released with their tokens, each back once.
+    #[serde(default)]
+    pub device_releases: u64,
+    /// Spent and forged release tokens kernels sent, each refused (freeing nothing).
+    #[serde(default)]
+    pub hostile_tokens_refused: u64,
     /// With `--xproc`: producer processes started (the killed ones' successors included).
     #[serde(default)]
     pub xproc_producers_started: u64,

@@ -33,6 +33,12 @@ pub(super) struct Counters {
     /// Which driver call refused each exhaustion's last allocation (Vulkan's allocation or
     /// CUDA's import or mapping of it), and how often.
     pub(super) refused_by: Mutex<std::collections::BTreeMap<String, u64>>,
+    /// Device → host records checked by the CPU consumers.
+    pub(super) d2h_records: AtomicU64,
+    /// Pool blocks released by kernels and back (each token redeemed once).
+    pub(super) device_releases: AtomicU64,
+    /// Spent and forged tokens sent by kernels and refused, as they must be.
+    pub(super) hostile_tokens: AtomicU64,
     /// With `--xproc`: producer processes started, and killed.
     pub(super) xproc_started: AtomicU64,
     pub(super) xproc_killed: AtomicU64,
@@ -105,6 +111,9 @@ impl Counters {
                     .max(c.most_held_at_exhaustion_bytes),
                 exhaustions_refused_by: merged(t.exhaustions_refused_by, &c.exhaustions_refused_by),
                 arena_refused_by: merged(t.arena_refused_by, &c.arena_refused_by),
+                d2h_records_checked: t.d2h_records_checked + c.d2h_records_checked,
+                device_releases: t.device_releases + c.device_releases,
+                hostile_tokens_refused: t.hostile_tokens_refused + c.hostile_tokens_refused,
                 xproc_producers_started: t.xproc_producers_started + c.xproc_producers_started,
                 xproc_producers_killed: t.xproc_producers_killed + c.xproc_producers_killed,
                 xproc_records_accepted: t.xproc_records_accepted + c.xproc_records_accepted,
@@ -139,6 +148,9 @@ impl Counters {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
+            d2h_records_checked: n(&self.d2h_records),
+            device_releases: n(&self.device_releases),
+            hostile_tokens_refused: n(&self.hostile_tokens),
             xproc_producers_started: n(&self.xproc_started),
             xproc_producers_killed: n(&self.xproc_killed),
             xproc_records_accepted: n(&self.xproc_accepted),
@@ -163,9 +175,11 @@ impl Counters {
             String::new()
         };
         format!(
-            "pool {} ops · ring {} records · arena {} cycles · raw {} · {} exhaustions{xproc} · {} errors",
+            "pool {} ops · ring {} records · d2h {} records · {} device releases · arena {} cycles · raw {} · {} exhaustions{xproc} · {} errors",
             n(&self.pool_ops),
             n(&self.ring_records),
+            n(&self.d2h_records),
+            n(&self.device_releases),
             n(&self.arena_cycles),
             n(&self.raw_ops),
             n(&self.exhaustions),

@@ -10,6 +10,15 @@
 //!   1 B to 16 MiB (shared, thread-cached and dedicated) in one pool;
 //! - **rings**: a 4-lane ring consumed by the checking kernel `ring_check_lanes` (every record
 //!   verified on the GPU), fed by 4 producer threads with batches of sealed records;
+//! - **device → host rings** ([`d2h`]): rounds of kernels publishing test records (per thread
+//!   into 64 B slots, per warp into 4 KiB slots) into 1 to 4 lanes, each lane's CPU consumer
+//!   checking every record's sequence, its producer's order and every byte, and every producer's
+//!   count;
+//! - **device-side releases** ([`d2h`]): rounds of up to 256 pool blocks lent with
+//!   `release_many_on_device`, blocks allocated beside them that must not overlap any, a kernel
+//!   that releases the tokens (every third round with the previous round's spent tokens and a
+//!   forged one), then every block back with its token redeemed once and each hostile token
+//!   refused;
 //! - **arena**: a CUDA VMM arena grown and shrunk at random, each new chunk written and read back,
 //!   mirrored now and then;
 //! - **raw allocations**: one thread allocates, writes, reads back and frees raw memory of 4 KiB
@@ -41,11 +50,12 @@
 //! document ([`SoakDocument`](crate::json::soak::SoakDocument)).
 //!
 //! The parts: [`command_line`] (the options), [`run`] (the soak), [`workers`] (what runs side by
-//! side), [`xproc`] (the producer processes), [`counters`] (what they did), [`figures`] (what is taken before and after),
+//! side), [`d2h`] (the device → host workers), [`xproc`] (the producer processes), [`counters`] (what they did), [`figures`] (what is taken before and after),
 //! [`verdict`] (whose a change is) and [`document`](mod@document) (the JSON document).
 
 pub mod command_line;
 pub mod counters;
+pub mod d2h;
 pub mod document;
 pub mod figures;
 pub mod run;

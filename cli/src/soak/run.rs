@@ -13,6 +13,7 @@ use vkgdr::{Gpu, Pool, PoolConfig};
 
 use super::command_line::Options;
 use super::counters::{Counters, ERRORS_KEPT};
+use super::d2h::{d2h_rounds, release_rounds};
 use super::document::{DeviceRecord, Record};
 use super::figures::{fds_check, holdings, mib, open_fds, snapshot};
 use super::verdict::judge;
@@ -72,6 +73,8 @@ pub(super) fn soak(
             s.spawn(move || ring_producer(ring, 100 + u64::from(lane), until, stop, c));
         }
         s.spawn(|| arena_cycles(gpu, until, &stop, c));
+        s.spawn(|| d2h_rounds(gpu, 7, until, &stop, c));
+        s.spawn(|| release_rounds(gpu, 11, until, &stop, c));
         s.spawn(|| raw_churn(gpu, until, &stop, c));
         // The processes it starts die with this thread (PR_SET_PDEATHSIG): it outlives them.
         let producers = xproc.as_ref().map(|x| {
@@ -90,13 +93,17 @@ pub(super) fn soak(
                 next_status += STATUS_EVERY;
                 let now = snapshot(gpu).map_or_else(|e| e.to_string(), |f| f.to_string());
                 status!(
-                    "{} {:>4} s: {} pool ops ({} OOM), {} ring records, {} arena cycles, \
+                    "{} {:>4} s: {} pool ops ({} OOM), {} ring records, {} d2h records, \
+                     {} device releases ({} hostile tokens refused), {} arena cycles, \
                      {} raw allocations, {} exhaustions, {} releases waiting; {now}",
                     c.soak(),
                     t0.elapsed().as_secs(),
                     c.pool_ops.load(Ordering::Relaxed),
                     c.pool_oom.load(Ordering::Relaxed),
                     c.ring_records.load(Ordering::Relaxed),
+                    c.d2h_records.load(Ordering::Relaxed),
+                    c.device_releases.load(Ordering::Relaxed),
+                    c.hostile_tokens.load(Ordering::Relaxed),
                     c.arena_cycles.load(Ordering::Relaxed),
                     c.raw_ops.load(Ordering::Relaxed),
                     c.exhaustions.load(Ordering::Relaxed),
