@@ -79,7 +79,13 @@ impl Shard {
 pub(super) struct ShardCell {
     pub(super) state: BiasedLock<Shard>,
     pub(super) pool: Arc<PoolInner>,
+    /// What this shard's allocations carry as [`Hold::cache_pool`].
+    cache_pool: u64,
 }
+
+/// [`Hold::cache_pool`] of a pool whose thread caches are off: no magazine slot serves it (a
+/// slot serves a pool id, never 0 and never this; an empty slot says 0).
+pub(super) const NOT_CACHED: u64 = u64::MAX;
 
 /// A live shard allocation with the counted reference on its cell that keeps the cell (and so
 /// the chunk table) alive: what a shared block's record holds, and goes on holding in a thread
@@ -91,6 +97,10 @@ pub(super) struct Hold {
     /// only when empty).
     pub(super) chunk: *const Chunk,
     pub(super) allocation: Allocation,
+    /// The pool's thread-cache id ([`PoolInner::id`]) when its thread caches are on, else
+    /// [`NOT_CACHED`]: what a free offers the block to its thread's cache under, read from the
+    /// record itself, so that a cached free touches neither the cell nor the pool state.
+    pub(super) cache_pool: u64,
 }
 
 // SAFETY: a hold owns one outstanding allocation and its counted reference on the cell; the cell
@@ -201,6 +211,11 @@ impl ShardSet {
                         spare_records: Vec::with_capacity(SPARE_RECORDS),
                     }),
                     pool: pool.clone(),
+                    cache_pool: if pool.cache_enabled {
+                        pool.id
+                    } else {
+                        NOT_CACHED
+                    },
                 })))
             })
             .collect();
@@ -263,6 +278,7 @@ impl ShardSet {
         // The chunk stays in the shard's table while it holds a live allocation (chunks are
         // removed only when empty), and the counted reference keeps the cell alive.
         let chunk: *const Chunk = Arc::as_ptr(chunk);
+        let cache_pool = self.get(i).cache_pool;
         shard.outstanding += 1;
         let room = shard.spare_records.pop();
         drop(shard);
@@ -271,6 +287,7 @@ impl ShardSet {
                 cell: self.cells[i],
                 chunk,
                 allocation,
+                cache_pool,
             })),
             host_ptr,
             len,
