@@ -58,7 +58,7 @@ fn main() -> vkgdr::Result<()> {
         .trim_start_matches("nocache-")
         .strip_prefix("threads=")
         .and_then(|t| t.parse().ok())
-        .unwrap_or(1);
+        .unwrap_or(0);
     let config = match mode.as_str() {
         m if m == "nocache"
             || m == "gpu-nocache"
@@ -83,7 +83,7 @@ fn main() -> vkgdr::Result<()> {
     }
     // One block kept alive, so the chunk stays: the steady state the benchmark measures.
     let _keep = pool.alloc(size, 16)?;
-    if threads > 1 {
+    if threads > 0 {
         let start = std::sync::Barrier::new(threads + 1);
         let t = std::thread::scope(|s| {
             for _ in 0..threads {

@@ -81,6 +81,9 @@ pub(super) struct ShardCell {
     pub(super) pool: Arc<PoolInner>,
     /// What this shard's allocations carry as [`Hold::cache_pool`].
     cache_pool: u64,
+    /// [`PoolConfig::keep_empty_chunks`](super::PoolConfig::keep_empty_chunks), beside the lock
+    /// that a free takes, so that a free which empties a kept chunk reads no pool state.
+    keep_empty_chunks: usize,
 }
 
 /// [`Hold::cache_pool`] of a pool whose thread caches are off: no magazine slot serves it (a
@@ -216,6 +219,7 @@ impl ShardSet {
                     } else {
                         NOT_CACHED
                     },
+                    keep_empty_chunks: pool.config.keep_empty_chunks,
                 })))
             })
             .collect();
@@ -352,7 +356,17 @@ impl ShardCell {
         // out of the block), so this only fails on an allocator bug.
         let freed = shard.heap.free(allocation);
         debug_assert!(freed.is_ok(), "pool free failed: {freed:?}");
-        if shard.pool_dropped || shard.heap.chunk_allocations(chunk_id) == Some(0) {
+        // A chunk left empty is handed back only beyond the `keep_empty_chunks` empty ones the
+        // shard keeps (counted here, without allocating: a shard has few chunks), so the usual
+        // case, one block coming and going in a kept chunk, stays on this path.
+        if shard.pool_dropped
+            || (shard.heap.chunk_allocations(chunk_id) == Some(0)
+                && shard
+                    .heap
+                    .empty_chunks()
+                    .nth(this.keep_empty_chunks)
+                    .is_some())
+        {
             drop(shard);
             // SAFETY: our reference is still counted, so the cell is alive; handed back there.
             return unsafe { Self::free_rare(cell, room) };
@@ -370,8 +384,8 @@ impl ShardCell {
         drop(room);
     }
 
-    /// The end of a free that left its chunk empty or came after the pool's drop: hands the
-    /// chunks now empty (beyond the ones kept) back, and the reference on the cell, freeing the
+    /// The end of a free that left its chunk empty beyond the empty chunks the shard keeps, or
+    /// came after the pool's drop: hands the chunks now empty (beyond the ones kept) back, and the reference on the cell, freeing the
     /// cell with the last one after the pool's drop. Apart from [`free`](Self::free), which it
     /// would only slow down.
     ///
@@ -387,8 +401,7 @@ impl ShardCell {
             let mut shard = this.state.lock();
             shard.outstanding -= 1;
             let destroy = shard.pool_dropped && shard.outstanding == 0;
-            let released =
-                shard.take_empty_chunks(this.pool.config.keep_empty_chunks, &this.pool.reserved);
+            let released = shard.take_empty_chunks(this.keep_empty_chunks, &this.pool.reserved);
             (released, destroy)
         };
         drop((released, room));
