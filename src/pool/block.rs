@@ -417,13 +417,13 @@ fn drop_slow(mut record: Box<BlockRecord>) {
         // never changed. Not used once the record is gone.
         let pool = unsafe { hold.cell.as_ref() }.pool.as_ref();
         let a = &hold.allocation;
-        let (requested, size) = (a.requested_size(), a.size());
+        let (requested, size, cache_pool) = (a.requested_size(), a.size(), hold.cache_pool);
         if record.len != requested {
             pool.adjust_size_delta(record.len, a, -1);
             record.len = requested;
         }
-        if pool.cache_open.load(Ordering::Relaxed) {
-            match magazine::offer::<false>(pool.id, requested, size, record) {
+        if cache_pool != NOT_CACHED && pool.cache_open.load(Ordering::Relaxed) {
+            match magazine::offer::<false>(cache_pool, requested, size, record) {
                 None => return,
                 Some(refused) => record = refused,
             }

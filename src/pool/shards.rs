@@ -23,6 +23,7 @@ use super::chunk::Chunk;
 #[cfg(feature = "gpu-alloc")]
 use super::gpu_alloc::MemoryBlock;
 use super::inner::PoolInner;
+use super::magazine::MAX_CACHED_SIZE;
 use crate::core::alloc::{AllocError, Allocation, ChunkId, Heap};
 use crate::core::sync::BiasedLock;
 use crate::error::{Error, Result};
@@ -100,9 +101,11 @@ pub(super) struct Hold {
     /// only when empty).
     pub(super) chunk: *const Chunk,
     pub(super) allocation: Allocation,
-    /// The pool's thread-cache id ([`PoolInner::id`]) when its thread caches are on, else
+    /// The pool's thread-cache id ([`PoolInner::id`]) when its thread caches are on and the
+    /// allocation is one they keep (its requested size in `1..=MAX_CACHED_SIZE`), else
     /// [`NOT_CACHED`]: what a free offers the block to its thread's cache under, read from the
-    /// record itself, so that a cached free touches neither the cell nor the pool state.
+    /// record itself, so that a cached free touches neither the cell nor the pool state and a
+    /// block no cache keeps goes straight back to its shard.
     pub(super) cache_pool: u64,
 }
 
@@ -282,7 +285,12 @@ impl ShardSet {
         // The chunk stays in the shard's table while it holds a live allocation (chunks are
         // removed only when empty), and the counted reference keeps the cell alive.
         let chunk: *const Chunk = Arc::as_ptr(chunk);
-        let cache_pool = self.get(i).cache_pool;
+        // Only blocks a thread cache may keep carry the pool's cache id.
+        let cache_pool = if allocation.requested_size().wrapping_sub(1) < MAX_CACHED_SIZE {
+            self.get(i).cache_pool
+        } else {
+            NOT_CACHED
+        };
         shard.outstanding += 1;
         let room = shard.spare_records.pop();
         drop(shard);
