@@ -1,7 +1,9 @@
-//! Pool benchmarks: alloc+free pairs per size class (1 and 8 threads), our allocator against
-//! gpu-alloc's buddy and free-list allocators over the same chunks, a random trace replayed
-//! through each and through raw allocations. `vkgdr` is our pool with the default `PoolConfig`
-//! (per-thread caches of freed small blocks on); `vkgdr-no-cache` sets `thread_cache = 0`.
+//! Pool benchmarks: alloc+free pairs per size class (1, 8 and 16 threads; `malloc`+`free` beside
+//! them as this CPU's scale), our allocator against gpu-alloc's buddy and free-list allocators
+//! over the same chunks, a random trace replayed through each and through raw allocations.
+//! `vkgdr` is our pool with the default `PoolConfig` (per-thread caches of freed small blocks on);
+//! `vkgdr-no-cache` sets `thread_cache = 0`. The thread rows report the time per pair of the whole
+//! machine (wall time / threads) and, as throughput, pairs per second of the whole machine.
 //!
 //! The chunk source is the best this machine has: CUDA-imported chunks on a GPU machine, Vulkan
 //! chunks where only Vulkan exists (lavapipe), host memory otherwise. Raw allocations are measured
@@ -95,38 +97,82 @@ fn pairs(c: &mut Criterion) {
             );
         }
     }
+    // This CPU's scale, in the same run: the C library's allocator, same sizes and loop.
+    for size in [16u64, 64, 256, 1024, 4096] {
+        g.bench_with_input(
+            BenchmarkId::new("malloc/1thread", size),
+            &size,
+            |b, &size| b.iter(|| malloc_pair(size)),
+        );
+    }
     g.finish();
 }
 
-/// 8 threads each doing `iters` pairs; reported time is wall time / 8, i.e. per pair of the whole
-/// machine, so "1thread time / 8threads time" is the speed-up.
-fn pairs_8_threads(c: &mut Criterion) {
-    let source = Source::detect();
-    let mut g = c.benchmark_group(format!("alloc_free_pair_8threads/{}", source.name()));
-    g.throughput(Throughput::Elements(1));
-    for (name, backend) in BACKENDS {
-        let pool = source.pool(backend);
-        for size in [64u64, 256, 4096] {
-            g.bench_with_input(BenchmarkId::new(name, size), &size, |b, &size| {
-                b.iter_custom(|iters| {
-                    let start = std::sync::Barrier::new(8);
-                    let t0 = Instant::now();
-                    std::thread::scope(|s| {
-                        for _ in 0..8 {
-                            s.spawn(|| {
-                                start.wait();
-                                for _ in 0..iters {
-                                    drop(black_box(pool.alloc(size, 16).unwrap()));
-                                }
-                            });
-                        }
-                    });
-                    t0.elapsed() / 8
-                })
+/// One `malloc(size)` and its `free`.
+#[inline(always)]
+fn malloc_pair(size: u64) {
+    // SAFETY: a plain malloc/free pair; the pointer is freed once and never dereferenced.
+    unsafe { libc::free(black_box(libc::malloc(black_box(size) as usize))) };
+}
+
+/// `threads` threads each doing `iters` pairs of `pair` after a common start; the wall time
+/// divided by `threads`, i.e. per pair of the whole machine.
+fn on_threads(threads: usize, iters: u64, pair: impl Fn() + Sync) -> Duration {
+    let start = std::sync::Barrier::new(threads + 1);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                // A first pair before the start: each thread's shard and cache are set up.
+                pair();
+                start.wait();
+                for _ in 0..iters {
+                    pair();
+                }
             });
         }
+        start.wait();
+        let t0 = Instant::now();
+        // The scope joins every thread before it returns: the time includes the slowest.
+        t0
+    })
+    .elapsed()
+        / threads as u32
+}
+
+/// 8 and 16 threads each doing alloc+free pairs on one pool; reported time is wall time / threads,
+/// i.e. per pair of the whole machine, and the throughput is pairs per second of the whole
+/// machine, so "1thread time / Nthreads time" is the speed-up. `malloc` is the C library's
+/// allocator in the same loop.
+fn pairs_threads(c: &mut Criterion) {
+    let source = Source::detect();
+    for threads in [8usize, 16] {
+        let mut g = c.benchmark_group(format!(
+            "alloc_free_pair_{threads}threads/{}",
+            source.name()
+        ));
+        g.throughput(Throughput::Elements(1));
+        for (name, backend) in BACKENDS {
+            if threads == 16 && name.starts_with("gpu-alloc") {
+                continue; // one global lock: microseconds per pair at 8 threads already
+            }
+            let pool = source.pool(backend);
+            for size in [64u64, 256, 4096] {
+                g.bench_with_input(BenchmarkId::new(name, size), &size, |b, &size| {
+                    b.iter_custom(|iters| {
+                        on_threads(threads, iters, || {
+                            drop(black_box(pool.alloc(size, 16).unwrap()))
+                        })
+                    })
+                });
+            }
+        }
+        for size in [64u64, 256, 4096] {
+            g.bench_with_input(BenchmarkId::new("malloc", size), &size, |b, &size| {
+                b.iter_custom(|iters| on_threads(threads, iters, || malloc_pair(size)))
+            });
+        }
+        g.finish();
     }
-    g.finish();
 }
 
 /// A reproducible trace: 70 % small (16 B..4 KiB), 25 % medium (4..256 KiB), 5 % large (256 KiB..4 MiB).
@@ -213,5 +259,5 @@ fn raw_pair(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, pairs, pairs_8_threads, trace_replay, raw_pair);
+criterion_group!(benches, pairs, pairs_threads, trace_replay, raw_pair);
 criterion_main!(benches);

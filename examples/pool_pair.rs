@@ -2,8 +2,10 @@
 //! (the criterion benchmark's harness adds its own instructions around it).
 //!
 //! `pool_pair [COUNT] [SIZE] [MODE]`, MODE one of `cached` (the default: `PoolConfig::default()`,
-//! thread cache on), `nocache` (`thread_cache: 0`: every pair goes to the shard) or `threads=N`
-//! (N threads each doing COUNT cached pairs; prints wall time per pair of the whole machine).
+//! thread cache on), `nocache` (`thread_cache: 0`: every pair goes to the shard), `malloc` (the
+//! same loop through the C library's `malloc` and `free`: this CPU's scale), `threads=N` (N
+//! threads each doing COUNT cached pairs; prints wall time per pair of the whole machine) or
+//! `nocache-threads=N` (the same without the thread cache).
 //! The pool's chunks are host memory; `gpu-cached` and `gpu-nocache` put it on GPU 0's BAR
 //! instead, as `vkgdr bench fastpath` does (the pair itself never touches the chunk's bytes).
 //! `handoff=B` (no thread cache) allocates on this thread and frees on another, in batches of B
@@ -28,6 +30,15 @@ fn pairs(pool: &Pool, n: u64, size: u64) -> vkgdr::Result<()> {
     Ok(())
 }
 
+/// `n` pairs of `malloc(size)` and `free`.
+#[inline(never)]
+fn malloc_pairs(n: u64, size: u64) {
+    for _ in 0..n {
+        // SAFETY: a plain malloc/free pair; the pointer is freed once and never dereferenced.
+        unsafe { libc::free(black_box(libc::malloc(black_box(size) as usize))) };
+    }
+}
+
 fn main() -> vkgdr::Result<()> {
     let mut args = std::env::args().skip(1);
     let n: u64 = args
@@ -36,15 +47,29 @@ fn main() -> vkgdr::Result<()> {
         .unwrap_or(10_000_000);
     let size: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(256);
     let mode = args.next().unwrap_or_else(|| "cached".into());
+    if mode == "malloc" {
+        let t = std::time::Instant::now();
+        malloc_pairs(n, size);
+        let ns = t.elapsed().as_nanos() as f64 / n as f64;
+        println!("{n} pairs of {size} bytes (malloc): {ns:.2} ns per pair");
+        return Ok(());
+    }
     let threads: usize = mode
+        .trim_start_matches("nocache-")
         .strip_prefix("threads=")
         .and_then(|t| t.parse().ok())
-        .unwrap_or(1);
+        .unwrap_or(0);
     let config = match mode.as_str() {
-        m if m == "nocache" || m == "gpu-nocache" || m.starts_with("handoff=") => PoolConfig {
-            thread_cache: 0,
-            ..PoolConfig::default()
-        },
+        m if m == "nocache"
+            || m == "gpu-nocache"
+            || m.starts_with("handoff=")
+            || m.starts_with("nocache-") =>
+        {
+            PoolConfig {
+                thread_cache: 0,
+                ..PoolConfig::default()
+            }
+        }
         _ => PoolConfig::default(),
     };
     let pool = if mode.starts_with("gpu-") {
@@ -58,7 +83,7 @@ fn main() -> vkgdr::Result<()> {
     }
     // One block kept alive, so the chunk stays: the steady state the benchmark measures.
     let _keep = pool.alloc(size, 16)?;
-    if threads > 1 {
+    if threads > 0 {
         let start = std::sync::Barrier::new(threads + 1);
         let t = std::thread::scope(|s| {
             for _ in 0..threads {

@@ -9,7 +9,7 @@ use super::chunk::Chunk;
 use super::inner::PoolInner;
 use super::lent::{Lender, LentBlock, RefusedReason};
 use super::magazine;
-use super::shards::{BlockKind, BlockRecord, ShardCell};
+use super::shards::{BlockKind, BlockRecord, ShardCell, NOT_CACHED};
 use crate::core::range::check_range;
 use crate::core::ring::d2h::ReleaseToken;
 use crate::error::Result;
@@ -386,14 +386,16 @@ impl Drop for Block {
             let a = &hold.allocation;
             let (requested, size) = (a.requested_size(), a.size());
             if record.len == requested {
-                // SAFETY: the record's reference keeps the cell alive; `pool` is never changed.
-                let pool = unsafe { hold.cell.as_ref() }.pool.as_ref();
-                if !pool.cache_open.load(Ordering::Relaxed) {
+                let pool = hold.cache_pool;
+                if pool == NOT_CACHED {
                     // SAFETY: a shared record from its shard, given up here, once.
                     return unsafe { ShardCell::free(record) };
                 }
-                let Some(refused) = magazine::offer::<true>(pool.id, requested, size, record)
-                else {
+                // Offered without a look at the pool's `cache_open`: after the pool's last
+                // handle is gone no magazine serves its id (its drop took every thread's slot
+                // back, and only a live handle makes a magazine serve a pool), so the offer is
+                // refused and `drop_slow` frees the block to its shard.
+                let Some(refused) = magazine::offer::<true>(pool, requested, size, record) else {
                     return;
                 };
                 return drop_slow(refused);
@@ -415,13 +417,13 @@ fn drop_slow(mut record: Box<BlockRecord>) {
         // never changed. Not used once the record is gone.
         let pool = unsafe { hold.cell.as_ref() }.pool.as_ref();
         let a = &hold.allocation;
-        let (requested, size) = (a.requested_size(), a.size());
+        let (requested, size, cache_pool) = (a.requested_size(), a.size(), hold.cache_pool);
         if record.len != requested {
             pool.adjust_size_delta(record.len, a, -1);
             record.len = requested;
         }
-        if pool.cache_open.load(Ordering::Relaxed) {
-            match magazine::offer::<false>(pool.id, requested, size, record) {
+        if cache_pool != NOT_CACHED && pool.cache_open.load(Ordering::Relaxed) {
+            match magazine::offer::<false>(cache_pool, requested, size, record) {
                 None => return,
                 Some(refused) => record = refused,
             }

@@ -167,15 +167,23 @@ impl PoolSlot {
         // for odd size/alignment mixes, which then take the slow path. `align` is a power of two
         // (checked by `Pool::alloc`): a mask, not a division.
         let entries = &mut self.buckets.as_mut()?[bucket];
-        let a = &entries.last()?.hold()?.allocation;
+        let last = entries.len().checked_sub(1)?;
+        let a = &entries[last].hold()?.allocation;
         if a.size() < size || a.offset() & (align - 1) != 0 {
             return None;
         }
         let (rounded, requested) = (a.size(), a.requested_size());
-        let entry = entries.pop();
+        // SAFETY: `last < len`: the entry there is initialised; it is moved out here and the
+        // length cut to exclude it right after, so it is neither read nor dropped again. (Read
+        // before the length's store, so the pointer already loaded is the one returned.)
+        let entry = unsafe {
+            let entry = ptr::read(entries.as_ptr().add(last));
+            entries.set_len(last);
+            entry
+        };
         self.bytes -= rounded;
         self.count(false, requested);
-        entry
+        Some(entry)
     }
 
     /// Empties the slot into `out` and forgets its pool.
@@ -432,8 +440,10 @@ fn serve_in(m: &mut Slots, pool: PoolKey) -> Vec<Entry> {
 ///
 /// `FAST` only looks at the most recently used slot, refuses a bucket that would need its
 /// storage reserved and never waits (a visitor holding the magazine: refused): a path with no
-/// call in it, which keeps the caller's frame small. A caller refused by it asks again without
-/// `FAST` before freeing to the shard; that one waits for a visitor, as [`take`] does.
+/// call in it, which keeps the caller's frame small. Its caller has checked that `requested` is
+/// in `1..=MAX_CACHED_SIZE` (a record's [`Hold::cache_pool`](super::shards::Hold::cache_pool)
+/// says so). A caller refused by it asks again without `FAST` before freeing to the shard; that
+/// one waits for a visitor, as [`take`] does.
 #[inline(always)]
 pub(super) fn offer<const FAST: bool>(
     pool: u64,
@@ -442,7 +452,8 @@ pub(super) fn offer<const FAST: bool>(
     entry: Entry,
 ) -> Option<Entry> {
     // `requested` in 1..=MAX_CACHED_SIZE, in one comparison (0 wraps to the largest value).
-    if requested.wrapping_sub(1) >= MAX_CACHED_SIZE {
+    debug_assert!(!FAST || requested.wrapping_sub(1) < MAX_CACHED_SIZE);
+    if !FAST && requested.wrapping_sub(1) >= MAX_CACHED_SIZE {
         return Some(entry);
     }
     let p = current(false);

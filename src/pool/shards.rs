@@ -23,6 +23,7 @@ use super::chunk::Chunk;
 #[cfg(feature = "gpu-alloc")]
 use super::gpu_alloc::MemoryBlock;
 use super::inner::PoolInner;
+use super::magazine::MAX_CACHED_SIZE;
 use crate::core::alloc::{AllocError, Allocation, ChunkId, Heap};
 use crate::core::sync::BiasedLock;
 use crate::error::{Error, Result};
@@ -79,7 +80,16 @@ impl Shard {
 pub(super) struct ShardCell {
     pub(super) state: BiasedLock<Shard>,
     pub(super) pool: Arc<PoolInner>,
+    /// What this shard's allocations carry as [`Hold::cache_pool`].
+    cache_pool: u64,
+    /// [`PoolConfig::keep_empty_chunks`](super::PoolConfig::keep_empty_chunks), beside the lock
+    /// that a free takes, so that a free which empties a kept chunk reads no pool state.
+    keep_empty_chunks: usize,
 }
+
+/// [`Hold::cache_pool`] of a pool whose thread caches are off: no magazine slot serves it (a
+/// slot serves a pool id, never 0 and never this; an empty slot says 0).
+pub(super) const NOT_CACHED: u64 = u64::MAX;
 
 /// A live shard allocation with the counted reference on its cell that keeps the cell (and so
 /// the chunk table) alive: what a shared block's record holds, and goes on holding in a thread
@@ -91,6 +101,12 @@ pub(super) struct Hold {
     /// only when empty).
     pub(super) chunk: *const Chunk,
     pub(super) allocation: Allocation,
+    /// The pool's thread-cache id ([`PoolInner::id`]) when its thread caches are on and the
+    /// allocation is one they keep (its requested size in `1..=MAX_CACHED_SIZE`), else
+    /// [`NOT_CACHED`]: what a free offers the block to its thread's cache under, read from the
+    /// record itself, so that a cached free touches neither the cell nor the pool state and a
+    /// block no cache keeps goes straight back to its shard.
+    pub(super) cache_pool: u64,
 }
 
 // SAFETY: a hold owns one outstanding allocation and its counted reference on the cell; the cell
@@ -201,6 +217,12 @@ impl ShardSet {
                         spare_records: Vec::with_capacity(SPARE_RECORDS),
                     }),
                     pool: pool.clone(),
+                    cache_pool: if pool.cache_enabled {
+                        pool.id
+                    } else {
+                        NOT_CACHED
+                    },
+                    keep_empty_chunks: pool.config.keep_empty_chunks,
                 })))
             })
             .collect();
@@ -263,6 +285,12 @@ impl ShardSet {
         // The chunk stays in the shard's table while it holds a live allocation (chunks are
         // removed only when empty), and the counted reference keeps the cell alive.
         let chunk: *const Chunk = Arc::as_ptr(chunk);
+        // Only blocks a thread cache may keep carry the pool's cache id.
+        let cache_pool = if allocation.requested_size().wrapping_sub(1) < MAX_CACHED_SIZE {
+            self.get(i).cache_pool
+        } else {
+            NOT_CACHED
+        };
         shard.outstanding += 1;
         let room = shard.spare_records.pop();
         drop(shard);
@@ -271,6 +299,7 @@ impl ShardSet {
                 cell: self.cells[i],
                 chunk,
                 allocation,
+                cache_pool,
             })),
             host_ptr,
             len,
@@ -335,7 +364,17 @@ impl ShardCell {
         // out of the block), so this only fails on an allocator bug.
         let freed = shard.heap.free(allocation);
         debug_assert!(freed.is_ok(), "pool free failed: {freed:?}");
-        if shard.pool_dropped || shard.heap.chunk_allocations(chunk_id) == Some(0) {
+        // A chunk left empty is handed back only beyond the `keep_empty_chunks` empty ones the
+        // shard keeps (counted here, without allocating: a shard has few chunks), so the usual
+        // case, one block coming and going in a kept chunk, stays on this path.
+        if shard.pool_dropped
+            || (shard.heap.chunk_allocations(chunk_id) == Some(0)
+                && shard
+                    .heap
+                    .empty_chunks()
+                    .nth(this.keep_empty_chunks)
+                    .is_some())
+        {
             drop(shard);
             // SAFETY: our reference is still counted, so the cell is alive; handed back there.
             return unsafe { Self::free_rare(cell, room) };
@@ -353,8 +392,8 @@ impl ShardCell {
         drop(room);
     }
 
-    /// The end of a free that left its chunk empty or came after the pool's drop: hands the
-    /// chunks now empty (beyond the ones kept) back, and the reference on the cell, freeing the
+    /// The end of a free that left its chunk empty beyond the empty chunks the shard keeps, or
+    /// came after the pool's drop: hands the chunks now empty (beyond the ones kept) back, and the reference on the cell, freeing the
     /// cell with the last one after the pool's drop. Apart from [`free`](Self::free), which it
     /// would only slow down.
     ///
@@ -370,8 +409,7 @@ impl ShardCell {
             let mut shard = this.state.lock();
             shard.outstanding -= 1;
             let destroy = shard.pool_dropped && shard.outstanding == 0;
-            let released =
-                shard.take_empty_chunks(this.pool.config.keep_empty_chunks, &this.pool.reserved);
+            let released = shard.take_empty_chunks(this.keep_empty_chunks, &this.pool.reserved);
             (released, destroy)
         };
         drop((released, room));

@@ -591,6 +591,46 @@ fn blocks_outliving_their_pool_skip_the_cache() {
     assert_eq!(magazine::thread_cached_blocks(), 0);
 }
 
+/// A free that empties a chunk keeps it while the shard holds no more than `keep_empty_chunks`
+/// empty chunks and hands the ones beyond back at once (no cache: every free reaches the shard).
+#[test]
+fn frees_keep_empty_chunks_up_to_the_setting() {
+    for keep in [0usize, 1, 2] {
+        let pool = Pool::new(
+            HostMemorySource,
+            PoolConfig {
+                keep_empty_chunks: keep,
+                thread_cache: 0,
+                ..one_shard_config()
+            },
+        )
+        .unwrap();
+        // Five blocks of 48 KiB, two to a 128 KiB chunk: three chunks.
+        let mut blocks: Vec<Block> = (0..5).map(|_| pool.alloc(48 << 10, 16).unwrap()).collect();
+        assert_eq!(pool.stats().chunks, 3, "keep {keep}");
+        // Pairs in a chunk that never empties change nothing.
+        for _ in 0..3 {
+            drop(pool.alloc(16, 16).unwrap());
+        }
+        assert_eq!(pool.stats().chunks, 3, "keep {keep}");
+        // Empty the chunks one by one: each emptied one stays while at most `keep` are empty.
+        for emptied in 1..=3u64 {
+            let serial = blocks[0].chunk_serial();
+            blocks.retain(|b| b.chunk_serial() != serial);
+            let in_use = 3 - emptied;
+            let expected = in_use + emptied.min(keep as u64);
+            let stats = pool.stats();
+            assert_eq!(stats.chunks, expected, "keep {keep}, {emptied} emptied");
+            assert_eq!(stats.bytes_reserved, expected * (128 << 10), "keep {keep}");
+        }
+        // A pair that empties a kept chunk again keeps it.
+        if keep > 0 {
+            drop(pool.alloc(16, 16).unwrap());
+            assert_eq!(pool.stats().chunks, keep as u64, "keep {keep}");
+        }
+    }
+}
+
 /// What the pool asked of a [`DmaSource`]'s chunks.
 #[derive(Default)]
 struct DmaLog {

@@ -268,6 +268,7 @@ impl<T> DerefMut for OwnerAccess<'_, T> {
 struct Busy<'a>(&'a AtomicBool);
 
 impl Drop for Busy<'_> {
+    #[inline(always)]
     fn drop(&mut self) {
         self.0.store(false, Ordering::Release);
     }
