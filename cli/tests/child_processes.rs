@@ -22,6 +22,8 @@ use vkgdr::share::{CheckingLanes, ShareEvent, ShareOptions, ShareServer};
 use vkgdr::vulkan::{DeviceSelector, MemoryOptions, VulkanContext};
 use vkgdr::Mapping;
 
+use serde_json::Value;
+
 use common::{lavapipe_manifest, INHERITED, NO_CUDA};
 
 /// One child of the binary: stdin to write commands, its protocol lines from a reader thread.
@@ -64,25 +66,19 @@ impl Kid {
         }
     }
 
-    /// The next protocol line of `kind` (fields as `key=value` pairs); panics on an error line,
-    /// another kind, or silence.
-    fn expect(&mut self, kind: &str) -> Vec<(String, String)> {
+    /// The next protocol line of `kind` (a JSON object); panics on an error line, another kind,
+    /// or silence.
+    fn expect(&mut self, kind: &str) -> Value {
         let line = self
             .lines
             .recv_timeout(Duration::from_secs(60))
             .unwrap_or_else(|e| panic!("no `{kind}` line from the child: {e}"));
-        let rest = line
+        let fields: Value = line
             .strip_prefix("@vkgdr ")
+            .and_then(|rest| serde_json::from_str(rest).ok())
             .unwrap_or_else(|| panic!("not a protocol line: {line:?}"));
-        let mut words = rest.split(' ');
-        let got = words.next().unwrap();
-        assert_eq!(got, kind, "the child said {line:?}");
-        words
-            .map(|w| {
-                let (k, v) = w.split_once('=').unwrap();
-                (k.to_string(), v.to_string())
-            })
-            .collect()
+        assert_eq!(fields["kind"], kind, "the child said {line:?}");
+        fields
     }
 
     fn send(&mut self, command: &str) {
@@ -123,16 +119,8 @@ impl Drop for Kid {
     }
 }
 
-fn field<'a>(fields: &'a [(String, String)], key: &str) -> &'a str {
-    &fields
-        .iter()
-        .find(|(k, _)| k == key)
-        .unwrap_or_else(|| panic!("no {key} in {fields:?}"))
-        .1
-}
-
-fn num(fields: &[(String, String)], key: &str) -> u64 {
-    field(fields, key).parse().unwrap()
+fn num(fields: &Value, key: &str) -> u64 {
+    (fields[key].as_u64()).unwrap_or_else(|| panic!("no whole number {key} in {fields}"))
 }
 
 fn vulkan() -> Arc<VulkanContext> {
@@ -232,8 +220,8 @@ fn producer_processes_answer_go_with_done_and_their_records_arrive_in_order() {
     lone.send("go");
     let lat = lone.expect("lat");
     assert_eq!(num(&lat, "n"), 180, "a tenth dropped as warm-up");
-    let median: f64 = field(&lat, "median").parse().unwrap();
-    let p99: f64 = field(&lat, "p99").parse().unwrap();
+    let median = lat["median"].as_f64().unwrap();
+    let p99 = lat["p99"].as_f64().unwrap();
     assert!(median > 0.0 && p99 >= median, "{lat:?}");
     for k in kids.into_iter().chain([lone]) {
         assert_eq!(k.finish(), 0);
@@ -292,18 +280,13 @@ fn a_killed_soak_producer_s_lane_goes_on_with_the_next_one() {
         // `accepted` lines come first; the last line is `done`.
         let done = loop {
             let line = k.lines.recv_timeout(Duration::from_secs(60)).unwrap();
-            if line.starts_with("@vkgdr done") {
+            if line.starts_with(r#"@vkgdr {"kind":"done""#) {
                 break line;
             }
-            assert!(line.starts_with("@vkgdr accepted"), "{line}");
+            assert!(line.starts_with(r#"@vkgdr {"kind":"accepted""#), "{line}");
         };
-        let seq: u64 = done
-            .split(' ')
-            .find_map(|w| w.strip_prefix("seq="))
-            .unwrap()
-            .parse()
-            .unwrap();
-        finals.push(seq);
+        let done: Value = serde_json::from_str(&done["@vkgdr ".len()..]).unwrap();
+        finals.push(num(&done, "seq"));
         assert_eq!(k.finish(), 0);
     }
     std::thread::sleep(Duration::from_millis(100));
@@ -439,9 +422,9 @@ fn an_attaching_process_times_its_device_and_attaches_and_leaves_its_bytes() {
         false,
     );
     let line = k.expect("attach");
-    assert!(field(&line, "vulkan_ns").parse::<f64>().unwrap() > 0.0);
-    assert_eq!(field(&line, "attach_ns").split(',').count(), 3);
-    assert_eq!(field(&line, "write_ns").split(',').count(), 10);
+    assert!(line["vulkan_ns"].as_f64().unwrap() > 0.0);
+    assert_eq!(line["attach_ns"].as_array().unwrap().len(), 3);
+    assert_eq!(line["write_ns"].as_array().unwrap().len(), 10);
     assert_eq!(num(&k.expect("holding"), "pid"), u64::from(k.child.id()));
     let mut seen = [0u8; 64];
     mem.read(0, &mut seen).unwrap();
@@ -463,7 +446,7 @@ fn the_cuda_role_without_cuda_says_what_failed() {
     );
     let line = k.lines.recv_timeout(Duration::from_secs(60)).unwrap();
     assert!(
-        line.starts_with("@vkgdr error loading libcuda and cuInit: "),
+        line.starts_with(r#"@vkgdr {"kind":"error","text":"loading libcuda and cuInit: "#),
         "{line}"
     );
     assert_eq!(k.finish(), 1);

@@ -87,8 +87,8 @@ pub fn run(a: &AttachArgs) -> Outcome {
     memory.write(0, &final_pattern()).ctx("the last write")?;
     say(&Line::new("attach")
         .with("vulkan_ns", vulkan_ns)
-        .with_list("attach_ns", &attach_ns)
-        .with_list("write_ns", &write_ns));
+        .with("attach_ns", &attach_ns)
+        .with("write_ns", &write_ns));
     say(&Line::new("holding").with("pid", std::process::id()));
     commands.wait_quit()?;
     drop(memory);

@@ -100,7 +100,7 @@ pub fn run(a: &CudaArgs) -> Outcome {
         .with("init_ns", init_ns)
         .with("context_ns", context_ns)
         .with("open_ns", open_ns)
-        .with_list("update_ns", &update_ns));
+        .with("update_ns", &update_ns));
     say(&Line::new("holding").with("pid", std::process::id()));
     commands.wait_quit()?;
     // SAFETY: opened above in this context, which is still current; nothing uses it any more.

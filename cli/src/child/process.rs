@@ -259,7 +259,7 @@ impl ChildProcess {
             return Ok(None);
         };
         if line.kind == ERROR {
-            self.error_line = Some(line.text.clone());
+            self.error_line = Some(line.text().to_string());
             let _ = self.reap(Duration::from_secs(2));
             self.join_readers();
             return Err(self.failed("failed".into()));
@@ -362,7 +362,7 @@ impl ChildProcess {
         while let Ok(raw) = self.lines.try_recv() {
             if let Some(line) = Line::parse(&raw) {
                 if line.kind == ERROR {
-                    self.error_line = Some(line.text);
+                    self.error_line = Some(line.text().to_string());
                 }
             }
         }
@@ -488,8 +488,11 @@ mod tests {
 
     #[test]
     fn lines_commands_and_a_clean_exit() {
-        let mut c = sh("echo noise; echo '@vkgdr ready lane=3'; read x; \
-                        echo \"@vkgdr got what=$x\"; echo '@vkgdr done n=1'; read y; exit 0");
+        let mut c = sh(
+            r#"echo noise; echo '@vkgdr {"kind":"ready","lane":3}'; read x;
+                          echo "@vkgdr {\"kind\":\"got\",\"what\":\"$x\"}";
+                          echo '@vkgdr {"kind":"done","n":1}'; read y; exit 0"#,
+        );
         let ready = c.expect("ready", Duration::from_secs(10)).unwrap();
         assert_eq!(ready.u64("lane"), Ok(3));
         c.go().unwrap();
@@ -498,14 +501,16 @@ mod tests {
             c.expect("done", Duration::from_secs(10)).unwrap().u64("n"),
             Ok(1)
         );
-        assert_eq!(c.next_line().unwrap().unwrap().get("what"), Ok("go"));
+        assert_eq!(c.next_line().unwrap().unwrap().fields["what"], "go");
         assert_eq!(c.next_line().unwrap(), None);
         c.finish(Duration::from_secs(10)).unwrap();
     }
 
     #[test]
     fn a_child_that_fails_is_named_with_its_own_words_and_stderr() {
-        let mut c = sh("echo 'bad thing' >&2; echo '@vkgdr error attach: refused'; exit 1");
+        let mut c = sh(
+            r#"echo 'bad thing' >&2; echo '@vkgdr {"kind":"error","text":"attach: refused"}'; exit 1"#,
+        );
         let e = c.expect("ready", Duration::from_secs(10)).unwrap_err().0;
         assert!(e.contains("test child (pid "), "{e}");
         assert!(e.contains("failed: attach: refused"), "{e}");
@@ -538,7 +543,7 @@ mod tests {
 
     #[test]
     fn killing_reaps_and_dropping_kills() {
-        let mut c = sh("echo '@vkgdr ready'; sleep 60");
+        let mut c = sh(r#"echo '@vkgdr {"kind":"ready"}'; sleep 60"#);
         c.expect("ready", Duration::from_secs(10)).unwrap();
         let pid = c.pid();
         let status = c.kill().unwrap();
