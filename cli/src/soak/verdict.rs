@@ -31,6 +31,7 @@ use vkgdr::nvml::GpuProcess;
 use vkgdr::RetainedItem;
 
 use super::figures::{signed_size, size, Snapshot};
+use crate::json::soak::{ResidualJson, Whose};
 
 /// Another process whose device memory changed between before and after.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,43 +73,6 @@ impl PerProcess {
     }
 }
 
-/// Whose the device-wide growth left after other processes' is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Whose {
-    /// Something of ours grew too: ours (already a failure).
-    Ours,
-    /// The driver's own, below a granule while nothing of ours grew.
-    Driver,
-    /// At least a granule, but NVML says this process did not grow: a process NVML does not
-    /// list, or the driver.
-    Unattributed,
-    /// At least a granule, with no per-process figures to tell it from ours: a failure.
-    Unexplained,
-}
-
-impl Whose {
-    /// Its name in the JSON document.
-    pub(super) fn name(self) -> &'static str {
-        match self {
-            Whose::Ours => "ours",
-            Whose::Driver => "driver",
-            Whose::Unattributed => "unattributed",
-            Whose::Unexplained => "unexplained",
-        }
-    }
-}
-
-/// Device-wide growth left after other processes': whose, and how much.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Residual {
-    /// Whose it is.
-    pub(super) whose: Whose,
-    /// BAR1 used, in bytes.
-    pub(super) bar1: u64,
-    /// VRAM in use, in bytes.
-    pub(super) vram: u64,
-}
-
 /// The verdict on one device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Judgement {
@@ -127,7 +91,7 @@ pub(super) struct Judgement {
     /// The most event fences alive at once, by the end of the warm-up and by the end.
     pub(super) event_fences_peak: (u64, u64),
     /// The growth left after other processes' (`None`: none).
-    pub(super) residual: Option<Residual>,
+    pub(super) residual: Option<ResidualJson>,
     /// Why the device fails (empty: it passes).
     pub(super) failures: Vec<String>,
 }
@@ -246,7 +210,11 @@ pub(super) fn judge(before: &Snapshot, after: &Snapshot, our_pid: u32, granule: 
                 per_process.as_ref().err().map_or("", String::as_str)
             ));
         }
-        whose.map(|whose| Residual { whose, bar1, vram })
+        whose.map(|whose| ResidualJson {
+            whose,
+            bar1_bytes: bar1,
+            vram_bytes: vram,
+        })
     };
     Judgement {
         bar1_change,
@@ -333,8 +301,8 @@ impl Judgement {
         if let Some(r) = &self.residual {
             let amounts = format!(
                 "{} BAR1, {} VRAM",
-                signed_size(r.bar1 as i64),
-                signed_size(r.vram as i64)
+                signed_size(r.bar1_bytes as i64),
+                signed_size(r.vram_bytes as i64)
             );
             lines.push(match r.whose {
                 Whose::Driver => format!("driver-internal: {amounts}, {inventory}"),
@@ -610,10 +578,10 @@ mod tests {
             assert!(j.passed(), "{:?}", j.failures);
             assert_eq!(
                 j.residual,
-                Some(Residual {
+                Some(ResidualJson {
                     whose: Whose::Driver,
-                    bar1: 64 << 10,
-                    vram: 64 << 10
+                    bar1_bytes: 64 << 10,
+                    vram_bytes: 64 << 10
                 })
             );
             assert!(
