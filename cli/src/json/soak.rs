@@ -218,13 +218,14 @@ pub struct RetainedChangeJson {
 /// Another process whose device memory changed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessChangeJson {
-    /// Its pid.
+    /// Its pid (the host's numbering).
     pub pid: u32,
-    /// Its device memory before (`null`: it came).
+    /// Its device memory before (`null`: not listed then, it came; a listed process whose memory
+    /// NVML cannot tell counts 0).
     pub before_bytes: Option<u64>,
-    /// After (`null`: it went).
+    /// After (`null`: not listed any more, it went).
     pub after_bytes: Option<u64>,
-    /// After minus before.
+    /// After minus before, a process not listed counting 0.
     pub change_bytes: i64,
 }
 

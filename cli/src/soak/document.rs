@@ -12,9 +12,8 @@ use crate::device::Present;
 use crate::json::document::About;
 use crate::json::machine::{DeviceJson, MachineJson};
 use crate::json::soak::{
-    ClassificationJson, ProcessChangeJson, ProcessJson, RetainedChangeJson, RetainedJson,
-    SoakCountersJson, SoakDeviceFiguresJson, SoakDeviceJson, SoakDocument, SoakFiguresJson,
-    SoakOptionsJson,
+    ClassificationJson, ProcessJson, RetainedChangeJson, RetainedJson, SoakCountersJson,
+    SoakDeviceFiguresJson, SoakDeviceJson, SoakDocument, SoakFiguresJson, SoakOptionsJson,
 };
 
 /// What a run leaves for its JSON document.
@@ -142,20 +141,10 @@ fn classification_json(j: &Judgement) -> ClassificationJson {
             .collect(),
         ours_nvml_change_bytes: j.per_process.as_ref().ok().map(|p| p.ours_change()),
         per_process_error: j.per_process.as_ref().err().cloned(),
-        other_processes: j.per_process.as_ref().map_or_else(
-            |_| Vec::new(),
-            |p| {
-                p.others
-                    .iter()
-                    .map(|c| ProcessChangeJson {
-                        pid: c.pid,
-                        before_bytes: c.before,
-                        after_bytes: c.after,
-                        change_bytes: c.change(),
-                    })
-                    .collect()
-            },
-        ),
+        other_processes: j
+            .per_process
+            .as_ref()
+            .map_or_else(|_| Vec::new(), |p| p.others.clone()),
         residual: j.residual,
         event_fences_made: j.event_fences_made,
         event_fences_peak_before: j.event_fences_peak.0,
@@ -374,6 +363,7 @@ mod tests {
         assert_eq!(c0["came_back"], true);
         assert_eq!(c0["other_processes"][0]["pid"], 77);
         assert!(c0["other_processes"][0]["after_bytes"].is_null());
+        assert_eq!(c0["other_processes"][0]["change_bytes"], -(17i64 << 20));
         assert_eq!(c0["ours_nvml_change_bytes"], 0);
         let c1 = &devices[1]["classification"];
         assert_eq!(c1["residual"]["whose"], "driver");

@@ -31,26 +31,7 @@ use vkgdr::nvml::GpuProcess;
 use vkgdr::RetainedItem;
 
 use super::figures::{signed_size, size, Snapshot};
-use crate::json::soak::{ResidualJson, Whose};
-
-/// Another process whose device memory changed between before and after.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct ProcessChange {
-    /// Its pid (the host's numbering).
-    pub(super) pid: u32,
-    /// Its device memory before (`None`: not listed then, it came; a listed process whose
-    /// memory NVML cannot tell counts 0).
-    pub(super) before: Option<u64>,
-    /// After (`None`: not listed any more, it went).
-    pub(super) after: Option<u64>,
-}
-
-impl ProcessChange {
-    /// After minus before, a process not listed counting 0.
-    pub(super) fn change(&self) -> i64 {
-        self.after.unwrap_or(0) as i64 - self.before.unwrap_or(0) as i64
-    }
-}
+use crate::json::soak::{ProcessChangeJson, ResidualJson, Whose};
 
 /// What NVML's per-process lists say about one device, before and after.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,7 +39,7 @@ pub(super) struct PerProcess {
     /// This process's device memory per NVML, before and after.
     pub(super) ours: (u64, u64),
     /// Every other process that came, went or changed, by pid.
-    pub(super) others: Vec<ProcessChange>,
+    pub(super) others: Vec<ProcessChangeJson>,
 }
 
 impl PerProcess {
@@ -69,7 +50,7 @@ impl PerProcess {
 
     /// The other processes' net change.
     pub(super) fn others_change(&self) -> i64 {
-        self.others.iter().map(ProcessChange::change).sum()
+        self.others.iter().map(|c| c.change_bytes).sum()
     }
 }
 
@@ -136,12 +117,15 @@ fn per_process(before: &Snapshot, after: &Snapshot, our_pid: u32) -> Result<PerP
     };
     let others = pids
         .into_iter()
-        .map(|pid| ProcessChange {
+        .map(|pid| (pid, used(&b, pid), used(&a, pid)))
+        .filter(|(_, before, after)| before != after)
+        .map(|(pid, before, after)| ProcessChangeJson {
             pid,
-            before: used(&b, pid),
-            after: used(&a, pid),
+            before_bytes: before,
+            after_bytes: after,
+            // A process not listed counts 0.
+            change_bytes: after.unwrap_or(0) as i64 - before.unwrap_or(0) as i64,
         })
-        .filter(|c| c.before != c.after)
         .collect();
     Ok(PerProcess { ours, others })
 }
@@ -286,10 +270,10 @@ impl Judgement {
             let others: Vec<String> = p
                 .others
                 .iter()
-                .map(|c| match (c.before, c.after) {
+                .map(|c| match (c.before_bytes, c.after_bytes) {
                     (None, Some(a)) => format!("pid {} came ({})", c.pid, signed_size(a as i64)),
                     (Some(b), None) => format!("pid {} went ({})", c.pid, signed_size(-(b as i64))),
-                    _ => format!("pid {} {}", c.pid, signed_size(c.change())),
+                    _ => format!("pid {} {}", c.pid, signed_size(c.change_bytes)),
                 })
                 .collect();
             lines.push(if others.is_empty() {
@@ -546,10 +530,11 @@ mod tests {
         let p = j.per_process.as_ref().unwrap();
         assert_eq!(
             p.others,
-            [ProcessChange {
+            [ProcessChangeJson {
                 pid: 99,
-                before: None,
-                after: Some(17 * MIB)
+                before_bytes: None,
+                after_bytes: Some(17 * MIB),
+                change_bytes: 17 * MIB as i64,
             }]
         );
         assert!(j
