@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::os::fd::RawFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
@@ -178,21 +178,10 @@ impl ChildProcess {
             let left = Arc::clone(&reading);
             let r2 = thread("vkgdr-child-err").spawn(move || {
                 let _done = Finished(left);
-                let mut buf = Vec::new();
-                let mut stderr = stderr;
-                let mut chunk = [0u8; 1024];
-                loop {
-                    match stderr.read(&mut chunk) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                    while let Some(at) = buf.iter().position(|&b| b == b'\n') {
-                        let line: Vec<u8> = buf.drain(..=at).collect();
-                        keep(&err, String::from_utf8_lossy(&line).trim_end());
-                    }
-                }
-                if !buf.is_empty() {
-                    keep(&err, String::from_utf8_lossy(&buf).trim_end());
+                // Not `lines()`: a line that is not UTF-8 is kept too.
+                for line in BufReader::new(stderr).split(b'\n') {
+                    let Ok(line) = line else { break };
+                    keep(&err, String::from_utf8_lossy(&line).trim_end());
                 }
             })?;
             Ok::<_, std::io::Error>(vec![r1, r2])
@@ -515,7 +504,7 @@ mod tests {
         assert!(e.contains("test child (pid "), "{e}");
         assert!(e.contains("failed: attach: refused"), "{e}");
         // Said on stderr before it failed: the reader may or may not have it yet.
-        let mut c = sh("echo 'gone early' >&2; exit 3");
+        let mut c = sh("printf 'gone early' >&2; exit 3");
         let e = c.expect("ready", Duration::from_secs(10)).unwrap_err().0;
         assert!(
             e.contains("exited (exit status: 3) before it said `ready`"),
