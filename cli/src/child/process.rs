@@ -115,8 +115,9 @@ impl ChildProcess {
     }
 
     /// Starts `cmd` as the child called `name` (its stdin, stdout and stderr piped here),
-    /// handing it `keep_fd`.
-    fn start(
+    /// handing it `keep_fd`: [`spawn`](Self::spawn) with a command of its own (the tests' runs
+    /// of the built binary).
+    pub fn start(
         name: String,
         mut cmd: Command,
         keep_fd: Option<RawFd>,
