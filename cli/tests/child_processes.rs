@@ -20,8 +20,10 @@ use vkgdr::share::{CheckingLanes, ShareEvent, ShareOptions, ShareServer};
 use vkgdr::vulkan::{DeviceSelector, MemoryOptions, VulkanContext};
 use vkgdr::Mapping;
 
+use vkgdr_cli::child::attach::Attached;
 use vkgdr_cli::child::process::{ChildProcess, COMMAND};
 use vkgdr_cli::child::protocol::{Line, QUIT};
+use vkgdr_cli::child::Rtt;
 
 use common::{lavapipe_manifest, INHERITED, NO_CUDA};
 
@@ -145,11 +147,9 @@ fn producer_processes_answer_go_with_done_and_their_records_arrive_in_order() {
     let mut lone = spawn(&args(&["--size=64", "--records=200", "--lone"]));
     expect(&mut lone, "ready");
     lone.go().unwrap();
-    let lat = expect(&mut lone, "lat");
-    assert_eq!(num(&lat, "n"), 180, "a tenth dropped as warm-up");
-    let median = lat.f64("median").unwrap();
-    let p99 = lat.f64("p99").unwrap();
-    assert!(median > 0.0 && p99 >= median, "{lat:?}");
+    let lat: Rtt = expect(&mut lone, "lat").read().unwrap();
+    assert_eq!(lat.n, 180, "a tenth dropped as warm-up");
+    assert!(lat.median > 0.0 && lat.p99 >= lat.median, "{lat:?}");
     for k in kids.into_iter().chain([lone]) {
         k.finish(T).unwrap();
     }
@@ -336,10 +336,9 @@ fn an_attaching_process_times_its_device_and_attaches_and_leaves_its_bytes() {
         "--attaches=3".into(),
         "--writes=640".into(),
     ]);
-    let line = expect(&mut k, "attach");
-    assert!(line.f64("vulkan_ns").unwrap() > 0.0);
-    assert_eq!(line.f64s("attach_ns").unwrap().len(), 3);
-    assert_eq!(line.f64s("write_ns").unwrap().len(), 10);
+    let done: Attached = expect(&mut k, "attach").read().unwrap();
+    assert!(done.vulkan_ns > 0.0);
+    assert_eq!((done.attach_ns.len(), done.write_ns.len()), (3, 10));
     assert_eq!(num(&expect(&mut k, "holding"), "pid"), u64::from(k.pid()));
     let mut seen = [0u8; 64];
     mem.read(0, &mut seen).unwrap();

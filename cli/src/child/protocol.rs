@@ -108,16 +108,6 @@ impl Line {
         v.as_f64()
             .ok_or_else(|| format!("`{}`: {key}={v} is no number", self.kind))
     }
-
-    /// The value of `key` as a list of numbers.
-    pub fn f64s(&self, key: &str) -> Result<Vec<f64>, String> {
-        let v = self.get(key)?;
-        (v.as_array().into_iter().flatten())
-            .map(Value::as_f64)
-            .collect::<Option<Vec<f64>>>()
-            .filter(|_| v.is_array())
-            .ok_or_else(|| format!("`{}`: {key} is no list of numbers", self.kind))
-    }
 }
 
 /// Says `line` on stdout, at once (the owner waits for it).
@@ -155,17 +145,7 @@ mod tests {
             list.to_text(),
             r#"@vkgdr {"kind":"attach","ns":[1.2,30.0,4000000.0]}"#
         );
-        let back = Line::parse(&list.to_text()).unwrap();
-        assert_eq!(back.f64s("ns"), Ok(vec![1.2, 30.0, 4e6]));
         let parse = |s: &str| Line::parse(s).unwrap();
-        assert_eq!(
-            parse(r#"@vkgdr {"kind":"x","ns":[]}"#).f64s("ns"),
-            Ok(Vec::new())
-        );
-        assert!(parse(r#"@vkgdr {"kind":"x","ns":[1,"a"]}"#)
-            .f64s("ns")
-            .is_err());
-        assert!(parse(r#"@vkgdr {"kind":"x","ns":1}"#).f64s("ns").is_err());
         // A figure that is not finite is written as null: no number.
         assert!(parse(&Line::new("x").with("v", f64::INFINITY).to_text())
             .f64("v")
