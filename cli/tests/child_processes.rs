@@ -1,7 +1,7 @@
 //! The hidden child roles of `vkgdr bench xproc` and `vkgdr soak --xproc` (`vkgdr bench-child
-//! ROLE`), each run as a real process of the built binary against an owner in this test: on
-//! lavapipe, with no CUDA anywhere (the owner's lanes are consumed by a thread of the test, its
-//! queue drained by one). What the GPU machine's owner does with CUDA is `vkgdr bench xproc`'s own;
+//! ROLE`), each run as a real process of the built binary against an owner in this test (the
+//! tool's own owner side, [`ChildProcess`]): on lavapipe, with no CUDA anywhere (the owner's lanes
+//! are consumed by a thread of the test, its queue drained by one). What the GPU machine's owner does with CUDA is `vkgdr bench xproc`'s own;
 //! the children's side — attaching, the `go`/`done` protocol, the records they write, a killed
 //! producer's lane taken over by the next — is proved here.
 //!
@@ -9,11 +9,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{channel, Receiver};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,117 +20,36 @@ use vkgdr::share::{CheckingLanes, ShareEvent, ShareOptions, ShareServer};
 use vkgdr::vulkan::{DeviceSelector, MemoryOptions, VulkanContext};
 use vkgdr::Mapping;
 
+use vkgdr_cli::child::attach::Attached;
+use vkgdr_cli::child::process::{ChildProcess, COMMAND};
+use vkgdr_cli::child::protocol::{Line, QUIT};
+use vkgdr_cli::child::Rtt;
+
 use common::{lavapipe_manifest, INHERITED, NO_CUDA};
 
-/// One child of the binary: stdin to write commands, its protocol lines from a reader thread.
-struct Kid {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Receiver<String>,
+/// How long a child may take to answer.
+const T: Duration = Duration::from_secs(60);
+
+/// `vkgdr bench-child ARGS...` of the built binary on lavapipe, without CUDA, driven by the
+/// tool's own owner side.
+fn spawn(args: &[String]) -> ChildProcess {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vkgdr"));
+    cmd.arg(COMMAND).args(args);
+    for v in INHERITED {
+        cmd.env_remove(v);
+    }
+    cmd.env("VK_DRIVER_FILES", lavapipe_manifest())
+        .env(NO_CUDA.0, NO_CUDA.1);
+    ChildProcess::start(args[0].clone(), cmd, None).expect("start vkgdr bench-child")
 }
 
-impl Kid {
-    fn spawn(args: &[String], cuda: bool) -> Kid {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vkgdr"));
-        cmd.arg("bench-child")
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        for v in INHERITED {
-            cmd.env_remove(v);
-        }
-        cmd.env("VK_DRIVER_FILES", lavapipe_manifest());
-        if !cuda {
-            cmd.env(NO_CUDA.0, NO_CUDA.1);
-        }
-        let mut child = cmd.spawn().expect("start vkgdr bench-child");
-        let out = child.stdout.take().unwrap();
-        let (tx, lines) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Kid {
-            stdin: child.stdin.take(),
-            child,
-            lines,
-        }
-    }
-
-    /// The next protocol line of `kind` (fields as `key=value` pairs); panics on an error line,
-    /// another kind, or silence.
-    fn expect(&mut self, kind: &str) -> Vec<(String, String)> {
-        let line = self
-            .lines
-            .recv_timeout(Duration::from_secs(60))
-            .unwrap_or_else(|e| panic!("no `{kind}` line from the child: {e}"));
-        let rest = line
-            .strip_prefix("@vkgdr ")
-            .unwrap_or_else(|| panic!("not a protocol line: {line:?}"));
-        let mut words = rest.split(' ');
-        let got = words.next().unwrap();
-        assert_eq!(got, kind, "the child said {line:?}");
-        words
-            .map(|w| {
-                let (k, v) = w.split_once('=').unwrap();
-                (k.to_string(), v.to_string())
-            })
-            .collect()
-    }
-
-    fn send(&mut self, command: &str) {
-        let stdin = self.stdin.as_mut().unwrap();
-        writeln!(stdin, "{command}").unwrap();
-        stdin.flush().unwrap();
-    }
-
-    /// Says `quit`, closes stdin and waits (60 s at most) for the exit code.
-    fn finish(mut self) -> i32 {
-        let _ = self.send_quit();
-        self.stdin = None;
-        let t = Instant::now();
-        loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                return s.code().unwrap_or(-1);
-            }
-            if t.elapsed() > Duration::from_secs(60) {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!("a child did not exit within 60 s");
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    fn send_quit(&mut self) -> std::io::Result<()> {
-        let stdin = self.stdin.as_mut().unwrap();
-        writeln!(stdin, "quit")?;
-        stdin.flush()
-    }
+/// The next protocol line of `kind`; panics on an error line or silence.
+fn expect(c: &mut ChildProcess, kind: &str) -> Line {
+    c.expect(kind, T).unwrap_or_else(|e| panic!("{e}"))
 }
 
-impl Drop for Kid {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn field<'a>(fields: &'a [(String, String)], key: &str) -> &'a str {
-    &fields
-        .iter()
-        .find(|(k, _)| k == key)
-        .unwrap_or_else(|| panic!("no {key} in {fields:?}"))
-        .1
-}
-
-fn num(fields: &[(String, String)], key: &str) -> u64 {
-    field(fields, key).parse().unwrap()
+fn num(line: &Line, key: &str) -> u64 {
+    line.u64(key).unwrap()
 }
 
 fn vulkan() -> Arc<VulkanContext> {
@@ -201,12 +118,12 @@ fn producer_processes_answer_go_with_done_and_their_records_arrive_in_order() {
         .map(|s| s.to_string())
         .collect()
     };
-    let mut kids: Vec<Kid> = (0..2)
-        .map(|_| Kid::spawn(&args(&["--size=64", "--records=3000", "--reps=2"]), false))
+    let mut kids: Vec<ChildProcess> = (0..2)
+        .map(|_| spawn(&args(&["--size=64", "--records=3000", "--reps=2"])))
         .collect();
     let mut held = Vec::new();
     for k in &mut kids {
-        let ready = k.expect("ready");
+        let ready = expect(k, "ready");
         held.push(num(&ready, "lane"));
         assert_eq!((num(&ready, "tail"), num(&ready, "seq")), (0, 0));
     }
@@ -215,10 +132,10 @@ fn producer_processes_answer_go_with_done_and_their_records_arrive_in_order() {
     assert_eq!(held.len(), 2, "a lane each");
     for rep in 0..2u64 {
         for k in &mut kids {
-            k.send("go");
+            k.go().unwrap();
         }
         for k in &mut kids {
-            let done = k.expect("done");
+            let done = expect(k, "done");
             assert_eq!(num(&done, "rep"), rep);
             assert_eq!(num(&done, "records"), 3000);
             assert_eq!(num(&done, "seq"), 3000 * (rep + 1));
@@ -227,16 +144,14 @@ fn producer_processes_answer_go_with_done_and_their_records_arrive_in_order() {
         }
     }
     // A lone producer on the third lane: round trips through the test's consumer.
-    let mut lone = Kid::spawn(&args(&["--size=64", "--records=200", "--lone"]), false);
-    lone.expect("ready");
-    lone.send("go");
-    let lat = lone.expect("lat");
-    assert_eq!(num(&lat, "n"), 180, "a tenth dropped as warm-up");
-    let median: f64 = field(&lat, "median").parse().unwrap();
-    let p99: f64 = field(&lat, "p99").parse().unwrap();
-    assert!(median > 0.0 && p99 >= median, "{lat:?}");
+    let mut lone = spawn(&args(&["--size=64", "--records=200", "--lone"]));
+    expect(&mut lone, "ready");
+    lone.go().unwrap();
+    let lat: Rtt = expect(&mut lone, "lat").read().unwrap();
+    assert_eq!(lat.n, 180, "a tenth dropped as warm-up");
+    assert!(lat.median > 0.0 && lat.p99 >= lat.median, "{lat:?}");
     for k in kids.into_iter().chain([lone]) {
-        assert_eq!(k.finish(), 0);
+        k.finish(T).unwrap();
     }
     std::thread::sleep(Duration::from_millis(100));
     let seen = seen(&lanes);
@@ -265,20 +180,19 @@ fn a_killed_soak_producer_s_lane_goes_on_with_the_next_one() {
             format!("--seed={seed}"),
         ]
     };
-    let mut a = Kid::spawn(&args(1), false);
-    let mut b = Kid::spawn(&args(2), false);
-    let lane_a = num(&a.expect("ready"), "lane");
-    b.expect("ready");
+    let mut a = spawn(&args(1));
+    let mut b = spawn(&args(2));
+    let lane_a = num(&expect(&mut a, "ready"), "lane");
+    expect(&mut b, "ready");
     // Let them write, then kill one wherever it is (often in the middle of a batch).
-    let accepted = a.expect("accepted");
+    let accepted = expect(&mut a, "accepted");
     assert_eq!(num(&accepted, "tail") % 16, 0);
     std::thread::sleep(Duration::from_millis(300));
-    let pid = a.child.id();
-    a.child.kill().unwrap();
-    a.child.wait().unwrap();
+    let pid = a.pid();
+    a.kill().unwrap();
     wait_gone(&server, pid);
-    let mut c = Kid::spawn(&args(3), false);
-    let ready = c.expect("ready");
+    let mut c = spawn(&args(3));
+    let ready = expect(&mut c, "ready");
     assert_eq!(num(&ready, "lane"), lane_a, "the free lane");
     let start = num(&ready, "seq");
     assert!(
@@ -288,23 +202,10 @@ fn a_killed_soak_producer_s_lane_goes_on_with_the_next_one() {
     std::thread::sleep(Duration::from_millis(300));
     let mut finals = Vec::new();
     for mut k in [b, c] {
-        k.send("quit");
+        k.send(QUIT).unwrap();
         // `accepted` lines come first; the last line is `done`.
-        let done = loop {
-            let line = k.lines.recv_timeout(Duration::from_secs(60)).unwrap();
-            if line.starts_with("@vkgdr done") {
-                break line;
-            }
-            assert!(line.starts_with("@vkgdr accepted"), "{line}");
-        };
-        let seq: u64 = done
-            .split(' ')
-            .find_map(|w| w.strip_prefix("seq="))
-            .unwrap()
-            .parse()
-            .unwrap();
-        finals.push(seq);
-        assert_eq!(k.finish(), 0);
+        finals.push(num(&expect(&mut k, "done"), "seq"));
+        k.finish(T).unwrap();
     }
     std::thread::sleep(Duration::from_millis(100));
     let seen = seen(&lanes);
@@ -387,29 +288,29 @@ fn a_shared_memory_producer_fills_its_lane_of_an_inherited_memfd() {
         .map(|s| s.to_string())
         .collect()
     };
-    let mut k = Kid::spawn(&args(&["--records=5000", "--reps=2"]), false);
-    assert_eq!(num(&k.expect("ready"), "tail"), 0);
+    let mut k = spawn(&args(&["--records=5000", "--reps=2"]));
+    assert_eq!(num(&expect(&mut k, "ready"), "tail"), 0);
     for rep in 1..=2u64 {
-        k.send("go");
-        let done = k.expect("done");
+        k.go().unwrap();
+        let done = expect(&mut k, "done");
         assert_eq!(num(&done, "tail"), rep * 5000 * 64);
     }
-    assert_eq!(k.finish(), 0);
+    k.finish(T).unwrap();
     // The last record carries its number, 9999, at its place in lane 1's records.
     let last = 2 * 4096 + CAP + (9999 * 64) % CAP;
     // SAFETY: 8 bytes inside the mapping.
     let n = unsafe { ((base + last as usize) as *const u64).read_unaligned() };
     assert_eq!(n, 9999);
     assert_eq!(word(0).load(Ordering::Acquire), 0, "lane 0 untouched");
-    let mut lone = Kid::spawn(&args(&["--records=100", "--lone"]), false);
+    let mut lone = spawn(&args(&["--records=100", "--lone"]));
     assert_eq!(
-        num(&lone.expect("ready"), "tail"),
+        num(&expect(&mut lone, "ready"), "tail"),
         10000 * 64,
         "it goes on from the tail"
     );
-    lone.send("go");
-    assert_eq!(num(&lone.expect("lat"), "n"), 90);
-    assert_eq!(lone.finish(), 0);
+    lone.go().unwrap();
+    assert_eq!(num(&expect(&mut lone, "lat"), "n"), 90);
+    lone.finish(T).unwrap();
     stop.store(true, Ordering::Release);
     drainer.join().unwrap();
     // SAFETY: the mapping made above, unmapped once; nothing uses it any more.
@@ -427,44 +328,34 @@ fn an_attaching_process_times_its_device_and_attaches_and_leaves_its_bytes() {
     mem.write(0, &[0; 64]).unwrap();
     server.share_vulkan_memory("region", &mem).unwrap();
     let uuid = vkgdr::vulkan::format_uuid(&ctx.device_info().uuid);
-    let mut k = Kid::spawn(
-        &[
-            "xproc-attach".into(),
-            format!("--socket={}", path.display()),
-            "--region=region".into(),
-            format!("--uuid={uuid}"),
-            "--attaches=3".into(),
-            "--writes=640".into(),
-        ],
-        false,
-    );
-    let line = k.expect("attach");
-    assert!(field(&line, "vulkan_ns").parse::<f64>().unwrap() > 0.0);
-    assert_eq!(field(&line, "attach_ns").split(',').count(), 3);
-    assert_eq!(field(&line, "write_ns").split(',').count(), 10);
-    assert_eq!(num(&k.expect("holding"), "pid"), u64::from(k.child.id()));
+    let mut k = spawn(&[
+        "xproc-attach".into(),
+        format!("--socket={}", path.display()),
+        "--region=region".into(),
+        format!("--uuid={uuid}"),
+        "--attaches=3".into(),
+        "--writes=640".into(),
+    ]);
+    let done: Attached = expect(&mut k, "attach").read().unwrap();
+    assert!(done.vulkan_ns > 0.0);
+    assert_eq!((done.attach_ns.len(), done.write_ns.len()), (3, 10));
+    assert_eq!(num(&expect(&mut k, "holding"), "pid"), u64::from(k.pid()));
     let mut seen = [0u8; 64];
     mem.read(0, &mut seen).unwrap();
     let want: [u8; 64] = std::array::from_fn(|i| 0xa5 ^ i as u8);
     assert_eq!(seen, want, "the child's last write, in the owner's memory");
-    assert_eq!(k.finish(), 0);
+    k.finish(T).unwrap();
 }
 
 #[test]
 fn the_cuda_role_without_cuda_says_what_failed() {
-    let k = Kid::spawn(
-        &[
-            "xproc-cuda".into(),
-            "--uuid=00112233-4455-6677-8899-aabbccddeeff".into(),
-            format!("--handle={}", "00".repeat(64)),
-            "--updates=1".into(),
-        ],
-        false,
-    );
-    let line = k.lines.recv_timeout(Duration::from_secs(60)).unwrap();
-    assert!(
-        line.starts_with("@vkgdr error loading libcuda and cuInit: "),
-        "{line}"
-    );
-    assert_eq!(k.finish(), 1);
+    let mut k = spawn(&[
+        "xproc-cuda".into(),
+        "--uuid=00112233-4455-6677-8899-aabbccddeeff".into(),
+        format!("--handle={}", "00".repeat(64)),
+        "--updates=1".into(),
+    ]);
+    let e = k.expect("cuda", T).unwrap_err().0;
+    assert!(e.contains("failed: loading libcuda and cuInit: "), "{e}");
+    assert!(k.has_exited().is_some_and(|s| s.code() == Some(1)), "{e}");
 }

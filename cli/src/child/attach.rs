@@ -13,6 +13,8 @@ use vkgdr::share::Peer;
 use vkgdr::vulkan::{DeviceSelector, MemoryOptions, VulkanContext};
 use vkgdr::Mapping;
 
+use serde::{Deserialize, Serialize};
+
 use super::protocol::{say, Line};
 use super::{Commands, Context, Outcome};
 
@@ -51,9 +53,18 @@ pub struct AttachArgs {
     pub writes: u64,
 }
 
-/// The role (see the module docs). Says `attach` with `vulkan_ns` (the device), `attach_ns`
-/// (each attach) and `write_ns` (samples of [`WRITES_PER_SAMPLE`] writes, ns per write), then
-/// `holding`.
+/// What an attaching child says once done (its `attach` line).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Attached {
+    /// Opening the GPU's Vulkan device.
+    pub vulkan_ns: f64,
+    /// Each attach.
+    pub attach_ns: Vec<f64>,
+    /// Samples of [`WRITES_PER_SAMPLE`] 64-byte writes, ns per write.
+    pub write_ns: Vec<f64>,
+}
+
+/// The role (see the module docs). Says `attach` ([`Attached`]), then `holding`.
 pub fn run(a: &AttachArgs) -> Outcome {
     let commands = Commands::start()?;
     let t = Instant::now();
@@ -85,10 +96,12 @@ pub fn run(a: &AttachArgs) -> Outcome {
         write_ns.push(t.elapsed().as_nanos() as f64 / WRITES_PER_SAMPLE as f64);
     }
     memory.write(0, &final_pattern()).ctx("the last write")?;
-    say(&Line::new("attach")
-        .with("vulkan_ns", vulkan_ns)
-        .with_list("attach_ns", &attach_ns)
-        .with_list("write_ns", &write_ns));
+    let attached = Attached {
+        vulkan_ns,
+        attach_ns,
+        write_ns,
+    };
+    say(&Line::of("attach", &attached));
     say(&Line::new("holding").with("pid", std::process::id()));
     commands.wait_quit()?;
     drop(memory);

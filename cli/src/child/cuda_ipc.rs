@@ -9,6 +9,8 @@ use std::time::Instant;
 use vkgdr::cuda::{ContextGuard, Driver, IpcMemHandle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS};
 
 use super::attach::{final_pattern, uuid};
+use serde::{Deserialize, Serialize};
+
 use super::protocol::{say, Line};
 use super::{Commands, Context, Outcome};
 
@@ -44,9 +46,20 @@ pub struct CudaArgs {
     pub updates: u64,
 }
 
-/// The role (see the module docs). Says `cuda` with `init_ns` (library load and `cuInit`),
-/// `context_ns` (`cuDevicePrimaryCtxRetain` and making it current), `open_ns`
-/// (`cuIpcOpenMemHandle`) and `update_ns` (each update), then `holding`.
+/// What a CUDA IPC child says once done (its `cuda` line).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Opened {
+    /// Loading the library and `cuInit`.
+    pub init_ns: f64,
+    /// `cuDevicePrimaryCtxRetain` and making it current.
+    pub context_ns: f64,
+    /// `cuIpcOpenMemHandle`.
+    pub open_ns: f64,
+    /// Each 64-byte update.
+    pub update_ns: Vec<f64>,
+}
+
+/// The role (see the module docs). Says `cuda` ([`Opened`]), then `holding`.
 pub fn run(a: &CudaArgs) -> Outcome {
     let commands = Commands::start()?;
     let t = Instant::now();
@@ -96,11 +109,13 @@ pub fn run(a: &CudaArgs) -> Outcome {
         update_ns.push(t.elapsed().as_nanos() as f64);
     }
     copy(&final_pattern())?;
-    say(&Line::new("cuda")
-        .with("init_ns", init_ns)
-        .with("context_ns", context_ns)
-        .with("open_ns", open_ns)
-        .with_list("update_ns", &update_ns));
+    let opened = Opened {
+        init_ns,
+        context_ns,
+        open_ns,
+        update_ns,
+    };
+    say(&Line::of("cuda", &opened));
     say(&Line::new("holding").with("pid", std::process::id()));
     commands.wait_quit()?;
     // SAFETY: opened above in this context, which is still current; nothing uses it any more.

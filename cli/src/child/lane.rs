@@ -11,7 +11,7 @@ use vkgdr::ring::core::RingError;
 use vkgdr::share::{AttachedLane, Peer, RefusalCode, ShareError};
 
 use super::protocol::{say, Line};
-use super::{spin_until, summary, Commands, Context, Outcome};
+use super::{spin_until, Commands, Context, Outcome, Rtt};
 use crate::bench::ring::{push_batches, Payload};
 use crate::soak::workers::random_batch;
 
@@ -192,13 +192,8 @@ pub fn producer(a: &ProducerArgs) -> Outcome {
             wait_head(&lane, p.core().published())?;
             samples.push(t.elapsed().as_nanos() as f64);
         }
-        let (median, p10, p90, p99, n) = summary(samples).ok_or("no round trips")?;
-        say(&Line::new("lat")
-            .with("n", n)
-            .with("median", median)
-            .with("p10", p10)
-            .with("p90", p90)
-            .with("p99", p99));
+        let rtt = Rtt::of_samples(samples).ok_or("no round trips")?;
+        say(&Line::of("lat", &rtt));
     } else {
         for rep in 0..a.reps {
             commands.wait_go()?;

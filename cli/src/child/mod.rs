@@ -14,8 +14,8 @@
 //!   ([`shm`], no CUDA);
 //! - `soak-producer`: a ring lane's producer of sealed records until told to stop (or killed).
 //!
-//! A failing child says `@vkgdr error WHAT` and exits 1; one whose stdin ends (its owner is gone)
-//! stops.
+//! A failing child says an `error` line with its text and exits 1; one whose stdin ends (its
+//! owner is gone) stops.
 
 pub mod attach;
 pub mod cuda_ipc;
@@ -31,6 +31,9 @@ use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
+use crate::bench::measure::{percentile, Stats};
 use protocol::{say, Line, GO, QUIT};
 
 pub use attach::AttachArgs;
@@ -192,16 +195,36 @@ fn spin_until(
     Ok(())
 }
 
-/// Median, p10, p90 and p99 of `samples` (ns), after dropping the first tenth as warm-up:
-/// `(median, p10, p90, p99, n)`.
-fn summary(mut samples: Vec<f64>) -> Option<(f64, f64, f64, f64, usize)> {
-    samples.drain(..samples.len() / 10);
-    if samples.is_empty() {
-        return None;
+/// Round-trip figures (ns) over `n` round trips, the first tenth dropped as warm-up: what a
+/// child's `lat` line says, and what the owner measures itself.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Rtt {
+    /// 50th percentile.
+    pub median: f64,
+    /// 10th percentile.
+    pub p10: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Round trips counted.
+    pub n: usize,
+}
+
+impl Rtt {
+    /// The figures of `samples` (ns), after dropping the first tenth; `None` if none are left.
+    pub fn of_samples(mut samples: Vec<f64>) -> Option<Rtt> {
+        samples.drain(..samples.len() / 10);
+        let s = Stats::of(&samples)?;
+        samples.sort_by(f64::total_cmp);
+        Some(Rtt {
+            median: s.median,
+            p10: s.p10,
+            p90: s.p90,
+            p99: percentile(&samples, 0.99),
+            n: s.n,
+        })
     }
-    samples.sort_by(f64::total_cmp);
-    let p = |q| crate::bench::measure::percentile(&samples, q);
-    Some((p(0.5), p(0.1), p(0.9), p(0.99), samples.len()))
 }
 
 #[cfg(test)]
@@ -280,14 +303,16 @@ mod tests {
     }
 
     #[test]
-    fn the_summary_drops_the_warm_up_and_takes_percentiles() {
+    fn round_trip_figures_drop_the_warm_up_and_take_percentiles() {
         let samples: Vec<f64> = (0..110)
             .map(|i| if i < 11 { 1e9 } else { f64::from(i) })
             .collect();
-        let (median, p10, p90, p99, n) = summary(samples).unwrap();
-        assert_eq!(n, 99);
-        assert_eq!(median, 60.0);
-        assert!(p10 < median && median < p90 && p90 < p99 && p99 < 1e9);
-        assert_eq!(summary(Vec::new()), None);
+        let r = Rtt::of_samples(samples).unwrap();
+        assert_eq!((r.n, r.median), (99, 60.0));
+        assert!(r.p10 < r.median && r.median < r.p90 && r.p90 < r.p99 && r.p99 < 1e9);
+        assert_eq!(Rtt::of_samples(Vec::new()), None);
+        let back = Line::parse(&Line::of("lat", &r).to_text()).unwrap();
+        assert_eq!(back.read(), Ok(r));
+        assert!(Line::new("lat").with("n", 1).read::<Rtt>().is_err());
     }
 }

@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::os::fd::RawFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
@@ -115,8 +115,9 @@ impl ChildProcess {
     }
 
     /// Starts `cmd` as the child called `name` (its stdin, stdout and stderr piped here),
-    /// handing it `keep_fd`.
-    fn start(
+    /// handing it `keep_fd`: [`spawn`](Self::spawn) with a command of its own (the tests' runs
+    /// of the built binary).
+    pub fn start(
         name: String,
         mut cmd: Command,
         keep_fd: Option<RawFd>,
@@ -178,21 +179,10 @@ impl ChildProcess {
             let left = Arc::clone(&reading);
             let r2 = thread("vkgdr-child-err").spawn(move || {
                 let _done = Finished(left);
-                let mut buf = Vec::new();
-                let mut stderr = stderr;
-                let mut chunk = [0u8; 1024];
-                loop {
-                    match stderr.read(&mut chunk) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                    while let Some(at) = buf.iter().position(|&b| b == b'\n') {
-                        let line: Vec<u8> = buf.drain(..=at).collect();
-                        keep(&err, String::from_utf8_lossy(&line).trim_end());
-                    }
-                }
-                if !buf.is_empty() {
-                    keep(&err, String::from_utf8_lossy(&buf).trim_end());
+                // Not `lines()`: a line that is not UTF-8 is kept too.
+                for line in BufReader::new(stderr).split(b'\n') {
+                    let Ok(line) = line else { break };
+                    keep(&err, String::from_utf8_lossy(&line).trim_end());
                 }
             })?;
             Ok::<_, std::io::Error>(vec![r1, r2])
@@ -259,7 +249,7 @@ impl ChildProcess {
             return Ok(None);
         };
         if line.kind == ERROR {
-            self.error_line = Some(line.text.clone());
+            self.error_line = Some(line.text().to_string());
             let _ = self.reap(Duration::from_secs(2));
             self.join_readers();
             return Err(self.failed("failed".into()));
@@ -362,7 +352,7 @@ impl ChildProcess {
         while let Ok(raw) = self.lines.try_recv() {
             if let Some(line) = Line::parse(&raw) {
                 if line.kind == ERROR {
-                    self.error_line = Some(line.text);
+                    self.error_line = Some(line.text().to_string());
                 }
             }
         }
@@ -488,8 +478,11 @@ mod tests {
 
     #[test]
     fn lines_commands_and_a_clean_exit() {
-        let mut c = sh("echo noise; echo '@vkgdr ready lane=3'; read x; \
-                        echo \"@vkgdr got what=$x\"; echo '@vkgdr done n=1'; read y; exit 0");
+        let mut c = sh(
+            r#"echo noise; echo '@vkgdr {"kind":"ready","lane":3}'; read x;
+                          echo "@vkgdr {\"kind\":\"got\",\"what\":\"$x\"}";
+                          echo '@vkgdr {"kind":"done","n":1}'; read y; exit 0"#,
+        );
         let ready = c.expect("ready", Duration::from_secs(10)).unwrap();
         assert_eq!(ready.u64("lane"), Ok(3));
         c.go().unwrap();
@@ -498,19 +491,21 @@ mod tests {
             c.expect("done", Duration::from_secs(10)).unwrap().u64("n"),
             Ok(1)
         );
-        assert_eq!(c.next_line().unwrap().unwrap().get("what"), Ok("go"));
+        assert_eq!(c.next_line().unwrap().unwrap().fields["what"], "go");
         assert_eq!(c.next_line().unwrap(), None);
         c.finish(Duration::from_secs(10)).unwrap();
     }
 
     #[test]
     fn a_child_that_fails_is_named_with_its_own_words_and_stderr() {
-        let mut c = sh("echo 'bad thing' >&2; echo '@vkgdr error attach: refused'; exit 1");
+        let mut c = sh(
+            r#"echo 'bad thing' >&2; echo '@vkgdr {"kind":"error","text":"attach: refused"}'; exit 1"#,
+        );
         let e = c.expect("ready", Duration::from_secs(10)).unwrap_err().0;
         assert!(e.contains("test child (pid "), "{e}");
         assert!(e.contains("failed: attach: refused"), "{e}");
         // Said on stderr before it failed: the reader may or may not have it yet.
-        let mut c = sh("echo 'gone early' >&2; exit 3");
+        let mut c = sh("printf 'gone early' >&2; exit 3");
         let e = c.expect("ready", Duration::from_secs(10)).unwrap_err().0;
         assert!(
             e.contains("exited (exit status: 3) before it said `ready`"),
@@ -538,7 +533,7 @@ mod tests {
 
     #[test]
     fn killing_reaps_and_dropping_kills() {
-        let mut c = sh("echo '@vkgdr ready'; sleep 60");
+        let mut c = sh(r#"echo '@vkgdr {"kind":"ready"}'; sleep 60"#);
         c.expect("ready", Duration::from_secs(10)).unwrap();
         let pid = c.pid();
         let status = c.kill().unwrap();

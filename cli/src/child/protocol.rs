@@ -1,10 +1,14 @@
-//! What a child process and its owner say to each other: the child writes lines on its stdout
-//! (`@vkgdr KIND key=value ...`, or `@vkgdr error TEXT` when it fails), the owner writes
-//! commands on the child's stdin ([`GO`], [`QUIT`]). Lines without the [`PREFIX`] are not part
-//! of the protocol (a library's stray output): the owner keeps them for its error messages.
+//! What a child process and its owner say to each other: the child writes lines on its stdout,
+//! each [`PREFIX`] and a JSON object whose `kind` says what the line is (`ready`, `done`, ...,
+//! or [`ERROR`] with its `text` when it fails); the owner writes commands on the child's stdin
+//! ([`GO`], [`QUIT`]). Lines without the prefix are not part of the protocol (a library's stray
+//! output): the owner keeps them for its error messages.
 
-use std::fmt::Display;
 use std::io::Write;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 
 /// Every protocol line starts with this word.
 pub const PREFIX: &str = "@vkgdr";
@@ -15,121 +19,94 @@ pub const QUIT: &str = "quit";
 /// The kind of the line a failing child says last.
 pub const ERROR: &str = "error";
 
-/// One protocol line: its kind and its `key=value` fields (or, for [`ERROR`], free text).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One protocol line: its kind and its fields (an [`ERROR`] line's one field is its `text`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Line {
     /// What the line says (`ready`, `done`, `lat`, ...).
     pub kind: String,
-    /// The fields in the order written.
-    pub fields: Vec<(String, String)>,
-    /// The text of an [`ERROR`] line (empty otherwise).
-    pub text: String,
+    /// The fields, by name.
+    #[serde(flatten)]
+    pub fields: Map<String, Value>,
 }
 
 impl Line {
     /// A line of `kind` without fields.
     pub fn new(kind: &str) -> Line {
-        debug_assert!(!kind.is_empty() && !kind.contains(char::is_whitespace));
         Line {
             kind: kind.to_string(),
-            fields: Vec::new(),
-            text: String::new(),
+            fields: Map::new(),
+        }
+    }
+
+    /// A line of `kind` whose fields are those of `fields` (a struct).
+    pub fn of(kind: &str, fields: &impl Serialize) -> Line {
+        match serde_json::to_value(fields) {
+            Ok(Value::Object(fields)) => Line {
+                kind: kind.to_string(),
+                fields,
+            },
+            other => panic!("the fields of a protocol line are a struct's: {other:?}"),
         }
     }
 
     /// The line a failing child says: `text` on one line.
     pub fn error(text: &str) -> Line {
-        Line {
-            kind: ERROR.to_string(),
-            fields: Vec::new(),
-            text: text.lines().collect::<Vec<_>>().join(" | "),
-        }
+        Line::new(ERROR).with("text", text.lines().collect::<Vec<_>>().join(" | "))
     }
 
-    /// Adds `key=value` (whitespace in the value becomes `_`, so the line stays one line of
-    /// fields).
-    pub fn with(mut self, key: &str, value: impl Display) -> Line {
-        debug_assert!(!key.is_empty() && !key.contains(['=', ' ']));
-        let value = value.to_string().replace(char::is_whitespace, "_");
-        self.fields.push((key.to_string(), value));
+    /// Adds the field `key`.
+    pub fn with(mut self, key: &str, value: impl Serialize) -> Line {
+        debug_assert!(key != "kind");
+        let value = serde_json::to_value(value).expect("a protocol field is plain data");
+        self.fields.insert(key.to_string(), value);
         self
     }
 
-    /// Adds `key=a,b,c`: a list of numbers.
-    pub fn with_list(self, key: &str, values: &[f64]) -> Line {
-        let list: Vec<String> = values.iter().map(|v| format!("{v:.1}")).collect();
-        self.with(key, list.join(","))
+    /// The text of an [`ERROR`] line (empty for another line).
+    pub fn text(&self) -> &str {
+        self.fields
+            .get("text")
+            .and_then(Value::as_str)
+            .unwrap_or("")
     }
 
     /// The line as written, without its newline.
     pub fn to_text(&self) -> String {
-        if self.kind == ERROR {
-            return format!("{PREFIX} {ERROR} {}", self.text);
-        }
-        let mut s = format!("{PREFIX} {}", self.kind);
-        for (k, v) in &self.fields {
-            s += &format!(" {k}={v}");
-        }
-        s
+        format!(
+            "{PREFIX} {}",
+            serde_json::to_string(self).expect("plain data")
+        )
     }
 
     /// The protocol line `s` is, if it is one.
     pub fn parse(s: &str) -> Option<Line> {
         let rest = s.trim_end_matches(['\r', '\n']).strip_prefix(PREFIX)?;
-        let rest = rest.strip_prefix(' ')?;
-        let (kind, rest) = rest.split_once(' ').unwrap_or((rest, ""));
-        if kind.is_empty() {
-            return None;
-        }
-        if kind == ERROR {
-            return Some(Line::error(rest));
-        }
-        let mut line = Line::new(kind);
-        for word in rest.split_whitespace() {
-            let (k, v) = word.split_once('=')?;
-            if k.is_empty() {
-                return None;
-            }
-            line.fields.push((k.to_string(), v.to_string()));
-        }
-        Some(line)
+        serde_json::from_str(rest.strip_prefix(' ')?).ok()
     }
 
-    /// The value of `key`.
-    pub fn get(&self, key: &str) -> Result<&str, String> {
-        self.fields
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
+    /// The fields as a `T` (a struct of the fields it needs).
+    pub fn read<T: DeserializeOwned>(&self) -> Result<T, String> {
+        serde_json::from_value(Value::Object(self.fields.clone()))
+            .map_err(|e| format!("`{}`: {e}: {}", self.kind, self.to_text()))
+    }
+
+    fn get(&self, key: &str) -> Result<&Value, String> {
+        (self.fields.get(key))
             .ok_or_else(|| format!("`{}` has no {key}: {}", self.kind, self.to_text()))
     }
 
     /// The value of `key` as a whole number.
     pub fn u64(&self, key: &str) -> Result<u64, String> {
         let v = self.get(key)?;
-        v.parse()
-            .map_err(|_| format!("`{}`: {key}={v} is no whole number", self.kind))
+        v.as_u64()
+            .ok_or_else(|| format!("`{}`: {key}={v} is no whole number", self.kind))
     }
 
     /// The value of `key` as a number.
     pub fn f64(&self, key: &str) -> Result<f64, String> {
         let v = self.get(key)?;
-        v.parse::<f64>()
-            .ok()
-            .filter(|x| x.is_finite())
+        v.as_f64()
             .ok_or_else(|| format!("`{}`: {key}={v} is no number", self.kind))
-    }
-
-    /// The value of `key` as a list of numbers (`a,b,c`; empty: none).
-    pub fn f64s(&self, key: &str) -> Result<Vec<f64>, String> {
-        let v = self.get(key)?;
-        if v.is_empty() {
-            return Ok(Vec::new());
-        }
-        v.split(',')
-            .map(|x| x.parse::<f64>().ok().filter(|x| x.is_finite()))
-            .collect::<Option<Vec<f64>>>()
-            .ok_or_else(|| format!("`{}`: {key} is no list of numbers", self.kind))
     }
 }
 
@@ -150,31 +127,64 @@ mod tests {
         let line = Line::new("done")
             .with("records", 2_000_000u64)
             .with("push_ns", 81.5)
+            .with("accepted_ns", 1_234u128)
             .with("why", "two words");
         assert_eq!(
             line.to_text(),
-            "@vkgdr done records=2000000 push_ns=81.5 why=two_words"
+            r#"@vkgdr {"kind":"done","accepted_ns":1234,"push_ns":81.5,"records":2000000,"why":"two words"}"#
         );
         let back = Line::parse(&format!("{}\n", line.to_text())).unwrap();
         assert_eq!(back, line);
         assert_eq!(back.u64("records"), Ok(2_000_000));
         assert_eq!(back.f64("push_ns"), Ok(81.5));
-        assert_eq!(back.get("why"), Ok("two_words"));
+        assert_eq!(back.f64("accepted_ns"), Ok(1234.0));
         assert!(back.u64("push_ns").unwrap_err().contains("no whole number"));
-        assert!(back.get("nope").unwrap_err().contains("has no nope"));
-        let list = Line::new("attach").with_list("ns", &[1.2, 30.0, 4e6]);
-        assert_eq!(list.to_text(), "@vkgdr attach ns=1.2,30.0,4000000.0");
+        assert!(back.u64("nope").unwrap_err().contains("has no nope"));
+        let list = Line::new("attach").with("ns", [1.2, 30.0, 4e6]);
         assert_eq!(
-            Line::parse(&list.to_text()).unwrap().f64s("ns"),
-            Ok(vec![1.2, 30.0, 4e6])
+            list.to_text(),
+            r#"@vkgdr {"kind":"attach","ns":[1.2,30.0,4000000.0]}"#
         );
+        let parse = |s: &str| Line::parse(s).unwrap();
+        // A figure that is not finite is written as null: no number.
+        assert!(parse(&Line::new("x").with("v", f64::INFINITY).to_text())
+            .f64("v")
+            .is_err());
+        assert_eq!(parse(r#"@vkgdr {"kind":"quiet"}"#), Line::new("quiet"));
+    }
+
+    #[test]
+    fn fields_read_as_a_struct() {
+        #[derive(Debug, PartialEq, Serialize, Deserialize)]
+        struct Done {
+            records: u64,
+            push_ns: f64,
+        }
+        let line = Line::new("done")
+            .with("records", 7)
+            .with("push_ns", 3)
+            .with("x", 1);
         assert_eq!(
-            Line::parse("@vkgdr x ns=").unwrap().f64s("ns"),
-            Ok(Vec::new())
+            line.read(),
+            Ok(Done {
+                records: 7,
+                push_ns: 3.0
+            })
         );
-        assert!(Line::parse("@vkgdr x ns=1,a").unwrap().f64s("ns").is_err());
-        assert!(Line::parse("@vkgdr x v=inf").unwrap().f64("v").is_err());
-        assert_eq!(Line::parse("@vkgdr quiet").unwrap(), Line::new("quiet"));
+        let e = Line::new("done")
+            .with("records", 7)
+            .read::<Done>()
+            .unwrap_err();
+        assert!(e.contains("missing field `push_ns`"), "{e}");
+        let done = Done {
+            records: 2,
+            push_ns: 0.5,
+        };
+        assert_eq!(
+            Line::of("done", &done).to_text(),
+            r#"@vkgdr {"kind":"done","push_ns":0.5,"records":2}"#
+        );
+        assert_eq!(Line::of("done", &done).read(), Ok(done));
     }
 
     #[test]
@@ -182,26 +192,25 @@ mod tests {
         let e = Line::error("attach_lane(\"in\"): refused\nby the owner");
         assert_eq!(
             e.to_text(),
-            "@vkgdr error attach_lane(\"in\"): refused | by the owner"
+            r#"@vkgdr {"kind":"error","text":"attach_lane(\"in\"): refused | by the owner"}"#
         );
         let back = Line::parse(&e.to_text()).unwrap();
         assert_eq!(back.kind, ERROR);
-        assert_eq!(back.text, "attach_lane(\"in\"): refused | by the owner");
-        // Fields of an error line are its text.
-        assert_eq!(Line::parse("@vkgdr error a=b c").unwrap().text, "a=b c");
+        assert_eq!(back.text(), "attach_lane(\"in\"): refused | by the owner");
+        assert_eq!(Line::new("done").text(), "");
     }
 
     #[test]
     fn other_output_is_no_protocol_line() {
         for s in [
             "",
-            "ready lane=1",
-            "@vkgdrready",
+            r#"{"kind":"ready"}"#,
+            r#"@vkgdr{"kind":"ready"}"#,
             "@vkgdr ",
-            "@vkgdr  ready",
-            "@vkgdr ready lane",
-            "@vkgdr ready =1",
-            " @vkgdr ready",
+            "@vkgdr ready lane=1",
+            r#"@vkgdr {"lane":1}"#,
+            r#"@vkgdr {"kind":"ready""#,
+            r#" @vkgdr {"kind":"ready"}"#,
             "WARNING: something the driver printed",
         ] {
             assert_eq!(Line::parse(s), None, "{s:?}");

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::protocol::{say, Line};
-use super::{spin_until, summary, Commands, Outcome};
+use super::{spin_until, Commands, Outcome, Rtt};
 use crate::bench::ring::batch_records;
 
 /// Bytes of each lane's control page.
@@ -278,13 +278,8 @@ pub fn producer(a: &ShmArgs) -> Outcome {
             wait_for(head, pos, "a lone record")?;
             samples.push(t.elapsed().as_nanos() as f64);
         }
-        let (median, p10, p90, p99, n) = summary(samples).ok_or("no round trips")?;
-        say(&Line::new("lat")
-            .with("n", n)
-            .with("median", median)
-            .with("p10", p10)
-            .with("p90", p90)
-            .with("p99", p99));
+        let rtt = Rtt::of_samples(samples).ok_or("no round trips")?;
+        say(&Line::of("lat", &rtt));
     } else {
         let batch = batch_records(size).min(a.capacity / size / 4).max(1);
         for rep in 0..a.reps {

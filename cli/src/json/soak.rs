@@ -218,27 +218,42 @@ pub struct RetainedChangeJson {
 /// Another process whose device memory changed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessChangeJson {
-    /// Its pid.
+    /// Its pid (the host's numbering).
     pub pid: u32,
-    /// Its device memory before (`null`: it came).
+    /// Its device memory before (`null`: not listed then, it came; a listed process whose memory
+    /// NVML cannot tell counts 0).
     pub before_bytes: Option<u64>,
-    /// After (`null`: it went).
+    /// After (`null`: not listed any more, it went).
     pub after_bytes: Option<u64>,
-    /// After minus before.
+    /// After minus before, a process not listed counting 0.
     pub change_bytes: i64,
 }
 
 /// Growth left after other processes'.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResidualJson {
-    /// `driver` (below a granule, nothing of ours grown), `unattributed` (more, but NVML says this
-    /// process did not grow), `ours` (something of ours grew too) or `unexplained` (more, with no
-    /// per-process figures: a failure).
-    pub whose: String,
+    /// Whose it is.
+    pub whose: Whose,
     /// BAR1 used, in bytes.
     pub bar1_bytes: u64,
     /// VRAM in use, in bytes.
     pub vram_bytes: u64,
+}
+
+/// Whose the device-wide growth left after other processes' is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Whose {
+    /// `ours`: something of ours grew too (already a failure).
+    Ours,
+    /// `driver`: the driver's own, below a granule while nothing of ours grew.
+    Driver,
+    /// `unattributed`: at least a granule, but NVML says this process did not grow: a process
+    /// NVML does not list, or the driver.
+    Unattributed,
+    /// `unexplained`: at least a granule, with no per-process figures to tell it from ours: a
+    /// failure.
+    Unexplained,
 }
 
 /// What the soak's workers did.

@@ -6,15 +6,14 @@ use vkgdr::RetainedKind;
 
 use super::command_line::Options;
 use super::counters::Counters;
-use super::figures::{checks, fds_check, Check, Snapshot};
+use super::figures::{checks, fds_check, Snapshot};
 use super::verdict::Judgement;
 use crate::device::Present;
 use crate::json::document::About;
 use crate::json::machine::{DeviceJson, MachineJson};
 use crate::json::soak::{
-    ClassificationJson, ProcessChangeJson, ProcessJson, ResidualJson, RetainedChangeJson,
-    RetainedJson, SoakCheckJson, SoakCountersJson, SoakDeviceFiguresJson, SoakDeviceJson,
-    SoakDocument, SoakFiguresJson, SoakOptionsJson,
+    ClassificationJson, ProcessJson, RetainedChangeJson, RetainedJson, SoakCountersJson,
+    SoakDeviceFiguresJson, SoakDeviceJson, SoakDocument, SoakFiguresJson, SoakOptionsJson,
 };
 
 /// What a run leaves for its JSON document.
@@ -142,41 +141,15 @@ fn classification_json(j: &Judgement) -> ClassificationJson {
             .collect(),
         ours_nvml_change_bytes: j.per_process.as_ref().ok().map(|p| p.ours_change()),
         per_process_error: j.per_process.as_ref().err().cloned(),
-        other_processes: j.per_process.as_ref().map_or_else(
-            |_| Vec::new(),
-            |p| {
-                p.others
-                    .iter()
-                    .map(|c| ProcessChangeJson {
-                        pid: c.pid,
-                        before_bytes: c.before,
-                        after_bytes: c.after,
-                        change_bytes: c.change(),
-                    })
-                    .collect()
-            },
-        ),
-        residual: j.residual.map(|r| ResidualJson {
-            whose: r.whose.name().into(),
-            bar1_bytes: r.bar1,
-            vram_bytes: r.vram,
-        }),
+        other_processes: j
+            .per_process
+            .as_ref()
+            .map_or_else(|_| Vec::new(), |p| p.others.clone()),
+        residual: j.residual,
         event_fences_made: j.event_fences_made,
         event_fences_peak_before: j.event_fences_peak.0,
         event_fences_peak_after: j.event_fences_peak.1,
         lines: j.lines(),
-    }
-}
-
-fn check_json(device: Option<i32>, c: &Check) -> SoakCheckJson {
-    SoakCheckJson {
-        device,
-        figure: c.figure.into(),
-        unit: c.unit.into(),
-        before: c.before,
-        after: c.after,
-        change: c.change,
-        came_back: c.came_back(),
     }
 }
 
@@ -190,13 +163,11 @@ pub(super) fn document(
 ) -> SoakDocument {
     let mut all_checks = Vec::new();
     if let (Some(b), Some(a)) = (record.fds_before, record.fds_after) {
-        all_checks.push(check_json(None, &fds_check(b, a)));
+        all_checks.push(fds_check(b, a));
     }
     for d in &record.devices {
         if let (Some(b), Some(a)) = (&d.before, &d.after) {
-            for c in checks(b, a) {
-                all_checks.push(check_json(Some(d.device.ordinal), &c));
-            }
+            all_checks.extend(checks(d.device.ordinal, b, a));
         }
     }
     let first = record.devices.first();
@@ -392,6 +363,7 @@ mod tests {
         assert_eq!(c0["came_back"], true);
         assert_eq!(c0["other_processes"][0]["pid"], 77);
         assert!(c0["other_processes"][0]["after_bytes"].is_null());
+        assert_eq!(c0["other_processes"][0]["change_bytes"], -(17i64 << 20));
         assert_eq!(c0["ours_nvml_change_bytes"], 0);
         let c1 = &devices[1]["classification"];
         assert_eq!(c1["residual"]["whose"], "driver");
@@ -428,9 +400,10 @@ mod tests {
         );
         let c = d.classification.as_ref().unwrap();
         assert_eq!(c.ours_grown[0].bytes_after, 2 << 20);
-        assert_eq!(c.residual.as_ref().unwrap().whose, "ours");
+        assert_eq!(c.residual.unwrap().whose, crate::json::soak::Whose::Ours);
         let fds = &doc.checks[0];
-        assert_eq!((fds.change, fds.came_back), (2, false));
+        assert_eq!((fds.device, fds.change, fds.came_back), (None, 2, false));
+        assert_eq!(doc.checks[1].device, Some(0));
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! The figures a soak takes before and after: of each device a [`Snapshot`] (NVML's BAR1 used,
 //! the free VRAM from `cuMemGetInfo`, the processes NVML lists on it with their memory, and what
 //! the library holds for the device, [`vkgdr::Retained`]), and of the process its open fds
-//! ([`open_fds`]); each device-wide figure held before against after ([`checks`]); sizes for
+//! ([`open_fds`]); each figure held before against after ([`checks`], [`fds_check`]); sizes for
 //! humans ([`size`], [`signed_size`]).
 
 use vkgdr::nvml::GpuProcess;
 use vkgdr::{Gpu, Retained};
+
+use crate::json::soak::SoakCheckJson;
 
 /// What one device looks like at one moment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,83 +38,52 @@ pub(super) fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
 }
 
-/// One figure held before against after.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Check {
-    /// Its name in the JSON document (`open_fds`, `bar1_used`, `vram_free`).
-    pub(super) figure: &'static str,
-    /// `fds` or `bytes`.
-    pub(super) unit: &'static str,
-    /// Before (`None`: not known).
-    pub(super) before: Option<u64>,
-    /// After.
-    pub(super) after: Option<u64>,
-    /// After minus before (0 when either is unknown: no NVML is not a failure).
-    pub(super) change: i64,
-    /// Whether a larger figure is more use (fds, BAR1 used) or less (free VRAM).
-    pub(super) more_is_use: bool,
-}
-
-impl Check {
-    fn new(
-        figure: &'static str,
-        unit: &'static str,
-        before: Option<u64>,
-        after: Option<u64>,
-        more_is_use: bool,
-    ) -> Check {
-        Check {
-            figure,
-            unit,
-            before,
-            after,
-            change: match (before, after) {
-                (Some(b), Some(a)) => a as i64 - b as i64,
-                _ => 0,
-            },
-            more_is_use,
-        }
-    }
-
-    /// Whether the use it measures came back to its start or below: fewer fds or less BAR1
-    /// used is another process's (or a cache's) going, not ours staying.
-    pub(super) fn came_back(&self) -> bool {
-        if self.more_is_use {
-            self.change <= 0
+/// One figure held before against after; `more_is_use`: whether a larger figure is more use
+/// (fds, BAR1 used) or less (free VRAM). No NVML is not a failure: an unknown side changes
+/// nothing.
+fn check(
+    device: Option<i32>,
+    figure: &str,
+    unit: &str,
+    (before, after): (Option<u64>, Option<u64>),
+    more_is_use: bool,
+) -> SoakCheckJson {
+    let change = match (before, after) {
+        (Some(b), Some(a)) => a as i64 - b as i64,
+        _ => 0,
+    };
+    SoakCheckJson {
+        device,
+        figure: figure.into(),
+        unit: unit.into(),
+        before,
+        after,
+        change,
+        // Fewer fds or less BAR1 used is another process's (or a cache's) going, not ours
+        // staying.
+        came_back: if more_is_use {
+            change <= 0
         } else {
-            self.change >= 0
-        }
+            change >= 0
+        },
     }
 }
 
 /// The process's open fds held before against after.
-pub(super) fn fds_check(before: usize, after: usize) -> Check {
-    Check::new(
-        "open_fds",
-        "fds",
-        Some(before as u64),
-        Some(after as u64),
-        true,
-    )
+pub(super) fn fds_check(before: usize, after: usize) -> SoakCheckJson {
+    let fds = (Some(before as u64), Some(after as u64));
+    check(None, "open_fds", "fds", fds, true)
 }
 
-/// A device's BAR1 used and free VRAM held before against after.
-pub(super) fn checks(before: &Snapshot, after: &Snapshot) -> [Check; 2] {
+/// The BAR1 used and free VRAM of the device of CUDA ordinal `device`, held before against after.
+pub(super) fn checks(device: i32, before: &Snapshot, after: &Snapshot) -> [SoakCheckJson; 2] {
+    let (bar1, free) = (
+        (before.bar1_used, after.bar1_used),
+        (Some(before.vram_free), Some(after.vram_free)),
+    );
     [
-        Check::new(
-            "bar1_used",
-            "bytes",
-            before.bar1_used,
-            after.bar1_used,
-            true,
-        ),
-        Check::new(
-            "vram_free",
-            "bytes",
-            Some(before.vram_free),
-            Some(after.vram_free),
-            false,
-        ),
+        check(Some(device), "bar1_used", "bytes", bar1, true),
+        check(Some(device), "vram_free", "bytes", free, false),
     ]
 }
 
@@ -195,36 +166,38 @@ pub(super) mod tests {
     #[test]
     fn each_figure_is_held_before_against_after_and_comes_back_at_or_below() {
         let before = snap(Some(4 << 20), 10_000);
-        let same = checks(&before, &before);
-        assert_eq!(same.map(|c| c.figure), ["bar1_used", "vram_free"]);
-        assert!(same.iter().all(|c| c.came_back() && c.change == 0));
+        let same = checks(0, &before, &before);
+        assert_eq!(same.clone().map(|c| c.figure), ["bar1_used", "vram_free"]);
+        assert!(same.iter().all(|c| c.came_back && c.change == 0));
 
         // Less BAR1 used and more free VRAM: another process went away. Came back.
         let lower = snap(Some(2 << 20), 12_000);
-        let [bar1, vram] = checks(&before, &lower);
+        let [bar1, vram] = checks(0, &before, &lower);
         assert_eq!((bar1.change, vram.change), (-(2 << 20), 2000));
-        assert!(bar1.came_back() && vram.came_back());
+        assert!(bar1.came_back && vram.came_back);
 
         // More used, less free: not back.
         let higher = snap(Some(6 << 20), 10_000 - 2048);
-        let [bar1, vram] = checks(&before, &higher);
+        let [bar1, vram] = checks(0, &before, &higher);
         assert_eq!((bar1.change, vram.change), (2 << 20, -2048));
-        assert!(!bar1.came_back() && !vram.came_back());
-        assert_eq!((bar1.unit, vram.unit), ("bytes", "bytes"));
+        assert!(!bar1.came_back && !vram.came_back);
+        assert_eq!([bar1.unit, vram.unit], ["bytes", "bytes"]);
+        assert_eq!([bar1.device, vram.device], [Some(0); 2]);
 
         // No NVML on either side: BAR1 is unknown, which is not a failure.
         let unknown = snap(None, 10_000);
-        let [bar1, _] = checks(&unknown, &unknown);
+        let [bar1, _] = checks(0, &unknown, &unknown);
         assert_eq!((bar1.before, bar1.after, bar1.change), (None, None, 0));
-        assert!(bar1.came_back());
-        let [bar1, _] = checks(&before, &unknown);
+        assert!(bar1.came_back);
+        let [bar1, _] = checks(0, &before, &unknown);
         assert_eq!((bar1.before, bar1.after), (Some(4 << 20), None));
-        assert!(bar1.came_back());
+        assert!(bar1.came_back);
 
         // Fds: fewer is back, more is not.
-        assert!(fds_check(41, 41).came_back() && fds_check(41, 40).came_back());
+        assert!(fds_check(41, 41).came_back && fds_check(41, 40).came_back);
+        assert_eq!(fds_check(41, 41).device, None);
         let more = fds_check(41, 43);
-        assert_eq!((more.change, more.came_back()), (2, false));
+        assert_eq!((more.change, more.came_back), (2, false));
     }
 
     #[test]

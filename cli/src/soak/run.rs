@@ -348,7 +348,7 @@ pub(super) fn run(options: &Options, record: &mut Record) -> vkgdr::Result<bool>
         ok &= failures.is_empty();
     }
     let fds = fds_check(fds_before, fds_after);
-    if fds.came_back() {
+    if fds.came_back {
         say!("soak: fds {fds_before} -> {fds_after}: came back");
     } else {
         alert!(

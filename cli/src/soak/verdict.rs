@@ -31,25 +31,7 @@ use vkgdr::nvml::GpuProcess;
 use vkgdr::RetainedItem;
 
 use super::figures::{signed_size, size, Snapshot};
-
-/// Another process whose device memory changed between before and after.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct ProcessChange {
-    /// Its pid (the host's numbering).
-    pub(super) pid: u32,
-    /// Its device memory before (`None`: not listed then, it came; a listed process whose
-    /// memory NVML cannot tell counts 0).
-    pub(super) before: Option<u64>,
-    /// After (`None`: not listed any more, it went).
-    pub(super) after: Option<u64>,
-}
-
-impl ProcessChange {
-    /// After minus before, a process not listed counting 0.
-    pub(super) fn change(&self) -> i64 {
-        self.after.unwrap_or(0) as i64 - self.before.unwrap_or(0) as i64
-    }
-}
+use crate::json::soak::{ProcessChangeJson, ResidualJson, Whose};
 
 /// What NVML's per-process lists say about one device, before and after.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,7 +39,7 @@ pub(super) struct PerProcess {
     /// This process's device memory per NVML, before and after.
     pub(super) ours: (u64, u64),
     /// Every other process that came, went or changed, by pid.
-    pub(super) others: Vec<ProcessChange>,
+    pub(super) others: Vec<ProcessChangeJson>,
 }
 
 impl PerProcess {
@@ -68,45 +50,8 @@ impl PerProcess {
 
     /// The other processes' net change.
     pub(super) fn others_change(&self) -> i64 {
-        self.others.iter().map(ProcessChange::change).sum()
+        self.others.iter().map(|c| c.change_bytes).sum()
     }
-}
-
-/// Whose the device-wide growth left after other processes' is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Whose {
-    /// Something of ours grew too: ours (already a failure).
-    Ours,
-    /// The driver's own, below a granule while nothing of ours grew.
-    Driver,
-    /// At least a granule, but NVML says this process did not grow: a process NVML does not
-    /// list, or the driver.
-    Unattributed,
-    /// At least a granule, with no per-process figures to tell it from ours: a failure.
-    Unexplained,
-}
-
-impl Whose {
-    /// Its name in the JSON document.
-    pub(super) fn name(self) -> &'static str {
-        match self {
-            Whose::Ours => "ours",
-            Whose::Driver => "driver",
-            Whose::Unattributed => "unattributed",
-            Whose::Unexplained => "unexplained",
-        }
-    }
-}
-
-/// Device-wide growth left after other processes': whose, and how much.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Residual {
-    /// Whose it is.
-    pub(super) whose: Whose,
-    /// BAR1 used, in bytes.
-    pub(super) bar1: u64,
-    /// VRAM in use, in bytes.
-    pub(super) vram: u64,
 }
 
 /// The verdict on one device.
@@ -127,7 +72,7 @@ pub(super) struct Judgement {
     /// The most event fences alive at once, by the end of the warm-up and by the end.
     pub(super) event_fences_peak: (u64, u64),
     /// The growth left after other processes' (`None`: none).
-    pub(super) residual: Option<Residual>,
+    pub(super) residual: Option<ResidualJson>,
     /// Why the device fails (empty: it passes).
     pub(super) failures: Vec<String>,
 }
@@ -172,12 +117,15 @@ fn per_process(before: &Snapshot, after: &Snapshot, our_pid: u32) -> Result<PerP
     };
     let others = pids
         .into_iter()
-        .map(|pid| ProcessChange {
+        .map(|pid| (pid, used(&b, pid), used(&a, pid)))
+        .filter(|(_, before, after)| before != after)
+        .map(|(pid, before, after)| ProcessChangeJson {
             pid,
-            before: used(&b, pid),
-            after: used(&a, pid),
+            before_bytes: before,
+            after_bytes: after,
+            // A process not listed counts 0.
+            change_bytes: after.unwrap_or(0) as i64 - before.unwrap_or(0) as i64,
         })
-        .filter(|c| c.before != c.after)
         .collect();
     Ok(PerProcess { ours, others })
 }
@@ -246,7 +194,11 @@ pub(super) fn judge(before: &Snapshot, after: &Snapshot, our_pid: u32, granule: 
                 per_process.as_ref().err().map_or("", String::as_str)
             ));
         }
-        whose.map(|whose| Residual { whose, bar1, vram })
+        whose.map(|whose| ResidualJson {
+            whose,
+            bar1_bytes: bar1,
+            vram_bytes: vram,
+        })
     };
     Judgement {
         bar1_change,
@@ -318,10 +270,10 @@ impl Judgement {
             let others: Vec<String> = p
                 .others
                 .iter()
-                .map(|c| match (c.before, c.after) {
+                .map(|c| match (c.before_bytes, c.after_bytes) {
                     (None, Some(a)) => format!("pid {} came ({})", c.pid, signed_size(a as i64)),
                     (Some(b), None) => format!("pid {} went ({})", c.pid, signed_size(-(b as i64))),
-                    _ => format!("pid {} {}", c.pid, signed_size(c.change())),
+                    _ => format!("pid {} {}", c.pid, signed_size(c.change_bytes)),
                 })
                 .collect();
             lines.push(if others.is_empty() {
@@ -333,8 +285,8 @@ impl Judgement {
         if let Some(r) = &self.residual {
             let amounts = format!(
                 "{} BAR1, {} VRAM",
-                signed_size(r.bar1 as i64),
-                signed_size(r.vram as i64)
+                signed_size(r.bar1_bytes as i64),
+                signed_size(r.vram_bytes as i64)
             );
             lines.push(match r.whose {
                 Whose::Driver => format!("driver-internal: {amounts}, {inventory}"),
@@ -578,10 +530,11 @@ mod tests {
         let p = j.per_process.as_ref().unwrap();
         assert_eq!(
             p.others,
-            [ProcessChange {
+            [ProcessChangeJson {
                 pid: 99,
-                before: None,
-                after: Some(17 * MIB)
+                before_bytes: None,
+                after_bytes: Some(17 * MIB),
+                change_bytes: 17 * MIB as i64,
             }]
         );
         assert!(j
@@ -610,10 +563,10 @@ mod tests {
             assert!(j.passed(), "{:?}", j.failures);
             assert_eq!(
                 j.residual,
-                Some(Residual {
+                Some(ResidualJson {
                     whose: Whose::Driver,
-                    bar1: 64 << 10,
-                    vram: 64 << 10
+                    bar1_bytes: 64 << 10,
+                    vram_bytes: 64 << 10
                 })
             );
             assert!(

@@ -13,10 +13,9 @@ use vkgdr::{Gpu, Mapping};
 
 use super::{child_error, DONE_TIMEOUT, FINISH_TIMEOUT};
 use crate::bench::error::{BenchError, BenchResult};
-use crate::child::attach::{final_pattern, WRITES_PER_SAMPLE};
-use crate::child::cuda_ipc::handle_to_hex;
+use crate::child::attach::{final_pattern, Attached, WRITES_PER_SAMPLE};
+use crate::child::cuda_ipc::{handle_to_hex, Opened};
 use crate::child::process::{ChildProcess, Spawn};
-use crate::child::protocol::Line;
 
 /// Bytes of the region attached (and of the allocation opened through CUDA IPC).
 pub(super) const REGION_BYTES: u64 = 2 << 20;
@@ -73,14 +72,6 @@ fn held(gpu: &Gpu, pid: u32, free_before: u64) -> BenchResult<Held> {
     })
 }
 
-fn list(c: &ChildProcess, line: &Line, key: &str) -> BenchResult<Vec<f64>> {
-    line.f64s(key).map_err(|e| child_error(c, e).into())
-}
-
-fn number(c: &ChildProcess, line: &Line, key: &str) -> BenchResult<f64> {
-    line.f64(key).map_err(|e| child_error(c, e).into())
-}
-
 /// `children` Vulkan children one after the other, each attaching `attaches` times and writing
 /// `writes` times.
 pub(super) fn vulkan(
@@ -112,6 +103,7 @@ pub(super) fn vulkan(
                 keep_fd: None,
             })?;
             let line = c.expect("attach", DONE_TIMEOUT * 2)?;
+            let done: Attached = line.read().map_err(|e| child_error(&c, e))?;
             c.expect("holding", DONE_TIMEOUT)?;
             side.held.push(held(gpu, c.pid(), free_before)?);
             let mut seen = [0u8; 64];
@@ -123,8 +115,7 @@ pub(super) fn vulkan(
                 )
                 .into());
             }
-            let device = number(&c, &line, "vulkan_ns")?;
-            let each = list(&c, &line, "attach_ns")?;
+            let (device, each) = (done.vulkan_ns, done.attach_ns);
             if each.len() as u64 != attaches {
                 return Err(child_error(
                     &c,
@@ -135,7 +126,7 @@ pub(super) fn vulkan(
             side.device_ns.push(device);
             side.first_ns.push(device + each[0]);
             side.attach_ns.extend(each);
-            let mut w = list(&c, &line, "write_ns")?;
+            let mut w = done.write_ns;
             w.drain(..w.len() / 10);
             side.write_ns.extend(w);
             c.finish(FINISH_TIMEOUT)?;
@@ -216,6 +207,7 @@ pub(super) fn cuda(gpu: &Gpu, children: u32, updates: u64) -> BenchResult<CudaSi
             keep_fd: None,
         })?;
         let line = c.expect("cuda", DONE_TIMEOUT * 2)?;
+        let done: Opened = line.read().map_err(|e| child_error(&c, e))?;
         c.expect("holding", DONE_TIMEOUT)?;
         side.held.push(held(gpu, c.pid(), free_before)?);
         if alloc.read64()? != final_pattern() {
@@ -225,10 +217,10 @@ pub(super) fn cuda(gpu: &Gpu, children: u32, updates: u64) -> BenchResult<CudaSi
             )
             .into());
         }
-        side.init_ns.push(number(&c, &line, "init_ns")?);
-        side.context_ns.push(number(&c, &line, "context_ns")?);
-        side.open_ns.push(number(&c, &line, "open_ns")?);
-        let mut u = list(&c, &line, "update_ns")?;
+        side.init_ns.push(done.init_ns);
+        side.context_ns.push(done.context_ns);
+        side.open_ns.push(done.open_ns);
+        let mut u = done.update_ns;
         u.drain(..u.len() / 10);
         side.update_ns.extend(u);
         c.finish(FINISH_TIMEOUT)?;

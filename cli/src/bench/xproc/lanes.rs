@@ -17,10 +17,11 @@ use vkgdr::ring::DeviceRing;
 use vkgdr::share::ShareServer;
 use vkgdr::Gpu;
 
-use super::{child_error, ChildClocks, Rtt, DONE_TIMEOUT, FINISH_TIMEOUT, READY_TIMEOUT};
+use super::{child_error, ChildClocks, DONE_TIMEOUT, FINISH_TIMEOUT, READY_TIMEOUT};
 use crate::bench::error::{BenchError, BenchResult};
 use crate::bench::ring::{finish, launch_consumer, round_trips, stream_records, Consumer, Produce};
 use crate::child::process::{ChildProcess, Spawn};
+use crate::child::Rtt;
 
 /// Bytes of each lane of the throughput rings (as `ring`'s multi-lane rows).
 pub(super) const LANE_BYTES: u64 = 16 << 20;
@@ -250,7 +251,7 @@ pub(super) fn process_round_trips(
         let (mut c, _) = children.pop().expect("one producer");
         c.go()?;
         let lat = c.expect("lat", DONE_TIMEOUT * 2)?;
-        let rtt = Rtt::of(&lat).map_err(|e| child_error(&c, e))?;
+        let rtt = lat.read::<Rtt>().map_err(|e| child_error(&c, e))?;
         c.finish(FINISH_TIMEOUT)?;
         Ok::<_, BenchError>(rtt)
     })();

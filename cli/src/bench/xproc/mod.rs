@@ -29,12 +29,12 @@ use vkgdr::share::{ShareOptions, ShareServer};
 use vkgdr::OpenOptions;
 
 use super::error::{BenchError, BenchResult};
-use super::measure::{open_gpu, percentile, Stats};
+use super::measure::{open_gpu, Stats};
 use super::options::Options;
 use super::report::format::{fmt_bytes, fmt_ns, fmt_size, sig3};
 use super::report::model::{Figure, Report, Unit};
 use crate::child::process::{socket_path, ChildError, ChildProcess};
-use crate::child::protocol::Line;
+use crate::child::Rtt;
 use crate::ui::{self, alert};
 
 /// 8 producer threads of this process into a shareable ring (the in-process figure).
@@ -134,42 +134,7 @@ pub(super) fn child_error(c: &ChildProcess, what: String) -> ChildError {
     ChildError(format!("{} {what}", c.who()))
 }
 
-/// Round-trip figures: median, p10, p90, p99 (ns) over `n` round trips.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct Rtt {
-    median: f64,
-    p10: f64,
-    p90: f64,
-    p99: f64,
-    n: usize,
-}
-
 impl Rtt {
-    /// From a child's `lat` line.
-    pub(super) fn of(line: &Line) -> Result<Rtt, String> {
-        Ok(Rtt {
-            median: line.f64("median")?,
-            p10: line.f64("p10")?,
-            p90: line.f64("p90")?,
-            p99: line.f64("p99")?,
-            n: line.u64("n")? as usize,
-        })
-    }
-
-    /// From this process's samples (a tenth dropped as warm-up).
-    fn of_samples(mut samples: Vec<f64>) -> Option<Rtt> {
-        samples.drain(..samples.len() / 10);
-        let s = Stats::of(&samples)?;
-        samples.sort_by(f64::total_cmp);
-        Some(Rtt {
-            median: s.median,
-            p10: s.p10,
-            p90: s.p90,
-            p99: percentile(&samples, 0.99),
-            n: s.n,
-        })
-    }
-
     fn row(&self, method: &str, size: u64) -> Figure {
         let s = Stats {
             median: self.median,
@@ -618,16 +583,7 @@ mod tests {
         let r = Rtt::of_samples(samples).unwrap();
         assert_eq!(r.n, 90);
         assert!(r.median > 100.0 && r.p99 < 1e6 && r.p99 >= r.p90);
-        let line = Line::new("lat")
-            .with("n", 9000)
-            .with("median", 2100.5)
-            .with("p10", 2000)
-            .with("p90", 2500)
-            .with("p99", 4000);
-        let r = Rtt::of(&line).unwrap();
-        assert_eq!((r.n, r.median, r.p99), (9000, 2100.5, 4000.0));
-        assert_eq!(r.row(L_PROCESS, 64).samples, 9000);
-        assert!(Rtt::of(&Line::new("lat").with("n", 1)).is_err());
+        assert_eq!(r.row(L_PROCESS, 64).samples, 90);
     }
 
     #[test]

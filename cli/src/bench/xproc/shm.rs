@@ -15,11 +15,12 @@ use std::time::{Duration, Instant};
 use vkgdr::cuda_objects::{DeviceBuffer, Stream};
 use vkgdr::Gpu;
 
-use super::{child_error, Rtt, DONE_TIMEOUT, FINISH_TIMEOUT, READY_TIMEOUT};
+use super::{child_error, DONE_TIMEOUT, FINISH_TIMEOUT, READY_TIMEOUT};
 use crate::bench::error::{BenchError, BenchResult};
 use crate::bench::host_pinned::HostPinned;
 use crate::child::process::{ChildProcess, Spawn};
 use crate::child::shm::{spans, ShmQueue};
+use crate::child::Rtt;
 
 /// How the drain read the producers' records.
 pub(super) const REGISTERED: &str =
@@ -259,7 +260,10 @@ fn measure(
     let outcome = if lone {
         children[0].go()?;
         let lat = children[0].expect("lat", DONE_TIMEOUT * 2)?;
-        ShmRun::Latency(Rtt::of(&lat).map_err(|e| child_error(&children[0], e))?)
+        ShmRun::Latency(
+            lat.read::<Rtt>()
+                .map_err(|e| child_error(&children[0], e))?,
+        )
     } else {
         let mut samples = Vec::new();
         for _ in 0..reps {
