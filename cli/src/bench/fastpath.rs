@@ -64,10 +64,61 @@ pub mod rows {
     pub const POOL_8_DEFAULT: &str = "alloc+free, 8 threads, per pair, default PoolConfig";
     /// `fastpath-pool`: per pair, 8 threads, without it.
     pub const POOL_8_NO_CACHE: &str = "alloc+free, 8 threads, per pair, thread_cache = 0 (opt-out)";
+    /// `fastpath-pool`: per pair, 16 threads, with the default thread cache.
+    pub const POOL_16_DEFAULT: &str = "alloc+free, 16 threads, per pair, default PoolConfig";
+    /// `fastpath-pool`: per pair, 16 threads, without it.
+    pub const POOL_16_NO_CACHE: &str =
+        "alloc+free, 16 threads, per pair, thread_cache = 0 (opt-out)";
     /// `fastpath-pool`: the C library's allocator (a machine row).
     pub const MALLOC_PAIR: &str = "malloc+free, 1 thread, the C library";
+    /// `fastpath-pool`: the C library's allocator, per pair, 8 threads (a machine row).
+    pub const MALLOC_PAIR_8: &str = "malloc+free, 8 threads, per pair, the C library";
+    /// `fastpath-pool`: the C library's allocator, per pair, 16 threads (a machine row).
+    pub const MALLOC_PAIR_16: &str = "malloc+free, 16 threads, per pair, the C library";
 }
 use rows::MALLOC_PAIR;
+
+/// One malloc(256)/free pair (the C library's allocator: this CPU's scale).
+fn malloc_pair() {
+    let size = std::hint::black_box(256);
+    // SAFETY: a plain malloc/free pair; the pointer is freed once and never dereferenced.
+    unsafe { libc::free(std::hint::black_box(libc::malloc(size))) };
+}
+
+/// `threads` threads each running `pair` `pairs` times, started together, `samples` times:
+/// wall time per pair of the whole machine (ns), one figure per sample.
+fn per_pair_on(
+    threads: usize,
+    pairs: u64,
+    samples: usize,
+    pair: impl Fn() -> vkgdr::Result<()> + Sync,
+) -> BenchResult<Vec<f64>> {
+    let mut ns = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let start = Barrier::new(threads + 1);
+        let wall = std::thread::scope(|s| -> BenchResult<Duration> {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    s.spawn(|| -> vkgdr::Result<()> {
+                        start.wait();
+                        for _ in 0..pairs {
+                            pair()?;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            start.wait();
+            let t = Instant::now();
+            for w in workers {
+                w.join().expect("worker panicked")?;
+            }
+            Ok(t.elapsed())
+        })?;
+        ns.push(wall.as_nanos() as f64 / (threads as u64 * pairs) as f64);
+    }
+    Ok(ns)
+}
 
 /// The message `examples/hello` writes.
 const HELLO: &[u8] = b"hello from the CPU, through the BAR";
@@ -481,18 +532,19 @@ fn pool(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
         Budget::new(Duration::from_millis(300), 1_000, 100_000)
     };
     let pairs_per_thread: u64 = if opts.quick { 20_000 } else { 200_000 };
-    ui::phase("pool", 5);
-    for (name, one, eight, thread_cache) in [
+    ui::phase("pool", 9);
+    let samples = if opts.quick { 3 } else { 7 };
+    for (name, one, many, thread_cache) in [
         (
             "default PoolConfig",
             rows::POOL_1_DEFAULT,
-            rows::POOL_8_DEFAULT,
+            [(8, rows::POOL_8_DEFAULT), (16, rows::POOL_16_DEFAULT)],
             PoolConfig::default().thread_cache,
         ),
         (
             "thread_cache = 0 (opt-out)",
             rows::POOL_1_NO_CACHE,
-            rows::POOL_8_NO_CACHE,
+            [(8, rows::POOL_8_NO_CACHE), (16, rows::POOL_16_NO_CACHE)],
             0,
         ),
     ] {
@@ -510,49 +562,37 @@ fn pool(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
             Ok(())
         })?;
         push(&mut report, one, 256, &ns);
-        // Eight threads, each `pairs_per_thread` pairs; per pair of the whole machine.
-        ui::step(format!("alloc+free, 8 threads, {name}"));
-        let samples = if opts.quick { 3 } else { 7 };
-        let mut ns = Vec::with_capacity(samples);
-        for _ in 0..samples {
-            let start = Barrier::new(9);
-            let wall = std::thread::scope(|s| -> BenchResult<Duration> {
-                let workers: Vec<_> = (0..8)
-                    .map(|_| {
-                        s.spawn(|| -> vkgdr::Result<()> {
-                            start.wait();
-                            for _ in 0..pairs_per_thread {
-                                drop(pool.alloc(256, 16)?);
-                            }
-                            Ok(())
-                        })
-                    })
-                    .collect();
-                start.wait();
-                let t = Instant::now();
-                for w in workers {
-                    w.join().expect("worker panicked")?;
-                }
-                Ok(t.elapsed())
+        // n threads, each `pairs_per_thread` pairs; per pair of the whole machine.
+        for (threads, row) in many {
+            ui::step(format!("alloc+free, {threads} threads, {name}"));
+            let ns = per_pair_on(threads, pairs_per_thread, samples, || {
+                drop(pool.alloc(256, 16)?);
+                Ok(())
             })?;
-            ns.push(wall.as_nanos() as f64 / (8 * pairs_per_thread) as f64);
+            push(&mut report, row, 256, &ns);
         }
-        push(&mut report, eight, 256, &ns);
     }
     // This CPU's scale: the same pair through the C library's allocator (its per-thread cache
     // serves it with a few dozen instructions), so a pool figure that moved between two lent
     // machines can be told apart from a machine whose cores are slower.
     ui::step(MALLOC_PAIR);
     let ns = measure(&budget, || {
-        let size = std::hint::black_box(256);
-        // SAFETY: a plain malloc/free pair; the pointer is freed once and never dereferenced.
-        unsafe { libc::free(std::hint::black_box(libc::malloc(size))) };
+        malloc_pair();
         Ok(())
     })?;
     push(&mut report, MALLOC_PAIR, 256, &ns);
+    for (threads, row) in [(8, rows::MALLOC_PAIR_8), (16, rows::MALLOC_PAIR_16)] {
+        ui::step(row);
+        let ns = per_pair_on(threads, pairs_per_thread, samples, || {
+            malloc_pair();
+            Ok(())
+        })?;
+        push(&mut report, row, 256, &ns);
+    }
     report.notes.push(
-        "pool over CUDA-imported chunks; one pool.alloc(256, 16) and its drop per pair; 8 threads: \
-         wall time / all pairs (1-thread time / this = the throughput gain)"
+        "pool over CUDA-imported chunks; one pool.alloc(256, 16) and its drop per pair; 8 and 16 \
+         threads: wall time / all pairs (1-thread time / this = the throughput gain; 1e9 / this = \
+         pairs per second of the whole machine)"
             .into(),
     );
     report.notes.push(format!(

@@ -184,8 +184,16 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                         Rows::Is(fastpath::rows::POOL_8_DEFAULT),
                         Rows::Is(fastpath::rows::POOL_8_NO_CACHE),
                     ),
+                    (
+                        Rows::Is(fastpath::rows::POOL_16_DEFAULT),
+                        Rows::Is(fastpath::rows::POOL_16_NO_CACHE),
+                    ),
                 ]),
-                machine: &[Rows::Is(fastpath::rows::MALLOC_PAIR)],
+                machine: &[
+                    Rows::Is(fastpath::rows::MALLOC_PAIR),
+                    Rows::Is(fastpath::rows::MALLOC_PAIR_8),
+                    Rows::Is(fastpath::rows::MALLOC_PAIR_16),
+                ],
             },
         ],
         in_all: true,
