@@ -62,6 +62,9 @@ pub struct SoakOptionsJson {
     /// `--kill-every`, in seconds (`null` without `--xproc`).
     #[serde(default)]
     pub kill_every_seconds: Option<u64>,
+    /// `--d2h`: the device → host workers ran.
+    #[serde(default)]
+    pub d2h: bool,
 }
 
 /// The figures the soak takes before and after.

@@ -44,6 +44,13 @@ pub struct SoakArgs {
     #[arg(long, display_order = 3)]
     pub xproc: bool,
 
+    /// Also run, on each device, device → host rings whose records the CPU checks byte for byte
+    /// and pool blocks released by kernels with their tokens (spent and forged ones among them);
+    /// off by default
+    // Beside --exhaust-every.
+    #[arg(long, display_order = 3)]
+    pub d2h: bool,
+
     /// With --xproc: producer processes on each device, a lane each
     #[arg(
         long,
@@ -105,6 +112,8 @@ pub(super) struct Options {
     pub(super) exhaust_every: u64,
     /// Producer processes and their kills (`--xproc`).
     pub(super) xproc: Option<XprocOptions>,
+    /// The device → host workers (`--d2h`).
+    pub(super) d2h: bool,
 }
 
 impl From<&SoakArgs> for Options {
@@ -122,6 +131,7 @@ impl From<&SoakArgs> for Options {
                 producers: a.xproc_producers,
                 kill_every: a.kill_every,
             }),
+            d2h: a.d2h,
         }
     }
 }

@@ -187,6 +187,18 @@ impl Counters {
         )
     }
 
+    /// With `--d2h`: what the device → host workers did, for the summary.
+    pub(super) fn d2h_line(&self) -> String {
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        format!(
+            "{} records from kernels checked by CPU consumers, {} blocks released by kernels and \
+             back, {} hostile tokens refused",
+            n(&self.d2h_records),
+            n(&self.device_releases),
+            n(&self.hostile_tokens)
+        )
+    }
+
     /// With `--xproc`: what the producer processes did, for the status lines.
     pub(super) fn xproc_line(&self) -> String {
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed);

@@ -2,6 +2,11 @@
 //! ([`d2h_rounds`]), and kernels giving pool blocks back with their release tokens, hostile
 //! tokens among them ([`release_rounds`]). Each round is a finite kernel: its records are all
 //! checked, or its blocks all back, before the next one starts.
+//!
+//! Their modules are loaded, and each kernel launched once, before the soak's persistent
+//! checking kernel starts ([`D2hKernels::load`]): loading a module, and the first launch of a
+//! kernel under CUDA's lazy loading, wait for running kernels (docs/RELIABILITY.md), and the
+//! persistent one ends only with the soak.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -30,6 +35,63 @@ const ROUND_LIMIT: Duration = Duration::from_secs(60);
 /// Looks at a head that does not move before a full lane's producer gives up (each look a read
 /// and a nap of up to about 4 µs: well under a second).
 const SPIN_LIMIT: u32 = 100_000;
+
+/// The workers' kernels, loaded and each launched once.
+pub(super) struct D2hKernels {
+    d2h: Module,
+    release: Module,
+}
+
+impl D2hKernels {
+    /// Loads both modules and launches each kernel the workers use once with nothing to do, then
+    /// waits for them: call it before any persistent kernel runs on `gpu`, and drop the value
+    /// only after such kernels ended (a module's unloading waits for running kernels too).
+    pub(super) fn load(gpu: &Gpu) -> vkgdr::Result<D2hKernels> {
+        let kernels = D2hKernels {
+            d2h: Module::load_ptx(gpu, D2H_PTX)?,
+            release: Module::load_ptx(gpu, RELEASE_PTX)?,
+        };
+        let stream = Stream::new(gpu)?;
+        let ring = DeviceToHostRing::new(gpu, 1, LaneShape::new(64, 64)?, SPIN_LIMIT)?;
+        let result = results(gpu)?;
+        let (mut view, mut zero, mut len, mut ptr, mut res) = (
+            ring.device_view(),
+            0u32,
+            8u32,
+            result.device_ptr(),
+            result.device_ptr(),
+        );
+        for (module, name) in [
+            (&kernels.d2h, "d2h_produce_check"),
+            (&kernels.d2h, "d2h_produce_warp_check"),
+            (&kernels.release, "release_tokens"),
+        ] {
+            let f = module.function(name)?;
+            let mut params: [*mut std::ffi::c_void; 4] = if name == "release_tokens" {
+                [
+                    (&mut view as *mut D2hDeviceView).cast(),
+                    (&mut ptr as *mut u64).cast(),
+                    (&mut zero as *mut u32).cast(),
+                    (&mut res as *mut u64).cast(),
+                ]
+            } else {
+                [
+                    (&mut view as *mut D2hDeviceView).cast(),
+                    (&mut zero as *mut u32).cast(),
+                    (&mut len as *mut u32).cast(),
+                    (&mut res as *mut u64).cast(),
+                ]
+            };
+            // SAFETY: the parameters each kernel takes (a view by value, then u32, u32, u64* for
+            // the producers; const u64*, u32, u64* for release_tokens); with a count of 0 none
+            // publishes, and release_tokens reads no token. Everything they use outlives them:
+            // the stream is synchronised below before any of it is dropped.
+            unsafe { f.launch(LaunchConfig::linear(1, 32), Some(&stream), &mut params)? };
+        }
+        stream.synchronize()?;
+        Ok(kernels)
+    }
+}
 
 /// Waits for `stream`'s work, at most [`ROUND_LIMIT`]: `false` if it is still running.
 fn finished(gpu: &Gpu, stream: &Stream) -> vkgdr::Result<bool> {
@@ -62,18 +124,22 @@ fn read_results(r: &RawMemory) -> vkgdr::Result<[u64; 8]> {
 /// threads (64 B slots, 8 to 48 payload bytes each) or warps (4 KiB slots, up to 4080 bytes)
 /// publish test records, one CPU consumer per lane checking every record's sequence, producer
 /// order and bytes ([`TestLaneChecker`]), and every producer's count at the end.
-pub(super) fn d2h_rounds(gpu: &Gpu, seed: u64, until: Instant, stop: &AtomicBool, c: &Counters) {
-    let module = match Module::load_ptx(gpu, D2H_PTX) {
-        Ok(m) => m,
-        Err(e) => return c.fail(format!("d2h: loading the kernels: {e}")),
-    };
+pub(super) fn d2h_rounds(
+    gpu: &Gpu,
+    kernels: &D2hKernels,
+    seed: u64,
+    until: Instant,
+    stop: &AtomicBool,
+    c: &Counters,
+) {
+    let module = &kernels.d2h;
     let stream = match Stream::new(gpu) {
         Ok(s) => s,
         Err(e) => return c.fail(format!("d2h: a stream: {e}")),
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     while Instant::now() < until && !stop.load(Ordering::Relaxed) {
-        if let Err(e) = d2h_round(gpu, &module, &stream, &mut rng, c) {
+        if let Err(e) = d2h_round(gpu, module, &stream, &mut rng, c) {
             c.fail(format!("d2h: {e}"));
             return;
         }
@@ -204,13 +270,14 @@ fn d2h_round(
 /// them.
 pub(super) fn release_rounds(
     gpu: &Gpu,
+    kernels: &D2hKernels,
     seed: u64,
     until: Instant,
     stop: &AtomicBool,
     c: &Counters,
 ) {
     let run = || -> vkgdr::Result<()> {
-        let module = Module::load_ptx(gpu, RELEASE_PTX)?;
+        let module = &kernels.release;
         let stream = Stream::new(gpu)?;
         let pool = Pool::new(gpu.clone(), PoolConfig::default())?;
         let ring = DeviceToHostRing::new(gpu, 2, LaneShape::new(64, 256)?, SPIN_LIMIT)?;
@@ -227,7 +294,7 @@ pub(super) fn release_rounds(
             let hostile = round.is_multiple_of(3);
             spent = release_round(
                 gpu,
-                &module,
+                module,
                 &stream,
                 &pool,
                 &ring,

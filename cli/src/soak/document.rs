@@ -181,6 +181,7 @@ pub(super) fn document(
             devices: options.devices.to_string(),
             xproc_producers: options.xproc.map(|x| x.producers),
             kill_every_seconds: options.xproc.map(|x| x.kill_every),
+            d2h: options.d2h,
         },
         passed,
         error,
@@ -238,6 +239,7 @@ mod tests {
                 producers: 4,
                 kill_every: 3,
             }),
+            d2h: true,
         }
     }
 
@@ -340,6 +342,7 @@ mod tests {
         // The totals add the devices up.
         assert_eq!(v["counters"]["pool_ops"], 2_000_000);
         assert_eq!(v["options"]["xproc_producers"], 4);
+        assert_eq!(v["options"]["d2h"], true);
         assert_eq!(v["options"]["kill_every_seconds"], 3);
         assert_eq!(v["counters"]["xproc_producers_killed"], 16);
         assert_eq!(v["counters"]["xproc_records_checked"], 1_400_000);

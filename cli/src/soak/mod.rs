@@ -1,5 +1,5 @@
 //! `vkgdr soak [--device N|UUID | --devices all|LIST] [--seconds N] [--threads N]
-//! [--exhaust-every S] [--xproc [--xproc-producers N] [--kill-every S]] [--json]`: everything at
+//! [--exhaust-every S] [--d2h] [--xproc [--xproc-producers N] [--kill-every S]] [--json]`: everything at
 //! once for a long time, then proof that nothing of ours stayed behind (no leaked fds, BAR space,
 //! VRAM or cached objects).
 //!
@@ -10,11 +10,11 @@
 //!   1 B to 16 MiB (shared, thread-cached and dedicated) in one pool;
 //! - **rings**: a 4-lane ring consumed by the checking kernel `ring_check_lanes` (every record
 //!   verified on the GPU), fed by 4 producer threads with batches of sealed records;
-//! - **device → host rings** ([`d2h`]): rounds of kernels publishing test records (per thread
+//! - **device → host rings** (`--d2h`, off by default; [`d2h`]): rounds of kernels publishing test records (per thread
 //!   into 64 B slots, per warp into 4 KiB slots) into 1 to 4 lanes, each lane's CPU consumer
 //!   checking every record's sequence, its producer's order and every byte, and every producer's
 //!   count;
-//! - **device-side releases** ([`d2h`]): rounds of up to 256 pool blocks lent with
+//! - **device-side releases** (with `--d2h`): rounds of up to 256 pool blocks lent with
 //!   `release_many_on_device`, blocks allocated beside them that must not overlap any, a kernel
 //!   that releases the tokens (every third round with the previous round's spent tokens and a
 //!   forged one), then every block back with its token redeemed once and each hostile token

@@ -13,7 +13,7 @@ use vkgdr::{Gpu, Pool, PoolConfig};
 
 use super::command_line::Options;
 use super::counters::{Counters, ERRORS_KEPT};
-use super::d2h::{d2h_rounds, release_rounds};
+use super::d2h::{d2h_rounds, release_rounds, D2hKernels};
 use super::document::{DeviceRecord, Record};
 use super::figures::{fds_check, holdings, mib, open_fds, snapshot};
 use super::verdict::judge;
@@ -56,6 +56,8 @@ pub(super) fn soak(
     let module = Module::load_ptx(gpu, RING_PTX)?;
     let stream = Stream::new(gpu)?;
     let ring = DeviceRing::with_lanes(gpu, RING_LANE_BYTES, RING_LANES, WrapMode::Padded)?;
+    // Before the persistent kernel: loading modules and first launches wait for running kernels.
+    let d2h_kernels = options.d2h.then(|| D2hKernels::load(gpu)).transpose()?;
     launch_checker(&module, &ring, &stream)?;
     // The shared ring and its producer processes (`--xproc`).
     let xproc = match options.xproc {
@@ -73,8 +75,11 @@ pub(super) fn soak(
             s.spawn(move || ring_producer(ring, 100 + u64::from(lane), until, stop, c));
         }
         s.spawn(|| arena_cycles(gpu, until, &stop, c));
-        s.spawn(|| d2h_rounds(gpu, 7, until, &stop, c));
-        s.spawn(|| release_rounds(gpu, 11, until, &stop, c));
+        if let Some(k) = &d2h_kernels {
+            let stop = &stop;
+            s.spawn(move || d2h_rounds(gpu, k, 7, until, stop, c));
+            s.spawn(move || release_rounds(gpu, k, 11, until, stop, c));
+        }
         s.spawn(|| raw_churn(gpu, until, &stop, c));
         // The processes it starts die with this thread (PR_SET_PDEATHSIG): it outlives them.
         let producers = xproc.as_ref().map(|x| {
@@ -146,7 +151,7 @@ pub(super) fn soak(
             "ring: {produced} records produced, the kernel checked {consumed} with {errors} errors"
         ));
     }
-    drop((ring, stream, module));
+    drop((ring, stream, module, d2h_kernels));
     let stats = pool.stats();
     if stats.bytes_in_use != 0 {
         c.fail(format!(
@@ -220,7 +225,7 @@ pub(super) fn run(options: &Options, record: &mut Record) -> vkgdr::Result<bool>
         .collect();
     say!(
         "soak: {} for {} s, each with pool churn from {} threads, a {RING_LANES}-lane ring with \
-         its checking kernel, arena grow/shrink, raw allocations, BAR exhaustion every {} s{}",
+         its checking kernel, arena grow/shrink, raw allocations, BAR exhaustion every {} s{}{}",
         if several {
             format!("{} devices at once", targets.len())
         } else {
@@ -235,6 +240,11 @@ pub(super) fn run(options: &Options, record: &mut Record) -> vkgdr::Result<bool>
                 x.producers, x.kill_every
             ),
             None => String::new(),
+        },
+        if options.d2h {
+            ", device → host rings and blocks released by kernels"
+        } else {
+            ""
         }
     );
     if several {
@@ -326,6 +336,9 @@ pub(super) fn run(options: &Options, record: &mut Record) -> vkgdr::Result<bool>
         }
         if options.xproc.is_some() {
             say!("{soak}: xproc: {}", c.xproc_line());
+        }
+        if options.d2h {
+            say!("{soak}: d2h: {}", c.d2h_line());
         }
         let before = d.before.as_ref().expect("taken after the warm-up");
         let judgement = judge(before, &after, our_pid, d.granule);
