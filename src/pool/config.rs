@@ -29,6 +29,8 @@ pub const MAX_DEPTH: usize = 1024;
 pub const DEFAULT_DEPTH: usize = 32;
 /// Default [`PoolConfig::thread_cache_bytes`]: bytes one thread keeps cached for one pool.
 pub const DEFAULT_BYTES: u64 = 256 << 10;
+/// Largest request a thread cache serves (the slab range of the default allocator).
+pub const MAX_CACHED_SIZE: u64 = 4096;
 
 /// How a [`Pool`](super::Pool) sizes, grows and trims its chunks.
 #[derive(Debug, Clone)]

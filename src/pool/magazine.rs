@@ -61,10 +61,8 @@ use super::inner::{PoolInner, PoolKey};
 use super::shards::{BlockRecord, ShardCell};
 use crate::core::sync::OwnerCell;
 
-/// Largest request served from a magazine (the slab range of the default allocator).
-pub const MAX_CACHED_SIZE: u64 = 4096;
 // The thread-cache settings' limits and defaults, beside the settings they bound.
-pub use super::config::{DEFAULT_BYTES, DEFAULT_DEPTH, MAX_DEPTH};
+pub use super::config::{DEFAULT_BYTES, DEFAULT_DEPTH, MAX_CACHED_SIZE, MAX_DEPTH};
 /// Pools one thread's magazine serves at once; allocating from one more evicts (returns the
 /// blocks of) the pool it used least recently.
 pub const POOLS_PER_THREAD: usize = 4;

@@ -20,10 +20,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::chunk::Chunk;
+use super::config::MAX_CACHED_SIZE;
 #[cfg(feature = "gpu-alloc")]
 use super::gpu_alloc::MemoryBlock;
 use super::inner::PoolInner;
-use super::magazine::MAX_CACHED_SIZE;
 use crate::core::alloc::{AllocError, Allocation, ChunkId, Heap};
 use crate::core::sync::BiasedLock;
 use crate::error::{Error, Result};

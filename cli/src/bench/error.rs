@@ -45,7 +45,7 @@ pub enum BenchError {
     /// A child process of a benchmark failed, hung or said something unexpected (named in the
     /// message).
     #[error(transparent)]
-    Child(#[from] crate::child::process::ChildError),
+    Child(#[from] ChildError),
     /// Part of a benchmark failed: what it measured still counts (its reports are written),
     /// and the run fails.
     #[error("{error}")]
@@ -72,3 +72,8 @@ impl BenchError {
 
 /// Result of benchmark code.
 pub type BenchResult<T> = Result<T, BenchError>;
+
+/// A child process that failed, hung or said something unexpected, named with its pid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ChildError(pub String);

@@ -46,6 +46,20 @@ const BATCH_BYTES: u64 = 64 << 10;
 /// of a lane.
 const BATCH_RECORDS: u64 = 256;
 
+/// A batch of 1 to 64 records of 16 to 4080 payload bytes, sealed from `first` on (the checking
+/// kernel verifies each one's seq and checksum): what a soak's ring producers push, in threads
+/// and in other processes alike.
+pub fn random_batch(rng: &mut impl rand::Rng, first: u64) -> Vec<Vec<u8>> {
+    let n = rng.gen_range(1..=64);
+    (0..n)
+        .map(|k| {
+            let mut r = vec![0u8; rng.gen_range(16..=4080)];
+            seal_test_payload(&mut r, first + k);
+            r
+        })
+        .collect()
+}
+
 /// Records per `push_batch` of `size`-byte records.
 pub(crate) fn batch_records(size: u64) -> u64 {
     (BATCH_BYTES / size)

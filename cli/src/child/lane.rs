@@ -12,8 +12,7 @@ use vkgdr::share::{AttachedLane, Peer, RefusalCode, ShareError};
 
 use super::protocol::{say, Line};
 use super::{spin_until, Commands, Context, Outcome, Rtt};
-use crate::bench::ring::{push_batches, Payload};
-use crate::soak::workers::random_batch;
+use crate::bench::ring::{push_batches, random_batch, Payload};
 
 /// How long a peer waits for each answer of the owner.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(20);

@@ -29,10 +29,7 @@ const STDERR_KEPT: usize = 4096;
 /// How long a killed child may take to be reaped.
 const REAP_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A child process that failed, hung or said something unexpected, named with its pid.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ChildError(pub String);
+pub use crate::bench::error::ChildError;
 
 /// How a child is started.
 #[derive(Debug, Clone)]

@@ -9,27 +9,14 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use vkgdr::cuda_objects::{LaunchConfig, Module, Stream};
-use vkgdr::ring::layout::seal_test_payload;
+
 use vkgdr::ring::{DeviceRing, RingDeviceView};
 use vkgdr::{Arena, Error, Gpu, Mapping, Pool};
 
 use super::counters::Counters;
 use super::figures::mib;
+use crate::bench::ring::random_batch;
 use crate::ui::status;
-
-/// A batch of 1 to 64 records of 16 to 4080 payload bytes, sealed from `first` on (the checking
-/// kernel verifies each one's seq and checksum): what a soak's ring producers push, in threads
-/// and in other processes alike.
-pub fn random_batch(rng: &mut impl Rng, first: u64) -> Vec<Vec<u8>> {
-    let n = rng.gen_range(1..=64);
-    (0..n)
-        .map(|k| {
-            let mut r = vec![0u8; rng.gen_range(16..=4080)];
-            seal_test_payload(&mut r, first + k);
-            r
-        })
-        .collect()
-}
 
 const ARENA_CHUNKS: u64 = 32;
 const EXHAUST_STEP: u64 = 1 << 30;
