@@ -11,12 +11,14 @@
 //! use vkgdr::ring::core::d2h::{test_payload, Record, TestLaneChecker};
 //! // Lane 0 of a ring whose producers p publish into lane p % 2, kind 1, 24-byte payloads.
 //! let mut check = TestLaneChecker::new(0, 1, 24, |p| p % 2);
-//! let first = test_payload(2 << 32, 24); // producer 2, round 0
+//! let first = test_payload(0, 24); // producer 0, round 0
+//! let other = test_payload(2 << 32, 24); // producer 2, round 0
 //! check.check(&Record { seq: 0, kind: 1, payload: &first }).unwrap();
-//! // Producer 2's round 0 again: refused, whatever its sequence number.
+//! // Producer 0's round 0 again: refused, whatever its sequence number.
 //! assert!(check.check(&Record { seq: 1, kind: 1, payload: &first }).is_err());
-//! assert!(check.all_rounds(4, 1).is_ok());
-//! assert!(check.all_rounds(4, 2).is_err()); // producer 2 sent one round of two
+//! check.check(&Record { seq: 1, kind: 1, payload: &other }).unwrap();
+//! assert!(check.all_rounds(4, 1).is_ok()); // producers 0 and 2 sent one round each
+//! assert!(check.all_rounds(4, 2).is_err());
 //! ```
 
 use std::collections::HashMap;
