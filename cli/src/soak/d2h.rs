@@ -180,7 +180,7 @@ fn d2h_round(
             rng.gen_range(1..=128u32),
         )
     };
-    let ring = DeviceToHostRing::new(gpu, lanes, LaneShape::new(stride, slots)?, SPIN_LIMIT)?;
+    let ring = DeviceToHostRing::new(gpu, lanes, LaneShape::new(slots, stride)?, SPIN_LIMIT)?;
     let result = results(gpu)?;
     let consumers = ring.consumers()?;
     let checking: Vec<_> = consumers
@@ -280,7 +280,7 @@ pub(super) fn release_rounds(
         let module = &kernels.release;
         let stream = Stream::new(gpu)?;
         let pool = Pool::new(gpu.clone(), PoolConfig::default())?;
-        let ring = DeviceToHostRing::new(gpu, 2, LaneShape::new(64, 256)?, SPIN_LIMIT)?;
+        let ring = DeviceToHostRing::new(gpu, 2, LaneShape::new(256, 64)?, SPIN_LIMIT)?;
         if pool.set_release_feed(ring.consumers()?).is_err() {
             return Err(vkgdr::Error::Unsupported(
                 "a new pool refused its release feed".into(),
