@@ -93,8 +93,9 @@ impl D2hKernels {
     }
 }
 
-/// Waits for `stream`'s work, at most [`ROUND_LIMIT`]: `false` if it is still running.
-fn finished(gpu: &Gpu, stream: &Stream) -> vkgdr::Result<bool> {
+/// Waits for `stream`'s work, at most [`ROUND_LIMIT`], calling `meanwhile` between looks:
+/// `false` if it is still running.
+fn finished(gpu: &Gpu, stream: &Stream, meanwhile: impl Fn()) -> vkgdr::Result<bool> {
     let event = vkgdr::cuda_objects::Event::new(gpu)?;
     event.record(stream)?;
     let t0 = Instant::now();
@@ -102,6 +103,7 @@ fn finished(gpu: &Gpu, stream: &Stream) -> vkgdr::Result<bool> {
         if t0.elapsed() > ROUND_LIMIT {
             return Ok(false);
         }
+        meanwhile();
         std::thread::sleep(Duration::from_micros(200));
     }
     Ok(true)
@@ -243,7 +245,7 @@ fn d2h_round(
             Err(_) => c.fail(format!("d2h: the consumer of lane {lane} panicked")),
         }
     }
-    if !finished(gpu, stream)? {
+    if !finished(gpu, stream, || {})? {
         return Err(vkgdr::Error::Unsupported(format!(
             "{kernel} still running {ROUND_LIMIT:?} after its consumers ended"
         )));
@@ -396,7 +398,11 @@ fn release_round(
             ],
         )?
     };
-    if !finished(gpu, stream)? {
+    // Drained meanwhile too: once every good token came, the pool's drain thread rests, and the
+    // hostile records after them must not fill a lane under the kernel.
+    if !finished(gpu, stream, || {
+        pool.drain_device_releases();
+    })? {
         return Err(vkgdr::Error::Unsupported(format!(
             "release_tokens still running after {ROUND_LIMIT:?}"
         )));
