@@ -220,7 +220,9 @@ fn install_lays_out_libraries_header_and_pkg_config() {
         "lib/libvkgdr.so.1",
         "lib/libvkgdr.a",
         "include/vkgdr.h",
+        "include/vkgdr/ordering.cuh",
         "include/vkgdr/ring.cuh",
+        "include/vkgdr/ring_d2h.cuh",
         "lib/pkgconfig/vkgdr.pc",
     ] {
         assert!(p.join(f).is_file(), "{f} not installed");
@@ -322,7 +324,9 @@ fn make_install_with_destdir_stages_what_install_c_installs_for_the_prefix() {
     // Everything lies under DESTDIR/usr, nothing elsewhere.
     let names: Vec<PathBuf> = tree(&by_make).into_iter().map(|(p, _)| p).collect();
     let expect: Vec<PathBuf> = [
+        "usr/include/vkgdr/ordering.cuh",
         "usr/include/vkgdr/ring.cuh",
+        "usr/include/vkgdr/ring_d2h.cuh",
         "usr/include/vkgdr.h",
         "usr/lib/libvkgdr.a",
         "usr/lib/libvkgdr.so",

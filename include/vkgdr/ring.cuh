@@ -69,6 +69,8 @@
 #ifndef VKGDR_RING_CUH
 #define VKGDR_RING_CUH
 
+#include "ordering.cuh"
+
 #define VKGDR_RING_MIN_CAPACITY 4096ull
 #define VKGDR_RING_RECORD_ALIGN 16ull
 #define VKGDR_RING_HEADER_LEN 16ull
@@ -105,41 +107,7 @@ namespace vkgdr_device {
 
 typedef unsigned long long u64;
 
-// Acquire loads, release stores and release fences, one instruction each (the CPU is the other
-// side at system scope). A volatile load followed by __threadfence_system() (fence.sc.sys) is
-// also an acquire, but the sequentially consistent fence waits for every earlier memory
-// operation of the thread to be performed system-wide (on a round trip's path: the last store
-// over PCIe); an acquire load orders only what comes after it, a release store or fence only
-// what came before. ring.cuh and ring_d2h.cuh define the same functions (whichever comes first
-// does). Needs sm_70.
-#ifndef VKGDR_DEVICE_ORDERING
-#define VKGDR_DEVICE_ORDERING
-__device__ __forceinline__ u64 load_acquire_sys(const volatile u64* p)
-{
-    u64 v;
-    asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ u64 load_acquire_gpu(const volatile u64* p)
-{
-    u64 v;
-    asm volatile("ld.acquire.gpu.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ void store_release_sys(volatile u64* p, u64 v)
-{
-    asm volatile("st.release.sys.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
-}
-
-// This thread's earlier loads and stores before its later stores, at system scope
-// (fence.acq_rel.sys: MEMBAR.ALL.SYS, not the MEMBAR.SC.SYS of __threadfence_system()).
-__device__ __forceinline__ void fence_release_sys()
-{
-    asm volatile("fence.acq_rel.sys;" : : : "memory");
-}
-#endif
+// Memory ordering: ordering.cuh (acquire loads, release stores and fences; needs sm_70).
 
 // One lane, as the reader needs it.
 struct RingLane {
