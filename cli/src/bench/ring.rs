@@ -15,6 +15,7 @@
 //! the mirrored one lets records run over the end.
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use vkgdr::cuda_objects::{LaunchConfig, Module, Stream};
@@ -27,6 +28,7 @@ use super::error::{BenchError, BenchResult};
 use super::host_pinned::HostPinned;
 use super::measure::{open_gpu, Stats};
 use super::options::Options;
+use super::raw_bar::Gang;
 use super::report::format::fmt_size;
 use super::report::model::{Figure, Report, Unit};
 use crate::ui;
@@ -365,6 +367,16 @@ pub mod rows {
         "cuMemcpyHtoDAsync on 8 streams, one copy per publication + tail store";
     /// `ring-throughput`: every row of the driver's copies alone.
     pub const DRIVER_COPIES: [&str; 4] = [COPY_1, COPY_256, PATTERN_COPIES, PATTERN_TAIL];
+    /// `ring-throughput`: CPU stores into the BAR from 8 threads, nothing else on the link.
+    pub const BAR_ALONE: &str = "BAR stores, 8 threads, alone";
+    /// `ring-throughput`: the same stores while the copy pattern (with tail stores) runs.
+    pub const BAR_BESIDE_COPIES: &str = "BAR stores, 8 threads, beside the copy pattern";
+    /// `ring-throughput`: the copy pattern (with tail stores) while the BAR stores run.
+    pub const COPIES_BESIDE_BAR: &str = "copy pattern + tail store, beside the BAR stores";
+    /// `ring-throughput`: what the two paths carried together over the same interval.
+    pub const BOTH_PATHS: &str = "BAR stores + copy pattern at once, total";
+    /// `ring-throughput`: the host-to-device link's rows (machine rows: no library code).
+    pub const LINK: [&str; 4] = [BAR_ALONE, BAR_BESIDE_COPIES, COPIES_BESIDE_BAR, BOTH_PATHS];
     /// `ring-latency`: one record by `cuMemcpyHtoDAsync` and a synchronisation.
     pub const COPY_SYNC: &str = "cuMemcpyHtoDAsync + sync";
     /// `ring-wrap`: a padded ring.
@@ -431,6 +443,75 @@ fn lane_pattern(
         s.synchronize()?;
     }
     Ok((bytes * copies) as f64 / t0.elapsed().as_secs_f64() / 1e9)
+}
+
+/// Threads that store into the BAR in the link rows (as many as the ring rows' producers).
+const LINK_THREADS: usize = 8;
+/// Bytes of one gang store in the link rows: short enough that the last one ends soon after the
+/// copies, long enough that the gang's barriers cost nothing beside it.
+const LINK_STORE_BYTES: usize = 8 << 20;
+
+/// What the BAR stores of the link rows write into: a BAR mapping, a source, the gang.
+struct BarStores {
+    memory: vkgdr::RawMemory,
+    src: Vec<u8>,
+    gang: Gang,
+}
+
+impl BarStores {
+    fn new(gpu: &Gpu) -> BenchResult<BarStores> {
+        Ok(BarStores {
+            memory: gpu.alloc(LINK_STORE_BYTES as u64)?,
+            src: (0..LINK_STORE_BYTES).map(|i| i as u8).collect(),
+            gang: Gang::new(LINK_THREADS),
+        })
+    }
+
+    /// Stores [`LINK_STORE_BYTES`] at a time until `stop` is set (checked between stores);
+    /// returns the bytes stored and the seconds from the first store's start to the last one's end.
+    fn until(&self, stop: &AtomicBool) -> (u64, f64) {
+        let t0 = Instant::now();
+        let mut bytes = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            // SAFETY: the mapping holds `LINK_STORE_BYTES` bytes, no kernel touches it, and
+            // `src` is a distinct host buffer of that length.
+            unsafe { self.gang.store(self.memory.host_ptr(), &self.src) };
+            bytes += LINK_STORE_BYTES as u64;
+        }
+        (bytes, t0.elapsed().as_secs_f64())
+    }
+
+    /// `bytes` (rounded up to whole stores) alone; returns GB/s.
+    fn alone(&self, bytes: u64) -> f64 {
+        let n = bytes.div_ceil(LINK_STORE_BYTES as u64);
+        let t0 = Instant::now();
+        for _ in 0..n {
+            // SAFETY: as in `until`.
+            unsafe { self.gang.store(self.memory.host_ptr(), &self.src) };
+        }
+        (n * LINK_STORE_BYTES as u64) as f64 / t0.elapsed().as_secs_f64() / 1e9
+    }
+}
+
+/// The BAR's stores and the copy-engine lanes' pattern (with tail stores) at once, over the same
+/// link: the stores start first and stop once the copies are done; the stores' rate counts
+/// their own interval (at most one store past the copies' end). Returns (BAR, copies) in GB/s.
+fn both_paths(
+    gpu: &Gpu,
+    to: &PatternTargets,
+    streams: &[Stream],
+    bar: &BarStores,
+    size: u64,
+    records: u64,
+) -> BenchResult<(f64, f64)> {
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let stores = s.spawn(|| bar.until(&stop));
+        let copies = lane_pattern(gpu, to, streams, size, records, true);
+        stop.store(true, Ordering::Relaxed);
+        let (bytes, secs) = stores.join().expect("BAR stores");
+        Ok((bytes as f64 / secs / 1e9, copies?))
+    })
 }
 
 fn memcpy_latency(
@@ -804,6 +885,35 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
             ));
         }
     }
+    // The link's wall: what the BAR's stores and the copy engine carry when both run at once,
+    // beside each alone (the copy pattern alone is the row above).
+    let bar = BarStores::new(&gpu)?;
+    ui::phase("BAR stores and copies at once", PATTERN_SIZES.len() as u64);
+    for size in PATTERN_SIZES {
+        ui::step(format!("{} · {}", rows::BOTH_PATHS, fmt_size(size)));
+        let mut alone = Vec::with_capacity(reps);
+        let mut beside = [Vec::with_capacity(reps), Vec::with_capacity(reps)];
+        for _ in 0..reps {
+            alone.push(bar.alone(bytes_per_run / 4));
+            let (b, c) = both_paths(&gpu, &targets, &streams, &bar, size, bytes_per_run / size)?;
+            beside[0].push(b);
+            beside[1].push(c);
+        }
+        let total: Vec<f64> = beside[0].iter().zip(&beside[1]).map(|(b, c)| b + c).collect();
+        for (name, samples) in [
+            (rows::BAR_ALONE, &alone),
+            (rows::BAR_BESIDE_COPIES, &beside[0]),
+            (rows::COPIES_BESIDE_BAR, &beside[1]),
+            (rows::BOTH_PATHS, &total),
+        ] {
+            bw.figures.push(Figure::measured(
+                name,
+                size,
+                &Stats::of(samples).expect("samples"),
+            ));
+        }
+    }
+    drop(bar);
     let n = if opts.quick { 2_000 } else { 20_000 };
     ui::step("round trip");
     let mut t = memcpy_latency(&gpu, dev.device_ptr(), 64, &staging, &copy_stream, n)?;
@@ -825,6 +935,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     bw.notes.push("cuMemcpyHtoDAsync: the same bytes from pinned memory into cuMemAlloc memory, back to back on one stream".into());
     bw.notes.push(format!("{PATTERN_COPIES} / {PATTERN_TAIL}: the copy-engine lanes' work without producers, the ceiling of the 'copy engine' rows: one copy per publication (the producers' batch of records, from pinned memory filled beforehand) on each of {PATTERN_STREAMS} streams in turn, and with the stream store a lane queues after each copy (its tail into GPU memory, behind a memory barrier); the producers' own writes into the staging copy are what the ring rows add"));
     bw.notes.push(format!("copy engine (off by default, so the plain rows and the 'BAR only' rows take the BAR): with RingOptions::copy_engine = FromRecord({}) a producer's records of that size and more (header included), once a batch has {} KiB pending before them, are written into a pinned host copy of the lane and moved by cuMemcpyHtoDAsync on the lane's stream, which then stores the tail; 'copy engine only' rows stage records of every size (after the same {} KiB)", vkgdr::ring::device::DEFAULT_COPY_ENGINE_RECORD, vkgdr::ring::device::STAGE_AFTER_PENDING >> 10, vkgdr::ring::device::STAGE_AFTER_PENDING >> 10));
+    bw.notes.push(format!("the link rows (their column: the copy pattern's record size): {LINK_THREADS} threads store {} MiB at a time into a BAR mapping (the raw stores of copybw); alone, then while {PATTERN_TAIL} runs, each rate over its own interval; the total is their sum, to read beside the copy pattern alone: more than it means the two paths together pass either one, no more means the host-to-device link is the wall", LINK_STORE_BYTES >> 20));
     lat.notes.push("round trip of one 64-byte record: published alone (Producer::push, or the shared reserve/commit) → kernel publishes head into pinned memory → CPU sees it; commit→seen is below this".into());
     Ok(vec![bw, lat, wrap])
 }
