@@ -245,3 +245,51 @@ fn allocations_in_the_current_context() {
     // Freed from a thread with no context current: it makes its own context current again.
     std::thread::spawn(move || drop(mem)).join().unwrap();
 }
+
+/// The spare mappings a handle holds now: (count, bytes).
+fn spares(gpu: &Gpu) -> (u64, u64) {
+    let item = gpu.retained();
+    let item = item
+        .get(vkgdr::retained::names::SPARE_MAPPINGS)
+        .expect("listed");
+    (item.count, item.bytes)
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn a_freed_mapping_comes_back_for_its_own_size_only_and_never_once_exported() {
+    let gpu = open(false);
+    settle(&gpu);
+    gpu.trim();
+    assert_eq!(spares(&gpu), (0, 0));
+    let mut first = gpu.alloc(2 << 20).unwrap();
+    let at = first.device_ptr();
+    first.write(0, b"first owner").unwrap();
+    drop(first);
+    settle(&gpu);
+    assert_eq!(spares(&gpu), (1, 2 << 20), "kept once its release passed");
+    // Another size maps memory of its own.
+    let other = gpu.alloc(4 << 20).unwrap();
+    assert_ne!(other.device_ptr(), at);
+    assert_eq!(spares(&gpu).0, 1);
+    // Its own size takes it, its first 16 bytes zero as in any new allocation.
+    let again = gpu.alloc(2 << 20).unwrap();
+    assert_eq!(again.device_ptr(), at, "the spare was not reused");
+    assert_eq!(again.read_vec(0, 11).unwrap(), vec![0u8; 11]);
+    assert_eq!(spares(&gpu), (0, 0));
+    // An exported mapping may still be mapped in another process: never handed out again.
+    drop(again.export_fd().unwrap());
+    drop(again);
+    drop(other);
+    settle(&gpu);
+    assert_eq!(spares(&gpu), (1, 4 << 20), "only the unexported one kept");
+    // Above 8 MiB nothing is kept.
+    drop(gpu.alloc(16 << 20).unwrap());
+    settle(&gpu);
+    assert_eq!(spares(&gpu), (1, 4 << 20));
+    assert!(gpu.trim() >= 1);
+    assert_eq!(spares(&gpu), (0, 0), "trim gives the spares back");
+    let mut fresh = gpu.alloc(4 << 20).unwrap();
+    fresh.write(0, b"still works").unwrap();
+    assert_eq!(fresh.read_vec(0, 11).unwrap(), b"still works");
+}

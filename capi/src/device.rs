@@ -10,7 +10,7 @@ use ::vkgdr::Gpu;
 
 use crate::error::{clear_last_error, guard, CResult, Failure};
 use crate::handles::{HandleTable, Tag};
-use crate::{lookup, register, release, CUdevice};
+use crate::{lookup, register, release, CUdevice, VKGDR_ERROR, VKGDR_SUCCESS};
 
 /// Opaque handle to the library: one device opened for BAR mappings.
 pub struct vkgdr {
@@ -196,5 +196,37 @@ pub unsafe extern "C" fn vkgdr_wait_for_releases(g: vkgdr_t, timeout_ns: i64) ->
             Err(_) => while !gpu.wait_for_releases(Duration::from_secs(1)) {},
         }
         Ok(gpu.pending_releases())
+    })
+}
+
+/// Gives back to the driver what `g` keeps for later allocations: the empty shared granule small
+/// allocations (up to 1 MiB) are carved from, and the mappings of freed allocations of up to
+/// 8 MiB (16 MiB in all) kept for the next allocation of the same size, which then takes no
+/// driver call. Memory whose release still waits for GPU work is not reached: call
+/// `vkgdr_wait_for_releases` first to count free VRAM exactly.
+///
+/// - `released`: NULL, or where to store the number of granules and mappings released.
+///
+/// Returns `VKGDR_SUCCESS` (also for a `vkgdr_open_vulkan` handle, which keeps nothing), or
+/// `VKGDR_ERROR` (an invalid handle).
+///
+/// Thread safety: any thread, concurrently with allocations.
+///
+/// # Safety
+/// - `released` is NULL or writable.
+/// - No thread closes `g` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_trim(g: vkgdr_t, released: *mut usize) -> c_int {
+    guard("vkgdr_trim", VKGDR_ERROR, || {
+        // SAFETY: the caller does not close `g` during the call.
+        let n = match unsafe { device(g) }? {
+            Device::Cuda(gpu) => gpu.trim(),
+            Device::Vulkan(_) => 0,
+        };
+        if !released.is_null() {
+            // SAFETY: writable (caller).
+            unsafe { released.write(n) };
+        }
+        Ok(VKGDR_SUCCESS)
     })
 }

@@ -28,6 +28,7 @@ use crate::mapping::gpu::Gpu;
 pub use crate::mapping::pinned::read_staging::{
     STAGED_READ_THRESHOLD, STAGING_BUFFERS, STAGING_BUFFER_BYTES,
 };
+use crate::mapping::spare::{Kept, SPARE_MAX};
 use crate::mapping::vmm::MappedMemory;
 use crate::mapping::Mapping;
 
@@ -75,7 +76,10 @@ const _: () = assert_send_sync::<RawMemory>();
 
 /// Where a raw allocation's bytes live.
 enum Backing {
-    /// A device mapping of its own (requests above `CARVE_MAX`).
+    /// A device mapping of its own (requests above `CARVE_MAX` that may share a granule).
+    Kept(Kept),
+    /// A device mapping of its own, given back to the driver when released (requests that must
+    /// not share a granule: [`Gpu::alloc_shareable`], a pool's chunks).
     Mapped(MappedMemory),
     /// A piece of a shared granule (requests up to `CARVE_MAX`).
     Carved(Piece),
@@ -87,6 +91,7 @@ impl Backing {
     /// The Vulkan allocation holding the bytes, and the offset of byte 0 in it.
     fn memory(&self) -> (&VulkanMemory, u64) {
         match self {
+            Backing::Kept(k) => (k.mapping().memory(), 0),
             Backing::Mapped(m) => (m.memory(), 0),
             Backing::Carved(p) => p.memory(),
             Backing::Imported(i) => (&i.vulkan, 0),
@@ -178,6 +183,7 @@ impl RawMemory {
         let alloc_size = round_alloc_size(size)?;
         let backing = gpu.retry_after_releases(|| Self::back(gpu, alloc_size, context, carve))?;
         let (host_ptr, device_ptr) = match &backing {
+            Backing::Kept(k) => (k.mapping().host_ptr(), k.mapping().device_ptr()),
             Backing::Mapped(m) => (m.host_ptr(), m.device_ptr()),
             Backing::Carved(p) => (p.host_ptr(), p.device_ptr()),
             Backing::Imported(i) => (i.vulkan.as_ptr(), i.device_ptr),
@@ -220,6 +226,14 @@ impl RawMemory {
             Some(_) if carve && alloc_size <= CARVE_MAX => {
                 Ok(Backing::Carved(gpu.carver()?.alloc(alloc_size)?))
             }
+            Some(vmm) if carve && alloc_size <= SPARE_MAX => {
+                let spares = gpu.spares();
+                let memory = match spares.take(alloc_size) {
+                    Some(m) => m,
+                    None => MappedMemory::bar(vmm, gpu.vulkan(), alloc_size)?,
+                };
+                Ok(Backing::Kept(Kept::new(memory, alloc_size, spares.clone())))
+            }
             Some(vmm) => Ok(Backing::Mapped(MappedMemory::bar(
                 vmm,
                 gpu.vulkan(),
@@ -236,6 +250,10 @@ impl RawMemory {
     /// [`Error::Unsupported`], since its fd would reach its neighbours' bytes too.
     pub fn export_fd(&self) -> Result<(OwnedFd, u64)> {
         let memory = match self.backing.as_ref() {
+            Some(Backing::Kept(k)) => {
+                k.never_reuse();
+                k.mapping().memory()
+            }
             Some(Backing::Mapped(m)) => m.memory(),
             Some(Backing::Imported(i)) => &i.vulkan,
             Some(Backing::Carved(_)) => {
@@ -325,6 +343,10 @@ impl RawMemory {
             return Ok(());
         };
         match self.backing()? {
+            Backing::Kept(k) => {
+                k.never_reuse();
+                k.mapping().grant_access(ordinal)
+            }
             Backing::Mapped(m) => m.grant_access(ordinal),
             Backing::Carved(p) => p.grant_access(ordinal),
             Backing::Imported(_) => Err(Error::Unsupported(

@@ -27,6 +27,7 @@ pub mod memory;
 pub(crate) mod pinned;
 pub(crate) mod release;
 pub mod retained;
+pub(crate) mod spare;
 pub mod vmm;
 
 use crate::core::range::check_range;

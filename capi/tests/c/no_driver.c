@@ -183,6 +183,8 @@ static void stream_ordered_frees(void)
     /* A bad handle is refused before any waiting, also with no time limit. */
     CHECK(vkgdr_wait_for_releases((vkgdr_t)pool, -1) == SIZE_MAX, "releases of a made-up");
     CHECK(last_error_contains("invalid vkgdr_t handle"), "named");
+    CHECK(vkgdr_trim(NULL, NULL) == VKGDR_ERROR, "trim of NULL");
+    CHECK(last_error_contains("vkgdr_trim: the vkgdr_t handle is NULL"), "named");
 }
 
 static void copies(void)

@@ -112,6 +112,11 @@ static void run(int vulkan_device, uint32_t flags)
     CHECK(vkgdr_ring_create(g, 4096, 0) == NULL, "rings need CUDA");
     CHECK(vkgdr_wait_for_releases(g, 0) == 0 && vkgdr_wait_for_releases(g, -1) == 0,
           "nothing waits for GPU work on a Vulkan-only handle");
+    {
+        size_t released = 99;
+        CHECK(vkgdr_trim(g, &released) == VKGDR_SUCCESS && released == 0,
+              "a Vulkan-only handle keeps nothing to trim: %zu", released);
+    }
     CHECK(last_error_contains("vkgdr_ring_create: this vkgdr_t has no CUDA device"),
           "still the ring's error: success leaves it");
     CHECK(vkgdr_d2h_ring_create(g, 1, 64, 64, 100) == NULL, "device -> host rings need CUDA");

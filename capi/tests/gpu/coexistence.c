@@ -859,6 +859,8 @@ static void carve_baseline(vkgdr_t g)
     }
     n = vkgdr_wait_for_releases(g, 30000000000ll);
     CHECK(n == 0, "%zu releases still waiting after 30 s", n);
+    /* The mappings of freed 2 and 4 MiB allocations, kept for the next of their size. */
+    CHECK(vkgdr_trim(g, &n) == VKGDR_SUCCESS, "vkgdr_trim");
 }
 
 /* One pass of the churn beside the running kernel, for `seconds`. */

@@ -899,7 +899,11 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
             beside[0].push(b);
             beside[1].push(c);
         }
-        let total: Vec<f64> = beside[0].iter().zip(&beside[1]).map(|(b, c)| b + c).collect();
+        let total: Vec<f64> = beside[0]
+            .iter()
+            .zip(&beside[1])
+            .map(|(b, c)| b + c)
+            .collect();
         for (name, samples) in [
             (rows::BAR_ALONE, &alone),
             (rows::BAR_BESIDE_COPIES, &beside[0]),
