@@ -8,9 +8,10 @@
  * publish and C threads take (vkgdr_d2h_ring_*) and pool blocks kernels give back
  * (vkgdr_block_release_on_device), frees that never wait for a running kernel
  * (vkgdr_memory_free_after, vkgdr_memory_free_now, vkgdr_block_free_after,
- * vkgdr_ring_watch_consumer, vkgdr_wait_for_releases), and sharing memory, pool blocks and ring
- * lanes with other processes over a Unix socket: the owner's side (vkgdr_share_*) and the side
- * that attaches (vkgdr_peer_*, vkgdr_attached_*, vkgdr_shared_block_*), which needs no CUDA.
+ * vkgdr_ring_watch_consumer, vkgdr_wait_for_releases), what a handle keeps for later allocations
+ * given back (vkgdr_trim), and sharing memory, pool blocks and ring lanes with other processes
+ * over a Unix socket: the owner's side (vkgdr_share_*) and the side that attaches
+ * (vkgdr_peer_*, vkgdr_attached_*, vkgdr_shared_block_*), which needs no CUDA.
  *
  * Conventions: a failing call returns NULL, 0, false or VKGDR_ERROR (each function says which)
  * and sets the calling thread's last error, vkgdr_last_error(). As in vkgdr 0.1, a successful
@@ -1137,6 +1138,26 @@ VKGDR_API void vkgdr_close(vkgdr_t g);
  * - No thread closes `g` during the call.
  */
 VKGDR_API size_t vkgdr_wait_for_releases(vkgdr_t g, int64_t timeout_ns);
+
+/**
+ * Gives back to the driver what `g` keeps for later allocations: the empty shared granule small
+ * allocations (up to 1 MiB) are carved from, and the mappings of freed allocations of up to
+ * 8 MiB (16 MiB in all) kept for the next allocation of the same size, which then takes no
+ * driver call. Memory whose release still waits for GPU work is not reached: call
+ * `vkgdr_wait_for_releases` first to count free VRAM exactly.
+ *
+ * - `released`: NULL, or where to store the number of granules and mappings released.
+ *
+ * Returns `VKGDR_SUCCESS` (also for a `vkgdr_open_vulkan` handle, which keeps nothing), or
+ * `VKGDR_ERROR` (an invalid handle).
+ *
+ * Thread safety: any thread, concurrently with allocations.
+ *
+ * # Safety
+ * - `released` is NULL or writable.
+ * - No thread closes `g` during the call.
+ */
+VKGDR_API int vkgdr_trim(vkgdr_t g, size_t *released);
 
 /**
  * Gives `ring`'s lanes to `pool` as its release feed: the records of `vkgdr_release_token`
