@@ -114,8 +114,10 @@ impl std::fmt::Debug for RawMemory {
 impl Gpu {
     /// Allocates `size` bytes (rounded up to 4 KiB) of BAR-mapped memory: a Vulkan export, a CUDA
     /// import, a host mapping. Costs hundreds of µs; use a [`Pool`](crate::Pool) for many small
-    /// buffers. The contents are unspecified, except that the first 16 bytes are zero: writing
-    /// them warms the write path, so the first write of the caller is as fast as later ones.
+    /// buffers. Up to 1 MiB is carved out of a shared granule (microseconds), and up to 8 MiB
+    /// takes the mapping a free of the same size left, where one is kept (see [`Gpu::trim`]).
+    /// The contents are unspecified, except that the first 16 bytes are zero: writing them warms
+    /// the write path, so the first write of the caller is as fast as later ones.
     pub fn alloc(&self, size: u64) -> Result<RawMemory> {
         RawMemory::new(self, size)
     }

@@ -215,10 +215,7 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                 title: "Ring throughput: producer threads into a resident kernel",
                 layout: Layout::Wide,
                 anchor: Anchor::Method(ring::rows::COPY_256),
-                machine: &[
-                    Rows::AnyOf(&ring::rows::DRIVER_COPIES),
-                    Rows::AnyOf(&ring::rows::LINK),
-                ],
+                machine: &[Rows::AnyOf(&ring::rows::DRIVER_COPIES)],
             },
             ReportSpec {
                 name: "ring-latency",
