@@ -15,8 +15,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::{lavapipe_manifest, run, TempDir, INHERITED, NO_CUDA};
+use common::{lavapipe_manifest, run, temp_dir, TempDirExt, INHERITED, NO_CUDA};
 use serde_json::Value;
+use tempfile::TempDir;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -272,8 +273,8 @@ fn bash_complete(script: &Path, words: &[&str]) -> Vec<String> {
 
 #[test]
 fn bash_completes_commands_options_and_benchmarks() {
-    let dir = TempDir::new("bash");
-    let script = dir.0.join("vkgdr.bash");
+    let dir = temp_dir("bash");
+    let script = dir.path().join("vkgdr.bash");
     let r = run(&["completions", "bash"], &[]);
     std::fs::write(&script, &r.stdout).unwrap();
     assert_eq!(bash_complete(&script, &["vkgdr", "so"]), ["soak"]);
@@ -376,15 +377,15 @@ fn info_json_without_a_vulkan_loader() {
 
 #[test]
 fn bench_json_without_a_gpu_says_what_stopped_it() {
-    let out = TempDir::new("bench-json");
-    let r = run(&["bench", "all", "--json", "--out", out.path()], &[NO_CUDA]);
+    let out = temp_dir("bench-json");
+    let r = run(&["bench", "all", "--json", "--out", out.arg()], &[NO_CUDA]);
     assert_eq!(r.code, 1, "{}", r.all());
     let doc = r.json();
     check_opening(&doc, "vkgdr-bench");
     assert_eq!(doc["ok"], false);
     assert!(doc["error"].is_null(), "the run itself was not stopped");
     assert_eq!(doc["mode"], "full");
-    assert_eq!(doc["out_dir"], out.path());
+    assert_eq!(doc["out_dir"], out.arg());
     // The first benchmark finds no driver; the rest are not tried.
     let runs = doc["benchmarks"].as_array().unwrap();
     assert_eq!(runs.len(), 1, "{doc:#}");
@@ -393,16 +394,16 @@ fn bench_json_without_a_gpu_says_what_stopped_it() {
     assert_eq!(doc["machine"]["cuda"]["status"], "driver_missing");
     // The human text went to stderr, and the same document to DIR/results.json.
     assert!(r.stderr.contains("apiperf failed"), "{}", r.all());
-    let file = std::fs::read_to_string(out.0.join("results.json")).unwrap();
+    let file = std::fs::read_to_string(out.path().join("results.json")).unwrap();
     assert_eq!(serde_json::from_str::<Value>(&file).unwrap(), doc);
-    assert!(out.0.join("summary.md").exists());
+    assert!(out.path().join("summary.md").exists());
 }
 
 #[test]
 fn bench_json_when_the_output_cannot_be_written() {
-    let dir = TempDir::new("bench-unwritable");
+    let dir = temp_dir("bench-unwritable");
     // A file where the output directory should be.
-    let file = dir.0.join("a-file");
+    let file = dir.path().join("a-file");
     std::fs::write(&file, "").unwrap();
     let r = run(
         &[
@@ -467,7 +468,7 @@ fn device_options_parse_and_meet_a_machine_without_cuda() {
     );
     assert_eq!(r.json()["options"]["devices"], format!("1,{uuid}"));
     // The benchmarks' device: named in their document once one is opened; without CUDA none is.
-    let out = TempDir::new("bench-device");
+    let out = temp_dir("bench-device");
     let r = run(
         &[
             "bench",
@@ -476,7 +477,7 @@ fn device_options_parse_and_meet_a_machine_without_cuda() {
             uuid,
             "--json",
             "--out",
-            out.path(),
+            out.arg(),
         ],
         &[NO_CUDA],
     );
@@ -546,19 +547,19 @@ fn soak_without_a_gpu_exits_1() {
 /// A directory holding the published results.json, for `vkgdr bench plot` (which shows
 /// progress and needs no GPU).
 fn plot_dir() -> TempDir {
-    let dir = TempDir::new("plot");
+    let dir = temp_dir("plot");
     let results = repo().join("docs/bench/results.json");
-    std::fs::copy(results, dir.0.join("results.json")).unwrap();
+    std::fs::copy(results, dir.path().join("results.json")).unwrap();
     dir
 }
 
 #[test]
 fn plot_redraws_every_chart_of_results_json() {
     let dir = plot_dir();
-    let r = run(&["bench", "plot", dir.path()], &[]);
+    let r = run(&["bench", "plot", dir.arg()], &[]);
     assert_eq!(r.code, 0, "{}", r.all());
     for name in ["copylat", "waits-idle", "ring-wrap"] {
-        let png = std::fs::read(dir.0.join(format!("{name}.png"))).unwrap();
+        let png = std::fs::read(dir.path().join(format!("{name}.png"))).unwrap();
         assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "{name}");
     }
 }
@@ -567,7 +568,7 @@ fn plot_redraws_every_chart_of_results_json() {
 fn compare_sets_two_runs_side_by_side() {
     // docs/bench/results.json against itself: every figure paired, nothing moved.
     let dir = plot_dir();
-    let r = run(&["bench", "compare", dir.path(), dir.path()], &[]);
+    let r = run(&["bench", "compare", dir.arg(), dir.arg()], &[]);
     assert_eq!(r.code, 0, "{}", r.all());
     let last = r.stdout.lines().last().unwrap_or_default();
     assert!(
@@ -577,7 +578,7 @@ fn compare_sets_two_runs_side_by_side() {
     );
     // A run that doubles every median: times worse, rates better; exit 3.
     let mut doc: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.0.join("results.json")).unwrap())
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("results.json")).unwrap())
             .unwrap();
     for run in doc["benchmarks"].as_array_mut().unwrap() {
         for report in run["reports"].as_array_mut().unwrap() {
@@ -587,20 +588,20 @@ fn compare_sets_two_runs_side_by_side() {
         }
     }
     let slower = dir.doc("slower.json", &doc);
-    let r = run(&["bench", "compare", dir.path(), &slower], &[]);
+    let r = run(&["bench", "compare", dir.arg(), &slower], &[]);
     assert_eq!(r.code, 3, "{}", r.all());
     assert!(r.stdout.contains(" worse"), "{}", r.all());
     assert!(r.stdout.contains(" better"), "{}", r.all());
     // A file that is no results, or none at all: exit 2, named.
     let soak = dir.file("soak.json", "{\"format\": \"vkgdr-soak\"}");
     for bad in [soak.as_str(), "/nonexistent/results.json"] {
-        let r = run(&["bench", "compare", dir.path(), bad], &[]);
+        let r = run(&["bench", "compare", dir.arg(), bad], &[]);
         assert_eq!(r.code, 2, "{}", r.all());
         assert!(r.stderr.contains(bad), "{}", r.all());
     }
     // A run with --compare: the benchmark fails without a driver (exit 1) and the comparison
     // of what it wrote still comes; a baseline that cannot be read stops it before it runs.
-    let out = dir.0.join("out");
+    let out = dir.path().join("out");
     let r = run(
         &[
             "bench",
@@ -608,14 +609,14 @@ fn compare_sets_two_runs_side_by_side() {
             "--out",
             out.to_str().unwrap(),
             "--compare",
-            dir.path(),
+            dir.arg(),
         ],
         &[NO_CUDA],
     );
     assert_eq!(r.code, 1, "{}", r.all());
     assert!(r.stdout.contains("0 figures compared"), "{}", r.all());
     assert!(out.join("results.json").is_file());
-    let out2 = dir.0.join("out2");
+    let out2 = dir.path().join("out2");
     let r = run(
         &[
             "bench",
@@ -638,18 +639,22 @@ fn compare_sets_two_runs_side_by_side() {
 
 #[test]
 fn plot_without_results_is_a_usage_error() {
-    let dir = TempDir::new("plot-empty");
-    let r = run(&["bench", "plot", dir.path()], &[]);
+    let dir = temp_dir("plot-empty");
+    let r = run(&["bench", "plot", dir.arg()], &[]);
     assert_eq!(r.code, 2, "{}", r.all());
     assert!(
         r.stderr
-            .contains(&format!("vkgdr bench: no results.json in {}", dir.path())),
+            .contains(&format!("vkgdr bench: no results.json in {}", dir.arg())),
         "{}",
         r.all()
     );
     // A file that is no results of `vkgdr bench` is named.
-    std::fs::write(dir.0.join("results.json"), "{\"format\": \"vkgdr-soak\"}").unwrap();
-    let r = run(&["bench", "plot", dir.path()], &[]);
+    std::fs::write(
+        dir.path().join("results.json"),
+        "{\"format\": \"vkgdr-soak\"}",
+    )
+    .unwrap();
+    let r = run(&["bench", "plot", dir.arg()], &[]);
     assert_eq!(r.code, 1, "{}", r.all());
     assert!(
         r.stderr.contains("not results of `vkgdr bench`"),
@@ -667,7 +672,7 @@ fn has_progress(text: &str) -> bool {
 #[test]
 fn no_progress_when_output_is_not_a_terminal() {
     let dir = plot_dir();
-    let r = run(&["bench", "plot", dir.path()], &[]);
+    let r = run(&["bench", "plot", dir.arg()], &[]);
     assert_eq!(r.code, 0, "{}", r.all());
     assert!(
         r.stdout.contains("Write latency, host to GPU memory"),
@@ -718,7 +723,7 @@ fn on_a_terminal(args: &[&str]) -> String {
 #[test]
 fn progress_on_a_terminal_and_never_under_quiet() {
     let dir = plot_dir();
-    let shown = on_a_terminal(&["bench", "plot", dir.path()]);
+    let shown = on_a_terminal(&["bench", "plot", dir.arg()]);
     assert!(
         has_progress(&shown),
         "no progress drawn on a terminal:\n{shown:?}"
@@ -726,7 +731,7 @@ fn progress_on_a_terminal_and_never_under_quiet() {
     assert!(shown.contains("plot charts"), "{shown:?}");
     assert!(shown.contains("wrote "), "{shown:?}");
 
-    let quiet = on_a_terminal(&["bench", "plot", dir.path(), "--quiet"]);
+    let quiet = on_a_terminal(&["bench", "plot", dir.arg(), "--quiet"]);
     assert!(
         !has_progress(&quiet),
         "progress drawn under --quiet:\n{quiet:?}"

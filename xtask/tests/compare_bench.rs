@@ -8,8 +8,9 @@
 
 mod common;
 
-use common::{run, Run, TempDir};
+use common::{run, temp_dir, Run, TempDirExt};
 use serde_json::{json, Value};
+use tempfile::TempDir;
 
 const H100: &str = "NVIDIA H100 80GB HBM3";
 
@@ -74,7 +75,7 @@ fn baseline(gpu: &str, uuid: &str) -> Value {
 
 /// `xtask compare-bench OLD NEW --json`, both documents written to a fresh directory.
 fn compare(old: &Value, new: &Value, extra: &[&str]) -> (Run, TempDir) {
-    let dir = TempDir::new("pair");
+    let dir = temp_dir("pair");
     let old = dir.doc("old.json", old);
     let new = dir.doc("new.json", new);
     let args: Vec<&str> = ["compare-bench", &old, &new, "--json"]
@@ -218,8 +219,8 @@ fn worse_beyond_noise_exits_3_and_names_the_figure() {
     }
 
     // Without --json: the same text on stdout, the same exit code.
-    let old = dir.0.join("old.json");
-    let new = dir.0.join("new.json");
+    let old = dir.path().join("old.json");
+    let new = dir.path().join("new.json");
     let plain = run(
         &[
             "compare-bench",
@@ -404,7 +405,7 @@ fn another_gpu_is_information_only() {
 
 #[test]
 fn a_baseline_directory_gives_the_one_of_this_gpu_model() {
-    let dir = TempDir::new("baselines");
+    let dir = temp_dir("baselines");
     dir.file("README.md", "not a document\n");
     dir.doc("nvidia-l4.json", &baseline("NVIDIA L4", "GPU-9"));
     let h100 = dir.doc("nvidia-h100-80gb-hbm3.json", &baseline(H100, "GPU-1"));
@@ -413,7 +414,7 @@ fn a_baseline_directory_gives_the_one_of_this_gpu_model() {
         "comparison.json",
         &json!({ "format": "vkgdr-bench-comparison" }),
     );
-    let runs = TempDir::new("runs");
+    let runs = temp_dir("runs");
     let slow = doc(
         H100,
         "GPU-7",
@@ -422,9 +423,9 @@ fn a_baseline_directory_gives_the_one_of_this_gpu_model() {
     );
     // NEW may be the --out directory holding results.json.
     runs.doc("out/results.json", &slow);
-    let out = runs.0.join("out");
+    let out = runs.path().join("out");
     let r = run(
-        &["compare-bench", dir.path(), out.to_str().unwrap(), "--json"],
+        &["compare-bench", dir.arg(), out.to_str().unwrap(), "--json"],
         &[],
     );
     assert_eq!(r.code, 3, "{}", r.all());
@@ -438,7 +439,7 @@ fn a_baseline_directory_gives_the_one_of_this_gpu_model() {
 
     // A GPU without a baseline: nothing compared, the file to record named, exit 0.
     let l40 = runs.doc("l40.json", &baseline("NVIDIA L40S", "GPU-3"));
-    let r = run(&["compare-bench", dir.path(), &l40, "--json"], &[]);
+    let r = run(&["compare-bench", dir.arg(), &l40, "--json"], &[]);
     assert_eq!(r.code, 0, "{}", r.all());
     let d = r.json();
     check_opening(&d);
@@ -455,7 +456,7 @@ fn a_baseline_directory_gives_the_one_of_this_gpu_model() {
 
 #[test]
 fn malformed_files_are_named_with_exit_code_2() {
-    let dir = TempDir::new("malformed");
+    let dir = temp_dir("malformed");
     let good = dir.doc("good.json", &baseline(H100, "GPU-1"));
     let mut no_median = baseline(H100, "GPU-1");
     no_median["benchmarks"][0]["reports"][0]["figures"][1]
@@ -493,7 +494,11 @@ fn malformed_files_are_named_with_exit_code_2() {
         ),
         (dir.doc("newer.json", &newer), "format_version 99 is newer"),
         (
-            dir.0.join("missing.json").to_str().unwrap().to_string(),
+            dir.path()
+                .join("missing.json")
+                .to_str()
+                .unwrap()
+                .to_string(),
             "No such file or directory",
         ),
     ];
@@ -516,9 +521,9 @@ fn malformed_files_are_named_with_exit_code_2() {
         }
     }
     // A broken document in a baseline directory is an error too, named.
-    let baselines = TempDir::new("broken-baselines");
+    let baselines = temp_dir("broken-baselines");
     let broken = baselines.file("nvidia-h100.json", "{");
-    let r = run(&["compare-bench", baselines.path(), &good], &[]);
+    let r = run(&["compare-bench", baselines.arg(), &good], &[]);
     assert_eq!(r.code, 2, "{}", r.all());
     assert!(
         r.stderr.contains(&format!("{broken}: not JSON")),
@@ -526,7 +531,7 @@ fn malformed_files_are_named_with_exit_code_2() {
         r.all()
     );
     // A directory as NEW must hold results.json.
-    let r = run(&["compare-bench", &good, baselines.path()], &[]);
+    let r = run(&["compare-bench", &good, baselines.arg()], &[]);
     assert_eq!(r.code, 2, "{}", r.all());
     assert!(
         r.stderr.contains("no results.json in this directory"),

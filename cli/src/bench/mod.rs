@@ -48,8 +48,6 @@ pub mod report;
 pub mod ring;
 pub mod run;
 pub mod stats;
-#[cfg(test)]
-pub(crate) mod testutil;
 pub mod waits;
 pub mod xproc;
 

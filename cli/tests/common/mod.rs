@@ -1,16 +1,15 @@
 //! What the end-to-end tests of the `vkgdr` command share: the binary run in an environment of
-//! its own ([`run`], [`Run`]), fresh directories ([`TempDir`]), the missing CUDA driver that makes
-//! every GPU path fail the same way on any machine ([`NO_CUDA`]) and lavapipe's ICD manifest
-//! ([`lavapipe_manifest`]).
+//! its own ([`run`], [`Run`]), fresh directories ([`temp_dir`], [`TempDirExt`]), the missing CUDA
+//! driver that makes every GPU path fail the same way on any machine ([`NO_CUDA`]) and lavapipe's
+//! ICD manifest ([`lavapipe_manifest`]). [`Run`] and the directories come from [`harness`], which
+//! the `xtask` tests share.
 
 // Each test crate uses its own part of this module.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+pub mod harness;
 
-use serde_json::Value;
+pub use harness::{temp_dir, Run, TempDirExt};
 
 /// Overrides a test must not inherit from the caller's environment: which CUDA, Vulkan and NVML
 /// libraries the probes load, which Vulkan drivers the loader finds, what a container grants the
@@ -30,88 +29,9 @@ pub const INHERITED: [&str; 8] = [
 /// No CUDA driver, whatever the machine has: the GPU paths fail at once, the same everywhere.
 pub const NO_CUDA: (&str, &str) = ("VKGDR_CUDA_LIBRARY", "/nonexistent/libcuda.so.1");
 
-/// What a run of `vkgdr` did.
-pub struct Run {
-    /// Its exit code (-1: killed by a signal).
-    pub code: i32,
-    pub stdout: String,
-    pub stderr: String,
-}
-
-impl Run {
-    /// Everything, for an assertion's message.
-    pub fn all(&self) -> String {
-        format!(
-            "exit {}\n--- stdout\n{}--- stderr\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-
-    /// Stdout as one JSON document (the whole of it, nothing before or after).
-    pub fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}):\n{}", self.all()))
-    }
-}
-
 /// Runs `vkgdr ARGS` with `env` set, nothing of [`INHERITED`] inherited and no stdin.
 pub fn run(args: &[&str], env: &[(&str, &str)]) -> Run {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vkgdr"));
-    cmd.args(args).stdin(Stdio::null());
-    for v in INHERITED {
-        cmd.env_remove(v);
-    }
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("run vkgdr");
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
-/// A fresh directory under the system temp dir, removed on drop.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "vkgdr-cli-test-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-
-    /// Writes `text` into the file `name` here; returns its path.
-    pub fn file(&self, name: &str, text: &str) -> String {
-        let p = self.0.join(name);
-        if let Some(parent) = p.parent() {
-            std::fs::create_dir_all(parent).unwrap();
-        }
-        std::fs::write(&p, text).unwrap();
-        p.to_str().unwrap().to_string()
-    }
-
-    /// Writes `doc` as pretty JSON into the file `name` here; returns its path.
-    pub fn doc(&self, name: &str, doc: &Value) -> String {
-        self.file(name, &serde_json::to_string_pretty(doc).unwrap())
-    }
-
-    pub fn path(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+    harness::run_binary(env!("CARGO_BIN_EXE_vkgdr"), args, &INHERITED, env)
 }
 
 /// Lavapipe's ICD manifest: the one Vulkan driver CI has.

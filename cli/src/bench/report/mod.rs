@@ -40,13 +40,12 @@ mod tests {
     use super::model::tests::sample;
     use super::model::{Figure, Unit};
     use super::*;
-    use crate::bench::testutil::TempDir;
 
     #[test]
     fn a_report_read_back_from_json_draws_the_same_chart() {
-        let dir = TempDir::new("plot");
+        let dir = tempfile::tempdir().unwrap();
         let r = sample();
-        let (csv, png) = write_outputs(&r, &dir.0).unwrap();
+        let (csv, png) = write_outputs(&r, dir.path()).unwrap();
         assert!(csv.is_file());
         let png = png.expect("plottable");
         let first = std::fs::read(&png).unwrap();
@@ -73,7 +72,7 @@ mod tests {
         // Nothing plottable: no file.
         let mut empty = Report::new("apiperf", Unit::Nanoseconds);
         empty.figures.push(Figure::reference("Gpu::open", 0, 1e6));
-        let none = dir.0.join("none.png");
+        let none = dir.path().join("none.png");
         assert!(!plot_png(&empty, &none).unwrap());
         assert!(!none.exists());
     }
