@@ -11,6 +11,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use vkgdr::cuda_objects::{LaunchConfig, Module, Stream};
 use vkgdr::ring::core::d2h::{
@@ -122,6 +123,32 @@ fn read_results(r: &RawMemory) -> vkgdr::Result<[u64; 8]> {
     Ok(words)
 }
 
+/// What both workers start with: a stream of their own, their random choices, and the deadline
+/// and stop flag that end their rounds.
+struct Rounds<'a> {
+    stream: Stream,
+    rng: StdRng,
+    until: Instant,
+    stop: &'a AtomicBool,
+}
+
+impl<'a> Rounds<'a> {
+    /// A new stream on `gpu` (its creation the one way this fails), choices seeded with `seed`.
+    fn start(gpu: &Gpu, seed: u64, until: Instant, stop: &'a AtomicBool) -> vkgdr::Result<Self> {
+        Ok(Rounds {
+            stream: Stream::new(gpu)?,
+            rng: StdRng::seed_from_u64(seed),
+            until,
+            stop,
+        })
+    }
+
+    /// Whether another round is due: the deadline not reached and no stop asked for.
+    fn another(&self) -> bool {
+        Instant::now() < self.until && !self.stop.load(Ordering::Relaxed)
+    }
+}
+
 /// Rounds of device → host records until `until`: a ring of 1 to 4 lanes, a kernel whose
 /// threads (64 B slots, 8 to 48 payload bytes each) or warps (4 KiB slots, up to 4080 bytes)
 /// publish test records, one CPU consumer per lane checking every record's sequence, producer
@@ -134,14 +161,12 @@ pub(super) fn d2h_rounds(
     stop: &AtomicBool,
     c: &Counters,
 ) {
-    let module = &kernels.d2h;
-    let stream = match Stream::new(gpu) {
-        Ok(s) => s,
+    let mut rounds = match Rounds::start(gpu, seed, until, stop) {
+        Ok(r) => r,
         Err(e) => return c.fail(format!("d2h: a stream: {e}")),
     };
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    while Instant::now() < until && !stop.load(Ordering::Relaxed) {
-        if let Err(e) = d2h_round(gpu, module, &stream, &mut rng, c) {
+    while rounds.another() {
+        if let Err(e) = d2h_round(gpu, &kernels.d2h, &rounds.stream, &mut rounds.rng, c) {
             c.fail(format!("d2h: {e}"));
             return;
         }
@@ -279,8 +304,7 @@ pub(super) fn release_rounds(
     c: &Counters,
 ) {
     let run = || -> vkgdr::Result<()> {
-        let module = &kernels.release;
-        let stream = Stream::new(gpu)?;
+        let mut rounds = Rounds::start(gpu, seed, until, stop)?;
         let pool = Pool::new(gpu.clone(), PoolConfig::default())?;
         let ring = DeviceToHostRing::new(gpu, 2, LaneShape::new(256, 64)?, SPIN_LIMIT)?;
         if pool.set_release_feed(ring.consumers()?).is_err() {
@@ -288,19 +312,18 @@ pub(super) fn release_rounds(
                 "a new pool refused its release feed".into(),
             ));
         }
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let mut spent: Vec<u64> = Vec::new();
         let mut round = 0u64;
-        while Instant::now() < until && !stop.load(Ordering::Relaxed) {
+        while rounds.another() {
             round += 1;
             let hostile = round.is_multiple_of(3);
             spent = release_round(
                 gpu,
-                module,
-                &stream,
+                &kernels.release,
+                &rounds.stream,
                 &pool,
                 &ring,
-                &mut rng,
+                &mut rounds.rng,
                 hostile.then_some(&spent[..]),
                 c,
             )?;
