@@ -200,6 +200,50 @@ fn launch_producer(
     }
 }
 
+/// A test's producer kernels on the GPU, ready to launch: the ring they publish into, their
+/// refusal counters and their stream (dropped in this order: all three before the module and
+/// the GPU).
+struct Producers {
+    stream: Stream,
+    result: Refusals,
+    ring: DeviceToHostRing,
+    module: Module,
+    gpu: Gpu,
+}
+
+impl Producers {
+    /// Opens the GPU, loads the test kernels and makes a ring of `lanes` lanes of `shape` whose
+    /// producers look at a full lane up to `spin_limit` times before giving up.
+    fn new(lanes: u32, shape: LaneShape, spin_limit: u32) -> Producers {
+        let gpu = open(false);
+        let module = Module::load_ptx(&gpu, D2H_PTX).unwrap();
+        let ring = DeviceToHostRing::new(&gpu, lanes, shape, spin_limit).unwrap();
+        let result = Refusals::new(&gpu);
+        let stream = Stream::new(&gpu).unwrap();
+        Producers {
+            stream,
+            result,
+            ring,
+            module,
+            gpu,
+        }
+    }
+
+    /// Launches `name` on the stream (not waiting); `grid` and `work` as [`launch_producer`]
+    /// takes them.
+    fn launch(&self, name: &str, grid: (u32, u32), work: (u32, u32)) {
+        launch_producer(
+            &self.module,
+            name,
+            &self.ring,
+            &self.stream,
+            grid,
+            work,
+            &self.result,
+        );
+    }
+}
+
 /// Waits (up to 30 s: compute-sanitizer slows the kernel down a hundredfold) until lane 0 of
 /// `ring` holds `slots` records its consumer has not taken: the kernel then waits for room.
 fn wait_until_full(ring: &DeviceToHostRing, slots: u32) -> bool {
@@ -237,24 +281,11 @@ fn guard(what: &'static str, limit: Duration) -> Arc<AtomicBool> {
 fn many_producers(lanes: u32, slots: u32, blocks: u32, threads: u32, per_thread: u32) -> Vec<u64> {
     const LEN: u32 = 48;
     let done = guard("many_producers", Duration::from_secs(300));
-    let gpu = open(false);
-    let module = Module::load_ptx(&gpu, D2H_PTX).unwrap();
-    let ring =
-        DeviceToHostRing::new(&gpu, lanes, LaneShape::new(slots, 64).unwrap(), 5_000_000).unwrap();
-    let result = Refusals::new(&gpu);
-    let stream = Stream::new(&gpu).unwrap();
-    let consumers = ring.consumers().unwrap();
+    let p = Producers::new(lanes, LaneShape::new(slots, 64).unwrap(), 5_000_000);
+    let consumers = p.ring.consumers().unwrap();
     let started = Instant::now();
-    launch_producer(
-        &module,
-        "d2h_produce_check",
-        &ring,
-        &stream,
-        (blocks, threads),
-        (per_thread, LEN),
-        &result,
-    );
-    ring.finish_after(&stream).unwrap();
+    p.launch("d2h_produce_check", (blocks, threads), (per_thread, LEN));
+    p.ring.finish_after(&p.stream).unwrap();
     let checkers: Vec<_> = consumers
         .into_iter()
         .enumerate()
@@ -282,8 +313,11 @@ fn many_producers(lanes: u32, slots: u32, blocks: u32, threads: u32, per_thread:
         .map(|c| c.join().unwrap().unwrap_or_else(|e| panic!("{e}")))
         .collect();
     let elapsed = started.elapsed();
-    assert!(ring.is_finished(), "the lanes ended only after the kernel");
-    assert_eq!(result.read(), [0; 5], "no publication refused");
+    assert!(
+        p.ring.is_finished(),
+        "the lanes ended only after the kernel"
+    );
+    assert_eq!(p.result.read(), [0; 5], "no publication refused");
     let total: u64 = counts.iter().sum();
     assert_eq!(
         total,
@@ -291,7 +325,7 @@ fn many_producers(lanes: u32, slots: u32, blocks: u32, threads: u32, per_thread:
         "every record delivered"
     );
     for lane in 0..lanes {
-        let stats = ring.lane_stats(lane).unwrap();
+        let stats = p.ring.lane_stats(lane).unwrap();
         assert_eq!(
             (stats.reserved, stats.taken, stats.gave_up),
             (counts[lane as usize], counts[lane as usize], 0),
@@ -334,26 +368,13 @@ fn millions_of_records_from_every_warp_arrive_checked_in_order() {
 fn whole_warps_publish_4_kib_records_checked_byte_for_byte() {
     const LEN: u32 = 4080;
     let done = guard("4 KiB records", Duration::from_secs(300));
-    let gpu = open(false);
-    let module = Module::load_ptx(&gpu, D2H_PTX).unwrap();
     let lanes = 4;
-    let ring =
-        DeviceToHostRing::new(&gpu, lanes, LaneShape::new(256, 4096).unwrap(), 5_000_000).unwrap();
-    let result = Refusals::new(&gpu);
-    let stream = Stream::new(&gpu).unwrap();
+    let p = Producers::new(lanes, LaneShape::new(256, 4096).unwrap(), 5_000_000);
     let (blocks, per_warp) = if under_sanitizer() { (4, 4) } else { (132, 64) };
     let warps = blocks * 8;
-    let consumers = ring.consumers().unwrap();
-    launch_producer(
-        &module,
-        "d2h_produce_warp_check",
-        &ring,
-        &stream,
-        (blocks, 256),
-        (per_warp, LEN),
-        &result,
-    );
-    ring.finish_after(&stream).unwrap();
+    let consumers = p.ring.consumers().unwrap();
+    p.launch("d2h_produce_warp_check", (blocks, 256), (per_warp, LEN));
+    p.ring.finish_after(&p.stream).unwrap();
     let checkers: Vec<_> = consumers
         .into_iter()
         .enumerate()
@@ -382,7 +403,7 @@ fn whole_warps_publish_4_kib_records_checked_byte_for_byte() {
         .into_iter()
         .map(|c| c.join().unwrap().unwrap_or_else(|e| panic!("{e}")))
         .sum();
-    assert_eq!(result.read(), [0; 5], "no publication refused");
+    assert_eq!(p.result.read(), [0; 5], "no publication refused");
     assert_eq!(total, u64::from(warps * per_warp));
     done.store(true, Ordering::Release);
 }
@@ -530,26 +551,13 @@ fn a_slow_consumer_holds_the_kernel_back_and_nothing_is_lost() {
     const LEN: u32 = 48;
     const SLOTS: u32 = 64;
     let done = guard("back-pressure", Duration::from_secs(120));
-    let gpu = open(false);
-    let module = Module::load_ptx(&gpu, D2H_PTX).unwrap();
     // A million looks of up to ~4 µs: far longer than the consumer's naps.
-    let ring =
-        DeviceToHostRing::new(&gpu, 1, LaneShape::new(SLOTS, 64).unwrap(), 1_000_000).unwrap();
-    let result = Refusals::new(&gpu);
-    let stream = Stream::new(&gpu).unwrap();
+    let p = Producers::new(1, LaneShape::new(SLOTS, 64).unwrap(), 1_000_000);
     let (blocks, threads, per_thread) = (4u32, 64u32, if under_sanitizer() { 8 } else { 64 });
     let total = u64::from(blocks * threads * per_thread);
-    let mut consumer = ring.consumer(0).unwrap();
-    launch_producer(
-        &module,
-        "d2h_produce_check",
-        &ring,
-        &stream,
-        (blocks, threads),
-        (per_thread, LEN),
-        &result,
-    );
-    ring.finish_after(&stream).unwrap();
+    let mut consumer = p.ring.consumer(0).unwrap();
+    p.launch("d2h_produce_check", (blocks, threads), (per_thread, LEN));
+    p.ring.finish_after(&p.stream).unwrap();
     let mut checker = TestLaneChecker::new(0, 1, LEN as usize, |_| 0);
     // Multiples of the warps' 32-record reservations, so the lane fills to the last slot.
     let pauses = [0, total / 4, total / 2];
@@ -563,7 +571,7 @@ fn a_slow_consumer_holds_the_kernel_back_and_nothing_is_lost() {
             }
         }
         std::thread::sleep(Duration::from_millis(30));
-        assert!(wait_until_full(&ring, SLOTS), "pause {i}: the lane fills");
+        assert!(wait_until_full(&p.ring, SLOTS), "pause {i}: the lane fills");
         settle_commits();
         // Everything the lane holds, with one head store at the end: exactly a lane's worth.
         let taken = consumer
@@ -589,11 +597,11 @@ fn a_slow_consumer_holds_the_kernel_back_and_nothing_is_lost() {
     checker.all_rounds(blocks * threads, per_thread).unwrap();
     assert_eq!(checker.count(), total);
     assert_eq!(
-        result.read(),
+        p.result.read(),
         [0; 5],
         "the kernel waited instead of giving up"
     );
-    assert_eq!(ring.lane_stats(0).unwrap().gave_up, 0);
+    assert_eq!(p.ring.lane_stats(0).unwrap().gave_up, 0);
     done.store(true, Ordering::Release);
 }
 
@@ -603,24 +611,11 @@ fn closing_a_lane_releases_the_kernel_waiting_on_it() {
     const LEN: u32 = 48;
     const SLOTS: u32 = 64;
     let done = guard("close releases the kernel", Duration::from_secs(60));
-    let gpu = open(false);
-    let module = Module::load_ptx(&gpu, D2H_PTX).unwrap();
     // The kernel never gives up on its own: only the close can end its wait.
-    let ring =
-        DeviceToHostRing::new(&gpu, 1, LaneShape::new(SLOTS, 64).unwrap(), u32::MAX).unwrap();
-    let result = Refusals::new(&gpu);
-    let stream = Stream::new(&gpu).unwrap();
+    let p = Producers::new(1, LaneShape::new(SLOTS, 64).unwrap(), u32::MAX);
     let (blocks, threads, per_thread) = (8u32, 64u32, 64u32);
-    let mut consumer = ring.consumer(0).unwrap();
-    launch_producer(
-        &module,
-        "d2h_produce_check",
-        &ring,
-        &stream,
-        (blocks, threads),
-        (per_thread, LEN),
-        &result,
-    );
+    let mut consumer = p.ring.consumer(0).unwrap();
+    p.launch("d2h_produce_check", (blocks, threads), (per_thread, LEN));
     let mut checker = TestLaneChecker::new(0, 1, LEN as usize, |_| 0);
     // A multiple of the warps' 32-record reservations, so the lane fills to the last slot.
     while checker.count() < 96 {
@@ -631,21 +626,21 @@ fn closing_a_lane_releases_the_kernel_waiting_on_it() {
     }
     std::thread::sleep(Duration::from_millis(50));
     assert!(
-        wait_until_full(&ring, SLOTS),
+        wait_until_full(&p.ring, SLOTS),
         "the kernel waits on a full lane"
     );
     settle_commits();
     assert!(
-        !wait_for(&gpu, &stream, Duration::from_millis(20)),
+        !wait_for(&p.gpu, &p.stream, Duration::from_millis(20)),
         "the kernel is still waiting"
     );
 
     consumer.close();
     assert!(
-        wait_for(&gpu, &stream, Duration::from_secs(30)),
+        wait_for(&p.gpu, &p.stream, Duration::from_secs(30)),
         "the kernel did not end within 30 s of the close"
     );
-    let counts = result.read();
+    let counts = p.result.read();
     let (refusals, closed, stalled) = (
         counts[0],
         counts[1 + STATUS_CLOSED as usize],
@@ -668,7 +663,7 @@ fn closing_a_lane_releases_the_kernel_waiting_on_it() {
         .unwrap();
     assert_eq!(failure, None);
     assert_eq!(left, SLOTS as usize);
-    let after = ring.lane_stats(0).unwrap();
+    let after = p.ring.lane_stats(0).unwrap();
     assert_eq!(
         (after.reserved, after.taken),
         (checker.count(), checker.count())
