@@ -184,10 +184,16 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                         Rows::Is(fastpath::rows::POOL_8_DEFAULT),
                         Rows::Is(fastpath::rows::POOL_8_NO_CACHE),
                     ),
+                    (
+                        Rows::Is(fastpath::rows::POOL_16_DEFAULT),
+                        Rows::Is(fastpath::rows::POOL_16_NO_CACHE),
+                    ),
                 ]),
-                // The 16-thread rows and malloc on 8 and 16 threads join the anchors and the
-                // machine rows with the next published run (xtask checks them against it).
-                machine: &[Rows::Is(fastpath::rows::MALLOC_PAIR)],
+                machine: &[
+                    Rows::Is(fastpath::rows::MALLOC_PAIR),
+                    Rows::Is(fastpath::rows::MALLOC_PAIR_8),
+                    Rows::Is(fastpath::rows::MALLOC_PAIR_16),
+                ],
             },
         ],
         in_all: true,
@@ -215,7 +221,10 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                 title: "Ring throughput: producer threads into a resident kernel",
                 layout: Layout::Wide,
                 anchor: Anchor::Method(ring::rows::COPY_256),
-                machine: &[Rows::AnyOf(&ring::rows::DRIVER_COPIES)],
+                machine: &[
+                    Rows::AnyOf(&ring::rows::DRIVER_COPIES),
+                    Rows::AnyOf(&ring::rows::LINK),
+                ],
             },
             ReportSpec {
                 name: "ring-latency",
