@@ -4,9 +4,12 @@
 //! kernel's head passes it; then the next. Each kernel consumes all 8 lanes, one block per lane:
 //! the ack kernel (`ring_ack_lanes`: head = tail, reading nothing) and the checking kernel
 //! (`ring_check_lanes`: the device API's `WindowReader`, every record's seq and checksum
-//! verified). Each runs twice: with the other 7 lanes idle, and with 7 producer threads
-//! streaming 4 KiB records into them in batches (their rate is printed beside the figures). The
-//! first tenth of each row's round trips is left out (warm-up).
+//! verified). Each runs with the other 7 lanes idle, then with 1, 3 and 7 producer threads
+//! streaming 4 KiB records into other lanes in batches through the BAR, then with 7 streaming
+//! through the copy engine (`CopyEngine::FromRecord(4096)`: the lone record stays on the BAR);
+//! the streams' rate is printed beside the figures. Whether the lone record's tail grows with
+//! the load on the link, and with which path carries it, says where its time goes. The first
+//! tenth of each row's round trips is left out (warm-up).
 //!
 //! Prints, per row, the median, p99 and p99.9 in nanoseconds and the streams' GB/s; exits
 //! non-zero if the checking kernel reports an error or misses a record, or a push fails.
@@ -32,6 +35,53 @@ const STREAM_SIZE: usize = 4096;
 const STREAM_BATCH: usize = 64;
 const HEADER_LEN: usize = 16;
 const LIMIT: Option<Duration> = Some(Duration::from_secs(10));
+
+/// What the other lanes do while the lone record makes its round trips.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Load {
+    Idle,
+    /// This many producer threads stream through the BAR.
+    Bar(u32),
+    /// This many stream through the copy engine.
+    CopyEngine(u32),
+}
+
+impl Load {
+    const ROWS: [Load; 5] = [
+        Load::Idle,
+        Load::Bar(1),
+        Load::Bar(3),
+        Load::Bar(LANES - 1),
+        Load::CopyEngine(LANES - 1),
+    ];
+
+    fn streams(self) -> u32 {
+        match self {
+            Load::Idle => 0,
+            Load::Bar(n) | Load::CopyEngine(n) => n,
+        }
+    }
+
+    fn copy_engine(self) -> CopyEngine {
+        match self {
+            Load::CopyEngine(_) => CopyEngine::FromRecord(STREAM_SIZE as u32),
+            _ => CopyEngine::Off,
+        }
+    }
+
+    fn describe(self, gb_per_s: f64) -> String {
+        let path = match self {
+            Load::Idle => return "other lanes idle".to_string(),
+            Load::Bar(_) => "the BAR",
+            Load::CopyEngine(_) => "the copy engine",
+        };
+        let n = self.streams();
+        let lanes = if n == 1 { "lane" } else { "lanes" };
+        format!(
+            "{n} {lanes} streaming {STREAM_SIZE} B records through {path} at {gb_per_s:.1} GB/s"
+        )
+    }
+}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kernel {
@@ -71,8 +121,8 @@ fn run(n: usize) -> Result<(), String> {
     let module = Module::load_ptx(&gpu, PTX).map_err(|e| e.to_string())?;
     let stream = Stream::new(&gpu).map_err(|e| e.to_string())?;
     for kernel in [Kernel::Ack, Kernel::Check] {
-        for streaming in [false, true] {
-            let row = one_row(&gpu, &module, &stream, kernel, streaming, n)?;
+        for load in Load::ROWS {
+            let row = one_row(&gpu, &module, &stream, kernel, load, n)?;
             println!("{row}");
         }
     }
@@ -121,19 +171,19 @@ fn launch(
     ring.watch_consumer(stream).map_err(|e| e.to_string())
 }
 
-/// One row: `n` lone round trips on one lane, the other lanes idle or streaming.
+/// One row: `n` lone round trips on one lane while the other lanes do what `load` says.
 fn one_row(
     gpu: &Gpu,
     module: &Module,
     stream: &Stream,
     kernel: Kernel,
-    streaming: bool,
+    load: Load,
     n: usize,
 ) -> Result<String, String> {
     let options = RingOptions {
         lanes: LANES,
         wrap: WrapMode::Padded,
-        copy_engine: CopyEngine::Off,
+        copy_engine: load.copy_engine(),
     };
     let ring = DeviceRing::with_options(gpu, LANE_BYTES, options).map_err(|e| e.to_string())?;
     launch(module, &ring, stream, kernel)?;
@@ -144,7 +194,7 @@ fn one_row(
         .find(|&i| ring.lane(i).is_some_and(|c| std::ptr::eq(c, lone.core())))
         .ok_or("the lone producer's lane is not among the ring's")?;
     let (result, secs) = std::thread::scope(|s| {
-        let streamers: Vec<_> = (0..if streaming { LANES - 1 } else { 0 })
+        let streamers: Vec<_> = (0..load.streams())
             .map(|_| {
                 let (ring, done, streamed) = (&ring, &done, &streamed);
                 s.spawn(move || -> Result<(), String> {
@@ -166,7 +216,7 @@ fn one_row(
             })
             .collect();
         // The streams run a moment before the first round trip.
-        if streaming {
+        if load != Load::Idle {
             std::thread::sleep(Duration::from_millis(100));
         }
         let bytes0 = streamed.load(Ordering::Relaxed);
@@ -226,14 +276,13 @@ fn one_row(
     samples.drain(..samples.len() / 10);
     samples.sort_by(f64::total_cmp);
     let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
-    let load = if streaming {
-        format!(
-            "7 lanes streaming {STREAM_SIZE} B records at {:.1} GB/s",
-            bytes as f64 / secs / 1e9
-        )
-    } else {
-        "other lanes idle".to_string()
-    };
+    if let Load::CopyEngine(_) = load {
+        let stats = ring.copy_engine_stats();
+        if stats.copies == 0 {
+            return Err(format!("the copy engine carried nothing: {stats:?}"));
+        }
+    }
+    let load = load.describe(bytes as f64 / secs / 1e9);
     Ok(format!(
         "lone {LONE_SIZE} B record round trip, {}, {load}: median {:.0} ns, p99 {:.0} ns, \
          p99.9 {:.0} ns ({} round trips)",
