@@ -76,10 +76,11 @@ const _: () = assert_send_sync::<RawMemory>();
 
 /// Where a raw allocation's bytes live.
 enum Backing {
-    /// A device mapping of its own (requests above `CARVE_MAX` that may share a granule).
+    /// A device mapping of its own that a later allocation of the same size may take over once
+    /// this one is released (`Gpu::alloc` requests above `CARVE_MAX`, up to `SPARE_MAX`).
     Kept(Kept),
-    /// A device mapping of its own, given back to the driver when released (requests that must
-    /// not share a granule: [`Gpu::alloc_shareable`], a pool's chunks).
+    /// A device mapping of its own, given back to the driver when released (requests above
+    /// `SPARE_MAX`, and those never carved nor kept: [`Gpu::alloc_shareable`], a pool's chunks).
     Mapped(MappedMemory),
     /// A piece of a shared granule (requests up to `CARVE_MAX`).
     Carved(Piece),
