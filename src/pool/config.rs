@@ -32,6 +32,13 @@ pub const DEFAULT_BYTES: u64 = 256 << 10;
 /// Largest request a thread cache serves (the slab range of the default allocator).
 pub const MAX_CACHED_SIZE: u64 = 4096;
 
+/// Whether a thread cache keeps blocks of `requested` bytes: `1..=MAX_CACHED_SIZE`, in one
+/// comparison (0 wraps to the largest value).
+#[inline(always)]
+pub(super) fn cacheable(requested: u64) -> bool {
+    requested.wrapping_sub(1) < MAX_CACHED_SIZE
+}
+
 /// How a [`Pool`](super::Pool) sizes, grows and trims its chunks.
 #[derive(Debug, Clone)]
 pub struct PoolConfig {

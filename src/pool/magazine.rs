@@ -57,6 +57,7 @@ use std::sync::Arc;
 
 use crate::core::sync::lock::Mutex;
 
+use super::config::cacheable;
 use super::inner::{PoolInner, PoolKey};
 use super::shards::{BlockRecord, ShardCell};
 use crate::core::sync::OwnerCell;
@@ -449,9 +450,8 @@ pub(super) fn offer<const FAST: bool>(
     size: u64,
     entry: Entry,
 ) -> Option<Entry> {
-    // `requested` in 1..=MAX_CACHED_SIZE, in one comparison (0 wraps to the largest value).
-    debug_assert!(!FAST || requested.wrapping_sub(1) < MAX_CACHED_SIZE);
-    if !FAST && requested.wrapping_sub(1) >= MAX_CACHED_SIZE {
+    debug_assert!(!FAST || cacheable(requested));
+    if !FAST && !cacheable(requested) {
         return Some(entry);
     }
     let p = current(false);

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::chunk::Chunk;
-use super::config::MAX_CACHED_SIZE;
+use super::config::cacheable;
 #[cfg(feature = "gpu-alloc")]
 use super::gpu_alloc::MemoryBlock;
 use super::inner::PoolInner;
@@ -286,7 +286,7 @@ impl ShardSet {
         // removed only when empty), and the counted reference keeps the cell alive.
         let chunk: *const Chunk = Arc::as_ptr(chunk);
         // Only blocks a thread cache may keep carry the pool's cache id.
-        let cache_pool = if allocation.requested_size().wrapping_sub(1) < MAX_CACHED_SIZE {
+        let cache_pool = if cacheable(allocation.requested_size()) {
             self.get(i).cache_pool
         } else {
             NOT_CACHED
@@ -393,9 +393,9 @@ impl ShardCell {
     }
 
     /// The end of a free that left its chunk empty beyond the empty chunks the shard keeps, or
-    /// came after the pool's drop: hands the chunks now empty (beyond the ones kept) back, and the reference on the cell, freeing the
-    /// cell with the last one after the pool's drop. Apart from [`free`](Self::free), which it
-    /// would only slow down.
+    /// came after the pool's drop: hands the chunks now empty (beyond the ones kept) back, and
+    /// the reference on the cell, freeing the cell with the last one after the pool's drop. Apart
+    /// from [`free`](Self::free), which it would only slow down.
     ///
     /// # Safety
     /// - `cell` is alive, and the caller's counted reference on it (used for the last time here)

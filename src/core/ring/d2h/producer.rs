@@ -46,8 +46,8 @@ impl DeviceLaneState {
 /// 1. **Reserve** `n` slots: read `reserve` and the cached head; while `reserve + n <= head +
 ///    slots`, compare-and-swap `reserve` forward (a failed one tries again with the value it
 ///    found) and own records `[r, r + n)`; full after a failed one: read both again. Otherwise
-///    look at `closed` (closed: give up) and at the consumer's `head` in host memory (moved: raise the
-///    cache, try again; not moved: count a spin, give up with
+///    look at `closed` (closed: give up) and at the consumer's `head` in host memory (moved:
+///    raise the cache, try again; not moved: count a spin, give up with
 ///    [`Stalled`](Refusal::Stalled) after `spin_limit` of them in a row). A refusal reserves
 ///    nothing, so no slot is ever left owed and the consumer never waits for a producer that
 ///    gave up: no deadlock, whichever side stops.
