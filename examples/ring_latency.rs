@@ -2,11 +2,13 @@
 //!
 //! One thread pushes a 64-byte record (header included) on its own lane and waits until the
 //! kernel's head passes it; then the next. Each kernel consumes all 8 lanes, one block per lane:
-//! the ack kernel (`ring_ack_lanes`: head = tail, reading nothing) and the checking kernel
-//! (`ring_check_lanes`: the device API's `WindowReader`, every record's seq and checksum
-//! verified). Each runs with the other 7 lanes idle, then with 1, 3 and 7 producer threads
-//! streaming 4 KiB records into other lanes in batches through the BAR, then with 7 streaming
-//! through the copy engine (`CopyEngine::FromRecord(4096)`: the lone record stays on the BAR);
+//! the ack kernel (`ring_ack_lanes`: head = tail, reading nothing), the loading ack kernel
+//! (`ring_ack_load_lanes`: head = tail once the first record's header is read, the least any
+//! consumer that looks at a record pays) and the checking kernel (`ring_check_lanes`: the device
+//! API's `WindowReader`, every record's seq and checksum verified). Each runs with the other 7
+//! lanes idle, then with 1, 3 and 7 producer threads streaming 4 KiB records into other lanes in
+//! batches through the BAR, then with 7 streaming through the copy engine
+//! (`CopyEngine::FromRecord(4096)`: the lone record stays on the BAR);
 //! the streams' rate is printed beside the figures. Whether the lone record's tail grows with
 //! the load on the link, and with which path carries it, says where its time goes. The first
 //! tenth of each row's round trips is left out (warm-up).
@@ -86,6 +88,7 @@ impl Load {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kernel {
     Ack,
+    AckLoad,
     Check,
 }
 
@@ -93,6 +96,7 @@ impl Kernel {
     fn name(self) -> &'static str {
         match self {
             Kernel::Ack => "ack kernel",
+            Kernel::AckLoad => "loading ack kernel",
             Kernel::Check => "checking kernel",
         }
     }
@@ -120,7 +124,7 @@ fn run(n: usize) -> Result<(), String> {
     let gpu = Gpu::open(0).map_err(|e| e.to_string())?;
     let module = Module::load_ptx(&gpu, PTX).map_err(|e| e.to_string())?;
     let stream = Stream::new(&gpu).map_err(|e| e.to_string())?;
-    for kernel in [Kernel::Ack, Kernel::Check] {
+    for kernel in [Kernel::Ack, Kernel::AckLoad, Kernel::Check] {
         for load in Load::ROWS {
             let row = one_row(&gpu, &module, &stream, kernel, load, n)?;
             println!("{row}");
@@ -155,11 +159,12 @@ fn launch(
     let mut params = [(&mut view as *mut RingDeviceView).cast::<c_void>()];
     let (name, threads) = match kernel {
         Kernel::Ack => ("ring_ack_lanes", 32),
+        Kernel::AckLoad => ("ring_ack_load_lanes", 32),
         Kernel::Check => ("ring_check_lanes", layout::CHECK_THREADS),
     };
     let f = module.function(name).map_err(|e| e.to_string())?;
-    // SAFETY: ring_ack_lanes and ring_check_lanes take the 64-byte #[repr(C)] view by value; the
-    // ring is watched right after, so it stops and waits for the kernel before its memory goes.
+    // SAFETY: the three kernels take the 64-byte #[repr(C)] view by value; the ring is watched
+    // right after, so it stops and waits for the kernel before its memory goes.
     unsafe {
         f.launch(
             LaunchConfig::linear(LANES, threads),

@@ -13,6 +13,8 @@
 //   ring_consume_persistent[_mirrored](...)     persistent, lane 0 only (one block of 512)
 //   ring_consume_batch[_mirrored](...)          one launch per published range (one block of 512)
 //   ring_ack(...), ring_ack_lanes(view)         benchmark consumers: head = tail, reading nothing
+//   ring_ack_load_lanes(view)                   benchmark consumer: head = tail once the first
+//                                               record's header is read (the floor of a reader)
 //   ring_pingpong(...)                          round-trip latency probe
 //
 // The checking kernels need blockDim.x == 512 (RING_THREADS; another size counts one error and does
@@ -580,4 +582,38 @@ extern "C" __global__ void ring_ack_lanes(vkgdr_ring_view view)
     }
     const vkgdr::RingLane lane = vkgdr::ring_lane(view, blockIdx.x);
     ring_ack_lane(lane.tail, lane.stop, lane.head);
+}
+
+// Benchmark consumer of every lane like ring_ack_lanes, but each published range's first record
+// header (16 bytes at the old head) is read before the head moves past it, and the head store
+// waits for that load: what any consumer that looks at a record pays at the least, the floor
+// under a reader's lone round trip. Launch view.lanes blocks of 32 threads (thread 0 works).
+extern "C" __global__ void ring_ack_load_lanes(vkgdr_ring_view view)
+{
+    if (blockIdx.x >= view.lanes || threadIdx.x != 0) {
+        return;
+    }
+    const vkgdr::RingLane lane = vkgdr::ring_lane(view, blockIdx.x);
+    ull last = *lane.head;
+    for (;;) {
+        const unsigned int stopped = *lane.stop;
+        ull t = vkgdr::load_acquire_sys(lane.tail);
+        if (t != last) {
+            const uint4 h = __ldcg((const uint4*)(lane.data + (last & (lane.capacity - 1ull))));
+            last = t;
+            // No record's kind is 0xFFFFFFFF (DATA or PAD), so the head is t; the comparison
+            // makes the store wait for the load.
+            vkgdr::store_relaxed_sys(lane.head, h.y == 0xFFFFFFFFu ? t + 16ull : t);
+            continue;
+        }
+        if (stopped) {
+            __threadfence_system();
+            t = *lane.tail;
+            if (t == last) {
+                return;
+            }
+            last = t;
+            *lane.head = t;
+        }
+    }
 }

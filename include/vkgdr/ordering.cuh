@@ -8,12 +8,12 @@ namespace vkgdr_device {
 
 typedef unsigned long long u64;
 
-// Acquire loads, release stores and release fences, one instruction each (the CPU is the other
-// side at system scope). A volatile load followed by __threadfence_system() (fence.sc.sys) is
-// also an acquire, but the sequentially consistent fence waits for every earlier memory
-// operation of the thread to be performed system-wide (on a round trip's path: the last store
-// over PCIe); an acquire load orders only what comes after it, a release store or fence only
-// what came before. Needs sm_70.
+// Acquire loads, release and relaxed stores and release fences, one instruction each (the CPU
+// is the other side at system scope). A volatile load followed by __threadfence_system()
+// (fence.sc.sys) is also an acquire, but the sequentially consistent fence waits for every
+// earlier memory operation of the thread to be performed system-wide (on a round trip's path:
+// the last store over PCIe); an acquire load orders only what comes after it, a release store or
+// fence only what came before. Needs sm_70.
 __device__ __forceinline__ u64 load_acquire_sys(const volatile u64* p)
 {
     u64 v;
@@ -31,6 +31,14 @@ __device__ __forceinline__ u64 load_acquire_gpu(const volatile u64* p)
 __device__ __forceinline__ void store_release_sys(volatile u64* p, u64 v)
 {
     asm volatile("st.release.sys.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
+}
+
+// A store the CPU may read at once, ordered with nothing: for a word that only says how far
+// loads have got, once their values are in hand (a release would wait for every earlier memory
+// operation of the thread, stores over PCIe included).
+__device__ __forceinline__ void store_relaxed_sys(volatile u64* p, u64 v)
+{
+    asm volatile("st.relaxed.sys.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
 }
 
 // This thread's earlier loads and stores before its later stores, at system scope

@@ -41,13 +41,17 @@
 //   tail  u64, GPU memory, written by the CPU: the end of the published records. The CPU writes
 //         the records, sfence, then stores the tail (one 8-byte store), sfence.
 //   head  u64, pinned host memory, written by the GPU: the end of the consumed records; the CPU
-//         reuses space below it. Published after the block's reads are done, with a release
-//         store at system scope (st.release.sys).
+//         reuses space below it. Published after a block barrier, once every value the block
+//         read from those records is in its registers or shared memory, with a relaxed store at
+//         system scope (st.relaxed.sys): a load whose value is in hand cannot see a later write,
+//         so nothing is left for a release to order (NCCL's receivers publish their step the
+//         same way), and a release waits for the thread's earlier stores over PCIe.
 //   stop  u32, GPU memory, one per ring: the CPU's request to exit once everything published is
 //         consumed (it stores its last tail first).
-// The reader polls the tail with acquire loads at system scope (ld.acquire.sys), so no record
-// load is satisfied before the tail load; the stop word is read relaxed beside it, and a fence
-// (__threadfence_system) comes only once stop is seen, before the tail is read a last time.
+// The reader polls the tail with acquire loads at system scope (ld.acquire.sys), warp 0 at once
+// (one load for the warp), so no record load is satisfied before the tail load; the stop word is
+// read relaxed beside it, and a fence (__threadfence_system) comes only once stop is seen, before
+// the tail is read a last time.
 // Records are loaded with ld.global.cg (L2, not L1): a line cached on an earlier lap of the ring
 // is never reused.
 //
@@ -175,8 +179,9 @@ template <unsigned int THREADS> struct ReaderShared {
 
 // Publishes the head of a reader at `pos` (every thread calls it, after the group is done):
 // when the reader has caught up with `tail`, when a quarter of the ring was consumed since
-// `released`, or when `force` is set. The block's reads (ordered by the barrier) come before the
-// head store; loads a reader made ahead lie at or above the new head. The barrier is taken only
+// `released`, or when `force` is set. Every thread has its values of the group's bytes in hand
+// when it reaches the barrier, so the head store after it needs no release (see the protocol
+// above); loads a reader made ahead lie at or above the new head. The barrier is taken only
 // when the head is published (the condition is the same in every thread): between two groups
 // the readers' next() has its own, and a barrier per group slowed the checking consumers
 // (figures: BENCHMARKS.md, 'The checking consumer').
@@ -189,10 +194,10 @@ __device__ __forceinline__ void publish_head(const RingLane& lane, u64 pos, u64 
     if (force || pos == tail || pos - released >= lane.capacity / 4ull) {
         block_sync(); // every thread's reads of the group are done
         if (threadIdx.x == 0) {
-            // Release: the block's reads (ordered before this thread's by the barrier) come
-            // before the head store. No fence after it: the store leaves on its own, and a fence
-            // there kept thread 0 from polling the tail again for a PCIe round trip.
-            store_release_sys(lane.head, pos);
+            // No fence before or after it: a release here cost much of a lone record's round
+            // trip, and a fence after it kept thread 0 from polling the tail again for a PCIe
+            // round trip (figures: BENCHMARKS.md, 'The device API's reader').
+            store_relaxed_sys(lane.head, pos);
         }
         released = pos;
     }
@@ -212,14 +217,15 @@ __device__ __forceinline__ unsigned int warp_inclusive_sum(unsigned int v)
     return v;
 }
 
-// Thread 0 polls the tail until it moves past `pos` or the ring is stopped with nothing left;
-// the block learns the result through `word` and `flag` (shared memory). True with `tail` set:
-// records to read. False: stopped, or the tail is invalid (`err` = VKGDR_RING_BAD_TAIL). Every
-// thread calls it.
+// Warp 0 polls the tail until it moves past `pos` or the ring is stopped with nothing left (its
+// lanes load the same word: one load per poll, and warp 0, which reads a small window alone, is
+// awake when the rest of the block learns the tail); the block learns the result through `word`
+// and `flag` (shared memory). True with `tail` set: records to read. False: stopped, or the tail
+// is invalid (`err` = VKGDR_RING_BAD_TAIL). Every thread calls it.
 __device__ __forceinline__ bool poll_tail(const RingLane& lane, u64 pos, u64& word, int& flag,
                                           u64& tail, int& err)
 {
-    if (threadIdx.x == 0) {
+    if (threadIdx.x < 32u) {
         int done = 0;
         u64 t;
         for (;;) {
@@ -244,8 +250,10 @@ __device__ __forceinline__ bool poll_tail(const RingLane& lane, u64 pos, u64& wo
                       || (t & (VKGDR_RING_RECORD_ALIGN - 1ull)) != 0ull)) {
             done = 2;
         }
-        word = t;
-        flag = done;
+        if (threadIdx.x == 0) {
+            word = t;
+            flag = done;
+        }
     }
     block_sync();
     // No barrier after these reads where the lane has a head word: thread 0 writes `word` and
@@ -290,7 +298,10 @@ template <class Reader> class LaneCursor {
     }
 
     // Call after the block has finished with the current group (every thread, also those without
-    // a record): publishes the head when the reader has caught up with the tail, when a quarter
+    // a record), that is once every value a thread read from the group's records has been used
+    // (is in its registers or shared memory): the head store after the barrier is not ordered
+    // after loads still in flight, and the CPU may overwrite the records as soon as it sees the
+    // head. Publishes the head when the reader has caught up with the tail, when a quarter
     // of the ring was consumed since the last publication, or when `force` is set. It
     // synchronizes the block only when it publishes: a caller that reuses its own shared memory
     // between groups needs a barrier of its own (next() begins with one).
@@ -770,8 +781,10 @@ class WindowReader : public LaneCursor<WindowReader<THREADS, CPT>> {
             // the window), `on` the chunks on the way (bit j: chunk j).
             unsigned int to = link;
             unsigned int on = 1u << tid;
+            // A chain through n chunks takes at most n steps: 2^r >= n after r rounds (the same
+            // count in every lane: n is the block's).
 #pragma unroll
-            for (unsigned int r = 0; r < 5u; ++r) {
+            for (unsigned int r = 0; r < 5u && (1u << r) < n; ++r) {
                 const bool inside = to < n;
                 const unsigned int from = inside ? to : tid;
                 const unsigned int to_next = __shfl_sync(0xFFFFFFFFu, to, from);

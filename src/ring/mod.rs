@@ -54,30 +54,34 @@
 //! `tail` only grows; under contention one tail store covers many records. A batch-mode launch is
 //! ordered the same way: `sfence` after the records, then the launch.
 //!
-//! **Consumer (GPU, `vkgdr::WindowReader` or `vkgdr::BlockReader` in `ring.cuh`).** One thread
-//! polls `tail` with acquire loads at system scope (`ld.acquire.sys`, not cached in L1), and only
-//! once everything below the last tail seen is consumed: the acquire keeps later loads (the other
-//! threads' too, behind the block's barrier) from being satisfied before the tail load, without a
-//! fence on the way from the tail to the records. Records are read with `ld.global.cg` (L2,
-//! bypassing L1) so no line cached on an earlier lap of the ring is reused. `WindowReader` (the
-//! checking kernels' reader) loads a window of the lane (16 KiB for the checking kernels' 512
-//! threads) into shared memory with coalesced loads, decodes every 16-byte chunk as if it were a
-//! header, resolves the chain from the window's first record (each warp finds where the chain from
-//! each of its 32 chunks leaves them, by pointer jumping over shuffles; one thread then hops from
-//! segment to segment) and hands out the records that lie wholly in the window with their payloads
-//! in shared memory; a record longer than the window is a group of its own, read from global
-//! memory. A window of at most 512 bytes (a lone record, the end of a burst) is read by warp 0
-//! alone, with two block barriers instead of five, so a record that arrives at an idle reader is
-//! handed out sooner. The next window, below the tail already seen, is loaded while the block works
-//! on the current one: those loads lie at or above the head it publishes. `BlockReader` is the
-//! simpler one: `16 × threads` bytes, one thread follows the chain, thread `i` gets record `i`.
-//! After the block's barrier (its reads are done) one thread stores `head = pos` into pinned host
-//! memory with a release store at system scope (`st.release.sys`: the block's reads come before
-//! it), with no fence after it (the store leaves on its own, and the thread goes back to polling at
-//! once) — when it has caught up with the tail, or every quarter of the ring. The reader reads
-//! `stop` beside each poll of `tail` and looks at it only when `tail` has not moved; when set it
-//! fences (`__threadfence_system()`), re-reads `tail`, and exits only if nothing is left. The CPU
-//! therefore publishes the final tail, `sfence`, then sets `stop`.
+//! **Consumer (GPU, `vkgdr::WindowReader` or `vkgdr::BlockReader` in `ring.cuh`).** Warp 0 polls
+//! `tail` with acquire loads at system scope (`ld.acquire.sys`, not cached in L1; its lanes load
+//! the one word together), and only once everything below the last tail seen is consumed: the
+//! acquire keeps later loads (the other threads' too, behind the block's barrier) from being
+//! satisfied before the tail load, without a fence on the way from the tail to the records. Records
+//! are read with `ld.global.cg` (L2, bypassing L1) so no line cached on an earlier lap of the ring
+//! is reused. `WindowReader` (the checking kernels' reader) loads a window of the lane (16 KiB for
+//! the checking kernels' 512 threads) into shared memory with coalesced loads, decodes every
+//! 16-byte chunk as if it were a header, resolves the chain from the window's first record (each
+//! warp finds where the chain from each of its 32 chunks leaves them, by pointer jumping over
+//! shuffles; one thread then hops from segment to segment) and hands out the records that lie
+//! wholly in the window with their payloads in shared memory; a record longer than the window is a
+//! group of its own, read from global memory. A window of at most 512 bytes (a lone record, the end
+//! of a burst) is read by warp 0 alone (the warp that polls), with two block barriers instead of
+//! five and only as many rounds of pointer jumping as its chunks need, so a record that arrives at
+//! an idle reader is handed out sooner. The next window, below the tail already seen, is loaded
+//! while the block works on the current one: those loads lie at or above the head it publishes.
+//! `BlockReader` is the simpler one: `16 × threads` bytes, one thread follows the chain, thread `i`
+//! gets record `i`. After the block's barrier (its reads are done) one thread stores `head = pos`
+//! into pinned host memory with a relaxed store at system scope (`st.relaxed.sys`: every value the
+//! block read from the records is in its registers or shared memory by the barrier, and a load
+//! whose value is in hand cannot see a later write; a release store would also wait for the
+//! thread's earlier stores over PCIe, much of a lone record's round trip: BENCHMARKS.md, "The
+//! device API's reader"), with no fence after it (the store leaves on its own, and the thread goes
+//! back to polling at once) — when it has caught up with the tail, or every quarter of the ring.
+//! The reader reads `stop` beside each poll of `tail` and looks at it only when `tail` has not
+//! moved; when set it fences (`__threadfence_system()`), re-reads `tail`, and exits only if nothing
+//! is left. The CPU therefore publishes the final tail, `sfence`, then sets `stop`.
 //!
 //! **Reclaim (CPU).** Producers load `head` from pinned host memory with an `Acquire` load (an
 //! ordinary cached load: the GPU's PCIe writes to host memory are cache-coherent) and pass it to
