@@ -59,6 +59,21 @@
 #define VKGDR_D2H_RING_ENDED 2
 
 /**
+ * `vkgdr_d2h_ring_create_with_format`'s `format`: each slot a commit word, stored after a
+ * release fence, then the meta word and `stride - 16` payload bytes (`vkgdr_d2h_ring_create`'s
+ * format; the same value as `ring_d2h.cuh`'s macro).
+ */
+#define VKGDR_D2H_FORMAT_COMMITTED 0
+
+/**
+ * `vkgdr_d2h_ring_create_with_format`'s `format`: every 8-byte word of a slot carries four
+ * bytes and its record's tag, so a record needs no fence before it counts and reaches the CPU
+ * a PCIe round trip sooner, at `stride / 2 - 8` payload bytes per slot (NCCL's low-latency
+ * protocol, device to host).
+ */
+#define VKGDR_D2H_FORMAT_TAGGED 1
+
+/**
  * `vkgdr_ring_push` found no room before its timeout: nothing was written, try again later.
  */
 #define VKGDR_RING_FULL 1
@@ -243,7 +258,8 @@ typedef struct vkgdr_d2h_ring_device_view {
    */
   uint32_t slots_per_lane;
   /**
-   * Bytes per slot (a power of two): a record carries up to `stride - 16` payload bytes.
+   * Bytes per slot (a power of two): a record carries up to `stride - 16` payload bytes
+   * (`stride / 2 - 8` in the tagged format).
    */
   uint32_t stride;
   /**
@@ -256,9 +272,14 @@ typedef struct vkgdr_d2h_ring_device_view {
    */
   uint32_t spin_limit;
   /**
+   * How the slots carry their records: `VKGDR_D2H_FORMAT_COMMITTED` or
+   * `VKGDR_D2H_FORMAT_TAGGED`.
+   */
+  uint32_t format;
+  /**
    * Reserved, zero.
    */
-  uint64_t reserved;
+  uint32_t reserved;
 } vkgdr_d2h_ring_device_view;
 
 /**
@@ -864,6 +885,27 @@ vkgdr_d2h_ring_t vkgdr_d2h_ring_create(vkgdr_t g,
                                        uint32_t spin_limit);
 
 /**
+ * `vkgdr_d2h_ring_create` with the slots' format: `VKGDR_D2H_FORMAT_COMMITTED` (the same
+ * ring) or `VKGDR_D2H_FORMAT_TAGGED` (records of up to `stride / 2 - 8` bytes that reach the
+ * CPU sooner: for status words, completion notices and release tokens). The kernels need no
+ * change: `ring_d2h.cuh` reads the format from the view.
+ *
+ * Returns a handle, or `NULL` on error (an unknown format, and `vkgdr_d2h_ring_create`'s).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - No thread closes `g` during the call.
+ */
+VKGDR_API
+vkgdr_d2h_ring_t vkgdr_d2h_ring_create_with_format(vkgdr_t g,
+                                                   uint32_t lanes,
+                                                   uint32_t slots,
+                                                   uint32_t stride,
+                                                   uint32_t spin_limit,
+                                                   uint32_t format);
+
+/**
  * Destroys a ring: closes every open lane (a kernel still publishing gets `VKGDR_D2H_CLOSED`
  * from its next wait for room) and frees the memory. `NULL` is ignored.
  *
@@ -918,9 +960,10 @@ VKGDR_API uint32_t vkgdr_d2h_ring_get_max_payload(vkgdr_d2h_ring_t ring);
 
 /**
  * Takes the next record of lane `lane` if it has arrived, without waiting: copies its payload
- * into `buf` and its number, kind and length into `*rec`, and hands its slot back to the
- * device. Records of a lane come in the order the device reserved them; the lane's first call
- * opens it (from where an earlier consumer stopped).
+ * into `buf` and its number, kind and length into `*rec`; its slot goes back to the device at
+ * the lane's next call (or its close), so the store that hands it back is not on the record's
+ * way to the caller. Records of a lane come in the order the device reserved them; the lane's
+ * first call opens it (from where an earlier consumer stopped).
  *
  * - `capacity`: bytes of `buf`, at least `vkgdr_d2h_ring_get_max_payload(ring)`.
  * - `rec`: its `struct_size` set by the caller.

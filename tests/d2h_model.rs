@@ -1,24 +1,28 @@
 //! The device → host core against models (proptest): device producers whose reservations,
 //! word-by-word writes and commits interleave at random with the consumer's takes across many
-//! wraps (a half-written record is never delivered, every committed one is, in order, complete);
-//! hostile commit words; and the release-token table against a model of every token it issued,
+//! wraps (a half-written record is never delivered, every committed one is, in order, complete),
+//! in lanes of committed and of tagged slots; hostile commit words and tagged headers; and the
+//! release-token table against a model of every token it issued,
 //! with forged, stale and repeated tokens mixed in.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use proptest::prelude::*;
 use vkgdr::ring::core::d2h::{
-    meta_word, D2hError, DeviceLaneState, HostLane, LaneConsumer, LaneMemory, LaneShape,
-    ProducerModel, Refusal, ReleaseToken, ReleaseTokens, TokenError, COMMIT_WORD, META_WORD,
+    meta_word, tag_of, tagged_word, D2hError, DeviceLaneState, HostLane, LaneConsumer, LaneMemory,
+    LaneShape, ProducerModel, Refusal, ReleaseToken, ReleaseTokens, SlotFormat, TokenError,
+    COMMIT_WORD, META_WORD,
 };
 
 #[derive(Debug, Clone)]
 enum Op {
     /// Producer `p` (if idle) reserves `n` records.
     Reserve(u8, u32),
-    /// Producer `p` writes `words` more words of its reservation (meta word first per record).
+    /// Producer `p` writes `words` more words of its reservation (header words first per
+    /// record).
     Write(u8, u8),
-    /// Producer `p`, done writing, fences and commits.
+    /// Producer `p`, done writing, fences and commits (in a tagged lane: nothing to do, its
+    /// records count once every word is written).
     Commit(u8),
     /// The consumer takes up to `k` records one at a time.
     Take(u8),
@@ -45,17 +49,40 @@ fn record(seq: u64) -> (u32, Vec<u8>) {
     ((seq % 5) as u32, bytes)
 }
 
-/// The slot words of record `seq` as the device writes them: meta, then payload words.
-fn record_words(seq: u64, shape: LaneShape) -> Vec<u64> {
+/// The slot words of record `seq` as the device writes them, each with its index in the slot:
+/// in a committed slot the meta word, then payload words (the commit word comes with the
+/// commit); in a tagged slot the length and kind words, then the payload, four bytes a word,
+/// all tagged.
+fn record_words(seq: u64, shape: LaneShape) -> Vec<(usize, u64)> {
     let (kind, bytes) = record(seq);
-    let mut words = vec![meta_word(bytes.len() as u32, kind)];
-    words.extend(bytes.chunks(8).map(|c| {
-        let mut w = [0u8; 8];
-        w[..c.len()].copy_from_slice(c);
-        u64::from_le_bytes(w)
-    }));
-    assert!(words.len() * 8 <= shape.stride() as usize - 8);
+    let words: Vec<u64> = match shape.format() {
+        SlotFormat::Committed => std::iter::once(meta_word(bytes.len() as u32, kind))
+            .chain(bytes.chunks(8).map(|c| {
+                let mut w = [0u8; 8];
+                w[..c.len()].copy_from_slice(c);
+                u64::from_le_bytes(w)
+            }))
+            .collect(),
+        SlotFormat::Tagged => [bytes.len() as u32, kind]
+            .into_iter()
+            .chain(bytes.chunks(4).map(|c| {
+                let mut w = [0u8; 4];
+                w[..c.len()].copy_from_slice(c);
+                u32::from_le_bytes(w)
+            }))
+            .map(|data| tagged_word(seq, data))
+            .collect(),
+    };
+    let first = match shape.format() {
+        SlotFormat::Committed => META_WORD,
+        SlotFormat::Tagged => 0,
+    };
+    assert!((first + words.len()) * 8 <= shape.stride() as usize);
     words
+        .into_iter()
+        .enumerate()
+        .map(|(i, w)| (first + i, w))
+        .collect()
 }
 
 /// A producer's reservation: its records and how many of their words are written.
@@ -71,10 +98,14 @@ fn run(ops: &[Op], shape: LaneShape) {
     let dev = DeviceLaneState::new();
     let producer = ProducerModel::new(&lane, &dev, shape, 0);
     let mut consumer = LaneConsumer::new(&lane, shape).unwrap();
+    let tagged = shape.format() == SlotFormat::Tagged;
     let mut pending: [Option<Pending>; 3] = [None, None, None];
     let mut committed = HashSet::new();
     let mut reserved = 0u64;
     let mut taken = 0u64;
+    // The last consumer call was a `try_next` that took a record: the head is one behind until
+    // the next call.
+    let mut behind = false;
 
     let check = |seq: u64, kind: u32, payload: &[u8], committed: &HashSet<u64>| {
         assert!(
@@ -95,10 +126,12 @@ fn run(ops: &[Op], shape: LaneShape) {
                 if pending[p as usize].is_some() {
                     continue;
                 }
-                let room = reserved + u64::from(n) <= taken + u64::from(shape.slots());
+                // Room by the head the producers can see.
+                let head = taken - u64::from(behind);
+                let room = reserved + u64::from(n) <= head + u64::from(shape.slots());
                 match producer.reserve(n) {
                     Ok(first) => {
-                        assert!(room, "reserved {n} at {first} past the head {taken}");
+                        assert!(room, "reserved {n} at {first} past the head {head}");
                         assert_eq!(first, reserved);
                         reserved += u64::from(n);
                         let total = (first..first + u64::from(n))
@@ -121,20 +154,29 @@ fn run(ops: &[Op], shape: LaneShape) {
                 };
                 // The device writes word by word; the consumer may look between any two.
                 let mut flat = Vec::new();
+                let mut ends = Vec::new(); // where each record's words end in `flat`
                 for seq in r.first..r.first + u64::from(r.n) {
-                    let base = shape.first_word(seq) + META_WORD;
+                    let base = shape.first_word(seq);
                     flat.extend(
                         record_words(seq, shape)
                             .into_iter()
-                            .enumerate()
                             .map(|(i, w)| (base + i, w)),
                     );
+                    ends.push((seq, flat.len()));
                 }
                 let end = (r.written + words as usize).min(r.total);
                 for &(index, w) in &flat[r.written..end] {
                     lane.slot_words()[index].store(w, std::sync::atomic::Ordering::Relaxed);
                 }
                 r.written = end;
+                if tagged {
+                    // A tagged record counts once its last word is written, and a reservation
+                    // whose words are all written is done: there is no commit to come.
+                    committed.extend(ends.iter().filter(|&&(_, e)| e <= end).map(|&(s, _)| s));
+                    if end == r.total {
+                        pending[p as usize] = None;
+                    }
+                }
             }
             Op::Commit(p) => {
                 if let Some(r) = &pending[p as usize] {
@@ -152,12 +194,14 @@ fn run(ops: &[Op], shape: LaneShape) {
                             assert_eq!(rec.seq, taken);
                             check(rec.seq, rec.kind, rec.payload, &committed);
                             taken += 1;
+                            behind = true;
                         }
                         None => {
                             assert!(
                                 !committed.contains(&taken),
                                 "committed record {taken} not delivered"
                             );
+                            behind = false;
                             break;
                         }
                     }
@@ -173,6 +217,7 @@ fn run(ops: &[Op], shape: LaneShape) {
                     .unwrap();
                 assert_eq!(seqs, (taken..taken + n as u64).collect::<Vec<_>>());
                 taken += n as u64;
+                behind = false;
                 if n < k as usize {
                     assert!(
                         !committed.contains(&taken),
@@ -183,13 +228,20 @@ fn run(ops: &[Op], shape: LaneShape) {
         }
         assert_eq!(
             lane.head_word().load(std::sync::atomic::Ordering::Relaxed),
-            taken
+            taken - u64::from(behind),
+            "the head is published by the call after a one-record take, or by a drain"
         );
     }
     // Everything still pending is finished and committed; the consumer then takes it all.
     for r in pending.iter_mut().flatten() {
+        // Only records not yet written whole: a tagged one that was may have been taken, and
+        // its slot handed to a later record.
+        let mut end = 0;
         for seq in r.first..r.first + u64::from(r.n) {
-            producer.write(seq, record(seq).0, &record(seq).1);
+            end += record_words(seq, shape).len();
+            if end > r.written {
+                producer.write(seq, record(seq).0, &record(seq).1);
+            }
         }
         producer.commit(r.first, r.n);
         committed.extend(r.first..r.first + u64::from(r.n));
@@ -207,6 +259,21 @@ fn run(ops: &[Op], shape: LaneShape) {
     assert_eq!(dev.reserved(), reserved);
 }
 
+/// A lane of `shape` whose first `before` records were published and taken (its consumer
+/// closed again: the next one resumes at `before`).
+fn lane_after(shape: LaneShape, before: u64) -> HostLane {
+    let lane = HostLane::new(shape);
+    let dev = DeviceLaneState::new();
+    let producer = ProducerModel::new(&lane, &dev, shape, 0);
+    let mut consumer = LaneConsumer::new(&lane, shape).unwrap();
+    for _ in 0..before {
+        producer.publish(1, b"x").unwrap();
+        consumer.try_next().unwrap().unwrap();
+    }
+    drop(consumer);
+    lane
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(500))]
 
@@ -216,19 +283,39 @@ proptest! {
         run(&ops, LaneShape::new(1 << slots, 64).unwrap());
     }
 
+    /// The same in tagged slots (128 bytes: 56-byte payloads), whose records count once
+    /// their last word lands, with no commit.
+    #[test]
+    fn interleaved_producers_and_consumer_tagged(ops in proptest::collection::vec(op(), 1..120), slots in 2u32..4) {
+        run(&ops, LaneShape::new(1 << slots, 128).unwrap().with_format(SlotFormat::Tagged));
+    }
+
+    /// Whatever a hostile device leaves in the next tagged slot's first word, the consumer
+    /// waits while its tag is the previous lap's (or the record's own, its other words not
+    /// there yet) and refuses any other tag.
+    #[test]
+    fn hostile_tagged_headers(before in 0u64..12, found in prop_oneof![0u64..40, any::<u64>(), (0u32..16, any::<u32>()).prop_map(|(t, d)| u64::from(t) << 32 | u64::from(d))]) {
+        let shape = LaneShape::new(4, 32).unwrap().with_format(SlotFormat::Tagged);
+        let lane = lane_after(shape, before);
+        let mut consumer = LaneConsumer::new(&lane, shape).unwrap();
+        lane.slot_words()[shape.first_word(before)]
+            .store(found, std::sync::atomic::Ordering::Relaxed);
+        let got = consumer.try_next().map(|r| r.map(|r| r.seq));
+        let tag = (found >> 32) as u32;
+        if tag == tag_of(before) || tag == shape.tag_before(before) {
+            prop_assert_eq!(got, Ok(None));
+        } else {
+            prop_assert_eq!(got, Err(D2hError::BadCommit { seq: before, found }));
+        }
+    }
+
     /// Whatever a hostile device leaves in the next slot's commit word, the consumer delivers
     /// only the record's own commit, waits on the previous lap's, and refuses the rest.
     #[test]
     fn hostile_commit_words(before in 0u64..12, found in prop_oneof![0u64..40, any::<u64>()]) {
         let shape = LaneShape::new(4, 32).unwrap();
-        let lane = HostLane::new(shape);
-        let dev = DeviceLaneState::new();
-        let producer = ProducerModel::new(&lane, &dev, shape, 0);
+        let lane = lane_after(shape, before);
         let mut consumer = LaneConsumer::new(&lane, shape).unwrap();
-        for _ in 0..before {
-            producer.publish(1, b"x").unwrap();
-            consumer.try_next().unwrap().unwrap();
-        }
         lane.slot_words()[shape.first_word(before) + COMMIT_WORD]
             .store(found, std::sync::atomic::Ordering::Relaxed);
         let got = consumer.try_next().map(|r| r.map(|r| r.seq));

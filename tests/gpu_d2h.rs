@@ -7,7 +7,8 @@
 //! kernel back
 //! (back-pressure: the kernel waits, nothing is lost); a consumer that closes its lane while the
 //! kernel waits for room (the kernel gives up with `VKGDR_D2H_CLOSED`; a watchdog turns a hang
-//! into a failure); and a lone record's latency, printed, not asserted.
+//! into a failure); and a lone record's latency, printed, not asserted. The streams of records
+//! run in lanes of committed and of tagged slots (`SlotFormat`).
 //!
 //! The checker itself is tested without a GPU (the model producer of the core fills a lane in
 //! host memory): it accepts a good lane and refuses a corrupted byte and a repeated record; the
@@ -24,7 +25,7 @@ use common::*;
 use vkgdr::cuda_objects::{LaunchConfig, Module, Stream};
 use vkgdr::ring::core::d2h::{
     test_payload, DeviceLaneState, HostLane, LaneConsumer, LaneMemory, LaneShape, Poll,
-    ProducerModel, Record, TestLaneChecker, STATUS_CLOSED, STATUS_STALLED,
+    ProducerModel, Record, SlotFormat, TestLaneChecker, STATUS_CLOSED, STATUS_STALLED,
 };
 use vkgdr::ring::DeviceToHostRing;
 use vkgdr::{Gpu, Mapping, RawMemory};
@@ -275,13 +276,26 @@ fn guard(what: &'static str, limit: Duration) -> Arc<AtomicBool> {
     done
 }
 
-/// Every thread of `blocks` blocks of `threads` publishes `per_thread` records of `len` bytes
-/// (d2h_produce_check) into `lanes` lanes of `slots` slots of 64 bytes; one CPU thread per lane
-/// checks every record. Returns the records per lane.
-fn many_producers(lanes: u32, slots: u32, blocks: u32, threads: u32, per_thread: u32) -> Vec<u64> {
+/// Every thread of `blocks` blocks of `threads` publishes `per_thread` records of 48 bytes
+/// (d2h_produce_check) into `lanes` lanes of `slots` slots of 64 bytes (128 when tagged); one
+/// CPU thread per lane checks every record. Returns the records per lane.
+fn many_producers(
+    format: SlotFormat,
+    lanes: u32,
+    slots: u32,
+    blocks: u32,
+    threads: u32,
+    per_thread: u32,
+) -> Vec<u64> {
     const LEN: u32 = 48;
     let done = guard("many_producers", Duration::from_secs(300));
-    let p = Producers::new(lanes, LaneShape::new(slots, 64).unwrap(), 5_000_000);
+    let stride = if format == SlotFormat::Tagged {
+        128
+    } else {
+        64
+    };
+    let shape = LaneShape::new(slots, stride).unwrap().with_format(format);
+    let p = Producers::new(lanes, shape, 5_000_000);
     let consumers = p.ring.consumers().unwrap();
     let started = Instant::now();
     p.launch("d2h_produce_check", (blocks, threads), (per_thread, LEN));
@@ -333,7 +347,8 @@ fn many_producers(lanes: u32, slots: u32, blocks: u32, threads: u32, per_thread:
         );
     }
     println!(
-        "{total} records of {LEN} bytes over {lanes} lanes in {elapsed:?}: {:.1} M records/s",
+        "{total} records of {LEN} bytes ({format:?}) over {lanes} lanes in {elapsed:?}: \
+         {:.1} M records/s",
         total as f64 / elapsed.as_secs_f64() / 1e6
     );
     done.store(true, Ordering::Release);
@@ -343,6 +358,16 @@ fn many_producers(lanes: u32, slots: u32, blocks: u32, threads: u32, per_thread:
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
 fn millions_of_records_from_every_warp_arrive_checked_in_order() {
+    millions_of_records(SlotFormat::Committed);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn millions_of_tagged_records_from_every_warp_arrive_checked_in_order() {
+    millions_of_records(SlotFormat::Tagged);
+}
+
+fn millions_of_records(format: SlotFormat) {
     let (lanes, slots) = (8, 4096);
     // 264 blocks of 256 threads (two per SM of an H100/H200: all resident) x 48 records each:
     // 3.2 million records, over 400 000 per lane, each lane wrapping about a hundred times.
@@ -351,7 +376,7 @@ fn millions_of_records_from_every_warp_arrive_checked_in_order() {
     } else {
         (264, 48)
     };
-    let counts = many_producers(lanes, slots, blocks, 256, per_thread);
+    let counts = many_producers(format, lanes, slots, blocks, 256, per_thread);
     if !under_sanitizer() {
         for (lane, &n) in counts.iter().enumerate() {
             assert!(
@@ -366,14 +391,27 @@ fn millions_of_records_from_every_warp_arrive_checked_in_order() {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
 fn whole_warps_publish_4_kib_records_checked_byte_for_byte() {
-    const LEN: u32 = 4080;
-    let done = guard("4 KiB records", Duration::from_secs(300));
+    whole_warps_publish(SlotFormat::Committed, 4080);
+}
+
+/// The same into tagged 4 KiB slots: 2,032-byte records, each word tagged.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn whole_warps_publish_tagged_records_checked_byte_for_byte() {
+    whole_warps_publish(SlotFormat::Tagged, 2032);
+}
+
+fn whole_warps_publish(format: SlotFormat, len: u32) {
+    const STRIDE: u32 = 4096;
+    let done = guard("whole-warp records", Duration::from_secs(300));
     let lanes = 4;
-    let p = Producers::new(lanes, LaneShape::new(256, 4096).unwrap(), 5_000_000);
+    let shape = LaneShape::new(256, STRIDE).unwrap().with_format(format);
+    assert!(len <= shape.max_payload() && len.is_multiple_of(16));
+    let p = Producers::new(lanes, shape, 5_000_000);
     let (blocks, per_warp) = if under_sanitizer() { (4, 4) } else { (132, 64) };
     let warps = blocks * 8;
     let consumers = p.ring.consumers().unwrap();
-    p.launch("d2h_produce_warp_check", (blocks, 256), (per_warp, LEN));
+    p.launch("d2h_produce_warp_check", (blocks, 256), (per_warp, len));
     p.ring.finish_after(&p.stream).unwrap();
     let checkers: Vec<_> = consumers
         .into_iter()
@@ -381,7 +419,7 @@ fn whole_warps_publish_4_kib_records_checked_byte_for_byte() {
         .map(|(lane, mut consumer)| {
             std::thread::spawn(move || {
                 let mut checker =
-                    TestLaneChecker::new(lane as u32, 2, LEN as usize, move |w| w % lanes);
+                    TestLaneChecker::new(lane as u32, 2, len as usize, move |w| w % lanes);
                 for rec in consumer.records() {
                     let rec = rec.map_err(|e| e.to_string())?;
                     checker
@@ -489,10 +527,15 @@ fn warps_with_some_lanes_publish_records_of_every_length_intact() {
     let (lanes, blocks, threads) = (4u32, 16u32, 128u32);
     let rounds = if under_sanitizer() { 4 } else { 64 };
     // Slots of 32 to 128 bytes: a warp writes its records' slots together (shuffled pieces,
-    // payloads from odd and aligned addresses); 256 bytes: each thread writes its own.
-    for stride in [32u32, 64, 128, 256] {
-        let max_len = stride - 16;
-        let shape = LaneShape::new(256, stride).unwrap();
+    // payloads from odd and aligned addresses); 256 bytes: each thread writes its own. Each
+    // committed and tagged.
+    let formats = [SlotFormat::Committed, SlotFormat::Tagged];
+    for (format, stride) in formats
+        .into_iter()
+        .flat_map(|f| [32u32, 64, 128, 256].map(|s| (f, s)))
+    {
+        let shape = LaneShape::new(256, stride).unwrap().with_format(format);
+        let max_len = shape.max_payload();
         let ring = DeviceToHostRing::new(&gpu, lanes, shape, 5_000_000).unwrap();
         let result = Refusals::new(&gpu);
         let stream = Stream::new(&gpu).unwrap();
@@ -526,20 +569,20 @@ fn warps_with_some_lanes_publish_records_of_every_length_intact() {
             .map(|c| {
                 c.join()
                     .unwrap()
-                    .unwrap_or_else(|e| panic!("{stride}-byte slots: {e}"))
+                    .unwrap_or_else(|e| panic!("{stride}-byte {format:?} slots: {e}"))
             })
             .sum();
         assert_eq!(
             result.read(),
             [0; 5],
-            "{stride}-byte slots: no publication refused"
+            "{stride}-byte {format:?} slots: no publication refused"
         );
         let expected: u64 = (0..blocks * threads)
             .map(|t| (0..rounds).filter(|&r| sparse_in(t, r)).count() as u64)
             .sum();
         assert_eq!(
             total, expected,
-            "{stride}-byte slots: every record delivered"
+            "{stride}-byte {format:?} slots: every record delivered"
         );
     }
     done.store(true, Ordering::Release);
@@ -570,6 +613,8 @@ fn a_slow_consumer_holds_the_kernel_back_and_nothing_is_lost() {
                 other => panic!("record {} missing: {other:?}", checker.count()),
             }
         }
+        // The head past the last record taken (a one-record call leaves it to the next call).
+        consumer.publish_head();
         std::thread::sleep(Duration::from_millis(30));
         assert!(wait_until_full(&p.ring, SLOTS), "pause {i}: the lane fills");
         settle_commits();
@@ -624,6 +669,7 @@ fn closing_a_lane_releases_the_kernel_waiting_on_it() {
             other => panic!("record {} missing: {other:?}", checker.count()),
         }
     }
+    consumer.publish_head();
     std::thread::sleep(Duration::from_millis(50));
     assert!(
         wait_until_full(&p.ring, SLOTS),
@@ -685,10 +731,19 @@ fn median_p99(mut v: Vec<Duration>) -> (Duration, Duration) {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
 fn a_lone_record_s_latency_is_measured() {
-    let done = guard("lone record latency", Duration::from_secs(60));
+    let done = guard("lone record latency", Duration::from_secs(120));
+    for format in [SlotFormat::Committed, SlotFormat::Tagged] {
+        lone_record_latency(format);
+    }
+    done.store(true, Ordering::Release);
+}
+
+/// A lone record's round trip through a ring of `format`, then from the launch: printed.
+fn lone_record_latency(format: SlotFormat) {
     let gpu = open(false);
     let module = Module::load_ptx(&gpu, D2H_PTX).unwrap();
-    let ring = DeviceToHostRing::new(&gpu, 1, LaneShape::new(64, 64).unwrap(), 1_000_000).unwrap();
+    let shape = LaneShape::new(64, 64).unwrap().with_format(format);
+    let ring = DeviceToHostRing::new(&gpu, 1, shape, 1_000_000).unwrap();
     let result = Refusals::new(&gpu);
     let stream = Stream::new(&gpu).unwrap();
     let n: u32 = if under_sanitizer() { 20 } else { 2000 };
@@ -744,7 +799,8 @@ fn a_lone_record_s_latency_is_measured() {
     assert_eq!(result.read(), [0; 5]);
     let (median, p99) = median_p99(trips);
     println!(
-        "CPU store -> kernel publishes -> CPU sees the record: median {median:?}, p99 {p99:?}"
+        "{format:?}: CPU store -> kernel publishes -> CPU sees the record: median {median:?}, \
+         p99 {p99:?}"
     );
 
     // From the launch: a kernel that publishes one record, seen by a polling consumer.
@@ -778,8 +834,7 @@ fn a_lone_record_s_latency_is_measured() {
         );
     }
     let (median, p99) = median_p99(from_launch);
-    println!("launch -> lone record seen: median {median:?}, p99 {p99:?}");
-    done.store(true, Ordering::Release);
+    println!("{format:?}: launch -> lone record seen: median {median:?}, p99 {p99:?}");
 }
 
 #[test]

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use vkgdr::cuda_objects::{Event, LaunchConfig, Module, Stream};
-use vkgdr::ring::core::d2h::{LaneShape, ReleaseToken};
+use vkgdr::ring::core::d2h::{LaneShape, ReleaseToken, SlotFormat};
 use vkgdr::ring::DeviceToHostRing;
 use vkgdr::{Block, Gpu, Mapping, Pool, PoolConfig, RawMemory};
 
@@ -513,10 +513,17 @@ fn release_latency_and_cpu_cost_are_measured() {
 
     // Device release: the CPU lends the pool's last block to a persistent kernel, which
     // releases it as soon as the mailbox says so; the CPU allocates until it gets it back.
-    {
+    // Through a release ring of each slot format.
+    for (format, row) in [
+        (
+            SlotFormat::Committed,
+            "device release (vkgdr_release_token)",
+        ),
+        (SlotFormat::Tagged, "device release, tagged slots"),
+    ] {
         let (pool, _held) = pool_of_one(&gpu, BIG);
-        let ring =
-            DeviceToHostRing::new(&gpu, 1, LaneShape::new(64, 64).unwrap(), 1_000_000).unwrap();
+        let shape = LaneShape::new(64, 64).unwrap().with_format(format);
+        let ring = DeviceToHostRing::new(&gpu, 1, shape, 1_000_000).unwrap();
         pool.set_release_feed(ring.consumers().unwrap())
             .map_err(|_| "a feed already")
             .unwrap();
@@ -573,7 +580,7 @@ fn release_latency_and_cpu_cost_are_measured() {
         assert!(wait_for(&gpu, &worker_stream, Duration::from_secs(10)));
         let r = results.read();
         assert_eq!((r[0], r[5]), (0, 0), "{r:?}");
-        rows.push(("device release (vkgdr_release_token)", median_p99(trips)));
+        rows.push((row, median_p99(trips)));
     }
 
     // A CUDA event per block: record after the kernel, poll, then free.
@@ -646,11 +653,36 @@ fn release_latency_and_cpu_cost_are_measured() {
         .set_release_feed(ring.consumers().unwrap())
         .map_err(|_| "a feed already")
         .unwrap();
+    // The batch again through a pool whose release ring has tagged slots (31 tokens a record
+    // where a committed slot carries 62; its token table grows in that round).
+    let tagged_pool = Pool::new(
+        gpu.clone(),
+        PoolConfig {
+            thread_cache: 0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let tagged_shape = LaneShape::new(1024, 512)
+        .unwrap()
+        .with_format(SlotFormat::Tagged);
+    let tagged_ring = DeviceToHostRing::new(&gpu, 8, tagged_shape, 1_000_000).unwrap();
+    tagged_pool
+        .set_release_feed(tagged_ring.consumers().unwrap())
+        .map_err(|_| "a feed already")
+        .unwrap();
     // One block at a time (`release_on_device`), then the batch form (`release_many_on_device`,
     // one lock for all), each over fresh blocks; the batch reuses the table entries the first
     // round made (the first round grows the table).
-    for batch in [false, true] {
-        let mut all = fresh(blocks);
+    for (batch, tagged) in [(false, false), (true, false), (true, true)] {
+        let (big_pool, ring) = if tagged {
+            (&tagged_pool, &tagged_ring)
+        } else {
+            (&big_pool, &ring)
+        };
+        let mut all: Vec<Block> = (0..blocks)
+            .map(|_| big_pool.alloc(64, 64).unwrap())
+            .collect();
         let mut list = gpu.alloc(u64::from(blocks) * 8).unwrap();
         let c0 = cpu_time();
         let tokens: Vec<u64> = if batch {
@@ -697,7 +729,12 @@ fn release_latency_and_cpu_cost_are_measured() {
             big_pool.stats().device_releases
         );
         assert_eq!(results.read()[0], 0);
-        let (lend_row, all_row) = if batch {
+        let (lend_row, all_row) = if tagged {
+            (
+                "device release: release_many_on_device (one batch), tagged slots",
+                "device release in one batch, tagged slots, in all",
+            )
+        } else if batch {
             (
                 "device release: release_many_on_device (one batch)",
                 "device release in one batch, in all",

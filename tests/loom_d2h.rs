@@ -9,20 +9,25 @@
 //! room on a full lane (two slots, three records: a wrap and back-pressure, the head cache
 //! raised by one producer and used by the other); a producer waiting on a lane whose consumer
 //! closes gives up instead of hanging. A producer that commits before it writes (the bug the
-//! fence-then-commit order prevents) is caught.
+//! fence-then-commit order prevents) is caught. The same for lanes of tagged slots, whose
+//! producers store each word with its tag, in any order, with no fence and no commit.
 #![cfg(feature = "loom")]
 
 use loom::sync::Arc;
 use loom::thread;
 use vkgdr::ring::core::d2h::{
     meta_word, DeviceLaneState, HostLane, LaneConsumer, LaneMemory, LaneShape, ProducerModel,
-    Refusal, COMMIT_WORD, META_WORD,
+    Refusal, SlotFormat, COMMIT_WORD, META_WORD,
 };
 
-/// Two slots of one header and two payload words.
-fn shape() -> LaneShape {
-    LaneShape::new(2, 32).unwrap()
+/// Two slots of 32 bytes: one header and two payload words, or (tagged) two header words and
+/// two payload words of four bytes each.
+fn shape(format: SlotFormat) -> LaneShape {
+    LaneShape::new(2, 32).unwrap().with_format(format)
 }
+
+const COMMITTED: SlotFormat = SlotFormat::Committed;
+const TAGGED: SlotFormat = SlotFormat::Tagged;
 
 /// Explores the interleavings of `f` with at most `bound` preemptions.
 fn model(bound: usize, f: impl Fn() + Sync + Send + 'static) {
@@ -38,8 +43,8 @@ fn payload(p: u32, i: u32) -> [u8; 8] {
 }
 
 /// Takes `n` records, checking each is complete and that each producer's come in its order.
-fn consume(lane: &HostLane, n: u64) {
-    let mut consumer = LaneConsumer::new(lane, shape()).unwrap();
+fn consume(lane: &HostLane, format: SlotFormat, n: u64) {
+    let mut consumer = LaneConsumer::new(lane, shape(format)).unwrap();
     let mut next = [0u32; 2];
     let mut seq = 0;
     while seq < n {
@@ -66,8 +71,8 @@ fn consume(lane: &HostLane, n: u64) {
 }
 
 /// Publishes producer `p`'s `count` records with the model of the device producer.
-fn produce(lane: &HostLane, dev: &DeviceLaneState, p: u32, count: u32) {
-    let producer = ProducerModel::new(lane, dev, shape(), u32::MAX);
+fn produce(lane: &HostLane, dev: &DeviceLaneState, format: SlotFormat, p: u32, count: u32) {
+    let producer = ProducerModel::new(lane, dev, shape(format), u32::MAX);
     for i in 0..count {
         producer
             .publish(p, &payload(p, i))
@@ -76,18 +81,18 @@ fn produce(lane: &HostLane, dev: &DeviceLaneState, p: u32, count: u32) {
 }
 
 /// Producers `p` publishing `counts[p]` records each against the consumer.
-fn producers_and_consumer(bound: usize, counts: &'static [u32]) {
+fn producers_and_consumer(bound: usize, format: SlotFormat, counts: &'static [u32]) {
     model(bound, move || {
-        let lane = Arc::new(HostLane::new(shape()));
+        let lane = Arc::new(HostLane::new(shape(format)));
         let dev = Arc::new(DeviceLaneState::new());
         let producers: Vec<_> = (0..counts.len() as u32)
             .map(|p| {
                 let (lane, dev) = (lane.clone(), dev.clone());
-                thread::spawn(move || produce(&lane, &dev, p, counts[p as usize]))
+                thread::spawn(move || produce(&lane, &dev, format, p, counts[p as usize]))
             })
             .collect();
         let total: u32 = counts.iter().sum();
-        consume(&lane, total.into());
+        consume(&lane, format, total.into());
         for p in producers {
             p.join().unwrap();
         }
@@ -98,13 +103,25 @@ fn producers_and_consumer(bound: usize, counts: &'static [u32]) {
 /// Two producers race for the reservation and commit in either order.
 #[test]
 fn two_producers_and_the_consumer() {
-    producers_and_consumer(3, &[1, 1]);
+    producers_and_consumer(3, COMMITTED, &[1, 1]);
+}
+
+/// The same with tagged slots: each word proves its own arrival.
+#[test]
+fn two_producers_and_the_consumer_tagged() {
+    producers_and_consumer(3, TAGGED, &[1, 1]);
 }
 
 /// Three records through two slots: the producer waits for the consumer's head and wraps.
 #[test]
 fn a_producer_wraps_and_waits_for_the_consumer() {
-    producers_and_consumer(3, &[3]);
+    producers_and_consumer(3, COMMITTED, &[3]);
+}
+
+/// The same with tagged slots: a slot's previous lap's words are told from the new record's.
+#[test]
+fn a_producer_wraps_and_waits_for_the_consumer_tagged() {
+    producers_and_consumer(3, TAGGED, &[3]);
 }
 
 /// Both waits at once: the second producer may find the lane full of the first's records and
@@ -112,19 +129,24 @@ fn a_producer_wraps_and_waits_for_the_consumer() {
 /// consumer's waits together run past loom's branch limit.
 #[test]
 fn two_producers_wrap_and_wait_for_the_consumer() {
-    producers_and_consumer(1, &[2, 1]);
+    producers_and_consumer(1, COMMITTED, &[2, 1]);
+}
+
+#[test]
+fn two_producers_wrap_and_wait_for_the_consumer_tagged() {
+    producers_and_consumer(1, TAGGED, &[2, 1]);
 }
 
 #[test]
 fn a_waiting_producer_gives_up_when_the_consumer_closes() {
     model(3, || {
-        let lane = Arc::new(HostLane::new(shape()));
+        let lane = Arc::new(HostLane::new(shape(COMMITTED)));
         let dev = Arc::new(DeviceLaneState::new());
-        let consumer = LaneConsumer::new(&*lane, shape()).unwrap();
+        let consumer = LaneConsumer::new(&*lane, shape(COMMITTED)).unwrap();
         let producer = {
             let (lane, dev) = (lane.clone(), dev.clone());
             thread::spawn(move || {
-                let p = ProducerModel::new(&*lane, &dev, shape(), u32::MAX);
+                let p = ProducerModel::new(&*lane, &dev, shape(COMMITTED), u32::MAX);
                 (0..3)
                     .map(|i| p.publish(0, &payload(0, i)))
                     .collect::<Vec<_>>()
@@ -139,7 +161,7 @@ fn a_waiting_producer_gives_up_when_the_consumer_closes() {
 
 /// The bug: the commit word stored before the payload (no fence between them either).
 fn produce_committing_first(lane: &HostLane, dev: &DeviceLaneState, p: u32, count: u32) {
-    let shape = shape();
+    let shape = shape(COMMITTED);
     let producer = ProducerModel::new(lane, dev, shape, u32::MAX);
     let words = lane.slot_words();
     for i in 0..count {
@@ -157,13 +179,66 @@ fn produce_committing_first(lane: &HostLane, dev: &DeviceLaneState, p: u32, coun
 #[should_panic(expected = "complete")]
 fn committing_before_writing_is_caught() {
     model(2, || {
-        let lane = Arc::new(HostLane::new(shape()));
+        let lane = Arc::new(HostLane::new(shape(COMMITTED)));
         let dev = Arc::new(DeviceLaneState::new());
         let producer = {
             let (lane, dev) = (lane.clone(), dev.clone());
             thread::spawn(move || produce_committing_first(&lane, &dev, 0, 1))
         };
-        consume(&lane, 1);
+        consume(&lane, COMMITTED, 1);
         producer.join().unwrap();
+    });
+}
+
+/// The bug a tag prevents: a tagged slot whose payload word is stored without its record's tag
+/// (the previous lap's tag, as a producer that computed the tag from a stale sequence number
+/// would): the consumer must wait for the word, never take the old lap's bytes as this
+/// record's. With the tag checked, a record whose word never arrives is never delivered.
+#[test]
+fn a_payload_word_with_an_old_tag_is_never_taken() {
+    use vkgdr::ring::core::d2h::tagged_word;
+    model(2, || {
+        let shape = shape(TAGGED);
+        let lane = Arc::new(HostLane::new(shape));
+        let dev = Arc::new(DeviceLaneState::new());
+        let producer = {
+            let (lane, dev) = (lane.clone(), dev.clone());
+            thread::spawn(move || {
+                let p = ProducerModel::new(&*lane, &dev, shape, u32::MAX);
+                p.publish(0, &payload(0, 0)).unwrap();
+                // Record 1 goes to slot 1; record 2 to slot 0 again, its second payload word
+                // stored with record 0's tag.
+                p.publish(0, &payload(0, 1)).unwrap();
+                let seq = p.reserve(1).unwrap();
+                let words = lane.slot_words();
+                let first = shape.first_word(seq);
+                let relaxed = std::sync::atomic::Ordering::Relaxed;
+                let bytes = payload(0, 2);
+                let lo = u32::from_le_bytes(bytes[..4].try_into().unwrap());
+                words[first + 2].store(tagged_word(seq, lo), relaxed);
+                words[first + 3].store(tagged_word(seq - 2, 0xDEAD), relaxed);
+                words[first + 1].store(tagged_word(seq, 0), relaxed);
+                words[first].store(tagged_word(seq, 8), relaxed);
+            })
+        };
+        let mut consumer = LaneConsumer::new(&*lane, shape).unwrap();
+        let mut taken = 0;
+        while taken < 2 {
+            match consumer.try_next().unwrap() {
+                Some(rec) => {
+                    assert_eq!(rec.seq, taken);
+                    assert_eq!(rec.payload, payload(0, taken as u32), "complete");
+                    taken += 1;
+                }
+                None => thread::yield_now(),
+            }
+        }
+        producer.join().unwrap();
+        // Every word is stored now; one of record 2's is not its own.
+        assert_eq!(
+            consumer.try_next().unwrap(),
+            None,
+            "record 2 lacks a word: never taken"
+        );
     });
 }

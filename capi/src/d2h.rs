@@ -15,7 +15,7 @@ use std::ffi::c_void;
 use std::sync::{LazyLock, Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
 
-use vkgdr::ring::core::d2h::{D2hDeviceView, LaneConsumer, LaneShape, Poll};
+use vkgdr::ring::core::d2h::{D2hDeviceView, LaneConsumer, LaneShape, Poll, SlotFormat};
 use vkgdr::ring::{D2hLane, DeviceToHostRing, MAX_D2H_LANES};
 
 use crate::device::{device, vkgdr_t};
@@ -43,6 +43,17 @@ pub const VKGDR_D2H_RING_EMPTY: c_int = 1;
 /// was taken.
 pub const VKGDR_D2H_RING_ENDED: c_int = 2;
 
+/// `vkgdr_d2h_ring_create_with_format`'s `format`: each slot a commit word, stored after a
+/// release fence, then the meta word and `stride - 16` payload bytes (`vkgdr_d2h_ring_create`'s
+/// format; the same value as `ring_d2h.cuh`'s macro).
+pub const VKGDR_D2H_FORMAT_COMMITTED: u32 = 0;
+
+/// `vkgdr_d2h_ring_create_with_format`'s `format`: every 8-byte word of a slot carries four
+/// bytes and its record's tag, so a record needs no fence before it counts and reaches the CPU
+/// a PCIe round trip sooner, at `stride / 2 - 8` payload bytes per slot (NCCL's low-latency
+/// protocol, device to host).
+pub const VKGDR_D2H_FORMAT_TAGGED: u32 = 1;
+
 /// What a producing kernel takes by value: exactly `vkgdr_d2h_view` of
 /// `include/vkgdr/ring_d2h.cuh` (48 bytes, a wire format, so no `struct_size`). Pass a pointer
 /// to it as the kernel's parameter (`cuLaunchKernel`'s `kernelParams` entry).
@@ -60,15 +71,19 @@ pub struct vkgdr_d2h_ring_device_view {
     pub device: u64,
     /// Slots per lane (a power of two).
     pub slots_per_lane: u32,
-    /// Bytes per slot (a power of two): a record carries up to `stride - 16` payload bytes.
+    /// Bytes per slot (a power of two): a record carries up to `stride - 16` payload bytes
+    /// (`stride / 2 - 8` in the tagged format).
     pub stride: u32,
     /// Number of lanes.
     pub lanes: u32,
     /// Looks at a full lane's head, with no progress, before a publication gives up
     /// (`VKGDR_D2H_STALLED`).
     pub spin_limit: u32,
+    /// How the slots carry their records: `VKGDR_D2H_FORMAT_COMMITTED` or
+    /// `VKGDR_D2H_FORMAT_TAGGED`.
+    pub format: u32,
     /// Reserved, zero.
-    pub reserved: u64,
+    pub reserved: u32,
 }
 
 const _: () = assert!(
@@ -86,6 +101,7 @@ impl From<D2hDeviceView> for vkgdr_d2h_ring_device_view {
             stride: v.stride,
             lanes: v.lanes,
             spin_limit: v.spin_limit,
+            format: v.format,
             reserved: v.reserved,
         }
     }
@@ -266,20 +282,76 @@ pub unsafe extern "C" fn vkgdr_d2h_ring_create(
     spin_limit: u32,
 ) -> vkgdr_d2h_ring_t {
     guard("vkgdr_d2h_ring_create", std::ptr::null_mut(), || {
-        // Checked before the device handle is looked at, as for pools and rings.
-        let shape = LaneShape::new(slots, stride).map_err(vkgdr::Error::from)?;
-        if lanes == 0 || lanes > MAX_D2H_LANES {
-            let max = MAX_D2H_LANES;
-            return Err(
-                vkgdr::Error::from(vkgdr::InvalidArgument::RingLanes { lanes, max }).into(),
-            );
-        }
         // SAFETY: the caller does not close `g` during the call.
-        let gpu = unsafe { device(g) }?.gpu()?;
-        let ring = DeviceToHostRing::new(gpu, lanes, shape, spin_limit)?;
-        let lanes = (0..ring.lanes()).map(|_| Mutex::new(None)).collect();
-        register(&D2H_RINGS, CRing { lanes, ring })
+        unsafe { create(g, lanes, slots, stride, spin_limit, SlotFormat::Committed) }
     })
+}
+
+/// `vkgdr_d2h_ring_create` with the slots' format: `VKGDR_D2H_FORMAT_COMMITTED` (the same
+/// ring) or `VKGDR_D2H_FORMAT_TAGGED` (records of up to `stride / 2 - 8` bytes that reach the
+/// CPU sooner: for status words, completion notices and release tokens). The kernels need no
+/// change: `ring_d2h.cuh` reads the format from the view.
+///
+/// Returns a handle, or `NULL` on error (an unknown format, and `vkgdr_d2h_ring_create`'s).
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// - No thread closes `g` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_d2h_ring_create_with_format(
+    g: vkgdr_t,
+    lanes: u32,
+    slots: u32,
+    stride: u32,
+    spin_limit: u32,
+    format: u32,
+) -> vkgdr_d2h_ring_t {
+    guard("vkgdr_d2h_ring_create_with_format", NO_RING, || {
+        let format = slot_format(format)?;
+        // SAFETY: the caller does not close `g` during the call.
+        unsafe { create(g, lanes, slots, stride, spin_limit, format) }
+    })
+}
+
+/// The error return of the creators.
+const NO_RING: vkgdr_d2h_ring_t = std::ptr::null_mut();
+
+/// The slot format of a `VKGDR_D2H_FORMAT_*` code.
+fn slot_format(code: u32) -> CResult<SlotFormat> {
+    SlotFormat::from_code(code).ok_or_else(|| {
+        Failure::Api(format!(
+            "slot format {code}: use VKGDR_D2H_FORMAT_COMMITTED (0) or \
+             VKGDR_D2H_FORMAT_TAGGED (1)"
+        ))
+    })
+}
+
+/// Both creators' body: the shape and lanes checked before the device handle is looked at.
+///
+/// # Safety
+/// - No thread closes `g` during the call.
+unsafe fn create(
+    g: vkgdr_t,
+    lanes: u32,
+    slots: u32,
+    stride: u32,
+    spin_limit: u32,
+    format: SlotFormat,
+) -> CResult<vkgdr_d2h_ring_t> {
+    // Checked before the device handle is looked at, as for pools and rings.
+    let shape = LaneShape::new(slots, stride)
+        .map_err(vkgdr::Error::from)?
+        .with_format(format);
+    if lanes == 0 || lanes > MAX_D2H_LANES {
+        let max = MAX_D2H_LANES;
+        return Err(vkgdr::Error::from(vkgdr::InvalidArgument::RingLanes { lanes, max }).into());
+    }
+    // SAFETY: the caller does not close `g` during the call.
+    let gpu = unsafe { device(g) }?.gpu()?;
+    let ring = DeviceToHostRing::new(gpu, lanes, shape, spin_limit)?;
+    let lanes = (0..ring.lanes()).map(|_| Mutex::new(None)).collect();
+    register(&D2H_RINGS, CRing { lanes, ring })
 }
 
 /// Destroys a ring: closes every open lane (a kernel still publishing gets `VKGDR_D2H_CLOSED`
@@ -359,9 +431,10 @@ pub unsafe extern "C" fn vkgdr_d2h_ring_get_max_payload(ring: vkgdr_d2h_ring_t) 
 }
 
 /// Takes the next record of lane `lane` if it has arrived, without waiting: copies its payload
-/// into `buf` and its number, kind and length into `*rec`, and hands its slot back to the
-/// device. Records of a lane come in the order the device reserved them; the lane's first call
-/// opens it (from where an earlier consumer stopped).
+/// into `buf` and its number, kind and length into `*rec`; its slot goes back to the device at
+/// the lane's next call (or its close), so the store that hands it back is not on the record's
+/// way to the caller. Records of a lane come in the order the device reserved them; the lane's
+/// first call opens it (from where an earlier consumer stopped).
 ///
 /// - `capacity`: bytes of `buf`, at least `vkgdr_d2h_ring_get_max_payload(ring)`.
 /// - `rec`: its `struct_size` set by the caller.

@@ -22,10 +22,19 @@
 //
 // Wire format. A lane is `slots` slots (a power of two) of `stride` bytes (a power of two, 32 to
 // 65536) in host memory mapped into the device's address space. Record `seq` (the lane's
-// reservation count) goes to slot seq % slots:
+// reservation count) goes to slot seq % slots. A ring's slots have one of two formats
+// (view.format). VKGDR_D2H_FORMAT_COMMITTED, the default:
 //   word 0  commit   seq + 1 once the record is complete (0: never written), stored last
 //   word 1  meta     payload length (low 32 bits) | kind (high 32 bits)
 //   16..    payload  up to stride - 16 bytes
+// VKGDR_D2H_FORMAT_TAGGED (NCCL's low-latency protocol, device to host): every 8-byte word is
+// four data bytes (low half) | the record's tag (u32)(seq + 1) (high half), stored with one
+// 8-byte store each (PCIe delivers it whole), so every word proves its own arrival and no fence
+// or commit is needed; half the payload per slot:
+//   word 0  payload length | tag
+//   word 1  kind | tag
+//   word 2+ payload bytes 4 (i - 2) .. 4 (i - 1) - 1, little-endian, zero-padded | tag;
+//           up to stride / 2 - 8 bytes
 // Per lane, in a control block the CPU writes (VKGDR_D2H_CONTROL_STRIDE apart; in GPU memory
 // the CPU stores to through the BAR, or in host memory): `head` (u64, records the CPU has taken)
 // and `closed` (u64, non-zero once the consumer is gone); in device memory
@@ -42,7 +51,9 @@
 // commit's st.release.sys) in every writing thread, and store the commit word (one aligned
 // 8-byte store). A writer may store the commit word's present value (the previous lap's commit,
 // or 0) with the rest of the slot before that: the consumer sees no change. Between reserving
-// and committing nothing waits.
+// and committing nothing waits. In a tagged lane, store every word of the record (tagged) and
+// nothing more: the fence before a commit waits for the payload's stores to be acknowledged
+// from host memory, a PCIe round trip on a lone record's way.
 // Records of one lane reach the CPU in reservation order; lanes are independent.
 //
 // Warp calls (d2h_publish_each, d2h_publish_warp, release_token) use __activemask() or expect
@@ -67,6 +78,8 @@
 #define VKGDR_D2H_DEVICE_STRIDE 128ull  // bytes between two lanes' device states
 #define VKGDR_D2H_KIND_RESERVED 0x80000000u // kinds from here up are the library's
 #define VKGDR_D2H_KIND_RELEASE 0x80000001u  // payload: u64 release tokens
+#define VKGDR_D2H_FORMAT_COMMITTED 0 // view.format: a commit word after a fence (the default)
+#define VKGDR_D2H_FORMAT_TAGGED 1    // view.format: every word tagged with its record (vkgdr.h has both)
 
 // Publication status.
 #define VKGDR_D2H_OK 0
@@ -83,7 +96,8 @@ typedef struct vkgdr_d2h_view {
     unsigned int stride;
     unsigned int lanes;
     unsigned int spin_limit;
-    unsigned long long reserved;
+    unsigned int format;   // VKGDR_D2H_FORMAT_COMMITTED or VKGDR_D2H_FORMAT_TAGGED
+    unsigned int reserved; // zero
 } vkgdr_d2h_view;
 
 static_assert(sizeof(vkgdr_d2h_view) == 48, "vkgdr_d2h_view must match D2hDeviceView");
@@ -110,6 +124,7 @@ struct D2hLane {
     u64 count; // slots
     unsigned int stride;
     unsigned int spin_limit;
+    bool tagged; // VKGDR_D2H_FORMAT_TAGGED
 };
 
 // Lane `lane` of a ring (lane < view.lanes).
@@ -119,6 +134,7 @@ __device__ __forceinline__ D2hLane d2h_lane(const vkgdr_d2h_view& v, unsigned in
     l.count = v.slots_per_lane;
     l.stride = v.stride;
     l.spin_limit = v.spin_limit;
+    l.tagged = v.format == VKGDR_D2H_FORMAT_TAGGED;
     l.slots = (unsigned char*)(v.slots + (u64)lane * l.count * v.stride);
     const u64 control = v.control + (u64)lane * VKGDR_D2H_CONTROL_STRIDE;
     l.head = (volatile u64*)(control + VKGDR_D2H_CONTROL_HEAD);
@@ -130,13 +146,72 @@ __device__ __forceinline__ D2hLane d2h_lane(const vkgdr_d2h_view& v, unsigned in
 // The largest payload of a lane's records.
 __device__ __forceinline__ unsigned int d2h_max_payload(const D2hLane& l)
 {
-    return l.stride - VKGDR_D2H_SLOT_HEADER_LEN;
+    return l.tagged ? (l.stride - VKGDR_D2H_SLOT_HEADER_LEN) / 2u
+                    : l.stride - VKGDR_D2H_SLOT_HEADER_LEN;
 }
 
 // The slot of record `seq`.
 __device__ __forceinline__ unsigned char* d2h_slot(const D2hLane& l, u64 seq)
 {
     return l.slots + (seq & (l.count - 1ull)) * l.stride;
+}
+
+// Word `data` of record `seq` in a tagged slot: the data in the low half, the tag in the high.
+__device__ __forceinline__ u64 d2h_tagged_word(u64 seq, unsigned int data)
+{
+    return (u64)data | ((u64)(unsigned int)(seq + 1ull) << 32);
+}
+
+// Stores two tagged words at a 16-byte aligned `at` with one instruction whose two 8-byte
+// elements are each a single relaxed system-scope store (st.volatile): each reaches host memory
+// whole, in no particular order, which is all a tagged slot needs.
+__device__ __forceinline__ void d2h_store_tagged_pair(unsigned char* at, u64 a, u64 b)
+{
+    asm volatile("st.volatile.v2.u64 [%0], {%1, %2};" ::"l"(at), "l"(a), "l"(b) : "memory");
+}
+
+// Bytes 4 i .. 4 i + 3 of a payload of `len` bytes as a little-endian word, zero past `len`
+// (only bytes below `len` are read; a 4-byte aligned payload a word at a time).
+__device__ __forceinline__ unsigned int d2h_payload_u32(const void* payload, unsigned int len,
+                                                        unsigned int i)
+{
+    const unsigned int from = 4u * i;
+    if (from >= len) {
+        return 0u;
+    }
+    const unsigned char* src = (const unsigned char*)payload;
+    const unsigned int k = len - from < 4u ? len - from : 4u;
+    if (k == 4u && ((unsigned long long)payload & 3ull) == 0ull) {
+        return *(const unsigned int*)(src + from);
+    }
+    unsigned int w = 0u;
+    for (unsigned int b = 0; b < k; ++b) {
+        w |= (unsigned int)src[from + b] << (8u * b);
+    }
+    return w;
+}
+
+// Word `i` of record `seq` in a tagged slot: the length, the kind, then the payload.
+__device__ __forceinline__ u64 d2h_tagged_slot_word(u64 seq, unsigned int kind,
+                                                    const void* payload, unsigned int len,
+                                                    unsigned int i)
+{
+    const unsigned int data =
+        i == 0u ? len : (i == 1u ? kind : d2h_payload_u32(payload, len, i - 2u));
+    return d2h_tagged_word(seq, data);
+}
+
+// Writes record `seq` whole into its tagged slot from one thread, two words per store: it is
+// published once the last of them lands.
+__device__ __forceinline__ void d2h_write_tagged(const D2hLane& l, u64 seq, unsigned int kind,
+                                                 const void* payload, unsigned int len)
+{
+    unsigned char* slot = d2h_slot(l, seq);
+    const unsigned int words = 2u + (len + 3u) / 4u;
+    for (unsigned int i = 0; i < words; i += 2u) {
+        d2h_store_tagged_pair(slot + 8u * i, d2h_tagged_slot_word(seq, kind, payload, len, i),
+                              d2h_tagged_slot_word(seq, kind, payload, len, i + 1u));
+    }
 }
 
 // Reserves `n` consecutive records (1 <= n <= slots) for the calling thread: VKGDR_D2H_OK with
@@ -299,10 +374,14 @@ __device__ __forceinline__ int d2h_publish(const D2hLane& l, unsigned int kind, 
     if (status != VKGDR_D2H_OK) {
         return status;
     }
-    unsigned char* slot = d2h_slot(l, seq);
-    d2h_write_meta(slot, len, kind);
-    d2h_copy(slot, payload, len);
-    d2h_commit_release(l, seq); // the writes above first, with no fence.sc.sys
+    if (l.tagged) {
+        d2h_write_tagged(l, seq, kind, payload, len);
+    } else {
+        unsigned char* slot = d2h_slot(l, seq);
+        d2h_write_meta(slot, len, kind);
+        d2h_copy(slot, payload, len);
+        d2h_commit_release(l, seq); // the writes above first, with no fence.sc.sys
+    }
     if (seq_out) {
         *seq_out = seq;
     }
@@ -347,6 +426,10 @@ __device__ __forceinline__ int d2h_publish_each(const D2hLane& l, unsigned int k
     __syncwarp(active);
     const u64 seq = first + rank;
     const unsigned int pieces = l.stride / 16u; // the same in every thread
+    if (pieces > VKGDR_D2H_COALESCED_PIECES && l.tagged) {
+        d2h_write_tagged(l, seq, kind, payload, len);
+        return VKGDR_D2H_OK;
+    }
     if (pieces > VKGDR_D2H_COALESCED_PIECES) {
         unsigned char* slot = d2h_slot(l, seq);
         d2h_write_meta(slot, len, kind);
@@ -359,7 +442,14 @@ __device__ __forceinline__ int d2h_publish_each(const D2hLane& l, unsigned int k
 #pragma unroll
     for (unsigned int q = 0; q < VKGDR_D2H_COALESCED_PIECES; ++q) {
         if (q < pieces) {
-            own[q] = d2h_slot_piece(l, seq, kind, payload, len, q);
+            if (l.tagged) {
+                const u64 a = d2h_tagged_slot_word(seq, kind, payload, len, 2u * q);
+                const u64 b = d2h_tagged_slot_word(seq, kind, payload, len, 2u * q + 1u);
+                own[q] = make_uint4((unsigned int)a, (unsigned int)(a >> 32), (unsigned int)b,
+                                    (unsigned int)(b >> 32));
+            } else {
+                own[q] = d2h_slot_piece(l, seq, kind, payload, len, q);
+            }
         }
     }
     // Round k: this thread writes piece j = k * count + rank of the run (record j / pieces,
@@ -383,7 +473,16 @@ __device__ __forceinline__ int d2h_publish_each(const D2hLane& l, unsigned int k
                 }
             }
         }
-        *(uint4*)(d2h_slot(l, first + r) + 16u * q) = mine;
+        unsigned char* at = d2h_slot(l, first + r) + 16u * q;
+        if (l.tagged) {
+            d2h_store_tagged_pair(at, (u64)mine.x | ((u64)mine.y << 32),
+                                  (u64)mine.z | ((u64)mine.w << 32));
+        } else {
+            *(uint4*)at = mine;
+        }
+    }
+    if (l.tagged) {
+        return VKGDR_D2H_OK; // every word tagged: published as it lands
     }
     // Every thread's pieces, then every thread's commit (as d2h_publish_warp's).
     fence_release_sys();
@@ -412,7 +511,21 @@ __device__ __forceinline__ int d2h_publish_warp(const D2hLane& l, unsigned int k
     if (status != VKGDR_D2H_OK) {
         return status;
     }
+    // Thread 0's acquire (in d2h_reserve) before every thread's slot stores.
+    __syncwarp();
     unsigned char* slot = d2h_slot(l, seq);
+    if (l.tagged) {
+        // Payload bytes 8 j .. 8 j + 7 are words 2 + 2 j and 3 + 2 j: one store each j.
+        for (unsigned int j = me; 2u * j < (len + 3u) / 4u; j += 32u) {
+            d2h_store_tagged_pair(slot + 16u + 16u * j,
+                                  d2h_tagged_slot_word(seq, kind, payload, len, 2u + 2u * j),
+                                  d2h_tagged_slot_word(seq, kind, payload, len, 3u + 2u * j));
+        }
+        if (me == 0u) {
+            d2h_store_tagged_pair(slot, d2h_tagged_word(seq, len), d2h_tagged_word(seq, kind));
+        }
+        return VKGDR_D2H_OK;
+    }
     const uint4* src = (const uint4*)payload;
     uint4* dst = (uint4*)(slot + VKGDR_D2H_SLOT_HEADER_LEN);
     const unsigned int whole = len / 16u;
@@ -458,13 +571,27 @@ __device__ __forceinline__ int release_token(const D2hLane& l, u64 token)
     if (status != VKGDR_D2H_OK) {
         return status;
     }
+    // The leader's acquire (in d2h_reserve) before every thread's slot stores.
+    __syncwarp(active);
     const u64 seq = first + rank / per;
     const unsigned int index = rank % per;
+    const unsigned int left = count - rank; // tokens from this one on
+    const unsigned int len = (left < per ? left : per) * 8u;
     unsigned char* slot = d2h_slot(l, seq);
+    if (l.tagged) {
+        // Token `index` is payload words 2 index and 2 index + 1: slot words 2 + 2 index, ...
+        d2h_store_tagged_pair(slot + 16u + 16u * index,
+                              d2h_tagged_word(seq, (unsigned int)token),
+                              d2h_tagged_word(seq, (unsigned int)(token >> 32)));
+        if (index == 0u) {
+            d2h_store_tagged_pair(slot, d2h_tagged_word(seq, len),
+                                  d2h_tagged_word(seq, VKGDR_D2H_KIND_RELEASE));
+        }
+        return VKGDR_D2H_OK;
+    }
     ((volatile u64*)(slot + VKGDR_D2H_SLOT_HEADER_LEN))[index] = token;
     if (index == 0u) {
-        const unsigned int left = count - rank; // tokens from this one on
-        d2h_write_meta(slot, (left < per ? left : per) * 8u, VKGDR_D2H_KIND_RELEASE);
+        d2h_write_meta(slot, len, VKGDR_D2H_KIND_RELEASE);
     }
     fence_release_sys();
     __syncwarp(active);

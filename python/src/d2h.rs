@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
-use vkgdr::ring::core::d2h::{LaneConsumer as Consumer, LaneShape, Poll};
+use vkgdr::ring::core::d2h::{LaneConsumer as Consumer, LaneShape, Poll, SlotFormat};
 use vkgdr::ring::D2hLane;
 
 use crate::device::gpu_of;
@@ -21,9 +21,13 @@ const WAIT_SLICE: Duration = Duration::from_millis(50);
 /// with ``include/vkgdr/ring_d2h.cuh`` into ``device_view``; one ``LaneConsumer`` per lane
 /// (``consumer(lane)``) takes them in order.
 ///
-/// ``DeviceToHostRing(owner, slots, stride, *, lanes=1, spin_limit=1000000)``: ``lanes`` (1 to
-/// 1024) lanes of ``slots`` slots (a power of two, 2 to 2**24) of ``stride`` bytes (a power of
-/// two, 32 to 65536; a record carries up to ``stride - 16`` payload bytes). The warp calls of
+/// ``DeviceToHostRing(owner, slots, stride, *, lanes=1, spin_limit=1000000,
+/// format="committed")``: ``lanes`` (1 to 1024) lanes of ``slots`` slots (a power of two, 2 to
+/// 2**24) of ``stride`` bytes (a power of two, 32 to 65536; a record carries up to ``stride -
+/// 16`` payload bytes). ``format="tagged"``: every 8-byte word of a slot carries four bytes and
+/// its record's tag, so a record needs no fence before it counts and reaches the CPU a PCIe
+/// round trip sooner, at ``stride // 2 - 8`` payload bytes (for status words, completion
+/// notices and release tokens; the kernels need no change). The warp calls of
 /// ``ring_d2h.cuh`` reserve up to 32 slots at once: give a lane at least 32. A kernel's
 /// publication into a full lane gives up (``VKGDR_D2H_STALLED``) after ``spin_limit`` looks at
 /// a head that does not move (each a read of GPU memory and a nap of up to about 4 µs).
@@ -62,6 +66,8 @@ pub struct DeviceToHostView {
     lanes: u32,
     /// Looks at a full lane's unmoving head before a publication gives up.
     spin_limit: u32,
+    /// How the slots carry their records: 0 committed, 1 tagged (``VKGDR_D2H_FORMAT_*``).
+    format: u32,
 }
 
 #[pymethods]
@@ -76,6 +82,7 @@ impl DeviceToHostView {
             stride: self.stride,
             lanes: self.lanes,
             spin_limit: self.spin_limit,
+            format: self.format,
             reserved: 0,
         };
         PyBytes::new(py, &view.to_bytes())
@@ -100,7 +107,7 @@ impl DeviceToHostRing {
 #[pymethods]
 impl DeviceToHostRing {
     #[new]
-    #[pyo3(signature = (owner, slots, stride, *, lanes = 1, spin_limit = 1_000_000))]
+    #[pyo3(signature = (owner, slots, stride, *, lanes = 1, spin_limit = 1_000_000, format = "committed"))]
     fn new(
         py: Python<'_>,
         owner: &Bound<'_, PyAny>,
@@ -108,9 +115,21 @@ impl DeviceToHostRing {
         stride: u32,
         lanes: u32,
         spin_limit: u32,
+        format: &str,
     ) -> PyResult<Self> {
-        // The shape is checked before the owner is looked at.
-        let shape = LaneShape::new(slots, stride).map_err(|e| to_py(e.into()))?;
+        // The shape and format are checked before the owner is looked at.
+        let format = match format {
+            "committed" => SlotFormat::Committed,
+            "tagged" => SlotFormat::Tagged,
+            other => {
+                return Err(invalid_argument(format!(
+                    "format {other:?}: \"committed\" or \"tagged\""
+                )))
+            }
+        };
+        let shape = LaneShape::new(slots, stride)
+            .map_err(|e| to_py(e.into()))?
+            .with_format(format);
         let gpu = gpu_of(owner)?;
         let ring = py
             .detach(|| vkgdr::ring::DeviceToHostRing::new(&gpu, lanes, shape, spin_limit))
@@ -151,6 +170,7 @@ impl DeviceToHostRing {
             stride: v.stride,
             lanes: v.lanes,
             spin_limit: v.spin_limit,
+            format: v.format,
         }
     }
 
@@ -172,10 +192,19 @@ impl DeviceToHostRing {
         self.ring.shape().stride()
     }
 
-    /// The largest payload a record carries (``stride - 16``).
+    /// The largest payload a record carries (``stride - 16``; tagged: ``stride // 2 - 8``).
     #[getter]
     fn max_payload(&self) -> u32 {
         self.ring.shape().max_payload()
+    }
+
+    /// How the slots carry their records: ``"committed"`` or ``"tagged"``.
+    #[getter]
+    fn format(&self) -> &'static str {
+        match self.ring.shape().format() {
+            SlotFormat::Committed => "committed",
+            SlotFormat::Tagged => "tagged",
+        }
     }
 
     /// Looks at a full lane's unmoving head before a publication gives up.

@@ -60,15 +60,26 @@ def wait_done(stream, seconds: float) -> bool:
     return True
 
 
-def test_a_kernels_records_arrive_in_order_in_every_lane(cupy, produce):
+@pytest.mark.parametrize(
+    "slot_format, stride, max_payload, code",
+    [("committed", 128, 112, 0), ("tagged", 256, 120, 1)],
+)
+def test_a_kernels_records_arrive_in_order_in_every_lane(
+    cupy, produce, slot_format, stride, max_payload, code
+):
     gpu = vkgdr.Vkgdr(0)
-    ring = vkgdr.DeviceToHostRing(gpu, 1024, 128, lanes=LANES, spin_limit=1 << 22)
-    assert (ring.lanes, ring.slots, ring.stride, ring.max_payload) == (LANES, 1024, 128, 112)
+    ring = vkgdr.DeviceToHostRing(
+        gpu, 1024, stride, lanes=LANES, spin_limit=1 << 22, format=slot_format
+    )
+    assert (ring.lanes, ring.slots, ring.stride, ring.max_payload, ring.format) == (
+        LANES, 1024, stride, max_payload, slot_format,
+    )
     view = ring.device_view
-    fields = struct.unpack("<QQQIIIIQ", view.to_bytes())
+    fields = struct.unpack("<QQQIIIIII", view.to_bytes())
     assert fields == (
-        view.slots, view.control, view.device, 1024, 128, LANES, 1 << 22, 0,
+        view.slots, view.control, view.device, 1024, stride, LANES, 1 << 22, code, 0,
     ), "to_bytes is vkgdr_d2h_view's layout"
+    assert view.format == code
     assert view.device == view.control + 128 * LANES and view.ring is ring
     consumers = [ring.consumer(lane) for lane in range(LANES)]
     result = cupy.zeros(5, dtype=cupy.uint64)
@@ -220,7 +231,8 @@ def test_consumers_of_every_lane_from_threads_at_once(cupy):
         ring.consumer(lane).close()
 
 
-def test_blocks_released_by_a_kernel_come_back_to_the_pool(cuda, cupy):
+@pytest.mark.parametrize("slot_format", ["committed", "tagged"])
+def test_blocks_released_by_a_kernel_come_back_to_the_pool(cuda, cupy, slot_format):
     # A pool whose release feed is a two-lane ring lends 300 blocks; d2h_release_test sends
     # their tokens back through vkgdr_release_token and the pool gets every block back; the
     # same (now spent) tokens once more free nothing.
@@ -228,7 +240,7 @@ def test_blocks_released_by_a_kernel_come_back_to_the_pool(cuda, cupy):
         pytest.fail("kernels/ring_d2h.ptx not found: set VKGDR_KERNELS_DIR")
     gpu = vkgdr.Vkgdr(0)
     pool = vkgdr.Pool(gpu)
-    ring = vkgdr.DeviceToHostRing(gpu, 64, 64, lanes=2)
+    ring = vkgdr.DeviceToHostRing(gpu, 64, 64, lanes=2, format=slot_format)
     pool.set_release_feed(ring)
     # Once per pool: a second ring is refused (its lanes stay free for consumers), and the same
     # ring again is refused at its lanes, which are the pool's now.

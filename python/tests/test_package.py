@@ -63,9 +63,13 @@ def test_a_device_to_host_ring_checks_its_shape_before_its_owner(slots, stride, 
         vkgdr.DeviceToHostRing(object(), slots, stride, lanes=lanes)
     with pytest.raises(OverflowError):
         vkgdr.DeviceToHostRing(object(), -1, 64)
+    with pytest.raises(vkgdr.InvalidArgumentError, match='format "fast": "committed" or "tagged"'):
+        vkgdr.DeviceToHostRing(object(), 64, 64, format="fast")
     # A good shape gets as far as the owner.
     with pytest.raises(TypeError, match="the owner must be a vkgdr.Vkgdr, not object"):
         vkgdr.DeviceToHostRing(object(), 64, 64)
+    with pytest.raises(TypeError, match="the owner must be a vkgdr.Vkgdr, not object"):
+        vkgdr.DeviceToHostRing(object(), 64, 64, format="tagged")
 
 
 def test_the_sharing_names() -> None:

@@ -366,6 +366,7 @@ class DeviceToHostView:
     stride: int
     lanes: int
     spin_limit: int
+    format: int
     def to_bytes(self) -> bytes:
         """The 48 bytes of ``vkgdr_d2h_view``, for the kernel's by-value parameter."""
 
@@ -381,6 +382,7 @@ class DeviceToHostRing:
         *,
         lanes: int = 1,
         spin_limit: int = 1000000,
+        format: str = "committed",
     ) -> None: ...
     def consumer(self, lane: int) -> "LaneConsumer":
         """The lane's consumer; raises ``VkgdrError`` while the lane has one."""
@@ -394,6 +396,8 @@ class DeviceToHostRing:
     def stride(self) -> int: ...
     @property
     def max_payload(self) -> int: ...
+    @property
+    def format(self) -> str: ...
     @property
     def spin_limit(self) -> int: ...
     def finish(self) -> None:

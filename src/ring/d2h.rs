@@ -194,7 +194,8 @@ impl Drop for D2hMemory {
 ///
 /// let gpu = vkgdr::Gpu::open(0)?;
 /// // 4 lanes of 4096 slots of 64 bytes (48-byte payloads); a full lane's producers give up
-/// // after a million looks at a head that does not move.
+/// // after a million looks at a head that does not move. (`.with_format(SlotFormat::Tagged)`
+/// // on the shape: 24-byte payloads that reach the CPU sooner.)
 /// let ring = DeviceToHostRing::new(&gpu, 4, LaneShape::new(4096, 64)?, 1_000_000)?;
 /// let view = ring.device_view(); // the kernel's argument (vkgdr_d2h_view)
 /// let stream = Stream::new(&gpu)?;
@@ -320,6 +321,7 @@ impl DeviceToHostRing {
             stride: m.shape.stride(),
             lanes: m.lanes,
             spin_limit: self.spin_limit,
+            format: m.shape.format().code(),
             reserved: 0,
         }
     }

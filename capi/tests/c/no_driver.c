@@ -430,6 +430,18 @@ static void d2h_rings_without_a_device(void)
     CHECK(last_error_contains("vkgdr_d2h_ring_create: the vkgdr_t handle is NULL"), "named");
     CHECK(vkgdr_d2h_ring_create((vkgdr_t)made_up, 1, 64, 64, 100) == NULL, "a made-up device");
     CHECK(last_error_contains("invalid vkgdr_t handle"), "named");
+    CHECK(vkgdr_d2h_ring_create_with_format(NULL, 1, 64, 64, 100, 2) == NULL, "format 2");
+    CHECK(last_error_contains("vkgdr_d2h_ring_create_with_format: slot format 2"),
+          "the format is checked before the device");
+    CHECK(vkgdr_d2h_ring_create_with_format(NULL, 1, 64, 16, 100, VKGDR_D2H_FORMAT_TAGGED) ==
+              NULL,
+          "stride 16, tagged");
+    CHECK(last_error_contains("powers of two"), "the shape too");
+    CHECK(vkgdr_d2h_ring_create_with_format(NULL, 1, 64, 64, 100, VKGDR_D2H_FORMAT_COMMITTED) ==
+              NULL,
+          "a good shape and format, no device");
+    CHECK(last_error_contains("vkgdr_d2h_ring_create_with_format: the vkgdr_t handle is NULL"),
+          "named");
 
     rec.struct_size = sizeof rec;
     stats.struct_size = sizeof stats;

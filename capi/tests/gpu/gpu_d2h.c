@@ -4,7 +4,8 @@
  * Every record must arrive once, in its lane's order (seq 0, 1, 2, ...), with kind 1, 64 bytes
  * and the words its thread wrote in that round (thread << 32 | round, + 1, ...), each thread's
  * rounds in order; after vkgdr_d2h_ring_finish each lane ends (VKGDR_D2H_RING_ENDED), the
- * kernel reports no refusal and the lane counters agree. Coherent and forced non-coherent.
+ * kernel reports no refusal and the lane counters agree. Coherent and forced non-coherent,
+ * and a ring of tagged slots (vkgdr_d2h_ring_create_with_format, 256-byte slots: 120 bytes).
  *
  * Then closing: a kernel fills a lane of 32 slots that nobody empties, the consumer takes 5
  * records and closes the lane, and the kernel, waiting for room, gives up with
@@ -15,7 +16,8 @@
  * Then device-side release: a pool whose release feed is a two-lane ring lends 300 blocks
  * (vkgdr_block_release_on_device); d2h_release_test hands their tokens back through
  * vkgdr_release_token, and the pool gets every block back; a second launch with the same
- * (now stale) tokens frees nothing; the feed's lanes are the pool's, not the C caller's.
+ * (now stale) tokens frees nothing; the feed's lanes are the pool's, not the C caller's. With
+ * each slot format.
  *
  * Usage: gpu_d2h path/to/kernels/ring_d2h.ptx */
 #define _POSIX_C_SOURCE 199309L /* nanosleep */
@@ -108,10 +110,15 @@ static void *consume(void *arg)
     return NULL;
 }
 
-static void stream_of_records(CUfunction produce, uint32_t open_flags, const char *what)
+static void stream_of_records(CUfunction produce, uint32_t open_flags, uint32_t format,
+                              const char *what)
 {
     vkgdr_t g = vkgdr_open(0, VKGDR_OPEN_CURRENT_CONTEXT_BIT | open_flags);
-    vkgdr_d2h_ring_t ring = vkgdr_d2h_ring_create(g, LANES, 1024, 128, 1u << 22);
+    const uint32_t stride = format == VKGDR_D2H_FORMAT_TAGGED ? 256 : 128;
+    vkgdr_d2h_ring_t ring =
+        format == VKGDR_D2H_FORMAT_COMMITTED
+            ? vkgdr_d2h_ring_create(g, LANES, 1024, stride, 1u << 22)
+            : vkgdr_d2h_ring_create_with_format(g, LANES, 1024, stride, 1u << 22, format);
     vkgdr_d2h_ring_device_view view;
     lane_consumer consumers[LANES];
     pthread_t threads[LANES];
@@ -128,11 +135,13 @@ static void stream_of_records(CUfunction produce, uint32_t open_flags, const cha
         return;
     }
     CHECK(vkgdr_d2h_ring_get_lanes(ring) == LANES, "%s: lanes", what);
-    CHECK(vkgdr_d2h_ring_get_max_payload(ring) == 112, "%s: max payload", what);
+    CHECK(vkgdr_d2h_ring_get_max_payload(ring) == (format == VKGDR_D2H_FORMAT_TAGGED ? 120 : 112),
+          "%s: max payload", what);
     CHECK(vkgdr_d2h_ring_get_device_view(ring, &view) == VKGDR_SUCCESS, "%s: view", what);
-    CHECK(view.lanes == LANES && view.slots_per_lane == 1024 && view.stride == 128 &&
+    CHECK(view.lanes == LANES && view.slots_per_lane == 1024 && view.stride == stride &&
               view.spin_limit == 1u << 22 && view.slots != 0 && view.control != 0 &&
-              view.device == view.control + LANES * 128ull && view.reserved == 0,
+              view.device == view.control + LANES * 128ull && view.format == format &&
+              view.reserved == 0,
           "%s: the view's fields", what);
     CU_OK(cuMemAlloc(&result, sizeof res));
     CU_OK(cuMemsetD8(result, 0, sizeof res));
@@ -295,11 +304,11 @@ static void closing_and_misuse(CUfunction produce)
 
 #define LENT 300
 
-static void device_releases(CUfunction release)
+static void device_releases(CUfunction release, uint32_t format)
 {
     vkgdr_t g = vkgdr_open(0, VKGDR_OPEN_CURRENT_CONTEXT_BIT);
     vkgdr_pool_t pool = vkgdr_pool_create(g, NULL);
-    vkgdr_d2h_ring_t ring = vkgdr_d2h_ring_create(g, 2, 64, 64, 1u << 22);
+    vkgdr_d2h_ring_t ring = vkgdr_d2h_ring_create_with_format(g, 2, 64, 64, 1u << 22, format);
     vkgdr_d2h_ring_device_view view;
     vkgdr_d2h_record rec;
     vkgdr_pool_stats stats;
@@ -338,7 +347,8 @@ static void device_releases(CUfunction release)
         CU_OK(cuLaunchKernel(release, (LENT + 63) / 64, 1, 1, 64, 1, 1, 0, NULL, args, NULL));
         CU_OK(cuCtxSynchronize());
         CU_OK(cuMemcpyDtoH(res, result, sizeof res));
-        CHECK(res[0] == 0, "release round %u: %llu refusals", round, (unsigned long long)res[0]);
+        CHECK(res[0] == 0, "release (format %u) round %u: %llu refusals", format, round,
+              (unsigned long long)res[0]);
         /* The pool's thread drains the lanes while blocks are lent; this drains the spent
          * tokens of the second launch too. */
         start = time(NULL);
@@ -352,14 +362,15 @@ static void device_releases(CUfunction release)
             }
             nanosleep(&ms, NULL);
         }
-        CHECK(vkgdr_pool_get_lent_blocks(pool) == 0, "release round %u: %llu blocks still lent",
-              round, (unsigned long long)vkgdr_pool_get_lent_blocks(pool));
+        CHECK(vkgdr_pool_get_lent_blocks(pool) == 0,
+              "release (format %u) round %u: %llu blocks still lent", format, round,
+              (unsigned long long)vkgdr_pool_get_lent_blocks(pool));
         stats.struct_size = sizeof stats;
         CHECK(vkgdr_pool_get_stats(pool, &stats) == VKGDR_SUCCESS && stats.tokens_issued == LENT &&
                   stats.tokens_redeemed == LENT && stats.tokens_refused == LENT * round &&
                   stats.release_lane_broken == 0,
-              "release round %u: issued %llu, redeemed %llu, refused %llu", round,
-              (unsigned long long)stats.tokens_issued, (unsigned long long)stats.tokens_redeemed,
+              "release (format %u) round %u: issued %llu, redeemed %llu, refused %llu", format,
+              round, (unsigned long long)stats.tokens_issued, (unsigned long long)stats.tokens_redeemed,
               (unsigned long long)stats.tokens_refused);
     }
     CHECK(vkgdr_pool_reclaim_device_releases(pool) == 0, "nothing left to reclaim");
@@ -378,13 +389,16 @@ int main(int argc, char **argv)
     CUdevice dev = enter_primary_context();
     CUmodule module;
     CUfunction produce = load_kernel(ptx, "d2h_produce_test", &module);
-    stream_of_records(produce, 0, "device -> host ring");
-    stream_of_records(produce, VKGDR_OPEN_FORCE_NON_COHERENT_BIT, "non-coherent");
+    stream_of_records(produce, 0, VKGDR_D2H_FORMAT_COMMITTED, "device -> host ring");
+    stream_of_records(produce, VKGDR_OPEN_FORCE_NON_COHERENT_BIT, VKGDR_D2H_FORMAT_COMMITTED,
+                      "non-coherent");
+    stream_of_records(produce, 0, VKGDR_D2H_FORMAT_TAGGED, "tagged slots");
     closing_and_misuse(produce);
     {
         CUfunction release = NULL;
         CU_OK(cuModuleGetFunction(&release, module, "d2h_release_test"));
-        device_releases(release);
+        device_releases(release, VKGDR_D2H_FORMAT_COMMITTED);
+        device_releases(release, VKGDR_D2H_FORMAT_TAGGED);
     }
     cuModuleUnload(module);
     leave_primary_context(dev);

@@ -21,7 +21,7 @@ use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
 use vkgdr::cuda_objects::{DeviceBuffer, Event, LaunchConfig, Module, PinnedBuffer, Stream};
-use vkgdr::ring::core::d2h::{D2hDeviceView, LaneConsumer, LaneShape, Poll, STATUS_OK};
+use vkgdr::ring::core::d2h::{D2hDeviceView, LaneConsumer, LaneShape, Poll, SlotFormat, STATUS_OK};
 use vkgdr::ring::{D2hLane, DeviceToHostRing};
 use vkgdr::{Gpu, Mapping, OpenOptions};
 
@@ -55,10 +55,16 @@ pub mod rows {
     pub const RING_8: &str = "ring: kernel → 8 lanes → 8 CPU consumer threads";
     /// `d2h-throughput`: 16 lanes, 16 CPU threads.
     pub const RING_16: &str = "ring: kernel → 16 lanes → 16 CPU consumer threads";
+    /// `d2h-throughput`: 16 lanes of tagged slots (half the payload per slot), 16 CPU threads.
+    pub const RING_16_TAGGED: &str = "ring, tagged slots: kernel → 16 lanes → 16 CPU threads";
     /// `d2h-throughput`: the same bytes by `cuMemcpyDtoHAsync`, device → pinned host memory.
     pub const DTOH_256: &str = "cuMemcpyDtoHAsync device → pinned, 256 records per copy";
     /// `d2h-latency`: CPU store → resident kernel publishes one record → the CPU sees it.
     pub const PING: &str = "ring: CPU store → resident kernel publishes → CPU sees the record";
+    /// `d2h-latency`: the same through a ring of tagged slots (no fence before the record
+    /// counts).
+    pub const PING_TAGGED: &str =
+        "ring, tagged slots: CPU store → resident kernel publishes → CPU sees the record";
     /// `d2h-latency`: the same round trip with a plain word instead of a record: the machine's.
     pub const PONG_WORD: &str =
         "CPU store → resident kernel writes a word into pinned memory → CPU sees it";
@@ -72,15 +78,24 @@ pub mod rows {
 
 /// The lane shape of the throughput rows for `size`-byte slots: 1 MiB of 64-byte slots or
 /// 2 MiB of 4 KiB ones per lane.
-fn shape(size: u64) -> BenchResult<LaneShape> {
+fn shape(size: u64, format: SlotFormat) -> BenchResult<LaneShape> {
     let slots = if size <= 64 { 16384 } else { 512 };
-    Ok(LaneShape::new(slots, size as u32).map_err(vkgdr::Error::from)?)
+    Ok(LaneShape::new(slots, size as u32)
+        .map_err(vkgdr::Error::from)?
+        .with_format(format))
 }
 
-/// One throughput run: `records` records of `size`-byte slots from the kernel to the consumer
-/// threads. Returns GB/s.
-fn ring_rate(gpu: &Gpu, module: &Module, size: u64, records: u64, lanes: u32) -> BenchResult<f64> {
-    let shape = shape(size)?;
+/// One throughput run: `records` records of `size`-byte slots of `format` from the kernel to
+/// the consumer threads, each record as long as a slot carries (a multiple of 16 bytes for the
+/// whole-warp records). Returns GB/s of slot bytes.
+fn ring_rate(
+    gpu: &Gpu,
+    module: &Module,
+    (size, format): (u64, SlotFormat),
+    records: u64,
+    lanes: u32,
+) -> BenchResult<f64> {
+    let shape = shape(size, format)?;
     // A quarter of a lane per head store: the producers refill the rest meanwhile.
     let batch = shape.slots() as usize / 4;
     let ring = DeviceToHostRing::new(gpu, lanes, shape, SPIN_LIMIT)?;
@@ -90,10 +105,14 @@ fn ring_rate(gpu: &Gpu, module: &Module, size: u64, records: u64, lanes: u32) ->
     let consumers = ring.consumers()?;
     let (kernel, per, len) = if size <= 64 {
         let per_thread = (records / u64::from(BLOCKS * THREADS)).max(1) as u32;
-        ("d2h_produce_check", per_thread, size as u32 - 16)
+        ("d2h_produce_check", per_thread, shape.max_payload())
     } else {
         let per_warp = (records / u64::from(BLOCKS * THREADS / 32)).max(1) as u32;
-        ("d2h_produce_warp_check", per_warp, size as u32 - 16)
+        (
+            "d2h_produce_warp_check",
+            per_warp,
+            shape.max_payload() / 16 * 16,
+        )
     };
     let expected = if size <= 64 {
         u64::from(per) * u64::from(BLOCKS * THREADS)
@@ -223,14 +242,12 @@ fn ns(mut t: Vec<Duration>) -> Vec<f64> {
 }
 
 /// `n` round trips: the CPU stores `i + 1` into a word of GPU memory, the resident `d2h_ping`
-/// publishes record `i`, the CPU sees it.
-fn ping(gpu: &Gpu, module: &Module, n: u32) -> BenchResult<Vec<f64>> {
-    let ring = DeviceToHostRing::new(
-        gpu,
-        1,
-        LaneShape::new(64, 64).map_err(vkgdr::Error::from)?,
-        SPIN_LIMIT,
-    )?;
+/// publishes record `i` into a lane of `format`, the CPU sees it.
+fn ping(gpu: &Gpu, module: &Module, n: u32, format: SlotFormat) -> BenchResult<Vec<f64>> {
+    let shape = LaneShape::new(64, 64)
+        .map_err(vkgdr::Error::from)?
+        .with_format(format);
+    let ring = DeviceToHostRing::new(gpu, 1, shape, SPIN_LIMIT)?;
     let stream = Stream::new(gpu)?;
     let mut go = gpu.alloc(4096)?;
     go.fill(0, 64, 0)?;
@@ -436,19 +453,27 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     let copy_stream = Stream::new(&gpu)?;
     let src = DeviceBuffer::new(&gpu, 64 << 20)?;
     let dst = HostPinned::new(&gpu, 64 << 20)?;
-    ui::phase("throughput", 3 * sizes.len() as u64);
+    ui::phase("throughput", 4 * sizes.len() as u64);
     let mut rates = Vec::new();
+    let committed = SlotFormat::Committed;
+    let ways = [
+        (LANES[0], committed, rows::RING_8),
+        (LANES[1], committed, rows::RING_16),
+        (LANES[1], SlotFormat::Tagged, rows::RING_16_TAGGED),
+    ];
     for size in sizes {
         let records = bytes_per_run / size;
         let mut ring = Vec::new();
-        for (lanes, name) in LANES.into_iter().zip([rows::RING_8, rows::RING_16]) {
+        for (lanes, format, name) in ways {
             ui::step(format!("{name} · {}", fmt_size(size)));
             let samples: Vec<f64> = (0..reps)
-                .map(|_| ring_rate(&gpu, &module, size, records, lanes))
+                .map(|_| ring_rate(&gpu, &module, (size, format), records, lanes))
                 .collect::<BenchResult<_>>()?;
             let stats = Stats::of(&samples).expect("samples");
             bw.figures.push(Figure::measured(name, size, &stats));
-            ring.push((lanes, stats.median));
+            if format == committed {
+                ring.push((lanes, stats.median));
+            }
         }
         ui::step(format!("{} · {}", rows::DTOH_256, fmt_size(size)));
         let copy: Vec<f64> = (0..reps)
@@ -462,7 +487,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
             .push(Figure::measured(rows::DTOH_256, size, &copy));
     }
     bw.notes.push(format!(
-        "GB/s = slot bytes (16-byte header included) per second; records: a grid of {BLOCKS} blocks of {THREADS} threads publishes into 8 or 16 lanes (1 MiB of 64 B slots or 2 MiB of 4 KiB slots each), 64 B: each thread its own record (one reservation per warp), 4 KiB: a whole warp per record; one CPU thread per lane drains and checks them; from the launch to the last record taken"
+        "GB/s = slot bytes (16-byte header included) per second; a tagged slot carries half the payload of a committed one (24 of 64 bytes, 2,032 of 4 KiB); records: a grid of {BLOCKS} blocks of {THREADS} threads publishes into 8 or 16 lanes (1 MiB of 64 B slots or 2 MiB of 4 KiB slots each), 64 B: each thread its own record (one reservation per warp), 4 KiB: a whole warp per record; one CPU thread per lane drains and checks them; from the launch to the last record taken"
     ));
     for (size, lanes, ring, copy) in rates {
         bw.notes.push(format!(
@@ -480,12 +505,16 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
 
     let n = if opts.quick { 2_000 } else { 20_000 };
     let launches = if opts.quick { 1_000 } else { 5_000 };
-    ui::phase("latency", 5);
+    ui::phase("latency", 6);
     let mut p99 = Vec::new();
     for (name, samples) in [
         (rows::PING, {
             ui::step(rows::PING);
-            ping(&gpu, &module, n)?
+            ping(&gpu, &module, n, SlotFormat::Committed)?
+        }),
+        (rows::PING_TAGGED, {
+            ui::step(rows::PING_TAGGED);
+            ping(&gpu, &module, n, SlotFormat::Tagged)?
         }),
         (rows::PONG_WORD, {
             ui::step(rows::PONG_WORD);

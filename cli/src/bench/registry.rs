@@ -269,6 +269,10 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                         Rows::Is(d2h::rows::WRITE_EVENT),
                     ),
                     (Rows::Is(d2h::rows::PING), Rows::Is(d2h::rows::PONG_WORD)),
+                    (
+                        Rows::Is(d2h::rows::PING_TAGGED),
+                        Rows::Is(d2h::rows::PONG_WORD),
+                    ),
                 ]),
                 machine: &[
                     Rows::Is(d2h::rows::PONG_WORD),

@@ -15,7 +15,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use vkgdr::cuda_objects::{LaunchConfig, Module, Stream};
 use vkgdr::ring::core::d2h::{
-    D2hDeviceView, LaneShape, Poll, ReleaseToken, TestLaneChecker, MAX_ENTRIES,
+    D2hDeviceView, LaneShape, Poll, ReleaseToken, SlotFormat, TestLaneChecker, MAX_ENTRIES,
 };
 use vkgdr::ring::DeviceToHostRing;
 use vkgdr::{Block, Gpu, Mapping, Pool, PoolConfig, RawMemory};
@@ -182,9 +182,15 @@ fn d2h_round(
 ) -> vkgdr::Result<()> {
     let lanes: u32 = rng.gen_range(1..=4);
     let per_warp_records = rng.gen_bool(0.3);
+    // Half the rounds in tagged slots, whose records carry half as much.
+    let (format, most) = if rng.gen_bool(0.5) {
+        (SlotFormat::Tagged, 2)
+    } else {
+        (SlotFormat::Committed, 1)
+    };
     let (blocks, threads) = (rng.gen_range(1..=8u32) * lanes, 128u32);
     let (kernel, kind, stride, slots, len, producers, rounds) = if per_warp_records {
-        let len = 16 * rng.gen_range(1..=255u32);
+        let len = 16 * rng.gen_range(1..=255u32 / most);
         let warps = blocks * threads / 32;
         (
             "d2h_produce_warp_check",
@@ -196,7 +202,7 @@ fn d2h_round(
             rng.gen_range(1..=64u32),
         )
     } else {
-        let len = 8 * rng.gen_range(1..=6u32);
+        let len = 8 * rng.gen_range(1..=6u32 / (most * most));
         (
             "d2h_produce_check",
             1,
@@ -207,7 +213,8 @@ fn d2h_round(
             rng.gen_range(1..=128u32),
         )
     };
-    let ring = DeviceToHostRing::new(gpu, lanes, LaneShape::new(slots, stride)?, SPIN_LIMIT)?;
+    let shape = LaneShape::new(slots, stride)?.with_format(format);
+    let ring = DeviceToHostRing::new(gpu, lanes, shape, SPIN_LIMIT)?;
     let result = results(gpu)?;
     let consumers = ring.consumers()?;
     let checking: Vec<_> = consumers
@@ -306,7 +313,14 @@ pub(super) fn release_rounds(
     let run = || -> vkgdr::Result<()> {
         let mut rounds = Rounds::start(gpu, seed, until, stop)?;
         let pool = Pool::new(gpu.clone(), PoolConfig::default())?;
-        let ring = DeviceToHostRing::new(gpu, 2, LaneShape::new(256, 64)?, SPIN_LIMIT)?;
+        // Workers of odd seeds release through tagged slots.
+        let format = if seed % 2 == 1 {
+            SlotFormat::Tagged
+        } else {
+            SlotFormat::Committed
+        };
+        let shape = LaneShape::new(256, 64)?.with_format(format);
+        let ring = DeviceToHostRing::new(gpu, 2, shape, SPIN_LIMIT)?;
         if pool.set_release_feed(ring.consumers()?).is_err() {
             return Err(vkgdr::Error::Unsupported(
                 "a new pool refused its release feed".into(),

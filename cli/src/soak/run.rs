@@ -78,7 +78,9 @@ pub(super) fn soak(
         if let Some(k) = &d2h_kernels {
             let stop = &stop;
             s.spawn(move || d2h_rounds(gpu, k, 7, until, stop, c));
+            // Two release workers: seed 11's ring has tagged slots, seed 12's committed ones.
             s.spawn(move || release_rounds(gpu, k, 11, until, stop, c));
+            s.spawn(move || release_rounds(gpu, k, 12, until, stop, c));
         }
         s.spawn(|| raw_churn(gpu, until, &stop, c));
         // The processes it starts die with this thread (PR_SET_PDEATHSIG): it outlives them.

@@ -3,10 +3,20 @@
 //! records in order and publishes its head: at once ([`LaneConsumer::try_next`],
 //! [`LaneConsumer::poll`], [`LaneConsumer::drain`]), waiting ([`LaneConsumer::next_timeout`])
 //! or as a blocking iterator ([`LaneConsumer::records`]).
+//!
+//! **When the head moves.** `drain` publishes it once at its end. The one-record calls
+//! (`try_next`, `poll`, `next_timeout`, the iterator) leave it one record behind and publish
+//! it at the start of the consumer's next call, or at its close or drop: the head's store
+//! (through a BAR, a write-combined store and an `sfence`, some hundreds of nanoseconds) then
+//! comes after the record is in the caller's hands, not before, which is most of what a lone
+//! record's arrival costs beyond the device's own write. The device may overwrite a slot only
+//! once the head passed it, and the record was copied out before `next` moved past it, so
+//! publishing later is always safe; the lane just looks one record fuller to its producers
+//! while the caller holds the record ([`LaneConsumer::publish_head`] publishes it at once).
 
 use std::time::{Duration, Instant};
 
-use super::layout::{D2hError, LaneShape, COMMIT_WORD, META_WORD};
+use super::layout::{tag_of, D2hError, LaneShape, SlotFormat, COMMIT_WORD, META_WORD};
 use crate::core::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use crate::core::sync::CachePadded;
 
@@ -144,7 +154,7 @@ impl From<Record<'_>> for RecordBuf {
 /// What a look at a lane found ([`LaneConsumer::poll`], [`LaneConsumer::next_timeout`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Poll<'a> {
-    /// The next record, taken: the head is published past it.
+    /// The next record, taken: the head passes it at the consumer's next call (or close).
     Record(Record<'a>),
     /// No record yet (or none before the timeout); the producers may still publish.
     Pending,
@@ -173,7 +183,8 @@ const WAIT_NAP: Duration = Duration::from_micros(50);
 
 /// The consumer of one lane: takes its records in sequence order, each checked (commit word,
 /// length, unchanged while read) before it is delivered, and publishes its head so the device
-/// may reuse the slots. One consumer per lane; dropping it closes the lane (the device's
+/// may reuse the slots (after a one-record call, at the start of the next call: see the
+/// [module docs](self)). One consumer per lane; dropping it closes the lane (the device's
 /// publications then end with [`STATUS_CLOSED`](super::STATUS_CLOSED)).
 ///
 /// An error is final: the lane is broken (the device broke the protocol) and every later call
@@ -205,6 +216,8 @@ pub struct LaneConsumer<M: LaneMemory> {
     buf: Vec<u8>,
     /// Set by the first protocol error; returned from then on.
     broken: Option<D2hError>,
+    /// A one-record call took a record and left the head behind it: the next call publishes.
+    unpublished: bool,
 }
 
 impl<M: LaneMemory> LaneConsumer<M> {
@@ -227,6 +240,7 @@ impl<M: LaneMemory> LaneConsumer<M> {
             next,
             buf: vec![0; shape.max_payload() as usize],
             broken: None,
+            unpublished: false,
         })
     }
 
@@ -245,20 +259,28 @@ impl<M: LaneMemory> LaneConsumer<M> {
         &self.mem
     }
 
-    /// Whether the next record has arrived (or the lane is broken): one acquire load.
+    /// Whether the next record has arrived (or the lane is broken): one load. In a
+    /// [`Tagged`](SlotFormat::Tagged) lane, whether its first word has: the rest of it may
+    /// still be on its way, for a moment, and [`try_next`](Self::try_next) says `None` until
+    /// it is there.
     pub fn is_ready(&self) -> bool {
-        self.broken.is_some()
-            || self.mem.slot_words()[self.shape.first_word(self.next) + COMMIT_WORD]
-                .load(Ordering::Relaxed)
-                != self.shape.commit_before(self.next)
+        if self.broken.is_some() {
+            return true;
+        }
+        let word = self.mem.slot_words()[self.shape.first_word(self.next)].load(Ordering::Relaxed);
+        match self.shape.format() {
+            SlotFormat::Committed => word != self.shape.commit_before(self.next),
+            SlotFormat::Tagged => (word >> 32) as u32 != self.shape.tag_before(self.next),
+        }
     }
 
-    /// The next record, if it has arrived, and the head published past it; `Ok(None)` if it has
-    /// not arrived yet.
+    /// The next record, if it has arrived (the head passes it at the next call); `Ok(None)` if
+    /// it has not arrived yet.
     pub fn try_next(&mut self) -> Result<Option<Record<'_>>, D2hError> {
+        self.settle();
         match self.take()? {
             Some((seq, kind, len)) => {
-                self.publish_head();
+                self.unpublished = true;
                 Ok(Some(Record {
                     seq,
                     kind,
@@ -269,9 +291,11 @@ impl<M: LaneMemory> LaneConsumer<M> {
         }
     }
 
-    /// The next record if it has arrived ([`Poll::Record`], the head published past it),
-    /// [`Poll::Ended`] if none has and the producers are finished, else [`Poll::Pending`].
+    /// The next record if it has arrived ([`Poll::Record`]; the head passes it at the next
+    /// call), [`Poll::Ended`] if none has and the producers are finished, else
+    /// [`Poll::Pending`].
     pub fn poll(&mut self) -> Result<Poll<'_>, D2hError> {
+        self.settle();
         Ok(match self.look()? {
             Look::Taken(seq, kind, len) => self.deliver(seq, kind, len),
             Look::Pending => Poll::Pending,
@@ -284,6 +308,7 @@ impl<M: LaneMemory> LaneConsumer<M> {
     /// It spins first (a record that comes within microseconds is seen at once), then yields,
     /// then naps up to 50 µs between looks. [`Duration::MAX`] waits for as long as it takes.
     pub fn next_timeout(&mut self, timeout: Duration) -> Result<Poll<'_>, D2hError> {
+        self.settle();
         let deadline = Instant::now().checked_add(timeout);
         let mut waited = 0u32;
         loop {
@@ -319,11 +344,12 @@ impl<M: LaneMemory> LaneConsumer<M> {
     /// publishes the head once. Returns how many were taken. On an error the records before it
     /// were delivered and their slots released.
     ///
-    /// The throughput path: the other calls publish the head after every record, which where the
+    /// The throughput path: the other calls publish the head once per record, which where the
     /// head lies behind a BAR is a store and a fence each. A `max` of a quarter of the lane lets
     /// the producers refill the rest while `f` runs (with no limit they would wait for the whole
     /// lane to be taken).
     pub fn drain(&mut self, max: usize, mut f: impl FnMut(Record<'_>)) -> Result<usize, D2hError> {
+        self.settle();
         let mut taken = 0;
         let result = loop {
             if taken == max {
@@ -344,22 +370,41 @@ impl<M: LaneMemory> LaneConsumer<M> {
             }
         };
         if taken > 0 {
-            self.publish_head();
+            self.store_head();
         }
         result
     }
 
     /// Tells the device that nothing will be taken any more: its waiting and later
     /// publications end with [`STATUS_CLOSED`](super::STATUS_CLOSED). Dropping the consumer
-    /// does it too.
+    /// does it too. The head is published first, so the lane's next consumer starts after the
+    /// last record this one delivered.
     pub fn close(&self) {
+        self.store_head();
         self.mem.closed_word().store(1, Ordering::Release);
         self.mem.control_stored();
     }
 
+    /// Publishes the head a one-record call left behind, if it did.
+    fn settle(&mut self) {
+        if self.unpublished {
+            self.unpublished = false;
+            self.store_head();
+        }
+    }
+
+    /// Publishes the head now, past every record taken so far: what the next call would do
+    /// first after a one-record call. For a caller that holds a record a while (the lane looks
+    /// one record fuller to its producers until then: enough to keep a warp's 32-record
+    /// reservation out of a lane that has room for it).
+    pub fn publish_head(&mut self) {
+        self.unpublished = false;
+        self.store_head();
+    }
+
     /// Stores the head (release: every read of the slots below it happens before the device's
     /// acquire of it, hence before any overwrite).
-    fn publish_head(&self) {
+    fn store_head(&self) {
         self.mem.head_word().store(self.next, Ordering::Release);
         self.mem.control_stored();
     }
@@ -384,9 +429,9 @@ impl<M: LaneMemory> LaneConsumer<M> {
         let _ = seq;
     }
 
-    /// Publishes the head past a record [`take`](Self::take) copied out and hands it over.
+    /// Hands over a record [`take`](Self::take) copied out; the head passes it at the next call.
     fn deliver(&mut self, seq: u64, kind: u32, len: usize) -> Poll<'_> {
-        self.publish_head();
+        self.unpublished = true;
         Poll::Record(Record {
             seq,
             kind,
@@ -419,42 +464,117 @@ impl<M: LaneMemory> LaneConsumer<M> {
         }
         let seq = self.next;
         let words = self.mem.slot_words();
-        let first = self.shape.first_word(seq);
-        let commit = words[first + COMMIT_WORD].load(Ordering::Acquire);
-        if commit != LaneShape::commit_of(seq) {
-            if commit == self.shape.commit_before(seq) {
-                return Ok(None);
+        let taken = match self.shape.format() {
+            SlotFormat::Committed => take_committed(words, self.shape, seq, &mut self.buf),
+            SlotFormat::Tagged => take_tagged(words, self.shape, seq, &mut self.buf),
+        };
+        match taken {
+            Ok(Some((kind, len))) => {
+                self.next = seq + 1;
+                Ok(Some((seq, kind, len)))
             }
-            return Err(self.fail(D2hError::BadCommit { seq, found: commit }));
+            Ok(None) => Ok(None),
+            Err(e) => Err(self.fail(e)),
         }
-        let meta = words[first + META_WORD].load(Ordering::Relaxed);
-        let (len, kind) = (meta as u32, (meta >> 32) as u32);
-        let max = self.shape.max_payload();
-        if len > max {
-            return Err(self.fail(D2hError::BadLength { seq, len, max }));
-        }
-        let len = len as usize;
-        let body = &words[first + META_WORD + 1..][..len.div_ceil(8)];
-        for (chunk, word) in self.buf[..len.next_multiple_of(8)]
-            .chunks_exact_mut(8)
-            .zip(body)
-        {
-            chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
-        }
-        // The payload loads come before the re-check: a slot the device overwrote while we read
-        // it (only a device that ignores the head does) shows a different commit word now.
-        fence(Ordering::Acquire);
-        if words[first + COMMIT_WORD].load(Ordering::Relaxed) != commit {
-            return Err(self.fail(D2hError::Torn { seq }));
-        }
-        self.next = seq + 1;
-        Ok(Some((seq, kind, len)))
     }
 
     fn fail(&mut self, e: D2hError) -> D2hError {
         self.broken = Some(e.clone());
         e
     }
+}
+
+/// Copies record `seq` out of a [`Committed`](SlotFormat::Committed) slot into `buf`:
+/// `(kind, len)`, or `None` while its commit word is the previous lap's.
+fn take_committed(
+    words: &[AtomicU64],
+    shape: LaneShape,
+    seq: u64,
+    buf: &mut [u8],
+) -> Result<Option<(u32, usize)>, D2hError> {
+    let first = shape.first_word(seq);
+    let commit = words[first + COMMIT_WORD].load(Ordering::Acquire);
+    if commit != LaneShape::commit_of(seq) {
+        if commit == shape.commit_before(seq) {
+            return Ok(None);
+        }
+        return Err(D2hError::BadCommit { seq, found: commit });
+    }
+    let meta = words[first + META_WORD].load(Ordering::Relaxed);
+    let (len, kind) = (meta as u32, (meta >> 32) as u32);
+    let max = shape.max_payload();
+    if len > max {
+        return Err(D2hError::BadLength { seq, len, max });
+    }
+    let len = len as usize;
+    let body = &words[first + META_WORD + 1..][..len.div_ceil(8)];
+    for (chunk, word) in buf[..len.next_multiple_of(8)].chunks_exact_mut(8).zip(body) {
+        chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+    }
+    // The payload loads come before the re-check: a slot the device overwrote while we read
+    // it (only a device that ignores the head does) shows a different commit word now.
+    fence(Ordering::Acquire);
+    if words[first + COMMIT_WORD].load(Ordering::Relaxed) != commit {
+        return Err(D2hError::Torn { seq });
+    }
+    Ok(Some((kind, len)))
+}
+
+/// Copies record `seq` out of a [`Tagged`](SlotFormat::Tagged) slot into `buf`: `(kind, len)`,
+/// or `None` while any word it needs lacks the record's tag.
+///
+/// Every record writes the two header words, so before record `seq` arrives they hold exactly
+/// the previous lap's tag (0 on the first lap): any other tag there is a device that wrote
+/// past the head or wrote garbage ([`D2hError::BadCommit`]). A payload word may hold an older
+/// lap's tag (a shorter record before did not write it), so one without the record's tag is
+/// only "not yet", unless the header changed meanwhile ([`D2hError::Torn`]).
+fn take_tagged(
+    words: &[AtomicU64],
+    shape: LaneShape,
+    seq: u64,
+    buf: &mut [u8],
+) -> Result<Option<(u32, usize)>, D2hError> {
+    let first = shape.first_word(seq);
+    let tag = tag_of(seq);
+    let before = shape.tag_before(seq);
+    let header = |i: usize| -> Result<Option<u64>, D2hError> {
+        let word = words[first + i].load(Ordering::Relaxed);
+        match (word >> 32) as u32 {
+            t if t == tag => Ok(Some(word)),
+            t if t == before => Ok(None),
+            _ => Err(D2hError::BadCommit { seq, found: word }),
+        }
+    };
+    let Some(length) = header(0)? else {
+        return Ok(None);
+    };
+    let Some(kind) = header(1)? else {
+        return Ok(None);
+    };
+    let (len, max) = (length as u32, shape.max_payload());
+    if len > max {
+        return Err(D2hError::BadLength { seq, len, max });
+    }
+    let len = len as usize;
+    let body = &words[first + 2..][..len.div_ceil(4)];
+    for (chunk, word) in buf[..len.next_multiple_of(4)].chunks_exact_mut(4).zip(body) {
+        let word = word.load(Ordering::Relaxed);
+        if (word >> 32) as u32 != tag {
+            // Not here yet, or overwritten under us.
+            fence(Ordering::Acquire);
+            if words[first].load(Ordering::Relaxed) != length {
+                return Err(D2hError::Torn { seq });
+            }
+            return Ok(None);
+        }
+        chunk.copy_from_slice(&(word as u32).to_le_bytes());
+    }
+    // As in a committed slot: every load above before the re-check of the first word.
+    fence(Ordering::Acquire);
+    if words[first].load(Ordering::Relaxed) != length {
+        return Err(D2hError::Torn { seq });
+    }
+    Ok(Some((kind as u32, len)))
 }
 
 /// What [`LaneConsumer::look`] found.

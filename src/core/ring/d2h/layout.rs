@@ -3,7 +3,8 @@
 //! (`VKGDR_D2H_*`).
 #![forbid(unsafe_code)]
 
-/// Bytes of a slot's header: the commit word, then the meta word.
+/// Bytes of a slot's header: the commit word, then the meta word (in a tagged slot, the length
+/// word, then the kind word).
 pub const SLOT_HEADER_LEN: u32 = 16;
 /// Word index, inside a slot, of the commit word: `seq + 1` once record `seq` is complete
 /// (0: never written).
@@ -27,6 +28,12 @@ pub const CONTROL_HEAD_OFFSET: u64 = 0;
 pub const CONTROL_CLOSED_OFFSET: u64 = 8;
 /// Bytes between two lanes' device-memory states (`reserve`, `head_cache`, `gave_up`).
 pub const DEVICE_STRIDE: u64 = 128;
+/// [`SlotFormat::Committed`]'s code in [`D2hDeviceView::format`] (`VKGDR_D2H_FORMAT_COMMITTED`).
+pub const FORMAT_COMMITTED: u32 = 0;
+/// [`SlotFormat::Tagged`]'s code in [`D2hDeviceView::format`] (`VKGDR_D2H_FORMAT_TAGGED`).
+pub const FORMAT_TAGGED: u32 = 1;
+/// Payload bytes in each word of a tagged slot (the low half; the high half is the tag).
+pub const TAGGED_BYTES_PER_WORD: u32 = 4;
 /// Kinds from this one up are the library's own; a kernel's records use kinds below it.
 pub const KIND_RESERVED: u32 = 0x8000_0000;
 /// Kind of a record of release tokens: the payload is `len / 8` little-endian `u64` tokens
@@ -74,8 +81,79 @@ impl Refusal {
     }
 }
 
+/// How a lane's slots carry their records: what the kernels' publications write and what the
+/// consumer checks before it delivers a record. Chosen per ring, with its [`LaneShape`].
+///
+/// | | [`Committed`](Self::Committed) (the default) | [`Tagged`](Self::Tagged) |
+/// |:--|:--|:--|
+/// | a slot of `stride` bytes carries | `stride - 16` payload bytes | `stride / 2 - 8` payload bytes |
+/// | the device, per record | payload, a release fence at system scope, then the commit word | every 8-byte word stored with its tag, no fence |
+/// | a lone record's trip to the CPU | a PCIe round trip longer: the fence waits for the payload's stores to be acknowledged | one posted write's time |
+/// | the CPU knows a record arrived by | its commit word | the tag in every word it reads |
+///
+/// `Tagged` is the device → host form of NCCL's low-latency protocol: each aligned 8-byte word
+/// holds four payload bytes (low half) and the record's tag, `(seq + 1) as u32` (high half),
+/// and the device stores each with one 8-byte store, which reaches host memory whole. A word
+/// whose tag is its record's is that record's, whatever order the words arrived in, so nothing
+/// needs a fence. The price is half the slot: take it for records that must arrive soonest
+/// (status words, completion notices, release tokens), and `Committed` for throughput.
+/// (BENCHMARKS.md, "A record's commit from the device", measures the fence.)
+///
+/// ```
+/// use vkgdr::ring::core::d2h::{LaneShape, SlotFormat};
+/// let shape = LaneShape::new(1024, 64)?.with_format(SlotFormat::Tagged);
+/// assert_eq!(shape.max_payload(), 24); // 64 / 2 - 8
+/// assert_eq!(SlotFormat::from_code(shape.format().code()), Some(SlotFormat::Tagged));
+/// # Ok::<(), vkgdr::ring::core::d2h::D2hError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum SlotFormat {
+    /// A commit word (`seq + 1`) and a meta word, then the payload; the device stores the commit
+    /// word last, after a release fence at system scope.
+    #[default]
+    Committed,
+    /// Every 8-byte word carries four bytes and the record's tag: word 0 the payload length,
+    /// word 1 the kind, then the payload, four bytes a word (little-endian, zero-padded).
+    Tagged,
+}
+
+impl SlotFormat {
+    /// The code a kernel reads in [`D2hDeviceView::format`]: [`FORMAT_COMMITTED`] or
+    /// [`FORMAT_TAGGED`].
+    pub const fn code(self) -> u32 {
+        match self {
+            SlotFormat::Committed => FORMAT_COMMITTED,
+            SlotFormat::Tagged => FORMAT_TAGGED,
+        }
+    }
+
+    /// The format of a code, `None` for an unknown one.
+    pub const fn from_code(code: u32) -> Option<Self> {
+        match code {
+            FORMAT_COMMITTED => Some(SlotFormat::Committed),
+            FORMAT_TAGGED => Some(SlotFormat::Tagged),
+            _ => None,
+        }
+    }
+}
+
+/// The tag of record `seq` in a [`SlotFormat::Tagged`] slot: `(seq + 1) as u32`, never 0 on a
+/// slot's first lap, and different from the tag of the slot's previous lap (`seq - slots`)
+/// because a lane has fewer than 2^32 slots.
+pub const fn tag_of(seq: u64) -> u32 {
+    seq.wrapping_add(1) as u32
+}
+
+/// A word of record `seq` in a [`SlotFormat::Tagged`] slot: `data` in the low half, the tag in
+/// the high half.
+pub const fn tagged_word(seq: u64, data: u32) -> u64 {
+    data as u64 | (tag_of(seq) as u64) << 32
+}
+
 /// The geometry of a lane: `slots` slots (a power of two) of `stride` bytes (a power of two),
-/// each a [`SLOT_HEADER_LEN`]-byte header and up to `stride - 16` payload bytes.
+/// each a [`SLOT_HEADER_LEN`]-byte header and up to `stride - 16` payload bytes, or in the
+/// [`Tagged`](SlotFormat::Tagged) format ([`with_format`](Self::with_format)) up to
+/// `stride / 2 - 8`.
 ///
 /// ```
 /// use vkgdr::ring::core::d2h::LaneShape;
@@ -90,6 +168,7 @@ impl Refusal {
 pub struct LaneShape {
     slots: u32,
     stride: u32,
+    format: SlotFormat,
 }
 
 impl LaneShape {
@@ -98,10 +177,24 @@ impl LaneShape {
     pub fn new(slots: u32, stride: u32) -> Result<Self, D2hError> {
         let ok = |v: u32, lo, hi| v.is_power_of_two() && (lo..=hi).contains(&v);
         if ok(slots, MIN_SLOTS, MAX_SLOTS) && ok(stride, MIN_STRIDE, MAX_STRIDE) {
-            Ok(LaneShape { slots, stride })
+            Ok(LaneShape {
+                slots,
+                stride,
+                format: SlotFormat::Committed,
+            })
         } else {
             Err(D2hError::InvalidShape { slots, stride })
         }
+    }
+
+    /// The same geometry with the slots in `format`.
+    pub const fn with_format(self, format: SlotFormat) -> Self {
+        LaneShape { format, ..self }
+    }
+
+    /// How the slots carry their records.
+    pub const fn format(&self) -> SlotFormat {
+        self.format
     }
 
     /// Slots in the lane.
@@ -116,7 +209,10 @@ impl LaneShape {
 
     /// The largest payload a record carries.
     pub const fn max_payload(&self) -> u32 {
-        self.stride - SLOT_HEADER_LEN
+        match self.format {
+            SlotFormat::Committed => self.stride - SLOT_HEADER_LEN,
+            SlotFormat::Tagged => (self.stride - SLOT_HEADER_LEN) / 2,
+        }
     }
 
     /// Bytes of the lane's slot region.
@@ -153,6 +249,16 @@ impl LaneShape {
             seq + 1 - self.slots as u64
         }
     }
+
+    /// The tag the words of a [`Tagged`](SlotFormat::Tagged) slot's header hold before record
+    /// `seq` arrives: the previous lap's (`seq - slots`), or 0 on the first lap.
+    pub const fn tag_before(&self, seq: u64) -> u32 {
+        if seq < self.slots as u64 {
+            0
+        } else {
+            tag_of(seq - self.slots as u64)
+        }
+    }
 }
 
 /// The meta word of a slot: `len | kind << 32`.
@@ -183,8 +289,11 @@ pub struct D2hDeviceView {
     /// Looks at the consumer's head (each about a PCIe round trip and a short sleep) a full lane
     /// makes, with no progress, before a publication gives up with [`STATUS_STALLED`].
     pub spin_limit: u32,
+    /// How the slots carry their records: [`SlotFormat::code`] ([`FORMAT_COMMITTED`] or
+    /// [`FORMAT_TAGGED`]).
+    pub format: u32,
     /// Reserved, zero.
-    pub reserved: u64,
+    pub reserved: u32,
 }
 
 const _: () = assert!(std::mem::size_of::<D2hDeviceView>() == 48);
@@ -201,7 +310,8 @@ impl D2hDeviceView {
         b[28..32].copy_from_slice(&self.stride.to_le_bytes());
         b[32..36].copy_from_slice(&self.lanes.to_le_bytes());
         b[36..40].copy_from_slice(&self.spin_limit.to_le_bytes());
-        b[40..48].copy_from_slice(&self.reserved.to_le_bytes());
+        b[40..44].copy_from_slice(&self.format.to_le_bytes());
+        b[44..48].copy_from_slice(&self.reserved.to_le_bytes());
         b
     }
 }

@@ -20,6 +20,18 @@
 //! carries the whole `seq`, so a slot's previous lap (`seq + 1 - slots`) and its current one
 //! are told apart and wrap needs no padding and no lap bit.
 //!
+//! That is the [`Committed`](SlotFormat::Committed) format, the default. A ring may instead
+//! take the [`Tagged`](SlotFormat::Tagged) format, for records that must arrive soonest: every
+//! 8-byte word carries four bytes (low half) and the record's tag `(seq + 1) as u32` (high
+//! half), so each word proves its own arrival and the device needs no fence before the record
+//! counts, at half the payload per slot:
+//!
+//! | word | data (low 32 bits) | tag (high 32 bits) |
+//! |:--|:--|:--|
+//! | 0 | payload length | `(seq + 1) as u32` |
+//! | 1 | kind | `(seq + 1) as u32` |
+//! | 2.. | payload bytes `4 (i - 2)..4 (i - 1)`, little-endian, zero-padded | `(seq + 1) as u32` |
+//!
 //! Per lane, three words steer the flow:
 //!
 //! | word | lives in | written by | read by |
@@ -63,13 +75,21 @@
 //! whichever side stops. (The cost: one compare-and-swap per warp, retried under contention;
 //! spread the warps over lanes.)
 //!
+//! In a tagged lane a producer reserves the same way, then stores every word of its records
+//! (each an aligned 8-byte store, which PCIe delivers whole) and is done: no fence, no commit,
+//! so a lone record reaches the CPU a PCIe round trip sooner (the fence waits for the
+//! payload's stores to be acknowledged from host memory before the commit may leave).
+//!
 //! **Consumer (CPU, [`LaneConsumer`]).** One thread per lane. For record `seq` it loads the
 //! slot's commit word with `Acquire`: `seq + 1` means complete, the previous lap's value (or 0)
 //! means not yet, anything else is a device that wrote past the head or wrote garbage
 //! ([`D2hError::BadCommit`]). It then copies the meta word and payload out (a length beyond the
 //! slot: [`D2hError::BadLength`]), `fence(Acquire)`, and re-loads the commit word: a change means
 //! the slot was overwritten while read ([`D2hError::Torn`]; only a device that ignores `head`
-//! does it). Nothing is delivered unchecked, and an error is final for the lane. After the copy
+//! does it). In a tagged lane it takes the record once every word it needs carries the
+//! record's tag: the two header words hold exactly the previous lap's tag until then (anything
+//! else is [`D2hError::BadCommit`]), and a payload word without the tag is not there yet.
+//! Nothing is delivered unchecked, and an error is final for the lane. After the copy
 //! the consumer stores `head` (`Release`: its reads of the slot come before any overwrite by a
 //! device that read that `head`). Dropping it (or [`LaneConsumer::close`]) stores `closed`.
 //!
@@ -125,10 +145,11 @@ mod tokens;
 pub use check::{test_payload, test_word, TestLaneChecker, TestRecordError};
 pub use consumer::{HostLane, LaneConsumer, LaneMemory, Poll, Record, RecordBuf, Records};
 pub use layout::{
-    meta_word, D2hDeviceView, D2hError, LaneShape, Refusal, COMMIT_WORD, CONTROL_CLOSED_OFFSET,
-    CONTROL_HEAD_OFFSET, CONTROL_STRIDE, DEVICE_STRIDE, KIND_RELEASE, KIND_RESERVED, MAX_SLOTS,
-    MAX_STRIDE, META_WORD, MIN_SLOTS, MIN_STRIDE, SLOT_HEADER_LEN, STATUS_CLOSED, STATUS_OK,
-    STATUS_STALLED, STATUS_TOO_LARGE,
+    meta_word, tag_of, tagged_word, D2hDeviceView, D2hError, LaneShape, Refusal, SlotFormat,
+    COMMIT_WORD, CONTROL_CLOSED_OFFSET, CONTROL_HEAD_OFFSET, CONTROL_STRIDE, DEVICE_STRIDE,
+    FORMAT_COMMITTED, FORMAT_TAGGED, KIND_RELEASE, KIND_RESERVED, MAX_SLOTS, MAX_STRIDE, META_WORD,
+    MIN_SLOTS, MIN_STRIDE, SLOT_HEADER_LEN, STATUS_CLOSED, STATUS_OK, STATUS_STALLED,
+    STATUS_TOO_LARGE, TAGGED_BYTES_PER_WORD,
 };
 pub use producer::{DeviceLaneState, ProducerModel};
 pub use tokens::{

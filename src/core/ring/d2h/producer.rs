@@ -5,7 +5,10 @@
 //! cached head for its `ld.acquire.gpu`.
 
 use super::consumer::LaneMemory;
-use super::layout::{meta_word, LaneShape, Refusal, COMMIT_WORD, META_WORD};
+use super::layout::{
+    meta_word, tagged_word, LaneShape, Refusal, SlotFormat, COMMIT_WORD, META_WORD,
+    TAGGED_BYTES_PER_WORD,
+};
 use crate::core::sync::atomic::{fence, AtomicU64, Ordering};
 use crate::core::sync::{Backoff, CachePadded};
 
@@ -56,6 +59,10 @@ impl DeviceLaneState {
 ///    whole slots does: the consumer must not tell it from no store.
 /// 3. **Fence** (a release fence at system scope), then **commit**: store `seq + 1` into the
 ///    slot's commit word. A reserved record is always committed, with no wait in between.
+///
+/// In a [`Tagged`](SlotFormat::Tagged) lane step 2 stores every word with the record's tag
+/// (length, kind, then four payload bytes a word, each word relaxed and in no particular
+/// order) and step 3 is nothing: no fence, no commit word.
 #[derive(Debug)]
 pub struct ProducerModel<'a, M: ?Sized> {
     mem: &'a M,
@@ -127,9 +134,11 @@ impl<'a, M: LaneMemory + ?Sized> ProducerModel<'a, M> {
         }
     }
 
-    /// Writes record `seq`'s meta word and payload (payload words relaxed, the last one
-    /// zero-filled) and stores the commit word's present value again (relaxed), not yet visible
-    /// to the consumer.
+    /// Writes record `seq`: in a committed lane its meta word and payload (payload words
+    /// relaxed, the last one zero-filled) and the commit word's present value again (relaxed),
+    /// not yet visible to the consumer; in a tagged lane every word of it, tagged, the payload
+    /// words last to first (the consumer must take them in any order), and the record is
+    /// published.
     ///
     /// # Panics
     /// If the payload is longer than the lane's slots carry.
@@ -137,17 +146,39 @@ impl<'a, M: LaneMemory + ?Sized> ProducerModel<'a, M> {
         assert!(payload.len() <= self.shape.max_payload() as usize);
         let words = self.mem.slot_words();
         let first = self.shape.first_word(seq);
-        words[first + COMMIT_WORD].store(self.shape.commit_before(seq), Ordering::Relaxed);
-        words[first + META_WORD].store(meta_word(payload.len() as u32, kind), Ordering::Relaxed);
-        for (word, chunk) in words[first + META_WORD + 1..].iter().zip(payload.chunks(8)) {
-            let mut bytes = [0u8; 8];
-            bytes[..chunk.len()].copy_from_slice(chunk);
-            word.store(u64::from_le_bytes(bytes), Ordering::Relaxed);
+        match self.shape.format() {
+            SlotFormat::Committed => {
+                words[first + COMMIT_WORD].store(self.shape.commit_before(seq), Ordering::Relaxed);
+                words[first + META_WORD]
+                    .store(meta_word(payload.len() as u32, kind), Ordering::Relaxed);
+                for (word, chunk) in words[first + META_WORD + 1..].iter().zip(payload.chunks(8)) {
+                    let mut bytes = [0u8; 8];
+                    bytes[..chunk.len()].copy_from_slice(chunk);
+                    word.store(u64::from_le_bytes(bytes), Ordering::Relaxed);
+                }
+            }
+            SlotFormat::Tagged => {
+                let chunks = payload.chunks(TAGGED_BYTES_PER_WORD as usize);
+                for (word, chunk) in words[first + 2..].iter().zip(chunks).rev() {
+                    let mut bytes = [0u8; 4];
+                    bytes[..chunk.len()].copy_from_slice(chunk);
+                    word.store(
+                        tagged_word(seq, u32::from_le_bytes(bytes)),
+                        Ordering::Relaxed,
+                    );
+                }
+                words[first + 1].store(tagged_word(seq, kind), Ordering::Relaxed);
+                words[first].store(tagged_word(seq, payload.len() as u32), Ordering::Relaxed);
+            }
         }
     }
 
-    /// Fences this producer's writes, then commits records `[first, first + n)`.
+    /// Fences this producer's writes, then commits records `[first, first + n)`; nothing in a
+    /// tagged lane (its records are published by their writes).
     pub fn commit(&self, first: u64, n: u32) {
+        if self.shape.format() == SlotFormat::Tagged {
+            return;
+        }
         fence(Ordering::Release);
         let words = self.mem.slot_words();
         for seq in first..first + n as u64 {

@@ -90,6 +90,13 @@ fn a_full_lane_refuses_without_reserving() {
         "nothing reserved by the refusal"
     );
     assert_eq!(consumer.try_next().unwrap().unwrap().payload, b"a");
+    // The head passes a record taken by a one-record call at the consumer's next call.
+    assert_eq!(lane.head_word().load(Ordering::Relaxed), 0);
+    assert_eq!(producer.publish(1, b"c"), Err(Refusal::Stalled));
+    assert_eq!(consumer.drain(0, |_| panic!("max 0")), Ok(0));
+    assert_eq!(lane.head_word().load(Ordering::Relaxed), 1);
+    consumer.publish_head(); // nothing new: the same head again
+    assert_eq!(lane.head_word().load(Ordering::Relaxed), 1);
     assert_eq!(
         producer.publish(1, b"c"),
         Ok(2),
@@ -102,7 +109,7 @@ fn a_full_lane_refuses_without_reserving() {
     assert_eq!(Refusal::Stalled.status(), STATUS_STALLED);
     consumer.close();
     assert_eq!(producer.publish(1, b"d"), Err(Refusal::Closed));
-    assert_eq!(dev.gave_up(), 2);
+    assert_eq!(dev.gave_up(), 3);
     drop(consumer);
     // A new consumer resumes at the published head and reopens the lane.
     let mut consumer = LaneConsumer::new(&lane, shape).unwrap();
@@ -155,19 +162,23 @@ fn lane_with_record(seq: u64, meta: u64) -> (LaneShape, HostLane) {
     (shape, lane)
 }
 
-#[test]
-fn producers_and_a_consumer_on_threads() {
+/// Three producer threads publish `per_thread` records of `len` bytes each into a lane of
+/// `shape` while the consumer takes them, one at a time or (`drain`) two at a time: every
+/// record once, in order, each thread's in its order.
+fn producers_and_a_consumer(shape: LaneShape, len: usize, drain: bool) {
     // Miri runs this too: a few records per thread keep it short there.
     let per_thread: u64 = if cfg!(miri) { 6 } else { 2000 };
-    let (shape, lane, dev) = lane(4, 64);
-    let (lane, dev) = (Arc::new(lane), Arc::new(dev));
+    let (lane, dev) = (
+        Arc::new(HostLane::new(shape)),
+        Arc::new(DeviceLaneState::new()),
+    );
     let producers: Vec<_> = (0..3u32)
         .map(|t| {
             let (lane, dev) = (lane.clone(), dev.clone());
             thread::spawn(move || {
                 let p = ProducerModel::new(&*lane, &dev, shape, u32::MAX);
                 for i in 0..per_thread {
-                    let body = payload(u64::from(t) << 32 | i, 32);
+                    let body = payload(u64::from(t) << 32 | i, len);
                     p.publish(t, &body).expect("the consumer keeps up");
                 }
             })
@@ -177,14 +188,23 @@ fn producers_and_a_consumer_on_threads() {
     let mut next = [0u64; 3];
     let mut seq = 0;
     while seq < 3 * per_thread {
-        if let Some(rec) = consumer.try_next().unwrap() {
-            assert_eq!(rec.seq, seq);
-            let t = rec.kind as usize;
-            assert_eq!(rec.payload, &payload((t as u64) << 32 | next[t], 32)[..]);
+        let mut got = Vec::new();
+        if drain {
+            consumer
+                .drain(2, |rec| got.push((rec.seq, rec.kind, rec.payload.to_vec())))
+                .unwrap();
+        } else if let Some(rec) = consumer.try_next().unwrap() {
+            got.push((rec.seq, rec.kind, rec.payload.to_vec()));
+        }
+        if got.is_empty() {
+            thread::yield_now();
+        }
+        for (s, kind, body) in got {
+            assert_eq!(s, seq);
+            let t = kind as usize;
+            assert_eq!(body, payload((t as u64) << 32 | next[t], len));
             next[t] += 1;
             seq += 1;
-        } else {
-            thread::yield_now();
         }
     }
     for p in producers {
@@ -192,6 +212,11 @@ fn producers_and_a_consumer_on_threads() {
     }
     assert_eq!(next, [per_thread; 3], "each thread's records in its order");
     assert_eq!(dev.gave_up(), 0);
+}
+
+#[test]
+fn producers_and_a_consumer_on_threads() {
+    producers_and_a_consumer(LaneShape::new(4, 64).unwrap(), 32, false);
 }
 
 #[test]
@@ -332,7 +357,8 @@ fn a_views_bytes_are_its_repr_c_layout() {
         stride: 0x4142_4344,
         lanes: 0x5152_5354,
         spin_limit: 0x6162_6364,
-        reserved: 0x7172_7374_7576_7778,
+        format: 0x7172_7374,
+        reserved: 0x7576_7778,
     };
     // Each field at its repr(C) offset (the kernel's vkgdr_d2h_view), little-endian.
     use std::mem::offset_of;
@@ -357,8 +383,136 @@ fn a_views_bytes_are_its_repr_c_layout() {
         offset_of!(D2hDeviceView, spin_limit),
         &v.spin_limit.to_le_bytes(),
     );
+    at(offset_of!(D2hDeviceView, format), &v.format.to_le_bytes());
     at(
         offset_of!(D2hDeviceView, reserved),
         &v.reserved.to_le_bytes(),
     );
+    assert_eq!(
+        offset_of!(D2hDeviceView, format),
+        40,
+        "vkgdr_d2h_view's format"
+    );
+}
+
+fn tagged_lane(slots: u32, stride: u32) -> (LaneShape, HostLane, DeviceLaneState) {
+    let shape = LaneShape::new(slots, stride)
+        .unwrap()
+        .with_format(SlotFormat::Tagged);
+    (shape, HostLane::new(shape), DeviceLaneState::new())
+}
+
+#[test]
+fn tagged_shapes_and_words() {
+    let s = LaneShape::new(4, 64).unwrap();
+    assert_eq!(s.format(), SlotFormat::Committed);
+    let t = s.with_format(SlotFormat::Tagged);
+    assert_eq!((s.max_payload(), t.max_payload()), (48, 24));
+    assert_eq!(
+        LaneShape::new(2, 32)
+            .unwrap()
+            .with_format(SlotFormat::Tagged)
+            .max_payload(),
+        8
+    );
+    assert_eq!((t.slots(), t.stride(), t.bytes()), (4, 64, 256));
+    assert_eq!(
+        (t.tag_before(3), t.tag_before(4), t.tag_before(9)),
+        (0, 1, 6)
+    );
+    assert_eq!(
+        (tag_of(0), tag_of(u64::from(u32::MAX)), tag_of(1 << 32)),
+        (1, 0, 1)
+    );
+    assert_eq!(tagged_word(2, 0xAABB_CCDD), 0x0000_0003_AABB_CCDD);
+    for f in [SlotFormat::Committed, SlotFormat::Tagged] {
+        assert_eq!(SlotFormat::from_code(f.code()), Some(f));
+    }
+    assert_eq!(SlotFormat::from_code(2), None);
+    assert_eq!(SlotFormat::default(), SlotFormat::Committed);
+}
+
+#[test]
+fn tagged_records_in_order_through_many_wraps() {
+    let (shape, lane, dev) = tagged_lane(4, 64);
+    let producer = ProducerModel::new(&lane, &dev, shape, 0);
+    let mut consumer = LaneConsumer::new(&lane, shape).unwrap();
+    assert_eq!(
+        producer.publish(0, &[0; 25]),
+        Err(Refusal::TooLarge { len: 25, max: 24 })
+    );
+    for seq in 0..40u64 {
+        // Lengths 0 to 24: payload words written or not, stale words of longer records before.
+        let len = (seq as usize * 7) % 25;
+        assert_eq!(producer.publish(seq as u32, &payload(seq, len)), Ok(seq));
+        if seq % 3 == 2 {
+            for want in seq - 2..=seq {
+                assert!(consumer.is_ready());
+                let rec = consumer.try_next().unwrap().expect("published");
+                let len = (want as usize * 7) % 25;
+                assert_eq!((rec.seq, rec.kind), (want, want as u32));
+                assert_eq!(rec.payload, &payload(want, len)[..]);
+            }
+            assert!(!consumer.is_ready());
+            assert_eq!(consumer.try_next(), Ok(None));
+        }
+    }
+    assert_eq!(lane.head_word().load(Ordering::Relaxed), 39);
+}
+
+#[test]
+fn a_tagged_record_waits_for_every_word() {
+    let (shape, lane, dev) = tagged_lane(4, 64);
+    let producer = ProducerModel::new(&lane, &dev, shape, 0);
+    let mut consumer = LaneConsumer::new(&lane, shape).unwrap();
+    // Record 0 arrives word by word, its header first: nothing is taken until the last one.
+    let seq = producer.reserve(1).unwrap();
+    let body = payload(7, 12);
+    let words = lane.slot_words();
+    let word = |i: usize| u32::from_le_bytes(body[4 * i..4 * i + 4].try_into().unwrap());
+    words[0].store(tagged_word(seq, 12), Ordering::Relaxed);
+    assert!(consumer.is_ready(), "the first word has arrived");
+    assert_eq!(consumer.try_next(), Ok(None));
+    words[1].store(tagged_word(seq, 5), Ordering::Relaxed);
+    words[2].store(tagged_word(seq, word(0)), Ordering::Relaxed);
+    words[4].store(tagged_word(seq, word(2)), Ordering::Relaxed);
+    assert_eq!(consumer.try_next(), Ok(None), "word 3 is missing");
+    // A word of the wrong record (its tag not the record's) does not count either.
+    words[3].store(tagged_word(seq + 4, word(1)), Ordering::Relaxed);
+    assert_eq!(consumer.try_next(), Ok(None));
+    words[3].store(tagged_word(seq, word(1)), Ordering::Relaxed);
+    let rec = consumer.try_next().unwrap().expect("every word is there");
+    assert_eq!((rec.seq, rec.kind, rec.payload), (0, 5, &body[..]));
+    // Record 1's header from a later lap: a device past the head, final.
+    words[8].store(tagged_word(5, 0), Ordering::Relaxed);
+    let e = D2hError::BadCommit {
+        seq: 1,
+        found: tagged_word(5, 0),
+    };
+    assert_eq!(consumer.try_next(), Err(e.clone()));
+    assert_eq!(consumer.drain(4, |_| panic!("delivered")), Err(e));
+}
+
+#[test]
+fn a_tagged_header_that_lies_is_refused() {
+    let (shape, lane, _) = tagged_lane(4, 32);
+    let mut consumer = LaneConsumer::new(&lane, shape).unwrap();
+    lane.slot_words()[0].store(tagged_word(0, 9), Ordering::Relaxed);
+    lane.slot_words()[1].store(tagged_word(0, 1), Ordering::Relaxed);
+    assert_eq!(
+        consumer.try_next(),
+        Err(D2hError::BadLength {
+            seq: 0,
+            len: 9,
+            max: 8
+        })
+    );
+}
+
+#[test]
+fn tagged_producers_and_a_consumer_on_threads() {
+    let shape = LaneShape::new(4, 64)
+        .unwrap()
+        .with_format(SlotFormat::Tagged);
+    producers_and_a_consumer(shape, 24, true);
 }
