@@ -183,8 +183,8 @@ const WAIT_NAP: Duration = Duration::from_micros(50);
 
 /// The consumer of one lane: takes its records in sequence order, each checked (commit word,
 /// length, unchanged while read) before it is delivered, and publishes its head so the device
-/// may reuse the slots (after a one-record call, at the start of the next call: see the
-/// [module docs](self)). One consumer per lane; dropping it closes the lane (the device's
+/// may reuse the slots (after a one-record call, at the start of the next call, or at once with
+/// [`publish_head`](Self::publish_head)). One consumer per lane; dropping it closes the lane (the device's
 /// publications then end with [`STATUS_CLOSED`](super::STATUS_CLOSED)).
 ///
 /// An error is final: the lane is broken (the device broke the protocol) and every later call
