@@ -961,8 +961,8 @@ VKGDR_API uint32_t vkgdr_d2h_ring_get_max_payload(vkgdr_d2h_ring_t ring);
 /**
  * Takes the next record of lane `lane` if it has arrived, without waiting: copies its payload
  * into `buf` and its number, kind and length into `*rec`; its slot goes back to the device at
- * the lane's next call (or its close), so the store that hands it back is not on the record's
- * way to the caller. Records of a lane come in the order the device reserved them; the lane's
+ * the lane's next call (or its close, or `vkgdr_d2h_ring_publish_head`), so the store that
+ * hands it back is not on the record's way to the caller. Records of a lane come in the order the device reserved them; the lane's
  * first call opens it (from where an earlier consumer stopped).
  *
  * - `capacity`: bytes of `buf`, at least `vkgdr_d2h_ring_get_max_payload(ring)`.
@@ -1013,6 +1013,24 @@ int vkgdr_d2h_ring_next(vkgdr_d2h_ring_t ring,
                         void *buf,
                         size_t capacity,
                         struct vkgdr_d2h_record *rec);
+
+/**
+ * Hands the slots of every record taken from lane `lane` back to the device now. A take
+ * (`vkgdr_d2h_ring_try_next`, `vkgdr_d2h_ring_next`) leaves the lane's head one record behind
+ * and moves it at the lane's next call or close, so that its store through the BAR is not on
+ * the record's way to the caller; a caller that holds on to a record a while calls this first
+ * (until then the lane looks one record fuller to its kernels: enough to keep out a warp's
+ * 32-record reservation). A lane that is not open has nothing to hand back.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, no such lane, the lane in use
+ * by another thread).
+ *
+ * Thread safety: any thread, one at a time per lane.
+ *
+ * # Safety
+ * - No thread destroys `ring` during the call.
+ */
+VKGDR_API int vkgdr_d2h_ring_publish_head(vkgdr_d2h_ring_t ring, uint32_t lane);
 
 /**
  * Closes lane `lane`: tells the device that nothing will be taken from it any more (its

@@ -432,8 +432,8 @@ pub unsafe extern "C" fn vkgdr_d2h_ring_get_max_payload(ring: vkgdr_d2h_ring_t) 
 
 /// Takes the next record of lane `lane` if it has arrived, without waiting: copies its payload
 /// into `buf` and its number, kind and length into `*rec`; its slot goes back to the device at
-/// the lane's next call (or its close), so the store that hands it back is not on the record's
-/// way to the caller. Records of a lane come in the order the device reserved them; the lane's
+/// the lane's next call (or its close, or `vkgdr_d2h_ring_publish_head`), so the store that
+/// hands it back is not on the record's way to the caller. Records of a lane come in the order the device reserved them; the lane's
 /// first call opens it (from where an earlier consumer stopped).
 ///
 /// - `capacity`: bytes of `buf`, at least `vkgdr_d2h_ring_get_max_payload(ring)`.
@@ -508,6 +508,32 @@ pub unsafe extern "C" fn vkgdr_d2h_ring_next(
         let poll = c.next_timeout(wait).map_err(vkgdr::Error::from)?;
         // SAFETY: `rec` checked and writable (caller).
         unsafe { deliver(poll, buf, rec) }
+    })
+}
+
+/// Hands the slots of every record taken from lane `lane` back to the device now. A take
+/// (`vkgdr_d2h_ring_try_next`, `vkgdr_d2h_ring_next`) leaves the lane's head one record behind
+/// and moves it at the lane's next call or close, so that its store through the BAR is not on
+/// the record's way to the caller; a caller that holds on to a record a while calls this first
+/// (until then the lane looks one record fuller to its kernels: enough to keep out a warp's
+/// 32-record reservation). A lane that is not open has nothing to hand back.
+///
+/// Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, no such lane, the lane in use
+/// by another thread).
+///
+/// Thread safety: any thread, one at a time per lane.
+///
+/// # Safety
+/// - No thread destroys `ring` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_d2h_ring_publish_head(ring: vkgdr_d2h_ring_t, lane: u32) -> c_int {
+    guard("vkgdr_d2h_ring_publish_head", VKGDR_ERROR, || {
+        // SAFETY: the caller does not destroy `ring` during the call.
+        let r = unsafe { d2h_ring(ring) }?;
+        if let Some(c) = r.lane(lane)?.as_mut() {
+            c.publish_head();
+        }
+        Ok(VKGDR_SUCCESS)
     })
 }
 

@@ -386,6 +386,17 @@ impl LaneConsumer {
         Ok(record(py, self.wait(py, deadline)?))
     }
 
+    /// Hands the slots of every record taken back to the device now. A take leaves the lane's
+    /// head one record behind and moves it at the consumer's next call or close (its store is
+    /// then not on the record's way to Python); call this before holding on to a record a
+    /// while.
+    fn publish_head(&self) -> PyResult<()> {
+        self.with(|c| {
+            c.publish_head();
+            Ok(())
+        })
+    }
+
     /// Whether the lane has ended: the ring was declared finished and every record was taken.
     #[getter]
     fn ended(&self) -> PyResult<bool> {

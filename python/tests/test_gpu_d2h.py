@@ -138,6 +138,10 @@ def test_closing_a_lane_ends_a_waiting_kernel_and_the_next_consumer_resumes(cupy
         for seq in range(5):
             rec = first.next(timeout=30)
             assert rec is not None and (rec.seq, len(rec.payload)) == (seq, 48)
+        # A take leaves the head one record behind until the consumer's next call.
+        assert ring.lane_stats(0)["taken"] == 4
+        first.publish_head()
+        assert ring.lane_stats(0)["taken"] == 5
     assert first.closed
     assert wait_done(stream, 60), "the kernel still waits for room after the close"
     refused = result.get().tolist()
@@ -146,6 +150,8 @@ def test_closing_a_lane_ends_a_waiting_kernel_and_the_next_consumer_resumes(cupy
     assert (stats["reserved"], stats["taken"]) == (32, 5) and stats["gave_up"] >= 1, stats
     with pytest.raises(vkgdr.VkgdrError, match="the LaneConsumer is closed"):
         first.next(timeout=0)
+    with pytest.raises(vkgdr.VkgdrError, match="the LaneConsumer is closed"):
+        first.publish_head()
 
     ring.finish()
     again = ring.consumer(0)

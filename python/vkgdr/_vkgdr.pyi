@@ -423,6 +423,9 @@ class LaneConsumer:
     thread at a time."""
 
     def try_next(self) -> Optional[LaneRecord]: ...
+    def publish_head(self) -> None:
+        """Hands the slots of every record taken back to the device now (else at the next
+        call or close)."""
     def next(self, timeout: Optional[float] = None) -> Optional[LaneRecord]:
         """None when nothing came within ``timeout`` or the lane ended (``ended``)."""
     @property

@@ -466,6 +466,12 @@ static void d2h_rings_without_a_device(void)
     CHECK(vkgdr_d2h_ring_close_lane(NULL, 0) == VKGDR_ERROR, "close a lane of NULL");
     CHECK(last_error_contains("vkgdr_d2h_ring_close_lane: the vkgdr_d2h_ring_t handle is NULL"),
           "named");
+    CHECK(vkgdr_d2h_ring_publish_head(NULL, 0) == VKGDR_ERROR, "publish a head of NULL");
+    CHECK(last_error_contains("vkgdr_d2h_ring_publish_head: the vkgdr_d2h_ring_t handle is NULL"),
+          "named");
+    CHECK(vkgdr_d2h_ring_publish_head(made_up, 0) == VKGDR_ERROR, "of a made-up ring");
+    CHECK(last_error_contains("vkgdr_d2h_ring_publish_head: invalid vkgdr_d2h_ring_t handle"),
+          "named");
     CHECK(vkgdr_d2h_ring_get_lane_stats(made_up, 0, &stats) == VKGDR_ERROR, "stats");
     CHECK(last_error_contains("vkgdr_d2h_ring_get_lane_stats: invalid vkgdr_d2h_ring_t"),
           "named");

@@ -241,6 +241,14 @@ static void closing_and_misuse(CUfunction produce)
         CHECK(r == VKGDR_SUCCESS && rec.seq == i && rec.len == 48, "close: record %u: %d", i, r);
         taken += r == VKGDR_SUCCESS;
     }
+    /* A take leaves the head one record behind until the lane's next call. */
+    stats.struct_size = sizeof stats;
+    CHECK(vkgdr_d2h_ring_get_lane_stats(ring, 0, &stats) == VKGDR_SUCCESS && stats.taken == 4,
+          "the head one behind after the takes: %llu", (unsigned long long)stats.taken);
+    CHECK(vkgdr_d2h_ring_publish_head(ring, 0) == VKGDR_SUCCESS, "publish the head");
+    CHECK(vkgdr_d2h_ring_get_lane_stats(ring, 0, &stats) == VKGDR_SUCCESS && stats.taken == 5,
+          "the head past every record taken: %llu", (unsigned long long)stats.taken);
+    CHECK(vkgdr_d2h_ring_publish_head(ring, 1) == VKGDR_ERROR, "no lane 1");
     CHECK(vkgdr_d2h_ring_close_lane(ring, 0) == VKGDR_SUCCESS, "close the lane");
     CHECK(wait_stream(stream, 60), "the kernel still waits for room after the close");
     CU_OK(cuMemcpyDtoH(res, result, sizeof res));
