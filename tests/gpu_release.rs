@@ -636,41 +636,27 @@ fn release_latency_and_cpu_cost_are_measured() {
 
     // CPU per block, every thread of the process counted (the drain thread, the driver's).
     let blocks: u32 = if under_sanitizer() { 1024 } else { 65536 };
-    let big_pool = Pool::new(
-        gpu.clone(),
-        PoolConfig {
+    // A pool without thread caches whose release feed is an 8-lane ring of `format`.
+    let fed_pool = |format: SlotFormat| {
+        let config = PoolConfig {
             thread_cache: 0,
             ..Default::default()
-        },
-    )
-    .unwrap();
+        };
+        let pool = Pool::new(gpu.clone(), config).unwrap();
+        let shape = LaneShape::new(1024, 512).unwrap().with_format(format);
+        let ring = DeviceToHostRing::new(&gpu, 8, shape, 1_000_000).unwrap();
+        pool.set_release_feed(ring.consumers().unwrap())
+            .map_err(|_| "a feed already")
+            .unwrap();
+        (pool, ring)
+    };
+    let (big_pool, ring) = fed_pool(SlotFormat::Committed);
     let fresh =
         |k: u32| -> Vec<Block> { (0..k).map(|_| big_pool.alloc(64, 64).unwrap()).collect() };
     let mut costs = Vec::new();
-    let ring =
-        DeviceToHostRing::new(&gpu, 8, LaneShape::new(1024, 512).unwrap(), 1_000_000).unwrap();
-    big_pool
-        .set_release_feed(ring.consumers().unwrap())
-        .map_err(|_| "a feed already")
-        .unwrap();
     // The batch again through a pool whose release ring has tagged slots (31 tokens a record
     // where a committed slot carries 62; its token table grows in that round).
-    let tagged_pool = Pool::new(
-        gpu.clone(),
-        PoolConfig {
-            thread_cache: 0,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let tagged_shape = LaneShape::new(1024, 512)
-        .unwrap()
-        .with_format(SlotFormat::Tagged);
-    let tagged_ring = DeviceToHostRing::new(&gpu, 8, tagged_shape, 1_000_000).unwrap();
-    tagged_pool
-        .set_release_feed(tagged_ring.consumers().unwrap())
-        .map_err(|_| "a feed already")
-        .unwrap();
+    let (tagged_pool, tagged_ring) = fed_pool(SlotFormat::Tagged);
     // One block at a time (`release_on_device`), then the batch form (`release_many_on_device`,
     // one lock for all), each over fresh blocks; the batch reuses the table entries the first
     // round made (the first round grows the table).

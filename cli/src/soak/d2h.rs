@@ -183,37 +183,41 @@ fn d2h_round(
     let lanes: u32 = rng.gen_range(1..=4);
     let per_warp_records = rng.gen_bool(0.3);
     // Half the rounds in tagged slots, whose records carry half as much.
-    let (format, most) = if rng.gen_bool(0.5) {
-        (SlotFormat::Tagged, 2)
+    let format = if rng.gen_bool(0.5) {
+        SlotFormat::Tagged
     } else {
-        (SlotFormat::Committed, 1)
+        SlotFormat::Committed
     };
     let (blocks, threads) = (rng.gen_range(1..=8u32) * lanes, 128u32);
-    let (kernel, kind, stride, slots, len, producers, rounds) = if per_warp_records {
-        let len = 16 * rng.gen_range(1..=255u32 / most);
+    let (kernel, kind, stride, slots, producers, rounds) = if per_warp_records {
         let warps = blocks * threads / 32;
         (
             "d2h_produce_warp_check",
             2,
             4096,
             1 << rng.gen_range(4..=8),
-            len,
             warps,
             rng.gen_range(1..=64u32),
         )
     } else {
-        let len = 8 * rng.gen_range(1..=6u32 / (most * most));
         (
             "d2h_produce_check",
             1,
             64,
             1 << rng.gen_range(6..=10),
-            len,
             blocks * threads,
             rng.gen_range(1..=128u32),
         )
     };
     let shape = LaneShape::new(slots, stride)?.with_format(format);
+    // Any length the slot carries: whole 16-byte pieces for a warp's record, 8-byte steps for
+    // a thread's.
+    let max = shape.max_payload();
+    let len = if per_warp_records {
+        16 * rng.gen_range(1..=max / 16)
+    } else {
+        8 * rng.gen_range(1..=max / 8)
+    };
     let ring = DeviceToHostRing::new(gpu, lanes, shape, SPIN_LIMIT)?;
     let result = results(gpu)?;
     let consumers = ring.consumers()?;

@@ -55,26 +55,36 @@ fn shapes() {
     );
 }
 
-#[test]
-fn records_in_order_through_many_wraps() {
-    let (shape, lane, dev) = lane(4, 64);
+/// Forty records of every length up to the lane's largest through a lane of four slots, three
+/// published then three taken: the lane wraps every fourth record, and a slot holds stale words
+/// of a longer record before.
+fn records_through_wraps(shape: LaneShape) {
+    let (lane, dev) = (HostLane::new(shape), DeviceLaneState::new());
     let producer = ProducerModel::new(&lane, &dev, shape, 0);
     let mut consumer = LaneConsumer::new(&lane, shape).unwrap();
+    let len_of = |seq: u64| (seq as usize * 7) % (shape.max_payload() as usize + 1);
     for seq in 0..40u64 {
-        let len = (seq as usize * 7) % 49;
-        assert_eq!(producer.publish(seq as u32, &payload(seq, len)), Ok(seq));
+        assert_eq!(
+            producer.publish(seq as u32, &payload(seq, len_of(seq))),
+            Ok(seq)
+        );
         if seq % 3 == 2 {
-            // Three published, then taken: the lane wraps every fourth record.
             for want in seq - 2..=seq {
+                assert!(consumer.is_ready());
                 let rec = consumer.try_next().unwrap().expect("published");
-                let len = (want as usize * 7) % 49;
                 assert_eq!((rec.seq, rec.kind), (want, want as u32));
-                assert_eq!(rec.payload, &payload(want, len)[..]);
+                assert_eq!(rec.payload, &payload(want, len_of(want))[..]);
             }
+            assert!(!consumer.is_ready());
             assert_eq!(consumer.try_next(), Ok(None));
         }
     }
     assert_eq!(lane.head_word().load(Ordering::Relaxed), 39);
+}
+
+#[test]
+fn records_in_order_through_many_wraps() {
+    records_through_wraps(LaneShape::new(4, 64).unwrap());
 }
 
 #[test]
@@ -396,10 +406,8 @@ fn a_views_bytes_are_its_repr_c_layout() {
 }
 
 fn tagged_lane(slots: u32, stride: u32) -> (LaneShape, HostLane, DeviceLaneState) {
-    let shape = LaneShape::new(slots, stride)
-        .unwrap()
-        .with_format(SlotFormat::Tagged);
-    (shape, HostLane::new(shape), DeviceLaneState::new())
+    let (shape, lane, dev) = lane(slots, stride);
+    (shape.with_format(SlotFormat::Tagged), lane, dev)
 }
 
 #[test]
@@ -435,29 +443,11 @@ fn tagged_shapes_and_words() {
 #[test]
 fn tagged_records_in_order_through_many_wraps() {
     let (shape, lane, dev) = tagged_lane(4, 64);
-    let producer = ProducerModel::new(&lane, &dev, shape, 0);
-    let mut consumer = LaneConsumer::new(&lane, shape).unwrap();
     assert_eq!(
-        producer.publish(0, &[0; 25]),
+        ProducerModel::new(&lane, &dev, shape, 0).publish(0, &[0; 25]),
         Err(Refusal::TooLarge { len: 25, max: 24 })
     );
-    for seq in 0..40u64 {
-        // Lengths 0 to 24: payload words written or not, stale words of longer records before.
-        let len = (seq as usize * 7) % 25;
-        assert_eq!(producer.publish(seq as u32, &payload(seq, len)), Ok(seq));
-        if seq % 3 == 2 {
-            for want in seq - 2..=seq {
-                assert!(consumer.is_ready());
-                let rec = consumer.try_next().unwrap().expect("published");
-                let len = (want as usize * 7) % 25;
-                assert_eq!((rec.seq, rec.kind), (want, want as u32));
-                assert_eq!(rec.payload, &payload(want, len)[..]);
-            }
-            assert!(!consumer.is_ready());
-            assert_eq!(consumer.try_next(), Ok(None));
-        }
-    }
-    assert_eq!(lane.head_word().load(Ordering::Relaxed), 39);
+    records_through_wraps(shape);
 }
 
 #[test]
