@@ -461,31 +461,46 @@ fn drop_unshared(kind: BlockKind) {
     }
 }
 
-/// Frees a block whose device release arrived (or that the host took back): to its shard,
-/// never into the calling thread's cache (the drain thread's cache would keep it from every
-/// other thread).
-#[cold]
-pub(super) fn free_lent(block: LentBlock) {
-    let Ok(mut record) = block.downcast::<BlockRecord>() else {
-        debug_assert!(false, "only block records are lent");
-        return;
-    };
-    if record.labeled {
-        record.forget_label();
-    }
-    if let Some(hold) = record.hold() {
-        // SAFETY: as in `drop_slow`: the record's reference keeps the cell alive.
-        let pool = unsafe { hold.cell.as_ref() }.pool.as_ref();
-        let a = &hold.allocation;
-        if record.len != a.requested_size() {
-            pool.adjust_size_delta(record.len, a, -1);
-            record.len = a.requested_size();
+/// Frees blocks whose device releases arrived (or that the host took back), emptying
+/// `blocks`: to their shards, never into the calling thread's cache (the drain thread's cache
+/// would keep them from every other thread). A run of blocks of one shard is freed under one
+/// hold of its lock ([`ShardCell::free_run`]): a drain gives back hundreds at once, and the
+/// drain thread is not the thread a shard's lock leans to.
+pub(super) fn free_lent(blocks: &mut Vec<LentBlock>) {
+    let mut records = blocks
+        .drain(..)
+        .filter_map(|block| match block.downcast::<BlockRecord>() {
+            Ok(record) => Some(record),
+            Err(_) => {
+                debug_assert!(false, "only block records are lent");
+                None
+            }
+        })
+        .peekable();
+    while let Some(mut record) = records.next() {
+        if record.labeled {
+            record.forget_label();
         }
-        // SAFETY: a shared record from its shard, given up here, once (the table gave it out
-        // once).
-        unsafe { ShardCell::free(record) };
-    } else {
-        drop_unshared(record.into_kind());
+        let Some(hold) = record.hold() else {
+            drop_unshared(record.into_kind());
+            continue;
+        };
+        let (cell, allocation) = (hold.cell, &hold.allocation);
+        if record.len != allocation.requested_size() {
+            let pool = record.pool();
+            pool.adjust_size_delta(record.len, allocation, -1);
+            record.len = allocation.requested_size();
+        }
+        // Those after it join its run while they need nothing but the shard's lock (a label
+        // to forget takes the registry's lock, which is never taken under a shard's).
+        let plain_of_cell = |r: &BlockRecord| {
+            !r.labeled
+                && r.hold()
+                    .is_some_and(|h| h.cell == cell && r.len == h.allocation.requested_size())
+        };
+        // SAFETY: shared records from their shards, each given up here, once (the table gave
+        // each out once); the run takes only records of `record`'s cell.
+        unsafe { ShardCell::free_run(record, || records.next_if(|r| plain_of_cell(r))) };
     }
 }
 

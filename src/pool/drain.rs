@@ -29,18 +29,19 @@ pub(super) fn drain(inner: &PoolInner, wait: bool) -> usize {
     inner.lent.drain(&mut out, wait);
     let n = out.len();
     // Outside the table's lock: a free takes its shard's lock.
-    out.into_iter().for_each(free_lent);
+    free_lent(&mut out);
     n
 }
 
 /// Drains until a drain takes nothing; returns the blocks freed.
 pub(super) fn drain_all(inner: &PoolInner) -> usize {
     let mut freed = 0;
+    // One list for every batch: a batch of records carries thousands of tokens.
+    let mut out = Vec::new();
     loop {
-        let mut out = Vec::new();
         let taken = inner.lent.drain(&mut out, true);
         freed += out.len();
-        out.into_iter().for_each(free_lent);
+        free_lent(&mut out);
         if taken == 0 {
             return freed;
         }

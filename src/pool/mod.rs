@@ -56,7 +56,7 @@ pub use lent::{DeviceReleaseStats, RefusedReason, ReleaseFeed};
 pub use report::{
     BlockReport, ChunkPlace, ChunkReport, LabelReport, PoolReport, PoolStats, ThreadCacheReport,
 };
-use shards::{thread_shard, BlockKind, BlockRecord, Shard, ShardSet};
+use shards::{thread_shard, BlockKind, BlockRecord, Shard, ShardSet, SpareRooms};
 
 /// Pool identities for the thread caches (never reused, unlike addresses).
 static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
@@ -471,8 +471,9 @@ impl Pool {
     }
 
     /// Returns every empty chunk (and cached empty slab page) to the driver now, after taking
-    /// this pool's blocks back from every thread's cache (idle threads' too). Returns the number
-    /// of chunks released. Blocks in use are never moved.
+    /// this pool's blocks back from every thread's cache (idle threads' too), and frees the
+    /// memory of freed blocks' records that the shards keep for their next allocations.
+    /// Returns the number of chunks released. Blocks in use are never moved.
     pub fn trim(&self) -> usize {
         // Blocks whose device release arrived are given back first; blocks still lent keep
         // their chunks (never freed while a kernel may use them).
@@ -484,6 +485,13 @@ impl Pool {
         #[cfg(feature = "gpu-alloc")]
         if let Some(ga) = &self.inner.gpu_alloc {
             ga.cleanup(&self.inner.chunk_device());
+        }
+        // The memory of freed records each shard kept, swapped for an empty set made before the
+        // lock and freed after it.
+        for cell in self.shards.iter() {
+            let mut rooms = SpareRooms::default();
+            std::mem::swap(&mut rooms, &mut cell.state.lock().spare_records);
+            drop(rooms);
         }
         self.release_empty_chunks(None, false)
     }
@@ -653,7 +661,7 @@ impl Pool {
         drain::drain_all(&self.inner);
         let mut out = Vec::new();
         let n = self.inner.lent.revoke_all(&mut out);
-        out.into_iter().for_each(block::free_lent);
+        block::free_lent(&mut out);
         n
     }
 }

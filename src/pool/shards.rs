@@ -28,12 +28,107 @@ use crate::core::alloc::{AllocError, Allocation, ChunkId, Heap};
 use crate::core::sync::BiasedLock;
 use crate::error::{Error, Result};
 
-/// Freed records' memory a shard keeps for its next allocations (beyond it, freed ones go back
-/// to the C library's allocator).
-const SPARE_RECORDS: usize = 64;
+/// Records [`ShardCell::free_run`] frees under one hold of the shard's lock at most: an
+/// allocation on that shard waits for no more than these.
+const RUN: usize = 32;
 
 /// A record's memory without a record in it.
 type SpareRecord = Box<MaybeUninit<BlockRecord>>;
+
+/// Rooms a shard keeps in a plain list (reserved whole at the start), the ones the usual free and
+/// allocation pair moves; beyond them rooms are linked through their own memory.
+const RECENT_ROOMS: usize = 64;
+
+/// The memory of a shard's freed records, kept for its next allocations' records. Keeping one
+/// never allocates (a free runs under the shard's lock): the first [`RECENT_ROOMS`] go into a
+/// list reserved at the start, any more into a list linked through the rooms themselves. So a
+/// burst of frees (a drain of thousands of device releases) keeps every one, sparing the C
+/// library's allocator a free now and a `malloc` at the next allocation. It holds at most as
+/// many rooms as the shard had live blocks at once; [`Pool::trim`](super::Pool::trim) gives
+/// them back.
+pub(super) struct SpareRooms {
+    recent: Vec<SpareRecord>,
+    /// The first room of the linked ones.
+    head: Option<SpareRecord>,
+}
+
+// A linked room holds the link to the next one where its record was.
+const _: () = assert!(
+    std::mem::size_of::<BlockRecord>() >= std::mem::size_of::<Option<SpareRecord>>()
+        && std::mem::align_of::<BlockRecord>() >= std::mem::align_of::<Option<SpareRecord>>()
+);
+
+impl Default for SpareRooms {
+    fn default() -> Self {
+        SpareRooms {
+            recent: Vec::with_capacity(RECENT_ROOMS),
+            head: None,
+        }
+    }
+}
+
+impl SpareRooms {
+    /// Keeps `room`.
+    #[inline]
+    fn push(&mut self, room: SpareRecord) {
+        if self.recent.len() < self.recent.capacity() {
+            self.recent.push(room);
+        } else {
+            self.link(room);
+        }
+    }
+
+    /// Keeps `room` among the linked ones.
+    #[cold]
+    #[inline(never)]
+    fn link(&mut self, mut room: SpareRecord) {
+        let link = room.as_mut_ptr().cast::<Option<SpareRecord>>();
+        // SAFETY: a room is a record's memory with no record in it: large and aligned enough for
+        // the link (checked at compile time above); it holds the link until `unlink` reads it.
+        unsafe { link.write(self.head.take()) };
+        self.head = Some(room);
+    }
+
+    /// A kept room, if any.
+    #[inline]
+    fn pop(&mut self) -> Option<SpareRecord> {
+        match self.recent.pop() {
+            Some(room) => Some(room),
+            None => self.unlink(),
+        }
+    }
+
+    /// The first linked room, if any.
+    #[cold]
+    #[inline(never)]
+    fn unlink(&mut self) -> Option<SpareRecord> {
+        let mut room = self.head.take()?;
+        // SAFETY: every linked room holds the link `link` wrote, read out once here (the room is
+        // handed out as memory with no record in it).
+        self.head = unsafe { room.as_mut_ptr().cast::<Option<SpareRecord>>().read() };
+        Some(room)
+    }
+
+    /// Rooms kept.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        let mut linked = 0;
+        let mut at = self.head.as_ref();
+        while let Some(room) = at {
+            linked += 1;
+            // SAFETY: every linked room holds the link `link` wrote.
+            at = unsafe { &*room.as_ptr().cast::<Option<SpareRecord>>() }.as_ref();
+        }
+        self.recent.len() + linked
+    }
+}
+
+impl Drop for SpareRooms {
+    fn drop(&mut self) {
+        // One room at a time: a recursive drop of the links could overflow the stack.
+        while self.unlink().is_some() {}
+    }
+}
 
 /// One independent heap with its chunks; lives in a [`ShardCell`].
 pub(super) struct Shard {
@@ -45,11 +140,41 @@ pub(super) struct Shard {
     outstanding: u64,
     /// Set when the last `Pool` handle is gone.
     pool_dropped: bool,
-    /// Memory of freed records, for the next allocations' records (at most `SPARE_RECORDS`).
-    spare_records: Vec<SpareRecord>,
+    /// Memory of freed records, for the next allocations' records.
+    pub(super) spare_records: SpareRooms,
 }
 
 impl Shard {
+    /// Gives `allocation` back to the heap, under the lock. True when the free must end on
+    /// the rare path ([`ShardCell::free_rare`]: the pool is gone, or the chunk it leaves empty
+    /// is beyond the `keep_empty` empty ones the shard keeps); otherwise the block's reference
+    /// on the cell is handed back here.
+    #[inline(always)] // the body of every free to a shard
+    fn give_back(&mut self, allocation: Allocation, keep_empty: usize) -> bool {
+        let chunk_id = allocation.chunk();
+        // The allocation came from this shard's heap and cannot be freed twice (it is moved
+        // out of the block), so this only fails on an allocator bug.
+        let freed = self.heap.free(allocation);
+        debug_assert!(freed.is_ok(), "pool free failed: {freed:?}");
+        // A chunk left empty is handed back only beyond the `keep_empty_chunks` empty ones the
+        // shard keeps (counted here, without allocating: a shard has few chunks), so the usual
+        // case, one block coming and going in a kept chunk, stays on this path.
+        if self.pool_dropped
+            || (self.heap.chunk_allocations(chunk_id) == Some(0)
+                && self.heap.empty_chunks().nth(keep_empty).is_some())
+        {
+            return true;
+        }
+        self.outstanding -= 1;
+        false
+    }
+
+    /// Keeps a freed record's memory for the next allocation's record (never allocating).
+    #[inline]
+    fn keep_room(&mut self, room: SpareRecord) {
+        self.spare_records.push(room);
+    }
+
     /// Removes empty chunks beyond `keep` from the shard and takes their bytes off `reserved`;
     /// the caller drops them after unlocking.
     pub(super) fn take_empty_chunks(
@@ -213,8 +338,7 @@ impl ShardSet {
                         next_chunk_size: first_chunk,
                         outstanding: 0,
                         pool_dropped: false,
-                        // Reserved whole: a free never allocates under the shard's lock.
-                        spare_records: Vec::with_capacity(SPARE_RECORDS),
+                        spare_records: SpareRooms::default(),
                     }),
                     pool: pool.clone(),
                     cache_pool: if pool.cache_enabled {
@@ -250,6 +374,7 @@ impl ShardSet {
     /// locked) to add a chunk of at least the given size when its heap is full, and records it for
     /// a block of `len` requested bytes. The allocation counts as one reference on the cell, which
     /// the block (or a thread cache after it) hands back through [`ShardCell::free`].
+    #[inline]
     pub(super) fn alloc(
         &self,
         i: usize,
@@ -358,38 +483,67 @@ impl ShardCell {
         let room = unsafe { BlockRecord::into_room(record) };
         // SAFETY: the hold's reference keeps the cell alive until it is handed back.
         let this = unsafe { cell.as_ref() };
-        let chunk_id = allocation.chunk();
         let mut shard = this.state.lock();
-        // The allocation came from this shard's heap and cannot be freed twice (it is moved
-        // out of the block), so this only fails on an allocator bug.
-        let freed = shard.heap.free(allocation);
-        debug_assert!(freed.is_ok(), "pool free failed: {freed:?}");
-        // A chunk left empty is handed back only beyond the `keep_empty_chunks` empty ones the
-        // shard keeps (counted here, without allocating: a shard has few chunks), so the usual
-        // case, one block coming and going in a kept chunk, stays on this path.
-        if shard.pool_dropped
-            || (shard.heap.chunk_allocations(chunk_id) == Some(0)
-                && shard
-                    .heap
-                    .empty_chunks()
-                    .nth(this.keep_empty_chunks)
-                    .is_some())
-        {
+        if shard.give_back(allocation, this.keep_empty_chunks) {
             drop(shard);
             // SAFETY: our reference is still counted, so the cell is alive; handed back there.
             return unsafe { Self::free_rare(cell, room) };
         }
-        shard.outstanding -= 1;
-        let spare = &mut shard.spare_records;
-        // Within the capacity reserved at the start: the push never allocates under the lock.
-        let room = if spare.len() < spare.capacity() {
-            spare.push(room);
-            None
-        } else {
-            Some(room)
+        shard.keep_room(room);
+    }
+
+    /// Frees `first` and the records `more` hands out after it, all of `first`'s shard, as
+    /// [`free`](Self::free) would one by one, taking the shard's lock once per [`RUN`] records
+    /// (a drain of device releases frees hundreds at once). `more` is called under the lock:
+    /// it may only take records out of a list, and must give `None` for a record of another
+    /// shard.
+    ///
+    /// # Safety
+    /// - Every record given must hold a [`BlockKind::Shared`] allocation of `first`'s cell, as
+    ///   [`free`](Self::free) requires of its one record.
+    pub(super) unsafe fn free_run(
+        first: Box<BlockRecord>,
+        mut more: impl FnMut() -> Option<Box<BlockRecord>>,
+    ) {
+        let Some(hold) = first.hold() else {
+            debug_assert!(false, "ShardCell::free_run of an unshared block");
+            return;
         };
-        drop(shard);
-        drop(room);
+        let cell = hold.cell;
+        // SAFETY: the record not yet freed (`next`) holds a counted reference on the cell
+        // whenever the loop below touches it.
+        let this = unsafe { cell.as_ref() };
+        let mut next = Some(first);
+        while next.is_some() {
+            let mut rare = None;
+            let mut shard = this.state.lock();
+            for _ in 0..RUN {
+                let Some(record) = next.take() else { break };
+                let Some(hold) = record.hold() else {
+                    debug_assert!(false, "ShardCell::free_run of an unshared block");
+                    next = more();
+                    continue;
+                };
+                debug_assert!(hold.cell == cell, "ShardCell::free_run across shards");
+                // SAFETY: as in `free`: the caller gives every record up here, once.
+                let allocation = unsafe { std::ptr::read(&hold.allocation) };
+                // SAFETY: as in `free`.
+                let room = unsafe { BlockRecord::into_room(record) };
+                if shard.give_back(allocation, this.keep_empty_chunks) {
+                    rare = Some(room);
+                    break;
+                }
+                shard.keep_room(room);
+                next = more();
+            }
+            drop(shard);
+            if let Some(room) = rare {
+                // SAFETY: the rare record's reference is still counted (the cell is alive) and
+                // handed back there; the records after it hold their own.
+                unsafe { Self::free_rare(cell, room) };
+                next = more();
+            }
+        }
     }
 
     /// The end of a free that left its chunk empty beyond the empty chunks the shard keeps, or

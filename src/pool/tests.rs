@@ -1162,3 +1162,46 @@ fn shard_bias_moves_between_threads_without_losing_blocks() {
     let s = pool.stats();
     assert_eq!((s.bytes_in_use, s.bytes_allocated), (0, 0));
 }
+
+/// Rooms kept by each shard of `pool`.
+fn spare_rooms(pool: &Pool) -> Vec<usize> {
+    pool.shards
+        .iter()
+        .map(|cell| cell.state.lock().spare_records.len())
+        .collect()
+}
+
+/// A shard keeps the memory of every record of a burst of frees (no allocator call under its
+/// lock, none at the next allocations), hands it out again, and gives it back on `trim`. Miri
+/// checks the rooms' links.
+#[test]
+fn a_shard_keeps_its_freed_records_memory_until_trim() {
+    let pool = Pool::new(
+        HostMemorySource,
+        PoolConfig {
+            shards: 1,
+            thread_cache: 0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let n = if cfg!(miri) { 40 } else { 3000 };
+    let blocks: Vec<Block> = (0..n).map(|_| pool.alloc(64, 64).unwrap()).collect();
+    assert_eq!(spare_rooms(&pool), [0]);
+    drop(blocks);
+    assert_eq!(spare_rooms(&pool), [n]);
+    let mut again: Vec<Block> = (0..n / 2).map(|_| pool.alloc(64, 64).unwrap()).collect();
+    assert_eq!(spare_rooms(&pool), [n - n / 2]);
+    for (i, b) in again.iter_mut().enumerate() {
+        b.fill(0, 64, i as u8).unwrap();
+        assert_eq!(b.len(), 64);
+    }
+    drop(again);
+    assert_eq!(spare_rooms(&pool), [n]);
+    pool.trim();
+    assert_eq!(spare_rooms(&pool), [0]);
+    // The pool works as before, and its drop frees what is kept then.
+    let kept: Vec<Block> = (0..3).map(|_| pool.alloc(64, 64).unwrap()).collect();
+    drop(kept);
+    assert_eq!(spare_rooms(&pool), [3]);
+}

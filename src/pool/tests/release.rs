@@ -435,3 +435,105 @@ fn a_batch_without_a_feed_or_after_the_close_lends_nothing() {
     );
     assert_eq!((blocks.len(), tokens.len()), (1, 0));
 }
+
+/// Blocks of three shards, some labeled, and a dedicated one, lent in one batch and given back
+/// in an order that mixes them: a drain frees a run of one shard under one hold of its lock and
+/// ends it at a block of another shard or with a label, and chunks left empty go back in the
+/// middle of a run (`keep_empty_chunks = 0`). Then again with the pool dropped before the
+/// tokens come (the drain thread frees them into shards whose pool is gone).
+#[test]
+fn a_drain_frees_mixed_runs_of_shards_labels_and_emptied_chunks() {
+    for drop_pool_first in [false, true] {
+        let live = Arc::new(AtomicUsize::new(0));
+        let cfg = PoolConfig {
+            chunk_size: 64 << 10,
+            max_chunk_size: 64 << 10,
+            dedicated_threshold: 32 << 10,
+            shards: 3,
+            thread_cache: 0,
+            keep_empty_chunks: 0,
+            ..Default::default()
+        };
+        let pool = Pool::new(CountingSource(live.clone()), cfg).unwrap();
+        let shape = LaneShape::new(64, 512).unwrap();
+        let l = Arc::new(HostLane::new(shape));
+        let device = DeviceLaneState::new();
+        pool.set_release_feed(LaneConsumer::new(l.clone(), shape).unwrap())
+            .map_err(|_| ())
+            .unwrap();
+        // Three threads: three shards (assigned round-robin), three chunks of 256 blocks each
+        // (one under Miri).
+        let per = if cfg!(miri) { 30 } else { 600 };
+        let mut per_thread: Vec<Vec<crate::pool::Block>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..3)
+                .map(|_| {
+                    s.spawn(|| {
+                        (0..per)
+                            .map(|i| {
+                                let mut b = pool.alloc(256, 64).unwrap();
+                                if i % 17 == 5 {
+                                    b.set_label("lent");
+                                }
+                                b
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let before = live.load(Ordering::SeqCst);
+        assert!(before >= if cfg!(miri) { 3 } else { 9 }, "{before} chunks");
+        // Runs of 7, 3 and 11 blocks of each thread in turn, a dedicated block among them.
+        let mut blocks = Vec::new();
+        while per_thread.iter().any(|v| !v.is_empty()) {
+            for (t, run) in [(0, 7), (1, 3), (2, 11)] {
+                let v = &mut per_thread[t];
+                let n = run.min(v.len());
+                blocks.extend(v.drain(..n));
+            }
+            if blocks.len() == 21 {
+                blocks.push(pool.alloc(40 << 10, 64).unwrap());
+            }
+        }
+        let n = blocks.len();
+        assert_eq!(n, 3 * per + 1);
+        let mut tokens = Vec::new();
+        pool.release_many_on_device(&mut blocks, &mut tokens)
+            .unwrap();
+        assert!(blocks.is_empty());
+        let bits: Vec<u64> = tokens.iter().map(|t| t.to_bits()).collect();
+        let pool = (!drop_pool_first).then_some(pool);
+        for record in bits.chunks(shape.max_payload() as usize / 8) {
+            send(&l, &device, shape, KIND_RELEASE, record);
+        }
+        let start = Instant::now();
+        while live.load(Ordering::SeqCst) != 0 && start.elapsed() < Duration::from_secs(10) {
+            if let Some(pool) = &pool {
+                pool.drain_device_releases();
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(live.load(Ordering::SeqCst), 0, "every chunk went back");
+        let Some(pool) = pool else { continue };
+        let s = pool.stats();
+        assert_eq!(
+            (
+                s.bytes_in_use,
+                s.device_releases.tokens.redeemed,
+                s.device_releases.outstanding
+            ),
+            (0, n as u64, 0)
+        );
+        assert!(
+            pool.report().labels.is_empty(),
+            "the labels went with their blocks"
+        );
+        // Every block allocatable again, none twice.
+        let again: Vec<_> = (0..3 * per).map(|_| pool.alloc(256, 64).unwrap()).collect();
+        let mut at = addrs(&again);
+        at.sort_unstable();
+        at.dedup();
+        assert_eq!(at.len(), 3 * per);
+    }
+}
