@@ -497,7 +497,8 @@ typedef struct vkgdr_pool_stats {
    */
   uint32_t release_lane_broken;
   /**
-   * Blocks lent to kernels now, their tokens not arrived.
+   * Blocks lent to kernels now, not back in the pool yet (their tokens not arrived, or a drain
+   * freeing them at this moment).
    */
   uint64_t lent_blocks;
   /**
@@ -1290,8 +1291,9 @@ int vkgdr_pool_release_many_on_device(vkgdr_pool_t pool,
 
 /**
  * Takes every device release that has arrived on the pool's release feed and frees the blocks
- * given back (the pool's own thread and its allocations do it too). Returns the number of
- * blocks freed, or `SIZE_MAX` on error (an invalid handle).
+ * given back (the pool's own thread and its allocations do it too). On return every block whose
+ * token arrived before the call is back in the pool, those another thread's drain took included.
+ * Returns the number of blocks this call freed, or `SIZE_MAX` on error (an invalid handle).
  *
  * Thread safety: any thread.
  *
@@ -1301,8 +1303,9 @@ int vkgdr_pool_release_many_on_device(vkgdr_pool_t pool,
 VKGDR_API size_t vkgdr_pool_drain_device_releases(vkgdr_pool_t pool);
 
 /**
- * Blocks of `pool` lent to kernels now (released on the device, their tokens not arrived), or
- * `UINT64_MAX` on error (an invalid handle).
+ * Blocks of `pool` lent to kernels now (released on the device and not back in the pool yet:
+ * their tokens not arrived, or a drain freeing them at this moment), or `UINT64_MAX` on error
+ * (an invalid handle). Once it reads 0, every block lent before is allocatable again.
  *
  * Thread safety: any thread.
  *

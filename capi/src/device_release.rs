@@ -182,8 +182,9 @@ pub unsafe extern "C" fn vkgdr_pool_release_many_on_device(
 }
 
 /// Takes every device release that has arrived on the pool's release feed and frees the blocks
-/// given back (the pool's own thread and its allocations do it too). Returns the number of
-/// blocks freed, or `SIZE_MAX` on error (an invalid handle).
+/// given back (the pool's own thread and its allocations do it too). On return every block whose
+/// token arrived before the call is back in the pool, those another thread's drain took included.
+/// Returns the number of blocks this call freed, or `SIZE_MAX` on error (an invalid handle).
 ///
 /// Thread safety: any thread.
 ///
@@ -197,8 +198,9 @@ pub unsafe extern "C" fn vkgdr_pool_drain_device_releases(pool: vkgdr_pool_t) ->
     })
 }
 
-/// Blocks of `pool` lent to kernels now (released on the device, their tokens not arrived), or
-/// `UINT64_MAX` on error (an invalid handle).
+/// Blocks of `pool` lent to kernels now (released on the device and not back in the pool yet:
+/// their tokens not arrived, or a drain freeing them at this moment), or `UINT64_MAX` on error
+/// (an invalid handle). Once it reads 0, every block lent before is allocatable again.
 ///
 /// Thread safety: any thread.
 ///

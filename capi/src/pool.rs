@@ -177,7 +177,8 @@ pub struct vkgdr_pool_stats {
     /// count device-side releases (`vkgdr_block_release_on_device`); a caller whose
     /// `struct_size` ends before a field does not get it.
     pub release_lane_broken: u32,
-    /// Blocks lent to kernels now, their tokens not arrived.
+    /// Blocks lent to kernels now, not back in the pool yet (their tokens not arrived, or a drain
+    /// freeing them at this moment).
     pub lent_blocks: u64,
     /// Tokens issued (blocks released on the device).
     pub tokens_issued: u64,

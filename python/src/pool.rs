@@ -246,12 +246,14 @@ impl Pool {
     }
 
     /// Takes every device release that has arrived and frees the blocks given back (the pool's
-    /// own thread and its allocations do it too); returns how many.
+    /// own thread and its allocations do it too); returns how many this call freed. On return
+    /// every block whose token arrived before the call is back in the pool.
     fn drain_device_releases(&self, py: Python<'_>) -> usize {
         py.detach(|| self.pool.drain_device_releases())
     }
 
-    /// Blocks lent to kernels now (released on the device, their tokens not arrived).
+    /// Blocks lent to kernels now (released on the device and not back in the pool yet: their
+    /// tokens not arrived, or a drain freeing them at this moment).
     #[getter]
     fn lent_blocks(&self) -> u64 {
         self.pool.lent_blocks()

@@ -26,11 +26,10 @@ const NAP_MAX: Duration = Duration::from_millis(1);
 /// freed. With `wait` false, passes when another thread is draining.
 pub(super) fn drain(inner: &PoolInner, wait: bool) -> usize {
     let mut out = Vec::new();
-    inner.lent.drain(&mut out, wait);
-    let n = out.len();
+    let (_, in_hand) = inner.lent.drain(&mut out, wait);
     // Outside the table's lock: a free takes its shard's lock.
     free_lent(&mut out);
-    n
+    in_hand.len()
 }
 
 /// Drains until a drain takes nothing; returns the blocks freed.
@@ -39,13 +38,23 @@ pub(super) fn drain_all(inner: &PoolInner) -> usize {
     // One list for every batch: a batch of records carries thousands of tokens.
     let mut out = Vec::new();
     loop {
-        let taken = inner.lent.drain(&mut out, true);
-        freed += out.len();
+        let (taken, in_hand) = inner.lent.drain(&mut out, true);
+        freed += in_hand.len();
         free_lent(&mut out);
+        drop(in_hand);
         if taken == 0 {
             return freed;
         }
     }
+}
+
+/// [`drain_all`], then waits until the blocks other threads' drains took are freed too: on
+/// return every block whose token arrived before the call is back in its shard (the public
+/// drain, trim and reclaim).
+pub(super) fn drain_settled(inner: &PoolInner) -> usize {
+    let freed = drain_all(inner);
+    inner.lent.wait_for_frees();
+    freed
 }
 
 /// Starts the pool's drain thread; `false` if the system refused a thread (blocks then come

@@ -9,7 +9,7 @@
 //! | event | what happens to the block |
 //! |:--|:--|
 //! | `release_on_device` (or a batch: `Pool::release_many_on_device`, one lock) | moves into the table; its token goes to the kernel |
-//! | the token arrives (a drain) | taken out of the table and freed to its shard: allocatable again |
+//! | the token arrives (a drain) | taken out of the table and freed to its shard: allocatable again (it counts as lent until that free is done) |
 //! | a forged, stale or repeated token arrives | nothing; counted ([`DeviceReleaseStats`]) |
 //! | a record of another kind, or a length not a multiple of 8 | nothing; counted |
 //! | the lane breaks ([`D2hError`]) | the lane's later tokens never come: their blocks stay lent, the error is kept |
@@ -82,7 +82,8 @@ pub struct DeviceReleaseStats {
     /// The token table's counts: issued, redeemed (blocks given back), revoked (taken back by
     /// `reclaim_device_releases`), and the tokens refused as forged, stale or repeated.
     pub tokens: TokenStats,
-    /// Blocks lent now (released on the device, their tokens not arrived).
+    /// Blocks lent now: released on the device and not back in the pool yet (their tokens not
+    /// arrived, or a drain taking them back at this moment).
     pub outstanding: u64,
     /// Records on the release lanes of a kind other than `KIND_RELEASE` (ignored).
     pub foreign_records: u64,
@@ -141,6 +142,9 @@ pub(super) struct Lent {
     state: Mutex<State>,
     /// Blocks lent now (a copy of the table's figure, read without the lock).
     outstanding: AtomicU64,
+    /// Blocks a drain took out of the table and has not freed yet ([`InHand`]): still lent, for
+    /// [`lent_now`](Self::lent_now).
+    in_hand: AtomicU64,
     /// Set while some thread drains: the slow path passes instead of waiting.
     draining: AtomicBool,
     /// Wakes the drain thread when blocks are lent, or the pool closes.
@@ -166,6 +170,7 @@ impl Lent {
                 closed: false,
             }),
             outstanding: AtomicU64::new(0),
+            in_hand: AtomicU64::new(0),
             draining: AtomicBool::new(false),
             wake: Condvar::new(),
             thread: Mutex::new(None),
@@ -191,10 +196,26 @@ impl Lent {
         s.tokens = ReleaseTokens::with_tag(s.tokens.tag(), max);
     }
 
-    /// Blocks lent now.
+    /// Blocks whose tokens have not arrived.
     #[inline]
     pub(super) fn outstanding(&self) -> u64 {
         self.outstanding.load(Ordering::Acquire)
+    }
+
+    /// Blocks lent now: tokens not arrived, or taken by a drain that has not freed them yet. Never
+    /// less than the truth: the count a drain takes out of the table is added to `in_hand`
+    /// before `outstanding` drops (both under the lock), and this reads `outstanding` first.
+    pub(super) fn lent_now(&self) -> u64 {
+        let outstanding = self.outstanding.load(Ordering::Acquire);
+        outstanding + self.in_hand.load(Ordering::Acquire)
+    }
+
+    /// Waits until no drain holds blocks it took out of the table (each frees them right after,
+    /// outside every lock of this table).
+    pub(super) fn wait_for_frees(&self) {
+        while self.in_hand.load(Ordering::Acquire) > 0 {
+            std::thread::yield_now();
+        }
     }
 
     /// Lends `block`: its token, or the block and why not.
@@ -236,22 +257,39 @@ impl Lent {
     /// Takes what arrived (up to [`DRAIN_BATCH`] records) and moves the blocks whose tokens
     /// came into `out`, to be freed by the caller outside the lock. Returns the records taken.
     /// With `wait_for_others` false, passes (0) when another thread is draining.
-    pub(super) fn drain(&self, out: &mut Vec<LentBlock>, wait_for_others: bool) -> usize {
+    /// The blocks put into `out` count as lent until the returned [`InHand`] drops: the caller
+    /// frees them, then drops it.
+    pub(super) fn drain(
+        &self,
+        out: &mut Vec<LentBlock>,
+        wait_for_others: bool,
+    ) -> (usize, InHand<'_>) {
         let mine = self
             .draining
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
             .is_ok();
         if !mine && !wait_for_others {
-            return 0;
+            return (0, InHand { lent: self, n: 0 });
         }
+        let before = out.len();
         let mut s = self.state.lock();
         let taken = Self::drain_locked(&mut s, out);
+        let in_hand = self.take_in_hand((out.len() - before) as u64);
         self.publish(&s);
         drop(s);
         if mine {
             self.draining.store(false, Ordering::Release);
         }
-        taken
+        (taken, in_hand)
+    }
+
+    /// Counts `n` blocks just taken out of the table as in hand (under the table's lock, before
+    /// the outstanding count drops).
+    fn take_in_hand(&self, n: u64) -> InHand<'_> {
+        if n > 0 {
+            self.in_hand.fetch_add(n, Ordering::Release);
+        }
+        InHand { lent: self, n }
     }
 
     fn drain_locked(s: &mut State, out: &mut Vec<LentBlock>) -> usize {
@@ -283,14 +321,15 @@ impl Lent {
         }
     }
 
-    /// Takes every lent block back (their tokens turn stale), into `out`.
-    pub(super) fn revoke_all(&self, out: &mut Vec<LentBlock>) -> usize {
+    /// Takes every lent block back (their tokens turn stale), into `out`; they count as lent
+    /// until the returned [`InHand`] drops.
+    pub(super) fn revoke_all(&self, out: &mut Vec<LentBlock>) -> InHand<'_> {
         let mut s = self.state.lock();
         let taken = s.tokens.revoke_all();
-        let n = taken.len();
+        let in_hand = self.take_in_hand(taken.len() as u64);
         out.extend(taken);
         self.publish(&s);
-        n
+        in_hand
     }
 
     /// Closes the table (the last pool handle is gone): nothing is lent from now on.
@@ -324,7 +363,7 @@ impl Lent {
         let tokens = s.tokens.stats();
         DeviceReleaseStats {
             tokens,
-            outstanding: tokens.outstanding(),
+            outstanding: tokens.outstanding() + self.in_hand.load(Ordering::Acquire),
             foreign_records: s.foreign_records,
             malformed_records: s.malformed_records,
             lane_error: s.lane_error.clone(),
@@ -360,6 +399,29 @@ impl Drop for Lender<'_> {
     fn drop(&mut self) {
         if self.lent.publish(&self.s) == 0 && self.s.tokens.stats().outstanding() > 0 {
             self.lent.wake.notify_one();
+        }
+    }
+}
+
+/// Blocks a drain (or a revocation) took out of the table, still counted as lent until this
+/// drops: after the caller freed them, or while it unwinds.
+#[must_use = "the blocks count as lent until it drops"]
+pub(super) struct InHand<'a> {
+    lent: &'a Lent,
+    n: u64,
+}
+
+impl InHand<'_> {
+    /// Blocks it counts.
+    pub(super) fn len(&self) -> usize {
+        self.n as usize
+    }
+}
+
+impl Drop for InHand<'_> {
+    fn drop(&mut self) {
+        if self.n > 0 {
+            self.lent.in_hand.fetch_sub(self.n, Ordering::Release);
         }
     }
 }

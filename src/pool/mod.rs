@@ -477,8 +477,8 @@ impl Pool {
     pub fn trim(&self) -> usize {
         // Blocks whose device release arrived are given back first; blocks still lent keep
         // their chunks (never freed while a kernel may use them).
-        if self.inner.lent.outstanding() > 0 {
-            drain::drain_all(&self.inner);
+        if self.inner.lent.lent_now() > 0 {
+            drain::drain_settled(&self.inner);
         }
         // Cached blocks keep their chunks: take them back from every thread's cache first.
         magazine::reclaim_cached(&self.inner);
@@ -634,18 +634,18 @@ impl Pool {
     }
 
     /// Takes every device release that has arrived and frees the blocks given back (the slow
-    /// path of [`alloc`](Self::alloc) and the drain thread do it too); returns the blocks
-    /// freed.
+    /// path of [`alloc`](Self::alloc) and the drain thread do it too); returns the blocks this
+    /// call freed. On return every block whose token arrived before the call is back in the
+    /// pool, those another thread's drain took included (it waits for their frees).
     pub fn drain_device_releases(&self) -> usize {
-        drain::drain_all(&self.inner)
+        drain::drain_settled(&self.inner)
     }
 
-    /// Blocks lent to kernels now: released on the device, their tokens not arrived. A drain
-    /// counts a token as arrived before it frees the block, so a block whose token another
-    /// thread (the drain thread) just took can still count as in use for a moment after this
-    /// dropped.
+    /// Blocks lent to kernels now: released on the device and not back in the pool yet (their
+    /// tokens not arrived, or a drain freeing them at this moment). Once it reads 0, every
+    /// block lent before is allocatable again.
     pub fn lent_blocks(&self) -> u64 {
-        self.inner.lent.outstanding()
+        self.inner.lent.lent_now()
     }
 
     /// Frees every lent block without waiting for its token (their tokens are stale from now
@@ -658,10 +658,10 @@ impl Pool {
     ///   [`Block::release_on_device`] whose token has not arrived: the blocks are handed out
     ///   again at once.
     pub unsafe fn reclaim_device_releases(&self) -> usize {
-        drain::drain_all(&self.inner);
+        drain::drain_settled(&self.inner);
         let mut out = Vec::new();
-        let n = self.inner.lent.revoke_all(&mut out);
+        let in_hand = self.inner.lent.revoke_all(&mut out);
         block::free_lent(&mut out);
-        n
+        in_hand.len()
     }
 }

@@ -42,8 +42,13 @@ fn a_block_comes_back_once_for_its_own_token_and_hostile_ones_are_counted() {
         &[b.to_bits(), other.to_bits(), 0],
     );
     let mut out = Vec::new();
-    assert_eq!(lent.drain(&mut out, true), 1);
+    let (taken, in_hand) = lent.drain(&mut out, true);
+    assert_eq!((taken, in_hand.len()), (1, 1));
+    // The block taken counts as lent until its drain has freed it.
+    assert_eq!((lent.outstanding(), lent.lent_now()), (1, 2));
     assert_eq!(out.drain(..).map(value).collect::<Vec<_>>(), [2]);
+    drop(in_hand);
+    assert_eq!(lent.lent_now(), 1);
     send(&l, &device, shape, KIND_RELEASE, &[b.to_bits()]);
     send(&l, &device, shape, 7, &[a.to_bits()]);
     let mut torn = a.to_bits().to_le_bytes().to_vec();
@@ -51,7 +56,7 @@ fn a_block_comes_back_once_for_its_own_token_and_hostile_ones_are_counted() {
     ProducerModel::new(&*l, &device, shape, 10)
         .publish(KIND_RELEASE, &torn)
         .unwrap();
-    lent.drain(&mut out, true);
+    let _ = lent.drain(&mut out, true);
     assert!(out.is_empty(), "nothing freed by hostile records");
     let s = lent.stats();
     assert_eq!(
@@ -65,7 +70,7 @@ fn a_block_comes_back_once_for_its_own_token_and_hostile_ones_are_counted() {
     );
     assert_eq!((s.outstanding, s.refused()), (1, 5));
     send(&l, &device, shape, KIND_RELEASE, &[a.to_bits()]);
-    lent.drain(&mut out, true);
+    let _ = lent.drain(&mut out, true);
     assert_eq!(out.drain(..).map(value).collect::<Vec<_>>(), [1]);
     assert_eq!(lent.outstanding(), 0);
 }
@@ -88,7 +93,7 @@ fn no_feed_closed_and_full_tables_give_the_block_back() {
     assert_eq!(why, RefusedReason::Closed);
     assert!(lent.take_feed_if_done().is_none(), "a block is still lent");
     let mut out = Vec::new();
-    assert_eq!(lent.revoke_all(&mut out), 1);
+    assert_eq!(lent.revoke_all(&mut out).len(), 1);
     assert_eq!(value(out.pop().unwrap()), 6);
     assert!(lent.take_feed_if_done().is_some());
 }
@@ -110,7 +115,7 @@ fn a_broken_lane_is_kept_and_the_other_lanes_still_drain() {
     send(&l1, &d1, shape, KIND_RELEASE, &[a.to_bits()]);
     let _ = &d0;
     let mut out = Vec::new();
-    lent.drain(&mut out, true);
+    let _ = lent.drain(&mut out, true);
     assert_eq!(out.drain(..).map(value).collect::<Vec<_>>(), [1]);
     assert!(matches!(
         lent.stats().lane_error,
@@ -536,4 +541,45 @@ fn a_drain_frees_mixed_runs_of_shards_labels_and_emptied_chunks() {
         at.dedup();
         assert_eq!(at.len(), 3 * per);
     }
+}
+
+/// A block whose token a drain took counts as lent until that drain has freed it, and
+/// `drain_device_releases` returns only once it is back: another thread's drain holds it here
+/// (as the drain thread does for a moment) while this one drains and reads the counts. The feed
+/// is set on the table directly, so no drain thread races the one here.
+#[test]
+fn a_block_taken_by_another_drain_counts_as_lent_until_it_is_freed() {
+    let pool = pool_with(HostMemorySource);
+    let (l, shape) = lane();
+    let device = DeviceLaneState::new();
+    pool.inner
+        .lent
+        .set_feed(LaneConsumer::new(l.clone(), shape).unwrap())
+        .map_err(|_| ())
+        .unwrap();
+    let token = pool.alloc(64, 64).unwrap().release_on_device().unwrap();
+    send(&l, &device, shape, KIND_RELEASE, &[token.to_bits()]);
+    let taken = std::sync::Barrier::new(2);
+    std::thread::scope(|s| {
+        let other = s.spawn(|| {
+            let mut out = Vec::new();
+            let (n, in_hand) = pool.inner.lent.drain(&mut out, true);
+            assert_eq!((n, in_hand.len()), (1, 1));
+            taken.wait();
+            std::thread::sleep(Duration::from_millis(50));
+            super::super::block::free_lent(&mut out);
+            drop(in_hand);
+        });
+        taken.wait();
+        assert_eq!(pool.lent_blocks(), 1, "taken, not freed yet");
+        assert_eq!(pool.stats().device_releases.outstanding, 1);
+        assert_eq!(
+            pool.drain_device_releases(),
+            0,
+            "nothing left for this drain"
+        );
+        assert_eq!(pool.lent_blocks(), 0);
+        assert_eq!(pool.stats().bytes_in_use, 0, "back when the drain returns");
+        other.join().unwrap();
+    });
 }
