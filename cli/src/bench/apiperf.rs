@@ -34,6 +34,22 @@ pub mod rows {
     pub const CU_MEM_ALLOC: &str = "cuMemAlloc";
     /// `cuMemFree`.
     pub const CU_MEM_FREE: &str = "cuMemFree";
+    /// A pool allocation and its drop, per size class.
+    pub const POOL_PAIR: &str = "Pool alloc+free";
+    /// `malloc` and `free` of the same size, measured beside each pool size (a machine row:
+    /// this CPU's speed at the same work, which the comparison judges the pool's row against).
+    pub const MALLOC_PAIR: &str = "malloc+free (the C library)";
+
+    /// Every row the benchmark writes under a constant's name (the rest carry the call they
+    /// time in their names).
+    pub const NAMED: [&str; 6] = [
+        RAW_ALLOC,
+        RAW_FREE,
+        CU_MEM_ALLOC,
+        CU_MEM_FREE,
+        POOL_PAIR,
+        MALLOC_PAIR,
+    ];
 }
 
 /// Raw allocation sizes.
@@ -48,6 +64,13 @@ pub fn pool_sizes() -> Vec<u64> {
 
 /// Alignment of the pool allocations.
 const POOL_ALIGN: u64 = 16;
+
+/// One `malloc(size)`/`free` pair of the C library.
+fn malloc_pair(size: u64) {
+    let size = std::hint::black_box(size as usize);
+    // SAFETY: a plain malloc/free pair; the pointer is freed once and never dereferenced.
+    unsafe { libc::free(std::hint::black_box(libc::malloc(size))) };
+}
 
 fn push(report: &mut Report, method: &str, size: u64, samples: &[f64]) {
     let s = Stats::of(samples).expect("at least one sample");
@@ -143,7 +166,15 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
             drop(pool.alloc(size, POOL_ALIGN)?);
             Ok(())
         })?;
-        push(&mut report, "Pool alloc+free", size, &pairs);
+        push(&mut report, rows::POOL_PAIR, size, &pairs);
+        // The same loop through the C library's allocator right after: how fast this CPU is
+        // at that moment, in this process (the nanosecond rows move by up to 1.7x between
+        // processes of one machine; BENCHMARKS.md, 'Comparing with earlier runs').
+        let mallocs = measure(&fast, || {
+            malloc_pair(size);
+            Ok(())
+        })?;
+        push(&mut report, rows::MALLOC_PAIR, size, &mallocs);
     }
     drop(pool);
 
@@ -181,7 +212,8 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
 
     report.notes.push(format!(
         "Pool alloc+free: one pool.alloc(size, {POOL_ALIGN}) and its drop per pair, default \
-         PoolConfig, chunk already allocated; timed in batches of ≥ 1 µs"
+         PoolConfig, chunk already allocated; timed in batches of ≥ 1 µs; beside each size, \
+         malloc(size) and free in the same loop (this CPU's speed, the machine's figure)"
     ));
     report.notes.push(
         "cuMemAlloc/cuMemFree: DeviceBuffer::new and its drop (each pushes and pops the \

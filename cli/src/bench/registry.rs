@@ -66,6 +66,7 @@ pub const BENCHMARKS: [Benchmark; 10] = [
             machine: &[
                 Rows::Is(apiperf::rows::CU_MEM_ALLOC),
                 Rows::Is(apiperf::rows::CU_MEM_FREE),
+                Rows::Is(apiperf::rows::MALLOC_PAIR),
                 Rows::AnyOf(&ALLOC_STEPS),
                 Rows::AnyOf(&FREE_STEPS),
             ],

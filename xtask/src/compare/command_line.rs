@@ -24,9 +24,10 @@ Compare results.json with an earlier one: every figure, its ratio, moves beyond 
 Figures are matched by report, method and size; each gets the ratio now/before and a mark where it \
 moved beyond its noise: the larger of --tolerance and its own spread in either run (half its \
 p10-p90 range, relative to its median), wider with fewer than 50 samples. Times are better lower, \
-GB/s higher. Library figures that are mostly driver calls or BAR copies are also judged against the \
-machine rows they are made of in the same run (the driver calls, or the same copy as a plain loop): \
-worse only if worse against those too. Only runs on the same GPU model (the device measured) are \
+GB/s higher. Library figures that are mostly driver calls, BAR copies or the CPU's own work are also \
+judged against the machine rows they are made of in the same run (the driver calls, the same copy as \
+a plain loop, or the C library's malloc+free beside the pool's pairs): worse only if worse against \
+those too. Only runs on the same GPU model (the device measured) are \
 judged; other pairs are shown as information.";
 
 /// `xtask compare-bench`'s command line.

@@ -499,6 +499,72 @@ mod tests {
         );
     }
 
+    /// An `apiperf` and a `fastpath-pool` report as a run writes them: the pool's pairs beside
+    /// the C library's `malloc`+`free` at the same size (thousands of samples each).
+    fn pool_run() -> Results {
+        use vkgdr_cli::bench::{apiperf::rows as api, fastpath::rows as fp};
+        let f = |method: &str, size: u64, median: f64| sampled(method, size, median, 10_000);
+        let machine = |method: &str, size: u64, median: f64| Figure {
+            origin: Origin::Machine,
+            ..f(method, size, median)
+        };
+        let mut apiperf = Vec::new();
+        for (size, pool, malloc) in [(16, 14.0, 9.0), (256, 14.5, 9.5), (1 << 20, 90.0, 2500.0)] {
+            apiperf.extend([
+                f(api::POOL_PAIR, size, pool),
+                machine(api::MALLOC_PAIR, size, malloc),
+            ]);
+        }
+        let pool = vec![
+            f(fp::POOL_1_DEFAULT, 256, 15.0),
+            f(fp::POOL_1_NO_CACHE, 256, 40.0),
+            f(fp::POOL_8_DEFAULT, 256, 2.4),
+            f(fp::POOL_16_NO_CACHE, 256, 55.0),
+            machine(fp::MALLOC_PAIR, 256, 11.0),
+            machine(fp::MALLOC_PAIR_8, 256, 2.6),
+            machine(fp::MALLOC_PAIR_16, 256, 2.3),
+        ];
+        let mut run = results(Some(("G", "u")), Unit::Nanoseconds, Vec::new());
+        run.benchmarks[0].reports = vec![
+            report("apiperf", Unit::Nanoseconds, apiperf),
+            report("fastpath-pool", Unit::Nanoseconds, pool),
+        ];
+        run
+    }
+
+    #[test]
+    fn a_cpu_slower_at_malloc_too_is_no_pool_regression_and_a_slower_pool_is() {
+        // A process whose CPU runs every pair 1.6 times as slow, `malloc`'s too (what two
+        // processes of one lent machine showed): no regression, each pool row moved with it.
+        let old = pool_run();
+        let new = scaled(&old, |_, _| 1.6);
+        let c = judge(old.clone(), &new);
+        assert_eq!(c.doc.summary.worse, 0, "{}", c.text());
+        let pool_rows = c.doc.figures.iter().filter(|f| f.driver_work.is_some());
+        let mut n = 0;
+        for f in pool_rows {
+            assert_eq!(f.verdict, Verdict::MovedWithDriver, "{}", f.method);
+            let w = f.driver_work.as_ref().unwrap();
+            assert!((w.anchored_ratio - 1.0).abs() < 1e-9, "{}", f.method);
+            n += 1;
+        }
+        // 3 apiperf sizes and the 4 fastpath-pool rows.
+        assert_eq!(n, 7, "{}", c.text());
+
+        // The pool's own pairs 1.6 times as slow, `malloc` as before: every one is worse.
+        let slower_pool = scaled(&old, |r, f| {
+            let spec = vkgdr_cli::bench::registry::report_spec(&r.name).unwrap();
+            if spec.is_machine(&f.method) {
+                1.0
+            } else {
+                1.6
+            }
+        });
+        let c = judge(old, &slower_pool);
+        assert_eq!(c.doc.summary.worse, 7, "{}", c.text());
+        assert!(c.doc.regressed);
+    }
+
     /// A `copybw-write`, a `copylat` and a `fastpath-small` report as a run on one machine writes
     /// them: each library BAR row beside its raw row (a plain loop of the same stores) at the
     /// same sizes, thousands of samples each.

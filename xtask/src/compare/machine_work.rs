@@ -1,7 +1,8 @@
 //! The machine work that rows of this library are made of ([`MachineWork`], per report:
 //! [`machine_work_of`]): driver calls (an allocation of whole chunks, a drop that gives them back,
-//! a module load) or the CPU's stores and loads through the BAR, each with the machine rows that
-//! time that work in the same run. The comparison judges such a row's move against theirs as well
+//! a module load), the CPU's stores and loads through the BAR, or, for the pool's pairs, the
+//! CPU's own speed at the same pair (the C library's `malloc` and `free`), each with the machine
+//! rows that time that work in the same run. The comparison judges such a row's move against theirs as well
 //! as on its own ([`anchoring`](super::anchoring)), so a machine whose driver or BAR is slower
 //! does not make the library look worse. Every row is named by the constant its benchmark writes
 //! it with, so a renamed row does not compile here.
@@ -37,8 +38,9 @@ pub fn machine_work_of(report: &str, method: &str) -> Option<&'static MachineWor
 }
 
 /// The reports with rows of machine work, by name (each a registered report: tested).
-const BY_REPORT: [(&str, &[MachineWork]); 7] = [
+const BY_REPORT: [(&str, &[MachineWork]); 8] = [
     ("apiperf", APIPERF_MACHINE_WORK),
+    ("fastpath-pool", FASTPATH_POOL_MACHINE_WORK),
     ("copybw-write", COPYBW_WRITE_MACHINE_WORK),
     ("copylat", COPYLAT_MACHINE_WORK),
     ("fastpath-small", FASTPATH_SMALL_MACHINE_WORK),
@@ -66,6 +68,42 @@ const APIPERF_MACHINE_WORK: &[MachineWork] = &[
     MachineWork {
         row: CHUNK_FREE,
         made_of: &FREE_STEPS,
+    },
+    // Not a driver call: the C library's allocator doing the same pair at the same size in
+    // the same process, right after the pool's. The pool's pair is a few dozen nanoseconds of
+    // this CPU's work, and how fast a CPU of these machines runs it moves by up to 1.7x from
+    // one process to the next (BENCHMARKS.md, 'Comparing with earlier runs').
+    MachineWork {
+        row: apiperf::rows::POOL_PAIR,
+        made_of: &[apiperf::rows::MALLOC_PAIR],
+    },
+];
+
+/// `fastpath-pool`: each pool pair against `malloc`+`free` on as many threads, as in `apiperf`.
+const FASTPATH_POOL_MACHINE_WORK: &[MachineWork] = &[
+    MachineWork {
+        row: fastpath::rows::POOL_1_DEFAULT,
+        made_of: &[fastpath::rows::MALLOC_PAIR],
+    },
+    MachineWork {
+        row: fastpath::rows::POOL_1_NO_CACHE,
+        made_of: &[fastpath::rows::MALLOC_PAIR],
+    },
+    MachineWork {
+        row: fastpath::rows::POOL_8_DEFAULT,
+        made_of: &[fastpath::rows::MALLOC_PAIR_8],
+    },
+    MachineWork {
+        row: fastpath::rows::POOL_8_NO_CACHE,
+        made_of: &[fastpath::rows::MALLOC_PAIR_8],
+    },
+    MachineWork {
+        row: fastpath::rows::POOL_16_DEFAULT,
+        made_of: &[fastpath::rows::MALLOC_PAIR_16],
+    },
+    MachineWork {
+        row: fastpath::rows::POOL_16_NO_CACHE,
+        made_of: &[fastpath::rows::MALLOC_PAIR_16],
     },
 ];
 
@@ -251,7 +289,7 @@ const FASTPATH_SMALL_MACHINE_WORK: &[MachineWork] = &[
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::published::{measured_by_code, published};
+    use crate::published::{measured_by_code, newer_than_published, published};
     use vkgdr_cli::bench::registry::report_spec;
     use vkgdr_cli::bench::report::model::Unit;
 
@@ -281,6 +319,7 @@ mod tests {
                 .iter()
                 .copied()
                 .chain(code.iter().map(String::as_str))
+                .chain(newer_than_published(name).iter().copied())
                 .collect();
             for w in work {
                 assert!(published.contains(&w.row), "{name}: no row {:?}", w.row);

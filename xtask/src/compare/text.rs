@@ -46,7 +46,8 @@ impl Comparison {
                 out += &format!(
                     "Comparison with {} (noise: the larger of {} % and a figure's own spread, \
                      wider with fewer than {ENOUGH_SAMPLES} samples; figures that are mostly \
-                     driver calls or BAR copies also against that machine work)\n",
+                     driver calls, BAR copies or the CPU's own work also against that machine \
+                     work)\n",
                     b.file,
                     percent(d.tolerance_percent)
                 );
