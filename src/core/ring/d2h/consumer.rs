@@ -388,8 +388,7 @@ impl<M: LaneMemory> LaneConsumer<M> {
     /// Publishes the head a one-record call left behind, if it did.
     fn settle(&mut self) {
         if self.unpublished {
-            self.unpublished = false;
-            self.store_head();
+            self.publish_head();
         }
     }
 
@@ -551,6 +550,16 @@ fn take_tagged(
     let Some(kind) = header(1)? else {
         return Ok(None);
     };
+    // As in a committed slot: every load before it, then the first word again: a change means
+    // the slot was overwritten while read.
+    let unchanged = || {
+        fence(Ordering::Acquire);
+        if words[first].load(Ordering::Relaxed) == length {
+            Ok(())
+        } else {
+            Err(D2hError::Torn { seq })
+        }
+    };
     let (len, max) = (length as u32, shape.max_payload());
     if len > max {
         return Err(D2hError::BadLength { seq, len, max });
@@ -561,19 +570,11 @@ fn take_tagged(
         let word = word.load(Ordering::Relaxed);
         if (word >> 32) as u32 != tag {
             // Not here yet, or overwritten under us.
-            fence(Ordering::Acquire);
-            if words[first].load(Ordering::Relaxed) != length {
-                return Err(D2hError::Torn { seq });
-            }
-            return Ok(None);
+            return unchanged().map(|()| None);
         }
         chunk.copy_from_slice(&(word as u32).to_le_bytes());
     }
-    // As in a committed slot: every load above before the re-check of the first word.
-    fence(Ordering::Acquire);
-    if words[first].load(Ordering::Relaxed) != length {
-        return Err(D2hError::Torn { seq });
-    }
+    unchanged()?;
     Ok(Some((kind as u32, len)))
 }
 
