@@ -39,17 +39,6 @@ pub mod rows {
     /// `malloc` and `free` of the same size, measured beside each pool size (a machine row:
     /// this CPU's speed at the same work, which the comparison judges the pool's row against).
     pub const MALLOC_PAIR: &str = "malloc+free (the C library)";
-
-    /// Every row the benchmark writes under a constant's name (the rest carry the call they
-    /// time in their names).
-    pub const NAMED: [&str; 6] = [
-        RAW_ALLOC,
-        RAW_FREE,
-        CU_MEM_ALLOC,
-        CU_MEM_FREE,
-        POOL_PAIR,
-        MALLOC_PAIR,
-    ];
 }
 
 /// Raw allocation sizes.
