@@ -128,6 +128,17 @@ typedef enum vkgdr_ring_flags {
    * kernels as for other rings.
    */
   VKGDR_RING_SHAREABLE_BIT = 2,
+  /**
+   * Split the lanes between the two paths of `vkgdr_ring_options.copy_engine_record`
+   * (`vkgdr_ring_create_with_options` only, with a non-zero `copy_engine_record`): three lanes
+   * in eight (lanes 2, 5 and 7, then 10, 13, 15, ...) write records below 8 KiB through the
+   * BAR, the others stage records of at least `copy_engine_record` bytes in pinned memory for
+   * the copy engine: eight producers of 1 and 2 KiB records then drive both paths at once
+   * (figures: BENCHMARKS.md, 'Lanes split between the BAR and the copy engine'). Producers
+   * claim lanes in order: a ring's first two producers take the copy engine, its third the
+   * BAR. Not with `VKGDR_RING_SHAREABLE_BIT`.
+   */
+  VKGDR_RING_COPY_ENGINE_SPLIT_BIT = 4,
 } vkgdr_ring_flags;
 
 /**
@@ -557,7 +568,10 @@ typedef struct vkgdr_ring_options {
   /**
    * 0, `VKGDR_RING_MIRRORED_BIT` (each lane then gets a region of its own mapped twice) or
    * `VKGDR_RING_SHAREABLE_BIT` (each lane an allocation of its own, to lend to other
-   * processes with `vkgdr_share_ring`).
+   * processes with `vkgdr_share_ring`), and `VKGDR_RING_COPY_ENGINE_SPLIT_BIT` (with a
+   * non-zero `copy_engine_record`, not with `VKGDR_RING_SHAREABLE_BIT`: three lanes in eight
+   * keep records below 8 KiB on the BAR, the others take the copy engine from
+   * `copy_engine_record` bytes on).
    */
   uint32_t flags;
   /**
@@ -567,6 +581,9 @@ typedef struct vkgdr_ring_options {
    * stores through the BAR when several producers stream large records; smaller ones, lone
    * ones, and every record of `vkgdr_ring_push` and `vkgdr_ring_reserve`, take the BAR.
    * 0 (the default) keeps the copy engine off; 4096 is a good value; at most `UINT32_MAX`.
+   * With `VKGDR_RING_COPY_ENGINE_SPLIT_BIT` in `flags` (which needs it non-zero) this holds
+   * on five lanes in eight only; lanes 2, 5 and 7 of each eight stage records of at least
+   * 8 KiB (or of `copy_engine_record`, if larger) and write smaller ones through the BAR.
    */
   uint64_t copy_engine_record;
 } vkgdr_ring_options;
@@ -2515,7 +2532,8 @@ VKGDR_API void vkgdr_ring_producer_destroy(vkgdr_ring_producer_t producer);
 /**
  * Appends one record with the `size`-byte payload at `payload` and publishes it at once,
  * together with anything written before (the lowest latency). A record of at least
- * `vkgdr_ring_options.copy_engine_record` bytes goes through pinned memory and a copy engine.
+ * `vkgdr_ring_options.copy_engine_record` bytes with 64 KiB written before it and not yet
+ * published goes through pinned memory and a copy engine; a lone one takes the BAR.
  *
  * - `timeout_ns`: how long to wait for the consumer to free space: negative waits forever
  *   (until the watched consumer has exited), 0 tries once.
@@ -2650,7 +2668,9 @@ VKGDR_API uint32_t vkgdr_ring_producer_get_lane(vkgdr_ring_producer_t producer);
  * `g`'s device, in the handle's context (see `vkgdr_pool_create`).
  *
  * - `flags`: 0, `VKGDR_RING_MIRRORED_BIT` or `VKGDR_RING_SHAREABLE_BIT` (its one lane can then
- *   be lent to another process: `vkgdr_share_ring`).
+ *   be lent to another process: `vkgdr_share_ring`). `VKGDR_RING_COPY_ENGINE_SPLIT_BIT` needs
+ *   a `copy_engine_record`, which only `vkgdr_ring_create_with_options` takes: it is refused
+ *   here.
  *
  * Returns a handle, or `NULL` on error (a bad capacity or flag, a `vkgdr_open_vulkan` handle, a
  * driver failure).
@@ -2685,8 +2705,10 @@ int vkgdr_ring_options_init(struct vkgdr_ring_options *options,
  *
  * - `options`: NULL for the defaults (then it is `vkgdr_ring_create(g, capacity, 0)`), or
  *   options from `vkgdr_ring_options_init`. They are checked before `g`: unknown flag bits,
- *   lanes outside 1 to 64, a `copy_engine_record` above `UINT32_MAX`, an unset `struct_size` or
- *   fields this version does not know set are errors.
+ *   lanes outside 1 to 64, a `copy_engine_record` above `UINT32_MAX`,
+ *   `VKGDR_RING_COPY_ENGINE_SPLIT_BIT` with a `copy_engine_record` of 0 or with
+ *   `VKGDR_RING_SHAREABLE_BIT`, an unset `struct_size` or fields this version does not know set
+ *   are errors.
  *
  * Which producer for which lane: `vkgdr_ring_producer_create` claims a lane for one thread
  * (records appended without locks, batches published with one fence and one tail store, large

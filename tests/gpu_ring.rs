@@ -678,7 +678,7 @@ fn lanes_persistent(
     // Every test's mix has records of 4 KiB and more: with the path on, copies carried them.
     match copy {
         CopyEngine::Off => assert_eq!(copies.lanes_ready, 0),
-        CopyEngine::FromRecord(_) => {
+        CopyEngine::FromRecord(_) | CopyEngine::Split(_) => {
             assert_eq!(copies.unavailable, None);
             assert_eq!(copies.lanes_ready, lanes as usize);
             assert!(copies.copies > 0 && copies.bytes > 0, "{copies:?}");
@@ -892,6 +892,109 @@ fn staged_then_small(force_non_coherent: bool) {
     assert_eq!(res[layout::RESULT_RECORDS], records);
     assert_eq!(res[layout::RESULT_CHECKSUM_SUM], sum);
     assert_eq!(res[layout::RESULT_POS], end);
+}
+
+/// The checking kernel reads every lane of a ring whose lanes are split between the two paths,
+/// with the mix of every way of writing.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn lanes_checking_kernel_split_between_bar_and_copy_engine() {
+    lanes_persistent(
+        false,
+        records(),
+        WrapMode::Padded,
+        8,
+        CopyEngine::Split(1024),
+    );
+}
+
+/// A split ring's lanes keep their paths: eight producers push batches of 1 KiB records, which
+/// lanes 2, 5 and 7 write through the BAR and the others stage; then batches of 16 KiB records,
+/// which every lane stages. The checking kernel verifies every record.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn split_lanes_keep_small_records_on_the_bar_and_stage_large_ones() {
+    const BAR_LANES: [usize; 3] = [2, 5, 7];
+    let gpu = open(false);
+    let module = Module::load_ptx(&gpu, RING_PTX).unwrap();
+    let stream = Stream::new(&gpu).unwrap();
+    let options = RingOptions {
+        lanes: 8,
+        copy_engine: CopyEngine::Split(1024),
+        ..Default::default()
+    };
+    let ring = DeviceRing::with_options(&gpu, 2 << 20, options).unwrap();
+    launch_check_lanes(&module, &ring, &stream);
+    let limit = Some(Duration::from_secs(30));
+    // Each thread pushes `batches` batches of `count` records of `size` bytes (header
+    // included); the lane, its records and their checksum sum.
+    let push_all = |size: usize, count: u64, batches: u64| -> Vec<(usize, u64, u64)> {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..ring.lanes())
+                .map(|_| {
+                    let ring = &ring;
+                    s.spawn(move || {
+                        let mut p = ring.producer().unwrap();
+                        let lane = (0..ring.lanes())
+                            .find(|&i| std::ptr::eq(ring.lane(i).unwrap(), p.core()))
+                            .unwrap();
+                        let mut sum = 0u64;
+                        for round in 0..batches {
+                            let first = p.next_seq();
+                            let batch: Vec<Vec<u8>> = (0..count)
+                                .map(|i| {
+                                    let mut body = vec![(round % 251) as u8; size - 16];
+                                    let seal = seal_test_payload(&mut body, first + i).unwrap();
+                                    sum = sum.wrapping_add(seal);
+                                    body
+                                })
+                                .collect();
+                            p.push_batch(batch.iter().map(Vec::as_slice), limit)
+                                .unwrap();
+                        }
+                        (lane, count * batches, sum)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    };
+    let mut expected = vec![(0u64, 0u64); ring.lanes()];
+    let mut add = |pushed: Vec<(usize, u64, u64)>| {
+        for (lane, records, sum) in pushed {
+            expected[lane].0 += records;
+            expected[lane].1 = expected[lane].1.wrapping_add(sum);
+        }
+    };
+    // 1 KiB records, 128 to a batch: past the first 64 KiB a copy-engine lane stages them.
+    add(push_all(1024, 128, 40));
+    let small: Vec<_> = (0..ring.lanes())
+        .map(|l| ring.lane_copy_engine_stats(l).unwrap())
+        .collect();
+    add(push_all(16 << 10, 16, 20));
+    let large: Vec<_> = (0..ring.lanes())
+        .map(|l| ring.lane_copy_engine_stats(l).unwrap())
+        .collect();
+    ring.stop_and_wait(Duration::from_secs(60)).unwrap();
+    for lane in 0..ring.lanes() {
+        let (s, l) = (&small[lane], &large[lane]);
+        println!("split lane {lane}: after 1 KiB records {s:?}; after 16 KiB records {l:?}");
+        assert_eq!((s.fallbacks, l.fallbacks, &l.unavailable), (0, 0, &None));
+        if BAR_LANES.contains(&lane) {
+            assert_eq!(s.copies, 0, "lane {lane} staged 1 KiB records");
+        } else {
+            assert!(s.copies > 0, "lane {lane} staged no 1 KiB record");
+        }
+        assert!(l.copies > s.copies, "lane {lane} staged no 16 KiB record");
+        let res = ring.results_of(lane);
+        assert_eq!(res[layout::RESULT_ERRORS], 0, "lane {lane}: {res:?}");
+        assert_eq!(res[layout::RESULT_RECORDS], expected[lane].0, "lane {lane}");
+        assert_eq!(
+            res[layout::RESULT_CHECKSUM_SUM],
+            expected[lane].1,
+            "lane {lane}"
+        );
+    }
 }
 
 /// Dropping a ring whose watched consumer still runs tells the kernel to stop and returns without

@@ -161,7 +161,8 @@ pub unsafe extern "C" fn vkgdr_ring_producer_destroy(producer: vkgdr_ring_produc
 
 /// Appends one record with the `size`-byte payload at `payload` and publishes it at once,
 /// together with anything written before (the lowest latency). A record of at least
-/// `vkgdr_ring_options.copy_engine_record` bytes goes through pinned memory and a copy engine.
+/// `vkgdr_ring_options.copy_engine_record` bytes with 64 KiB written before it and not yet
+/// published goes through pinned memory and a copy engine; a lone one takes the BAR.
 ///
 /// - `timeout_ns`: how long to wait for the consumer to free space: negative waits forever
 ///   (until the watched consumer has exited), 0 tries once.

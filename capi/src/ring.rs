@@ -46,12 +46,22 @@ pub enum vkgdr_ring_flags {
     /// granularity (2 MiB on the H100) in memory, not in the ring's size. Consumers are the same
     /// kernels as for other rings.
     VKGDR_RING_SHAREABLE_BIT = 2,
+    /// Split the lanes between the two paths of `vkgdr_ring_options.copy_engine_record`
+    /// (`vkgdr_ring_create_with_options` only, with a non-zero `copy_engine_record`): three lanes
+    /// in eight (lanes 2, 5 and 7, then 10, 13, 15, ...) write records below 8 KiB through the
+    /// BAR, the others stage records of at least `copy_engine_record` bytes in pinned memory for
+    /// the copy engine: eight producers of 1 and 2 KiB records then drive both paths at once
+    /// (figures: BENCHMARKS.md, 'Lanes split between the BAR and the copy engine'). Producers
+    /// claim lanes in order: a ring's first two producers take the copy engine, its third the
+    /// BAR. Not with `VKGDR_RING_SHAREABLE_BIT`.
+    VKGDR_RING_COPY_ENGINE_SPLIT_BIT = 4,
 }
 
 /// The flag bits a ring knows.
-const RING_FLAGS: u32 = 3;
+const RING_FLAGS: u32 = MIRRORED | SHAREABLE | SPLIT;
 const MIRRORED: u32 = vkgdr_ring_flags::VKGDR_RING_MIRRORED_BIT as u32;
 const SHAREABLE: u32 = vkgdr_ring_flags::VKGDR_RING_SHAREABLE_BIT as u32;
+const SPLIT: u32 = vkgdr_ring_flags::VKGDR_RING_COPY_ENGINE_SPLIT_BIT as u32;
 
 /// Makes a ring as `flags` say: mirrored, shareable (padded lanes of their own) or plain.
 fn make_ring(
@@ -66,7 +76,8 @@ fn make_ring(
     Ok(DeviceRing::new_shareable(gpu, capacity, options.lanes)?)
 }
 
-/// Unknown flag bits, and the combinations a shareable ring does not take.
+/// Unknown flag bits, the combinations a shareable ring does not take, and a split without a
+/// record size.
 fn check_flags(flags: u32, copy_engine_record: u64) -> CResult<()> {
     if flags & !RING_FLAGS != 0 {
         return Err(Failure::Api(format!(
@@ -81,10 +92,25 @@ fn check_flags(flags: u32, copy_engine_record: u64) -> CResult<()> {
                 .into(),
         ));
     }
+    if flags & SHAREABLE != 0 && flags & SPLIT != 0 {
+        return Err(Failure::Api(
+            "a shareable ring has no copy engine: VKGDR_RING_SHAREABLE_BIT does not go with \
+             VKGDR_RING_COPY_ENGINE_SPLIT_BIT"
+                .into(),
+        ));
+    }
     if flags & SHAREABLE != 0 && copy_engine_record != 0 {
         return Err(Failure::Api(
             "a shareable ring has no copy engine: leave copy_engine_record 0 with \
              VKGDR_RING_SHAREABLE_BIT"
+                .into(),
+        ));
+    }
+    if flags & SPLIT != 0 && copy_engine_record == 0 {
+        return Err(Failure::Api(
+            "VKGDR_RING_COPY_ENGINE_SPLIT_BIT needs a copy_engine_record: set \
+             vkgdr_ring_options.copy_engine_record to a record size (4096, say) and make the \
+             ring with vkgdr_ring_create_with_options"
                 .into(),
         ));
     }
@@ -153,7 +179,10 @@ pub struct vkgdr_ring_options {
     pub lanes: u32,
     /// 0, `VKGDR_RING_MIRRORED_BIT` (each lane then gets a region of its own mapped twice) or
     /// `VKGDR_RING_SHAREABLE_BIT` (each lane an allocation of its own, to lend to other
-    /// processes with `vkgdr_share_ring`).
+    /// processes with `vkgdr_share_ring`), and `VKGDR_RING_COPY_ENGINE_SPLIT_BIT` (with a
+    /// non-zero `copy_engine_record`, not with `VKGDR_RING_SHAREABLE_BIT`: three lanes in eight
+    /// keep records below 8 KiB on the BAR, the others take the copy engine from
+    /// `copy_engine_record` bytes on).
     pub flags: u32,
     /// Records of at least this many bytes in the ring (16-byte header and padding to 16
     /// included) that a `vkgdr_ring_producer_t` writes, once its batch has 64 KiB pending before
@@ -161,6 +190,9 @@ pub struct vkgdr_ring_options {
     /// stores through the BAR when several producers stream large records; smaller ones, lone
     /// ones, and every record of `vkgdr_ring_push` and `vkgdr_ring_reserve`, take the BAR.
     /// 0 (the default) keeps the copy engine off; 4096 is a good value; at most `UINT32_MAX`.
+    /// With `VKGDR_RING_COPY_ENGINE_SPLIT_BIT` in `flags` (which needs it non-zero) this holds
+    /// on five lanes in eight only; lanes 2, 5 and 7 of each eight stage records of at least
+    /// 8 KiB (or of `copy_engine_record`, if larger) and write smaller ones through the BAR.
     pub copy_engine_record: u64,
 }
 
@@ -192,11 +224,18 @@ impl vkgdr_ring_options {
         }
         let copy_engine = match self.copy_engine_record {
             0 => CopyEngine::Off,
-            n => CopyEngine::FromRecord(u32::try_from(n).map_err(|_| {
-                Failure::Api(format!(
-                    "vkgdr_ring_options.copy_engine_record {n} is larger than UINT32_MAX"
-                ))
-            })?),
+            n => {
+                let n = u32::try_from(n).map_err(|_| {
+                    Failure::Api(format!(
+                        "vkgdr_ring_options.copy_engine_record {n} is larger than UINT32_MAX"
+                    ))
+                })?;
+                if self.flags & SPLIT != 0 {
+                    CopyEngine::Split(n)
+                } else {
+                    CopyEngine::FromRecord(n)
+                }
+            }
         };
         Ok(RingOptions {
             lanes: self.lanes,
@@ -302,7 +341,9 @@ pub(crate) fn payload_len(size: usize) -> CResult<u32> {
 /// `g`'s device, in the handle's context (see `vkgdr_pool_create`).
 ///
 /// - `flags`: 0, `VKGDR_RING_MIRRORED_BIT` or `VKGDR_RING_SHAREABLE_BIT` (its one lane can then
-///   be lent to another process: `vkgdr_share_ring`).
+///   be lent to another process: `vkgdr_share_ring`). `VKGDR_RING_COPY_ENGINE_SPLIT_BIT` needs
+///   a `copy_engine_record`, which only `vkgdr_ring_create_with_options` takes: it is refused
+///   here.
 ///
 /// Returns a handle, or `NULL` on error (a bad capacity or flag, a `vkgdr_open_vulkan` handle, a
 /// driver failure).
@@ -365,8 +406,10 @@ pub unsafe extern "C" fn vkgdr_ring_options_init(
 ///
 /// - `options`: NULL for the defaults (then it is `vkgdr_ring_create(g, capacity, 0)`), or
 ///   options from `vkgdr_ring_options_init`. They are checked before `g`: unknown flag bits,
-///   lanes outside 1 to 64, a `copy_engine_record` above `UINT32_MAX`, an unset `struct_size` or
-///   fields this version does not know set are errors.
+///   lanes outside 1 to 64, a `copy_engine_record` above `UINT32_MAX`,
+///   `VKGDR_RING_COPY_ENGINE_SPLIT_BIT` with a `copy_engine_record` of 0 or with
+///   `VKGDR_RING_SHAREABLE_BIT`, an unset `struct_size` or fields this version does not know set
+///   are errors.
 ///
 /// Which producer for which lane: `vkgdr_ring_producer_create` claims a lane for one thread
 /// (records appended without locks, batches published with one fence and one tail store, large
@@ -908,4 +951,52 @@ pub unsafe extern "C" fn vkgdr_ring_get_copy_engine_error(ring: vkgdr_ring_t) ->
         let s = unsafe { self::ring(ring) }?.copy_engine_stats();
         Ok(s.unavailable.map_or(null_mut(), |m| c_string_copy(&m)))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(flags: u32, copy_engine_record: u64) -> vkgdr_ring_options {
+        vkgdr_ring_options {
+            lanes: 8,
+            flags,
+            copy_engine_record,
+            ..vkgdr_ring_options::defaults()
+        }
+    }
+
+    fn refusal(o: vkgdr_ring_options) -> String {
+        match o.to_options() {
+            Err(Failure::Api(message)) => message,
+            other => panic!("{o:?} not refused as a misuse: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_split_bit_picks_the_split_and_needs_a_record_size() {
+        assert_eq!(
+            options(0, 4096).to_options().unwrap().copy_engine,
+            CopyEngine::FromRecord(4096)
+        );
+        assert_eq!(
+            options(SPLIT, 4096).to_options().unwrap().copy_engine,
+            CopyEngine::Split(4096)
+        );
+        let mirrored = options(SPLIT | MIRRORED, 1024).to_options().unwrap();
+        assert_eq!(mirrored.copy_engine, CopyEngine::Split(1024));
+        assert_eq!(mirrored.wrap, WrapMode::Mirrored);
+        assert_eq!(
+            options(0, 0).to_options().unwrap().copy_engine,
+            CopyEngine::Off
+        );
+
+        assert!(refusal(options(SPLIT, 0)).contains("needs a copy_engine_record"));
+        assert!(refusal(options(SPLIT | SHAREABLE, 4096)).contains(
+            "VKGDR_RING_SHAREABLE_BIT does not go with VKGDR_RING_COPY_ENGINE_SPLIT_BIT"
+        ));
+        assert!(refusal(options(SPLIT | SHAREABLE, 0)).contains("a shareable ring has no copy"));
+        assert!(refusal(options(SPLIT, 1 << 32)).contains("larger than UINT32_MAX"));
+        assert!(refusal(options(8, 4096)).contains("unknown ring flag bits 0x8"));
+    }
 }

@@ -73,6 +73,7 @@ fn header_keeps_vkgdr_0_1_names_and_takes_cuda_types_from_cuda_h() {
         "int vkgdr_peer_connect(const char *path, uint64_t timeout_ns, vkgdr_peer_t *out);",
         "char text[VKGDR_SHARE_EVENT_TEXT];",
         "VKGDR_RING_SHAREABLE_BIT = 2,",
+        "VKGDR_RING_COPY_ENGINE_SPLIT_BIT = 4,",
     ] {
         assert!(h.contains(needle), "header lacks `{needle}`");
     }

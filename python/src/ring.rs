@@ -23,14 +23,23 @@ const WAIT_SLICE: Duration = Duration::from_millis(50);
 /// consumers of ``kernels/ring.cu``, or your own on its wire format).
 ///
 /// ``DeviceRing(owner, capacity, *, mirrored=False, lanes=1, copy_engine=None,
-/// shareable=False)``: ``capacity`` is a power of two of at least 4096 bytes per lane (for
-/// ``mirrored``, a multiple of the VMM granularity, 2 MiB on the H100). ``lanes`` (1 to 64) are independent sub-rings, each with
-/// its own tail, head and sequence numbers. ``push(data)`` appends one record from any thread
+/// copy_engine_split=False, shareable=False)``: ``capacity`` is a power of two of at least 4096
+/// bytes per lane (for ``mirrored``, a multiple of the VMM granularity, 2 MiB on the H100).
+/// ``lanes`` (1 to 64) are independent sub-rings, each with its own tail, head and sequence
+/// numbers. ``push(data)`` appends one record from any thread
 /// (on the calling thread's lane); ``producer()`` claims a lane for one thread (the fast path:
 /// no locks, batches published at once, large records by a copy engine: those of at least
 /// ``copy_engine`` bytes with their 16-byte header, ``None`` or 0 for never). ``device_view``
 /// has the addresses the kernel needs (and keeps the ring alive). Call ``stop()`` to let a
 /// persistent consumer exit.
+///
+/// ``copy_engine_split=True`` (with a positive ``copy_engine``) splits the lanes between the
+/// two paths: three lanes in eight (lanes 2, 5 and 7, then 10, 13, 15, ...) write records below
+/// 8 KiB through the BAR, the others stage records of at least ``copy_engine`` bytes for the
+/// copy engine: eight producers of 1 and 2 KiB records then drive both paths at once (figures:
+/// BENCHMARKS.md, 'Lanes split between the BAR and the copy engine'). Producers claim lanes in
+/// order: a ring's first two producers take the copy engine, its third the BAR.
+/// The options are checked before ``owner`` is looked at.
 ///
 /// Register the consumer with ``watch_consumer(stream)`` right after launching it: producers
 /// then get an error instead of waiting forever once it exits, and dropping (collecting) the
@@ -43,8 +52,8 @@ const WAIT_SLICE: Duration = Duration::from_millis(50);
 /// in other processes (``vkgdr.Peer(path).attach_lane(name)``), one lane each: every lane's
 /// region is an allocation of its own (rounded up to the VMM granularity), so a producer
 /// reaches no other lane's records. Such a ring is padded and has no copy-engine path
-/// (``mirrored`` and ``copy_engine`` are refused); its consumers are the same kernels, and this
-/// process's own producers take the lanes no peer holds. A ``ShareServer`` that shares the
+/// (``mirrored``, ``copy_engine`` and ``copy_engine_split`` are refused); its consumers are the
+/// same kernels, and this process's own producers take the lanes no peer holds. A ``ShareServer`` that shares the
 /// ring keeps it alive until the server is closed.
 #[pyclass(module = "vkgdr", name = "DeviceRing", frozen)]
 pub struct DeviceRing {
@@ -178,12 +187,36 @@ impl DeviceRing {
     }
 }
 
+/// The library's choice for `DeviceRing(copy_engine=..., copy_engine_split=...)`.
+fn copy_engine_of(copy_engine: Option<i64>, split: bool) -> PyResult<CopyEngine> {
+    let record = match copy_engine {
+        None | Some(0) if split => {
+            return Err(invalid_argument(
+                "copy_engine_split=True needs a copy_engine record size (4096, say)",
+            ))
+        }
+        None | Some(0) => return Ok(CopyEngine::Off),
+        Some(n) => u32::try_from(n).map_err(|_| {
+            invalid_argument(format!(
+                "copy_engine {n} is not a record size from 0 to 4294967295"
+            ))
+        })?,
+    };
+    Ok(if split {
+        CopyEngine::Split(record)
+    } else {
+        CopyEngine::FromRecord(record)
+    })
+}
+
 #[pymethods]
 impl DeviceRing {
     #[new]
     #[pyo3(signature = (
-        owner, capacity, *, mirrored = false, lanes = 1, copy_engine = None, shareable = false
+        owner, capacity, *, mirrored = false, lanes = 1, copy_engine = None,
+        copy_engine_split = false, shareable = false
     ))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
         py: Python<'_>,
         owner: &Bound<'_, PyAny>,
@@ -191,13 +224,19 @@ impl DeviceRing {
         mirrored: bool,
         lanes: u32,
         copy_engine: Option<i64>,
+        copy_engine_split: bool,
         shareable: bool,
     ) -> PyResult<Self> {
-        let gpu = gpu_of(owner)?;
+        // The options first: no device is needed to refuse them.
         if shareable {
             if mirrored {
                 return Err(invalid_argument(
                     "a shareable ring is padded: mirrored=True is not available for it",
+                ));
+            }
+            if copy_engine_split {
+                return Err(invalid_argument(
+                    "a shareable ring has no copy-engine path: leave copy_engine_split out",
                 ));
             }
             if copy_engine.is_some_and(|n| n != 0) {
@@ -205,6 +244,10 @@ impl DeviceRing {
                     "a shareable ring has no copy-engine path: leave copy_engine out",
                 ));
             }
+        }
+        let copy_engine = copy_engine_of(copy_engine, copy_engine_split)?;
+        let gpu = gpu_of(owner)?;
+        if shareable {
             let ring = py
                 .detach(|| vkgdr::ring::DeviceRing::new_shareable(&gpu, capacity, lanes))
                 .map_err(to_py)?;
@@ -220,14 +263,7 @@ impl DeviceRing {
             } else {
                 WrapMode::Padded
             },
-            copy_engine: match copy_engine {
-                None | Some(0) => CopyEngine::Off,
-                Some(n) => CopyEngine::FromRecord(u32::try_from(n).map_err(|_| {
-                    invalid_argument(format!(
-                        "copy_engine {n} is not a record size from 0 to 4294967295"
-                    ))
-                })?),
-            },
+            copy_engine,
         };
         let ring = py
             .detach(|| vkgdr::ring::DeviceRing::with_options(&gpu, capacity, options))

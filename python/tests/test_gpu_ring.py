@@ -241,6 +241,20 @@ def test_ring_options_errors(cupy) -> None:
         vkgdr.DeviceRing(gpu, 4096, lanes=65)
     with pytest.raises(vkgdr.InvalidArgumentError, match="copy_engine -1"):
         vkgdr.DeviceRing(gpu, 4096, copy_engine=-1)
+    with pytest.raises(vkgdr.InvalidArgumentError, match="copy_engine_split=True needs"):
+        vkgdr.DeviceRing(gpu, 4096, copy_engine_split=True)
+    with pytest.raises(vkgdr.InvalidArgumentError, match="leave copy_engine_split out"):
+        vkgdr.DeviceRing(gpu, 4096, copy_engine=4096, copy_engine_split=True, shareable=True)
+    split = vkgdr.DeviceRing(gpu, 4096, lanes=8, copy_engine=1024, copy_engine_split=True)
+    assert split.lanes == 8 and not split.is_shareable
+    producers = [split.producer() for _ in range(3)]  # lanes 0 and 1 stage, lane 2 keeps the BAR
+    assert [p.lane for p in producers] == [0, 1, 2]
+    for p in producers:
+        assert p.push(b"x" * 32) == 0
+        p.close()
+    stats = split.copy_engine_stats()
+    assert stats["unavailable"] is None and stats["lanes_ready"] == 3, stats
+    del split, producers
     ring = vkgdr.DeviceRing(gpu, 4096, lanes=3, copy_engine=0)
     assert ring.lanes == ring.device_view.lanes == 3
     assert ring.head_of(2) == 0 and ring.results_of(2) == [0] * 8

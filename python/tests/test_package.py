@@ -72,6 +72,28 @@ def test_a_device_to_host_ring_checks_its_shape_before_its_owner(slots, stride, 
         vkgdr.DeviceToHostRing(object(), 64, 64, format="tagged")
 
 
+def test_a_ring_checks_its_copy_engine_split_before_its_owner() -> None:
+    # No device is needed to refuse a split without a record size or on a shareable ring.
+    for record in (None, 0):
+        with pytest.raises(vkgdr.InvalidArgumentError, match="copy_engine_split=True needs"):
+            vkgdr.DeviceRing(object(), 4096, copy_engine=record, copy_engine_split=True)
+    with pytest.raises(vkgdr.InvalidArgumentError, match="leave copy_engine_split out"):
+        vkgdr.DeviceRing(object(), 4096, copy_engine=4096, copy_engine_split=True, shareable=True)
+    with pytest.raises(vkgdr.InvalidArgumentError, match="leave copy_engine_split out"):
+        vkgdr.DeviceRing(object(), 4096, copy_engine_split=True, shareable=True)
+    with pytest.raises(vkgdr.InvalidArgumentError, match="copy_engine -1"):
+        vkgdr.DeviceRing(object(), 4096, copy_engine=-1, copy_engine_split=True)
+    assert issubclass(vkgdr.InvalidArgumentError, ValueError)
+    # Keyword-only, as the other options.
+    with pytest.raises(TypeError):
+        vkgdr.DeviceRing(object(), 4096, False, 1, 4096, True)
+    # A split with a record size gets as far as the owner.
+    with pytest.raises(TypeError, match="the owner must be a vkgdr.Vkgdr, not object"):
+        vkgdr.DeviceRing(object(), 4096, copy_engine=4096, copy_engine_split=True)
+    with pytest.raises(TypeError, match="the owner must be a vkgdr.Vkgdr, not object"):
+        vkgdr.DeviceRing(object(), 2 << 20, mirrored=True, copy_engine=1024, copy_engine_split=True)
+
+
 def test_the_sharing_names() -> None:
     for name in (
         "ShareServer", "ShareEvent", "Peer", "AttachedMemory", "AttachedPool", "SharedBlock",

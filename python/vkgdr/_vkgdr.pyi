@@ -294,8 +294,13 @@ class DeviceRing:
         mirrored: bool = False,
         lanes: int = 1,
         copy_engine: Optional[int] = None,
+        copy_engine_split: bool = False,
         shareable: bool = False,
-    ) -> None: ...
+    ) -> None:
+        """``copy_engine_split=True`` (with a positive ``copy_engine``, not with
+        ``shareable=True``) keeps records below 8 KiB on the BAR on three lanes in eight (2, 5,
+        7, then 10, 13, 15, ...) and stages records of at least ``copy_engine`` bytes for the
+        copy engine on the others."""
     def push(self, data: Any, timeout: Optional[float] = None) -> int: ...
     def producer(self) -> "RingProducer":
         """Claims a free lane for one thread; raises ``VkgdrError`` when every lane has a

@@ -328,9 +328,9 @@ static void ring_options_and_producers(void)
     CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "65 lanes");
     CHECK(last_error_contains("1 to 64 lanes, not 65"), "explains");
     opts.lanes = 2;
-    opts.flags = 0xC | VKGDR_RING_SHAREABLE_BIT;
+    opts.flags = 0x18 | VKGDR_RING_SHAREABLE_BIT;
     CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "unknown flags");
-    CHECK(last_error_contains("unknown ring flag bits 0xc"), "explains");
+    CHECK(last_error_contains("unknown ring flag bits 0x18"), "explains");
     opts.flags = VKGDR_RING_SHAREABLE_BIT | VKGDR_RING_MIRRORED_BIT;
     CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "shareable and mirrored");
     CHECK(last_error_contains("a shareable ring is padded"), "explains");
@@ -343,6 +343,38 @@ static void ring_options_and_producers(void)
     opts.copy_engine_record = 0;
     CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "shareable");
     CHECK(last_error_contains("the vkgdr_t handle is NULL"), "got past the options");
+    /* The split between the BAR and the copy engine: a record size, and no shareable ring. */
+    CHECK(VKGDR_RING_COPY_ENGINE_SPLIT_BIT == 4, "the next free flag bit");
+    opts.flags = VKGDR_RING_COPY_ENGINE_SPLIT_BIT;
+    opts.copy_engine_record = 0;
+    CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "split, no record size");
+    CHECK(last_error_contains("vkgdr_ring_create_with_options: VKGDR_RING_COPY_ENGINE_SPLIT_BIT "
+                              "needs a copy_engine_record"),
+          "explains");
+    CHECK(vkgdr_ring_create(NULL, 4096, VKGDR_RING_COPY_ENGINE_SPLIT_BIT) == NULL,
+          "split, no options");
+    CHECK(last_error_contains("vkgdr_ring_create: VKGDR_RING_COPY_ENGINE_SPLIT_BIT needs a "
+                              "copy_engine_record"),
+          "explains");
+    opts.flags = VKGDR_RING_COPY_ENGINE_SPLIT_BIT | VKGDR_RING_SHAREABLE_BIT;
+    opts.copy_engine_record = 4096;
+    CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "split and shareable");
+    CHECK(last_error_contains("VKGDR_RING_SHAREABLE_BIT does not go with "
+                              "VKGDR_RING_COPY_ENGINE_SPLIT_BIT"),
+          "explains");
+    opts.flags = VKGDR_RING_COPY_ENGINE_SPLIT_BIT;
+    CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "split");
+    CHECK(last_error_contains("vkgdr_ring_create_with_options: the vkgdr_t handle is NULL"),
+          "got past the options");
+    opts.flags = VKGDR_RING_COPY_ENGINE_SPLIT_BIT | VKGDR_RING_MIRRORED_BIT;
+    opts.copy_engine_record = 1024;
+    CHECK(vkgdr_ring_create_with_options(NULL, 2 << 20, &opts) == NULL, "split, mirrored");
+    CHECK(last_error_contains("the vkgdr_t handle is NULL"), "got past the options");
+    opts.flags = VKGDR_RING_COPY_ENGINE_SPLIT_BIT;
+    opts.copy_engine_record = 1ull << 32;
+    CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "split, record size");
+    CHECK(last_error_contains("copy_engine_record 4294967296 is larger than UINT32_MAX"),
+          "explains");
     opts.flags = 0;
     opts.copy_engine_record = 1ull << 32;
     CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "copy engine size");

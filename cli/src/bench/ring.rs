@@ -560,6 +560,8 @@ fn throughput_rows() -> Vec<ThroughputRow> {
     let large = CopyEngine::FromRecord(vkgdr::ring::device::DEFAULT_COPY_ENGINE_RECORD);
     // Every record (16 bytes is the smallest) through the copy engine.
     let engine = CopyEngine::FromRecord(16);
+    // Three lanes in eight on the BAR, the others staging every record.
+    let split = CopyEngine::Split(16);
     let row = |consumer, how, producers, copy, sizes, name| ThroughputRow {
         consumer,
         how,
@@ -640,6 +642,22 @@ fn throughput_rows() -> Vec<ThroughputRow> {
             large,
             &[4096, 64 << 10],
             "ring, 8 producers, batches, copy engine from 4 KiB, checking kernel",
+        ),
+        row(
+            AckLanes,
+            Batch,
+            8,
+            split,
+            LARGE_SIZES,
+            "ring, 8 producers, batches, lanes split between BAR and copy engine, ack kernel",
+        ),
+        row(
+            Check,
+            Batch,
+            8,
+            split,
+            &[1024, 2048],
+            "ring, 8 producers, batches, lanes split between BAR and copy engine, checking kernel",
         ),
         row(
             AckLanes,
@@ -938,7 +956,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     bw.notes.push(format!("checking kernel alone: each lane filled to {} MiB by its producer with no consumer running, the ring stopped, then ring_check_lanes launched; GB/s from the launch to the kernel's end (the consumer's own rate, without producers beside it)", (LANE_BYTES * 3 / 4) >> 20));
     bw.notes.push("cuMemcpyHtoDAsync: the same bytes from pinned memory into cuMemAlloc memory, back to back on one stream".into());
     bw.notes.push(format!("{PATTERN_COPIES} / {PATTERN_TAIL}: the copy-engine lanes' work without producers, the ceiling of the 'copy engine' rows: one copy per publication (the producers' batch of records, from pinned memory filled beforehand) on each of {PATTERN_STREAMS} streams in turn, and with the stream store a lane queues after each copy (its tail into GPU memory, behind a memory barrier); the producers' own writes into the staging copy are what the ring rows add"));
-    bw.notes.push(format!("copy engine (off by default, so the plain rows and the 'BAR only' rows take the BAR): with RingOptions::copy_engine = FromRecord({}) a producer's records of that size and more (header included), once a batch has {} KiB pending before them, are written into a pinned host copy of the lane and moved by cuMemcpyHtoDAsync on the lane's stream, which then stores the tail; 'copy engine only' rows stage records of every size (after the same {} KiB)", vkgdr::ring::device::DEFAULT_COPY_ENGINE_RECORD, vkgdr::ring::device::STAGE_AFTER_PENDING >> 10, vkgdr::ring::device::STAGE_AFTER_PENDING >> 10));
+    bw.notes.push(format!("copy engine (off by default, so the plain rows and the 'BAR only' rows take the BAR): with RingOptions::copy_engine = FromRecord({}) a producer's records of that size and more (header included), once a batch has {} KiB pending before them, are written into a pinned host copy of the lane and moved by cuMemcpyHtoDAsync on the lane's stream, which then stores the tail; 'copy engine only' rows stage records of every size (after the same {} KiB); 'lanes split' rows (CopyEngine::Split(16)) keep records below {} KiB on the BAR in lanes 2, 5 and 7 and stage every record in the others", vkgdr::ring::device::DEFAULT_COPY_ENGINE_RECORD, vkgdr::ring::device::STAGE_AFTER_PENDING >> 10, vkgdr::ring::device::STAGE_AFTER_PENDING >> 10, vkgdr::ring::device::SPLIT_BAR_LANE_RECORD >> 10));
     bw.notes.push(format!("the link rows (their column: the copy pattern's record size): {LINK_THREADS} threads store {} MiB at a time into a BAR mapping (the raw stores of copybw); alone, then while {PATTERN_TAIL} runs, each rate over its own interval; the total is their sum, to read beside the copy pattern alone: more than it means the two paths together pass either one, no more means the host-to-device link is the wall", LINK_STORE_BYTES >> 20));
     lat.notes.push("round trip of one 64-byte record: published alone (Producer::push, or the shared reserve/commit) → kernel publishes head into pinned memory → CPU sees it; commit→seen is below this".into());
     Ok(vec![bw, lat, wrap])

@@ -62,8 +62,24 @@ pub const DEFAULT_COPY_ENGINE_RECORD: u32 = 4096;
 /// figures: BENCHMARKS.md, 'Copy-engine lanes').
 pub const STAGE_AFTER_PENDING: u64 = 64 << 10;
 
+/// On the lanes that [`CopyEngine::Split`] keeps on the BAR, the record size (header and padding
+/// included) from which records take the copy engine all the same: eight producers of records
+/// this large move more through the copy engine alone than through the two paths at once
+/// (figures: BENCHMARKS.md, 'Lanes split between the BAR and the copy engine').
+pub const SPLIT_BAR_LANE_RECORD: u32 = 8 << 10;
+
 /// How a ring's lanes carry the records an exclusive [`Producer`](crate::ring::core::Producer)
 /// writes.
+///
+/// ```
+/// use vkgdr::ring::CopyEngine;
+/// // Three lanes in eight (2, 5 and 7) keep 1 KiB records on the BAR; the others stage them.
+/// let split = CopyEngine::Split(1024);
+/// let bar_lanes: Vec<u32> = (0..8).filter(|&l| split.threshold_for_lane(l) != Some(1024)).collect();
+/// assert_eq!(bar_lanes, [2, 5, 7]);
+/// assert_eq!(split.threshold_for_lane(2), Some(8192));
+/// assert_eq!(CopyEngine::FromRecord(4096).threshold_for_lane(2), Some(4096));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CopyEngine {
     /// Every record through the BAR, by CPU stores.
@@ -75,6 +91,16 @@ pub enum CopyEngine {
     /// reservations ([`DeviceRing::reserve`](super::DeviceRing::reserve),
     /// [`DeviceRing::push`](super::DeviceRing::push)) always take the BAR.
     FromRecord(u32),
+    /// Both paths at once, split by lane: three lanes in eight (lanes 2, 5 and 7, then 10, 13,
+    /// 15, …) write records below [`SPLIT_BAR_LANE_RECORD`] through the BAR, the others stage
+    /// records of at least this many bytes as [`FromRecord`](Self::FromRecord) does. CPU stores
+    /// through the BAR come near their limit with three threads, and the copy-engine lanes'
+    /// staging writes share the host's memory with the engine's reads, so eight producers of 1
+    /// and 2 KiB records move more with some lanes on each path than with every lane on either
+    /// (figures: BENCHMARKS.md, 'Lanes split between the BAR and the copy engine'). Producers
+    /// claim lanes in order, so the first two of a ring's producers take the copy engine and the
+    /// third the BAR.
+    Split(u32),
 }
 
 impl Default for CopyEngine {
@@ -92,8 +118,25 @@ impl CopyEngine {
     pub fn threshold(self) -> Option<u64> {
         match self {
             CopyEngine::Off => None,
-            CopyEngine::FromRecord(n) => Some(u64::from(n.max(1))),
+            CopyEngine::FromRecord(n) | CopyEngine::Split(n) => Some(u64::from(n.max(1))),
         }
+    }
+
+    /// The record size from which lane `lane`'s records are staged (`None`: off).
+    pub fn threshold_for_lane(self, lane: u32) -> Option<u64> {
+        match self {
+            CopyEngine::Split(n) if Self::keeps_bar(lane) => {
+                Some(u64::from(n.max(SPLIT_BAR_LANE_RECORD)))
+            }
+            _ => self.threshold(),
+        }
+    }
+
+    /// Whether [`Split`](Self::Split) keeps lane `lane` on the BAR: three lanes in eight, spread
+    /// so that any run of consecutive lanes has its share (lane `l` where `3 (l + 1) / 8` steps up).
+    fn keeps_bar(lane: u32) -> bool {
+        let l = u64::from(lane);
+        3 * (l + 1) / 8 > 3 * l / 8
     }
 }
 

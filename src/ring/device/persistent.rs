@@ -328,7 +328,7 @@ impl DeviceRing {
                     kernel,
                     coherent,
                     published: AtomicU64::new(0),
-                    copy_from: copy_engine.threshold(),
+                    copy_from: copy_engine.threshold_for_lane(i as u32),
                     copy: std::sync::OnceLock::new(),
                 };
                 Ok(RingCore::with_wrap_mode(capacity, sink, wrap)?)
@@ -374,11 +374,25 @@ impl DeviceRing {
 
     /// What the copy-engine path has done so far, over every lane.
     pub fn copy_engine_stats(&self) -> CopyEngineStats {
+        self.copy_engine_stats_over(self.lanes.iter())
+    }
+
+    /// What the copy-engine path has done so far on lane `lane` alone (`None`: no such lane):
+    /// which lanes a [`CopyEngine::Split`] ring keeps on the BAR shows here.
+    pub fn lane_copy_engine_stats(&self, lane: usize) -> Option<CopyEngineStats> {
+        let core = self.lanes.get(lane)?;
+        Some(self.copy_engine_stats_over(std::iter::once(core)))
+    }
+
+    fn copy_engine_stats_over<'a>(
+        &self,
+        lanes: impl Iterator<Item = &'a RingCore<BarSink>>,
+    ) -> CopyEngineStats {
         let mut stats = CopyEngineStats {
             unavailable: self.copy_unavailable.get().cloned(),
             ..Default::default()
         };
-        for lane in self.lanes.iter() {
+        for lane in lanes {
             if let Some(copy) = lane.sink().copy.get() {
                 copy.add_to(&mut stats);
             }
