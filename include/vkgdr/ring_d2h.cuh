@@ -170,6 +170,13 @@ __device__ __forceinline__ void d2h_store_tagged_pair(unsigned char* at, u64 a, 
     asm volatile("st.volatile.v2.u64 [%0], {%1, %2};" ::"l"(at), "l"(a), "l"(b) : "memory");
 }
 
+// Stores a tagged slot's header (words 0 and 1: the length and the kind) with one instruction.
+__device__ __forceinline__ void d2h_store_tagged_header(unsigned char* slot, u64 seq,
+                                                        unsigned int len, unsigned int kind)
+{
+    d2h_store_tagged_pair(slot, d2h_tagged_word(seq, len), d2h_tagged_word(seq, kind));
+}
+
 // Bytes 4 i .. 4 i + 3 of a payload of `len` bytes as a little-endian word, zero past `len`
 // (only bytes below `len` are read; a 4-byte aligned payload a word at a time).
 __device__ __forceinline__ unsigned int d2h_payload_u32(const void* payload, unsigned int len,
@@ -522,7 +529,7 @@ __device__ __forceinline__ int d2h_publish_warp(const D2hLane& l, unsigned int k
                                   d2h_tagged_slot_word(seq, kind, payload, len, 3u + 2u * j));
         }
         if (me == 0u) {
-            d2h_store_tagged_pair(slot, d2h_tagged_word(seq, len), d2h_tagged_word(seq, kind));
+            d2h_store_tagged_header(slot, seq, len, kind);
         }
         return VKGDR_D2H_OK;
     }
@@ -584,8 +591,7 @@ __device__ __forceinline__ int release_token(const D2hLane& l, u64 token)
                               d2h_tagged_word(seq, (unsigned int)token),
                               d2h_tagged_word(seq, (unsigned int)(token >> 32)));
         if (index == 0u) {
-            d2h_store_tagged_pair(slot, d2h_tagged_word(seq, len),
-                                  d2h_tagged_word(seq, VKGDR_D2H_KIND_RELEASE));
+            d2h_store_tagged_header(slot, seq, len, VKGDR_D2H_KIND_RELEASE);
         }
         return VKGDR_D2H_OK;
     }
