@@ -131,12 +131,12 @@ typedef enum vkgdr_ring_flags {
   /**
    * Split the lanes between the two paths of `vkgdr_ring_options.copy_engine_record`
    * (`vkgdr_ring_create_with_options` only, with a non-zero `copy_engine_record`): three lanes
-   * in eight (lanes 2, 5 and 7, then 10, 13, 15, ...) write records below 8 KiB through the
+   * in eight (those whose index modulo 8 is 0, 3 or 6) write records below 8 KiB through the
    * BAR, the others stage records of at least `copy_engine_record` bytes in pinned memory for
    * the copy engine: eight producers of 1 and 2 KiB records then drive both paths at once
    * (figures: BENCHMARKS.md, 'Lanes split between the BAR and the copy engine'). Producers
-   * claim lanes in order: a ring's first two producers take the copy engine, its third the
-   * BAR. Not with `VKGDR_RING_SHAREABLE_BIT`.
+   * claim lanes in order: a ring's first producer takes the BAR, its second and third the copy
+   * engine. Not with `VKGDR_RING_SHAREABLE_BIT`.
    */
   VKGDR_RING_COPY_ENGINE_SPLIT_BIT = 4,
 } vkgdr_ring_flags;
@@ -582,7 +582,7 @@ typedef struct vkgdr_ring_options {
    * ones, and every record of `vkgdr_ring_push` and `vkgdr_ring_reserve`, take the BAR.
    * 0 (the default) keeps the copy engine off; 4096 is a good value; at most `UINT32_MAX`.
    * With `VKGDR_RING_COPY_ENGINE_SPLIT_BIT` in `flags` (which needs it non-zero) this holds
-   * on five lanes in eight only; lanes 2, 5 and 7 of each eight stage records of at least
+   * on five lanes in eight only; lanes 0, 3 and 6 of each eight stage records of at least
    * 8 KiB (or of `copy_engine_record`, if larger) and write smaller ones through the BAR.
    */
   uint64_t copy_engine_record;

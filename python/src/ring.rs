@@ -34,11 +34,11 @@ const WAIT_SLICE: Duration = Duration::from_millis(50);
 /// persistent consumer exit.
 ///
 /// ``copy_engine_split=True`` (with a positive ``copy_engine``) splits the lanes between the
-/// two paths: three lanes in eight (lanes 2, 5 and 7, then 10, 13, 15, ...) write records below
+/// two paths: three lanes in eight (those whose index modulo 8 is 0, 3 or 6) write records below
 /// 8 KiB through the BAR, the others stage records of at least ``copy_engine`` bytes for the
 /// copy engine: eight producers of 1 and 2 KiB records then drive both paths at once (figures:
 /// BENCHMARKS.md, 'Lanes split between the BAR and the copy engine'). Producers claim lanes in
-/// order: a ring's first two producers take the copy engine, its third the BAR.
+/// order: a ring's first producer takes the BAR, its second and third the copy engine.
 /// The options are checked before ``owner`` is looked at.
 ///
 /// Register the consumer with ``watch_consumer(stream)`` right after launching it: producers

@@ -247,7 +247,7 @@ def test_ring_options_errors(cupy) -> None:
         vkgdr.DeviceRing(gpu, 4096, copy_engine=4096, copy_engine_split=True, shareable=True)
     split = vkgdr.DeviceRing(gpu, 4096, lanes=8, copy_engine=1024, copy_engine_split=True)
     assert split.lanes == 8 and not split.is_shareable
-    producers = [split.producer() for _ in range(3)]  # lanes 0 and 1 stage, lane 2 keeps the BAR
+    producers = [split.producer() for _ in range(3)]  # lane 0 keeps the BAR, lanes 1 and 2 stage
     assert [p.lane for p in producers] == [0, 1, 2]
     for p in producers:
         assert p.push(b"x" * 32) == 0

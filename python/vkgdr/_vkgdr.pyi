@@ -298,8 +298,8 @@ class DeviceRing:
         shareable: bool = False,
     ) -> None:
         """``copy_engine_split=True`` (with a positive ``copy_engine``, not with
-        ``shareable=True``) keeps records below 8 KiB on the BAR on three lanes in eight (2, 5,
-        7, then 10, 13, 15, ...) and stages records of at least ``copy_engine`` bytes for the
+        ``shareable=True``) keeps records below 8 KiB on the BAR on three lanes in eight (those
+        whose index modulo 8 is 0, 3 or 6) and stages records of at least ``copy_engine`` bytes for the
         copy engine on the others."""
     def push(self, data: Any, timeout: Optional[float] = None) -> int: ...
     def producer(self) -> "RingProducer":

@@ -73,11 +73,11 @@ pub const SPLIT_BAR_LANE_RECORD: u32 = 8 << 10;
 ///
 /// ```
 /// use vkgdr::ring::CopyEngine;
-/// // Three lanes in eight (2, 5 and 7) keep 1 KiB records on the BAR; the others stage them.
+/// // Three lanes in eight (0, 3 and 6) keep 1 KiB records on the BAR; the others stage them.
 /// let split = CopyEngine::Split(1024);
 /// let bar_lanes: Vec<u32> = (0..8).filter(|&l| split.threshold_for_lane(l) != Some(1024)).collect();
-/// assert_eq!(bar_lanes, [2, 5, 7]);
-/// assert_eq!(split.threshold_for_lane(2), Some(8192));
+/// assert_eq!(bar_lanes, [0, 3, 6]);
+/// assert_eq!(split.threshold_for_lane(8), Some(8192));
 /// assert_eq!(CopyEngine::FromRecord(4096).threshold_for_lane(2), Some(4096));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,15 +91,15 @@ pub enum CopyEngine {
     /// reservations ([`DeviceRing::reserve`](super::DeviceRing::reserve),
     /// [`DeviceRing::push`](super::DeviceRing::push)) always take the BAR.
     FromRecord(u32),
-    /// Both paths at once, split by lane: three lanes in eight (lanes 2, 5 and 7, then 10, 13,
-    /// 15, …) write records below [`SPLIT_BAR_LANE_RECORD`] through the BAR, the others stage
+    /// Both paths at once, split by lane: three lanes in eight (those whose index modulo 8 is 0,
+    /// 3 or 6) write records below [`SPLIT_BAR_LANE_RECORD`] through the BAR, the others stage
     /// records of at least this many bytes as [`FromRecord`](Self::FromRecord) does. CPU stores
     /// through the BAR come near their limit with three threads, and the copy-engine lanes'
     /// staging writes share the host's memory with the engine's reads, so eight producers of 1
     /// and 2 KiB records move more with some lanes on each path than with every lane on either
     /// (figures: BENCHMARKS.md, 'Lanes split between the BAR and the copy engine'). Producers
-    /// claim lanes in order, so the first two of a ring's producers take the copy engine and the
-    /// third the BAR.
+    /// claim lanes in order, so a ring's first producer takes the BAR (a lone producer of 1 and
+    /// 2 KiB records moves more through it), its second and third the copy engine.
     Split(u32),
 }
 
@@ -133,10 +133,9 @@ impl CopyEngine {
     }
 
     /// Whether [`Split`](Self::Split) keeps lane `lane` on the BAR: three lanes in eight, spread
-    /// so that any run of consecutive lanes has its share (lane `l` where `3 (l + 1) / 8` steps up).
+    /// so that the first lanes claimed have their share.
     fn keeps_bar(lane: u32) -> bool {
-        let l = u64::from(lane);
-        3 * (l + 1) / 8 > 3 * l / 8
+        matches!(lane % 8, 0 | 3 | 6)
     }
 }
 
