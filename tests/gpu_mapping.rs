@@ -283,8 +283,8 @@ fn a_freed_mapping_comes_back_for_its_own_size_only_and_never_once_exported() {
     drop(other);
     settle(&gpu);
     assert_eq!(spares(&gpu), (1, 4 << 20), "only the unexported one kept");
-    // Above 8 MiB nothing is kept.
-    drop(gpu.alloc(16 << 20).unwrap());
+    // Above 32 MiB nothing is kept.
+    drop(gpu.alloc(64 << 20).unwrap());
     settle(&gpu);
     assert_eq!(spares(&gpu), (1, 4 << 20));
     assert!(gpu.trim() >= 1);

@@ -201,7 +201,7 @@ pub unsafe extern "C" fn vkgdr_wait_for_releases(g: vkgdr_t, timeout_ns: i64) ->
 
 /// Gives back to the driver what `g` keeps for later allocations: the empty shared granule small
 /// allocations (up to 1 MiB) are carved from, and the mappings of freed allocations of up to
-/// 8 MiB (16 MiB in all) kept for the next allocation of the same size, which then takes no
+/// 32 MiB (64 MiB in all) kept for the next allocation of the same size, which then takes no
 /// driver call. Memory whose release still waits for GPU work is not reached: call
 /// `vkgdr_wait_for_releases` first to count free VRAM exactly.
 ///

@@ -75,9 +75,10 @@ def raw_alloc_free(g, size: int) -> Callable[[int], None]:
 def main() -> None:
     make_primary_context_current()
     g = vkgdr.Vkgdr.open_current_context()
-    # 64 B and 64 KiB are carved out of shared granules, 2 MiB takes the mapping the last free
-    # of its size left (this package keeps those of up to 8 MiB), 16 MiB maps its own each time.
-    for size in (64, 64 << 10, 2 << 20, 16 << 20):
+    # 64 B and 64 KiB are carved out of shared granules, 2 and 16 MiB take the mapping the last
+    # free of their size left (this package keeps those of up to 32 MiB), 64 MiB maps its own
+    # each time.
+    for size in (64, 64 << 10, 2 << 20, 16 << 20, 64 << 20):
         measure(f"RawMemory({size}) alloc+free", raw_alloc_free(g, size), 100, 5)
 
     update = np.arange(64, dtype=np.uint8)

@@ -25,10 +25,14 @@ use std::sync::Arc;
 use crate::core::sync::lock::Mutex;
 use crate::mapping::vmm::MappedMemory;
 
-/// The largest mapping kept (bytes asked for, rounded to 4 KiB).
-pub const SPARE_MAX: u64 = 8 << 20;
-/// The most bytes kept in all.
-pub const SPARE_BYTES: u64 = 16 << 20;
+/// The largest mapping kept (bytes asked for, rounded to 4 KiB): frame-sized buffers of tens of
+/// MiB that a loop allocates and frees take no driver call (a 16 MiB mapping of its own costs
+/// about a millisecond to make and free; figures: BENCHMARKS.md, 'The link, tail latency, the
+/// pool and Python on 2 × H200').
+pub const SPARE_MAX: u64 = 32 << 20;
+/// The most bytes kept in all: device and BAR memory a process holds beyond what it uses, given
+/// back by [`Gpu::trim`](crate::Gpu::trim) and to an allocation that runs out of memory.
+pub const SPARE_BYTES: u64 = 64 << 20;
 
 /// The spare values and the rule for keeping them: pure, so that it is tested without a GPU.
 /// `T` is a mapping in the library ([`MappedMemory`](super::vmm::MappedMemory)).
