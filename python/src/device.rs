@@ -101,7 +101,7 @@ impl Vkgdr {
 
     /// Gives back what this handle keeps for later allocations: the empty shared granule small
     /// raw allocations are carved from, and the mappings freed allocations of up to 32 MiB left
-    /// for the next allocation of their size (16 MiB in all). Returns how many it gave back.
+    /// for the next allocation of their size (64 MiB in all). Returns how many it gave back.
     fn trim(&self, py: Python<'_>) -> usize {
         py.detach(|| self.gpu.trim())
     }

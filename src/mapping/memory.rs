@@ -115,7 +115,7 @@ impl std::fmt::Debug for RawMemory {
 impl Gpu {
     /// Allocates `size` bytes (rounded up to 4 KiB) of BAR-mapped memory: a Vulkan export, a CUDA
     /// import, a host mapping. Costs hundreds of µs; use a [`Pool`](crate::Pool) for many small
-    /// buffers. Up to 1 MiB is carved out of a shared granule (microseconds), and up to 8 MiB
+    /// buffers. Up to 1 MiB is carved out of a shared granule (microseconds), and up to 32 MiB
     /// takes the mapping a free of the same size left, where one is kept (see [`Gpu::trim`]).
     /// The contents are unspecified, except that the first 16 bytes are zero: writing them warms
     /// the write path, so the first write of the caller is as fast as later ones.

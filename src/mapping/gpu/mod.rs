@@ -534,7 +534,7 @@ impl Gpu {
 
     /// Gives back to the driver what this handle keeps for later allocations: the empty shared
     /// granule small raw allocations are carved from, and the mappings freed raw allocations of up
-    /// to 8 MiB left for the next allocation of their size (at most 16 MiB in all). Returns how
+    /// to 32 MiB left for the next allocation of their size (at most 64 MiB in all). Returns how
     /// many granules and mappings it released.
     ///
     /// ```no_run
