@@ -10,14 +10,18 @@
 //! raised by one producer and used by the other); a producer waiting on a lane whose consumer
 //! closes gives up instead of hanging. A producer that commits before it writes (the bug the
 //! fence-then-commit order prevents) is caught. The same for lanes of tagged slots, whose
-//! producers store each word with its tag, in any order, with no fence and no commit.
+//! producers store each word with its tag, in any order, with no fence and no commit. And a
+//! slot that a device ignoring the head overwrites while the consumer reads it: the record comes
+//! as it was, or the overwrite is reported (torn, by the re-check after the copy, or a bad
+//! commit word), never the overwriting record's content (in a committed slot: when the new
+//! commit word is stored before the rest, the order the re-check can see).
 #![cfg(feature = "loom")]
 
 use loom::sync::Arc;
 use loom::thread;
 use vkgdr::ring::core::d2h::{
-    meta_word, DeviceLaneState, HostLane, LaneConsumer, LaneMemory, LaneShape, ProducerModel,
-    Refusal, SlotFormat, COMMIT_WORD, META_WORD,
+    meta_word, D2hError, DeviceLaneState, HostLane, LaneConsumer, LaneMemory, LaneShape,
+    ProducerModel, Refusal, SlotFormat, COMMIT_WORD, META_WORD,
 };
 
 /// Two slots of 32 bytes: one header and two payload words, or (tagged) two header words and
@@ -241,4 +245,157 @@ fn a_payload_word_with_an_old_tag_is_never_taken() {
             "record 2 lacks a word: never taken"
         );
     });
+}
+
+/// Record 0's slot is overwritten by record 2 (the slot's next lap) from a device that ignores
+/// the head: record 0 is published before the model starts, the device's stores race the
+/// consumer's one look at it.
+const ROGUE_SEQ: u64 = 2;
+const ROGUE_KIND: u32 = 9;
+
+/// What one look at record 0 gave, counted over every execution of a model (std atomics: they
+/// outlive loom's executions; one per test, as the tests run at once).
+struct Outcomes {
+    delivered: std::sync::atomic::AtomicUsize,
+    not_yet: std::sync::atomic::AtomicUsize,
+    torn: std::sync::atomic::AtomicUsize,
+    bad_commit: std::sync::atomic::AtomicUsize,
+}
+
+impl Outcomes {
+    const fn new() -> Self {
+        use std::sync::atomic::AtomicUsize;
+        Outcomes {
+            delivered: AtomicUsize::new(0),
+            not_yet: AtomicUsize::new(0),
+            torn: AtomicUsize::new(0),
+            bad_commit: AtomicUsize::new(0),
+        }
+    }
+
+    fn count(counter: &std::sync::atomic::AtomicUsize) {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// `[delivered, not yet, torn, bad commit]`.
+    fn counts(&self) -> [usize; 4] {
+        [&self.delivered, &self.not_yet, &self.torn, &self.bad_commit]
+            .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+/// Takes record 0 once: it must come exactly as published, or not yet, or as `Torn`, or as
+/// `BadCommit` showing one of the `overwriting` record's header words, and never with any
+/// other payload or kind.
+fn take_overwritten(lane: &HostLane, shape: LaneShape, overwriting: &[u64], outcomes: &Outcomes) {
+    let mut consumer = LaneConsumer::new(lane, shape).unwrap();
+    match consumer.try_next() {
+        Ok(Some(rec)) => {
+            assert_eq!(
+                (rec.seq, rec.kind, rec.payload),
+                (0, 0, &payload(0, 0)[..]),
+                "record 0 delivered with content other than its own"
+            );
+            Outcomes::count(&outcomes.delivered);
+        }
+        Ok(None) => Outcomes::count(&outcomes.not_yet),
+        Err(D2hError::Torn { seq: 0 }) => Outcomes::count(&outcomes.torn),
+        Err(D2hError::BadCommit { seq: 0, found }) => {
+            assert!(
+                overwriting.contains(&found),
+                "BadCommit shows {found:#x}, not a word of the overwriting record"
+            );
+            Outcomes::count(&outcomes.bad_commit);
+        }
+        Err(e) => panic!("unexpected error: {e}"),
+    }
+}
+
+/// Runs `rogue` (a device writing into record 0's slot, which the head does not let it touch)
+/// against one look of the consumer at record 0, in every interleaving; returns the outcomes.
+fn overwritten_while_read(
+    format: SlotFormat,
+    overwriting: &'static [u64],
+    outcomes: &'static Outcomes,
+    rogue: fn(&HostLane, &DeviceLaneState),
+) -> [usize; 4] {
+    // A bound these two short threads never reach (their executions stop growing at six
+    // preemptions): every interleaving.
+    model(8, move || {
+        let shape = shape(format);
+        let lane = Arc::new(HostLane::new(shape));
+        let dev = Arc::new(DeviceLaneState::new());
+        let p = ProducerModel::new(&*lane, &dev, shape, u32::MAX);
+        assert_eq!(p.publish(0, &payload(0, 0)), Ok(0));
+        let device = {
+            let (lane, dev) = (lane.clone(), dev.clone());
+            thread::spawn(move || rogue(&lane, &dev))
+        };
+        take_overwritten(&lane, shape, overwriting, outcomes);
+        device.join().unwrap();
+    });
+    let counts = outcomes.counts();
+    println!("{format:?}: [delivered, not yet, torn, bad commit] = {counts:?}");
+    assert!(counts[2] > 0, "Torn never reached: {counts:?}");
+    counts
+}
+
+/// A committed slot overwritten while it is read: the device stores record 2's commit word into
+/// record 0's slot, then (ordered after it, as PCIe delivers one requester's posted writes in
+/// order: the release fence) a new meta word and payload. In every interleaving the consumer
+/// delivers record 0 exactly as published, or reports `BadCommit` (it saw the new commit word
+/// at its first load) or `Torn` (at its re-check after the copy), and `Torn` is reached: any
+/// overwriting word the copy read comes after the new commit word, which the re-check then
+/// sees. (Without that order the copy may read the new payload and the re-check the old commit
+/// word.)
+///
+/// What the re-check does not catch: an overwrite in the protocol's own order, payload first
+/// and commit word last (and the write step's store of the commit word's present value, which
+/// for record 2 is record 0's commit word, no change), whose commit word lands after the
+/// re-check. The consumer then copies the new payload between two loads of an unchanged commit
+/// word and delivers it. Nothing in the slot can show that overwrite in time; only the head
+/// keeps a device out of a slot being read.
+#[test]
+fn a_committed_slot_overwritten_while_read_is_torn() {
+    static OUTCOMES: Outcomes = Outcomes::new();
+    const OVERWRITING: &[u64] = &[LaneShape::commit_of(ROGUE_SEQ)];
+    let counts = overwritten_while_read(COMMITTED, OVERWRITING, &OUTCOMES, |lane, _| {
+        let shape = shape(COMMITTED);
+        let words = lane.slot_words();
+        let first = shape.first_word(ROGUE_SEQ);
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        words[first + COMMIT_WORD].store(LaneShape::commit_of(ROGUE_SEQ), relaxed);
+        loom::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+        words[first + META_WORD].store(meta_word(8, ROGUE_KIND), relaxed);
+        words[first + META_WORD + 1].store(u64::from_le_bytes(payload(1, 1)), relaxed);
+    });
+    assert!(counts[0] > 0 && counts[3] > 0, "{counts:?}");
+}
+
+/// A tagged slot overwritten while it is read: the device writes record 2 into record 0's slot
+/// (the producer model's write step, for a record the head does not let it write: a shorter
+/// payload, another kind, every word with record 2's tag, no fence). In every interleaving
+/// the consumer delivers record 0 exactly as published (the tags keep record 2's words out of
+/// it), or says not yet (a payload word without record 0's tag while header word 0 still holds
+/// it), or reports `BadCommit` (a header word with record 2's tag) or `Torn`: header word 0
+/// changed between its first load and the re-check after the payload's, which is reached. The
+/// tags alone keep record 2's words out; the re-check is what reports the overwrite (without it
+/// these interleavings end in a delivery or a not yet).
+#[test]
+fn a_tagged_slot_overwritten_while_read_is_torn() {
+    use vkgdr::ring::core::d2h::tagged_word;
+    static OUTCOMES: Outcomes = Outcomes::new();
+    // Its header words: length and kind.
+    const OVERWRITING: &[u64] = &[
+        tagged_word(ROGUE_SEQ, 4),
+        tagged_word(ROGUE_SEQ, ROGUE_KIND),
+    ];
+    let counts = overwritten_while_read(TAGGED, OVERWRITING, &OUTCOMES, |lane, dev| {
+        ProducerModel::new(lane, dev, shape(TAGGED), u32::MAX).write(
+            ROGUE_SEQ,
+            ROGUE_KIND,
+            &payload(1, 1)[..4],
+        );
+    });
+    assert!(counts[0] > 0 && counts[3] > 0, "{counts:?}");
 }
