@@ -8,7 +8,9 @@
 //! API's `WindowReader`, every record's seq and checksum verified). Each runs with the other 7
 //! lanes idle, then with 1, 3 and 7 producer threads streaming 4 KiB records into other lanes in
 //! batches through the BAR, then with 7 streaming through the copy engine
-//! (`CopyEngine::FromRecord(4096)`: the lone record stays on the BAR);
+//! (`CopyEngine::FromRecord(4096)`: the lone record stays on the BAR), then with 7 streaming on a
+//! ring of the default options (`CopyEngine::Auto`: the lone record's lane 0 and the streams'
+//! lanes 3 and 6 on the BAR, the other five staging);
 //! the streams' rate is printed beside the figures. Whether the lone record's tail grows with
 //! the load on the link, and with which path carries it, says where its time goes. The first
 //! tenth of each row's round trips is left out (warm-up).
@@ -46,27 +48,32 @@ enum Load {
     Bar(u32),
     /// This many stream through the copy engine.
     CopyEngine(u32),
+    /// This many stream on a ring of the default options: some lanes through the BAR, the others
+    /// through the copy engine.
+    Default(u32),
 }
 
 impl Load {
-    const ROWS: [Load; 5] = [
+    const ROWS: [Load; 6] = [
         Load::Idle,
         Load::Bar(1),
         Load::Bar(3),
         Load::Bar(LANES - 1),
         Load::CopyEngine(LANES - 1),
+        Load::Default(LANES - 1),
     ];
 
     fn streams(self) -> u32 {
         match self {
             Load::Idle => 0,
-            Load::Bar(n) | Load::CopyEngine(n) => n,
+            Load::Bar(n) | Load::CopyEngine(n) | Load::Default(n) => n,
         }
     }
 
     fn copy_engine(self) -> CopyEngine {
         match self {
             Load::CopyEngine(_) => CopyEngine::FromRecord(STREAM_SIZE as u32),
+            Load::Default(_) => CopyEngine::default(),
             _ => CopyEngine::Off,
         }
     }
@@ -76,6 +83,7 @@ impl Load {
             Load::Idle => return "other lanes idle".to_string(),
             Load::Bar(_) => "the BAR",
             Load::CopyEngine(_) => "the copy engine",
+            Load::Default(_) => "the default choice (2 lanes BAR, 5 copy engine)",
         };
         let n = self.streams();
         let lanes = if n == 1 { "lane" } else { "lanes" };
@@ -281,10 +289,14 @@ fn one_row(
     samples.drain(..samples.len() / 10);
     samples.sort_by(f64::total_cmp);
     let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
-    if let Load::CopyEngine(_) = load {
+    if let Load::CopyEngine(_) | Load::Default(_) = load {
         let stats = ring.copy_engine_stats();
         if stats.copies == 0 {
             return Err(format!("the copy engine carried nothing: {stats:?}"));
+        }
+        let own = ring.lane_copy_engine_stats(lane).unwrap_or_default();
+        if own.copies != 0 {
+            return Err(format!("the lone record's lane {lane} staged: {own:?}"));
         }
     }
     let load = load.describe(bytes as f64 / secs / 1e9);

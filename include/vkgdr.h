@@ -139,6 +139,15 @@ typedef enum vkgdr_ring_flags {
    * engine. Not with `VKGDR_RING_SHAREABLE_BIT`.
    */
   VKGDR_RING_COPY_ENGINE_SPLIT_BIT = 4,
+  /**
+   * Every record through the BAR, on every lane (`vkgdr_ring_create_with_options` only,
+   * with a `copy_engine_record` of 0, not with `VKGDR_RING_COPY_ENGINE_SPLIT_BIT`). Without
+   * it and with a `copy_engine_record` of 0 the ring chooses: on a ring of two lanes or more,
+   * lanes 0, 3 and 6 of each eight keep every record on the BAR and the others stage records
+   * of 1 KiB and more (header included) once a producer's batch has 64 KiB pending before
+   * them, unless their pinned staging copies would hold more than 256 MiB in all.
+   */
+  VKGDR_RING_COPY_ENGINE_OFF_BIT = 8,
 } vkgdr_ring_flags;
 
 /**
@@ -571,7 +580,8 @@ typedef struct vkgdr_ring_options {
    * processes with `vkgdr_share_ring`), and `VKGDR_RING_COPY_ENGINE_SPLIT_BIT` (with a
    * non-zero `copy_engine_record`, not with `VKGDR_RING_SHAREABLE_BIT`: three lanes in eight
    * keep records below 8 KiB on the BAR, the others take the copy engine from
-   * `copy_engine_record` bytes on).
+   * `copy_engine_record` bytes on) or `VKGDR_RING_COPY_ENGINE_OFF_BIT` (every record through
+   * the BAR).
    */
   uint32_t flags;
   /**
@@ -580,7 +590,8 @@ typedef struct vkgdr_ring_options {
    * them, are staged in pinned host memory and moved by a copy engine, which outruns CPU
    * stores through the BAR when several producers stream large records; smaller ones, lone
    * ones, and every record of `vkgdr_ring_push` and `vkgdr_ring_reserve`, take the BAR.
-   * 0 (the default) keeps the copy engine off; 4096 is a good value; at most `UINT32_MAX`.
+   * 0 (the default) lets the ring choose (`VKGDR_RING_COPY_ENGINE_OFF_BIT` says what it
+   * chooses; with that flag the copy engine stays off); at most `UINT32_MAX`.
    * With `VKGDR_RING_COPY_ENGINE_SPLIT_BIT` in `flags` (which needs it non-zero) this holds
    * on five lanes in eight only; lanes 0, 3 and 6 of each eight stage records of at least
    * 8 KiB (or of `copy_engine_record`, if larger) and write smaller ones through the BAR.
@@ -2670,7 +2681,8 @@ VKGDR_API uint32_t vkgdr_ring_producer_get_lane(vkgdr_ring_producer_t producer);
  * - `flags`: 0, `VKGDR_RING_MIRRORED_BIT` or `VKGDR_RING_SHAREABLE_BIT` (its one lane can then
  *   be lent to another process: `vkgdr_share_ring`). `VKGDR_RING_COPY_ENGINE_SPLIT_BIT` needs
  *   a `copy_engine_record`, which only `vkgdr_ring_create_with_options` takes: it is refused
- *   here.
+ *   here. `VKGDR_RING_COPY_ENGINE_OFF_BIT` is accepted and changes nothing: a one-lane ring
+ *   writes every record through the BAR.
  *
  * Returns a handle, or `NULL` on error (a bad capacity or flag, a `vkgdr_open_vulkan` handle, a
  * driver failure).
@@ -2684,7 +2696,8 @@ VKGDR_API uint32_t vkgdr_ring_producer_get_lane(vkgdr_ring_producer_t producer);
 VKGDR_API vkgdr_ring_t vkgdr_ring_create(vkgdr_t g, uint64_t capacity, uint32_t flags);
 
 /**
- * Fills `*options` with the defaults (one lane, padded, copy engine off) and sets `options->struct_size` to `struct_size`, which must be
+ * Fills `*options` with the defaults (one lane, padded, the copy engine chosen by the ring)
+ * and sets `options->struct_size` to `struct_size`, which must be
  * `sizeof(vkgdr_ring_options)` as the caller sees it (only that many bytes are written).
  *
  * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` if `options` is NULL or `struct_size` too small.
@@ -2694,9 +2707,7 @@ VKGDR_API vkgdr_ring_t vkgdr_ring_create(vkgdr_t g, uint64_t capacity, uint32_t 
  * # Safety
  * - `options` is NULL or writable for `struct_size` bytes.
  */
-VKGDR_API
-int vkgdr_ring_options_init(struct vkgdr_ring_options *options,
-                            size_t struct_size);
+VKGDR_API int vkgdr_ring_options_init(struct vkgdr_ring_options *options, size_t struct_size);
 
 /**
  * Creates a ring of `options->lanes` lanes of `capacity` bytes each (a power of two, at least
@@ -2707,8 +2718,8 @@ int vkgdr_ring_options_init(struct vkgdr_ring_options *options,
  *   options from `vkgdr_ring_options_init`. They are checked before `g`: unknown flag bits,
  *   lanes outside 1 to 64, a `copy_engine_record` above `UINT32_MAX`,
  *   `VKGDR_RING_COPY_ENGINE_SPLIT_BIT` with a `copy_engine_record` of 0 or with
- *   `VKGDR_RING_SHAREABLE_BIT`, an unset `struct_size` or fields this version does not know set
- *   are errors.
+ *   `VKGDR_RING_SHAREABLE_BIT`, `VKGDR_RING_COPY_ENGINE_OFF_BIT` with either of those, an
+ *   unset `struct_size` or fields this version does not know set are errors.
  *
  * Which producer for which lane: `vkgdr_ring_producer_create` claims a lane for one thread
  * (records appended without locks, batches published with one fence and one tail store, large

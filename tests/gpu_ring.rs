@@ -678,6 +678,7 @@ fn lanes_persistent(
     // Every test's mix has records of 4 KiB and more: with the path on, copies carried them.
     match copy {
         CopyEngine::Off => assert_eq!(copies.lanes_ready, 0),
+        CopyEngine::Auto => unreachable!("the tests name their path"),
         CopyEngine::FromRecord(_) | CopyEngine::Split(_) => {
             assert_eq!(copies.unavailable, None);
             assert_eq!(copies.lanes_ready, lanes as usize);
@@ -914,16 +915,46 @@ fn lanes_checking_kernel_split_between_bar_and_copy_engine() {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
 fn split_lanes_keep_small_records_on_the_bar_and_stage_large_ones() {
+    lanes_keep_their_paths(CopyEngine::Split(1024));
+}
+
+/// The default options' ring ([`CopyEngine::Auto`]) on eight lanes: lanes 0, 3 and 6 write 1 KiB
+/// and 16 KiB records through the BAR, the others stage both; a one-lane ring and a ring whose
+/// staging would pass the limit keep every lane on the BAR. The checking kernel verifies every
+/// record.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn the_default_ring_splits_its_lanes_between_bar_and_copy_engine() {
+    let gpu = open(false);
+    assert_eq!(RingOptions::default().copy_engine, CopyEngine::Auto);
+    let one = DeviceRing::new(&gpu, 1 << 20).unwrap();
+    assert_eq!(one.copy_engine(), CopyEngine::Off);
+    // Five staging lanes of 64 MiB would hold more pinned memory than the limit.
+    const { assert!(5 * (64 << 20) > vkgdr::ring::device::AUTO_MAX_STAGING_BYTES) };
+    let options = RingOptions {
+        lanes: 8,
+        ..Default::default()
+    };
+    let big = DeviceRing::with_options(&gpu, 64 << 20, options).unwrap();
+    assert_eq!(big.copy_engine(), CopyEngine::Off);
+    drop((one, big));
+    lanes_keep_their_paths(CopyEngine::Auto);
+}
+
+/// Eight producers on a ring made with `copy`: batches of 1 KiB records, then of 16 KiB records;
+/// which lanes staged which, and every record checked by the kernel.
+fn lanes_keep_their_paths(copy: CopyEngine) {
     const BAR_LANES: [usize; 3] = [0, 3, 6];
     let gpu = open(false);
     let module = Module::load_ptx(&gpu, RING_PTX).unwrap();
     let stream = Stream::new(&gpu).unwrap();
     let options = RingOptions {
         lanes: 8,
-        copy_engine: CopyEngine::Split(1024),
+        copy_engine: copy,
         ..Default::default()
     };
     let ring = DeviceRing::with_options(&gpu, 2 << 20, options).unwrap();
+    assert_eq!(ring.copy_engine(), copy);
     launch_check_lanes(&module, &ring, &stream);
     let limit = Some(Duration::from_secs(30));
     // Each thread pushes `batches` batches of `count` records of `size` bytes (header
@@ -978,14 +1009,21 @@ fn split_lanes_keep_small_records_on_the_bar_and_stage_large_ones() {
     ring.stop_and_wait(Duration::from_secs(60)).unwrap();
     for lane in 0..ring.lanes() {
         let (s, l) = (&small[lane], &large[lane]);
-        println!("split lane {lane}: after 1 KiB records {s:?}; after 16 KiB records {l:?}");
+        println!("{copy:?} lane {lane}: after 1 KiB records {s:?}; after 16 KiB records {l:?}");
         assert_eq!((s.fallbacks, l.fallbacks, &l.unavailable), (0, 0, &None));
         if BAR_LANES.contains(&lane) {
             assert_eq!(s.copies, 0, "lane {lane} staged 1 KiB records");
         } else {
             assert!(s.copies > 0, "lane {lane} staged no 1 KiB record");
         }
-        assert!(l.copies > s.copies, "lane {lane} staged no 16 KiB record");
+        if BAR_LANES.contains(&lane) && copy == CopyEngine::Auto {
+            assert_eq!(
+                l.copies, 0,
+                "lane {lane} of the default ring staged 16 KiB records"
+            );
+        } else {
+            assert!(l.copies > s.copies, "lane {lane} staged no 16 KiB record");
+        }
         let res = ring.results_of(lane);
         assert_eq!(res[layout::RESULT_ERRORS], 0, "lane {lane}: {res:?}");
         assert_eq!(res[layout::RESULT_RECORDS], expected[lane].0, "lane {lane}");

@@ -55,13 +55,21 @@ pub enum vkgdr_ring_flags {
     /// claim lanes in order: a ring's first producer takes the BAR, its second and third the copy
     /// engine. Not with `VKGDR_RING_SHAREABLE_BIT`.
     VKGDR_RING_COPY_ENGINE_SPLIT_BIT = 4,
+    /// Every record through the BAR, on every lane (`vkgdr_ring_create_with_options` only,
+    /// with a `copy_engine_record` of 0, not with `VKGDR_RING_COPY_ENGINE_SPLIT_BIT`). Without
+    /// it and with a `copy_engine_record` of 0 the ring chooses: on a ring of two lanes or more,
+    /// lanes 0, 3 and 6 of each eight keep every record on the BAR and the others stage records
+    /// of 1 KiB and more (header included) once a producer's batch has 64 KiB pending before
+    /// them, unless their pinned staging copies would hold more than 256 MiB in all.
+    VKGDR_RING_COPY_ENGINE_OFF_BIT = 8,
 }
 
 /// The flag bits a ring knows.
-const RING_FLAGS: u32 = MIRRORED | SHAREABLE | SPLIT;
+const RING_FLAGS: u32 = MIRRORED | SHAREABLE | SPLIT | OFF;
 const MIRRORED: u32 = vkgdr_ring_flags::VKGDR_RING_MIRRORED_BIT as u32;
 const SHAREABLE: u32 = vkgdr_ring_flags::VKGDR_RING_SHAREABLE_BIT as u32;
 const SPLIT: u32 = vkgdr_ring_flags::VKGDR_RING_COPY_ENGINE_SPLIT_BIT as u32;
+const OFF: u32 = vkgdr_ring_flags::VKGDR_RING_COPY_ENGINE_OFF_BIT as u32;
 
 /// Makes a ring as `flags` say: mirrored, shareable (padded lanes of their own) or plain.
 fn make_ring(
@@ -103,6 +111,13 @@ fn check_flags(flags: u32, copy_engine_record: u64) -> CResult<()> {
         return Err(Failure::Api(
             "a shareable ring has no copy engine: leave copy_engine_record 0 with \
              VKGDR_RING_SHAREABLE_BIT"
+                .into(),
+        ));
+    }
+    if flags & OFF != 0 && (flags & SPLIT != 0 || copy_engine_record != 0) {
+        return Err(Failure::Api(
+            "VKGDR_RING_COPY_ENGINE_OFF_BIT keeps the copy engine off: it goes with neither \
+             VKGDR_RING_COPY_ENGINE_SPLIT_BIT nor a non-zero copy_engine_record"
                 .into(),
         ));
     }
@@ -182,14 +197,16 @@ pub struct vkgdr_ring_options {
     /// processes with `vkgdr_share_ring`), and `VKGDR_RING_COPY_ENGINE_SPLIT_BIT` (with a
     /// non-zero `copy_engine_record`, not with `VKGDR_RING_SHAREABLE_BIT`: three lanes in eight
     /// keep records below 8 KiB on the BAR, the others take the copy engine from
-    /// `copy_engine_record` bytes on).
+    /// `copy_engine_record` bytes on) or `VKGDR_RING_COPY_ENGINE_OFF_BIT` (every record through
+    /// the BAR).
     pub flags: u32,
     /// Records of at least this many bytes in the ring (16-byte header and padding to 16
     /// included) that a `vkgdr_ring_producer_t` writes, once its batch has 64 KiB pending before
     /// them, are staged in pinned host memory and moved by a copy engine, which outruns CPU
     /// stores through the BAR when several producers stream large records; smaller ones, lone
     /// ones, and every record of `vkgdr_ring_push` and `vkgdr_ring_reserve`, take the BAR.
-    /// 0 (the default) keeps the copy engine off; 4096 is a good value; at most `UINT32_MAX`.
+    /// 0 (the default) lets the ring choose (`VKGDR_RING_COPY_ENGINE_OFF_BIT` says what it
+    /// chooses; with that flag the copy engine stays off); at most `UINT32_MAX`.
     /// With `VKGDR_RING_COPY_ENGINE_SPLIT_BIT` in `flags` (which needs it non-zero) this holds
     /// on five lanes in eight only; lanes 0, 3 and 6 of each eight stage records of at least
     /// 8 KiB (or of `copy_engine_record`, if larger) and write smaller ones through the BAR.
@@ -223,7 +240,8 @@ impl vkgdr_ring_options {
             .into());
         }
         let copy_engine = match self.copy_engine_record {
-            0 => CopyEngine::Off,
+            0 if self.flags & OFF != 0 => CopyEngine::Off,
+            0 => CopyEngine::Auto,
             n => {
                 let n = u32::try_from(n).map_err(|_| {
                     Failure::Api(format!(
@@ -343,7 +361,8 @@ pub(crate) fn payload_len(size: usize) -> CResult<u32> {
 /// - `flags`: 0, `VKGDR_RING_MIRRORED_BIT` or `VKGDR_RING_SHAREABLE_BIT` (its one lane can then
 ///   be lent to another process: `vkgdr_share_ring`). `VKGDR_RING_COPY_ENGINE_SPLIT_BIT` needs
 ///   a `copy_engine_record`, which only `vkgdr_ring_create_with_options` takes: it is refused
-///   here.
+///   here. `VKGDR_RING_COPY_ENGINE_OFF_BIT` is accepted and changes nothing: a one-lane ring
+///   writes every record through the BAR.
 ///
 /// Returns a handle, or `NULL` on error (a bad capacity or flag, a `vkgdr_open_vulkan` handle, a
 /// driver failure).
@@ -359,7 +378,8 @@ pub unsafe extern "C" fn vkgdr_ring_create(g: vkgdr_t, capacity: u64, flags: u32
         check_flags(flags, 0)?;
         // SAFETY: the caller does not close `g` during the call.
         let gpu = unsafe { device(g) }?.gpu()?;
-        let r = match flags {
+        // A one-lane ring keeps the BAR whatever the copy-engine flags say.
+        let r = match flags & !OFF {
             MIRRORED => DeviceRing::new_mirrored(gpu, capacity)?,
             flags => make_ring(gpu, capacity, RingOptions::default(), flags)?,
         };
@@ -367,7 +387,8 @@ pub unsafe extern "C" fn vkgdr_ring_create(g: vkgdr_t, capacity: u64, flags: u32
     })
 }
 
-/// Fills `*options` with the defaults (one lane, padded, copy engine off) and sets `options->struct_size` to `struct_size`, which must be
+/// Fills `*options` with the defaults (one lane, padded, the copy engine chosen by the ring)
+/// and sets `options->struct_size` to `struct_size`, which must be
 /// `sizeof(vkgdr_ring_options)` as the caller sees it (only that many bytes are written).
 ///
 /// Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` if `options` is NULL or `struct_size` too small.
@@ -408,8 +429,8 @@ pub unsafe extern "C" fn vkgdr_ring_options_init(
 ///   options from `vkgdr_ring_options_init`. They are checked before `g`: unknown flag bits,
 ///   lanes outside 1 to 64, a `copy_engine_record` above `UINT32_MAX`,
 ///   `VKGDR_RING_COPY_ENGINE_SPLIT_BIT` with a `copy_engine_record` of 0 or with
-///   `VKGDR_RING_SHAREABLE_BIT`, an unset `struct_size` or fields this version does not know set
-///   are errors.
+///   `VKGDR_RING_SHAREABLE_BIT`, `VKGDR_RING_COPY_ENGINE_OFF_BIT` with either of those, an
+///   unset `struct_size` or fields this version does not know set are errors.
 ///
 /// Which producer for which lane: `vkgdr_ring_producer_create` claims a lane for one thread
 /// (records appended without locks, batches published with one fence and one tail store, large
@@ -988,8 +1009,14 @@ mod tests {
         assert_eq!(mirrored.wrap, WrapMode::Mirrored);
         assert_eq!(
             options(0, 0).to_options().unwrap().copy_engine,
+            CopyEngine::Auto
+        );
+        assert_eq!(
+            options(OFF, 0).to_options().unwrap().copy_engine,
             CopyEngine::Off
         );
+        assert!(refusal(options(OFF, 4096)).contains("VKGDR_RING_COPY_ENGINE_OFF_BIT keeps"));
+        assert!(refusal(options(OFF | SPLIT, 4096)).contains("goes with neither"));
 
         assert!(refusal(options(SPLIT, 0)).contains("needs a copy_engine_record"));
         assert!(refusal(options(SPLIT | SHAREABLE, 4096)).contains(
@@ -997,6 +1024,6 @@ mod tests {
         ));
         assert!(refusal(options(SPLIT | SHAREABLE, 0)).contains("a shareable ring has no copy"));
         assert!(refusal(options(SPLIT, 1 << 32)).contains("larger than UINT32_MAX"));
-        assert!(refusal(options(8, 4096)).contains("unknown ring flag bits 0x8"));
+        assert!(refusal(options(16, 4096)).contains("unknown ring flag bits 0x10"));
     }
 }

@@ -29,7 +29,11 @@ const WAIT_SLICE: Duration = Duration::from_millis(50);
 /// numbers. ``push(data)`` appends one record from any thread
 /// (on the calling thread's lane); ``producer()`` claims a lane for one thread (the fast path:
 /// no locks, batches published at once, large records by a copy engine: those of at least
-/// ``copy_engine`` bytes with their 16-byte header, ``None`` or 0 for never). ``device_view``
+/// ``copy_engine`` bytes with their 16-byte header, 0 for never). ``copy_engine=None`` (the
+/// default) lets the ring choose: on a ring of two lanes or more, lanes 0, 3 and 6 of each
+/// eight keep every record on the BAR and the others stage records of 1 KiB and more once a
+/// producer's batch has 64 KiB pending before them (unless their pinned staging copies would
+/// hold more than 256 MiB in all); a one-lane ring keeps the BAR. ``device_view``
 /// has the addresses the kernel needs (and keeps the ring alive). Call ``stop()`` to let a
 /// persistent consumer exit.
 ///
@@ -195,7 +199,8 @@ fn copy_engine_of(copy_engine: Option<i64>, split: bool) -> PyResult<CopyEngine>
                 "copy_engine_split=True needs a copy_engine record size (4096, say)",
             ))
         }
-        None | Some(0) => return Ok(CopyEngine::Off),
+        None => return Ok(CopyEngine::Auto),
+        Some(0) => return Ok(CopyEngine::Off),
         Some(n) => u32::try_from(n).map_err(|_| {
             invalid_argument(format!(
                 "copy_engine {n} is not a record size from 0 to 4294967295"

@@ -106,7 +106,7 @@ def lane_record_len(k: int, salt: int) -> int:
 
 def test_lanes_with_producers_and_the_copy_engine_verified_by_the_kernel(cupy, cuda):
     gpu = vkgdr.Vkgdr(0)
-    ring = vkgdr.DeviceRing(gpu, 1 << 20, lanes=2, copy_engine=4096)  # off by default
+    ring = vkgdr.DeviceRing(gpu, 1 << 20, lanes=2, copy_engine=4096)
     assert ring.lanes == 2
     view = ring.device_view
     assert view.lanes == 2 and view.lane_data != 0 and len(view.to_bytes()) == 64
@@ -231,6 +231,27 @@ def test_producer_lifetime_closing_and_context_manager(cupy):
         "stream_tails": 0,
         "unavailable": None,
     }
+
+
+def test_the_default_ring_stages_large_batches_on_its_second_lane(cupy) -> None:
+    """copy_engine=None (the default): lane 0 keeps the BAR, lane 1 stages 1 KiB records once a
+    batch has 64 KiB pending; copy_engine=0 keeps both on the BAR. No consumer runs: nothing is
+    read, the records only have to fit."""
+    gpu = vkgdr.Vkgdr(0)
+    batch = [bytes([k % 251]) * 1008 for k in range(100)]  # 1 KiB with the header, 100 KiB in all
+    for copy_engine, staging_lanes in ((None, 1), (0, 0)):
+        ring = vkgdr.DeviceRing(gpu, 1 << 20, lanes=8, copy_engine=copy_engine)
+        producers = [ring.producer() for _ in range(2)]
+        assert [p.lane for p in producers] == [0, 1]
+        for p in producers:
+            assert p.push_batch(batch) == 100
+            p.close()
+        stats = ring.copy_engine_stats()
+        assert stats["unavailable"] is None and stats["fallbacks"] == 0, stats
+        assert stats["lanes_ready"] == staging_lanes, (copy_engine, stats)
+        assert (stats["copies"] > 0) == (staging_lanes > 0), (copy_engine, stats)
+        assert ring.published == 100 * 1024  # lane 0's records
+        del producers, ring
 
 
 def test_ring_options_errors(cupy) -> None:

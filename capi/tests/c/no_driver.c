@@ -328,9 +328,9 @@ static void ring_options_and_producers(void)
     CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "65 lanes");
     CHECK(last_error_contains("1 to 64 lanes, not 65"), "explains");
     opts.lanes = 2;
-    opts.flags = 0x18 | VKGDR_RING_SHAREABLE_BIT;
+    opts.flags = 0x30 | VKGDR_RING_SHAREABLE_BIT;
     CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "unknown flags");
-    CHECK(last_error_contains("unknown ring flag bits 0x18"), "explains");
+    CHECK(last_error_contains("unknown ring flag bits 0x30"), "explains");
     opts.flags = VKGDR_RING_SHAREABLE_BIT | VKGDR_RING_MIRRORED_BIT;
     CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "shareable and mirrored");
     CHECK(last_error_contains("a shareable ring is padded"), "explains");
@@ -375,6 +375,22 @@ static void ring_options_and_producers(void)
     CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "split, record size");
     CHECK(last_error_contains("copy_engine_record 4294967296 is larger than UINT32_MAX"),
           "explains");
+    /* The copy engine kept off: alone it is valid, with a record size or a split it is not. */
+    CHECK(VKGDR_RING_COPY_ENGINE_OFF_BIT == 8, "the next free flag bit");
+    opts.flags = VKGDR_RING_COPY_ENGINE_OFF_BIT;
+    opts.copy_engine_record = 0;
+    CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "off");
+    CHECK(last_error_contains("the vkgdr_t handle is NULL"), "got past the options");
+    CHECK(vkgdr_ring_create(NULL, 4096, VKGDR_RING_COPY_ENGINE_OFF_BIT) == NULL, "off, plain");
+    CHECK(last_error_contains("vkgdr_ring_create: the vkgdr_t handle is NULL"),
+          "got past the flags");
+    opts.copy_engine_record = 4096;
+    CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "off, record size");
+    CHECK(last_error_contains("VKGDR_RING_COPY_ENGINE_OFF_BIT keeps the copy engine off"),
+          "explains");
+    opts.flags = VKGDR_RING_COPY_ENGINE_OFF_BIT | VKGDR_RING_COPY_ENGINE_SPLIT_BIT;
+    CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "off and split");
+    CHECK(last_error_contains("goes with neither"), "explains");
     opts.flags = 0;
     opts.copy_engine_record = 1ull << 32;
     CHECK(vkgdr_ring_create_with_options(NULL, 4096, &opts) == NULL, "copy engine size");

@@ -548,7 +548,7 @@ struct ThroughputRow {
 }
 
 /// Every size, for the rows with the default path choice.
-const ALL_SIZES: &[u64] = &[64, 512, 4096, 64 << 10];
+const ALL_SIZES: &[u64] = &[64, 512, 1024, 2048, 4096, 64 << 10];
 /// Sizes around the copy engine's threshold, for the rows that force one path.
 const LARGE_SIZES: &[u64] = &[1024, 2048, 4096, 64 << 10];
 
@@ -730,8 +730,11 @@ fn throughput_rows() -> Vec<ThroughputRow> {
 /// lanes could not make the path, or one whose records were never copied).
 fn check_copy_engine(ring: &DeviceRing, row: &ThroughputRow, size: u64) -> BenchResult<()> {
     let stats = ring.copy_engine_stats();
-    // Batches reach the pending bytes the copy engine waits for; lone pushes never do.
-    let staged = row.how == Produce::Batch && row.copy.threshold().is_some_and(|t| size >= t);
+    // Batches reach the pending bytes the copy engine waits for; lone pushes never do. A row's
+    // producers claim every lane of its ring; which of them stage is the ring's choice.
+    let copy = ring.copy_engine();
+    let staged = row.how == Produce::Batch
+        && (0..ring.lanes() as u32).any(|l| copy.threshold_for_lane(l).is_some_and(|t| size >= t));
     if staged && (stats.copies == 0 || stats.fallbacks > 0 || stats.unavailable.is_some()) {
         return Err(BenchError::Check(format!(
             "{} · {}: the copy-engine path did not carry the records: {stats:?}",
@@ -956,7 +959,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     bw.notes.push(format!("checking kernel alone: each lane filled to {} MiB by its producer with no consumer running, the ring stopped, then ring_check_lanes launched; GB/s from the launch to the kernel's end (the consumer's own rate, without producers beside it)", (LANE_BYTES * 3 / 4) >> 20));
     bw.notes.push("cuMemcpyHtoDAsync: the same bytes from pinned memory into cuMemAlloc memory, back to back on one stream".into());
     bw.notes.push(format!("{PATTERN_COPIES} / {PATTERN_TAIL}: the copy-engine lanes' work without producers, the ceiling of the 'copy engine' rows: one copy per publication (the producers' batch of records, from pinned memory filled beforehand) on each of {PATTERN_STREAMS} streams in turn, and with the stream store a lane queues after each copy (its tail into GPU memory, behind a memory barrier); the producers' own writes into the staging copy are what the ring rows add"));
-    bw.notes.push(format!("copy engine (off by default, so the plain rows and the 'BAR only' rows take the BAR): with RingOptions::copy_engine = FromRecord({}) a producer's records of that size and more (header included), once a batch has {} KiB pending before them, are written into a pinned host copy of the lane and moved by cuMemcpyHtoDAsync on the lane's stream, which then stores the tail; 'copy engine only' rows stage records of every size (after the same {} KiB); 'lanes split' rows (CopyEngine::Split(16)) keep records below {} KiB on the BAR in lanes 0, 3 and 6 and stage every record in the others", vkgdr::ring::device::DEFAULT_COPY_ENGINE_RECORD, vkgdr::ring::device::STAGE_AFTER_PENDING >> 10, vkgdr::ring::device::STAGE_AFTER_PENDING >> 10, vkgdr::ring::device::SPLIT_BAR_LANE_RECORD >> 10));
+    bw.notes.push(format!("copy engine: the plain rows take the default, CopyEngine::Auto, which on a ring of several lanes keeps lanes 0, 3 and 6 of each eight on the BAR and stages records of {auto} B and more (header included) on the others, once a batch has {pending} KiB pending before them ('1 producer' rows: every record through the BAR); 'BAR only' rows take the BAR on every lane; with RingOptions::copy_engine = FromRecord({record}) a producer's records of that size and more (header included), once a batch has {pending} KiB pending before them, are written into a pinned host copy of the lane and moved by cuMemcpyHtoDAsync on the lane's stream, which then stores the tail; 'copy engine only' rows stage records of every size (after the same {pending} KiB); 'lanes split' rows (CopyEngine::Split(16)) keep records below {split} KiB on the BAR in lanes 0, 3 and 6 and stage every record in the others", auto = vkgdr::ring::device::AUTO_COPY_ENGINE_RECORD, pending = vkgdr::ring::device::STAGE_AFTER_PENDING >> 10, record = vkgdr::ring::device::DEFAULT_COPY_ENGINE_RECORD, split = vkgdr::ring::device::SPLIT_BAR_LANE_RECORD >> 10));
     bw.notes.push(format!("the link rows (their column: the copy pattern's record size): {LINK_THREADS} threads store {} MiB at a time into a BAR mapping (the raw stores of copybw); alone, then while {PATTERN_TAIL} runs, each rate over its own interval; the total is their sum, to read beside the copy pattern alone: more than it means the two paths together pass either one, no more means the host-to-device link is the wall", LINK_STORE_BYTES >> 20));
     lat.notes.push("round trip of one 64-byte record: published alone (Producer::push, or the shared reserve/commit) → kernel publishes head into pinned memory → CPU sees it; commit→seen is below this".into());
     Ok(vec![bw, lat, wrap])

@@ -9,7 +9,9 @@
 //! - **pool churn**: `--threads` threads (default 8) allocate, fill, verify and free blocks of
 //!   1 B to 16 MiB (shared, thread-cached and dedicated) in one pool;
 //! - **rings**: a 4-lane ring consumed by the checking kernel `ring_check_lanes` (every record
-//!   verified on the GPU), fed by 4 producer threads with batches of sealed records;
+//!   verified on the GPU), fed by 4 producer threads with batches of sealed records; made with
+//!   the default options, so lanes 1 and 2 stage a batch's records of 1 KiB and more for the
+//!   copy engine once 64 KiB are pending (the BAR's publications after a staged one among them);
 //! - **device → host rings** (`--d2h`, off by default; [`d2h`]): rounds of kernels publishing test records (per thread
 //!   into 64 B slots, per warp into 4 KiB slots) into 1 to 4 lanes, each lane's CPU consumer
 //!   checking every record's sequence, its producer's order and every byte, and every producer's

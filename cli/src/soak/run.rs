@@ -153,6 +153,20 @@ pub(super) fn soak(
             "ring: {produced} records produced, the kernel checked {consumed} with {errors} errors"
         ));
     }
+    // The ring's default choice stages large batches on some lanes: say what the copy engine
+    // carried, and fail where it could not carry what it took.
+    let copies = ring.copy_engine_stats();
+    status!(
+        "{} ring ({:?}): {} staged publications, {} bytes, {} tails on the lanes' streams",
+        c.soak(),
+        ring.copy_engine(),
+        copies.copies,
+        copies.bytes,
+        copies.stream_tails
+    );
+    if copies.fallbacks != 0 || copies.unavailable.is_some() {
+        c.fail(format!("ring: the copy-engine path failed: {copies:?}"));
+    }
     drop((ring, stream, module, d2h_kernels));
     let stats = pool.stats();
     if stats.bytes_in_use != 0 {

@@ -68,6 +68,18 @@ pub const STAGE_AFTER_PENDING: u64 = 64 << 10;
 /// (figures: BENCHMARKS.md, 'Lanes split between the BAR and the copy engine').
 pub const SPLIT_BAR_LANE_RECORD: u32 = 8 << 10;
 
+/// The record size (header and padding included) from which the lanes that
+/// [`CopyEngine::Auto`] gives the copy engine stage records: with eight producers, 1 KiB records
+/// split between the two paths passed batched `cuMemcpyHtoDAsync`, and 512-byte records moved
+/// faster through the BAR alone (figures: BENCHMARKS.md, 'Lanes split between the BAR and the
+/// copy engine').
+pub const AUTO_COPY_ENGINE_RECORD: u32 = 1024;
+
+/// The most pinned host memory the copy-engine lanes of one [`CopyEngine::Auto`] ring may hold
+/// in all (each such lane's staging copy is as large as the lane): a ring whose would be larger
+/// keeps every lane on the BAR unless its options ask for the copy engine.
+pub const AUTO_MAX_STAGING_BYTES: u64 = 256 << 20;
+
 /// How a ring's lanes carry the records an exclusive [`Producer`](crate::ring::core::Producer)
 /// writes.
 ///
@@ -79,9 +91,38 @@ pub const SPLIT_BAR_LANE_RECORD: u32 = 8 << 10;
 /// assert_eq!(bar_lanes, [0, 3, 6]);
 /// assert_eq!(split.threshold_for_lane(8), Some(8192));
 /// assert_eq!(CopyEngine::FromRecord(4096).threshold_for_lane(2), Some(4096));
+/// // The default: lanes 0, 3 and 6 of each eight always on the BAR, the others staging
+/// // records of 1 KiB and more; a lone lane, or a ring that may be lent to other processes,
+/// // all on the BAR.
+/// assert_eq!(CopyEngine::default(), CopyEngine::Auto);
+/// assert_eq!(CopyEngine::Auto.threshold_for_lane(0), None);
+/// assert_eq!(CopyEngine::Auto.threshold_for_lane(1), Some(1024));
+/// assert_eq!(CopyEngine::Auto.for_ring(1, 1 << 20, false), CopyEngine::Off);
+/// assert_eq!(CopyEngine::Auto.for_ring(8, 1 << 20, false), CopyEngine::Auto);
+/// assert_eq!(CopyEngine::Auto.for_ring(8, 1 << 20, true), CopyEngine::Off);
+/// // Five staging lanes of 32 MiB pin 160 MiB: allowed; of 64 MiB, 320 MiB: past the limit.
+/// assert_eq!(CopyEngine::Auto.for_ring(8, 32 << 20, false), CopyEngine::Auto);
+/// assert_eq!(CopyEngine::Auto.for_ring(8, 64 << 20, false), CopyEngine::Off);
+/// assert_eq!(CopyEngine::Auto.for_ring(2, 256 << 20, false), CopyEngine::Auto); // one lane stages
+/// assert_eq!(CopyEngine::FromRecord(4096).for_ring(1, 1 << 20, true), CopyEngine::FromRecord(4096));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CopyEngine {
+    /// The default: the ring chooses by measured cost when it is made
+    /// ([`for_ring`](Self::for_ring)). On a ring of two lanes or more, three lanes in eight (as
+    /// [`Split`](Self::Split) picks them: the first lane a producer claims is one) write every
+    /// record through the BAR, the others stage records of [`AUTO_COPY_ENGINE_RECORD`] bytes and
+    /// more once a batch has [`STAGE_AFTER_PENDING`] bytes pending before them. So a lone
+    /// producer, small records, lone records and short batches take the BAR exactly as with
+    /// [`Off`](Self::Off), and several producers streaming records of 1 KiB and more use both
+    /// paths at once (eight producers of 1 KiB records passed batched `cuMemcpyHtoDAsync`;
+    /// BENCHMARKS.md, 'Lanes split between the BAR and the copy engine'). Pinned memory is taken
+    /// only for a lane that stages, when a producer first claims it; a ring whose staging lanes
+    /// would hold more than [`AUTO_MAX_STAGING_BYTES`] in all, and a shareable ring, take the BAR
+    /// on every lane. A lone latency-critical record beside bulk producers waits behind the BAR
+    /// lanes' stores: for that, [`FromRecord`](Self::FromRecord) puts all the bulk on the copy
+    /// engine (BENCHMARKS.md, 'The default: the ring chooses').
+    Auto,
     /// Every record through the BAR, by CPU stores.
     Off,
     /// Records of at least this many bytes in the ring (16-byte header and padding included)
@@ -104,20 +145,18 @@ pub enum CopyEngine {
 }
 
 impl Default for CopyEngine {
-    /// [`CopyEngine::Off`]: each lane that uses the copy engine holds pinned host memory as
-    /// large as the lane (its staging copy) and a stream, so that is asked for, not assumed.
-    /// It pays most when several producers stream large records in large batches; a lone
-    /// producer gains little or loses (figures: BENCHMARKS.md, 'Copy-engine lanes').
+    /// [`CopyEngine::Auto`].
     fn default() -> Self {
-        CopyEngine::Off
+        CopyEngine::Auto
     }
 }
 
 impl CopyEngine {
-    /// The record size from which records are staged (`None`: off).
+    /// The record size from which records are staged on the lanes that stage (`None`: off).
     pub fn threshold(self) -> Option<u64> {
         match self {
             CopyEngine::Off => None,
+            CopyEngine::Auto => Some(u64::from(AUTO_COPY_ENGINE_RECORD)),
             CopyEngine::FromRecord(n) | CopyEngine::Split(n) => Some(u64::from(n.max(1))),
         }
     }
@@ -125,6 +164,7 @@ impl CopyEngine {
     /// The record size from which lane `lane`'s records are staged (`None`: off).
     pub fn threshold_for_lane(self, lane: u32) -> Option<u64> {
         match self {
+            CopyEngine::Auto if Self::keeps_bar(lane) => None,
             CopyEngine::Split(n) if Self::keeps_bar(lane) => {
                 Some(u64::from(n.max(SPLIT_BAR_LANE_RECORD)))
             }
@@ -132,8 +172,26 @@ impl CopyEngine {
         }
     }
 
-    /// Whether [`Split`](Self::Split) keeps lane `lane` on the BAR: three lanes in eight, spread
-    /// so that the first lanes claimed have their share.
+    /// What this choice comes to on a ring of `lanes` lanes of `capacity` bytes each
+    /// (`shareable`: made to lend its lanes to other processes): [`Auto`](Self::Auto) becomes
+    /// [`Off`](Self::Off) where no lane would stage (one lane), where the staging lanes would
+    /// hold more than [`AUTO_MAX_STAGING_BYTES`] of pinned memory in all, and on a shareable
+    /// ring (whose producers are other processes); every other choice stays as asked.
+    pub fn for_ring(self, lanes: u32, capacity: u64, shareable: bool) -> CopyEngine {
+        if self != CopyEngine::Auto {
+            return self;
+        }
+        let staging_lanes = (0..lanes).filter(|&l| !Self::keeps_bar(l)).count() as u64;
+        let staging = staging_lanes.saturating_mul(capacity);
+        if shareable || staging_lanes == 0 || staging > AUTO_MAX_STAGING_BYTES {
+            CopyEngine::Off
+        } else {
+            CopyEngine::Auto
+        }
+    }
+
+    /// Whether [`Split`](Self::Split) and [`Auto`](Self::Auto) keep lane `lane` on the BAR: three
+    /// lanes in eight, spread so that the first lanes claimed have their share.
     fn keeps_bar(lane: u32) -> bool {
         matches!(lane % 8, 0 | 3 | 6)
     }

@@ -23,8 +23,8 @@ mod persistent;
 mod sink;
 
 pub use copy_engine::{
-    CopyEngine, CopyEngineStats, DEFAULT_COPY_ENGINE_RECORD, SPLIT_BAR_LANE_RECORD,
-    STAGE_AFTER_PENDING, STREAM_CHECK_OFFSET,
+    CopyEngine, CopyEngineStats, AUTO_COPY_ENGINE_RECORD, AUTO_MAX_STAGING_BYTES,
+    DEFAULT_COPY_ENGINE_RECORD, SPLIT_BAR_LANE_RECORD, STAGE_AFTER_PENDING, STREAM_CHECK_OFFSET,
 };
 pub use launch::LaunchRing;
 pub use lend::LentLane;

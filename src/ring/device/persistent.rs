@@ -78,12 +78,14 @@ pub struct RingOptions {
     pub lanes: u32,
     /// How records meet the end of a lane's region.
     pub wrap: WrapMode,
-    /// Which records of an exclusive producer take the copy engine.
+    /// Which records of an exclusive producer take the copy engine ([`CopyEngine::Auto`] by
+    /// default: the ring chooses).
     pub copy_engine: CopyEngine,
 }
 
 impl Default for RingOptions {
-    /// One padded lane, every record through the BAR.
+    /// One padded lane; the copy engine chosen by the ring ([`CopyEngine::Auto`], which keeps
+    /// a one-lane ring on the BAR).
     fn default() -> Self {
         RingOptions {
             lanes: 1,
@@ -103,9 +105,10 @@ impl Default for RingOptions {
 /// * [`producer`](Self::producer) claims a lane for one thread: records are appended with no lock
 ///   and no atomic read-modify-write, and [`Producer::push_batch`] (or a
 ///   [`FlushPolicy`](crate::ring::core::FlushPolicy)) publishes a whole batch with one fence and
-///   one tail store. This is the fast path: give each producer thread its own lane. With
-///   [`RingOptions::copy_engine`] on, large records in large batches are written into pinned
-///   host memory and moved by a copy engine, which outruns CPU stores through the BAR when
+///   one tail store. This is the fast path: give each producer thread its own lane. On a ring
+///   of several lanes (by default, [`CopyEngine::Auto`]), records of 1 KiB and more in large
+///   batches on some of the lanes are written into pinned host memory and moved by a copy
+///   engine, which with the BAR lanes beside it outruns CPU stores through the BAR alone when
 ///   several producers stream them; the consumer cannot tell the difference.
 /// * [`reserve`](Self::reserve) / [`push`](Self::push) from any thread, through `&self`: the
 ///   calling thread's lane (thread index modulo the lane count; lane 0 of a one-lane ring) is
@@ -159,6 +162,8 @@ pub struct DeviceRing {
     next_lane: AtomicUsize,
     /// Why the copy-engine path could not be made, if it could not.
     copy_unavailable: std::sync::OnceLock<String>,
+    /// The copy-engine choice as made for this ring ([`CopyEngine::for_ring`]).
+    copy_engine: CopyEngine,
     pub(super) gpu: Gpu,
     /// Made by [`new_shareable`](Self::new_shareable): every lane's region is its own allocation.
     pub(super) shareable: bool,
@@ -251,6 +256,7 @@ impl DeviceRing {
             }
             .into());
         }
+        let copy_engine = copy_engine.for_ring(lanes, capacity, shareable);
         let n = u64::from(lanes);
         let data = match wrap {
             WrapMode::Padded if shareable => (0..lanes)
@@ -341,6 +347,7 @@ impl DeviceRing {
             stopping: AtomicBool::new(false),
             next_lane: AtomicUsize::new(0),
             copy_unavailable: std::sync::OnceLock::new(),
+            copy_engine,
             gpu: gpu.clone(),
             shareable,
         })
@@ -370,6 +377,25 @@ impl DeviceRing {
             Ok(copy) => drop(sink.copy.set(copy)),
             Err(e) => drop(self.copy_unavailable.set(e.to_string())),
         }
+    }
+
+    /// How this ring's lanes use the copy engine: the options' choice as made for the ring
+    /// ([`CopyEngine::for_ring`]: [`CopyEngine::Auto`] stays `Auto` where some lanes stage, and
+    /// is [`CopyEngine::Off`] where none does).
+    ///
+    /// ```no_run
+    /// use vkgdr::ring::{CopyEngine, DeviceRing, RingOptions};
+    /// # fn main() -> vkgdr::Result<()> {
+    /// let gpu = vkgdr::Gpu::open(0)?;
+    /// let one = DeviceRing::new(&gpu, 1 << 20)?;
+    /// assert_eq!(one.copy_engine(), CopyEngine::Off); // a lone lane keeps the BAR
+    /// let options = RingOptions { lanes: 8, ..Default::default() };
+    /// let eight = DeviceRing::with_options(&gpu, 1 << 20, options)?;
+    /// assert_eq!(eight.copy_engine(), CopyEngine::Auto); // lanes 1, 2, 4, 5, 7 may stage
+    /// # Ok(()) }
+    /// ```
+    pub fn copy_engine(&self) -> CopyEngine {
+        self.copy_engine
     }
 
     /// What the copy-engine path has done so far, over every lane.
