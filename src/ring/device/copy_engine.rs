@@ -117,9 +117,11 @@ pub enum CopyEngine {
     /// [`Off`](Self::Off), and several producers streaming records of 1 KiB and more use both
     /// paths at once (eight producers of 1 KiB records passed batched `cuMemcpyHtoDAsync`;
     /// BENCHMARKS.md, 'Lanes split between the BAR and the copy engine'). Pinned memory is taken
-    /// only for a lane that stages, when a producer first claims it; a ring whose staging lanes
-    /// would hold more than [`AUTO_MAX_STAGING_BYTES`] in all, and a shareable ring, take the BAR
-    /// on every lane. A lone latency-critical record beside bulk producers waits behind the BAR
+    /// only for a lane that stages, when a producer first claims it; when the ring goes it stays
+    /// with the [`Gpu`] for the next lane of its size (freeing it would wait for running
+    /// kernels), until the `Gpu`'s last handle goes ([`Gpu::retained`] lists it). A ring whose
+    /// staging lanes would hold more than [`AUTO_MAX_STAGING_BYTES`] in all, and a shareable
+    /// ring, take the BAR on every lane. A lone latency-critical record beside bulk producers waits behind the BAR
     /// lanes' stores: for that, [`FromRecord`](Self::FromRecord) puts all the bulk on the copy
     /// engine (BENCHMARKS.md, 'The default: the ring chooses').
     Auto,
