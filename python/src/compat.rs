@@ -299,6 +299,7 @@ impl RawMemory {
                 "a stand-in raw allocation needs a coherent pool",
             ));
         }
+        crate::thread_exit::return_cache_at_exit(py);
         let block = py.detach(|| pool.alloc(size, 64)).map_err(to_py)?;
         Ok(RawMemory {
             size: block.size(),

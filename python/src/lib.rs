@@ -50,6 +50,7 @@ mod pool;
 mod ring;
 mod share;
 mod stream;
+mod thread_exit;
 mod thread_slot;
 mod vulkan;
 

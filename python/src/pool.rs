@@ -75,7 +75,8 @@ pub(crate) fn config(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<PoolConfig>
 /// thread_cache_bytes=256 KiB, max_align=64 KiB)``; an option left out (or None) keeps its
 /// default. Each thread keeps up to ``thread_cache`` freed blocks of up to 4 KiB per size class
 /// (and ``thread_cache_bytes`` in all) for reuse without locks; ``trim()`` and dropping the pool
-/// take them back from every thread; ``thread_cache=0`` turns the caches off. Chunks live in
+/// take them back from every thread, and a thread's go back when it ends, before a ``join()``
+/// of it returns; ``thread_cache=0`` turns the caches off. Chunks live in
 /// ``owner``'s CUDA context (the device's primary context, which CuPy and PyTorch use, for
 /// ``Vkgdr(device)``). Thread-safe; blocks keep their memory alive, so a block outlives the pool
 /// object.
@@ -149,6 +150,7 @@ impl Pool {
     /// Allocates ``size`` bytes aligned to ``align`` (a power of two, at most ``max_align``).
     #[pyo3(signature = (size, align = 64))]
     fn alloc(&self, py: Python<'_>, size: u64, align: u64) -> PyResult<Block> {
+        crate::thread_exit::return_cache_at_exit(py);
         // Usually nanoseconds, but a new chunk costs a driver round trip: let other threads run.
         let block = py.detach(|| self.pool.alloc(size, align)).map_err(to_py)?;
         Ok(Block::new(block, self.identity, self.gpu.clone()))

@@ -353,6 +353,23 @@ def test_thread_cache_is_on_by_default_and_any_thread_can_trim_it() -> None:
     assert off.stats()["bytes_cached"] == 0 and off.stats()["bytes_allocated"] == 0
 
 
+def test_a_threads_cached_blocks_are_back_when_join_returns() -> None:
+    """A thread's freed blocks wait in its cache; CPython's join() returns before the native
+    thread exits (where the library's own per-thread teardown runs), so the package hands them
+    back when CPython clears the thread's state, before join() returns."""
+    pool = vulkan_pool(chunk_size=1 << 20)
+
+    def worker(t: int) -> None:
+        blocks = [pool.alloc(64 + 16 * (i % 8), 16) for i in range(64)]
+        del blocks  # into this thread's cache
+        assert pool.stats()["blocks_cached"] > 0, "the thread cache kept nothing"
+
+    for _ in range(20):
+        run_workers(worker)
+        s = pool.stats()
+        assert (s["blocks_cached"], s["bytes_cached"], s["bytes_in_use"]) == (0, 0, 0), s
+
+
 def test_threads_allocate_concurrently() -> None:
     pool = vulkan_pool(chunk_size=1 << 20, shards=4)
     kept = []
