@@ -242,9 +242,20 @@ static void *produce_lane(void *arg)
     return NULL;
 }
 
-static void run_lanes(CUmodule module)
+/* How run_lanes makes its ring: the copy engine from 4 KiB on both lanes, the ring's own choice
+ * (the default options: lane 0 keeps the BAR, lane 1 stages records of 1 KiB and more), or
+ * every record through the BAR. */
+enum lanes_mode { LANES_COPY_ENGINE, LANES_DEFAULT, LANES_OFF };
+
+static void run_lanes(CUmodule module, enum lanes_mode mode)
 {
-    const char *what = "two lanes, producers, copy engine";
+    const char *what = mode == LANES_COPY_ENGINE ? "two lanes, producers, copy engine"
+                       : mode == LANES_DEFAULT   ? "two lanes, producers, default options"
+                                                 : "two lanes, producers, copy engine off";
+    /* Lanes with a staging copy, and whether copies carried records, once both have run. */
+    const unsigned int want_ready = mode == LANES_COPY_ENGINE ? 2u
+                                    : mode == LANES_DEFAULT   ? 1u
+                                                              : 0u;
     vkgdr_t g = vkgdr_open(0, VKGDR_OPEN_CURRENT_CONTEXT_BIT);
     vkgdr_ring_options opts;
     vkgdr_ring_t ring;
@@ -265,7 +276,11 @@ static void run_lanes(CUmodule module)
               opts.flags == 0 && opts.copy_engine_record == 0,
           "%s: option defaults", what);
     opts.lanes = 2;
-    opts.copy_engine_record = 4096; /* the copy engine is off by default */
+    if (mode == LANES_COPY_ENGINE) {
+        opts.copy_engine_record = 4096; /* every lane stages from 4 KiB */
+    } else if (mode == LANES_OFF) {
+        opts.flags = VKGDR_RING_COPY_ENGINE_OFF_BIT;
+    }
     ring = vkgdr_ring_create_with_options(g, 1u << 20, &opts);
     CHECK(g != NULL && ring != NULL, "%s: open and create", what);
     if (ring == NULL) {
@@ -305,15 +320,15 @@ static void run_lanes(CUmodule module)
     CHECK(third == NULL, "%s: a third producer on two lanes", what);
     CHECK(last_error_contains("every one of the ring's 2 lanes has a producer"), "%s: explains",
           what);
-    /* One producer publishes by a small policy with a time bound; the other gathers up to 1 MiB,
-     * so its large records are staged (the copy engine takes them once a batch has 64 KiB
-     * pending before them). */
-    CHECK(vkgdr_ring_producer_set_flush_policy(workers[1].producer, 16384, 100000) ==
-              VKGDR_SUCCESS,
-          "%s: policy", what);
-    CHECK(vkgdr_ring_producer_set_flush_policy(workers[0].producer, 1u << 20, -1) ==
-              VKGDR_SUCCESS,
-          "%s: policy", what);
+    /* The producer of lane 0 publishes by a small policy with a time bound; the one of lane 1
+     * gathers up to 1 MiB, so its large records are staged where its lane stages (the copy
+     * engine takes them once a batch has 64 KiB pending before them). */
+    for (i = 0; i < 2; i++) {
+        CHECK(vkgdr_ring_producer_set_flush_policy(workers[i].producer,
+                                                   lanes[i] == 1 ? 1u << 20 : 16384,
+                                                   lanes[i] == 1 ? -1 : 100000) == VKGDR_SUCCESS,
+              "%s: policy", what);
+    }
     for (i = 0; i < 2; i++) {
         pthread_create(&threads[i], NULL, produce_lane, &workers[i]);
     }
@@ -356,7 +371,8 @@ static void run_lanes(CUmodule module)
         CHECK(0, "%s: copy engine unavailable: %s", what, why ? why : "(no reason)");
         free(why);
     }
-    CHECK(stats.lanes_ready == 2 && stats.copies > 0 && stats.bytes > 0 && stats.fallbacks == 0,
+    CHECK(stats.lanes_ready == want_ready && (stats.copies > 0) == (want_ready > 0) &&
+              (stats.bytes > 0) == (want_ready > 0) && stats.fallbacks == 0,
           "%s: copy engine: %u lanes ready, %llu copies, %llu bytes, %llu fallbacks", what,
           stats.lanes_ready, (unsigned long long)stats.copies, (unsigned long long)stats.bytes,
           (unsigned long long)stats.fallbacks);
@@ -405,7 +421,9 @@ int main(int argc, char **argv)
     run(module, 0, 0, 200000, 1000, "padded ring");
     run(module, VKGDR_OPEN_FORCE_NON_COHERENT_BIT, 0, 40000, 1000, "padded ring, non-coherent");
     run(module, 0, 1, 20000, 60000, "mirrored ring");
-    run_lanes(module);
+    run_lanes(module, LANES_COPY_ENGINE);
+    run_lanes(module, LANES_DEFAULT);
+    run_lanes(module, LANES_OFF);
     producer_outlives_ring_handle();
     cuModuleUnload(module);
     leave_primary_context(dev);
