@@ -300,8 +300,8 @@ class DeviceRing:
         """``copy_engine``: the record size (16-byte header included) from which a producer's
         records take the copy engine, 0 for never, None (the default) to let the ring choose
         (a one-lane ring keeps the BAR; on more lanes, three in eight keep it and the others
-        stage records of 1 KiB and more). ``copy_engine_split=True`` (with a positive ``copy_engine``, not with
-        ``shareable=True``) keeps records below 8 KiB on the BAR on three lanes in eight (those
+        stage records of 1 KiB and more). ``copy_engine_split=True`` (with a positive
+        ``copy_engine``, not with ``shareable=True``) keeps records below 8 KiB on the BAR on three lanes in eight (those
         whose index modulo 8 is 0, 3 or 6) and stages records of at least ``copy_engine`` bytes for the
         copy engine on the others."""
     def push(self, data: Any, timeout: Optional[float] = None) -> int: ...
