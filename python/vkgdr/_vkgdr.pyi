@@ -301,9 +301,9 @@ class DeviceRing:
         records take the copy engine, 0 for never, None (the default) to let the ring choose
         (a one-lane ring keeps the BAR; on more lanes, three in eight keep it and the others
         stage records of 1 KiB and more). ``copy_engine_split=True`` (with a positive
-        ``copy_engine``, not with ``shareable=True``) keeps records below 8 KiB on the BAR on three lanes in eight (those
-        whose index modulo 8 is 0, 3 or 6) and stages records of at least ``copy_engine`` bytes for the
-        copy engine on the others."""
+        ``copy_engine``, not with ``shareable=True``) keeps records below 8 KiB on the BAR on
+        three lanes in eight (those whose index modulo 8 is 0, 3 or 6) and stages records of at
+        least ``copy_engine`` bytes for the copy engine on the others."""
     def push(self, data: Any, timeout: Optional[float] = None) -> int: ...
     def producer(self) -> "RingProducer":
         """Claims a free lane for one thread; raises ``VkgdrError`` when every lane has a

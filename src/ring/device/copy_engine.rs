@@ -104,7 +104,8 @@ pub const AUTO_MAX_STAGING_BYTES: u64 = 256 << 20;
 /// assert_eq!(CopyEngine::Auto.for_ring(8, 32 << 20, false), CopyEngine::Auto);
 /// assert_eq!(CopyEngine::Auto.for_ring(8, 64 << 20, false), CopyEngine::Off);
 /// assert_eq!(CopyEngine::Auto.for_ring(2, 256 << 20, false), CopyEngine::Auto); // one lane stages
-/// assert_eq!(CopyEngine::FromRecord(4096).for_ring(1, 1 << 20, true), CopyEngine::FromRecord(4096));
+/// let asked = CopyEngine::FromRecord(4096);
+/// assert_eq!(asked.for_ring(1, 1 << 20, true), asked); // only `Auto` is resolved
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CopyEngine {
@@ -121,9 +122,9 @@ pub enum CopyEngine {
     /// with the [`Gpu`] for the next lane of its size (freeing it would wait for running
     /// kernels), until the `Gpu`'s last handle goes ([`Gpu::retained`] lists it). A ring whose
     /// staging lanes would hold more than [`AUTO_MAX_STAGING_BYTES`] in all, and a shareable
-    /// ring, take the BAR on every lane. A lone latency-critical record beside bulk producers waits behind the BAR
-    /// lanes' stores: for that, [`FromRecord`](Self::FromRecord) puts all the bulk on the copy
-    /// engine (BENCHMARKS.md, 'The default: the ring chooses').
+    /// ring, take the BAR on every lane. A lone latency-critical record beside bulk producers
+    /// waits behind the BAR lanes' stores: for that, [`FromRecord`](Self::FromRecord) puts all
+    /// the bulk on the copy engine (BENCHMARKS.md, 'The default: the ring chooses').
     Auto,
     /// Every record through the BAR, by CPU stores.
     Off,
