@@ -8,10 +8,12 @@
 //! API's `WindowReader`, every record's seq and checksum verified). Each runs with the other 7
 //! lanes idle, then with 1, 3 and 7 producer threads streaming 4 KiB records into other lanes in
 //! batches through the BAR, then with 7 streaming through the copy engine
-//! (`CopyEngine::FromRecord(4096)`: the lone record stays on the BAR), then with 7 streaming on a
-//! ring of the default options (`CopyEngine::Auto`: the lone record's lane 0 and the streams'
-//! lanes 3 and 6 on the BAR, the other five staging);
-//! the streams' rate is printed beside the figures. Whether the lone record's tail grows with
+//! (`CopyEngine::FromRecord(4096)`: the lone record stays on the BAR), then with the same 7 held
+//! to 25 GB/s in all (each thread waits for its share of the rate before each batch: a heavy
+//! load that leaves the link some room, where the row before takes all it can), then with 7 streaming on a ring of the default options
+//! (`CopyEngine::Auto`: the lone record's lane 0 and the streams' lanes 3 and 6 on the BAR, the
+//! other five staging);
+//! the streams' measured rate is printed beside the figures. Whether the lone record's tail grows with
 //! the load on the link, and with which path carries it, says where its time goes. The first
 //! tenth of each row's round trips is left out (warm-up).
 //!
@@ -39,6 +41,8 @@ const STREAM_SIZE: usize = 4096;
 const STREAM_BATCH: usize = 64;
 const HEADER_LEN: usize = 16;
 const LIMIT: Option<Duration> = Some(Duration::from_secs(10));
+/// The streams' rate in all in the paced row: the load of the tail-latency target.
+const PACED_GB_PER_S: f64 = 25.0;
 
 /// What the other lanes do while the lone record makes its round trips.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -48,41 +52,59 @@ enum Load {
     Bar(u32),
     /// This many stream through the copy engine.
     CopyEngine(u32),
+    /// This many stream through the copy engine, `PACED_GB_PER_S` in all.
+    CopyEnginePaced(u32),
     /// This many stream on a ring of the default options: some lanes through the BAR, the others
     /// through the copy engine.
     Default(u32),
 }
 
 impl Load {
-    const ROWS: [Load; 6] = [
+    const ROWS: [Load; 7] = [
         Load::Idle,
         Load::Bar(1),
         Load::Bar(3),
         Load::Bar(LANES - 1),
         Load::CopyEngine(LANES - 1),
+        Load::CopyEnginePaced(LANES - 1),
         Load::Default(LANES - 1),
     ];
 
     fn streams(self) -> u32 {
         match self {
             Load::Idle => 0,
-            Load::Bar(n) | Load::CopyEngine(n) | Load::Default(n) => n,
+            Load::Bar(n) | Load::CopyEngine(n) | Load::CopyEnginePaced(n) | Load::Default(n) => n,
         }
+    }
+
+    /// How long one streaming thread's batch takes at its share of the paced rate, if paced.
+    fn batch_period(self) -> Option<Duration> {
+        let Load::CopyEnginePaced(n) = self else {
+            return None;
+        };
+        let per_thread = PACED_GB_PER_S * 1e9 / f64::from(n);
+        Some(Duration::from_secs_f64(
+            (STREAM_SIZE * STREAM_BATCH) as f64 / per_thread,
+        ))
     }
 
     fn copy_engine(self) -> CopyEngine {
         match self {
-            Load::CopyEngine(_) => CopyEngine::FromRecord(STREAM_SIZE as u32),
+            Load::CopyEngine(_) | Load::CopyEnginePaced(_) => {
+                CopyEngine::FromRecord(STREAM_SIZE as u32)
+            }
             Load::Default(_) => CopyEngine::default(),
             _ => CopyEngine::Off,
         }
     }
 
     fn describe(self, gb_per_s: f64) -> String {
+        let paced = format!("the copy engine (paced to {PACED_GB_PER_S} GB/s in all)");
         let path = match self {
             Load::Idle => return "other lanes idle".to_string(),
             Load::Bar(_) => "the BAR",
             Load::CopyEngine(_) => "the copy engine",
+            Load::CopyEnginePaced(_) => &paced,
             Load::Default(_) => "the default choice (2 lanes BAR, 5 copy engine)",
         };
         let n = self.streams();
@@ -215,7 +237,18 @@ fn one_row(
                     let mut bufs: Vec<Payload> = (0..STREAM_BATCH)
                         .map(|_| Payload::new(STREAM_SIZE))
                         .collect();
+                    let period = load.batch_period();
+                    let mut due = Instant::now();
                     while !done.load(Ordering::Relaxed) {
+                        if let Some(period) = period {
+                            // The next batch's turn; a thread that fell behind does not make up
+                            // for more than one batch at once.
+                            let now = Instant::now();
+                            due = (due + period).max(now.checked_sub(period).unwrap_or(now));
+                            while Instant::now() < due {
+                                std::hint::spin_loop();
+                            }
+                        }
                         let first = p.next_seq();
                         for (i, b) in bufs.iter_mut().enumerate() {
                             b.stamped(first + i as u64);
@@ -289,7 +322,7 @@ fn one_row(
     samples.drain(..samples.len() / 10);
     samples.sort_by(f64::total_cmp);
     let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
-    if let Load::CopyEngine(_) | Load::Default(_) = load {
+    if let Load::CopyEngine(_) | Load::CopyEnginePaced(_) | Load::Default(_) = load {
         let stats = ring.copy_engine_stats();
         if stats.copies == 0 {
             return Err(format!("the copy engine carried nothing: {stats:?}"));
