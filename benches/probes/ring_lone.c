@@ -2,6 +2,9 @@
 // takes the ring's view by value (ring_lone.cu's, kernels/ring.cu's): one thread pushes one 64-byte
 // record (a test payload the checking kernel accepts) and waits until the lane's head passes it,
 // N times; prints the median and percentiles, and the lane's result words (records, errors).
+// Every kernel gets two more arguments, which kernels of the view alone ignore: a device buffer of
+// N (cycles, ns) pairs per lane and N; where the kernel wrote its in-kernel times there
+// (ring_lone.cu's block_floor and window_timed kernels), their percentiles are printed too.
 //
 //   cc -O2 -std=c11 -I bundle/capi/include -I <cuda>/include benches/probes/ring_lone.c \
 //       -o ring_lone -L bundle/capi/lib -lvkgdr -Wl,-rpath,bundle/capi/lib -lcuda -lm
@@ -78,7 +81,11 @@ int main(int argc, char** argv)
     view_t a = { v.data, v.capacity, v.tail, v.stop, v.head, v.result, v.lane_data, v.lanes, v.mirrored };
     vkgdr_ring_producer_t p = vkgdr_ring_producer_create(ring);
     unsigned lane = vkgdr_ring_producer_get_lane(p);
-    void* args[] = { &a };
+    unsigned int max = (unsigned int)n;
+    CUdeviceptr times;
+    CK(cuMemAlloc(&times, (size_t)LANES * max * 16));
+    CK(cuMemsetD8(times, 0, (size_t)LANES * max * 16));
+    void* args[] = { &a, &times, &max };
     CUstream s;
     CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     CK(cuLaunchKernel(f, LANES, 1, 1, threads, 1, 1, 0, s, args, NULL));
@@ -111,6 +118,29 @@ int main(int argc, char** argv)
     printf("%-18s thr %3d: median %6.0f ns p10 %6.0f p90 %6.0f p99 %6.0f  (results rec %llu err %llu)\n", kname, threads,
            pct(rtt, n, 0.5), pct(rtt, n, 0.1), pct(rtt, n, 0.9), pct(rtt, n, 0.99),
            (unsigned long long)res[0], (unsigned long long)res[2]);
+    uint64_t* t = malloc((size_t)LANES * max * 16);
+    CK(cuMemcpyDtoH(t, times, (size_t)LANES * max * 16));
+    CK(cuMemFree(times));
+    double* cycles = malloc(sizeof(double) * n);
+    double* ns = malloc(sizeof(double) * n);
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        const uint64_t* pair = t + ((size_t)lane * max + i) * 2;
+        if (pair[0] != 0) {
+            cycles[k] = (double)pair[0];
+            ns[k] = (double)pair[1];
+            k++;
+        }
+    }
+    if (k > 0) {
+        qsort(cycles, k, sizeof(double), cmp);
+        qsort(ns, k, sizeof(double), cmp);
+        printf("%-18s in the kernel: median %.0f cycles (p99 %.0f), %.0f ns by %%globaltimer (%d rounds)\n", "",
+               pct(cycles, k, 0.5), pct(cycles, k, 0.99), pct(ns, k, 0.5), k);
+    }
+    free(t);
+    free(cycles);
+    free(ns);
     vkgdr_ring_destroy(ring);
     vkgdr_close(g);
     return 0;

@@ -33,3 +33,142 @@ extern "C" __global__ void __launch_bounds__(512) block_min(vkgdr_ring_view view
         reader.release();
     }
 }
+
+// --- Where a lone record's time goes inside a block reader ---------------------------------------
+// Kernels that also take (ull* out, unsigned int max): thread 0 of each block writes, per round,
+// the SM cycles and the %globaltimer nanoseconds of its in-kernel part into out[block][round][2]
+// (ring_lone.c prints their percentiles).
+
+__device__ __forceinline__ ull global_ns()
+{
+    ull t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// The least a block reader does for a lone record: warp 0 polls the tail (every lane, as
+// poll_tail does; thread 0 alone without WARP_POLL), the tail goes to the block through shared
+// memory, warp 0 loads the window's chunks below the tail (at most 32) into shared memory, thread
+// 0 stores the head once they are there. BARS of the four block barriers a reader takes per
+// group (after the poll, at next()'s start, after the window is in shared memory, before the
+// head store) are taken, the others are warp barriers; with BARS = 0 only warp 0 runs. Timed
+// from the poll's end to the head store.
+template <int BARS, bool WARP_POLL>
+__device__ void block_floor(vkgdr_ring_view view, ull* out, unsigned int max)
+{
+    __shared__ ull word;
+    __shared__ int flag;
+    __shared__ uint4 window[32];
+    if (blockIdx.x >= view.lanes) {
+        return;
+    }
+    const vkgdr::RingLane lane = vkgdr::ring_lane(view, blockIdx.x);
+    if (BARS == 0 && threadIdx.x >= 32u) {
+        return;
+    }
+    ull pos = *lane.head;
+    ull* mine = out + (ull)blockIdx.x * max * 2ull;
+    for (unsigned int round = 0;; ++round) {
+        ull t = 0;
+        int done = 0;
+        long long c0 = 0;
+        ull g0 = 0;
+        if (WARP_POLL ? threadIdx.x < 32u : threadIdx.x == 0u) {
+            for (;;) {
+                const unsigned int stopped = *lane.stop;
+                t = vkgdr::load_acquire_sys(lane.tail);
+                if (t != pos) {
+                    break;
+                }
+                if (stopped) {
+                    __threadfence_system();
+                    t = vkgdr::load_acquire_sys(lane.tail);
+                    done = t == pos;
+                    break;
+                }
+            }
+            c0 = clock64();
+            g0 = global_ns();
+            if (threadIdx.x == 0u) {
+                word = t;
+                flag = done;
+            }
+        }
+        if (BARS >= 1) vkgdr::block_sync(); else __syncwarp();
+        t = word;
+        done = flag;
+        if (done) {
+            break;
+        }
+        if (BARS >= 2) vkgdr::block_sync();
+        const ull chunks = (t - pos) / 16ull;
+        const unsigned int n = (unsigned int)(chunks < 32ull ? chunks : 32ull);
+        if (threadIdx.x < n) {
+            window[threadIdx.x] = __ldcg(
+                (const uint4*)(lane.data + ((pos + 16ull * threadIdx.x) & (lane.capacity - 1ull))));
+        }
+        if (BARS >= 3) vkgdr::block_sync(); else __syncwarp();
+        // No record's kind is 0xFFFFFFFF: the head is t, and its store waits for the window.
+        const ull head = window[0].y == 0xFFFFFFFFu ? t + 16ull : t;
+        if (BARS >= 4) vkgdr::block_sync(); else __syncwarp();
+        if (threadIdx.x == 0u) {
+            vkgdr::store_relaxed_sys(lane.head, head);
+            if (round < max) {
+                mine[2 * round] = (ull)(clock64() - c0);
+                mine[2 * round + 1] = global_ns() - g0;
+            }
+        }
+        pos = head;
+    }
+}
+
+#define FLOOR(name, bars, warp_poll, threads)                                                       \
+    extern "C" __global__ void __launch_bounds__(threads) name(vkgdr_ring_view v, ull* o,           \
+                                                                unsigned int m)                     \
+    {                                                                                               \
+        block_floor<bars, warp_poll>(v, o, m);                                                      \
+    }
+FLOOR(floor_warp, 0, true, 512)
+FLOOR(floor_bar1, 1, true, 512)
+FLOOR(floor_bar2, 2, true, 512)
+FLOOR(floor_bar3, 3, true, 512)
+FLOOR(floor_bar4, 4, true, 512)
+FLOOR(floor_bar4_thread, 4, false, 512)
+
+// The window reader as window_min runs it, timed from wait()'s return (the poll and its barrier
+// done) to release()'s (the head stored), with blocks of T threads.
+template <unsigned int T, unsigned int CPT>
+__device__ void window_timed(vkgdr_ring_view view, ull* out, unsigned int max)
+{
+    __shared__ vkgdr::WindowShared<T, CPT> smem;
+    if (blockIdx.x >= view.lanes) {
+        return;
+    }
+    vkgdr::WindowReader<T, CPT> reader(vkgdr::ring_lane(view, blockIdx.x), smem);
+    ull* mine = out + (ull)blockIdx.x * max * 2ull;
+    for (unsigned int round = 0; reader.wait(); ++round) {
+        const long long c0 = clock64();
+        const ull g0 = global_ns();
+        reader.next();
+        if (reader.error() != VKGDR_RING_OK) {
+            reader.skip_to_tail();
+        }
+        reader.release();
+        if (threadIdx.x == 0u && round < max) {
+            mine[2 * round] = (ull)(clock64() - c0);
+            mine[2 * round + 1] = global_ns() - g0;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(512) window_timed512(vkgdr_ring_view v, ull* o,
+                                                                  unsigned int m)
+{
+    window_timed<512, 2>(v, o, m);
+}
+
+extern "C" __global__ void __launch_bounds__(32) window_timed32(vkgdr_ring_view v, ull* o,
+                                                                unsigned int m)
+{
+    window_timed<32, 16>(v, o, m);
+}
