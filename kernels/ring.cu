@@ -388,6 +388,9 @@ __device__ void ring_check_lane(const vkgdr::RingLane& lane, RingCheckShared* sh
     ring_check_init(sh);
     RingReader rd(lane, sh->reader);
     rd.defer_read_ahead(); // ring_check_window reads ahead after its header pass
+    // ring_check_window reads a group's records from shared memory (global memory only for a
+    // large() group, whose head release() publishes): a lone record's head may go from next().
+    rd.release_early();
     RingCheck c = { 0ull, 0ull, 0ull, lane.result[RING_RESULT_NEXT_SEQ], 0u };
     while (rd.wait()) {
         const unsigned int n = rd.next();

@@ -136,8 +136,9 @@ FLOOR(floor_bar4, 4, true, 512)
 FLOOR(floor_bar4_thread, 4, false, 512)
 
 // The window reader as window_min runs it, timed from wait()'s return (the poll and its barrier
-// done) to release()'s (the head stored), with blocks of T threads.
-template <unsigned int T, unsigned int CPT>
+// done) to release()'s (the head stored), with blocks of T threads; EARLY: with
+// release_early(), as the checking kernels run it.
+template <unsigned int T, unsigned int CPT, bool EARLY = false>
 __device__ void window_timed(vkgdr_ring_view view, ull* out, unsigned int max)
 {
     __shared__ vkgdr::WindowShared<T, CPT> smem;
@@ -145,6 +146,9 @@ __device__ void window_timed(vkgdr_ring_view view, ull* out, unsigned int max)
         return;
     }
     vkgdr::WindowReader<T, CPT> reader(vkgdr::ring_lane(view, blockIdx.x), smem);
+    if (EARLY) {
+        reader.release_early();
+    }
     ull* mine = out + (ull)blockIdx.x * max * 2ull;
     for (unsigned int round = 0; reader.wait(); ++round) {
         const long long c0 = clock64();
@@ -171,4 +175,10 @@ extern "C" __global__ void __launch_bounds__(32) window_timed32(vkgdr_ring_view 
                                                                 unsigned int m)
 {
     window_timed<32, 16>(v, o, m);
+}
+
+extern "C" __global__ void __launch_bounds__(512) window_early512(vkgdr_ring_view v, ull* o,
+                                                                  unsigned int m)
+{
+    window_timed<512, 2, true>(v, o, m);
 }

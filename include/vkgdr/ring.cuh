@@ -536,8 +536,12 @@ template <unsigned int THREADS, unsigned int CPT> struct WindowShared {
 // publishes the head when caught up or every quarter ring, as BlockReader does. Unless large(),
 // a group's bytes are all in shared memory once next() returns, so a caller that reads them only
 // through shared_payload() may call release() right after next(): the head then travels to the
-// CPU while the block works on the group (the checking consumers of kernels/ring.cu do; a lone
-// record's round trip no longer waits for its processing).
+// CPU while the block works on the group (a lone record's round trip no longer waits for its
+// processing). Such a caller may go one step further with release_early(): next() then
+// publishes the head itself when a group of at most 512 bytes takes the reader to the tail (a
+// lone record's case), as soon as warp 0 has read the group and before the block learns of it
+// (the checking consumers of kernels/ring.cu do; figures: BENCHMARKS.md, 'What a block reader
+// costs a lone record').
 //
 //   extern "C" __global__ void __launch_bounds__(512)
 //   my_consumer(vkgdr_ring_view view)                              // one block of 512 per lane
@@ -706,6 +710,14 @@ class WindowReader : public LaneCursor<WindowReader<THREADS, CPT>> {
     // From now on next() leaves reading ahead to the caller's read_ahead() (see above).
     __device__ void defer_read_ahead() { defer_ = true; }
 
+    // From now on next() publishes the head itself when a group of at most 512 bytes (32
+    // chunks) takes the reader to the tail, before it returns; release() then has nothing left to
+    // publish for that group. Only for a caller that reads every group's records through
+    // shared_payload() and the Record fields alone, never through Record::payload (global
+    // memory: the producer may overwrite those bytes as soon as the head has passed them). Every
+    // thread calls it, before its first next().
+    __device__ void release_early() { early_ = true; }
+
     // Loads the window after the current group into registers (when it lies below the tail
     // already seen), for the next call of next(); every thread calls it, after next() and before
     // skip_to_tail() or the next wait(). Reads global memory only.
@@ -777,30 +789,45 @@ class WindowReader : public LaneCursor<WindowReader<THREADS, CPT>> {
                 link = decode(v, base, tid, avail, n);
                 wrap = v.y == VKGDR_RING_KIND_PAD && v.z == 0xFFFFFFFFu && v.w == 0xFFFFFFFFu;
             }
-            // After round r, `to` is where 2^r steps from chunk tid lead (or where the chain left
-            // the window), `on` the chunks on the way (bit j: chunk j).
-            unsigned int to = link;
-            unsigned int on = 1u << tid;
-            // A chain through n chunks takes at most n steps: 2^r >= n after r rounds (the same
-            // count in every lane: n is the block's).
+            // The chain from chunk 0: where it leaves the window (`term`), and the chunks it
+            // passes (`chain`, bit j: chunk j).
+            unsigned int term = __shfl_sync(0xFFFFFFFFu, link, 0);
+            unsigned int chain = 1u;
+            if (term != n) {
+                // Not one record filling the window (a lone record, which needs no more): after
+                // round r, `to` is where 2^r steps from chunk tid lead (or where the chain left
+                // the window), `on` the chunks on the way. A chain through n chunks takes at most
+                // n steps: 2^r >= n after r rounds (the same count in every lane: n is the
+                // block's).
+                unsigned int to = link;
+                unsigned int on = 1u << tid;
 #pragma unroll
-            for (unsigned int r = 0; r < 5u && (1u << r) < n; ++r) {
-                const bool inside = to < n;
-                const unsigned int from = inside ? to : tid;
-                const unsigned int to_next = __shfl_sync(0xFFFFFFFFu, to, from);
-                const unsigned int on_next = __shfl_sync(0xFFFFFFFFu, on, from);
-                if (inside) {
-                    to = to_next;
-                    on |= on_next;
+                for (unsigned int r = 0; r < 5u && (1u << r) < n; ++r) {
+                    const bool inside = to < n;
+                    const unsigned int from = inside ? to : tid;
+                    const unsigned int to_next = __shfl_sync(0xFFFFFFFFu, to, from);
+                    const unsigned int on_next = __shfl_sync(0xFFFFFFFFu, on, from);
+                    if (inside) {
+                        to = to_next;
+                        on |= on_next;
+                    }
                 }
+                term = __shfl_sync(0xFFFFFFFFu, to, 0);
+                chain = __shfl_sync(0xFFFFFFFFu, on, 0);
             }
-            // The chain from chunk 0: where it leaves the window, and the chunks it passes.
-            const unsigned int term = __shfl_sync(0xFFFFFFFFu, to, 0);
-            const unsigned int chain = __shfl_sync(0xFFFFFFFFu, on, 0);
             const bool rec = ((chain >> tid) & 1u) != 0u && link < VKGDR_RING_JUMP_BEYOND && !wrap;
             const unsigned int ballot = __ballot_sync(0xFFFFFFFFu, rec);
             if (rec) {
                 s_.start[__popc(ballot & ((1u << tid) - 1u))] = (unsigned short)tid;
+            }
+            if (early_ && term == n && tail_ - pos_ == 16ull * n && lane_.head != 0) {
+                // The group ends at the tail and every lane of this warp has its chunk in hand
+                // (stored into shared memory above, which needed the loaded value): the head may
+                // go now, before the block's barrier (end_group() counts it as published).
+                __syncwarp();
+                if (tid == 0u) {
+                    store_relaxed_sys(lane_.head, pos_ + 16ull * n);
+                }
             }
             if (tid == 0u) {
                 s_.term = term;
@@ -834,6 +861,9 @@ class WindowReader : public LaneCursor<WindowReader<THREADS, CPT>> {
             pos_ += record_size(h.x);
         } else {
             pos_ += 16ull * (term == VKGDR_RING_JUMP_BEYOND ? last : n);
+            if (early_ && term == n && n <= 32u && pos_ == tail_ && lane_.head != 0) {
+                released_ = pos_; // next_small() published it
+            }
         }
         if (!defer_) {
             read_ahead();
@@ -854,6 +884,7 @@ class WindowReader : public LaneCursor<WindowReader<THREADS, CPT>> {
         pre_n_ = 0u;
         large_ = false;
         defer_ = false;
+        early_ = false;
         group_pos_ = pos_;
 #pragma unroll
         for (unsigned int i = 0; i < CPT; ++i) {
@@ -905,6 +936,7 @@ class WindowReader : public LaneCursor<WindowReader<THREADS, CPT>> {
     int err_;
     bool large_;
     bool defer_; // read_ahead() is the caller's
+    bool early_; // next_small() publishes the head of a group that ends at the tail
 };
 
 // Sum over a warp (every lane calls it; the result is valid in every lane).
