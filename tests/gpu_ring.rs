@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use common::*;
 use rand::{Rng, SeedableRng};
 use vkgdr::cuda_objects::{Event, Function, LaunchConfig, Module, Stream};
-use vkgdr::ring::core::{FlushPolicy, Reservation, RingSink};
+use vkgdr::ring::core::{FlushPolicy, Reservation, RingCore, RingSink};
 use vkgdr::ring::layout::{self, seal_test_payload, WrapMode};
-use vkgdr::ring::{CopyEngine, DeviceRing, LaunchRing, RingDeviceView, RingOptions};
+use vkgdr::ring::{BarSink, CopyEngine, DeviceRing, LaunchRing, RingDeviceView, RingOptions};
 use vkgdr::{Error, OpenOptions};
 
 const RING_PTX: &str = include_str!("../kernels/ring.ptx");
@@ -530,6 +530,19 @@ struct LaneProduced {
     crossings: u64,
 }
 
+impl LaneProduced {
+    /// Nothing written yet by the producer of `core`, one of `ring`'s lanes.
+    fn on_lane_of(ring: &DeviceRing, core: &RingCore<BarSink>) -> Self {
+        let lane = (0..ring.lanes())
+            .find(|&i| std::ptr::eq(ring.lane(i).unwrap(), core))
+            .unwrap();
+        LaneProduced {
+            lane,
+            ..Default::default()
+        }
+    }
+}
+
 /// One producer thread per lane, every way of writing mixed: deferred writes (published by the
 /// flush policy), immediate pushes, batches, records written in place, abandoned records.
 fn produce_lanes(ring: &DeviceRing, per_thread: u64, large: bool) -> Vec<LaneProduced> {
@@ -546,13 +559,7 @@ fn produce_lanes(ring: &DeviceRing, per_thread: u64, large: bool) -> Vec<LanePro
                         max_pending_bytes: 256 << 10,
                         max_delay: None,
                     });
-                    let lane = (0..ring.lanes())
-                        .find(|&i| std::ptr::eq(ring.lane(i).unwrap(), p.core()))
-                        .unwrap();
-                    let mut out = LaneProduced {
-                        lane,
-                        ..Default::default()
-                    };
+                    let mut out = LaneProduced::on_lane_of(ring, p.core());
                     let mut rng = rand::rngs::StdRng::seed_from_u64(100 + t as u64);
                     let payload = |rng: &mut rand::rngs::StdRng, seq: u64| {
                         let len = payload_len(rng, large);
@@ -634,6 +641,21 @@ fn produce_lanes(ring: &DeviceRing, per_thread: u64, large: bool) -> Vec<LanePro
     })
 }
 
+/// What the checking kernel found on each lane, once the ring has stopped, against what its
+/// producer wrote: every record, sequence number and checksum, no error, the head at the end.
+fn check_lanes(ring: &DeviceRing, produced: &[LaneProduced]) {
+    for p in produced {
+        let res = ring.results_of(p.lane);
+        assert_eq!(res[layout::RESULT_ERRORS], 0, "lane {}: {res:?}", p.lane);
+        assert_eq!(res[layout::RESULT_RECORDS], p.records, "lane {}", p.lane);
+        assert_eq!(res[layout::RESULT_NEXT_SEQ], p.seqs, "lane {}", p.lane);
+        assert_eq!(res[layout::RESULT_CHECKSUM_SUM], p.sum, "lane {}", p.lane);
+        let core = ring.lane(p.lane).unwrap();
+        assert_eq!(res[layout::RESULT_POS], core.committed());
+        assert_eq!(ring.head_of(p.lane), core.committed());
+    }
+}
+
 /// Every lane's records checked by `ring_check_lanes` against what its producer wrote, with the
 /// producers' large records on the copy-engine path as `copy` says.
 fn lanes_persistent(
@@ -686,16 +708,7 @@ fn lanes_persistent(
             assert_eq!(copies.fallbacks, 0);
         }
     }
-    for p in &produced {
-        let res = ring.results_of(p.lane);
-        assert_eq!(res[layout::RESULT_ERRORS], 0, "lane {}: {res:?}", p.lane);
-        assert_eq!(res[layout::RESULT_RECORDS], p.records, "lane {}", p.lane);
-        assert_eq!(res[layout::RESULT_NEXT_SEQ], p.seqs, "lane {}", p.lane);
-        assert_eq!(res[layout::RESULT_CHECKSUM_SUM], p.sum, "lane {}", p.lane);
-        let core = ring.lane(p.lane).unwrap();
-        assert_eq!(res[layout::RESULT_POS], core.committed());
-        assert_eq!(ring.head_of(p.lane), core.committed());
-    }
+    check_lanes(&ring, &produced);
     if wrap == WrapMode::Mirrored {
         assert!(crossings >= min_crossings(), "{crossings} crossed");
     }
@@ -783,6 +796,75 @@ fn mirrored_lanes_forced_non_coherent() {
         2,
         LARGE_ON_COPY_ENGINE,
     );
+}
+
+/// Small groups: each lane's producer publishes runs of 1 to 8 records of 16 to 96 payload bytes
+/// (a push, or a batch), one publication per run, into lanes of 64 KiB, so the checking kernel's
+/// window reader mostly sees windows of at most 512 bytes, the ones its warp 0 reads alone: a
+/// lone record (one record filling the window, whose head it publishes before the block's
+/// barrier) or a few (the chain through them resolved with shuffles). A reader that lost a record
+/// of a small group fails the counts; one that published a head past what it had read makes the
+/// producers' next reservation fail (a head beyond the committed position).
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn lanes_small_groups_through_the_readers_warp_path() {
+    let gpu = open(false);
+    let module = Module::load_ptx(&gpu, RING_PTX).unwrap();
+    let options = RingOptions {
+        lanes: 4,
+        wrap: WrapMode::Padded,
+        copy_engine: CopyEngine::Off,
+    };
+    let ring = DeviceRing::with_options(&gpu, 64 << 10, options).unwrap();
+    let stream = Stream::new(&gpu).unwrap();
+    launch_check_lanes(&module, &ring, &stream);
+    let per_lane = records() / 10;
+    let limit = Some(Duration::from_secs(30));
+    let t0 = Instant::now();
+    let produced: Vec<LaneProduced> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..ring.lanes())
+            .map(|t| {
+                let ring = &ring;
+                s.spawn(move || {
+                    let mut p = ring.producer().expect("a free lane");
+                    let mut out = LaneProduced::on_lane_of(ring, p.core());
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(300 + t as u64);
+                    while out.records < per_lane {
+                        let first = p.next_seq();
+                        let run: Vec<(Vec<u8>, u64)> = (0..rng.gen_range(1..=8u64))
+                            .map(|i| {
+                                let len = rng.gen_range(layout::TEST_PREFIX_LEN..=96);
+                                let mut body = vec![0u8; len];
+                                rng.fill(&mut body[layout::TEST_PREFIX_LEN..]);
+                                let sum = seal_test_payload(&mut body, first + i).unwrap();
+                                (body, sum)
+                            })
+                            .collect();
+                        if let [(body, _)] = run.as_slice() {
+                            p.push(body, limit).unwrap();
+                        } else {
+                            p.push_batch(run.iter().map(|(b, _)| b.as_slice()), limit)
+                                .unwrap();
+                        }
+                        for (_, sum) in &run {
+                            out.records += 1;
+                            out.seqs += 1;
+                            out.sum = out.sum.wrapping_add(*sum);
+                        }
+                    }
+                    out
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    ring.stop_and_wait(Duration::from_secs(60)).unwrap();
+    let total: u64 = produced.iter().map(|p| p.records).sum();
+    println!(
+        "small groups: {total} records in {:?} through 4 lanes of 64 KiB",
+        t0.elapsed()
+    );
+    check_lanes(&ring, &produced);
 }
 
 /// A consumer that has exited leaves waiting producers with `Stopped`, never a hang; after
