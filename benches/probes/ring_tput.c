@@ -1,11 +1,13 @@
 // The checking consumer's throughput in a ring of 8 lanes: P producer threads (one lane each) push
-// batches of 64 test records of REC bytes (header included) for SECS seconds while
-// ring_check_lanes from CUBIN (a build of ring_lone.cu against some tree) consumes; prints GB/s
-// and the problems seen (push failures, checking errors, records missing).
+// batches of BATCH test records (64 unless given) of REC bytes (header included) for SECS seconds
+// while ring_check_lanes from CUBIN (a build of ring_lone.cu against some tree) consumes, in lanes
+// of CAPACITY bytes (4 MiB unless given); prints GB/s and the problems seen (push failures,
+// checking errors, records missing). Small batches into small lanes (e.g. 64 4 2 1.5 4 65536)
+// give the reader windows of a few records and wrap the lanes often.
 //
 //   cc -O2 -std=c11 -pthread -I bundle/capi/include -I <cuda>/include benches/probes/ring_tput.c \
 //       -o ring_tput -L bundle/capi/lib -lvkgdr -Wl,-rpath,bundle/capi/lib -lcuda
-//   ./ring_tput CUBIN REC P SECS    (e.g. ring_lone.cubin 4096 8 1.5)
+//   ./ring_tput CUBIN REC P SECS [BATCH [CAPACITY]]    (e.g. ring_lone.cubin 4096 8 1.5)
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <pthread.h>
@@ -26,6 +28,7 @@ static uint64_t term(uint64_t i, uint32_t w) { uint64_t x = (((i << 32) | w) + 1
 static vkgdr_ring_t ring;
 static size_t plen;
 static double deadline;
+static int batch = 64;
 typedef struct { unsigned long long bytes, pushed; unsigned lane; int err; } worker_t;
 
 static void* work(void* arg)
@@ -44,11 +47,11 @@ static void* work(void* arg)
     for (int i = 0; i < 64; i++) { memset(bufs + i * plen, 0x5a, plen); memcpy(bufs + i * plen + 8, &sum, 8); ptrs[i] = bufs + i * plen; sizes[i] = plen; }
     while (now_s() < deadline) {
         uint64_t first = vkgdr_ring_producer_get_next_seq(p);
-        for (int i = 0; i < 64; i++) { uint64_t s = first + i; memcpy(bufs + i * plen, &s, 8); }
+        for (int i = 0; i < batch; i++) { uint64_t s = first + i; memcpy(bufs + i * plen, &s, 8); }
         size_t written = 0;
-        if (vkgdr_ring_producer_push_batch(p, ptrs, sizes, 64, 10000000000ll, &written) || written != 64) { w->err = 1; break; }
-        w->bytes += 64ull * (plen + 16);
-        w->pushed += 64;
+        if (vkgdr_ring_producer_push_batch(p, ptrs, sizes, batch, 10000000000ll, &written) || written != (size_t)batch) { fprintf(stderr, "push: %s\n", vkgdr_last_error()); w->err = 1; break; }
+        w->bytes += (unsigned long long)batch * (plen + 16);
+        w->pushed += batch;
     }
     vkgdr_ring_producer_destroy(p);
     return NULL;
@@ -61,11 +64,15 @@ int main(int argc, char** argv)
     int np = atoi(argv[3]);
     double secs = atof(argv[4]);
     plen = rec - 16;
+    batch = argc > 5 ? atoi(argv[5]) : 64;
+    if (batch < 1 || batch > 64) { fprintf(stderr, "BATCH: 1 to 64 records\n"); return 2; }
+    size_t cap = argc > 6 ? (size_t)atol(argv[6]) : (4u << 20);
     CK(cuInit(0)); CUdevice dev; CK(cuDeviceGet(&dev, 0)); CUcontext ctx; CK(cuDevicePrimaryCtxRetain(&ctx, dev)); CK(cuCtxSetCurrent(ctx));
     vkgdr_t g = vkgdr_open(dev, VKGDR_OPEN_CURRENT_CONTEXT_BIT);
     CUmodule mod; CK(cuModuleLoad(&mod, cubin)); CUfunction f; CK(cuModuleGetFunction(&f, mod, "ring_check_lanes"));
     vkgdr_ring_options o; vkgdr_ring_options_init(&o, sizeof o); o.lanes = 8;
-    ring = vkgdr_ring_create_with_options(g, 4u << 20, &o);
+    ring = vkgdr_ring_create_with_options(g, cap, &o);
+    if (!ring) { fprintf(stderr, "ring: %s\n", vkgdr_last_error()); return 1; }
     vkgdr_ring_device_view v; v.struct_size = sizeof v; vkgdr_ring_get_device_view(ring, &v);
     view_t a = { v.data, v.capacity, v.tail, v.stop, v.head, v.result, v.lane_data, v.lanes, v.mirrored };
     void* args[] = { &a };
@@ -86,7 +93,7 @@ int main(int argc, char** argv)
         bytes += w[i].bytes;
         bad += w[i].err + res[2] + (res[0] != w[i].pushed);
     }
-    printf("%-10s %5zu B, %d producers: %6.2f GB/s (checked, problems %llu)\n", cubin, rec, np, bytes / (t1 - t0) / 1e9, bad);
+    printf("%-10s %5zu B, batch %d, %d producers: %6.2f GB/s (checked, problems %llu)\n", cubin, rec, batch, np, bytes / (t1 - t0) / 1e9, bad);
     vkgdr_ring_destroy(ring); vkgdr_close(g);
     return 0;
 }
