@@ -10,12 +10,12 @@
 //! batches through the BAR, then with 7 streaming through the copy engine
 //! (`CopyEngine::FromRecord(4096)`: the lone record stays on the BAR), then with the same 7 held
 //! to 25 GB/s in all (each thread waits for its share of the rate before each batch: a heavy
-//! load that leaves the link some room, where the row before takes all it can), then with 7 streaming on a ring of the default options
-//! (`CopyEngine::Auto`: the lone record's lane 0 and the streams' lanes 3 and 6 on the BAR, the
-//! other five staging);
-//! the streams' measured rate is printed beside the figures. Whether the lone record's tail grows with
-//! the load on the link, and with which path carries it, says where its time goes. The first
-//! tenth of each row's round trips is left out (warm-up).
+//! load that leaves the link some room, where the row before takes all it can), then with 7
+//! streaming on a ring of the default options (`CopyEngine::Auto`: the lone record's lane 0 and
+//! the streams' lanes 3 and 6 on the BAR, the other five staging); the streams' measured rate is
+//! printed beside the figures. Whether the lone record's tail grows with the load on the link,
+//! and with which path carries it, says where its time goes. The first tenth of each row's round
+//! trips is left out (warm-up).
 //!
 //! Prints, per row, the median, p99 and p99.9 in nanoseconds and the streams' GB/s; exits
 //! non-zero if the checking kernel reports an error or misses a record, or a push fails.
@@ -41,7 +41,7 @@ const STREAM_SIZE: usize = 4096;
 const STREAM_BATCH: usize = 64;
 const HEADER_LEN: usize = 16;
 const LIMIT: Option<Duration> = Some(Duration::from_secs(10));
-/// The streams' rate in all in the paced row: the load of the tail-latency target.
+/// The streams' rate in all in the paced row (BENCHMARKS.md reports the lone record's tail at it).
 const PACED_GB_PER_S: f64 = 25.0;
 
 /// What the other lanes do while the lone record makes its round trips.

@@ -122,11 +122,11 @@ __device__ void block_floor(vkgdr_ring_view view, ull* out, unsigned int max)
     }
 }
 
-#define FLOOR(name, bars, warp_poll, threads)                                                       \
-    extern "C" __global__ void __launch_bounds__(threads) name(vkgdr_ring_view v, ull* o,           \
-                                                                unsigned int m)                     \
-    {                                                                                               \
-        block_floor<bars, warp_poll>(v, o, m);                                                      \
+#define FLOOR(name, bars, warp_poll, threads)                                                      \
+    extern "C" __global__ void __launch_bounds__(threads) name(vkgdr_ring_view v, ull* o,          \
+                                                                unsigned int m)                    \
+    {                                                                                              \
+        block_floor<bars, warp_poll>(v, o, m);                                                     \
     }
 FLOOR(floor_warp, 0, true, 512)
 FLOOR(floor_bar1, 1, true, 512)
