@@ -803,8 +803,9 @@ fn mirrored_lanes_forced_non_coherent() {
 /// window reader mostly sees windows of at most 512 bytes, the ones its warp 0 reads alone: a
 /// lone record (one record filling the window, whose head it publishes before the block's
 /// barrier) or a few (the chain through them resolved with shuffles). A reader that lost a record
-/// of a small group fails the counts; one that published a head past what it had read makes the
-/// producers' next reservation fail (a head beyond the committed position).
+/// of a small group fails the counts; one that published a head past what it had read leaves the
+/// head beyond the committed position (the producers' reservations refuse such a head, and the
+/// check at the end sees it).
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
 fn lanes_small_groups_through_the_readers_warp_path() {
