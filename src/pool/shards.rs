@@ -384,7 +384,7 @@ impl ShardSet {
         grow: impl FnOnce(&mut Shard, u64) -> Result<()>,
     ) -> Result<Box<BlockRecord>> {
         let mut shard = self.get(i).state.lock();
-        let allocation = match shard.heap.alloc(size, align) {
+        let allocation = match shard.heap.alloc_valid(size, align) {
             Ok(a) => a,
             Err(AllocError::OutOfSpace {
                 chunk_size_needed, ..

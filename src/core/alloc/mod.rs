@@ -475,7 +475,17 @@ impl Heap {
     // large costs a fifth of the pool's whole allocation.
     #[inline(always)]
     pub fn alloc(&mut self, size: u64, align: u64) -> Result<Allocation, AllocError> {
-        let (rounded, effective_align) = self.check_request(size, align)?;
+        self.config.check_request(size, align)?;
+        self.alloc_valid(size, align)
+    }
+
+    /// [`alloc`](Self::alloc) of a request the caller has already checked against this heap's
+    /// configuration ([`HeapConfig::check_request`] of an equal `HeapConfig`, as the pool does
+    /// once for every path): the same result without checking again.
+    #[inline(always)]
+    pub(crate) fn alloc_valid(&mut self, size: u64, align: u64) -> Result<Allocation, AllocError> {
+        debug_assert_eq!(self.config.check_request(size, align), Ok(()));
+        let (rounded, effective_align) = (align_up(size, self.gran), align.max(self.gran));
         let class = self.slabs.class_for(rounded, effective_align);
         if let Some(class) = class {
             if let Some(object) = self.slabs.alloc(class) {
