@@ -425,7 +425,7 @@ typedef struct vkgdr_pool_config {
    */
   uint64_t max_bytes;
   /**
-   * Independent heaps; threads are spread over them (default: CPU count, at most 8).
+   * Independent heaps; threads are spread over them (default: CPU count, at most 64).
    */
   uint32_t shards;
   /**

@@ -71,7 +71,7 @@ pub(crate) fn config(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<PoolConfig>
 /// the ~200 µs of a raw allocation.
 ///
 /// ``Pool(owner, *, chunk_size=16 MiB, max_chunk_size=256 MiB, dedicated_threshold=8 MiB,
-/// max_bytes=None, shards=min(cores, 8), keep_empty_chunks=1, thread_cache=32,
+/// max_bytes=None, shards=min(cores, 64), keep_empty_chunks=1, thread_cache=32,
 /// thread_cache_bytes=256 KiB, max_align=64 KiB)``; an option left out (or None) keeps its
 /// default. Each thread keeps up to ``thread_cache`` freed blocks of up to 4 KiB per size class
 /// (and ``thread_cache_bytes`` in all) for reuse without locks; ``trim()`` and dropping the pool

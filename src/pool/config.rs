@@ -49,10 +49,17 @@ pub struct PoolConfig {
     /// Requests of at least this many bytes get a dedicated chunk. Default 8 MiB.
     pub dedicated_threshold: u64,
     /// Total bytes of chunks (shared and dedicated) the pool may hold; beyond it allocations fail
-    /// with [`Error::OutOfDeviceMemory`](crate::Error::OutOfDeviceMemory) (`side: Limit`). Default:
-    /// no limit.
+    /// with [`Error::OutOfDeviceMemory`](crate::Error::OutOfDeviceMemory) (`side: Limit`). A
+    /// thread whose shard cannot grow (this limit, or a full BAR) takes its block from another
+    /// shard's free space first. Default: no limit.
     pub max_bytes: u64,
-    /// Number of shards (independent heaps). Default: available parallelism, at most 8.
+    /// Number of shards (independent heaps); each thread allocates from one of them (assigned
+    /// in turn on its first allocation). Default: available parallelism, at most
+    /// [`DEFAULT_MAX_SHARDS`], so that threads that all allocate do not share a shard. Each shard
+    /// a thread allocates from grows chunks of its own (`chunk_size` at first): set fewer shards
+    /// to bound what many allocating threads reserve. Without the thread cache, threads that
+    /// share a shard share its lock and its cache lines: several times slower per pair
+    /// (BENCHMARKS.md, "The pool: a vCPU's neighbours, threads over a window, shards").
     pub shards: usize,
     /// Empty chunks each shard keeps for reuse instead of returning them to the driver at once
     /// (returning and re-allocating costs ~300 µs). Default 1.
@@ -80,14 +87,19 @@ pub struct PoolConfig {
     pub thread_cache_bytes: u64,
 }
 
-/// Available parallelism, at most 8: asked once per process, since the standard library reads
-/// the cgroup's CPU quota files on every call and a default configuration is made per pool.
+/// Most shards a default [`PoolConfig`] has ([`PoolConfig::shards`]: the available parallelism up
+/// to this).
+pub const DEFAULT_MAX_SHARDS: usize = 64;
+
+/// Available parallelism, at most [`DEFAULT_MAX_SHARDS`]: asked once per process, since the
+/// standard library reads the cgroup's CPU quota files on every call and a default configuration
+/// is made per pool.
 fn default_shards() -> usize {
     static SHARDS: OnceLock<usize> = OnceLock::new();
     *SHARDS.get_or_init(|| {
         std::thread::available_parallelism()
             .map_or(4, |n| n.get())
-            .min(8)
+            .min(DEFAULT_MAX_SHARDS)
     })
 }
 

@@ -46,7 +46,7 @@ mod tests;
 
 pub use block::{Block, ReleaseRefused};
 use chunk::Chunk;
-pub use config::{Backend, PoolConfig, MAX_SHARDS};
+pub use config::{Backend, PoolConfig, DEFAULT_MAX_SHARDS, MAX_SHARDS};
 #[cfg(feature = "gpu-alloc")]
 use gpu_alloc::GpuAllocBackend;
 #[cfg(feature = "gpu-alloc")]
@@ -271,14 +271,42 @@ impl Pool {
             }
         }
         let shard_index = thread_shard(self.shards.len());
-        let record = self.shards.alloc(
+        let record = match self.shards.alloc(
             shard_index,
             alloc_size,
             align,
             (alloc_size, self.inner.non_coherent),
             |shard, needed| self.grow(shard, shard_index, needed),
-        )?;
+        ) {
+            Err(e) if e.is_out_of_memory() => self
+                .alloc_from_other_shards(shard_index, alloc_size, align)
+                .ok_or(e)?,
+            r => r?,
+        };
         Ok(Block::shared(record, size))
+    }
+
+    /// When this thread's shard cannot grow (the BAR is full, or `max_bytes` is reached): the
+    /// free space of the other shards, each in turn, none of them grown. So that a pool refuses
+    /// a block only when none of its chunks can hold it, however many shards its chunks are
+    /// spread over.
+    #[cold]
+    #[inline(never)]
+    fn alloc_from_other_shards(
+        &self,
+        own: usize,
+        alloc_size: u64,
+        align: u64,
+    ) -> Option<Box<BlockRecord>> {
+        let n = self.shards.len();
+        (1..n).find_map(|k| {
+            self.shards.alloc_from_free(
+                (own + k) % n,
+                alloc_size,
+                align,
+                (alloc_size, self.inner.non_coherent),
+            )
+        })
     }
 
     /// The thread cache's part of [`alloc_slow`](Self::alloc_slow), out of line so that the

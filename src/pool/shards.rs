@@ -436,6 +436,22 @@ impl ShardSet {
             None => Box::new(record),
         })
     }
+
+    /// [`alloc`](Self::alloc) from what shard `i` holds free now, without growing it: `None`
+    /// when no free range of its chunks fits (or on any other error).
+    pub(super) fn alloc_from_free(
+        &self,
+        i: usize,
+        size: u64,
+        align: u64,
+        len: (u64, bool),
+    ) -> Option<Box<BlockRecord>> {
+        // The error only says "not grown"; it is dropped here.
+        self.alloc(i, size, align, len, |_, _| {
+            Err(Error::internal("a shard asked not to grow"))
+        })
+        .ok()
+    }
 }
 
 impl Drop for ShardSet {

@@ -1205,3 +1205,54 @@ fn a_shard_keeps_its_freed_records_memory_until_trim() {
     drop(kept);
     assert_eq!(spare_rooms(&pool), [3]);
 }
+
+/// A thread whose shard may not grow (another shard's chunk took all that `max_bytes` allows)
+/// gets its block from the other shard's free space; the pool is out of memory only when no
+/// chunk of any shard can hold the block.
+#[test]
+fn a_shard_that_cannot_grow_allocates_from_another_shards_chunk() {
+    let pool = Pool::new(
+        HostMemorySource,
+        PoolConfig {
+            chunk_size: 128 << 10,
+            max_chunk_size: 128 << 10,
+            dedicated_threshold: 64 << 10,
+            max_bytes: 128 << 10,
+            shards: 2,
+            thread_cache: 0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // This thread's shard takes the one chunk the limit allows.
+    let own = shards::thread_shard(2);
+    let _first = pool.alloc(256, 16).unwrap();
+    // A thread on the other shard (threads take their shards in turn; tests running beside this
+    // one take turns too, so a few threads may be needed).
+    let block = (0..64)
+        .find_map(|_| {
+            std::thread::scope(|s| {
+                s.spawn(|| (shards::thread_shard(2) != own).then(|| pool.alloc(256, 16)))
+                    .join()
+                    .unwrap()
+            })
+        })
+        .expect("a thread on the other shard")
+        .expect("a block from the first shard's chunk");
+    let stats = pool.stats();
+    assert_eq!(stats.chunks, 1);
+    assert_eq!(stats.shards[own].allocation_count, 2);
+    assert_eq!(stats.shards[1 - own].allocation_count, 0);
+    drop(block);
+    // Until no chunk can hold a block: then the limit, as before.
+    let mut blocks = Vec::new();
+    let err = loop {
+        match pool.alloc(32 << 10, 16) {
+            Ok(b) => blocks.push(b),
+            Err(e) => break e,
+        }
+        assert!(blocks.len() < 8, "the limit of one chunk did not hold");
+    };
+    assert!(err.is_out_of_memory(), "{err}");
+    assert!(blocks.len() >= 2, "{} blocks of 32 KiB", blocks.len());
+}
