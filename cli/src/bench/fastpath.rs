@@ -11,10 +11,11 @@
 //!   write), 64-byte `Block::write` against the raw store + `sfence` on the same block, and
 //!   sixteen 64-byte writes with sixteen fences against one `WriteBatch`;
 //! - `fastpath-pool`: 256-byte alloc+free pairs with the default `PoolConfig` (thread cache on)
-//!   and with `thread_cache = 0`, on one thread and on eight, beside the C library's `malloc`+`free`
-//!   (this CPU's scale).
+//!   and with `thread_cache = 0`, on one thread, eight and sixteen, beside the C library's
+//!   `malloc`+`free` (this CPU's scale).
 
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
@@ -85,37 +86,64 @@ fn malloc_pair() {
     unsafe { libc::free(std::hint::black_box(libc::malloc(size))) };
 }
 
-/// `threads` threads each running `pair` `pairs` times, started together, `samples` times:
-/// wall time per pair of the whole machine (ns), one figure per sample.
+/// Pairs a worker runs between two looks at the stop flag (a few microseconds of pairs).
+const PAIRS_PER_LOOK: u64 = 256;
+
+/// `threads` threads each running `pair` for as long as `window` lasts, started together,
+/// `samples` times: wall time per pair of the whole machine (ns, the window over every thread's
+/// pairs), one figure per sample.
+///
+/// A fixed window rather than a fixed count of pairs per thread, so that every thread runs for
+/// the whole of what is timed: with a fixed count the wall also holds the threads' staggered
+/// wake-ups and the idle tail while the last one finishes (BENCHMARKS.md, "The pool: a vCPU's
+/// neighbours, threads over a window, shards"). Each thread first runs a few pairs outside the
+/// window: its shard's first chunk (milliseconds on the BAR) is set up then.
 fn per_pair_on(
     threads: usize,
-    pairs: u64,
+    window: Duration,
     samples: usize,
     pair: impl Fn() -> vkgdr::Result<()> + Sync,
 ) -> BenchResult<Vec<f64>> {
     let mut ns = Vec::with_capacity(samples);
     for _ in 0..samples {
         let start = Barrier::new(threads + 1);
-        let wall = std::thread::scope(|s| -> BenchResult<Duration> {
+        let stop = AtomicBool::new(false);
+        let (wall, pairs) = std::thread::scope(|s| -> BenchResult<(Duration, u64)> {
             let workers: Vec<_> = (0..threads)
                 .map(|_| {
-                    s.spawn(|| -> vkgdr::Result<()> {
+                    s.spawn(|| -> vkgdr::Result<u64> {
+                        // Warm: the shard's chunk and the thread's cache, before the window.
+                        let warm = (0..PAIRS_PER_LOOK).try_for_each(|_| pair());
                         start.wait();
-                        for _ in 0..pairs {
-                            pair()?;
+                        warm?;
+                        let mut done = 0;
+                        while !stop.load(Ordering::Relaxed) {
+                            for _ in 0..PAIRS_PER_LOOK {
+                                pair()?;
+                            }
+                            done += PAIRS_PER_LOOK;
                         }
-                        Ok(())
+                        Ok(done)
                     })
                 })
                 .collect();
             start.wait();
             let t = Instant::now();
+            std::thread::sleep(window);
+            stop.store(true, Ordering::Relaxed);
+            let wall = t.elapsed();
+            let mut pairs = 0;
             for w in workers {
-                w.join().expect("worker panicked")?;
+                pairs += w.join().expect("worker panicked")?;
             }
-            Ok(t.elapsed())
+            Ok((wall, pairs))
         })?;
-        ns.push(wall.as_nanos() as f64 / (threads as u64 * pairs) as f64);
+        if pairs == 0 {
+            return Err(BenchError::Check(format!(
+                "{threads} threads ran no pair in {window:?}"
+            )));
+        }
+        ns.push(wall.as_nanos() as f64 / pairs as f64);
     }
     Ok(ns)
 }
@@ -531,7 +559,7 @@ fn pool(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
     } else {
         Budget::new(Duration::from_millis(300), 1_000, 100_000)
     };
-    let pairs_per_thread: u64 = if opts.quick { 20_000 } else { 200_000 };
+    let window = Duration::from_millis(if opts.quick { 50 } else { 200 });
     ui::phase("pool", 9);
     let samples = if opts.quick { 3 } else { 7 };
     for (name, one, many, thread_cache) in [
@@ -562,10 +590,10 @@ fn pool(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
             Ok(())
         })?;
         push(&mut report, one, 256, &ns);
-        // n threads, each `pairs_per_thread` pairs; per pair of the whole machine.
+        // n threads pairing for `window`; per pair of the whole machine.
         for (threads, row) in many {
             ui::step(format!("alloc+free, {threads} threads, {name}"));
-            let ns = per_pair_on(threads, pairs_per_thread, samples, || {
+            let ns = per_pair_on(threads, window, samples, || {
                 drop(pool.alloc(256, 16)?);
                 Ok(())
             })?;
@@ -583,18 +611,18 @@ fn pool(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
     push(&mut report, MALLOC_PAIR, 256, &ns);
     for (threads, row) in [(8, rows::MALLOC_PAIR_8), (16, rows::MALLOC_PAIR_16)] {
         ui::step(row);
-        let ns = per_pair_on(threads, pairs_per_thread, samples, || {
+        let ns = per_pair_on(threads, window, samples, || {
             malloc_pair();
             Ok(())
         })?;
         push(&mut report, row, 256, &ns);
     }
-    report.notes.push(
-        "pool over CUDA-imported chunks; one pool.alloc(256, 16) and its drop per pair; 8 and 16 \
-         threads: wall time / all pairs (1-thread time / this = the throughput gain; 1e9 / this = \
-         pairs per second of the whole machine)"
-            .into(),
-    );
+    report.notes.push(format!(
+        "pool over CUDA-imported chunks; one pool.alloc(256, 16) and its drop per pair; 8 and \
+             16 threads: each pairs for a window of {window:?} after a warm-up, window / all \
+             their pairs (1-thread time / this = the throughput gain; 1e9 / this = pairs per \
+             second of the whole machine)"
+    ));
     report.notes.push(format!(
         "{MALLOC_PAIR}: malloc(256) and free in the same loop, this CPU's scale (the machine's \
          figure, not the library's)"
