@@ -629,3 +629,60 @@ fn pool(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
     ));
     Ok(report)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU64;
+
+    use super::*;
+
+    /// Runs `body` on a thread of its own; a run past a minute fails the test instead of hanging.
+    fn within_a_minute(body: impl FnOnce() + Send + 'static) {
+        let (done, finished) = std::sync::mpsc::channel();
+        let worker = std::thread::spawn(move || {
+            body();
+            let _ = done.send(());
+        });
+        match finished.recv_timeout(Duration::from_secs(60)) {
+            Ok(()) => worker.join().unwrap(),
+            // The body panicked: its thread says how.
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                std::panic::resume_unwind(worker.join().unwrap_err())
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("hung for a minute"),
+        }
+    }
+
+    #[test]
+    fn thread_rows_count_every_thread_and_hand_a_pairs_error_back() {
+        within_a_minute(|| {
+            // Every worker's pairs reach the count: the warm-up's and the window's.
+            let calls = AtomicU64::new(0);
+            let ns = per_pair_on(3, Duration::from_millis(5), 2, || {
+                calls.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(ns.len(), 2);
+            assert!(ns.iter().all(|t| t.is_finite() && *t > 0.0), "{ns:?}");
+            let calls = calls.load(Ordering::Relaxed);
+            assert!(
+                calls >= 2 * 3 * 2 * PAIRS_PER_LOOK,
+                "{calls} calls: each of 3 threads warms up and pairs in each of 2 samples"
+            );
+            // A pair that fails ends the row with its error, in the warm-up (the first call) or
+            // in the window (after both threads' warm-ups).
+            for fail_after in [0, 2 * PAIRS_PER_LOOK + 7] {
+                let calls = AtomicU64::new(0);
+                let err = per_pair_on(2, Duration::from_millis(5), 1, || {
+                    if calls.fetch_add(1, Ordering::Relaxed) >= fail_after {
+                        return Err(vkgdr::Error::Internal("a pair failed".into()));
+                    }
+                    Ok(())
+                })
+                .unwrap_err();
+                assert!(err.to_string().contains("a pair failed"), "{err}");
+            }
+        });
+    }
+}
