@@ -129,9 +129,13 @@ impl Pool {
             return Err(InvalidArgument::SourceAtom { atom }.into());
         }
         config.validate(source.is_non_coherent().then_some(atom))?;
-        let heaps = (0..config.shards)
-            .map(|_| Heap::new(config.heap.clone()).map_err(Error::from))
-            .collect::<Result<Vec<_>>>()?;
+        // One heap built from the configuration; the others share its slab lookup table.
+        let mut heaps = Vec::with_capacity(config.shards);
+        heaps.push(Heap::new(config.heap.clone())?);
+        for _ in 1..config.shards {
+            let heap = heaps[0].empty_like();
+            heaps.push(heap);
+        }
         #[cfg(feature = "gpu-alloc")]
         let gpu_alloc = match config.backend {
             Backend::Native => None,

@@ -392,6 +392,26 @@ impl Heap {
         })
     }
 
+    /// A heap with this one's configuration and no chunk, as [`Heap::new`] would build it, with
+    /// its own identity; it shares this heap's slab lookup table (which never changes) instead
+    /// of building one. A pool's shards are made so.
+    pub(crate) fn empty_like(&self) -> Self {
+        Heap {
+            id: NEXT_HEAP_ID.fetch_add(1, Ordering::Relaxed),
+            gran: self.gran,
+            tlsf: Tlsf::new(self.config.min_align.trailing_zeros()),
+            slabs: self.slabs.empty_like(),
+            config: self.config.clone(),
+            chunks: Vec::new(),
+            vacant_chunks: Vec::new(),
+            chunk_count: 0,
+            bytes_reserved: 0,
+            bytes_in_use: 0,
+            block_bytes: 0,
+            block_count: 0,
+        }
+    }
+
     /// The configuration.
     pub fn config(&self) -> &HeapConfig {
         &self.config

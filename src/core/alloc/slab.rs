@@ -7,6 +7,8 @@
 //! get a chance to drain and go back to the TLSF). One fully free page per class is kept, at the
 //! tail, so alloc/free ping-pong on an otherwise empty class does not hit the TLSF every time.
 
+use std::sync::Arc;
+
 use super::NIL;
 
 /// Most objects in one page (64 bitmap words under one summary word).
@@ -82,8 +84,9 @@ pub(crate) struct PageInfo {
 /// All classes and their pages.
 pub(crate) struct Slabs {
     classes: Vec<SlabClass>,
-    /// `lookup[ceil(size / quantum)]` = first class at least `size`.
-    lookup: Vec<u16>,
+    /// `lookup[ceil(size / quantum)]` = first class at least `size`; never changes after
+    /// [`new`](Self::new), so the heaps of one pool share it ([`empty_like`](Self::empty_like)).
+    lookup: Arc<[u16]>,
     quantum_log2: u32,
     max_size: u64,
     page_size: u64,
@@ -134,11 +137,39 @@ impl Slabs {
         let words = (page_size / quantum).div_ceil(64) as usize;
         Slabs {
             classes,
-            lookup,
+            lookup: lookup.into(),
             quantum_log2,
             max_size,
             page_size,
             words,
+            pages: Vec::new(),
+            bitmaps: Vec::new(),
+            vacant: NIL,
+            cached: 0,
+        }
+    }
+
+    /// Classes of the same sizes with no page, sharing this one's lookup table: what
+    /// [`new`](Self::new) with the same arguments builds, without building the table again.
+    pub(crate) fn empty_like(&self) -> Self {
+        Slabs {
+            classes: self
+                .classes
+                .iter()
+                .map(|c| SlabClass {
+                    head: NIL,
+                    tail: NIL,
+                    empty: NIL,
+                    pages: 0,
+                    in_use: 0,
+                    ..c.clone()
+                })
+                .collect(),
+            lookup: Arc::clone(&self.lookup),
+            quantum_log2: self.quantum_log2,
+            max_size: self.max_size,
+            page_size: self.page_size,
+            words: self.words,
             pages: Vec::new(),
             bitmaps: Vec::new(),
             vacant: NIL,

@@ -257,3 +257,46 @@ fn slabs_disabled_routes_everything_to_tlsf() {
     heap.free(a).unwrap();
     heap.check_consistency().unwrap();
 }
+
+/// A heap made by `empty_like` from a heap in use starts as `Heap::new` would make it (no pages,
+/// no counts: every class reset), hands out the same offsets as a new heap for the same requests,
+/// and is a heap of its own (its allocations are foreign to the heap it was made from).
+#[test]
+fn a_heap_made_like_a_used_one_starts_new_and_is_its_own() {
+    let mut used = heap_with(&[1 << 20]);
+    let kept: Vec<Allocation> = [24, 200, 200, 4000, 70_000]
+        .iter()
+        .map(|&s| used.alloc(s, 16).unwrap())
+        .collect();
+    let mut like = used.empty_like();
+    let mut new = Heap::new(HeapConfig::default()).unwrap();
+    assert_eq!(like.stats(), new.stats());
+    like.add_chunk(1 << 20).unwrap();
+    new.add_chunk(1 << 20).unwrap();
+    for (size, align) in [
+        (24, 16),
+        (200, 64),
+        (200, 16),
+        (4000, 4096),
+        (70_000, 16),
+        (17, 8),
+    ] {
+        let (a, b) = (
+            like.alloc(size, align).unwrap(),
+            new.alloc(size, align).unwrap(),
+        );
+        assert_eq!(
+            (a.chunk(), a.offset(), a.size()),
+            (b.chunk(), b.offset(), b.size())
+        );
+        like.free(a).unwrap();
+        new.free(b).unwrap();
+    }
+    let theirs = like.alloc(64, 16).unwrap();
+    assert_eq!(used.free(theirs), Err(AllocError::ForeignAllocation));
+    for a in kept {
+        used.free(a).unwrap();
+    }
+    used.check_consistency().unwrap();
+    like.check_consistency().unwrap();
+}
