@@ -376,32 +376,24 @@ impl Heap {
             config.min_align,
             config.slab_classes_per_octave,
         );
-        Ok(Heap {
-            id: NEXT_HEAP_ID.fetch_add(1, Ordering::Relaxed),
-            gran: config.min_align,
-            tlsf: Tlsf::new(config.min_align.trailing_zeros()),
-            slabs,
-            config,
-            chunks: Vec::new(),
-            vacant_chunks: Vec::new(),
-            chunk_count: 0,
-            bytes_reserved: 0,
-            bytes_in_use: 0,
-            block_bytes: 0,
-            block_count: 0,
-        })
+        Ok(Heap::with_slabs(config, slabs))
     }
 
     /// A heap with this one's configuration and no chunk, as [`Heap::new`] would build it, with
     /// its own identity; it shares this heap's slab lookup table (which never changes) instead
     /// of building one. A pool's shards are made so.
     pub(crate) fn empty_like(&self) -> Self {
+        Heap::with_slabs(self.config.clone(), self.slabs.empty_like())
+    }
+
+    /// An empty heap of a validated `config` and its `slabs` (no page yet), with a new identity.
+    fn with_slabs(config: HeapConfig, slabs: Slabs) -> Self {
         Heap {
             id: NEXT_HEAP_ID.fetch_add(1, Ordering::Relaxed),
-            gran: self.gran,
-            tlsf: Tlsf::new(self.config.min_align.trailing_zeros()),
-            slabs: self.slabs.empty_like(),
-            config: self.config.clone(),
+            gran: config.min_align,
+            tlsf: Tlsf::new(config.min_align.trailing_zeros()),
+            slabs,
+            config,
             chunks: Vec::new(),
             vacant_chunks: Vec::new(),
             chunk_count: 0,
