@@ -71,6 +71,7 @@ impl Block {
                 non_coherent,
                 labeled: false,
                 kind: ManuallyDrop::new(kind),
+                cache_next: None,
             })),
         }
     }

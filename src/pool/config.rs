@@ -22,8 +22,8 @@ pub enum Backend {
     GpuAlloc(GpuAllocStrategy),
 }
 
-/// Largest [`PoolConfig::thread_cache`] (blocks per bucket and thread; each bucket's storage is
-/// reserved whole on first use).
+/// Largest [`PoolConfig::thread_cache`] (blocks per bucket and thread): what one thread may keep
+/// stays countable in the figures it publishes for [`Pool::stats`](super::Pool::stats).
 pub const MAX_DEPTH: usize = 1024;
 /// Default [`PoolConfig::thread_cache`]: blocks per bucket.
 pub const DEFAULT_DEPTH: usize = 32;

@@ -51,7 +51,7 @@
 //! ```
 
 use std::cell::Cell;
-use std::ptr;
+use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -104,8 +104,56 @@ impl Published {
 /// A cached block: its record, as the block held it (a shared one).
 type Entry = Box<BlockRecord>;
 
+/// One bucket's cached records: a stack linked through the records themselves
+/// ([`BlockRecord::cache_next`]), so a take reads the top record (which the new block needs
+/// anyway) and an offer writes one link, with no storage of the bucket's own to reserve, index
+/// or grow. The bucket owns every record on its stack (each one a leaked `Entry`); the links
+/// are raw pointers so that moving one costs no drop glue. A bucket is emptied
+/// ([`PoolSlot::drain_into`]) before its magazine goes: records left in one would never go back
+/// to their shards.
+#[derive(Default)]
+struct Bucket {
+    top: Option<NonNull<BlockRecord>>,
+    len: usize,
+}
+
+// SAFETY: a bucket owns its records as the `Entry` boxes they were (`BlockRecord` is `Send`);
+// it is moved and used by one thread at a time (its magazine's owner or a visitor holding it).
+unsafe impl Send for Bucket {}
+
+impl Bucket {
+    /// The top record, borrowed.
+    #[inline(always)]
+    fn top(&self) -> Option<&BlockRecord> {
+        // SAFETY: `top` is a record this bucket owns (pushed as a box, not yet popped), alive
+        // while the bucket is borrowed.
+        self.top.map(|t| unsafe { &*t.as_ptr() })
+    }
+
+    /// Takes the top record.
+    #[inline(always)]
+    fn pop(&mut self) -> Option<Entry> {
+        let top = self.top?;
+        // SAFETY: `top` came from `Box::leak` in `push` and is owned by this bucket; taking
+        // it off the stack right below hands that ownership back to exactly one box.
+        let mut entry = unsafe { Box::from_raw(top.as_ptr()) };
+        self.top = entry.cache_next.take();
+        self.len -= 1;
+        Some(entry)
+    }
+
+    /// Puts `entry` (a record not in any bucket: `cache_next` is `None`) on top.
+    #[inline(always)]
+    fn push(&mut self, mut entry: Entry) {
+        debug_assert!(entry.cache_next.is_none());
+        entry.cache_next = self.top;
+        self.top = Some(NonNull::from(Box::leak(entry)));
+        self.len += 1;
+    }
+}
+
 /// A slot's buckets, indexed by `bucket(size)`: a fixed array, so indexing needs no bounds check.
-type Buckets = [Vec<Entry>; BUCKETS];
+type Buckets = [Bucket; BUCKETS];
 
 /// One pool's part of a magazine.
 struct PoolSlot {
@@ -159,27 +207,19 @@ impl PoolSlot {
         self.published.counts().0
     }
 
-    /// Takes the last entry of `bucket` if it holds `size` bytes at `align`.
+    /// Takes the top entry of `bucket` if it holds `size` bytes at `align`.
     #[inline(always)]
     fn pop_fitting(&mut self, bucket: usize, size: u64, align: u64) -> Option<Entry> {
-        // Usually the last entry fits; one of the same bucket may be too small or misaligned only
+        // Usually the top entry fits; one of the same bucket may be too small or misaligned only
         // for odd size/alignment mixes, which then take the slow path. `align` is a power of two
         // (checked by `Pool::alloc`): a mask, not a division.
-        let entries = &mut self.buckets.as_mut()?[bucket];
-        let last = entries.len().checked_sub(1)?;
-        let a = &entries[last].hold()?.allocation;
+        let bucket = &mut self.buckets.as_mut()?[bucket];
+        let a = &bucket.top()?.hold()?.allocation;
         if a.size() < size || a.offset() & (align - 1) != 0 {
             return None;
         }
         let (rounded, requested) = (a.size(), a.requested_size());
-        // SAFETY: `last < len`: the entry there is initialised; it is moved out here and the
-        // length cut to exclude it right after, so it is neither read nor dropped again. (Read
-        // before the length's store, so the pointer already loaded is the one returned.)
-        let entry = unsafe {
-            let entry = ptr::read(entries.as_ptr().add(last));
-            entries.set_len(last);
-            entry
-        };
+        let entry = bucket.pop()?;
         self.bytes -= rounded;
         self.count(false, requested);
         Some(entry)
@@ -188,7 +228,9 @@ impl PoolSlot {
     /// Empties the slot into `out` and forgets its pool.
     fn drain_into(&mut self, out: &mut Vec<Entry>) {
         for b in self.buckets.iter_mut().flat_map(|b| b.iter_mut()) {
-            out.append(b);
+            while let Some(entry) = b.pop() {
+                out.push(entry);
+            }
         }
         self.pool = 0;
         self.bytes = 0;
@@ -424,7 +466,7 @@ fn serve_in(m: &mut Slots, pool: PoolKey) -> Vec<Entry> {
     let mut evicted = Vec::new();
     slot.drain_into(&mut evicted);
     if slot.buckets.is_none() {
-        slot.buckets = Some(Box::new(std::array::from_fn(|_| Vec::new())));
+        slot.buckets = Some(Box::new(std::array::from_fn(|_| Bucket::default())));
     }
     slot.pool = pool.id;
     slot.depth = pool.depth;
@@ -437,12 +479,12 @@ fn serve_in(m: &mut Slots, pool: PoolKey) -> Vec<Entry> {
 /// thread's magazine, which keeps it if it serves the pool and the bucket and the byte budget
 /// have room. Returns the record when refused: the caller still owns it.
 ///
-/// `FAST` only looks at the most recently used slot, refuses a bucket that would need its
-/// storage reserved and never waits (a visitor holding the magazine: refused): a path with no
-/// call in it, which keeps the caller's frame small. Its caller has checked that `requested` is
-/// in `1..=MAX_CACHED_SIZE` (a record's [`Hold::cache_pool`](super::shards::Hold::cache_pool)
-/// says so). A caller refused by it asks again without `FAST` before freeing to the shard; that
-/// one waits for a visitor, as [`take`] does.
+/// `FAST` only looks at the most recently used slot and never waits (a visitor holding the
+/// magazine: refused): a path with no call in it, which keeps the caller's frame small. Its
+/// caller has checked that `requested` is in `1..=MAX_CACHED_SIZE` (a record's
+/// [`Hold::cache_pool`](super::shards::Hold::cache_pool) says so). A caller refused by it asks
+/// again without `FAST` before freeing to the shard; that one waits for a visitor, as [`take`]
+/// does.
 #[inline(always)]
 pub(super) fn offer<const FAST: bool>(
     pool: u64,
@@ -464,13 +506,12 @@ pub(super) fn offer<const FAST: bool>(
         let Some(mut m) = (unsafe { (*p).cell.try_enter() }) else {
             return Some(entry);
         };
-        offer_in::<true>(&mut m.slots[0], pool, requested, size, entry)
+        offer_in(&mut m.slots[0], pool, requested, size, entry)
     } else {
-        // SAFETY: as above; the closure only moves values (reserving a bucket's storage at
-        // most).
+        // SAFETY: as above; the closure only moves values.
         unsafe {
             (*p).cell.with_owner(|m| match m.find(pool) {
-                Some(slot) => offer_in::<false>(slot, pool, requested, size, entry),
+                Some(slot) => offer_in(slot, pool, requested, size, entry),
                 None => Some(entry),
             })
         }
@@ -479,7 +520,7 @@ pub(super) fn offer<const FAST: bool>(
 
 /// [`offer`] to `slot`, if it serves `pool`.
 #[inline(always)]
-fn offer_in<const FAST: bool>(
+fn offer_in(
     slot: &mut PoolSlot,
     pool: u64,
     requested: u64,
@@ -492,35 +533,14 @@ fn offer_in<const FAST: bool>(
     let Some(buckets) = slot.buckets.as_mut() else {
         return Some(entry);
     };
-    let entries = &mut buckets[bucket(requested)];
-    if slot.bytes + size > slot.max_bytes || entries.len() >= slot.depth {
+    let bucket = &mut buckets[bucket(requested)];
+    if slot.bytes + size > slot.max_bytes || bucket.len >= slot.depth {
         return Some(entry);
     }
-    // The same test as `push`'s own, so the hot path makes it once; a bucket's storage is
-    // reserved whole (`depth` entries) the first time, so it never grows after.
-    if entries.len() == entries.capacity() {
-        if FAST {
-            return Some(entry);
-        }
-        reserve_bucket(entries, slot.depth);
-    }
-    // SAFETY: `len < depth <= capacity` (the tests above, or the reservation of `depth`
-    // entries), so the slot at `len` is allocated and unused, and the new length covers only
-    // initialised entries. (`Vec::push` tests the capacity again, in a call of its own.)
-    unsafe {
-        entries.as_mut_ptr().add(entries.len()).write(entry);
-        entries.set_len(entries.len() + 1);
-    }
+    bucket.push(entry);
     slot.bytes += size;
     slot.count(true, requested);
     None
-}
-
-/// Reserves room for `depth` entries in a bucket holding fewer.
-#[cold]
-#[inline(never)]
-fn reserve_bucket(entries: &mut Vec<Entry>, depth: usize) {
-    entries.reserve_exact(depth - entries.len());
 }
 
 /// Takes `pool`'s blocks back from every thread's cache.

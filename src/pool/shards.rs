@@ -272,6 +272,10 @@ pub(super) struct BlockRecord {
     pub(super) non_coherent: bool,
     /// Whether the pool's registry holds a label for this block (removed when it drops).
     pub(super) labeled: bool,
+    /// The next record of the thread-cache bucket holding this one (the buckets are stacks
+    /// linked through their records: a take and an offer move two pointers); owned by that
+    /// bucket, as the records it links. `None` whenever the record is not cached.
+    pub(super) cache_next: Option<NonNull<BlockRecord>>,
 }
 
 // SAFETY: a record exclusively owns its block's byte range of the chunk (`host_ptr` points into
@@ -430,6 +434,7 @@ impl ShardSet {
             len,
             non_coherent,
             labeled: false,
+            cache_next: None,
         };
         Ok(match room {
             Some(room) => Box::write(room, record),

@@ -158,6 +158,47 @@ fn thread_cache_reuses_freed_blocks() {
     );
 }
 
+/// A bucket is a stack of the records it keeps: blocks freed one after another come back last
+/// in, first out, each once, and a trim takes every one of them back.
+#[test]
+fn a_thread_cache_bucket_hands_back_each_block_last_in_first_out() {
+    let pool = cached_pool(8);
+    let blocks: Vec<Block> = (0..6).map(|_| pool.alloc(256, 16).unwrap()).collect();
+    let addrs: Vec<_> = blocks.iter().map(Block::host_ptr).collect();
+    drop(blocks);
+    assert_eq!(magazine::thread_cached_blocks(), 6);
+    let again: Vec<Block> = (0..6).map(|_| pool.alloc(256, 16).unwrap()).collect();
+    let mut reversed = addrs.clone();
+    reversed.reverse();
+    assert_eq!(
+        again.iter().map(Block::host_ptr).collect::<Vec<_>>(),
+        reversed
+    );
+    assert_eq!(magazine::thread_cached_blocks(), 0);
+    // Freed again, interleaved with another bucket's blocks: each bucket keeps its own.
+    let other: Vec<Block> = (0..3).map(|_| pool.alloc(64, 16).unwrap()).collect();
+    let mut other = other.into_iter();
+    for b in again {
+        drop(b);
+        drop(other.next());
+    }
+    assert_eq!(magazine::thread_cached_blocks(), 9);
+    let s = pool.stats();
+    assert_eq!((s.blocks_cached, s.bytes_cached), (9, 6 * 256 + 3 * 64));
+    // The last one freed (`again`'s last: the first allocated) is on top.
+    assert_eq!(pool.alloc(256, 16).unwrap().host_ptr(), addrs[0]);
+    pool.trim();
+    assert_eq!(magazine::thread_cached_blocks(), 0);
+    assert_eq!(
+        pool.stats(),
+        PoolStats {
+            shards: pool.stats().shards,
+            ..PoolStats::default()
+        },
+        "every cached block went back and the chunk with them"
+    );
+}
+
 #[test]
 fn thread_cache_is_bounded_per_bucket_and_in_bytes() {
     let pool = cached_pool(3);

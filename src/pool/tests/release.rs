@@ -466,13 +466,21 @@ fn a_drain_frees_mixed_runs_of_shards_labels_and_emptied_chunks() {
         pool.set_release_feed(LaneConsumer::new(l.clone(), shape).unwrap())
             .map_err(|_| ())
             .unwrap();
-        // Three threads: three shards (assigned round-robin), three chunks of 256 blocks each
-        // (one under Miri).
+        // Three threads on three shards, three chunks of 256 blocks each (one under Miri).
+        // Threads take their shards in turn across the process, and a test running beside this
+        // one takes turns too: a thread that lands on a shard already used allocates nothing and
+        // another is started.
         let per = if cfg!(miri) { 30 } else { 600 };
-        let mut per_thread: Vec<Vec<crate::pool::Block>> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..3)
-                .map(|_| {
-                    s.spawn(|| {
+        let mut used = [false; 3];
+        let mut per_thread: Vec<Vec<crate::pool::Block>> = Vec::new();
+        for _ in 0..64 {
+            if per_thread.len() == 3 {
+                break;
+            }
+            let (shard, blocks) = std::thread::scope(|s| {
+                s.spawn(|| {
+                    let shard = super::super::shards::thread_shard(3);
+                    let blocks = (!used[shard]).then(|| {
                         (0..per)
                             .map(|i| {
                                 let mut b = pool.alloc(256, 64).unwrap();
@@ -482,11 +490,18 @@ fn a_drain_frees_mixed_runs_of_shards_labels_and_emptied_chunks() {
                                 b
                             })
                             .collect::<Vec<_>>()
-                    })
+                    });
+                    (shard, blocks)
                 })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        });
+                .join()
+                .unwrap()
+            });
+            if let Some(blocks) = blocks {
+                used[shard] = true;
+                per_thread.push(blocks);
+            }
+        }
+        assert_eq!(per_thread.len(), 3, "threads on three shards");
         let before = live.load(Ordering::SeqCst);
         assert!(before >= if cfg!(miri) { 3 } else { 9 }, "{before} chunks");
         // Runs of 7, 3 and 11 blocks of each thread in turn, a dedicated block among them.
