@@ -280,7 +280,8 @@ pub(super) struct BlockRecord {
 
 // SAFETY: a record exclusively owns its block's byte range of the chunk (`host_ptr` points into
 // it) and what `kind` holds, which any thread may free (see `Hold`); moving it between threads
-// moves that ownership.
+// moves that ownership. `cache_next` is set only while the record lies in a thread-cache bucket,
+// which owns it and the record it links (and is itself used by one thread at a time).
 unsafe impl Send for BlockRecord {}
 
 impl BlockRecord {
