@@ -395,7 +395,7 @@ impl ShardSet {
                 chunk_size_needed, ..
             }) => {
                 grow(&mut shard, chunk_size_needed)?;
-                shard.heap.alloc(size, align)?
+                shard.heap.alloc_valid(size, align)?
             }
             Err(e) => return Err(e.into()),
         };

@@ -75,6 +75,29 @@ fn one_shard_config() -> PoolConfig {
     }
 }
 
+/// Runs `f` on a new thread whose shard among `n` (`shards::thread_shard`) is one `wanted`
+/// accepts; returns that shard and what `f` returned. Threads take their shards in turn across
+/// the process, and tests running beside this one take turns too, so a few threads may be
+/// started before one lands on a wanted shard.
+fn on_a_thread_of_shard<R: Send>(
+    n: usize,
+    wanted: impl Fn(usize) -> bool + Sync,
+    f: impl Fn() -> R + Sync,
+) -> (usize, R) {
+    (0..64)
+        .find_map(|_| {
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    let shard = shards::thread_shard(n);
+                    wanted(shard).then(|| (shard, f()))
+                })
+                .join()
+                .unwrap()
+            })
+        })
+        .expect("none of 64 threads landed on a wanted shard")
+}
+
 fn cached_pool(depth: usize) -> Pool {
     let cfg = PoolConfig {
         chunk_size: 128 << 10,
@@ -1268,18 +1291,9 @@ fn a_shard_that_cannot_grow_allocates_from_another_shards_chunk() {
     // This thread's shard takes the one chunk the limit allows.
     let own = shards::thread_shard(2);
     let _first = pool.alloc(256, 16).unwrap();
-    // A thread on the other shard (threads take their shards in turn; tests running beside this
-    // one take turns too, so a few threads may be needed).
-    let block = (0..64)
-        .find_map(|_| {
-            std::thread::scope(|s| {
-                s.spawn(|| (shards::thread_shard(2) != own).then(|| pool.alloc(256, 16)))
-                    .join()
-                    .unwrap()
-            })
-        })
-        .expect("a thread on the other shard")
-        .expect("a block from the first shard's chunk");
+    // A thread on the other shard.
+    let (_, block) = on_a_thread_of_shard(2, |shard| shard != own, || pool.alloc(256, 16));
+    let block = block.expect("a block from the first shard's chunk");
     let stats = pool.stats();
     assert_eq!(stats.chunks, 1);
     assert_eq!(stats.shards[own].allocation_count, 2);

@@ -467,41 +467,28 @@ fn a_drain_frees_mixed_runs_of_shards_labels_and_emptied_chunks() {
             .map_err(|_| ())
             .unwrap();
         // Three threads on three shards, three chunks of 256 blocks each (one under Miri).
-        // Threads take their shards in turn across the process, and a test running beside this
-        // one takes turns too: a thread that lands on a shard already used allocates nothing and
-        // another is started.
         let per = if cfg!(miri) { 30 } else { 600 };
         let mut used = [false; 3];
         let mut per_thread: Vec<Vec<crate::pool::Block>> = Vec::new();
-        for _ in 0..64 {
-            if per_thread.len() == 3 {
-                break;
-            }
-            let (shard, blocks) = std::thread::scope(|s| {
-                s.spawn(|| {
-                    let shard = super::super::shards::thread_shard(3);
-                    let blocks = (!used[shard]).then(|| {
-                        (0..per)
-                            .map(|i| {
-                                let mut b = pool.alloc(256, 64).unwrap();
-                                if i % 17 == 5 {
-                                    b.set_label("lent");
-                                }
-                                b
-                            })
-                            .collect::<Vec<_>>()
-                    });
-                    (shard, blocks)
-                })
-                .join()
-                .unwrap()
-            });
-            if let Some(blocks) = blocks {
-                used[shard] = true;
-                per_thread.push(blocks);
-            }
+        for _ in 0..3 {
+            let (shard, blocks) = super::on_a_thread_of_shard(
+                3,
+                |shard| !used[shard],
+                || {
+                    (0..per)
+                        .map(|i| {
+                            let mut b = pool.alloc(256, 64).unwrap();
+                            if i % 17 == 5 {
+                                b.set_label("lent");
+                            }
+                            b
+                        })
+                        .collect::<Vec<_>>()
+                },
+            );
+            used[shard] = true;
+            per_thread.push(blocks);
         }
-        assert_eq!(per_thread.len(), 3, "threads on three shards");
         let before = live.load(Ordering::SeqCst);
         assert!(before >= if cfg!(miri) { 3 } else { 9 }, "{before} chunks");
         // Runs of 7, 3 and 11 blocks of each thread in turn, a dedicated block among them.
