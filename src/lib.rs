@@ -52,6 +52,7 @@ pub use mapping::bar::BarInfo;
 pub use mapping::batch::WriteBatch;
 pub use mapping::gpu::{AllocationReport, Gpu, OpenOptions};
 pub use mapping::memory::RawMemory;
+pub use mapping::release::{ReleaseTimes, SlowRelease};
 pub use mapping::retained::{Retained, RetainedItem, RetainedKind};
 pub use mapping::Mapping;
 #[cfg(feature = "gpu-alloc")]

@@ -9,7 +9,8 @@
 //! prints every thread's state.
 //!
 //! Also: what a release waits for (work queued on the legacy stream before it, or on the stream
-//! it names) and what it does not (a kernel on a non-blocking stream). Own binary: it counts fds.
+//! it names) and what it does not (a kernel on a non-blocking stream), and an arena that takes its
+//! own released chunk ahead of slow drops of others. Own binary: it counts fds.
 
 mod common;
 
@@ -417,6 +418,7 @@ fn releases_wait_for_legacy_stream_work_and_named_streams_only() {
     let t = Instant::now();
     drop(gpu.alloc(4 << 20).unwrap());
     drop(gpu.alloc(64 << 10).unwrap());
+    let dropped = Instant::now();
     assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(
@@ -425,9 +427,24 @@ fn releases_wait_for_legacy_stream_work_and_named_streams_only() {
         "the releases wait for the legacy stream"
     );
     assert!(!gpu.wait_for_releases(Duration::from_millis(100)));
+    // The release times say so: the memory's backing has waited since its drop, none is in a
+    // drop, and none has waited before.
+    let times = gpu.release_times();
+    let oldest = times.oldest_waiting.expect("two releases wait");
+    assert_eq!(times.waiting, 2);
+    assert_eq!(oldest.what(), "Backing", "{oldest:?}");
+    assert!(oldest.time >= Duration::from_millis(150), "{oldest}");
+    assert_eq!(times.longest_dropping, None);
+    let held = dropped.elapsed();
     kernel.stop();
     settle(&gpu);
     drop(kernel);
+    let times = gpu.release_times();
+    let waited = times.longest_wait.expect("the releases waited");
+    assert_eq!(waited.what(), "Backing");
+    assert!(waited.time >= held, "{waited} < {held:?}");
+    assert_eq!((times.waiting, times.oldest_waiting), (0, None));
+    println!("coexistence: a release held by a legacy-stream kernel waited {waited}");
 
     // A kernel on its own non-blocking stream: the default release does not wait for it...
     let mut kernel = PersistentKernel::start(&gpu, false, &[]);
@@ -458,6 +475,61 @@ fn releases_wait_for_legacy_stream_work_and_named_streams_only() {
     assert!(kernel.is_alive());
     kernel.stop();
     settle(&gpu);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn an_arena_grows_into_its_released_slot_ahead_of_slow_drops_of_others() {
+    let gpu = open(false);
+    let chunk = vkgdr::arena::granularity(gpu.driver(), 0)
+        .unwrap()
+        .max(2 << 20);
+    let mut arena = Arena::new(&gpu, 8 * chunk, chunk).unwrap();
+    arena.grow().unwrap();
+    arena.grow().unwrap();
+    settle(&gpu);
+    // Everything below waits for a kernel on the legacy stream: 8 GiB of raw memory, then the
+    // arena's last chunk.
+    let mut kernel = PersistentKernel::start(&gpu, true, &[]);
+    let big: Vec<_> = (0..8).map(|_| gpu.alloc(1 << 30).unwrap()).collect();
+    drop(big);
+    arena.shrink(1).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(
+        gpu.pending_releases(),
+        9,
+        "the releases wait for the kernel"
+    );
+    assert!(arena.grow().is_err(), "the slot is still being released");
+    // The kernel ends: the queue's thread starts on 8 GiB of drops (about 0.1 s each); the
+    // arena takes its own chunk ahead of them and grows into the slot again.
+    kernel.stop();
+    let t = Instant::now();
+    let grown = loop {
+        match arena.grow() {
+            Ok(_) => break Some(t.elapsed()),
+            Err(e) if e.is_out_of_memory() && t.elapsed() < Duration::from_secs(5) => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(_) => break None,
+        }
+    };
+    let left = gpu.pending_releases();
+    settle(&gpu);
+    drop(kernel);
+    let times = gpu.release_times();
+    let took = grown.expect("the arena grew again");
+    let drop_time = times.longest_drop.expect("the drops were timed");
+    println!(
+        "coexistence: the arena grew back {took:?} after the kernel ended, {left} of 8 GiB \
+         drops still waiting; the longest drop {drop_time}, the longest turn {}",
+        times.longest_turn.map_or("-".into(), |t| t.to_string())
+    );
+    assert!(
+        left >= 6,
+        "the arena's chunk went back only after every other drop ({took:?})"
+    );
+    assert_eq!(arena.chunk_count(), 2);
 }
 
 #[test]

@@ -11,6 +11,7 @@ use crate::driver::vulkan::VulkanMemory;
 use crate::error::{Error, InvalidArgument, MemorySide, Result};
 use crate::mapping::chunk::{ChunkMemory, ChunkSource};
 use crate::mapping::gpu::Gpu;
+use crate::mapping::release::{ReleaseKey, ReleaseQueue, DUE_SOON};
 pub use crate::mapping::vmm::granularity;
 use crate::mapping::vmm::{AddressRange, VmmDevice, VmmHandle};
 
@@ -314,14 +315,13 @@ impl Arena {
         Ok(self.len())
     }
 
-    /// Whether no release of `slot`'s earlier chunk is pending, releasing what is due first (for up
-    /// to [`DUE_SOON`](crate::mapping::release::DUE_SOON); a running kernel's work is not waited
-    /// for).
+    /// Whether no release of `slot`'s earlier chunk is pending, releasing the arena's own chunks
+    /// whose GPU work is done first, ahead of other releases in the queue (for up to
+    /// [`DUE_SOON`]; a running kernel's work is not waited for).
     fn slot_is_free(&self, slot: usize) -> bool {
-        crate::mapping::release::ReleaseQueue::global()
-            .poll_until(crate::mapping::release::DUE_SOON, || {
-                !self.releasing.lock().contains(&slot)
-            })
+        ReleaseQueue::global().poll_until(DUE_SOON, ReleaseKey::of(&self.releasing), || {
+            !self.releasing.lock().contains(&slot)
+        })
     }
 
     /// Takes the last `n` chunks (at most all of them) out of the arena. Returns the new length.
@@ -350,7 +350,8 @@ impl Arena {
                 chunk: Some(chunk),
                 _range: self.range.clone(),
             };
-            self.gpu.release_after_queued_work(Box::new(released), None);
+            self.gpu
+                .release_after_queued_work(released, None, ReleaseKey::of(&self.releasing));
         }
         Ok(self.len())
     }

@@ -13,7 +13,7 @@ use crate::driver::cuda::{
 };
 use crate::error::{Error, InvalidArgument, Result};
 use crate::mapping::gpu::Gpu;
-use crate::mapping::release::Fence;
+use crate::mapping::release::{Fence, ReleaseKey};
 use crate::mapping::vmm::{MappedMemory, VmmMapping};
 
 /// A CUDA module loaded from PTX text with `cuModuleLoadData`.
@@ -470,7 +470,7 @@ impl Drop for PinnedBuffer {
         match self.backing.take() {
             // `cuMemFreeHost` waits for running kernels anyway: free it here.
             Some(b @ PinnedBacking::Driver { .. }) => drop(b),
-            Some(b) => self.gpu.release_after_queued_work(Box::new(b), None),
+            Some(b) => self.gpu.release_after_queued_work(b, None, ReleaseKey::ANY),
             None => {}
         }
     }
@@ -569,7 +569,7 @@ impl Drop for DeviceBuffer {
         match self.backing.take() {
             // `cuMemFree` waits for running kernels anyway: free it here.
             Some(b @ DeviceBacking::Driver { .. }) => drop(b),
-            Some(b) => self.gpu.release_after_queued_work(Box::new(b), None),
+            Some(b) => self.gpu.release_after_queued_work(b, None, ReleaseKey::ANY),
             None => {}
         }
     }

@@ -28,6 +28,7 @@ use crate::mapping::gpu::Gpu;
 pub use crate::mapping::pinned::read_staging::{
     STAGED_READ_THRESHOLD, STAGING_BUFFERS, STAGING_BUFFER_BYTES,
 };
+use crate::mapping::release::ReleaseKey;
 use crate::mapping::spare::{Kept, SPARE_MAX};
 use crate::mapping::vmm::MappedMemory;
 use crate::mapping::Mapping;
@@ -610,9 +611,11 @@ impl Drop for RawMemory {
         match self.backing.take() {
             // Its free is `cuMemFree`, which waits anyway: no point in queueing it.
             Some(b @ Backing::Imported(_)) => drop(b),
-            Some(b) => self
-                .gpu
-                .release_after_queued_work(Box::new(b), self.context.map(SendSyncPtr::get)),
+            Some(b) => self.gpu.release_after_queued_work(
+                b,
+                self.context.map(SendSyncPtr::get),
+                ReleaseKey::ANY,
+            ),
             None => {}
         }
     }

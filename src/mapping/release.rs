@@ -22,9 +22,12 @@
 //!   or on the legacy stream where the driver lacks stream memory operations.
 //!
 //! Memory waiting here still counts as in use (BAR exhaustion stays exact); allocation paths poll
-//! the queue before they give up with out-of-memory ([`ReleaseQueue::poll`]).
+//! the queue before they give up with out-of-memory ([`ReleaseQueue::poll_until`]). Whoever polls
+//! takes one release at a time, so a drop that takes long holds back only its own; an owner that
+//! waits for its own releases (an arena's slot) polls with its [`ReleaseKey`] and takes those
+//! first. [`ReleaseTimes`] says what waited, and for how long.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -55,19 +58,178 @@ const POLL_MAX: Duration = Duration::from_millis(2);
 struct Pending {
     fence: Box<dyn Fence>,
     value: Box<dyn Send>,
-    /// The owner's count of waiting releases ([`PendingCount`]).
+    /// The owner's account of its releases ([`PendingCount`]).
     count: PendingCount,
+    /// Whose it is, for a caller that waits for its own ([`ReleaseQueue::poll_until`]).
+    key: ReleaseKey,
+    /// When it was queued, and the type of `value` (for [`ReleaseTimes`]).
+    since: Instant,
+    what: &'static str,
 }
 
-/// How many releases of one owner (a [`Gpu`](crate::Gpu)) wait in the queue.
+impl Pending {
+    /// Drops the value (its fence has passed: seen at `passed`), timing the wait, the turn and
+    /// the drop on the owner's account.
+    fn finish(self, passed: Instant) {
+        let Pending {
+            fence,
+            value,
+            count,
+            since,
+            what,
+            ..
+        } = self;
+        drop(fence);
+        let waited = passed.saturating_duration_since(since);
+        let id = count.started(waited, passed.elapsed(), what);
+        let start = Instant::now();
+        drop(value);
+        count.finished(id, start.elapsed(), what);
+    }
+}
+
+/// How many releases of one owner (a [`Gpu`](crate::Gpu)) wait in the queue, and how long they
+/// took.
 #[derive(Clone, Default)]
-pub(crate) struct PendingCount(Arc<AtomicUsize>);
+pub(crate) struct PendingCount(Arc<OwnerReleases>);
+
+#[derive(Default)]
+struct OwnerReleases {
+    waiting: AtomicUsize,
+    times: Mutex<Times>,
+}
+
+/// The slowest releases of one owner so far, and the drops under way.
+#[derive(Default)]
+struct Times {
+    longest_wait: Option<SlowRelease>,
+    longest_turn: Option<SlowRelease>,
+    longest_drop: Option<SlowRelease>,
+    /// Drops under way: an id, when it began, what it drops.
+    dropping: Vec<(u64, Instant, &'static str)>,
+    next_id: u64,
+}
 
 impl PendingCount {
     /// Releases waiting now.
     pub(crate) fn get(&self) -> usize {
-        self.0.load(Ordering::Acquire)
+        self.0.waiting.load(Ordering::Acquire)
     }
+
+    /// Notes a drop beginning after its fence took `waited` and its turn `turn`; returns its
+    /// id for [`finished`](Self::finished).
+    fn started(&self, waited: Duration, turn: Duration, what: &'static str) -> u64 {
+        let mut t = self.0.times.lock();
+        SlowRelease::keep_longest(&mut t.longest_wait, waited, what);
+        SlowRelease::keep_longest(&mut t.longest_turn, turn, what);
+        let id = t.next_id;
+        t.next_id += 1;
+        t.dropping.push((id, Instant::now(), what));
+        id
+    }
+
+    /// Notes the end of drop `id`, which took `took`; the release no longer waits.
+    fn finished(&self, id: u64, took: Duration, what: &'static str) {
+        {
+            let mut t = self.0.times.lock();
+            SlowRelease::keep_longest(&mut t.longest_drop, took, what);
+            t.dropping.retain(|(i, ..)| *i != id);
+        }
+        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn same(&self, other: &PendingCount) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// One release and how long it took (or has taken so far): see [`ReleaseTimes`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlowRelease {
+    /// How long.
+    pub time: Duration,
+    /// The Rust type of what was released (`std::any::type_name`; [`SlowRelease::what`] gives it
+    /// without module paths).
+    pub type_name: &'static str,
+}
+
+impl SlowRelease {
+    /// The released type's name without module paths (`Arc<RingMemory>`, `ReleasedChunk`).
+    pub fn what(&self) -> String {
+        short_type_name(self.type_name)
+    }
+
+    fn keep_longest(slot: &mut Option<SlowRelease>, time: Duration, type_name: &'static str) {
+        if slot.is_none_or(|s| time > s.time) {
+            *slot = Some(SlowRelease { time, type_name });
+        }
+    }
+}
+
+impl std::fmt::Display for SlowRelease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.3} ms ({})",
+            self.time.as_secs_f64() * 1e3,
+            self.what()
+        )
+    }
+}
+
+/// How the releases of one [`Gpu`](crate::Gpu)'s memory went: those waiting now, and the
+/// slowest so far, of those that waited in the release queue (a release whose GPU work was
+/// done at once drops its value on the caller's thread and is not counted). A release waits
+/// for the GPU work queued before it on the legacy and blocking streams; one that waits for
+/// seconds names work that does not end (a kernel there that runs on). Then it waits for its
+/// turn: the queue hands out one release at a time to whichever thread polls (its own thread,
+/// an allocation that ran out of memory), so a drop that takes long (unmapping a large
+/// allocation) holds back the releases behind it until another thread polls.
+///
+/// ```no_run
+/// let gpu = vkgdr::Gpu::open(0)?;
+/// let times = gpu.release_times();
+/// if let Some(oldest) = times.oldest_waiting {
+///     eprintln!("{} releases waiting, the oldest for {oldest}", times.waiting);
+/// }
+/// # Ok::<(), vkgdr::Error>(())
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReleaseTimes {
+    /// Releases waiting now, for their fence or in a drop
+    /// ([`Gpu::pending_releases`](crate::Gpu::pending_releases)).
+    pub waiting: usize,
+    /// The release that has waited longest of those queued now (for its fence, or for its turn
+    /// to be dropped).
+    pub oldest_waiting: Option<SlowRelease>,
+    /// The drop under way now that began first, and how long it has taken so far.
+    pub longest_dropping: Option<SlowRelease>,
+    /// The longest any release waited for the GPU work queued before it (as often as the
+    /// queue looked: at least every millisecond, and between two drops).
+    pub longest_wait: Option<SlowRelease>,
+    /// The longest a release whose GPU work was done waited for its turn to be dropped: behind
+    /// other drops on the queue's thread, until a thread that polls took it.
+    pub longest_turn: Option<SlowRelease>,
+    /// The longest the drop of a released value took.
+    pub longest_drop: Option<SlowRelease>,
+}
+
+/// `std::any::type_name` without module paths: `alloc::sync::Arc<vkgdr::ring::RingMemory>` is
+/// `Arc<RingMemory>`.
+fn short_type_name(full: &str) -> String {
+    let mut out = String::with_capacity(full.len());
+    let mut word = String::new();
+    for c in full.chars() {
+        if c.is_alphanumeric() || c == '_' || c == ':' {
+            word.push(c);
+        } else {
+            out.push_str(word.rsplit("::").next().unwrap_or(""));
+            word.clear();
+            out.push(c);
+        }
+    }
+    out.push_str(word.rsplit("::").next().unwrap_or(""));
+    out
 }
 
 /// How many [`EventFence`]s of one owner (a [`Gpu`](crate::Gpu)) exist, and how many it has
@@ -102,19 +264,83 @@ impl EventFenceCount {
 
 /// The process's queue of releases waiting for their fences, and its thread.
 pub(crate) struct ReleaseQueue {
-    pending: Mutex<Vec<Pending>>,
-    /// `pending.len()`, readable without the lock.
+    lists: Mutex<Lists>,
+    /// Releases in `lists` (both lists), readable without the lock.
     waiting: AtomicUsize,
     wake: Condvar,
     thread: OnceLock<bool>,
 }
 
-static QUEUE: ReleaseQueue = ReleaseQueue {
-    pending: Mutex::new(Vec::new()),
-    waiting: AtomicUsize::new(0),
-    wake: Condvar::new(),
-    thread: OnceLock::new(),
-};
+/// The releases of a [`ReleaseQueue`].
+struct Lists {
+    /// Waiting for their fences.
+    pending: Vec<Pending>,
+    /// Fence passed (when it was seen), value not dropped yet. Pollers take them one at a time,
+    /// so a drop that takes long holds back only its own release: another thread's poll takes
+    /// the next.
+    ready: VecDeque<(Pending, Instant)>,
+    /// When `pending` was last looked through.
+    looked: Option<Instant>,
+}
+
+impl Lists {
+    const fn new() -> Lists {
+        Lists {
+            pending: Vec::new(),
+            ready: VecDeque::new(),
+            looked: None,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.pending.len() + self.ready.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.pending.is_empty() && self.ready.is_empty()
+    }
+
+    /// Moves the releases whose fences have passed to `ready`, when `ready` holds none that
+    /// `key` takes or `pending` was last looked through [`LOOK_EVERY`] ago: each look is a load
+    /// per ticket and a driver call per event fence, so not one per drop.
+    fn look(&mut self, key: ReleaseKey) {
+        let now = Instant::now();
+        let stale = self.looked.is_none_or(|at| now - at >= LOOK_EVERY);
+        if !stale && self.ready.iter().any(|(p, _)| key.takes(p)) {
+            return;
+        }
+        let passed: Vec<Pending> = self.pending.extract_if(.., |p| p.fence.passed()).collect();
+        self.ready.extend(passed.into_iter().map(|p| (p, now)));
+        self.looked = Some(now);
+    }
+}
+
+/// How often a poller looks through the releases waiting for their fences while it takes
+/// passed ones.
+const LOOK_EVERY: Duration = Duration::from_millis(1);
+
+static QUEUE: ReleaseQueue = ReleaseQueue::new();
+
+/// Whose a release is: [`ReleaseKey::ANY`] for most; an owner that later waits for its own
+/// releases (an [`Arena`](crate::Arena) growing into a slot it released) gives its own, and its
+/// [`ReleaseQueue::poll_until`] takes those first, ahead of slower drops of others.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ReleaseKey(usize);
+
+impl ReleaseKey {
+    /// Nobody's in particular; as a poller's key: takes every release.
+    pub(crate) const ANY: ReleaseKey = ReleaseKey(0);
+
+    /// The key of what `owner` points to (unique while it lives).
+    pub(crate) fn of<T>(owner: &Arc<T>) -> ReleaseKey {
+        ReleaseKey(Arc::as_ptr(owner) as usize)
+    }
+
+    /// Whether a poller with this key takes `p`.
+    fn takes(self, p: &Pending) -> bool {
+        self == ReleaseKey::ANY || p.key == self
+    }
+}
 
 /// How long an allocation that ran out of memory (or an arena slot still being released) keeps
 /// releasing what is due before it gives up: GPU work that was about to finish gets the chance
@@ -122,18 +348,28 @@ static QUEUE: ReleaseQueue = ReleaseQueue {
 pub(crate) const DUE_SOON: Duration = Duration::from_millis(5);
 
 impl ReleaseQueue {
+    const fn new() -> ReleaseQueue {
+        ReleaseQueue {
+            lists: Mutex::new(Lists::new()),
+            waiting: AtomicUsize::new(0),
+            wake: Condvar::new(),
+            thread: OnceLock::new(),
+        }
+    }
+
     /// The process's queue.
     pub(crate) fn global() -> &'static ReleaseQueue {
         &QUEUE
     }
 
     /// Drops `value` once `fence` has passed: on this thread if it passes within [`SPIN`],
-    /// otherwise on the queue's thread. Never waits longer.
-    pub(crate) fn release(
+    /// otherwise on the queue's thread (or a thread that polls with `key`). Never waits longer.
+    pub(crate) fn release<V: Send + 'static>(
         &'static self,
         fence: Box<dyn Fence>,
-        value: Box<dyn Send>,
+        value: V,
         count: &PendingCount,
+        key: ReleaseKey,
     ) {
         let start = Instant::now();
         loop {
@@ -146,52 +382,107 @@ impl ReleaseQueue {
             }
             std::hint::spin_loop();
         }
-        count.0.fetch_add(1, Ordering::AcqRel);
-        let mut pending = self.pending.lock();
-        pending.push(Pending {
+        count.0.waiting.fetch_add(1, Ordering::AcqRel);
+        let mut lists = self.lists.lock();
+        lists.pending.push(Pending {
             fence,
-            value,
+            value: Box::new(value),
             count: count.clone(),
+            key,
+            since: start,
+            what: std::any::type_name::<V>(),
         });
-        self.waiting.store(pending.len(), Ordering::Release);
-        drop(pending);
+        self.waiting.store(lists.len(), Ordering::Release);
+        drop(lists);
         self.start_thread();
         self.wake.notify_one();
     }
 
-    /// Drops every waiting value whose fence has passed, on the calling thread; returns how many.
-    pub(crate) fn poll(&self) -> usize {
+    /// Drops one release whose fence has passed and that `key` takes, on the calling thread;
+    /// whether there was one.
+    fn poll_one(&self, key: ReleaseKey) -> bool {
         if self.waiting.load(Ordering::Acquire) == 0 {
-            return 0;
+            return false;
         }
-        let ready: Vec<Pending> = {
-            let mut pending = self.pending.lock();
-            let ready: Vec<Pending> = pending.extract_if(.., |p| p.fence.passed()).collect();
-            self.waiting.store(pending.len(), Ordering::Release);
-            ready
+        let (next, passed) = {
+            let mut lists = self.lists.lock();
+            lists.look(key);
+            let Some(at) = lists.ready.iter().position(|(p, _)| key.takes(p)) else {
+                return false;
+            };
+            let next = lists.ready.remove(at).expect("found above");
+            self.waiting.store(lists.len(), Ordering::Release);
+            next
         };
-        let n = ready.len();
-        // Values drop outside the lock: dropping one may queue another release.
-        for p in ready {
-            drop(p.value);
-            p.count.0.fetch_sub(1, Ordering::AcqRel);
+        // Outside the lock: dropping a value may queue another release.
+        next.finish(passed);
+        true
+    }
+
+    /// Drops every waiting value whose fence has passed, on the calling thread, one at a time;
+    /// returns how many.
+    pub(crate) fn poll(&self) -> usize {
+        let mut n = 0;
+        while self.poll_one(ReleaseKey::ANY) {
+            n += 1;
         }
         n
     }
 
-    /// Releases what is due until `done()` holds or `within` has passed (then `done()` is
-    /// returned as it stands); returns at once when nothing waits in the queue.
-    pub(crate) fn poll_until(&self, within: Duration, done: impl Fn() -> bool) -> bool {
+    /// The releases of `count`'s owner: those waiting now and the slowest so far.
+    pub(crate) fn times(&self, count: &PendingCount) -> ReleaseTimes {
+        let now = Instant::now();
+        let oldest_waiting = {
+            let lists = self.lists.lock();
+            let queued = lists
+                .pending
+                .iter()
+                .chain(lists.ready.iter().map(|(p, _)| p));
+            let mine = queued.filter(|p| p.count.same(count));
+            mine.min_by_key(|p| p.since).map(|p| SlowRelease {
+                time: now.saturating_duration_since(p.since),
+                type_name: p.what,
+            })
+        };
+        let t = count.0.times.lock();
+        ReleaseTimes {
+            waiting: count.get(),
+            oldest_waiting,
+            longest_dropping: t.dropping.iter().min_by_key(|(_, at, _)| *at).map(
+                |&(_, at, type_name)| SlowRelease {
+                    time: now.saturating_duration_since(at),
+                    type_name,
+                },
+            ),
+            longest_wait: t.longest_wait,
+            longest_turn: t.longest_turn,
+            longest_drop: t.longest_drop,
+        }
+    }
+
+    /// Releases what is due, one at a time (those of `key` only, unless it is
+    /// [`ReleaseKey::ANY`]), until `done()` holds or `within` has passed, checked between two
+    /// drops (then `done()` is returned as it stands). With [`ReleaseKey::ANY`] it returns at
+    /// once when nothing waits in the queue.
+    pub(crate) fn poll_until(
+        &self,
+        within: Duration,
+        key: ReleaseKey,
+        done: impl Fn() -> bool,
+    ) -> bool {
         let start = Instant::now();
         loop {
-            self.poll();
             if done() {
                 return true;
             }
-            if self.waiting.load(Ordering::Acquire) == 0 || start.elapsed() >= within {
+            let dropped = self.poll_one(key);
+            let idle = key == ReleaseKey::ANY && self.waiting.load(Ordering::Acquire) == 0;
+            if start.elapsed() >= within || (!dropped && idle) {
                 return done();
             }
-            std::thread::sleep(Duration::from_micros(20));
+            if !dropped {
+                std::thread::sleep(Duration::from_micros(20));
+            }
         }
     }
 
@@ -216,9 +507,9 @@ impl ReleaseQueue {
         let mut interval = POLL_MIN;
         loop {
             {
-                let mut pending = self.pending.lock();
-                while pending.is_empty() {
-                    self.wake.wait(&mut pending);
+                let mut lists = self.lists.lock();
+                while lists.is_empty() {
+                    self.wake.wait(&mut lists);
                     interval = POLL_MIN;
                 }
             }
@@ -442,7 +733,12 @@ mod tests {
     #[test]
     fn a_passed_fence_releases_on_the_callers_thread() {
         let (dropped, count) = (Arc::new(AtomicUsize::new(0)), PendingCount::default());
-        QUEUE.release(Box::new(Passed), Box::new(Counted(dropped.clone())), &count);
+        QUEUE.release(
+            Box::new(Passed),
+            Counted(dropped.clone()),
+            &count,
+            ReleaseKey::ANY,
+        );
         assert_eq!((dropped.load(Ordering::Acquire), count.get()), (1, 0));
     }
 
@@ -453,8 +749,9 @@ mod tests {
         for _ in 0..3 {
             QUEUE.release(
                 Box::new(Flag(open.clone())),
-                Box::new(Counted(dropped.clone())),
+                Counted(dropped.clone()),
                 &count,
+                ReleaseKey::ANY,
             );
         }
         assert_eq!((dropped.load(Ordering::Acquire), count.get()), (0, 3));
@@ -476,7 +773,12 @@ mod tests {
         impl Drop for Chain {
             fn drop(&mut self) {
                 if let Some((open, dropped, count)) = self.0.take() {
-                    QUEUE.release(Box::new(Flag(open)), Box::new(Counted(dropped)), &count);
+                    QUEUE.release(
+                        Box::new(Flag(open)),
+                        Counted(dropped),
+                        &count,
+                        ReleaseKey::ANY,
+                    );
                 }
             }
         }
@@ -485,8 +787,9 @@ mod tests {
         let inner = Arc::new(AtomicBool::new(false));
         QUEUE.release(
             Box::new(Flag(open)),
-            Box::new(Chain(Some((inner.clone(), dropped.clone(), count.clone())))),
+            Chain(Some((inner.clone(), dropped.clone(), count.clone()))),
             &count,
+            ReleaseKey::ANY,
         );
         assert_eq!(count.get(), 1, "the inner release waits");
         inner.store(true, Ordering::Release);
@@ -496,5 +799,227 @@ mod tests {
             std::thread::yield_now();
         }
         assert_eq!(dropped.load(Ordering::Acquire), 1);
+    }
+
+    /// Drops only once `go` is set (or after 3 s, so a failing test ends), saying when it began.
+    struct Blocking {
+        started: Arc<AtomicBool>,
+        go: Arc<AtomicBool>,
+    }
+
+    impl Blocking {
+        fn new() -> (Blocking, Arc<AtomicBool>, Arc<AtomicBool>) {
+            let (started, go) = (
+                Arc::new(AtomicBool::new(false)),
+                Arc::new(AtomicBool::new(false)),
+            );
+            (
+                Blocking {
+                    started: started.clone(),
+                    go: go.clone(),
+                },
+                started,
+                go,
+            )
+        }
+    }
+
+    impl Drop for Blocking {
+        fn drop(&mut self) {
+            self.started.store(true, Ordering::Release);
+            let t = Instant::now();
+            while !self.go.load(Ordering::Acquire) && t.elapsed() < Duration::from_secs(3) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+
+    /// Takes 30 ms to drop.
+    struct Slow;
+
+    impl Drop for Slow {
+        fn drop(&mut self) {
+            std::thread::sleep(Duration::from_millis(30));
+        }
+    }
+
+    /// A queue of its own without a thread: only the test's pollers drop its releases.
+    fn private_queue() -> &'static ReleaseQueue {
+        let q: &'static ReleaseQueue = Box::leak(Box::new(ReleaseQueue::new()));
+        q.thread.set(false).expect("a new queue has no thread");
+        q
+    }
+
+    /// Polls `q` until `done()` or 10 s; returns `done()`.
+    fn poll_for(q: &ReleaseQueue, done: impl Fn() -> bool) -> bool {
+        let t = Instant::now();
+        while !done() && t.elapsed() < Duration::from_secs(10) {
+            q.poll();
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        done()
+    }
+
+    /// Waits up to 10 s for `flag`.
+    fn until_set(flag: &AtomicBool) -> bool {
+        let t = Instant::now();
+        while !flag.load(Ordering::Acquire) && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        flag.load(Ordering::Acquire)
+    }
+
+    #[test]
+    fn a_drop_that_takes_long_holds_back_only_its_own_release() {
+        let (q, count) = (private_queue(), PendingCount::default());
+        let open = Arc::new(AtomicBool::new(false));
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let (blocking, started, go) = Blocking::new();
+        q.release(
+            Box::new(Flag(open.clone())),
+            blocking,
+            &count,
+            ReleaseKey::ANY,
+        );
+        q.release(
+            Box::new(Flag(open.clone())),
+            Counted(dropped.clone()),
+            &count,
+            ReleaseKey::ANY,
+        );
+        open.store(true, Ordering::Release);
+        // A helper takes the blocking drop (the first in line); then this thread polls.
+        let helper = std::thread::spawn(move || q.poll());
+        assert!(until_set(&started), "the blocking drop began");
+        let during = q.times(&count);
+        let freed = poll_for(q, || dropped.load(Ordering::Acquire) == 1);
+        let left = count.get();
+        go.store(true, Ordering::Release);
+        assert_eq!(
+            helper.join().unwrap(),
+            1,
+            "the helper dropped the blocking value only"
+        );
+        assert!(
+            freed,
+            "the second release waited behind the first one's drop"
+        );
+        assert_eq!(left, 1, "only the blocking release was left");
+        assert_eq!(
+            during.longest_dropping.expect("a drop under way").what(),
+            "Blocking"
+        );
+        assert_eq!(count.get(), 0);
+        let after = q.times(&count);
+        assert_eq!(after.longest_dropping, None);
+        assert_eq!(after.longest_drop.expect("timed").what(), "Blocking");
+    }
+
+    #[test]
+    fn a_poller_with_a_key_takes_its_own_release_ahead_of_the_others() {
+        let (q, count) = (private_queue(), PendingCount::default());
+        let open = Arc::new(AtomicBool::new(false));
+        let mine = ReleaseKey::of(&open);
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let (first, started, go_first) = Blocking::new();
+        let (second, second_started, go_second) = Blocking::new();
+        for value in [first, second] {
+            q.release(Box::new(Flag(open.clone())), value, &count, ReleaseKey::ANY);
+        }
+        q.release(
+            Box::new(Flag(open.clone())),
+            Counted(dropped.clone()),
+            &count,
+            mine,
+        );
+        open.store(true, Ordering::Release);
+        let helper = std::thread::spawn(move || q.poll_one(ReleaseKey::ANY));
+        assert!(until_set(&started));
+        // In line behind the second blocking drop; taken at once with the key.
+        let t = Instant::now();
+        let done = q.poll_until(Duration::from_secs(5), mine, || {
+            dropped.load(Ordering::Acquire) == 1
+        });
+        let took = t.elapsed();
+        let second_taken = second_started.load(Ordering::Acquire);
+        go_first.store(true, Ordering::Release);
+        go_second.store(true, Ordering::Release);
+        assert!(helper.join().unwrap());
+        assert!(
+            done && !second_taken,
+            "the keyed poll took another's drop first"
+        );
+        assert!(took < Duration::from_secs(1), "{took:?}");
+        // A keyed poll takes nothing else, and waits out its time when its own are gone.
+        assert!(!q.poll_until(Duration::from_millis(5), mine, || false));
+        assert_eq!(count.get(), 1, "the second blocking release is still there");
+        assert_eq!(q.poll(), 1);
+    }
+
+    #[test]
+    fn poll_until_stops_between_drops_once_its_time_is_up() {
+        let (q, count) = (private_queue(), PendingCount::default());
+        let open = Arc::new(AtomicBool::new(false));
+        for _ in 0..3 {
+            q.release(Box::new(Flag(open.clone())), Slow, &count, ReleaseKey::ANY);
+        }
+        open.store(true, Ordering::Release);
+        let t = Instant::now();
+        assert!(!q.poll_until(Duration::from_millis(5), ReleaseKey::ANY, || false));
+        let took = t.elapsed();
+        assert_eq!(count.get(), 2, "one drop, then the time was up");
+        assert!(took < Duration::from_millis(60), "{took:?}");
+        // The two left: the second's turn came after the first drop, the third's after two.
+        assert_eq!(q.poll(), 2);
+        let times = q.times(&count);
+        let turn = times.longest_turn.expect("timed");
+        let wait = times.longest_wait.expect("timed");
+        assert!(turn.time >= Duration::from_millis(60), "{turn}");
+        assert!(wait.time < turn.time, "{wait} against {turn}");
+        assert!(times.longest_drop.expect("timed").time >= Duration::from_millis(30));
+    }
+
+    #[test]
+    fn release_times_name_the_oldest_and_the_slowest_release() {
+        let (q, count) = (private_queue(), PendingCount::default());
+        let open = Arc::new(AtomicBool::new(false));
+        let t = Instant::now();
+        q.release(Box::new(Flag(open.clone())), Slow, &count, ReleaseKey::ANY);
+        std::thread::sleep(Duration::from_millis(30));
+        let before = q.times(&count);
+        assert_eq!(before.waiting, 1);
+        let oldest = before.oldest_waiting.expect("one release waits");
+        assert_eq!(oldest.what(), "Slow");
+        assert!(oldest.time >= Duration::from_millis(30), "{oldest}");
+        assert_eq!((before.longest_wait, before.longest_drop), (None, None));
+        open.store(true, Ordering::Release);
+        assert!(poll_for(q, || count.get() == 0));
+        let waited = t.elapsed();
+        let after = q.times(&count);
+        assert_eq!((after.waiting, after.oldest_waiting), (0, None));
+        let wait = after.longest_wait.expect("timed");
+        let drop_time = after.longest_drop.expect("timed");
+        assert!(
+            wait.time >= Duration::from_millis(30) && wait.time <= waited,
+            "{wait}"
+        );
+        assert!(drop_time.time >= Duration::from_millis(30), "{drop_time}");
+        assert_eq!(
+            (wait.what(), drop_time.what()),
+            ("Slow".into(), "Slow".into())
+        );
+    }
+
+    #[test]
+    fn type_names_lose_their_module_paths() {
+        assert_eq!(
+            short_type_name("alloc::sync::Arc<vkgdr::ring::RingMemory>"),
+            "Arc<RingMemory>"
+        );
+        assert_eq!(
+            short_type_name("(u8, core::option::Option<a::b::C<'_>>)"),
+            "(u8, Option<C<'_>>)"
+        );
+        assert_eq!(short_type_name("Plain"), "Plain");
     }
 }

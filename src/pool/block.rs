@@ -15,6 +15,7 @@ use crate::core::ring::d2h::ReleaseToken;
 use crate::error::Result;
 #[cfg(doc)]
 use crate::mapping::chunk::ChunkMemory;
+use crate::mapping::release::ReleaseKey;
 use crate::mapping::Mapping;
 
 /// A block of pool memory: host pointer, device pointer, size. Freed when dropped.
@@ -628,11 +629,11 @@ impl Block {
         let gpu = stream.gpu();
         match stream.fence() {
             Ok(fence) => {
-                gpu.release_after(Box::new(self), fence);
+                gpu.release_after(self, fence);
                 Ok(())
             }
             Err(e) => {
-                gpu.release_after_queued_work(Box::new(self), None);
+                gpu.release_after_queued_work(self, None, ReleaseKey::ANY);
                 Err(e)
             }
         }
@@ -651,6 +652,6 @@ impl Block {
         stream: crate::driver::cuda::CuStream,
     ) -> Result<()> {
         // SAFETY: the caller's contract.
-        unsafe { gpu.release_after_stream(Box::new(self), stream, None) }
+        unsafe { gpu.release_after_stream(self, stream, None) }
     }
 }

@@ -18,7 +18,8 @@ use crate::driver::vulkan::{DeviceSelector, MemoryOptions, VulkanContext};
 use crate::error::{Error, InvalidArgument, Result};
 use crate::mapping::carve::Carver;
 use crate::mapping::release::{
-    EventFence, EventFenceCount, Fence, FenceWords, PendingCount, ReleaseQueue,
+    EventFence, EventFenceCount, Fence, FenceWords, PendingCount, ReleaseKey, ReleaseQueue,
+    ReleaseTimes,
 };
 use crate::mapping::retained::{names, Retained, RetainedItem, RetainedKind};
 use crate::mapping::spare::{Spares, SPARE_BYTES, SPARE_MAX};
@@ -622,6 +623,12 @@ impl Gpu {
         self.inner.pending.get()
     }
 
+    /// How the releases of this handle's memory went: those waiting now, and the slowest so
+    /// far ([`ReleaseTimes`]: what keeps a release waiting, or a drop that waits).
+    pub fn release_times(&self) -> ReleaseTimes {
+        ReleaseQueue::global().times(&self.inner.pending)
+    }
+
     /// Waits until every release of this handle's memory has happened, up to `timeout`; returns
     /// whether none is left. Releases wait for the GPU work queued before them (not for kernels
     /// on non-blocking streams), so this returns soon unless a kernel on the legacy or a
@@ -656,7 +663,7 @@ impl Gpu {
                 if !queue.is_empty() {
                     // Retry as soon as something was released, or once the time is up.
                     let before = self.pending_releases();
-                    queue.poll_until(crate::mapping::release::DUE_SOON, || {
+                    queue.poll_until(crate::mapping::release::DUE_SOON, ReleaseKey::ANY, || {
                         self.pending_releases() < before || queue.is_empty()
                     });
                 }
@@ -727,13 +734,14 @@ impl Gpu {
     /// Drops `value` (memory, or what owns memory) once the GPU work queued before now in
     /// `context` (the handle's own when `None`) has completed, never waiting: at once when
     /// nothing is queued, else on the release queue's thread.
-    pub(crate) fn release_after_queued_work(
+    pub(crate) fn release_after_queued_work<V: Send + 'static>(
         &self,
-        value: Box<dyn Send>,
+        value: V,
         context: Option<CuContext>,
+        key: ReleaseKey,
     ) {
         match self.queued_work_fence(context) {
-            Ok(fence) => ReleaseQueue::global().release(fence, value, &self.inner.pending),
+            Ok(fence) => ReleaseQueue::global().release(fence, value, &self.inner.pending, key),
             // No fence can be issued in a context that is gone, and no kernel of it runs any
             // more: nothing to wait for.
             Err(_) => drop(value),
@@ -780,28 +788,28 @@ impl Gpu {
     ///
     /// # Safety
     /// - As for [`Gpu::stream_fence`].
-    pub(crate) unsafe fn release_after_stream(
+    pub(crate) unsafe fn release_after_stream<V: Send + 'static>(
         &self,
-        value: Box<dyn Send>,
+        value: V,
         stream: CuStream,
         context: Option<CuContext>,
     ) -> Result<()> {
         // SAFETY: forwarded.
         match unsafe { self.stream_fence(stream, None) } {
             Ok(fence) => {
-                ReleaseQueue::global().release(fence, value, &self.inner.pending);
+                ReleaseQueue::global().release(fence, value, &self.inner.pending, ReleaseKey::ANY);
                 Ok(())
             }
             Err(e) => {
-                self.release_after_queued_work(value, context);
+                self.release_after_queued_work(value, context, ReleaseKey::ANY);
                 Err(e)
             }
         }
     }
 
     /// Drops `value` once `fence` has passed, never waiting.
-    pub(crate) fn release_after(&self, value: Box<dyn Send>, fence: Box<dyn Fence>) {
-        ReleaseQueue::global().release(fence, value, &self.inner.pending);
+    pub(crate) fn release_after<V: Send + 'static>(&self, value: V, fence: Box<dyn Fence>) {
+        ReleaseQueue::global().release(fence, value, &self.inner.pending, ReleaseKey::ANY);
     }
 }
 

@@ -431,7 +431,7 @@ impl Drop for LaneCopy {
             return;
         };
         match keep.1.fence() {
-            Ok(fence) => self.gpu.release_after(Box::new(keep), fence),
+            Ok(fence) => self.gpu.release_after(keep, fence),
             // No fence in a dead context: no copy of it runs any more.
             Err(_) => drop(keep),
         }

@@ -147,7 +147,7 @@ impl Drop for LaunchRing {
         if let Ok(fence) = self.stream.fence() {
             self.ring
                 .gpu
-                .release_after(Box::new(Arc::clone(&self.ring.memory)), fence);
+                .release_after(Arc::clone(&self.ring.memory), fence);
         }
     }
 }

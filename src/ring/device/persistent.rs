@@ -693,7 +693,7 @@ impl Drop for DeviceRing {
         self.stop();
         if let Some(w) = self.consumer.get_mut().take() {
             self.gpu
-                .release_after(Box::new(Arc::clone(&self.memory)), Box::new(w.done));
+                .release_after(Arc::clone(&self.memory), Box::new(w.done));
         }
     }
 }
