@@ -142,6 +142,25 @@ pub struct SoakDeviceFiguresJson {
     pub event_fences_made: u64,
     /// The most of them alive at once since it was opened.
     pub event_fences_peak: u64,
+    /// The longest a release of the device's memory waited in the release queue for the GPU
+    /// work queued before it (`vkgdr::ReleaseTimes`; `null`: none waited).
+    #[serde(default)]
+    pub longest_release_wait: Option<SlowReleaseJson>,
+    /// The longest a release whose GPU work was done waited for its turn to be dropped.
+    #[serde(default)]
+    pub longest_release_turn: Option<SlowReleaseJson>,
+    /// The longest the drop of a released value took once its work was done.
+    #[serde(default)]
+    pub longest_release_drop: Option<SlowReleaseJson>,
+}
+
+/// One release and how long it took.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlowReleaseJson {
+    /// Microseconds.
+    pub micros: u64,
+    /// What it released: the value's Rust type without module paths.
+    pub what: String,
 }
 
 /// A process NVML lists on a device.

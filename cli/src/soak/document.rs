@@ -2,7 +2,7 @@
 //! document ([`document`]): per device the figures before and after, whose their change is, the
 //! counters and the verdict; the process's fds; the totals.
 
-use vkgdr::RetainedKind;
+use vkgdr::{RetainedKind, SlowRelease};
 
 use super::command_line::Options;
 use super::counters::Counters;
@@ -12,8 +12,9 @@ use crate::device::Present;
 use crate::json::document::About;
 use crate::json::machine::{DeviceJson, MachineJson};
 use crate::json::soak::{
-    ClassificationJson, ProcessJson, RetainedChangeJson, RetainedJson, SoakCountersJson,
-    SoakDeviceFiguresJson, SoakDeviceJson, SoakDocument, SoakFiguresJson, SoakOptionsJson,
+    ClassificationJson, ProcessJson, RetainedChangeJson, RetainedJson, SlowReleaseJson,
+    SoakCountersJson, SoakDeviceFiguresJson, SoakDeviceJson, SoakDocument, SoakFiguresJson,
+    SoakOptionsJson,
 };
 
 /// What a run leaves for its JSON document.
@@ -120,6 +121,16 @@ fn device_figures_json(s: &Snapshot) -> SoakDeviceFiguresJson {
             .collect(),
         event_fences_made: s.retained.event_fences_made,
         event_fences_peak: s.retained.event_fences_peak,
+        longest_release_wait: s.releases.longest_wait.as_ref().map(slow_release_json),
+        longest_release_turn: s.releases.longest_turn.as_ref().map(slow_release_json),
+        longest_release_drop: s.releases.longest_drop.as_ref().map(slow_release_json),
+    }
+}
+
+fn slow_release_json(s: &SlowRelease) -> SlowReleaseJson {
+    SlowReleaseJson {
+        micros: s.time.as_micros() as u64,
+        what: s.what(),
     }
 }
 
@@ -219,7 +230,7 @@ pub(super) fn document(
 mod tests {
     use vkgdr::nvml::GpuProcess;
     use vkgdr::retained::names;
-    use vkgdr::{Retained, RetainedItem};
+    use vkgdr::{ReleaseTimes, Retained, RetainedItem};
 
     use super::*;
     use crate::device::{tests::two_gpus, Devices};
@@ -269,6 +280,13 @@ mod tests {
                 }],
                 event_fences_made: 0,
                 event_fences_peak: 0,
+            },
+            releases: ReleaseTimes {
+                longest_wait: Some(SlowRelease {
+                    time: std::time::Duration::from_micros(1500),
+                    type_name: "vkgdr::mapping::arena::ReleasedChunk",
+                }),
+                ..ReleaseTimes::default()
             },
         }
     }
@@ -356,6 +374,12 @@ mod tests {
         assert_eq!(v["counters"]["arena_refused_by"]["vkAllocateMemory"], 10);
         let devices = v["devices"].as_array().unwrap();
         assert_eq!(devices.len(), 2);
+        let wait = &devices[0]["after"]["longest_release_wait"];
+        assert_eq!(
+            (wait["micros"].as_u64(), wait["what"].as_str()),
+            (Some(1500), Some("ReleasedChunk"))
+        );
+        assert!(devices[0]["after"]["longest_release_drop"].is_null());
         assert_eq!(devices[1]["device"]["ordinal"], 1);
         assert_eq!(
             devices[1]["device"]["uuid"],

@@ -5,7 +5,7 @@
 //! humans ([`size`], [`signed_size`]).
 
 use vkgdr::nvml::GpuProcess;
-use vkgdr::{Gpu, Retained};
+use vkgdr::{Gpu, ReleaseTimes, Retained};
 
 use crate::json::soak::SoakCheckJson;
 
@@ -20,6 +20,8 @@ pub(super) struct Snapshot {
     pub(super) processes: Result<Vec<GpuProcess>, String>,
     /// What the library holds for the device, item by item.
     pub(super) retained: Retained,
+    /// How the releases of the device's memory went: the oldest waiting now, the slowest so far.
+    pub(super) releases: ReleaseTimes,
 }
 
 /// Takes the device's figures now.
@@ -30,6 +32,7 @@ pub(super) fn snapshot(gpu: &Gpu) -> vkgdr::Result<Snapshot> {
         vram_free: gpu.mem_info()?.0,
         processes: gpu.processes().map_err(|e| e.to_string()),
         retained: gpu.retained(),
+        releases: gpu.release_times(),
     })
 }
 
@@ -160,6 +163,7 @@ pub(super) mod tests {
                 event_fences_made: 0,
                 event_fences_peak: 0,
             },
+            releases: ReleaseTimes::default(),
         }
     }
 

@@ -99,10 +99,14 @@ pub(super) fn soak(
             if Instant::now() >= next_status && seconds > 0 {
                 next_status += STATUS_EVERY;
                 let now = snapshot(gpu).map_or_else(|e| e.to_string(), |f| f.to_string());
+                let releases = gpu.release_times();
+                let oldest = releases
+                    .oldest_waiting
+                    .map_or(String::new(), |o| format!(" (the oldest for {o})"));
                 status!(
                     "{} {:>4} s: {} pool ops ({} OOM), {} ring records, {} d2h records, \
                      {} device releases ({} hostile tokens refused), {} arena cycles, \
-                     {} raw allocations, {} exhaustions, {} releases waiting; {now}",
+                     {} raw allocations, {} exhaustions, {} releases waiting{oldest}; {now}",
                     c.soak(),
                     t0.elapsed().as_secs(),
                     c.pool_ops.load(Ordering::Relaxed),
@@ -114,7 +118,7 @@ pub(super) fn soak(
                     c.arena_cycles.load(Ordering::Relaxed),
                     c.raw_ops.load(Ordering::Relaxed),
                     c.exhaustions.load(Ordering::Relaxed),
-                    gpu.pending_releases(),
+                    releases.waiting,
                 );
                 if xproc.is_some() {
                     status!(
@@ -179,9 +183,16 @@ pub(super) fn soak(
     drop(pool);
     // Frees never wait: let the last ones happen (the kernels are done) before anything counts.
     if !gpu.wait_for_releases(Duration::from_secs(30)) {
+        let t = gpu.release_times();
+        let oldest = t
+            .oldest_waiting
+            .map_or(String::new(), |o| format!(", the oldest for {o}"));
+        let dropping = t
+            .longest_dropping
+            .map_or(String::new(), |d| format!(", a drop under way for {d}"));
         c.fail(format!(
-            "{} releases still waiting 30 s after the kernels stopped",
-            gpu.pending_releases()
+            "{} releases still waiting 30 s after the kernels stopped{oldest}{dropping}",
+            t.waiting
         ));
     }
     gpu.trim();
@@ -350,6 +361,15 @@ pub(super) fn run(options: &Options, record: &mut Record) -> vkgdr::Result<bool>
                 .collect();
             say!("{soak}: arena growths refused by: {}", by.join(", "));
         }
+        let none = || "none waited".to_string();
+        let r = &after.releases;
+        say!(
+            "{soak}: releases: the longest wait for GPU work {}, for a turn behind other drops \
+             {}, the longest drop {}",
+            r.longest_wait.map_or_else(none, |s| s.to_string()),
+            r.longest_turn.map_or_else(none, |s| s.to_string()),
+            r.longest_drop.map_or_else(none, |s| s.to_string()),
+        );
         if options.xproc.is_some() {
             say!("{soak}: xproc: {}", c.xproc_line());
         }

@@ -184,6 +184,10 @@ pub(super) fn arena_cycles(gpu: &Gpu, until: Instant, stop: &AtomicBool, c: &Cou
                         .unwrap_or_else(|p| p.into_inner())
                         .entry(e.driver_call().unwrap_or("a limit").to_string())
                         .or_default() += 1;
+                    // As the raw allocations do: a refusal waits a little before the next try,
+                    // so a slot whose release lags is not asked for again at once, thousands of
+                    // times a second.
+                    std::thread::sleep(Duration::from_millis(1));
                     break;
                 }
                 Err(e) => return c.fail(format!("arena grow: {e}")),
