@@ -964,11 +964,8 @@ mod tests {
             q.release(Box::new(Flag(open.clone())), Slow, &count, ReleaseKey::ANY);
         }
         open.store(true, Ordering::Release);
-        let t = Instant::now();
         assert!(!q.poll_until(Duration::from_millis(5), ReleaseKey::ANY, || false));
-        let took = t.elapsed();
         assert_eq!(count.get(), 2, "one drop, then the time was up");
-        assert!(took < Duration::from_millis(60), "{took:?}");
         // The two left: the second's turn came after the first drop, the third's after two.
         assert_eq!(q.poll(), 2);
         let times = q.times(&count);
