@@ -58,8 +58,8 @@ const POLL_MAX: Duration = Duration::from_millis(2);
 struct Pending {
     fence: Box<dyn Fence>,
     value: Box<dyn Send>,
-    /// The owner's account of its releases ([`PendingCount`]).
-    count: PendingCount,
+    /// The owner's account of its releases.
+    account: ReleaseAccount,
     /// Whose it is, for a caller that waits for its own ([`ReleaseQueue::poll_until`]).
     key: ReleaseKey,
     /// When it was queued, and the type of `value` (for [`ReleaseTimes`]).
@@ -74,27 +74,27 @@ impl Pending {
         let Pending {
             fence,
             value,
-            count,
+            account,
             since,
             what,
             ..
         } = self;
         drop(fence);
         let waited = passed.saturating_duration_since(since);
-        let id = count.started(waited, passed.elapsed(), what);
+        let id = account.started(waited, passed.elapsed(), what);
         let start = Instant::now();
         drop(value);
-        count.finished(id, start.elapsed(), what);
+        account.finished(id, start.elapsed(), what);
     }
 }
 
 /// How many releases of one owner (a [`Gpu`](crate::Gpu)) wait in the queue, and how long they
 /// took.
 #[derive(Clone, Default)]
-pub(crate) struct PendingCount(Arc<OwnerReleases>);
+pub(crate) struct ReleaseAccount(Arc<AccountState>);
 
 #[derive(Default)]
-struct OwnerReleases {
+struct AccountState {
     waiting: AtomicUsize,
     times: Mutex<Times>,
 }
@@ -110,7 +110,7 @@ struct Times {
     next_id: u64,
 }
 
-impl PendingCount {
+impl ReleaseAccount {
     /// Releases waiting now.
     pub(crate) fn get(&self) -> usize {
         self.0.waiting.load(Ordering::Acquire)
@@ -138,7 +138,7 @@ impl PendingCount {
         self.0.waiting.fetch_sub(1, Ordering::AcqRel);
     }
 
-    fn same(&self, other: &PendingCount) -> bool {
+    fn same(&self, other: &ReleaseAccount) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
     }
 }
@@ -368,7 +368,7 @@ impl ReleaseQueue {
         &'static self,
         fence: Box<dyn Fence>,
         value: V,
-        count: &PendingCount,
+        account: &ReleaseAccount,
         key: ReleaseKey,
     ) {
         let start = Instant::now();
@@ -382,12 +382,12 @@ impl ReleaseQueue {
             }
             std::hint::spin_loop();
         }
-        count.0.waiting.fetch_add(1, Ordering::AcqRel);
+        account.0.waiting.fetch_add(1, Ordering::AcqRel);
         let mut lists = self.lists.lock();
         lists.pending.push(Pending {
             fence,
             value: Box::new(value),
-            count: count.clone(),
+            account: account.clone(),
             key,
             since: start,
             what: std::any::type_name::<V>(),
@@ -429,8 +429,8 @@ impl ReleaseQueue {
         n
     }
 
-    /// The releases of `count`'s owner: those waiting now and the slowest so far.
-    pub(crate) fn times(&self, count: &PendingCount) -> ReleaseTimes {
+    /// The releases of `account`'s owner: those waiting now and the slowest so far.
+    pub(crate) fn times(&self, account: &ReleaseAccount) -> ReleaseTimes {
         let now = Instant::now();
         let oldest_waiting = {
             let lists = self.lists.lock();
@@ -438,15 +438,15 @@ impl ReleaseQueue {
                 .pending
                 .iter()
                 .chain(lists.ready.iter().map(|(p, _)| p));
-            let mine = queued.filter(|p| p.count.same(count));
+            let mine = queued.filter(|p| p.account.same(account));
             mine.min_by_key(|p| p.since).map(|p| SlowRelease {
                 time: now.saturating_duration_since(p.since),
                 type_name: p.what,
             })
         };
-        let t = count.0.times.lock();
+        let t = account.0.times.lock();
         ReleaseTimes {
-            waiting: count.get(),
+            waiting: account.get(),
             oldest_waiting,
             longest_dropping: t.dropping.iter().min_by_key(|(_, at, _)| *at).map(
                 |&(_, at, type_name)| SlowRelease {
@@ -732,7 +732,7 @@ mod tests {
 
     #[test]
     fn a_passed_fence_releases_on_the_callers_thread() {
-        let (dropped, count) = (Arc::new(AtomicUsize::new(0)), PendingCount::default());
+        let (dropped, count) = (Arc::new(AtomicUsize::new(0)), ReleaseAccount::default());
         QUEUE.release(
             Box::new(Passed),
             Counted(dropped.clone()),
@@ -744,7 +744,7 @@ mod tests {
 
     #[test]
     fn a_closed_fence_waits_in_the_queue_until_it_opens() {
-        let (dropped, count) = (Arc::new(AtomicUsize::new(0)), PendingCount::default());
+        let (dropped, count) = (Arc::new(AtomicUsize::new(0)), ReleaseAccount::default());
         let open = Arc::new(AtomicBool::new(false));
         for _ in 0..3 {
             QUEUE.release(
@@ -769,7 +769,7 @@ mod tests {
 
     #[test]
     fn releasing_one_value_may_queue_another() {
-        struct Chain(Option<(Arc<AtomicBool>, Arc<AtomicUsize>, PendingCount)>);
+        struct Chain(Option<(Arc<AtomicBool>, Arc<AtomicUsize>, ReleaseAccount)>);
         impl Drop for Chain {
             fn drop(&mut self) {
                 if let Some((open, dropped, count)) = self.0.take() {
@@ -782,7 +782,7 @@ mod tests {
                 }
             }
         }
-        let (dropped, count) = (Arc::new(AtomicUsize::new(0)), PendingCount::default());
+        let (dropped, count) = (Arc::new(AtomicUsize::new(0)), ReleaseAccount::default());
         let open = Arc::new(AtomicBool::new(true));
         let inner = Arc::new(AtomicBool::new(false));
         QUEUE.release(
@@ -871,7 +871,7 @@ mod tests {
 
     #[test]
     fn a_drop_that_takes_long_holds_back_only_its_own_release() {
-        let (q, count) = (private_queue(), PendingCount::default());
+        let (q, count) = (private_queue(), ReleaseAccount::default());
         let open = Arc::new(AtomicBool::new(false));
         let dropped = Arc::new(AtomicUsize::new(0));
         let (blocking, started, go) = Blocking::new();
@@ -917,7 +917,7 @@ mod tests {
 
     #[test]
     fn a_poller_with_a_key_takes_its_own_release_ahead_of_the_others() {
-        let (q, count) = (private_queue(), PendingCount::default());
+        let (q, count) = (private_queue(), ReleaseAccount::default());
         let open = Arc::new(AtomicBool::new(false));
         let mine = ReleaseKey::of(&open);
         let dropped = Arc::new(AtomicUsize::new(0));
@@ -958,7 +958,7 @@ mod tests {
 
     #[test]
     fn poll_until_stops_between_drops_once_its_time_is_up() {
-        let (q, count) = (private_queue(), PendingCount::default());
+        let (q, count) = (private_queue(), ReleaseAccount::default());
         let open = Arc::new(AtomicBool::new(false));
         for _ in 0..3 {
             q.release(Box::new(Flag(open.clone())), Slow, &count, ReleaseKey::ANY);
@@ -978,7 +978,7 @@ mod tests {
 
     #[test]
     fn release_times_name_the_oldest_and_the_slowest_release() {
-        let (q, count) = (private_queue(), PendingCount::default());
+        let (q, count) = (private_queue(), ReleaseAccount::default());
         let open = Arc::new(AtomicBool::new(false));
         let t = Instant::now();
         q.release(Box::new(Flag(open.clone())), Slow, &count, ReleaseKey::ANY);

@@ -18,7 +18,7 @@ use crate::driver::vulkan::{DeviceSelector, MemoryOptions, VulkanContext};
 use crate::error::{Error, InvalidArgument, Result};
 use crate::mapping::carve::Carver;
 use crate::mapping::release::{
-    EventFence, EventFenceCount, Fence, FenceWords, PendingCount, ReleaseKey, ReleaseQueue,
+    EventFence, EventFenceCount, Fence, FenceWords, ReleaseAccount, ReleaseKey, ReleaseQueue,
     ReleaseTimes,
 };
 use crate::mapping::retained::{names, Retained, RetainedItem, RetainedKind};
@@ -103,8 +103,8 @@ struct GpuInner {
     fence_words_retry: Mutex<Option<std::time::Instant>>,
     /// The event fences this handle's releases made, where no completion word could be had.
     event_fences: EventFenceCount,
-    /// Releases of this handle's memory still waiting for GPU work.
-    pending: PendingCount,
+    /// The releases of this handle's memory: those still waiting for GPU work, and their times.
+    releases: ReleaseAccount,
     /// The shared granules small raw allocations are carved from, made with the first one.
     carver: Mutex<Option<Arc<Carver>>>,
     /// Mappings freed raw allocations left for the next allocation of their size.
@@ -339,7 +339,7 @@ impl Gpu {
                 fence_words: OnceLock::new(),
                 fence_words_retry: Mutex::new(None),
                 event_fences: EventFenceCount::default(),
-                pending: PendingCount::default(),
+                releases: ReleaseAccount::default(),
                 carver: Mutex::new(None),
                 spares: Arc::new(Spares::new(SPARE_MAX, SPARE_BYTES)),
                 copy_stream: OnceLock::new(),
@@ -620,13 +620,13 @@ impl Gpu {
     /// Releases of memory allocated through this handle (and its clones) that still wait for GPU
     /// work queued before them. That memory still counts as in use.
     pub fn pending_releases(&self) -> usize {
-        self.inner.pending.get()
+        self.inner.releases.get()
     }
 
     /// How the releases of this handle's memory went: those waiting now, and the slowest so
     /// far ([`ReleaseTimes`]: what keeps a release waiting, or a drop that waits).
     pub fn release_times(&self) -> ReleaseTimes {
-        ReleaseQueue::global().times(&self.inner.pending)
+        ReleaseQueue::global().times(&self.inner.releases)
     }
 
     /// Waits until every release of this handle's memory has happened, up to `timeout`; returns
@@ -741,7 +741,7 @@ impl Gpu {
         key: ReleaseKey,
     ) {
         match self.queued_work_fence(context) {
-            Ok(fence) => ReleaseQueue::global().release(fence, value, &self.inner.pending, key),
+            Ok(fence) => ReleaseQueue::global().release(fence, value, &self.inner.releases, key),
             // No fence can be issued in a context that is gone, and no kernel of it runs any
             // more: nothing to wait for.
             Err(_) => drop(value),
@@ -797,7 +797,7 @@ impl Gpu {
         // SAFETY: forwarded.
         match unsafe { self.stream_fence(stream, None) } {
             Ok(fence) => {
-                ReleaseQueue::global().release(fence, value, &self.inner.pending, ReleaseKey::ANY);
+                ReleaseQueue::global().release(fence, value, &self.inner.releases, ReleaseKey::ANY);
                 Ok(())
             }
             Err(e) => {
@@ -809,7 +809,7 @@ impl Gpu {
 
     /// Drops `value` once `fence` has passed, never waiting.
     pub(crate) fn release_after<V: Send + 'static>(&self, value: V, fence: Box<dyn Fence>) {
-        ReleaseQueue::global().release(fence, value, &self.inner.pending, ReleaseKey::ANY);
+        ReleaseQueue::global().release(fence, value, &self.inner.releases, ReleaseKey::ANY);
     }
 }
 
