@@ -8,10 +8,10 @@
  * publish and C threads take (vkgdr_d2h_ring_*) and pool blocks kernels give back
  * (vkgdr_block_release_on_device), frees that never wait for a running kernel
  * (vkgdr_memory_free_after, vkgdr_memory_free_now, vkgdr_block_free_after,
- * vkgdr_ring_watch_consumer, vkgdr_wait_for_releases), what a handle keeps for later allocations
- * given back (vkgdr_trim), and sharing memory, pool blocks and ring lanes with other processes
- * over a Unix socket: the owner's side (vkgdr_share_*) and the side that attaches
- * (vkgdr_peer_*, vkgdr_attached_*, vkgdr_shared_block_*), which needs no CUDA.
+ * vkgdr_ring_watch_consumer, vkgdr_wait_for_releases, vkgdr_get_release_times), what a handle
+ * keeps for later allocations given back (vkgdr_trim), and sharing memory, pool blocks and ring
+ * lanes with other processes over a Unix socket: the owner's side (vkgdr_share_*) and the side
+ * that attaches (vkgdr_peer_*, vkgdr_attached_*, vkgdr_shared_block_*), which needs no CUDA.
  *
  * Conventions: a failing call returns NULL, 0, false or VKGDR_ERROR (each function says which)
  * and sets the calling thread's last error, vkgdr_last_error(). As in vkgdr 0.1, a successful
@@ -72,6 +72,11 @@
  * protocol, device to host).
  */
 #define VKGDR_D2H_FORMAT_TAGGED 1
+
+/**
+ * Bytes of `vkgdr_slow_release.what`, its NUL included.
+ */
+#define VKGDR_SLOW_RELEASE_WHAT 64
 
 /**
  * `vkgdr_ring_push` found no room before its timeout: nothing was written, try again later.
@@ -349,6 +354,71 @@ typedef struct vkgdr_d2h_lane_stats {
    */
   uint64_t gave_up;
 } vkgdr_d2h_lane_stats;
+
+/**
+ * One release and how long it took, or has taken so far (a field of `vkgdr_release_times`).
+ * All zero when there is none: `what[0] == 0` says so.
+ */
+typedef struct vkgdr_slow_release {
+  /**
+   * How long, in nanoseconds; 0 when there is none.
+   */
+  uint64_t time_ns;
+  /**
+   * What was released: the library's type name without module paths (`Backing`,
+   * `Arc<RingMemory>`, `ReleasedChunk`), NUL-terminated, cut at a UTF-8 character when longer
+   * than `VKGDR_SLOW_RELEASE_WHAT - 1` bytes; empty when there is none.
+   */
+  char what[VKGDR_SLOW_RELEASE_WHAT];
+} vkgdr_slow_release;
+
+/**
+ * How the releases of a handle's memory went (`vkgdr_get_release_times`): those waiting now,
+ * and the slowest so far. Set `struct_size` to `sizeof(vkgdr_release_times)` before the call.
+ *
+ * Only releases that waited in the release queue count: one whose GPU work was done when it
+ * was made frees its memory at once. A queued release first waits for the GPU work queued
+ * before it (on the legacy and blocking streams, or on the stream named to a `_free_after`
+ * call or `vkgdr_ring_watch_consumer`): one that waits for seconds names work that does not
+ * end, such as a kernel there that runs on. Then it waits for its turn: the queue hands out
+ * one release at a time to whichever thread polls, so a drop that takes long (unmapping a
+ * large allocation) holds back the releases behind it.
+ */
+typedef struct vkgdr_release_times {
+  /**
+   * `sizeof(vkgdr_release_times)` as the caller was compiled.
+   */
+  size_t struct_size;
+  /**
+   * Releases waiting now, for their GPU work or in a drop (what `vkgdr_wait_for_releases`
+   * counts).
+   */
+  uint64_t waiting;
+  /**
+   * The queued release that has waited longest of those waiting now (for its GPU work, or
+   * for its turn to be dropped), and for how long so far.
+   */
+  struct vkgdr_slow_release oldest_waiting;
+  /**
+   * The drop under way now that began first, and how long it has taken so far.
+   */
+  struct vkgdr_slow_release longest_dropping;
+  /**
+   * The longest any release waited for the GPU work queued before it (as often as the queue
+   * looked: at least every millisecond, and between two drops).
+   */
+  struct vkgdr_slow_release longest_wait;
+  /**
+   * The longest a release whose GPU work was done waited for its turn to be dropped: behind
+   * other drops, until a thread that polls took it.
+   */
+  struct vkgdr_slow_release longest_turn;
+  /**
+   * The longest the drop of released memory took (unmapping it, giving it back to the
+   * driver or its pool).
+   */
+  struct vkgdr_slow_release longest_drop;
+} vkgdr_release_times;
 
 /**
  * Opaque handle to a pool, from `vkgdr_pool_create`; freed with `vkgdr_pool_destroy`.
@@ -1213,7 +1283,8 @@ VKGDR_API void vkgdr_close(vkgdr_t g);
  * on a stream (the legacy default stream, or the one named to `vkgdr_memory_free_after`,
  * `vkgdr_block_free_after` or `vkgdr_ring_watch_consumer`), and the memory stays in use until
  * the GPU has passed that point. This waits up to `timeout_ns` for that count to reach 0, for
- * tests and orderly shutdown; nothing else needs it.
+ * tests and orderly shutdown; nothing else needs it. `vkgdr_get_release_times` says which
+ * release has waited longest, and for how long.
  *
  * - `timeout_ns`: 0 only counts (after handing back what is due), negative waits until none is
  *   left (for ever, while a kernel holds a stream back).
@@ -1228,6 +1299,25 @@ VKGDR_API void vkgdr_close(vkgdr_t g);
  * - No thread closes `g` during the call.
  */
 VKGDR_API size_t vkgdr_wait_for_releases(vkgdr_t g, int64_t timeout_ns);
+
+/**
+ * Fills `*times` (whose `struct_size` the caller sets) with how the releases of memory
+ * allocated through `g` went: how many wait now (as `vkgdr_wait_for_releases` counts them), the
+ * one that has waited longest of those, and the slowest so far (see `vkgdr_release_times`).
+ * For finding what holds memory back, e.g. a kernel that never ends on the stream a free
+ * waits for. Takes a lock of the release queue briefly; waits for nothing.
+ *
+ * Returns `VKGDR_SUCCESS` (for a `vkgdr_open_vulkan` handle with every field but
+ * `struct_size` 0: its releases wait for no GPU work), or `VKGDR_ERROR` (`times` NULL or its
+ * `struct_size` unset, checked first; an invalid handle).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `times` is NULL or writable for `times->struct_size` bytes.
+ * - No thread closes `g` during the call.
+ */
+VKGDR_API int vkgdr_get_release_times(vkgdr_t g, struct vkgdr_release_times *times);
 
 /**
  * Gives back to the driver what `g` keeps for later allocations: the empty shared granule small

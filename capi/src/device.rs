@@ -1,16 +1,18 @@
-//! `vkgdr_open`, `vkgdr_close` (vkgdr 0.1) and `vkgdr_open_vulkan` (the Vulkan half alone).
+//! `vkgdr_open`, `vkgdr_close` (vkgdr 0.1) and `vkgdr_open_vulkan` (the Vulkan half alone),
+//! and what a handle's releases wait for (`vkgdr_wait_for_releases`, `vkgdr_get_release_times`).
 
-use std::ffi::c_int;
+use std::ffi::{c_char, c_int};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use ::vkgdr::compat;
 use ::vkgdr::vulkan::{DeviceSelector, VulkanContext};
-use ::vkgdr::Gpu;
+use ::vkgdr::{Gpu, ReleaseTimes, SlowRelease};
 
 use crate::error::{clear_last_error, guard, CResult, Failure};
 use crate::handles::{HandleTable, Tag};
-use crate::{lookup, register, release, CUdevice, VKGDR_ERROR, VKGDR_SUCCESS};
+use crate::versioned::{self, Versioned};
+use crate::{copy_text, lookup, register, release, CUdevice, VKGDR_ERROR, VKGDR_SUCCESS};
 
 /// Opaque handle to the library: one device opened for BAR mappings.
 pub struct vkgdr {
@@ -168,7 +170,8 @@ pub unsafe extern "C" fn vkgdr_close(g: vkgdr_t) {
 /// on a stream (the legacy default stream, or the one named to `vkgdr_memory_free_after`,
 /// `vkgdr_block_free_after` or `vkgdr_ring_watch_consumer`), and the memory stays in use until
 /// the GPU has passed that point. This waits up to `timeout_ns` for that count to reach 0, for
-/// tests and orderly shutdown; nothing else needs it.
+/// tests and orderly shutdown; nothing else needs it. `vkgdr_get_release_times` says which
+/// release has waited longest, and for how long.
 ///
 /// - `timeout_ns`: 0 only counts (after handing back what is due), negative waits until none is
 ///   left (for ever, while a kernel holds a stream back).
@@ -196,6 +199,124 @@ pub unsafe extern "C" fn vkgdr_wait_for_releases(g: vkgdr_t, timeout_ns: i64) ->
             Err(_) => while !gpu.wait_for_releases(Duration::from_secs(1)) {},
         }
         Ok(gpu.pending_releases())
+    })
+}
+
+/// Bytes of `vkgdr_slow_release.what`, its NUL included.
+pub const VKGDR_SLOW_RELEASE_WHAT: usize = 64;
+
+/// One release and how long it took, or has taken so far (a field of `vkgdr_release_times`).
+/// All zero when there is none: `what[0] == 0` says so.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct vkgdr_slow_release {
+    /// How long, in nanoseconds; 0 when there is none.
+    pub time_ns: u64,
+    /// What was released: the library's type name without module paths (`Backing`,
+    /// `Arc<RingMemory>`, `ReleasedChunk`), NUL-terminated, cut at a UTF-8 character when longer
+    /// than `VKGDR_SLOW_RELEASE_WHAT - 1` bytes; empty when there is none.
+    pub what: [c_char; VKGDR_SLOW_RELEASE_WHAT],
+}
+
+impl vkgdr_slow_release {
+    /// The C form of one entry of [`ReleaseTimes`]: all zero for `None`.
+    fn of(slow: Option<SlowRelease>) -> Self {
+        let mut out = vkgdr_slow_release {
+            time_ns: 0,
+            what: [0; VKGDR_SLOW_RELEASE_WHAT],
+        };
+        if let Some(s) = slow {
+            out.time_ns = u64::try_from(s.time.as_nanos()).unwrap_or(u64::MAX);
+            copy_text(&mut out.what, &s.what());
+        }
+        out
+    }
+}
+
+/// How the releases of a handle's memory went (`vkgdr_get_release_times`): those waiting now,
+/// and the slowest so far. Set `struct_size` to `sizeof(vkgdr_release_times)` before the call.
+///
+/// Only releases that waited in the release queue count: one whose GPU work was done when it
+/// was made frees its memory at once. A queued release first waits for the GPU work queued
+/// before it (on the legacy and blocking streams, or on the stream named to a `_free_after`
+/// call or `vkgdr_ring_watch_consumer`): one that waits for seconds names work that does not
+/// end, such as a kernel there that runs on. Then it waits for its turn: the queue hands out
+/// one release at a time to whichever thread polls, so a drop that takes long (unmapping a
+/// large allocation) holds back the releases behind it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct vkgdr_release_times {
+    /// `sizeof(vkgdr_release_times)` as the caller was compiled.
+    pub struct_size: usize,
+    /// Releases waiting now, for their GPU work or in a drop (what `vkgdr_wait_for_releases`
+    /// counts).
+    pub waiting: u64,
+    /// The queued release that has waited longest of those waiting now (for its GPU work, or
+    /// for its turn to be dropped), and for how long so far.
+    pub oldest_waiting: vkgdr_slow_release,
+    /// The drop under way now that began first, and how long it has taken so far.
+    pub longest_dropping: vkgdr_slow_release,
+    /// The longest any release waited for the GPU work queued before it (as often as the queue
+    /// looked: at least every millisecond, and between two drops).
+    pub longest_wait: vkgdr_slow_release,
+    /// The longest a release whose GPU work was done waited for its turn to be dropped: behind
+    /// other drops, until a thread that polls took it.
+    pub longest_turn: vkgdr_slow_release,
+    /// The longest the drop of released memory took (unmapping it, giving it back to the
+    /// driver or its pool).
+    pub longest_drop: vkgdr_slow_release,
+}
+
+// SAFETY: integers only (the names are arrays of `char`); `struct_size` first.
+unsafe impl Versioned for vkgdr_release_times {
+    const NAME: &'static str = "vkgdr_release_times";
+}
+
+impl vkgdr_release_times {
+    fn of(t: ReleaseTimes) -> Self {
+        vkgdr_release_times {
+            struct_size: std::mem::size_of::<Self>(),
+            waiting: t.waiting as u64,
+            oldest_waiting: vkgdr_slow_release::of(t.oldest_waiting),
+            longest_dropping: vkgdr_slow_release::of(t.longest_dropping),
+            longest_wait: vkgdr_slow_release::of(t.longest_wait),
+            longest_turn: vkgdr_slow_release::of(t.longest_turn),
+            longest_drop: vkgdr_slow_release::of(t.longest_drop),
+        }
+    }
+}
+
+/// Fills `*times` (whose `struct_size` the caller sets) with how the releases of memory
+/// allocated through `g` went: how many wait now (as `vkgdr_wait_for_releases` counts them), the
+/// one that has waited longest of those, and the slowest so far (see `vkgdr_release_times`).
+/// For finding what holds memory back, e.g. a kernel that never ends on the stream a free
+/// waits for. Takes a lock of the release queue briefly; waits for nothing.
+///
+/// Returns `VKGDR_SUCCESS` (for a `vkgdr_open_vulkan` handle with every field but
+/// `struct_size` 0: its releases wait for no GPU work), or `VKGDR_ERROR` (`times` NULL or its
+/// `struct_size` unset, checked first; an invalid handle).
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// - `times` is NULL or writable for `times->struct_size` bytes.
+/// - No thread closes `g` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_get_release_times(
+    g: vkgdr_t,
+    times: *mut vkgdr_release_times,
+) -> c_int {
+    guard("vkgdr_get_release_times", VKGDR_ERROR, || {
+        // SAFETY: NULL or readable for its struct_size (caller).
+        unsafe { versioned::check(times) }?;
+        // SAFETY: the caller does not close `g` during the call.
+        let t = match unsafe { device(g) }? {
+            Device::Cuda(gpu) => gpu.release_times(),
+            Device::Vulkan(_) => ReleaseTimes::default(),
+        };
+        // SAFETY: writable for its struct_size (caller).
+        unsafe { versioned::write(times, &vkgdr_release_times::of(t)) }?;
+        Ok(VKGDR_SUCCESS)
     })
 }
 
@@ -229,4 +350,45 @@ pub unsafe extern "C" fn vkgdr_trim(g: vkgdr_t, released: *mut usize) -> c_int {
         }
         Ok(VKGDR_SUCCESS)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `what` up to its NUL, which must be there.
+    fn what(slow: &vkgdr_slow_release) -> String {
+        let end = slow
+            .what
+            .iter()
+            .position(|&c| c == 0)
+            .expect("NUL-terminated");
+        let bytes = slow.what[..end].iter().map(|&c| c as u8).collect();
+        String::from_utf8(bytes).expect("UTF-8")
+    }
+
+    #[test]
+    fn a_slow_release_is_named_without_paths_and_cut_at_a_character() {
+        let none = vkgdr_slow_release::of(None);
+        assert_eq!((none.time_ns, what(&none).as_str()), (0, ""));
+        assert!(none.what.iter().all(|&c| c == 0));
+
+        let ring = vkgdr_slow_release::of(Some(SlowRelease {
+            time: Duration::from_micros(1500),
+            type_name: "alloc::sync::Arc<vkgdr::ring::RingMemory>",
+        }));
+        assert_eq!(
+            (ring.time_ns, what(&ring).as_str()),
+            (1_500_000, "Arc<RingMemory>")
+        );
+
+        // 62 bytes and a 2-byte character: 63 fit before the NUL, so the character is left out.
+        let long: &'static str = format!("m::{}\u{e9}", "x".repeat(62)).leak();
+        let cut = vkgdr_slow_release::of(Some(SlowRelease {
+            time: Duration::MAX,
+            type_name: long,
+        }));
+        assert_eq!(cut.time_ns, u64::MAX, "saturates");
+        assert_eq!(what(&cut), "x".repeat(62));
+    }
 }

@@ -35,7 +35,7 @@ pub mod ring;
 pub mod share;
 mod versioned;
 
-use std::ffi::{c_int, c_ulonglong};
+use std::ffi::{c_char, c_int, c_ulonglong};
 
 use error::{CResult, Failure};
 use handles::HandleTable;
@@ -57,6 +57,19 @@ pub type CUstream = *mut CUstream_st;
 
 /// `CU_STREAM_LEGACY` of `<cuda.h>`: the legacy default stream, as NULL is in the driver API.
 pub(crate) const CU_STREAM_LEGACY: usize = 0x1;
+
+/// `text` into `buf`, NUL-terminated, cut at a character boundary when it does not fit (a NUL
+/// inside ends it early, as C reads it).
+pub(crate) fn copy_text(buf: &mut [c_char], text: &str) {
+    let mut end = text.len().min(buf.len() - 1);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    for (dst, &b) in buf.iter_mut().zip(&text.as_bytes()[..end]) {
+        *dst = b as c_char;
+    }
+    buf[end] = 0;
+}
 
 /// Whether `stream` names the legacy default stream (NULL or `CU_STREAM_LEGACY`), which every
 /// release already waits for.

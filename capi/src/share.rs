@@ -22,7 +22,7 @@ use crate::memory::{memory, vkgdr_memory_t, Memory};
 use crate::pool::{vkgdr_block_t, vkgdr_pool_t, BLOCKS};
 use crate::ring::{timeout, vkgdr_ring_t};
 use crate::versioned::{self, Versioned};
-use crate::{lookup, register, release, Handle, VKGDR_ERROR, VKGDR_SUCCESS};
+use crate::{copy_text, lookup, register, release, Handle, VKGDR_ERROR, VKGDR_SUCCESS};
 
 /// Opaque handle to a share server.
 pub struct vkgdr_share_server {
@@ -279,19 +279,6 @@ impl vkgdr_share_event {
         copy_text(&mut out.text, &text);
         out
     }
-}
-
-/// `text` into `buf`, NUL-terminated, cut at a character boundary when it does not fit (a NUL
-/// inside ends it early, as C reads it).
-fn copy_text(buf: &mut [c_char], text: &str) {
-    let mut end = text.len().min(buf.len() - 1);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    for (dst, &b) in buf.iter_mut().zip(&text.as_bytes()[..end]) {
-        *dst = b as c_char;
-    }
-    buf[end] = 0;
 }
 
 /// Counters over a server's life (`vkgdr_share_get_stats`). Set `struct_size` to

@@ -1,5 +1,6 @@
-//! `_Vkgdr`, what a `vkgdr.Vkgdr` holds (an open device, on [`vkgdr::compat::open`]), and the
-//! one reading of the `owner` argument that `RawMemory`, `Pool` and `DeviceRing` take.
+//! `_Vkgdr`, what a `vkgdr.Vkgdr` holds (an open device, on [`vkgdr::compat::open`]), the
+//! one reading of the `owner` argument that `RawMemory`, `Pool` and `DeviceRing` take, and
+//! `ReleaseTimes` and `SlowRelease`, how the device's releases went ([`vkgdr::ReleaseTimes`]).
 
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -89,6 +90,11 @@ impl Vkgdr {
         self.gpu.pending_releases()
     }
 
+    /// How the releases of this handle's memory went: those waiting now, and the slowest so far.
+    fn release_times(&self, py: Python<'_>) -> PyResult<ReleaseTimes> {
+        ReleaseTimes::of(py, self.gpu.release_times())
+    }
+
     /// Waits up to ``timeout`` seconds without the GIL until no release is pending.
     #[pyo3(signature = (timeout = 30.0))]
     fn wait_for_releases(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
@@ -122,5 +128,104 @@ impl Vkgdr {
 
     fn __repr__(&self) -> String {
         format!("<vkgdr._vkgdr._Vkgdr {}>", self.describe())
+    }
+}
+
+/// One release and how long it took, or has taken so far (a field of ``ReleaseTimes``):
+/// ``seconds``, and ``what`` was released (the library's type name without module paths, such
+/// as ``"Backing"``, ``"Arc<RingMemory>"`` or ``"ReleasedChunk"``).
+#[pyclass(module = "vkgdr", name = "SlowRelease", frozen, get_all)]
+pub struct SlowRelease {
+    /// How long, in seconds.
+    seconds: f64,
+    /// What was released.
+    what: String,
+}
+
+impl SlowRelease {
+    fn of(py: Python<'_>, slow: Option<vkgdr::SlowRelease>) -> PyResult<Option<Py<SlowRelease>>> {
+        slow.map(|s| {
+            Py::new(
+                py,
+                SlowRelease {
+                    seconds: s.time.as_secs_f64(),
+                    what: s.what(),
+                },
+            )
+        })
+        .transpose()
+    }
+
+    fn describe(&self) -> String {
+        format!("{:.3} ms ({})", self.seconds * 1e3, self.what)
+    }
+}
+
+#[pymethods]
+impl SlowRelease {
+    fn __repr__(&self) -> String {
+        format!("<vkgdr.SlowRelease {}>", self.describe())
+    }
+}
+
+/// How the releases of a ``Vkgdr``'s memory went (``Vkgdr.release_times()``): ``waiting``
+/// now, and as a ``SlowRelease`` each (``None`` when there is none) the release that has waited
+/// longest of those (``oldest_waiting``), the drop under way that began first
+/// (``longest_dropping``), and the slowest so far: the longest wait for the GPU work queued
+/// before a release (``longest_wait``), the longest a release whose work was done waited for its
+/// turn (``longest_turn``), and the longest drop (``longest_drop``).
+///
+/// Only releases that waited in the release queue count: one whose GPU work was done when it
+/// was made frees its memory at once. A queued release first waits for the GPU work queued
+/// before it (on the legacy and blocking streams, or on the stream named in
+/// ``free(after=...)``): one that waits for seconds names work that does not end, such as a
+/// kernel there that runs on. Then it waits for its turn: the queue hands out one release at a
+/// time to whichever thread polls, so a drop that takes long (unmapping a large allocation)
+/// holds back the releases behind it.
+#[pyclass(module = "vkgdr", name = "ReleaseTimes", frozen, get_all)]
+pub struct ReleaseTimes {
+    /// Releases waiting now, for their GPU work or in a drop (``Vkgdr.pending_releases()``).
+    waiting: usize,
+    /// The queued release that has waited longest of those waiting now, for so long so far.
+    oldest_waiting: Option<Py<SlowRelease>>,
+    /// The drop under way now that began first, and how long it has taken so far.
+    longest_dropping: Option<Py<SlowRelease>>,
+    /// The longest any release waited for the GPU work queued before it.
+    longest_wait: Option<Py<SlowRelease>>,
+    /// The longest a release whose GPU work was done waited for its turn to be dropped.
+    longest_turn: Option<Py<SlowRelease>>,
+    /// The longest the drop of released memory took.
+    longest_drop: Option<Py<SlowRelease>>,
+}
+
+impl ReleaseTimes {
+    fn of(py: Python<'_>, t: vkgdr::ReleaseTimes) -> PyResult<ReleaseTimes> {
+        Ok(ReleaseTimes {
+            waiting: t.waiting,
+            oldest_waiting: SlowRelease::of(py, t.oldest_waiting)?,
+            longest_dropping: SlowRelease::of(py, t.longest_dropping)?,
+            longest_wait: SlowRelease::of(py, t.longest_wait)?,
+            longest_turn: SlowRelease::of(py, t.longest_turn)?,
+            longest_drop: SlowRelease::of(py, t.longest_drop)?,
+        })
+    }
+}
+
+#[pymethods]
+impl ReleaseTimes {
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let mut parts = vec![format!("waiting={}", self.waiting)];
+        for (name, slow) in [
+            ("oldest_waiting", &self.oldest_waiting),
+            ("longest_dropping", &self.longest_dropping),
+            ("longest_wait", &self.longest_wait),
+            ("longest_turn", &self.longest_turn),
+            ("longest_drop", &self.longest_drop),
+        ] {
+            if let Some(s) = slow {
+                parts.push(format!("{name}={}", s.bind(py).get().describe()));
+            }
+        }
+        format!("<vkgdr.ReleaseTimes {}>", parts.join(" "))
     }
 }

@@ -1,6 +1,7 @@
 //! `vkgdr._vkgdr`, the extension module behind the Python package `vkgdr` (python/vkgdr).
 //!
-//! - [`device`]: `_Vkgdr`, held by vkgdr 0.1's `Vkgdr`, and the reading of `owner` arguments;
+//! - [`device`]: `_Vkgdr`, held by vkgdr 0.1's `Vkgdr`, the reading of `owner` arguments, and
+//!   `ReleaseTimes` and `SlowRelease` (`Vkgdr.release_times()`);
 //! - [`compat`]: `_RawMemory`, on [`vkgdr::compat`], held by vkgdr 0.1's `RawMemory` (`Vkgdr`
 //!   and `RawMemory` are plain Python classes in python/vkgdr, which programs may subclass);
 //! - [`pool`]: `Pool` and `Block` (NumPy, CUDA array interface, DLPack);
@@ -58,6 +59,8 @@ mod vulkan;
 fn _vkgdr(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_class::<device::Vkgdr>()?;
+    m.add_class::<device::ReleaseTimes>()?;
+    m.add_class::<device::SlowRelease>()?;
     m.add_class::<compat::RawMemory>()?;
     m.add_class::<compat::FreeMethod>()?;
     m.add_class::<compat::BoundFree>()?;

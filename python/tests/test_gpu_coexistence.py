@@ -453,6 +453,11 @@ def test_releases_wait_for_the_stream_they_name_and_rings_for_their_consumer(
         assert gpu.pending_releases() == 3, "the releases wait for the spinner's stream"
         assert pool.stats()["bytes_in_use"] == 4096, "the block is not handed out again yet"
         assert not gpu.wait_for_releases(0.1)
+        # The three wait, the oldest named and for at least the 0.15 s slept and waited above.
+        times = gpu.release_times()
+        assert times.waiting == 3, times
+        oldest = times.oldest_waiting
+        assert oldest is not None and oldest.seconds >= 0.1 and oldest.what, times
 
         # A ring whose consumer runs: a kernel that beats into the ring's result words (pinned
         # host memory) until the ring's own stop word is set, and behind it on the same stream
@@ -492,3 +497,8 @@ def test_releases_wait_for_the_stream_they_name_and_rings_for_their_consumer(
         consumer.synchronize()
     assert gpu.wait_for_releases(10), f"{gpu.pending_releases()} releases still waiting"
     assert pool.stats()["bytes_in_use"] == 0, "the block went back once the stream passed"
+    # None waits now; the spinner held its releases for more than the 0.15 s above.
+    times = gpu.release_times()
+    assert times.waiting == 0 and times.oldest_waiting is None, times
+    longest = times.longest_wait
+    assert longest is not None and longest.seconds >= 0.1 and longest.what, times

@@ -37,6 +37,16 @@ def test_ring_producers_come_only_from_a_ring() -> None:
         assert callable(getattr(vkgdr.DeviceRing, name)), name
 
 
+def test_release_times_come_only_from_a_handle() -> None:
+    # Figures of a device's releases (Vkgdr.release_times()): nothing to make one of.
+    for cls in (vkgdr.ReleaseTimes, vkgdr.SlowRelease):
+        assert cls.__module__ == "vkgdr" and cls.__doc__, cls
+        assert cls.__name__ in vkgdr.__all__
+        with pytest.raises(TypeError):
+            cls()
+    assert vkgdr.Vkgdr.release_times.__doc__
+
+
 def test_device_to_host_consumers_come_only_from_a_ring() -> None:
     # A lane's consumer, its records and the view are handed out by a ring, never made.
     for cls in (vkgdr.LaneConsumer, vkgdr.LaneRecord, vkgdr.DeviceToHostView):
@@ -241,7 +251,13 @@ def test_derived_classes_that_skip_the_base_init_say_so() -> None:
 
     g, mem = Unopened(), Unallocated()
     assert repr(g).endswith("Unopened not opened>")
-    for use in (lambda: g.device, lambda: g.name, lambda: g.pending_releases(), g.trim):
+    for use in (
+        lambda: g.device,
+        lambda: g.name,
+        lambda: g.pending_releases(),
+        g.release_times,
+        g.trim,
+    ):
         with pytest.raises(vkgdr.VkgdrError, match="must call vkgdr.Vkgdr.__init__"):
             use()
     for use in (lambda: mem.device_ptr, lambda: len(mem), lambda: mem.__array_interface__):

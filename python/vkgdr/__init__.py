@@ -46,6 +46,7 @@ from ._vkgdr import (
     Peer,
     Pool,
     RawStream,
+    ReleaseTimes,
     RingDeviceView,
     RingFullError,
     RingProducer,
@@ -53,6 +54,7 @@ from ._vkgdr import (
     ShareEvent,
     SharedBlock,
     ShareServer,
+    SlowRelease,
     VkgdrError,
     VulkanDevice,
     VulkanMemory,
@@ -81,6 +83,7 @@ __all__ = [
     "Pool",
     "RawMemory",
     "RawStream",
+    "ReleaseTimes",
     "RingDeviceView",
     "RingFullError",
     "RingProducer",
@@ -88,6 +91,7 @@ __all__ = [
     "ShareEvent",
     "ShareServer",
     "SharedBlock",
+    "SlowRelease",
     "Vkgdr",
     "VkgdrError",
     "VulkanDevice",
@@ -232,6 +236,15 @@ class Vkgdr:
         on the legacy default stream (every blocking stream's too), or on the stream named with
         ``free(after=stream)``, has completed."""
         return self._handle().pending_releases()
+
+    def release_times(self) -> ReleaseTimes:
+        """How the releases of this handle's memory went (a :class:`ReleaseTimes`): how many
+        wait now (``waiting``, as :meth:`pending_releases` counts), the one that has waited
+        longest of those (``oldest_waiting``, a :class:`SlowRelease` with ``seconds`` and
+        ``what`` was released, or None), and the slowest so far (``longest_wait`` for GPU work,
+        ``longest_turn``, ``longest_drop``). A release that waits for seconds names a kernel that
+        does not end on the stream it waits for."""
+        return self._handle().release_times()
 
     def wait_for_releases(self, timeout: float = 30.0) -> bool:
         """Waits up to ``timeout`` seconds (without holding the GIL) until no release of this

@@ -93,9 +93,29 @@ class _Vkgdr:
     @property
     def is_coherent(self) -> bool: ...
     def pending_releases(self) -> int: ...
+    def release_times(self) -> "ReleaseTimes": ...
     def wait_for_releases(self, timeout: float = 30.0) -> bool: ...
     def trim(self) -> int: ...
     def describe(self) -> str: ...
+
+class SlowRelease:
+    """One release and how long it took, or has taken so far: ``seconds``, and ``what`` was
+    released (the library's type name without module paths, e.g. ``"Backing"``)."""
+
+    seconds: float
+    what: str
+
+class ReleaseTimes:
+    """How the releases of a ``Vkgdr``'s memory went (``Vkgdr.release_times()``): ``waiting``
+    now, the one that has waited longest of those, the drop under way that began first, and the
+    slowest so far (each ``None`` when there is none)."""
+
+    waiting: int
+    oldest_waiting: Optional[SlowRelease]
+    longest_dropping: Optional[SlowRelease]
+    longest_wait: Optional[SlowRelease]
+    longest_turn: Optional[SlowRelease]
+    longest_drop: Optional[SlowRelease]
 
 class _BoundFree:
     """Internal: ``free`` bound to a ``vkgdr.RawMemory``."""

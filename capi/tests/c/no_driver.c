@@ -3,7 +3,8 @@
  *   present: device -1 is CUDA_ERROR_INVALID_DEVICE); unknown flag bits are ignored, as in
  *   vkgdr 0.1;
  * - every kind of bad handle (NULL, made-up, of another type) is an error, never a crash;
- *   destructors ignore NULL; the stream-ordered frees check their handles;
+ *   destructors ignore NULL; the stream-ordered frees and the release figures check their
+ *   handles (and vkgdr_get_release_times its struct, before the handle);
  * - vkgdr 0.1's last-error rule: a successful call leaves the last error alone, the next
  *   vkgdr_open or vkgdr_memory_alloc replaces it;
  * - the copy helpers, on host memory at odd offsets and lengths;
@@ -144,6 +145,7 @@ static void stream_ordered_frees(void)
     vkgdr_pool_t pool = (vkgdr_pool_t)(uintptr_t)0x123456789ull;
     vkgdr_ring_t ring = (vkgdr_ring_t)(uintptr_t)0x123456789ull;
     CUstream stream = (CUstream)(uintptr_t)0x1234;
+    vkgdr_release_times times;
 
     mark_last_error();
     CHECK(vkgdr_memory_free_after(NULL, stream) == VKGDR_SUCCESS, "free_after of NULL");
@@ -185,6 +187,22 @@ static void stream_ordered_frees(void)
     CHECK(last_error_contains("invalid vkgdr_t handle"), "named");
     CHECK(vkgdr_trim(NULL, NULL) == VKGDR_ERROR, "trim of NULL");
     CHECK(last_error_contains("vkgdr_trim: the vkgdr_t handle is NULL"), "named");
+
+    /* The struct is checked first, then the handle; nothing is written on error. */
+    memset(&times, 0xAB, sizeof times);
+    times.struct_size = sizeof times;
+    CHECK(vkgdr_get_release_times(NULL, NULL) == VKGDR_ERROR, "release times into NULL");
+    CHECK(last_error_contains("vkgdr_get_release_times: the vkgdr_release_times pointer is NULL"),
+          "named");
+    CHECK(vkgdr_get_release_times(NULL, &times) == VKGDR_ERROR, "release times of NULL");
+    CHECK(last_error_contains("vkgdr_get_release_times: the vkgdr_t handle is NULL"), "named");
+    CHECK(vkgdr_get_release_times((vkgdr_t)pool, &times) == VKGDR_ERROR, "of a made-up handle");
+    CHECK(last_error_contains("vkgdr_get_release_times: invalid vkgdr_t handle"), "named");
+    CHECK(times.waiting == 0xABABABABABABABABull && times.longest_wait.what[0] == (char)0xAB,
+          "nothing written on error");
+    times.struct_size = 0;
+    CHECK(vkgdr_get_release_times(NULL, &times) == VKGDR_ERROR, "unset struct_size");
+    CHECK(last_error_contains("vkgdr_release_times.struct_size is 0"), "explains");
 }
 
 static void copies(void)

@@ -2,11 +2,13 @@
  * coherent memory and with FORCE_NON_COHERENT (every flush and invalidate really issued).
  * Several threads allocate blocks of many sizes and alignments, write them through the host
  * pointer and vkgdr_block_write, flush, read back and free (also blocks of other threads);
- * stats, trim, the byte limit, freed and foreign handles, and what a Vulkan-only handle
- * refuses (raw memory, rings, stream-ordered block frees). vkgdr_open_vulkan ignores unknown
+ * stats, trim, the byte limit, freed and foreign handles, what a Vulkan-only handle
+ * refuses (raw memory, rings, stream-ordered block frees) and its release times (all zero:
+ * nothing waits for GPU work). vkgdr_open_vulkan ignores unknown
  * flag bits and clears the last error, as vkgdr 0.1's vkgdr_open does.
  * Usage: pool_vulkan [vulkan_device]  (default -1: the first suitable device). */
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "check.h"
@@ -122,6 +124,29 @@ static void run(int vulkan_device, uint32_t flags)
     CHECK(vkgdr_d2h_ring_create(g, 1, 64, 64, 100) == NULL, "device -> host rings need CUDA");
     CHECK(last_error_contains("vkgdr_d2h_ring_create: this vkgdr_t has no CUDA device"),
           "explains");
+    {
+        /* Nothing waits for GPU work: every figure 0 and every name empty, struct_size as the
+         * caller set it; an older caller's smaller struct is written only as far as it goes. */
+        vkgdr_release_times times, zero;
+        memset(&zero, 0, sizeof zero);
+        zero.struct_size = sizeof zero;
+        memset(&times, 0xAB, sizeof times);
+        times.struct_size = sizeof times;
+        CHECK(vkgdr_get_release_times(g, &times) == VKGDR_SUCCESS &&
+                  memcmp(&times, &zero, sizeof times) == 0,
+              "a Vulkan-only handle's release times are all zero: %llu waiting, oldest %llu ns",
+              (unsigned long long)times.waiting,
+              (unsigned long long)times.oldest_waiting.time_ns);
+        memset(&times, 0xAB, sizeof times);
+        times.struct_size = offsetof(vkgdr_release_times, oldest_waiting);
+        CHECK(vkgdr_get_release_times(g, &times) == VKGDR_SUCCESS && times.waiting == 0 &&
+                  times.oldest_waiting.time_ns == 0xABABABABABABABABull,
+              "an older caller's struct: written as far as its struct_size");
+        CHECK(vkgdr_get_release_times(g, NULL) == VKGDR_ERROR, "release times into NULL");
+        CHECK(last_error_contains("vkgdr_get_release_times: the vkgdr_release_times pointer is "
+                                  "NULL"),
+              "named");
+    }
     {
         /* An unknown flag bit is ignored; a successful open clears the last error. */
         vkgdr_t again = vkgdr_open_vulkan(vulkan_device, flags | 0x100);

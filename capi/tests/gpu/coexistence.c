@@ -5,7 +5,8 @@
  * vkgdr_wait_for_releases, until the kernel ends; with it on a non-blocking stream of its own, a
  * plain free does not wait for it, while vkgdr_memory_free_after, vkgdr_block_free_after and the
  * destroy of a ring whose consumer vkgdr_ring_watch_consumer registered return at once and keep
- * their memory (free VRAM, pool statistics) until the kernel's stream has passed them.
+ * their memory (free VRAM, pool statistics) until the kernel's stream has passed them, and
+ * vkgdr_get_release_times names the release that waits and then how long it waited.
  *
  * Then the churn: the persistent kernel spins on its own non-blocking stream while eight threads
  * churn a thread-cached pool, an uncached pool and dedicated blocks (8 MiB and more), make raw
@@ -220,6 +221,16 @@ static size_t pending(vkgdr_t g)
     return vkgdr_wait_for_releases(g, 0);
 }
 
+/* The release times of `g`, filled for the whole struct. */
+static vkgdr_release_times release_times(vkgdr_t g)
+{
+    vkgdr_release_times times;
+    memset(&times, 0xAB, sizeof times);
+    times.struct_size = sizeof times;
+    CHECK(vkgdr_get_release_times(g, &times) == VKGDR_SUCCESS, "vkgdr_get_release_times");
+    return times;
+}
+
 static void releases_follow_their_stream(vkgdr_t g, persistent *k, CUstream own)
 {
     const size_t big = 64 * MIB;
@@ -231,7 +242,8 @@ static void releases_follow_their_stream(vkgdr_t g, persistent *k, CUstream own)
     vkgdr_ring_t ring;
     uint64_t stamp = 0x0123456789abcdefull, back = 0;
     size_t held, n;
-    double t;
+    double t, kept;
+    vkgdr_release_times times;
 
     CHECK(vkgdr_wait_for_releases(g, 30000000000ll) == 0, "nothing pending at the start");
 
@@ -301,10 +313,34 @@ static void releases_follow_their_stream(vkgdr_t g, persistent *k, CUstream own)
     CHECK(free_vram() < held + 32 * MIB, "the memory is not released before the stream passes it "
           "(free VRAM %zu MiB, %zu MiB before the frees)", free_vram() / MIB, held / MIB);
     CHECK(kernel_alive(k), "the kernel runs on");
+    /* The four wait, the oldest for at least the 150 ms slept and waited above, and named. */
+    times = release_times(g);
+    CHECK(times.waiting == 4 && times.oldest_waiting.time_ns >= 100000000ull &&
+              times.oldest_waiting.what[0] != '\0',
+          "the releases wait, the oldest named: %llu waiting, the oldest for %.3f ms (%.64s)",
+          (unsigned long long)times.waiting, (double)times.oldest_waiting.time_ns * 1e-6,
+          times.oldest_waiting.what);
 
+    kept = now() - t; /* the kernel holds the releases at least this long */
     kernel_stop(k);
     n = vkgdr_wait_for_releases(g, 30000000000ll);
     CHECK(n == 0, "released once the stream passed: %zu pending", n);
+    /* None waits now; the longest wait is at least about as long as the kernel held them (half
+     * of it: the bound is generous, never tight), and the drops were timed. */
+    times = release_times(g);
+    CHECK(times.waiting == 0 && times.oldest_waiting.time_ns == 0 &&
+              times.oldest_waiting.what[0] == '\0',
+          "nothing waits once released: %llu waiting, the oldest for %llu ns",
+          (unsigned long long)times.waiting, (unsigned long long)times.oldest_waiting.time_ns);
+    CHECK((double)times.longest_wait.time_ns * 1e-9 >= kept / 2 &&
+              times.longest_wait.what[0] != '\0' && times.longest_drop.what[0] != '\0',
+          "the longest wait %.3f ms (%.64s) covers the %.3f ms the kernel held the releases",
+          (double)times.longest_wait.time_ns * 1e-6, times.longest_wait.what, kept * 1e3);
+    printf("release times: the longest wait %.3f ms (%.64s), the longest drop %.3f ms (%.64s), "
+           "the longest turn %.3f ms\n",
+           (double)times.longest_wait.time_ns * 1e-6, times.longest_wait.what,
+           (double)times.longest_drop.time_ns * 1e-6, times.longest_drop.what,
+           (double)times.longest_turn.time_ns * 1e-6);
     vkgdr_pool_get_stats(pool, &stats);
     CHECK(stats.bytes_in_use == 0 && stats.dedicated_chunks == 0,
           "the blocks are back in the pool: %llu bytes, %llu dedicated chunks",
