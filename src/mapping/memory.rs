@@ -452,11 +452,8 @@ impl RawMemory {
             }
             // SAFETY: the caller's contract.
             Some(b) => unsafe {
-                self.gpu.release_after_stream(
-                    Box::new(b),
-                    stream,
-                    self.context.map(SendSyncPtr::get),
-                )
+                self.gpu
+                    .release_after_stream(b, stream, self.context.map(SendSyncPtr::get))
             },
             None => Ok(()),
         }
