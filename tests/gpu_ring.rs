@@ -978,6 +978,68 @@ fn staged_then_small(force_non_coherent: bool) {
     assert_eq!(res[layout::RESULT_POS], end);
 }
 
+/// `stop` right after staged batches on every lane: the copies and their tails are still queued
+/// on the lanes' streams, so the stop word goes there, behind them (an event from each lane's
+/// stream), and the consumer checks every record before it exits. With the stop word stored at
+/// once, it saw the stop before the last tails and exited without their records.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn stop_right_after_staged_batches_waits_for_their_copies() {
+    let gpu = open(false);
+    let module = Module::load_ptx(&gpu, RING_PTX).unwrap();
+    let stream = Stream::new(&gpu).unwrap();
+    const LANES: u32 = 4;
+    let limit = Some(Duration::from_secs(30));
+    let mut copied = 0;
+    for round in 0..20u64 {
+        let options = RingOptions {
+            lanes: LANES,
+            copy_engine: LARGE_ON_COPY_ENGINE,
+            ..Default::default()
+        };
+        let ring = DeviceRing::with_options(&gpu, 8 << 20, options).unwrap();
+        launch_check_lanes(&module, &ring, &stream);
+        let mut producers: Vec<_> = (0..LANES).map(|_| ring.producer().unwrap()).collect();
+        let (mut sum, mut records) = (0u64, 0u64);
+        // 32 records of 32 KiB a lane: all but the first 64 KiB staged, a copy of 960 KiB.
+        for p in &mut producers {
+            let first = p.next_seq();
+            let batch: Vec<Vec<u8>> = (0..32)
+                .map(|i| {
+                    let mut body = vec![(round % 251) as u8; (32 << 10) - 16];
+                    sum = sum.wrapping_add(seal_test_payload(&mut body, first + i).unwrap());
+                    body
+                })
+                .collect();
+            p.push_batch(batch.iter().map(Vec::as_slice), limit)
+                .unwrap();
+            records += 32;
+        }
+        drop(producers);
+        ring.stop_and_wait(Duration::from_secs(60)).unwrap();
+        let copies = ring.copy_engine_stats();
+        assert_eq!(copies.fallbacks, 0, "{copies:?}");
+        assert!(
+            copies.copies >= u64::from(LANES),
+            "a copy a lane: {copies:?}"
+        );
+        copied += copies.copies;
+        let (mut seen, mut seen_sum) = (0u64, 0u64);
+        for lane in 0..LANES as usize {
+            let res = ring.results_of(lane);
+            assert_eq!(res[layout::RESULT_ERRORS], 0, "lane {lane}: {res:?}");
+            seen += res[layout::RESULT_RECORDS];
+            seen_sum = seen_sum.wrapping_add(res[layout::RESULT_CHECKSUM_SUM]);
+        }
+        assert_eq!(
+            (seen, seen_sum),
+            (records, sum),
+            "round {round}: the consumer exited before every staged record"
+        );
+    }
+    println!("stop after staged batches: 20 rounds, {copied} copies, every record checked");
+}
+
 /// The checking kernel reads every lane of a ring whose lanes are split between the two paths,
 /// with the mix of every way of writing.
 #[test]

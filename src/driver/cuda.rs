@@ -365,6 +365,7 @@ driver_table! {
         unsafe cu_event_query: "cuEventQuery" => fn(event: CuEvent) -> ready;
         unsafe cu_event_synchronize: "cuEventSynchronize" => fn(event: CuEvent);
         unsafe cu_event_destroy: "cuEventDestroy_v2" => fn(event: CuEvent);
+        unsafe cu_stream_wait_event: "cuStreamWaitEvent" => fn(stream: CuStream, event: CuEvent, flags: c_uint);
     }
     optional {
         safe cu_mem_address_reserve: "cuMemAddressReserve" => fn(size: usize, alignment: usize, addr: CuDevicePtr, flags: u64) -> out CuDevicePtr;

@@ -183,6 +183,20 @@ impl Stream {
         unsafe { self.gpu.driver().cu_stream_synchronize(self.raw()) }
     }
 
+    /// Makes the work queued on the stream after now wait until `event`'s last record point
+    /// has passed (on the GPU: the caller does not wait). The event may be recorded again or
+    /// dropped at once.
+    pub(crate) fn wait_for(&self, event: &Event) -> Result<()> {
+        same_context(&event.gpu, self, "an event wait")?;
+        let _ctx = self.gpu.bind()?;
+        // SAFETY: live stream and event of the same context (checked above).
+        unsafe {
+            self.gpu
+                .driver()
+                .cu_stream_wait_event(self.raw(), event.raw.get(), 0)
+        }
+    }
+
     /// A release fence for the work queued on the stream so far.
     pub(crate) fn fence(&self) -> Result<Box<dyn Fence>> {
         // SAFETY: our live stream; an event fence keeps our `Gpu`, and with it the context.

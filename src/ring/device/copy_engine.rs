@@ -40,7 +40,7 @@ use crate::copy::WriteKernel;
 use crate::core::handle::{assert_send_sync, SendSyncPtr};
 use crate::driver::cuda::CuStream;
 use crate::error::{Error, Result};
-use crate::mapping::cuda_objects::Stream;
+use crate::mapping::cuda_objects::{Event, Stream};
 use crate::mapping::gpu::Gpu;
 use crate::mapping::pinned::copy_sources::CopySource;
 
@@ -246,6 +246,14 @@ impl StreamTails {
         self.queued.store(tail, Ordering::Relaxed);
     }
 
+    /// Whether a tail queued on the stream has not shown in the tail word yet, for any thread:
+    /// reads what the publisher recorded and changes nothing. `read_tail` is called only while
+    /// a queued tail is not known to have landed.
+    fn pending(&self, read_tail: impl FnOnce() -> u64) -> bool {
+        let queued = self.queued.load(Ordering::Relaxed);
+        queued > self.landed.load(Ordering::Relaxed) && read_tail() < queued
+    }
+
     /// Whether a queued tail may still be stored after now. `read_tail` loads the tail word; it
     /// is called only while the last queued tail is not known to have landed, and once it shows
     /// that tail, never again for it.
@@ -342,6 +350,18 @@ impl LaneCopy {
         self.tails.in_flight(read_tail)
     }
 
+    /// Whether a tail queued on the stream has not landed in the tail word yet. Unlike
+    /// [`tail_in_flight`](Self::tail_in_flight) any thread may ask (it changes nothing);
+    /// `read_tail` loads the lane's tail word.
+    pub(super) fn tail_pending(&self, read_tail: impl FnOnce() -> u64) -> bool {
+        self.tails.pending(read_tail)
+    }
+
+    /// The lane's stream (`None` only while dropping).
+    fn stream(&self) -> Option<&Stream> {
+        self.keep.as_ref().map(|(_, stream, _)| stream)
+    }
+
     /// Copies `bytes` to `offset` of the staging copy (pinned host memory) with `kernel`'s
     /// streaming stores: the copy engine, not this CPU, reads the bytes next, so they go to
     /// memory without first reading each line into the cache, and leave the cache alone. The
@@ -420,6 +440,34 @@ impl LaneCopy {
         stats.bytes += self.bytes.load(Ordering::Relaxed);
         stats.fallbacks += self.fallbacks.load(Ordering::Relaxed);
         stats.stream_tails += self.stream_tails.load(Ordering::Relaxed);
+    }
+}
+
+/// Queues the store of `value` into the 32-bit device word at `word_dev` behind everything
+/// queued so far on the streams of `lanes` (none: nothing is queued): on the first lane's stream,
+/// after that stream waits for an event recorded on each of the others'. Never waits. The word
+/// must lie in the memory the lanes' copies keep (the ring's), which the first lane's stream
+/// then keeps until the store has run.
+pub(super) fn store_after_lanes(lanes: &[&LaneCopy], word_dev: u64, value: u32) -> Result<()> {
+    let Some((first, others)) = lanes.split_first() else {
+        return Ok(());
+    };
+    let dropping = || Error::internal("a lane's copy stream is being dropped");
+    let stream = first.stream().ok_or_else(dropping)?;
+    for other in others {
+        let event = Event::new(&first.gpu)?;
+        event.record(other.stream().ok_or_else(dropping)?)?;
+        stream.wait_for(&event)?;
+    }
+    let _ctx = first.gpu.bind()?;
+    // SAFETY: our live stream; an aligned word of the ring's memory, which `first.keep` holds
+    // until the work queued on the stream has run. Flags 0 put a memory barrier before the
+    // store, so it lands after every tail queued before it.
+    unsafe {
+        first
+            .gpu
+            .driver()
+            .cu_stream_write_value32(stream.raw(), word_dev, value, 0)
     }
 }
 

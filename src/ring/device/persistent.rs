@@ -18,7 +18,9 @@ use crate::mapping::cuda_objects::{Event, PinnedBuffer, Stream};
 use crate::mapping::gpu::Gpu;
 use crate::mapping::memory::RawMemory;
 
-use super::copy_engine::{CopyEngine, CopyEngineStats, LaneCopy, LaneWords, STREAM_CHECK_OFFSET};
+use super::copy_engine::{
+    store_after_lanes, CopyEngine, CopyEngineStats, LaneCopy, LaneWords, STREAM_CHECK_OFFSET,
+};
 use super::sink::{BarSink, RingData, RingMemory};
 
 /// Bytes between two lanes' `tail` words in the control allocation (own 128-byte line each).
@@ -639,13 +641,32 @@ impl DeviceRing {
     }
 
     /// Asks a persistent consumer to exit once it has consumed everything published; from now
-    /// on new records are refused and waits for space end with [`RingError::Stopped`].
+    /// on new records are refused and waits for space end with [`RingError::Stopped`]. Never
+    /// waits: where records of a lane are still queued on its copy stream, the stop word is
+    /// stored behind their tails on the lanes' streams.
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::Release);
         let control = &self.memory.control;
         let offset = self.lanes.len() as u64 * TAIL_STRIDE;
         // Records and tails first, then the stop word (the consumer re-reads the tails after it).
         store_fence();
+        // A tail still queued on a lane's copy stream lands after now: the stop word then goes
+        // through the streams, behind every such tail, or the consumer could exit before their
+        // records. Should that fail, the store below stops the consumer all the same.
+        let queued: Vec<&LaneCopy> = self
+            .lanes
+            .iter()
+            .filter_map(|lane| {
+                let sink = lane.sink();
+                let copy = sink.copy.get()?;
+                copy.tail_pending(|| sink.load_tail()).then_some(copy)
+            })
+            .collect();
+        if !queued.is_empty()
+            && store_after_lanes(&queued, control.device_ptr() + offset, 1).is_ok()
+        {
+            return;
+        }
         // SAFETY: an aligned 4-byte word inside the control allocation, alive as long as `self`;
         // the host touches it only through atomics.
         let word = unsafe {

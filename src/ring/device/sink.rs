@@ -125,7 +125,7 @@ impl BarSink {
     /// Loads the tail word through the BAR (uncached: about a microsecond), after an
     /// invalidate on non-coherent memory. On an invalidate error (a lost device) it says 0,
     /// which keeps later tails on the copy stream, as if the last one had not landed.
-    fn load_tail(&self) -> u64 {
+    pub(super) fn load_tail(&self) -> u64 {
         if self
             .memory
             .control
