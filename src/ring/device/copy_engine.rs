@@ -519,4 +519,22 @@ mod tests {
         assert!(!tails.in_flight(|| read(8192)));
         assert_eq!(reads.get(), 5);
     }
+
+    #[test]
+    fn pending_asks_the_word_only_about_a_tail_not_known_landed_and_records_nothing() {
+        let tails = StreamTails::default();
+        assert!(!tails.pending(|| unreachable!("no tail queued: nothing to read")));
+        tails.queue(4096);
+        assert!(tails.pending(|| 1024), "the word still holds an older tail");
+        assert!(!tails.pending(|| 4096), "the tail has landed");
+        // Asking from another thread records nothing: the publisher still reads the word once.
+        let reads = Cell::new(0);
+        assert!(!tails.in_flight(|| {
+            reads.set(reads.get() + 1);
+            4096
+        }));
+        assert_eq!(reads.get(), 1);
+        // Once the publisher knows it landed, nobody reads the word for it again.
+        assert!(!tails.pending(|| unreachable!("known to have landed")));
+    }
 }
