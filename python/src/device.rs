@@ -134,37 +134,31 @@ impl Vkgdr {
 /// One release and how long it took, or has taken so far (a field of ``ReleaseTimes``):
 /// ``seconds``, and ``what`` was released (the library's type name without module paths, such
 /// as ``"Backing"``, ``"Arc<RingMemory>"`` or ``"ReleasedChunk"``).
-#[pyclass(module = "vkgdr", name = "SlowRelease", frozen, get_all)]
-pub struct SlowRelease {
-    /// How long, in seconds.
-    seconds: f64,
-    /// What was released.
-    what: String,
-}
+#[pyclass(module = "vkgdr", name = "SlowRelease", frozen)]
+pub struct SlowRelease(vkgdr::SlowRelease);
 
 impl SlowRelease {
     fn of(py: Python<'_>, slow: Option<vkgdr::SlowRelease>) -> PyResult<Option<Py<SlowRelease>>> {
-        slow.map(|s| {
-            Py::new(
-                py,
-                SlowRelease {
-                    seconds: s.time.as_secs_f64(),
-                    what: s.what(),
-                },
-            )
-        })
-        .transpose()
-    }
-
-    fn describe(&self) -> String {
-        format!("{:.3} ms ({})", self.seconds * 1e3, self.what)
+        slow.map(|s| Py::new(py, SlowRelease(s))).transpose()
     }
 }
 
 #[pymethods]
 impl SlowRelease {
+    /// How long, in seconds.
+    #[getter]
+    fn seconds(&self) -> f64 {
+        self.0.time.as_secs_f64()
+    }
+
+    /// What was released.
+    #[getter]
+    fn what(&self) -> String {
+        self.0.what()
+    }
+
     fn __repr__(&self) -> String {
-        format!("<vkgdr.SlowRelease {}>", self.describe())
+        format!("<vkgdr.SlowRelease {}>", self.0)
     }
 }
 
@@ -223,7 +217,7 @@ impl ReleaseTimes {
             ("longest_drop", &self.longest_drop),
         ] {
             if let Some(s) = slow {
-                parts.push(format!("{name}={}", s.bind(py).get().describe()));
+                parts.push(format!("{name}={}", s.bind(py).get().0));
             }
         }
         format!("<vkgdr.ReleaseTimes {}>", parts.join(" "))
