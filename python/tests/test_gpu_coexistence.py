@@ -458,6 +458,7 @@ def test_releases_wait_for_the_stream_they_name_and_rings_for_their_consumer(
         assert times.waiting == 3, times
         oldest = times.oldest_waiting
         assert oldest is not None and oldest.seconds >= 0.1 and oldest.what, times
+        assert repr(times).startswith("<vkgdr.ReleaseTimes waiting=3 oldest_waiting="), times
 
         # A ring whose consumer runs: a kernel that beats into the ring's result words (pinned
         # host memory) until the ring's own stop word is set, and behind it on the same stream
@@ -502,3 +503,8 @@ def test_releases_wait_for_the_stream_they_name_and_rings_for_their_consumer(
     assert times.waiting == 0 and times.oldest_waiting is None, times
     longest = times.longest_wait
     assert longest is not None and longest.seconds >= 0.1 and longest.what, times
+    # The reprs give the same figures in the library's one format: milliseconds and the type.
+    shown = f"{longest.seconds * 1e3:.3f} ms ({longest.what})"
+    assert repr(longest) == f"<vkgdr.SlowRelease {shown}>", repr(longest)
+    assert f" longest_wait={shown}" in repr(times), repr(times)
+    assert "oldest_waiting" not in repr(times), repr(times)

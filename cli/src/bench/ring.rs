@@ -365,8 +365,18 @@ pub mod rows {
     /// `ring-throughput`: the same with the tail store after each copy.
     pub const PATTERN_TAIL: &str =
         "cuMemcpyHtoDAsync on 8 streams, one copy per publication + tail store";
+    /// `ring-throughput`: the same, each publication first written into the staging buffer by
+    /// its own thread (the producers' share of the host's memory).
+    pub const PATTERN_STAGED: &str =
+        "8 threads stage each publication in pinned memory, then copy + tail store";
     /// `ring-throughput`: every row of the driver's copies alone.
-    pub const DRIVER_COPIES: [&str; 4] = [COPY_1, COPY_256, PATTERN_COPIES, PATTERN_TAIL];
+    pub const DRIVER_COPIES: [&str; 5] = [
+        COPY_1,
+        COPY_256,
+        PATTERN_COPIES,
+        PATTERN_TAIL,
+        PATTERN_STAGED,
+    ];
     /// `ring-throughput`: CPU stores into the BAR from 8 threads, nothing else on the link.
     pub const BAR_ALONE: &str = "BAR stores, 8 threads, alone";
     /// `ring-throughput`: the same stores while the copy pattern (with tail stores) runs.
@@ -443,6 +453,96 @@ fn lane_pattern(
         s.synchronize()?;
     }
     Ok((bytes * copies) as f64 / t0.elapsed().as_secs_f64() / 1e9)
+}
+
+/// The copy-engine lanes' whole work without the ring: [`PATTERN_STREAMS`] threads, each with
+/// its own stream and region of the staging buffer, write each publication ([`batch_records`]
+/// records of `size` bytes from a cached source, with the streaming stores a staging producer
+/// uses), fence, and queue its copy and tail store as [`lane_pattern`] does. A slot of the
+/// region is written again only after the event recorded behind its last copy has completed
+/// (the ring reuses its staging copy once the consumer's head has passed, which is later).
+/// The ceiling of a ring whose producers stage: what the host's memory gives the copy engine
+/// while the producers write. Returns GB/s.
+fn staged_pattern(
+    gpu: &Gpu,
+    to: &PatternTargets,
+    streams: &[Stream],
+    size: u64,
+    records: u64,
+) -> BenchResult<f64> {
+    let driver = gpu.driver();
+    let batch = batch_records(size);
+    let bytes = size * batch;
+    let region = (to.staging.len() / streams.len()) as u64;
+    let per_region = region / bytes;
+    if per_region == 0 {
+        return Err(BenchError::Check(format!(
+            "a {bytes}-byte publication does not fit a {region}-byte region"
+        )));
+    }
+    let per_thread = records * size / bytes / streams.len() as u64;
+    let kernel = vkgdr::copy::WriteKernel::detected();
+    // The staging buffer's address, shared by the threads as an integer: each writes only its
+    // own region.
+    let base = to.staging.as_ptr() as usize;
+    let (dst_base, tails) = (to.dst, to.tails);
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        let threads: Vec<_> = streams
+            .iter()
+            .enumerate()
+            .map(|(lane, stream)| {
+                s.spawn(move || -> BenchResult<()> {
+                    let _ctx = gpu.bind()?;
+                    let source: Vec<u8> = (0..size).map(|i| (i as u8) ^ (lane as u8)).collect();
+                    let events: Vec<vkgdr::cuda_objects::Event> = (0..per_region)
+                        .map(|_| vkgdr::cuda_objects::Event::new(gpu))
+                        .collect::<vkgdr::Result<_>>()?;
+                    for k in 0..per_thread {
+                        let slot = k % per_region;
+                        if k >= per_region {
+                            events[slot as usize].synchronize()?;
+                        }
+                        let off = lane as u64 * region + slot * bytes;
+                        let dst = (base + off as usize) as *mut u8;
+                        for r in 0..batch {
+                            // SAFETY: `off + bytes <= streams.len() * region <= staging.len()`;
+                            // this thread alone writes its region, and the event above says
+                            // the slot's last copy has read it.
+                            unsafe { kernel.write_unfenced(dst.add((r * size) as usize), &source) };
+                        }
+                        // The streaming stores reach memory before the copy is queued.
+                        std::sync::atomic::fence(Ordering::SeqCst);
+                        // SAFETY: as in `lane_pattern`; the slot is not written again before
+                        // its event completes.
+                        unsafe {
+                            driver.cu_memcpy_htod_async(
+                                dst_base + off,
+                                dst.cast_const().cast(),
+                                bytes as usize,
+                                stream.raw(),
+                            )?;
+                            driver.cu_stream_write_value64(
+                                stream.raw(),
+                                tails + 8 * lane as u64,
+                                k + 1,
+                                0,
+                            )?;
+                        }
+                        events[slot as usize].record(stream)?;
+                    }
+                    stream.synchronize()?;
+                    Ok(())
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("a staging thread")?;
+        }
+        Ok::<(), BenchError>(())
+    })?;
+    let total = per_thread * streams.len() as u64 * bytes;
+    Ok(total as f64 / t0.elapsed().as_secs_f64() / 1e9)
 }
 
 /// Threads that store into the BAR in the link rows (as many as the ring rows' producers).
@@ -906,6 +1006,20 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
             ));
         }
     }
+    // The host memory's wall: the same pattern with the producers' writes into the staging
+    // buffer, each thread writing and queueing its own publications.
+    ui::phase("staged copy pattern", PATTERN_SIZES.len() as u64);
+    for size in PATTERN_SIZES {
+        ui::step(format!("{} · {}", rows::PATTERN_STAGED, fmt_size(size)));
+        let samples: Vec<f64> = (0..reps)
+            .map(|_| staged_pattern(&gpu, &targets, &streams, size, bytes_per_run / size))
+            .collect::<BenchResult<_>>()?;
+        bw.figures.push(Figure::measured(
+            rows::PATTERN_STAGED,
+            size,
+            &Stats::of(&samples).expect("samples"),
+        ));
+    }
     // The link's wall: what the BAR's stores and the copy engine carry when both run at once,
     // beside each alone (the copy pattern alone is the row above).
     let bar = BarStores::new(&gpu)?;
@@ -959,6 +1073,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     bw.notes.push(format!("checking kernel alone: each lane filled to {} MiB by its producer with no consumer running, the ring stopped, then ring_check_lanes launched; GB/s from the launch to the kernel's end (the consumer's own rate, without producers beside it)", (LANE_BYTES * 3 / 4) >> 20));
     bw.notes.push("cuMemcpyHtoDAsync: the same bytes from pinned memory into cuMemAlloc memory, back to back on one stream".into());
     bw.notes.push(format!("{PATTERN_COPIES} / {PATTERN_TAIL}: the copy-engine lanes' work without producers, the ceiling of the 'copy engine' rows: one copy per publication (the producers' batch of records, from pinned memory filled beforehand) on each of {PATTERN_STREAMS} streams in turn, and with the stream store a lane queues after each copy (its tail into GPU memory, behind a memory barrier); the producers' own writes into the staging copy are what the ring rows add"));
+    bw.notes.push(format!("{}: the same work with those writes: each of {PATTERN_STREAMS} threads writes its publications into its own region of the pinned buffer (streaming stores, as a staging producer does), fences, queues the copy and the tail store on its own stream, and writes a slot again once an event behind the slot's last copy has completed; the ceiling of a ring whose producers stage, where the host's memory carries both the writes and the engine's reads", rows::PATTERN_STAGED));
     bw.notes.push(format!("copy engine: the plain rows take the default, CopyEngine::Auto, which on a ring of several lanes keeps lanes 0, 3 and 6 of each eight on the BAR and stages records of {auto} B and more (header included) on the others, once a batch has {pending} KiB pending before them ('1 producer' rows: every record through the BAR); 'BAR only' rows take the BAR on every lane; with RingOptions::copy_engine = FromRecord({record}) a producer's records of that size and more (header included), once a batch has {pending} KiB pending before them, are written into a pinned host copy of the lane and moved by cuMemcpyHtoDAsync on the lane's stream, which then stores the tail; 'copy engine only' rows stage records of every size (after the same {pending} KiB); 'lanes split' rows (CopyEngine::Split(16)) keep records below {split} KiB on the BAR in lanes 0, 3 and 6 and stage every record in the others", auto = vkgdr::ring::device::AUTO_COPY_ENGINE_RECORD, pending = vkgdr::ring::device::STAGE_AFTER_PENDING >> 10, record = vkgdr::ring::device::DEFAULT_COPY_ENGINE_RECORD, split = vkgdr::ring::device::SPLIT_BAR_LANE_RECORD >> 10));
     bw.notes.push(format!("the link rows (their column: the copy pattern's record size): {LINK_THREADS} threads store {} MiB at a time into a BAR mapping (the raw stores of copybw); alone, then while {PATTERN_TAIL} runs, each rate over its own interval; the total is their sum, to read beside the copy pattern alone: more than it means the two paths together pass either one, no more means the host-to-device link is the wall", LINK_STORE_BYTES >> 20));
     lat.notes.push("round trip of one 64-byte record: published alone (Producer::push, or the shared reserve/commit) → kernel publishes head into pinned memory → CPU sees it; commit→seen is below this".into());
