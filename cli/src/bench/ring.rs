@@ -457,8 +457,8 @@ fn lane_pattern(
 
 /// The copy-engine lanes' whole work without the ring: [`PATTERN_STREAMS`] threads, each with
 /// its own stream and region of the staging buffer, write each publication ([`batch_records`]
-/// records of `size` bytes from a cached source, with the streaming stores a staging producer
-/// uses), fence, and queue its copy and tail store as [`lane_pattern`] does. A slot of the
+/// records of `size` bytes, each from its own buffer as the ring rows' producers write them,
+/// with the streaming stores a staging producer uses), fence, and queue its copy and tail store as [`lane_pattern`] does. A slot of the
 /// region is written again only after the event recorded behind its last copy has completed
 /// (the ring reuses its staging copy once the consumer's head has passed, which is later).
 /// The ceiling of a ring whose producers stage: what the host's memory gives the copy engine
@@ -494,7 +494,11 @@ fn staged_pattern(
             .map(|(lane, stream)| {
                 s.spawn(move || -> BenchResult<()> {
                     let _ctx = gpu.bind()?;
-                    let source: Vec<u8> = (0..size).map(|i| (i as u8) ^ (lane as u8)).collect();
+                    // A buffer per record of the publication, as the ring rows' producers
+                    // have (`push_batches`): at 64 KiB, 4 MiB a thread, read from memory.
+                    let sources: Vec<Vec<u8>> = (0..batch)
+                        .map(|r| vec![(r as u8) ^ (lane as u8); size as usize])
+                        .collect();
                     let events: Vec<vkgdr::cuda_objects::Event> = (0..per_region)
                         .map(|_| vkgdr::cuda_objects::Event::new(gpu))
                         .collect::<vkgdr::Result<_>>()?;
@@ -505,11 +509,11 @@ fn staged_pattern(
                         }
                         let off = lane as u64 * region + slot * bytes;
                         let dst = (base + off as usize) as *mut u8;
-                        for r in 0..batch {
+                        for (r, source) in sources.iter().enumerate() {
                             // SAFETY: `off + bytes <= streams.len() * region <= staging.len()`;
                             // this thread alone writes its region, and the event above says
                             // the slot's last copy has read it.
-                            unsafe { kernel.write_unfenced(dst.add((r * size) as usize), &source) };
+                            unsafe { kernel.write_unfenced(dst.add(r * size as usize), source) };
                         }
                         // The streaming stores reach memory before the copy is queued.
                         std::sync::atomic::fence(Ordering::SeqCst);
@@ -1073,7 +1077,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     bw.notes.push(format!("checking kernel alone: each lane filled to {} MiB by its producer with no consumer running, the ring stopped, then ring_check_lanes launched; GB/s from the launch to the kernel's end (the consumer's own rate, without producers beside it)", (LANE_BYTES * 3 / 4) >> 20));
     bw.notes.push("cuMemcpyHtoDAsync: the same bytes from pinned memory into cuMemAlloc memory, back to back on one stream".into());
     bw.notes.push(format!("{PATTERN_COPIES} / {PATTERN_TAIL}: the copy-engine lanes' work without producers, the ceiling of the 'copy engine' rows: one copy per publication (the producers' batch of records, from pinned memory filled beforehand) on each of {PATTERN_STREAMS} streams in turn, and with the stream store a lane queues after each copy (its tail into GPU memory, behind a memory barrier); the producers' own writes into the staging copy are what the ring rows add"));
-    bw.notes.push(format!("{}: the same work with those writes: each of {PATTERN_STREAMS} threads writes its publications into its own region of the pinned buffer (streaming stores, as a staging producer does), fences, queues the copy and the tail store on its own stream, and writes a slot again once an event behind the slot's last copy has completed; the ceiling of a ring whose producers stage, where the host's memory carries both the writes and the engine's reads", rows::PATTERN_STAGED));
+    bw.notes.push(format!("{}: the same work with those writes: each of {PATTERN_STREAMS} threads writes its publications into its own region of the pinned buffer (each record from its own buffer, as the ring rows' producers hold them; streaming stores, as a staging producer does), fences, queues the copy and the tail store on its own stream, and writes a slot again once an event behind the slot's last copy has completed; the ceiling of a ring whose producers stage, where the host's memory carries both the writes and the engine's reads", rows::PATTERN_STAGED));
     bw.notes.push(format!("copy engine: the plain rows take the default, CopyEngine::Auto, which on a ring of several lanes keeps lanes 0, 3 and 6 of each eight on the BAR and stages records of {auto} B and more (header included) on the others, once a batch has {pending} KiB pending before them ('1 producer' rows: every record through the BAR); 'BAR only' rows take the BAR on every lane; with RingOptions::copy_engine = FromRecord({record}) a producer's records of that size and more (header included), once a batch has {pending} KiB pending before them, are written into a pinned host copy of the lane and moved by cuMemcpyHtoDAsync on the lane's stream, which then stores the tail; 'copy engine only' rows stage records of every size (after the same {pending} KiB); 'lanes split' rows (CopyEngine::Split(16)) keep records below {split} KiB on the BAR in lanes 0, 3 and 6 and stage every record in the others", auto = vkgdr::ring::device::AUTO_COPY_ENGINE_RECORD, pending = vkgdr::ring::device::STAGE_AFTER_PENDING >> 10, record = vkgdr::ring::device::DEFAULT_COPY_ENGINE_RECORD, split = vkgdr::ring::device::SPLIT_BAR_LANE_RECORD >> 10));
     bw.notes.push(format!("the link rows (their column: the copy pattern's record size): {LINK_THREADS} threads store {} MiB at a time into a BAR mapping (the raw stores of copybw); alone, then while {PATTERN_TAIL} runs, each rate over its own interval; the total is their sum, to read beside the copy pattern alone: more than it means the two paths together pass either one, no more means the host-to-device link is the wall", LINK_STORE_BYTES >> 20));
     lat.notes.push("round trip of one 64-byte record: published alone (Producer::push, or the shared reserve/commit) → kernel publishes head into pinned memory → CPU sees it; commit→seen is below this".into());
