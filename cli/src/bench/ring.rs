@@ -351,8 +351,9 @@ fn memcpy_batches(
 
 /// Streams of the copy-engine lane pattern: one per producer of the eight-producer rows.
 const PATTERN_STREAMS: usize = 8;
-/// Record sizes of the pattern rows: those the copy engine serves in the ring rows.
-const PATTERN_SIZES: [u64; 2] = [4096, 64 << 10];
+/// Record sizes of the pattern rows: the ring rows' sizes the copy engine serves, from 2 KiB
+/// (below it a ring passes batched DMA with the lanes split between the two paths).
+const PATTERN_SIZES: [u64; 3] = [2048, 4096, 64 << 10];
 
 /// The rows the registry names.
 pub mod rows {
