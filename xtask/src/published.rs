@@ -8,7 +8,7 @@ use crate::testutil::repo_path;
 use vkgdr_cli::bench::registry::{report_spec, BENCHMARKS};
 use vkgdr_cli::bench::report::model::Report;
 use vkgdr_cli::bench::report::spec::{Anchor, ReportSpec, Rows};
-use vkgdr_cli::bench::{apiperf, copybw, copylat};
+use vkgdr_cli::bench::{apiperf, copybw, copylat, ring};
 use vkgdr_cli::json::bench::BenchDocument;
 
 /// The reports of the last full run, `docs/bench/results.json` (a missing or unreadable file
@@ -67,7 +67,10 @@ pub fn measured_by_code(name: &str) -> Vec<String> {
 
 /// Rows a report's code writes that the published run (docs/bench/results.json) predates, by
 /// report: known to the registry's tests until the next full run is published.
-pub const NEWER_THAN_PUBLISHED: [(&str, &[&str]); 1] = [("apiperf", &[apiperf::rows::MALLOC_PAIR])];
+pub const NEWER_THAN_PUBLISHED: [(&str, &[&str]); 2] = [
+    ("apiperf", &[apiperf::rows::MALLOC_PAIR]),
+    ("ring-throughput", &[ring::rows::PATTERN_STAGED]),
+];
 
 /// [`NEWER_THAN_PUBLISHED`]'s rows of report `name`.
 pub fn newer_than_published(name: &str) -> &'static [&'static str] {
