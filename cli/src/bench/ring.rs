@@ -172,9 +172,19 @@ pub(super) fn stream_records(
             drop(ring.producer()?);
         }
     }
+    // Every producer's record buffers, made (written and checksummed) before the clock starts.
+    let payloads: Vec<Vec<Payload>> = (0..producers)
+        .map(|_| match how {
+            Produce::Batch => batch_payloads(size),
+            _ => vec![Payload::new(size)],
+        })
+        .collect();
     let t0 = Instant::now();
-    on_threads(producers, || {
-        let mut payload = Payload::new(size);
+    on_threads(payloads, |mut bufs| {
+        if how == Produce::Batch {
+            return push_batches(&mut ring.producer()?, &mut bufs, per_thread, limit);
+        }
+        let payload = &mut bufs[0];
         if how == Produce::Shared {
             for _ in 0..per_thread {
                 let mut r = ring.reserve(payload.buf.len() as u32, limit)?;
@@ -184,14 +194,11 @@ pub(super) fn stream_records(
             return Ok(());
         }
         let mut p = ring.producer()?;
-        if how == Produce::Push {
-            for _ in 0..per_thread {
-                let seq = p.next_seq();
-                p.push(payload.stamped(seq), limit)?;
-            }
-            return Ok(());
+        for _ in 0..per_thread {
+            let seq = p.next_seq();
+            p.push(payload.stamped(seq), limit)?;
         }
-        push_batches(&mut p, size, per_thread, limit)
+        Ok(())
     })?;
     // Wait until the consumer has everything (so the time covers delivery, not just commits).
     for lane in 0..ring.lanes() {
@@ -204,10 +211,17 @@ pub(super) fn stream_records(
     Ok((size * per_thread * producers as u64) as f64 / secs / 1e9)
 }
 
-/// Runs `work` on `n` threads at once; the first error any of them returned.
-fn on_threads(n: usize, work: impl Fn() -> vkgdr::Result<()> + Sync) -> BenchResult<()> {
+/// Runs `work` on a thread per state, all at once; the first error any of them returned.
+fn on_threads<T: Send>(
+    states: Vec<T>,
+    work: impl Fn(T) -> vkgdr::Result<()> + Sync,
+) -> BenchResult<()> {
     let failed = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..n).map(|_| s.spawn(&work)).collect();
+        let work = &work;
+        let hs: Vec<_> = states
+            .into_iter()
+            .map(|state| s.spawn(move || work(state)))
+            .collect();
         hs.into_iter()
             .map(|h| h.join().expect("producer"))
             .find_map(|r| r.err())
@@ -215,15 +229,23 @@ fn on_threads(n: usize, work: impl Fn() -> vkgdr::Result<()> + Sync) -> BenchRes
     failed.map_or(Ok(()), |e| Err(e.into()))
 }
 
-/// Pushes `records` records of `size` bytes through `p` in batches of [`batch_records`].
+/// The buffers of a batch of `size`-byte records ([`batch_records`] of them). Making them writes
+/// and checksums every byte: make them before a clock starts.
+pub(crate) fn batch_payloads(size: u64) -> Vec<Payload> {
+    (0..batch_records(size))
+        .map(|_| Payload::new(size))
+        .collect()
+}
+
+/// Pushes `records` records through `p` in batches of `bufs.len()` (from [`batch_payloads`]),
+/// each record stamped with its seq.
 pub(crate) fn push_batches<S: RingSink>(
     p: &mut Producer<'_, S>,
-    size: u64,
+    bufs: &mut [Payload],
     records: u64,
     limit: Option<Duration>,
 ) -> vkgdr::Result<()> {
-    let batch = batch_records(size);
-    let mut bufs: Vec<Payload> = (0..batch).map(|_| Payload::new(size)).collect();
+    let batch = bufs.len() as u64;
     let mut left = records;
     while left > 0 {
         let k = left.min(batch) as usize;
@@ -256,8 +278,9 @@ fn consumer_alone(
     let ring = DeviceRing::with_options(gpu, LANE_BYTES, options)?;
     let per_lane = LANE_BYTES * 3 / 4 / size;
     let limit = Some(Duration::from_secs(10));
-    on_threads(lanes as usize, || {
-        push_batches(&mut ring.producer()?, size, per_lane, limit)
+    let payloads = (0..lanes).map(|_| batch_payloads(size)).collect();
+    on_threads(payloads, |mut bufs| {
+        push_batches(&mut ring.producer()?, &mut bufs, per_lane, limit)
     })?;
     ring.stop();
     let t0 = Instant::now();
@@ -487,19 +510,24 @@ fn staged_pattern(
     // own region.
     let base = to.staging.as_ptr() as usize;
     let (dst_base, tails) = (to.dst, to.tails);
+    // A buffer per record of a publication, as the ring rows' producers have (`push_batches`):
+    // at 64 KiB, 4 MiB a thread, read from memory. Made before the clock starts.
+    let sources: Vec<Vec<Vec<u8>>> = (0..streams.len())
+        .map(|lane| {
+            (0..batch)
+                .map(|r| vec![(r as u8) ^ (lane as u8); size as usize])
+                .collect()
+        })
+        .collect();
     let t0 = Instant::now();
     std::thread::scope(|s| {
         let threads: Vec<_> = streams
             .iter()
+            .zip(sources)
             .enumerate()
-            .map(|(lane, stream)| {
+            .map(|(lane, (stream, sources))| {
                 s.spawn(move || -> BenchResult<()> {
                     let _ctx = gpu.bind()?;
-                    // A buffer per record of the publication, as the ring rows' producers
-                    // have (`push_batches`): at 64 KiB, 4 MiB a thread, read from memory.
-                    let sources: Vec<Vec<u8>> = (0..batch)
-                        .map(|r| vec![(r as u8) ^ (lane as u8); size as usize])
-                        .collect();
                     let events: Vec<vkgdr::cuda_objects::Event> = (0..per_region)
                         .map(|_| vkgdr::cuda_objects::Event::new(gpu))
                         .collect::<vkgdr::Result<_>>()?;

@@ -12,7 +12,7 @@ use vkgdr::share::{AttachedLane, Peer, RefusalCode, ShareError};
 
 use super::protocol::{say, Line};
 use super::{spin_until, Commands, Context, Outcome, Rtt};
-use crate::bench::ring::{push_batches, random_batch, Payload};
+use crate::bench::ring::{batch_payloads, push_batches, random_batch, Payload};
 
 /// How long a peer waits for each answer of the owner.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(20);
@@ -194,11 +194,12 @@ pub fn producer(a: &ProducerArgs) -> Outcome {
         let rtt = Rtt::of_samples(samples).ok_or("no round trips")?;
         say(&Line::of("lat", &rtt));
     } else {
+        let mut bufs = batch_payloads(a.size);
         for rep in 0..a.reps {
             commands.wait_go()?;
             let start = lane.accepted();
             let t = Instant::now();
-            push_batches(&mut p, a.size, a.records, limit).ctx(format_args!(
+            push_batches(&mut p, &mut bufs, a.records, limit).ctx(format_args!(
                 "pushing {} records of {} B",
                 a.records, a.size
             ))?;
