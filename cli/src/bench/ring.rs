@@ -482,11 +482,11 @@ fn lane_pattern(
 /// The copy-engine lanes' whole work without the ring: [`PATTERN_STREAMS`] threads, each with
 /// its own stream and region of the staging buffer, write each publication ([`batch_records`]
 /// records of `size` bytes, each from its own buffer as the ring rows' producers write them,
-/// with the streaming stores a staging producer uses), fence, and queue its copy and tail store as [`lane_pattern`] does. A slot of the
-/// region is written again only after the event recorded behind its last copy has completed
-/// (the ring reuses its staging copy once the consumer's head has passed, which is later).
-/// The ceiling of a ring whose producers stage: what the host's memory gives the copy engine
-/// while the producers write. Returns GB/s.
+/// with the streaming stores a staging producer uses), fence, and queue its copy and tail
+/// store as [`lane_pattern`] does. A slot of the region is written again only after the event
+/// recorded behind its last copy has completed (the ring reuses its staging copy once the
+/// consumer's head has passed, which is later). The ceiling of a ring whose producers stage:
+/// what the host's memory gives the copy engine while the producers write. Returns GB/s.
 fn staged_pattern(
     gpu: &Gpu,
     to: &PatternTargets,
