@@ -124,7 +124,10 @@ pub enum CopyEngine {
     /// staging lanes would hold more than [`AUTO_MAX_STAGING_BYTES`] in all, and a shareable
     /// ring, take the BAR on every lane. A lone latency-critical record beside bulk producers
     /// waits behind the BAR lanes' stores: for that, [`FromRecord`](Self::FromRecord) puts all
-    /// the bulk on the copy engine (BENCHMARKS.md, 'The default: the ring chooses').
+    /// the bulk on the copy engine (BENCHMARKS.md, 'The default: the ring chooses'). Several
+    /// producers of records of [`SPLIT_BAR_LANE_RECORD`] bytes and more move more with
+    /// [`Split`](Self::Split), whose BAR lanes stage those records too (BENCHMARKS.md, 'The
+    /// targets in one run').
     Auto,
     /// Every record through the BAR, by CPU stores.
     Off,
