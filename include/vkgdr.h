@@ -148,9 +148,9 @@ typedef enum vkgdr_ring_flags {
    * Every record through the BAR, on every lane (`vkgdr_ring_create_with_options` only,
    * with a `copy_engine_record` of 0, not with `VKGDR_RING_COPY_ENGINE_SPLIT_BIT`). Without
    * it and with a `copy_engine_record` of 0 the ring chooses: on a ring of two lanes or more,
-   * lanes 0, 3 and 6 of each eight keep every record on the BAR and the others stage records
-   * of 1 KiB and more (header included) once a producer's batch has 64 KiB pending before
-   * them, unless their pinned staging copies would hold more than 256 MiB in all.
+   * lanes 0, 3 and 6 of each eight stage records of 8 KiB and more and the others records
+   * of 1 KiB and more (header included), once a producer's batch has 64 KiB pending before
+   * them, unless the lanes' pinned staging copies would hold more than 256 MiB in all.
    */
   VKGDR_RING_COPY_ENGINE_OFF_BIT = 8,
 } vkgdr_ring_flags;

@@ -31,9 +31,9 @@ const WAIT_SLICE: Duration = Duration::from_millis(50);
 /// no locks, batches published at once, large records by a copy engine: those of at least
 /// ``copy_engine`` bytes with their 16-byte header, 0 for never). ``copy_engine=None`` (the
 /// default) lets the ring choose: on a ring of two lanes or more, lanes 0, 3 and 6 of each
-/// eight keep every record on the BAR and the others stage records of 1 KiB and more once a
-/// producer's batch has 64 KiB pending before them (unless their pinned staging copies would
-/// hold more than 256 MiB in all); a one-lane ring keeps the BAR. ``device_view``
+/// eight stage records of 8 KiB and more and the others records of 1 KiB and more, once a
+/// producer's batch has 64 KiB pending before them (unless the lanes' pinned staging copies
+/// would hold more than 256 MiB in all); a one-lane ring keeps the BAR. ``device_view``
 /// has the addresses the kernel needs (and keeps the ring alive). Call ``stop()`` to let a
 /// persistent consumer exit.
 ///

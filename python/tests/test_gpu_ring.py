@@ -234,12 +234,13 @@ def test_producer_lifetime_closing_and_context_manager(cupy):
 
 
 def test_the_default_ring_stages_large_batches_on_its_second_lane(cupy) -> None:
-    """copy_engine=None (the default): lane 0 keeps the BAR, lane 1 stages 1 KiB records once a
-    batch has 64 KiB pending; copy_engine=0 keeps both on the BAR. No consumer runs: nothing is
+    """copy_engine=None (the default): lane 0 keeps 1 KiB records on the BAR (it stages only
+    records of 8 KiB and more), lane 1 stages them once a batch has 64 KiB pending; both take a
+    staging copy when claimed. copy_engine=0 keeps both on the BAR. No consumer runs: nothing is
     read, the records only have to fit."""
     gpu = vkgdr.Vkgdr(0)
     batch = [bytes([k % 251]) * 1008 for k in range(100)]  # 1 KiB with the header, 100 KiB in all
-    for copy_engine, staging_lanes in ((None, 1), (0, 0)):
+    for copy_engine, staging_lanes in ((None, 2), (0, 0)):
         ring = vkgdr.DeviceRing(gpu, 1 << 20, lanes=8, copy_engine=copy_engine)
         producers = [ring.producer() for _ in range(2)]
         assert [p.lane for p in producers] == [0, 1]

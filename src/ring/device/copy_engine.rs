@@ -62,10 +62,11 @@ pub const DEFAULT_COPY_ENGINE_RECORD: u32 = 4096;
 /// figures: BENCHMARKS.md, 'Copy-engine lanes').
 pub const STAGE_AFTER_PENDING: u64 = 64 << 10;
 
-/// On the lanes that [`CopyEngine::Split`] keeps on the BAR, the record size (header and padding
-/// included) from which records take the copy engine all the same: eight producers of records
-/// this large move more through the copy engine alone than through the two paths at once
-/// (figures: BENCHMARKS.md, 'Lanes split between the BAR and the copy engine').
+/// On the lanes that [`CopyEngine::Split`] and [`CopyEngine::Auto`] keep on the BAR, the record
+/// size (header and padding included) from which records take the copy engine all the same:
+/// eight producers of records this large move more through the copy engine alone than through
+/// the two paths at once, and a lone producer about as much (figures: BENCHMARKS.md, 'Lanes
+/// split between the BAR and the copy engine', 'Large records on every lane').
 pub const SPLIT_BAR_LANE_RECORD: u32 = 8 << 10;
 
 /// The record size (header and padding included) from which the lanes that
@@ -75,9 +76,10 @@ pub const SPLIT_BAR_LANE_RECORD: u32 = 8 << 10;
 /// copy engine').
 pub const AUTO_COPY_ENGINE_RECORD: u32 = 1024;
 
-/// The most pinned host memory the copy-engine lanes of one [`CopyEngine::Auto`] ring may hold
-/// in all (each such lane's staging copy is as large as the lane): a ring whose would be larger
-/// keeps every lane on the BAR unless its options ask for the copy engine.
+/// The most pinned host memory the lanes of one [`CopyEngine::Auto`] ring may hold in all (each
+/// lane's staging copy is as large as the lane, and on a ring of two lanes or more every lane may
+/// stage): a ring whose would be larger keeps every lane on the BAR unless its options ask for
+/// the copy engine.
 pub const AUTO_MAX_STAGING_BYTES: u64 = 256 << 20;
 
 /// How a ring's lanes carry the records an exclusive [`Producer`](crate::ring::core::Producer)
@@ -91,43 +93,42 @@ pub const AUTO_MAX_STAGING_BYTES: u64 = 256 << 20;
 /// assert_eq!(bar_lanes, [0, 3, 6]);
 /// assert_eq!(split.threshold_for_lane(8), Some(8192));
 /// assert_eq!(CopyEngine::FromRecord(4096).threshold_for_lane(2), Some(4096));
-/// // The default: lanes 0, 3 and 6 of each eight always on the BAR, the others staging
-/// // records of 1 KiB and more; a lone lane, or a ring that may be lent to other processes,
-/// // all on the BAR.
+/// // The default: lanes 0, 3 and 6 of each eight stage only records of 8 KiB and more, the
+/// // others records of 1 KiB and more (as `Split(1024)`); a lone lane, or a ring that may be
+/// // lent to other processes, all on the BAR.
 /// assert_eq!(CopyEngine::default(), CopyEngine::Auto);
-/// assert_eq!(CopyEngine::Auto.threshold_for_lane(0), None);
+/// assert_eq!(CopyEngine::Auto.threshold_for_lane(0), Some(8192));
 /// assert_eq!(CopyEngine::Auto.threshold_for_lane(1), Some(1024));
 /// assert_eq!(CopyEngine::Auto.for_ring(1, 1 << 20, false), CopyEngine::Off);
 /// assert_eq!(CopyEngine::Auto.for_ring(8, 1 << 20, false), CopyEngine::Auto);
 /// assert_eq!(CopyEngine::Auto.for_ring(8, 1 << 20, true), CopyEngine::Off);
-/// // Five staging lanes of 32 MiB pin 160 MiB: allowed; of 64 MiB, 320 MiB: past the limit.
+/// // Eight lanes of 32 MiB pin 256 MiB: allowed; of 64 MiB, 512 MiB: past the limit.
 /// assert_eq!(CopyEngine::Auto.for_ring(8, 32 << 20, false), CopyEngine::Auto);
 /// assert_eq!(CopyEngine::Auto.for_ring(8, 64 << 20, false), CopyEngine::Off);
-/// assert_eq!(CopyEngine::Auto.for_ring(2, 256 << 20, false), CopyEngine::Auto); // one lane stages
+/// assert_eq!(CopyEngine::Auto.for_ring(2, 128 << 20, false), CopyEngine::Auto);
+/// assert_eq!(CopyEngine::Auto.for_ring(2, 256 << 20, false), CopyEngine::Off);
 /// let asked = CopyEngine::FromRecord(4096);
 /// assert_eq!(asked.for_ring(1, 1 << 20, true), asked); // only `Auto` is resolved
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CopyEngine {
     /// The default: the ring chooses by measured cost when it is made
-    /// ([`for_ring`](Self::for_ring)). On a ring of two lanes or more, three lanes in eight (as
-    /// [`Split`](Self::Split) picks them: the first lane a producer claims is one) write every
-    /// record through the BAR, the others stage records of [`AUTO_COPY_ENGINE_RECORD`] bytes and
-    /// more once a batch has [`STAGE_AFTER_PENDING`] bytes pending before them. So a lone
-    /// producer, small records, lone records and short batches take the BAR exactly as with
-    /// [`Off`](Self::Off), and several producers streaming records of 1 KiB and more use both
-    /// paths at once (eight producers of 1 KiB records passed batched `cuMemcpyHtoDAsync`;
-    /// BENCHMARKS.md, 'Lanes split between the BAR and the copy engine'). Pinned memory is taken
-    /// only for a lane that stages, when a producer first claims it; when the ring goes it stays
-    /// with the [`Gpu`] for the next lane of its size (freeing it would wait for running
+    /// ([`for_ring`](Self::for_ring)). On a ring of two lanes or more it splits the lanes as
+    /// `Split(AUTO_COPY_ENGINE_RECORD)` does: three lanes in eight (the first lane a producer
+    /// claims is one) write records below [`SPLIT_BAR_LANE_RECORD`] through the BAR, the others
+    /// stage records of [`AUTO_COPY_ENGINE_RECORD`] bytes and more, each once a batch has
+    /// [`STAGE_AFTER_PENDING`] bytes pending before them. So small records, lone records and
+    /// short batches take the BAR exactly as with [`Off`](Self::Off); several producers
+    /// streaming records of 1 KiB and more use both paths at once (eight producers of 1 KiB
+    /// records passed batched `cuMemcpyHtoDAsync`; BENCHMARKS.md, 'Lanes split between the BAR
+    /// and the copy engine'); and records of 8 KiB and more take the copy engine on every lane.
+    /// Pinned memory is taken for a lane when a producer first claims it; when the ring goes it
+    /// stays with the [`Gpu`] for the next lane of its size (freeing it would wait for running
     /// kernels), until the `Gpu`'s last handle goes ([`Gpu::retained`] lists it). A ring whose
-    /// staging lanes would hold more than [`AUTO_MAX_STAGING_BYTES`] in all, and a shareable
-    /// ring, take the BAR on every lane. A lone latency-critical record beside bulk producers
-    /// waits behind the BAR lanes' stores: for that, [`FromRecord`](Self::FromRecord) puts all
-    /// the bulk on the copy engine (BENCHMARKS.md, 'The default: the ring chooses'). Several
-    /// producers of records of [`SPLIT_BAR_LANE_RECORD`] bytes and more move more with
-    /// [`Split`](Self::Split), whose BAR lanes stage those records too (BENCHMARKS.md, 'The
-    /// targets in one run').
+    /// lanes would hold more than [`AUTO_MAX_STAGING_BYTES`] in all, a one-lane ring and a
+    /// shareable ring take the BAR on every lane. A lone latency-critical record beside bulk
+    /// producers waits behind the BAR lanes' stores: for that, [`FromRecord`](Self::FromRecord)
+    /// puts all the bulk on the copy engine (BENCHMARKS.md, 'The default: the ring chooses').
     Auto,
     /// Every record through the BAR, by CPU stores.
     Off,
@@ -170,26 +171,26 @@ impl CopyEngine {
     /// The record size from which lane `lane`'s records are staged (`None`: off).
     pub fn threshold_for_lane(self, lane: u32) -> Option<u64> {
         match self {
-            CopyEngine::Auto if Self::keeps_bar(lane) => None,
-            CopyEngine::Split(n) if Self::keeps_bar(lane) => {
-                Some(u64::from(n.max(SPLIT_BAR_LANE_RECORD)))
-            }
+            CopyEngine::Auto | CopyEngine::Split(_) if Self::keeps_bar(lane) => self
+                .threshold()
+                .map(|t| t.max(u64::from(SPLIT_BAR_LANE_RECORD))),
             _ => self.threshold(),
         }
     }
 
     /// What this choice comes to on a ring of `lanes` lanes of `capacity` bytes each
     /// (`shareable`: made to lend its lanes to other processes): [`Auto`](Self::Auto) becomes
-    /// [`Off`](Self::Off) where no lane would stage (one lane), where the staging lanes would
-    /// hold more than [`AUTO_MAX_STAGING_BYTES`] of pinned memory in all, and on a shareable
-    /// ring (whose producers are other processes); every other choice stays as asked.
+    /// [`Off`](Self::Off) on one lane, where the lanes' staging copies would hold more than
+    /// [`AUTO_MAX_STAGING_BYTES`] of pinned memory in all, and on a shareable ring (whose
+    /// producers are other processes); every other choice stays as asked.
     pub fn for_ring(self, lanes: u32, capacity: u64, shareable: bool) -> CopyEngine {
         if self != CopyEngine::Auto {
             return self;
         }
-        let staging_lanes = (0..lanes).filter(|&l| !Self::keeps_bar(l)).count() as u64;
-        let staging = staging_lanes.saturating_mul(capacity);
-        if shareable || staging_lanes == 0 || staging > AUTO_MAX_STAGING_BYTES {
+        // Every lane of a ring of two lanes or more may stage (the BAR lanes from
+        // SPLIT_BAR_LANE_RECORD bytes), so each takes a staging copy when first claimed.
+        let staging = u64::from(lanes).saturating_mul(capacity);
+        if shareable || lanes < 2 || staging > AUTO_MAX_STAGING_BYTES {
             CopyEngine::Off
         } else {
             CopyEngine::Auto

@@ -109,9 +109,10 @@ impl Default for RingOptions {
 ///   [`FlushPolicy`](crate::ring::core::FlushPolicy)) publishes a whole batch with one fence and
 ///   one tail store. This is the fast path: give each producer thread its own lane. On a ring
 ///   of several lanes (by default, [`CopyEngine::Auto`]), records of 1 KiB and more in large
-///   batches on some of the lanes are written into pinned host memory and moved by a copy
-///   engine, which with the BAR lanes beside it outruns CPU stores through the BAR alone when
-///   several producers stream them; the consumer cannot tell the difference.
+///   batches on some of the lanes, and of 8 KiB and more on all of them, are written into
+///   pinned host memory and moved by a copy engine, which with the BAR lanes beside it outruns
+///   CPU stores through the BAR alone when several producers stream them; the consumer cannot
+///   tell the difference.
 /// * [`reserve`](Self::reserve) / [`push`](Self::push) from any thread, through `&self`: the
 ///   calling thread's lane (thread index modulo the lane count; lane 0 of a one-lane ring) is
 ///   shared by every thread that maps to it, with per-record commits in any order.
@@ -382,7 +383,7 @@ impl DeviceRing {
     }
 
     /// How this ring's lanes use the copy engine: the options' choice as made for the ring
-    /// ([`CopyEngine::for_ring`]: [`CopyEngine::Auto`] stays `Auto` where some lanes stage, and
+    /// ([`CopyEngine::for_ring`]: [`CopyEngine::Auto`] stays `Auto` where lanes may stage, and
     /// is [`CopyEngine::Off`] where none does).
     ///
     /// ```no_run
@@ -393,7 +394,7 @@ impl DeviceRing {
     /// assert_eq!(one.copy_engine(), CopyEngine::Off); // a lone lane keeps the BAR
     /// let options = RingOptions { lanes: 8, ..Default::default() };
     /// let eight = DeviceRing::with_options(&gpu, 1 << 20, options)?;
-    /// assert_eq!(eight.copy_engine(), CopyEngine::Auto); // lanes 1, 2, 4, 5, 7 may stage
+    /// assert_eq!(eight.copy_engine(), CopyEngine::Auto); // lanes 1, 2, 4, 5, 7 from 1 KiB
     /// # Ok(()) }
     /// ```
     pub fn copy_engine(&self) -> CopyEngine {
