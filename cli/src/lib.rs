@@ -8,27 +8,23 @@
 //!   could be printed is a success.
 //! - `vkgdr bench BENCHMARK [--device N|UUID] [--out DIR] [--quick] [--json]` measures copies,
 //!   latencies and API costs on one GPU (CUDA device 0 by default) and writes tables, CSVs, PNG
-//!   charts and `results.json` (see [`mod@bench`]); `vkgdr bench plot DIR` redraws the charts from
-//!   `DIR/results.json`.
+//!   charts and `results.json` (see [`vkgdr_lab::bench`]); `vkgdr bench plot DIR` redraws the
+//!   charts from `DIR/results.json`.
 //! - `vkgdr soak [--device N|UUID | --devices all|LIST] [--seconds N] [--threads N]
 //!   [--exhaust-every S] [--json]` runs pool churn, rings, arena grow/shrink and BAR exhaustion
 //!   together on each device named (10 minutes by default) and checks that nothing of ours stayed
-//!   behind (see [`mod@soak`]).
+//!   behind (see [`vkgdr_lab::soak`]).
 //! - `vkgdr completions SHELL` prints a completion script.
 //! - `vkgdr bench-child ROLE ...` (hidden) is this program as a child process of
-//!   `vkgdr bench xproc` and `vkgdr soak --xproc` (see [`mod@child`]).
+//!   `vkgdr bench xproc` and `vkgdr soak --xproc` (see [`vkgdr_lab::child`]).
 //!
-//! `--json` prints one document on stdout ([`mod@json`]); progress is drawn on a terminal only
-//! and never under `--quiet` ([`mod@ui`]).
+//! `--json` prints one document on stdout ([`vkgdr_lab::json`]); progress is drawn on a terminal
+//! only and never under `--quiet` ([`vkgdr_lab::ui`]).
+//!
+//! The measurements and stress runs behind `bench` and `soak`, with their reports, are the lab's
+//! (`lab/`, the crate [`vkgdr_lab`]); this crate holds the command line, its dispatch and `info`.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
-
-pub mod bench;
-pub mod child;
-pub mod device;
-pub mod json;
-pub mod soak;
-pub mod ui;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -36,12 +32,12 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser, Subcommand};
 use vkgdr::diagnose::{diagnose, CudaProbe, Finding, Machine, NvmlProbe, Severity, VulkanProbe};
 use vkgdr::vulkan::{self, MemoryOptions, PhysicalDeviceInfo};
-
-use crate::json::document::{to_text, About};
-use crate::json::machine::{
+use vkgdr_lab::json::document::{to_text, About};
+use vkgdr_lab::json::machine::{
     finding_ordinal, memory_flag_names, CheckedJson, InfoDocument, MachineJson,
 };
-use crate::ui::{alert, say};
+use vkgdr_lab::ui::{alert, say};
+use vkgdr_lab::{bench, child, device, soak, ui};
 
 /// CPU access to NVIDIA GPU memory through a BAR mapping: what this machine offers (`info`), how
 /// fast it is (`bench`) and whether it holds up (`soak`).

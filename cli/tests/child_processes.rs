@@ -20,10 +20,10 @@ use vkgdr::share::{CheckingLanes, ShareEvent, ShareOptions, ShareServer};
 use vkgdr::vulkan::{DeviceSelector, MemoryOptions, VulkanContext};
 use vkgdr::Mapping;
 
-use vkgdr_cli::child::attach::Attached;
-use vkgdr_cli::child::process::{ChildProcess, COMMAND};
-use vkgdr_cli::child::protocol::{Line, QUIT};
-use vkgdr_cli::child::Rtt;
+use vkgdr_lab::child::attach::Attached;
+use vkgdr_lab::child::process::{ChildProcess, COMMAND};
+use vkgdr_lab::child::protocol::{Line, QUIT};
+use vkgdr_lab::child::Rtt;
 
 use common::{lavapipe_manifest, INHERITED, NO_CUDA};
 

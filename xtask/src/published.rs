@@ -5,11 +5,11 @@
 //! `all` leaves out (run by name only) is the only one not looked for.
 
 use crate::testutil::repo_path;
-use vkgdr_cli::bench::registry::{report_spec, BENCHMARKS};
-use vkgdr_cli::bench::report::model::Report;
-use vkgdr_cli::bench::report::spec::{Anchor, ReportSpec, Rows};
-use vkgdr_cli::bench::{apiperf, copybw, copylat, ring};
-use vkgdr_cli::json::bench::BenchDocument;
+use vkgdr_lab::bench::registry::{report_spec, BENCHMARKS};
+use vkgdr_lab::bench::report::model::Report;
+use vkgdr_lab::bench::report::spec::{Anchor, ReportSpec, Rows};
+use vkgdr_lab::bench::{apiperf, copybw, copylat, ring};
+use vkgdr_lab::json::bench::BenchDocument;
 
 /// The reports of the last full run, `docs/bench/results.json` (a missing or unreadable file
 /// fails the test that reads it).

@@ -104,7 +104,7 @@ fn verdicts(doc: &Value) -> Vec<(String, String, String)> {
 fn check_opening(doc: &Value) {
     assert_eq!(doc["format"], "vkgdr-bench-comparison", "{doc:#}");
     assert_eq!(doc["format_version"], 1);
-    // The version of the vkgdr-cli library that writes every document (the workspace's).
+    // The version of the vkgdr-lab library that writes every document (the workspace's).
     assert_eq!(doc["vkgdr_version"], env!("CARGO_PKG_VERSION"));
 }
 

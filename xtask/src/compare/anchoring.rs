@@ -25,7 +25,7 @@ use super::document::DriverWorkJson;
 use super::machine_work::machine_work_of;
 use super::noise::{judge, noise_percent, Verdict};
 use super::results::Results;
-use vkgdr_cli::bench::report::model::{Figure, Origin};
+use vkgdr_lab::bench::report::model::{Figure, Origin};
 
 /// The machine work of one figure in one run: the machine rows the registry names, at the
 /// figure's size, added up.

@@ -9,7 +9,7 @@ use super::document::{ComparisonDocument, GpuMatch, SummaryJson, FORMAT};
 use super::noise::Verdict;
 use super::pairing::pair_up;
 use super::results::Results;
-use vkgdr_cli::json::document::About;
+use vkgdr_lab::json::document::About;
 
 /// The exit code when a figure got worse beyond its noise on the same GPU model.
 pub const EXIT_WORSE: u8 = 3;
@@ -153,12 +153,12 @@ mod tests {
     use crate::compare::noise::spread;
     use crate::compare::results::{CudaDeviceIn, CudaIn, DeviceIn, GpuJson, MachineIn};
     use crate::testutil::repo_path;
-    use vkgdr_cli::bench::options::Options;
-    use vkgdr_cli::bench::outputs::document;
-    use vkgdr_cli::bench::report::model::{Figure, Origin, Report, Unit};
-    use vkgdr_cli::bench::stats::Stats;
-    use vkgdr_cli::json::bench::BenchRun;
-    use vkgdr_cli::json::document::{to_text, FORMAT_VERSION};
+    use vkgdr_lab::bench::options::Options;
+    use vkgdr_lab::bench::outputs::document;
+    use vkgdr_lab::bench::report::model::{Figure, Origin, Report, Unit};
+    use vkgdr_lab::bench::stats::Stats;
+    use vkgdr_lab::json::bench::BenchRun;
+    use vkgdr_lab::json::document::{to_text, FORMAT_VERSION};
 
     fn fig(method: &str, size: u64, median: f64, spread: f64) -> Figure {
         Figure {
@@ -328,11 +328,11 @@ mod tests {
             origin: Origin::Machine,
             ..sampled(method, mb2, median, samples)
         };
-        let mut apiperf: Vec<Figure> = vkgdr_cli::bench::raw_steps::ALLOC_STEPS
+        let mut apiperf: Vec<Figure> = vkgdr_lab::bench::raw_steps::ALLOC_STEPS
             .iter()
             .zip([91_000.0, 30_000.0, 50_000.0, 1_000.0, 35_000.0])
             .chain(
-                vkgdr_cli::bench::raw_steps::FREE_STEPS
+                vkgdr_lab::bench::raw_steps::FREE_STEPS
                     .iter()
                     .zip([23_000.0, 7_000.0, 600.0, 70_000.0]),
             )
@@ -379,7 +379,7 @@ mod tests {
     /// Whether `f` of report `r` in `run` times the driver alone (the registry names it a
     /// machine row), and whether it is a library row made of driver work measured beside it.
     fn driver_heavy(run: &Results, r: &Report, f: &Figure) -> (bool, bool) {
-        let spec = vkgdr_cli::bench::registry::report_spec(&r.name).unwrap();
+        let spec = vkgdr_lab::bench::registry::report_spec(&r.name).unwrap();
         (
             spec.is_machine(&f.method),
             machine_work(run, &r.name, &f.method, f.size).is_some(),
@@ -405,7 +405,7 @@ mod tests {
         assert!(!d.regressed);
         assert_eq!(c.exit_code(), 0);
         for f in &d.figures {
-            let library = !vkgdr_cli::bench::registry::report_spec(&f.report)
+            let library = !vkgdr_lab::bench::registry::report_spec(&f.report)
                 .unwrap()
                 .is_machine(&f.method);
             match f.driver_work.as_ref() {
@@ -502,7 +502,7 @@ mod tests {
     /// An `apiperf` and a `fastpath-pool` report as a run writes them: the pool's pairs beside
     /// the C library's `malloc`+`free` at the same size (thousands of samples each).
     fn pool_run() -> Results {
-        use vkgdr_cli::bench::{apiperf::rows as api, fastpath::rows as fp};
+        use vkgdr_lab::bench::{apiperf::rows as api, fastpath::rows as fp};
         let f = |method: &str, size: u64, median: f64| sampled(method, size, median, 10_000);
         let machine = |method: &str, size: u64, median: f64| Figure {
             origin: Origin::Machine,
@@ -553,7 +553,7 @@ mod tests {
 
         // The pool's own pairs 1.6 times as slow, `malloc` as before: every one is worse.
         let slower_pool = scaled(&old, |r, f| {
-            let spec = vkgdr_cli::bench::registry::report_spec(&r.name).unwrap();
+            let spec = vkgdr_lab::bench::registry::report_spec(&r.name).unwrap();
             if spec.is_machine(&f.method) {
                 1.0
             } else {
@@ -625,7 +625,7 @@ mod tests {
         // driver's copies as before.
         let machine = |run: &Results| {
             scaled(run, |r, f| {
-                let raw = vkgdr_cli::bench::registry::report_spec(&r.name)
+                let raw = vkgdr_lab::bench::registry::report_spec(&r.name)
                     .unwrap()
                     .is_machine(&f.method)
                     && (f.method.starts_with("raw") || r.name == "fastpath-small");

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::noise::Verdict;
 use super::results::SideJson;
-use vkgdr_cli::json::document::About;
+use vkgdr_lab::json::document::About;
 
 /// `format` of the comparison document.
 pub const FORMAT: &str = "vkgdr-bench-comparison";

@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use vkgdr_cli::bench::outputs::RESULTS_JSON;
-use vkgdr_cli::json::document::FORMAT_VERSION;
+use vkgdr_lab::bench::outputs::RESULTS_JSON;
+use vkgdr_lab::json::document::FORMAT_VERSION;
 
 /// Everything that keeps a comparison from starting: each names the file.
 #[derive(Debug, thiserror::Error)]

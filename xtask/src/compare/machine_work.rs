@@ -12,10 +12,10 @@
 //! machine's) and `arena-grow` (measured at another point of the run than `apiperf`'s steps, its
 //! rows need not move with them); figures: BENCHMARKS.md, 'Against the machine work'.
 
-use vkgdr_cli::bench::raw_steps::{ALLOC_STEPS, CHUNK_ALLOC, CHUNK_FREE, FREE_STEPS};
-use vkgdr_cli::bench::waits::driver_calls::rows as drv;
-use vkgdr_cli::bench::waits::library_calls::rows as lib;
-use vkgdr_cli::bench::{apiperf, copybw, copylat, fastpath};
+use vkgdr_lab::bench::raw_steps::{ALLOC_STEPS, CHUNK_ALLOC, CHUNK_FREE, FREE_STEPS};
+use vkgdr_lab::bench::waits::driver_calls::rows as drv;
+use vkgdr_lab::bench::waits::library_calls::rows as lib;
+use vkgdr_lab::bench::{apiperf, copybw, copylat, fastpath};
 
 /// The machine work a library row is made of: machine rows (origin `machine`) of the same report,
 /// measured beside it in the same run at the row's size, whose medians add up to what the
@@ -290,8 +290,8 @@ const FASTPATH_SMALL_MACHINE_WORK: &[MachineWork] = &[
 mod tests {
     use super::*;
     use crate::published::{measured_by_code, newer_than_published, published};
-    use vkgdr_cli::bench::registry::report_spec;
-    use vkgdr_cli::bench::report::model::Unit;
+    use vkgdr_lab::bench::registry::report_spec;
+    use vkgdr_lab::bench::report::model::Unit;
 
     #[test]
     fn machine_work_names_machine_rows_the_benchmarks_measure() {

@@ -59,8 +59,8 @@ use baseline::Baseline;
 use command_line::{CompareArgs, EXIT_USAGE};
 use comparison::Comparison;
 use results::Results;
-use vkgdr_cli::bench::outputs::RESULTS_JSON;
-use vkgdr_cli::json::document::to_text;
+use vkgdr_lab::bench::outputs::RESULTS_JSON;
+use vkgdr_lab::json::document::to_text;
 
 /// `cargo xtask compare-bench BASELINE NEW`: the table on stdout (on stderr under `--json`, which
 /// prints the comparison's document on stdout).

@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use vkgdr_cli::bench::report::model::Figure;
+use vkgdr_lab::bench::report::model::Figure;
 
 /// A verdict on one figure, named in the JSON document in snake case (`within_noise`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -8,8 +8,8 @@ use super::anchoring::{anchored_move, combined};
 use super::document::FigureComparisonJson;
 use super::noise::{judge, noise_percent, Verdict};
 use super::results::Results;
-use vkgdr_cli::bench::registry::report_spec;
-use vkgdr_cli::bench::report::model::{Figure, Origin, Report};
+use vkgdr_lab::bench::registry::report_spec;
+use vkgdr_lab::bench::report::model::{Figure, Origin, Report};
 
 type Key<'a> = (&'a str, &'a str, u64);
 

@@ -9,10 +9,10 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::error::CompareError;
-use vkgdr_cli::bench::outputs::RESULTS_JSON;
-use vkgdr_cli::bench::report::model::{Figure, Report};
-use vkgdr_cli::json::bench::BenchRun;
-use vkgdr_cli::json::document::FORMAT_VERSION;
+use vkgdr_lab::bench::outputs::RESULTS_JSON;
+use vkgdr_lab::bench::report::model::{Figure, Report};
+use vkgdr_lab::json::bench::BenchRun;
+use vkgdr_lab::json::document::FORMAT_VERSION;
 
 /// A `vkgdr-bench` document, as a comparison reads it.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -252,7 +252,7 @@ pub struct GpuJson {
 mod tests {
     use super::*;
     use crate::testutil::repo_path;
-    use vkgdr_cli::bench::report::model::Origin;
+    use vkgdr_lab::bench::report::model::Origin;
 
     #[test]
     fn every_committed_baseline_reads_as_the_benchmarks_figures() {

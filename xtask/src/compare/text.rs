@@ -7,8 +7,8 @@ use super::comparison::Comparison;
 use super::document::GpuMatch;
 use super::noise::{Verdict, ENOUGH_SAMPLES};
 use super::results::{GpuJson, SideJson};
-use vkgdr_cli::bench::report::format::{align, fmt_size, sig3};
-use vkgdr_cli::bench::report::model::Unit;
+use vkgdr_lab::bench::report::format::{align, fmt_size, sig3};
+use vkgdr_lab::bench::report::model::Unit;
 
 impl Comparison {
     /// The comparison as text: a header, a table per report, a summary.

@@ -143,8 +143,8 @@ mod tests {
     fn parse(line: &str) -> Result<Options, clap::Error> {
         use clap::Parser;
         let args = ["vkgdr", "soak"].into_iter().chain(line.split_whitespace());
-        match crate::Cli::try_parse_from(args)?.command {
-            Some(crate::Command::Soak(a)) => Ok(Options::from(&a)),
+        match crate::test_cli::Cli::try_parse_from(args)?.command {
+            Some(crate::test_cli::Command::Soak(a)) => Ok(Options::from(&a)),
             other => panic!("{line:?} is not a soak command: {other:?}"),
         }
     }

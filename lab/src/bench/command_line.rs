@@ -249,8 +249,8 @@ mod tests {
     fn parse(line: &str) -> Result<BenchArgs, clap::Error> {
         use clap::Parser;
         let args = std::iter::once("vkgdr").chain(line.split_whitespace());
-        match crate::Cli::try_parse_from(args)?.command {
-            Some(crate::Command::Bench(b)) => Ok(b),
+        match crate::test_cli::Cli::try_parse_from(args)?.command {
+            Some(crate::test_cli::Command::Bench(b)) => Ok(b),
             other => panic!("{line:?} is not a bench command: {other:?}"),
         }
     }

@@ -127,23 +127,27 @@ pub fn document(text: &str) {
 }
 
 /// Prints a line of results ([`out`]): stdout, or stderr under `--json`.
+#[macro_export]
 macro_rules! say {
     () => { $crate::ui::out("\n") };
     ($($arg:tt)*) => { $crate::ui::out(&format!("{}\n", format_args!($($arg)*))) };
 }
 
 /// Prints a status line ([`status_text`]): like `say!`, but not under `--quiet`.
+#[macro_export]
 macro_rules! status {
     ($($arg:tt)*) => { $crate::ui::status_text(&format!("{}\n", format_args!($($arg)*))) };
 }
 
 /// Prints an error line on stderr ([`alert_text`]).
+#[macro_export]
 macro_rules! alert {
     ($($arg:tt)*) => { $crate::ui::alert_text(&format!("{}\n", format_args!($($arg)*))) };
 }
 
-// The macros are imported by path (`use crate::ui::say`), like the rest of this module.
-pub(crate) use {alert, say, status};
+// The macros are imported by path (`use crate::ui::say`, `use vkgdr_lab::ui::say` in the tool),
+// like the rest of this module.
+pub use crate::{alert, say, status};
 
 /// How often a bar redraws on its own (elapsed time moves while a step takes long).
 const TICK: Duration = Duration::from_millis(200);

@@ -234,8 +234,8 @@ mod tests {
     fn parse(line: &str) -> Result<Role, clap::Error> {
         use clap::Parser;
         let args = std::iter::once("vkgdr").chain(line.split_whitespace());
-        match crate::Cli::try_parse_from(args)?.command {
-            Some(crate::Command::BenchChild(c)) => Ok(c.role),
+        match crate::test_cli::Cli::try_parse_from(args)?.command {
+            Some(crate::test_cli::Command::BenchChild(c)) => Ok(c.role),
             other => panic!("{line:?} is not a child command: {other:?}"),
         }
     }
