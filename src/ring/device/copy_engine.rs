@@ -197,8 +197,9 @@ impl CopyEngine {
         }
     }
 
-    /// Whether [`Split`](Self::Split) and [`Auto`](Self::Auto) keep lane `lane` on the BAR: three
-    /// lanes in eight, spread so that the first lanes claimed have their share.
+    /// Whether [`Split`](Self::Split) and [`Auto`](Self::Auto) keep lane `lane`'s records below
+    /// [`SPLIT_BAR_LANE_RECORD`] on the BAR: three lanes in eight, spread so that the first lanes
+    /// claimed have their share.
     fn keeps_bar(lane: u32) -> bool {
         matches!(lane % 8, 0 | 3 | 6)
     }
