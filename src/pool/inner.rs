@@ -9,6 +9,7 @@ use super::config::PoolConfig;
 use super::gpu_alloc::{ChunkDevice, GpuAllocBackend};
 use super::lent::Lent;
 use super::registry::Registry;
+use crate::core::sync::CachePadded;
 use crate::mapping::chunk::ChunkSource;
 
 /// How a pool asks to be cached: its identity and bounds.
@@ -23,6 +24,14 @@ pub(super) struct PoolKey {
 }
 
 /// Pool state shared by every shard and block.
+///
+/// Every allocation and free reads it from every thread, so it lies on cache lines of its own
+/// (aligned, and so sized, to 128 bytes: no other heap object shares a line with it), and the
+/// counters that allocations write lie on lines of their own within it. Without that, a write
+/// into whatever the allocator placed beside it made each thread wait for the line: without the
+/// thread cache, two threads on shards of their own ran several times slower per pair than one
+/// (BENCHMARKS.md, "The pool's shared state on lines of its own").
+#[repr(align(128))]
 pub(super) struct PoolInner {
     /// Unique id: which pool a thread cache serves.
     pub(super) id: u64,
@@ -44,13 +53,13 @@ pub(super) struct PoolInner {
     /// Sum over live shared blocks of (size the block accounts for − size its shard recorded):
     /// non-zero only for cached blocks reused for a neighbour size in their 16-byte bucket, so
     /// that `bytes_in_use` stays exact. Touched only when the two sizes differ.
-    pub(super) size_delta: AtomicI64,
+    pub(super) size_delta: CachePadded<AtomicI64>,
     pub(super) source: Box<dyn ChunkSource>,
     pub(super) config: PoolConfig,
     /// Bytes of all chunks currently held (shared and dedicated), for the byte limit.
-    pub(super) reserved: AtomicU64,
+    pub(super) reserved: CachePadded<AtomicU64>,
     /// Chunks handed to dedicated blocks, for statistics.
-    pub(super) dedicated: AtomicU64,
+    pub(super) dedicated: CachePadded<AtomicU64>,
     pub(super) non_coherent: bool,
     pub(super) atom: u64,
     /// Labels and dedicated chunks, for reports.

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::core::alloc::{AllocError, Heap};
+use crate::core::sync::CachePadded;
 use crate::error::{Error, InvalidArgument, MemorySide, Result};
 use crate::mapping::arena::{Arena, ArenaSource};
 use crate::mapping::chunk::{ChunkMemory, ChunkSource};
@@ -82,7 +83,9 @@ pub struct Pool {
 /// The pool's shards as its handles share them. The last handle's drop closes the pool before
 /// the set itself drops (and frees each shard without live blocks): blocks freed from then on go
 /// straight back to their shards, every thread's cached ones go back now, and with the `log`
-/// feature blocks still alive are worth a warning.
+/// feature blocks still alive are worth a warning. On cache lines of its own, as [`PoolInner`]
+/// is: every allocation that misses the thread cache reads it.
+#[repr(align(128))]
 struct Shards(ShardSet);
 
 impl Deref for Shards {
@@ -166,15 +169,15 @@ impl Pool {
                 max_bytes: config.thread_cache_bytes,
             },
             cache_used: AtomicBool::new(false),
-            size_delta: AtomicI64::new(0),
+            size_delta: CachePadded(AtomicI64::new(0)),
             #[cfg(feature = "gpu-alloc")]
             gpu_alloc,
             non_coherent: source.is_non_coherent(),
             atom,
             source: Box::new(source),
             config,
-            reserved: AtomicU64::new(0),
-            dedicated: AtomicU64::new(0),
+            reserved: CachePadded(AtomicU64::new(0)),
+            dedicated: CachePadded(AtomicU64::new(0)),
             registry: registry::Registry::default(),
             lent: lent::Lent::new(crate::core::ring::d2h::MAX_ENTRIES),
         });

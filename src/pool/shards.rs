@@ -25,7 +25,7 @@ use super::config::cacheable;
 use super::gpu_alloc::MemoryBlock;
 use super::inner::PoolInner;
 use crate::core::alloc::{AllocError, Allocation, ChunkId, Heap};
-use crate::core::sync::BiasedLock;
+use crate::core::sync::{BiasedLock, CachePadded};
 use crate::error::{Error, Result};
 
 /// Records [`ShardCell::free_run`] frees under one hold of the shard's lock at most: an
@@ -321,7 +321,44 @@ impl BlockRecord {
 /// The pool's references to its shards. When the last `Pool` clone drops, each shard is marked;
 /// a shard with no live block is freed at once, otherwise by its last block.
 pub(super) struct ShardSet {
-    cells: Box<[NonNull<ShardCell>]>,
+    cells: CellTable,
+}
+
+/// The shards' cell pointers, sixteen to a 128-byte group of lines of their own: every
+/// allocation that misses the thread cache reads one, so no other heap object may share their
+/// lines (a write into one would make each thread wait for the line, as beside [`PoolInner`]).
+struct CellTable {
+    /// Cells `16 g .. 16 g + 16` in group `g`; the last group's slots past `len` are dangling and
+    /// never read.
+    groups: Box<[CachePadded<[NonNull<ShardCell>; CELLS_PER_GROUP]>]>,
+    len: usize,
+}
+
+/// Cell pointers per [`CellTable`] group: 128 bytes.
+const CELLS_PER_GROUP: usize = 16;
+const _: () = assert!(size_of::<CachePadded<[NonNull<ShardCell>; CELLS_PER_GROUP]>>() == 128);
+
+impl CellTable {
+    fn new(cells: impl ExactSizeIterator<Item = NonNull<ShardCell>>) -> CellTable {
+        let len = cells.len();
+        let mut groups: Box<[_]> = (0..len.div_ceil(CELLS_PER_GROUP))
+            .map(|_| CachePadded([NonNull::dangling(); CELLS_PER_GROUP]))
+            .collect();
+        for (i, cell) in cells.enumerate() {
+            groups[i / CELLS_PER_GROUP].0[i % CELLS_PER_GROUP] = cell;
+        }
+        CellTable { groups, len }
+    }
+
+    /// Cell `i` (below `len`).
+    fn get(&self, i: usize) -> NonNull<ShardCell> {
+        debug_assert!(i < self.len);
+        self.groups[i / CELLS_PER_GROUP].0[i % CELLS_PER_GROUP]
+    }
+
+    fn iter(&self) -> impl Iterator<Item = NonNull<ShardCell>> + '_ {
+        self.groups.iter().flat_map(|g| g.0).take(self.len)
+    }
 }
 
 // SAFETY: the cells are only accessed through their mutex; the pointers stay valid while the set
@@ -333,37 +370,36 @@ unsafe impl Sync for ShardSet {}
 impl ShardSet {
     /// One cell per heap, each holding the pool's reference (released in our Drop).
     pub(super) fn new(heaps: Vec<Heap>, pool: &Arc<PoolInner>, first_chunk: u64) -> ShardSet {
-        let cells = heaps
-            .into_iter()
-            .map(|heap| {
-                NonNull::from(Box::leak(Box::new(ShardCell {
-                    state: BiasedLock::new(Shard {
-                        heap,
-                        chunks: Vec::new(),
-                        next_chunk_size: first_chunk,
-                        outstanding: 0,
-                        pool_dropped: false,
-                        spare_records: SpareRooms::default(),
-                    }),
-                    pool: pool.clone(),
-                    cache_pool: if pool.cache_enabled {
-                        pool.id
-                    } else {
-                        NOT_CACHED
-                    },
-                    keep_empty_chunks: pool.config.keep_empty_chunks,
-                })))
-            })
-            .collect();
-        ShardSet { cells }
+        let cells = heaps.into_iter().map(|heap| {
+            NonNull::from(Box::leak(Box::new(ShardCell {
+                state: BiasedLock::new(Shard {
+                    heap,
+                    chunks: Vec::new(),
+                    next_chunk_size: first_chunk,
+                    outstanding: 0,
+                    pool_dropped: false,
+                    spare_records: SpareRooms::default(),
+                }),
+                pool: pool.clone(),
+                cache_pool: if pool.cache_enabled {
+                    pool.id
+                } else {
+                    NOT_CACHED
+                },
+                keep_empty_chunks: pool.config.keep_empty_chunks,
+            })))
+        });
+        ShardSet {
+            cells: CellTable::new(cells),
+        }
     }
 
     fn get(&self, i: usize) -> &ShardCell {
         // SAFETY: a cell is freed only after `pool_dropped` is set, which happens in our Drop.
-        unsafe { self.cells[i].as_ref() }
+        unsafe { self.cells.get(i).as_ref() }
     }
     pub(super) fn len(&self) -> usize {
-        self.cells.len()
+        self.cells.len
     }
     pub(super) fn iter(&self) -> impl Iterator<Item = &ShardCell> {
         (0..self.len()).map(|i| self.get(i))
@@ -372,7 +408,10 @@ impl ShardSet {
     /// The pool state every cell holds (`None` for a set of no shard).
     pub(super) fn pool(&self) -> Option<&PoolInner> {
         // SAFETY: the cells are alive: we still hold the pool's reference on each.
-        self.cells.first().map(|c| unsafe { &*c.as_ref().pool })
+        self.cells
+            .iter()
+            .next()
+            .map(|c| unsafe { &*c.as_ref().pool })
     }
 
     /// Allocates `size` bytes aligned to `align` from shard `i`, calling `grow` (with the shard
@@ -426,7 +465,7 @@ impl ShardSet {
         drop(shard);
         let record = BlockRecord {
             kind: ManuallyDrop::new(BlockKind::Shared(Hold {
-                cell: self.cells[i],
+                cell: self.cells.get(i),
                 chunk,
                 allocation,
                 cache_pool,
@@ -464,7 +503,7 @@ impl Drop for ShardSet {
     fn drop(&mut self) {
         // The pool was closed just before (the thread caches' blocks are back: `Shards` in
         // `pool/mod.rs`).
-        for &cell in self.cells.iter() {
+        for cell in self.cells.iter() {
             // SAFETY: the cell is alive: we still hold the pool's reference on it.
             let free = unsafe {
                 let mut shard = cell.as_ref().state.lock();

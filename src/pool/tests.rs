@@ -1311,3 +1311,60 @@ fn a_shard_that_cannot_grow_allocates_from_another_shards_chunk() {
     assert!(err.is_out_of_memory(), "{err}");
     assert!(blocks.len() >= 2, "{} blocks of 32 KiB", blocks.len());
 }
+
+/// The 128-byte blocks (adjacent-line prefetch pairs 64-byte lines) that `len` bytes at
+/// `offset` of a 128-aligned value touch.
+fn blocks_of(offset: usize, len: usize) -> std::ops::RangeInclusive<usize> {
+    offset / 128..=(offset + len - 1) / 128
+}
+
+#[test]
+fn the_shared_state_that_every_pair_reads_lies_on_lines_of_its_own() {
+    use std::mem::{align_of, offset_of, size_of};
+    // Aligned (and so sized) to 128 bytes: whatever the allocator places beside the pool's state
+    // shares no line with it.
+    assert!(align_of::<PoolInner>() >= 128);
+    assert!(align_of::<Shards>() >= 128);
+    // The counters that allocations and frees write share no 128-byte block with a field that
+    // every allocation or free reads.
+    let read_hot = [
+        (offset_of!(PoolInner, id), size_of::<u64>()),
+        (offset_of!(PoolInner, cache_open), size_of::<AtomicBool>()),
+        (offset_of!(PoolInner, cache_enabled), size_of::<bool>()),
+        (offset_of!(PoolInner, inline_cache_max), size_of::<u64>()),
+        (offset_of!(PoolInner, cache_key), size_of::<PoolKey>()),
+        (offset_of!(PoolInner, config), size_of::<PoolConfig>()),
+        (offset_of!(PoolInner, non_coherent), size_of::<bool>()),
+        (offset_of!(PoolInner, atom), size_of::<u64>()),
+    ];
+    let written = [
+        (
+            "size_delta",
+            offset_of!(PoolInner, size_delta),
+            size_of::<CachePadded<AtomicI64>>(),
+        ),
+        (
+            "reserved",
+            offset_of!(PoolInner, reserved),
+            size_of::<CachePadded<AtomicU64>>(),
+        ),
+        (
+            "dedicated",
+            offset_of!(PoolInner, dedicated),
+            size_of::<CachePadded<AtomicU64>>(),
+        ),
+    ];
+    for (name, offset, len) in written {
+        let mine = blocks_of(offset, len);
+        for &(hot, hot_len) in &read_hot {
+            let theirs = blocks_of(hot, hot_len);
+            assert!(
+                mine.end() < theirs.start() || theirs.end() < mine.start(),
+                "{name} (bytes {offset}..{}) shares a 128-byte block with a field read on every \
+                 pair (bytes {hot}..{})",
+                offset + len,
+                hot + hot_len
+            );
+        }
+    }
+}
