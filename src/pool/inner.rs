@@ -27,7 +27,8 @@ pub(super) struct PoolKey {
 ///
 /// Every allocation and free reads it from every thread, so it lies on cache lines of its own
 /// (aligned, and so sized, to 128 bytes: no other heap object shares a line with it), and the
-/// counters that allocations write lie on lines of their own within it. Without that, a write
+/// parts that allocations write (the counters, the registry's lock, the lent blocks' state) lie
+/// on lines of their own within it. Without that, a write
 /// into whatever the allocator placed beside it made each thread wait for the line: without the
 /// thread cache, two threads on shards of their own ran several times slower per pair than one
 /// (BENCHMARKS.md, "The pool's shared state on lines of its own").
@@ -62,10 +63,11 @@ pub(super) struct PoolInner {
     pub(super) dedicated: CachePadded<AtomicU64>,
     pub(super) non_coherent: bool,
     pub(super) atom: u64,
-    /// Labels and dedicated chunks, for reports.
-    pub(super) registry: Registry,
-    /// Blocks lent to kernels and the feed their device releases arrive on.
-    pub(super) lent: Lent,
+    /// Labels and dedicated chunks, for reports (its lock taken by labelled blocks).
+    pub(super) registry: CachePadded<Registry>,
+    /// Blocks lent to kernels and the feed their device releases arrive on (its count read by
+    /// every allocation that misses the thread cache, written as blocks are lent and drained).
+    pub(super) lent: CachePadded<Lent>,
     #[cfg(feature = "gpu-alloc")]
     pub(super) gpu_alloc: Option<GpuAllocBackend>,
 }

@@ -178,8 +178,8 @@ impl Pool {
             config,
             reserved: CachePadded(AtomicU64::new(0)),
             dedicated: CachePadded(AtomicU64::new(0)),
-            registry: registry::Registry::default(),
-            lent: lent::Lent::new(crate::core::ring::d2h::MAX_ENTRIES),
+            registry: CachePadded(registry::Registry::default()),
+            lent: CachePadded(lent::Lent::new(crate::core::ring::d2h::MAX_ENTRIES)),
         });
         let shards = Arc::new(Shards(ShardSet::new(heaps, &inner, first_chunk)));
         Ok(Pool { inner, shards })

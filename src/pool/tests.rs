@@ -1312,58 +1312,49 @@ fn a_shard_that_cannot_grow_allocates_from_another_shards_chunk() {
     assert!(blocks.len() >= 2, "{} blocks of 32 KiB", blocks.len());
 }
 
-/// The 128-byte blocks (adjacent-line prefetch pairs 64-byte lines) that `len` bytes at
-/// `offset` of a 128-aligned value touch.
-fn blocks_of(offset: usize, len: usize) -> std::ops::RangeInclusive<usize> {
-    offset / 128..=(offset + len - 1) / 128
+/// The 128-byte blocks (adjacent-line prefetch pairs 64-byte lines) that `field` touches in
+/// the value at `base`.
+fn blocks_of<T>(base: usize, field: &T) -> std::ops::RangeInclusive<usize> {
+    let offset = field as *const T as usize - base;
+    offset / 128..=(offset + std::mem::size_of_val(field) - 1) / 128
 }
 
 #[test]
 fn the_shared_state_that_every_pair_reads_lies_on_lines_of_its_own() {
-    use std::mem::{align_of, offset_of, size_of};
+    let pool = small_pool(2);
     // Aligned (and so sized) to 128 bytes: whatever the allocator places beside the pool's state
     // shares no line with it.
-    assert!(align_of::<PoolInner>() >= 128);
-    assert!(align_of::<Shards>() >= 128);
-    // The counters that allocations and frees write share no 128-byte block with a field that
-    // every allocation or free reads.
+    let inner: &PoolInner = &pool.inner;
+    let base = inner as *const PoolInner as usize;
+    assert_eq!(base % 128, 0, "the pool's state starts a 128-byte block");
+    assert_eq!(std::mem::size_of::<PoolInner>() % 128, 0);
+    assert_eq!(&*pool.shards as *const Shards as usize % 128, 0);
+    assert_eq!(std::mem::size_of::<Shards>() % 128, 0);
+    // What allocations and frees write (the counters, the registry's lock, the lent blocks'
+    // state) shares no 128-byte block with a field that every allocation or free reads.
     let read_hot = [
-        (offset_of!(PoolInner, id), size_of::<u64>()),
-        (offset_of!(PoolInner, cache_open), size_of::<AtomicBool>()),
-        (offset_of!(PoolInner, cache_enabled), size_of::<bool>()),
-        (offset_of!(PoolInner, inline_cache_max), size_of::<u64>()),
-        (offset_of!(PoolInner, cache_key), size_of::<PoolKey>()),
-        (offset_of!(PoolInner, config), size_of::<PoolConfig>()),
-        (offset_of!(PoolInner, non_coherent), size_of::<bool>()),
-        (offset_of!(PoolInner, atom), size_of::<u64>()),
+        blocks_of(base, &inner.id),
+        blocks_of(base, &inner.cache_open),
+        blocks_of(base, &inner.cache_enabled),
+        blocks_of(base, &inner.inline_cache_max),
+        blocks_of(base, &inner.cache_key),
+        blocks_of(base, &inner.config),
+        blocks_of(base, &inner.non_coherent),
+        blocks_of(base, &inner.atom),
     ];
     let written = [
-        (
-            "size_delta",
-            offset_of!(PoolInner, size_delta),
-            size_of::<CachePadded<AtomicI64>>(),
-        ),
-        (
-            "reserved",
-            offset_of!(PoolInner, reserved),
-            size_of::<CachePadded<AtomicU64>>(),
-        ),
-        (
-            "dedicated",
-            offset_of!(PoolInner, dedicated),
-            size_of::<CachePadded<AtomicU64>>(),
-        ),
+        ("size_delta", blocks_of(base, &inner.size_delta)),
+        ("reserved", blocks_of(base, &inner.reserved)),
+        ("dedicated", blocks_of(base, &inner.dedicated)),
+        ("registry", blocks_of(base, &inner.registry)),
+        ("lent", blocks_of(base, &inner.lent)),
     ];
-    for (name, offset, len) in written {
-        let mine = blocks_of(offset, len);
-        for &(hot, hot_len) in &read_hot {
-            let theirs = blocks_of(hot, hot_len);
+    for (name, mine) in written {
+        for theirs in &read_hot {
             assert!(
                 mine.end() < theirs.start() || theirs.end() < mine.start(),
-                "{name} (bytes {offset}..{}) shares a 128-byte block with a field read on every \
-                 pair (bytes {hot}..{})",
-                offset + len,
-                hot + hot_len
+                "{name} (128-byte blocks {mine:?}) shares a block with a field read on every pair \
+                 ({theirs:?})"
             );
         }
     }
