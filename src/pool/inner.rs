@@ -28,10 +28,10 @@ pub(super) struct PoolKey {
 /// Every allocation and free reads it from every thread, so it lies on cache lines of its own
 /// (aligned, and so sized, to 128 bytes: no other heap object shares a line with it), and the
 /// parts that allocations write (the counters, the registry's lock, the lent blocks' state) lie
-/// on lines of their own within it. Without that, a write
-/// into whatever the allocator placed beside it made each thread wait for the line: without the
-/// thread cache, two threads on shards of their own ran several times slower per pair than one
-/// (BENCHMARKS.md, "The pool's shared state on lines of its own").
+/// on lines of their own within it. Without that, a write into whatever the allocator placed
+/// beside it made each thread wait for the line: without the thread cache, two threads on shards
+/// of their own ran several times slower per pair than one (BENCHMARKS.md, "The pool's shared
+/// state on lines of its own").
 #[repr(align(128))]
 pub(super) struct PoolInner {
     /// Unique id: which pool a thread cache serves.

@@ -350,9 +350,10 @@ impl CellTable {
         CellTable { groups, len }
     }
 
-    /// Cell `i` (below `len`).
+    /// Cell `i`. Panics past `len`, as a slice would (the last group's slots past it are
+    /// dangling).
     fn get(&self, i: usize) -> NonNull<ShardCell> {
-        debug_assert!(i < self.len);
+        assert!(i < self.len, "shard {i} of {}", self.len);
         self.groups[i / CELLS_PER_GROUP].0[i % CELLS_PER_GROUP]
     }
 
