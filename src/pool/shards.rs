@@ -352,6 +352,7 @@ impl CellTable {
 
     /// Cell `i`. Panics past `len`, as a slice would (the last group's slots past it are
     /// dangling).
+    #[inline]
     fn get(&self, i: usize) -> NonNull<ShardCell> {
         assert!(i < self.len, "shard {i} of {}", self.len);
         self.groups[i / CELLS_PER_GROUP].0[i % CELLS_PER_GROUP]
@@ -395,6 +396,7 @@ impl ShardSet {
         }
     }
 
+    #[inline]
     fn get(&self, i: usize) -> &ShardCell {
         // SAFETY: a cell is freed only after `pool_dropped` is set, which happens in our Drop.
         unsafe { self.cells.get(i).as_ref() }
