@@ -99,17 +99,16 @@ impl Drop for Shards {
     fn drop(&mut self) {
         // Blocks dropped from now on go straight back to their shards, and every thread's cached
         // ones go back now.
-        if let Some(pool) = self.0.pool() {
-            pool.cache_open.store(false, Ordering::Release);
-            magazine::reclaim_cached(pool);
-            // No block is lent from now on; blocks lent already come back when their tokens
-            // do (the drain thread goes on until then).
-            drain::close(pool);
-            // With the `log` feature: blocks still alive now (cached ones went back just above)
-            // are worth a warning.
-            #[cfg(feature = "log")]
-            report::report_leaks(pool, &self.0);
-        }
+        let pool = self.0.pool();
+        pool.cache_open.store(false, Ordering::Release);
+        magazine::reclaim_cached(pool);
+        // No block is lent from now on; blocks lent already come back when their tokens do (the
+        // drain thread goes on until then).
+        drain::close(pool);
+        // With the `log` feature: blocks still alive now (cached ones went back just above) are
+        // worth a warning.
+        #[cfg(feature = "log")]
+        report::report_leaks(pool, &self.0);
     }
 }
 
@@ -132,13 +131,9 @@ impl Pool {
             return Err(InvalidArgument::SourceAtom { atom }.into());
         }
         config.validate(source.is_non_coherent().then_some(atom))?;
-        // One heap built from the configuration; the others share its slab lookup table.
-        let mut heaps = Vec::with_capacity(config.shards);
-        heaps.push(Heap::new(config.heap.clone())?);
-        for _ in 1..config.shards {
-            let heap = heaps[0].empty_like();
-            heaps.push(heap);
-        }
+        // One heap built from the configuration: the shards' heaps, made on first use, share its
+        // slab lookup table.
+        let template = Heap::new(config.heap.clone())?;
         #[cfg(feature = "gpu-alloc")]
         let gpu_alloc = match config.backend {
             Backend::Native => None,
@@ -181,7 +176,12 @@ impl Pool {
             registry: CachePadded(registry::Registry::default()),
             lent: CachePadded(lent::Lent::new(crate::core::ring::d2h::MAX_ENTRIES)),
         });
-        let shards = Arc::new(Shards(ShardSet::new(heaps, &inner, first_chunk)));
+        let shards = Arc::new(Shards(ShardSet::new(
+            inner.config.shards,
+            template,
+            &inner,
+            first_chunk,
+        )));
         Ok(Pool { inner, shards })
     }
 
@@ -486,7 +486,7 @@ impl Pool {
     /// passing over shards whose lock is taken. Returns the number of chunks released.
     fn release_empty_chunks(&self, skip_shard: Option<usize>, try_only: bool) -> usize {
         let mut released = Vec::new();
-        for (i, cell) in self.shards.iter().enumerate() {
+        for (i, cell) in self.shards.iter() {
             if Some(i) == skip_shard {
                 continue;
             }
@@ -523,7 +523,7 @@ impl Pool {
         }
         // The memory of freed records each shard kept, swapped for an empty set made before the
         // lock and freed after it.
-        for cell in self.shards.iter() {
+        for (_, cell) in self.shards.iter() {
             let mut rooms = SpareRooms::default();
             std::mem::swap(&mut rooms, &mut cell.state.lock().spare_records);
             drop(rooms);
@@ -538,7 +538,7 @@ impl Pool {
             return Ok(());
         }
         let mut scratch = Vec::new();
-        for cell in self.shards.iter() {
+        for (_, cell) in self.shards.iter() {
             let chunks: Vec<Arc<Chunk>> =
                 cell.state.lock().chunks.iter().flatten().cloned().collect();
             for c in chunks {
@@ -600,13 +600,15 @@ impl Pool {
             dedicated_chunks: self.inner.dedicated.load(Ordering::Relaxed),
             ..Default::default()
         };
-        for cell in self.shards.iter() {
+        // A shard not made yet reads as the empty heap it will start as.
+        s.shards = vec![self.shards.template().stats(); self.shards.len()];
+        for (i, cell) in self.shards.iter() {
             let h = cell.state.lock().heap.stats();
             s.bytes_in_use += h.bytes_in_use;
             s.bytes_allocated += h.bytes_allocated;
             s.chunks += h.chunk_count as u64;
             s.largest_free_block = s.largest_free_block.max(h.largest_free_block);
-            s.shards.push(h);
+            s.shards[i] = h;
         }
         // Blocks cached (or taken back) between the snapshots make this approximate under
         // concurrent use, never negative.

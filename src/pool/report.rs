@@ -39,7 +39,8 @@ pub struct PoolStats {
     pub dedicated_chunks: u64,
     /// Largest free block in any shard.
     pub largest_free_block: u64,
-    /// Per-shard allocator statistics.
+    /// Per-shard allocator statistics, one per [`PoolConfig::shards`](super::PoolConfig::shards);
+    /// a shard no thread has allocated from yet reads as an empty heap.
     pub shards: Vec<HeapStats>,
     /// Blocks lent to kernels ([`Block::release_on_device`](super::Block::release_on_device))
     /// and the tokens and records their release feed refused.
@@ -157,7 +158,7 @@ impl PoolReport {
     ) -> PoolReport {
         let mut chunks = Vec::new();
         let mut places: HashMap<ChunkKey, usize> = HashMap::new();
-        for (s, cell) in shards.iter().enumerate() {
+        for (s, cell) in shards.iter() {
             let shard = cell.state.lock();
             for (id, chunk) in shard.chunks.iter().enumerate() {
                 let Some(chunk) = chunk else { continue };
@@ -385,7 +386,7 @@ pub(super) fn report_leaks(inner: &PoolInner, shards: &ShardSet) {
     }
     let mut blocks = inner.dedicated.load(std::sync::atomic::Ordering::Relaxed);
     let mut bytes = 0;
-    for cell in shards.iter() {
+    for (_, cell) in shards.iter() {
         let h = cell.state.lock().heap.stats();
         blocks += h.allocation_count;
         bytes += h.bytes_in_use;

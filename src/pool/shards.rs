@@ -16,7 +16,7 @@
 use std::cell::Cell;
 use std::mem::{ManuallyDrop, MaybeUninit};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::chunk::Chunk;
@@ -318,103 +318,170 @@ impl BlockRecord {
     }
 }
 
-/// The pool's references to its shards. When the last `Pool` clone drops, each shard is marked;
-/// a shard with no live block is freed at once, otherwise by its last block.
+/// The pool's references to its shards. A shard is made when a thread first allocates from it,
+/// so a pool costs what its threads use: a default pool has a shard per vCPU, and a shard's heap
+/// made up front in [`Pool::new`](super::Pool::new) costs a page fault or two (BENCHMARKS.md,
+/// "Shards made on first use"). When the last `Pool` clone drops, each shard made is marked; a
+/// shard with no live block is freed at once, otherwise by its last block.
 pub(super) struct ShardSet {
     cells: CellTable,
+    /// An empty heap of the pool's configuration, never allocated from: each shard's heap is made
+    /// like it (sharing its slab lookup table), and a shard not made yet reads as it.
+    template: Heap,
+    /// What every cell holds and carries.
+    pool: Arc<PoolInner>,
+    first_chunk: u64,
 }
 
 /// The shards' cell pointers, sixteen to a 128-byte group of lines of their own: every
 /// allocation that misses the thread cache reads one, so no other heap object may share their
 /// lines (a write into one would make each thread wait for the line, as beside [`PoolInner`]).
+/// Null until the shard is made; set once, never changed after.
 struct CellTable {
-    /// Cells `16 g .. 16 g + 16` in group `g`; the last group's slots past `len` are dangling and
-    /// never read.
-    groups: Box<[CachePadded<[NonNull<ShardCell>; CELLS_PER_GROUP]>]>,
+    /// Cells `16 g .. 16 g + 16` in group `g`; the last group's slots past `len` stay null and
+    /// are never read.
+    groups: Box<[CachePadded<[AtomicPtr<ShardCell>; CELLS_PER_GROUP]>]>,
     len: usize,
 }
 
 /// Cell pointers per [`CellTable`] group: 128 bytes.
 const CELLS_PER_GROUP: usize = 16;
-const _: () = assert!(size_of::<CachePadded<[NonNull<ShardCell>; CELLS_PER_GROUP]>>() == 128);
+const _: () = assert!(size_of::<CachePadded<[AtomicPtr<ShardCell>; CELLS_PER_GROUP]>>() == 128);
 
 impl CellTable {
-    fn new(cells: impl ExactSizeIterator<Item = NonNull<ShardCell>>) -> CellTable {
-        let len = cells.len();
-        let mut groups: Box<[_]> = (0..len.div_ceil(CELLS_PER_GROUP))
-            .map(|_| CachePadded([NonNull::dangling(); CELLS_PER_GROUP]))
+    fn new(len: usize) -> CellTable {
+        let groups = (0..len.div_ceil(CELLS_PER_GROUP))
+            .map(|_| {
+                CachePadded(std::array::from_fn(
+                    |_| AtomicPtr::new(std::ptr::null_mut()),
+                ))
+            })
             .collect();
-        for (i, cell) in cells.enumerate() {
-            groups[i / CELLS_PER_GROUP].0[i % CELLS_PER_GROUP] = cell;
-        }
         CellTable { groups, len }
     }
 
-    /// Cell `i`. Panics past `len`, as a slice would (the last group's slots past it are
-    /// dangling).
+    /// Cell `i`, if made. Panics past `len`, as a slice would.
     #[inline]
-    fn get(&self, i: usize) -> NonNull<ShardCell> {
+    fn get(&self, i: usize) -> Option<NonNull<ShardCell>> {
         assert!(i < self.len, "shard {i} of {}", self.len);
-        self.groups[i / CELLS_PER_GROUP].0[i % CELLS_PER_GROUP]
+        // Acquire: a cell seen is seen whole (its maker published it with release).
+        NonNull::new(
+            self.groups[i / CELLS_PER_GROUP].0[i % CELLS_PER_GROUP].load(Ordering::Acquire),
+        )
     }
 
-    fn iter(&self) -> impl Iterator<Item = NonNull<ShardCell>> + '_ {
-        self.groups.iter().flat_map(|g| g.0).take(self.len)
-    }
-}
-
-// SAFETY: the cells are only accessed through their mutex; the pointers stay valid while the set
-// lives (the set holds the pool's reference on each cell).
-unsafe impl Send for ShardSet {}
-// SAFETY: as above.
-unsafe impl Sync for ShardSet {}
-
-impl ShardSet {
-    /// One cell per heap, each holding the pool's reference (released in our Drop).
-    pub(super) fn new(heaps: Vec<Heap>, pool: &Arc<PoolInner>, first_chunk: u64) -> ShardSet {
-        let cells = heaps.into_iter().map(|heap| {
-            NonNull::from(Box::leak(Box::new(ShardCell {
-                state: BiasedLock::new(Shard {
-                    heap,
-                    chunks: Vec::new(),
-                    next_chunk_size: first_chunk,
-                    outstanding: 0,
-                    pool_dropped: false,
-                    spare_records: SpareRooms::default(),
-                }),
-                pool: pool.clone(),
-                cache_pool: if pool.cache_enabled {
-                    pool.id
-                } else {
-                    NOT_CACHED
-                },
-                keep_empty_chunks: pool.config.keep_empty_chunks,
-            })))
-        });
-        ShardSet {
-            cells: CellTable::new(cells),
+    /// Makes `cell` cell `i` unless another thread made one first: the cell in place after.
+    fn set_once(&self, i: usize, cell: NonNull<ShardCell>) -> Result<(), NonNull<ShardCell>> {
+        let slot = &self.groups[i / CELLS_PER_GROUP].0[i % CELLS_PER_GROUP];
+        match slot.compare_exchange(
+            std::ptr::null_mut(),
+            cell.as_ptr(),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => Ok(()),
+            // Never null: the slot was not null, and is never reset.
+            Err(other) => Err(NonNull::new(other).unwrap_or(cell)),
         }
     }
 
-    #[inline]
-    fn get(&self, i: usize) -> &ShardCell {
-        // SAFETY: a cell is freed only after `pool_dropped` is set, which happens in our Drop.
-        unsafe { self.cells.get(i).as_ref() }
+    /// The cells made, with their indices.
+    fn iter(&self) -> impl Iterator<Item = (usize, NonNull<ShardCell>)> + '_ {
+        (0..self.len).filter_map(|i| self.get(i).map(|c| (i, c)))
     }
+}
+
+// SAFETY: the cells are only accessed through their mutex, and published whole (`set_once`);
+// the pointers stay valid while the set lives (the set holds the pool's reference on each cell
+// made). The template heap is only read (`Heap` has no interior mutability), by any thread.
+unsafe impl Send for ShardSet {}
+// SAFETY: as above.
+unsafe impl Sync for ShardSet {}
+// What the note above says of the template: a `Heap` may be shared between threads as is.
+const _: fn() = || {
+    fn shareable<T: Sync>() {}
+    shareable::<Heap>();
+};
+
+impl ShardSet {
+    /// `shards` shards, none made yet: each is made like `template` (an empty heap of the pool's
+    /// configuration) when a thread first allocates from it, its first chunk `first_chunk` bytes.
+    pub(super) fn new(
+        shards: usize,
+        template: Heap,
+        pool: &Arc<PoolInner>,
+        first_chunk: u64,
+    ) -> ShardSet {
+        ShardSet {
+            cells: CellTable::new(shards),
+            template,
+            pool: pool.clone(),
+            first_chunk,
+        }
+    }
+
+    /// Cell `i`, made now if it was not yet.
+    #[inline]
+    fn cell(&self, i: usize) -> NonNull<ShardCell> {
+        match self.cells.get(i) {
+            Some(cell) => cell,
+            None => self.make(i),
+        }
+    }
+
+    /// Makes cell `i`, holding the pool's reference (released in our Drop); when another thread
+    /// made it first, that one.
+    #[cold]
+    #[inline(never)]
+    fn make(&self, i: usize) -> NonNull<ShardCell> {
+        let pool = &self.pool;
+        let cell = NonNull::from(Box::leak(Box::new(ShardCell {
+            state: BiasedLock::new(Shard {
+                heap: self.template.empty_like(),
+                chunks: Vec::new(),
+                next_chunk_size: self.first_chunk,
+                outstanding: 0,
+                pool_dropped: false,
+                spare_records: SpareRooms::default(),
+            }),
+            pool: pool.clone(),
+            cache_pool: if pool.cache_enabled {
+                pool.id
+            } else {
+                NOT_CACHED
+            },
+            keep_empty_chunks: pool.config.keep_empty_chunks,
+        })));
+        match self.cells.set_once(i, cell) {
+            Ok(()) => cell,
+            Err(made) => {
+                // SAFETY: `cell` was never published (the slot held another), so nothing else
+                // refers to it; it holds no block.
+                drop(unsafe { Box::from_raw(cell.as_ptr()) });
+                made
+            }
+        }
+    }
+
+    /// Shards, made or not.
     pub(super) fn len(&self) -> usize {
         self.cells.len
     }
-    pub(super) fn iter(&self) -> impl Iterator<Item = &ShardCell> {
-        (0..self.len()).map(|i| self.get(i))
+
+    /// The shards made, with their indices.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (usize, &ShardCell)> {
+        // SAFETY: a cell is freed only after `pool_dropped` is set, which happens in our Drop.
+        self.cells.iter().map(|(i, c)| (i, unsafe { c.as_ref() }))
     }
 
-    /// The pool state every cell holds (`None` for a set of no shard).
-    pub(super) fn pool(&self) -> Option<&PoolInner> {
-        // SAFETY: the cells are alive: we still hold the pool's reference on each.
-        self.cells
-            .iter()
-            .next()
-            .map(|c| unsafe { &*c.as_ref().pool })
+    /// What a shard not made yet holds: an empty heap of the pool's configuration.
+    pub(super) fn template(&self) -> &Heap {
+        &self.template
+    }
+
+    /// The pool state every cell holds.
+    pub(super) fn pool(&self) -> &PoolInner {
+        &self.pool
     }
 
     /// Allocates `size` bytes aligned to `align` from shard `i`, calling `grow` (with the shard
@@ -427,10 +494,24 @@ impl ShardSet {
         i: usize,
         size: u64,
         align: u64,
+        len: (u64, bool),
+        grow: impl FnOnce(&mut Shard, u64) -> Result<()>,
+    ) -> Result<Box<BlockRecord>> {
+        Self::alloc_in(self.cell(i), size, align, len, grow)
+    }
+
+    /// [`alloc`](Self::alloc) from the shard of `cell`, one of ours.
+    #[inline(always)]
+    fn alloc_in(
+        cell: NonNull<ShardCell>,
+        size: u64,
+        align: u64,
         (len, non_coherent): (u64, bool),
         grow: impl FnOnce(&mut Shard, u64) -> Result<()>,
     ) -> Result<Box<BlockRecord>> {
-        let mut shard = self.get(i).state.lock();
+        // SAFETY: a cell of the set is freed only after `pool_dropped` is set, in its Drop.
+        let this = unsafe { cell.as_ref() };
+        let mut shard = this.state.lock();
         let allocation = match shard.heap.alloc_valid(size, align) {
             Ok(a) => a,
             Err(AllocError::OutOfSpace {
@@ -459,7 +540,7 @@ impl ShardSet {
         let chunk: *const Chunk = Arc::as_ptr(chunk);
         // Only blocks a thread cache may keep carry the pool's cache id.
         let cache_pool = if cacheable(allocation.requested_size()) {
-            self.get(i).cache_pool
+            this.cache_pool
         } else {
             NOT_CACHED
         };
@@ -468,7 +549,7 @@ impl ShardSet {
         drop(shard);
         let record = BlockRecord {
             kind: ManuallyDrop::new(BlockKind::Shared(Hold {
-                cell: self.cells.get(i),
+                cell,
                 chunk,
                 allocation,
                 cache_pool,
@@ -485,8 +566,8 @@ impl ShardSet {
         })
     }
 
-    /// [`alloc`](Self::alloc) from what shard `i` holds free now, without growing it: `None`
-    /// when no free range of its chunks fits (or on any other error).
+    /// [`alloc`](Self::alloc) from what shard `i` holds free now, without growing it (or making
+    /// it): `None` when no free range of its chunks fits (or on any other error).
     pub(super) fn alloc_from_free(
         &self,
         i: usize,
@@ -495,7 +576,7 @@ impl ShardSet {
         len: (u64, bool),
     ) -> Option<Box<BlockRecord>> {
         // The error only says "not grown"; it is dropped here.
-        self.alloc(i, size, align, len, |_, _| {
+        Self::alloc_in(self.cells.get(i)?, size, align, len, |_, _| {
             Err(Error::internal("a shard asked not to grow"))
         })
         .ok()
@@ -506,7 +587,7 @@ impl Drop for ShardSet {
     fn drop(&mut self) {
         // The pool was closed just before (the thread caches' blocks are back: `Shards` in
         // `pool/mod.rs`).
-        for cell in self.cells.iter() {
+        for (_, cell) in self.cells.iter() {
             // SAFETY: the cell is alive: we still hold the pool's reference on it.
             let free = unsafe {
                 let mut shard = cell.as_ref().state.lock();

@@ -21,6 +21,43 @@ fn small_pool(shards: usize) -> Pool {
     Pool::new(HostMemorySource, cfg).unwrap()
 }
 
+/// A host-memory pool of one shard, without the thread cache: every pair goes to the shard.
+fn one_shard_uncached_pool() -> Pool {
+    let cfg = PoolConfig {
+        shards: 1,
+        thread_cache: 0,
+        ..Default::default()
+    };
+    Pool::new(HostMemorySource, cfg).unwrap()
+}
+
+/// A host-memory pool of `shards` shards without the thread cache, whose `max_bytes` allows one
+/// 128 KiB chunk.
+fn one_chunk_pool(shards: usize) -> Pool {
+    let cfg = PoolConfig {
+        chunk_size: 128 << 10,
+        max_chunk_size: 128 << 10,
+        dedicated_threshold: 64 << 10,
+        max_bytes: 128 << 10,
+        shards,
+        thread_cache: 0,
+        ..Default::default()
+    };
+    Pool::new(HostMemorySource, cfg).unwrap()
+}
+
+/// Allocates 32 KiB blocks of [`one_chunk_pool`] into `blocks` until the pool refuses one: that
+/// error.
+fn fill_to_the_limit(pool: &Pool, blocks: &mut Vec<Block>) -> Error {
+    loop {
+        match pool.alloc(32 << 10, 16) {
+            Ok(b) => blocks.push(b),
+            Err(e) => return e,
+        }
+        assert!(blocks.len() < 8, "the limit of one chunk did not hold");
+    }
+}
+
 #[test]
 fn blocks_are_disjoint_aligned_and_written() {
     let pool = small_pool(1);
@@ -1176,18 +1213,11 @@ fn dedicated_blocks_honour_the_alignment() {
 /// trims: blocks stay whole and the counts exact throughout.
 #[test]
 fn shard_bias_moves_between_threads_without_losing_blocks() {
-    let pool = Pool::new(
-        HostMemorySource,
-        PoolConfig {
-            thread_cache: 0,
-            shards: 1,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let pool = one_shard_uncached_pool();
     let rounds = if cfg!(miri) { 2 } else { 20 };
     let per_round = if cfg!(miri) { 80 } else { 300 };
-    let shard = pool.shards.iter().next().unwrap();
+    // The one shard, made by the first allocation.
+    let shard = || pool.shards.iter().next().expect("the shard is made").1;
     for round in 0..rounds {
         // This thread's locks in a row bias the shard to it (alloc and free alike)...
         let blocks: Vec<Block> = (0..per_round)
@@ -1199,7 +1229,7 @@ fn shard_bias_moves_between_threads_without_losing_blocks() {
             .collect();
         if round == 0 {
             assert!(
-                shard.state.is_biased_to_me(),
+                shard().state.is_biased_to_me(),
                 "{per_round} locks in a row bias the shard"
             );
         }
@@ -1217,7 +1247,7 @@ fn shard_bias_moves_between_threads_without_losing_blocks() {
             });
         });
         assert!(
-            !shard.state.is_biased_to_me(),
+            !shard().state.is_biased_to_me(),
             "the other thread's frees revoked the bias"
         );
         assert_eq!(pool.stats().bytes_in_use, 0);
@@ -1231,7 +1261,7 @@ fn shard_bias_moves_between_threads_without_losing_blocks() {
 fn spare_rooms(pool: &Pool) -> Vec<usize> {
     pool.shards
         .iter()
-        .map(|cell| cell.state.lock().spare_records.len())
+        .map(|(_, cell)| cell.state.lock().spare_records.len())
         .collect()
 }
 
@@ -1240,15 +1270,7 @@ fn spare_rooms(pool: &Pool) -> Vec<usize> {
 /// checks the rooms' links.
 #[test]
 fn a_shard_keeps_its_freed_records_memory_until_trim() {
-    let pool = Pool::new(
-        HostMemorySource,
-        PoolConfig {
-            shards: 1,
-            thread_cache: 0,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let pool = one_shard_uncached_pool();
     let n = if cfg!(miri) { 40 } else { 3000 };
     let blocks: Vec<Block> = (0..n).map(|_| pool.alloc(64, 64).unwrap()).collect();
     assert_eq!(spare_rooms(&pool), [0]);
@@ -1275,19 +1297,7 @@ fn a_shard_keeps_its_freed_records_memory_until_trim() {
 /// chunk of any shard can hold the block.
 #[test]
 fn a_shard_that_cannot_grow_allocates_from_another_shards_chunk() {
-    let pool = Pool::new(
-        HostMemorySource,
-        PoolConfig {
-            chunk_size: 128 << 10,
-            max_chunk_size: 128 << 10,
-            dedicated_threshold: 64 << 10,
-            max_bytes: 128 << 10,
-            shards: 2,
-            thread_cache: 0,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let pool = one_chunk_pool(2);
     // This thread's shard takes the one chunk the limit allows.
     let own = shards::thread_shard(2);
     let _first = pool.alloc(256, 16).unwrap();
@@ -1301,13 +1311,7 @@ fn a_shard_that_cannot_grow_allocates_from_another_shards_chunk() {
     drop(block);
     // Until no chunk can hold a block: then the limit, as before.
     let mut blocks = Vec::new();
-    let err = loop {
-        match pool.alloc(32 << 10, 16) {
-            Ok(b) => blocks.push(b),
-            Err(e) => break e,
-        }
-        assert!(blocks.len() < 8, "the limit of one chunk did not hold");
-    };
+    let err = fill_to_the_limit(&pool, &mut blocks);
     assert!(err.is_out_of_memory(), "{err}");
     assert!(blocks.len() >= 2, "{} blocks of 32 KiB", blocks.len());
 }
@@ -1357,5 +1361,95 @@ fn the_shared_state_that_every_pair_reads_lies_on_lines_of_its_own() {
                  ({theirs:?})"
             );
         }
+    }
+}
+
+/// The shards a thread of the pool allocates from, in index order.
+fn made_shards(pool: &Pool) -> Vec<usize> {
+    pool.shards.iter().map(|(i, _)| i).collect()
+}
+
+/// `Pool::new` makes no shard: each is made when a thread first allocates from it, and a shard
+/// not made reads as an empty one. A thread whose shard cannot grow looks at the free space of
+/// the shards made, and makes none.
+#[test]
+fn shards_are_made_when_first_allocated_from() {
+    let n = 4;
+    let pool = one_chunk_pool(n);
+    assert_eq!(made_shards(&pool), Vec::<usize>::new());
+    let stats = pool.stats();
+    assert_eq!(stats.shards.len(), n);
+    assert!(stats
+        .shards
+        .iter()
+        .all(|h| h.allocation_count == 0 && h.chunk_count == 0 && h.bytes_reserved == 0));
+    let own = shards::thread_shard(n);
+    let mut blocks = vec![pool.alloc(256, 16).unwrap()];
+    assert_eq!(made_shards(&pool), [own]);
+    assert_eq!(pool.stats().shards[own].allocation_count, 1);
+    // Until the limit: the one chunk is this shard's, and no other shard is made to look for room.
+    let err = fill_to_the_limit(&pool, &mut blocks);
+    assert!(err.is_out_of_memory(), "{err}");
+    assert_eq!(made_shards(&pool), [own]);
+    // A thread of another shard makes that one; the chunk it cannot grow is found in ours.
+    drop(blocks.pop());
+    let (other, block) = on_a_thread_of_shard(n, |s| s != own, || pool.alloc(256, 16));
+    let block = block.expect("a block from the first shard's chunk");
+    let mut made = vec![own, other];
+    made.sort_unstable();
+    assert_eq!(made_shards(&pool), made);
+    let stats = pool.stats();
+    assert_eq!(stats.shards[own].allocation_count, blocks.len() as u64 + 1);
+    assert_eq!(stats.shards[other].allocation_count, 0);
+    assert_eq!(stats.chunks, 1);
+    // Blocks outlive the pool's handle; each shard made is freed with its last block.
+    drop(pool);
+    let mut block = block;
+    block.fill(0, 256, 7).unwrap();
+    assert!(block.read_vec(0, 256).unwrap().iter().all(|&x| x == 7));
+    drop((block, blocks));
+}
+
+/// Threads that first allocate from one shard at once all end up in the one cell made: every
+/// allocation is counted by it, and every block comes back to it.
+#[test]
+fn threads_making_one_shard_at_once_share_the_cell_made() {
+    let (rounds, threads, each) = if cfg!(miri) { (2, 3, 4) } else { (200, 4, 16) };
+    for round in 0..rounds {
+        let pool = one_shard_uncached_pool();
+        let start = std::sync::Barrier::new(threads);
+        let blocks: Vec<Vec<Block>> = std::thread::scope(|s| {
+            let spawned: Vec<_> = (0..threads)
+                .map(|t| {
+                    let (pool, start) = (&pool, &start);
+                    s.spawn(move || {
+                        start.wait();
+                        (0..each)
+                            .map(|k| {
+                                let mut b = pool.alloc(64, 16).unwrap();
+                                b.fill(0, 64, (t * each + k) as u8).unwrap();
+                                b
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            spawned.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(made_shards(&pool), [0], "round {round}");
+        let stats = pool.stats();
+        assert_eq!(
+            stats.shards[0].allocation_count,
+            (threads * each) as u64,
+            "round {round}: an allocation went to a cell the pool does not hold"
+        );
+        for (t, bs) in blocks.iter().enumerate() {
+            for (k, b) in bs.iter().enumerate() {
+                let v = (t * each + k) as u8;
+                assert!(b.read_vec(0, 64).unwrap().iter().all(|&x| x == v));
+            }
+        }
+        drop(blocks);
+        assert_eq!(pool.stats().shards[0].allocation_count, 0);
     }
 }
