@@ -10,6 +10,8 @@
 //! instead, as `vkgdr bench fastpath` does (the pair itself never touches the chunk's bytes).
 //! `handoff=B` (no thread cache) allocates on this thread and frees on another, in batches of B
 //! blocks sent over a channel: the shard's lock moves between the two threads every batch.
+//! `new=N` times one `Pool::new` of N shards and its drop, with the page faults each took: run
+//! it in a fresh process, as a program that makes one pool does (COUNT and SIZE are ignored).
 //!
 //! `cargo build --release --example pool_pair`, then for instructions per pair:
 //! `valgrind --tool=callgrind --toggle-collect='pool_pair::pairs' target/release/examples/pool_pair 1000000`
@@ -39,6 +41,37 @@ fn malloc_pairs(n: u64, size: u64) {
     }
 }
 
+/// Page faults this process has taken so far (minor: no disk involved).
+fn minor_faults() -> i64 {
+    // SAFETY: `getrusage` fills the zeroed struct it is given and keeps no pointer to it.
+    unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage.ru_minflt
+    }
+}
+
+/// One `Pool::new` of `shards` shards over host memory and its drop, timed, with their faults.
+fn new_and_drop(shards: usize) -> vkgdr::Result<()> {
+    let config = PoolConfig {
+        shards,
+        ..PoolConfig::default()
+    };
+    let faults = minor_faults();
+    let t = std::time::Instant::now();
+    let pool = Pool::new(HostMemorySource, config)?;
+    let (new, new_faults) = (t.elapsed(), minor_faults() - faults);
+    let t = std::time::Instant::now();
+    drop(black_box(pool));
+    let (dropped, drop_faults) = (t.elapsed(), minor_faults() - faults - new_faults);
+    println!(
+        "Pool::new of {shards} shards: {:.1} µs ({new_faults} page faults); its drop {:.1} µs ({drop_faults})",
+        new.as_secs_f64() * 1e6,
+        dropped.as_secs_f64() * 1e6
+    );
+    Ok(())
+}
+
 fn main() -> vkgdr::Result<()> {
     let mut args = std::env::args().skip(1);
     let n: u64 = args
@@ -47,6 +80,9 @@ fn main() -> vkgdr::Result<()> {
         .unwrap_or(10_000_000);
     let size: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(256);
     let mode = args.next().unwrap_or_else(|| "cached".into());
+    if let Some(shards) = mode.strip_prefix("new=").and_then(|n| n.parse().ok()) {
+        return new_and_drop(shards);
+    }
     if mode == "malloc" {
         let t = std::time::Instant::now();
         malloc_pairs(n, size);
