@@ -370,18 +370,25 @@ impl CellTable {
         )
     }
 
-    /// Makes `cell` cell `i` unless another thread made one first: the cell in place after.
+    /// Makes `cell` cell `i` unless another thread made one first: that one, as the error.
     fn set_once(&self, i: usize, cell: NonNull<ShardCell>) -> Result<(), NonNull<ShardCell>> {
         let slot = &self.groups[i / CELLS_PER_GROUP].0[i % CELLS_PER_GROUP];
-        match slot.compare_exchange(
-            std::ptr::null_mut(),
-            cell.as_ptr(),
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            Ok(_) => Ok(()),
-            // Never null: the slot was not null, and is never reset.
-            Err(other) => Err(NonNull::new(other).unwrap_or(cell)),
+        loop {
+            match slot.compare_exchange(
+                std::ptr::null_mut(),
+                cell.as_ptr(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Ok(()),
+                Err(other) => {
+                    // A strong compare-and-swap fails only on a value other than null, and a
+                    // slot is never reset; were it null after all, trying again is right.
+                    if let Some(made) = NonNull::new(other) {
+                        return Err(made);
+                    }
+                }
+            }
         }
     }
 
