@@ -495,7 +495,8 @@ typedef struct vkgdr_pool_config {
    */
   uint64_t max_bytes;
   /**
-   * Independent heaps; threads are spread over them (default: CPU count, at most 64).
+   * Independent heaps; threads are spread over them, and each is made when a thread first
+   * allocates from it (default: CPU count, at most 64).
    */
   uint32_t shards;
   /**

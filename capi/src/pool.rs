@@ -58,7 +58,8 @@ pub struct vkgdr_pool_config {
     /// Total bytes of chunks the pool may hold; beyond it allocations fail (default: no limit,
     /// `UINT64_MAX`).
     pub max_bytes: u64,
-    /// Independent heaps; threads are spread over them (default: CPU count, at most 64).
+    /// Independent heaps; threads are spread over them, and each is made when a thread first
+    /// allocates from it (default: CPU count, at most 64).
     pub shards: u32,
     /// Empty chunks each shard keeps for reuse instead of freeing them at once (default 1).
     pub keep_empty_chunks: u32,
