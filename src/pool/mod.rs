@@ -146,7 +146,6 @@ impl Pool {
                 !source.is_non_coherent(),
             )),
         };
-        let first_chunk = config.chunk_size;
         let cache_enabled = config.thread_cache > 0 && config.backend == Backend::Native;
         let id = NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed);
         let inner = Arc::new(PoolInner {
@@ -176,12 +175,7 @@ impl Pool {
             registry: CachePadded(registry::Registry::default()),
             lent: CachePadded(lent::Lent::new(crate::core::ring::d2h::MAX_ENTRIES)),
         });
-        let shards = Arc::new(Shards(ShardSet::new(
-            inner.config.shards,
-            template,
-            &inner,
-            first_chunk,
-        )));
+        let shards = Arc::new(Shards(ShardSet::new(template, &inner)));
         Ok(Pool { inner, shards })
     }
 

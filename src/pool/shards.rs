@@ -328,9 +328,9 @@ pub(super) struct ShardSet {
     /// An empty heap of the pool's configuration, never allocated from: each shard's heap is made
     /// like it (sharing its slab lookup table), and a shard not made yet reads as it.
     template: Heap,
-    /// What every cell holds and carries.
+    /// What every cell holds and carries; its configuration says how many shards there are and
+    /// each one's first chunk.
     pool: Arc<PoolInner>,
-    first_chunk: u64,
 }
 
 /// The shards' cell pointers, sixteen to a 128-byte group of lines of their own: every
@@ -360,19 +360,23 @@ impl CellTable {
         CellTable { groups, len }
     }
 
-    /// Cell `i`, if made. Panics past `len`, as a slice would.
+    /// Slot `i`. Panics past `len`, as a slice would.
+    #[inline]
+    fn slot(&self, i: usize) -> &AtomicPtr<ShardCell> {
+        assert!(i < self.len, "shard {i} of {}", self.len);
+        &self.groups[i / CELLS_PER_GROUP].0[i % CELLS_PER_GROUP]
+    }
+
+    /// Cell `i`, if made.
     #[inline]
     fn get(&self, i: usize) -> Option<NonNull<ShardCell>> {
-        assert!(i < self.len, "shard {i} of {}", self.len);
         // Acquire: a cell seen is seen whole (its maker published it with release).
-        NonNull::new(
-            self.groups[i / CELLS_PER_GROUP].0[i % CELLS_PER_GROUP].load(Ordering::Acquire),
-        )
+        NonNull::new(self.slot(i).load(Ordering::Acquire))
     }
 
     /// Makes `cell` cell `i` unless another thread made one first: that one, as the error.
     fn set_once(&self, i: usize, cell: NonNull<ShardCell>) -> Result<(), NonNull<ShardCell>> {
-        let slot = &self.groups[i / CELLS_PER_GROUP].0[i % CELLS_PER_GROUP];
+        let slot = self.slot(i);
         loop {
             match slot.compare_exchange(
                 std::ptr::null_mut(),
@@ -411,19 +415,13 @@ const _: fn() = || {
 };
 
 impl ShardSet {
-    /// `shards` shards, none made yet: each is made like `template` (an empty heap of the pool's
-    /// configuration) when a thread first allocates from it, its first chunk `first_chunk` bytes.
-    pub(super) fn new(
-        shards: usize,
-        template: Heap,
-        pool: &Arc<PoolInner>,
-        first_chunk: u64,
-    ) -> ShardSet {
+    /// The pool's shards, none made yet: each is made like `template` (an empty heap of the
+    /// pool's configuration) when a thread first allocates from it.
+    pub(super) fn new(template: Heap, pool: &Arc<PoolInner>) -> ShardSet {
         ShardSet {
-            cells: CellTable::new(shards),
+            cells: CellTable::new(pool.config.shards),
             template,
             pool: pool.clone(),
-            first_chunk,
         }
     }
 
@@ -446,7 +444,7 @@ impl ShardSet {
             state: BiasedLock::new(Shard {
                 heap: self.template.empty_like(),
                 chunks: Vec::new(),
-                next_chunk_size: self.first_chunk,
+                next_chunk_size: pool.config.chunk_size,
                 outstanding: 0,
                 pool_dropped: false,
                 spare_records: SpareRooms::default(),
