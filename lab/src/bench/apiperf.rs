@@ -13,7 +13,8 @@ use crate::ui;
 
 use super::error::{BenchError, BenchResult};
 use super::measure::{
-    device_ordinal, gpu_opened_before, ladder, measure, measure_pair, open_gpu, Budget, Stats,
+    device_ordinal, gpu_opened_before, ladder, measure, measure_pair, measure_side_by_side,
+    open_gpu, Budget, Stats, Timed,
 };
 use super::options::Options;
 use super::report::format::fmt_size;
@@ -151,18 +152,26 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     ui::phase("pool", pool_sizes().len() as u64);
     for size in pool_sizes() {
         ui::step(format!("Pool alloc+free · {}", fmt_size(size)));
-        let pairs = measure(&fast, || {
-            drop(pool.alloc(size, POOL_ALIGN)?);
-            Ok(())
-        })?;
+        // The same loop through the C library's allocator side by side (their samples in
+        // turn): how fast this CPU is at that moment, in this process (the nanosecond rows move
+        // by up to 1.7x between processes of one machine; BENCHMARKS.md, 'Comparing with
+        // earlier runs').
+        let [pairs, mallocs]: [Vec<f64>; 2] = measure_side_by_side(
+            &fast,
+            &mut [
+                Timed::new(|| {
+                    drop(pool.alloc(size, POOL_ALIGN)?);
+                    Ok(())
+                }),
+                Timed::new(|| {
+                    malloc_pair(size);
+                    Ok(())
+                }),
+            ],
+        )?
+        .try_into()
+        .expect("two operations, two sample lists");
         push(&mut report, rows::POOL_PAIR, size, &pairs);
-        // The same loop through the C library's allocator right after: how fast this CPU is
-        // at that moment, in this process (the nanosecond rows move by up to 1.7x between
-        // processes of one machine; BENCHMARKS.md, 'Comparing with earlier runs').
-        let mallocs = measure(&fast, || {
-            malloc_pair(size);
-            Ok(())
-        })?;
         push(&mut report, rows::MALLOC_PAIR, size, &mallocs);
     }
     drop(pool);

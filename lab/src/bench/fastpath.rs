@@ -20,11 +20,13 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use vkgdr::copy::{copy_to_mapping, CopyPool};
-use vkgdr::{Gpu, Mapping, OpenOptions, Pool, PoolConfig, RawMemory, WriteBatch};
+use vkgdr::{Block, Gpu, Mapping, OpenOptions, Pool, PoolConfig, RawMemory, WriteBatch};
 
 use super::error::{BenchError, BenchResult};
 use super::host_pinned::HostPinned;
-use super::measure::{device_ordinal, measure, open_gpu, to_bandwidth, Budget, Stats};
+use super::measure::{
+    device_ordinal, measure, measure_side_by_side, open_gpu, to_bandwidth, Budget, Stats, Timed,
+};
 use super::options::Options;
 use super::report::format::fmt_size;
 use super::report::model::{Figure, Report, Unit};
@@ -560,22 +562,9 @@ fn pool(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
         Budget::new(Duration::from_millis(300), 1_000, 100_000)
     };
     let window = Duration::from_millis(if opts.quick { 50 } else { 200 });
-    ui::phase("pool", 9);
+    ui::phase("pool", 7);
     let samples = if opts.quick { 3 } else { 7 };
-    for (name, one, many, thread_cache) in [
-        (
-            "default PoolConfig",
-            rows::POOL_1_DEFAULT,
-            [(8, rows::POOL_8_DEFAULT), (16, rows::POOL_16_DEFAULT)],
-            PoolConfig::default().thread_cache,
-        ),
-        (
-            "thread_cache = 0 (opt-out)",
-            rows::POOL_1_NO_CACHE,
-            [(8, rows::POOL_8_NO_CACHE), (16, rows::POOL_16_NO_CACHE)],
-            0,
-        ),
-    ] {
+    let pool_with = |thread_cache| -> BenchResult<(Pool, Block)> {
         let pool = Pool::new(
             gpu.clone(),
             PoolConfig {
@@ -583,13 +572,50 @@ fn pool(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
                 ..Default::default()
             },
         )?;
-        let _keep = pool.alloc(256, 16)?; // the chunk stays: steady state
-        ui::step(format!("alloc+free, 1 thread, {name}"));
-        let ns = measure(&budget, || {
-            drop(pool.alloc(256, 16)?);
-            Ok(())
-        })?;
-        push(&mut report, one, 256, &ns);
+        let keep = pool.alloc(256, 16)?; // the chunk stays: steady state
+        Ok((pool, keep))
+    };
+    let (cached, _keep_cached) = pool_with(PoolConfig::default().thread_cache)?;
+    let (uncached, _keep_uncached) = pool_with(0)?;
+    // One thread: both pools and the C library's pair side by side, so the ratios between them
+    // hold on a host whose cores run slower for a while.
+    ui::step(format!(
+        "alloc+free, 1 thread, both pools and {MALLOC_PAIR}"
+    ));
+    let [one_cached, one_uncached, one_malloc]: [Vec<f64>; 3] = measure_side_by_side(
+        &budget,
+        &mut [
+            Timed::new(|| {
+                drop(cached.alloc(256, 16)?);
+                Ok(())
+            }),
+            Timed::new(|| {
+                drop(uncached.alloc(256, 16)?);
+                Ok(())
+            }),
+            Timed::new(|| {
+                malloc_pair();
+                Ok(())
+            }),
+        ],
+    )?
+    .try_into()
+    .expect("three operations, three sample lists");
+    push(&mut report, rows::POOL_1_DEFAULT, 256, &one_cached);
+    push(&mut report, rows::POOL_1_NO_CACHE, 256, &one_uncached);
+    push(&mut report, MALLOC_PAIR, 256, &one_malloc);
+    for (name, pool, many) in [
+        (
+            "default PoolConfig",
+            &cached,
+            [(8, rows::POOL_8_DEFAULT), (16, rows::POOL_16_DEFAULT)],
+        ),
+        (
+            "thread_cache = 0 (opt-out)",
+            &uncached,
+            [(8, rows::POOL_8_NO_CACHE), (16, rows::POOL_16_NO_CACHE)],
+        ),
+    ] {
         // n threads pairing for `window`; per pair of the whole machine.
         for (threads, row) in many {
             ui::step(format!("alloc+free, {threads} threads, {name}"));
@@ -600,15 +626,9 @@ fn pool(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
             push(&mut report, row, 256, &ns);
         }
     }
-    // This CPU's scale: the same pair through the C library's allocator (its per-thread cache
-    // serves it with a few dozen instructions), so a pool figure that moved between two lent
-    // machines can be told apart from a machine whose cores are slower.
-    ui::step(MALLOC_PAIR);
-    let ns = measure(&budget, || {
-        malloc_pair();
-        Ok(())
-    })?;
-    push(&mut report, MALLOC_PAIR, 256, &ns);
+    // This CPU's scale on as many threads: the same pair through the C library's allocator
+    // (its per-thread cache serves it with a few dozen instructions), so a pool figure that
+    // moved between two lent machines can be told apart from a machine whose cores are slower.
     for (threads, row) in [(8, rows::MALLOC_PAIR_8), (16, rows::MALLOC_PAIR_16)] {
         ui::step(row);
         let ns = per_pair_on(threads, window, samples, || {
@@ -618,8 +638,9 @@ fn pool(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
         push(&mut report, row, 256, &ns);
     }
     report.notes.push(format!(
-        "pool over CUDA-imported chunks; one pool.alloc(256, 16) and its drop per pair; 8 and \
-             16 threads: each pairs for a window of {window:?} after a warm-up, window / all \
+        "pool over CUDA-imported chunks; one pool.alloc(256, 16) and its drop per pair; 1 thread: \
+             the default pool, the pool without the thread cache and malloc+free timed side by \
+             side (their samples in turn); 8 and 16 threads: each pairs for a window of {window:?} after a warm-up, window / all \
              their pairs (1-thread time / this = the throughput gain; 1e9 / this = pairs per \
              second of the whole machine)"
     ));

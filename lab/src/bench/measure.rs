@@ -1,5 +1,5 @@
 //! What every benchmark measures with: the GPU `--device` chose, opened ([`open_gpu`]); timing
-//! ([`Budget`], [`measure`], [`measure_pair`]), sample statistics ([`Stats`], [`percentile`]),
+//! ([`Budget`], [`measure`], [`measure_side_by_side`], [`measure_pair`]), sample statistics ([`Stats`], [`percentile`]),
 //! size ladders ([`ladder`]) and bandwidth ([`to_bandwidth`]).
 //!
 //! Timing: [`std::time::Instant`] around each sample after a warm-up. Operations shorter than
@@ -160,25 +160,50 @@ impl Budget {
 
 /// Times `f`: warm-up, then samples per [`Budget::plan`]. Returns nanoseconds per call, one value
 /// per sample (the mean over the sample's batch).
-pub fn measure(budget: &Budget, mut f: impl FnMut() -> BenchResult<()>) -> BenchResult<Vec<f64>> {
-    let start = Instant::now();
-    let mut calls = 0u32;
-    loop {
-        f()?;
-        calls += 1;
-        if start.elapsed() >= budget.warmup {
-            break;
-        }
+pub fn measure(budget: &Budget, f: impl FnMut() -> BenchResult<()>) -> BenchResult<Vec<f64>> {
+    let mut ns = measure_side_by_side(budget, &mut [Timed::new(f)])?;
+    Ok(ns.swap_remove(0))
+}
+
+/// One operation for [`measure_side_by_side`]: the operation and the loop that repeats it back to
+/// back for a sample's batch, compiled together (one indirect call per batch, none per call).
+pub struct Timed<'a>(Box<dyn FnMut(usize) -> BenchResult<()> + 'a>);
+
+impl<'a> Timed<'a> {
+    /// `f` as an operation to time.
+    pub fn new(mut f: impl FnMut() -> BenchResult<()> + 'a) -> Timed<'a> {
+        Timed(Box::new(move |calls| (0..calls).try_for_each(|_| f())))
     }
-    let est = start.elapsed().as_nanos() as f64 / f64::from(calls);
-    let (batch, n) = budget.plan(est);
-    let mut samples = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t = Instant::now();
-        for _ in 0..batch {
-            f()?;
+}
+
+/// Times several operations side by side: each is warmed up and planned by [`Budget::plan`] on
+/// its own, then their samples alternate, one of each in turn, as many as the operation planned
+/// the fewest. A host whose cores run slower for a while (a busy neighbour on a shared
+/// machine) then slows every operation alike, so their ratio holds where two measurements
+/// taken one after the other can differ by 1.5x (BENCHMARKS.md, 'Comparing with earlier
+/// runs'). Returns, per operation in order, nanoseconds per call, one value per sample.
+pub fn measure_side_by_side(budget: &Budget, ops: &mut [Timed<'_>]) -> BenchResult<Vec<Vec<f64>>> {
+    let mut plans = Vec::with_capacity(ops.len());
+    for op in ops.iter_mut() {
+        let start = Instant::now();
+        let mut calls = 0u32;
+        loop {
+            (op.0)(1)?;
+            calls += 1;
+            if start.elapsed() >= budget.warmup {
+                break;
+            }
         }
-        samples.push(t.elapsed().as_nanos() as f64 / batch as f64);
+        plans.push(budget.plan(start.elapsed().as_nanos() as f64 / f64::from(calls)));
+    }
+    let n = plans.iter().map(|&(_, n)| n).min().unwrap_or(0);
+    let mut samples = vec![Vec::with_capacity(n); ops.len()];
+    for _ in 0..n {
+        for ((op, &(batch, _)), out) in ops.iter_mut().zip(&plans).zip(&mut samples) {
+            let t = Instant::now();
+            (op.0)(batch)?;
+            out.push(t.elapsed().as_nanos() as f64 / batch as f64);
+        }
     }
     Ok(samples)
 }
@@ -322,6 +347,64 @@ mod tests {
         assert_eq!((a.len(), c.len(), opened, closed), (5, 5, 6, 6));
 
         let err = measure(&b, || Err(BenchError::Usage("boom".into())));
+        assert!(matches!(err, Err(BenchError::Usage(m)) if m == "boom"));
+    }
+
+    #[test]
+    fn side_by_side_samples_alternate_and_each_keeps_its_batch() {
+        // 1 µs samples: an operation of ~1 ns is batched, one that sleeps 50 µs is not.
+        let b = Budget {
+            warmup: Duration::from_millis(1),
+            target: Duration::from_millis(2),
+            min_samples: 3,
+            max_samples: 1000,
+            min_sample: Duration::from_micros(1),
+        };
+        let order = std::cell::RefCell::new(Vec::new());
+        let (mut quick, mut slow) = (0u64, 0u64);
+        let s = measure_side_by_side(
+            &b,
+            &mut [
+                Timed::new(|| {
+                    quick += 1;
+                    let mut o = order.borrow_mut();
+                    if o.last() != Some(&'q') {
+                        o.push('q');
+                    }
+                    Ok(())
+                }),
+                Timed::new(|| {
+                    slow += 1;
+                    order.borrow_mut().push('s');
+                    std::thread::sleep(Duration::from_micros(50));
+                    Ok(())
+                }),
+            ],
+        )
+        .unwrap();
+        // The slow one plans the fewest samples (2 ms over ≥ 50 µs: at most 40), both take as
+        // many, and they take turns after the two warm-ups.
+        let n = s[1].len();
+        assert!((3..=40).contains(&n), "{n} samples");
+        assert_eq!(s[0].len(), n);
+        assert!(s[1].iter().all(|&t| t >= 50_000.0), "{:?}", s[1]);
+        let order = order.into_inner();
+        let turns: String = order.iter().skip_while(|&&c| c == 'q').collect();
+        let after_warmup: String = turns.chars().skip_while(|&c| c == 's').collect();
+        assert_eq!(after_warmup, "qs".repeat(n), "samples in turn");
+        assert!(
+            quick > 2 * n as u64,
+            "the quick one is batched: {quick} calls"
+        );
+        assert_eq!(slow as usize, order.iter().filter(|&&c| c == 's').count());
+
+        let err = measure_side_by_side(
+            &b,
+            &mut [
+                Timed::new(|| Ok(())),
+                Timed::new(|| Err(BenchError::Usage("boom".into()))),
+            ],
+        );
         assert!(matches!(err, Err(BenchError::Usage(m)) if m == "boom"));
     }
 

@@ -70,9 +70,10 @@ const APIPERF_MACHINE_WORK: &[MachineWork] = &[
         made_of: &FREE_STEPS,
     },
     // Not a driver call: the C library's allocator doing the same pair at the same size in
-    // the same process, right after the pool's. The pool's pair is a few dozen nanoseconds of
-    // this CPU's work, and how fast a CPU of these machines runs it moves by up to 1.7x from
-    // one process to the next (BENCHMARKS.md, 'Comparing with earlier runs').
+    // the same process, timed side by side with the pool's (their samples in turn). The pool's
+    // pair is a few dozen nanoseconds of this CPU's work, and how fast a CPU of these machines
+    // runs it moves by up to 1.7x from one process to the next (BENCHMARKS.md, 'Comparing with
+    // earlier runs').
     MachineWork {
         row: apiperf::rows::POOL_PAIR,
         made_of: &[apiperf::rows::MALLOC_PAIR],
