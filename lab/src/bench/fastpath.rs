@@ -640,9 +640,9 @@ fn pool(gpu: &Gpu, opts: &Options) -> BenchResult<Report> {
     report.notes.push(format!(
         "pool over CUDA-imported chunks; one pool.alloc(256, 16) and its drop per pair; 1 thread: \
              the default pool, the pool without the thread cache and malloc+free timed side by \
-             side (their samples in turn); 8 and 16 threads: each pairs for a window of {window:?} after a warm-up, window / all \
-             their pairs (1-thread time / this = the throughput gain; 1e9 / this = pairs per \
-             second of the whole machine)"
+             side (their samples in turn); 8 and 16 threads: each pairs for a window of \
+             {window:?} after a warm-up, window / all their pairs (1-thread time / this = the \
+             throughput gain; 1e9 / this = pairs per second of the whole machine)"
     ));
     report.notes.push(format!(
         "{MALLOC_PAIR}: malloc(256) and free in the same loop, this CPU's scale (the machine's \
