@@ -57,9 +57,8 @@ pub struct PoolConfig {
     /// in turn on its first allocation). Default: available parallelism, at most
     /// [`DEFAULT_MAX_SHARDS`], so that threads that all allocate do not share a shard. A shard is
     /// made when a thread first allocates from it (a pool costs what its threads use, however
-    /// many shards it has), and each shard
-    /// a thread allocates from grows chunks of its own (`chunk_size` at first): set fewer shards
-    /// to bound what many allocating threads reserve. Without the thread cache, threads that
+    /// many shards it has), and each shard a thread allocates from grows chunks of its own
+    /// (`chunk_size` at first): set fewer shards to bound what many allocating threads reserve. Without the thread cache, threads that
     /// share a shard share its lock and its cache lines: several times slower per pair
     /// (BENCHMARKS.md, "The pool: a vCPU's neighbours, threads over a window, shards").
     pub shards: usize,
