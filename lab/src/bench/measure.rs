@@ -165,6 +165,24 @@ pub fn measure(budget: &Budget, f: impl FnMut() -> BenchResult<()>) -> BenchResu
     Ok(ns.swap_remove(0))
 }
 
+/// Warms `call` up for the budget's warm-up (at least two calls) and returns its estimated
+/// nanoseconds per call. The first call is left out of the estimate: it may pay a one-time cost
+/// (a pool's first chunk, a page fault) of thousands of calls, and a plan made from it would time
+/// each call alone, the timer's own nanoseconds included.
+fn estimate(budget: &Budget, mut call: impl FnMut() -> BenchResult<()>) -> BenchResult<f64> {
+    call()?;
+    let start = Instant::now();
+    let mut calls = 0u32;
+    loop {
+        call()?;
+        calls += 1;
+        if start.elapsed() >= budget.warmup {
+            break;
+        }
+    }
+    Ok(start.elapsed().as_nanos() as f64 / f64::from(calls))
+}
+
 /// One operation for [`measure_side_by_side`]: the operation and the loop that repeats it back to
 /// back for a sample's batch, compiled together (one indirect call per batch, none per call).
 pub struct Timed<'a>(Box<dyn FnMut(usize) -> BenchResult<()> + 'a>);
@@ -186,20 +204,7 @@ impl<'a> Timed<'a> {
 pub fn measure_side_by_side(budget: &Budget, ops: &mut [Timed<'_>]) -> BenchResult<Vec<Vec<f64>>> {
     let mut plans = Vec::with_capacity(ops.len());
     for op in ops.iter_mut() {
-        // The first call is left out of the estimate: it may pay a one-time cost (a pool's
-        // first chunk, a page fault) of thousands of calls, and a plan made from it would time
-        // each call alone, the timer's own nanoseconds included.
-        (op.0)(1)?;
-        let start = Instant::now();
-        let mut calls = 0u32;
-        loop {
-            (op.0)(1)?;
-            calls += 1;
-            if start.elapsed() >= budget.warmup {
-                break;
-            }
-        }
-        plans.push(budget.plan(start.elapsed().as_nanos() as f64 / f64::from(calls)));
+        plans.push(budget.plan(estimate(budget, || (op.0)(1))?));
     }
     let n = plans.iter().map(|&(_, n)| n).min().unwrap_or(0);
     let mut samples = vec![Vec::with_capacity(n); ops.len()];
@@ -214,23 +219,17 @@ pub fn measure_side_by_side(budget: &Budget, ops: &mut [Timed<'_>]) -> BenchResu
 }
 
 /// Times a setup/teardown pair that cannot be batched (allocation and free): `open` returns a
-/// value, `close` consumes it; both are timed separately, one sample per pair. Returns
-/// `(open_ns, close_ns)`.
+/// value, `close` consumes it; both are timed separately, one sample per pair, after the
+/// warm-up that [`measure`] makes. Returns `(open_ns, close_ns)`.
 pub fn measure_pair<T>(
     budget: &Budget,
     mut open: impl FnMut() -> BenchResult<T>,
     mut close: impl FnMut(T),
 ) -> BenchResult<(Vec<f64>, Vec<f64>)> {
-    let start = Instant::now();
-    let mut calls = 0u32;
-    loop {
+    let est = estimate(budget, || {
         close(open()?);
-        calls += 1;
-        if start.elapsed() >= budget.warmup {
-            break;
-        }
-    }
-    let est = start.elapsed().as_nanos() as f64 / f64::from(calls);
+        Ok(())
+    })?;
     // No batching: each pair is one sample of each.
     let n = Budget {
         min_sample: Duration::ZERO,
@@ -346,6 +345,21 @@ mod tests {
             s.iter().all(|&t| t < 1e6),
             "a sample holds the slow call: {s:?}"
         );
+        // A pair that cannot be batched plans its sample count by the same rule.
+        let mut opened = 0u64;
+        let (a, _) = measure_pair(
+            &b,
+            || {
+                opened += 1;
+                if opened == 1 {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Ok(())
+            },
+            drop,
+        )
+        .unwrap();
+        assert_eq!(a.len(), 100, "the pair planned from its first call");
     }
 
     #[test]
@@ -378,7 +392,8 @@ mod tests {
             |_| closed += 1,
         )
         .unwrap();
-        assert_eq!((a.len(), c.len(), opened, closed), (5, 5, 6, 6));
+        // The same two warm-up pairs.
+        assert_eq!((a.len(), c.len(), opened, closed), (5, 5, 7, 7));
 
         let err = measure(&b, || Err(BenchError::Usage("boom".into())));
         assert!(matches!(err, Err(BenchError::Usage(m)) if m == "boom"));
