@@ -54,6 +54,7 @@ pub use mapping::gpu::{AllocationReport, Gpu, OpenOptions};
 pub use mapping::memory::RawMemory;
 pub use mapping::release::{ReleaseTimes, SlowRelease};
 pub use mapping::retained::{Retained, RetainedItem, RetainedKind};
+pub use mapping::spare::SpareLimits;
 pub use mapping::Mapping;
 #[cfg(feature = "gpu-alloc")]
 pub use pool::GpuAllocStrategy;

@@ -246,6 +246,12 @@ fn allocations_in_the_current_context() {
     std::thread::spawn(move || drop(mem)).join().unwrap();
 }
 
+/// The size of the Vulkan heap the handle's BAR allocations come from.
+fn bar_heap(gpu: &Gpu) -> u64 {
+    let vulkan = gpu.vulkan();
+    vulkan.device_info().heap_size(vulkan.memory_type())
+}
+
 /// The spare mappings a handle holds now: (count, bytes).
 fn spares(gpu: &Gpu) -> (u64, u64) {
     let item = gpu.retained();
@@ -283,8 +289,10 @@ fn a_freed_mapping_comes_back_for_its_own_size_only_and_never_once_exported() {
     drop(other);
     settle(&gpu);
     assert_eq!(spares(&gpu), (1, 4 << 20), "only the unexported one kept");
-    // Above 32 MiB nothing is kept.
-    drop(gpu.alloc(64 << 20).unwrap());
+    // Above the handle's limit nothing is kept.
+    let limits = gpu.spare_limits();
+    assert_eq!(limits, vkgdr::SpareLimits::for_heap(bar_heap(&gpu)));
+    drop(gpu.alloc(limits.each + 4096).unwrap());
     settle(&gpu);
     assert_eq!(spares(&gpu), (1, 4 << 20));
     assert!(gpu.trim() >= 1);

@@ -321,9 +321,10 @@ pub unsafe extern "C" fn vkgdr_get_release_times(
 }
 
 /// Gives back to the driver what `g` keeps for later allocations: the empty shared granule small
-/// allocations (up to 1 MiB) are carved from, and the mappings of freed allocations of up to
-/// 32 MiB (64 MiB in all) kept for the next allocation of the same size, which then takes no
-/// driver call. Memory whose release still waits for GPU work is not reached: call
+/// allocations (up to 1 MiB) are carved from, and the mappings of larger freed allocations kept
+/// for the next allocation of the same size, which then takes no driver call (each up to 1/1024
+/// of the device's BAR heap, 32–256 MiB: 64 MiB on an H100, 128 MiB on an H200; two of those in
+/// all). Memory whose release still waits for GPU work is not reached: call
 /// `vkgdr_wait_for_releases` first to count free VRAM exactly.
 ///
 /// - `released`: NULL, or where to store the number of granules and mappings released.

@@ -377,7 +377,18 @@ fn print_cuda(machine: &Machine, only: &[i32]) {
             vulkan::format_uuid(&d.uuid)
         );
         match machine.vulkan_twin(d) {
-            Some(v) => say!("      matches Vulkan device [{}] {}", v.index, v.name),
+            Some(v) => {
+                say!("      matches Vulkan device [{}] {}", v.index, v.name);
+                if let Ok(t) = v.choose_memory_type(Default::default()) {
+                    let spares = vkgdr::SpareLimits::for_heap(v.heap_size(t));
+                    say!(
+                        "      freed raw allocations of up to {} MiB keep their mapping for the \
+                         next of their size ({} MiB in all; OpenOptions::spare_limits)",
+                        spares.each >> 20,
+                        spares.total >> 20
+                    );
+                }
+            }
             None => say!("      no Vulkan device with this UUID: vkgdr cannot open it"),
         }
         let yes = |b: bool| if b { "yes" } else { "no" };

@@ -106,10 +106,18 @@ impl Vkgdr {
     }
 
     /// Gives back what this handle keeps for later allocations: the empty shared granule small
-    /// raw allocations are carved from, and the mappings freed allocations of up to 32 MiB left
-    /// for the next allocation of their size (64 MiB in all). Returns how many it gave back.
+    /// raw allocations are carved from, and the mappings freed allocations left for the next
+    /// allocation of their size (within `spare_limits`). Returns how many it gave back.
     fn trim(&self, py: Python<'_>) -> usize {
         py.detach(|| self.gpu.trim())
+    }
+
+    /// The largest mapping of a freed allocation kept for the next one of its size, and the
+    /// bytes kept in all (`vkgdr::SpareLimits`).
+    #[getter]
+    fn spare_limits(&self) -> (u64, u64) {
+        let limits = self.gpu.spare_limits();
+        (limits.each, limits.total)
     }
 
     /// The device in words, for the Python object's `repr`.

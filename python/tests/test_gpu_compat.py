@@ -254,6 +254,7 @@ def test_derived_classes_with_their_own_init_work_as_the_base(cupy, flags) -> No
     del view, big
     gc.collect()
     assert g.wait_for_releases(10)
+    g.trim()  # its mapping is kept for the next 64 MiB allocation where the limit allows
     freed = cupy.cuda.runtime.memGetInfo()[0]
     assert freed - held >= size // 2, f"the memory went back with its view: {held} -> {freed}"
 
@@ -483,6 +484,7 @@ def test_a_gpuarray_over_pycuda_memory_runs_kernels_and_keeps_it(cuda, real_pycu
             del d, mem
             gc.collect()
             assert g.wait_for_releases(10)
+            g.trim()  # its mapping is kept for the next allocation of its size
             freed = drv.mem_get_info()[0]
             assert freed - held >= n // 2, f"not back with the GPUArray gone: {held} -> {freed}"
             del double_bytes, module  # unloaded while its context lives
@@ -630,6 +632,7 @@ def test_a_numpy_view_keeps_freed_memory_until_it_is_gone(cupy) -> None:
     del view, mem
     gc.collect()
     assert g.wait_for_releases(10)
+    g.trim()  # its mapping is kept for the next 64 MiB allocation where the limit allows
     freed = cupy.cuda.runtime.memGetInfo()[0]
     assert freed - held >= size // 2, f"the memory went back with its view: {held} -> {freed}"
 
@@ -652,6 +655,35 @@ def test_a_cupy_array_keeps_freed_memory_and_kernels_on_it_work(cupy) -> None:
     del d, typed, mem
     gc.collect()
     assert g.wait_for_releases(10)
+
+
+def test_a_freed_allocation_keeps_its_mapping_for_its_size_up_to_the_limit(cupy) -> None:
+    """A freed ``RawMemory`` of up to ``spare_limits[0]`` bytes leaves its mapping (and its
+    VRAM) for the next allocation of its size, which takes the same device pointer; one past the
+    limit goes back to the driver; ``trim()`` gives the kept ones back to free VRAM."""
+    g = vkgdr.Vkgdr.open_current_context()
+    each, total = g.spare_limits
+    assert each >= 32 << 20 and each & (each - 1) == 0 and total == 2 * each, (each, total)
+    assert g.wait_for_releases(10)
+    g.trim()
+
+    def free() -> int:
+        return int(cupy.cuda.runtime.memGetInfo()[0])
+
+    start = free()
+    mem = vkgdr.RawMemory(g, each)
+    at = mem.device_ptr
+    mem.free()
+    assert g.wait_for_releases(10)
+    assert start - free() >= each // 2, "its VRAM went back instead of being kept"
+    again = vkgdr.RawMemory(g, each)
+    assert again.device_ptr == at, "the kept mapping was not taken"
+    again.free()
+    past = vkgdr.RawMemory(g, each + 4096)
+    past.free()
+    assert g.wait_for_releases(10)
+    assert g.trim() == 1, "only the allocation within the limit is kept"
+    assert abs(free() - start) < each // 2, f"VRAM not back after trim: {start} -> {free()}"
 
 
 def test_free_without_views_is_at_once_every_way(cupy) -> None:

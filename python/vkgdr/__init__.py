@@ -21,7 +21,7 @@ device pointer kernels use. Host writes are seen by kernels launched after them 
 
 import enum
 import os
-from typing import Any, Dict, NoReturn, Optional, Type, TypeVar, Union
+from typing import Any, Dict, NoReturn, Optional, Tuple, Type, TypeVar, Union
 
 from . import _vkgdr
 from ._vkgdr import (
@@ -254,9 +254,21 @@ class Vkgdr:
         return self._handle().wait_for_releases(timeout)
 
     def trim(self) -> int:
-        """Gives back to the driver what the handle keeps for later small raw allocations (the
-        empty shared granule they are carved from); returns how many granules went back."""
+        """Gives back to the driver what the handle keeps for later raw allocations: the empty
+        shared granule small ones are carved from, and the mappings larger freed ones left for
+        the next allocation of their size (``spare_limits``); returns how many went back. Free
+        VRAM counts them again afterwards (``wait_for_releases`` first, for frees whose release
+        still waits for GPU work)."""
         return self._handle().trim()
+
+    @property
+    def spare_limits(self) -> Tuple[int, int]:
+        """``(each, total)``: a freed ``RawMemory`` of up to ``each`` bytes (rounded up to 4 KiB)
+        leaves its mapping for the next allocation of its size, which then calls no driver,
+        ``total`` bytes in all; as CuPy's memory pool and PyTorch's caching allocator keep freed
+        blocks. By default ``each`` is 1/1024 of the device's BAR heap, 32–256 MiB (64 MiB on an
+        H100, 128 MiB on an H200), and ``total`` twice that. ``trim()`` gives them back."""
+        return self._handle().spare_limits
 
     def __repr__(self) -> str:
         cls = type(self)

@@ -29,7 +29,7 @@ pub use crate::mapping::pinned::read_staging::{
     STAGED_READ_THRESHOLD, STAGING_BUFFERS, STAGING_BUFFER_BYTES,
 };
 use crate::mapping::release::ReleaseKey;
-use crate::mapping::spare::{Kept, SPARE_MAX};
+use crate::mapping::spare::Kept;
 use crate::mapping::vmm::MappedMemory;
 use crate::mapping::Mapping;
 
@@ -78,10 +78,11 @@ const _: () = assert_send_sync::<RawMemory>();
 /// Where a raw allocation's bytes live.
 enum Backing {
     /// A device mapping of its own that a later allocation of the same size may take over once
-    /// this one is released (`Gpu::alloc` requests above `CARVE_MAX`, up to `SPARE_MAX`).
+    /// this one is released (`Gpu::alloc` requests above `CARVE_MAX`, up to the `Gpu`'s
+    /// `SpareLimits::each`).
     Kept(Kept),
-    /// A device mapping of its own, given back to the driver when released (requests above
-    /// `SPARE_MAX`, and those never carved nor kept: [`Gpu::alloc_shareable`], a pool's chunks).
+    /// A device mapping of its own, given back to the driver when released (larger requests,
+    /// and those never carved nor kept: [`Gpu::alloc_shareable`], a pool's chunks).
     Mapped(MappedMemory),
     /// A piece of a shared granule (requests up to `CARVE_MAX`).
     Carved(Piece),
@@ -116,8 +117,9 @@ impl std::fmt::Debug for RawMemory {
 impl Gpu {
     /// Allocates `size` bytes (rounded up to 4 KiB) of BAR-mapped memory: a Vulkan export, a CUDA
     /// import, a host mapping. Costs hundreds of µs; use a [`Pool`](crate::Pool) for many small
-    /// buffers. Up to 1 MiB is carved out of a shared granule (microseconds), and up to 32 MiB
-    /// takes the mapping a free of the same size left, where one is kept (see [`Gpu::trim`]).
+    /// buffers. Up to 1 MiB is carved out of a shared granule (microseconds), and a larger one
+    /// takes the mapping a free of the same size left, where one is kept (up to
+    /// [`Gpu::spare_limits`]' `each`, 32–256 MiB by the device; see [`Gpu::trim`]).
     /// The contents are unspecified, except that the first 16 bytes are zero: writing them warms
     /// the write path, so the first write of the caller is as fast as later ones.
     pub fn alloc(&self, size: u64) -> Result<RawMemory> {
@@ -230,7 +232,7 @@ impl RawMemory {
             Some(_) if carve && alloc_size <= CARVE_MAX => {
                 Ok(Backing::Carved(gpu.carver()?.alloc(alloc_size)?))
             }
-            Some(vmm) if carve && alloc_size <= SPARE_MAX => {
+            Some(vmm) if carve && gpu.spares().may_keep(alloc_size) => {
                 let spares = gpu.spares();
                 let memory = match spares.take(alloc_size) {
                     Some(m) => m,

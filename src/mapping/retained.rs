@@ -68,8 +68,8 @@ pub mod names {
     pub const RAW_ALLOCATIONS: &str = "raw allocations";
     /// Shared granules small raw allocations are carved from (one empty one is kept).
     pub const CARVED_GRANULES: &str = "carved granules";
-    /// Mappings of freed raw allocations of up to 32 MiB, kept for the next allocation of their
-    /// size (64 MiB at most in all; [`crate::Gpu::trim`] gives them back).
+    /// Mappings of freed raw allocations, kept for the next allocation of their size (within
+    /// [`crate::Gpu::spare_limits`]; [`crate::Gpu::trim`] gives them back).
     pub const SPARE_MAPPINGS: &str = "spare mappings";
     /// Pinned host memory holding the release fences' completion words.
     pub const COMPLETION_WORDS: &str = "completion words";

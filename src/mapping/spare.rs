@@ -2,11 +2,11 @@
 //!
 //! A raw allocation above [`CARVE_MAX`](super::carve::CARVE_MAX) maps memory of its own: a
 //! Vulkan allocation, its export and CUDA import, an address range, the map and the access, and
-//! as many steps back when it is freed — hundreds of µs in all. A program that allocates and
-//! frees buffers of one size in a loop (vkgdr 0.1's users do, from Python) pays them every time.
-//! So a [`Gpu`](crate::Gpu) keeps the mappings of its last such frees, at most [`SPARE_MAX`]
-//! bytes each and [`SPARE_BYTES`] in all (the oldest go first), and hands one to the next
-//! allocation of exactly its size.
+//! as many steps back when it is freed — hundreds of µs in all, milliseconds from tens of MiB. A
+//! program that allocates and frees buffers of one size in a loop (vkgdr 0.1's users do, from
+//! Python) pays them every time. So a [`Gpu`](crate::Gpu) keeps the mappings of its last such
+//! frees, within its [`SpareLimits`] (the oldest go first), and hands one to the next allocation
+//! of exactly its size.
 //!
 //! A mapping comes here only when its release drops it, that is after its release fence passed,
 //! so the GPU work queued before the free is done before the bytes are handed out again (as for
@@ -25,32 +25,89 @@ use std::sync::Arc;
 use crate::core::sync::lock::Mutex;
 use crate::mapping::vmm::MappedMemory;
 
-/// The largest mapping kept (bytes asked for, rounded to 4 KiB): frame-sized buffers of tens of
-/// MiB that a loop allocates and frees take no driver call (a 16 MiB mapping of its own costs
-/// about a millisecond to make and free; figures: BENCHMARKS.md, 'The link, tail latency, the
-/// pool and Python on 2 × H200').
-pub const SPARE_MAX: u64 = 32 << 20;
-/// The most bytes kept in all: device and BAR memory a process holds beyond what it uses, given
-/// back by [`Gpu::trim`](crate::Gpu::trim) and to an allocation that runs out of memory.
-pub const SPARE_BYTES: u64 = 64 << 20;
+/// How much of the mappings freed raw allocations leave a [`Gpu`](crate::Gpu) keeps for the next
+/// allocation of their size: the largest mapping kept and the bytes kept in all. Chosen when the
+/// handle opens ([`OpenOptions::spare_limits`](crate::OpenOptions::spare_limits)); by default
+/// [`SpareLimits::for_heap`] of the device's BAR heap.
+///
+/// ```
+/// use vkgdr::SpareLimits;
+/// const MIB: u64 = 1 << 20;
+/// // An H200's BAR heap (140.4 GiB): frames of up to 128 MiB are kept, 256 MiB in all.
+/// let h200 = SpareLimits::for_heap(140 << 30);
+/// assert_eq!((h200.each, h200.total), (128 * MIB, 256 * MIB));
+/// // A small heap keeps the least default: 32 MiB each, 64 MiB in all.
+/// assert_eq!(SpareLimits::for_heap(256 * MIB), SpareLimits::LEAST);
+/// // None at all: every free above 1 MiB goes back to the driver.
+/// let options = vkgdr::OpenOptions::new().spare_limits(SpareLimits::NONE);
+/// # let _ = options;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpareLimits {
+    /// The largest mapping kept, in bytes asked for rounded up to 4 KiB.
+    pub each: u64,
+    /// The most bytes kept in all: device and BAR memory the process holds beyond what it uses,
+    /// given back by [`Gpu::trim`](crate::Gpu::trim) and to an allocation that runs out of
+    /// memory.
+    pub total: u64,
+}
+
+impl SpareLimits {
+    /// Nothing kept.
+    pub const NONE: SpareLimits = SpareLimits { each: 0, total: 0 };
+    /// The least default, that of a device whose BAR heap is under 64 GiB: 32 MiB each
+    /// (a 16 MiB mapping of its own costs about a millisecond to make and free; figures:
+    /// BENCHMARKS.md, 'The link, tail latency, the pool and Python on 2 × H200'), 64 MiB in all.
+    pub const LEAST: SpareLimits = SpareLimits {
+        each: 32 << 20,
+        total: 64 << 20,
+    };
+    /// The largest mapping the default keeps, whatever the heap.
+    pub const MOST_EACH: u64 = 256 << 20;
+
+    /// The default for a device whose BAR heap (the Vulkan heap BAR allocations come from) holds
+    /// `heap` bytes: mappings of up to 1/1024 of the heap, rounded down to a power of two, between
+    /// [`LEAST`](Self::LEAST)'s 32 MiB and [`MOST_EACH`](Self::MOST_EACH); two of them in all
+    /// (1/512 of the heap at most). Frame buffers scale with the device: an H100's 80 GB keep
+    /// 64 MiB frames, an H200's 141 GB 128 MiB ones.
+    pub fn for_heap(heap: u64) -> SpareLimits {
+        let scaled = match heap / 1024 {
+            0 => 0,
+            n => 1 << n.ilog2(),
+        };
+        let each = scaled.clamp(Self::LEAST.each, Self::MOST_EACH);
+        SpareLimits {
+            each,
+            total: 2 * each,
+        }
+    }
+}
 
 /// The spare values and the rule for keeping them: pure, so that it is tested without a GPU.
 /// `T` is a mapping in the library ([`MappedMemory`](super::vmm::MappedMemory)).
 pub(crate) struct Spares<T> {
     /// `(size, value)`, oldest first.
     kept: Mutex<VecDeque<(u64, T)>>,
-    max_one: u64,
-    max_total: u64,
+    limits: SpareLimits,
 }
 
 impl<T> Spares<T> {
-    /// Keeps values of at most `max_one` bytes, `max_total` bytes in all.
-    pub(crate) fn new(max_one: u64, max_total: u64) -> Spares<T> {
+    /// Keeps values within `limits`.
+    pub(crate) fn new(limits: SpareLimits) -> Spares<T> {
         Spares {
             kept: Mutex::new(VecDeque::new()),
-            max_one,
-            max_total,
+            limits,
         }
+    }
+
+    /// What is kept at most.
+    pub(crate) fn limits(&self) -> SpareLimits {
+        self.limits
+    }
+
+    /// Whether a value of `size` bytes would be kept when given (as long as it fits the total).
+    pub(crate) fn may_keep(&self, size: u64) -> bool {
+        size <= self.limits.each && size <= self.limits.total
     }
 
     /// The newest value kept for exactly `size` bytes.
@@ -65,13 +122,13 @@ impl<T> Spares<T> {
     /// the caller to drop outside the lock.
     #[must_use = "the values not kept are to be dropped by the caller, outside the lock"]
     pub(crate) fn give(&self, size: u64, value: T) -> Vec<T> {
-        if size > self.max_one || size > self.max_total {
+        if !self.may_keep(size) {
             return vec![value];
         }
         let mut kept = self.kept.lock();
         let mut total: u64 = kept.iter().map(|&(s, _)| s).sum::<u64>() + size;
         let mut out = Vec::new();
-        while total > self.max_total {
+        while total > self.limits.total {
             let Some((s, v)) = kept.pop_front() else {
                 break;
             };
@@ -151,13 +208,47 @@ impl Drop for Kept {
 
 #[cfg(test)]
 mod tests {
-    use super::Spares;
+    use super::{SpareLimits, Spares};
 
     const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+
+    fn limits(each: u64, total: u64) -> SpareLimits {
+        SpareLimits { each, total }
+    }
+
+    #[test]
+    fn the_default_scales_with_the_heap_within_its_bounds() {
+        let each = |heap| SpareLimits::for_heap(heap).each;
+        // 1/1024 of the heap, rounded down to a power of two.
+        assert_eq!(each(140 * GIB + 400 * MIB), 128 * MIB, "H200");
+        assert_eq!(each(79 * GIB + 600 * MIB), 64 * MIB, "H100 80GB");
+        assert_eq!(each(64 * GIB), 64 * MIB);
+        assert_eq!(each(64 * GIB - 4096), 32 * MIB);
+        // Within 32 MiB and 256 MiB, whatever the heap.
+        assert_eq!(each(256 * MIB), 32 * MIB);
+        assert_eq!(each(0), 32 * MIB);
+        assert_eq!(each(1 << 40), 256 * MIB);
+        assert_eq!(each(u64::MAX), 256 * MIB);
+        for heap in [0, 1, 300 * MIB, 33 * GIB, 100 * GIB, 1 << 50, u64::MAX] {
+            let l = SpareLimits::for_heap(heap);
+            assert_eq!(l.total, 2 * l.each, "two of the largest in all ({heap})");
+            assert!(l.each.is_power_of_two(), "{heap}");
+        }
+        assert_eq!(SpareLimits::for_heap(0), SpareLimits::LEAST);
+    }
+
+    #[test]
+    fn no_limits_keep_nothing() {
+        let spares = Spares::new(SpareLimits::NONE);
+        assert!(!spares.may_keep(4096));
+        assert_eq!(spares.give(4096, "x"), vec!["x"]);
+        assert!(spares.is_empty());
+    }
 
     #[test]
     fn a_value_is_taken_back_only_for_its_own_size_newest_first() {
-        let spares = Spares::new(8 * MIB, 16 * MIB);
+        let spares = Spares::new(limits(8 * MIB, 16 * MIB));
         assert!(spares.give(2 * MIB, "a").is_empty());
         assert!(spares.give(4 * MIB, "b").is_empty());
         assert!(spares.give(2 * MIB, "c").is_empty());
@@ -171,17 +262,19 @@ mod tests {
 
     #[test]
     fn too_large_a_value_is_handed_back_at_once() {
-        let spares = Spares::new(8 * MIB, 16 * MIB);
+        let spares = Spares::new(limits(8 * MIB, 16 * MIB));
+        assert!(spares.may_keep(8 * MIB) && !spares.may_keep(8 * MIB + 4096));
         assert_eq!(spares.give(8 * MIB + 4096, "big"), vec!["big"]);
         assert!(spares.is_empty());
         // A limit on the total below the limit on one value still holds.
-        let small = Spares::new(8 * MIB, 4 * MIB);
+        let small = Spares::new(limits(8 * MIB, 4 * MIB));
+        assert!(!small.may_keep(6 * MIB));
         assert_eq!(small.give(6 * MIB, "x"), vec!["x"]);
     }
 
     #[test]
     fn the_oldest_go_once_the_total_would_pass_the_limit() {
-        let spares = Spares::new(8 * MIB, 16 * MIB);
+        let spares = Spares::new(limits(8 * MIB, 16 * MIB));
         for (i, v) in ["a", "b", "c", "d"].into_iter().enumerate() {
             assert!(spares.give(4 * MIB, v).is_empty(), "value {i}");
         }

@@ -138,6 +138,13 @@ impl PhysicalDeviceInfo {
         })
     }
 
+    /// The size of the heap `memory_type` allocates from (0 for a type of another device).
+    pub fn heap_size(&self, memory_type: &MemoryTypeInfo) -> u64 {
+        self.memory_heaps
+            .get(memory_type.heap as usize)
+            .map_or(0, |h| h.size)
+    }
+
     /// The memory type pinned host buffers use: `HOST_VISIBLE | HOST_COHERENT` system memory,
     /// preferring a type outside device-local heaps and `HOST_CACHED` (CPU reads of what the
     /// GPU wrote run at memory speed). `None` where the device has no coherent host-visible type.

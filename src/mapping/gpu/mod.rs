@@ -22,7 +22,7 @@ use crate::mapping::release::{
     ReleaseTimes,
 };
 use crate::mapping::retained::{names, Retained, RetainedItem, RetainedKind};
-use crate::mapping::spare::{Spares, SPARE_BYTES, SPARE_MAX};
+use crate::mapping::spare::{SpareLimits, Spares};
 use crate::mapping::vmm::{MappedMemory, VmmDevice};
 
 /// How long a handle that ran out of memory making its completion words waits before it tries
@@ -34,6 +34,7 @@ const FENCE_WORDS_RETRY: std::time::Duration = std::time::Duration::from_millis(
 pub struct OpenOptions {
     memory: MemoryOptions,
     external_memory_import: bool,
+    spare_limits: Option<SpareLimits>,
 }
 
 impl OpenOptions {
@@ -60,6 +61,14 @@ impl OpenOptions {
     /// that path.
     pub fn external_memory_import(mut self, yes: bool) -> Self {
         self.external_memory_import = yes;
+        self
+    }
+
+    /// How much of the mappings freed raw allocations leave the handle keeps for the next
+    /// allocation of their size ([`SpareLimits`]); by default [`SpareLimits::for_heap`] of the
+    /// device's BAR heap. [`SpareLimits::NONE`] gives every such free back to the driver at once.
+    pub fn spare_limits(mut self, limits: SpareLimits) -> Self {
+        self.spare_limits = Some(limits);
         self
     }
 
@@ -312,6 +321,9 @@ impl Gpu {
                 e => e,
             },
         )?;
+        let spare_limits = options.spare_limits.unwrap_or_else(|| {
+            SpareLimits::for_heap(vulkan.device_info().heap_size(vulkan.memory_type()))
+        });
         let cell = OnceLock::new();
         if let Some(c) = context {
             let _ = cell.set(SendSyncPtr::new(c));
@@ -341,7 +353,7 @@ impl Gpu {
                 event_fences: EventFenceCount::default(),
                 releases: ReleaseAccount::default(),
                 carver: Mutex::new(None),
-                spares: Arc::new(Spares::new(SPARE_MAX, SPARE_BYTES)),
+                spares: Arc::new(Spares::new(spare_limits)),
                 copy_stream: OnceLock::new(),
             }),
         })
@@ -533,10 +545,25 @@ impl Gpu {
         &self.inner.spares
     }
 
+    /// How much of the mappings freed raw allocations leave this handle keeps for the next
+    /// allocation of their size: the largest and the bytes in all ([`SpareLimits`], set by
+    /// [`OpenOptions::spare_limits`]).
+    ///
+    /// ```no_run
+    /// # fn main() -> vkgdr::Result<()> {
+    /// let gpu = vkgdr::Gpu::open(0)?;
+    /// let limits = gpu.spare_limits();
+    /// println!("frees of up to {} MiB are kept, {} MiB in all", limits.each >> 20, limits.total >> 20);
+    /// # Ok(()) }
+    /// ```
+    pub fn spare_limits(&self) -> SpareLimits {
+        self.inner.spares.limits()
+    }
+
     /// Gives back to the driver what this handle keeps for later allocations: the empty shared
-    /// granule small raw allocations are carved from, and the mappings freed raw allocations of up
-    /// to 32 MiB left for the next allocation of their size (at most 64 MiB in all). Returns how
-    /// many granules and mappings it released.
+    /// granule small raw allocations are carved from, and the mappings freed raw allocations left
+    /// for the next allocation of their size (within [`Gpu::spare_limits`]). Returns how many
+    /// granules and mappings it released.
     ///
     /// ```no_run
     /// # fn main() -> vkgdr::Result<()> {
