@@ -345,6 +345,9 @@ static void releases_follow_their_stream(vkgdr_t g, persistent *k, CUstream own)
     CHECK(stats.bytes_in_use == 0 && stats.dedicated_chunks == 0,
           "the blocks are back in the pool: %llu bytes, %llu dedicated chunks",
           (unsigned long long)stats.bytes_in_use, (unsigned long long)stats.dedicated_chunks);
+    /* The 64 MiB's mapping may be kept for the next allocation of its size (the handle's spare
+     * limits scale with the device): trimming gives it back to the driver. */
+    CHECK(vkgdr_trim(g, NULL) == VKGDR_SUCCESS, "vkgdr_trim");
     CHECK(free_vram() >= held + 60 * MIB, "the 64 MiB and the dedicated chunk went back "
           "(free VRAM %zu MiB, %zu MiB before)", free_vram() / MIB, held / MIB);
 
