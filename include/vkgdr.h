@@ -9,7 +9,8 @@
  * (vkgdr_block_release_on_device), frees that never wait for a running kernel
  * (vkgdr_memory_free_after, vkgdr_memory_free_now, vkgdr_block_free_after,
  * vkgdr_ring_watch_consumer, vkgdr_wait_for_releases, vkgdr_get_release_times), what a handle
- * keeps for later allocations given back (vkgdr_trim), and sharing memory, pool blocks and ring
+ * keeps for later allocations given back (vkgdr_trim) and limited (vkgdr_get_spare_limits,
+ * vkgdr_set_spare_limits), and sharing memory, pool blocks and ring
  * lanes with other processes over a Unix socket: the owner's side (vkgdr_share_*) and the side
  * that attaches (vkgdr_peer_*, vkgdr_attached_*, vkgdr_shared_block_*), which needs no CUDA.
  *
@@ -1322,9 +1323,10 @@ VKGDR_API int vkgdr_get_release_times(vkgdr_t g, struct vkgdr_release_times *tim
 
 /**
  * Gives back to the driver what `g` keeps for later allocations: the empty shared granule small
- * allocations (up to 1 MiB) are carved from, and the mappings of freed allocations of up to
- * 32 MiB (64 MiB in all) kept for the next allocation of the same size, which then takes no
- * driver call. Memory whose release still waits for GPU work is not reached: call
+ * allocations (up to 1 MiB) are carved from, and the mappings of larger freed allocations kept
+ * for the next allocation of the same size, which then takes no driver call (each up to 1/1024
+ * of the device's BAR heap, 32–256 MiB: 64 MiB on an H100, 128 MiB on an H200; two of those in
+ * all). Memory whose release still waits for GPU work is not reached: call
  * `vkgdr_wait_for_releases` first to count free VRAM exactly.
  *
  * - `released`: NULL, or where to store the number of granules and mappings released.
@@ -1339,6 +1341,46 @@ VKGDR_API int vkgdr_get_release_times(vkgdr_t g, struct vkgdr_release_times *tim
  * - No thread closes `g` during the call.
  */
 VKGDR_API int vkgdr_trim(vkgdr_t g, size_t *released);
+
+/**
+ * How much `g` keeps of the mappings freed allocations leave for the next allocation of their
+ * size (see `vkgdr_trim`): the largest freed allocation whose mapping is kept (bytes, the size
+ * asked for rounded up to 4 KiB), and the bytes kept in all. By default 1/1024 of the device's
+ * BAR heap, rounded down to a power of two, between 32 and 256 MiB (64 MiB on an H100, 128 MiB
+ * on an H200), and twice that in all.
+ *
+ * - `each`, `total`: NULL, or where to store the limits; 0 and 0 for a `vkgdr_open_vulkan`
+ *   handle, which keeps nothing.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle); nothing is written on error.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * - `each` and `total` are NULL or writable.
+ * - No thread closes `g` during the call.
+ */
+VKGDR_API int vkgdr_get_spare_limits(vkgdr_t g, uint64_t *each, uint64_t *total);
+
+/**
+ * Keeps the mappings freed allocations of `g` leave within new limits from now on: a freed
+ * allocation of up to `each` bytes (rounded up to 4 KiB) keeps its mapping for the next
+ * allocation of its size, `total` bytes in all. Those kept beyond the new limits (larger than
+ * `each`, then the oldest until the total fits) go back to the driver during the call. 0 for
+ * either keeps none: every free gives its memory back, as in vkgdr 0.1.
+ *
+ * - `released`: NULL, or where to store how many kept mappings went back.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, or one of `vkgdr_open_vulkan`,
+ * which keeps nothing).
+ *
+ * Thread safety: any thread, concurrently with allocations.
+ *
+ * # Safety
+ * - `released` is NULL or writable.
+ * - No thread closes `g` during the call.
+ */
+VKGDR_API int vkgdr_set_spare_limits(vkgdr_t g, uint64_t each, uint64_t total, size_t *released);
 
 /**
  * Gives `ring`'s lanes to `pool` as its release feed: the records of `vkgdr_release_token`

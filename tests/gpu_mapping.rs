@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use vkgdr::cuda_objects::Module;
-use vkgdr::{Error, Gpu, Mapping, OpenOptions};
+use vkgdr::{Error, Gpu, Mapping, OpenOptions, SpareLimits};
 
 fn words(size: u64, seed: u32) -> Vec<u32> {
     (0..size / 4).map(|i| pattern(i, seed)).collect()
@@ -300,4 +300,37 @@ fn a_freed_mapping_comes_back_for_its_own_size_only_and_never_once_exported() {
     let mut fresh = gpu.alloc(4 << 20).unwrap();
     fresh.write(0, b"still works").unwrap();
     assert_eq!(fresh.read_vec(0, 11).unwrap(), b"still works");
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn new_spare_limits_give_back_what_they_no_longer_hold() {
+    const MIB: u64 = 1 << 20;
+    let limits = |each, total| SpareLimits { each, total };
+    let none = Gpu::open_with(0, OpenOptions::new().spare_limits(SpareLimits::NONE)).unwrap();
+    assert_eq!(none.spare_limits(), SpareLimits::NONE);
+    drop(none.alloc(4 * MIB).unwrap());
+    settle(&none);
+    assert_eq!(spares(&none), (0, 0), "no limits keep nothing");
+
+    let gpu = open(false);
+    settle(&gpu);
+    gpu.trim();
+    assert_eq!(gpu.set_spare_limits(limits(8 * MIB, 16 * MIB)), 0);
+    drop(gpu.alloc(4 * MIB).unwrap());
+    drop(gpu.alloc(8 * MIB).unwrap());
+    drop(gpu.alloc(8 * MIB + 4096).unwrap());
+    settle(&gpu);
+    assert_eq!(spares(&gpu), (2, 12 * MIB), "the two within the limits");
+    // Larger than a spare may now be goes back at once; the rest stays and is taken.
+    assert_eq!(gpu.set_spare_limits(limits(6 * MIB, 16 * MIB)), 1);
+    assert_eq!(spares(&gpu), (1, 4 * MIB));
+    let mut again = gpu.alloc(4 * MIB).unwrap();
+    assert_eq!(spares(&gpu), (0, 0), "the kept mapping was taken");
+    again.write(0, b"kept").unwrap();
+    assert_eq!(again.read_vec(0, 4).unwrap(), b"kept");
+    drop(again);
+    settle(&gpu);
+    assert_eq!(gpu.set_spare_limits(SpareLimits::NONE), 1);
+    assert_eq!(spares(&gpu), (0, 0));
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ::vkgdr::compat;
 use ::vkgdr::vulkan::{DeviceSelector, VulkanContext};
-use ::vkgdr::{Gpu, ReleaseTimes, SlowRelease};
+use ::vkgdr::{Gpu, ReleaseTimes, SlowRelease, SpareLimits};
 
 use crate::error::{clear_last_error, guard, CResult, Failure};
 use crate::handles::{HandleTable, Tag};
@@ -345,6 +345,79 @@ pub unsafe extern "C" fn vkgdr_trim(g: vkgdr_t, released: *mut usize) -> c_int {
             Device::Cuda(gpu) => gpu.trim(),
             Device::Vulkan(_) => 0,
         };
+        if !released.is_null() {
+            // SAFETY: writable (caller).
+            unsafe { released.write(n) };
+        }
+        Ok(VKGDR_SUCCESS)
+    })
+}
+
+/// How much `g` keeps of the mappings freed allocations leave for the next allocation of their
+/// size (see `vkgdr_trim`): the largest freed allocation whose mapping is kept (bytes, the size
+/// asked for rounded up to 4 KiB), and the bytes kept in all. By default 1/1024 of the device's
+/// BAR heap, rounded down to a power of two, between 32 and 256 MiB (64 MiB on an H100, 128 MiB
+/// on an H200), and twice that in all.
+///
+/// - `each`, `total`: NULL, or where to store the limits; 0 and 0 for a `vkgdr_open_vulkan`
+///   handle, which keeps nothing.
+///
+/// Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle); nothing is written on error.
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// - `each` and `total` are NULL or writable.
+/// - No thread closes `g` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_get_spare_limits(
+    g: vkgdr_t,
+    each: *mut u64,
+    total: *mut u64,
+) -> c_int {
+    guard("vkgdr_get_spare_limits", VKGDR_ERROR, || {
+        // SAFETY: the caller does not close `g` during the call.
+        let limits = match unsafe { device(g) }? {
+            Device::Cuda(gpu) => gpu.spare_limits(),
+            Device::Vulkan(_) => SpareLimits::NONE,
+        };
+        for (out, value) in [(each, limits.each), (total, limits.total)] {
+            if !out.is_null() {
+                // SAFETY: writable (caller).
+                unsafe { out.write(value) };
+            }
+        }
+        Ok(VKGDR_SUCCESS)
+    })
+}
+
+/// Keeps the mappings freed allocations of `g` leave within new limits from now on: a freed
+/// allocation of up to `each` bytes (rounded up to 4 KiB) keeps its mapping for the next
+/// allocation of its size, `total` bytes in all. Those kept beyond the new limits (larger than
+/// `each`, then the oldest until the total fits) go back to the driver during the call. 0 for
+/// either keeps none: every free gives its memory back, as in vkgdr 0.1.
+///
+/// - `released`: NULL, or where to store how many kept mappings went back.
+///
+/// Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle, or one of `vkgdr_open_vulkan`,
+/// which keeps nothing).
+///
+/// Thread safety: any thread, concurrently with allocations.
+///
+/// # Safety
+/// - `released` is NULL or writable.
+/// - No thread closes `g` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_set_spare_limits(
+    g: vkgdr_t,
+    each: u64,
+    total: u64,
+    released: *mut usize,
+) -> c_int {
+    guard("vkgdr_set_spare_limits", VKGDR_ERROR, || {
+        // SAFETY: the caller does not close `g` during the call.
+        let gpu = unsafe { device(g) }?.gpu()?;
+        let n = gpu.set_spare_limits(SpareLimits { each, total });
         if !released.is_null() {
             // SAFETY: writable (caller).
             unsafe { released.write(n) };

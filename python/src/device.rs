@@ -120,6 +120,15 @@ impl Vkgdr {
         (limits.each, limits.total)
     }
 
+    /// Keeps those mappings within new limits from now on; returns how many kept beyond them
+    /// went back to the driver.
+    fn set_spare_limits(&self, py: Python<'_>, each: u64, total: u64) -> usize {
+        py.detach(|| {
+            self.gpu
+                .set_spare_limits(vkgdr::SpareLimits { each, total })
+        })
+    }
+
     /// The device in words, for the Python object's `repr`.
     fn describe(&self) -> String {
         format!(

@@ -686,6 +686,34 @@ def test_a_freed_allocation_keeps_its_mapping_for_its_size_up_to_the_limit(cupy)
     assert abs(free() - start) < each // 2, f"VRAM not back after trim: {start} -> {free()}"
 
 
+def test_spare_limits_can_be_changed_and_none_keeps_nothing(cupy) -> None:
+    """``set_spare_limits`` gives back at once what the new limits no longer hold, and
+    ``(0, 0)`` makes every free give its memory back, as vkgdr 0.1's do."""
+    g = vkgdr.Vkgdr.open_current_context()
+    default = g.spare_limits
+    assert g.wait_for_releases(10)
+    g.trim()
+    try:
+        assert g.set_spare_limits(8 << 20, 16 << 20) == 0
+        assert g.spare_limits == (8 << 20, 16 << 20)
+        for size in (4 << 20, 8 << 20, 8 << 20):  # the second 8 MiB takes the first's mapping
+            vkgdr.RawMemory(g, size).free()
+            assert g.wait_for_releases(10)
+        assert g.set_spare_limits(6 << 20, 16 << 20) == 1, "the 8 MiB mapping goes back"
+        assert g.set_spare_limits(0, 0) == 1, "and then the 4 MiB one"
+        held = cupy.cuda.runtime.memGetInfo()[0]
+        vkgdr.RawMemory(g, 4 << 20).free()
+        assert g.wait_for_releases(10)
+        assert g.trim() == 0, "a free keeps nothing with no limits"
+        assert cupy.cuda.runtime.memGetInfo()[0] >= held - (1 << 20)
+        with pytest.raises(OverflowError):
+            g.set_spare_limits(-1, 0)
+        assert g.spare_limits == (0, 0), "a refused call changes nothing"
+    finally:
+        g.set_spare_limits(*default)
+    assert g.spare_limits == default
+
+
 def test_free_without_views_is_at_once_every_way(cupy) -> None:
     g = vkgdr.Vkgdr.open_current_context()
     stream = cupy.cuda.Stream(non_blocking=True)

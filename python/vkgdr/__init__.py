@@ -267,8 +267,16 @@ class Vkgdr:
         leaves its mapping for the next allocation of its size, which then calls no driver,
         ``total`` bytes in all; as CuPy's memory pool and PyTorch's caching allocator keep freed
         blocks. By default ``each`` is 1/1024 of the device's BAR heap, 32–256 MiB (64 MiB on an
-        H100, 128 MiB on an H200), and ``total`` twice that. ``trim()`` gives them back."""
+        H100, 128 MiB on an H200), and ``total`` twice that. ``trim()`` gives them back;
+        ``set_spare_limits`` changes them."""
         return self._handle().spare_limits
+
+    def set_spare_limits(self, each: int, total: int) -> int:
+        """Keeps the mappings freed ``RawMemory`` leave within new limits from now on: up to
+        ``each`` bytes each, ``total`` in all (0 keeps none: every free gives its memory back
+        to the driver, as in vkgdr 0.1). Those kept beyond the new limits go back to the driver
+        now; returns how many. A negative limit raises ``OverflowError``."""
+        return self._handle().set_spare_limits(each, total)
 
     def __repr__(self) -> str:
         cls = type(self)

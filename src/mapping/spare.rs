@@ -27,8 +27,9 @@ use crate::mapping::vmm::MappedMemory;
 
 /// How much of the mappings freed raw allocations leave a [`Gpu`](crate::Gpu) keeps for the next
 /// allocation of their size: the largest mapping kept and the bytes kept in all. Chosen when the
-/// handle opens ([`OpenOptions::spare_limits`](crate::OpenOptions::spare_limits)); by default
-/// [`SpareLimits::for_heap`] of the device's BAR heap.
+/// handle opens ([`OpenOptions::spare_limits`](crate::OpenOptions::spare_limits)), by default
+/// [`SpareLimits::for_heap`] of the device's BAR heap, and changed at any time with
+/// [`Gpu::set_spare_limits`](crate::Gpu::set_spare_limits).
 ///
 /// ```
 /// use vkgdr::SpareLimits;
@@ -86,35 +87,82 @@ impl SpareLimits {
 /// The spare values and the rule for keeping them: pure, so that it is tested without a GPU.
 /// `T` is a mapping in the library ([`MappedMemory`](super::vmm::MappedMemory)).
 pub(crate) struct Spares<T> {
+    state: Mutex<State<T>>,
+}
+
+/// What the lock of a [`Spares`] guards: the values and the limits they are kept within.
+struct State<T> {
     /// `(size, value)`, oldest first.
-    kept: Mutex<VecDeque<(u64, T)>>,
+    kept: VecDeque<(u64, T)>,
     limits: SpareLimits,
+}
+
+impl<T> State<T> {
+    fn may_keep(&self, size: u64) -> bool {
+        size <= self.limits.each && size <= self.limits.total
+    }
+
+    /// Takes out the oldest values until the total with `adding` more bytes is within the limit,
+    /// and every value larger than a spare may be.
+    fn evict(&mut self, adding: u64) -> Vec<T> {
+        let mut out = Vec::new();
+        let each = self.limits.each;
+        let mut i = 0;
+        while i < self.kept.len() {
+            if self.kept[i].0 > each {
+                out.extend(self.kept.remove(i).map(|(_, v)| v));
+            } else {
+                i += 1;
+            }
+        }
+        let mut total: u64 = self.kept.iter().map(|&(s, _)| s).sum::<u64>() + adding;
+        while total > self.limits.total {
+            let Some((s, v)) = self.kept.pop_front() else {
+                break;
+            };
+            total -= s;
+            out.push(v);
+        }
+        out
+    }
 }
 
 impl<T> Spares<T> {
     /// Keeps values within `limits`.
     pub(crate) fn new(limits: SpareLimits) -> Spares<T> {
         Spares {
-            kept: Mutex::new(VecDeque::new()),
-            limits,
+            state: Mutex::new(State {
+                kept: VecDeque::new(),
+                limits,
+            }),
         }
     }
 
     /// What is kept at most.
     pub(crate) fn limits(&self) -> SpareLimits {
-        self.limits
+        self.state.lock().limits
     }
 
-    /// Whether a value of `size` bytes would be kept when given (as long as it fits the total).
+    /// Keeps values within `limits` from now on. Returns those kept beyond them (larger than a
+    /// spare may now be, then the oldest until the total is within the limit), for the caller to
+    /// drop outside the lock.
+    #[must_use = "the values not kept are to be dropped by the caller, outside the lock"]
+    pub(crate) fn set_limits(&self, limits: SpareLimits) -> Vec<T> {
+        let mut state = self.state.lock();
+        state.limits = limits;
+        state.evict(0)
+    }
+
+    /// Whether a value of `size` bytes would be kept if given now.
     pub(crate) fn may_keep(&self, size: u64) -> bool {
-        size <= self.limits.each && size <= self.limits.total
+        self.state.lock().may_keep(size)
     }
 
     /// The newest value kept for exactly `size` bytes.
     pub(crate) fn take(&self, size: u64) -> Option<T> {
-        let mut kept = self.kept.lock();
-        let i = kept.iter().rposition(|&(s, _)| s == size)?;
-        kept.remove(i).map(|(_, v)| v)
+        let mut state = self.state.lock();
+        let i = state.kept.iter().rposition(|&(s, _)| s == size)?;
+        state.kept.remove(i).map(|(_, v)| v)
     }
 
     /// Offers `value` of `size` bytes. Returns what is not kept (the value itself where it is
@@ -122,38 +170,33 @@ impl<T> Spares<T> {
     /// the caller to drop outside the lock.
     #[must_use = "the values not kept are to be dropped by the caller, outside the lock"]
     pub(crate) fn give(&self, size: u64, value: T) -> Vec<T> {
-        if !self.may_keep(size) {
+        let mut state = self.state.lock();
+        if !state.may_keep(size) {
             return vec![value];
         }
-        let mut kept = self.kept.lock();
-        let mut total: u64 = kept.iter().map(|&(s, _)| s).sum::<u64>() + size;
-        let mut out = Vec::new();
-        while total > self.limits.total {
-            let Some((s, v)) = kept.pop_front() else {
-                break;
-            };
-            total -= s;
-            out.push(v);
-        }
-        kept.push_back((size, value));
+        let out = state.evict(size);
+        state.kept.push_back((size, value));
         out
     }
 
     /// Every value kept, for the caller to drop outside the lock.
     #[must_use = "the values are to be dropped by the caller, outside the lock"]
     pub(crate) fn drain(&self) -> Vec<T> {
-        self.kept.lock().drain(..).map(|(_, v)| v).collect()
+        self.state.lock().kept.drain(..).map(|(_, v)| v).collect()
     }
 
     /// How many values are kept and their bytes.
     pub(crate) fn held(&self) -> (u64, u64) {
-        let kept = self.kept.lock();
-        (kept.len() as u64, kept.iter().map(|&(s, _)| s).sum())
+        let state = self.state.lock();
+        (
+            state.kept.len() as u64,
+            state.kept.iter().map(|&(s, _)| s).sum(),
+        )
     }
 
     /// Whether none is kept.
     pub(crate) fn is_empty(&self) -> bool {
-        self.kept.lock().is_empty()
+        self.state.lock().kept.is_empty()
     }
 }
 
@@ -208,6 +251,8 @@ impl Drop for Kept {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::{SpareLimits, Spares};
 
     const MIB: u64 = 1 << 20;
@@ -270,6 +315,72 @@ mod tests {
         let small = Spares::new(limits(8 * MIB, 4 * MIB));
         assert!(!small.may_keep(6 * MIB));
         assert_eq!(small.give(6 * MIB, "x"), vec!["x"]);
+    }
+
+    #[test]
+    fn new_limits_give_back_what_is_kept_beyond_them() {
+        let spares = Spares::new(limits(8 * MIB, 16 * MIB));
+        for (size, v) in [(2, "a"), (8, "b"), (2, "c"), (4, "d")] {
+            assert!(spares.give(size * MIB, v).is_empty(), "{v}");
+        }
+        // Larger than a spare may now be first, then the oldest until the total fits.
+        assert_eq!(spares.set_limits(limits(4 * MIB, 6 * MIB)), vec!["b", "a"]);
+        assert_eq!(spares.held(), (2, 6 * MIB));
+        assert_eq!(spares.limits(), limits(4 * MIB, 6 * MIB));
+        assert_eq!(spares.give(8 * MIB, "e"), vec!["e"], "past the new limit");
+        assert_eq!(spares.set_limits(SpareLimits::NONE), vec!["c", "d"]);
+        assert!(spares.is_empty());
+        // Raised again, values are kept again.
+        assert!(spares.set_limits(limits(8 * MIB, 16 * MIB)).is_empty());
+        assert!(spares.give(8 * MIB, "f").is_empty());
+        assert_eq!(spares.take(8 * MIB), Some("f"));
+    }
+
+    proptest! {
+        /// Whatever is given, taken and limited, in any order: what is kept stays within the
+        /// limits of the moment, a value comes back only for its own size and only once, and
+        /// every value given is kept, handed back or taken, never lost nor duplicated.
+        #[test]
+        fn kept_values_stay_within_the_limits_and_none_is_lost(
+            ops in proptest::collection::vec((0u8..4, 1u64..12, 0u64..40), 1..200),
+        ) {
+            let spares = Spares::new(limits(8 * MIB, 16 * MIB));
+            let mut next = 0u64;
+            let mut given = Vec::new();
+            let mut back = Vec::new();
+            let mut sizes = std::collections::HashMap::new();
+            for (op, a, b) in ops {
+                match op {
+                    0 | 1 => {
+                        let size = a * MIB;
+                        next += 1;
+                        given.push(next);
+                        sizes.insert(next, size);
+                        back.extend(spares.give(size, next));
+                    }
+                    2 => {
+                        if let Some(v) = spares.take(a * MIB) {
+                            prop_assert_eq!(sizes[&v], a * MIB);
+                            back.push(v);
+                        }
+                    }
+                    _ => back.extend(spares.set_limits(limits(a * MIB, b * MIB))),
+                }
+                let l = spares.limits();
+                let (count, bytes) = spares.held();
+                prop_assert!(bytes <= l.total, "{} kept past {}", bytes, l.total);
+                let kept = spares.drain();
+                prop_assert_eq!(kept.len() as u64, count);
+                prop_assert!(kept.iter().all(|v| sizes[v] <= l.each));
+                for v in kept {
+                    // Given back in order: the drain leaves it as it was.
+                    prop_assert!(spares.give(sizes[&v], v).is_empty());
+                }
+            }
+            back.extend(spares.drain());
+            back.sort_unstable();
+            prop_assert_eq!(back, given);
+        }
     }
 
     #[test]

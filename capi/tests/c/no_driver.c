@@ -187,6 +187,18 @@ static void stream_ordered_frees(void)
     CHECK(last_error_contains("invalid vkgdr_t handle"), "named");
     CHECK(vkgdr_trim(NULL, NULL) == VKGDR_ERROR, "trim of NULL");
     CHECK(last_error_contains("vkgdr_trim: the vkgdr_t handle is NULL"), "named");
+    {
+        uint64_t each = 7, total = 7;
+        CHECK(vkgdr_get_spare_limits(NULL, &each, &total) == VKGDR_ERROR && each == 7 &&
+                  total == 7,
+              "spare limits of NULL, nothing written");
+        CHECK(last_error_contains("vkgdr_get_spare_limits: the vkgdr_t handle is NULL"), "named");
+        CHECK(vkgdr_get_spare_limits((vkgdr_t)pool, NULL, NULL) == VKGDR_ERROR,
+              "spare limits of a made-up handle");
+        CHECK(last_error_contains("vkgdr_get_spare_limits: invalid vkgdr_t handle"), "named");
+        CHECK(vkgdr_set_spare_limits(NULL, 0, 0, NULL) == VKGDR_ERROR, "set on NULL");
+        CHECK(last_error_contains("vkgdr_set_spare_limits: the vkgdr_t handle is NULL"), "named");
+    }
 
     /* The struct is checked first, then the handle; nothing is written on error. */
     memset(&times, 0xAB, sizeof times);

@@ -116,11 +116,20 @@ static void run(int vulkan_device, uint32_t flags)
           "nothing waits for GPU work on a Vulkan-only handle");
     {
         size_t released = 99;
+        uint64_t each = 1, total = 1;
         CHECK(vkgdr_trim(g, &released) == VKGDR_SUCCESS && released == 0,
               "a Vulkan-only handle keeps nothing to trim: %zu", released);
+        CHECK(vkgdr_get_spare_limits(g, &each, &total) == VKGDR_SUCCESS && each == 0 &&
+                  total == 0,
+              "a Vulkan-only handle keeps no spare mappings: %llu, %llu",
+              (unsigned long long)each, (unsigned long long)total);
+        CHECK(last_error_contains("vkgdr_ring_create: this vkgdr_t has no CUDA device"),
+              "still the ring's error: success leaves it");
+        CHECK(vkgdr_set_spare_limits(g, 1 << 20, 2 << 20, &released) == VKGDR_ERROR,
+              "no limits to set on a Vulkan-only handle");
+        CHECK(last_error_contains("vkgdr_set_spare_limits: this vkgdr_t has no CUDA device"),
+              "explains");
     }
-    CHECK(last_error_contains("vkgdr_ring_create: this vkgdr_t has no CUDA device"),
-          "still the ring's error: success leaves it");
     CHECK(vkgdr_d2h_ring_create(g, 1, 64, 64, 100) == NULL, "device -> host rings need CUDA");
     CHECK(last_error_contains("vkgdr_d2h_ring_create: this vkgdr_t has no CUDA device"),
           "explains");

@@ -5,7 +5,8 @@
  * invalidate, compare. For no flags, REQUIRE_COHERENT and FORCE_NON_COHERENT, on the primary
  * context (what the CUDA runtime uses) and on a context from cuCtxCreate (what PyCUDA makes), plus
  * a handle opened on the CUdevice allocating into the current cuCtxCreate context. Also: memory
- * freed by another thread with no context current, and the bounds-checked write/read.
+ * freed by another thread with no context current, the bounds-checked write/read, and the limits
+ * of the mappings freed allocations keep for the next of their size.
  *
  * Errors: device -1 (CUDA_ERROR_INVALID_DEVICE), CURRENT_CONTEXT with none current
  * (CUDA_ERROR_INVALID_CONTEXT), 10^15 bytes (VK_ERROR_OUT_OF_DEVICE_MEMORY), allocating with no
@@ -104,6 +105,51 @@ static void *free_elsewhere(void *mem)
     return none == NULL && no_last_error() ? mem : NULL;
 }
 
+#define MIB ((uint64_t)1 << 20)
+
+/* The default limits scale with the device (a power of two of at least 32 MiB, twice that in
+ * all); a freed allocation within the limits leaves its mapping for the next of its size (the same
+ * device pointer), one past them does not, and lowered limits give back what they no longer
+ * hold. The handle's own limits are put back at the end. */
+static void spare_limits(vkgdr_t g)
+{
+    uint64_t each = 0, total = 0, got_each = 0, got_total = 0;
+    size_t n = 99;
+    vkgdr_memory_t a, past;
+    CUdeviceptr at;
+
+    CHECK(vkgdr_get_spare_limits(g, &each, &total) == VKGDR_SUCCESS, "vkgdr_get_spare_limits");
+    CHECK(each >= 32 * MIB && (each & (each - 1)) == 0 && total == 2 * each,
+          "the default limits: %llu each, %llu in all", (unsigned long long)each,
+          (unsigned long long)total);
+    CHECK(vkgdr_wait_for_releases(g, 10000000000ll) == 0 && vkgdr_trim(g, NULL) == VKGDR_SUCCESS,
+          "nothing kept at the start");
+    CHECK(vkgdr_set_spare_limits(g, 8 * MIB, 16 * MIB, &n) == VKGDR_SUCCESS && n == 0,
+          "vkgdr_set_spare_limits: %zu given back", n);
+    CHECK(vkgdr_get_spare_limits(g, &got_each, NULL) == VKGDR_SUCCESS &&
+              vkgdr_get_spare_limits(g, NULL, &got_total) == VKGDR_SUCCESS &&
+              got_each == 8 * MIB && got_total == 16 * MIB,
+          "read back: %llu, %llu", (unsigned long long)got_each, (unsigned long long)got_total);
+    a = vkgdr_memory_alloc(g, 8 * MIB, 0);
+    past = vkgdr_memory_alloc(g, 8 * MIB + 4096, 0);
+    CHECK(a != NULL && past != NULL, "allocations at and past the limit");
+    at = vkgdr_memory_get_device_ptr(a);
+    vkgdr_memory_free(a);
+    vkgdr_memory_free(past);
+    CHECK(vkgdr_wait_for_releases(g, 10000000000ll) == 0, "released");
+    a = vkgdr_memory_alloc(g, 8 * MIB, 0);
+    CHECK(a != NULL && vkgdr_memory_get_device_ptr(a) == at,
+          "the next allocation of its size takes the kept mapping");
+    vkgdr_memory_free(a);
+    CHECK(vkgdr_wait_for_releases(g, 10000000000ll) == 0, "released again");
+    CHECK(vkgdr_set_spare_limits(g, 4 * MIB, 16 * MIB, &n) == VKGDR_SUCCESS && n == 1,
+          "a lower limit gives the 8 MiB mapping back, and only it: %zu", n);
+    n = 99;
+    CHECK(vkgdr_trim(g, &n) == VKGDR_SUCCESS && n == 0,
+          "the one past the limit was never kept: %zu left to trim", n);
+    CHECK(vkgdr_set_spare_limits(g, each, total, NULL) == VKGDR_SUCCESS, "limits put back");
+}
+
 int main(int argc, char **argv)
 {
     CUdevice dev;
@@ -153,6 +199,7 @@ int main(int argc, char **argv)
     pthread_create(&t, NULL, free_elsewhere, mem);
     pthread_join(t, &freed);
     CHECK(freed == mem, "free from another thread");
+    spare_limits(g);
     vkgdr_close(g);
     CU_OK(cuCtxSetCurrent(NULL));
 

@@ -560,6 +560,24 @@ impl Gpu {
         self.inner.spares.limits()
     }
 
+    /// Keeps the mappings freed raw allocations leave within `limits` from now on, for this
+    /// handle and its clones: those kept beyond them (larger than `limits.each`, then the oldest
+    /// until the total is within `limits.total`) go back to the driver now, and returns how many.
+    /// [`SpareLimits::NONE`] keeps none; a larger limit keeps larger frames. An allocation made
+    /// while the limit was lower maps memory that goes back to the driver when freed.
+    ///
+    /// ```no_run
+    /// # fn main() -> vkgdr::Result<()> {
+    /// let gpu = vkgdr::Gpu::open(0)?;
+    /// // Frames of 512 MiB allocated and freed in a loop: keep two.
+    /// gpu.set_spare_limits(vkgdr::SpareLimits { each: 512 << 20, total: 1 << 30 });
+    /// # Ok(()) }
+    /// ```
+    pub fn set_spare_limits(&self, limits: SpareLimits) -> usize {
+        let out = self.inner.spares.set_limits(limits);
+        out.len()
+    }
+
     /// Gives back to the driver what this handle keeps for later allocations: the empty shared
     /// granule small raw allocations are carved from, and the mappings freed raw allocations left
     /// for the next allocation of their size (within [`Gpu::spare_limits`]). Returns how many
