@@ -291,7 +291,7 @@ fn a_freed_mapping_comes_back_for_its_own_size_only_and_never_once_exported() {
     assert_eq!(spares(&gpu), (1, 4 << 20), "only the unexported one kept");
     // Above the handle's limit nothing is kept.
     let limits = gpu.spare_limits();
-    assert_eq!(limits, vkgdr::SpareLimits::for_heap(bar_heap(&gpu)));
+    assert_eq!(limits, SpareLimits::for_heap(bar_heap(&gpu)));
     drop(gpu.alloc(limits.each + 4096).unwrap());
     settle(&gpu);
     assert_eq!(spares(&gpu), (1, 4 << 20));

@@ -263,12 +263,12 @@ class Vkgdr:
 
     @property
     def spare_limits(self) -> Tuple[int, int]:
-        """``(each, total)``: a freed ``RawMemory`` of up to ``each`` bytes (rounded up to 4 KiB)
-        leaves its mapping for the next allocation of its size, which then calls no driver,
-        ``total`` bytes in all; as CuPy's memory pool and PyTorch's caching allocator keep freed
-        blocks. By default ``each`` is 1/1024 of the device's BAR heap, 32–256 MiB (64 MiB on an
-        H100, 128 MiB on an H200), and ``total`` twice that. ``trim()`` gives them back;
-        ``set_spare_limits`` changes them."""
+        """``(each, total)``: a freed ``RawMemory`` above 1 MiB and of up to ``each`` bytes
+        (rounded up to 4 KiB) leaves its mapping for the next allocation of its size, which then
+        calls no driver, ``total`` bytes in all; as CuPy's memory pool and PyTorch's caching
+        allocator keep freed blocks. By default ``each`` is 1/1024 of the device's BAR heap,
+        32–256 MiB (64 MiB on an H100, 128 MiB on an H200), and ``total`` twice that. ``trim()``
+        gives them back; ``set_spare_limits`` changes them."""
         return self._handle().spare_limits
 
     def set_spare_limits(self, each: int, total: int) -> int:

@@ -547,13 +547,13 @@ impl Gpu {
 
     /// How much of the mappings freed raw allocations leave this handle keeps for the next
     /// allocation of their size: the largest and the bytes in all ([`SpareLimits`], set by
-    /// [`OpenOptions::spare_limits`]).
+    /// [`OpenOptions::spare_limits`] and [`Gpu::set_spare_limits`]).
     ///
     /// ```no_run
     /// # fn main() -> vkgdr::Result<()> {
     /// let gpu = vkgdr::Gpu::open(0)?;
-    /// let limits = gpu.spare_limits();
-    /// println!("frees of up to {} MiB are kept, {} MiB in all", limits.each >> 20, limits.total >> 20);
+    /// let vkgdr::SpareLimits { each, total } = gpu.spare_limits();
+    /// println!("frees of up to {} MiB are kept, {} MiB in all", each >> 20, total >> 20);
     /// # Ok(()) }
     /// ```
     pub fn spare_limits(&self) -> SpareLimits {
