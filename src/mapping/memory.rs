@@ -29,7 +29,7 @@ pub use crate::mapping::pinned::read_staging::{
     STAGED_READ_THRESHOLD, STAGING_BUFFERS, STAGING_BUFFER_BYTES,
 };
 use crate::mapping::release::ReleaseKey;
-use crate::mapping::spare::Kept;
+use crate::mapping::spare::{Kept, Reuse};
 use crate::mapping::vmm::MappedMemory;
 use crate::mapping::Mapping;
 
@@ -232,19 +232,20 @@ impl RawMemory {
             Some(_) if carve && alloc_size <= CARVE_MAX => {
                 Ok(Backing::Carved(gpu.carver()?.alloc(alloc_size)?))
             }
-            Some(vmm) if carve && gpu.spares().may_keep(alloc_size) => {
+            Some(vmm) => {
                 let spares = gpu.spares();
-                let memory = match spares.take(alloc_size) {
-                    Some(m) => m,
-                    None => MappedMemory::bar(vmm, gpu.vulkan(), alloc_size)?,
+                let reuse = if carve {
+                    spares.take(alloc_size)
+                } else {
+                    Reuse::PastLimits
                 };
-                Ok(Backing::Kept(Kept::new(memory, alloc_size, spares.clone())))
+                let map = || MappedMemory::bar(vmm, gpu.vulkan(), alloc_size);
+                Ok(match reuse {
+                    Reuse::Taken(m) => Backing::Kept(Kept::new(m, alloc_size, spares.clone())),
+                    Reuse::Keepable => Backing::Kept(Kept::new(map()?, alloc_size, spares.clone())),
+                    Reuse::PastLimits => Backing::Mapped(map()?),
+                })
             }
-            Some(vmm) => Ok(Backing::Mapped(MappedMemory::bar(
-                vmm,
-                gpu.vulkan(),
-                alloc_size,
-            )?)),
             None => Imported::new(gpu, alloc_size, context).map(Backing::Imported),
         }
     }

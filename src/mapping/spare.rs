@@ -90,6 +90,17 @@ pub(crate) struct Spares<T> {
     state: Mutex<State<T>>,
 }
 
+/// What [`Spares::take`] gives an allocation.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Reuse<T> {
+    /// The newest value kept for exactly its size.
+    Taken(T),
+    /// None kept for its size; a value of its size is kept when given.
+    Keepable,
+    /// Its size is past the limits: a value of its size is never kept.
+    PastLimits,
+}
+
 /// What the lock of a [`Spares`] guards: the values and the limits they are kept within.
 struct State<T> {
     /// `(size, value)`, oldest first.
@@ -153,16 +164,20 @@ impl<T> Spares<T> {
         state.evict(0)
     }
 
-    /// Whether a value of `size` bytes would be kept if given now.
-    pub(crate) fn may_keep(&self, size: u64) -> bool {
-        self.state.lock().may_keep(size)
-    }
-
-    /// The newest value kept for exactly `size` bytes.
-    pub(crate) fn take(&self, size: u64) -> Option<T> {
+    /// What an allocation of `size` bytes gets, decided and taken under one lock: the newest
+    /// value kept for exactly its size, or whether a value of its size would be kept.
+    pub(crate) fn take(&self, size: u64) -> Reuse<T> {
         let mut state = self.state.lock();
-        let i = state.kept.iter().rposition(|&(s, _)| s == size)?;
-        state.kept.remove(i).map(|(_, v)| v)
+        if !state.may_keep(size) {
+            return Reuse::PastLimits;
+        }
+        match state.kept.iter().rposition(|&(s, _)| s == size) {
+            Some(i) => state
+                .kept
+                .remove(i)
+                .map_or(Reuse::Keepable, |(_, v)| Reuse::Taken(v)),
+            None => Reuse::Keepable,
+        }
     }
 
     /// Offers `value` of `size` bytes. Returns what is not kept (the value itself where it is
@@ -253,7 +268,7 @@ impl Drop for Kept {
 mod tests {
     use proptest::prelude::*;
 
-    use super::{SpareLimits, Spares};
+    use super::{Reuse, SpareLimits, Spares};
 
     const MIB: u64 = 1 << 20;
     const GIB: u64 = 1 << 30;
@@ -286,7 +301,7 @@ mod tests {
     #[test]
     fn no_limits_keep_nothing() {
         let spares = Spares::new(SpareLimits::NONE);
-        assert!(!spares.may_keep(4096));
+        assert_eq!(spares.take(4096), Reuse::PastLimits);
         assert_eq!(spares.give(4096, "x"), vec!["x"]);
         assert!(spares.is_empty());
     }
@@ -298,22 +313,23 @@ mod tests {
         assert!(spares.give(4 * MIB, "b").is_empty());
         assert!(spares.give(2 * MIB, "c").is_empty());
         assert_eq!(spares.held(), (3, 8 * MIB));
-        assert_eq!(spares.take(3 * MIB), None);
-        assert_eq!(spares.take(2 * MIB), Some("c"));
-        assert_eq!(spares.take(2 * MIB), Some("a"));
-        assert_eq!(spares.take(2 * MIB), None);
+        assert_eq!(spares.take(3 * MIB), Reuse::Keepable);
+        assert_eq!(spares.take(2 * MIB), Reuse::Taken("c"));
+        assert_eq!(spares.take(2 * MIB), Reuse::Taken("a"));
+        assert_eq!(spares.take(2 * MIB), Reuse::Keepable);
         assert_eq!(spares.held(), (1, 4 * MIB));
     }
 
     #[test]
     fn too_large_a_value_is_handed_back_at_once() {
         let spares = Spares::new(limits(8 * MIB, 16 * MIB));
-        assert!(spares.may_keep(8 * MIB) && !spares.may_keep(8 * MIB + 4096));
+        assert_eq!(spares.take(8 * MIB), Reuse::Keepable);
+        assert_eq!(spares.take(8 * MIB + 4096), Reuse::PastLimits);
         assert_eq!(spares.give(8 * MIB + 4096, "big"), vec!["big"]);
         assert!(spares.is_empty());
         // A limit on the total below the limit on one value still holds.
         let small = Spares::new(limits(8 * MIB, 4 * MIB));
-        assert!(!small.may_keep(6 * MIB));
+        assert_eq!(small.take(6 * MIB), Reuse::PastLimits);
         assert_eq!(small.give(6 * MIB, "x"), vec!["x"]);
     }
 
@@ -333,7 +349,7 @@ mod tests {
         // Raised again, values are kept again.
         assert!(spares.set_limits(limits(8 * MIB, 16 * MIB)).is_empty());
         assert!(spares.give(8 * MIB, "f").is_empty());
-        assert_eq!(spares.take(8 * MIB), Some("f"));
+        assert_eq!(spares.take(8 * MIB), Reuse::Taken("f"));
     }
 
     proptest! {
@@ -359,7 +375,7 @@ mod tests {
                         back.extend(spares.give(size, next));
                     }
                     2 => {
-                        if let Some(v) = spares.take(a * MIB) {
+                        if let Reuse::Taken(v) = spares.take(a * MIB) {
                             prop_assert_eq!(sizes[&v], a * MIB);
                             back.push(v);
                         }
