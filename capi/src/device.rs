@@ -12,7 +12,9 @@ use ::vkgdr::{Gpu, ReleaseTimes, SlowRelease, SpareLimits};
 use crate::error::{clear_last_error, guard, CResult, Failure};
 use crate::handles::{HandleTable, Tag};
 use crate::versioned::{self, Versioned};
-use crate::{copy_text, lookup, register, release, CUdevice, VKGDR_ERROR, VKGDR_SUCCESS};
+use crate::{
+    copy_text, lookup, register, release, write_optional, CUdevice, VKGDR_ERROR, VKGDR_SUCCESS,
+};
 
 /// Opaque handle to the library: one device opened for BAR mappings.
 pub struct vkgdr {
@@ -345,10 +347,8 @@ pub unsafe extern "C" fn vkgdr_trim(g: vkgdr_t, released: *mut usize) -> c_int {
             Device::Cuda(gpu) => gpu.trim(),
             Device::Vulkan(_) => 0,
         };
-        if !released.is_null() {
-            // SAFETY: writable (caller).
-            unsafe { released.write(n) };
-        }
+        // SAFETY: `released` is NULL or writable (caller).
+        unsafe { write_optional(released, n) };
         Ok(VKGDR_SUCCESS)
     })
 }
@@ -381,11 +381,10 @@ pub unsafe extern "C" fn vkgdr_get_spare_limits(
             Device::Cuda(gpu) => gpu.spare_limits(),
             Device::Vulkan(_) => SpareLimits::NONE,
         };
-        for (out, value) in [(each, limits.each), (total, limits.total)] {
-            if !out.is_null() {
-                // SAFETY: writable (caller).
-                unsafe { out.write(value) };
-            }
+        // SAFETY: `each` and `total` are NULL or writable (caller).
+        unsafe {
+            write_optional(each, limits.each);
+            write_optional(total, limits.total);
         }
         Ok(VKGDR_SUCCESS)
     })
@@ -418,10 +417,8 @@ pub unsafe extern "C" fn vkgdr_set_spare_limits(
         // SAFETY: the caller does not close `g` during the call.
         let gpu = unsafe { device(g) }?.gpu()?;
         let n = gpu.set_spare_limits(SpareLimits { each, total });
-        if !released.is_null() {
-            // SAFETY: writable (caller).
-            unsafe { released.write(n) };
-        }
+        // SAFETY: `released` is NULL or writable (caller).
+        unsafe { write_optional(released, n) };
         Ok(VKGDR_SUCCESS)
     })
 }

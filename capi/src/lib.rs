@@ -77,6 +77,19 @@ pub(crate) fn is_legacy_stream(stream: CUstream) -> bool {
     stream.is_null() || stream.addr() == CU_STREAM_LEGACY
 }
 
+/// Stores `value` at `out` unless `out` is NULL: the C API's optional out-parameters (a count
+/// of what went back, a sequence number, a token), which a caller that does not want them
+/// passes as NULL.
+///
+/// # Safety
+/// - `out` is NULL or valid for a write of a `T` (aligned, writable).
+pub(crate) unsafe fn write_optional<T>(out: *mut T, value: T) {
+    if !out.is_null() {
+        // SAFETY: not NULL, so writable and aligned (our caller's promise).
+        unsafe { out.write(value) };
+    }
+}
+
 /// Returned by functions that report success as an `int`.
 pub const VKGDR_SUCCESS: c_int = 0;
 /// Returned by functions that report failure as an `int`; the reason is in `vkgdr_last_error()`.

@@ -24,7 +24,7 @@ use crate::error::{c_string_copy, guard, CResult, Failure};
 use crate::handles::{HandleTable, Tag};
 use crate::ring::{payload_len, timeout, VKGDR_RING_FULL};
 use crate::share::{clear_out, region_name, socket_path, VKGDR_SHARE_NONE};
-use crate::{lookup, register, release, VKGDR_ERROR, VKGDR_SUCCESS};
+use crate::{lookup, register, release, write_optional, VKGDR_ERROR, VKGDR_SUCCESS};
 
 /// Opaque handle to a connection to an owner.
 pub struct vkgdr_peer {
@@ -905,10 +905,8 @@ pub unsafe extern "C" fn vkgdr_attached_lane_push(
         let bytes = unsafe { crate::copy::host_slice(payload, size) }?;
         match l.push(bytes, timeout(timeout_ns)) {
             Ok(n) => {
-                if !seq.is_null() {
-                    // SAFETY: writable (caller).
-                    unsafe { seq.write(n) };
-                }
+                // SAFETY: `seq` is NULL or writable (caller).
+                unsafe { write_optional(seq, n) };
                 Ok(VKGDR_SUCCESS)
             }
             Err(vkgdr::Error::Ring(RingError::Full | RingError::Timeout)) => Ok(VKGDR_RING_FULL),
@@ -949,10 +947,8 @@ pub unsafe extern "C" fn vkgdr_attached_lane_push_batch(
     written: *mut usize,
 ) -> c_int {
     guard("vkgdr_attached_lane_push_batch", VKGDR_ERROR, || {
-        if !written.is_null() {
-            // SAFETY: writable (caller).
-            unsafe { written.write(0) };
-        }
+        // SAFETY: `written` is NULL or writable (caller).
+        unsafe { write_optional(written, 0) };
         // SAFETY: the caller does not detach `lane` during the call.
         let l = unsafe { self::lane(lane) }?;
         if count == 0 {
@@ -991,10 +987,8 @@ pub unsafe extern "C" fn vkgdr_attached_lane_push_batch(
         let n = p.next_seq() - first;
         // Dropping the producer publishes what is left and lets shared pushes in again.
         drop(p);
-        if !written.is_null() {
-            // SAFETY: writable (caller); at most `count`, which is a usize.
-            unsafe { written.write(n as usize) };
-        }
+        // SAFETY: `written` is NULL or writable (caller); the count is at most `count`, a usize.
+        unsafe { write_optional(written, n as usize) };
         match result {
             Ok(_) => Ok(VKGDR_SUCCESS),
             Err(RingError::Full | RingError::Timeout) => Ok(VKGDR_RING_FULL),
@@ -1042,14 +1036,10 @@ pub unsafe extern "C" fn vkgdr_attached_lane_get_stop_reason(
 /// # Safety
 /// - `tail` and `seq` are NULL or writable.
 unsafe fn write_position(at: vkgdr::share::lane::LanePosition, tail: *mut u64, seq: *mut u64) {
-    if !tail.is_null() {
-        // SAFETY: writable (caller).
-        unsafe { tail.write(at.tail) };
-    }
-    if !seq.is_null() {
-        // SAFETY: writable (caller).
-        unsafe { seq.write(at.seq) };
-    }
+    // SAFETY: `tail` is NULL or writable (caller).
+    unsafe { write_optional(tail, at.tail) };
+    // SAFETY: `seq` is NULL or writable (caller).
+    unsafe { write_optional(seq, at.seq) };
 }
 
 /// What the owner has accepted from this lane and passed on to its consumer so far: the end of

@@ -18,8 +18,8 @@ use crate::error::{guard, CResult, Failure};
 use crate::handles::{HandleTable, Tag};
 use crate::versioned::{self, Versioned};
 use crate::{
-    is_legacy_stream, lookup, register, release, CUdeviceptr, CUstream, Handle, CU_STREAM_LEGACY,
-    VKGDR_ERROR, VKGDR_SUCCESS,
+    is_legacy_stream, lookup, register, release, write_optional, CUdeviceptr, CUstream, Handle,
+    CU_STREAM_LEGACY, VKGDR_ERROR, VKGDR_SUCCESS,
 };
 
 /// Opaque handle to a pool.
@@ -415,10 +415,8 @@ pub unsafe extern "C" fn vkgdr_pool_trim(pool: vkgdr_pool_t, released: *mut usiz
     guard("vkgdr_pool_trim", VKGDR_ERROR, || {
         // SAFETY: the caller does not destroy `pool` during the call.
         let n = unsafe { self::pool(pool) }?.trim();
-        if !released.is_null() {
-            // SAFETY: writable (caller).
-            unsafe { released.write(n) };
-        }
+        // SAFETY: `released` is NULL or writable (caller).
+        unsafe { write_optional(released, n) };
         Ok(VKGDR_SUCCESS)
     })
 }

@@ -16,7 +16,7 @@ use vkgdr::ring::OwnedProducer;
 use crate::error::{guard, CResult, Failure};
 use crate::handles::{HandleTable, Tag};
 use crate::ring::{payload_len, timeout, vkgdr_ring_t, VKGDR_RING_FULL};
-use crate::{lookup, register, release, VKGDR_ERROR, VKGDR_SUCCESS};
+use crate::{lookup, register, release, write_optional, VKGDR_ERROR, VKGDR_SUCCESS};
 
 /// Opaque handle to a ring producer.
 pub struct vkgdr_ring_producer {
@@ -51,10 +51,8 @@ unsafe fn producer<'a>(p: vkgdr_ring_producer_t) -> CResult<MutexGuard<'a, Owned
 unsafe fn record_result(result: Result<u64, RingError>, seq: *mut u64) -> CResult<c_int> {
     match result {
         Ok(n) => {
-            if !seq.is_null() {
-                // SAFETY: writable (caller).
-                unsafe { seq.write(n) };
-            }
+            // SAFETY: `seq` is NULL or writable (caller).
+            unsafe { write_optional(seq, n) };
             Ok(VKGDR_SUCCESS)
         }
         Err(RingError::Full | RingError::Timeout) => Ok(VKGDR_RING_FULL),
@@ -266,10 +264,8 @@ pub unsafe extern "C" fn vkgdr_ring_producer_push_batch(
     written: *mut usize,
 ) -> c_int {
     guard("vkgdr_ring_producer_push_batch", VKGDR_ERROR, || {
-        if !written.is_null() {
-            // SAFETY: writable (caller).
-            unsafe { written.write(0) };
-        }
+        // SAFETY: `written` is NULL or writable (caller).
+        unsafe { write_optional(written, 0) };
         // SAFETY: the caller does not destroy `producer` during the call.
         let mut p = unsafe { self::producer(producer) }?;
         if count == 0 {
@@ -301,10 +297,8 @@ pub unsafe extern "C" fn vkgdr_ring_producer_push_batch(
         // when the batch stops early.
         let first = p.next_seq();
         let result = p.push_batch(records, timeout(timeout_ns));
-        if !written.is_null() {
-            // SAFETY: writable (caller); at most `count`, which is a usize.
-            unsafe { written.write((p.next_seq() - first) as usize) };
-        }
+        // SAFETY: `written` is NULL or writable (caller); the count is at most `count`, a usize.
+        unsafe { write_optional(written, (p.next_seq() - first) as usize) };
         // SAFETY: NULL is allowed for `seq`.
         unsafe { record_result(result, std::ptr::null_mut()) }
     })

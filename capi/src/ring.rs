@@ -21,7 +21,10 @@ use crate::device::{device, vkgdr_t};
 use crate::error::{c_string_copy, guard, CResult, Failure};
 use crate::handles::{HandleTable, Tag};
 use crate::versioned::{self, Versioned};
-use crate::{lookup, register, release, CUdeviceptr, CUstream, Handle, VKGDR_ERROR, VKGDR_SUCCESS};
+use crate::{
+    lookup, register, release, write_optional, CUdeviceptr, CUstream, Handle, VKGDR_ERROR,
+    VKGDR_SUCCESS,
+};
 
 /// Opaque handle to a ring.
 pub struct vkgdr_ring {
@@ -522,10 +525,8 @@ pub unsafe extern "C" fn vkgdr_ring_push(
         let bytes = unsafe { crate::copy::host_slice(payload, size) }?;
         match r.push(bytes, timeout(timeout_ns)) {
             Ok(n) => {
-                if !seq.is_null() {
-                    // SAFETY: writable (caller).
-                    unsafe { seq.write(n) };
-                }
+                // SAFETY: `seq` is NULL or writable (caller).
+                unsafe { write_optional(seq, n) };
                 Ok(VKGDR_SUCCESS)
             }
             Err(vkgdr::Error::Ring(RingError::Full | RingError::Timeout)) => Ok(VKGDR_RING_FULL),

@@ -22,7 +22,9 @@ use crate::memory::{memory, vkgdr_memory_t, Memory};
 use crate::pool::{vkgdr_block_t, vkgdr_pool_t, BLOCKS};
 use crate::ring::{timeout, vkgdr_ring_t};
 use crate::versioned::{self, Versioned};
-use crate::{copy_text, lookup, register, release, Handle, VKGDR_ERROR, VKGDR_SUCCESS};
+use crate::{
+    copy_text, lookup, register, release, write_optional, Handle, VKGDR_ERROR, VKGDR_SUCCESS,
+};
 
 /// Opaque handle to a share server.
 pub struct vkgdr_share_server {
@@ -668,10 +670,8 @@ pub unsafe extern "C" fn vkgdr_share_send_block(
                 vkgdr::compat::message(&e)
             ))
         })?;
-        if !token.is_null() {
-            // SAFETY: writable (caller).
-            unsafe { token.write(t) };
-        }
+        // SAFETY: `token` is NULL or writable (caller).
+        unsafe { write_optional(token, t) };
         Ok(VKGDR_SUCCESS)
     })
 }
