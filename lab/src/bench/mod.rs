@@ -24,8 +24,8 @@
 //! - [`report`]: results and their forms (tables, CSV, charts);
 //! - [`compare`]: two runs side by side, by `--tolerance`;
 //! - the benchmarks: [`apiperf`], [`arena`], [`copybw`], [`copylat`], [`fastpath`], [`pplat`],
-//!   [`ring`], [`waits`]; and, run by name only, [`xproc`] and [`d2h`] (until its first
-//!   published run: `docs/bench/results.json` holds every report `all` writes).
+//!   [`ring`], [`d2h`], [`waits`]; and, run by name only, [`xproc`] (it starts other
+//!   processes).
 
 pub mod apiperf;
 pub mod arena;

@@ -282,9 +282,7 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                 ],
             },
         ],
-        // Run by name until docs/bench/results.json holds a run of it (xtask's checks of the
-        // published results want every report of `all` there).
-        in_all: false,
+        in_all: true,
     },
     Benchmark {
         name: "arena",
