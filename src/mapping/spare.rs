@@ -171,13 +171,10 @@ impl<T> Spares<T> {
         if !state.may_keep(size) {
             return Reuse::PastLimits;
         }
-        match state.kept.iter().rposition(|&(s, _)| s == size) {
-            Some(i) => state
-                .kept
-                .remove(i)
-                .map_or(Reuse::Keepable, |(_, v)| Reuse::Taken(v)),
-            None => Reuse::Keepable,
-        }
+        let newest = state.kept.iter().rposition(|&(s, _)| s == size);
+        newest
+            .and_then(|i| state.kept.remove(i))
+            .map_or(Reuse::Keepable, |(_, v)| Reuse::Taken(v))
     }
 
     /// Offers `value` of `size` bytes. Returns what is not kept (the value itself where it is
