@@ -100,6 +100,18 @@ impl Block {
         }
     }
 
+    /// The block of a record its shard has just made for it
+    /// ([`ShardSet::alloc`](super::shards::ShardSet::alloc)), which holds the block's length
+    /// already: what [`shared`](Self::shared) would check, and find nothing to change (on
+    /// non-coherent memory the shard recorded the atom-rounded size, which is what the block
+    /// accounts for).
+    #[inline(always)]
+    pub(super) fn fresh(record: Box<BlockRecord>) -> Block {
+        Block {
+            record: ManuallyDrop::new(record),
+        }
+    }
+
     /// The chunk the block lies in.
     fn chunk(&self) -> &Chunk {
         self.record.chunk()

@@ -276,15 +276,16 @@ impl Pool {
             shard_index,
             alloc_size,
             align,
-            (alloc_size, self.inner.non_coherent),
+            (size, self.inner.non_coherent),
             |shard, needed| self.grow(shard, shard_index, needed),
         ) {
             Err(e) if e.is_out_of_memory() => self
-                .alloc_from_other_shards(shard_index, alloc_size, align)
+                .alloc_from_other_shards(shard_index, size, alloc_size, align)
                 .ok_or(e)?,
             r => r?,
         };
-        Ok(Block::shared(record, size))
+        // Made for `size`: nothing for `Block::shared` to adjust.
+        Ok(Block::fresh(record))
     }
 
     /// When this thread's shard cannot grow (the BAR is full, or `max_bytes` is reached): the
@@ -296,6 +297,7 @@ impl Pool {
     fn alloc_from_other_shards(
         &self,
         own: usize,
+        size: u64,
         alloc_size: u64,
         align: u64,
     ) -> Option<Box<BlockRecord>> {
@@ -305,7 +307,7 @@ impl Pool {
                 (own + k) % n,
                 alloc_size,
                 align,
-                (alloc_size, self.inner.non_coherent),
+                (size, self.inner.non_coherent),
             )
         })
     }

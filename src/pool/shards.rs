@@ -25,7 +25,7 @@ use super::config::cacheable;
 use super::gpu_alloc::MemoryBlock;
 use super::inner::PoolInner;
 use crate::core::alloc::{AllocError, Allocation, ChunkId, Heap};
-use crate::core::sync::{BiasedLock, CachePadded};
+use crate::core::sync::{BiasedGuard, BiasedLock, CachePadded};
 use crate::error::{Error, Result};
 
 /// Records [`ShardCell::free_run`] frees under one hold of the shard's lock at most: an
@@ -151,17 +151,15 @@ impl Shard {
     /// on the cell is handed back here.
     #[inline(always)] // the body of every free to a shard
     fn give_back(&mut self, allocation: Allocation, keep_empty: usize) -> bool {
-        let chunk_id = allocation.chunk();
         // The allocation came from this shard's heap and cannot be freed twice (it is moved
         // out of the block), so this only fails on an allocator bug.
-        let freed = self.heap.free(allocation);
+        let freed = self.heap.free_emptying(allocation);
         debug_assert!(freed.is_ok(), "pool free failed: {freed:?}");
         // A chunk left empty is handed back only beyond the `keep_empty_chunks` empty ones the
         // shard keeps (counted here, without allocating: a shard has few chunks), so the usual
         // case, one block coming and going in a kept chunk, stays on this path.
         if self.pool_dropped
-            || (self.heap.chunk_allocations(chunk_id) == Some(0)
-                && self.heap.empty_chunks().nth(keep_empty).is_some())
+            || (freed == Ok(true) && self.heap.empty_chunks().nth(keep_empty).is_some())
         {
             return true;
         }
@@ -511,12 +509,32 @@ impl ShardSet {
         cell: NonNull<ShardCell>,
         size: u64,
         align: u64,
-        (len, non_coherent): (u64, bool),
+        len: (u64, bool),
         grow: impl FnOnce(&mut Shard, u64) -> Result<()>,
     ) -> Result<Box<BlockRecord>> {
         // SAFETY: a cell of the set is freed only after `pool_dropped` is set, in its Drop.
         let this = unsafe { cell.as_ref() };
         let mut shard = this.state.lock();
+        // The usual allocation, a free object of a page at hand, is recorded here; any other
+        // case takes the out-of-line path, which records its own. Were the two paths' results
+        // to meet here, the allocation would pass through memory on both.
+        match shard.heap.alloc_from_partial_page(size, align) {
+            Some(allocation) => Self::record((cell, this), shard, allocation, len),
+            None => Self::alloc_in_slow((cell, this), shard, size, align, len, grow),
+        }
+    }
+
+    /// [`alloc_in`](Self::alloc_in) when no page at hand holds a free object of the request's
+    /// class: a new slab page or a plain block, after `grow` when the heap is full.
+    #[inline(never)]
+    fn alloc_in_slow<'a>(
+        cell: (NonNull<ShardCell>, &'a ShardCell),
+        mut shard: BiasedGuard<'a, Shard>,
+        size: u64,
+        align: u64,
+        len: (u64, bool),
+        grow: impl FnOnce(&mut Shard, u64) -> Result<()>,
+    ) -> Result<Box<BlockRecord>> {
         let allocation = match shard.heap.alloc_valid(size, align) {
             Ok(a) => a,
             Err(AllocError::OutOfSpace {
@@ -527,6 +545,19 @@ impl ShardSet {
             }
             Err(e) => return Err(e.into()),
         };
+        Self::record(cell, shard, allocation, len)
+    }
+
+    /// The record of `allocation`, just made in the locked `shard` of `cell` (its pointer,
+    /// which the record keeps, and the cell), for a block of `len` requested bytes (and whether
+    /// the memory is non-coherent); unlocks the shard.
+    #[inline(always)]
+    fn record<'a>(
+        (cell, this): (NonNull<ShardCell>, &'a ShardCell),
+        mut shard: BiasedGuard<'a, Shard>,
+        allocation: Allocation,
+        (len, non_coherent): (u64, bool),
+    ) -> Result<Box<BlockRecord>> {
         let Some(chunk) = shard
             .chunks
             .get(allocation.chunk().0 as usize)
@@ -625,15 +656,17 @@ impl ShardCell {
             return;
         };
         let cell = hold.cell;
+        // SAFETY: the hold's reference keeps the cell alive until it is handed back.
+        let this = unsafe { cell.as_ref() };
+        let mut shard = this.state.lock();
+        // The allocation is read where the record lies once the lock is held, not before: its
+        // fields would wait through the lock in registers, or on the stack.
         // SAFETY: the record gives its allocation up here, once: its memory becomes room below,
         // never read as a record again.
         let allocation = unsafe { std::ptr::read(&hold.allocation) };
         // SAFETY: what the record held is consumed (the allocation above; the cell reference is
         // handed back below; the chunk pointer needs nothing).
         let room = unsafe { BlockRecord::into_room(record) };
-        // SAFETY: the hold's reference keeps the cell alive until it is handed back.
-        let this = unsafe { cell.as_ref() };
-        let mut shard = this.state.lock();
         if shard.give_back(allocation, this.keep_empty_chunks) {
             drop(shard);
             // SAFETY: our reference is still counted, so the cell is alive; handed back there.

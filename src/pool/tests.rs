@@ -1021,6 +1021,28 @@ fn before_read_is_range_checked() {
     }
 }
 
+/// On non-coherent memory a block holds whole atoms but is the size asked for: its bounds, and
+/// the pool's bytes in use, are the request's.
+#[test]
+fn non_coherent_block_has_the_requested_size() {
+    for thread_cache in [0, PoolConfig::default().thread_cache] {
+        let cfg = PoolConfig {
+            chunk_size: 128 << 10,
+            max_chunk_size: 128 << 10,
+            shards: 1,
+            thread_cache,
+            ..Default::default()
+        };
+        let pool = Pool::new(DmaSource(Arc::default()), cfg).unwrap();
+        let b = pool.alloc(100, 16).unwrap();
+        assert_eq!(b.size(), 100);
+        assert!(b.before_read(0, 101).is_err());
+        assert_eq!(pool.stats().bytes_in_use, 128);
+        drop(b);
+        assert_eq!(pool.stats().bytes_in_use, 0);
+    }
+}
+
 /// `read_vec` checks the range before it allocates anything.
 #[test]
 fn read_vec_checks_before_allocating() {

@@ -445,8 +445,7 @@ impl Heap {
         self.chunk(id).map(|c| c.size)
     }
 
-    /// Live allocations in a chunk (`None` for an unknown id). O(1): the pool asks after each
-    /// free whether the chunk just became empty.
+    /// Live allocations in a chunk (`None` for an unknown id). O(1).
     pub fn chunk_allocations(&self, id: ChunkId) -> Option<u64> {
         self.chunk(id).map(|c| c.live)
     }
@@ -505,6 +504,21 @@ impl Heap {
             }
         }
         self.alloc_slow(size, align, rounded, effective_align, class)
+    }
+
+    /// [`alloc_valid`](Self::alloc_valid)'s usual case alone: an object of a slab page that has
+    /// a free one, or `None` where the request needs more (a new page, a plain block) or fails.
+    /// Nothing changes then. A caller that takes the other cases out of line keeps the
+    /// allocation in registers: a result that may come back from an out-of-line call lives in
+    /// memory, as `alloc_valid`'s does.
+    #[inline(always)]
+    pub(crate) fn alloc_from_partial_page(&mut self, size: u64, align: u64) -> Option<Allocation> {
+        debug_assert_eq!(self.config.check_request(size, align), Ok(()));
+        let class = self
+            .slabs
+            .class_for(align_up(size, self.gran), align.max(self.gran))?;
+        let object = self.slabs.alloc(class)?;
+        Some(self.record_object(object, size))
     }
 
     /// A new slab page or a plain block; as a last resort the cached empty pages go back first.
@@ -625,6 +639,13 @@ impl Heap {
     /// [`AllocError::StaleAllocation`]; in both cases nothing changes.
     #[inline(always)]
     pub fn free(&mut self, a: Allocation) -> Result<(), AllocError> {
+        self.free_emptying(a).map(|_| ())
+    }
+
+    /// [`free`](Self::free), telling whether the allocation's chunk holds no allocation now:
+    /// the pool asks after each free, and the count is at hand here.
+    #[inline(always)]
+    pub(crate) fn free_emptying(&mut self, a: Allocation) -> Result<bool, AllocError> {
         if a.heap != self.id {
             return Err(AllocError::ForeignAllocation);
         }
@@ -652,9 +673,11 @@ impl Heap {
             self.block_bytes -= a.size;
             self.block_count -= 1;
         }
-        self.chunks[a.chunk.0 as usize].live -= 1;
+        let chunk = &mut self.chunks[a.chunk.0 as usize];
+        chunk.live -= 1;
+        let emptied = chunk.live == 0;
         self.bytes_in_use -= a.requested;
-        Ok(())
+        Ok(emptied)
     }
 
     /// Chunks holding no allocation (cached empty slab pages do not count), in id order.

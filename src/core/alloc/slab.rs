@@ -88,7 +88,6 @@ pub(crate) struct Slabs {
     /// [`new`](Self::new), so the heaps of one pool share it ([`empty_like`](Self::empty_like)).
     lookup: Arc<[u16]>,
     quantum_log2: u32,
-    max_size: u64,
     page_size: u64,
     /// Bitmap words per page.
     words: usize,
@@ -139,7 +138,6 @@ impl Slabs {
             classes,
             lookup: lookup.into(),
             quantum_log2,
-            max_size,
             page_size,
             words,
             pages: Vec::new(),
@@ -167,7 +165,6 @@ impl Slabs {
                 .collect(),
             lookup: Arc::clone(&self.lookup),
             quantum_log2: self.quantum_log2,
-            max_size: self.max_size,
             page_size: self.page_size,
             words: self.words,
             pages: Vec::new(),
@@ -193,15 +190,25 @@ impl Slabs {
     }
 
     /// The smallest class holding `size` bytes whose natural alignment is at least `align`.
+    /// `size` is at most [`MAX_CHUNK_SIZE`](super::MAX_CHUNK_SIZE), as every request the heap
+    /// checked.
     #[inline]
     pub(crate) fn class_for(&self, size: u64, align: u64) -> Option<u32> {
-        if size > self.max_size {
-            return None;
-        }
+        debug_assert!(size <= super::MAX_CHUNK_SIZE);
         let quantum = 1u64 << self.quantum_log2;
-        let start = self.lookup[((size + quantum - 1) >> self.quantum_log2) as usize] as usize;
+        // `lookup` has an entry for every multiple of the quantum up to `max_size` (itself one):
+        // a larger size finds none, as every size does when there are no classes. One bounds
+        // check in place of a comparison with `max_size` and the table's own.
+        let start = *self
+            .lookup
+            .get(((size + quantum - 1) >> self.quantum_log2) as usize)?;
+        // Every class is a multiple of the quantum, so aligned to it: the usual request, aligned
+        // to the granule, needs no search.
+        if align <= quantum {
+            return Some(u32::from(start));
+        }
         // At most one octave of steps: the power-of-two class of the octave is aligned enough.
-        (start..self.classes.len())
+        (usize::from(start)..self.classes.len())
             .find(|&c| self.classes[c].align >= align)
             .map(|c| c as u32)
     }

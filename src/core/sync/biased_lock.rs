@@ -55,7 +55,9 @@ use std::ops::{Deref, DerefMut};
 
 use crate::core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use crate::core::sync::barrier;
-use crate::core::sync::cell::{MutPtr, UnsafeCell};
+#[cfg(feature = "loom")]
+use crate::core::sync::cell::MutPtr;
+use crate::core::sync::cell::UnsafeCell;
 use crate::core::sync::{Backoff, CachePadded};
 
 /// Locks in a row by one thread that bias an unbiased lock to it, at first.
@@ -162,7 +164,7 @@ impl<T> BiasedLock<T> {
             return None;
         }
         if self.settle(me, false) {
-            Some(self.guard(Release::Spin(&self.locked)))
+            Some(self.guard(None))
         } else {
             clear(&self.locked);
             None
@@ -195,7 +197,7 @@ impl<T> BiasedLock<T> {
         // reach us through `locked` after a revocation.
         if self.owner.load(Ordering::Relaxed) == me {
             if !watch(&self.handoff, Ordering::Relaxed) {
-                return Some(self.guard(Release::Owned(sections)));
+                return Some(self.guard(Some(sections)));
             }
             // A holder of `locked` asks for the bias: give it up. Our count goes back first
             // (release), then `owner` (release, and only if still ours: a revoker may have
@@ -223,7 +225,7 @@ impl<T> BiasedLock<T> {
         }
         let settled = self.settle(me, true);
         debug_assert!(settled);
-        self.guard(Release::Spin(&self.locked))
+        self.guard(None)
     }
 
     /// With `locked` held: ends another thread's bias (asking first, revoking if unanswered),
@@ -317,10 +319,13 @@ impl<T> BiasedLock<T> {
         }
     }
 
-    fn guard<'a>(&'a self, release: Release<'a>) -> BiasedGuard<'a, T> {
+    /// The guard of a section: the owner's (`owned`, its thread's count), or the spin lock's.
+    #[inline(always)]
+    fn guard(&self, owned: Option<&'static Sections>) -> BiasedGuard<'_, T> {
         BiasedGuard {
+            #[cfg(feature = "loom")]
             data: self.data.get_mut(),
-            _release: release,
+            release: Release { lock: self, owned },
         }
     }
 }
@@ -466,11 +471,18 @@ fn leave(sections: &Sections) {
 }
 
 /// Exclusive access to a [`BiasedLock`]'s data; unlocks when dropped.
+///
+/// Two words without loom (the lock and how it is held; the contents are reached through the
+/// lock): a guard coming back from a call, or passed to one, travels in registers, where a wider
+/// one would be stored and loaded again.
 pub(crate) struct BiasedGuard<'a, T> {
     // Declared first, so dropped first: loom's record of the access ends before the lock is
     // released.
+    #[cfg(feature = "loom")]
     data: MutPtr<T>,
-    _release: Release<'a>,
+    // Under loom only dropped: the contents are reached through `data`.
+    #[cfg_attr(feature = "loom", allow(dead_code))]
+    release: Release<'a, T>,
 }
 
 impl<T> Deref for BiasedGuard<'_, T> {
@@ -478,7 +490,13 @@ impl<T> Deref for BiasedGuard<'_, T> {
     #[inline(always)]
     fn deref(&self) -> &T {
         // SAFETY: the guard exists only while its thread holds the lock (`lock`'s handshake).
-        unsafe { self.data.deref() }
+        #[cfg(feature = "loom")]
+        return unsafe { self.data.deref() };
+        // SAFETY: as above.
+        #[cfg(not(feature = "loom"))]
+        unsafe {
+            &*self.release.lock.data.with_mut(|p| p)
+        }
     }
 }
 
@@ -486,24 +504,30 @@ impl<T> DerefMut for BiasedGuard<'_, T> {
     #[inline(always)]
     fn deref_mut(&mut self) -> &mut T {
         // SAFETY: as in `deref`; `&mut self` keeps this the only reference the guard hands out.
-        unsafe { self.data.deref() }
+        #[cfg(feature = "loom")]
+        return unsafe { self.data.deref() };
+        // SAFETY: as above.
+        #[cfg(not(feature = "loom"))]
+        unsafe {
+            &mut *self.release.lock.data.with_mut(|p| p)
+        }
     }
 }
 
-/// How a guard holds its lock, undone when it drops (also on unwind): the spin lock, or a
-/// section of the owner (its thread's count one lower: guards of several locks may drop in any
-/// order).
-enum Release<'a> {
-    Spin(&'a AtomicBool),
-    Owned(&'static Sections),
+/// How a guard holds its lock, undone when it drops (also on unwind): the spin lock (`owned`
+/// is `None`), or a section of the owner, `owned` its thread's count (one lower then: guards of
+/// several locks may drop in any order).
+struct Release<'a, T> {
+    lock: &'a BiasedLock<T>,
+    owned: Option<&'static Sections>,
 }
 
-impl Drop for Release<'_> {
+impl<T> Drop for Release<'_, T> {
     #[inline(always)]
     fn drop(&mut self) {
-        match *self {
-            Release::Spin(locked) => clear(locked),
-            Release::Owned(sections) => leave(sections),
+        match self.owned {
+            None => clear(&self.lock.locked),
+            Some(sections) => leave(sections),
         }
     }
 }

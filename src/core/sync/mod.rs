@@ -14,7 +14,7 @@ mod barrier;
 mod biased_lock;
 pub(crate) mod lock;
 mod owner_cell;
-pub(crate) use biased_lock::BiasedLock;
+pub(crate) use biased_lock::{BiasedGuard, BiasedLock};
 pub(crate) use owner_cell::OwnerCell;
 #[cfg(test)]
 pub(crate) use owner_cell::VISITS_BY_THIS_THREAD;
