@@ -8,14 +8,16 @@
 //! API's `WindowReader`, every record's seq and checksum verified). Each runs with the other 7
 //! lanes idle, then with 1, 3 and 7 producer threads streaming 4 KiB records into other lanes in
 //! batches through the BAR, then with 7 streaming through the copy engine
-//! (`CopyEngine::FromRecord(4096)`: the lone record stays on the BAR), then with the same 7 held
-//! to 25 GB/s in all (each thread waits for its share of the rate before each batch: a heavy
-//! load that leaves the link some room, where the row before takes all it can), then with 7
-//! streaming on a ring of the default options (`CopyEngine::Auto`: the lone record's lane 0 and
-//! the streams' lanes 3 and 6 on the BAR, the other five staging); the streams' measured rate is
-//! printed beside the figures. Whether the lone record's tail grows with the load on the link,
-//! and with which path carries it, says where its time goes. The first tenth of each row's round
-//! trips is left out (warm-up).
+//! (`CopyEngine::FromRecord(4096)`: the lone record stays on the BAR), then with the same 7 held to
+//! 25 GB/s in all (each thread waits for its share of the rate before each batch: a heavy load that
+//! leaves the link some room, where the row before takes all it can), then the same with every
+//! streaming producer told `set_stage_after(0)` (each batch staged from its first record: nothing
+//! of the streams through the BAR, where by default each batch's first 64 KiB is), then with 7
+//! streaming on a ring of the default options (`CopyEngine::Auto`: the lone record's lane 0 and the
+//! streams' lanes 3 and 6 on the BAR, the other five staging); the streams' measured rate is
+//! printed beside the figures. Whether the lone record's tail grows with the load on the link, and
+//! with which path carries it, says where its time goes. The first tenth of each row's round trips
+//! is left out (warm-up).
 //!
 //! Prints, per row, the median, p99 and p99.9 in nanoseconds and the streams' GB/s; exits
 //! non-zero if the checking kernel reports an error or misses a record, or a push fails.
@@ -54,32 +56,40 @@ enum Load {
     CopyEngine(u32),
     /// This many stream through the copy engine, `PACED_GB_PER_S` in all.
     CopyEnginePaced(u32),
+    /// The same, each producer staging its batches from their first record
+    /// (`Producer::set_stage_after(0)`).
+    CopyEngineStaged(u32),
     /// This many stream on a ring of the default options: some lanes through the BAR, the others
     /// through the copy engine.
     Default(u32),
 }
 
 impl Load {
-    const ROWS: [Load; 7] = [
+    const ROWS: [Load; 8] = [
         Load::Idle,
         Load::Bar(1),
         Load::Bar(3),
         Load::Bar(LANES - 1),
         Load::CopyEngine(LANES - 1),
         Load::CopyEnginePaced(LANES - 1),
+        Load::CopyEngineStaged(LANES - 1),
         Load::Default(LANES - 1),
     ];
 
     fn streams(self) -> u32 {
         match self {
             Load::Idle => 0,
-            Load::Bar(n) | Load::CopyEngine(n) | Load::CopyEnginePaced(n) | Load::Default(n) => n,
+            Load::Bar(n)
+            | Load::CopyEngine(n)
+            | Load::CopyEnginePaced(n)
+            | Load::CopyEngineStaged(n)
+            | Load::Default(n) => n,
         }
     }
 
     /// How long one streaming thread's batch takes at its share of the paced rate, if paced.
     fn batch_period(self) -> Option<Duration> {
-        let Load::CopyEnginePaced(n) = self else {
+        let (Load::CopyEnginePaced(n) | Load::CopyEngineStaged(n)) = self else {
             return None;
         };
         let per_thread = PACED_GB_PER_S * 1e9 / f64::from(n);
@@ -90,7 +100,7 @@ impl Load {
 
     fn copy_engine(self) -> CopyEngine {
         match self {
-            Load::CopyEngine(_) | Load::CopyEnginePaced(_) => {
+            Load::CopyEngine(_) | Load::CopyEnginePaced(_) | Load::CopyEngineStaged(_) => {
                 CopyEngine::FromRecord(STREAM_SIZE as u32)
             }
             Load::Default(_) => CopyEngine::default(),
@@ -100,11 +110,16 @@ impl Load {
 
     fn describe(self, gb_per_s: f64) -> String {
         let paced = format!("the copy engine (paced to {PACED_GB_PER_S} GB/s in all)");
+        let staged = format!(
+            "the copy engine from each batch's first record (set_stage_after(0), paced to \
+             {PACED_GB_PER_S} GB/s in all)"
+        );
         let path = match self {
             Load::Idle => return "other lanes idle".to_string(),
             Load::Bar(_) => "the BAR",
             Load::CopyEngine(_) => "the copy engine",
             Load::CopyEnginePaced(_) => &paced,
+            Load::CopyEngineStaged(_) => &staged,
             Load::Default(_) => "the default choice (2 lanes BAR, 5 copy engine)",
         };
         let n = self.streams();
@@ -234,6 +249,9 @@ fn one_row(
                 let (ring, done, streamed) = (&ring, &done, &streamed);
                 s.spawn(move || -> Result<(), String> {
                     let mut p = ring.producer().map_err(|e| e.to_string())?;
+                    if let Load::CopyEngineStaged(_) = load {
+                        p.set_stage_after(0);
+                    }
                     let mut bufs: Vec<Payload> = (0..STREAM_BATCH)
                         .map(|_| Payload::new(STREAM_SIZE))
                         .collect();
@@ -301,6 +319,7 @@ fn one_row(
         }
         (result.map(|s| (s, bytes)), secs)
     });
+    let streamed = streamed.into_inner();
     let lone_records = lone.next_seq();
     drop(lone);
     ring.stop_and_wait(Duration::from_secs(20))
@@ -322,7 +341,11 @@ fn one_row(
     samples.drain(..samples.len() / 10);
     samples.sort_by(f64::total_cmp);
     let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
-    if let Load::CopyEngine(_) | Load::CopyEnginePaced(_) | Load::Default(_) = load {
+    if let Load::CopyEngine(_)
+    | Load::CopyEnginePaced(_)
+    | Load::CopyEngineStaged(_)
+    | Load::Default(_) = load
+    {
         let stats = ring.copy_engine_stats();
         if stats.copies == 0 {
             return Err(format!("the copy engine carried nothing: {stats:?}"));
@@ -330,6 +353,13 @@ fn one_row(
         let own = ring.lane_copy_engine_stats(lane).unwrap_or_default();
         if own.copies != 0 {
             return Err(format!("the lone record's lane {lane} staged: {own:?}"));
+        }
+        // Told to stage from the first record, the streams wrote nothing through the BAR.
+        if matches!(load, Load::CopyEngineStaged(_)) && stats.bytes != streamed {
+            return Err(format!(
+                "{streamed} bytes streamed, {} of them staged: {stats:?}",
+                stats.bytes
+            ));
         }
     }
     let load = load.describe(bytes as f64 / secs / 1e9);

@@ -659,7 +659,8 @@ typedef struct vkgdr_ring_options {
   /**
    * Records of at least this many bytes in the ring (16-byte header and padding to 16
    * included) that a `vkgdr_ring_producer_t` writes, once its batch has 64 KiB pending before
-   * them, are staged in pinned host memory and moved by a copy engine, which outruns CPU
+   * them (`vkgdr_ring_producer_set_stage_after` changes that for a producer), are staged in
+   * pinned host memory and moved by a copy engine, which outruns CPU
    * stores through the BAR when several producers stream large records; smaller ones, lone
    * ones, and every record of `vkgdr_ring_push` and `vkgdr_ring_reserve`, take the BAR.
    * 0 (the default) lets the ring choose (`VKGDR_RING_COPY_ENGINE_OFF_BIT` says what it
@@ -2783,6 +2784,36 @@ VKGDR_API
 int vkgdr_ring_producer_set_flush_policy(vkgdr_ring_producer_t producer,
                                          uint64_t max_pending_bytes,
                                          int64_t max_delay_ns);
+
+/**
+ * Sets how many bytes (records with their headers) of a batch not yet published a producer
+ * writes through the BAR before it stages a record of `vkgdr_ring_options.copy_engine_record`
+ * bytes or more for the copy engine; from its next record on. A producer starts at 64 KiB, so
+ * that a lone large record or a short batch keeps the BAR, which is quicker for it. 0 stages
+ * every such record, the first of a batch and a lone one included: for producers streaming
+ * large records beside a lane whose lone records must arrive quickly, which otherwise wait
+ * behind the BAR stores of those batches' first 64 KiB. No effect on a lane whose records all
+ * take the BAR.
+ *
+ * Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle).
+ *
+ * Thread safety: any thread, one at a time per producer.
+ *
+ * # Safety
+ * - No thread destroys `producer` during the call.
+ */
+VKGDR_API int vkgdr_ring_producer_set_stage_after(vkgdr_ring_producer_t producer, uint64_t bytes);
+
+/**
+ * What `vkgdr_ring_producer_set_stage_after` last set (64 KiB at first), or `UINT64_MAX` on
+ * error (an invalid handle).
+ *
+ * Thread safety: any thread, one at a time per producer.
+ *
+ * # Safety
+ * - No thread destroys `producer` during the call.
+ */
+VKGDR_API uint64_t vkgdr_ring_producer_get_stage_after(vkgdr_ring_producer_t producer);
 
 /**
  * The sequence number the producer's next record gets (in its lane), or `UINT64_MAX` on error

@@ -978,6 +978,66 @@ fn staged_then_small(force_non_coherent: bool) {
     assert_eq!(res[layout::RESULT_POS], end);
 }
 
+/// A producer told `set_stage_after(0)` stages its large records from the first byte of a batch:
+/// a lone 4 KiB push and the first 64 KiB of a batch take the copy engine, where a producer left
+/// at the default writes them through the BAR; the checking kernel sees every record either way.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored (scripts/gpu-check run)"]
+fn a_producer_told_to_stage_at_once_sends_its_whole_batches_through_the_copy_engine() {
+    let gpu = open(false);
+    let module = Module::load_ptx(&gpu, RING_PTX).unwrap();
+    let stream = Stream::new(&gpu).unwrap();
+    let options = RingOptions {
+        lanes: 1,
+        copy_engine: LARGE_ON_COPY_ENGINE,
+        ..Default::default()
+    };
+    let ring = DeviceRing::with_options(&gpu, 4 << 20, options).unwrap();
+    launch_check_lanes(&module, &ring, &stream);
+    let limit = Some(Duration::from_secs(30));
+    let (mut p, mut sum, mut records) = (ring.producer().unwrap(), 0u64, 0u64);
+    let mut record = |seq: u64, fill: u8| {
+        let mut body = vec![fill; 4080];
+        sum = sum.wrapping_add(seal_test_payload(&mut body, seq).unwrap());
+        records += 1;
+        body
+    };
+    assert_eq!(p.stage_after(), vkgdr::ring::device::STAGE_AFTER_PENDING);
+    // At the default a lone large record and a batch's first 64 KiB take the BAR.
+    let lone = record(p.next_seq(), 1);
+    p.push(&lone, limit).unwrap();
+    let first = p.next_seq();
+    let batch: Vec<Vec<u8>> = (0..16).map(|i| record(first + i, 2)).collect();
+    p.push_batch(batch.iter().map(Vec::as_slice), limit)
+        .unwrap();
+    let bar = ring.copy_engine_stats();
+    assert_eq!((bar.copies, bar.bytes), (0, 0), "{bar:?}");
+    // Told to stage at once: the lone record is one copy, the batch of 16 another, 64 KiB.
+    p.set_stage_after(0);
+    assert_eq!(p.stage_after(), 0);
+    let lone = record(p.next_seq(), 3);
+    p.push(&lone, limit).unwrap();
+    let first = p.next_seq();
+    let batch: Vec<Vec<u8>> = (0..16).map(|i| record(first + i, 4)).collect();
+    p.push_batch(batch.iter().map(Vec::as_slice), limit)
+        .unwrap();
+    drop(p);
+    let end = ring.lane(0).unwrap().committed();
+    let staged = ring.copy_engine_stats();
+    ring.stop_and_wait(Duration::from_secs(60)).unwrap();
+    assert_eq!(staged.fallbacks, 0, "{staged:?}");
+    assert_eq!(
+        (staged.copies, staged.bytes),
+        (2, 17 * 4096),
+        "every record after set_stage_after(0) staged: {staged:?}"
+    );
+    let res = ring.results_of(0);
+    assert_eq!(res[layout::RESULT_ERRORS], 0, "{res:?}");
+    assert_eq!(res[layout::RESULT_RECORDS], records);
+    assert_eq!(res[layout::RESULT_CHECKSUM_SUM], sum);
+    assert_eq!(res[layout::RESULT_POS], end);
+}
+
 /// `stop` right after staged batches on every lane: the copies and their tails are still queued
 /// on the lanes' streams, so the stop word goes there, behind them (an event from each lane's
 /// stream), and the consumer checks every record before it exits. With the stop word stored at

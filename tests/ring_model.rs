@@ -32,6 +32,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0u8..7, any::<u32>(), any::<u8>()).prop_map(|(c, v, b)| Op::ProducerWrite(c, v, b)),
         1 => (0u8..7, any::<u32>()).prop_map(|(c, v)| Op::ProducerAbandon(c, v)),
         1 => Just(Op::ProducerFlush),
+        1 => any::<u8>().prop_map(Op::ProducerStageAfter),
         1 => Just(Op::Release),
     ]
 }

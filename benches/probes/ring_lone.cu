@@ -182,3 +182,48 @@ extern "C" __global__ void __launch_bounds__(512) window_early512(vkgdr_ring_vie
 {
     window_timed<512, 2, true>(v, o, m);
 }
+
+// --- Whose work a lone record's tail waits behind under load -------------------------------------
+// One kernel, two consumers: lane 0 (the lone record's, the probe's first producer) read by one
+// consumer, the other lanes by the other, so that the lone lane's reader and the streaming lanes'
+// readers can be swapped apart (ring_lone.c with RING_LONE_LOAD).
+
+// Lane 0 through the checking kernel's reader, the others acked by one thread each.
+extern "C" __global__ void __launch_bounds__(512) check0_ack_rest(vkgdr_ring_view view, ull*,
+                                                                  unsigned int)
+{
+    __shared__ RingCheckShared sh;
+    if (blockIdx.x >= view.lanes) {
+        return;
+    }
+    const vkgdr::RingLane lane = vkgdr::ring_lane(view, blockIdx.x);
+    if (blockIdx.x != 0u) {
+        if (threadIdx.x == 0u) {
+            ring_ack_lane(lane.tail, lane.stop, lane.head);
+        }
+        return;
+    }
+    if (ring_block_ok(lane.result)) {
+        ring_check_lane(lane, &sh);
+    }
+}
+
+// Lane 0 acked by one thread, the others through the checking kernel's reader.
+extern "C" __global__ void __launch_bounds__(512) ack0_check_rest(vkgdr_ring_view view, ull*,
+                                                                  unsigned int)
+{
+    __shared__ RingCheckShared sh;
+    if (blockIdx.x >= view.lanes) {
+        return;
+    }
+    const vkgdr::RingLane lane = vkgdr::ring_lane(view, blockIdx.x);
+    if (blockIdx.x == 0u) {
+        if (threadIdx.x == 0u) {
+            ring_ack_lane(lane.tail, lane.stop, lane.head);
+        }
+        return;
+    }
+    if (ring_block_ok(lane.result)) {
+        ring_check_lane(lane, &sh);
+    }
+}

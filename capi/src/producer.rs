@@ -351,6 +351,50 @@ pub unsafe extern "C" fn vkgdr_ring_producer_set_flush_policy(
     })
 }
 
+/// Sets how many bytes (records with their headers) of a batch not yet published a producer
+/// writes through the BAR before it stages a record of `vkgdr_ring_options.copy_engine_record`
+/// bytes or more for the copy engine; from its next record on. A producer starts at 64 KiB, so
+/// that a lone large record or a short batch keeps the BAR, which is quicker for it. 0 stages
+/// every such record, the first of a batch and a lone one included: for producers streaming
+/// large records beside a lane whose lone records must arrive quickly, which otherwise wait
+/// behind the BAR stores of those batches' first 64 KiB. No effect on a lane whose records all
+/// take the BAR.
+///
+/// Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle).
+///
+/// Thread safety: any thread, one at a time per producer.
+///
+/// # Safety
+/// - No thread destroys `producer` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_ring_producer_set_stage_after(
+    producer: vkgdr_ring_producer_t,
+    bytes: u64,
+) -> c_int {
+    guard("vkgdr_ring_producer_set_stage_after", VKGDR_ERROR, || {
+        // SAFETY: the caller does not destroy `producer` during the call.
+        unsafe { self::producer(producer) }?.set_stage_after(bytes);
+        Ok(VKGDR_SUCCESS)
+    })
+}
+
+/// What `vkgdr_ring_producer_set_stage_after` last set (64 KiB at first), or `UINT64_MAX` on
+/// error (an invalid handle).
+///
+/// Thread safety: any thread, one at a time per producer.
+///
+/// # Safety
+/// - No thread destroys `producer` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn vkgdr_ring_producer_get_stage_after(
+    producer: vkgdr_ring_producer_t,
+) -> u64 {
+    guard("vkgdr_ring_producer_get_stage_after", u64::MAX, || {
+        // SAFETY: the caller does not destroy `producer` during the call.
+        Ok(unsafe { self::producer(producer) }?.stage_after())
+    })
+}
+
 /// The sequence number the producer's next record gets (in its lane), or `UINT64_MAX` on error
 /// (an invalid handle).
 ///

@@ -205,7 +205,8 @@ pub struct vkgdr_ring_options {
     pub flags: u32,
     /// Records of at least this many bytes in the ring (16-byte header and padding to 16
     /// included) that a `vkgdr_ring_producer_t` writes, once its batch has 64 KiB pending before
-    /// them, are staged in pinned host memory and moved by a copy engine, which outruns CPU
+    /// them (`vkgdr_ring_producer_set_stage_after` changes that for a producer), are staged in
+    /// pinned host memory and moved by a copy engine, which outruns CPU
     /// stores through the BAR when several producers stream large records; smaller ones, lone
     /// ones, and every record of `vkgdr_ring_push` and `vkgdr_ring_reserve`, take the BAR.
     /// 0 (the default) lets the ring choose (`VKGDR_RING_COPY_ENGINE_OFF_BIT` says what it

@@ -619,6 +619,30 @@ impl RingProducer {
         })
     }
 
+    /// Bytes of a batch not yet published that this producer writes through the BAR before it
+    /// stages a record of the ring's copy-engine size for the copy engine (64 KiB at first, so
+    /// that a lone large record or a short batch keeps the BAR, which is quicker for it). Set it
+    /// to 0 on producers that stream large records beside a lane whose lone records must arrive
+    /// quickly: those records otherwise wait behind the BAR stores of each batch's first 64 KiB.
+    /// Takes effect from the next record; no effect on a lane whose records all take the BAR.
+    #[getter]
+    fn stage_after(&self) -> PyResult<u64> {
+        self.with(|p| Ok(p.stage_after()))
+    }
+
+    #[setter]
+    fn set_stage_after(&self, bytes: &Bound<'_, PyAny>) -> PyResult<()> {
+        let bytes: u64 = bytes.extract().map_err(|_| {
+            invalid_argument(format!(
+                "stage_after {bytes} is not a byte count from 0 to 18446744073709551615"
+            ))
+        })?;
+        self.with(|p| {
+            p.set_stage_after(bytes);
+            Ok(())
+        })
+    }
+
     /// The sequence number the next record gets (in this producer's lane).
     #[getter]
     fn next_seq(&self) -> PyResult<u64> {

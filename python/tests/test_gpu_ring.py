@@ -255,6 +255,35 @@ def test_the_default_ring_stages_large_batches_on_its_second_lane(cupy) -> None:
         del producers, ring
 
 
+def test_a_producer_told_stage_after_0_stages_lone_large_records(cupy) -> None:
+    """stage_after: a producer starts at 64 KiB, so a lone 4 KiB record takes the BAR; set to 0,
+    the next one is staged for the copy engine. Values that are not byte counts raise. No
+    consumer runs: nothing is read, the records only have to fit."""
+    gpu = vkgdr.Vkgdr(0)
+    ring = vkgdr.DeviceRing(gpu, 1 << 20, copy_engine=4096)
+    record = b"x" * 4080  # 4 KiB with the header
+    with ring.producer() as p:
+        assert p.stage_after == 64 << 10
+        assert p.push(record) == 0
+        assert ring.copy_engine_stats()["copies"] == 0, "at the default: the BAR"
+        p.stage_after = 0
+        assert p.stage_after == 0
+        assert p.push(record) == 1
+        stats = ring.copy_engine_stats()
+        assert (stats["copies"], stats["bytes"], stats["fallbacks"]) == (1, 4096, 0), stats
+        for bad in (-1, 1 << 64, 1.5, "0", None):
+            with pytest.raises(vkgdr.InvalidArgumentError, match="stage_after"):
+                p.stage_after = bad
+        assert p.stage_after == 0
+        with pytest.raises(AttributeError):
+            del p.stage_after
+    with pytest.raises(vkgdr.VkgdrError, match="closed"):
+        p.stage_after = 0
+    with pytest.raises(vkgdr.VkgdrError, match="closed"):
+        p.stage_after
+    assert ring.published == 2 * 4096
+
+
 def test_ring_options_errors(cupy) -> None:
     gpu = vkgdr.Vkgdr(0)
     with pytest.raises(vkgdr.InvalidArgumentError, match="1 to 64 lanes, not 0"):

@@ -385,6 +385,9 @@ pub enum Op {
     ProducerAbandon(u8, u32),
     /// Producer: publish what it wrote.
     ProducerFlush,
+    /// Producer: how many bytes pending before a large record it stages (a class: 0, 64,
+    /// 1024, the sink's own).
+    ProducerStageAfter(u8),
     /// Drop the producer (publishes, hands the ring back).
     Release,
 }
@@ -752,6 +755,12 @@ pub fn run_model(cap: u64, mode: WrapMode, staging: Option<(u64, u64)>, ops: Vec
                 if let Some(p) = producer.as_mut() {
                     p.flush();
                     m.flush();
+                }
+            }
+            Op::ProducerStageAfter(class) => {
+                if let Some(p) = producer.as_mut() {
+                    let sink_default = staging.map_or(0, |(_, after)| after);
+                    p.set_stage_after([0, 64, 1024, sink_default][class as usize % 4]);
                 }
             }
             Op::Release => {

@@ -458,6 +458,10 @@ static void ring_options_and_producers(void)
           "batch to NULL producer");
     CHECK(vkgdr_ring_producer_flush(made_up) == VKGDR_ERROR, "flush a made-up producer");
     CHECK(vkgdr_ring_producer_set_flush_policy(NULL, 0, -1) == VKGDR_ERROR, "policy of NULL");
+    CHECK(vkgdr_ring_producer_set_stage_after(made_up, 0) == VKGDR_ERROR,
+          "stage after of a made-up producer");
+    CHECK(last_error_contains("vkgdr_ring_producer_set_stage_after: invalid"), "named");
+    CHECK(vkgdr_ring_producer_get_stage_after(NULL) == UINT64_MAX, "stage after of NULL");
     CHECK(vkgdr_ring_producer_get_next_seq(NULL) == UINT64_MAX, "next seq of NULL");
     CHECK(vkgdr_ring_producer_get_lane(made_up) == UINT32_MAX, "lane of a made-up producer");
     CHECK(last_error_contains("vkgdr_ring_producer_get_lane: invalid"), "named");

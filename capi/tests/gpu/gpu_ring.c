@@ -384,6 +384,82 @@ static void run_lanes(CUmodule module, enum lanes_mode mode)
     CHECK(still_marked(), "%s: teardown", what);
 }
 
+/* vkgdr_ring_producer_set_stage_after: a producer at the default writes a lone 4 KiB record
+ * through the BAR; told 0, it stages the next one for the copy engine. The checking kernel sees
+ * both. */
+static void stage_after(CUmodule module)
+{
+    const char *what = "stage after";
+    vkgdr_t g = vkgdr_open(0, VKGDR_OPEN_CURRENT_CONTEXT_BIT);
+    vkgdr_ring_options opts;
+    vkgdr_ring_t ring;
+    vkgdr_ring_producer_t p;
+    vkgdr_ring_device_view v;
+    vkgdr_ring_copy_engine_stats stats;
+    ring_view_arg arg;
+    CUfunction check = NULL;
+    CUstream stream;
+    void *args[1];
+    static unsigned char payload[4080];
+    uint64_t res[8], sum = 0;
+
+    vkgdr_ring_options_init(&opts, sizeof opts);
+    opts.copy_engine_record = 4096;
+    ring = vkgdr_ring_create_with_options(g, 1u << 20, &opts);
+    CHECK(g != NULL && ring != NULL, "%s: open and create", what);
+    if (ring == NULL) {
+        vkgdr_close(g);
+        return;
+    }
+    v.struct_size = sizeof v;
+    CHECK(vkgdr_ring_get_device_view(ring, &v) == VKGDR_SUCCESS, "%s: view", what);
+    arg.data = v.data;
+    arg.capacity = v.capacity;
+    arg.tail = v.tail;
+    arg.stop = v.stop;
+    arg.head = v.head;
+    arg.result = v.result;
+    arg.lane_data = v.lane_data;
+    arg.lanes = v.lanes;
+    arg.wrap = v.mirrored;
+    CU_OK(cuModuleGetFunction(&check, module, "ring_check_lanes"));
+    CU_OK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    args[0] = &arg;
+    CU_OK(cuLaunchKernel(check, v.lanes, 1, 1, CHECK_THREADS, 1, 1, 0, stream, args, NULL));
+    CHECK(vkgdr_ring_watch_consumer(ring, stream) == VKGDR_SUCCESS, "%s: watch", what);
+    p = vkgdr_ring_producer_create(ring);
+    CHECK(p != NULL, "%s: producer", what);
+    stats.struct_size = sizeof stats;
+    CHECK(vkgdr_ring_producer_get_stage_after(p) == 65536, "%s: 64 KiB at first", what);
+    sum += make_test_payload(payload, sizeof payload, 0);
+    CHECK(vkgdr_ring_producer_push(p, payload, sizeof payload, -1, NULL) == VKGDR_SUCCESS,
+          "%s: a lone record", what);
+    CHECK(vkgdr_ring_get_copy_engine_stats(ring, &stats) == VKGDR_SUCCESS && stats.copies == 0,
+          "%s: through the BAR at the default (%llu copies)", what,
+          (unsigned long long)stats.copies);
+    CHECK(vkgdr_ring_producer_set_stage_after(p, 0) == VKGDR_SUCCESS &&
+              vkgdr_ring_producer_get_stage_after(p) == 0,
+          "%s: set to 0", what);
+    sum += make_test_payload(payload, sizeof payload, 1);
+    CHECK(vkgdr_ring_producer_push(p, payload, sizeof payload, -1, NULL) == VKGDR_SUCCESS,
+          "%s: a lone record, staged", what);
+    CHECK(vkgdr_ring_get_copy_engine_stats(ring, &stats) == VKGDR_SUCCESS &&
+              stats.copies == 1 && stats.bytes == 4096 && stats.fallbacks == 0,
+          "%s: through the copy engine (%llu copies of %llu bytes)", what,
+          (unsigned long long)stats.copies, (unsigned long long)stats.bytes);
+    vkgdr_ring_producer_destroy(p);
+    CHECK(vkgdr_ring_stop(ring) == VKGDR_SUCCESS, "%s: stop", what);
+    CHECK(wait_stream(stream, 60), "%s: the consumer did not finish", what);
+    memset(res, 0, sizeof res);
+    CHECK(vkgdr_ring_get_lane_results(ring, 0, res, 5) == VKGDR_SUCCESS && res[0] == 2 &&
+              res[1] == sum && res[2] == 0 && res[3] == 2,
+          "%s: the kernel saw %llu records, %llu bad", what, (unsigned long long)res[0],
+          (unsigned long long)res[2]);
+    cuStreamDestroy(stream);
+    vkgdr_ring_destroy(ring);
+    vkgdr_close(g);
+}
+
 /* A producer keeps its ring alive: the ring handle may go first; the producer still writes
  * (no consumer: the records stay unread) and its destruction frees the ring. */
 static void producer_outlives_ring_handle(void)
@@ -422,6 +498,7 @@ int main(int argc, char **argv)
     run_lanes(module, LANES_COPY_ENGINE);
     run_lanes(module, LANES_DEFAULT);
     run_lanes(module, LANES_OFF);
+    stage_after(module);
     producer_outlives_ring_handle();
     cuModuleUnload(module);
     leave_primary_context(dev);

@@ -179,6 +179,35 @@ impl<'a, S: RingSink> Producer<'a, S> {
         self.policy = policy;
     }
 
+    /// How many bytes (records with headers) of the unpublished batch are written in place
+    /// before a large record is staged (see "Large records" above).
+    pub fn stage_after(&self) -> u64 {
+        self.stage_after
+    }
+
+    /// Sets how many bytes (records with headers) must be pending in the unpublished batch
+    /// before a large record is staged; from the producer's next record on. A producer starts
+    /// with its sink's [`RingSink::stage_after_pending`]: on a GPU ring 64 KiB, so that a lone
+    /// large record or a short batch keeps the direct path, which is quicker for it. `0` stages
+    /// every large record, the first of a batch and a lone one included: for producers that
+    /// stream large records beside a lane whose lone records must arrive quickly, since the
+    /// direct writes of their batches' first bytes are what those records wait behind on a GPU
+    /// ring (BENCHMARKS.md, 'A lone record beside bulk producers'). No effect where the sink
+    /// stages nothing.
+    ///
+    /// ```
+    /// use vkgdr::ring::core::{HostSink, RingCore};
+    /// let ring = RingCore::new(1 << 16, HostSink::with_staging_after(1 << 16, 4096, 1 << 16)?)?;
+    /// let mut bulk = ring.claim(|| Ok(0))?;
+    /// assert_eq!(bulk.stage_after(), 1 << 16);
+    /// bulk.set_stage_after(0); // every record of 4 KiB and more staged, the first one too
+    /// bulk.push(&[7u8; 4096], None)?;
+    /// # Ok::<(), vkgdr::ring::core::RingError>(())
+    /// ```
+    pub fn set_stage_after(&mut self, bytes: u64) {
+        self.stage_after = bytes;
+    }
+
     /// Appends one record and publishes it (with anything written before) at once: the
     /// lowest-latency path. Returns its sequence number. Waits up to `timeout` for space.
     pub fn push(&mut self, payload: &[u8], timeout: Option<Duration>) -> Result<u64, RingError> {

@@ -941,3 +941,37 @@ fn a_large_record_is_staged_only_after_enough_pending_bytes() {
     let report = verify_records(ring.sink(), 0, ring.sink().tail(), 0);
     assert_eq!((report.records, report.errors, report.next_seq), (4, 0, 4));
 }
+
+#[test]
+fn a_producer_told_to_stage_at_once_stages_the_first_large_record_of_a_batch() {
+    // Records of 256 bytes or more are staged once 1024 bytes are pending before them, unless
+    // the producer is told otherwise.
+    let ring = RingCore::new(CAP, HostSink::with_staging_after(CAP, 256, 1024).unwrap()).unwrap();
+    let mut p = ring.claim(|| Ok(0)).unwrap();
+    p.set_policy(FlushPolicy {
+        max_pending_bytes: u64::MAX,
+        max_delay: None,
+    });
+    assert_eq!(p.stage_after(), 1024, "the sink's choice at first");
+    p.set_stage_after(0);
+    assert_eq!(p.stage_after(), 0);
+    p.write(&sealed(600, 0), None).unwrap(); // nothing pending before it: staged all the same
+    assert_eq!(header_at(&ring, 0).len, 0, "staged, not in place");
+    p.flush();
+    assert_eq!(
+        header_at(&ring, 0).seq,
+        0,
+        "moved into place by the publication"
+    );
+    p.push(&sealed(600, 1), None).unwrap(); // a lone large record: staged, then published
+    assert_eq!(header_at(&ring, 624).seq, 1);
+    p.write(&sealed(40, 2), None).unwrap(); // small: in place
+    assert_eq!(header_at(&ring, 2 * 624).seq, 2);
+    // Back to the sink's choice: the next large record, 64 bytes pending, stays in place.
+    p.set_stage_after(1024);
+    p.write(&sealed(600, 3), None).unwrap();
+    assert_eq!(header_at(&ring, 2 * 624 + 64).seq, 3, "in place again");
+    drop(p);
+    let report = verify_records(ring.sink(), 0, ring.sink().tail(), 0);
+    assert_eq!((report.records, report.errors, report.next_seq), (4, 0, 4));
+}

@@ -59,7 +59,8 @@ pub const DEFAULT_COPY_ENGINE_RECORD: u32 = 4096;
 /// it in the batch: a staged publication costs microseconds (the producer's copy into pinned
 /// memory, then a copy and its stream stores queued with the driver), which a lone record or a
 /// short batch would not earn back (a 4 KiB record through the BAR takes under a microsecond;
-/// figures: BENCHMARKS.md, 'Copy-engine lanes').
+/// figures: BENCHMARKS.md, 'Copy-engine lanes'). What every producer starts with;
+/// [`Producer::set_stage_after`](crate::ring::core::Producer::set_stage_after) changes it for one.
 pub const STAGE_AFTER_PENDING: u64 = 64 << 10;
 
 /// On the lanes that [`CopyEngine::Split`] and [`CopyEngine::Auto`] keep on the BAR, the record
@@ -128,14 +129,18 @@ pub enum CopyEngine {
     /// lanes would hold more than [`AUTO_MAX_STAGING_BYTES`] in all, a one-lane ring and a
     /// shareable ring take the BAR on every lane. A lone latency-critical record beside bulk
     /// producers waits behind the BAR lanes' stores: for that, [`FromRecord`](Self::FromRecord)
-    /// puts all the bulk on the copy engine (BENCHMARKS.md, 'The default: the ring chooses').
+    /// puts the bulk on the copy engine (BENCHMARKS.md, 'The default: the ring chooses'), and
+    /// [`Producer::set_stage_after(0)`](crate::ring::core::Producer::set_stage_after) on the
+    /// bulk producers their batches' first 64 KiB too (BENCHMARKS.md, 'A lone record beside
+    /// bulk producers').
     Auto,
     /// Every record through the BAR, by CPU stores.
     Off,
     /// Records of at least this many bytes in the ring (16-byte header and padding included)
     /// go through pinned staging and a copy engine once a batch has
-    /// [`STAGE_AFTER_PENDING`] bytes pending before them; smaller ones, lone ones and short
-    /// batches through the BAR. Shared
+    /// [`STAGE_AFTER_PENDING`] bytes pending before them (a producer's
+    /// [`set_stage_after`](crate::ring::core::Producer::set_stage_after) changes that); smaller
+    /// ones, lone ones and short batches through the BAR. Shared
     /// reservations ([`DeviceRing::reserve`](super::DeviceRing::reserve),
     /// [`DeviceRing::push`](super::DeviceRing::push)) always take the BAR.
     FromRecord(u32),

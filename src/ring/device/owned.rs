@@ -142,6 +142,16 @@ impl OwnedProducer {
         self.producer.set_policy(policy);
     }
 
+    /// See [`Producer::stage_after`].
+    pub fn stage_after(&self) -> u64 {
+        self.producer.stage_after()
+    }
+
+    /// See [`Producer::set_stage_after`].
+    pub fn set_stage_after(&mut self, bytes: u64) {
+        self.producer.set_stage_after(bytes);
+    }
+
     /// End of the last record written on the lane (published or not).
     pub fn reserved(&self) -> u64 {
         self.producer.core().reserved()
