@@ -357,8 +357,8 @@ pub unsafe extern "C" fn vkgdr_ring_producer_set_flush_policy(
 /// that a lone large record or a short batch keeps the BAR, which is quicker for it. 0 stages
 /// every such record, the first of a batch and a lone one included: for producers streaming
 /// large records beside a lane whose lone records must arrive quickly, which otherwise wait
-/// behind the BAR stores of those batches' first 64 KiB. No effect on a lane whose records all
-/// take the BAR.
+/// behind the BAR stores of those batches' first 64 KiB. `UINT64_MAX` stages none. No effect
+/// on a lane whose records all take the BAR.
 ///
 /// Returns `VKGDR_SUCCESS`, or `VKGDR_ERROR` (an invalid handle).
 ///
@@ -379,7 +379,7 @@ pub unsafe extern "C" fn vkgdr_ring_producer_set_stage_after(
 }
 
 /// What `vkgdr_ring_producer_set_stage_after` last set (64 KiB at first), or `UINT64_MAX` on
-/// error (an invalid handle).
+/// error (an invalid handle; `UINT64_MAX` is also what a producer set to stage nothing holds).
 ///
 /// Thread safety: any thread, one at a time per producer.
 ///

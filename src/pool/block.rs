@@ -101,10 +101,10 @@ impl Block {
     }
 
     /// The block of a record its shard has just made for it
-    /// ([`ShardSet::alloc`](super::shards::ShardSet::alloc)), which holds the block's length
-    /// already: what [`shared`](Self::shared) would check, and find nothing to change (on
-    /// non-coherent memory the shard recorded the atom-rounded size, which is what the block
-    /// accounts for).
+    /// ([`ShardSet::alloc`](super::shards::ShardSet::alloc)): the record holds the block's
+    /// length already, and its allocation the size the block accounts for (the length rounded
+    /// to whole atoms on non-coherent memory), so [`shared`](Self::shared) would find nothing
+    /// to change.
     #[inline(always)]
     pub(super) fn fresh(record: Box<BlockRecord>) -> Block {
         Block {

@@ -192,8 +192,8 @@ impl<'a, S: RingSink> Producer<'a, S> {
     /// every large record, the first of a batch and a lone one included: for producers that
     /// stream large records beside a lane whose lone records must arrive quickly, since the
     /// direct writes of their batches' first bytes are what those records wait behind on a GPU
-    /// ring (BENCHMARKS.md, 'A lone record beside bulk producers'). No effect where the sink
-    /// stages nothing.
+    /// ring (BENCHMARKS.md, 'A lone record beside bulk producers'). `u64::MAX` stages none. No
+    /// effect where the sink stages nothing.
     ///
     /// ```
     /// use vkgdr::ring::core::{HostSink, RingCore};
