@@ -561,13 +561,17 @@ fn a_block_taken_by_another_drain_counts_as_lent_until_it_is_freed() {
         .unwrap();
     let token = pool.alloc(64, 64).unwrap().release_on_device().unwrap();
     send(&l, &device, shape, KIND_RELEASE, &[token.to_bits()]);
-    let taken = std::sync::Barrier::new(2);
+    let (taken, counted) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
     std::thread::scope(|s| {
         let other = s.spawn(|| {
             let mut out = Vec::new();
             let (n, in_hand) = pool.inner.lent.drain(&mut out, true);
             assert_eq!((n, in_hand.len()), (1, 1));
             taken.wait();
+            // Held until this thread's counts were read, then a moment more, so that the drain
+            // below mostly finds the block still in hand and has to wait for it (a slower one,
+            // as under Miri, finds it freed: the counts after it hold either way).
+            counted.wait();
             std::thread::sleep(Duration::from_millis(50));
             super::super::block::free_lent(&mut out);
             drop(in_hand);
@@ -575,6 +579,7 @@ fn a_block_taken_by_another_drain_counts_as_lent_until_it_is_freed() {
         taken.wait();
         assert_eq!(pool.lent_blocks(), 1, "taken, not freed yet");
         assert_eq!(pool.stats().device_releases.outstanding, 1);
+        counted.wait();
         assert_eq!(
             pool.drain_device_releases(),
             0,
