@@ -188,16 +188,16 @@ extern "C" __global__ void __launch_bounds__(512) window_early512(vkgdr_ring_vie
 // consumer, the other lanes by the other, so that the lone lane's reader and the streaming lanes'
 // readers can be swapped apart (ring_lone.c with RING_LONE_LOAD).
 
-// Lane 0 through the checking kernel's reader, the others acked by one thread each.
-extern "C" __global__ void __launch_bounds__(512) check0_ack_rest(vkgdr_ring_view view, ull*,
-                                                                  unsigned int)
+// Lane 0 read by one consumer, the others by the other: CHECK0, lane 0 through the checking
+// kernel's reader and the others acked by one thread each; otherwise the other way round.
+template <bool CHECK0> __device__ void split_consumers(vkgdr_ring_view view)
 {
     __shared__ RingCheckShared sh;
     if (blockIdx.x >= view.lanes) {
         return;
     }
     const vkgdr::RingLane lane = vkgdr::ring_lane(view, blockIdx.x);
-    if (blockIdx.x != 0u) {
+    if ((blockIdx.x == 0u) != CHECK0) {
         if (threadIdx.x == 0u) {
             ring_ack_lane(lane.tail, lane.stop, lane.head);
         }
@@ -208,22 +208,14 @@ extern "C" __global__ void __launch_bounds__(512) check0_ack_rest(vkgdr_ring_vie
     }
 }
 
-// Lane 0 acked by one thread, the others through the checking kernel's reader.
+extern "C" __global__ void __launch_bounds__(512) check0_ack_rest(vkgdr_ring_view view, ull*,
+                                                                  unsigned int)
+{
+    split_consumers<true>(view);
+}
+
 extern "C" __global__ void __launch_bounds__(512) ack0_check_rest(vkgdr_ring_view view, ull*,
                                                                   unsigned int)
 {
-    __shared__ RingCheckShared sh;
-    if (blockIdx.x >= view.lanes) {
-        return;
-    }
-    const vkgdr::RingLane lane = vkgdr::ring_lane(view, blockIdx.x);
-    if (blockIdx.x == 0u) {
-        if (threadIdx.x == 0u) {
-            ring_ack_lane(lane.tail, lane.stop, lane.head);
-        }
-        return;
-    }
-    if (ring_block_ok(lane.result)) {
-        ring_check_lane(lane, &sh);
-    }
+    split_consumers<false>(view);
 }

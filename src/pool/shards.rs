@@ -519,23 +519,23 @@ impl ShardSet {
         // case takes the out-of-line path, which records its own. Were the two paths' results
         // to meet here, the allocation would pass through memory on both.
         match shard.heap.alloc_from_partial_page(size, align) {
-            Some(allocation) => Self::record((cell, this), shard, allocation, len),
-            None => Self::alloc_in_slow((cell, this), shard, size, align, len, grow),
+            Ok(allocation) => Self::record((cell, this), shard, allocation, len),
+            Err(class) => Self::alloc_in_slow((cell, this), shard, (size, align, class), len, grow),
         }
     }
 
     /// [`alloc_in`](Self::alloc_in) when no page at hand holds a free object of the request's
-    /// class: a new slab page or a plain block, after `grow` when the heap is full.
+    /// class (`class`, from that attempt): a new slab page or a plain block, after `grow` when
+    /// the heap is full.
     #[inline(never)]
     fn alloc_in_slow<'a>(
         cell: (NonNull<ShardCell>, &'a ShardCell),
         mut shard: BiasedGuard<'a, Shard>,
-        size: u64,
-        align: u64,
+        (size, align, class): (u64, u64, Option<u32>),
         len: (u64, bool),
         grow: impl FnOnce(&mut Shard, u64) -> Result<()>,
     ) -> Result<Box<BlockRecord>> {
-        let allocation = match shard.heap.alloc_valid(size, align) {
+        let allocation = match shard.heap.alloc_past_partial_pages(size, align, class) {
             Ok(a) => a,
             Err(AllocError::OutOfSpace {
                 chunk_size_needed, ..

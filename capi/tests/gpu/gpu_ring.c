@@ -165,6 +165,31 @@ typedef struct {
 } ring_view_arg;
 _Static_assert(sizeof(ring_view_arg) == 64, "vkgdr_ring_view is 64 bytes");
 
+/* Launches ring_check_lanes (one block of CHECK_THREADS per lane) over the ring of view `v` on
+ * a new non-blocking stream, registered as the ring's consumer; returns the stream. */
+static CUstream launch_check_lanes(CUmodule module, vkgdr_ring_t ring,
+                                   const vkgdr_ring_device_view *v, const char *what)
+{
+    ring_view_arg arg;
+    CUfunction check = NULL;
+    CUstream stream;
+    void *args[1] = { &arg };
+    arg.data = v->data;
+    arg.capacity = v->capacity;
+    arg.tail = v->tail;
+    arg.stop = v->stop;
+    arg.head = v->head;
+    arg.result = v->result;
+    arg.lane_data = v->lane_data;
+    arg.lanes = v->lanes;
+    arg.wrap = v->mirrored;
+    CU_OK(cuModuleGetFunction(&check, module, "ring_check_lanes"));
+    CU_OK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    CU_OK(cuLaunchKernel(check, v->lanes, 1, 1, CHECK_THREADS, 1, 1, 0, stream, args, NULL));
+    CHECK(vkgdr_ring_watch_consumer(ring, stream) == VKGDR_SUCCESS, "%s: watch", what);
+    return stream;
+}
+
 #define LANE_RECORDS 6000
 #define LARGE_MIN 8192u
 #define LARGE_SPAN 57000u
@@ -259,13 +284,10 @@ static void run_lanes(CUmodule module, enum lanes_mode mode)
     vkgdr_ring_t ring;
     vkgdr_ring_device_view v;
     vkgdr_ring_copy_engine_stats stats;
-    ring_view_arg arg;
-    CUfunction check = NULL;
     CUstream stream;
     lane_producer workers[2];
     pthread_t threads[2];
     vkgdr_ring_producer_t third;
-    void *args[1];
     uint64_t res[8];
     uint32_t lanes[2];
     int i;
@@ -290,20 +312,7 @@ static void run_lanes(CUmodule module, enum lanes_mode mode)
     CHECK(vkgdr_ring_get_device_view(ring, &v) == VKGDR_SUCCESS && v.lanes == 2 &&
               v.lane_data != 0 && v.mirrored == 0,
           "%s: view", what);
-    arg.data = v.data;
-    arg.capacity = v.capacity;
-    arg.tail = v.tail;
-    arg.stop = v.stop;
-    arg.head = v.head;
-    arg.result = v.result;
-    arg.lane_data = v.lane_data;
-    arg.lanes = v.lanes;
-    arg.wrap = v.mirrored;
-    CU_OK(cuModuleGetFunction(&check, module, "ring_check_lanes"));
-    CU_OK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
-    args[0] = &arg;
-    CU_OK(cuLaunchKernel(check, v.lanes, 1, 1, CHECK_THREADS, 1, 1, 0, stream, args, NULL));
-    CHECK(vkgdr_ring_watch_consumer(ring, stream) == VKGDR_SUCCESS, "%s: watch", what);
+    stream = launch_check_lanes(module, ring, &v, what);
 
     memset(workers, 0, sizeof workers);
     for (i = 0; i < 2; i++) {
@@ -396,10 +405,7 @@ static void stage_after(CUmodule module)
     vkgdr_ring_producer_t p;
     vkgdr_ring_device_view v;
     vkgdr_ring_copy_engine_stats stats;
-    ring_view_arg arg;
-    CUfunction check = NULL;
     CUstream stream;
-    void *args[1];
     static unsigned char payload[4080];
     uint64_t res[8], sum = 0;
 
@@ -413,20 +419,7 @@ static void stage_after(CUmodule module)
     }
     v.struct_size = sizeof v;
     CHECK(vkgdr_ring_get_device_view(ring, &v) == VKGDR_SUCCESS, "%s: view", what);
-    arg.data = v.data;
-    arg.capacity = v.capacity;
-    arg.tail = v.tail;
-    arg.stop = v.stop;
-    arg.head = v.head;
-    arg.result = v.result;
-    arg.lane_data = v.lane_data;
-    arg.lanes = v.lanes;
-    arg.wrap = v.mirrored;
-    CU_OK(cuModuleGetFunction(&check, module, "ring_check_lanes"));
-    CU_OK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
-    args[0] = &arg;
-    CU_OK(cuLaunchKernel(check, v.lanes, 1, 1, CHECK_THREADS, 1, 1, 0, stream, args, NULL));
-    CHECK(vkgdr_ring_watch_consumer(ring, stream) == VKGDR_SUCCESS, "%s: watch", what);
+    stream = launch_check_lanes(module, ring, &v, what);
     p = vkgdr_ring_producer_create(ring);
     CHECK(p != NULL, "%s: producer", what);
     stats.struct_size = sizeof stats;

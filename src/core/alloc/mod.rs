@@ -495,30 +495,44 @@ impl Heap {
     /// once for every path): the same result without checking again.
     #[inline(always)]
     pub(crate) fn alloc_valid(&mut self, size: u64, align: u64) -> Result<Allocation, AllocError> {
-        debug_assert_eq!(self.config.check_request(size, align), Ok(()));
-        let (rounded, effective_align) = (align_up(size, self.gran), align.max(self.gran));
-        let class = self.slabs.class_for(rounded, effective_align);
-        if let Some(class) = class {
-            if let Some(object) = self.slabs.alloc(class) {
-                return Ok(self.record_object(object, size));
-            }
+        match self.alloc_from_partial_page(size, align) {
+            Ok(a) => Ok(a),
+            Err(class) => self.alloc_past_partial_pages(size, align, class),
         }
-        self.alloc_slow(size, align, rounded, effective_align, class)
     }
 
     /// [`alloc_valid`](Self::alloc_valid)'s usual case alone: an object of a slab page that has
-    /// a free one, or `None` where the request needs more (a new page, a plain block) or fails.
-    /// Nothing changes then. A caller that takes the other cases out of line keeps the
-    /// allocation in registers: a result that may come back from an out-of-line call lives in
-    /// memory, as `alloc_valid`'s does.
+    /// a free one; otherwise the request's slab class (`None`: a plain block's size), for
+    /// [`alloc_past_partial_pages`](Self::alloc_past_partial_pages), and nothing changed. A
+    /// caller that takes the other cases out of line keeps the allocation in registers: a result
+    /// that may come back from an out-of-line call lives in memory, as `alloc_valid`'s does.
     #[inline(always)]
-    pub(crate) fn alloc_from_partial_page(&mut self, size: u64, align: u64) -> Option<Allocation> {
+    pub(crate) fn alloc_from_partial_page(
+        &mut self,
+        size: u64,
+        align: u64,
+    ) -> Result<Allocation, Option<u32>> {
         debug_assert_eq!(self.config.check_request(size, align), Ok(()));
         let class = self
             .slabs
-            .class_for(align_up(size, self.gran), align.max(self.gran))?;
-        let object = self.slabs.alloc(class)?;
-        Some(self.record_object(object, size))
+            .class_for(align_up(size, self.gran), align.max(self.gran))
+            .ok_or(None)?;
+        let object = self.slabs.alloc(class).ok_or(Some(class))?;
+        Ok(self.record_object(object, size))
+    }
+
+    /// The rest of [`alloc_valid`](Self::alloc_valid) after
+    /// [`alloc_from_partial_page`](Self::alloc_from_partial_page) gave `class`: a new slab page
+    /// or a plain block.
+    #[inline]
+    pub(crate) fn alloc_past_partial_pages(
+        &mut self,
+        size: u64,
+        align: u64,
+        class: Option<u32>,
+    ) -> Result<Allocation, AllocError> {
+        let (rounded, effective_align) = (align_up(size, self.gran), align.max(self.gran));
+        self.alloc_slow(size, align, rounded, effective_align, class)
     }
 
     /// A new slab page or a plain block; as a last resort the cached empty pages go back first.
