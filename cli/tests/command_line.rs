@@ -188,7 +188,7 @@ fn help_shows_defaults_and_exit_codes() {
         "Benchmarks:",
         // Each benchmark with its line of help, in words a user reads.
         "fastpath  the default API's writes, reads and pool cache",
-        "all       all 9 but xproc in turn",
+        "all       all 10 but xproc in turn",
         "plot ",
         "Exit status:",
     ] {

@@ -24,7 +24,7 @@
 //! - [`report`]: results and their forms (tables, CSV, charts);
 //! - [`compare`]: two runs side by side, by `--tolerance`;
 //! - the benchmarks: [`apiperf`], [`arena`], [`copybw`], [`copylat`], [`fastpath`], [`pplat`],
-//!   [`ring`], [`d2h`], [`waits`]; and, run by name only, [`xproc`] (it starts other
+//!   [`ring`], [`tail`], [`d2h`], [`waits`]; and, run by name only, [`xproc`] (it starts other
 //!   processes).
 
 pub mod apiperf;
@@ -48,6 +48,7 @@ pub mod report;
 pub mod ring;
 pub mod run;
 pub mod stats;
+pub mod tail;
 pub mod waits;
 pub mod xproc;
 

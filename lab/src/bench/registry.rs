@@ -11,6 +11,7 @@ use super::options::Options;
 use super::raw_steps::{ALLOC_STEPS, FREE_STEPS};
 use super::report::model::{Anchored, Origin, Report};
 use super::report::spec::{Anchor, Layout, ReportSpec, Rows};
+use super::tail::rows as tail;
 use super::waits::driver_calls::rows as drv;
 use super::{apiperf, arena, copybw, copylat, d2h, fastpath, pplat, ring, waits, xproc};
 
@@ -42,9 +43,22 @@ const DRIVER_CALLS: &[Rows] = &[
     Rows::Is(drv::COMPLETION_WORD),
 ];
 
+/// The `tail` reports' anchors: each loaded row with its own kernel's idle row.
+const TAIL_ANCHOR: Anchor = Anchor::Pairs(&[
+    (Rows::StartingWith(tail::ACK), Rows::Is(tail::ACK_IDLE)),
+    (
+        Rows::StartingWith(tail::LOADING_ACK),
+        Rows::Is(tail::LOADING_ACK_IDLE),
+    ),
+    (
+        Rows::StartingWith(tail::CHECKING),
+        Rows::Is(tail::CHECKING_IDLE),
+    ),
+]);
+
 /// The benchmarks, in the order `all` runs them (those it runs: [`Benchmark::in_all`]): `apiperf`
 /// first so that its "first `Gpu::open`" really is the first in the process.
-pub const BENCHMARKS: [Benchmark; 10] = [
+pub const BENCHMARKS: [Benchmark; 11] = [
     Benchmark {
         name: "apiperf",
         help: "cost of open, alloc/free, pool alloc/free, flush/invalidate",
@@ -242,6 +256,42 @@ pub const BENCHMARKS: [Benchmark; 10] = [
                     Rows::Is(ring::rows::MIRRORED),
                     Rows::Is(ring::rows::PADDED),
                 )]),
+                machine: &[],
+            },
+        ],
+        in_all: true,
+    },
+    Benchmark {
+        name: "tail",
+        help: "a lone record's round trip (median, p99, p99.9), the other lanes idle or streaming",
+        run: super::tail::run,
+        reports: &[
+            ReportSpec {
+                name: super::tail::REPORTS[0],
+                title: "A lone record's round trip beside streaming lanes: median",
+                layout: Layout::Long,
+                anchor: TAIL_ANCHOR,
+                machine: &[],
+            },
+            ReportSpec {
+                name: super::tail::REPORTS[1],
+                title: "A lone record's round trip beside streaming lanes: 99th percentile",
+                layout: Layout::Long,
+                anchor: TAIL_ANCHOR,
+                machine: &[],
+            },
+            ReportSpec {
+                name: super::tail::REPORTS[2],
+                title: "A lone record's round trip beside streaming lanes: 99.9th percentile",
+                layout: Layout::Long,
+                anchor: TAIL_ANCHOR,
+                machine: &[],
+            },
+            ReportSpec {
+                name: super::tail::REPORTS[3],
+                title: "What the other lanes streamed during the lone record's round trips",
+                layout: Layout::Long,
+                anchor: Anchor::None,
                 machine: &[],
             },
         ],
@@ -534,6 +584,26 @@ mod tests {
                 .map(|s| s.name)
                 .collect();
             assert_eq!(one, [b.name]);
+        }
+    }
+
+    #[test]
+    fn each_tail_row_is_anchored_to_its_own_kernels_idle_row() {
+        use crate::bench::tail::{row_name, Kernel, Load};
+        let spec = report_spec(crate::bench::tail::REPORTS[1]).unwrap();
+        for kernel in Kernel::ALL {
+            let idle = row_name(kernel, Load::Idle);
+            for load in Load::ALL {
+                let row = row_name(kernel, load);
+                let (report, anchor) = spec.anchor.of(spec.name, &row).unwrap();
+                assert_eq!(report, spec.name);
+                // The idle row matches itself, and the figure is never its own anchor.
+                assert!(anchor.matches(&idle), "{row}: {anchor}");
+                let others = Kernel::ALL.into_iter().filter(|&k| k != kernel);
+                for other in others.map(|k| row_name(k, Load::Idle)) {
+                    assert!(!anchor.matches(&other), "{row}: {anchor}");
+                }
+            }
         }
     }
 

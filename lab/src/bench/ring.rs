@@ -33,7 +33,7 @@ use super::report::format::fmt_size;
 use super::report::model::{Figure, Report, Unit};
 use crate::ui;
 
-/// The ring kernels (`ring_ack`, `ring_ack_lanes`, `ring_check_lanes`).
+/// The ring kernels (`ring_ack`, `ring_ack_lanes`, `ring_ack_load_lanes`, `ring_check_lanes`).
 pub(super) const PTX: &str =
     include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels/ring.ptx"));
 const PRODUCERS: usize = 4;
@@ -81,6 +81,9 @@ pub(super) enum Consumer {
     Ack,
     /// `ring_ack_lanes`: the same on every lane.
     AckLanes,
+    /// `ring_ack_load_lanes`: on every lane, head = tail once the first record's header is read
+    /// (the least a consumer that looks at a record pays).
+    AckLoadLanes,
     /// `ring_check_lanes`: every record read and verified (the device API).
     Check,
 }
@@ -110,6 +113,7 @@ pub(super) fn launch_consumer(
     let (name, params, blocks, threads): (_, &mut [*mut c_void], _, _) = match consumer {
         Consumer::Ack => ("ring_ack", &mut ack, 1, 1),
         Consumer::AckLanes => ("ring_ack_lanes", &mut view, v.lanes, 32),
+        Consumer::AckLoadLanes => ("ring_ack_load_lanes", &mut view, v.lanes, 32),
         Consumer::Check => (
             "ring_check_lanes",
             &mut view,
@@ -118,9 +122,9 @@ pub(super) fn launch_consumer(
         ),
     };
     let f = module.function(name)?;
-    // SAFETY: ring_ack(u64*, u32*, u64*) takes three 8-byte parameters, ring_ack_lanes and
-    // ring_check_lanes the 64-byte #[repr(C)] view by value; the ring is watched below, so it
-    // stops and waits for the kernel before its memory is freed.
+    // SAFETY: ring_ack(u64*, u32*, u64*) takes three 8-byte parameters, ring_ack_lanes,
+    // ring_ack_load_lanes and ring_check_lanes the 64-byte #[repr(C)] view by value; the ring is
+    // watched below, so it stops and waits for the kernel before its memory is freed.
     unsafe { f.launch(LaunchConfig::linear(blocks, threads), Some(stream), params)? };
     ring.watch_consumer(stream)?;
     Ok(())
@@ -151,6 +155,11 @@ impl Payload {
         if self.buf.len() >= layout::TEST_PREFIX_LEN {
             self.buf[..8].copy_from_slice(&seq.to_le_bytes());
         }
+        &self.buf
+    }
+
+    /// The payload as last stamped.
+    pub(crate) fn bytes(&self) -> &[u8] {
         &self.buf
     }
 }
@@ -253,7 +262,7 @@ pub(crate) fn push_batches<S: RingSink>(
         for (i, b) in bufs[..k].iter_mut().enumerate() {
             b.stamped(first + i as u64);
         }
-        p.push_batch(bufs[..k].iter().map(|b| b.buf.as_slice()), limit)?;
+        p.push_batch(bufs[..k].iter().map(Payload::bytes), limit)?;
         left -= k as u64;
     }
     Ok(())

@@ -1,10 +1,13 @@
-//! A report as a PNG chart ([`plot_png`]): log-log, size across and the median up, one line per
-//! method (reference values as crosses), in the embedded font.
+//! A report as a PNG chart ([`plot_png`]), in the embedded font: log-log, size across and the
+//! median up, one line per method (reference values as crosses); or, where every figure is of
+//! one size (a lone record's round trip beside eight loads), one bar per method with its p10–p90
+//! whisker.
 
 use std::path::Path;
 use std::sync::OnceLock;
 
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::FontStyle;
 
 use super::format::{fmt_size, trim_zeros};
@@ -51,7 +54,8 @@ const COLORS: [RGBColor; 10] = [
 ];
 
 /// Draws `report` as a log-log PNG chart at `path`: x = size, y = median, one line per method
-/// (reference values as crosses). Rows with size 0 or a non-positive value are left out;
+/// (reference values as crosses); where every row is of one size, as bars (one per method, its
+/// median, a whisker from p10 to p90). Rows with size 0 or a non-positive value are left out;
 /// returns `false` (and writes nothing) when no row remains.
 pub fn plot_png(report: &Report, path: &Path) -> BenchResult<bool> {
     let pts: Vec<&Figure> = report
@@ -68,12 +72,16 @@ pub fn plot_png(report: &Report, path: &Path) -> BenchResult<bool> {
             msg: "the embedded font could not be loaded".into(),
         });
     }
-    draw(report, &pts, path)
-        .map(|()| true)
-        .map_err(|msg| BenchError::Plot {
-            path: path.to_path_buf(),
-            msg,
-        })
+    let one_size = pts.iter().all(|r| r.size == pts[0].size);
+    let drawn = if one_size && pts.len() > 1 {
+        draw_bars(report, &pts, path)
+    } else {
+        draw(report, &pts, path)
+    };
+    drawn.map(|()| true).map_err(|msg| BenchError::Plot {
+        path: path.to_path_buf(),
+        msg,
+    })
 }
 
 fn draw(report: &Report, pts: &[&Figure], path: &Path) -> Result<(), String> {
@@ -165,6 +173,105 @@ fn draw(report: &Report, pts: &[&Figure], path: &Path) -> Result<(), String> {
         .border_style(BLACK)
         .draw()
         .map_err(|x| e(&x))?;
+    root.present().map_err(|x| e(&x))?;
+    Ok(())
+}
+
+/// Pixels of a bar chart's row, and of a character of its labels (the font at 15 px, generously).
+pub(super) const BAR_ROW: u32 = 30;
+const LABEL_CHAR: u32 = 8;
+
+/// One bar per figure of one size, top to bottom in the report's order: the median from 0, a
+/// whisker from p10 to p90 (measured figures), the median's value beside it.
+fn draw_bars(report: &Report, pts: &[&Figure], path: &Path) -> Result<(), String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let unit = report.unit;
+    let n = pts.len() as u32;
+    let widest = pts
+        .iter()
+        .map(|r| r.method.chars().count())
+        .max()
+        .unwrap_or(0) as u32;
+    let label_area = (widest * LABEL_CHAR + 20).clamp(120, 900);
+    let (width, height) = (label_area + 700, 130 + n * BAR_ROW);
+    let top = pts
+        .iter()
+        .map(|r| {
+            if r.p90.is_finite() {
+                r.p90.max(r.median)
+            } else {
+                r.median
+            }
+        })
+        .fold(0.0, f64::max)
+        * 1.25;
+    let size = fmt_size(pts[0].size);
+    let root = BitMapBackend::new(path, (width, height)).into_drawing_area();
+    root.fill(&WHITE).map_err(|x| e(&x))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(&report.title, (FAMILY, 24))
+        .margin(20)
+        .x_label_area_size(50)
+        .y_label_area_size(label_area)
+        .build_cartesian_2d(0.0..top, (0..n as i32 - 1).into_segmented())
+        .map_err(|x| e(&x))?;
+    // Row k of the report is drawn at the top: segment n-1-k.
+    let at = |k: usize| n as i32 - 1 - k as i32;
+    let names: Vec<&str> = pts.iter().map(|r| r.method.as_str()).collect();
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .x_desc(format!(
+            "{} at {size}, whiskers p10 to p90",
+            unit.axis_label()
+        ))
+        .x_label_formatter(&|v| trim_zeros(&unit.format(*v)))
+        .y_label_formatter(&|v| match v {
+            SegmentValue::CenterOf(i) => names
+                .get((n as i32 - 1 - i) as usize)
+                .map_or(String::new(), |s| s.to_string()),
+            _ => String::new(),
+        })
+        .y_labels(n as usize)
+        .label_style((FAMILY, 15))
+        .axis_desc_style((FAMILY, 17))
+        .draw()
+        .map_err(|x| e(&x))?;
+    for (k, r) in pts.iter().enumerate() {
+        let color = COLORS[k % COLORS.len()];
+        let (lo, hi) = (SegmentValue::Exact(at(k)), SegmentValue::Exact(at(k) + 1));
+        let mut bar = Rectangle::new(
+            [(0.0, lo), (r.median, hi)],
+            if r.is_reference() {
+                color.mix(0.35).filled()
+            } else {
+                color.filled()
+            },
+        );
+        bar.set_margin(5, 5, 0, 0);
+        chart.draw_series([bar]).map_err(|x| e(&x))?;
+        let mid = SegmentValue::CenterOf(at(k));
+        if !r.is_reference() && r.p10.is_finite() && r.p90.is_finite() {
+            chart
+                .draw_series([PathElement::new(
+                    vec![(r.p10, mid.clone()), (r.p90, mid.clone())],
+                    BLACK.stroke_width(2),
+                )])
+                .map_err(|x| e(&x))?;
+        }
+        let right = if r.p90.is_finite() {
+            r.p90.max(r.median)
+        } else {
+            r.median
+        };
+        chart
+            .draw_series([Text::new(
+                format!("  {}", trim_zeros(&unit.format(r.median))),
+                (right, mid),
+                TextStyle::from((FAMILY, 14).into_font()).pos(Pos::new(HPos::Left, VPos::Center)),
+            )])
+            .map_err(|x| e(&x))?;
+    }
     root.present().map_err(|x| e(&x))?;
     Ok(())
 }

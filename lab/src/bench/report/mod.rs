@@ -76,4 +76,52 @@ mod tests {
         assert!(!plot_png(&empty, &none).unwrap());
         assert!(!none.exists());
     }
+
+    /// The width and height of a PNG file's image (its IHDR chunk).
+    fn png_size(bytes: &[u8]) -> (u32, u32) {
+        assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+        let word = |at: usize| u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap());
+        (word(16), word(20))
+    }
+
+    #[test]
+    fn figures_of_one_size_are_drawn_as_bars_a_row_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let stats = |median: f64| crate::bench::stats::Stats {
+            median,
+            p10: median * 0.9,
+            p90: median * 1.2,
+            n: 7,
+        };
+        let mut r = Report::new("tail-p99", Unit::Nanoseconds);
+        let (three, six) = (dir.path().join("3.png"), dir.path().join("6.png"));
+        for (k, name) in ["idle", "beside 7 lanes", "beside 7 staged lanes"]
+            .iter()
+            .enumerate()
+        {
+            r.figures.push(Figure::measured(
+                *name,
+                64,
+                &stats(2000.0 + 500.0 * k as f64),
+            ));
+        }
+        assert!(plot_png(&r, &three).unwrap());
+        for k in 3..6 {
+            r.figures
+                .push(Figure::measured(format!("row {k}"), 64, &stats(3000.0)));
+        }
+        assert!(plot_png(&r, &six).unwrap());
+        let (w3, h3) = png_size(&std::fs::read(&three).unwrap());
+        let (w6, h6) = png_size(&std::fs::read(&six).unwrap());
+        // A bar chart: a row of its own per figure, as wide whatever the count.
+        assert_eq!(w3, w6);
+        assert_eq!(h6 - h3, 3 * chart::BAR_ROW);
+
+        // Two sizes: the log-log chart, of its fixed size.
+        r.figures
+            .push(Figure::measured("row 6", 4096, &stats(4000.0)));
+        let lines = dir.path().join("lines.png");
+        assert!(plot_png(&r, &lines).unwrap());
+        assert_eq!(png_size(&std::fs::read(&lines).unwrap()), (1100, 700));
+    }
 }
