@@ -6,6 +6,7 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::FontStyle;
@@ -181,9 +182,50 @@ fn draw(report: &Report, pts: &[&Figure], path: &Path) -> Result<(), String> {
 pub(super) const BAR_ROW: u32 = 30;
 const LABEL_CHAR: u32 = 8;
 
-/// One bar per figure of one size, top to bottom in the report's order: the median from 0, a
-/// whisker from p10 to p90 (measured figures), the median's value beside it.
+/// Values further apart than this (largest over smallest) are drawn on a log axis.
+const BAR_LOG_SPAN: f64 = 100.0;
+/// One bar per figure of one size, top to bottom in the report's order: the median, a whisker
+/// from p10 to p90 (measured figures), the median's value beside it. The axis is linear from 0,
+/// or logarithmic where the values span more than [`BAR_LOG_SPAN`] (a call that waits 2 s beside
+/// calls of a few µs).
 fn draw_bars(report: &Report, pts: &[&Figure], path: &Path) -> Result<(), String> {
+    let lo = pts.iter().map(|r| r.median).fold(f64::INFINITY, f64::min);
+    let hi = pts.iter().map(|r| right_end(r)).fold(0.0, f64::max);
+    if hi / lo > BAR_LOG_SPAN {
+        let (a, b) = (lo / 2.0, hi * 3.0);
+        let (bold, grid) = value_ticks(a, b, 10);
+        let axis = (a..b)
+            .log_scale()
+            .with_key_points(bold)
+            .with_light_points(grid);
+        bars_on(report, pts, path, axis, a, ", log scale")
+    } else {
+        bars_on(report, pts, path, 0.0..hi * 1.25, 0.0, "")
+    }
+}
+
+/// A figure's right end in a bar chart: its p90 where it has one.
+fn right_end(r: &Figure) -> f64 {
+    if r.p90.is_finite() {
+        r.p90.max(r.median)
+    } else {
+        r.median
+    }
+}
+
+/// [`draw_bars`] on the value axis `axis`, whose bars start at `x0`.
+fn bars_on<X>(
+    report: &Report,
+    pts: &[&Figure],
+    path: &Path,
+    axis: X,
+    x0: f64,
+    scale: &str,
+) -> Result<(), String>
+where
+    X: AsRangedCoord<Value = f64>,
+    X::CoordDescType: ValueFormatter<f64>,
+{
     let e = |e: &dyn std::fmt::Display| e.to_string();
     let unit = report.unit;
     let n = pts.len() as u32;
@@ -194,17 +236,6 @@ fn draw_bars(report: &Report, pts: &[&Figure], path: &Path) -> Result<(), String
         .unwrap_or(0) as u32;
     let label_area = (widest * LABEL_CHAR + 20).clamp(120, 900);
     let (width, height) = (label_area + 700, 130 + n * BAR_ROW);
-    let top = pts
-        .iter()
-        .map(|r| {
-            if r.p90.is_finite() {
-                r.p90.max(r.median)
-            } else {
-                r.median
-            }
-        })
-        .fold(0.0, f64::max)
-        * 1.25;
     let size = fmt_size(pts[0].size);
     let root = BitMapBackend::new(path, (width, height)).into_drawing_area();
     root.fill(&WHITE).map_err(|x| e(&x))?;
@@ -213,7 +244,7 @@ fn draw_bars(report: &Report, pts: &[&Figure], path: &Path) -> Result<(), String
         .margin(20)
         .x_label_area_size(50)
         .y_label_area_size(label_area)
-        .build_cartesian_2d(0.0..top, (0..n as i32 - 1).into_segmented())
+        .build_cartesian_2d(axis, (0..n as i32 - 1).into_segmented())
         .map_err(|x| e(&x))?;
     // Row k of the report is drawn at the top: segment n-1-k.
     let at = |k: usize| n as i32 - 1 - k as i32;
@@ -222,7 +253,7 @@ fn draw_bars(report: &Report, pts: &[&Figure], path: &Path) -> Result<(), String
         .configure_mesh()
         .disable_y_mesh()
         .x_desc(format!(
-            "{} at {size}, whiskers p10 to p90",
+            "{} at {size}, whiskers p10 to p90{scale}",
             unit.axis_label()
         ))
         .x_label_formatter(&|v| trim_zeros(&unit.format(*v)))
@@ -239,9 +270,9 @@ fn draw_bars(report: &Report, pts: &[&Figure], path: &Path) -> Result<(), String
         .map_err(|x| e(&x))?;
     for (k, r) in pts.iter().enumerate() {
         let color = COLORS[k % COLORS.len()];
-        let (lo, hi) = (SegmentValue::Exact(at(k)), SegmentValue::Exact(at(k) + 1));
+        let (bottom, top) = (SegmentValue::Exact(at(k)), SegmentValue::Exact(at(k) + 1));
         let mut bar = Rectangle::new(
-            [(0.0, lo), (r.median, hi)],
+            [(x0, bottom), (r.median, top)],
             if r.is_reference() {
                 color.mix(0.35).filled()
             } else {
@@ -254,20 +285,15 @@ fn draw_bars(report: &Report, pts: &[&Figure], path: &Path) -> Result<(), String
         if !r.is_reference() && r.p10.is_finite() && r.p90.is_finite() {
             chart
                 .draw_series([PathElement::new(
-                    vec![(r.p10, mid.clone()), (r.p90, mid.clone())],
+                    vec![(r.p10.max(x0), mid.clone()), (r.p90, mid.clone())],
                     BLACK.stroke_width(2),
                 )])
                 .map_err(|x| e(&x))?;
         }
-        let right = if r.p90.is_finite() {
-            r.p90.max(r.median)
-        } else {
-            r.median
-        };
         chart
             .draw_series([Text::new(
                 format!("  {}", trim_zeros(&unit.format(r.median))),
-                (right, mid),
+                (right_end(r), mid),
                 TextStyle::from((FAMILY, 14).into_font()).pos(Pos::new(HPos::Left, VPos::Center)),
             )])
             .map_err(|x| e(&x))?;

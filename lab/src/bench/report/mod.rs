@@ -86,6 +86,7 @@ mod tests {
 
     #[test]
     fn figures_of_one_size_are_drawn_as_bars_a_row_each() {
+        use chart::BAR_ROW;
         let dir = tempfile::tempdir().unwrap();
         let stats = |median: f64| crate::bench::stats::Stats {
             median,
@@ -115,7 +116,19 @@ mod tests {
         let (w6, h6) = png_size(&std::fs::read(&six).unwrap());
         // A bar chart: a row of its own per figure, as wide whatever the count.
         assert_eq!(w3, w6);
-        assert_eq!(h6 - h3, 3 * chart::BAR_ROW);
+        assert_eq!(h6 - h3, 3 * BAR_ROW);
+
+        // Values six decades apart (a call that waits beside quick ones), one with a p10 of 0:
+        // the bars' log axis.
+        let mut wide = Report::new("waits-idle", Unit::Nanoseconds);
+        wide.figures
+            .push(Figure::measured("quick", 2 << 20, &stats(1200.0)));
+        wide.figures
+            .push(Figure::measured("waits", 2 << 20, &stats(2e9)));
+        wide.figures[0].p10 = 0.0;
+        let log = dir.path().join("log.png");
+        assert!(plot_png(&wide, &log).unwrap());
+        assert_eq!(png_size(&std::fs::read(&log).unwrap()).1, h3 - BAR_ROW);
 
         // Two sizes: the log-log chart, of its fixed size.
         r.figures
