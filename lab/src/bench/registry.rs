@@ -246,7 +246,10 @@ pub const BENCHMARKS: [Benchmark; 11] = [
                 title: "Ring round trip: one record to a resident kernel and back",
                 layout: Layout::Long,
                 anchor: Anchor::Method(ring::rows::COPY_SYNC),
-                machine: &[Rows::Is(ring::rows::COPY_SYNC)],
+                machine: &[
+                    Rows::Is(ring::rows::COPY_SYNC),
+                    Rows::Is(ring::rows::MEMCPY_COPY_SYNC),
+                ],
             },
             ReportSpec {
                 name: "ring-wrap",

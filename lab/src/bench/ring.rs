@@ -40,8 +40,12 @@ const PRODUCERS: usize = 4;
 const RING_BYTES: u64 = 64 << 20;
 /// Each lane of a multi-lane ring.
 const LANE_BYTES: u64 = 16 << 20;
-/// Record sizes including the 16-byte header, for the `cuMemcpyHtoDAsync` rows.
-const SIZES: [u64; 6] = [64, 512, 1024, 2048, 4096, 64 << 10];
+/// Record sizes including the 16-byte header, for the `cuMemcpyHtoDAsync` rows: every size of
+/// the eight-producer rows.
+const SIZES: [u64; 8] = [64, 512, 1024, 2048, 4096, 64 << 10, 256 << 10, 1 << 20];
+/// The `cuMemcpyHtoDAsync` rows' buffers (pinned source, device destination): 256 records of
+/// the largest size in one copy.
+const COPY_BYTES: u64 = 256 << 20;
 /// Bytes per `push_batch` (records of one size), at least...
 const BATCH_BYTES: u64 = 64 << 10;
 /// ... this many records, as the batched `cuMemcpyHtoDAsync` row copies, and at most a quarter
@@ -97,6 +101,16 @@ pub(super) enum Produce {
     Push,
     /// Each thread owns a lane, `push_batch` of up to `BATCH_BYTES`.
     Batch,
+    /// The same with every large record staged, each batch's first included
+    /// (`Producer::set_stage_after(0)`).
+    BatchStagedFromFirst,
+}
+
+impl Produce {
+    /// Whether each thread pushes batches through a lane of its own.
+    fn batches(self) -> bool {
+        matches!(self, Produce::Batch | Produce::BatchStagedFromFirst)
+    }
 }
 
 /// Launches `consumer` on `ring` and watches it.
@@ -183,15 +197,22 @@ pub(super) fn stream_records(
     }
     // Every producer's record buffers, made (written and checksummed) before the clock starts.
     let payloads: Vec<Vec<Payload>> = (0..producers)
-        .map(|_| match how {
-            Produce::Batch => batch_payloads(size),
-            _ => vec![Payload::new(size)],
+        .map(|_| {
+            if how.batches() {
+                batch_payloads(size)
+            } else {
+                vec![Payload::new(size)]
+            }
         })
         .collect();
     let t0 = Instant::now();
     on_threads(payloads, |mut bufs| {
-        if how == Produce::Batch {
-            return push_batches(&mut ring.producer()?, &mut bufs, per_thread, limit);
+        if how.batches() {
+            let mut p = ring.producer()?;
+            if how == Produce::BatchStagedFromFirst {
+                p.set_stage_after(0);
+            }
+            return push_batches(&mut p, &mut bufs, per_thread, limit);
         }
         let payload = &mut bufs[0];
         if how == Produce::Shared {
@@ -308,35 +329,65 @@ fn consumer_alone(
     Ok((size * per_lane * lanes as u64) as f64 / secs / 1e9)
 }
 
-/// Round trips of one record: published alone (through a lane's producer, or the shared path),
-/// then waited for until the kernel's head passes it.
+/// How a lone record is published in [`round_trips`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Lone {
+    /// `reserve`/`commit` through `&DeviceRing` (lane 0).
+    Shared,
+    /// A lane's producer, `push`.
+    Push,
+    /// A lane's producer told `set_stage_after(0)`, `push`: a large record is staged.
+    PushStaged,
+}
+
+/// Round trips of one record of `size` bytes: published alone, then waited for until the
+/// kernel's head passes it (10 s at most).
 pub(super) fn round_trips(
     ring: &DeviceRing,
     size: u64,
     n: usize,
-    shared: bool,
+    how: Lone,
 ) -> BenchResult<Vec<f64>> {
+    const LIMIT: Duration = Duration::from_secs(10);
     let mut payload = Payload::new(size);
     let mut out = Vec::with_capacity(n);
-    let mut producer = if shared { None } else { Some(ring.producer()?) };
+    let mut producer = if how == Lone::Shared {
+        None
+    } else {
+        Some(ring.producer()?)
+    };
+    if let Some(p) = producer.as_mut().filter(|_| how == Lone::PushStaged) {
+        p.set_stage_after(0);
+    }
+    let lane = match &producer {
+        None => 0,
+        Some(p) => (0..ring.lanes())
+            .find(|&i| ring.lane(i).is_some_and(|c| std::ptr::eq(c, p.core())))
+            .ok_or_else(|| BenchError::Check("the producer's lane is not the ring's".into()))?,
+    };
     for _ in 0..n {
         let t = Instant::now();
-        match producer.as_mut() {
+        let end = match producer.as_mut() {
             Some(p) => {
                 let seq = p.next_seq();
-                p.push(payload.stamped(seq), Some(Duration::from_secs(10)))
+                p.push(payload.stamped(seq), Some(LIMIT))
                     .map_err(vkgdr::Error::from)?;
+                p.core().committed()
             }
             None => {
-                let mut r =
-                    ring.reserve(payload.buf.len() as u32, Some(Duration::from_secs(10)))?;
+                let mut r = ring.reserve(payload.buf.len() as u32, Some(LIMIT))?;
                 r.write(0, payload.stamped(r.seq()))
                     .map_err(vkgdr::Error::from)?;
                 r.commit();
+                ring.core().committed()
             }
-        }
-        let end = ring.core().committed();
-        while ring.head() < end {
+        };
+        while ring.head_of(lane) < end {
+            if t.elapsed() > LIMIT {
+                return Err(BenchError::KernelStuck(format!(
+                    "lane {lane}'s head stayed below {end} for {LIMIT:?}"
+                )));
+            }
             std::hint::spin_loop();
         }
         out.push(t.elapsed().as_nanos() as f64);
@@ -359,14 +410,20 @@ fn memcpy_batches(
     let bytes = size * batch;
     let copies = records / batch;
     let cap = staging.len() as u64 / bytes * bytes;
+    if cap == 0 {
+        return Err(BenchError::Check(format!(
+            "a {bytes}-byte copy does not fit the {}-byte buffers",
+            staging.len()
+        )));
+    }
     let t0 = Instant::now();
     let mut off = 0u64;
     for _ in 0..copies {
         if off + bytes > cap {
             off = 0;
         }
-        // SAFETY: `dst` has RING_BYTES bytes and `off + bytes <= cap <= RING_BYTES`; the staging
-        // buffer outlives the synchronisation below.
+        // SAFETY: `dst` has as many bytes as the staging buffer and `off + bytes <= cap <=
+        // staging.len()`; the staging buffer outlives the synchronisation below.
         unsafe {
             driver.cu_memcpy_htod_async(
                 dst + off,
@@ -381,11 +438,15 @@ fn memcpy_batches(
     Ok((bytes * copies) as f64 / t0.elapsed().as_secs_f64() / 1e9)
 }
 
+/// Sizes of the lone large records of `ring-latency`, each through the BAR and staged, beside
+/// `cuMemcpyHtoDAsync` + sync of the same size.
+const LONE_LARGE_SIZES: [u64; 2] = [64 << 10, 1 << 20];
+
 /// Streams of the copy-engine lane pattern: one per producer of the eight-producer rows.
 const PATTERN_STREAMS: usize = 8;
 /// Record sizes of the pattern rows: the ring rows' sizes the copy engine serves, from 2 KiB
 /// (below it a ring passes batched DMA with the lanes split between the two paths).
-const PATTERN_SIZES: [u64; 3] = [2048, 4096, 64 << 10];
+const PATTERN_SIZES: [u64; 5] = [2048, 4096, 64 << 10, 256 << 10, 1 << 20];
 
 /// The rows the registry names.
 pub mod rows {
@@ -420,8 +481,15 @@ pub mod rows {
     pub const BOTH_PATHS: &str = "BAR stores + copy pattern at once, total";
     /// `ring-throughput`: the host-to-device link's rows (machine rows: no library code).
     pub const LINK: [&str; 4] = [BAR_ALONE, BAR_BESIDE_COPIES, COPIES_BESIDE_BAR, BOTH_PATHS];
+    /// `ring-latency`: a record pushed alone by a lane's producer, to the ack kernel.
+    pub const PUSH_ACK: &str = "ring push → ack kernel → CPU";
+    /// `ring-latency`: the same, the producer told to stage large records from the first.
+    pub const PUSH_STAGED_ACK: &str = "ring push staged from the first record → ack kernel → CPU";
     /// `ring-latency`: one record by `cuMemcpyHtoDAsync` and a synchronisation.
     pub const COPY_SYNC: &str = "cuMemcpyHtoDAsync + sync";
+    /// `ring-latency`: the same, the record first copied into the pinned buffer from memory of
+    /// the caller's (what a ring producer's push includes: writing the record).
+    pub const MEMCPY_COPY_SYNC: &str = "memcpy into pinned memory + cuMemcpyHtoDAsync + sync";
     /// `ring-wrap`: a padded ring.
     pub const PADDED: &str = "padded ring (wrap PAD at the end)";
     /// `ring-wrap`: a mirrored ring.
@@ -429,11 +497,13 @@ pub mod rows {
 }
 use rows::{PATTERN_COPIES, PATTERN_TAIL};
 
-/// Where the lane pattern copies and stores: `PATTERN_STREAMS` regions of `dst` and `staging`
-/// (one per stream), and a tail word per stream at `tails` (GPU memory).
+/// Where the lane pattern copies and stores: `PATTERN_STREAMS` regions of the first `len` bytes
+/// of `dst` and `staging` (one per stream), and a tail word per stream at `tails` (GPU memory).
 struct PatternTargets<'a> {
     dst: u64,
     staging: &'a HostPinned,
+    /// At most the staging buffer's length and `dst`'s.
+    len: u64,
     tails: u64,
 }
 
@@ -452,7 +522,7 @@ fn lane_pattern(
 ) -> BenchResult<f64> {
     let driver = gpu.driver();
     let bytes = size * batch_records(size);
-    let region = (to.staging.len() / streams.len()) as u64;
+    let region = to.len / streams.len() as u64;
     let per_region = region / bytes;
     if per_region == 0 {
         return Err(BenchError::Check(format!(
@@ -467,7 +537,7 @@ fn lane_pattern(
         let slot = (k / streams.len() as u64) % per_region;
         let off = lane as u64 * region + slot * bytes;
         let stream = streams[lane].raw();
-        // SAFETY: `off + bytes <= streams.len() * region <= staging.len() == dst's length`; the
+        // SAFETY: `off + bytes <= streams.len() * region <= len`, within staging and `dst`; the
         // staging buffer, `dst` and the tail words outlive the synchronisation below; each tail
         // word is an aligned u64 of their buffer (8 bytes per stream).
         unsafe {
@@ -506,7 +576,7 @@ fn staged_pattern(
     let driver = gpu.driver();
     let batch = batch_records(size);
     let bytes = size * batch;
-    let region = (to.staging.len() / streams.len()) as u64;
+    let region = to.len / streams.len() as u64;
     let per_region = region / bytes;
     if per_region == 0 {
         return Err(BenchError::Check(format!(
@@ -548,7 +618,7 @@ fn staged_pattern(
                         let off = lane as u64 * region + slot * bytes;
                         let dst = (base + off as usize) as *mut u8;
                         for (r, source) in sources.iter().enumerate() {
-                            // SAFETY: `off + bytes <= streams.len() * region <= staging.len()`;
+                            // SAFETY: `off + bytes <= streams.len() * region <= len`;
                             // this thread alone writes its region, and the event above says
                             // the slot's last copy has read it.
                             unsafe { kernel.write_unfenced(dst.add(r * size as usize), source) };
@@ -656,11 +726,15 @@ fn both_paths(
     })
 }
 
+/// Round trips of one `size`-byte copy from pinned memory and a synchronisation; with `from`,
+/// the bytes are first copied (`memcpy`) from it into the pinned buffer, as a user whose record
+/// is in memory of their own does.
 fn memcpy_latency(
     gpu: &Gpu,
     dst: u64,
     size: u64,
-    staging: &HostPinned,
+    staging: &mut HostPinned,
+    from: Option<&[u8]>,
     stream: &Stream,
     n: usize,
 ) -> BenchResult<Vec<f64>> {
@@ -668,6 +742,9 @@ fn memcpy_latency(
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         let t = Instant::now();
+        if let Some(from) = from {
+            staging.as_mut_slice()[..from.len()].copy_from_slice(from);
+        }
         // SAFETY: as in `memcpy_batches`.
         unsafe {
             driver.cu_memcpy_htod_async(dst, staging.as_ptr().cast(), size as usize, stream.raw())
@@ -693,10 +770,14 @@ struct ThroughputRow {
 const ALL_SIZES: &[u64] = &[64, 512, 1024, 2048, 4096, 64 << 10];
 /// Sizes around the copy engine's threshold, for the rows that force one path.
 const LARGE_SIZES: &[u64] = &[1024, 2048, 4096, 64 << 10];
+/// The eight-producer ack rows beside batched DMA: every size up to records of 1 MiB, ...
+const EIGHT_SIZES: &[u64] = &[64, 512, 1024, 2048, 4096, 64 << 10, 256 << 10, 1 << 20];
+/// ... and those of them around and past the copy engine's threshold.
+const EIGHT_LARGE_SIZES: &[u64] = &[1024, 2048, 4096, 64 << 10, 256 << 10, 1 << 20];
 
 fn throughput_rows() -> Vec<ThroughputRow> {
     use Consumer::{Ack, AckLanes, Check};
-    use Produce::{Batch, Push, Shared};
+    use Produce::{Batch, BatchStagedFromFirst, Push, Shared};
     let auto = CopyEngine::default();
     let bar = CopyEngine::Off;
     let large = CopyEngine::FromRecord(vkgdr::ring::device::DEFAULT_COPY_ENGINE_RECORD);
@@ -734,8 +815,16 @@ fn throughput_rows() -> Vec<ThroughputRow> {
             Batch,
             8,
             auto,
-            ALL_SIZES,
+            EIGHT_SIZES,
             "ring, 8 producers, batches, ack kernel",
+        ),
+        row(
+            AckLanes,
+            BatchStagedFromFirst,
+            8,
+            auto,
+            EIGHT_LARGE_SIZES,
+            "ring, 8 producers, batches staged from the first record, ack kernel",
         ),
         row(
             AckLanes,
@@ -750,7 +839,7 @@ fn throughput_rows() -> Vec<ThroughputRow> {
             Batch,
             8,
             bar,
-            LARGE_SIZES,
+            EIGHT_LARGE_SIZES,
             "ring, 8 producers, batches, BAR only, ack kernel",
         ),
         row(
@@ -766,7 +855,7 @@ fn throughput_rows() -> Vec<ThroughputRow> {
             Batch,
             8,
             engine,
-            LARGE_SIZES,
+            EIGHT_LARGE_SIZES,
             "ring, 8 producers, batches, copy engine only, ack kernel",
         ),
         row(
@@ -875,7 +964,7 @@ fn check_copy_engine(ring: &DeviceRing, row: &ThroughputRow, size: u64) -> Bench
     // Batches reach the pending bytes the copy engine waits for; lone pushes never do. A row's
     // producers claim every lane of its ring; which of them stage is the ring's choice.
     let copy = ring.copy_engine();
-    let staged = row.how == Produce::Batch
+    let staged = row.how.batches()
         && (0..ring.lanes() as u32).any(|l| copy.threshold_for_lane(l).is_some_and(|t| size >= t));
     if staged && (stats.copies == 0 || stats.fallbacks > 0 || stats.unavailable.is_some()) {
         return Err(BenchError::Check(format!(
@@ -906,9 +995,10 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
         for &size in row.sizes {
             ui::step(format!("{} · {}", row.name, fmt_size(size)));
             // Per-record publication and the shared lane are slow for small records: fewer.
-            let total = match row.how {
-                Produce::Batch => bytes_per_run / size,
-                _ => (bytes_per_run / size).min(2_000_000),
+            let total = if row.how.batches() {
+                bytes_per_run / size
+            } else {
+                (bytes_per_run / size).min(2_000_000)
             };
             let lanes = if row.how == Produce::Shared {
                 1
@@ -972,35 +1062,76 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
             ));
         }
     }
-    ui::phase("round trips", 3);
-    for (consumer, shared, name) in [
-        (Consumer::AckLanes, false, "ring push → ack kernel → CPU"),
+    ui::phase("round trips", 3 + 2 * LONE_LARGE_SIZES.len() as u64);
+    for (consumer, how, name) in [
+        (Consumer::AckLanes, Lone::Push, rows::PUSH_ACK),
         (
             Consumer::Ack,
-            true,
+            Lone::Shared,
             "ring shared reserve/commit → ack kernel → CPU",
         ),
-        (Consumer::Check, false, "ring push → checking kernel → CPU"),
+        (
+            Consumer::Check,
+            Lone::Push,
+            "ring push → checking kernel → CPU",
+        ),
     ] {
         ui::step(name);
         let ring = DeviceRing::new(&gpu, 1 << 20)?;
         launch_consumer(&module, &ring, &stream, consumer)?;
         let n = if opts.quick { 2_000 } else { 20_000 };
-        let r = round_trips(&ring, 64, n, shared);
+        let r = round_trips(&ring, 64, n, how);
         finish(&ring)?;
         let mut t = r?;
         t.drain(..n / 10);
         lat.figures
             .push(Figure::measured(name, 64, &Stats::of(&t).expect("samples")));
     }
+    // A lone large record on a lane of an eight-lane ring of the default options, through the
+    // BAR (the default: nothing pending before it) and staged.
+    for size in LONE_LARGE_SIZES {
+        for (how, name) in [
+            (Lone::Push, rows::PUSH_ACK),
+            (Lone::PushStaged, rows::PUSH_STAGED_ACK),
+        ] {
+            ui::step(format!("{name} · {}", fmt_size(size)));
+            let options = RingOptions {
+                lanes: 8,
+                ..RingOptions::default()
+            };
+            let ring = DeviceRing::with_options(&gpu, LANE_BYTES, options)?;
+            launch_consumer(&module, &ring, &stream, Consumer::AckLanes)?;
+            let n = if opts.quick { 500 } else { 2_000 };
+            let r = round_trips(&ring, size, n, how);
+            finish(&ring)?;
+            let mut t = r?;
+            let copies = ring.copy_engine_stats().copies;
+            let expected = if how == Lone::PushStaged { n as u64 } else { 0 };
+            if copies != expected {
+                return Err(BenchError::Check(format!(
+                    "{name} · {}: {copies} copies for {n} records, {expected} expected",
+                    fmt_size(size)
+                )));
+            }
+            t.drain(..n / 10);
+            lat.figures.push(Figure::measured(
+                name,
+                size,
+                &Stats::of(&t).expect("samples"),
+            ));
+        }
+    }
 
     let wrap = wrap_modes(&gpu, &module, &stream, reps, bytes_per_run)?;
 
-    let dev = vkgdr::cuda_objects::DeviceBuffer::new(&gpu, RING_BYTES as usize)?;
-    let staging = HostPinned::new(&gpu, RING_BYTES as usize)?;
-    ui::phase("cuMemcpyHtoDAsync", (SIZES.len() * 2 + 1) as u64);
+    let dev = vkgdr::cuda_objects::DeviceBuffer::new(&gpu, COPY_BYTES as usize)?;
+    let mut staging = HostPinned::new(&gpu, COPY_BYTES as usize)?;
+    ui::phase(
+        "cuMemcpyHtoDAsync",
+        (SIZES.len() + 1 + LONE_LARGE_SIZES.len()) as u64 * 2,
+    );
     for size in SIZES {
-        for (batch, name) in [(1u64, rows::COPY_1), (256, rows::COPY_256)] {
+        for (batch, name) in [(1u64, rows::COPY_1), (BATCH_RECORDS, rows::COPY_256)] {
             ui::step(format!("{batch} per copy · {}", fmt_size(size)));
             let records = (bytes_per_run / size).min(if batch == 1 { 50_000 } else { u64::MAX });
             let records = records / batch * batch;
@@ -1032,6 +1163,7 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     let targets = PatternTargets {
         dst: dev.device_ptr(),
         staging: &staging,
+        len: RING_BYTES,
         tails: words.device_ptr(),
     };
     ui::phase("copy-engine lane pattern", 2 * PATTERN_SIZES.len() as u64);
@@ -1095,15 +1227,27 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
         }
     }
     drop(bar);
-    let n = if opts.quick { 2_000 } else { 20_000 };
-    ui::step("round trip");
-    let mut t = memcpy_latency(&gpu, dev.device_ptr(), 64, &staging, &copy_stream, n)?;
-    t.drain(..n / 10);
-    lat.figures.push(Figure::measured(
-        rows::COPY_SYNC,
-        64,
-        &Stats::of(&t).expect("samples"),
-    ));
+    for (size, n) in [(64, 20_000)]
+        .into_iter()
+        .chain(LONE_LARGE_SIZES.map(|size| (size, 2_000)))
+    {
+        let n = if opts.quick { n / 4 } else { n };
+        let record = vec![0x5au8; size as usize];
+        for (from, name) in [
+            (None, rows::COPY_SYNC),
+            (Some(&record[..]), rows::MEMCPY_COPY_SYNC),
+        ] {
+            ui::step(format!("{name} · {}", fmt_size(size)));
+            let dst = dev.device_ptr();
+            let mut t = memcpy_latency(&gpu, dst, size, &mut staging, from, &copy_stream, n)?;
+            t.drain(..n / 10);
+            lat.figures.push(Figure::measured(
+                name,
+                size,
+                &Stats::of(&t).expect("samples"),
+            ));
+        }
+    }
 
     bw.notes.push(format!(
         "records include their 16-byte header; GB/s = record bytes delivered (every lane's head past them) per second; records/s = GB/s / size (64 B: 1 GB/s = 15.6 M records/s); one lane per producer ({} MiB each), the shared rows one lane of {} MiB",
@@ -1116,9 +1260,10 @@ pub fn run(opts: &Options) -> BenchResult<Vec<Report>> {
     bw.notes.push("cuMemcpyHtoDAsync: the same bytes from pinned memory into cuMemAlloc memory, back to back on one stream".into());
     bw.notes.push(format!("{PATTERN_COPIES} / {PATTERN_TAIL}: the copy-engine lanes' work without producers, the ceiling of the 'copy engine' rows: one copy per publication (the producers' batch of records, from pinned memory filled beforehand) on each of {PATTERN_STREAMS} streams in turn, and with the stream store a lane queues after each copy (its tail into GPU memory, behind a memory barrier); the producers' own writes into the staging copy are what the ring rows add"));
     bw.notes.push(format!("{}: the same work with those writes: each of {PATTERN_STREAMS} threads writes its publications into its own region of the pinned buffer (each record from its own buffer, as the ring rows' producers hold them; streaming stores, as a staging producer does), fences, queues the copy and the tail store on its own stream, and writes a slot again once an event behind the slot's last copy has completed; the ceiling of a ring whose producers stage, where the host's memory carries both the writes and the engine's reads", rows::PATTERN_STAGED));
-    bw.notes.push(format!("copy engine: the plain rows take the default, CopyEngine::Auto, which on a ring of several lanes stages records of {split} KiB and more (header included) on lanes 0, 3 and 6 of each eight and of {auto} B and more on the others, once a batch has {pending} KiB pending before them ('1 producer' rows: a one-lane ring, every record through the BAR); 'BAR only' rows take the BAR on every lane; with RingOptions::copy_engine = FromRecord({record}) a producer's records of that size and more (header included), once a batch has {pending} KiB pending before them, are written into a pinned host copy of the lane and moved by cuMemcpyHtoDAsync on the lane's stream, which then stores the tail; 'copy engine only' rows stage records of every size (after the same {pending} KiB); 'lanes split' rows (CopyEngine::Split(16)) keep records below {split} KiB on the BAR in lanes 0, 3 and 6 and stage every record in the others", auto = vkgdr::ring::device::AUTO_COPY_ENGINE_RECORD, pending = vkgdr::ring::device::STAGE_AFTER_PENDING >> 10, record = vkgdr::ring::device::DEFAULT_COPY_ENGINE_RECORD, split = vkgdr::ring::device::SPLIT_BAR_LANE_RECORD >> 10));
+    bw.notes.push(format!("copy engine: the plain rows take the default, CopyEngine::Auto, which on a ring of several lanes stages records of {split} KiB and more (header included) on lanes 0, 3 and 6 of each eight and of {auto} B and more on the others, once a batch has {pending} KiB pending before them ('1 producer' rows: a one-lane ring, every record through the BAR); 'BAR only' rows take the BAR on every lane; with RingOptions::copy_engine = FromRecord({record}) a producer's records of that size and more (header included), once a batch has {pending} KiB pending before them, are written into a pinned host copy of the lane and moved by cuMemcpyHtoDAsync on the lane's stream, which then stores the tail; 'copy engine only' rows stage records of every size (after the same {pending} KiB); 'lanes split' rows (CopyEngine::Split(16)) keep records below {split} KiB on the BAR in lanes 0, 3 and 6 and stage every record in the others; 'staged from the first record' rows take the default with Producer::set_stage_after(0) on every producer, so each batch's first large record is staged too (by default a batch's records before the first {pending} KiB take the BAR: a whole record when records are that large)", auto = vkgdr::ring::device::AUTO_COPY_ENGINE_RECORD, pending = vkgdr::ring::device::STAGE_AFTER_PENDING >> 10, record = vkgdr::ring::device::DEFAULT_COPY_ENGINE_RECORD, split = vkgdr::ring::device::SPLIT_BAR_LANE_RECORD >> 10));
     bw.notes.push(format!("the link rows (their column: the copy pattern's record size): {LINK_THREADS} threads store {} MiB at a time into a BAR mapping (the raw stores of copybw); alone, then while {PATTERN_TAIL} runs, each rate over its own interval; the total is their sum, to read beside the copy pattern alone: more than it means the two paths together pass either one, no more means the host-to-device link is the wall", LINK_STORE_BYTES >> 20));
-    lat.notes.push("round trip of one 64-byte record: published alone (Producer::push, or the shared reserve/commit) → kernel publishes head into pinned memory → CPU sees it; commit→seen is below this".into());
+    lat.notes.push("round trip of one record: published alone (Producer::push, or the shared reserve/commit) → kernel publishes head into pinned memory → CPU sees it; commit→seen is below this".into());
+    lat.notes.push(format!("64 B: a one-lane ring of 1 MiB; {}: a lane of an eight-lane ring of the default options ({} MiB lanes), pushed through the BAR (by default a record is staged only once {} KiB are pending before it) or staged (Producer::set_stage_after(0)); cuMemcpyHtoDAsync + sync: the same size from pinned memory; memcpy into pinned memory + ...: the record copied there first from a buffer of the caller's, as a producer's push writes it", LONE_LARGE_SIZES.map(fmt_size).join(", "), LANE_BYTES >> 20, vkgdr::ring::device::STAGE_AFTER_PENDING >> 10));
     Ok(vec![bw, lat, wrap])
 }
 
@@ -1172,4 +1317,55 @@ fn wrap_modes(
     ));
     report.notes.push("a padded ring fits floor(capacity / size) records per lap and pads the rest; a mirrored ring (DeviceRing::new_mirrored, a CUDA VMM arena whose chunk is mapped twice) has no padding, so more records are in flight when they are a large share of the ring".into());
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_eight_producer_row_has_its_anchors_at_each_size() {
+        let rows = throughput_rows();
+        let eight: Vec<&ThroughputRow> = rows
+            .iter()
+            .filter(|r| r.producers == 8 && r.how.batches() && r.consumer == Consumer::AckLanes)
+            .collect();
+        assert!(eight.iter().any(|r| r.sizes.contains(&(1 << 20))));
+        for row in eight {
+            for size in row.sizes {
+                // Batched DMA at every size; the two walls wherever the copy engine serves.
+                assert!(SIZES.contains(size), "{} · {size}: no DMA row", row.name);
+                if *size >= 2048 {
+                    assert!(
+                        PATTERN_SIZES.contains(size),
+                        "{} · {size}: no walls",
+                        row.name
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_copy_and_publication_fits_its_buffers() {
+        for size in SIZES {
+            assert!(
+                BATCH_RECORDS * size <= COPY_BYTES,
+                "{BATCH_RECORDS} records of {size} B in one copy"
+            );
+            // A producer's batch is at most a quarter of its lane.
+            assert!(batch_records(size) * size <= LANE_BYTES / 4, "{size}");
+        }
+        for size in PATTERN_SIZES {
+            // The lane pattern's regions hold two publications each.
+            let region = RING_BYTES / PATTERN_STREAMS as u64;
+            assert!(2 * batch_records(size) * size <= region, "{size}");
+        }
+        for size in LONE_LARGE_SIZES {
+            assert!(
+                size + HEADER_LEN <= LANE_BYTES && size <= COPY_BYTES,
+                "{size}"
+            );
+        }
+    }
 }

@@ -19,7 +19,9 @@ use vkgdr::Gpu;
 
 use super::{child_error, ChildClocks, DONE_TIMEOUT, FINISH_TIMEOUT, READY_TIMEOUT};
 use crate::bench::error::{BenchError, BenchResult};
-use crate::bench::ring::{finish, launch_consumer, round_trips, stream_records, Consumer, Produce};
+use crate::bench::ring::{
+    finish, launch_consumer, round_trips, stream_records, Consumer, Lone, Produce,
+};
 use crate::child::process::{ChildProcess, Spawn};
 use crate::child::Rtt;
 
@@ -228,7 +230,7 @@ pub(super) fn thread_round_trips(
 ) -> BenchResult<Vec<f64>> {
     let ring = DeviceRing::new_shareable(gpu, LATENCY_RING_BYTES, 1)?;
     launch_consumer(module, &ring, stream, Consumer::AckLanes)?;
-    let r = round_trips(&ring, 64, n, false);
+    let r = round_trips(&ring, 64, n, Lone::Push);
     finish(&ring)?;
     r
 }
