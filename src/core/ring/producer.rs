@@ -192,8 +192,10 @@ impl<'a, S: RingSink> Producer<'a, S> {
     /// every large record, the first of a batch and a lone one included: for producers that
     /// stream large records beside a lane whose lone records must arrive quickly, since the
     /// direct writes of their batches' first bytes are what those records wait behind on a GPU
-    /// ring (BENCHMARKS.md, 'A lone record beside bulk producers'). `u64::MAX` stages none. No
-    /// effect where the sink stages nothing.
+    /// ring (BENCHMARKS.md, 'A lone record beside bulk producers'); and for producers whose
+    /// batches hold a few records of a megabyte, whose first record is otherwise a large share
+    /// of each batch on the direct path (BENCHMARKS.md, 'Records up to 1 MiB'). `u64::MAX`
+    /// stages none. No effect where the sink stages nothing.
     ///
     /// ```
     /// use vkgdr::ring::core::{HostSink, RingCore};
