@@ -739,13 +739,20 @@ fn memcpy_latency(
     n: usize,
 ) -> BenchResult<Vec<f64>> {
     let driver = gpu.driver();
+    if size as usize > staging.len() {
+        return Err(BenchError::Check(format!(
+            "a {size}-byte copy does not fit the {}-byte buffers",
+            staging.len()
+        )));
+    }
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         let t = Instant::now();
         if let Some(from) = from {
             staging.as_mut_slice()[..from.len()].copy_from_slice(from);
         }
-        // SAFETY: as in `memcpy_batches`.
+        // SAFETY: `size <= staging.len()`, checked above, and `dst` is as large; the staging
+        // buffer outlives the synchronisation below.
         unsafe {
             driver.cu_memcpy_htod_async(dst, staging.as_ptr().cast(), size as usize, stream.raw())
         }?;
