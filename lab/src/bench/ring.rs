@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use vkgdr::cuda_objects::{LaunchConfig, Module, Stream};
 use vkgdr::ring::core::{Producer, RingSink};
 use vkgdr::ring::layout::{self, seal_test_payload, WrapMode, HEADER_LEN};
-use vkgdr::ring::{CopyEngine, DeviceRing, RingDeviceView, RingOptions};
+use vkgdr::ring::{BarSink, CopyEngine, DeviceRing, RingDeviceView, RingOptions};
 use vkgdr::{Gpu, OpenOptions};
 
 use super::error::{BenchError, BenchResult};
@@ -340,15 +340,43 @@ pub(super) enum Lone {
     PushStaged,
 }
 
+/// The longest a lone record's push and round trip may take before the benchmark fails.
+pub(super) const ROUND_TRIP_LIMIT: Duration = Duration::from_secs(10);
+
+/// The lane of `ring` that `p` owns.
+pub(super) fn lane_of(ring: &DeviceRing, p: &Producer<'_, BarSink>) -> BenchResult<usize> {
+    (0..ring.lanes())
+        .find(|&i| ring.lane(i).is_some_and(|c| std::ptr::eq(c, p.core())))
+        .ok_or_else(|| BenchError::Check("the producer's lane is not the ring's".into()))
+}
+
+/// Waits until `lane`'s head reaches `end` (a record published at `t`); returns the round trip
+/// in nanoseconds, or fails once [`ROUND_TRIP_LIMIT`] has passed.
+pub(super) fn wait_for_head(
+    ring: &DeviceRing,
+    lane: usize,
+    end: u64,
+    t: Instant,
+) -> BenchResult<f64> {
+    while ring.head_of(lane) < end {
+        if t.elapsed() > ROUND_TRIP_LIMIT {
+            return Err(BenchError::KernelStuck(format!(
+                "lane {lane}'s head stayed below {end} for {ROUND_TRIP_LIMIT:?}"
+            )));
+        }
+        std::hint::spin_loop();
+    }
+    Ok(t.elapsed().as_nanos() as f64)
+}
+
 /// Round trips of one record of `size` bytes: published alone, then waited for until the
-/// kernel's head passes it (10 s at most).
+/// kernel's head passes it ([`ROUND_TRIP_LIMIT`] at most).
 pub(super) fn round_trips(
     ring: &DeviceRing,
     size: u64,
     n: usize,
     how: Lone,
 ) -> BenchResult<Vec<f64>> {
-    const LIMIT: Duration = Duration::from_secs(10);
     let mut payload = Payload::new(size);
     let mut out = Vec::with_capacity(n);
     let mut producer = if how == Lone::Shared {
@@ -361,36 +389,26 @@ pub(super) fn round_trips(
     }
     let lane = match &producer {
         None => 0,
-        Some(p) => (0..ring.lanes())
-            .find(|&i| ring.lane(i).is_some_and(|c| std::ptr::eq(c, p.core())))
-            .ok_or_else(|| BenchError::Check("the producer's lane is not the ring's".into()))?,
+        Some(p) => lane_of(ring, p)?,
     };
     for _ in 0..n {
         let t = Instant::now();
         let end = match producer.as_mut() {
             Some(p) => {
                 let seq = p.next_seq();
-                p.push(payload.stamped(seq), Some(LIMIT))
+                p.push(payload.stamped(seq), Some(ROUND_TRIP_LIMIT))
                     .map_err(vkgdr::Error::from)?;
                 p.core().committed()
             }
             None => {
-                let mut r = ring.reserve(payload.buf.len() as u32, Some(LIMIT))?;
+                let mut r = ring.reserve(payload.buf.len() as u32, Some(ROUND_TRIP_LIMIT))?;
                 r.write(0, payload.stamped(r.seq()))
                     .map_err(vkgdr::Error::from)?;
                 r.commit();
                 ring.core().committed()
             }
         };
-        while ring.head_of(lane) < end {
-            if t.elapsed() > LIMIT {
-                return Err(BenchError::KernelStuck(format!(
-                    "lane {lane}'s head stayed below {end} for {LIMIT:?}"
-                )));
-            }
-            std::hint::spin_loop();
-        }
-        out.push(t.elapsed().as_nanos() as f64);
+        out.push(wait_for_head(ring, lane, end, t)?);
     }
     Ok(out)
 }

@@ -41,7 +41,9 @@ use super::error::{BenchError, BenchResult};
 use super::measure::{open_gpu, percentile, Stats};
 use super::options::Options;
 use super::report::model::{Figure, Report, Unit};
-use super::ring::{finish, launch_consumer, Consumer, Payload, PTX};
+use super::ring::{
+    finish, lane_of, launch_consumer, wait_for_head, Consumer, Payload, PTX, ROUND_TRIP_LIMIT,
+};
 use crate::ui;
 
 /// Lanes of the ring: the lone record's and seven to stream on.
@@ -57,7 +59,7 @@ const STREAM_BATCH: usize = 64;
 /// The streams' rate in all in the paced rows.
 const PACED_GB_PER_S: f64 = 25.0;
 /// The longest a push or a round trip may take before the row fails.
-const LIMIT: Duration = Duration::from_secs(10);
+const LIMIT: Duration = ROUND_TRIP_LIMIT;
 /// How long the streams run before the first round trip.
 const STREAMS_LEAD: Duration = Duration::from_millis(100);
 
@@ -350,9 +352,7 @@ fn one_row(
     let done = AtomicBool::new(false);
     let streamed = AtomicU64::new(0);
     let mut lone = ring.producer()?;
-    let lane = (0..ring.lanes())
-        .find(|&i| ring.lane(i).is_some_and(|c| std::ptr::eq(c, lone.core())))
-        .ok_or_else(|| BenchError::Check("the lone producer's lane is not the ring's".into()))?;
+    let lane = lane_of(&ring, &lone)?;
     let windows = std::thread::scope(|s| {
         let streamers: Vec<_> = (0..load.streams())
             .map(|_| s.spawn(|| stream_batches(&ring, load, &done, &streamed)))
@@ -467,16 +467,7 @@ fn lone_windows<S: RingSink>(
         let seq = lone.next_seq();
         lone.push(payload.stamped(seq), Some(LIMIT))
             .map_err(vkgdr::Error::from)?;
-        let end = lone.core().committed();
-        while ring.head_of(lane) < end {
-            if t.elapsed() > LIMIT {
-                return Err(BenchError::KernelStuck(format!(
-                    "lane {lane}'s head stayed below {end} for {LIMIT:?}"
-                )));
-            }
-            std::hint::spin_loop();
-        }
-        Ok(t.elapsed().as_nanos() as f64)
+        wait_for_head(ring, lane, lone.core().committed(), t)
     };
     for _ in 0..plan.per_window / 10 {
         round_trip()?;
